@@ -1,0 +1,113 @@
+"""Certified lower bounds of the minimum adversarial distortion for one image at a time.
+
+:class:`Certifier` binds a network, a norm and a method; :meth:`Certifier.certify` takes an
+input x0 (d,), its predicted class and a list of target classes and returns the largest radius
+at which CROWN proves ``f_c(x) - f_t(x) > 0`` for every listed target over the l_p ball.
+Arrays in, results out: no files and no printing.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Dict, List, Optional, Sequence
+
+import numpy as np
+
+from .activations import forward
+from .crown import NORMS, Network, margin_lower_bound
+from .errors import InputError
+from .relaxations import get_relaxation
+from .search import SEARCHES, SearchResult, certified_radius
+
+# The paper's starting radii (reference-setup.md): MNIST-sized and CIFAR-sized inputs.
+EPS0 = {784: {"inf": 0.01, "2": 0.2, "1": 0.3}, 3072: {"inf": 0.002, "2": 0.2, "1": 0.3}}
+
+
+def parse_norm(norm: str) -> str:
+    key = str(norm).strip().lower().lstrip("l").replace("_", "")
+    key = {"infinity": "inf", "i": "inf"}.get(key, key)
+    if key not in NORMS:
+        raise InputError(f"--norm: unknown norm '{norm}' (choose from inf, 2, 1)")
+    return key
+
+
+def default_eps0(norm: str, input_size: int) -> float:
+    return EPS0.get(input_size, EPS0[784])[norm]
+
+
+@dataclass
+class Certificate:
+    """Result of one certified-radius search."""
+
+    eps: float  # certified radius (verified: lower bound > 0 there), 0.0 if none
+    lower_bound: float  # margin lower bound at eps
+    margin: float  # f_c(x0) - f_t(x0), minimum over the targets
+    evaluations: int  # bound evaluations spent by the search
+    status: str  # certified | capped | not-certified
+    time_s: float
+
+
+class Certifier:
+    """CROWN certification of one network under one norm and method."""
+
+    def __init__(
+        self,
+        weights: Sequence[np.ndarray],
+        biases: Sequence[np.ndarray],
+        activation: str,
+        norm: str = "inf",
+        method: str = "crown",
+        search: str = "secant",
+        rtol: float = 1e-4,
+        eps0: Optional[float] = None,
+        eps_max: float = 1e4,
+    ):
+        self.net = Network(weights, biases)
+        self.norm = parse_norm(norm)
+        self.qcode = NORMS[self.norm]
+        self.method = method
+        self.relax_fn = get_relaxation(activation, method)
+        if search not in SEARCHES:
+            raise InputError(f"--search: unknown search '{search}' (choose from {', '.join(SEARCHES)})")
+        if not (0 < rtol < 1):
+            raise InputError(f"--rtol: must lie in (0, 1), got {rtol}")
+        self.search = search
+        self.rtol = rtol
+        self.eps0 = default_eps0(self.norm, self.net.W[0].shape[1]) if eps0 is None else float(eps0)
+        if not self.eps0 > 0:
+            raise InputError(f"--eps0: must be > 0, got {eps0}")
+        self.eps_max = max(float(eps_max), self.eps0)
+        self.activation = activation
+
+    def logits(self, x: np.ndarray) -> np.ndarray:
+        """Network outputs for x (N, d) or (d,), float64."""
+        return forward(self.net.W, self.net.b, self.activation, x)
+
+    def margin_rows(self, c: int, targets: Sequence[int]) -> np.ndarray:
+        """C (r, classes) with rows e_c - e_t."""
+        C = np.zeros((len(targets), self.net.W[-1].shape[0]))
+        for r, t in enumerate(targets):
+            C[r, c] += 1.0
+            C[r, t] -= 1.0
+        return C
+
+    def lower_bound(self, x0: np.ndarray, eps: float, C: np.ndarray) -> np.ndarray:
+        """Sound lower bounds of the margins C @ f(x) over the eps-ball around x0, shape (r,)."""
+        return margin_lower_bound(self.net, x0, float(eps), self.qcode, self.relax_fn, C)
+
+    def certify(self, x0: np.ndarray, c: int, targets: Sequence[int]) -> Certificate:
+        """Largest eps such that f_c > f_t on the whole ball for every t in ``targets``."""
+        t0 = time.perf_counter()
+        x0 = np.ascontiguousarray(x0, dtype=np.float64)
+        C = self.margin_rows(c, targets)
+        g0 = float(np.min(C @ self.logits(x0)))
+        res: SearchResult = certified_radius(
+            lambda eps: float(np.min(self.lower_bound(x0, eps, C))),
+            g0,
+            self.eps0,
+            rtol=self.rtol,
+            eps_max=self.eps_max,
+            method=self.search,
+        )
+        return Certificate(res.eps, res.lower_bound, g0, res.evaluations, res.status,
+                           time.perf_counter() - t0)

@@ -1,0 +1,181 @@
+"""The ``crown`` command line: loads files, calls the engine once per image, writes rows."""
+from __future__ import annotations
+
+import functools
+import sys
+import time
+from typing import List
+
+import click
+import numpy as np
+
+from . import __version__
+from .errors import InputError
+
+NORM_CHOICES = ("inf", "2", "1")
+
+
+class CrownError(click.ClickException):
+    """A one-line error with exit code 2 (bad input) or 1 (internal error)."""
+
+    def __init__(self, message: str, exit_code: int = 2):
+        super().__init__(message)
+        self.exit_code = exit_code
+
+    def show(self, file=None):
+        click.echo(f"crown: error: {self.format_message()}", err=True)
+
+
+def _handle_errors(fn):
+    """Turn InputError into a one-line message and exit code 2; ``--debug`` keeps tracebacks."""
+
+    @click.option("--debug", is_flag=True, help="Show full tracebacks on errors.")
+    @functools.wraps(fn)
+    def wrapper(*args, debug=False, **kwargs):
+        try:
+            return fn(*args, **kwargs)
+        except InputError as exc:
+            if debug:
+                raise
+            raise CrownError(str(exc)) from None
+        except (click.ClickException, click.exceptions.Exit, click.Abort, KeyboardInterrupt):
+            raise
+        except Exception as exc:  # a bug: keep it short unless asked
+            if debug:
+                raise
+            raise CrownError(
+                f"internal error: {type(exc).__name__}: {exc} (rerun with --debug for a traceback)",
+                exit_code=1,
+            ) from None
+
+    return wrapper
+
+
+def _split(value: str, option: str, choices) -> List[str]:
+    out = []
+    for part in str(value).split(","):
+        part = part.strip().lower()
+        if part not in choices:
+            raise InputError(f"{option}: unknown value '{part}' (choose from {', '.join(choices)})")
+        if part not in out:
+            out.append(part)
+    return out
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="crown")
+def cli():
+    """Certified robustness lower bounds for MLP classifiers (CROWN, NeurIPS 2018)."""
+
+
+@cli.command()
+@click.option("--model", "model_path", required=True, type=click.Path(dir_okay=True),
+              help="Model file: NPZ, HDF5 (W0.., b0..) or Keras model.save() HDF5.")
+@click.option("--activation", default=None, help="Override the activation read from the model file.")
+@_handle_errors
+def inspect(model_path, activation):
+    """Print a model's layers, activation, parameter count and input size."""
+    from .model_io import load_model
+
+    mlp = load_model(model_path, activation)
+    sizes = mlp.sizes
+    click.echo(f"model:       {model_path}")
+    click.echo(f"activation:  {mlp.activation}")
+    click.echo(f"input size:  {mlp.input_size}")
+    click.echo(f"classes:     {mlp.num_classes}")
+    click.echo(f"layers:      {len(mlp.weights)} weight layers ({'-'.join(map(str, sizes))})")
+    names = mlp.layer_names or [f"layer_{k}" for k in range(len(mlp.weights))]
+    for k, (name, w) in enumerate(zip(names, mlp.weights)):
+        act = mlp.activation if k < len(mlp.weights) - 1 else "logits"
+        click.echo(f"  {name:<12} {w.shape[1]:>6} -> {w.shape[0]:<6} {act}")
+    click.echo(f"parameters:  {mlp.num_parameters:,}")
+
+
+@cli.command()
+@click.option("--model", "model_path", required=True, type=click.Path(dir_okay=True),
+              help="Model file: NPZ, HDF5 (W0.., b0..) or Keras model.save() HDF5.")
+@click.option("--images", "images_path", default=None,
+              help="Image file: NPZ (x, y), MNIST IDX (gz or raw) or CIFAR CSV. "
+                   "Default: the first 100 MNIST test images shipped with crown.")
+@click.option("--labels", "labels_path", default=None, help="Labels IDX file for IDX images "
+              "(default: the labels file beside the images).")
+@click.option("--num-images", "-n", type=click.IntRange(min=1), default=None,
+              help="Number of images to process (default: all from --start on).")
+@click.option("--start", type=click.IntRange(min=0), default=0, show_default=True,
+              help="Index of the first image.")
+@click.option("--norm", default="inf", show_default=True,
+              help="l_p norm of the ball: inf, 2 or 1 (comma-separated list allowed).")
+@click.option("--method", default="crown", show_default=True,
+              help="crown (adaptive ReLU lower bound) or fast-lin (comma-separated list allowed).")
+@click.option("--target", "target_spec", default="runner-up", show_default=True,
+              help="runner-up, random, least or untargeted (comma-separated list allowed).")
+@click.option("--seed", type=int, default=1215, show_default=True,
+              help="Seed of the random-target draw (Python random, as in the paper).")
+@click.option("--activation", default=None, help="Override the activation read from the model file.")
+@click.option("--search", default="secant", show_default=True,
+              type=click.Choice(["secant", "bisect"]),
+              help="Radius search: secant-steered bracketing + Illinois, or plain bisection.")
+@click.option("--rtol", type=float, default=1e-4, show_default=True,
+              help="Relative width of the final bracket [certified, not certified].")
+@click.option("--eps0", type=float, default=None,
+              help="First radius tried (default: the paper's, by norm and input size).")
+@click.option("--max-eps", type=float, default=1e4, show_default=True,
+              help="Largest radius searched; rows certified there get status 'capped'.")
+@click.option("--output", "-o", default="-", show_default=True, help="CSV file to write ('-': stdout).")
+@click.option("--overwrite", is_flag=True, help="Replace an existing --output file.")
+@click.option("--quiet", "-q", is_flag=True, help="No progress bar and no summary line.")
+@_handle_errors
+def certify(model_path, images_path, labels_path, num_images, start, norm, method, target_spec,
+            seed, activation, search, rtol, eps0, max_eps, output, overwrite, quiet):
+    """Certify each image against the chosen targets and write one CSV row per (image, target)."""
+    from .certify import Certifier, parse_norm
+    from .images import load_images
+    from .model_io import load_model
+    from .results import CsvWriter
+    from .runner import certify_images
+    from .targets import check_random_possible, parse_target_types
+
+    norms = [parse_norm(n) for n in _split(norm, "--norm", ("inf", "2", "1", "l1", "l2", "linf"))]
+    methods = _split(method, "--method", ("crown", "fast-lin"))
+    target_types = parse_target_types(target_spec)
+    if not rtol > 0 or not rtol < 1:
+        raise InputError(f"--rtol: must lie in (0, 1), got {rtol}")
+    if eps0 is not None and not eps0 > 0:
+        raise InputError(f"--eps0: must be > 0, got {eps0}")
+    if not max_eps > 0:
+        raise InputError(f"--max-eps: must be > 0, got {max_eps}")
+
+    mlp = load_model(model_path, activation)
+    x, y = load_images(images_path, labels_path)
+    where = images_path or "default MNIST images"
+    if x.shape[1] != mlp.input_size:
+        raise InputError(
+            f"{where}: images have {x.shape[1]} values each but the model {model_path} "
+            f"expects {mlp.input_size} inputs"
+        )
+    if start >= x.shape[0]:
+        raise InputError(f"--start: {start} is past the last image ({x.shape[0]} images in {where})")
+    if np.any(y < 0) or np.any(y >= mlp.num_classes):
+        raise InputError(f"{where}: labels must lie in 0..{mlp.num_classes - 1}")
+    check_random_possible(mlp.num_classes, target_types)
+    stop = x.shape[0] if num_images is None else min(x.shape[0], start + num_images)
+
+    certifiers = [
+        Certifier(mlp.weights, mlp.biases, mlp.activation, norm=n, method=m, search=search,
+                  rtol=rtol, eps0=eps0, eps_max=max_eps)
+        for n in norms for m in methods
+    ]
+    t0 = time.perf_counter()
+    with CsvWriter(output, overwrite=overwrite) as writer:
+        summary = certify_images(certifiers, x, y, range(start, stop), target_types, seed,
+                                 writer.write, progress=not quiet)
+    if not quiet:
+        click.echo(summary.line(time.perf_counter() - t0, output), err=True)
+
+
+def main():
+    cli(prog_name="crown")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,345 @@
+"""CROWN bound propagation for an MLP over an l_p ball (Zhang et al. 2018, Thm 3.2, Cor 3.3).
+
+Layer k's pre-activation ``z_k = W_k a_{k-1} + b_k`` is bounded by back-substituting linear
+relaxations ``aL*z + bL <= act(z) <= aU*z + bU`` of every earlier hidden layer down to the
+input, then maximising/minimising the resulting linear function of x over
+``||x - x0||_p <= eps`` in closed form: ``Lam x0 +/- eps * ||Lam_row||_q`` with 1/p + 1/q = 1.
+
+Arrays in, arrays out: no files and no printing here. All inputs are assumed validated.
+
+Floating point: every bound is widened outward by ``FP_RTOL`` times the sum of the absolute
+values of the terms it was computed from (plus a tiny absolute term). The worst-case rounding
+error of a float64 dot product of length n is about ``n * 2**-53`` of that sum (~5e-13 for
+n = 4096); ``FP_RTOL`` is three orders of magnitude larger to cover error compounding through
+the layers, and is still far below anything that changes a certified radius in its 5th digit.
+"""
+from __future__ import annotations
+
+from typing import Callable, List, Sequence, Tuple
+
+import numpy as np
+from numba import njit
+
+FP_RTOL = 2.0 ** -32  # ~2.3e-10, relative allowance for float64 rounding (see module docstring)
+FP_ATOL = 1e-300
+
+# norm name -> code of the dual norm used on the rows of Lam: 0: l1 (inf-ball), 1: l2, 2: l_inf (1-ball)
+NORMS = {"inf": 0, "2": 1, "1": 2}
+
+
+@njit(cache=True)
+def dual_norms(A, qcode):
+    """Row-wise dual norm of A (r, n): l1 for qcode 0, l2 for 1, l_inf for 2."""
+    r, n = A.shape
+    out = np.empty(r)
+    for j in range(r):
+        s0 = 0.0
+        s1 = 0.0
+        s2 = 0.0
+        s3 = 0.0
+        k = 0
+        if qcode == 0:
+            while k + 4 <= n:  # four accumulators: independent chains, same guarantees
+                s0 += abs(A[j, k])
+                s1 += abs(A[j, k + 1])
+                s2 += abs(A[j, k + 2])
+                s3 += abs(A[j, k + 3])
+                k += 4
+            while k < n:
+                s0 += abs(A[j, k])
+                k += 1
+            out[j] = (s0 + s1) + (s2 + s3)
+        elif qcode == 1:
+            while k + 4 <= n:
+                s0 += A[j, k] * A[j, k]
+                s1 += A[j, k + 1] * A[j, k + 1]
+                s2 += A[j, k + 2] * A[j, k + 2]
+                s3 += A[j, k + 3] * A[j, k + 3]
+                k += 4
+            while k < n:
+                s0 += A[j, k] * A[j, k]
+                k += 1
+            out[j] = np.sqrt((s0 + s1) + (s2 + s3))
+        else:
+            for k in range(n):
+                v = abs(A[j, k])
+                if v > s0:
+                    s0 = v
+            out[j] = s0
+    return out
+
+
+@njit(cache=True)
+def input_terms(A, x0, qcode):
+    """For each row a of A: (a.x0, ||a||_q, sum |a_i x0_i|)."""
+    r, n = A.shape
+    lin = np.empty(r)
+    mag = np.empty(r)
+    for j in range(r):
+        s0 = 0.0
+        s1 = 0.0
+        m0 = 0.0
+        m1 = 0.0
+        k = 0
+        while k + 2 <= n:
+            t0 = A[j, k] * x0[k]
+            t1 = A[j, k + 1] * x0[k + 1]
+            s0 += t0
+            s1 += t1
+            m0 += abs(t0)
+            m1 += abs(t1)
+            k += 2
+        while k < n:
+            t0 = A[j, k] * x0[k]
+            s0 += t0
+            m0 += abs(t0)
+            k += 1
+        lin[j] = s0 + s1
+        mag[j] = m0 + m1
+    return lin, dual_norms(A, qcode), mag
+
+
+@njit(cache=True)
+def relax_shared(Lam, aU, bU, aL, bL, bias, agree, diff, icols):
+    """One back-substitution step while the upper and lower chains still share ``Lam``.
+
+    Lam (r, n) multiplies the activations a = act(z) of a hidden layer with z = W a_prev + bias.
+    Returns DS (r, |agree|): Lam scaled by the common slope on columns where aU == aL;
+    DU, DL (r, |diff|): sign-selected slopes for the upper/lower chain on the other columns;
+    cU, cL: the constants (intercepts + bias) picked up; mU, mL: sums of their absolute terms.
+    ``icols`` lists the columns with a non-zero intercept.
+    """
+    r = Lam.shape[0]
+    na = agree.shape[0]
+    nd = diff.shape[0]
+    DS = np.empty((r, na))
+    DU = np.empty((r, nd))
+    DL = np.empty((r, nd))
+    cU = np.zeros(r)
+    cL = np.zeros(r)
+    mU = np.zeros(r)
+    mL = np.zeros(r)
+    for j in range(r):
+        su = 0.0
+        sl = 0.0
+        au = 0.0
+        al = 0.0
+        for c in range(na):
+            i = agree[c]
+            d = Lam[j, i] * aU[i]
+            DS[j, c] = d
+            t = d * bias[i]
+            su += t
+            sl += t
+            au += abs(t)
+        al = au
+        for c in range(nd):
+            i = diff[c]
+            v = Lam[j, i]
+            if v >= 0.0:
+                du = v * aU[i]
+                dl = v * aL[i]
+            else:
+                du = v * aL[i]
+                dl = v * aU[i]
+            DU[j, c] = du
+            DL[j, c] = dl
+            tu = du * bias[i]
+            tl = dl * bias[i]
+            su += tu
+            sl += tl
+            au += abs(tu)
+            al += abs(tl)
+        for c in range(icols.shape[0]):
+            i = icols[c]
+            v = Lam[j, i]
+            if v >= 0.0:
+                tu = v * bU[i]
+                tl = v * bL[i]
+            else:
+                tu = v * bL[i]
+                tl = v * bU[i]
+            su += tu
+            sl += tl
+            au += abs(tu)
+            al += abs(tl)
+        cU[j] = su
+        cL[j] = sl
+        mU[j] = au
+        mL[j] = al
+    return DS, DU, DL, cU, cL, mU, mL
+
+
+@njit(cache=True)
+def relax_chain(Lam, aS, bS, aO, bO, bias, cols, icols):
+    """One back-substitution step of a single chain.
+
+    Entries of Lam >= 0 take the (aS, bS) side of the relaxation, negative ones (aO, bO):
+    pass (aU, bU, aL, bL) for an upper bound and (aL, bL, aU, bU) for a lower bound.
+    Returns D (r, |cols|) = sign-selected slopes on ``cols``, the constant picked up and the
+    sum of its absolute terms.
+    """
+    r = Lam.shape[0]
+    nc = cols.shape[0]
+    D = np.empty((r, nc))
+    const = np.zeros(r)
+    mag = np.zeros(r)
+    for j in range(r):
+        s = 0.0
+        m = 0.0
+        for c in range(nc):
+            i = cols[c]
+            v = Lam[j, i]
+            d = v * aS[i] if v >= 0.0 else v * aO[i]
+            D[j, c] = d
+            t = d * bias[i]
+            s += t
+            m += abs(t)
+        for c in range(icols.shape[0]):
+            i = icols[c]
+            v = Lam[j, i]
+            t = v * bS[i] if v >= 0.0 else v * bO[i]
+            s += t
+            m += abs(t)
+        const[j] = s
+        mag[j] = m
+    return D, const, mag
+
+
+class Relaxation:
+    """Slopes/intercepts of one hidden layer plus the column sets the kernels iterate over."""
+
+    __slots__ = ("aU", "bU", "aL", "bL", "agree", "diff", "cols", "icols")
+
+    def __init__(self, aU, bU, aL, bL):
+        self.aU, self.bU, self.aL, self.bL = aU, bU, aL, bL
+        nonzero = (aU != 0.0) | (aL != 0.0)
+        same = aU == aL
+        # columns with both slopes 0 (inactive ReLUs) drop out of every product
+        self.agree = np.flatnonzero(nonzero & same)
+        self.diff = np.flatnonzero(nonzero & ~same)
+        self.cols = np.flatnonzero(nonzero)
+        self.icols = np.flatnonzero((bU != 0.0) | (bL != 0.0))
+
+
+class Network:
+    """Contiguous float64 weights of an MLP plus per-norm caches; shared by all images."""
+
+    def __init__(self, weights: Sequence[np.ndarray], biases: Sequence[np.ndarray]):
+        self.W = [np.ascontiguousarray(w, dtype=np.float64) for w in weights]
+        self.b = [np.ascontiguousarray(b, dtype=np.float64) for b in biases]
+        self._first_norms = {}
+
+    @property
+    def num_hidden(self) -> int:
+        return len(self.W) - 1
+
+    def first_layer_norms(self, qcode: int) -> np.ndarray:
+        if qcode not in self._first_norms:
+            self._first_norms[qcode] = dual_norms(self.W[0], qcode)
+        return self._first_norms[qcode]
+
+
+def _widen(value, mag, sign):
+    """Move ``value`` outward (sign +1: up, -1: down) by the floating-point allowance."""
+    return value + sign * (FP_RTOL * mag + FP_ATOL)
+
+
+def back_substitute(
+    net: Network,
+    relax: List[Relaxation],
+    Lam: np.ndarray,
+    const: np.ndarray,
+    x0: np.ndarray,
+    eps: float,
+    qcode: int,
+    want_upper: bool = True,
+) -> Tuple[np.ndarray, np.ndarray]:
+    """Bounds over the ball of ``Lam @ a_h + const`` where a_h = act(z_h), h = len(relax) - 1.
+
+    ``relax[i]`` relaxes hidden layer i (0-based), ``z_i = W[i] a_{i-1} + b[i]``, ``a_{-1} = x``.
+    Returns (lower, upper) of shape (r,); ``upper`` is None unless ``want_upper``.
+    """
+    W, b = net.W, net.b
+    LU = LL = np.ascontiguousarray(Lam)
+    cU = const.astype(np.float64).copy()
+    cL = cU.copy()
+    mU = np.abs(cU)
+    mL = mU.copy()
+    shared = True
+    for i in range(len(relax) - 1, -1, -1):
+        rl = relax[i]
+        if shared:
+            DS, DU, DL, dcU, dcL, dmU, dmL = relax_shared(
+                LU, rl.aU, rl.bU, rl.aL, rl.bL, b[i], rl.agree, rl.diff, rl.icols
+            )
+            P = DS @ W[i][rl.agree]
+            if rl.diff.shape[0]:
+                Wd = W[i][rl.diff]
+                LL = P + DL @ Wd
+                LU = P + DU @ Wd if want_upper else LL
+                shared = False
+            else:
+                LU = LL = P
+        else:
+            Wc = W[i][rl.cols]
+            DL, dcL, dmL = relax_chain(LL, rl.aL, rl.bL, rl.aU, rl.bU, b[i], rl.cols, rl.icols)
+            LL = DL @ Wc
+            if want_upper:
+                DU, dcU, dmU = relax_chain(LU, rl.aU, rl.bU, rl.aL, rl.bL, b[i], rl.cols, rl.icols)
+                LU = DU @ Wc
+        cL += dcL
+        mL += dmL
+        if want_upper:
+            cU += dcU
+            mU += dmU
+    linL, nL, xmL = input_terms(LL, x0, qcode)
+    lower = _widen(linL - eps * nL + cL, xmL + eps * nL + mL, -1.0)
+    upper = None
+    if want_upper:
+        if shared:  # both chains are the same matrix: reuse its input terms
+            linU, nU, xmU = linL, nL, xmL
+        else:
+            linU, nU, xmU = input_terms(LU, x0, qcode)
+        upper = _widen(linU + eps * nU + cU, xmU + eps * nU + mU, 1.0)
+    return lower, upper
+
+
+def hidden_layer_bounds(
+    net: Network, x0: np.ndarray, eps: float, qcode: int, relax_fn: Callable
+) -> Tuple[List[Tuple[np.ndarray, np.ndarray]], List[Relaxation]]:
+    """Pre-activation bounds (l, u) and relaxations of every hidden layer at radius eps."""
+    W0, b0 = net.W[0], net.b[0]
+    lin, _, xm = input_terms(W0, x0, 0)
+    n1 = net.first_layer_norms(qcode)
+    mag = xm + np.abs(b0) + eps * n1
+    center = lin + b0
+    l = _widen(center - eps * n1, mag, -1.0)
+    u = _widen(center + eps * n1, mag, 1.0)
+    bounds = [(l, u)]
+    relax = [Relaxation(*relax_fn(l, u))]
+    for k in range(1, net.num_hidden):
+        l, u = back_substitute(net, relax, net.W[k], net.b[k], x0, eps, qcode)
+        bounds.append((l, u))
+        relax.append(Relaxation(*relax_fn(l, u)))
+    return bounds, relax
+
+
+def margin_lower_bound(
+    net: Network,
+    x0: np.ndarray,
+    eps: float,
+    qcode: int,
+    relax_fn: Callable,
+    C: np.ndarray,
+) -> np.ndarray:
+    """Lower bounds over the eps-ball of the margins ``C @ logits(x)``, shape (r,).
+
+    C (r, classes) holds rows e_c - e_t; the margin is folded into the last layer so its
+    rows are back-substituted directly (paper, Section 3.1 footnote).
+    """
+    _, relax = hidden_layer_bounds(net, x0, eps, qcode, relax_fn)
+    Lam = np.ascontiguousarray(C @ net.W[-1])
+    const = C @ net.b[-1]
+    lower, _ = back_substitute(net, relax, Lam, const, x0, eps, qcode, want_upper=False)
+    return lower

@@ -1,0 +1,382 @@
+"""Loading and saving MLP weights: NPZ, plain HDF5 and Keras ``model.save()`` HDF5.
+
+Every loader returns an :class:`MLP` whose weights follow the engine's convention:
+``weights[k]`` has shape (outputs, inputs) and ``biases[k]`` shape (outputs,), float64,
+C-contiguous. All checks on a model file happen here, once; the engine trusts its inputs.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+from dataclasses import dataclass, field
+from typing import List, Optional, Sequence
+
+import numpy as np
+
+from .errors import InputError
+
+# Activations the loaders accept. The engine decides which of them it can bound.
+KNOWN_ACTIVATIONS = ("relu", "tanh", "sigmoid", "arctan", "linear")
+_ALIASES = {"atan": "arctan", "logistic": "sigmoid", "identity": "linear"}
+
+
+@dataclass
+class MLP:
+    """A fully connected network ``x -> W[m-1] act(... act(W[0] x + b[0]) ...) + b[m-1]``.
+
+    weights[k]: (n_{k+1}, n_k) float64; biases[k]: (n_{k+1},) float64. The activation is applied
+    after every layer but the last.
+    """
+
+    weights: List[np.ndarray]
+    biases: List[np.ndarray]
+    activation: str = "relu"
+    source: str = ""
+    layer_names: List[str] = field(default_factory=list)
+
+    @property
+    def input_size(self) -> int:
+        return int(self.weights[0].shape[1])
+
+    @property
+    def num_classes(self) -> int:
+        return int(self.weights[-1].shape[0])
+
+    @property
+    def sizes(self) -> List[int]:
+        return [self.input_size] + [int(w.shape[0]) for w in self.weights]
+
+    @property
+    def num_parameters(self) -> int:
+        return int(sum(w.size + b.size for w, b in zip(self.weights, self.biases)))
+
+    def forward(self, x: np.ndarray) -> np.ndarray:
+        """Logits for a batch ``x`` of shape (N, input_size) (or one input of shape (input_size,))."""
+        from .activations import forward
+
+        return forward(self.weights, self.biases, self.activation, x)
+
+
+def normalize_activation(name: str, where: str) -> str:
+    """Canonical activation name, or an InputError naming ``where`` it came from."""
+    key = str(name).strip().lower()
+    key = _ALIASES.get(key, key)
+    if key not in KNOWN_ACTIVATIONS:
+        raise InputError(
+            f"{where}: unknown activation '{name}' (known: {', '.join(KNOWN_ACTIVATIONS)})"
+        )
+    return key
+
+
+def validate(mlp: MLP, where: str) -> MLP:
+    """Check shapes chain and values are finite; convert to contiguous float64."""
+    if len(mlp.weights) == 0:
+        raise InputError(f"{where}: the model has no Dense layers")
+    if len(mlp.weights) != len(mlp.biases):
+        raise InputError(
+            f"{where}: {len(mlp.weights)} weight matrices but {len(mlp.biases)} bias vectors"
+        )
+    ws, bs = [], []
+    for k, (w, b) in enumerate(zip(mlp.weights, mlp.biases)):
+        w = np.asarray(w)
+        b = np.asarray(b)
+        if w.dtype.kind not in "fiu" or b.dtype.kind not in "fiu":
+            raise InputError(f"{where}: layer {k} weights are not numeric (dtype {w.dtype}/{b.dtype})")
+        if w.ndim != 2:
+            raise InputError(f"{where}: layer {k} weight has shape {w.shape}, expected 2-D")
+        if b.ndim != 1 or b.shape[0] != w.shape[0]:
+            raise InputError(
+                f"{where}: layer {k} bias has shape {b.shape}, expected ({w.shape[0]},) "
+                f"to match weight {w.shape}"
+            )
+        if k > 0 and w.shape[1] != ws[-1].shape[0]:
+            raise InputError(
+                f"{where}: layer {k} weight expects {w.shape[1]} inputs but layer {k - 1} "
+                f"has {ws[-1].shape[0]} outputs"
+            )
+        if w.size == 0:
+            raise InputError(f"{where}: layer {k} weight is empty, shape {w.shape}")
+        if not (np.all(np.isfinite(w)) and np.all(np.isfinite(b))):
+            raise InputError(f"{where}: layer {k} contains NaN or infinite values")
+        ws.append(np.ascontiguousarray(w, dtype=np.float64))
+        bs.append(np.ascontiguousarray(b, dtype=np.float64))
+    if ws[-1].shape[0] < 2:
+        raise InputError(f"{where}: the last layer has {ws[-1].shape[0]} output, need >= 2 classes")
+    act = normalize_activation(mlp.activation, where)
+    return MLP(ws, bs, act, mlp.source or where, list(mlp.layer_names))
+
+
+# --------------------------------------------------------------------------- loading
+
+
+def load_model(path: str, activation: Optional[str] = None) -> MLP:
+    """Load an MLP from NPZ, plain HDF5 or Keras HDF5; ``activation`` overrides the file's."""
+    path = os.fspath(path)
+    if not os.path.exists(path):
+        raise InputError(f"{path}: model file not found")
+    if os.path.isdir(path):
+        raise InputError(f"{path}: is a directory, expected a model file (.npz or .h5)")
+    with open(path, "rb") as fh:
+        magic = fh.read(8)
+    if magic.startswith(b"PK"):
+        mlp = _load_npz(path)
+    elif magic == b"\x89HDF\r\n\x1a\n":
+        mlp = _load_hdf5(path)
+    else:
+        raise InputError(f"{path}: not an NPZ or HDF5 file (unrecognised header)")
+    if activation is not None:
+        mlp.activation = normalize_activation(activation, "--activation")
+    return validate(mlp, path)
+
+
+def _numbered(keys: Sequence[str], prefix: str, path: str) -> List[str]:
+    found = sorted(
+        (int(m.group(1)), k) for k in keys for m in [re.fullmatch(prefix + r"(\d+)", k)] if m
+    )
+    idx = [i for i, _ in found]
+    if idx != list(range(len(idx))):
+        raise InputError(f"{path}: arrays {prefix}0..{prefix}{len(idx) - 1} expected, found {idx}")
+    return [k for _, k in found]
+
+
+def _decode(value) -> str:
+    if isinstance(value, bytes):
+        return value.decode("utf-8")
+    if isinstance(value, np.ndarray):
+        if value.shape == ():
+            return _decode(value.item())
+        if value.size == 1:
+            return _decode(value.reshape(-1)[0])
+    return str(value)
+
+
+def _load_npz(path: str) -> MLP:
+    try:
+        with np.load(path, allow_pickle=False) as data:
+            keys = list(data.keys())
+            wk = _numbered(keys, "W", path)
+            bk = _numbered(keys, "b", path)
+            if not wk:
+                raise InputError(f"{path}: no weight arrays W0, W1, ... found (keys: {keys})")
+            ws = [data[k] for k in wk]
+            bs = [data[k] for k in bk]
+            act = _decode(data["activation"]) if "activation" in keys else "relu"
+    except InputError:
+        raise
+    except Exception as exc:  # zipfile/pickle errors from a corrupt archive
+        raise InputError(f"{path}: cannot read NPZ archive ({type(exc).__name__}: {exc})") from None
+    return MLP(ws, bs, act, path)
+
+
+def _load_hdf5(path: str) -> MLP:
+    import h5py
+
+    try:
+        with h5py.File(path, "r") as f:
+            if "model_weights" in f or "layer_names" in f.attrs:
+                return _load_keras(f, path)
+            keys = list(f.keys())
+            wk = _numbered(keys, "W", path)
+            bk = _numbered(keys, "b", path)
+            if not wk:
+                raise InputError(
+                    f"{path}: HDF5 file has neither Keras 'model_weights' nor datasets W0, b0, ..."
+                )
+            ws = [f[k][()] for k in wk]
+            bs = [f[k][()] for k in bk]
+            act = _decode(f["activation"][()]) if "activation" in f else _decode(
+                f.attrs.get("activation", "relu")
+            )
+            return MLP(ws, bs, act, path)
+    except InputError:
+        raise
+    except Exception as exc:
+        raise InputError(f"{path}: cannot read HDF5 file ({type(exc).__name__}: {exc})") from None
+
+
+def _activation_from_name(layer_name: str) -> Optional[str]:
+    """'tanh_1' -> 'tanh'; the paper's code names Activation/Lambda layers ``<act>_<i>``."""
+    base = re.sub(r"_\d+$", "", layer_name.lower())
+    base = _ALIASES.get(base, base)
+    return base if base in KNOWN_ACTIVATIONS else None
+
+
+def _config_layers(f) -> dict:
+    """Map layer name -> (class_name, config) from the ``model_config`` JSON attribute, if any."""
+    raw = f.attrs.get("model_config")
+    if raw is None:
+        return {}
+    try:
+        cfg = json.loads(_decode(raw))
+    except (ValueError, TypeError):
+        return {}
+    layers = cfg.get("config", {})
+    if isinstance(layers, dict):
+        layers = layers.get("layers", [])
+    out = {}
+    for layer in layers if isinstance(layers, list) else []:
+        if isinstance(layer, dict):
+            conf = layer.get("config", {}) or {}
+            name = conf.get("name") or layer.get("name")
+            if name:
+                out[name] = (layer.get("class_name", ""), conf)
+    return out
+
+
+def _activation_of(conf_entry, where: str) -> Optional[str]:
+    """The activation a config entry (Dense or Activation layer) applies, or None if none."""
+    act = conf_entry.get("activation")
+    if isinstance(act, dict):  # Keras 3 may serialise functions as dicts
+        act = act.get("config", {}).get("name") or act.get("class_name")
+    if act is None:
+        return None
+    return normalize_activation(act, where)
+
+
+def _load_keras(f, path: str) -> MLP:
+    g = f["model_weights"] if "model_weights" in f else f
+    if "layer_names" not in g.attrs:
+        raise InputError(f"{path}: Keras file without a 'layer_names' attribute")
+    names = [_decode(n) for n in g.attrs["layer_names"]]
+    config = _config_layers(f)
+    ws, bs, dense_names = [], [], []
+    hidden_acts: List[Optional[str]] = []  # activation following each Dense layer, if seen
+    for name in names:
+        cls, conf = config.get(name, ("", {}))
+        if name not in g:
+            raise InputError(f"{path}: layer '{name}' listed in layer_names but missing")
+        lg = g[name]
+        wnames = [_decode(n) for n in lg.attrs.get("weight_names", [])]
+        arrays = [lg[wn][()] for wn in wnames]
+        if arrays:
+            kernels = [(wn, a) for wn, a in zip(wnames, arrays) if a.ndim == 2]
+            biases = [(wn, a) for wn, a in zip(wnames, arrays) if a.ndim == 1]
+            if len(kernels) != 1 or len(biases) > 1 or len(arrays) > 2:
+                shapes = [a.shape for a in arrays]
+                raise InputError(
+                    f"{path}: layer '{name}' is not a Dense layer (weights {shapes}); "
+                    "only Dense/Flatten/Activation layers are supported"
+                )
+            kernel = kernels[0][1]  # Keras stores (inputs, outputs)
+            bias = biases[0][1] if biases else np.zeros(kernel.shape[1])
+            ws.append(np.asarray(kernel).T)
+            bs.append(np.asarray(bias))
+            dense_names.append(name)
+            act = _activation_of(conf, f"{path}: layer '{name}'") if conf else None
+            hidden_acts.append(None if act == "linear" else act)
+            continue
+        # weightless layer: Flatten / Input / Dropout / Activation / Lambda
+        act = None
+        if cls == "Activation" or (cls == "" and _activation_from_name(name)):
+            act = _activation_of(conf, f"{path}: layer '{name}'") if conf else None
+            act = act or _activation_from_name(name)
+        elif cls == "Lambda":
+            act = _activation_from_name(name)
+            if act is None:
+                raise InputError(
+                    f"{path}: Lambda layer '{name}' is not a known activation (expected a name "
+                    "like arctan_1)"
+                )
+        if act is not None and act != "linear" and ws:
+            if hidden_acts[-1] is not None and hidden_acts[-1] != act:
+                raise InputError(f"{path}: layer '{name}' stacks two activations")
+            hidden_acts[-1] = act
+    if not ws:
+        raise InputError(f"{path}: Keras file contains no Dense layers")
+    hidden = [a for a in hidden_acts[:-1]]
+    if hidden_acts[-1] not in (None, "linear"):
+        # a softmax is typically folded into the loss; other output activations change the margin
+        pass
+    kinds = {a for a in hidden if a is not None}
+    if len(kinds) > 1:
+        raise InputError(f"{path}: mixed hidden activations {sorted(kinds)} are not supported")
+    if len(hidden) > 0 and any(a is None for a in hidden):
+        missing = [dense_names[i] for i, a in enumerate(hidden) if a is None]
+        if kinds:
+            raise InputError(f"{path}: Dense layer(s) {missing} have no activation after them")
+    activation = kinds.pop() if kinds else "relu"
+    return MLP(ws, bs, activation, path, dense_names)
+
+
+# --------------------------------------------------------------------------- saving
+
+
+def save_npz(path: str, weights, biases, activation: str = "relu") -> None:
+    """Write the NPZ format: W0.., b0.. with W of shape (outputs, inputs), string ``activation``."""
+    arrays = {f"W{k}": np.asarray(w) for k, w in enumerate(weights)}
+    arrays.update({f"b{k}": np.asarray(b) for k, b in enumerate(biases)})
+    arrays["activation"] = np.array(activation)
+    np.savez(path, **arrays)
+
+
+def save_keras_h5(
+    path: str,
+    weights,
+    biases,
+    activation: str = "relu",
+    *,
+    input_shape=(28, 28, 1),
+    dense_activation: bool = False,
+    dtype=np.float32,
+) -> None:
+    """Write ``weights`` (outputs, inputs) in the HDF5 layout of Keras 2 ``model.save()``.
+
+    A Sequential model: Flatten, then per hidden layer ``Dense`` followed by an ``Activation``
+    layer named ``<act>_<i>`` (``Lambda`` for arctan), then the output ``Dense``. With
+    ``dense_activation=True`` the activation is put in the hidden Dense layers' config instead.
+    """
+    import h5py
+
+    layers_cfg = [
+        {
+            "class_name": "Flatten",
+            "config": {"name": "flatten_1", "trainable": True, "batch_input_shape": [None, *input_shape],
+                       "dtype": "float32", "data_format": "channels_last"},
+        }
+    ]
+    layer_names = ["flatten_1"]
+    weight_groups = {"flatten_1": []}
+    m = len(weights)
+    for k, (w, b) in enumerate(zip(weights, biases)):
+        name = f"dense_{k + 1}"
+        w = np.asarray(w)
+        hidden = k < m - 1
+        dense_act = activation if (hidden and dense_activation) else "linear"
+        layers_cfg.append(
+            {
+                "class_name": "Dense",
+                "config": {"name": name, "trainable": True, "dtype": "float32", "units": int(w.shape[0]),
+                           "activation": dense_act, "use_bias": True},
+            }
+        )
+        layer_names.append(name)
+        weight_groups[name] = [
+            (f"{name}/kernel:0", np.asarray(w, dtype=dtype).T),
+            (f"{name}/bias:0", np.asarray(b, dtype=dtype)),
+        ]
+        if hidden and not dense_activation:
+            aname = f"{activation}_{k + 1}"
+            if activation == "arctan":
+                layers_cfg.append({"class_name": "Lambda", "config": {"name": aname, "trainable": True,
+                                                                      "function": "arctan"}})
+            else:
+                layers_cfg.append({"class_name": "Activation", "config": {"name": aname, "trainable": True,
+                                                                          "activation": activation}})
+            layer_names.append(aname)
+            weight_groups[aname] = []
+    model_config = {"class_name": "Sequential", "config": {"name": "sequential_1", "layers": layers_cfg}}
+    with h5py.File(path, "w") as f:
+        f.attrs["keras_version"] = b"2.1.6"
+        f.attrs["backend"] = b"tensorflow"
+        f.attrs["model_config"] = json.dumps(model_config).encode("utf-8")
+        g = f.create_group("model_weights")
+        g.attrs["layer_names"] = np.array([n.encode("utf-8") for n in layer_names])
+        g.attrs["backend"] = b"tensorflow"
+        g.attrs["keras_version"] = b"2.1.6"
+        for name in layer_names:
+            lg = g.create_group(name)
+            entries = weight_groups[name]
+            lg.attrs["weight_names"] = np.array([wn.encode("utf-8") for wn, _ in entries], dtype="S")
+            for wn, arr in entries:
+                lg.create_dataset(wn, data=arr)
