@@ -309,6 +309,8 @@ def hidden_layer_bounds(
     net: Network, x0: np.ndarray, eps: float, qcode: int, relax_fn: Callable
 ) -> Tuple[List[Tuple[np.ndarray, np.ndarray]], List[Relaxation]]:
     """Pre-activation bounds (l, u) and relaxations of every hidden layer at radius eps."""
+    if net.num_hidden == 0:
+        return [], []
     W0, b0 = net.W[0], net.b[0]
     lin, _, xm = input_terms(W0, x0, 0)
     n1 = net.first_layer_norms(qcode)

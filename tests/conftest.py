@@ -1,0 +1,38 @@
+import os
+import sys
+
+import numpy as np
+import pytest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+sys.path.insert(0, HERE)  # the tests' shared helpers (reference_crown, oracles)
+
+
+def pytest_addoption(parser):
+    parser.addoption("--regen-golden", action="store_true", default=False,
+                     help="Rewrite tests/golden/*.csv from the current code instead of comparing.")
+
+
+@pytest.fixture
+def regen_golden(request):
+    return request.config.getoption("--regen-golden")
+
+
+@pytest.fixture(scope="session")
+def mnist100():
+    """The shipped first 100 MNIST test images (x scaled to [-0.5, 0.5], y)."""
+    from crown_cli.images import load_images
+
+    return load_images(None)
+
+
+def model_path(name):
+    return os.path.join(ROOT, "models", name)
+
+
+def random_network(sizes, seed, bias_scale=0.1):
+    rng = np.random.default_rng(seed)
+    ws = [rng.normal(size=(sizes[i + 1], sizes[i])) / np.sqrt(sizes[i]) for i in range(len(sizes) - 1)]
+    bs = [bias_scale * rng.normal(size=sizes[i + 1]) for i in range(len(sizes) - 1)]
+    return ws, bs

@@ -1,0 +1,145 @@
+"""The numba CROWN engine: hand-computed examples and agreement with the numpy twin."""
+import numpy as np
+import pytest
+
+from conftest import random_network
+from crown_cli import crown
+from crown_cli.relaxations import get_relaxation
+from crown_cli.relaxations.relu import relu_relaxation
+from reference_crown import reference_bounds, relu_relaxation_numpy
+
+CODES = crown.NORMS
+
+
+def engine_bounds(weights, biases, x0, eps, norm, method, C):
+    net = crown.Network(weights, biases)
+    fn = get_relaxation("relu", method)
+    hidden, _ = crown.hidden_layer_bounds(net, x0, eps, CODES[norm], fn)
+    lb = crown.margin_lower_bound(net, x0, eps, CODES[norm], fn, C)
+    return hidden, lb
+
+
+def close(a, b, rel=1e-8):
+    """Equal up to rounding and the engine's floating-point widening (~2e-10 relative)."""
+    a, b = np.asarray(a), np.asarray(b)
+    return np.allclose(a, b, rtol=rel, atol=rel * max(1.0, np.abs(b).max()))
+
+
+# ----------------------------------------------------------------------------- by hand
+
+
+def test_one_layer_margin_is_exact_by_hand():
+    # margin = (2 x1 - x2 + 0.5) - (x2) = 2 x1 - 2 x2 + 0.5; at x0 = (1, 0.5) it is 1.5
+    W = [np.array([[2.0, -1.0], [0.0, 1.0]])]
+    b = [np.array([0.5, 0.0])]
+    x0 = np.array([1.0, 0.5])
+    C = np.array([[1.0, -1.0]])
+    for norm, dual in (("inf", 4.0), ("2", np.sqrt(8.0)), ("1", 2.0)):
+        _, lb = engine_bounds(W, b, x0, 0.1, norm, "crown", C)
+        assert lb[0] == pytest.approx(1.5 - 0.1 * dual, rel=1e-9)
+        assert lb[0] <= 1.5 - 0.1 * dual  # widened outward, never inward
+
+
+def _two_layer():
+    # z1 = x1 - x2 in [-1.5, 2.5], z2 = x1 + x2 in [-0.5, 3.5] at x0 = (1, .5), eps = 1 (l_inf);
+    # margin = relu(z1) - relu(z2)
+    W = [np.array([[1.0, -1.0], [1.0, 1.0]]), np.array([[1.0, -1.0], [0.0, 0.0]])]
+    b = [np.zeros(2), np.zeros(2)]
+    return W, b, np.array([1.0, 0.5]), np.array([[1.0, -1.0]])
+
+
+def test_two_layer_by_hand_crown():
+    W, b, x0, C = _two_layer()
+    hidden, lb = engine_bounds(W, b, x0, 1.0, "inf", "crown", C)
+    assert close(hidden[0][0], [-1.5, -0.5]) and close(hidden[0][1], [2.5, 3.5])
+    # lower: relu(z1) >= z1 (u=2.5 >= 1.5), relu(z2) <= 0.875 z2 + 0.4375
+    #   => 0.125 x1 - 1.875 x2 - 0.4375 >= -1.25 - 1 * (0.125 + 1.875) = -3.25
+    assert lb[0] == pytest.approx(-3.25, rel=1e-9)
+
+
+def test_two_layer_by_hand_fast_lin():
+    W, b, x0, C = _two_layer()
+    _, lb = engine_bounds(W, b, x0, 1.0, "inf", "fast-lin", C)
+    # relu(z1) >= 0.625 z1  =>  -0.25 x1 - 1.5 x2 - 0.4375 >= -1.4375 - 1.75 = -3.1875
+    assert lb[0] == pytest.approx(-3.1875, rel=1e-9)
+
+
+def test_two_layer_by_hand_as_hidden_layer():
+    # the same function as the pre-activation of a second hidden layer: upper bound by hand:
+    # relu(z1) <= 0.625 z1 + 0.9375, relu(z2) >= z2  =>  -0.375 x1 - 1.625 x2 + 0.9375 <= 1.75
+    W, b, x0, _ = _two_layer()
+    W = [W[0], np.array([[1.0, -1.0]]), np.array([[1.0], [-1.0]])]
+    b = [b[0], np.zeros(1), np.zeros(2)]
+    hidden, _ = engine_bounds(W, b, x0, 1.0, "inf", "crown", np.array([[1.0, -1.0]]))
+    assert hidden[1][0][0] == pytest.approx(-3.25, rel=1e-9)
+    assert hidden[1][1][0] == pytest.approx(1.75, rel=1e-9)
+
+
+def test_eps_zero_is_the_exact_margin():
+    W, b = random_network([12, 9, 7, 4], seed=3)
+    x0 = np.random.default_rng(0).uniform(-0.5, 0.5, 12)
+    C = np.array([[1.0, 0, -1.0, 0]])
+    _, lb = engine_bounds(W, b, x0, 0.0, "inf", "crown", C)
+    from crown_cli.activations import forward
+
+    z = forward(W, b, "relu", x0)
+    assert lb[0] == pytest.approx(z[0] - z[2], rel=1e-9, abs=1e-12)
+
+
+# ----------------------------------------------------------------------------- relaxation
+
+
+@pytest.mark.parametrize("adaptive", [True, False])
+def test_relu_relaxation_encloses_relu_on_grid(adaptive):
+    rng = np.random.default_rng(7)
+    l = np.concatenate([rng.normal(size=200) * 3, [-1e-300, 0.0, -2.0, 1.0, -5.0, 0.0]])
+    u = np.concatenate([l[:200] + np.abs(rng.normal(size=200)) * 3, [1e-300, 0.0, 2.0, 1.0, 0.0, 3.0]])
+    aU, bU, aL, bL = relu_relaxation(l, u, adaptive)
+    for i in range(l.size):
+        z = np.linspace(l[i], u[i], 101)
+        r = np.maximum(z, 0)
+        slack = 1e-12 * (1 + np.abs(z))
+        assert np.all(aL[i] * z + bL[i] <= r + slack)
+        assert np.all(aU[i] * z + bU[i] >= r - slack)
+    ref = relu_relaxation_numpy(l, u, "crown" if adaptive else "fast-lin")
+    for mine, theirs in zip((aU, bU, aL, bL), ref):
+        assert np.allclose(mine, theirs, rtol=1e-15, atol=0)
+
+
+# ----------------------------------------------------------------------------- numba vs numpy
+
+CASES = [
+    ([5, 3], 0), ([6, 8, 3], 1), ([10, 16, 16, 4], 2), ([8, 12, 12, 12, 3], 3),
+    ([20, 30, 10, 25, 8, 5], 4), ([784, 64, 48, 10], 5),
+]
+
+
+@pytest.mark.parametrize("sizes,seed", CASES)
+@pytest.mark.parametrize("norm", ["inf", "2", "1"])
+@pytest.mark.parametrize("method", ["crown", "fast-lin"])
+def test_engine_matches_numpy_twin(sizes, seed, norm, method):
+    W, b = random_network(sizes, seed)
+    rng = np.random.default_rng(seed + 100)
+    x0 = rng.uniform(-0.5, 0.5, sizes[0])
+    k = sizes[-1]
+    C = np.zeros((k - 1, k))
+    C[:, 0] = 1.0
+    C[np.arange(k - 1), np.arange(1, k)] = -1.0
+    scale = {"inf": 0.02, "2": 0.3, "1": 1.0}[norm]
+    for eps in (0.25 * scale, scale, 4 * scale):
+        hidden, lb = engine_bounds(W, b, x0, eps, norm, method, C)
+        ref = reference_bounds(W, b, x0, eps, norm, method, C)
+        for (l, u), (rl, ru) in zip(hidden, ref[:-1]):
+            assert close(l, rl) and close(u, ru)
+            assert np.all(l <= rl) and np.all(u >= ru)  # widening goes outward
+        assert close(lb, ref[-1][0])
+        assert np.all(lb <= ref[-1][0])
+
+
+def test_network_without_hidden_layers():
+    W, b = random_network([6, 3], seed=9)
+    x0 = np.zeros(6)
+    C = np.array([[1.0, -1.0, 0.0]])
+    _, lb = engine_bounds(W, b, x0, 0.1, "2", "crown", C)
+    ref = reference_bounds(W, b, x0, 0.1, "2", "crown", C)
+    assert close(lb, ref[-1][0])

@@ -1,0 +1,87 @@
+"""The certified-radius search on functions whose root is known."""
+import math
+
+import numpy as np
+import pytest
+
+from crown_cli.search import certified_radius
+
+ROOTS = [1e-7, 3e-4, 0.0123, 0.7, 42.0]
+SHAPES = {
+    "linear": lambda r: (lambda e: 1.0 - e / r),
+    "concave": lambda r: (lambda e: 1.0 - (e / r) ** 2),
+    "convex": lambda r: (lambda e: math.exp(-3 * e / r) - math.exp(-3)),
+    "step": lambda r: (lambda e: 1.0 if e < r else -1.0),
+    "kinked": lambda r: (lambda e: 1.0 - e / r if e < 0.9 * r else 0.1 - 5 * (e - 0.9 * r) / r),
+}
+
+
+class Recorder:
+    def __init__(self, fn):
+        self.fn, self.calls = fn, []
+
+    def __call__(self, e):
+        v = self.fn(e)
+        self.calls.append((e, v))
+        return v
+
+
+@pytest.mark.parametrize("method", ["secant", "bisect"])
+@pytest.mark.parametrize("shape", sorted(SHAPES))
+@pytest.mark.parametrize("root", ROOTS)
+def test_search_finds_root_within_rtol_and_reports_a_verified_radius(method, shape, root):
+    rec = Recorder(SHAPES[shape](root))
+    res = certified_radius(rec, 1.0, eps0=0.01, rtol=1e-4, method=method)
+    assert res.status == "certified"
+    assert res.evaluations == len(rec.calls)
+    assert (res.eps, res.lower_bound) in rec.calls and res.lower_bound > 0  # verified, not guessed
+    true_root = root if shape != "kinked" else 0.92 * root
+    assert res.eps <= true_root
+    assert res.eps >= true_root * (1 - 1e-4) * (1 - 1e-12)
+    assert res.upper >= true_root and res.upper - res.eps <= 1e-4 * res.eps * (1 + 1e-12)
+
+
+@pytest.mark.parametrize("eps0", [1e-9, 1e-3, 1.0, 1e3])
+def test_bracketing_does_not_depend_on_a_lucky_start(eps0):
+    root = 0.0123
+    res = certified_radius(SHAPES["convex"](root), 1.0, eps0=eps0, rtol=1e-4)
+    assert root * (1 - 1e-4) <= res.eps <= root
+    assert res.evaluations <= 25
+
+
+def test_secant_needs_few_evaluations_on_smooth_bounds():
+    evals = []
+    for root in ROOTS:
+        for shape in ("linear", "concave", "convex"):
+            evals.append(certified_radius(SHAPES[shape](root), 1.0, eps0=0.01).evaluations)
+    bis = [certified_radius(SHAPES[s](r), 1.0, eps0=0.01, method="bisect").evaluations
+           for r in ROOTS for s in ("linear", "concave", "convex")]
+    assert np.mean(evals) < 0.75 * np.mean(bis), (np.mean(evals), np.mean(bis))
+
+
+def test_capped_when_certified_everywhere():
+    res = certified_radius(lambda e: 1.0, 1.0, eps0=0.01, eps_max=50.0)
+    assert res.status == "capped" and res.eps == 50.0
+
+
+def test_not_certified_when_margin_not_positive():
+    res = certified_radius(lambda e: -1.0, 0.0, eps0=0.01)
+    assert res.status == "not-certified" and res.eps == 0.0 and res.evaluations == 0
+
+
+def test_not_certified_when_bound_fails_at_every_tried_radius():
+    res = certified_radius(lambda e: -1.0, 1.0, eps0=0.01, eps_min=1e-9)
+    assert res.status == "not-certified" and res.eps == 0.0
+
+
+def test_nan_counts_as_not_certified():
+    res = certified_radius(lambda e: float("nan") if e > 0.5 else 1.0, 1.0, eps0=0.01)
+    assert 0.5 * (1 - 1e-4) <= res.eps <= 0.5
+
+
+def test_non_monotone_bound_still_reports_a_verified_radius():
+    # positive on (0, 0.3) and (0.5, 0.6) only: any answer must be a point where f > 0
+    f = lambda e: 1.0 if (e < 0.3 or 0.5 < e < 0.6) else -1.0  # noqa: E731
+    rec = Recorder(f)
+    res = certified_radius(rec, 1.0, eps0=0.01)
+    assert f(res.eps) > 0 and (res.eps, 1.0) in rec.calls
