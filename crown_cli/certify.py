@@ -14,13 +14,16 @@ from typing import Dict, List, Optional, Sequence
 import numpy as np
 
 from .activations import forward
-from .crown import NORMS, Network, margin_lower_bound
+from .crown import NORMS, Network, first_layer_center, margin_lower_bound
 from .errors import InputError
 from .relaxations import get_relaxation
 from .search import SEARCHES, SearchResult, certified_radius
 
 # The paper's starting radii (reference-setup.md): MNIST-sized and CIFAR-sized inputs.
 EPS0 = {784: {"inf": 0.01, "2": 0.2, "1": 0.3}, 3072: {"inf": 0.002, "2": 0.2, "1": 0.3}}
+
+
+PRECISIONS = ("mixed", "float64")
 
 
 def parse_norm(norm: str) -> str:
@@ -61,6 +64,7 @@ class Certifier:
         rtol: float = 1e-4,
         eps0: Optional[float] = None,
         eps_max: float = 1e4,
+        precision: str = "mixed",
     ):
         self.net = Network(weights, biases)
         self.norm = parse_norm(norm)
@@ -72,6 +76,9 @@ class Certifier:
         if not (0 < rtol < 1):
             raise InputError(f"--rtol: must lie in (0, 1), got {rtol}")
         self.search = search
+        if precision not in PRECISIONS:
+            raise InputError(f"--precision: unknown precision '{precision}' (choose from {', '.join(PRECISIONS)})")
+        self.precision = precision
         self.rtol = rtol
         self.eps0 = default_eps0(self.norm, self.net.W[0].shape[1]) if eps0 is None else float(eps0)
         if not self.eps0 > 0:
@@ -91,9 +98,14 @@ class Certifier:
             C[r, t] -= 1.0
         return C
 
-    def lower_bound(self, x0: np.ndarray, eps: float, C: np.ndarray) -> np.ndarray:
-        """Sound lower bounds of the margins C @ f(x) over the eps-ball around x0, shape (r,)."""
-        return margin_lower_bound(self.net, x0, float(eps), self.qcode, self.relax_fn, C)
+    def lower_bound(self, x0: np.ndarray, eps: float, C: np.ndarray, first=None,
+                    dtype=np.float64) -> np.ndarray:
+        """Lower bounds of the margins C @ f(x) over the eps-ball around x0, shape (r,).
+
+        Sound in float64 (the default); float32 gives a fast estimate for steering the search.
+        """
+        return margin_lower_bound(self.net, x0, float(eps), self.qcode, self.relax_fn, C, first,
+                                  dtype)
 
     def certify(self, x0: np.ndarray, c: int, targets: Sequence[int]) -> Certificate:
         """Largest eps such that f_c > f_t on the whole ball for every t in ``targets``."""
@@ -101,13 +113,38 @@ class Certifier:
         x0 = np.ascontiguousarray(x0, dtype=np.float64)
         C = self.margin_rows(c, targets)
         g0 = float(np.min(C @ self.logits(x0)))
-        res: SearchResult = certified_radius(
-            lambda eps: float(np.min(self.lower_bound(x0, eps, C))),
-            g0,
-            self.eps0,
-            rtol=self.rtol,
-            eps_max=self.eps_max,
-            method=self.search,
-        )
+        first = first_layer_center(self.net, x0)
+
+        def bound(dtype):
+            return lambda eps: float(np.min(self.lower_bound(x0, eps, C, first, dtype)))
+
+        res = self._search(bound(np.float64), g0, self.eps0, self.rtol) \
+            if self.precision == "float64" else self._mixed_search(bound, g0)
         return Certificate(res.eps, res.lower_bound, g0, res.evaluations, res.status,
                            time.perf_counter() - t0)
+
+    def _search(self, fn, g0, eps0, rtol) -> SearchResult:
+        return certified_radius(fn, g0, eps0, rtol=rtol, eps_max=self.eps_max, method=self.search)
+
+    def _mixed_search(self, bound, g0) -> SearchResult:
+        """Search with float32 products, then verify the answer in float64.
+
+        The float32 search runs to rtol/2; if float64 does not confirm its radius, one step of
+        rtol/2 down is tried, and failing that a float64 search starts from there. Only a
+        radius whose float64 lower bound is > 0 is ever returned.
+        """
+        exact = bound(np.float64)
+        fast = self._search(bound(np.float32), g0, self.eps0, 0.5 * self.rtol)
+        if fast.eps == 0.0:  # nothing certified even in float32: confirm with a float64 search
+            res = self._search(exact, g0, self.eps0, self.rtol)
+            return SearchResult(res.eps, res.lower_bound, fast.evaluations + res.evaluations,
+                                res.status, res.upper)
+        evals = fast.evaluations
+        for eps in (fast.eps, fast.eps * (1.0 - 0.5 * self.rtol)):
+            v = exact(eps)
+            evals += 1
+            if v > 0:
+                return SearchResult(eps, v, evals, fast.status if eps == fast.eps else "certified",
+                                    fast.upper)
+        res = self._search(exact, g0, eps, self.rtol)
+        return SearchResult(res.eps, res.lower_bound, evals + res.evaluations, res.status, res.upper)

@@ -115,6 +115,10 @@ def inspect(model_path, activation):
 @click.option("--search", default="secant", show_default=True,
               type=click.Choice(["secant", "bisect"]),
               help="Radius search: secant-steered bracketing + Illinois, or plain bisection.")
+@click.option("--precision", default="mixed", show_default=True,
+              type=click.Choice(["mixed", "float64"]),
+              help="mixed: float32 products steer the search, the reported eps is verified in "
+                   "float64; float64: every evaluation in float64.")
 @click.option("--rtol", type=float, default=1e-4, show_default=True,
               help="Relative width of the final bracket [certified, not certified].")
 @click.option("--eps0", type=float, default=None,
@@ -126,7 +130,7 @@ def inspect(model_path, activation):
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar and no summary line.")
 @_handle_errors
 def certify(model_path, images_path, labels_path, num_images, start, norm, method, target_spec,
-            seed, activation, search, rtol, eps0, max_eps, output, overwrite, quiet):
+            seed, activation, search, precision, rtol, eps0, max_eps, output, overwrite, quiet):
     """Certify each image against the chosen targets and write one CSV row per (image, target)."""
     from .certify import Certifier, parse_norm
     from .images import load_images
@@ -162,7 +166,7 @@ def certify(model_path, images_path, labels_path, num_images, start, norm, metho
 
     certifiers = [
         Certifier(mlp.weights, mlp.biases, mlp.activation, norm=n, method=m, search=search,
-                  rtol=rtol, eps0=eps0, eps_max=max_eps)
+                  rtol=rtol, eps0=eps0, eps_max=max_eps, precision=precision)
         for n in norms for m in methods
     ]
     t0 = time.perf_counter()

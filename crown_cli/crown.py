@@ -112,9 +112,9 @@ def relax_shared(Lam, aU, bU, aL, bL, bias, agree, diff, icols):
     r = Lam.shape[0]
     na = agree.shape[0]
     nd = diff.shape[0]
-    DS = np.empty((r, na))
-    DU = np.empty((r, nd))
-    DL = np.empty((r, nd))
+    DS = np.empty((r, na), Lam.dtype)
+    DU = np.empty((r, nd), Lam.dtype)
+    DL = np.empty((r, nd), Lam.dtype)
     cU = np.zeros(r)
     cL = np.zeros(r)
     mU = np.zeros(r)
@@ -181,7 +181,7 @@ def relax_chain(Lam, aS, bS, aO, bO, bias, cols, icols):
     """
     r = Lam.shape[0]
     nc = cols.shape[0]
-    D = np.empty((r, nc))
+    D = np.empty((r, nc), Lam.dtype)
     const = np.zeros(r)
     mag = np.zeros(r)
     for j in range(r):
@@ -223,16 +223,25 @@ class Relaxation:
 
 
 class Network:
-    """Contiguous float64 weights of an MLP plus per-norm caches; shared by all images."""
+    """Weights of an MLP in float64 (and float32 on demand) plus per-norm caches."""
 
     def __init__(self, weights: Sequence[np.ndarray], biases: Sequence[np.ndarray]):
         self.W = [np.ascontiguousarray(w, dtype=np.float64) for w in weights]
         self.b = [np.ascontiguousarray(b, dtype=np.float64) for b in biases]
+        self._W32 = None
         self._first_norms = {}
 
     @property
     def num_hidden(self) -> int:
         return len(self.W) - 1
+
+    def weights(self, dtype) -> List[np.ndarray]:
+        """The weight matrices in ``dtype`` (float64, or float32 for the fast unverified search)."""
+        if np.dtype(dtype) == np.float64:
+            return self.W
+        if self._W32 is None:
+            self._W32 = [w.astype(np.float32) for w in self.W]
+        return self._W32
 
     def first_layer_norms(self, qcode: int) -> np.ndarray:
         if qcode not in self._first_norms:
@@ -254,14 +263,17 @@ def back_substitute(
     eps: float,
     qcode: int,
     want_upper: bool = True,
+    dtype=np.float64,
 ) -> Tuple[np.ndarray, np.ndarray]:
     """Bounds over the ball of ``Lam @ a_h + const`` where a_h = act(z_h), h = len(relax) - 1.
 
     ``relax[i]`` relaxes hidden layer i (0-based), ``z_i = W[i] a_{i-1} + b[i]``, ``a_{-1} = x``.
     Returns (lower, upper) of shape (r,); ``upper`` is None unless ``want_upper``.
+    With ``dtype=float32`` the matrix products run in single precision: faster, but the
+    result is only an estimate (used to steer the search, never reported).
     """
-    W, b = net.W, net.b
-    LU = LL = np.ascontiguousarray(Lam)
+    W, b = net.weights(dtype), net.b
+    LU = LL = np.ascontiguousarray(Lam, dtype=dtype)
     cU = const.astype(np.float64).copy()
     cL = cU.copy()
     mU = np.abs(cU)
@@ -305,23 +317,32 @@ def back_substitute(
     return lower, upper
 
 
+def first_layer_center(net: Network, x0: np.ndarray) -> Tuple[np.ndarray, np.ndarray]:
+    """``W0 x0 + b0`` and the sum of its absolute terms; independent of eps, so cached per image."""
+    lin, _, xm = input_terms(net.W[0], x0, 0)
+    return lin + net.b[0], xm + np.abs(net.b[0])
+
+
 def hidden_layer_bounds(
-    net: Network, x0: np.ndarray, eps: float, qcode: int, relax_fn: Callable
+    net: Network, x0: np.ndarray, eps: float, qcode: int, relax_fn: Callable, first=None,
+    dtype=np.float64,
 ) -> Tuple[List[Tuple[np.ndarray, np.ndarray]], List[Relaxation]]:
-    """Pre-activation bounds (l, u) and relaxations of every hidden layer at radius eps."""
+    """Pre-activation bounds (l, u) and relaxations of every hidden layer at radius eps.
+
+    ``first`` may hold :func:`first_layer_center` of x0 to skip recomputing it.
+    """
     if net.num_hidden == 0:
         return [], []
-    W0, b0 = net.W[0], net.b[0]
-    lin, _, xm = input_terms(W0, x0, 0)
+    center, cmag = first_layer_center(net, x0) if first is None else first
     n1 = net.first_layer_norms(qcode)
-    mag = xm + np.abs(b0) + eps * n1
-    center = lin + b0
+    mag = cmag + eps * n1
     l = _widen(center - eps * n1, mag, -1.0)
     u = _widen(center + eps * n1, mag, 1.0)
     bounds = [(l, u)]
     relax = [Relaxation(*relax_fn(l, u))]
     for k in range(1, net.num_hidden):
-        l, u = back_substitute(net, relax, net.W[k], net.b[k], x0, eps, qcode)
+        l, u = back_substitute(net, relax, net.weights(dtype)[k], net.b[k], x0, eps, qcode,
+                               dtype=dtype)
         bounds.append((l, u))
         relax.append(Relaxation(*relax_fn(l, u)))
     return bounds, relax
@@ -334,14 +355,17 @@ def margin_lower_bound(
     qcode: int,
     relax_fn: Callable,
     C: np.ndarray,
+    first=None,
+    dtype=np.float64,
 ) -> np.ndarray:
     """Lower bounds over the eps-ball of the margins ``C @ logits(x)``, shape (r,).
 
     C (r, classes) holds rows e_c - e_t; the margin is folded into the last layer so its
     rows are back-substituted directly (paper, Section 3.1 footnote).
     """
-    _, relax = hidden_layer_bounds(net, x0, eps, qcode, relax_fn)
-    Lam = np.ascontiguousarray(C @ net.W[-1])
+    _, relax = hidden_layer_bounds(net, x0, eps, qcode, relax_fn, first, dtype)
+    Lam = C @ net.W[-1]
     const = C @ net.b[-1]
-    lower, _ = back_substitute(net, relax, Lam, const, x0, eps, qcode, want_upper=False)
+    lower, _ = back_substitute(net, relax, Lam, const, x0, eps, qcode, want_upper=False,
+                               dtype=dtype)
     return lower

@@ -69,7 +69,7 @@ def certify_images(
                     target = sel[ttype]
                     row = dict(base, target="" if ttype == "untargeted" else target,
                                target_type=ttype, norm=cert.norm, method=cert.method,
-                               search=cert.search, rtol=cert.rtol)
+                               search=cert.search, precision=cert.precision, rtol=cert.rtol)
                     if misclassified:
                         row.update(status="misclassified", time_s=0.0, evaluations=0)
                     else:

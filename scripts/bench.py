@@ -30,9 +30,9 @@ from crown_cli.targets import select_all  # noqa: E402
 PUBLISHED_S_PER_IMAGE = 0.5
 
 
-def run_case(mlp, x, y, n, norm, method, search, rtol):
+def run_case(mlp, x, y, n, norm, method, search, rtol, precision="mixed"):
     cert = Certifier(mlp.weights, mlp.biases, mlp.activation, norm=norm, method=method,
-                     search=search, rtol=rtol)
+                     search=search, rtol=rtol, precision=precision)
     sel = select_all(cert.logits(x))
     cert.certify(x[0], sel[0]["predicted"], [sel[0]["runner-up"]])  # warm-up (JIT cache load)
     times, evals, eps = [], [], []
@@ -74,6 +74,7 @@ def main():
     ap.add_argument("--method", default="crown")
     ap.add_argument("--search", default="secant")
     ap.add_argument("--rtol", type=float, default=1e-4)
+    ap.add_argument("--precision", default="mixed", choices=["mixed", "float64"])
     ap.add_argument("--compare-bisect", action="store_true", help="also run plain bisection")
     ap.add_argument("--no-cli", action="store_true", help="skip the warm-CLI timing")
     args = ap.parse_args()
@@ -83,13 +84,16 @@ def main():
     print(f"model {os.path.relpath(args.model, ROOT)} ({'-'.join(map(str, mlp.sizes))}, {mlp.activation}), "
           f"norm {args.norm}, method {args.method}, runner-up target, rtol {args.rtol}, "
           f"{os.cpu_count()} cores")
-    t, e, eps = run_case(mlp, x, y, args.images, args.norm, args.method, args.search, args.rtol)
-    report(f"{args.method}/{args.search}", t, e, eps)
+    t, e, eps = run_case(mlp, x, y, args.images, args.norm, args.method, args.search, args.rtol,
+                         args.precision)
+    report(f"{args.method}/{args.search}/{args.precision}", t, e, eps)
     if args.compare_bisect:
-        tb, eb, epsb = run_case(mlp, x, y, args.images, args.norm, args.method, "bisect", args.rtol)
-        report(f"{args.method}/bisect", tb, eb, epsb)
+        # the plain reference: float64 bisection to 1e-5
+        tb, eb, epsb = run_case(mlp, x, y, args.images, args.norm, args.method, "bisect", 1e-5,
+                                "float64")
+        report(f"{args.method}/bisect/float64 rtol 1e-5", tb, eb, epsb)
         rel = np.abs(eps - epsb) / epsb
-        print(f"secant vs bisect: max relative eps difference {rel.max():.2e}, "
+        print(f"max relative eps difference to the plain bisection {rel.max():.2e}, "
               f"time ratio {tb.mean() / t.mean():.2f}x")
     if not args.no_cli:
         best, med = warm_cli_seconds(args.model)
