@@ -16,7 +16,7 @@ import numpy as np
 from .activations import forward
 from .crown import NORMS, Network, first_layer_center, margin_lower_bound
 from .errors import InputError
-from .relaxations import get_relaxation
+from .relaxations import get_interval_free, get_relaxation
 from .search import SEARCHES, SearchResult, certified_radius
 
 # The paper's starting radii (reference-setup.md): MNIST-sized and CIFAR-sized inputs.
@@ -60,7 +60,7 @@ class Certifier:
         activation: str,
         norm: str = "inf",
         method: str = "crown",
-        search: str = "secant",
+        search: str = "interp",
         rtol: float = 1e-4,
         eps0: Optional[float] = None,
         eps_max: float = 1e4,
@@ -71,6 +71,7 @@ class Certifier:
         self.qcode = NORMS[self.norm]
         self.method = method
         self.relax_fn = get_relaxation(activation, method)
+        self.interval_free = get_interval_free(activation)
         if search not in SEARCHES:
             raise InputError(f"--search: unknown search '{search}' (choose from {', '.join(SEARCHES)})")
         if not (0 < rtol < 1):
@@ -114,14 +115,36 @@ class Certifier:
         C = self.margin_rows(c, targets)
         g0 = float(np.min(C @ self.logits(x0)))
         first = first_layer_center(self.net, x0)
+        done = {np.float32: [], np.float64: []}  # (eps, hidden bounds) evaluated so far
 
         def bound(dtype):
-            return lambda eps: float(np.min(self.lower_bound(x0, eps, C, first, dtype)))
+            def fn(eps):
+                known = self._known_from_larger_ball(done[dtype], eps)
+                lb, bounds = margin_lower_bound(self.net, x0, float(eps), self.qcode, self.relax_fn,
+                                                C, first, dtype, known, return_bounds=True)
+                done[dtype].append((eps, bounds))
+                return float(np.min(lb))
+            return fn
 
         res = self._search(bound(np.float64), g0, self.eps0, self.rtol) \
             if self.precision == "float64" else self._mixed_search(bound, g0)
         return Certificate(res.eps, res.lower_bound, g0, res.evaluations, res.status,
                            time.perf_counter() - t0)
+
+    def _known_from_larger_ball(self, done, eps):
+        """Per hidden layer (mask, l, u) from the smallest evaluated radius >= eps, if any.
+
+        Bounds proven on a larger ball hold on this one; for neurons the relaxation treats
+        the same on every sub-interval (stable ReLUs) they replace recomputation. Only bounds
+        of the same precision are used, so float64 evaluations rest on float64 bounds alone.
+        """
+        if self.interval_free is None:
+            return None
+        larger = [(e, b) for e, b in done if e >= eps]
+        if not larger:
+            return None
+        _, bounds = min(larger, key=lambda item: item[0])
+        return [(self.interval_free(l, u), l, u) for l, u in bounds]
 
     def _search(self, fn, g0, eps0, rtol) -> SearchResult:
         return certified_radius(fn, g0, eps0, rtol=rtol, eps_max=self.eps_max, method=self.search)

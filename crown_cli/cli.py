@@ -112,9 +112,9 @@ def inspect(model_path, activation):
 @click.option("--seed", type=int, default=1215, show_default=True,
               help="Seed of the random-target draw (Python random, as in the paper).")
 @click.option("--activation", default=None, help="Override the activation read from the model file.")
-@click.option("--search", default="secant", show_default=True,
-              type=click.Choice(["secant", "bisect"]),
-              help="Radius search: secant-steered bracketing + Illinois, or plain bisection.")
+@click.option("--search", default="interp", show_default=True,
+              type=click.Choice(["interp", "bisect"]),
+              help="Radius search: bracketing + quadratic interpolation, or plain bisection.")
 @click.option("--precision", default="mixed", show_default=True,
               type=click.Choice(["mixed", "float64"]),
               help="mixed: float32 products steer the search, the reported eps is verified in "

@@ -325,11 +325,15 @@ def first_layer_center(net: Network, x0: np.ndarray) -> Tuple[np.ndarray, np.nda
 
 def hidden_layer_bounds(
     net: Network, x0: np.ndarray, eps: float, qcode: int, relax_fn: Callable, first=None,
-    dtype=np.float64,
+    dtype=np.float64, known=None,
 ) -> Tuple[List[Tuple[np.ndarray, np.ndarray]], List[Relaxation]]:
     """Pre-activation bounds (l, u) and relaxations of every hidden layer at radius eps.
 
     ``first`` may hold :func:`first_layer_center` of x0 to skip recomputing it.
+    ``known`` may hold, per hidden layer, (mask, l, u): bounds valid on this ball (e.g.
+    computed for a larger radius) for the neurons in ``mask``, whose relaxation does not
+    depend on the exact interval (stable ReLUs). Their rows are not back-substituted again;
+    their old bounds are kept, which gives the same relaxation the recomputed ones would.
     """
     if net.num_hidden == 0:
         return [], []
@@ -340,9 +344,17 @@ def hidden_layer_bounds(
     u = _widen(center + eps * n1, mag, 1.0)
     bounds = [(l, u)]
     relax = [Relaxation(*relax_fn(l, u))]
+    W = net.weights(dtype)
     for k in range(1, net.num_hidden):
-        l, u = back_substitute(net, relax, net.weights(dtype)[k], net.b[k], x0, eps, qcode,
-                               dtype=dtype)
+        if known is not None and known[k][0].any():
+            mask, kl, ku = known[k]
+            rows = np.flatnonzero(~mask)
+            l, u = kl.copy(), ku.copy()
+            if rows.size:
+                l[rows], u[rows] = back_substitute(net, relax, W[k][rows], net.b[k][rows], x0, eps,
+                                                   qcode, dtype=dtype)
+        else:
+            l, u = back_substitute(net, relax, W[k], net.b[k], x0, eps, qcode, dtype=dtype)
         bounds.append((l, u))
         relax.append(Relaxation(*relax_fn(l, u)))
     return bounds, relax
@@ -357,15 +369,18 @@ def margin_lower_bound(
     C: np.ndarray,
     first=None,
     dtype=np.float64,
-) -> np.ndarray:
+    known=None,
+    return_bounds: bool = False,
+):
     """Lower bounds over the eps-ball of the margins ``C @ logits(x)``, shape (r,).
 
     C (r, classes) holds rows e_c - e_t; the margin is folded into the last layer so its
-    rows are back-substituted directly (paper, Section 3.1 footnote).
+    rows are back-substituted directly (paper, Section 3.1 footnote). With ``return_bounds``
+    the hidden layers' (l, u) come back too.
     """
-    _, relax = hidden_layer_bounds(net, x0, eps, qcode, relax_fn, first, dtype)
+    bounds, relax = hidden_layer_bounds(net, x0, eps, qcode, relax_fn, first, dtype, known)
     Lam = C @ net.W[-1]
     const = C @ net.b[-1]
     lower, _ = back_substitute(net, relax, Lam, const, x0, eps, qcode, want_upper=False,
                                dtype=dtype)
-    return lower
+    return (lower, bounds) if return_bounds else lower

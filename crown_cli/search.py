@@ -1,25 +1,32 @@
 """Search for the certified radius: the largest eps at which the margin's lower bound is > 0.
 
-``lower_bound(eps)`` must be a sound float64 lower bound of the margin over the eps-ball.
-Only radii at which it returned a value > 0 are ever reported, so the result is a certificate
-whether or not the bound is monotone in eps. ``lower_bound(0)`` is never called: at eps = 0
-the ball is the single point x0 and the margin itself (> 0 for a correct prediction) is
-passed in as ``g0``.
+``lower_bound(eps)`` must be a sound lower bound of the margin over the eps-ball. Only radii
+at which it returned a value > 0 are ever reported, so the result is a certificate whether or
+not the bound is monotone in eps. ``lower_bound(0)`` is never called: at eps = 0 the ball is
+the single point x0 and the margin itself (> 0 for a correct prediction) is passed as ``g0``.
 
-Two strategies:
-- ``secant`` (default): geometric bracketing steered by secant extrapolation, then the
-  Illinois variant of regula falsi with a guaranteed minimum step and bisection fallback.
-- ``bisect``: the paper's procedure without its early stop: multiply/divide by 10 until
+Two strategies, both stopping when the bracket [lo, hi] (lo certified, hi not) satisfies
+hi - lo <= rtol * lo:
+
+- ``interp`` (default): bracketing steered by the secant through (0, g0), then quadratic
+  interpolation through the three evaluated points nearest the bracket. Once two successive
+  estimates of the root agree to within rtol/4, it probes just below and just above the
+  estimate, which usually closes the bracket in two evaluations; while one end of the bracket
+  keeps moving, probes aim past the estimate by its last change. Safeguards: every probe stays
+  inside the bracket, and a bracket that does not halve within three steps is bisected
+  (geometrically when hi > 4 lo), so the worst case stays within a constant of bisection.
+  Every step of the bracketing moves by at least a factor that starts at 2 and is squared
+  after each step that failed to bracket, so a poor ``eps0`` costs only a few evaluations.
+- ``bisect``: the paper's procedure without its early stop: multiply or divide by 10 until
   bracketed, then plain bisection.
-Both stop when the bracket [lo, hi] (lo certified, hi not) satisfies hi - lo <= rtol * lo.
 """
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, List, Optional, Tuple
 
-SEARCHES = ("secant", "bisect")
+SEARCHES = ("interp", "bisect")
 
 
 @dataclass
@@ -32,14 +39,19 @@ class SearchResult:
 
 
 class _Counter:
-    def __init__(self, fn):
+    """Counts calls, records every (eps, value) and maps NaN to -inf (not certified)."""
+
+    def __init__(self, fn, g0):
         self.fn = fn
         self.n = 0
+        self.points: List[Tuple[float, float]] = [(0.0, g0)]
 
     def __call__(self, eps):
         self.n += 1
         v = float(self.fn(eps))
-        return v if not math.isnan(v) else -math.inf
+        v = v if not math.isnan(v) else -math.inf
+        self.points.append((eps, v))
+        return v
 
 
 def certified_radius(
@@ -49,21 +61,19 @@ def certified_radius(
     rtol: float = 1e-4,
     eps_max: float = 1e4,
     eps_min: float = 1e-12,
-    method: str = "secant",
+    method: str = "interp",
     max_evals: int = 200,
 ) -> SearchResult:
     """Largest eps in (0, eps_max] with ``lower_bound(eps) > 0``, to relative tolerance rtol."""
     if not (rtol > 0 and eps0 > 0 and eps_max >= eps0 and eps_min > 0):
         raise ValueError("certified_radius: need rtol > 0 and 0 < eps_min, 0 < eps0 <= eps_max")
-    f = _Counter(lower_bound)
+    if method not in SEARCHES:
+        raise ValueError(f"unknown search method '{method}' (choose from {', '.join(SEARCHES)})")
+    f = _Counter(lower_bound, g0)
     if not g0 > 0:
         return SearchResult(0.0, g0, 0, "not-certified", 0.0)
-    if method == "bisect":
-        lo, flo, hi, fhi = _bracket_decimal(f, g0, eps0, eps_max, eps_min, max_evals)
-    elif method == "secant":
-        lo, flo, hi, fhi = _bracket_secant(f, g0, eps0, eps_max, eps_min, max_evals)
-    else:
-        raise ValueError(f"unknown search method '{method}' (choose from {', '.join(SEARCHES)})")
+    bracket = _bracket_decimal if method == "bisect" else _bracket_secant
+    lo, flo, hi, fhi = bracket(f, g0, eps0, eps_max, eps_min, max_evals)
     if hi is None:  # certified all the way to eps_max
         return SearchResult(lo, flo, f.n, "capped", math.inf)
     if lo == 0.0:  # nothing certified down to eps_min
@@ -71,7 +81,7 @@ def certified_radius(
     if method == "bisect":
         lo, flo, hi = _bisect(f, lo, flo, hi, rtol, max_evals)
     else:
-        lo, flo, hi = _illinois(f, lo, flo, hi, fhi, rtol, max_evals)
+        lo, flo, hi = _interpolate(f, lo, flo, hi, fhi, rtol, max_evals)
     return SearchResult(lo, flo, f.n, "certified", hi)
 
 
@@ -102,13 +112,7 @@ def _bracket_decimal(f, g0, eps0, eps_max, eps_min, max_evals):
 
 
 def _bracket_secant(f, g0, eps0, eps_max, eps_min, max_evals):
-    """Bracket the root steering each step by the secant through the last two points.
-
-    Each step moves by at least a factor that starts at 2 and is squared after every step
-    that failed to bracket (capped at 1e4), so the number of steps grows only like
-    log log of how far eps0 is from the answer.
-    """
-    lo, flo = 0.0, g0
+    """Bracket the root, each step aimed by the secant through the last two points."""
     e = eps0
     v = f(e)
     if v > 0:
@@ -131,16 +135,15 @@ def _bracket_secant(f, g0, eps0, eps_max, eps_min, max_evals):
                 return lo, flo, e, v
         return lo, flo, None, None
     hi, fhi = e, v
-    factor = 2.0
+    factor = 1.0 / 0.9  # first step: the secant's root itself (below the root if concave)
     while f.n < max_evals and hi > eps_min:
-        # secant between (0, g0) and (hi, fhi) estimates the root; aim a little below it
-        guess = 0.95 * hi * g0 / (g0 - fhi) if -math.inf < fhi < 0 else 0.0
+        guess = hi * g0 / (g0 - fhi) if -math.inf < fhi <= 0 else 0.0
         e = min(max(guess, hi / 1e4), hi / factor)
         v = f(e)
         if v > 0:
             return e, v, hi, fhi
         hi, fhi = e, v
-        factor = min(factor * factor, 1e4)  # the secant keeps overshooting: speed up
+        factor = max(2.0, factor * factor)  # the secant keeps overshooting: speed up
     return 0.0, g0, hi, fhi
 
 
@@ -155,42 +158,81 @@ def _bisect(f, lo, flo, hi, rtol, max_evals):
     return lo, flo, hi
 
 
-def _illinois(f, lo, flo, hi, fhi, rtol, max_evals):
-    """Regula falsi with the Illinois modification on a bracket flo > 0 >= fhi.
+def _quadratic_root(points, lo, hi) -> Optional[float]:
+    """Root in (lo, hi) of the parabola through three points, or None."""
+    (x0, y0), (x1, y1), (x2, y2) = points
+    try:
+        d01 = (y1 - y0) / (x1 - x0)
+        d12 = (y2 - y1) / (x2 - x1)
+        a = (d12 - d01) / (x2 - x0)  # Newton form: y = y0 + d01 (x-x0) + a (x-x0)(x-x1)
+    except ZeroDivisionError:
+        return None
+    if not all(math.isfinite(t) for t in (d01, d12, a)):
+        return None
+    # in t = x - x0: a t^2 + (d01 - a (x1 - x0)) t + y0 = 0
+    b = d01 - a * (x1 - x0)
+    if a == 0.0:
+        roots = [-y0 / b] if b != 0.0 else []
+    else:
+        disc = b * b - 4.0 * a * y0
+        if disc < 0.0:
+            return None
+        sq = math.sqrt(disc)
+        q = -0.5 * (b + math.copysign(sq, b))  # stable quadratic formula
+        roots = [q / a] + ([y0 / q] if q != 0.0 else [])
+    inside = [x0 + t for t in roots if lo < x0 + t < hi]
+    return min(inside) if inside else None
 
-    Each trial point is kept at least tol/2 from both ends (tol = rtol * lo), so once the
-    root estimate is accurate one step to each side of it closes the bracket; a point
-    that would not shrink the bracket by a quarter after two one-sided steps is replaced
-    by the midpoint, so the worst case is within a constant of bisection.
-    """
-    side = 0  # +1: lo moved last, -1: hi moved last
-    streak = 0
-    wlo, whi = flo, fhi  # weights used for the secant (Illinois halves the stale one)
+
+def _estimate(points, lo, flo, hi, fhi) -> float:
+    """Root estimate inside (lo, hi): quadratic through lo, hi and the nearest other point."""
+    others = [p for p in points if p[0] not in (lo, hi) and math.isfinite(p[1])]
+    if others and math.isfinite(fhi):
+        third = min(others, key=lambda p: min(abs(p[0] - lo), abs(p[0] - hi)))
+        r = _quadratic_root(sorted([(lo, flo), (hi, fhi), third]), lo, hi)
+        if r is not None:
+            return r
+    if math.isfinite(fhi) and flo > fhi:
+        return lo + (hi - lo) * flo / (flo - fhi)  # secant
+    return math.sqrt(lo * hi) if hi > 4.0 * lo else 0.5 * (lo + hi)
+
+
+def _interpolate(f, lo, flo, hi, fhi, rtol, max_evals):
+    """Shrink [lo, hi] (flo > 0 >= fhi) to relative width rtol by interpolation."""
+    prev_est = None
+    streak = 0  # > 0: lo moved that many times in a row; < 0: hi did
+    widths = [hi - lo]
     while hi - lo > rtol * lo and f.n < max_evals:
         tol = rtol * lo
-        width = hi - lo
-        if wlo > 0 >= whi and math.isfinite(whi) and math.isfinite(wlo):
-            e = lo + width * wlo / (wlo - whi)
+        if len(widths) >= 4 and widths[-1] > 0.5 * widths[-4]:
+            est = math.sqrt(lo * hi) if hi > 4.0 * lo else 0.5 * (lo + hi)  # safeguard
+            probes = [est]
+            prev_est = None
         else:
-            e = 0.5 * (lo + hi)
-        if streak >= 3 or hi > 4.0 * lo:
-            e = math.sqrt(lo * hi) if hi > 4.0 * lo else 0.5 * (lo + hi)
-        e = min(max(e, lo + 0.5 * tol), hi - 0.5 * tol)
-        v = f(e)
-        if v > 0:
-            lo, flo, wlo = e, v, v
-            if side == 1:
-                whi *= 0.5
-                streak += 1
+            est = _estimate(f.points, lo, flo, hi, fhi)
+            step = abs(est - prev_est) if prev_est is not None else math.inf
+            prev_est = est
+            if step <= 0.25 * tol:
+                # an accurate estimate: step just below it, then just above it
+                probes = [est - 0.45 * tol, est + 0.45 * tol]
+            elif abs(streak) >= 2 and math.isfinite(step):
+                # one end keeps moving: aim past the estimate by its last change to catch the
+                # other side of the root
+                probes = [est + step if streak > 0 else est - step]
             else:
-                streak = 0
-            side = 1
-        else:
-            hi, fhi, whi = e, v, v
-            if side == -1:
-                wlo *= 0.5
-                streak += 1
+                probes = [est]
+        for e in probes:
+            if hi - lo <= rtol * lo:
+                break
+            margin = 0.45 * rtol * lo
+            e = min(max(e, lo + margin), hi - margin) if hi - lo > 2 * margin else 0.5 * (lo + hi)
+            v = f(e)
+            if v > 0:
+                lo, flo = e, v
+                streak = streak + 1 if streak > 0 else 1
             else:
-                streak = 0
-            side = -1
+                hi, fhi = e, v
+                streak = streak - 1 if streak < 0 else -1
+                break  # the estimate was too high: re-estimate before probing again
+        widths.append(hi - lo)
     return lo, flo, hi

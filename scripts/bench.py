@@ -5,7 +5,7 @@ the first 20 correctly classified shipped MNIST test images, both cores. Also ti
 ``crown certify`` of one image end to end (start-up included).
 
     python scripts/bench.py [--model models/mnist_3x1024.h5] [--images N] [--norm inf]
-                            [--search secant] [--compare-bisect] [--no-cli]
+                            [--search interp] [--compare-bisect] [--no-cli]
 
 The published implementation takes about 0.5 s/image on this 2-core machine with ~12 bound
 evaluations (reference-setup.md); the ratio printed is against that figure.
@@ -72,7 +72,7 @@ def main():
     ap.add_argument("--images", type=int, default=20)
     ap.add_argument("--norm", default="inf")
     ap.add_argument("--method", default="crown")
-    ap.add_argument("--search", default="secant")
+    ap.add_argument("--search", default="interp")
     ap.add_argument("--rtol", type=float, default=1e-4)
     ap.add_argument("--precision", default="mixed", choices=["mixed", "float64"])
     ap.add_argument("--compare-bisect", action="store_true", help="also run plain bisection")

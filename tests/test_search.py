@@ -26,7 +26,7 @@ class Recorder:
         return v
 
 
-@pytest.mark.parametrize("method", ["secant", "bisect"])
+@pytest.mark.parametrize("method", ["interp", "bisect"])
 @pytest.mark.parametrize("shape", sorted(SHAPES))
 @pytest.mark.parametrize("root", ROOTS)
 def test_search_finds_root_within_rtol_and_reports_a_verified_radius(method, shape, root):
@@ -49,7 +49,7 @@ def test_bracketing_does_not_depend_on_a_lucky_start(eps0):
     assert res.evaluations <= 25
 
 
-def test_secant_needs_few_evaluations_on_smooth_bounds():
+def test_interp_needs_few_evaluations_on_smooth_bounds():
     evals = []
     for root in ROOTS:
         for shape in ("linear", "concave", "convex"):

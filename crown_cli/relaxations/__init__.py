@@ -17,6 +17,17 @@ RELAXATIONS = {
     "relu": _relu,
 }
 
+# Neurons whose relaxation is the same on every sub-interval of [l, u]: bounds proven for a
+# larger ball can stand in for recomputed ones (stable ReLUs are the identity or zero).
+INTERVAL_FREE = {
+    "relu": lambda l, u: (l >= 0.0) | (u <= 0.0),
+}
+
+
+def get_interval_free(activation: str):
+    """Mask function (l, u) -> bool array, or None if the activation has none."""
+    return INTERVAL_FREE.get(activation)
+
 
 def get_relaxation(activation: str, method: str):
     """The relaxation function for ``activation`` under ``method``, or an InputError."""
