@@ -143,3 +143,38 @@ def test_network_without_hidden_layers():
     _, lb = engine_bounds(W, b, x0, 0.1, "2", "crown", C)
     ref = reference_bounds(W, b, x0, 0.1, "2", "crown", C)
     assert close(lb, ref[-1][0])
+
+
+@pytest.mark.parametrize("sizes,seed,eps", [([10, 16, 16, 4], 2, 0.02), ([8, 12, 12, 12, 3], 3, 0.02),
+                                            ([784, 64, 48, 10], 5, 0.003)])
+def test_bounds_from_a_larger_ball_give_the_same_result(sizes, seed, eps):
+    """Stable neurons taken from a larger radius instead of recomputed: same margin bound."""
+    W, b = random_network(sizes, seed)
+    x0 = np.random.default_rng(seed).uniform(-0.5, 0.5, sizes[0])
+    net = crown.Network(W, b)
+    fn = get_relaxation("relu", "crown")
+    C = np.array([[1.0, -1.0] + [0.0] * (sizes[-1] - 2)])
+    from crown_cli.relaxations import get_interval_free
+
+    stable = get_interval_free("relu")
+    _, big = crown.margin_lower_bound(net, x0, 1.5 * eps, 0, fn, C, return_bounds=True)
+    known = [(stable(l, u), l, u) for l, u in big]
+    assert any(k[0].any() for k in known[1:])  # the shortcut is actually exercised
+    plain, pb = crown.margin_lower_bound(net, x0, eps, 0, fn, C, return_bounds=True)
+    fast, fb = crown.margin_lower_bound(net, x0, eps, 0, fn, C, known=known, return_bounds=True)
+    for (l, u), (fl, fu), (m, _, _) in zip(pb, fb, known):
+        # recomputed rows are identical; taken-over rows keep the larger ball's (valid) bounds
+        assert np.array_equal(l[~m], fl[~m]) and np.array_equal(u[~m], fu[~m])
+        assert np.array_equal(stable(l, u) & m, m)  # same stability verdict as recomputing
+    assert fast[0] == pytest.approx(plain[0], rel=1e-12, abs=1e-12)
+
+
+def test_float32_estimate_is_close_to_float64():
+    W, b = random_network([784, 64, 48, 10], 5)
+    x0 = np.random.default_rng(0).uniform(-0.5, 0.5, 784)
+    net = crown.Network(W, b)
+    fn = get_relaxation("relu", "crown")
+    C = np.array([[1.0, -1.0] + [0.0] * 8])
+    lb64 = crown.margin_lower_bound(net, x0, 0.01, 0, fn, C)
+    lb32 = crown.margin_lower_bound(net, x0, 0.01, 0, fn, C, dtype=np.float32)
+    assert lb32[0] == pytest.approx(lb64[0], rel=1e-4, abs=1e-4)
