@@ -224,14 +224,39 @@ def _config_layers(f) -> dict:
     return out
 
 
-def _activation_of(conf_entry, where: str) -> Optional[str]:
-    """The activation a config entry (Dense or Activation layer) applies, or None if none."""
+def _raw_activation(conf_entry) -> Optional[str]:
+    """The activation name a config entry (Dense or Activation layer) applies, or None."""
     act = conf_entry.get("activation")
     if isinstance(act, dict):  # Keras 3 may serialise functions as dicts
         act = act.get("config", {}).get("name") or act.get("class_name")
-    if act is None:
+    return None if act is None else str(act).strip().lower()
+
+
+# Weightless layers that do not change the function of a flattened MLP at inference.
+_PASSTHROUGH = ("Flatten", "InputLayer", "Dropout", "Reshape")
+_PASSTHROUGH_NAMES = re.compile(r"^(flatten|input|dropout|reshape)(_\d+)?$")
+# Strictly increasing output activations keep the order of the logits, hence every margin's
+# sign: certifying the pre-activation logits certifies the model's decision.
+_ORDER_PRESERVING = ("linear", "softmax", "sigmoid", "tanh", "arctan")
+
+
+def _layer_activation(cls: str, conf: dict, name: str, path: str) -> Optional[str]:
+    """Activation applied by a weightless layer, None for a pass-through; errors otherwise."""
+    if cls in _PASSTHROUGH or (not cls and _PASSTHROUGH_NAMES.match(name)):
         return None
-    return normalize_activation(act, where)
+    if cls == "Activation" or (not cls and _activation_from_name(name)):
+        return _raw_activation(conf) or _activation_from_name(name)
+    if cls == "Lambda" or (not cls and name.lower().startswith("lambda")):
+        act = _activation_from_name(name)
+        if act is None:
+            raise InputError(
+                f"{path}: Lambda layer '{name}' is not a known activation (expected a name like arctan_1)"
+            )
+        return act
+    raise InputError(
+        f"{path}: layer '{name}' ({cls or 'unknown type'}) is not supported; "
+        "only Dense, Flatten, Dropout, Activation and arctan Lambda layers are"
+    )
 
 
 def _load_keras(f, path: str) -> MLP:
@@ -241,60 +266,56 @@ def _load_keras(f, path: str) -> MLP:
     names = [_decode(n) for n in g.attrs["layer_names"]]
     config = _config_layers(f)
     ws, bs, dense_names = [], [], []
-    hidden_acts: List[Optional[str]] = []  # activation following each Dense layer, if seen
+    acts: List[Optional[str]] = []  # the activation after each Dense layer, if any
+    sources: List[str] = []  # the layer each activation came from
     for name in names:
-        cls, conf = config.get(name, ("", {}))
         if name not in g:
             raise InputError(f"{path}: layer '{name}' listed in layer_names but missing")
+        cls, conf = config.get(name, ("", {}))
         lg = g[name]
         wnames = [_decode(n) for n in lg.attrs.get("weight_names", [])]
-        arrays = [lg[wn][()] for wn in wnames]
+        arrays = [np.asarray(lg[wn][()]) for wn in wnames]
         if arrays:
-            kernels = [(wn, a) for wn, a in zip(wnames, arrays) if a.ndim == 2]
-            biases = [(wn, a) for wn, a in zip(wnames, arrays) if a.ndim == 1]
-            if len(kernels) != 1 or len(biases) > 1 or len(arrays) > 2:
+            kernels = [a for a in arrays if a.ndim == 2]
+            biases = [a for a in arrays if a.ndim == 1]
+            if len(kernels) != 1 or len(biases) > 1 or len(arrays) > 2 or cls not in ("", "Dense"):
                 shapes = [a.shape for a in arrays]
                 raise InputError(
-                    f"{path}: layer '{name}' is not a Dense layer (weights {shapes}); "
-                    "only Dense/Flatten/Activation layers are supported"
+                    f"{path}: layer '{name}' is not a Dense layer ({cls or 'weights'} {shapes}); "
+                    "only Dense, Flatten, Dropout, Activation and arctan Lambda layers are supported"
                 )
-            kernel = kernels[0][1]  # Keras stores (inputs, outputs)
-            bias = biases[0][1] if biases else np.zeros(kernel.shape[1])
-            ws.append(np.asarray(kernel).T)
-            bs.append(np.asarray(bias))
+            kernel = kernels[0]  # Keras stores (inputs, outputs)
+            ws.append(kernel.T)
+            bs.append(biases[0] if biases else np.zeros(kernel.shape[1]))
             dense_names.append(name)
-            act = _activation_of(conf, f"{path}: layer '{name}'") if conf else None
-            hidden_acts.append(None if act == "linear" else act)
+            act = _raw_activation(conf)
+            acts.append(None if act == "linear" else act)
+            sources.append(name)
             continue
-        # weightless layer: Flatten / Input / Dropout / Activation / Lambda
-        act = None
-        if cls == "Activation" or (cls == "" and _activation_from_name(name)):
-            act = _activation_of(conf, f"{path}: layer '{name}'") if conf else None
-            act = act or _activation_from_name(name)
-        elif cls == "Lambda":
-            act = _activation_from_name(name)
-            if act is None:
-                raise InputError(
-                    f"{path}: Lambda layer '{name}' is not a known activation (expected a name "
-                    "like arctan_1)"
-                )
-        if act is not None and act != "linear" and ws:
-            if hidden_acts[-1] is not None and hidden_acts[-1] != act:
-                raise InputError(f"{path}: layer '{name}' stacks two activations")
-            hidden_acts[-1] = act
+        act = _layer_activation(cls, conf, name, path)
+        if act is not None and act != "linear" and acts:
+            if acts[-1] is not None:
+                raise InputError(f"{path}: layer '{name}' stacks a second activation on '{dense_names[-1]}'")
+            acts[-1] = act
+            sources[-1] = name
     if not ws:
         raise InputError(f"{path}: Keras file contains no Dense layers")
-    hidden = [a for a in hidden_acts[:-1]]
-    if hidden_acts[-1] not in (None, "linear"):
-        # a softmax is typically folded into the loss; other output activations change the margin
-        pass
-    kinds = {a for a in hidden if a is not None}
+    out_act = acts[-1]
+    if out_act is not None and out_act not in _ORDER_PRESERVING:
+        raise InputError(
+            f"{path}: output activation '{out_act}' does not preserve the order of the logits; "
+            f"supported: {', '.join(_ORDER_PRESERVING)}"
+        )
+    hidden = acts[:-1]
+    for name, act in zip(sources, hidden):
+        if act is not None:
+            normalize_activation(act, f"{path}: layer '{name}'")
+    kinds = {normalize_activation(a, path) for a in hidden if a is not None}
     if len(kinds) > 1:
         raise InputError(f"{path}: mixed hidden activations {sorted(kinds)} are not supported")
-    if len(hidden) > 0 and any(a is None for a in hidden):
-        missing = [dense_names[i] for i, a in enumerate(hidden) if a is None]
-        if kinds:
-            raise InputError(f"{path}: Dense layer(s) {missing} have no activation after them")
+    if kinds and any(a is None for a in hidden):
+        missing = [n for n, a in zip(dense_names, hidden) if a is None]
+        raise InputError(f"{path}: Dense layer(s) {missing} have no activation after them")
     activation = kinds.pop() if kinds else "relu"
     return MLP(ws, bs, activation, path, dense_names)
 

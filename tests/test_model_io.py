@@ -1,4 +1,6 @@
 """Model files: NPZ, plain HDF5, Keras layout; every bad input gets a one-line message."""
+import json
+
 import h5py
 import numpy as np
 import pytest
@@ -160,3 +162,47 @@ def test_keras_unknown_activation_layer(tmp_path):
         f.attrs["model_config"] = cfg.replace('"activation": "relu"', '"activation": "swish"')
     with pytest.raises(InputError, match="layer 'relu_1': unknown activation 'swish'"):
         load_model(str(p))
+
+
+def _edit_config(path, fn):
+    with h5py.File(path, "a") as f:
+        cfg = f.attrs["model_config"]
+        cfg = json.loads(cfg.decode() if isinstance(cfg, bytes) else cfg)
+        fn(cfg["config"]["layers"])
+        f.attrs["model_config"] = json.dumps(cfg)
+
+
+def test_keras_softmax_output_is_accepted_but_relu_output_refused(tmp_path, net):
+    W, b = net
+    p = tmp_path / "soft.h5"
+    save_keras_h5(str(p), W, b, "tanh", input_shape=(12,))
+    _edit_config(p, lambda layers: layers[-1]["config"].update(activation="softmax"))
+    mlp = load_model(str(p))
+    assert mlp.activation == "tanh" and len(mlp.weights) == 3
+    _edit_config(p, lambda layers: layers[-1]["config"].update(activation="relu"))
+    with pytest.raises(InputError, match="output activation 'relu' does not preserve the order"):
+        load_model(str(p))
+
+
+def test_keras_pooling_layer_is_refused(tmp_path, net):
+    W, b = net
+    p = tmp_path / "pool.h5"
+    save_keras_h5(str(p), W, b, "relu", input_shape=(12,))
+    with h5py.File(p, "a") as f:
+        g = f["model_weights"]
+        g.create_group("max_pooling2d_1").attrs["weight_names"] = np.array([], dtype="S1")
+        g.attrs["layer_names"] = np.array([b"max_pooling2d_1"] + list(g.attrs["layer_names"]))
+    with pytest.raises(InputError, match="layer 'max_pooling2d_1' \\(unknown type\\) is not supported"):
+        load_model(str(p))
+
+
+def test_keras_dropout_is_ignored(tmp_path, net):
+    W, b = net
+    p = tmp_path / "drop.h5"
+    save_keras_h5(str(p), W, b, "relu", input_shape=(12,))
+    with h5py.File(p, "a") as f:
+        g = f["model_weights"]
+        g.create_group("dropout_1").attrs["weight_names"] = np.array([], dtype="S1")
+        names = list(g.attrs["layer_names"])
+        g.attrs["layer_names"] = np.array(names[:3] + [b"dropout_1"] + names[3:])
+    assert _same(load_model(str(p)), W, b, tol=1e-6)
