@@ -1,4 +1,5 @@
 """Errors raised for bad user input; the CLI turns them into one-line messages and exit code 2."""
+import os
 
 
 class InputError(Exception):
@@ -6,3 +7,16 @@ class InputError(Exception):
 
     The message must name the file (or option) and the problem in one line.
     """
+
+
+def read_header(path: str, kind: str, nbytes: int = 8) -> bytes:
+    """First bytes of an existing regular file, or an InputError naming it ('model', 'image')."""
+    if not os.path.exists(path):
+        raise InputError(f"{path}: {kind} file not found")
+    if os.path.isdir(path):
+        raise InputError(f"{path}: is a directory, expected a {kind} file")
+    try:
+        with open(path, "rb") as fh:
+            return fh.read(nbytes)
+    except OSError as exc:
+        raise InputError(f"{path}: cannot read {kind} file ({exc.strerror})") from None

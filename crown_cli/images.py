@@ -12,7 +12,7 @@ from typing import Optional, Tuple
 
 import numpy as np
 
-from .errors import InputError
+from .errors import InputError, read_header
 
 DEFAULT_IMAGES = os.path.join(os.path.dirname(__file__), "data", "mnist_test_100.npz")
 
@@ -75,12 +75,7 @@ def _labels_path_for(images_path: str) -> Optional[str]:
 def load_images(path: Optional[str] = None, labels: Optional[str] = None) -> Tuple[np.ndarray, np.ndarray]:
     """Load test images and labels; ``path=None`` gives the first 100 MNIST test images."""
     path = DEFAULT_IMAGES if path is None else os.fspath(path)
-    if not os.path.exists(path):
-        raise InputError(f"{path}: image file not found")
-    if os.path.isdir(path):
-        raise InputError(f"{path}: is a directory, expected an image file")
-    with open(path, "rb") as fh:
-        head = fh.read(4)
+    head = read_header(path, "image", 4)
     if head.startswith(b"PK"):
         x, y = _load_npz(path)
     elif head[:2] == b"\x1f\x8b" or head[:2] == b"\x00\x00":

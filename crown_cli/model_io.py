@@ -14,7 +14,7 @@ from typing import List, Optional, Sequence
 
 import numpy as np
 
-from .errors import InputError
+from .errors import InputError, read_header
 
 # Activations the loaders accept. The engine decides which of them it can bound.
 KNOWN_ACTIVATIONS = ("relu", "tanh", "sigmoid", "arctan", "linear")
@@ -113,12 +113,7 @@ def validate(mlp: MLP, where: str) -> MLP:
 def load_model(path: str, activation: Optional[str] = None) -> MLP:
     """Load an MLP from NPZ, plain HDF5 or Keras HDF5; ``activation`` overrides the file's."""
     path = os.fspath(path)
-    if not os.path.exists(path):
-        raise InputError(f"{path}: model file not found")
-    if os.path.isdir(path):
-        raise InputError(f"{path}: is a directory, expected a model file (.npz or .h5)")
-    with open(path, "rb") as fh:
-        magic = fh.read(8)
+    magic = read_header(path, "model", 8)
     if magic.startswith(b"PK"):
         mlp = _load_npz(path)
     elif magic == b"\x89HDF\r\n\x1a\n":

@@ -184,25 +184,25 @@ def test_keras_softmax_output_is_accepted_but_relu_output_refused(tmp_path, net)
         load_model(str(p))
 
 
-def test_keras_pooling_layer_is_refused(tmp_path, net):
+def _with_weightless_layer(tmp_path, net, name, position):
+    """A Keras-layout file with an extra weightless layer ``name`` at ``position``."""
     W, b = net
-    p = tmp_path / "pool.h5"
+    p = tmp_path / f"{name}.h5"
     save_keras_h5(str(p), W, b, "relu", input_shape=(12,))
     with h5py.File(p, "a") as f:
         g = f["model_weights"]
-        g.create_group("max_pooling2d_1").attrs["weight_names"] = np.array([], dtype="S1")
-        g.attrs["layer_names"] = np.array([b"max_pooling2d_1"] + list(g.attrs["layer_names"]))
+        g.create_group(name).attrs["weight_names"] = np.array([], dtype="S1")
+        names = list(g.attrs["layer_names"])
+        g.attrs["layer_names"] = np.array(names[:position] + [name.encode()] + names[position:])
+    return p
+
+
+def test_keras_pooling_layer_is_refused(tmp_path, net):
+    p = _with_weightless_layer(tmp_path, net, "max_pooling2d_1", 0)
     with pytest.raises(InputError, match="layer 'max_pooling2d_1' \\(unknown type\\) is not supported"):
         load_model(str(p))
 
 
 def test_keras_dropout_is_ignored(tmp_path, net):
-    W, b = net
-    p = tmp_path / "drop.h5"
-    save_keras_h5(str(p), W, b, "relu", input_shape=(12,))
-    with h5py.File(p, "a") as f:
-        g = f["model_weights"]
-        g.create_group("dropout_1").attrs["weight_names"] = np.array([], dtype="S1")
-        names = list(g.attrs["layer_names"])
-        g.attrs["layer_names"] = np.array(names[:3] + [b"dropout_1"] + names[3:])
-    assert _same(load_model(str(p)), W, b, tol=1e-6)
+    p = _with_weightless_layer(tmp_path, net, "dropout_1", 3)
+    assert _same(load_model(str(p)), *net, tol=1e-6)
