@@ -65,13 +65,15 @@ class Certifier:
         eps0: Optional[float] = None,
         eps_max: float = 1e4,
         precision: str = "mixed",
+        alpha=None,
     ):
         self.net = Network(weights, biases)
         self.norm = parse_norm(norm)
         self.qcode = NORMS[self.norm]
         self.method = method
-        self.relax_fn = get_relaxation(activation, method)
-        self.interval_free = get_interval_free(activation)
+        self.relax_fn = get_relaxation(activation, method, alpha)
+        self.interval_free = get_interval_free(activation, alpha)
+        self.alpha = alpha
         if search not in SEARCHES:
             raise InputError(f"--search: unknown search '{search}' (choose from {', '.join(SEARCHES)})")
         if not (0 < rtol < 1):
@@ -89,7 +91,7 @@ class Certifier:
 
     def logits(self, x: np.ndarray) -> np.ndarray:
         """Network outputs for x (N, d) or (d,), float64."""
-        return forward(self.net.W, self.net.b, self.activation, x)
+        return forward(self.net.W, self.net.b, self.activation, x, self.alpha)
 
     def margin_rows(self, c: int, targets: Sequence[int]) -> np.ndarray:
         """C (r, classes) with rows e_c - e_t."""

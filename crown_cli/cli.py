@@ -80,7 +80,7 @@ def inspect(model_path, activation):
     mlp = load_model(model_path, activation)
     sizes = mlp.sizes
     click.echo(f"model:       {model_path}")
-    click.echo(f"activation:  {mlp.activation}")
+    click.echo(f"activation:  {mlp.activation}" + (f" (alpha={mlp.alpha:g})" if mlp.alpha is not None else ""))
     click.echo(f"input size:  {mlp.input_size}")
     click.echo(f"classes:     {mlp.num_classes}")
     click.echo(f"layers:      {len(mlp.weights)} weight layers ({'-'.join(map(str, sizes))})")
@@ -166,7 +166,7 @@ def certify(model_path, images_path, labels_path, num_images, start, norm, metho
 
     certifiers = [
         Certifier(mlp.weights, mlp.biases, mlp.activation, norm=n, method=m, search=search,
-                  rtol=rtol, eps0=eps0, eps_max=max_eps, precision=precision)
+                  rtol=rtol, eps0=eps0, eps_max=max_eps, precision=precision, alpha=mlp.alpha)
         for n in norms for m in methods
     ]
     t0 = time.perf_counter()

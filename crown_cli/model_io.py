@@ -17,8 +17,14 @@ import numpy as np
 from .errors import InputError, read_header
 
 # Activations the loaders accept. The engine decides which of them it can bound.
-KNOWN_ACTIVATIONS = ("relu", "tanh", "sigmoid", "arctan", "linear")
-_ALIASES = {"atan": "arctan", "logistic": "sigmoid", "identity": "linear"}
+KNOWN_ACTIVATIONS = ("relu", "tanh", "sigmoid", "arctan", "linear", "leaky_relu", "elu", "softplus",
+                     "hard_sigmoid")
+_ALIASES = {"atan": "arctan", "logistic": "sigmoid", "identity": "linear", "leakyrelu": "leaky_relu",
+            "leaky-relu": "leaky_relu", "hard-sigmoid": "hard_sigmoid"}
+# Valid parameter ranges: the relaxations rely on them (leaky ReLU slope at most 1; ELU convex).
+# (low, high, low included)
+ALPHA_RANGES = {"leaky_relu": (0.0, 1.0, True), "elu": (0.0, 1.0, False),
+                "hard_sigmoid": (0.0, float("inf"), False)}
 
 
 @dataclass
@@ -34,6 +40,7 @@ class MLP:
     activation: str = "relu"
     source: str = ""
     layer_names: List[str] = field(default_factory=list)
+    alpha: Optional[float] = None  # activation parameter (leaky ReLU / ELU / hard sigmoid slope)
 
     @property
     def input_size(self) -> int:
@@ -55,7 +62,7 @@ class MLP:
         """Logits for a batch ``x`` of shape (N, input_size) (or one input of shape (input_size,))."""
         from .activations import forward
 
-        return forward(self.weights, self.biases, self.activation, x)
+        return forward(self.weights, self.biases, self.activation, x, self.alpha)
 
 
 def normalize_activation(name: str, where: str) -> str:
@@ -104,7 +111,22 @@ def validate(mlp: MLP, where: str) -> MLP:
     if ws[-1].shape[0] < 2:
         raise InputError(f"{where}: the last layer has {ws[-1].shape[0]} output, need >= 2 classes")
     act = normalize_activation(mlp.activation, where)
-    return MLP(ws, bs, act, mlp.source or where, list(mlp.layer_names))
+    alpha = _check_alpha(act, mlp.alpha, where)
+    return MLP(ws, bs, act, mlp.source or where, list(mlp.layer_names), alpha)
+
+
+def _check_alpha(act: str, alpha, where: str) -> Optional[float]:
+    """The activation's parameter (default filled in), checked against its valid range."""
+    from .activations import default_alpha
+
+    if act not in ALPHA_RANGES:
+        return None
+    alpha = default_alpha(act) if alpha is None else float(alpha)
+    lo, hi, lo_ok = ALPHA_RANGES[act]
+    if not np.isfinite(alpha) or alpha > hi or alpha < lo or (alpha == lo and not lo_ok):
+        rng = f"{'[' if lo_ok else '('}{lo}, {hi}{']' if np.isfinite(hi) else ')'}"
+        raise InputError(f"{where}: {act} parameter alpha={alpha} outside the supported range {rng}")
+    return alpha
 
 
 # --------------------------------------------------------------------------- loading
@@ -121,7 +143,10 @@ def load_model(path: str, activation: Optional[str] = None) -> MLP:
     else:
         raise InputError(f"{path}: not an NPZ or HDF5 file (unrecognised header)")
     if activation is not None:
-        mlp.activation = normalize_activation(activation, "--activation")
+        new = normalize_activation(activation, "--activation")
+        if new != mlp.activation:
+            mlp.alpha = None  # the file's parameter belongs to the file's activation
+        mlp.activation = new
     return validate(mlp, path)
 
 
@@ -157,11 +182,12 @@ def _load_npz(path: str) -> MLP:
             ws = [data[k] for k in wk]
             bs = [data[k] for k in bk]
             act = _decode(data["activation"]) if "activation" in keys else "relu"
+            alpha = float(data["alpha"]) if "alpha" in keys else None
     except InputError:
         raise
     except Exception as exc:  # zipfile/pickle errors from a corrupt archive
         raise InputError(f"{path}: cannot read NPZ archive ({type(exc).__name__}: {exc})") from None
-    return MLP(ws, bs, act, path)
+    return MLP(ws, bs, act, path, alpha=alpha)
 
 
 def _load_hdf5(path: str) -> MLP:
@@ -183,7 +209,8 @@ def _load_hdf5(path: str) -> MLP:
             act = _decode(f["activation"][()]) if "activation" in f else _decode(
                 f.attrs.get("activation", "relu")
             )
-            return MLP(ws, bs, act, path)
+            alpha = f["alpha"][()] if "alpha" in f else f.attrs.get("alpha")
+            return MLP(ws, bs, act, path, alpha=None if alpha is None else float(alpha))
     except InputError:
         raise
     except Exception as exc:
@@ -235,10 +262,24 @@ _PASSTHROUGH_NAMES = re.compile(r"^(flatten|input|dropout|reshape)(_\d+)?$")
 _ORDER_PRESERVING = ("linear", "softmax", "sigmoid", "tanh", "arctan")
 
 
+# Layer classes that are an activation with a parameter: class -> (activation, config keys)
+_PARAM_LAYERS = {"LeakyReLU": ("leaky_relu", ("alpha", "negative_slope")), "ELU": ("elu", ("alpha",))}
+_PARAM_DEFAULTS = {"LeakyReLU": 0.3, "ELU": 1.0}  # the Keras layers' defaults
+
+
+def _layer_alpha(cls: str, conf: dict) -> Optional[float]:
+    for key in _PARAM_LAYERS[cls][1]:
+        if conf.get(key) is not None:
+            return float(conf[key])
+    return _PARAM_DEFAULTS[cls]
+
+
 def _layer_activation(cls: str, conf: dict, name: str, path: str) -> Optional[str]:
     """Activation applied by a weightless layer, None for a pass-through; errors otherwise."""
     if cls in _PASSTHROUGH or (not cls and _PASSTHROUGH_NAMES.match(name)):
         return None
+    if cls in _PARAM_LAYERS:
+        return _PARAM_LAYERS[cls][0]
     if cls == "Activation" or (not cls and _activation_from_name(name)):
         return _raw_activation(conf) or _activation_from_name(name)
     if cls == "Lambda" or (not cls and name.lower().startswith("lambda")):
@@ -260,6 +301,8 @@ def _load_keras(f, path: str) -> MLP:
         raise InputError(f"{path}: Keras file without a 'layer_names' attribute")
     names = [_decode(n) for n in g.attrs["layer_names"]]
     config = _config_layers(f)
+    keras3 = _decode(f.attrs.get("keras_version", g.attrs.get("keras_version", "2"))).startswith("3")
+    alphas = set()
     ws, bs, dense_names = [], [], []
     acts: List[Optional[str]] = []  # the activation after each Dense layer, if any
     sources: List[str] = []  # the layer each activation came from
@@ -288,6 +331,8 @@ def _load_keras(f, path: str) -> MLP:
             sources.append(name)
             continue
         act = _layer_activation(cls, conf, name, path)
+        if cls in _PARAM_LAYERS:
+            alphas.add(_layer_alpha(cls, conf))
         if act is not None and act != "linear" and acts:
             if acts[-1] is not None:
                 raise InputError(f"{path}: layer '{name}' stacks a second activation on '{dense_names[-1]}'")
@@ -312,17 +357,25 @@ def _load_keras(f, path: str) -> MLP:
         missing = [n for n, a in zip(dense_names, hidden) if a is None]
         raise InputError(f"{path}: Dense layer(s) {missing} have no activation after them")
     activation = kinds.pop() if kinds else "relu"
-    return MLP(ws, bs, activation, path, dense_names)
+    if len(alphas) > 1:
+        raise InputError(f"{path}: {activation} layers with different parameters {sorted(alphas)}")
+    alpha = alphas.pop() if alphas else None
+    if activation == "hard_sigmoid" and keras3:
+        alpha = 1.0 / 6.0  # Keras 3: relu6(z + 3) / 6
+    return MLP(ws, bs, activation, path, dense_names, alpha)
 
 
 # --------------------------------------------------------------------------- saving
 
 
-def save_npz(path: str, weights, biases, activation: str = "relu") -> None:
-    """Write the NPZ format: W0.., b0.. with W of shape (outputs, inputs), string ``activation``."""
+def save_npz(path: str, weights, biases, activation: str = "relu", alpha=None) -> None:
+    """Write the NPZ format: W0.., b0.. with W of shape (outputs, inputs), string ``activation``,
+    optional scalar ``alpha`` (the activation's parameter)."""
     arrays = {f"W{k}": np.asarray(w) for k, w in enumerate(weights)}
     arrays.update({f"b{k}": np.asarray(b) for k, b in enumerate(biases)})
     arrays["activation"] = np.array(activation)
+    if alpha is not None:
+        arrays["alpha"] = np.array(float(alpha))
     np.savez(path, **arrays)
 
 
@@ -335,12 +388,14 @@ def save_keras_h5(
     input_shape=(28, 28, 1),
     dense_activation: bool = False,
     dtype=np.float32,
+    alpha=None,
 ) -> None:
     """Write ``weights`` (outputs, inputs) in the HDF5 layout of Keras 2 ``model.save()``.
 
     A Sequential model: Flatten, then per hidden layer ``Dense`` followed by an ``Activation``
-    layer named ``<act>_<i>`` (``Lambda`` for arctan), then the output ``Dense``. With
-    ``dense_activation=True`` the activation is put in the hidden Dense layers' config instead.
+    layer named ``<act>_<i>`` (``Lambda`` for arctan; ``LeakyReLU`` / ``ELU`` layers carrying
+    ``alpha`` when it is given), then the output ``Dense``. With ``dense_activation=True`` the
+    activation is put in the hidden Dense layers' config instead.
     """
     import h5py
 
@@ -373,9 +428,13 @@ def save_keras_h5(
         ]
         if hidden and not dense_activation:
             aname = f"{activation}_{k + 1}"
+            param_layer = {"leaky_relu": "LeakyReLU", "elu": "ELU"}.get(activation)
             if activation == "arctan":
                 layers_cfg.append({"class_name": "Lambda", "config": {"name": aname, "trainable": True,
                                                                       "function": "arctan"}})
+            elif param_layer and alpha is not None:
+                layers_cfg.append({"class_name": param_layer, "config": {"name": aname, "trainable": True,
+                                                                         "alpha": float(alpha)}})
             else:
                 layers_cfg.append({"class_name": "Activation", "config": {"name": aname, "trainable": True,
                                                                           "activation": activation}})

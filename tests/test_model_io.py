@@ -206,3 +206,41 @@ def test_keras_pooling_layer_is_refused(tmp_path, net):
 def test_keras_dropout_is_ignored(tmp_path, net):
     p = _with_weightless_layer(tmp_path, net, "dropout_1", 3)
     assert _same(load_model(str(p)), *net, tol=1e-6)
+
+
+@pytest.mark.parametrize("act,alpha,expected", [
+    ("leaky_relu", 0.1, 0.1), ("leaky_relu", None, 0.2), ("elu", 0.5, 0.5), ("elu", None, 1.0),
+    ("softplus", None, None), ("hard_sigmoid", None, 0.2),
+])
+def test_parametrised_activations_roundtrip(tmp_path, net, act, alpha, expected):
+    W, b = net
+    save_npz(tmp_path / "m.npz", W, b, act, alpha)
+    save_keras_h5(str(tmp_path / "k.h5"), W, b, act, input_shape=(12,), alpha=alpha)
+    x = np.random.default_rng(0).normal(size=(5, 12))
+    for p in ("m.npz", "k.h5"):
+        mlp = load_model(str(tmp_path / p))
+        assert mlp.activation == act and mlp.alpha == (None if expected is None else pytest.approx(expected))
+        from crown_cli.activations import apply_activation
+
+        a = apply_activation(act, x @ mlp.weights[0].T + mlp.biases[0], expected)
+        a = apply_activation(act, a @ mlp.weights[1].T + mlp.biases[1], expected)
+        assert np.allclose(mlp.forward(x), a @ mlp.weights[2].T + mlp.biases[2])
+
+
+@pytest.mark.parametrize("act,alpha,message", [
+    ("leaky_relu", 1.5, r"leaky_relu parameter alpha=1.5 outside the supported range \[0.0, 1.0\]"),
+    ("elu", 2.0, r"elu parameter alpha=2.0 outside the supported range \(0.0, 1.0\]"),
+    ("leaky_relu", float("nan"), "alpha=nan outside"),
+])
+def test_bad_activation_parameter(tmp_path, net, act, alpha, message):
+    save_npz(tmp_path / "m.npz", *net, act, alpha)
+    with pytest.raises(InputError, match=message):
+        load_model(str(tmp_path / "m.npz"))
+
+
+def test_keras3_hard_sigmoid_uses_slope_one_sixth(tmp_path, net):
+    p = tmp_path / "hs.h5"
+    save_keras_h5(str(p), *net, "hard_sigmoid", input_shape=(12,))
+    with h5py.File(p, "a") as f:
+        f.attrs["keras_version"] = "3.15.1"
+    assert load_model(str(p)).alpha == pytest.approx(1 / 6)

@@ -1,42 +1,100 @@
-"""Registry of activation relaxations: activation name -> function (l, u, method) -> slopes.
+"""Registry of activation relaxations.
 
-Each entry returns ``(aU, bU, aL, bL)`` arrays such that ``aL*z + bL <= act(z) <= aU*z + bU``
-on ``[l, u]`` elementwise. Adding an activation is adding one entry to ``RELAXATIONS``.
+``get_relaxation(activation, method, alpha)`` returns a function ``(l, u) -> (aU, bU, aL, bL)``
+of float64 arrays with ``aL*z + bL <= act(z) <= aU*z + bU`` for every z in [l, u],
+elementwise. Each activation family lives in its own module; adding an activation is adding
+one entry to ``RELAXATIONS`` (and, if some neurons' relaxation does not depend on the exact
+interval, one to ``INTERVAL_FREE``).
 """
+from importlib import import_module
+
 from ..errors import InputError
-from .relu import relu_relaxation
 
 METHODS = ("crown", "fast-lin")
 
 
-def _relu(l, u, method):
-    return relu_relaxation(l, u, method == "crown")
+def _relu(method, alpha):
+    from .relu import relu_relaxation
+
+    adaptive = method == "crown"
+    return lambda l, u: relu_relaxation(l, u, adaptive)
 
 
+def _leaky_relu(method, alpha):
+    from .extra import leaky_relu_relaxation
+
+    adaptive = method == "crown"
+    return lambda l, u: leaky_relu_relaxation(l, u, alpha, adaptive)
+
+
+def _fixed(module, name):
+    """Factory for a parameter-free relaxation ``name`` in submodule ``module``."""
+    return lambda method, alpha: getattr(import_module(f"{__name__}.{module}"), name)
+
+
+def _elu(method, alpha):
+    from .extra import elu_relaxation
+
+    return lambda l, u: elu_relaxation(l, u, alpha)
+
+
+def _hard_sigmoid(method, alpha):
+    from .extra import hard_sigmoid_relaxation
+
+    # h(z) = g(c z) with g the slope-0.2 hard sigmoid and c = alpha / 0.2: relax g on
+    # [c l, c u] and scale the slopes by c (intercepts are unchanged)
+    c = alpha / 0.2
+
+    def relax(l, u):
+        aU, bU, aL, bL = hard_sigmoid_relaxation(c * l, c * u)
+        return c * aU, bU, c * aL, bL
+
+    return relax if c != 1.0 else hard_sigmoid_relaxation
+
+
+# activation -> factory(method, alpha) -> relaxation function (l, u)
 RELAXATIONS = {
     "relu": _relu,
+    "leaky_relu": _leaky_relu,
+    "tanh": _fixed("sigmoid_family", "tanh_relaxation"),
+    "sigmoid": _fixed("sigmoid_family", "sigmoid_relaxation"),
+    "arctan": _fixed("sigmoid_family", "arctan_relaxation"),
+    "elu": _elu,
+    "softplus": _fixed("extra", "softplus_relaxation"),
+    "hard_sigmoid": _hard_sigmoid,
 }
 
-# Neurons whose relaxation is the same on every sub-interval of [l, u]: bounds proven for a
-# larger ball can stand in for recomputed ones (stable ReLUs are the identity or zero).
+# Neurons whose relaxation is the same on every sub-interval of [l, u] (the function is linear
+# there): bounds proven for a larger ball can stand in for recomputed ones.
 INTERVAL_FREE = {
-    "relu": lambda l, u: (l >= 0.0) | (u <= 0.0),
+    "relu": lambda l, u, alpha: (l >= 0.0) | (u <= 0.0),
+    "leaky_relu": lambda l, u, alpha: (l >= 0.0) | (u <= 0.0),
+    # linear pieces of clip(alpha z + 0.5, 0, 1): z <= -0.5/alpha, between, z >= 0.5/alpha
+    "hard_sigmoid": lambda l, u, alpha: (u <= -0.5 / alpha) | (l >= 0.5 / alpha)
+    | ((l >= -0.5 / alpha) & (u <= 0.5 / alpha)),
 }
 
+# methods other than crown apply to these activations only
+FAST_LIN = ("relu", "leaky_relu")
 
-def get_interval_free(activation: str):
+
+def get_interval_free(activation: str, alpha=None):
     """Mask function (l, u) -> bool array, or None if the activation has none."""
-    return INTERVAL_FREE.get(activation)
+    fn = INTERVAL_FREE.get(activation)
+    return None if fn is None else (lambda l, u: fn(l, u, alpha))
 
 
-def get_relaxation(activation: str, method: str):
+def get_relaxation(activation: str, method: str, alpha=None):
     """The relaxation function for ``activation`` under ``method``, or an InputError."""
     if method not in METHODS:
         raise InputError(f"--method: unknown method '{method}' (choose from {', '.join(METHODS)})")
     if activation not in RELAXATIONS:
         raise InputError(
-            f"activation '{activation}' has no bound yet (supported: {', '.join(sorted(RELAXATIONS))})"
+            f"activation '{activation}' has no bound (supported: {', '.join(sorted(RELAXATIONS))})"
         )
-    if method == "fast-lin" and activation != "relu":
-        raise InputError(f"--method fast-lin is defined for ReLU networks only, not '{activation}'")
-    return lambda l, u: RELAXATIONS[activation](l, u, method)
+    if method != "crown" and activation not in FAST_LIN:
+        raise InputError(
+            f"--method {method} is defined for ReLU-type networks only, not '{activation}'"
+        )
+    return RELAXATIONS[activation](method, alpha)
+
