@@ -13,7 +13,7 @@ from typing import Dict, List, Optional, Sequence
 
 import numpy as np
 
-from .activations import forward
+from .activations import FUNCTIONS as ACTIVATION_FUNCTIONS, default_alpha, forward
 from .crown import NORMS, Network, first_layer_center, margin_lower_bound
 from .errors import InputError
 from .relaxations import get_interval_free, get_relaxation
@@ -71,6 +71,8 @@ class Certifier:
         self.norm = parse_norm(norm)
         self.qcode = NORMS[self.norm]
         self.method = method
+        if alpha is None and activation in ACTIVATION_FUNCTIONS:
+            alpha = default_alpha(activation)
         self.relax_fn = get_relaxation(activation, method, alpha)
         self.interval_free = get_interval_free(activation, alpha)
         self.alpha = alpha

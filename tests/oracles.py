@@ -51,6 +51,13 @@ _ACT = {
                 lambda z: 0.25 * (1.0 - np.tanh(0.5 * z) ** 2)),
     "arctan": (np.arctan, lambda z: 1.0 / (1.0 + z * z)),
     "linear": (lambda z: z, lambda z: np.ones_like(z)),
+    # parametrised ones at crown_cli's defaults (leaky ReLU 0.2, ELU 1.0, hard sigmoid 0.2)
+    "leaky_relu": (lambda z: np.where(z >= 0.0, z, 0.2 * z), lambda z: np.where(z >= 0.0, 1.0, 0.2)),
+    "elu": (lambda z: np.where(z > 0.0, z, np.expm1(np.minimum(z, 0.0))),
+            lambda z: np.where(z > 0.0, 1.0, np.exp(np.minimum(z, 0.0)))),
+    "softplus": (lambda z: np.logaddexp(0.0, z), lambda z: 0.5 * (1.0 + np.tanh(0.5 * z))),
+    "hard_sigmoid": (lambda z: np.clip(0.2 * z + 0.5, 0.0, 1.0),
+                     lambda z: np.where(np.abs(z) < 2.5, 0.2, 0.0)),
 }
 
 

@@ -42,8 +42,11 @@ def _bound(Lam, const, weights, biases, relax, x0, eps, norm, upper):
     return Lam @ x0 + sign * eps * DUAL[norm](Lam) + const
 
 
-def reference_bounds(weights, biases, x0, eps, norm="inf", method="crown", C=None):
-    """Pre-activation bounds [(l, u), ...] of every layer; the last layer is C @ logits if C given."""
+def reference_bounds(weights, biases, x0, eps, norm="inf", method="crown", C=None, relaxation=None):
+    """Pre-activation bounds [(l, u), ...] of every layer; the last layer is C @ logits if C given.
+
+    ``relaxation(l, u) -> (aU, bU, aL, bL)`` replaces the ReLU relaxation for other activations.
+    """
     weights = [np.asarray(w, float) for w in weights]
     biases = [np.asarray(b, float) for b in biases]
     if C is not None:
@@ -60,5 +63,6 @@ def reference_bounds(weights, biases, x0, eps, norm="inf", method="crown", C=Non
             u = _bound(weights[k], biases[k], weights, biases, relax, x0, eps, norm, True)
         out.append((l, u))
         if k < len(weights) - 1:
-            relax.append(relu_relaxation_numpy(l, u, method))
+            relax.append(relu_relaxation_numpy(l, u, method) if relaxation is None
+                         else relaxation(l, u))
     return out

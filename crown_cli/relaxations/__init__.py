@@ -41,15 +41,7 @@ def _elu(method, alpha):
 def _hard_sigmoid(method, alpha):
     from .extra import hard_sigmoid_relaxation
 
-    # h(z) = g(c z) with g the slope-0.2 hard sigmoid and c = alpha / 0.2: relax g on
-    # [c l, c u] and scale the slopes by c (intercepts are unchanged)
-    c = alpha / 0.2
-
-    def relax(l, u):
-        aU, bU, aL, bL = hard_sigmoid_relaxation(c * l, c * u)
-        return c * aU, bU, c * aL, bL
-
-    return relax if c != 1.0 else hard_sigmoid_relaxation
+    return lambda l, u: hard_sigmoid_relaxation(l, u, alpha)
 
 
 # activation -> factory(method, alpha) -> relaxation function (l, u)
@@ -69,9 +61,11 @@ RELAXATIONS = {
 INTERVAL_FREE = {
     "relu": lambda l, u, alpha: (l >= 0.0) | (u <= 0.0),
     "leaky_relu": lambda l, u, alpha: (l >= 0.0) | (u <= 0.0),
-    # linear pieces of clip(alpha z + 0.5, 0, 1): z <= -0.5/alpha, between, z >= 0.5/alpha
-    "hard_sigmoid": lambda l, u, alpha: (u <= -0.5 / alpha) | (l >= 0.5 / alpha)
-    | ((l >= -0.5 / alpha) & (u <= 0.5 / alpha)),
+    "elu": lambda l, u, alpha: l >= 0.0,
+    # one linear piece of clip(alpha z + 0.5, 0, 1), decided on alpha z + 0.5 in float as the
+    # relaxation itself does
+    "hard_sigmoid": lambda l, u, alpha: ((alpha * u + 0.5 <= 0.0) | (alpha * l + 0.5 >= 1.0)
+                                         | ((alpha * l + 0.5 >= 0.0) & (alpha * u + 0.5 <= 1.0))),
 }
 
 # methods other than crown apply to these activations only

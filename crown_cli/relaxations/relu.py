@@ -6,6 +6,9 @@ For every neuron the relaxation returns slopes and intercepts with
 import numpy as np
 from numba import njit
 
+EPS = 2.0 ** -52
+TINY = 5e-324
+
 
 @njit(cache=True)
 def relu_relaxation(l, u, adaptive):
@@ -29,10 +32,13 @@ def relu_relaxation(l, u, adaptive):
         elif ui <= 0.0:
             pass
         else:
-            # here u - l > 0 strictly, so the chord is well defined even for tiny intervals
+            # here u - l > 0 strictly, so the chord is well defined even for tiny intervals;
+            # the intercept moves up by a few ulps of the terms so that s*z + b >= relu(z)
+            # also holds when the line is evaluated in float64 (s*u + b can round below u)
             s = ui / (ui - li)
             aU[i] = s
-            bU[i] = -s * li
+            b = -s * li
+            bU[i] = b + 4.0 * EPS * (s * max(ui, -li) + b) + 4.0 * TINY
             if adaptive:
                 aL[i] = 1.0 if ui >= -li else 0.0
             else:
