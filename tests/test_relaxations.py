@@ -360,7 +360,7 @@ def test_footnote_chord_fallbacks(relax, kind):
 def test_inverse_derivative(kind):
     """The intercepts' critical point: t >= 0 with act'(t) = k for the float k given, checked
     against 700-digit mpmath (soundness of the exact intercepts relies on it)."""
-    mpmath = pytest.importorskip("mpmath")
+    import mpmath  # in the [test] extra: the high-precision reference
     with mpmath.workdps(700):  # 1 - 4k for k ~ 1e-300 needs ~300 digits
         exact = {sf.TANH: lambda k: mpmath.acosh(1 / mpmath.sqrt(k)),
                  sf.SIGMOID: lambda k: 2 * mpmath.atanh(mpmath.sqrt(1 - 4 * k)),
