@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import functools
-import sys
 import time
 from typing import List
 
@@ -12,7 +11,6 @@ import numpy as np
 from . import __version__
 from .errors import InputError
 
-NORM_CHOICES = ("inf", "2", "1")
 
 
 class CrownError(click.ClickException):

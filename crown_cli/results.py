@@ -5,7 +5,7 @@ import csv
 import math
 import os
 import sys
-from typing import Dict, Optional
+from typing import Dict
 
 from .errors import InputError
 
