@@ -249,6 +249,11 @@ class Network:
         return self._first_norms[qcode]
 
 
+def _rows(W: np.ndarray, idx: np.ndarray) -> np.ndarray:
+    """W[idx] without a copy when idx is every row in order (smooth activations)."""
+    return W if idx.shape[0] == W.shape[0] else W[idx]
+
+
 def _widen(value, mag, sign):
     """Move ``value`` outward (sign +1: up, -1: down) by the floating-point allowance."""
     return value + sign * (FP_RTOL * mag + FP_ATOL)
@@ -285,16 +290,20 @@ def back_substitute(
             DS, DU, DL, dcU, dcL, dmU, dmL = relax_shared(
                 LU, rl.aU, rl.bU, rl.aL, rl.bL, b[i], rl.agree, rl.diff, rl.icols
             )
-            P = DS @ W[i][rl.agree]
             if rl.diff.shape[0]:
-                Wd = W[i][rl.diff]
-                LL = P + DL @ Wd
-                LU = P + DU @ Wd if want_upper else LL
+                Wd = _rows(W[i], rl.diff)
+                LL = DL @ Wd
+                LU = DU @ Wd if want_upper else LL
+                if rl.agree.shape[0]:  # the columns both chains share: one product for both
+                    P = DS @ _rows(W[i], rl.agree)
+                    LL += P
+                    if want_upper:
+                        LU += P
                 shared = False
             else:
-                LU = LL = P
+                LU = LL = DS @ _rows(W[i], rl.agree)
         else:
-            Wc = W[i][rl.cols]
+            Wc = _rows(W[i], rl.cols)
             DL, dcL, dmL = relax_chain(LL, rl.aL, rl.bL, rl.aU, rl.bU, b[i], rl.cols, rl.icols)
             LL = DL @ Wc
             if want_upper:
