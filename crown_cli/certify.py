@@ -13,8 +13,9 @@ from typing import Optional, Sequence
 
 import numpy as np
 
-from .activations import FUNCTIONS as ACTIVATION_FUNCTIONS, default_alpha, forward
-from .crown import NORMS, Network, first_layer_center, margin_lower_bound
+from .activations import FUNCTIONS as ACTIVATION_FUNCTIONS, apply_activation, default_alpha, forward
+from .crown import (NORMS, Network, Relaxation, first_layer_center, float32_allowance,
+                    margin_lower_bound)
 from .errors import InputError
 from .relaxations import get_interval_free, get_relaxation
 from .search import SEARCHES, SearchResult, certified_radius
@@ -52,6 +53,8 @@ class Certificate:
 
 class Certifier:
     """CROWN certification of one network under one norm and method."""
+
+    F32_RTOL = 0.5
 
     def __init__(
         self,
@@ -123,7 +126,8 @@ class Certifier:
 
         def bound(dtype):
             def fn(eps):
-                known = self._known_from_larger_ball(done[dtype], eps)
+                known = (self._known_from_larger_ball(done[dtype], eps) if dtype == np.float32
+                         else self._known_from_larger_ball(done, eps, x0))
                 lb, bounds = margin_lower_bound(self.net, x0, float(eps), self.qcode, self.relax_fn,
                                                 C, first, dtype, known, return_bounds=True)
                 done[dtype].append((eps, bounds))
@@ -135,20 +139,36 @@ class Certifier:
         return Certificate(res.eps, res.lower_bound, g0, res.evaluations, res.status,
                            time.perf_counter() - t0)
 
-    def _known_from_larger_ball(self, done, eps):
+    def _known_from_larger_ball(self, done, eps, x0=None):
         """Per hidden layer (mask, l, u) from the smallest evaluated radius >= eps, if any.
 
         Bounds proven on a larger ball hold on this one; for neurons the relaxation treats
-        the same on every sub-interval (stable ReLUs) they replace recomputation. Only bounds
-        of the same precision are used, so float64 evaluations rest on float64 bounds alone.
+        the same on every sub-interval (stable ReLUs) they replace recomputation. Float64
+        evaluations rest on float64 bounds, and on float32 bounds only where those are made
+        rigorous (hidden layer 1, with :func:`float32_allowance`; pass ``x0`` for that).
         """
         if self.interval_free is None:
             return None
-        larger = [(e, b) for e, b in done if e >= eps]
+        own = done[np.float64] if x0 is not None else done
+        larger = [(e, b) for e, b in own if e >= eps]
+        if larger:
+            _, bounds = min(larger, key=lambda item: item[0])
+            return [(self.interval_free(l, u), l, u) for l, u in bounds]
+        if x0 is None or self.net.num_hidden < 2:
+            return None
+        larger = [(e, b) for e, b in done[np.float32] if e >= eps]
         if not larger:
             return None
-        _, bounds = min(larger, key=lambda item: item[0])
-        return [(self.interval_free(l, u), l, u) for l, u in bounds]
+        e32, bounds = min(larger, key=lambda item: item[0])
+        (l0, u0), (l1, u1) = bounds[0], bounds[1]
+        relax0 = Relaxation(*self.relax_fn(l0, u0))
+        act_max = np.maximum(np.abs(apply_activation(self.activation, l0, self.alpha)),
+                             np.abs(apply_activation(self.activation, u0, self.alpha))) * (1 + 1e-6)
+        slack = float32_allowance(self.net, x0, e32, l0, u0, relax0, act_max)
+        l1, u1 = l1 - slack, u1 + slack
+        known = [(np.zeros(l.shape, bool), l, u) for l, u in bounds]
+        known[1] = (self.interval_free(l1, u1), l1, u1)
+        return known
 
     def _search(self, fn, g0, eps0, rtol) -> SearchResult:
         return certified_radius(fn, g0, eps0, rtol=rtol, eps_max=self.eps_max, method=self.search)
@@ -161,7 +181,7 @@ class Certifier:
         radius whose float64 lower bound is > 0 is ever returned.
         """
         exact = bound(np.float64)
-        fast = self._search(bound(np.float32), g0, self.eps0, 0.5 * self.rtol)
+        fast = self._search(bound(np.float32), g0, self.eps0, self.F32_RTOL * self.rtol)
         if fast.eps == 0.0:  # nothing certified even in float32: confirm with a float64 search
             res = self._search(exact, g0, self.eps0, self.rtol)
             return SearchResult(res.eps, res.lower_bound, fast.evaluations + res.evaluations,

@@ -9,8 +9,9 @@ Two strategies, both stopping when the bracket [lo, hi] (lo certified, hi not) s
 hi - lo <= rtol * lo:
 
 - ``interp`` (default): bracketing steered by the secant through (0, g0), then quadratic
-  interpolation through the three evaluated points nearest the bracket. Once two successive
-  estimates of the root agree to within rtol/4, it probes just below and just above the
+  interpolation through the three evaluated points nearest the bracket. Once successive
+  estimates of the root agree to within PAIR_STEP * rtol (near the root the error of an
+  estimate is of the order of its last change squared), it probes just below and just above the
   estimate, which usually closes the bracket in two evaluations; while one end of the bracket
   keeps moving, probes aim past the estimate by its last change. Safeguards: every probe stays
   inside the bracket, and a bracket that does not halve within three steps is bisected
@@ -27,6 +28,7 @@ from dataclasses import dataclass
 from typing import Callable, List, Optional, Tuple
 
 SEARCHES = ("interp", "bisect")
+PAIR_STEP = 20.0  # near the root the estimate error is ~ its last change squared: probe both sides once it moved by <= PAIR_STEP tol
 
 
 @dataclass
@@ -212,7 +214,7 @@ def _interpolate(f, lo, flo, hi, fhi, rtol, max_evals):
             est = _estimate(f.points, lo, flo, hi, fhi)
             step = abs(est - prev_est) if prev_est is not None else math.inf
             prev_est = est
-            if step <= 0.25 * tol:
+            if step <= PAIR_STEP * tol:
                 # an accurate estimate: step just below it, then just above it
                 probes = [est - 0.45 * tol, est + 0.45 * tol]
             elif abs(streak) >= 2 and math.isfinite(step):
