@@ -191,24 +191,23 @@ def read_for_resume(path: str, fmt: str) -> List[Dict[str, str]]:
     except OSError as exc:
         raise InputError(f"{path}: cannot read for --resume ({exc.strerror})") from None
     end = data.rfind(b"\n") + 1
-    if end < len(data):
+    try:
+        text = data[:end].decode("utf-8")
+    except UnicodeDecodeError:
+        raise InputError(f"{path}: not a UTF-8 result file, cannot --resume it") from None
+    rows: List[Dict[str, str]] = []
+    if text:
+        found, columns, rows, _ = parse_rows(path, text)
+        if found != fmt:
+            raise InputError(f"{path}: the file is {found} but --format is {fmt}; cannot --resume it")
+        if tuple(columns) != tuple(COLUMNS):
+            raise InputError(f"{path}: columns {','.join(columns)} differ from this version's "
+                             f"{','.join(COLUMNS)}; cannot --resume it")
+    if end < len(data):  # only once the whole rows parse: cut the partial line of a killed run
         with open(path, "r+b") as fh:
             fh.truncate(end)
             fh.flush()
             os.fsync(fh.fileno())
-        data = data[:end]
-    try:
-        text = data.decode("utf-8")
-    except UnicodeDecodeError:
-        raise InputError(f"{path}: not a UTF-8 result file, cannot --resume it") from None
-    if not text:
-        return []
-    found, columns, rows, _ = parse_rows(path, text)
-    if found != fmt:
-        raise InputError(f"{path}: the file is {found} but --format is {fmt}; cannot --resume it")
-    if tuple(columns) != tuple(COLUMNS):
-        raise InputError(f"{path}: columns {','.join(columns)} differ from this version's "
-                         f"{','.join(COLUMNS)}; cannot --resume it")
     return rows
 
 

@@ -185,8 +185,9 @@ def certify(model_path, images_path, labels_path, num_images, start, norm, metho
                     resume, model_path, mlp, images_path, x, y, indices)
     t0 = time.perf_counter()
     summary = None
+    writer = job.open()  # checks a resumed file's rows; raises before anything is written
     try:
-        with job.open() as writer:
+        with writer:
             summary = certify_images(certifiers, x, y, indices, target_types, seed,
                                      writer.write, progress=not quiet, skip=job.skip)
     finally:

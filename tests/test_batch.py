@@ -352,3 +352,17 @@ def test_a_timeout_row_counts_as_failed(tmp_path, monkeypatch):
     res = run("certify", "--model", SMALL, "-n", "2", "-o", tmp_path / "r.csv", "-q")
     assert res.exit_code == 3 and res.output == ""
     assert [r["status"] for r in read_rows(tmp_path / "r.csv")] == ["timeout", "timeout"]
+
+
+def test_resume_refuses_a_malformed_file_and_leaves_it_alone(tmp_path):
+    out = tmp_path / "r.csv"
+    assert certify(out, "-n", "4").exit_code == 0
+    lines = out.read_text().splitlines(keepends=True)
+    lines[2] = "3,oops\n"
+    out.write_text("".join(lines) + "4,7,7,3,runn")  # and a partial last line
+    before = out.read_bytes()
+    side_before = (tmp_path / "r.csv.json").read_bytes()
+    res = run("certify", "--model", SMALL, "-n", "4", "-o", out, "--resume")
+    assert res.exit_code == 2
+    assert res.output == f"crown: error: {out}: line 3 is malformed (expected {len(COLUMNS)} fields)\n"
+    assert out.read_bytes() == before and (tmp_path / "r.csv.json").read_bytes() == side_before
