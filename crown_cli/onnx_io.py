@@ -159,6 +159,9 @@ def load_onnx(path: str):
                 raise InputError(f"{path}: {_node_name(node)}: bias of shape {c.shape} does not "
                                  f"broadcast to ({weights[-1].shape[0]},)") from None
             state = "biased"
+        elif op in INPUT_RESHAPES:
+            raise InputError(f"{path}: {_node_name(node)}: {op} is supported only before the "
+                             "first layer")
         elif op in ACTIVATIONS or op in OUTPUT_ACTIVATIONS:
             if state not in ("dense", "biased"):
                 raise InputError(f"{path}: {_node_name(node)}: an activation must follow a dense layer")

@@ -196,6 +196,17 @@ def test_mixed_activations_and_missing_activation_are_refused(tmp_path):
         tmp_path / "l.onnx", nodes, inits)
 
 
+def test_reshape_between_layers_is_refused(tmp_path):
+    rng = np.random.default_rng(0)
+    inits = [_init("B0", rng.normal(size=(5, 4))), _init("B1", rng.normal(size=(3, 5)))]
+    nodes = [helper.make_node("Gemm", ["x", "B0"], ["z0"], name="g0", transB=1),
+             helper.make_node("Relu", ["z0"], ["a0"], name="r"),
+             helper.make_node("Flatten", ["a0"], ["f0"], name="late_flatten"),
+             helper.make_node("Gemm", ["f0", "B1"], ["logits"], name="g1", transB=1)]
+    assert _bad(tmp_path / "f.onnx", nodes, inits).endswith(
+        "Flatten node 'late_flatten': Flatten is supported only before the first layer")
+
+
 def test_branching_graph_is_refused(tmp_path):
     rng = np.random.default_rng(0)
     inits = [_init("B0", rng.normal(size=(3, 4))), _init("B1", rng.normal(size=(3, 4)))]
