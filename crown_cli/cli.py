@@ -123,17 +123,30 @@ def inspect(model_path, activation):
               help="First radius tried (default: the paper's, by norm and input size).")
 @click.option("--max-eps", type=float, default=1e4, show_default=True,
               help="Largest radius searched; rows certified there get status 'capped'.")
-@click.option("--output", "-o", default="-", show_default=True, help="CSV file to write ('-': stdout).")
+@click.option("--output", "-o", default="-", show_default=True,
+              help="Result file to write ('-': stdout); a provenance sidecar <output>.json goes beside it.")
+@click.option("--format", "out_format", default="csv", show_default=True,
+              type=click.Choice(["csv", "jsonl"]), help="Result file format.")
 @click.option("--overwrite", is_flag=True, help="Replace an existing --output file.")
+@click.option("--resume", is_flag=True,
+              help="Continue an existing --output: skip the rows already there, append the rest.")
+@click.option("--shard", default=None, metavar="K/N",
+              help="Only the K-th of N round-robin parts of the images (K = 1..N), for job arrays.")
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar and no summary line.")
 @_handle_errors
 def certify(model_path, images_path, labels_path, num_images, start, norm, method, target_spec,
-            seed, activation, search, precision, rtol, eps0, max_eps, output, overwrite, quiet):
-    """Certify each image against the chosen targets and write one CSV row per (image, target)."""
+            seed, activation, search, precision, rtol, eps0, max_eps, output, out_format, overwrite,
+            resume, shard, quiet):
+    """Certify each image against the chosen targets and write one CSV row per (image, target).
+
+    Exit codes: 0 all rows done, 1 internal error, 2 bad input, 3 finished but some rows
+    have status error or timeout (counting rows already in a resumed file).
+    """
+    from .batch import OutputJob, parse_shard, shard_indices
+    from .provenance import option_values
     from .certify import Certifier, parse_norm
     from .images import load_images
     from .model_io import load_model
-    from .results import CsvWriter
     from .runner import certify_images
     from .targets import check_random_possible, parse_target_types
 
@@ -161,18 +174,56 @@ def certify(model_path, images_path, labels_path, num_images, start, norm, metho
         raise InputError(f"{where}: labels must lie in 0..{mlp.num_classes - 1}")
     check_random_possible(mlp.num_classes, target_types)
     stop = x.shape[0] if num_images is None else min(x.shape[0], start + num_images)
+    indices = shard_indices(range(start, stop), parse_shard(shard))
 
     certifiers = [
         Certifier(mlp.weights, mlp.biases, mlp.activation, norm=n, method=m, search=search,
                   rtol=rtol, eps0=eps0, eps_max=max_eps, precision=precision, alpha=mlp.alpha)
         for n in norms for m in methods
     ]
+    job = OutputJob(option_values(click.get_current_context()), output, out_format, overwrite,
+                    resume, model_path, mlp, images_path, x, y, indices)
     t0 = time.perf_counter()
-    with CsvWriter(output, overwrite=overwrite) as writer:
-        summary = certify_images(certifiers, x, y, range(start, stop), target_types, seed,
-                                 writer.write, progress=not quiet)
+    summary = None
+    writer = job.open()  # checks a resumed file's rows; raises before anything is written
+    try:
+        with writer:
+            summary = certify_images(certifiers, x, y, indices, target_types, seed,
+                                     writer.write, progress=not quiet, skip=job.skip)
+    finally:
+        failed = job.finish(summary, complete=summary is not None)
+    for message in summary.errors:
+        click.echo(f"crown: row failed: {message}", err=True)
     if not quiet:
         click.echo(summary.line(time.perf_counter() - t0, output), err=True)
+    if failed:
+        raise click.exceptions.Exit(3)
+
+
+@cli.command()
+@click.argument("parts", nargs=-1, required=True, type=click.Path(dir_okay=False))
+@click.option("--output", "-o", required=True, help="Merged result file ('-': stdout).")
+@click.option("--overwrite", is_flag=True, help="Replace an existing --output file.")
+@click.option("--quiet", "-q", is_flag=True, help="No summary line.")
+@_handle_errors
+def merge(parts, output, overwrite, quiet):
+    """Merge result files of --shard runs into one, in image order.
+
+    The parts must agree (model SHA-256 and every result-affecting option, from their
+    sidecars), be complete and not overlap. Exit code 3 if the merged rows include failed ones.
+    """
+    from .batch import merge_files, missing_shards
+
+    merged = merge_files(list(parts), output, overwrite)
+    note = missing_shards(merged)
+    if note:
+        click.echo(f"crown: warning: {note}", err=True)
+    if not quiet:
+        dest = "stdout" if output == "-" else output
+        click.echo(f"crown: merged {len(parts)} parts: {merged['rows']} rows for "
+                   f"{merged['coverage']['images']} images -> {dest}", err=True)
+    if merged["failed_rows"]:
+        raise click.exceptions.Exit(3)
 
 
 def main():

@@ -133,15 +133,20 @@ def _check_alpha(act: str, alpha, where: str) -> Optional[float]:
 
 
 def load_model(path: str, activation: Optional[str] = None) -> MLP:
-    """Load an MLP from NPZ, plain HDF5 or Keras HDF5; ``activation`` overrides the file's."""
+    """Load an MLP from NPZ, plain HDF5, Keras HDF5 or ONNX (``.onnx``, needs the onnx extra);
+    ``activation`` overrides the file's."""
     path = os.fspath(path)
     magic = read_header(path, "model", 8)
-    if magic.startswith(b"PK"):
+    if path.lower().endswith(".onnx"):
+        from .onnx_io import load_onnx
+
+        mlp = load_onnx(path)
+    elif magic.startswith(b"PK"):
         mlp = _load_npz(path)
     elif magic == b"\x89HDF\r\n\x1a\n":
         mlp = _load_hdf5(path)
     else:
-        raise InputError(f"{path}: not an NPZ or HDF5 file (unrecognised header)")
+        raise InputError(f"{path}: not an NPZ or HDF5 file (unrecognised header; ONNX models need the .onnx suffix)")
     if activation is not None:
         new = normalize_activation(activation, "--activation")
         if new != mlp.activation:

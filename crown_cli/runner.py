@@ -2,8 +2,9 @@
 from __future__ import annotations
 
 import sys
+import time
 from dataclasses import dataclass, field
-from typing import Callable, Dict, Iterable, List, Sequence
+from typing import Callable, Dict, Iterable, List, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -19,6 +20,9 @@ class Summary:
     certified_eps: List[float] = field(default_factory=list)
     times: List[float] = field(default_factory=list)
     evaluations: List[int] = field(default_factory=list)
+    skipped: int = 0  # rows already in the output (--resume)
+    failed: int = 0  # rows with status error or timeout
+    errors: List[str] = field(default_factory=list)  # one line per row whose certification raised
 
     def line(self, wall_s: float, output: str) -> str:
         n = len(self.certified_eps)
@@ -30,7 +34,20 @@ class Summary:
             f"crown: {self.rows} rows for {self.images} images ({self.misclassified} misclassified); "
             f"mean certified eps {mean_eps} over {n} rows; {per_row} s/row, {evals} evaluations/row; "
             f"{wall_s:.1f} s total -> {dest}"
+            + (f"; {self.skipped} rows already there (resumed)" if self.skipped else "")
+            + (f"; {self.failed} rows FAILED" if self.failed else "")
         )
+
+
+# Statuses of rows that did not finish: they make `crown certify` exit with code 3.
+FAILED_STATUSES = ("error", "timeout")
+
+
+def row_key(row: Dict[str, object]) -> Tuple[str, str, str, str, str]:
+    """(image, target_type, target, norm, method) as text: the identity of a row in a file."""
+    from .results import format_value
+
+    return tuple(format_value(row.get(k)) for k in ("image", "target_type", "target", "norm", "method"))
 
 
 def certify_images(
@@ -42,11 +59,14 @@ def certify_images(
     seed: int,
     emit: Callable[[Dict[str, object]], None],
     progress: bool = True,
+    skip: Optional[Callable[[Tuple[str, ...]], bool]] = None,
 ) -> Summary:
     """Certify x[i] for i in ``indices`` (ascending) with every certifier and target type.
 
     The random-target stream is replayed from image 0, so image i gets the same random target
-    whatever ``--start`` is. Each finished row goes to ``emit`` at once.
+    whatever ``--start`` is. Each finished row goes to ``emit`` at once. Rows whose
+    :func:`row_key` satisfies ``skip`` (already written, ``--resume``) are not computed again.
+    A certification that raises gives a row with status ``error`` and the run goes on.
     """
     indices = list(indices)
     first = certifiers[0]
@@ -70,17 +90,30 @@ def certify_images(
                     row = dict(base, target="" if ttype == "untargeted" else target,
                                target_type=ttype, norm=cert.norm, method=cert.method,
                                search=cert.search, precision=cert.precision, rtol=cert.rtol)
+                    if skip is not None and skip(row_key(row)):
+                        summary.skipped += 1
+                        continue
                     if misclassified:
                         row.update(status="misclassified", time_s=0.0, evaluations=0)
                     else:
                         targets = target if isinstance(target, list) else [target]
-                        res = cert.certify(x[i], c, targets)
-                        row.update(eps=res.eps, time_s=round(res.time_s, 6),
-                                   evaluations=res.evaluations, status=res.status,
-                                   margin=res.margin, lower_bound=res.lower_bound)
-                        summary.certified_eps.append(res.eps)
-                        summary.times.append(res.time_s)
-                        summary.evaluations.append(res.evaluations)
+                        t_row = time.perf_counter()
+                        try:
+                            res = cert.certify(x[i], c, targets)
+                        except Exception as exc:  # noqa: BLE001 - recorded, the batch goes on
+                            row.update(status="error", evaluations=0,
+                                       time_s=round(time.perf_counter() - t_row, 6))
+                            summary.errors.append(
+                                f"image {i}, target {row['target_type']} {row['target']}, "
+                                f"norm {cert.norm}, method {cert.method}: {type(exc).__name__}: {exc}")
+                        else:
+                            row.update(eps=res.eps, time_s=round(res.time_s, 6),
+                                       evaluations=res.evaluations, status=res.status,
+                                       margin=res.margin, lower_bound=res.lower_bound)
+                            summary.certified_eps.append(res.eps)
+                            summary.times.append(res.time_s)
+                            summary.evaluations.append(res.evaluations)
+                    summary.failed += row.get("status") in FAILED_STATUSES
                     emit(row)
                     summary.rows += 1
             if bar is not None:
