@@ -12,7 +12,8 @@ from crown_cli.methods.quad import (QuadBound, crown_quad_lower_bound, linear_ce
                                     minimize_qp, project, quadratic_terms)
 from crown_cli.model_io import load_model, save_npz
 from crown_cli.relaxations import get_relaxation
-from oracles import (exact_margin_min, margins, pgd_attack, project_l1, random_mlp, sample_ball)
+from oracles import (exact_margin_min, margins, mlp_forward, pgd_attack, project_l1, random_mlp,
+                     sample_ball)
 
 SMALL = model_path("mnist_2x20.h5")
 RNG = np.random.default_rng
@@ -21,10 +22,7 @@ RNG = np.random.default_rng
 def _instance(seed, sizes=(8, 12, 4)):
     weights, biases = random_mlp(list(sizes), seed)
     x0 = RNG(100 + seed).uniform(-0.5, 0.5, sizes[0])
-    z = margins(weights, biases, "relu", x0[None, :], 0, [0])  # forces a forward pass shape check
-    assert z.shape == (1,)
-    logits = np.asarray(weights[1] @ np.maximum(weights[0] @ x0 + biases[0], 0) + biases[1])
-    c = int(np.argmax(logits))
+    c = int(np.argmax(mlp_forward(weights, biases, "relu", x0)))
     targets = [t for t in range(sizes[-1]) if t != c]
     C = np.zeros((len(targets), sizes[-1]))
     C[np.arange(len(targets)), c] = 1.0

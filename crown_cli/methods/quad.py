@@ -64,7 +64,7 @@ the objective is already below the CROWN bound (the quadratic bound cannot win t
 """
 from __future__ import annotations
 
-from typing import Optional, Sequence
+from typing import Sequence
 
 import numpy as np
 
