@@ -76,7 +76,13 @@ class Certifier:
         self.method = method
         if alpha is None and activation in ACTIVATION_FUNCTIONS:
             alpha = default_alpha(activation)
-        self.relax_fn = get_relaxation(activation, method, alpha)
+        self.quad = None
+        if method == "crown-quad":  # 2-layer ReLU only; bounds from crown_cli.methods.quad
+            from .methods.quad import QuadBound, check_applicable
+
+            check_applicable(len(weights), activation)
+            self.quad = QuadBound(weights, biases, self.norm)
+        self.relax_fn = get_relaxation(activation, "crown" if self.quad else method, alpha)
         self.interval_free = get_interval_free(activation, alpha)
         self.alpha = alpha
         if search not in SEARCHES:
@@ -112,6 +118,8 @@ class Certifier:
 
         Sound in float64 (the default); float32 gives a fast estimate for steering the search.
         """
+        if self.quad is not None:
+            return self.quad.lower_bound(x0, float(eps), C, first)
         return margin_lower_bound(self.net, x0, float(eps), self.qcode, self.relax_fn, C, first,
                                   dtype)
 
@@ -136,8 +144,24 @@ class Certifier:
 
         res = self._search(bound(np.float64), g0, self.eps0, self.rtol) \
             if self.precision == "float64" else self._mixed_search(bound, g0)
+        if self.quad is not None:
+            res = self._quad_search(x0, C, first, g0, res)
         return Certificate(res.eps, res.lower_bound, g0, res.evaluations, res.status,
                            time.perf_counter() - t0)
+
+    def _quad_search(self, x0, C, first, g0, crown: SearchResult) -> SearchResult:
+        """CROWN-Quad radius: a float64 search on the quadratic bound, started at CROWN's radius.
+
+        The quadratic bound is never below CROWN's, so starting there the search only moves
+        up; whichever verified radius is larger is returned (both are certificates).
+        """
+        if crown.status == "capped":
+            return crown
+        res = self._search(lambda eps: float(np.min(self.quad.lower_bound(x0, eps, C, first))),
+                           g0, crown.eps if crown.eps > 0 else self.eps0, self.rtol)
+        best = res if res.eps >= crown.eps else crown
+        return SearchResult(best.eps, best.lower_bound, crown.evaluations + res.evaluations,
+                            best.status, best.upper)
 
     def _known_from_larger_ball(self, done, eps, x0=None):
         """Per hidden layer (mask, l, u) from the smallest evaluated radius >= eps, if any.

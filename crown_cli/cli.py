@@ -104,7 +104,8 @@ def inspect(model_path, activation):
 @click.option("--norm", default="inf", show_default=True,
               help="l_p norm of the ball: inf, 2 or 1 (comma-separated list allowed).")
 @click.option("--method", default="crown", show_default=True,
-              help="crown (adaptive ReLU lower bound) or fast-lin (comma-separated list allowed).")
+              help="crown (adaptive ReLU lower bound), fast-lin, or crown-quad (quadratic bounds, "
+                   "2-layer ReLU only) (comma-separated list allowed).")
 @click.option("--target", "target_spec", default="runner-up", show_default=True,
               help="runner-up, random, least or untargeted (comma-separated list allowed).")
 @click.option("--seed", type=int, default=1215, show_default=True,
@@ -151,7 +152,7 @@ def certify(model_path, images_path, labels_path, num_images, start, norm, metho
     from .targets import check_random_possible, parse_target_types
 
     norms = [parse_norm(n) for n in _split(norm, "--norm", ("inf", "2", "1", "l1", "l2", "linf"))]
-    methods = _split(method, "--method", ("crown", "fast-lin"))
+    methods = _split(method, "--method", ("crown", "fast-lin", "crown-quad"))
     target_types = parse_target_types(target_spec)
     if not rtol > 0 or not rtol < 1:
         raise InputError(f"--rtol: must lie in (0, 1), got {rtol}")
