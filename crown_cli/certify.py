@@ -195,7 +195,8 @@ class Certifier:
         return known
 
     def _search(self, fn, g0, eps0, rtol) -> SearchResult:
-        return certified_radius(fn, g0, eps0, rtol=rtol, eps_max=self.eps_max, method=self.search)
+        return certified_radius(fn, g0, eps0, rtol=rtol, eps_max=self.eps_max, method=self.search,
+                                power=max(2.0, 0.5 * self.net.num_hidden))
 
     def _mixed_search(self, bound, g0) -> SearchResult:
         """Search with float32 products, then verify the answer in float64.

@@ -256,6 +256,17 @@ class Network:
         return self._first_norms[qcode]
 
 
+class GemmCount:
+    """Floating-point operations spent in matrix products (read by scripts/bench.py)."""
+
+    flops = 0
+
+
+def _mm(A: np.ndarray, B: np.ndarray) -> np.ndarray:
+    GemmCount.flops += 2 * A.shape[0] * A.shape[1] * B.shape[1]
+    return A @ B
+
+
 def _rows(W: np.ndarray, idx: np.ndarray) -> np.ndarray:
     """W[idx] without a copy when idx is every row in order (smooth activations)."""
     return W if idx.shape[0] == W.shape[0] else W[idx]
@@ -299,23 +310,23 @@ def back_substitute(
             )
             if rl.diff.shape[0]:
                 Wd = _rows(W[i], rl.diff)
-                LL = DL @ Wd
-                LU = DU @ Wd if want_upper else LL
+                LL = _mm(DL, Wd)
+                LU = _mm(DU, Wd) if want_upper else LL
                 if rl.agree.shape[0]:  # the columns both chains share: one product for both
-                    P = DS @ _rows(W[i], rl.agree)
+                    P = _mm(DS, _rows(W[i], rl.agree))
                     LL += P
                     if want_upper:
                         LU += P
                 shared = False
             else:
-                LU = LL = DS @ _rows(W[i], rl.agree)
+                LU = LL = _mm(DS, _rows(W[i], rl.agree))
         else:
             Wc = _rows(W[i], rl.cols)
             DL, dcL, dmL = relax_chain(LL, rl.aL, rl.bL, rl.aU, rl.bU, b[i], rl.cols, rl.icols)
-            LL = DL @ Wc
+            LL = _mm(DL, Wc)
             if want_upper:
                 DU, dcU, dmU = relax_chain(LU, rl.aU, rl.bU, rl.aL, rl.bL, b[i], rl.cols, rl.icols)
-                LU = DU @ Wc
+                LU = _mm(DU, Wc)
         cL += dcL
         mL += dmL
         if want_upper:

@@ -8,8 +8,11 @@ the single point x0 and the margin itself (> 0 for a correct prediction) is pass
 Two strategies, both stopping when the bracket [lo, hi] (lo certified, hi not) satisfies
 hi - lo <= rtol * lo:
 
-- ``interp`` (default): bracketing steered by the secant through (0, g0), then quadratic
-  interpolation through the three evaluated points nearest the bracket. Once successive
+- ``interp`` (default): bracketing steered by the secant through (0, g0) going up, by a power
+  law of the drop g0 - bound going down, then quadratic interpolation through the three
+  evaluated points nearest the bracket, on log-log axes of the drop against eps (where the
+  drop, linear near 0 and a high power once neurons turn unstable, is nearly straight), with
+  the same on linear axes as the fallback. Once successive
   estimates of the root agree to within PAIR_STEP * rtol (near the root the error of an
   estimate is of the order of its last change squared), it probes just below and just above the
   estimate, which usually closes the bracket in two evaluations; while one end of the bracket
@@ -65,8 +68,14 @@ def certified_radius(
     eps_min: float = 1e-12,
     method: str = "interp",
     max_evals: int = 200,
+    power: float = 2.0,
 ) -> SearchResult:
-    """Largest eps in (0, eps_max] with ``lower_bound(eps) > 0``, to relative tolerance rtol."""
+    """Largest eps in (0, eps_max] with ``lower_bound(eps) > 0``, to relative tolerance rtol.
+
+    ``power`` (interp only) is the growth assumed for the drop g0 - lower_bound(eps) when the
+    first radius is not certified: the next radius tried is eps0 * (g0 / drop)^(1/power).
+    Deeper networks have faster-growing drops (the certifier passes half the hidden depth).
+    """
     if not (rtol > 0 and eps0 > 0 and eps_max >= eps0 and eps_min > 0):
         raise ValueError("certified_radius: need rtol > 0 and 0 < eps_min, 0 < eps0 <= eps_max")
     if method not in SEARCHES:
@@ -74,8 +83,10 @@ def certified_radius(
     f = _Counter(lower_bound, g0)
     if not g0 > 0:
         return SearchResult(0.0, g0, 0, "not-certified", 0.0)
-    bracket = _bracket_decimal if method == "bisect" else _bracket_secant
-    lo, flo, hi, fhi = bracket(f, g0, eps0, eps_max, eps_min, max_evals)
+    if method == "bisect":
+        lo, flo, hi, fhi = _bracket_decimal(f, g0, eps0, eps_max, eps_min, max_evals)
+    else:
+        lo, flo, hi, fhi = _bracket_secant(f, g0, eps0, eps_max, eps_min, max_evals, power)
     if hi is None:  # certified all the way to eps_max
         return SearchResult(lo, flo, f.n, "capped", math.inf)
     if lo == 0.0:  # nothing certified down to eps_min
@@ -113,7 +124,7 @@ def _bracket_decimal(f, g0, eps0, eps_max, eps_min, max_evals):
     return 0.0, g0, hi, fhi
 
 
-def _bracket_secant(f, g0, eps0, eps_max, eps_min, max_evals):
+def _bracket_secant(f, g0, eps0, eps_max, eps_min, max_evals, power=2.0):
     """Bracket the root, each step aimed by the secant through the last two points."""
     e = eps0
     v = f(e)
@@ -139,7 +150,9 @@ def _bracket_secant(f, g0, eps0, eps_max, eps_min, max_evals):
     hi, fhi = e, v
     factor = 1.0 / 0.9  # first step: the secant's root itself (below the root if concave)
     while f.n < max_evals and hi > eps_min:
-        guess = hi * g0 / (g0 - fhi) if -math.inf < fhi <= 0 else 0.0
+        # the drop g0 - bound grows at least linearly in eps, and faster (a power of eps) once
+        # neurons turn unstable: aim at the root of that power law
+        guess = hi * (g0 / (g0 - fhi)) ** (1.0 / power) if -math.inf < fhi <= 0 else 0.0
         e = min(max(guess, hi / 1e4), hi / factor)
         v = f(e)
         if v > 0:
@@ -199,6 +212,34 @@ def _estimate(points, lo, flo, hi, fhi) -> float:
     return math.sqrt(lo * hi) if hi > 4.0 * lo else 0.5 * (lo + hi)
 
 
+
+
+def _estimate_loglog(points, lo, flo, hi, fhi) -> Optional[float]:
+    """Root estimate from the drop d(eps) = g0 - lower_bound(eps) on log-log axes.
+
+    The drop grows like eps near 0 and like a high power of eps once neurons turn unstable
+    (deep networks: powers of 5 to 10), so log d against log eps is close to a line over wide
+    ranges where the bound itself is not; the root is where d = g0. None if a drop is <= 0.
+    """
+    g0 = points[0][1]
+    if not (g0 > 0 and math.isfinite(fhi) and g0 - flo > 0 and g0 - fhi > 0):
+        return None
+    pts = [(math.log(e), math.log((g0 - v) / g0)) for e, v in points[1:]
+           if e > 0 and math.isfinite(v) and g0 - v > 0]
+    ll, lh = math.log(lo), math.log(hi)
+    ends = [(ll, math.log((g0 - flo) / g0)), (lh, math.log((g0 - fhi) / g0))]
+    others = [p for p in pts if p[0] not in (ll, lh)]
+    if others:
+        third = min(others, key=lambda p: min(abs(p[0] - ll), abs(p[0] - lh)))
+        r = _quadratic_root(sorted(ends + [third]), ll, lh)
+        if r is not None:
+            return math.exp(r)
+    (x0, y0), (x1, y1) = ends
+    if y1 > y0:
+        return math.exp(x0 + (x1 - x0) * (-y0) / (y1 - y0))
+    return None
+
+
 def _interpolate(f, lo, flo, hi, fhi, rtol, max_evals):
     """Shrink [lo, hi] (flo > 0 >= fhi) to relative width rtol by interpolation."""
     prev_est = None
@@ -211,7 +252,9 @@ def _interpolate(f, lo, flo, hi, fhi, rtol, max_evals):
             probes = [est]
             prev_est = None
         else:
-            est = _estimate(f.points, lo, flo, hi, fhi)
+            est = _estimate_loglog(f.points, lo, flo, hi, fhi)
+            if est is None or not lo < est < hi:
+                est = _estimate(f.points, lo, flo, hi, fhi)
             step = abs(est - prev_est) if prev_est is not None else math.inf
             prev_est = est
             if step <= PAIR_STEP * tol:

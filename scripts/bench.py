@@ -1,103 +1,195 @@
-"""Benchmark: per-image certification time and bound evaluations.
+"""Benchmark: certification time per image, bound evaluations, achieved GFLOP/s and peak memory.
 
-Default case (issue 2): MNIST 3x[1024] ReLU (models/mnist_3x1024.h5), l_inf, runner-up target,
-the first 20 correctly classified shipped MNIST test images, both cores. Also times a warm
-``crown certify`` of one image end to end (start-up included).
+Every case runs in its own subprocess (so its peak RSS is its own) on both cores:
 
-    python scripts/bench.py [--model models/mnist_3x1024.h5] [--images N] [--norm inf]
-                            [--search interp] [--compare-bisect] [--no-cli]
+    relu3    MNIST 3x[1024] ReLU (models/mnist_3x1024.h5), l_inf, runner-up target, the first
+             N correctly classified shipped MNIST test images
+    relu4    the same for MNIST 4x[1024] ReLU (models/mnist_4x1024.h5)
+    tanh, sigmoid, arctan   models/mnist_3x1024_<act>.h5, as relu3 (ratio to relu3 printed)
+    cifar7   CIFAR-shaped 7x[1024] ReLU with seeded random weights (He normal, seed 0), l_inf,
+             runner-up of the predicted class, the shipped first CIFAR-10 test images
+    mem6     CIFAR-shaped 6x[2048] ReLU, seeded random weights, l_2, 2 images: peak RSS
+    cli      a warm `crown certify -n 1` of relu3's model, wall-clock, start-up included
 
-The published implementation takes about 0.5 s/image on this 2-core machine with ~12 bound
-evaluations (reference-setup.md); the ratio printed is against that figure.
+    python scripts/bench.py [--cases relu3,relu4,...] [--images 20] [--cifar-images 20]
+                            [--check] [--before DIR]
+
+For each case it prints images, mean and median s/image, mean evaluations, achieved GFLOP/s
+of the bound computation against a float32 GEMM peak measured on the spot, and peak RSS.
+``--check`` also runs the plain reference (float64 bisection to rtol 1e-5) on the same images
+and prints the largest relative eps difference. ``--before DIR`` runs the same cases with the
+crown_cli package of another checkout (e.g. ``git worktree add /tmp/before <rev>``) and prints
+the before/after time ratios measured in this one run.
 """
 import argparse
+import json
 import os
+import resource
 import statistics
 import subprocess
 import sys
 import time
 
-import numpy as np
-
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
-
-from crown_cli.certify import Certifier  # noqa: E402
-from crown_cli.images import load_images  # noqa: E402
-from crown_cli.model_io import load_model  # noqa: E402
-from crown_cli.targets import select_all  # noqa: E402
-
-PUBLISHED_S_PER_IMAGE = 0.5
+MODELS = os.path.join(ROOT, "models")
+CIFAR = os.path.join(ROOT, "crown_cli", "data", "cifar10_test_100.npz")
+CASES = ("relu3", "relu4", "tanh", "sigmoid", "arctan", "cifar7", "mem6", "cli")
+TARGETS_S = {"relu3": 0.05, "relu4": 0.15, "cifar7": 0.7}  # issue 5 targets, s/image
 
 
-def run_case(mlp, x, y, n, norm, method, search, rtol, precision="mixed"):
-    cert = Certifier(mlp.weights, mlp.biases, mlp.activation, norm=norm, method=method,
-                     search=search, rtol=rtol, precision=precision)
-    sel = select_all(cert.logits(x))
-    cert.certify(x[0], sel[0]["predicted"], [sel[0]["runner-up"]])  # warm-up (JIT cache load)
+def gemm_peak(dtype, n=1024, reps=5):
+    import numpy as np
+
+    a = np.random.default_rng(0).standard_normal((n, n)).astype(dtype)
+    a @ a
+    best = float("inf")
+    for _ in range(reps):
+        t = time.perf_counter()
+        a @ a
+        best = min(best, time.perf_counter() - t)
+    return 2 * n ** 3 / best / 1e9
+
+
+def random_mlp(sizes, seed):
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    ws = [rng.standard_normal((o, i)) * np.sqrt(2.0 / i) for i, o in zip(sizes[:-1], sizes[1:])]
+    bs = [0.01 * rng.standard_normal(o) for o in sizes[1:]]
+    return ws, bs
+
+
+def worker(case, n_images, check):
+    """Run one case in this process and print one JSON line."""
+    import numpy as np
+
+    from crown_cli import crown
+    from crown_cli.certify import Certifier
+    from crown_cli.images import load_images
+    from crown_cli.model_io import load_model
+
+    norm = "inf"
+    if case in ("relu3", "relu4", "tanh", "sigmoid", "arctan"):
+        name = {"relu3": "mnist_3x1024", "relu4": "mnist_4x1024"}.get(case, f"mnist_3x1024_{case}")
+        mlp = load_model(os.path.join(MODELS, name + ".h5"))
+        weights, biases, act = mlp.weights, mlp.biases, mlp.activation
+        x, y = load_images(None)
+        use_label = True
+    else:
+        sizes = [3072] + [1024] * 6 + [10] if case == "cifar7" else [3072] + [2048] * 5 + [10]
+        weights, biases = random_mlp(sizes, 0)
+        act = "relu"
+        x, y = load_images(CIFAR)
+        use_label = False  # random weights: certify whatever class the network predicts
+        if case == "mem6":
+            norm = "2"
+    cert = Certifier(weights, biases, act, norm=norm)
+    z = cert.logits(x)
+    order = np.argsort(z, axis=1)
+    picks = [i for i in range(x.shape[0]) if not use_label or order[i, -1] == y[i]][:n_images]
+    res = {"case": case, "images": len(picks)}
+    c0, t0 = int(order[picks[0], -1]), int(order[picks[0], -2])
+    cert.certify(x[picks[0]], c0, [t0])  # warm-up: numba cache load, float32 weight copies
+    flops_counter = getattr(crown, "GemmCount", None)
+    f0 = flops_counter.flops if flops_counter else 0
     times, evals, eps = [], [], []
-    for i in range(x.shape[0]):
-        if len(times) == n:
-            break
-        if sel[i]["predicted"] != y[i]:
-            continue
-        res = cert.certify(x[i], sel[i]["predicted"], [sel[i]["runner-up"]])
-        times.append(res.time_s)
-        evals.append(res.evaluations)
-        eps.append(res.eps)
-    return np.array(times), np.array(evals), np.array(eps)
+    for i in picks:
+        r = cert.certify(x[i], int(order[i, -1]), [int(order[i, -2])])
+        times.append(r.time_s)
+        evals.append(r.evaluations)
+        eps.append(r.eps)
+    total = sum(times)
+    res.update(mean_s=total / len(times), median_s=statistics.median(times),
+               evaluations=float(np.mean(evals)), mean_eps=float(np.mean(eps)),
+               gflops=(flops_counter.flops - f0) / total / 1e9 if flops_counter else None,
+               peak_f32=gemm_peak(np.float32), peak_f64=gemm_peak(np.float64),
+               rss_mb=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0)
+    if check:
+        ref = Certifier(weights, biases, act, norm=norm, search="bisect", rtol=1e-5,
+                        precision="float64")
+        rel = []
+        for i, e in zip(picks, eps):
+            r = ref.certify(x[i], int(order[i, -1]), [int(order[i, -2])])
+            rel.append(abs(e - r.eps) / r.eps if r.eps > 0 else abs(e))
+        res["max_rel_diff"] = max(rel)
+    print(json.dumps(res))
 
 
-def report(label, times, evals, eps):
-    print(f"{label:<28} images {len(times):3d}  mean {times.mean():.4f} s/image  "
-          f"median {statistics.median(times):.4f}  evaluations {evals.mean():5.2f}  "
-          f"mean eps {eps.mean():.6f}  speed-up vs published {PUBLISHED_S_PER_IMAGE / times.mean():.1f}x")
-
-
-def warm_cli_seconds(model):
-    cmd = [sys.executable, "-m", "crown_cli", "certify", "--model", model, "-n", "1", "-q"]
-    env = dict(os.environ, PYTHONPATH=ROOT)
-    subprocess.run(cmd, env=env, capture_output=True, check=True)  # make sure the cache is warm
-    best = []
-    for _ in range(3):
+def warm_cli(pkg):
+    cmd = [sys.executable, "-m", "crown_cli", "certify", "--model",
+           os.path.join(MODELS, "mnist_3x1024.h5"), "-n", "1", "-q"]
+    env = dict(os.environ, PYTHONPATH=pkg)
+    subprocess.run(cmd, env=env, capture_output=True, check=True)  # warm the numba cache
+    runs = []
+    for _ in range(5):
         t = time.perf_counter()
         subprocess.run(cmd, env=env, capture_output=True, check=True)
-        best.append(time.perf_counter() - t)
-    return min(best), statistics.median(best)
+        runs.append(time.perf_counter() - t)
+    return {"case": "cli", "best_s": min(runs), "median_s": statistics.median(runs)}
+
+
+def run_case(case, pkg, args):
+    if case == "cli":
+        return warm_cli(pkg)
+    n = args.cifar_images if case == "cifar7" else 2 if case == "mem6" else args.images
+    cmd = [sys.executable, os.path.abspath(__file__), "--worker", case, "--images", str(n)]
+    if args.check and case != "mem6":
+        cmd.append("--check")
+    out = subprocess.run(cmd, env=dict(os.environ, PYTHONPATH=pkg), capture_output=True, text=True)
+    if out.returncode != 0:
+        return {"case": case, "error": out.stderr.strip().splitlines()[-1] if out.stderr else "failed"}
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def line(r, relu3=None):
+    if "error" in r:
+        return f"{r['case']:<8} error: {r['error']}"
+    if r["case"] == "cli":
+        return f"{'cli':<8} warm `crown certify -n 1`: best {r['best_s']:.2f} s, median {r['median_s']:.2f} s"
+    s = (f"{r['case']:<8} images {r['images']:3d}  mean {r['mean_s']:.4f} s/image  median "
+         f"{r['median_s']:.4f}  evaluations {r['evaluations']:5.2f}  mean eps {r['mean_eps']:.6g}  ")
+    if r.get("gflops") is not None:
+        s += f"{r['gflops']:.0f} GFLOP/s ({100 * r['gflops'] / r['peak_f32']:.0f}% of f32 peak {r['peak_f32']:.0f})  "
+    s += f"peak RSS {r['rss_mb']:.0f} MB"
+    if r["case"] in TARGETS_S:
+        s += f"  target {TARGETS_S[r['case']]} s"
+    if relu3 is not None and r["case"] in ("tanh", "sigmoid", "arctan"):
+        s += f"  {r['mean_s'] / relu3['mean_s']:.2f}x relu3"
+    if "max_rel_diff" in r:
+        s += f"  max rel eps diff to plain {r['max_rel_diff']:.1e}"
+    return s
 
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--model", default=os.path.join(ROOT, "models", "mnist_3x1024.h5"))
+    ap.add_argument("--cases", default=",".join(CASES))
     ap.add_argument("--images", type=int, default=20)
-    ap.add_argument("--norm", default="inf")
-    ap.add_argument("--method", default="crown")
-    ap.add_argument("--search", default="interp")
-    ap.add_argument("--rtol", type=float, default=1e-4)
-    ap.add_argument("--precision", default="mixed", choices=["mixed", "float64"])
-    ap.add_argument("--compare-bisect", action="store_true", help="also run plain bisection")
-    ap.add_argument("--no-cli", action="store_true", help="skip the warm-CLI timing")
+    ap.add_argument("--cifar-images", type=int, default=20)
+    ap.add_argument("--check", action="store_true", help="compare eps with plain float64 bisection")
+    ap.add_argument("--before", default=None, help="checkout whose crown_cli is the 'before'")
+    ap.add_argument("--worker", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args()
-
-    mlp = load_model(args.model)
-    x, y = load_images(None)
-    print(f"model {os.path.relpath(args.model, ROOT)} ({'-'.join(map(str, mlp.sizes))}, {mlp.activation}), "
-          f"norm {args.norm}, method {args.method}, runner-up target, rtol {args.rtol}, "
-          f"{os.cpu_count()} cores")
-    t, e, eps = run_case(mlp, x, y, args.images, args.norm, args.method, args.search, args.rtol,
-                         args.precision)
-    report(f"{args.method}/{args.search}/{args.precision}", t, e, eps)
-    if args.compare_bisect:
-        # the plain reference: float64 bisection to 1e-5
-        tb, eb, epsb = run_case(mlp, x, y, args.images, args.norm, args.method, "bisect", 1e-5,
-                                "float64")
-        report(f"{args.method}/bisect/float64 rtol 1e-5", tb, eb, epsb)
-        rel = np.abs(eps - epsb) / epsb
-        print(f"max relative eps difference to the plain bisection {rel.max():.2e}, "
-              f"time ratio {tb.mean() / t.mean():.2f}x")
-    if not args.no_cli:
-        best, med = warm_cli_seconds(args.model)
-        print(f"warm `crown certify -n 1` wall-clock: best {best:.2f} s, median {med:.2f} s")
+    if args.worker:
+        sys.path.insert(0, os.environ.get("PYTHONPATH") or ROOT)
+        return worker(args.worker, args.images, args.check)
+    cases = [c.strip() for c in args.cases.split(",") if c.strip()]
+    unknown = [c for c in cases if c not in CASES]
+    if unknown:
+        ap.error(f"unknown case(s) {unknown}; choose from {', '.join(CASES)}")
+    print(f"crown bench: {os.cpu_count()} cores, cases {', '.join(cases)}", flush=True)
+    after = {}
+    for case in cases:
+        after[case] = run_case(case, ROOT, args)
+        print(line(after[case], after.get("relu3")), flush=True)
+    if args.before:
+        print(f"before: {args.before}", flush=True)
+        for case in cases:
+            b = run_case(case, os.path.abspath(args.before), args)
+            print(line(b, None), flush=True)
+            a = after[case]
+            key = "best_s" if case == "cli" else "mean_s"
+            if "error" not in a and "error" not in b:
+                print(f"{'':<8} before/after time ratio {b[key] / a[key]:.2f}x", flush=True)
 
 
 if __name__ == "__main__":

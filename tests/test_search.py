@@ -85,3 +85,18 @@ def test_non_monotone_bound_still_reports_a_verified_radius():
     rec = Recorder(f)
     res = certified_radius(rec, 1.0, eps0=0.01)
     assert f(res.eps) > 0 and (res.eps, 1.0) in rec.calls
+
+
+@pytest.mark.parametrize("power", [1, 3, 7])
+@pytest.mark.parametrize("root", [2e-4, 3e-3, 0.05])
+def test_interp_is_fast_on_power_law_drops(power, root):
+    # the shape of a deep network's bound: the drop g0 - bound is linear near 0 and a high
+    # power of eps once neurons turn unstable; the log-log interpolation follows it
+    g0 = 0.4
+    drop = lambda e: 0.1 * g0 * e / root + 0.9 * g0 * (e / root) ** power  # noqa: E731
+    fast = Recorder(lambda e: g0 - drop(e))
+    plain = Recorder(lambda e: g0 - drop(e))
+    a = certified_radius(fast, g0, eps0=0.002, rtol=1e-4, power=3.0)
+    b = certified_radius(plain, g0, eps0=0.002, rtol=1e-4, method="bisect")
+    assert root * (1 - 1e-4) * (1 - 1e-12) <= a.eps <= root
+    assert a.evaluations <= 10 and a.evaluations < b.evaluations
