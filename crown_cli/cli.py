@@ -104,7 +104,10 @@ def inspect(model_path, activation):
 @click.option("--norm", default="inf", show_default=True,
               help="l_p norm of the ball: inf, 2 or 1 (comma-separated list allowed).")
 @click.option("--method", default="crown", show_default=True,
-              help="crown (adaptive ReLU lower bound) or fast-lin (comma-separated list allowed).")
+              help="crown (adaptive ReLU lower bound), fast-lin, fast-lip, op-norm, lp-full or "
+                   "exact (comma-separated list allowed).")
+@click.option("--timeout", type=float, default=600.0, show_default=True,
+              help="Seconds per image and target type for --method exact (status 'timeout').")
 @click.option("--target", "target_spec", default="runner-up", show_default=True,
               help="runner-up, random, least or untargeted (comma-separated list allowed).")
 @click.option("--seed", type=int, default=1215, show_default=True,
@@ -127,10 +130,12 @@ def inspect(model_path, activation):
 @click.option("--overwrite", is_flag=True, help="Replace an existing --output file.")
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar and no summary line.")
 @_handle_errors
-def certify(model_path, images_path, labels_path, num_images, start, norm, method, target_spec,
-            seed, activation, search, precision, rtol, eps0, max_eps, output, overwrite, quiet):
+def certify(model_path, images_path, labels_path, num_images, start, norm, method, timeout,
+            target_spec, seed, activation, search, precision, rtol, eps0, max_eps, output,
+            overwrite, quiet):
     """Certify each image against the chosen targets and write one CSV row per (image, target)."""
     from .certify import Certifier, parse_norm
+    from .methods import names as other_method_names
     from .images import load_images
     from .model_io import load_model
     from .results import CsvWriter
@@ -138,7 +143,9 @@ def certify(model_path, images_path, labels_path, num_images, start, norm, metho
     from .targets import check_random_possible, parse_target_types
 
     norms = [parse_norm(n) for n in _split(norm, "--norm", ("inf", "2", "1", "l1", "l2", "linf"))]
-    methods = _split(method, "--method", ("crown", "fast-lin"))
+    methods = _split(method, "--method", ("crown", "fast-lin") + other_method_names())
+    if not timeout > 0:
+        raise InputError(f"--timeout: must be > 0, got {timeout}")
     target_types = parse_target_types(target_spec)
     if not rtol > 0 or not rtol < 1:
         raise InputError(f"--rtol: must lie in (0, 1), got {rtol}")
@@ -164,7 +171,8 @@ def certify(model_path, images_path, labels_path, num_images, start, norm, metho
 
     certifiers = [
         Certifier(mlp.weights, mlp.biases, mlp.activation, norm=n, method=m, search=search,
-                  rtol=rtol, eps0=eps0, eps_max=max_eps, precision=precision, alpha=mlp.alpha)
+                  rtol=rtol, eps0=eps0, eps_max=max_eps, precision=precision, alpha=mlp.alpha,
+                  timeout=timeout)
         for n in norms for m in methods
     ]
     t0 = time.perf_counter()
