@@ -1,14 +1,12 @@
-import time, numpy as np, sys
-sys.path.insert(0,'tests')
-from crown_cli.model_io import load_model
-from crown_cli.images import load_images
-from crown_cli.activations import forward
-from crown_cli.methods.exact import min_distortion
-x,y=load_images(None)
-for name in ["mnist_2x20.h5","mnist_3x20.h5"]:
-    m=load_model("models/"+name)
-    for i in range(4):
-        f=forward(m.weights,m.biases,"relu",x[i]); c=int(np.argmax(f)); t=int(np.argsort(f)[-2])
-        for norm in ["inf","1"]:
-            t0=time.time(); r=min_distortion(m.weights,m.biases,x[i],c,[t],norm,timeout=60)
-            print(name,i,norm,r.eps,r.status,r.solves,r.dual_bound,"%.2fs"%(time.time()-t0), flush=True)
+import sys, time; sys.path.insert(0,'tests')
+import numpy as np
+from oracles import random_mlp, mlp_forward
+from crown_cli.certify import Certifier
+for sizes, seed in [((10,20,20,10),2),((16,12,12,12,10),4),((10,20,20,10),3),((10,20,20,10),5),((10,20,20,10),6),((12,12,12,12,10),4)]:
+    w,b=random_mlp(list(sizes),seed); x0=np.random.default_rng(seed+7).standard_normal(sizes[0])
+    o=np.argsort(-mlp_forward(w,b,"relu",x0))
+    for norm in ["inf","1"]:
+        s=[]
+        for m in ["crown","fast-lip","op-norm","lp-full","exact"]:
+            t=time.time(); r=Certifier(w,b,"relu",norm=norm,method=m).certify(x0,int(o[0]),[int(o[1])]); s.append(f"{m}={r.eps:.4g}({time.time()-t:.2f}s,{r.evaluations})")
+        print(sizes,seed,norm," ".join(s),flush=True)
