@@ -48,7 +48,7 @@ class Certificate:
     lower_bound: Optional[float]  # margin lower bound at eps (None if the method has none)
     margin: float  # f_c(x0) - f_t(x0), minimum over the targets
     evaluations: int  # bound evaluations spent by the search
-    status: str  # certified | capped | not-certified
+    status: str  # certified | capped | not-certified (exact: optimal | timeout | capped)
     time_s: float
 
 

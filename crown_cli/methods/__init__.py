@@ -107,19 +107,20 @@ def _check_op_norm(activation, alpha, norm, weights):
 
 
 def _bind_op_norm(weights, biases, activation, alpha, norm):
-    from .op_norm import lower_bound_at, op_norm_radius, lipschitz_bounds
+    from .op_norm import hidden_factor, lipschitz_bounds, lower_bound_at, op_norm_radius
     from ._common import center_margins
 
     W = [np.asarray(w, dtype=np.float64) for w in weights]
     b = [np.asarray(v, dtype=np.float64) for v in biases]
+    hidden = hidden_factor(W, activation, alpha, norm)
 
     def fn(x0, c, targets, C, g0, eps0, eps_max, timeout):
-        eps, lb = op_norm_radius(W, b, x0, norm, C, activation, alpha)
+        eps, lb = op_norm_radius(W, b, x0, norm, C, activation, alpha, hidden)
         if eps == 0.0:
             return RadiusOutcome(0.0, lb, 1, "not-certified")
         if eps > eps_max:
             _, g_low = center_margins(W, b, activation, alpha, C, x0)
-            L = lipschitz_bounds(W, activation, alpha, C, norm)
+            L = lipschitz_bounds(W, activation, alpha, C, norm, hidden)
             return RadiusOutcome(eps_max, lower_bound_at(g_low, L, eps_max), 1, "capped")
         return RadiusOutcome(eps, lb, 1, "certified")
 

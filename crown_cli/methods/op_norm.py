@@ -24,6 +24,8 @@ g_low / L so that ``g_low - eps L`` stays > 0 after rounding.
 """
 from __future__ import annotations
 
+from typing import Optional
+
 import numpy as np
 
 from ..crown import FP_ATOL, FP_RTOL
@@ -44,25 +46,35 @@ def operator_norm(W: np.ndarray, norm: str) -> float:
     return v * (1.0 + FP_RTOL) + FP_ATOL
 
 
-def lipschitz_bounds(weights, activation: str, alpha, C: np.ndarray, norm: str) -> np.ndarray:
-    """Upper bounds (r,) of the l_p Lipschitz constants of the margins C @ f(x)."""
+def hidden_factor(weights, activation: str, alpha, norm: str) -> float:
+    """prod_k Lphi ||W_k||_{p->p} over the hidden layers, rounded up (independent of x0)."""
     lphi = lipschitz_constant(activation, alpha)
     hidden = 1.0
     for W in weights[:-1]:
         hidden *= lphi * operator_norm(W, norm) * (1.0 + FP_RTOL)
+    return hidden
+
+
+def lipschitz_bounds(weights, activation: str, alpha, C: np.ndarray, norm: str,
+                     hidden: Optional[float] = None) -> np.ndarray:
+    """Upper bounds (r,) of the l_p Lipschitz constants of the margins C @ f(x); ``hidden`` may
+    pass :func:`hidden_factor` of the same network (cached: an SVD per layer for l_2)."""
+    if hidden is None:
+        hidden = hidden_factor(weights, activation, alpha, norm)
     rows = C @ weights[-1]
     # |rows| plus the rounding of C @ W_m
     rows_up = np.abs(rows) + FP_RTOL * (np.abs(C) @ np.abs(weights[-1]))
     return vec_norms(rows_up, DUAL[norm]) * hidden * (1.0 + FP_RTOL) + FP_ATOL
 
 
-def op_norm_radius(weights, biases, x0, norm: str, C, activation: str = "relu", alpha=None):
+def op_norm_radius(weights, biases, x0, norm: str, C, activation: str = "relu", alpha=None,
+                   hidden: Optional[float] = None):
     """(eps, lower_bound): the closed-form certified radius for all rows of C at once, and the
     margin's lower bound ``min_r (g_low_r - eps L_r)`` there (> 0 when eps > 0)."""
     C = np.atleast_2d(np.asarray(C, dtype=np.float64))
     x0 = np.asarray(x0, dtype=np.float64)
     _, g_low = center_margins(weights, biases, activation, alpha, C, x0)
-    L = lipschitz_bounds(weights, activation, alpha, C, norm)
+    L = lipschitz_bounds(weights, activation, alpha, C, norm, hidden)
     if not np.all(g_low > 0):
         return 0.0, float(np.min(g_low))
     eps = float(np.min(g_low / L)) * (1.0 - 1e-9)
