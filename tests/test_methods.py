@@ -421,3 +421,21 @@ def test_registry_lists_the_methods():
     weights, biases = random_mlp([4, 5, 3], 0)
     kind, fn = bind_method("fast-lip", weights, biases, "relu", None, "2")
     assert kind == "bound" and fn(np.zeros(4), 0.1, np.array([[1.0, -1.0, 0.0]])).shape == (1,)
+
+
+@pytest.mark.parametrize("norm", ["inf", "1"])
+def test_exact_agrees_with_the_single_milp_formulation(norm):
+    """The region-LP / margin-MILP loop gives the optimum of the textbook one-MILP model."""
+    from crown_cli.methods.exact import _solve_direct
+    from crown_cli.methods.lp_full import lp_full_bounds
+
+    weights, biases, x0 = _instance("random", RANDOM[2])
+    order = _order(weights, biases, x0)
+    c, t = order[0], order[1]
+    ours = min_distortion(weights, biases, x0, c, [t], norm)
+    net = Network(weights, biases)
+    radius = 2.0 * ours.eps
+    res, _ = _solve_direct(net, x0, c, t, norm, radius, lp_full_bounds(net, x0, radius, norm)[0],
+                           60.0)
+    assert res.status == 0
+    assert abs(res.fun - ours.eps) <= 1e-5 * ours.eps, (res.fun, ours.eps)
