@@ -8,24 +8,32 @@ For one target:
 
 1. A quick attack finds an adversarial point: DeepFool-style steps on the linear region of the
    current point (the margin is affine there), each the least l_p step that zeroes the
-   linearised margin (times 1.02), then a bisection along the segment from x0. Its distance
-   ``eps_hi`` bounds the optimum from above. If the attack fails, eps_hi doubles from the
-   starting radius until the MILP is feasible (or ``eps_max``: status ``capped``).
-2. LP-Full bounds of every hidden neuron on the ball of radius eps_hi
-   (:func:`crown_cli.methods.lp_full.lp_full_bounds`) give the big-M constants; neurons stable
-   on that ball need no binary.
-3. One MILP: variables x (as offsets delta from x0; l_1: delta = p - n, p, n >= 0), the
-   distortion t (l_inf: -t <= delta_i <= t; l_1: t = sum(p + n)), the hidden activations and
-   one binary per unstable neuron (a >= z, a >= 0, a <= u s, a <= z - l (1 - s));
-   the margin row f_c - f_t <= 0; minimise t. The result is the MILP's objective value.
+   linearised margin (times 1.02), then a bisection along the segment from x0.
+2. Region LP: with that point's activation pattern fixed the network is affine, so an LP gives
+   the least distortion U of a flip inside that linear region, and a real adversarial point at
+   distance U (checked by the forward pass: f_c - f_t <= 1e-9).
+3. Margin MILP on the ball of radius r = U (1 - 1e-6): minimise f_c - f_t with big-M ReLU
+   encoding (a >= z, a >= 0, a <= u s, a <= z - l (1 - s), s binary), the big-M constants
+   from LP-Full bounds on that ball (:func:`crown_cli.methods.lp_full.lp_full_bounds`);
+   neurons stable on the ball need no binary. If HiGHS proves the minimum > 0, nothing flips
+   within r and the answer is U (the minimum lies in [r, U]). Otherwise its minimiser flips
+   closer than U: back to step 2 from there.
+   If the attack fails, margin MILPs on balls doubling from ``eps0`` look for a first flip
+   (status ``capped`` at eps_max when none is found).
+
+The single-MILP model (minimise the distortion t with -t <= x - x0 <= t and f_c - f_t <= 0) is
+kept in :func:`_solve_direct` as a cross-check: for l_inf on 784 inputs HiGHS is far slower on
+it (the 2d coupling rows), tens of seconds to minutes against seconds.
 
 Status: ``optimal`` (HiGHS proved optimality with ``mip_rel_gap`` = 1e-6), ``timeout``
-(the per-image time limit ``--timeout`` was hit before every target was solved: no eps is
+(the time limit ``--timeout`` for the row was hit before every target was solved: no eps is
 reported), ``capped`` (nothing flips within eps_max; eps = eps_max is then a lower bound).
 
-Soundness: the value is exact only within the solver's tolerances (relative gap 1e-6,
-primal feasibility 1e-7): it is an upper bound of every certified radius up to those
-tolerances, not a rigorous certificate. The big-M bounds themselves are rigorous (LP-Full).
+Soundness: the value is the distance of a real adversarial point (up to 1e-9 of margin), so
+it is an upper bound of the minimum distortion; that it is the minimum holds only within the
+solver's tolerances (MIP gap 1e-6, primal feasibility 1e-7) and the 1e-6 relative step: an
+upper bound of every certified radius up to those tolerances, not a rigorous certificate.
+The big-M bounds themselves are rigorous (LP-Full).
 """
 from __future__ import annotations
 
