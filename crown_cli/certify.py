@@ -17,6 +17,7 @@ from .activations import FUNCTIONS as ACTIVATION_FUNCTIONS, apply_activation, de
 from .crown import (NORMS, Network, Relaxation, first_layer_center, float32_allowance,
                     margin_lower_bound)
 from .errors import InputError
+from .methods import bind_method, names as other_method_names
 from .relaxations import get_interval_free, get_relaxation
 from .search import SEARCHES, SearchResult, certified_radius
 
@@ -43,11 +44,12 @@ def default_eps0(norm: str, input_size: int) -> float:
 class Certificate:
     """Result of one certified-radius search."""
 
-    eps: float  # certified radius (verified: lower bound > 0 there), 0.0 if none
-    lower_bound: float  # margin lower bound at eps
+    eps: Optional[float]  # certified radius (verified: lower bound > 0 there), 0.0 if none;
+    # method exact: the minimum distortion, None on timeout
+    lower_bound: Optional[float]  # margin lower bound at eps (None if the method has none)
     margin: float  # f_c(x0) - f_t(x0), minimum over the targets
     evaluations: int  # bound evaluations spent by the search
-    status: str  # certified | capped | not-certified
+    status: str  # certified | capped | not-certified (exact: optimal | timeout | capped)
     time_s: float
 
 
@@ -69,6 +71,7 @@ class Certifier:
         eps_max: float = 1e4,
         precision: str = "mixed",
         alpha=None,
+        timeout: Optional[float] = None,
     ):
         self.net = Network(weights, biases)
         self.norm = parse_norm(norm)
@@ -77,12 +80,19 @@ class Certifier:
         if alpha is None and activation in ACTIVATION_FUNCTIONS:
             alpha = default_alpha(activation)
         self.quad = None
+        self.other = None  # (kind, fn) of a method from crown_cli.methods
         if method == "crown-quad":  # 2-layer ReLU only; bounds from crown_cli.methods.quad
             from .methods.quad import QuadBound, check_applicable
 
             check_applicable(len(weights), activation)
             self.quad = QuadBound(weights, biases, self.norm)
-        self.relax_fn = get_relaxation(activation, "crown" if self.quad else method, alpha)
+            self.relax_fn = get_relaxation(activation, "crown", alpha)
+        elif method in other_method_names():
+            self.other = bind_method(method, weights, biases, activation, alpha, self.norm)
+            self.relax_fn = None
+        else:
+            self.relax_fn = get_relaxation(activation, method, alpha)
+        self.timeout = timeout
         self.interval_free = get_interval_free(activation, alpha)
         self.alpha = alpha
         if search not in SEARCHES:
@@ -92,7 +102,7 @@ class Certifier:
         self.search = search
         if precision not in PRECISIONS:
             raise InputError(f"--precision: unknown precision '{precision}' (choose from {', '.join(PRECISIONS)})")
-        self.precision = precision
+        self.precision = precision if self.other is None else "float64"  # they ignore it
         self.rtol = rtol
         self.eps0 = default_eps0(self.norm, self.net.W[0].shape[1]) if eps0 is None else float(eps0)
         if not self.eps0 > 0:
@@ -125,6 +135,8 @@ class Certifier:
 
     def certify(self, x0: np.ndarray, c: int, targets: Sequence[int]) -> Certificate:
         """Largest eps such that f_c > f_t on the whole ball for every t in ``targets``."""
+        if self.other is not None:
+            return self._certify_other(x0, c, targets)
         t0 = time.perf_counter()
         x0 = np.ascontiguousarray(x0, dtype=np.float64)
         C = self.margin_rows(c, targets)
@@ -162,6 +174,22 @@ class Certifier:
         best = res if res.eps >= crown.eps else crown
         return SearchResult(best.eps, best.lower_bound, crown.evaluations + res.evaluations,
                             best.status, best.upper)
+
+    def _certify_other(self, x0: np.ndarray, c: int, targets: Sequence[int]) -> Certificate:
+        """A method from crown_cli.methods: a bound searched like CROWN's, or a radius."""
+        t0 = time.perf_counter()
+        x0 = np.ascontiguousarray(x0, dtype=np.float64)
+        C = self.margin_rows(c, targets)
+        g0 = float(np.min(C @ self.logits(x0)))
+        kind, fn = self.other
+        if kind == "bound":
+            res = self._search(lambda eps: float(np.min(fn(x0, float(eps), C))), g0, self.eps0,
+                               self.rtol)
+            return Certificate(res.eps, res.lower_bound, g0, res.evaluations, res.status,
+                               time.perf_counter() - t0)
+        out = fn(x0, c, list(targets), C, g0, self.eps0, self.eps_max, self.timeout)
+        return Certificate(out.eps, out.lower_bound, g0, out.evaluations, out.status,
+                           time.perf_counter() - t0)
 
     def _known_from_larger_ball(self, done, eps, x0=None):
         """Per hidden layer (mask, l, u) from the smallest evaluated radius >= eps, if any.

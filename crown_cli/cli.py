@@ -104,8 +104,11 @@ def inspect(model_path, activation):
 @click.option("--norm", default="inf", show_default=True,
               help="l_p norm of the ball: inf, 2 or 1 (comma-separated list allowed).")
 @click.option("--method", default="crown", show_default=True,
-              help="crown (adaptive ReLU lower bound), fast-lin, or crown-quad (quadratic bounds, "
-                   "2-layer ReLU only) (comma-separated list allowed).")
+              help="crown (adaptive ReLU lower bound), fast-lin, crown-quad (quadratic bounds, "
+                   "2-layer ReLU only), fast-lip, op-norm, lp-full or exact (comma-separated "
+                   "list allowed).")
+@click.option("--timeout", type=float, default=600.0, show_default=True,
+              help="Seconds per image and target type for --method exact (status 'timeout').")
 @click.option("--target", "target_spec", default="runner-up", show_default=True,
               help="runner-up, random, least or untargeted (comma-separated list allowed).")
 @click.option("--seed", type=int, default=1215, show_default=True,
@@ -135,9 +138,9 @@ def inspect(model_path, activation):
               help="Only the K-th of N round-robin parts of the images (K = 1..N), for job arrays.")
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar and no summary line.")
 @_handle_errors
-def certify(model_path, images_path, labels_path, num_images, start, norm, method, target_spec,
-            seed, activation, search, precision, rtol, eps0, max_eps, output, out_format, overwrite,
-            resume, shard, quiet):
+def certify(model_path, images_path, labels_path, num_images, start, norm, method, timeout,
+            target_spec, seed, activation, search, precision, rtol, eps0, max_eps, output,
+            out_format, overwrite, resume, shard, quiet):
     """Certify each image against the chosen targets and write one CSV row per (image, target).
 
     Exit codes: 0 all rows done, 1 internal error, 2 bad input, 3 finished but some rows
@@ -146,13 +149,16 @@ def certify(model_path, images_path, labels_path, num_images, start, norm, metho
     from .batch import OutputJob, parse_shard, shard_indices
     from .provenance import option_values
     from .certify import Certifier, parse_norm
+    from .methods import names as other_method_names
     from .images import load_images
     from .model_io import load_model
     from .runner import certify_images
     from .targets import check_random_possible, parse_target_types
 
     norms = [parse_norm(n) for n in _split(norm, "--norm", ("inf", "2", "1", "l1", "l2", "linf"))]
-    methods = _split(method, "--method", ("crown", "fast-lin", "crown-quad"))
+    methods = _split(method, "--method", ("crown", "fast-lin", "crown-quad") + other_method_names())
+    if not timeout > 0:
+        raise InputError(f"--timeout: must be > 0, got {timeout}")
     target_types = parse_target_types(target_spec)
     if not rtol > 0 or not rtol < 1:
         raise InputError(f"--rtol: must lie in (0, 1), got {rtol}")
@@ -179,7 +185,8 @@ def certify(model_path, images_path, labels_path, num_images, start, norm, metho
 
     certifiers = [
         Certifier(mlp.weights, mlp.biases, mlp.activation, norm=n, method=m, search=search,
-                  rtol=rtol, eps0=eps0, eps_max=max_eps, precision=precision, alpha=mlp.alpha)
+                  rtol=rtol, eps0=eps0, eps_max=max_eps, precision=precision, alpha=mlp.alpha,
+                  timeout=timeout)
         for n in norms for m in methods
     ]
     job = OutputJob(option_values(click.get_current_context()), output, out_format, overwrite,

@@ -110,7 +110,8 @@ def certify_images(
                             row.update(eps=res.eps, time_s=round(res.time_s, 6),
                                        evaluations=res.evaluations, status=res.status,
                                        margin=res.margin, lower_bound=res.lower_bound)
-                            summary.certified_eps.append(res.eps)
+                            if res.eps is not None:  # None: method exact timed out
+                                summary.certified_eps.append(res.eps)
                             summary.times.append(res.time_s)
                             summary.evaluations.append(res.evaluations)
                     summary.failed += row.get("status") in FAILED_STATUSES
