@@ -24,6 +24,7 @@ data:
 
 models:
 	$(TRAIN) --layers 3 --hidden 1024 --epochs 10 --lr-decay 0.7 --out models/mnist_3x1024.h5
+	$(TRAIN) --layers 4 --hidden 1024 --epochs 4 --lr-decay 0.5 --out models/mnist_4x1024.h5
 	$(TRAIN_SMALL) --layers 2 --out models/mnist_2x20.h5
 	$(TRAIN_SMALL) --layers 3 --out models/mnist_3x20.h5
 	$(TRAIN_3X1024) --activation tanh --out models/mnist_3x1024_tanh.h5

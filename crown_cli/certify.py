@@ -13,13 +13,13 @@ from typing import Optional, Sequence
 
 import numpy as np
 
-from .activations import FUNCTIONS as ACTIVATION_FUNCTIONS, apply_activation, default_alpha, forward
-from .crown import (NORMS, Network, Relaxation, first_layer_center, float32_allowance,
-                    margin_lower_bound)
+from .activations import FUNCTIONS as ACTIVATION_FUNCTIONS, default_alpha, forward
+from .crown import NORMS, Network, first_layer_center, margin_lower_bound
 from .errors import InputError
 from .methods import bind_method, names as other_method_names
 from .relaxations import get_interval_free, get_relaxation
 from .search import SEARCHES, SearchResult, certified_radius
+from .stability import StableFromFloat32
 
 # The paper's starting radii (reference-setup.md): MNIST-sized and CIFAR-sized inputs.
 EPS0 = {784: {"inf": 0.01, "2": 0.2, "1": 0.3}, 3072: {"inf": 0.002, "2": 0.2, "1": 0.3}}
@@ -142,7 +142,8 @@ class Certifier:
         C = self.margin_rows(c, targets)
         g0 = float(np.min(C @ self.logits(x0)))
         first = first_layer_center(self.net, x0)
-        done = {np.float32: [], np.float64: []}  # (eps, hidden bounds) evaluated so far
+        # (eps, hidden bounds, rows computed fresh per layer) of the evaluations so far
+        done = {np.float32: [], np.float64: []}
 
         def bound(dtype):
             def fn(eps):
@@ -150,7 +151,9 @@ class Certifier:
                          else self._known_from_larger_ball(done, eps, x0))
                 lb, bounds = margin_lower_bound(self.net, x0, float(eps), self.qcode, self.relax_fn,
                                                 C, first, dtype, known, return_bounds=True)
-                done[dtype].append((eps, bounds))
+                fresh = [np.ones(l.shape, bool) if known is None or callable(known) else ~known[k][0]
+                         for k, (l, _) in enumerate(bounds)]
+                done[dtype].append((eps, bounds, fresh))
                 return float(np.min(lb))
             return fn
 
@@ -192,35 +195,25 @@ class Certifier:
                            time.perf_counter() - t0)
 
     def _known_from_larger_ball(self, done, eps, x0=None):
-        """Per hidden layer (mask, l, u) from the smallest evaluated radius >= eps, if any.
+        """Known bounds for an evaluation at eps: (mask, l, u) per hidden layer, or a function.
 
         Bounds proven on a larger ball hold on this one; for neurons the relaxation treats
-        the same on every sub-interval (stable ReLUs) they replace recomputation. Float64
-        evaluations rest on float64 bounds, and on float32 bounds only where those are made
-        rigorous (hidden layer 1, with :func:`float32_allowance`; pass ``x0`` for that).
+        the same on every sub-interval (stable ReLUs) they replace recomputation. Float32
+        evaluations (``x0`` None, ``done`` their own list) take them from the smallest larger
+        float32 ball. Float64 evaluations take them from a larger float64 ball, or else from
+        the float32 evaluations made rigorous layer by layer (:mod:`crown_cli.stability`).
         """
         if self.interval_free is None:
             return None
         own = done[np.float64] if x0 is not None else done
-        larger = [(e, b) for e, b in own if e >= eps]
+        larger = [(e, b) for e, b, _ in own if e >= eps]
         if larger:
             _, bounds = min(larger, key=lambda item: item[0])
             return [(self.interval_free(l, u), l, u) for l, u in bounds]
         if x0 is None or self.net.num_hidden < 2:
             return None
-        larger = [(e, b) for e, b in done[np.float32] if e >= eps]
-        if not larger:
-            return None
-        e32, bounds = min(larger, key=lambda item: item[0])
-        (l0, u0), (l1, u1) = bounds[0], bounds[1]
-        relax0 = Relaxation(*self.relax_fn(l0, u0))
-        act_max = np.maximum(np.abs(apply_activation(self.activation, l0, self.alpha)),
-                             np.abs(apply_activation(self.activation, u0, self.alpha))) * (1 + 1e-6)
-        slack = float32_allowance(self.net, x0, e32, l0, u0, relax0, act_max)
-        l1, u1 = l1 - slack, u1 + slack
-        known = [(np.zeros(l.shape, bool), l, u) for l, u in bounds]
-        known[1] = (self.interval_free(l1, u1), l1, u1)
-        return known
+        return StableFromFloat32(self.net, x0, eps, done[np.float32], self.relax_fn,
+                                 self.interval_free, self.activation, self.alpha)
 
     def _search(self, fn, g0, eps0, rtol) -> SearchResult:
         return certified_radius(fn, g0, eps0, rtol=rtol, eps_max=self.eps_max, method=self.search,

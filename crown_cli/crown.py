@@ -361,6 +361,7 @@ def hidden_layer_bounds(
     computed for a larger radius) for the neurons in ``mask``, whose relaxation does not
     depend on the exact interval (stable ReLUs). Their rows are not back-substituted again;
     their old bounds are kept, which gives the same relaxation the recomputed ones would.
+    ``known`` may also be a function (k, bounds of layers < k) -> (mask, l, u) or None.
     """
     if net.num_hidden == 0:
         return [], []
@@ -373,8 +374,9 @@ def hidden_layer_bounds(
     relax = [Relaxation(*relax_fn(l, u))]
     W = net.weights(dtype)
     for k in range(1, net.num_hidden):
-        if known is not None and known[k][0].any():
-            mask, kl, ku = known[k]
+        entry = known(k, bounds) if callable(known) else None if known is None else known[k]
+        if entry is not None and entry[0].any():
+            mask, kl, ku = entry
             rows = np.flatnonzero(~mask)
             l, u = kl.copy(), ku.copy()
             if rows.size:
@@ -385,36 +387,6 @@ def hidden_layer_bounds(
         bounds.append((l, u))
         relax.append(Relaxation(*relax_fn(l, u)))
     return bounds, relax
-
-
-U32 = 2.0 ** -24  # unit roundoff of float32
-
-
-def float32_allowance(net: Network, x0: np.ndarray, eps: float, l0: np.ndarray, u0: np.ndarray,
-                      relax0: Relaxation, act_max: np.ndarray) -> np.ndarray:
-    """Rigorous bound on how far float32 bounds of hidden layer 1 can be from exact arithmetic.
-
-    Layer 1's bounds come from one back-substitution step through layer 0, whose bounds
-    (l0, u0) and relaxation ``relax0`` are exact float64 closed forms. In float32 three things
-    round: the row W1_j (|dW| <= u |W1_j|), the scaled row D = W1_j * slope (|dD| <= 2u |D|, D
-    multiplies z0 - b0 with |z0 - b0| <= Z0 + |b0|, Z0 = max(|l0|, |u0|)) and the product
-    D @ W0 (the standard bound gamma_n |D| |W0| with n the inner dimension, plus u |D| |W0| for
-    W0 itself rounded), which multiplies x with |x_i| <= |x0_i| + eps on any l_p ball of radius
-    eps. With |D| <= (1 + 2u) |W1| s (s = the larger of the two slopes of each neuron) and
-    ``act_max`` >= |act(z0)| on [l0, u0], the bound is one float64 matrix-vector product:
-    ``|W1| @ (s (1 + 2u) w0 + u (1 + u) act_max)``. It is scaled up by 1 + 1e-6 (plus a tiny
-    absolute term) for the float64 rounding of its own evaluation. Worst case, so about four
-    orders of magnitude above the errors seen in practice, but cheap and rigorous: it serves to
-    prove a neuron stable from float32 bounds, never to tighten a bound.
-    """
-    n = net.W[0].shape[0] + 2
-    gamma = n * U32 / (1.0 - n * U32)
-    absW0, absW1 = net.abs_weights(0), net.abs_weights(1)
-    s = np.maximum(np.abs(relax0.aU), np.abs(relax0.aL))
-    z0 = np.maximum(np.abs(l0), np.abs(u0))
-    w0 = 2.0 * U32 * (z0 + np.abs(net.b[0])) + (gamma + 2.0 * U32) * (absW0 @ (np.abs(x0) + eps))
-    e = absW1 @ (s * (1.0 + 2.0 * U32) * w0 + U32 * (1.0 + U32) * act_max)
-    return e * (1.0 + 1e-6) + 1e-30
 
 
 def margin_lower_bound(

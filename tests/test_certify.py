@@ -52,55 +52,81 @@ def test_untargeted_is_the_minimum_over_targets():
     assert cert.certify(x0, c, others).eps == pytest.approx(min(each), rel=2e-6)
 
 
-def _layer1_f32_vs_f64(W, b, x0, eps, norm):
-    from crown_cli.crown import NORMS, Relaxation, float32_allowance, hidden_layer_bounds
+def _float32_vs_float64(W, b, x0, eps, norm, k):
+    """Layer k's bounds computed in float32 and float64 from the same (float32-built)
+    relaxations of layers < k, and the allowance for the float32 ones."""
+    from crown_cli.activations import apply_activation
+    from crown_cli.crown import NORMS, Relaxation, back_substitute, hidden_layer_bounds
+    from crown_cli.stability import float32_allowance
 
     cert = Certifier(W, b, "relu", norm=norm)
     q = NORMS[cert.norm]
-    b32, _ = hidden_layer_bounds(cert.net, x0, eps, q, cert.relax_fn, dtype=np.float32)
-    b64, _ = hidden_layer_bounds(cert.net, x0, eps, q, cert.relax_fn, dtype=np.float64)
-    l0, u0 = b64[0]
-    slack = float32_allowance(cert.net, x0, eps, l0, u0, Relaxation(*cert.relax_fn(l0, u0)),
-                              np.maximum(u0, 0.0))
-    return b32[1], b64[1], slack
+    b32, relax = hidden_layer_bounds(cert.net, x0, eps, q, cert.relax_fn, dtype=np.float32)
+    relax = relax[:k]
+    same = []
+    for dt in (np.float32, np.float64):
+        same.append(back_substitute(cert.net, relax, cert.net.W[k], cert.net.b[k], x0, eps, q,
+                                    dtype=dt))
+    # rigorous enclosures of layers < k for the magnitudes: float64 bounds widened generously
+    rig = [(l - 1e-3 * (1 + abs(l)), u + 1e-3 * (1 + abs(u))) for l, u in b32[:k]]
+    act_max = [np.maximum(np.abs(apply_activation("relu", u, None)), 0) for _, u in rig]
+    slopes = [np.maximum(np.abs(r.aU), np.abs(r.aL)) for r in relax]
+    slack = float32_allowance(cert.net, x0, eps, k, rig, act_max, slopes)
+    return same[0], same[1], slack
 
 
 @pytest.mark.parametrize("norm", ["inf", "2", "1"])
 @pytest.mark.parametrize("scale", [1.0, 1e4])
-def test_float32_allowance_covers_float32_rounding(norm, scale):
+@pytest.mark.parametrize("k", [1, 2])
+def test_float32_allowance_covers_float32_rounding(norm, scale, k):
     # weights not representable in float32 and, at scale 1e4, large terms that cancel
-    W, b = random_network([300, 200, 100, 10], 21)
+    W, b = random_network([300, 200, 150, 100, 10], 21)
     W = [w * scale * (1.0 + 1e-9) for w in W]
     x0 = np.random.default_rng(5).uniform(-0.5, 0.5, 300)
     for eps in (1e-3, 1e-2, 1e-1):
-        (l32, u32), (l64, u64), slack = _layer1_f32_vs_f64(W, b, x0, eps, norm)
+        (l32, u32), (l64, u64), slack = _float32_vs_float64(W, b, x0, eps, norm, k)
         err = np.maximum(np.abs(l32 - l64), np.abs(u32 - u64))
         assert np.all(err <= slack)
         assert np.max(err) > 0  # float32 does round here, so the comparison means something
 
 
-def test_verification_reuses_rigorously_stable_float32_neurons(mnist100):
-    from crown_cli.crown import margin_lower_bound
+@pytest.mark.parametrize("model", ["mnist_3x20.h5", "random4"])
+def test_verification_reuses_rigorously_stable_float32_neurons(mnist100, model):
+    from crown_cli.crown import hidden_layer_bounds, margin_lower_bound
+    from crown_cli.stability import StableFromFloat32
 
-    mlp = load_model(model_path("mnist_3x20.h5"))
+    if model == "random4":
+        W, b = random_network([784, 40, 40, 40, 10], 3)
+    else:
+        mlp = load_model(model_path(model))
+        W, b = mlp.weights, mlp.biases
     x, _ = mnist100
-    cert = Certifier(mlp.weights, mlp.biases, "relu")
+    cert = Certifier(W, b, "relu")
     skipped = 0
-    for i, c, t in _instances(mlp.weights, mlp.biases, x, 6):
+    for i, c, t in _instances(W, b, x, 6):
         C = cert.margin_rows(c, [t])
         eps = cert.certify(x[i], c, [t]).eps
-        _, b32 = margin_lower_bound(cert.net, x[i], 1.01 * eps, 0, cert.relax_fn, C,
-                                    dtype=np.float32, return_bounds=True)
-        done = {np.float32: [(1.01 * eps, b32)], np.float64: []}
-        known = cert._known_from_larger_ball(done, eps, x[i])
-        _, b64 = margin_lower_bound(cert.net, x[i], eps, 0, cert.relax_fn, C, return_bounds=True)
-        mask, kl, ku = known[1]
-        l64, u64 = b64[1]
-        # every neuron taken from float32 is stable in the float64 bounds, on the same side
-        assert np.all((ku[mask] < 0) == (u64[mask] < 0)) and np.all((l64[mask] > 0) | (u64[mask] < 0))
-        assert not known[0][0].any()
-        skipped += int(mask.sum())
-        with_known = margin_lower_bound(cert.net, x[i], eps, 0, cert.relax_fn, C, known=known)
+        evals = []
+        for f in (1.3, 1.01):  # the second one reuses stable rows of the first, as the search does
+            known = None
+            if evals:
+                known = [(cert.interval_free(l, u), l, u) for l, u in evals[-1][1]]
+            _, b32 = margin_lower_bound(cert.net, x[i], f * eps, 0, cert.relax_fn, C,
+                                        dtype=np.float32, known=known, return_bounds=True)
+            fresh = [np.ones(l.shape, bool) if known is None else ~known[k][0]
+                     for k, (l, _) in enumerate(b32)]
+            evals.append((f * eps, b32, fresh))
+        stable = StableFromFloat32(cert.net, x[i], eps, evals, cert.relax_fn, cert.interval_free,
+                                   "relu")
+        b_known, _ = hidden_layer_bounds(cert.net, x[i], eps, 0, cert.relax_fn, known=stable)
+        b_plain, _ = hidden_layer_bounds(cert.net, x[i], eps, 0, cert.relax_fn)
+        for (lk, uk), (lp, up) in zip(b_known, b_plain):
+            # every neuron taken from float32 is stable in the float64 bounds on the same side,
+            # and the recomputed ones are the float64 bounds
+            assert np.array_equal(lk >= 0, lp >= 0) and np.array_equal(uk <= 0, up <= 0)
+            assert np.all(lk <= lp + 1e-9 * (1 + abs(lp))) and np.all(uk >= up - 1e-9 * (1 + abs(up)))
+        skipped += stable.skipped
+        with_known = margin_lower_bound(cert.net, x[i], eps, 0, cert.relax_fn, C, known=stable)
         plain = margin_lower_bound(cert.net, x[i], eps, 0, cert.relax_fn, C)
         assert with_known[0] == pytest.approx(plain[0], rel=1e-12, abs=1e-12)
     assert skipped > 0
