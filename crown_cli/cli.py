@@ -123,12 +123,23 @@ def inspect(model_path, activation):
               help="First radius tried (default: the paper's, by norm and input size).")
 @click.option("--max-eps", type=float, default=1e4, show_default=True,
               help="Largest radius searched; rows certified there get status 'capped'.")
+@click.option("--attack", "attack", default="none", show_default=True,
+              type=click.Choice(["none", "pgd"]),
+              help="pgd: also run a PGD attack per row and write the smallest adversarial "
+                   "distortion it verified (an upper bound) to attack_eps.")
+@click.option("--attack-steps", type=click.IntRange(min=1), default=None,
+              help="PGD steps per attack run (default 20).")
+@click.option("--attack-restarts", type=click.IntRange(min=1), default=None,
+              help="PGD starting points per radius (default 2).")
+@click.option("--attack-seed", type=click.IntRange(min=0), default=0, show_default=True,
+              help="Seed of the attack's random starts.")
 @click.option("--output", "-o", default="-", show_default=True, help="CSV file to write ('-': stdout).")
 @click.option("--overwrite", is_flag=True, help="Replace an existing --output file.")
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar and no summary line.")
 @_handle_errors
 def certify(model_path, images_path, labels_path, num_images, start, norm, method, target_spec,
-            seed, activation, search, precision, rtol, eps0, max_eps, output, overwrite, quiet):
+            seed, activation, search, precision, rtol, eps0, max_eps, attack, attack_steps,
+            attack_restarts, attack_seed, output, overwrite, quiet):
     """Certify each image against the chosen targets and write one CSV row per (image, target)."""
     from .certify import Certifier, parse_norm
     from .images import load_images
@@ -167,10 +178,22 @@ def certify(model_path, images_path, labels_path, num_images, start, norm, metho
                   rtol=rtol, eps0=eps0, eps_max=max_eps, precision=precision, alpha=mlp.alpha)
         for n in norms for m in methods
     ]
+    attacks = None
+    if attack == "pgd":
+        from .attack import DEFAULT_RESTARTS, DEFAULT_STEPS, PGDAttack
+
+        attacks = {n: PGDAttack(mlp.weights, mlp.biases, mlp.activation, norm=n, alpha=mlp.alpha,
+                                steps=attack_steps or DEFAULT_STEPS,
+                                restarts=attack_restarts or DEFAULT_RESTARTS, eps_max=max_eps)
+                   for n in norms}
+    elif attack_steps is not None or attack_restarts is not None:
+        raise InputError("--attack-steps/--attack-restarts: need --attack pgd")
     t0 = time.perf_counter()
     with CsvWriter(output, overwrite=overwrite) as writer:
         summary = certify_images(certifiers, x, y, range(start, stop), target_types, seed,
-                                 writer.write, progress=not quiet)
+                                 writer.write, progress=not quiet, attacks=attacks,
+                                 attack_seed=attack_seed,
+                                 warn=lambda msg: click.echo(msg, err=True))
     if not quiet:
         click.echo(summary.line(time.perf_counter() - t0, output), err=True)
 

@@ -3,12 +3,13 @@ from __future__ import annotations
 
 import sys
 from dataclasses import dataclass, field
-from typing import Callable, Dict, Iterable, List, Sequence
+from typing import Callable, Dict, Iterable, List, Mapping, Optional, Sequence
 
 import numpy as np
 
+from .attack import PGDAttack
 from .certify import Certifier
-from .targets import TargetSelector
+from .targets import TARGET_TYPES, TargetSelector
 
 
 @dataclass
@@ -42,12 +43,20 @@ def certify_images(
     seed: int,
     emit: Callable[[Dict[str, object]], None],
     progress: bool = True,
+    attacks: Optional[Mapping[str, PGDAttack]] = None,
+    attack_seed: int = 0,
+    warn: Optional[Callable[[str], None]] = None,
 ) -> Summary:
     """Certify x[i] for i in ``indices`` (ascending) with every certifier and target type.
 
     The random-target stream is replayed from image 0, so image i gets the same random target
     whatever ``--start`` is. Each finished row goes to ``emit`` at once.
+
+    ``attacks`` (norm -> PGDAttack) adds the attack's distortion to every certified row; the
+    attack runs once per (image, norm, target type) and is shared by the methods. A certified
+    eps above it is reported through ``warn`` (it would mean an unsound certificate).
     """
+    attack_cache: Dict[tuple, object] = {}
     indices = list(indices)
     first = certifiers[0]
     logits = first.logits(x[: indices[-1] + 1]) if indices else np.zeros((0, 0))
@@ -78,6 +87,9 @@ def certify_images(
                         row.update(eps=res.eps, time_s=round(res.time_s, 6),
                                    evaluations=res.evaluations, status=res.status,
                                    margin=res.margin, lower_bound=res.lower_bound)
+                        if attacks and cert.norm in attacks:
+                            _add_attack(row, attacks[cert.norm], attack_cache, attack_seed,
+                                        x[i], i, c, ttype, targets, warn)
                         summary.certified_eps.append(res.eps)
                         summary.times.append(res.time_s)
                         summary.evaluations.append(res.evaluations)
@@ -91,6 +103,24 @@ def certify_images(
         if bar is not None:
             bar.close()
     return summary
+
+
+def _add_attack(row, attack, cache, seed, x0, i, c, ttype, targets, warn) -> None:
+    """Fill attack_eps / attack_time_s of a certified row; warn if eps exceeds attack_eps."""
+    key = (i, attack.norm, ttype)
+    if key not in cache:
+        if cache and next(iter(cache))[0] != i:
+            cache.clear()  # earlier images are not needed again
+        # one stream per (image, norm, target type): results do not depend on --start or order
+        rng = np.random.default_rng([seed, i, ("inf", "2", "1").index(attack.norm),
+                                     TARGET_TYPES.index(ttype)])
+        cache[key] = attack.min_distortion(x0, c, targets, rng)
+    res = cache[key]
+    row.update(attack_eps=res.eps, attack_time_s=round(res.time_s, 6))
+    eps = row.get("eps")
+    if res.eps is not None and eps is not None and eps > res.eps and warn is not None:
+        warn(f"crown: warning: image {i}: certified eps {eps!r} exceeds attack distortion "
+             f"{res.eps!r}")
 
 
 def _progress(total: int, enabled: bool):
