@@ -198,6 +198,41 @@ def certify(model_path, images_path, labels_path, num_images, start, norm, metho
         click.echo(summary.line(time.perf_counter() - t0, output), err=True)
 
 
+@cli.command()
+@click.argument("results", nargs=-1, required=True)
+@click.option("--format", "fmt", default="markdown", show_default=True,
+              type=click.Choice(["markdown", "latex"]), help="Table format.")
+@click.option("--plot", "plot_path", default=None,
+              help="Also draw certified eps per image and the attack's bound (needs matplotlib).")
+@click.option("--output", "-o", default="-", show_default=True,
+              help="File for the table ('-': stdout); replaced if it exists.")
+@_handle_errors
+def report(results, fmt, plot_path, output):
+    """Average result files (CSV or JSON Lines) into the paper's table layout."""
+    from .report import aggregate, plot_report, read_results, render_latex, render_markdown
+
+    rows = []
+    for path in results:
+        found = read_results(path)
+        if not found:
+            click.echo(f"crown: warning: {path}: no rows", err=True)
+        rows += found
+    rep = aggregate(rows)
+    text = render_latex(rep) if fmt == "latex" else render_markdown(rep)
+    if plot_path:
+        plot_report(rep, plot_path)
+    if output == "-":
+        click.echo(text, nl=False)
+    else:
+        try:
+            with open(output, "w", encoding="utf-8") as fh:
+                fh.write(text)
+        except OSError as exc:
+            raise InputError(f"{output}: cannot write ({exc.strerror})") from None
+    for msg in rep.warnings:
+        click.echo(f"crown: warning: {msg}", err=True)
+
+
 def main():
     cli(prog_name="crown")
 
