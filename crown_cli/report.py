@@ -55,11 +55,13 @@ BASELINE = "fast-lin"
 
 
 def network_name(path: str) -> str:
-    """The network a result file is about: its provenance sidecar's model, else its stem.
+    """The network a result file is about: its provenance sidecar's model, else its name.
 
     A ``model`` column, when present, overrides this per row (see :func:`read_results`).
     The sidecar is ``<path>.json`` (or ``<stem>.json``) with a ``model`` entry holding the
-    model path (a string, or an object with a ``path``).
+    model path (a string, or an object with a ``path``); the network is that file's stem.
+    Without one it is the result file's name up to its first dot, so ``mnist_2x20.l2.csv``
+    and ``mnist_2x20.csv`` both report on ``mnist_2x20``.
     """
     stem = os.path.splitext(path)[0]
     for side in (path + ".json", stem + ".json"):
@@ -75,7 +77,7 @@ def network_name(path: str) -> str:
             model = model.get("path")
         if isinstance(model, str) and model:
             return _stem(model)
-    return _stem(path)
+    return os.path.basename(path).split(".", 1)[0] or _stem(path)
 
 
 def _stem(path: str) -> str:

@@ -167,8 +167,10 @@ def test_network_name_from_model_column_and_sidecar(tmp_path):
     side = write_csv(tmp_path / "two.csv", [row(0, "crown", 0.2)])
     (tmp_path / "two.csv.json").write_text(json.dumps({"model": "/x/mnist_2x20.h5"}))
     plain = write_csv(tmp_path / "three.csv", [row(0, "crown", 0.3)])
-    res = run(with_col, side, plain)
+    part = write_csv(tmp_path / "three.l2.csv", [row(0, "fast-lin", 0.1)])  # same network
+    res = run(with_col, side, plain, part)
     assert [r[0] for r in cells(res.output)[1:]] == ["big_net", "mnist_2x20", "three"]
+    assert cells(res.output)[3][4:6] == ["0.10000", "0.30000"]
 
 
 def test_jsonl_input(tmp_path):
