@@ -8,13 +8,15 @@ bound. :class:`PGDAttack` searches for the smallest one it can:
   targeted; all other classes: untargeted), with analytic gradients for every activation
   crown supports, several restarts run as one batch, steps in the norm's steepest-descent
   direction (sign for l_inf, normalised gradient for l_2, a sparse top-k coordinate step for
-  l_1) and projection onto the ball (l_1 by sorting).
-* A radius search: start at the first-order estimate ``m(x0) / ||grad m(x0)||_q`` of the
-  distance to the decision boundary, double until PGD succeeds, then bisect between the
-  largest failed radius and the distortion of the best example so far.
-* Every adversarial point found is pulled towards x0 along the segment [x0, x] while it stays
-  adversarial, then verified on its own by a float64 forward pass (``activations.forward``):
-  ``min_t f_c - f_t <= 0``, i.e. the decision flips to or ties with a target.
+  l_1, k = 1 by default) and projection onto the ball (l_1 by sorting).
+* A radius search, grow then bisect, a batch of radii at a time: a ladder of radii around
+  the first-order estimate ``m(x0) / ||grad m(x0)||_q`` of the distance to the decision
+  boundary, climbing until PGD succeeds, then evenly spaced radii between the largest failed
+  radius and the distortion of the best example so far.
+* Every candidate is verified on its own by a float64 forward pass (``activations.forward``):
+  ``min_t f_c - f_t <= 0``, i.e. the decision flips to or ties with a target. The best point
+  is finally pulled towards x0 along the segment [x0, x] while it stays adversarial, and
+  verified again.
 
 The reported distortion is ``||x_adv - x0||_p`` of that verified point, never a nominal
 radius, so a certified radius above it would prove the certifier wrong. Arrays in, arrays out:
@@ -122,8 +124,7 @@ def descent_direction(G: np.ndarray, norm: str, l1_coords: int) -> np.ndarray:
     """A unit-l_p step direction for each row of gradients G (R, d) (to be subtracted).
 
     l_inf: sign(G); l_2: G / ||G||_2; l_1: the sign of G spread evenly over the l1_coords
-    coordinates of largest |G| (the exact l_1 steepest step moves a single coordinate, which
-    makes slow progress; a few at once still keeps the perturbation sparse).
+    coordinates of largest |G| (1 gives the exact l_1 steepest step, a vertex of the ball).
     """
     if norm == "inf":
         return np.sign(G)
@@ -177,13 +178,15 @@ class PGDAttack:
 
     steps: gradient steps per PGD run; restarts: starting points per radius; eps_max: the
     radius at which the search gives up; ladder: radii attacked together in one run; rounds:
-    refining runs after the first success.
+    refining runs after the first success; l1_coords: coordinates moved by an l_1 step (1,
+    the exact steepest step, found the smallest l_1 distortions on mnist_3x1024.h5: about 18%
+    below 8 coordinates).
     """
 
     def __init__(self, weights: Sequence[np.ndarray], biases: Sequence[np.ndarray],
                  activation: str, norm: str = "inf", alpha=None, steps: int = DEFAULT_STEPS,
                  restarts: int = DEFAULT_RESTARTS, eps_max: float = 1e4, ladder: int = 8,
-                 rounds: int = 2, l1_fraction: float = 0.01):
+                 rounds: int = 2, l1_coords: int = 1):
         if activation not in DERIVATIVES:
             raise InputError(f"--attack: no gradient for activation '{activation}'")
         if norm not in NORMS:
@@ -207,7 +210,7 @@ class PGDAttack:
         self.eps_max = float(eps_max)
         self.ladder = int(ladder)
         self.rounds = int(rounds)
-        self.l1_coords = max(1, int(round(l1_fraction * self.W[0].shape[1])))
+        self.l1_coords = max(1, int(l1_coords))
 
     # -- network -------------------------------------------------------------------------------
 
