@@ -6,13 +6,12 @@ is the reported number, it is never below the exact MILP minimum, and no certifi
 the shipped models exceeds it.
 """
 import functools
-import os
 
 import numpy as np
 import pytest
 from click.testing import CliRunner
 
-from conftest import ROOT, model_path
+from conftest import model_path
 from oracles import exact_min_linf_distortion, lp_norm as oracle_norm, mlp_forward, random_mlp
 
 from crown_cli.activations import FUNCTIONS
@@ -245,8 +244,9 @@ def test_certified_eps_above_attack_distortion_is_reported(tmp_path, monkeypatch
 
     monkeypatch.setattr(attack_mod.PGDAttack, "min_distortion", too_small)
     out = tmp_path / "r.csv"
-    runner = CliRunner(mix_stderr=False) if "mix_stderr" in CliRunner.__init__.__code__.co_varnames \
-        else CliRunner()  # click < 8.2 mixes stderr into output unless told not to
+    # click < 8.2 mixes stderr into the output unless told not to
+    mixes = "mix_stderr" in CliRunner.__init__.__code__.co_varnames
+    runner = CliRunner(mix_stderr=False) if mixes else CliRunner()
     res = runner.invoke(
         cli, ["certify", "--model", model_path("mnist_2x20.h5"), "-n", "1", "--attack", "pgd",
               "-o", str(out), "-q"])

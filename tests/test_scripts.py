@@ -24,8 +24,9 @@ def test_scripts_parse(name):
 
 
 def test_keep_methods_drops_unsupported_methods(tmp_path):
-    cmd = (f"source {SCRIPTS}/paper_lib.sh; keep_methods crown,crown-quad,lp-full,exact lp-full exact;"
-           " echo \"[$(keep_methods exact exact)]\"")
+    cmd = (f"source {SCRIPTS}/paper_lib.sh; "
+           "keep_methods crown,crown-quad,lp-full,exact lp-full exact; "
+           "echo \"[$(keep_methods exact exact)]\"")
     out = subprocess.run(["bash", "-c", cmd], env=_env(tmp_path), capture_output=True, text=True)
     assert out.returncode == 0, out.stderr
     assert out.stdout == "crown,crown-quad\n[]\n"
