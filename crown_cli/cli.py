@@ -127,6 +127,16 @@ def inspect(model_path, activation):
               help="First radius tried (default: the paper's, by norm and input size).")
 @click.option("--max-eps", type=float, default=1e4, show_default=True,
               help="Largest radius searched; rows certified there get status 'capped'.")
+@click.option("--attack", "attack", default="none", show_default=True,
+              type=click.Choice(["none", "pgd"]),
+              help="pgd: also run a PGD attack per row and write the smallest adversarial "
+                   "distortion it verified (an upper bound) to attack_eps.")
+@click.option("--attack-steps", type=click.IntRange(min=1), default=None,
+              help="PGD steps per attack run (default 20).")
+@click.option("--attack-restarts", type=click.IntRange(min=1), default=None,
+              help="PGD starting points per radius (default 2).")
+@click.option("--attack-seed", type=click.IntRange(min=0), default=0, show_default=True,
+              help="Seed of the attack's random starts.")
 @click.option("--output", "-o", default="-", show_default=True,
               help="Result file to write ('-': stdout); a provenance sidecar <output>.json goes beside it.")
 @click.option("--format", "out_format", default="csv", show_default=True,
@@ -139,8 +149,9 @@ def inspect(model_path, activation):
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar and no summary line.")
 @_handle_errors
 def certify(model_path, images_path, labels_path, num_images, start, norm, method, timeout,
-            target_spec, seed, activation, search, precision, rtol, eps0, max_eps, output,
-            out_format, overwrite, resume, shard, quiet):
+            target_spec, seed, activation, search, precision, rtol, eps0, max_eps, attack,
+            attack_steps, attack_restarts, attack_seed, output, out_format, overwrite, resume,
+            shard, quiet):
     """Certify each image against the chosen targets and write one CSV row per (image, target).
 
     Exit codes: 0 all rows done, 1 internal error, 2 bad input, 3 finished but some rows
@@ -189,6 +200,16 @@ def certify(model_path, images_path, labels_path, num_images, start, norm, metho
                   timeout=timeout)
         for n in norms for m in methods
     ]
+    attacks = None
+    if attack == "pgd":
+        from .attack import DEFAULT_RESTARTS, DEFAULT_STEPS, PGDAttack
+
+        attacks = {n: PGDAttack(mlp.weights, mlp.biases, mlp.activation, norm=n, alpha=mlp.alpha,
+                                steps=attack_steps or DEFAULT_STEPS,
+                                restarts=attack_restarts or DEFAULT_RESTARTS, eps_max=max_eps)
+                   for n in norms}
+    elif attack_steps is not None or attack_restarts is not None:
+        raise InputError("--attack-steps/--attack-restarts: need --attack pgd")
     job = OutputJob(option_values(click.get_current_context()), output, out_format, overwrite,
                     resume, model_path, mlp, images_path, x, y, indices)
     t0 = time.perf_counter()
@@ -197,7 +218,9 @@ def certify(model_path, images_path, labels_path, num_images, start, norm, metho
     try:
         with writer:
             summary = certify_images(certifiers, x, y, indices, target_types, seed,
-                                     writer.write, progress=not quiet, skip=job.skip)
+                                     writer.write, progress=not quiet, skip=job.skip,
+                                     attacks=attacks, attack_seed=attack_seed,
+                                     warn=lambda msg: click.echo(msg, err=True))
     finally:
         failed = job.finish(summary, complete=summary is not None)
     for message in summary.errors:
@@ -232,6 +255,41 @@ def merge(parts, output, overwrite, quiet):
                    f"{merged['coverage']['images']} images -> {dest}", err=True)
     if merged["failed_rows"]:
         raise click.exceptions.Exit(3)
+
+
+@cli.command()
+@click.argument("results", nargs=-1, required=True)
+@click.option("--format", "fmt", default="markdown", show_default=True,
+              type=click.Choice(["markdown", "latex"]), help="Table format.")
+@click.option("--plot", "plot_path", default=None,
+              help="Also draw certified eps per image and the attack's bound (needs matplotlib).")
+@click.option("--output", "-o", default="-", show_default=True,
+              help="File for the table ('-': stdout); replaced if it exists.")
+@_handle_errors
+def report(results, fmt, plot_path, output):
+    """Average result files (CSV or JSON Lines) into the paper's table layout."""
+    from .report import aggregate, plot_report, read_results, render_latex, render_markdown
+
+    rows = []
+    for path in results:
+        found = read_results(path)
+        if not found:
+            click.echo(f"crown: warning: {path}: no rows", err=True)
+        rows += found
+    rep = aggregate(rows)
+    text = render_latex(rep) if fmt == "latex" else render_markdown(rep)
+    if plot_path:
+        plot_report(rep, plot_path)
+    if output == "-":
+        click.echo(text, nl=False)
+    else:
+        try:
+            with open(output, "w", encoding="utf-8") as fh:
+                fh.write(text)
+        except OSError as exc:
+            raise InputError(f"{output}: cannot write ({exc.strerror})") from None
+    for msg in rep.warnings:
+        click.echo(f"crown: warning: {msg}", err=True)
 
 
 def main():

@@ -12,6 +12,7 @@ from .errors import InputError
 COLUMNS = (
     "image", "label", "predicted", "target", "target_type", "norm", "method", "eps", "time_s",
     "evaluations", "status", "margin", "lower_bound", "search", "precision", "rtol",
+    "attack_eps", "attack_time_s",
 )
 
 

@@ -4,12 +4,13 @@ from __future__ import annotations
 import sys
 import time
 from dataclasses import dataclass, field
-from typing import Callable, Dict, Iterable, List, Optional, Sequence, Tuple
+from typing import Callable, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 
+from .attack import PGDAttack
 from .certify import Certifier
-from .targets import TargetSelector
+from .targets import TARGET_TYPES, TargetSelector
 
 
 @dataclass
@@ -60,6 +61,9 @@ def certify_images(
     emit: Callable[[Dict[str, object]], None],
     progress: bool = True,
     skip: Optional[Callable[[Tuple[str, ...]], bool]] = None,
+    attacks: Optional[Mapping[str, PGDAttack]] = None,
+    attack_seed: int = 0,
+    warn: Optional[Callable[[str], None]] = None,
 ) -> Summary:
     """Certify x[i] for i in ``indices`` (ascending) with every certifier and target type.
 
@@ -67,7 +71,12 @@ def certify_images(
     whatever ``--start`` is. Each finished row goes to ``emit`` at once. Rows whose
     :func:`row_key` satisfies ``skip`` (already written, ``--resume``) are not computed again.
     A certification that raises gives a row with status ``error`` and the run goes on.
+
+    ``attacks`` (norm -> PGDAttack) adds the attack's distortion to every certified row; the
+    attack runs once per (image, norm, target type) and is shared by the methods. A certified
+    eps above it is reported through ``warn`` (it would mean an unsound certificate).
     """
+    attack_cache: Dict[tuple, object] = {}
     indices = list(indices)
     first = certifiers[0]
     logits = first.logits(x[: indices[-1] + 1]) if indices else np.zeros((0, 0))
@@ -110,6 +119,9 @@ def certify_images(
                             row.update(eps=res.eps, time_s=round(res.time_s, 6),
                                        evaluations=res.evaluations, status=res.status,
                                        margin=res.margin, lower_bound=res.lower_bound)
+                            if attacks and cert.norm in attacks:
+                                _add_attack(row, attacks[cert.norm], attack_cache, attack_seed,
+                                            x[i], i, c, ttype, targets, warn)
                             if res.eps is not None:  # None: method exact timed out
                                 summary.certified_eps.append(res.eps)
                             summary.times.append(res.time_s)
@@ -125,6 +137,24 @@ def certify_images(
         if bar is not None:
             bar.close()
     return summary
+
+
+def _add_attack(row, attack, cache, seed, x0, i, c, ttype, targets, warn) -> None:
+    """Fill attack_eps / attack_time_s of a certified row; warn if eps exceeds attack_eps."""
+    key = (i, attack.norm, ttype)
+    if key not in cache:
+        if cache and next(iter(cache))[0] != i:
+            cache.clear()  # earlier images are not needed again
+        # one stream per (image, norm, target type): results do not depend on --start or order
+        rng = np.random.default_rng([seed, i, ("inf", "2", "1").index(attack.norm),
+                                     TARGET_TYPES.index(ttype)])
+        cache[key] = attack.min_distortion(x0, c, targets, rng)
+    res = cache[key]
+    row.update(attack_eps=res.eps, attack_time_s=round(res.time_s, 6))
+    eps = row.get("eps")
+    if res.eps is not None and eps is not None and eps > res.eps and warn is not None:
+        warn(f"crown: warning: image {i}: certified eps {eps!r} exceeds attack distortion "
+             f"{res.eps!r}")
 
 
 def _progress(total: int, enabled: bool):

@@ -56,7 +56,7 @@ def _float32_vs_float64(W, b, x0, eps, norm, k):
     """Layer k's bounds computed in float32 and float64 from the same (float32-built)
     relaxations of layers < k, and the allowance for the float32 ones."""
     from crown_cli.activations import apply_activation
-    from crown_cli.crown import NORMS, Relaxation, back_substitute, hidden_layer_bounds
+    from crown_cli.crown import NORMS, back_substitute, hidden_layer_bounds
     from crown_cli.stability import float32_allowance
 
     cert = Certifier(W, b, "relu", norm=norm)

@@ -1,0 +1,60 @@
+"""The paper-reproduction scripts (scripts/paper_*.sh), run small with the methods crown and
+fast-lin through `python -m crown_cli`."""
+import os
+import subprocess
+import sys
+
+import pytest
+
+from conftest import ROOT
+
+SCRIPTS = os.path.join(ROOT, "scripts")
+
+
+def _env(tmp_path, **extra):
+    env = dict(os.environ, CROWN=f"{sys.executable} -m crown_cli", OUT=str(tmp_path / "out"),
+               PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    env.update(extra)
+    return env
+
+
+@pytest.mark.parametrize("name", ["paper_table2.sh", "paper_table3.sh", "paper_figure3.sh"])
+def test_scripts_parse(name):
+    assert subprocess.run(["bash", "-n", os.path.join(SCRIPTS, name)]).returncode == 0
+
+
+def test_keep_methods_drops_unsupported_methods(tmp_path):
+    cmd = (f"source {SCRIPTS}/paper_lib.sh; "
+           "keep_methods crown,crown-quad,lp-full,exact lp-full exact; "
+           "echo \"[$(keep_methods exact exact)]\"")
+    out = subprocess.run(["bash", "-c", cmd], env=_env(tmp_path), capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout == "crown,crown-quad\n[]\n"
+
+
+def test_figure3_script_end_to_end(tmp_path):
+    env = _env(tmp_path, METHODS="crown,fast-lin", NUM_IMAGES="2", TARGETS="runner-up")
+    res = subprocess.run(["bash", os.path.join(SCRIPTS, "paper_figure3.sh")], env=env,
+                         capture_output=True, text=True, cwd=tmp_path)
+    assert res.returncode == 0, res.stderr
+    out = tmp_path / "out"
+    assert sorted(os.listdir(out)) == ["figure3.md", "figure3.tex", "mnist_2x20.l2.csv",
+                                       "mnist_2x20.poly.csv", "mnist_3x20.l2.csv",
+                                       "mnist_3x20.poly.csv"]
+    md = (out / "figure3.md").read_text()
+    rows = [line.split("|")[1:4] for line in md.splitlines() if line.startswith("| mnist")]
+    assert [[c.strip() for c in r] for r in rows] == [
+        [net, norm, "runner-up"] for net in ("mnist_2x20", "mnist_3x20")
+        for norm in ("l_1", "l_2", "l_inf")]
+    assert "PGD attack (upper bound)" in md and "CROWN vs Fast-Lin" in md
+    assert res.stdout == md  # the script echoes the markdown table
+    assert (out / "figure3.tex").read_text().startswith(r"\begin{tabular}")
+
+
+def test_scripts_stop_on_a_failing_command(tmp_path):
+    env = _env(tmp_path, METHODS="no-such-method", NUM_IMAGES="1")
+    res = subprocess.run(["bash", os.path.join(SCRIPTS, "paper_table2.sh")], env=env,
+                         capture_output=True, text=True, cwd=tmp_path)
+    assert res.returncode == 2
+    assert "crown: error: --method: unknown value 'no-such-method'" in res.stderr
+    assert not (tmp_path / "out" / "table2.md").exists()
