@@ -38,9 +38,9 @@ def test_figure3_script_end_to_end(tmp_path):
                          capture_output=True, text=True, cwd=tmp_path)
     assert res.returncode == 0, res.stderr
     out = tmp_path / "out"
-    assert sorted(os.listdir(out)) == ["figure3.md", "figure3.tex", "mnist_2x20.l2.csv",
-                                       "mnist_2x20.poly.csv", "mnist_3x20.l2.csv",
-                                       "mnist_3x20.poly.csv"]
+    parts = [f"mnist_{n}.{s}.csv" for n in ("2x20", "3x20") for s in ("l2", "poly")]
+    sidecars = [p + ".json" for p in parts]  # provenance of each result file
+    assert sorted(os.listdir(out)) == sorted(["figure3.md", "figure3.tex"] + parts + sidecars)
     md = (out / "figure3.md").read_text()
     rows = [line.split("|")[1:4] for line in md.splitlines() if line.startswith("| mnist")]
     assert [[c.strip() for c in r] for r in rows] == [
