@@ -17,7 +17,7 @@ from .activations import FUNCTIONS as ACTIVATION_FUNCTIONS, default_alpha, forwa
 from .crown import NORMS, Network, first_layer_center, margin_lower_bound
 from .errors import InputError
 from .methods import bind_method, names as other_method_names
-from .relaxations import get_interval_free, get_relaxation
+from .relaxations import SIGN_STABLE, get_interval_free, get_relaxation
 from .search import SEARCHES, SearchResult, certified_radius
 from .stability import StableFromFloat32
 
@@ -210,7 +210,7 @@ class Certifier:
         if larger:
             _, bounds = min(larger, key=lambda item: item[0])
             return [(self.interval_free(l, u), l, u) for l, u in bounds]
-        if x0 is None or self.net.num_hidden < 2:
+        if x0 is None or self.net.num_hidden < 2 or self.activation not in SIGN_STABLE:
             return None
         return StableFromFloat32(self.net, x0, eps, done[np.float32], self.relax_fn,
                                  self.interval_free, self.activation, self.alpha)

@@ -301,7 +301,7 @@ def back_substitute(
     cL = cU.copy()
     mU = np.abs(cU)
     mL = mU.copy()
-    shared = True
+    shared = want_upper  # one chain only: no columns to share, one product over all columns
     for i in range(len(relax) - 1, -1, -1):
         rl = relax[i]
         if shared:

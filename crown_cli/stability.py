@@ -58,7 +58,9 @@ def float32_allowance(net: Network, x0: np.ndarray, eps: float, k: int, rigorous
     v = None
     for i in range(k):
         l, u = rigorous[i]
-        z = np.maximum(np.abs(l), np.abs(u))
+        # a zero slope multiplies nothing, not even the unbounded z (l = -inf) of an inactive
+        # neuron whose lower bound was never computed
+        z = np.where(slopes[i] > 0.0, np.maximum(np.abs(l), np.abs(u)), 0.0)
         w = 2.0 * U32 * (z + np.abs(net.b[i])) + (gamma + 2.0 * U32) * (net.abs_weights(i) @ a_prev)
         v = slopes[i] * (w if v is None else w + net.abs_weights(i) @ v)
         a_prev = act_max[i]
@@ -79,7 +81,8 @@ def relaxation_valid(lg: np.ndarray, ug: np.ndarray, lb: np.ndarray, ub: np.ndar
 
 
 class StableFromFloat32:
-    """``known(k, rigorous)`` for :func:`crown_cli.crown.hidden_layer_bounds` at radius eps.
+    """``known(k, rigorous)`` for :func:`crown_cli.crown.hidden_layer_bounds` at radius eps,
+    for the activations of :data:`crown_cli.relaxations.SIGN_STABLE` (ReLU, leaky ReLU).
 
     ``evaluations`` lists the float32 evaluations (eps_G, bounds_G, fresh_G): every hidden
     layer's (l, u) as that evaluation used them and, per layer, the mask of rows it computed

@@ -17,7 +17,7 @@ Every case runs in its own subprocess (so its peak RSS is its own) on both cores
 For each case it prints images, mean and median s/image, mean evaluations, achieved GFLOP/s
 of the bound computation against a float32 GEMM peak measured on the spot, and peak RSS.
 ``--check`` also runs the plain reference (float64 bisection to rtol 1e-5) on the same images
-and prints the largest relative eps difference. ``--before DIR`` runs the same cases with the
+and prints the largest relative eps difference (for this checkout only). ``--before DIR`` runs the same cases with the
 crown_cli package of another checkout (e.g. ``git worktree add /tmp/before <rev>``) and prints
 the before/after time ratios measured in this one run.
 """
@@ -128,12 +128,12 @@ def warm_cli(pkg):
     return {"case": "cli", "best_s": min(runs), "median_s": statistics.median(runs)}
 
 
-def run_case(case, pkg, args):
+def run_case(case, pkg, args, check=False):
     if case == "cli":
         return warm_cli(pkg)
     n = args.cifar_images if case == "cifar7" else 2 if case == "mem6" else args.images
     cmd = [sys.executable, os.path.abspath(__file__), "--worker", case, "--images", str(n)]
-    if args.check and case != "mem6":
+    if check and case != "mem6":
         cmd.append("--check")
     out = subprocess.run(cmd, env=dict(os.environ, PYTHONPATH=pkg), capture_output=True, text=True)
     if out.returncode != 0:
@@ -179,7 +179,7 @@ def main():
     print(f"crown bench: {os.cpu_count()} cores, cases {', '.join(cases)}", flush=True)
     after = {}
     for case in cases:
-        after[case] = run_case(case, ROOT, args)
+        after[case] = run_case(case, ROOT, args, check=args.check)
         print(line(after[case], after.get("relu3")), flush=True)
     if args.before:
         print(f"before: {args.before}", flush=True)

@@ -71,6 +71,12 @@ INTERVAL_FREE = {
 # methods other than crown apply to these activations only
 FAST_LIN = ("relu", "leaky_relu")
 
+# Piecewise linear with one kink at 0: a stable neuron's relaxation is fixed by the sign of z,
+# and an unstable neuron's relaxation (a chord of [l, u] and a line valid everywhere) is valid
+# on every sub-interval. crown_cli.stability relies on both.
+SIGN_STABLE = ("relu", "leaky_relu")
+
+
 
 def get_interval_free(activation: str, alpha=None):
     """Mask function (l, u) -> bool array, or None if the activation has none."""
