@@ -130,3 +130,17 @@ def test_verification_reuses_rigorously_stable_float32_neurons(mnist100, model):
         plain = margin_lower_bound(cert.net, x[i], eps, 0, cert.relax_fn, C)
         assert with_known[0] == pytest.approx(plain[0], rel=1e-12, abs=1e-12)
     assert skipped > 0
+
+
+def test_relaxation_valid_needs_same_sign_or_containment():
+    from crown_cli.stability import relaxation_valid
+
+    lg, ug = np.array([0.5, -3.0, -1.0]), np.array([2.0, -0.5, 1.0])  # active, inactive, unstable
+    assert relaxation_valid(lg, ug, np.array([0.1, -9.0, -0.9]), np.array([5.0, -0.1, 0.9]))
+    # an active neuron whose rigorous interval reaches below 0: the identity is not valid there
+    assert not relaxation_valid(lg, ug, np.array([-0.1, -9.0, -0.9]), np.array([5.0, -0.1, 0.9]))
+    # an inactive one that may turn positive
+    assert not relaxation_valid(lg, ug, np.array([0.1, -9.0, -0.9]), np.array([5.0, 0.1, 0.9]))
+    # an unstable one whose interval leaves the chord's [l, u] on either side
+    assert not relaxation_valid(lg, ug, np.array([0.1, -9.0, -1.1]), np.array([5.0, -0.1, 0.9]))
+    assert not relaxation_valid(lg, ug, np.array([0.1, -9.0, -0.9]), np.array([5.0, -0.1, 1.1]))
