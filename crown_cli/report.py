@@ -8,7 +8,8 @@ them when the rows have one.
 Counting rules (also in the README):
 
 * A row counts if its status is ``certified``, ``capped`` (certified at ``--max-eps``; its eps
-  is a valid lower bound) or ``not-certified`` (counts as eps 0, the bound it proved).
+  is a valid lower bound), ``not-certified`` (counts as eps 0, the bound it proved) or
+  ``optimal`` (``--method exact`` solved: eps is the minimum distortion).
 * A group averages over the images that have a counting row for every method column of the
   group, so all columns of a table row average the same images. Images left out are counted
   by the reason (the status of the first non-counting row, e.g. ``misclassified``,
@@ -38,7 +39,8 @@ from .errors import InputError
 
 REQUIRED_COLUMNS = ("image", "target_type", "norm", "method", "eps", "time_s", "status")
 SETTING_COLUMNS = ("search", "precision", "rtol")
-COUNTED_STATUSES = ("certified", "capped", "not-certified")
+# optimal: a solved `--method exact` row (eps is the minimum distortion)
+COUNTED_STATUSES = ("certified", "capped", "not-certified", "optimal")
 METHOD_ORDER = ("fast-lin", "fast-lip", "op-norm", "lp", "lp-full", "crown", "crown-quad",
                 "exact")
 METHOD_NAMES = {"fast-lin": "Fast-Lin", "fast-lip": "Fast-Lip", "op-norm": "Op-norm",
@@ -360,7 +362,8 @@ def _fmt_eps(value: Optional[float]) -> str:
 
 
 RULES = ("Averages over the images every method of the row has a result for (certified, "
-         "capped, or not-certified counted as eps 0); misclassified images are skipped. "
+         "capped, exact's optimal, or not-certified counted as eps 0); misclassified images "
+         "are skipped. "
          "Times are seconds per image (certification only).")
 
 

@@ -91,6 +91,16 @@ def test_rows_need_a_counting_result_from_every_method(tmp_path):
                      "(eps is that cap): fast-lin 1, crown 1"]
 
 
+def test_exact_rows_count_when_solved(tmp_path):
+    # `--method exact` writes status optimal (solved) or timeout (no eps)
+    rows = [row(0, "crown", 0.02), row(0, "exact", 0.03, status="optimal"),
+            row(1, "crown", 0.01), row(1, "exact", None, status="timeout")]
+    rep = aggregate(read_results(write_csv(tmp_path / "n.csv", rows)))
+    (g,) = rep.groups
+    assert g.images == [0] and dict(g.excluded) == {"timeout": 1}
+    assert {c.method: c.mean_eps for c in g.columns} == {"crown": 0.02, "exact": 0.03}
+
+
 def test_groups_by_network_norm_and_target_in_paper_order(tmp_path):
     a = write_csv(tmp_path / "a.csv", [row(0, "crown", 0.1, norm="inf"),
                                        row(0, "crown", 0.5, norm="1"),
