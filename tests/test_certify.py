@@ -144,3 +144,16 @@ def test_relaxation_valid_needs_same_sign_or_containment():
     # an unstable one whose interval leaves the chord's [l, u] on either side
     assert not relaxation_valid(lg, ug, np.array([0.1, -9.0, -1.1]), np.array([5.0, -0.1, 0.9]))
     assert not relaxation_valid(lg, ug, np.array([0.1, -9.0, -0.9]), np.array([5.0, -0.1, 1.1]))
+
+
+@pytest.mark.parametrize("activation", ["relu", "tanh", "leaky_relu"])
+@pytest.mark.parametrize("precision", ["mixed", "float64"])
+def test_warm_up_leaves_results_unchanged(activation, precision):
+    W, b = random_network([10, 8, 8, 3], 2)
+    x0 = np.random.default_rng(1).uniform(-0.5, 0.5, 10)
+    warm = Certifier(W, b, activation, norm="2", precision=precision)
+    cold = Certifier(W, b, activation, norm="2", precision=precision)
+    warm.warm_up()
+    c = int(np.argmax(cold.logits(x0)))
+    t = (c + 1) % 3
+    assert warm.certify(x0, c, [t]).eps == cold.certify(x0, c, [t]).eps > 0
