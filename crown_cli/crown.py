@@ -209,10 +209,11 @@ def relax_chain(Lam, aS, bS, aO, bO, bias, cols, icols):
 class Relaxation:
     """Slopes/intercepts of one hidden layer plus the column sets the kernels iterate over."""
 
-    __slots__ = ("aU", "bU", "aL", "bL", "agree", "diff", "cols", "icols")
+    __slots__ = ("aU", "bU", "aL", "bL", "agree", "diff", "cols", "icols", "_gathered")
 
     def __init__(self, aU, bU, aL, bL):
         self.aU, self.bU, self.aL, self.bL = aU, bU, aL, bL
+        self._gathered = {}
         nonzero = (aU != 0.0) | (aL != 0.0)
         same = aU == aL
         # columns with both slopes 0 (inactive ReLUs) drop out of every product
@@ -220,6 +221,14 @@ class Relaxation:
         self.diff = np.flatnonzero(nonzero & ~same)
         self.cols = np.flatnonzero(nonzero)
         self.icols = np.flatnonzero((bU != 0.0) | (bL != 0.0))
+
+    def rows(self, W: np.ndarray, which: str) -> np.ndarray:
+        """Rows ``which`` (agree, diff or cols) of the next layer's weights W, gathered once:
+        every back-substitution through this layer in one evaluation multiplies by them."""
+        key = (id(W), which)
+        if key not in self._gathered:
+            self._gathered[key] = _rows(W, getattr(self, which))
+        return self._gathered[key]
 
 
 class Network:
@@ -301,7 +310,7 @@ def back_substitute(
     cL = cU.copy()
     mU = np.abs(cU)
     mL = mU.copy()
-    shared = want_upper  # one chain only: no columns to share, one product over all columns
+    shared = True
     for i in range(len(relax) - 1, -1, -1):
         rl = relax[i]
         if shared:
@@ -309,19 +318,19 @@ def back_substitute(
                 LU, rl.aU, rl.bU, rl.aL, rl.bL, b[i], rl.agree, rl.diff, rl.icols
             )
             if rl.diff.shape[0]:
-                Wd = _rows(W[i], rl.diff)
+                Wd = rl.rows(W[i], "diff")
                 LL = _mm(DL, Wd)
                 LU = _mm(DU, Wd) if want_upper else LL
                 if rl.agree.shape[0]:  # the columns both chains share: one product for both
-                    P = _mm(DS, _rows(W[i], rl.agree))
+                    P = _mm(DS, rl.rows(W[i], "agree"))
                     LL += P
                     if want_upper:
                         LU += P
                 shared = False
             else:
-                LU = LL = _mm(DS, _rows(W[i], rl.agree))
+                LU = LL = _mm(DS, rl.rows(W[i], "agree"))
         else:
-            Wc = _rows(W[i], rl.cols)
+            Wc = rl.rows(W[i], "cols")
             DL, dcL, dmL = relax_chain(LL, rl.aL, rl.bL, rl.aU, rl.bU, b[i], rl.cols, rl.icols)
             LL = _mm(DL, Wc)
             if want_upper:
