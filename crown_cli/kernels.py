@@ -1,0 +1,187 @@
+"""Numba kernels of the CROWN engine (:mod:`crown_cli.crown`): row norms, input terms and
+one back-substitution step through a layer's relaxation.
+
+Compiled with ``cache=True`` (a warm process loads machine code instead of compiling) and
+never with fastmath. Every kernel sums in float64 whatever the dtype of its matrices.
+"""
+import numpy as np
+from numba import njit
+
+
+@njit(cache=True)
+def dual_norms(A, qcode):
+    """Row-wise dual norm of A (r, n): l1 for qcode 0, l2 for 1, l_inf for 2."""
+    r, n = A.shape
+    out = np.empty(r)
+    for j in range(r):
+        s0 = 0.0
+        s1 = 0.0
+        s2 = 0.0
+        s3 = 0.0
+        k = 0
+        if qcode == 0:
+            while k + 4 <= n:  # four accumulators: independent chains, same guarantees
+                s0 += abs(A[j, k])
+                s1 += abs(A[j, k + 1])
+                s2 += abs(A[j, k + 2])
+                s3 += abs(A[j, k + 3])
+                k += 4
+            while k < n:
+                s0 += abs(A[j, k])
+                k += 1
+            out[j] = (s0 + s1) + (s2 + s3)
+        elif qcode == 1:
+            while k + 4 <= n:
+                s0 += A[j, k] * A[j, k]
+                s1 += A[j, k + 1] * A[j, k + 1]
+                s2 += A[j, k + 2] * A[j, k + 2]
+                s3 += A[j, k + 3] * A[j, k + 3]
+                k += 4
+            while k < n:
+                s0 += A[j, k] * A[j, k]
+                k += 1
+            out[j] = np.sqrt((s0 + s1) + (s2 + s3))
+        else:
+            for k in range(n):
+                v = abs(A[j, k])
+                if v > s0:
+                    s0 = v
+            out[j] = s0
+    return out
+
+
+@njit(cache=True)
+def input_terms(A, x0, qcode):
+    """For each row a of A: (a.x0, ||a||_q, sum |a_i x0_i|)."""
+    r, n = A.shape
+    lin = np.empty(r)
+    mag = np.empty(r)
+    for j in range(r):
+        s0 = 0.0
+        s1 = 0.0
+        m0 = 0.0
+        m1 = 0.0
+        k = 0
+        while k + 2 <= n:
+            t0 = A[j, k] * x0[k]
+            t1 = A[j, k + 1] * x0[k + 1]
+            s0 += t0
+            s1 += t1
+            m0 += abs(t0)
+            m1 += abs(t1)
+            k += 2
+        while k < n:
+            t0 = A[j, k] * x0[k]
+            s0 += t0
+            m0 += abs(t0)
+            k += 1
+        lin[j] = s0 + s1
+        mag[j] = m0 + m1
+    return lin, dual_norms(A, qcode), mag
+
+
+@njit(cache=True)
+def relax_shared(Lam, aU, bU, aL, bL, bias, agree, diff, icols):
+    """One back-substitution step while the upper and lower chains still share ``Lam``.
+
+    Lam (r, n) multiplies the activations a = act(z) of a hidden layer with z = W a_prev + bias.
+    Returns DS (r, |agree|): Lam scaled by the common slope on columns where aU == aL;
+    DU, DL (r, |diff|): sign-selected slopes for the upper/lower chain on the other columns;
+    cU, cL: the constants (intercepts + bias) picked up; mU, mL: sums of their absolute terms.
+    ``icols`` lists the columns with a non-zero intercept.
+    """
+    r = Lam.shape[0]
+    na = agree.shape[0]
+    nd = diff.shape[0]
+    DS = np.empty((r, na), Lam.dtype)
+    DU = np.empty((r, nd), Lam.dtype)
+    DL = np.empty((r, nd), Lam.dtype)
+    cU = np.zeros(r)
+    cL = np.zeros(r)
+    mU = np.zeros(r)
+    mL = np.zeros(r)
+    for j in range(r):
+        su = 0.0
+        sl = 0.0
+        au = 0.0
+        al = 0.0
+        for c in range(na):
+            i = agree[c]
+            d = Lam[j, i] * aU[i]
+            DS[j, c] = d
+            t = d * bias[i]
+            su += t
+            sl += t
+            au += abs(t)
+        al = au
+        for c in range(nd):
+            i = diff[c]
+            v = Lam[j, i]
+            if v >= 0.0:
+                du = v * aU[i]
+                dl = v * aL[i]
+            else:
+                du = v * aL[i]
+                dl = v * aU[i]
+            DU[j, c] = du
+            DL[j, c] = dl
+            tu = du * bias[i]
+            tl = dl * bias[i]
+            su += tu
+            sl += tl
+            au += abs(tu)
+            al += abs(tl)
+        for c in range(icols.shape[0]):
+            i = icols[c]
+            v = Lam[j, i]
+            if v >= 0.0:
+                tu = v * bU[i]
+                tl = v * bL[i]
+            else:
+                tu = v * bL[i]
+                tl = v * bU[i]
+            su += tu
+            sl += tl
+            au += abs(tu)
+            al += abs(tl)
+        cU[j] = su
+        cL[j] = sl
+        mU[j] = au
+        mL[j] = al
+    return DS, DU, DL, cU, cL, mU, mL
+
+
+@njit(cache=True)
+def relax_chain(Lam, aS, bS, aO, bO, bias, cols, icols):
+    """One back-substitution step of a single chain.
+
+    Entries of Lam >= 0 take the (aS, bS) side of the relaxation, negative ones (aO, bO):
+    pass (aU, bU, aL, bL) for an upper bound and (aL, bL, aU, bU) for a lower bound.
+    Returns D (r, |cols|) = sign-selected slopes on ``cols``, the constant picked up and the
+    sum of its absolute terms.
+    """
+    r = Lam.shape[0]
+    nc = cols.shape[0]
+    D = np.empty((r, nc), Lam.dtype)
+    const = np.zeros(r)
+    mag = np.zeros(r)
+    for j in range(r):
+        s = 0.0
+        m = 0.0
+        for c in range(nc):
+            i = cols[c]
+            v = Lam[j, i]
+            d = v * aS[i] if v >= 0.0 else v * aO[i]
+            D[j, c] = d
+            t = d * bias[i]
+            s += t
+            m += abs(t)
+        for c in range(icols.shape[0]):
+            i = icols[c]
+            v = Lam[j, i]
+            t = v * bS[i] if v >= 0.0 else v * bO[i]
+            s += t
+            m += abs(t)
+        const[j] = s
+        mag[j] = m
+    return D, const, mag
