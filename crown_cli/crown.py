@@ -15,6 +15,7 @@ the layers, and is still far below anything that changes a certified radius in i
 """
 from __future__ import annotations
 
+from collections import OrderedDict
 from typing import Callable, List, Sequence, Tuple
 
 import numpy as np
@@ -51,11 +52,10 @@ def input_terms(A, x0, qcode):
 class Relaxation:
     """Slopes/intercepts of one hidden layer plus the column sets the kernels iterate over."""
 
-    __slots__ = ("aU", "bU", "aL", "bL", "agree", "diff", "cols", "icols", "_gathered")
+    __slots__ = ("aU", "bU", "aL", "bL", "agree", "diff", "cols", "icols")
 
     def __init__(self, aU, bU, aL, bL):
         self.aU, self.bU, self.aL, self.bL = aU, bU, aL, bL
-        self._gathered = {}
         nonzero = (aU != 0.0) | (aL != 0.0)
         same = aU == aL
         # columns with both slopes 0 (inactive ReLUs) drop out of every product
@@ -64,17 +64,11 @@ class Relaxation:
         self.cols = np.flatnonzero(nonzero)
         self.icols = np.flatnonzero((bU != 0.0) | (bL != 0.0))
 
-    def rows(self, W: np.ndarray, which: str) -> np.ndarray:
-        """Rows ``which`` (agree, diff or cols) of the next layer's weights W, gathered once:
-        every back-substitution through this layer in one evaluation multiplies by them."""
-        key = (id(W), which)
-        if key not in self._gathered:
-            self._gathered[key] = _rows(W, getattr(self, which))
-        return self._gathered[key]
-
 
 class Network:
     """Weights of an MLP in float64 (and float32 on demand) plus per-norm caches."""
+
+    TAKE_BUDGET = 192 * 2 ** 20  # bytes of cached row gathers (see take)
 
     def __init__(self, weights: Sequence[np.ndarray], biases: Sequence[np.ndarray]):
         self.W = [np.ascontiguousarray(w, dtype=np.float64) for w in weights]
@@ -82,6 +76,8 @@ class Network:
         self._W32 = None
         self._absW = {}
         self._first_norms = {}
+        self._taken = OrderedDict()  # (layer, dtype, row indices) -> gathered rows, LRU
+        self._taken_bytes = 0
 
     @property
     def num_hidden(self) -> int:
@@ -94,6 +90,29 @@ class Network:
         if self._W32 is None:
             self._W32 = [w.astype(np.float32) for w in self.W]
         return self._W32
+
+    def take(self, k: int, dtype, idx: np.ndarray) -> np.ndarray:
+        """Rows ``idx`` of W[k] in ``dtype``, contiguous for BLAS.
+
+        Cached across evaluations: the radii a search tries near its end share their sets of
+        active/unstable neurons and of rows still to compute, so the same gathers recur. Kept
+        as an LRU of at most ``TAKE_BUDGET`` bytes; every row in order is W[k] itself.
+        """
+        W = self.weights(dtype)[k]
+        if idx.shape[0] == W.shape[0]:
+            return W
+        key = (k, W.dtype.char, idx.tobytes())
+        hit = self._taken.get(key)
+        if hit is not None:
+            self._taken.move_to_end(key)
+            return hit
+        out = W[idx]
+        self._taken[key] = out
+        self._taken_bytes += out.nbytes
+        while self._taken_bytes > self.TAKE_BUDGET and len(self._taken) > 1:
+            _, old = self._taken.popitem(last=False)
+            self._taken_bytes -= old.nbytes
+        return out
 
     def abs_weights(self, k: int) -> np.ndarray:
         """|W[k]| in float64, cached."""
@@ -116,11 +135,6 @@ class GemmCount:
 def _mm(A: np.ndarray, B: np.ndarray) -> np.ndarray:
     GemmCount.flops += 2 * A.shape[0] * A.shape[1] * B.shape[1]
     return A @ B
-
-
-def _rows(W: np.ndarray, idx: np.ndarray) -> np.ndarray:
-    """W[idx] without a copy when idx is every row in order (smooth activations)."""
-    return W if idx.shape[0] == W.shape[0] else W[idx]
 
 
 def _widen(value, mag, sign):
@@ -160,19 +174,19 @@ def back_substitute(
                 LU, rl.aU, rl.bU, rl.aL, rl.bL, b[i], rl.agree, rl.diff, rl.icols
             )
             if rl.diff.shape[0]:
-                Wd = rl.rows(W[i], "diff")
+                Wd = net.take(i, dtype, rl.diff)
                 LL = _mm(DL, Wd)
                 LU = _mm(DU, Wd) if want_upper else LL
                 if rl.agree.shape[0]:  # the columns both chains share: one product for both
-                    P = _mm(DS, rl.rows(W[i], "agree"))
+                    P = _mm(DS, net.take(i, dtype, rl.agree))
                     LL += P
                     if want_upper:
                         LU += P
                 shared = False
             else:
-                LU = LL = _mm(DS, rl.rows(W[i], "agree"))
+                LU = LL = _mm(DS, net.take(i, dtype, rl.agree))
         else:
-            Wc = rl.rows(W[i], "cols")
+            Wc = net.take(i, dtype, rl.cols)
             DL, dcL, dmL = kernels().relax_chain(LL, rl.aL, rl.bL, rl.aU, rl.bU, b[i], rl.cols, rl.icols)
             LL = _mm(DL, Wc)
             if want_upper:
@@ -231,7 +245,7 @@ def hidden_layer_bounds(
             rows = np.flatnonzero(~mask)
             l, u = kl.copy(), ku.copy()
             if rows.size:
-                l[rows], u[rows] = back_substitute(net, relax, W[k][rows], net.b[k][rows], x0, eps,
+                l[rows], u[rows] = back_substitute(net, relax, net.take(k, dtype, rows), net.b[k][rows], x0, eps,
                                                    qcode, dtype=dtype)
         else:
             l, u = back_substitute(net, relax, W[k], net.b[k], x0, eps, qcode, dtype=dtype)

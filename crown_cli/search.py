@@ -41,6 +41,11 @@ class SearchResult:
     evaluations: int  # calls to lower_bound
     status: str  # "certified", "capped" (still certified at eps_max) or "not-certified"
     upper: float  # smallest radius found not certified (inf if none)
+    # stop_at_estimate only: a radius just below an accurate root estimate, NOT evaluated,
+    # and the probe just above the estimate that would close the bracket with it
+    candidate: Optional[float] = None
+    probe: Optional[float] = None
+    upper_value: Optional[float] = None  # lower_bound(upper) (set with candidate)
 
 
 class _Counter:
@@ -69,12 +74,21 @@ def certified_radius(
     method: str = "interp",
     max_evals: int = 200,
     power: float = 2.0,
+    stop_at_estimate: bool = False,
 ) -> SearchResult:
     """Largest eps in (0, eps_max] with ``lower_bound(eps) > 0``, to relative tolerance rtol.
 
     ``power`` (interp only) is the growth assumed for the drop g0 - lower_bound(eps) when the
     first radius is not certified: the next radius tried is eps0 * (g0 / drop)^(1/power).
     Deeper networks have faster-growing drops (the certifier passes half the hidden depth).
+
+    ``stop_at_estimate`` (interp only): once successive root estimates agree and the estimate
+    lies within the same distance above the certified end of the bracket (where the search
+    would probe both sides of the estimate), stop and return, besides the verified bracket, a
+    ``candidate`` just below the estimate and the ``probe`` just above it, neither evaluated
+    (the search would evaluate both to close the bracket). A caller that verifies the
+    candidate with another bound anyway (the float32 search of the mixed precision
+    certifier) saves an evaluation; it must still evaluate the probe to close the bracket.
     """
     if not (rtol > 0 and eps0 > 0 and eps_max >= eps0 and eps_min > 0):
         raise ValueError("certified_radius: need rtol > 0 and 0 < eps_min, 0 < eps0 <= eps_max")
@@ -94,7 +108,20 @@ def certified_radius(
     if method == "bisect":
         lo, flo, hi = _bisect(f, lo, flo, hi, rtol, max_evals)
     else:
-        lo, flo, hi = _interpolate(f, lo, flo, hi, fhi, rtol, max_evals)
+        lo, flo, hi, pair = _interpolate(f, lo, flo, hi, fhi, rtol, max_evals, stop_at_estimate)
+        if pair is not None:
+            return SearchResult(lo, flo, f.n, "certified", hi, candidate=pair[0], probe=pair[1],
+                                upper_value=dict(f.points)[hi])
+    return SearchResult(lo, flo, f.n, "certified", hi)
+
+
+def refine_bracket(lower_bound: Callable[[float], float], g0: float, lo: float, flo: float,
+                   hi: float, fhi: float, rtol: float = 1e-4, max_evals: int = 200) -> SearchResult:
+    """Shrink a known bracket (lower_bound(lo) = flo > 0 >= fhi, at hi) to relative width rtol
+    by the ``interp`` strategy; the bracket's two points seed the interpolation."""
+    f = _Counter(lower_bound, g0)
+    f.points += [(lo, flo), (hi, fhi)]
+    lo, flo, hi, _ = _interpolate(f, lo, flo, hi, fhi, rtol, max_evals)
     return SearchResult(lo, flo, f.n, "certified", hi)
 
 
@@ -240,8 +267,12 @@ def _estimate_loglog(points, lo, flo, hi, fhi) -> Optional[float]:
     return None
 
 
-def _interpolate(f, lo, flo, hi, fhi, rtol, max_evals):
-    """Shrink [lo, hi] (flo > 0 >= fhi) to relative width rtol by interpolation."""
+def _interpolate(f, lo, flo, hi, fhi, rtol, max_evals, stop_at_estimate=False):
+    """Shrink [lo, hi] (flo > 0 >= fhi) to relative width rtol by interpolation.
+
+    Returns (lo, flo, hi, pair); pair is None unless ``stop_at_estimate`` ended the search at
+    an accurate estimate: then (candidate, probe) (see :func:`certified_radius`).
+    """
     prev_est = None
     streak = 0  # > 0: lo moved that many times in a row; < 0: hi did
     widths = [hi - lo]
@@ -258,6 +289,11 @@ def _interpolate(f, lo, flo, hi, fhi, rtol, max_evals):
             step = abs(est - prev_est) if prev_est is not None else math.inf
             prev_est = est
             if step <= PAIR_STEP * tol:
+                if stop_at_estimate and est - lo <= PAIR_STEP * tol:
+                    # the estimate settled and lies next to a certified radius: hand it over
+                    candidate, probe = est - 0.45 * tol, est + 0.45 * tol
+                    if lo < candidate and probe < hi:
+                        return lo, flo, hi, (candidate, probe)
                 # an accurate estimate: step just below it, then just above it
                 probes = [est - 0.45 * tol, est + 0.45 * tol]
             elif abs(streak) >= 2 and math.isfinite(step):
@@ -280,4 +316,4 @@ def _interpolate(f, lo, flo, hi, fhi, rtol, max_evals):
                 streak = streak - 1 if streak < 0 else -1
                 break  # the estimate was too high: re-estimate before probing again
         widths.append(hi - lo)
-    return lo, flo, hi
+    return lo, flo, hi, None

@@ -157,3 +157,68 @@ def test_warm_up_leaves_results_unchanged(activation, precision):
     c = int(np.argmax(cold.logits(x0)))
     t = (c + 1) % 3
     assert warm.certify(x0, c, [t]).eps == cold.certify(x0, c, [t]).eps > 0
+
+
+def test_mixed_search_falls_back_when_float64_rejects_the_estimate(mnist100, monkeypatch):
+    """The float32 search's unevaluated candidate is only a proposal: if float64 does not
+    confirm it, the certifier falls back to verified radii and still reports one."""
+    from crown_cli import search
+
+    mlp = load_model(model_path("mnist_3x20.h5"))
+    x, _ = mnist100
+    real = search.certified_radius
+
+    def too_high(*args, **kwargs):  # propose a radius far above the root
+        res = real(*args, **kwargs)
+        if res.candidate is not None:
+            res.candidate = res.upper * 1.5
+        return res
+
+    monkeypatch.setattr("crown_cli.certify.certified_radius", too_high)
+    cert = Certifier(mlp.weights, mlp.biases, "relu")
+    plain = Certifier(mlp.weights, mlp.biases, "relu", search="bisect", rtol=1e-5,
+                      precision="float64")
+    for i, c, t in _instances(mlp.weights, mlp.biases, x, 6):
+        res, ref = cert.certify(x[i], c, [t]), plain.certify(x[i], c, [t])
+        lb = cert.lower_bound(x[i], res.eps, cert.margin_rows(c, [t]))[0]
+        assert lb > 0 and res.lower_bound > 0 and lb == pytest.approx(res.lower_bound, rel=1e-9)
+        assert res.eps == pytest.approx(ref.eps, rel=1e-4)
+
+
+@pytest.mark.parametrize("model", ["mnist_3x20.h5", "mnist_3x1024.h5"])
+def test_handing_the_float32_estimate_to_float64_saves_evaluations(mnist100, model, monkeypatch):
+    mlp = load_model(model_path(model))
+    x, _ = mnist100
+    cert = Certifier(mlp.weights, mlp.biases, "relu")
+    inst = _instances(mlp.weights, mlp.biases, x, 8)
+    new = [cert.certify(x[i], c, [t]) for i, c, t in inst]
+    real = Certifier._search
+    monkeypatch.setattr(Certifier, "_search", lambda self, fn, g0, eps0, rtol, stop_at_estimate=False:
+                        real(self, fn, g0, eps0, rtol))
+    old = [cert.certify(x[i], c, [t]) for i, c, t in inst]
+    for a, b in zip(new, old):
+        assert a.eps == pytest.approx(b.eps, rel=1e-4)
+    assert sum(a.evaluations for a in new) < sum(b.evaluations for b in old)
+
+
+@pytest.mark.parametrize("activation", ["relu", "tanh", "sigmoid"])
+@pytest.mark.parametrize("norm", ["inf", "2", "1"])
+def test_start_radius_is_a_fraction_of_the_first_order_distance(activation, norm):
+    weights, biases = random_network([6, 8, 7, 3], seed=4)
+    cert = Certifier(weights, biases, activation, norm=norm)
+    x0 = np.random.default_rng(1).standard_normal(6)
+    z = cert.logits(x0)
+    c = int(np.argmax(z))
+    targets = [t for t in range(3) if t != c]
+    C = cert.margin_rows(c, targets)
+    g0 = C @ z
+    h = 1e-6  # central differences of the margins: the gradient the start radius uses
+    J = np.array([[(C @ (cert.logits(x0 + h * e) - cert.logits(x0 - h * e)))[r] / (2 * h)
+                   for e in np.eye(6)] for r in range(len(targets))])
+    q = {"inf": 1, "2": 2, "1": np.inf}[norm]
+    lin = np.min(g0 / np.linalg.norm(J, ord=q, axis=1))
+    assert cert.start_radius(x0, C, g0) == pytest.approx(lin * 0.5 / 2, rel=1e-5)
+    # an explicit --eps0 and the paper's bisection keep their fixed start
+    assert Certifier(weights, biases, activation, norm=norm, eps0=0.3).start_radius(x0, C, g0) == 0.3
+    bis = Certifier(weights, biases, activation, norm=norm, search="bisect")
+    assert bis.start_radius(x0, C, g0) == bis.eps0

@@ -100,3 +100,21 @@ def test_interp_is_fast_on_power_law_drops(power, root):
     b = certified_radius(plain, g0, eps0=0.002, rtol=1e-4, method="bisect")
     assert root * (1 - 1e-4) * (1 - 1e-12) <= a.eps <= root
     assert a.evaluations <= 10 and a.evaluations < b.evaluations
+
+
+@pytest.mark.parametrize("shape", ["linear", "concave", "convex", "kinked"])
+@pytest.mark.parametrize("root", ROOTS)
+def test_stop_at_estimate_returns_an_unevaluated_candidate_near_the_root(shape, root):
+    rec = Recorder(SHAPES[shape](root))
+    full = certified_radius(SHAPES[shape](root), 1.0, eps0=0.01, rtol=1e-4)
+    res = certified_radius(rec, 1.0, eps0=0.01, rtol=1e-4, stop_at_estimate=True)
+    assert res.evaluations == len(rec.calls) <= full.evaluations
+    assert (res.eps, res.lower_bound) in rec.calls and res.lower_bound > 0  # lo stays verified
+    true_root = root if shape != "kinked" else 0.92 * root
+    if res.candidate is None:  # closed the bracket before the estimates settled
+        assert res.upper - res.eps <= 1e-4 * res.eps * (1 + 1e-12)
+    else:
+        assert res.candidate not in [e for e, _ in rec.calls]
+        assert res.eps < res.candidate < res.upper
+        assert abs(res.candidate - true_root) <= 1e-4 * true_root
+        assert res.evaluations <= full.evaluations - 1
