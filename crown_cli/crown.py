@@ -226,7 +226,8 @@ def hidden_layer_bounds(
     computed for a larger radius) for the neurons in ``mask``, whose relaxation does not
     depend on the exact interval (stable ReLUs). Their rows are not back-substituted again;
     their old bounds are kept, which gives the same relaxation the recomputed ones would.
-    ``known`` may also be a function (k, bounds of layers < k) -> (mask, l, u) or None.
+    ``known`` may also be a function (k, bounds of layers < k) -> (mask, l, u) or None; a
+    function may add a fourth item, a sign hint for the other rows (see :func:`_row_bounds`).
     """
     if net.num_hidden == 0:
         return [], []
@@ -240,18 +241,51 @@ def hidden_layer_bounds(
     W = net.weights(dtype)
     for k in range(1, net.num_hidden):
         entry = known(k, bounds) if callable(known) else None if known is None else known[k]
-        if entry is not None and entry[0].any():
-            mask, kl, ku = entry
+        if entry is not None and (entry[0].any() or len(entry) > 3):
+            mask, kl, ku = entry[:3]
             rows = np.flatnonzero(~mask)
             l, u = kl.copy(), ku.copy()
             if rows.size:
-                l[rows], u[rows] = back_substitute(net, relax, net.take(k, dtype, rows), net.b[k][rows], x0, eps,
-                                                   qcode, dtype=dtype)
+                hint = entry[3] if len(entry) > 3 else None
+                l[rows], u[rows] = _row_bounds(net, relax, k, rows, hint, x0, eps, qcode, dtype)
         else:
             l, u = back_substitute(net, relax, W[k], net.b[k], x0, eps, qcode, dtype=dtype)
         bounds.append((l, u))
         relax.append(Relaxation(*relax_fn(l, u)))
     return bounds, relax
+
+
+def _row_bounds(net, relax, k, rows, hint, x0, eps, qcode, dtype):
+    """Bounds of the neurons ``rows`` of hidden layer k.
+
+    ``hint`` (optional) is (sign, lo, hi): per neuron of layer k a guess of its sign
+    (+1 active, -1 inactive, 0 unknown) and a rigorous interval, valid but loose. A neuron
+    guessed active needs only its lower bound (> 0 proves it stable; a stable ReLU's
+    relaxation does not depend on its upper bound, which is taken from the interval), one
+    guessed inactive only its upper bound: one back-substitution chain instead of two. A
+    wrong guess costs the other chain.
+    """
+    if hint is None:
+        return back_substitute(net, relax, net.take(k, dtype, rows), net.b[k][rows], x0, eps,
+                               qcode, dtype=dtype)
+    sign, ilo, ihi = hint
+    sign = sign[rows]
+    l, u = ilo[rows].copy(), ihi[rows].copy()
+    up, down = sign > 0, sign < 0
+    if up.any():
+        r = rows[up]
+        l[up] = back_substitute(net, relax, net.take(k, dtype, r), net.b[k][r], x0, eps, qcode,
+                                want_upper=False, dtype=dtype)[0]
+    if down.any():  # the upper bound of z is minus the lower bound of -z
+        r = rows[down]
+        u[down] = -back_substitute(net, relax, -net.take(k, dtype, r), -net.b[k][r], x0, eps,
+                                   qcode, want_upper=False, dtype=dtype)[0]
+    both = ~(up & (l > 0.0)) & ~(down & (u < 0.0))
+    if both.any():
+        r = rows[both]
+        l[both], u[both] = back_substitute(net, relax, net.take(k, dtype, r), net.b[k][r], x0,
+                                           eps, qcode, dtype=dtype)
+    return l, u
 
 
 def margin_lower_bound(

@@ -24,7 +24,7 @@ from typing import Callable, List, Optional, Sequence, Tuple
 import numpy as np
 
 from .activations import apply_activation
-from .crown import Network
+from .crown import Network, _widen
 
 U32 = 2.0 ** -24  # unit roundoff of float32
 
@@ -132,4 +132,31 @@ class StableFromFloat32:
             mask |= new
             kl[new], ku[new] = lo[new], hi[new]
         self.skipped += int(mask.sum())
-        return mask, kl, ku
+        return (mask, kl, ku) + self._hint(k, rigorous, int(mask.sum()))
+
+    # a layer whose float32 bounds proved fewer than this fraction of its neurons stable: the
+    # allowance has outgrown the intervals, later layers will prove nothing either
+    HINT_BELOW = 0.1
+
+    def _hint(self, k: int, rigorous: Bounds, proved: int) -> tuple:
+        """() or a one-item tuple: the sign hint of :func:`crown_cli.crown._row_bounds`.
+
+        ReLU only. The signs are those of the float32 evaluation at the smallest radius >= eps;
+        the interval is interval arithmetic through W_k from the rigorous bounds of layer
+        k-1. Given where later layers need no tight upper bound of an active neuron (nor lower
+        of an inactive one): the last hidden layer, and layers where float32 proved (almost)
+        nothing, so later layers will not use these bounds for proofs either.
+        """
+        n = self.net.W[k].shape[0]
+        if (self.activation != "relu" or not self.evals
+                or (k < self.net.num_hidden - 1 and proved >= self.HINT_BELOW * n)):
+            return ()
+        lg, ug = self.evals[0][1][k]
+        sign = np.where(lg > 0.0, 1, np.where(ug < 0.0, -1, 0)).astype(np.int8)
+        l, u = rigorous[k - 1]
+        al, au = np.maximum(l, 0.0), np.maximum(u, 0.0)
+        absW = self.net.abs_weights(k)
+        center = self.net.W[k] @ (0.5 * (al + au)) + self.net.b[k]
+        radius = absW @ (0.5 * (au - al))
+        mag = absW @ au + np.abs(self.net.b[k])  # al, au >= 0
+        return ((sign, _widen(center - radius, mag, -1.0), _widen(center + radius, mag, 1.0)),)

@@ -199,3 +199,40 @@ def test_engine_matches_numpy_twin_for_general_activations(activation, norm):
         for (l, u), (rl, ru) in zip(hidden, ref[:-1]):
             assert close(l, rl) and close(u, ru)
         assert close(lb, ref[-1][0]) and np.all(lb <= ref[-1][0])
+
+
+@pytest.mark.parametrize("sizes,seed,eps", [([10, 16, 16, 4], 2, 0.05), ([784, 64, 48, 10], 5, 0.004)])
+@pytest.mark.parametrize("wrong", [0.0, 0.3])
+def test_sign_hints_compute_one_side_and_keep_the_margin_bound(sizes, seed, eps, wrong):
+    """Rows hinted active/inactive get one chain; wrong hints fall back to both chains."""
+    W, b = random_network(sizes, seed)
+    rng = np.random.default_rng(seed)
+    x0 = rng.uniform(-0.5, 0.5, sizes[0])
+    net = crown.Network(W, b)
+    fn = get_relaxation("relu", "crown")
+    C = np.array([[1.0, -1.0] + [0.0] * (sizes[-1] - 2)])
+    plain, pb = crown.margin_lower_bound(net, x0, eps, 0, fn, C, return_bounds=True)
+    calls = []
+
+    def known(k, bounds):
+        l, u = pb[k]
+        sign = np.where(l > 0, 1, np.where(u < 0, -1, 0)).astype(np.int8)
+        flip = rng.random(sign.shape) < wrong
+        sign[flip] = -sign[flip]  # wrong guesses, and unstable ones guessed stable
+        sign[flip & (sign == 0)] = 1
+        lo, hi = l - 1.0, u + 1.0  # any valid interval
+        calls.append(sign)
+        return np.zeros(l.shape, bool), l, u, (sign, lo, hi)
+
+    fast, fb = crown.margin_lower_bound(net, x0, eps, 0, fn, C, known=known, return_bounds=True)
+    assert fast[0] == pytest.approx(plain[0], rel=1e-12, abs=1e-12)
+    for k in range(1, len(pb)):
+        (l, u), (fl, fu), sign = pb[k], fb[k], calls[k - 1]
+        act, ina = l > 0, u < 0
+        # the same chains on other subsets of rows: equal up to the products' rounding
+        assert close(fl[act], l[act], 1e-12) and close(fu[ina], u[ina], 1e-12)
+        # a neuron hinted on its true side keeps only the interval on the other side
+        assert np.all(fu[act & (sign > 0)] == u[act & (sign > 0)] + 1.0)
+        unst = ~act & ~ina
+        assert close(fl[unst], l[unst], 1e-12) and close(fu[unst], u[unst], 1e-12)
+    assert any((s != 0).any() for s in calls)
