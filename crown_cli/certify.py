@@ -57,6 +57,7 @@ class Certifier:
     """CROWN certification of one network under one norm and method."""
 
     F32_RTOL = 0.5
+    START_FRACTION = 0.5  # start_radius: this / (hidden layers) of the first-order distance
 
     def __init__(
         self,
@@ -162,7 +163,7 @@ class Certifier:
         q = {"inf": 1, "2": 2, "1": np.inf}[self.norm]
         with np.errstate(divide="ignore", invalid="ignore"):
             lin = np.min(g0 / np.linalg.norm(J, ord=q, axis=1))
-        eps = lin * 0.5 / max(1, self.net.num_hidden)
+        eps = lin * self.START_FRACTION / max(1, self.net.num_hidden)
         return float(min(eps, self.eps_max)) if np.isfinite(eps) and eps > 1e-12 else self.eps0
 
     def margin_rows(self, c: int, targets: Sequence[int]) -> np.ndarray:

@@ -6,6 +6,9 @@ Every case runs in its own subprocess (so its peak RSS is its own) on both cores
              N correctly classified shipped MNIST test images
     relu4    the same for MNIST 4x[1024] ReLU (models/mnist_4x1024.h5)
     tanh, sigmoid, arctan   models/mnist_3x1024_<act>.h5, as relu3 (ratio to relu3 printed)
+    relu3-plain  relu3 without the ReLU-only shortcut of reusing neurons proven stable (on a
+             larger ball, or from float32 in the verification): the work per evaluation a
+             smooth activation cannot avoid; the smooth cases print their ratio to it too
     cifar7   CIFAR-shaped 7x[1024] ReLU with seeded random weights (He normal, seed 0), l_inf,
              runner-up of the predicted class, the shipped first CIFAR-10 test images
     mem6     CIFAR-shaped 6x[2048] ReLU, seeded random weights, l_2, 2 images: peak RSS
@@ -33,7 +36,7 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MODELS = os.path.join(ROOT, "models")
 CIFAR = os.path.join(ROOT, "crown_cli", "data", "cifar10_test_100.npz")
-CASES = ("relu3", "relu4", "tanh", "sigmoid", "arctan", "cifar7", "mem6", "cli")
+CASES = ("relu3", "relu4", "tanh", "sigmoid", "arctan", "relu3-plain", "cifar7", "mem6", "cli")
 TARGETS_S = {"relu3": 0.05, "relu4": 0.15, "cifar7": 0.7}  # issue 5 targets, s/image
 
 
@@ -69,8 +72,9 @@ def worker(case, n_images, check):
     from crown_cli.model_io import load_model
 
     norm = "inf"
-    if case in ("relu3", "relu4", "tanh", "sigmoid", "arctan"):
-        name = {"relu3": "mnist_3x1024", "relu4": "mnist_4x1024"}.get(case, f"mnist_3x1024_{case}")
+    if case in ("relu3", "relu4", "tanh", "sigmoid", "arctan", "relu3-plain"):
+        name = {"relu3": "mnist_3x1024", "relu4": "mnist_4x1024",
+                "relu3-plain": "mnist_3x1024"}.get(case, f"mnist_3x1024_{case}")
         mlp = load_model(os.path.join(MODELS, name + ".h5"))
         weights, biases, act = mlp.weights, mlp.biases, mlp.activation
         x, y = load_images(None)
@@ -84,6 +88,8 @@ def worker(case, n_images, check):
         if case == "mem6":
             norm = "2"
     cert = Certifier(weights, biases, act, norm=norm)
+    if case == "relu3-plain":
+        cert.interval_free = None  # no stable neuron is ever taken over: every row recomputed
     z = cert.logits(x)
     order = np.argsort(z, axis=1)
     picks = [i for i in range(x.shape[0]) if not use_label or order[i, -1] == y[i]][:n_images]
@@ -141,20 +147,22 @@ def run_case(case, pkg, args, check=False):
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
-def line(r, relu3=None):
+def line(r, relu3=None, plain=None):
     if "error" in r:
-        return f"{r['case']:<8} error: {r['error']}"
+        return f"{r['case']:<11} error: {r['error']}"
     if r["case"] == "cli":
-        return f"{'cli':<8} warm `crown certify -n 1`: best {r['best_s']:.2f} s, median {r['median_s']:.2f} s"
-    s = (f"{r['case']:<8} images {r['images']:3d}  mean {r['mean_s']:.4f} s/image  median "
+        return f"{'cli':<11} warm `crown certify -n 1`: best {r['best_s']:.2f} s, median {r['median_s']:.2f} s"
+    s = (f"{r['case']:<11} images {r['images']:3d}  mean {r['mean_s']:.4f} s/image  median "
          f"{r['median_s']:.4f}  evaluations {r['evaluations']:5.2f}  mean eps {r['mean_eps']:.6g}  ")
     if r.get("gflops") is not None:
         s += f"{r['gflops']:.0f} GFLOP/s ({100 * r['gflops'] / r['peak_f32']:.0f}% of f32 peak {r['peak_f32']:.0f})  "
     s += f"peak RSS {r['rss_mb']:.0f} MB"
     if r["case"] in TARGETS_S:
         s += f"  target {TARGETS_S[r['case']]} s"
-    if relu3 is not None and r["case"] in ("tanh", "sigmoid", "arctan"):
+    if relu3 is not None and r["case"] in ("tanh", "sigmoid", "arctan") and "mean_s" in relu3:
         s += f"  {r['mean_s'] / relu3['mean_s']:.2f}x relu3"
+    if plain is not None and "mean_s" in plain and r["case"] in ("tanh", "sigmoid", "arctan"):
+        s += f"  {r['mean_s'] / plain['mean_s']:.2f}x relu3-plain"
     if "max_rel_diff" in r:
         s += f"  max rel eps diff to plain {r['max_rel_diff']:.1e}"
     return s
@@ -178,18 +186,19 @@ def main():
         ap.error(f"unknown case(s) {unknown}; choose from {', '.join(CASES)}")
     print(f"crown bench: {os.cpu_count()} cores, cases {', '.join(cases)}", flush=True)
     after = {}
-    for case in cases:
+    order = sorted(cases, key=lambda c: c not in ("relu3", "relu3-plain"))  # ratios need them first
+    for case in order:
         after[case] = run_case(case, ROOT, args, check=args.check)
-        print(line(after[case], after.get("relu3")), flush=True)
+        print(line(after[case], after.get("relu3"), after.get("relu3-plain")), flush=True)
     if args.before:
         print(f"before: {args.before}", flush=True)
-        for case in cases:
+        for case in order:
             b = run_case(case, os.path.abspath(args.before), args)
             print(line(b, None), flush=True)
             a = after[case]
             key = "best_s" if case == "cli" else "mean_s"
             if "error" not in a and "error" not in b:
-                print(f"{'':<8} before/after time ratio {b[key] / a[key]:.2f}x", flush=True)
+                print(f"{'':<11} before/after time ratio {b[key] / a[key]:.2f}x", flush=True)
 
 
 if __name__ == "__main__":
