@@ -58,6 +58,7 @@ class Certifier:
 
     F32_RTOL = 0.5
     START_FRACTION = 0.5  # start_radius: this / (hidden layers) of the first-order distance
+    POWER_PER_LAYER = 1.0  # the search's power law for the first step down, per hidden layer
 
     def __init__(
         self,
@@ -271,7 +272,7 @@ class Certifier:
 
     def _search(self, fn, g0, eps0, rtol, stop_at_estimate=False) -> SearchResult:
         return certified_radius(fn, g0, eps0, rtol=rtol, eps_max=self.eps_max, method=self.search,
-                                power=max(2.0, 0.5 * self.net.num_hidden),
+                                power=max(2.0, self.POWER_PER_LAYER * self.net.num_hidden),
                                 stop_at_estimate=stop_at_estimate)
 
     def _mixed_search(self, bound, g0, eps0) -> SearchResult:

@@ -80,7 +80,7 @@ def certified_radius(
 
     ``power`` (interp only) is the growth assumed for the drop g0 - lower_bound(eps) when the
     first radius is not certified: the next radius tried is eps0 * (g0 / drop)^(1/power).
-    Deeper networks have faster-growing drops (the certifier passes half the hidden depth).
+    Deeper networks have faster-growing drops (the certifier passes the hidden depth, min 2).
 
     ``stop_at_estimate`` (interp only): once successive root estimates agree and the estimate
     lies within the same distance above the certified end of the bracket (where the search
