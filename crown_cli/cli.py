@@ -124,7 +124,9 @@ def inspect(model_path, activation):
 @click.option("--rtol", type=float, default=1e-4, show_default=True,
               help="Relative width of the final bracket [certified, not certified].")
 @click.option("--eps0", type=float, default=None,
-              help="First radius tried (default: the paper's, by norm and input size).")
+              help="First radius tried (default: a fraction of each image's first-order "
+                   "distance; with --search bisect and other methods the paper's, by norm and "
+                   "input size).")
 @click.option("--max-eps", type=float, default=1e4, show_default=True,
               help="Largest radius searched; rows certified there get status 'capped'.")
 @click.option("--attack", "attack", default="none", show_default=True,
