@@ -61,13 +61,15 @@ def _split(value: str, option: str, choices) -> List[str]:
 
 
 # --kernels auto: the numpy kernels while their estimated extra time stays below what loading
-# numba costs. Measured on the shipped ReLU networks (2 cores, README "Benchmarks"): numba's
-# one-off cost is ~8x the numpy kernels' extra time per certification (image x target type x
-# norm x method) of mnist_3x1024, ~2.5x that of mnist_4x1024 and ~400x that of the 20-neuron
-# networks. That extra time is about proportional to substitution_size + NUMPY_BASE (the
-# per-evaluation overhead of the numpy calls); NUMPY_BUDGET is ~2/3 of the break-even point.
-NUMPY_BASE = 20_000
-NUMPY_BUDGET = 4_000_000
+# numba costs. Measured on the shipped ReLU networks (2 cores, idle; README "Benchmark"):
+# numba's one-off cost ~1.05 s; the numpy kernels' extra time per certification (image x
+# target type x norm x method) 68-112 ms for mnist_3x1024 (l_inf..l_1), 229-272 ms for
+# mnist_4x1024, 1-3.4 ms for the 20-neuron networks: about 0.085-0.11 s per 10**6 of
+# substitution_size, plus ~3 ms (NUMPY_BASE in the same unit) of per-call overhead.
+# NUMPY_BUDGET is ~2/3 of the break-even point at the slower rate (under load the ratio of the
+# two was ~1.5x less favourable: about break-even there).
+NUMPY_BASE = 30_000
+NUMPY_BUDGET = 6_000_000
 
 
 def substitution_size(shapes) -> int:
@@ -181,7 +183,7 @@ def inspect(model_path, activation):
               help="Only the K-th of N round-robin parts of the images (K = 1..N), for job arrays.")
 @click.option("--kernels", default="auto", show_default=True,
               type=click.Choice(["auto", "numba", "numpy"]),
-              help="Bound kernels: numba (compiled; loading them costs ~0.9 s once per run), "
+              help="Bound kernels: numba (compiled; loading them costs ~1 s once per run), "
                    "numpy (no start-up cost, slower per image; ReLU and leaky ReLU networks "
                    "only) or auto (numpy for short jobs on such networks, else numba).")
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar and no summary line.")

@@ -33,7 +33,7 @@ _KERNELS = None
 
 def set_kernels(backend: str) -> None:
     """Choose the kernels the engine calls: "numba" (compiled, the default; importing numba
-    and loading its cache costs ~0.9 s once per process) or "numpy" (vectorised, no start-up
+    and loading its cache costs ~1 s once per process) or "numpy" (vectorised, no start-up
     cost, slower per evaluation). Process-wide; takes effect at the next kernel call. The
     relaxation registry reads it when a relaxation is looked up (a Certifier is built): the
     ReLU-type ones then come from plain numpy too (relaxations.NUMPY_TWINS)."""

@@ -1,13 +1,15 @@
 """The kernels of :mod:`crown_cli.kernels` in vectorised numpy, for runs too short to repay
-numba's start-up (``crown.set_kernels("numpy")``; about 0.9 s saved, paid back by slower
+numba's start-up (``crown.set_kernels("numpy")``; about 1 s saved, paid back by slower
 evaluations after a few images of a large network).
 
 Same signatures, same return values and dtypes: D matrices in the dtype of Lam; constants,
 magnitudes and norms in float64. Every entry of D and every term of a constant is the same
 float64 product as in the numba kernel (a float32 Lam promoted to float64 first, D rounded to
-Lam's dtype only when stored), so the D matrices are bit-identical; only the order of the
-float64 sums differs (BLAS or pairwise instead of left to right), which the engine's
-widening covers alike: it allows ~n * 2**-53 of the magnitude sum for any order.
+Lam's dtype only when stored; the l2 norm squares a float32 row in float32, as numba does), so
+the D matrices are bit-identical. Only the float64 sums differ: BLAS or pairwise order instead
+of left to right, and BLAS may fuse a product into its addition. Any such sum is within
+~n * 2**-53 of its magnitude sum of the exact one, which the engine's widening (FP_RTOL of the
+magnitude sum, three orders larger) covers for both alike.
 
 Rows are processed in blocks of ``BLOCK`` elements so that the float64 temporaries stay in
 cache (whole-matrix temporaries made these kernels ~3x slower).

@@ -101,7 +101,7 @@ def threads() -> Dict[str, object]:
 
     numba's count is recorded only when numba is loaded or the numba kernels are selected
     (``crown.kernels_backend()``), which load it anyway; with the numpy kernels it is None,
-    so that writing the sidecar does not import numba (~0.9 s of a short run).
+    so that writing the sidecar does not import numba (~1 s of a short run).
     """
     from .crown import kernels_backend
 

@@ -237,6 +237,7 @@ def test_auto_kernels_rule():
     small = [w.shape for w in load_model(SMALL).weights]
     assert choose_kernels("auto", "relu", relu3, 1) == "numpy"
     assert choose_kernels("auto", "relu", relu4, 1) == "numpy"
+    assert choose_kernels("auto", "relu", relu4, 3) == "numba"
     assert choose_kernels("auto", "leaky_relu", relu3, 2) == "numpy"
     assert choose_kernels("auto", "relu", relu3, 100) == "numba"
     assert choose_kernels("auto", "relu", small, 100) == "numpy"
