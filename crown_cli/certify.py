@@ -14,7 +14,7 @@ from typing import Optional, Sequence
 import numpy as np
 
 from .activations import FUNCTIONS as ACTIVATION_FUNCTIONS, apply_activation, default_alpha, forward
-from .crown import NORMS, Network, first_layer_center, margin_lower_bound
+from .crown import NORMS, Network, first_layer_center, kernels_backend, margin_lower_bound
 from .errors import InputError
 from .methods import bind_method, names as other_method_names
 from .relaxations import SIGN_STABLE, get_interval_free, get_relaxation
@@ -120,9 +120,10 @@ class Certifier:
 
         Certifies one point of a tiny network with the same activation, norm, method and
         precision (numba loads its cached machine code at the first call of each kernel and
-        type, about 0.7 s in all). Methods without numba kernels are left alone.
+        type, about 0.7 s in all). Methods without numba kernels and the numpy kernels
+        (``crown.set_kernels``: nothing to load) are left alone.
         """
-        if self.other is not None or self.quad is not None:
+        if self.other is not None or self.quad is not None or kernels_backend() == "numpy":
             return
         rng = np.random.default_rng(0)
         sizes = [4] + [3] * self.net.num_hidden + [2]

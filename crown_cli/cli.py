@@ -60,6 +60,41 @@ def _split(value: str, option: str, choices) -> List[str]:
     return out
 
 
+# --kernels auto: the numpy kernels while their estimated extra time stays below what loading
+# numba costs. Measured on the shipped ReLU networks (2 cores, idle; README "Benchmark"):
+# numba's one-off cost ~1.05 s; the numpy kernels' extra time per certification (image x
+# target type x norm x method) 68-112 ms for mnist_3x1024 (l_inf..l_1), 229-272 ms for
+# mnist_4x1024, 1-3.4 ms for the 20-neuron networks: about 0.085-0.11 s per 10**6 of
+# substitution_size, plus ~3 ms (NUMPY_BASE in the same unit) of per-call overhead.
+# NUMPY_BUDGET is ~2/3 of the break-even point at the slower rate (under load the ratio of the
+# two was ~1.5x less favourable: about break-even there).
+NUMPY_BASE = 30_000
+NUMPY_BUDGET = 6_000_000
+
+
+def substitution_size(shapes) -> int:
+    """Rows x columns the relaxation kernels sweep in one bound evaluation of an MLP whose
+    weight matrices have ``shapes`` (outputs, inputs): every hidden layer k >= 1 is
+    back-substituted through the hidden layers below it (the margin's few rows are ignored)."""
+    hidden = [s[0] for s in shapes[:-1]]
+    return sum(n * sum(hidden[:k]) for k, n in enumerate(hidden) if k >= 1)
+
+
+def choose_kernels(requested: str, activation: str, shapes, runs: int) -> str:
+    """The kernels of a certify run: ``requested``, or for 'auto' numpy when the activation
+    has a numpy relaxation and ``runs`` certifications fit NUMPY_BUDGET, else numba.
+    InputError for numpy kernels on an activation whose relaxation needs numba."""
+    from .relaxations import NUMPY_TWINS
+
+    if requested == "numpy" and activation not in NUMPY_TWINS:
+        raise InputError(f"--kernels numpy: the {activation} relaxation needs numba (numpy "
+                         f"has {', '.join(NUMPY_TWINS)}); use --kernels numba or auto")
+    if requested != "auto":
+        return requested
+    cheap = runs * (substitution_size(shapes) + NUMPY_BASE) <= NUMPY_BUDGET
+    return "numpy" if activation in NUMPY_TWINS and cheap else "numba"
+
+
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="crown")
 def cli():
@@ -148,12 +183,17 @@ def inspect(model_path, activation):
               help="Continue an existing --output: skip the rows already there, append the rest.")
 @click.option("--shard", default=None, metavar="K/N",
               help="Only the K-th of N round-robin parts of the images (K = 1..N), for job arrays.")
+@click.option("--kernels", default="auto", show_default=True,
+              type=click.Choice(["auto", "numba", "numpy"]),
+              help="Bound kernels: numba (compiled; loading them costs ~1 s once per run), "
+                   "numpy (no start-up cost, slower per image; ReLU and leaky ReLU networks "
+                   "only) or auto (numpy for short jobs on such networks, else numba).")
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar and no summary line.")
 @_handle_errors
 def certify(model_path, images_path, labels_path, num_images, start, norm, method, timeout,
             target_spec, seed, activation, search, precision, rtol, eps0, max_eps, attack,
             attack_steps, attack_restarts, attack_seed, output, out_format, overwrite, resume,
-            shard, quiet):
+            shard, kernels, quiet):
     """Certify each image against the chosen targets and write one CSV row per (image, target).
 
     Exit codes: 0 all rows done, 1 internal error, 2 bad input, 3 finished but some rows
@@ -162,6 +202,7 @@ def certify(model_path, images_path, labels_path, num_images, start, norm, metho
     from .batch import OutputJob, parse_shard, shard_indices
     from .provenance import option_values
     from .certify import Certifier, parse_norm
+    from .crown import using_kernels
     from .methods import names as other_method_names
     from .images import load_images
     from .model_io import load_model
@@ -195,6 +236,10 @@ def certify(model_path, images_path, labels_path, num_images, start, norm, metho
     check_random_possible(mlp.num_classes, target_types)
     stop = x.shape[0] if num_images is None else min(x.shape[0], start + num_images)
     indices = shard_indices(range(start, stop), parse_shard(shard))
+    runs = len(indices) * len(target_types) * len(norms) * len(methods)
+    kernels = choose_kernels(kernels, mlp.activation, [w.shape for w in mlp.weights], runs)
+    # the engine's switch is process-wide: restore it when this command ends
+    click.get_current_context().with_resource(using_kernels(kernels))
 
     certifiers = [
         Certifier(mlp.weights, mlp.biases, mlp.activation, norm=n, method=m, search=search,

@@ -16,6 +16,7 @@ the layers, and is still far below anything that changes a certified radius in i
 from __future__ import annotations
 
 from collections import OrderedDict
+from contextlib import contextmanager
 from typing import Callable, List, Sequence, Tuple
 
 import numpy as np
@@ -26,14 +27,49 @@ FP_ATOL = 1e-300
 # norm name -> code of the dual norm used on the rows of Lam: 0: l1 (inf-ball), 1: l2, 2: l_inf (1-ball)
 NORMS = {"inf": 0, "2": 1, "1": 2}
 
+KERNELS = ("numba", "numpy")
+_BACKEND = "numba"
 _KERNELS = None
 
 
+def set_kernels(backend: str) -> None:
+    """Choose the kernels the engine calls: "numba" (compiled, the default; importing numba
+    and loading its cache costs ~1 s once per process) or "numpy" (vectorised, no start-up
+    cost, slower per evaluation). Process-wide; takes effect at the next kernel call. The
+    relaxation registry reads it when a relaxation is looked up (a Certifier is built): the
+    ReLU-type ones then come from plain numpy too (relaxations.NUMPY_TWINS)."""
+    global _BACKEND, _KERNELS
+    if backend not in KERNELS:
+        raise ValueError(f"unknown kernels '{backend}' (choose from {', '.join(KERNELS)})")
+    if backend != _BACKEND:
+        _BACKEND, _KERNELS = backend, None
+
+
+@contextmanager
+def using_kernels(backend: str):
+    """:func:`set_kernels` for the duration of a ``with`` block, then the previous backend."""
+    previous = _BACKEND
+    set_kernels(backend)
+    try:
+        yield
+    finally:
+        set_kernels(previous)
+
+
+def kernels_backend() -> str:
+    """The backend :func:`kernels` returns: "numba" or "numpy"."""
+    return _BACKEND
+
+
 def kernels():
-    """The module holding the compiled kernels (imported on first use: it imports numba)."""
+    """The module holding the kernels of the chosen backend (imported on first use: the
+    numba one imports numba)."""
     global _KERNELS
     if _KERNELS is None:
-        from . import kernels as module
+        if _BACKEND == "numpy":
+            from . import kernels_numpy as module
+        else:
+            from . import kernels as module
 
         _KERNELS = module
     return _KERNELS

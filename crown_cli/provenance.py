@@ -1,10 +1,11 @@
 """Provenance sidecar ``<output>.json`` of a result file, and the checks built on it.
 
 The sidecar records what produced the rows: the model's and images' SHA-256, every option, the
-rows and images the file covers, versions, thread counts, host and start/end times of each
-run (a resumed file has several runs). It is written atomically (temporary file, then
-``os.replace``) when a run starts and again when it ends. ``--resume`` and ``merge`` compare
-the ``settings`` block (everything that can change a row's values) and refuse a mismatch.
+rows and images the file covers, and per run (a resumed file has several) the kernels used
+(numba or numpy), versions, thread counts, host and start/end times. It is written
+atomically (temporary file, then ``os.replace``) when a run starts and again when it ends.
+``--resume`` and ``merge`` compare the ``settings`` block (everything that can change a row's
+values) and refuse a mismatch.
 """
 from __future__ import annotations
 
@@ -20,8 +21,10 @@ from .errors import InputError
 
 SIDECAR_VERSION = 1
 # Options that do not change the rows' values (file names are compared by content hash).
+# --kernels changes only the order of float64 sums inside the bounds (the kernels used are
+# recorded per run, "kernels"), which may move an eps within --rtol.
 NOT_SETTINGS = {"--output", "--overwrite", "--resume", "--quiet", "--debug", "--model", "--images",
-                "--labels", "--start", "--num-images", "--shard"}
+                "--labels", "--start", "--num-images", "--shard", "--kernels"}
 COVERAGE = ("--start", "--num-images", "--shard")
 THREAD_ENV = ("NUMBA_NUM_THREADS", "OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS",
               "BLIS_NUM_THREADS")
@@ -68,6 +71,20 @@ def settings_of(options: Dict[str, object], model_sha: str, images_sha: str,
     return _jsonable(s)
 
 
+def _version(module: str, dist: str) -> str:
+    """The version of a loaded module, else of its installed distribution (without importing
+    it: numba and scipy cost ~0.3 s each to import); 'unavailable' if neither is known."""
+    loaded = sys.modules.get(module)
+    if loaded is not None and hasattr(loaded, "__version__"):
+        return str(loaded.__version__)
+    from importlib import metadata
+
+    try:
+        return metadata.version(dist)
+    except metadata.PackageNotFoundError:
+        return "unavailable"
+
+
 def versions() -> Dict[str, str]:
     from . import __version__
 
@@ -75,21 +92,27 @@ def versions() -> Dict[str, str]:
     for mod in ("numpy", "numba", "scipy", "onnx"):
         if mod == "onnx" and mod not in sys.modules:
             continue
-        try:
-            out[mod] = __import__(mod).__version__
-        except Exception:  # noqa: BLE001 - a version is informative only
-            out[mod] = "unavailable"
+        out[mod] = _version(mod, mod)
     return out
 
 
 def threads() -> Dict[str, object]:
-    info: Dict[str, object] = {}
-    try:
-        import numba
+    """Thread counts: numba's, BLAS's (threadpoolctl), the thread env vars, the CPU count.
 
-        info["numba"] = int(numba.get_num_threads())
-    except Exception:  # noqa: BLE001
-        info["numba"] = None
+    numba's count is recorded only when numba is loaded or the numba kernels are selected
+    (``crown.kernels_backend()``), which load it anyway; with the numpy kernels it is None,
+    so that writing the sidecar does not import numba (~1 s of a short run).
+    """
+    from .crown import kernels_backend
+
+    info: Dict[str, object] = {"numba": None}
+    if "numba" in sys.modules or kernels_backend() == "numba":
+        try:
+            import numba
+
+            info["numba"] = int(numba.get_num_threads())
+        except Exception:  # noqa: BLE001 - a thread count is informative only
+            pass
     try:
         from threadpoolctl import threadpool_info
 
@@ -103,10 +126,12 @@ def threads() -> Dict[str, object]:
 
 
 def new_run(rows_before: int) -> Dict[str, object]:
+    from .crown import kernels_backend
+
     return {"started": now(), "ended": None, "host": platform.node(), "pid": os.getpid(),
             "command": sys.argv[:], "rows_before": rows_before, "rows_written": 0,
             "skipped_rows": 0, "failed_rows": 0, "complete": False,
-            "versions": versions(), "threads": threads()}
+            "kernels": kernels_backend(), "versions": versions(), "threads": threads()}
 
 
 def write_sidecar(path: str, data: Dict[str, object]) -> None:

@@ -4,13 +4,15 @@ from __future__ import annotations
 import sys
 import time
 from dataclasses import dataclass, field
-from typing import Callable, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
+from typing import TYPE_CHECKING, Callable, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 
-from .attack import PGDAttack
 from .certify import Certifier
 from .targets import TARGET_TYPES, TargetSelector
+
+if TYPE_CHECKING:  # only --attack pgd runs need the module
+    from .attack import PGDAttack
 
 
 @dataclass

@@ -125,11 +125,13 @@ def warm_cli(pkg):
     cmd = [sys.executable, "-m", "crown_cli", "certify", "--model",
            os.path.join(MODELS, "mnist_3x1024.h5"), "-n", "1", "-q"]
     env = dict(os.environ, PYTHONPATH=pkg)
-    subprocess.run(cmd, env=env, capture_output=True, check=True)  # warm the numba cache
+    # cwd=pkg: `python -m` puts the working directory before PYTHONPATH on sys.path, so run
+    # from elsewhere (e.g. the repository root with --before) it would time that checkout
+    subprocess.run(cmd, env=env, cwd=pkg, capture_output=True, check=True)  # warm the numba cache
     runs = []
     for _ in range(5):
         t = time.perf_counter()
-        subprocess.run(cmd, env=env, capture_output=True, check=True)
+        subprocess.run(cmd, env=env, cwd=pkg, capture_output=True, check=True)
         runs.append(time.perf_counter() - t)
     return {"case": "cli", "best_s": min(runs), "median_s": statistics.median(runs)}
 

@@ -291,7 +291,7 @@ def test_jsonl_rows_hold_the_csv_values_exactly(tmp_path):
 
 def test_provenance_sidecar(tmp_path):
     out = tmp_path / "r.csv"
-    assert certify(out, "-n", "4", "--shard", "2/2", "--seed", "7").exit_code == 0
+    assert certify(out, "-n", "4", "--shard", "2/2", "--seed", "7", "--kernels", "numba").exit_code == 0
     side = sidecar(out)
     sha = hashlib.sha256(open(SMALL, "rb").read()).hexdigest()
     assert side["model"] == {"path": os.path.abspath(SMALL), "sha256": sha}
@@ -304,8 +304,26 @@ def test_provenance_sidecar(tmp_path):
     assert r["started"] <= r["ended"] and r["rows_written"] == 2
     assert r["versions"]["numpy"] == np.__version__ and r["versions"]["crown_cli"]
     assert {"numba", "scipy", "python"} <= set(r["versions"])
+    assert r["kernels"] == "numba" and "--kernels" not in side["settings"]
     assert isinstance(r["threads"]["numba"], int) and r["threads"]["numba"] >= 1
     assert not list(tmp_path.glob("*.tmp*"))  # atomic writes leave no temporaries
+
+
+def test_resume_with_other_kernels_is_accepted_and_recorded(tmp_path):
+    out = tmp_path / "r.csv"
+    assert certify(out, "-n", "4", "--kernels", "numpy").exit_code == 0
+    full = read_rows(str(out))
+    lines = out.read_text().splitlines(keepends=True)
+    out.write_text("".join(lines[:3]))  # as if killed after 2 rows
+    res = certify(out, "-n", "4", "--kernels", "numba", "--resume")
+    assert res.exit_code == 0, res.output
+    rows = read_rows(str(out))
+    assert keys(rows) == keys(full)
+    for r, f in zip(rows, full):  # the same radii within the search tolerance
+        assert float(r["eps"]) == pytest.approx(float(f["eps"]), rel=float(f["rtol"]))
+    side = sidecar(out)
+    assert [r["kernels"] for r in side["runs"]] == ["numpy", "numba"]
+    assert side["options"]["--kernels"] == "numba" and "--kernels" not in side["settings"]
 
 
 def test_stdout_output_has_no_sidecar(tmp_path, monkeypatch):

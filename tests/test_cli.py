@@ -1,6 +1,7 @@
 """The `crown` command through click's CliRunner and as a real subprocess."""
 import csv
 import io
+import json
 import os
 import signal
 import subprocess
@@ -12,6 +13,7 @@ import pytest
 from click.testing import CliRunner
 
 from conftest import ROOT, model_path
+from crown_cli import crown
 from crown_cli.certify import Certifier
 from crown_cli.cli import cli
 from crown_cli.model_io import load_model, save_npz
@@ -42,7 +44,10 @@ def test_certify_writes_the_documented_csv(tmp_path):
     assert len(rows) == 8 * 4
     assert [int(r["image"]) for r in rows] == [i for i in range(8) for _ in range(4)]
     mlp = load_model(SMALL)
-    cert = Certifier(mlp.weights, mlp.biases, mlp.activation)
+    # the same kernels as the run (--kernels auto), as recorded in its sidecar
+    kernels = json.loads((tmp_path / "r.csv.json").read_text())["runs"][-1]["kernels"]
+    with crown.using_kernels(kernels):
+        cert = Certifier(mlp.weights, mlp.biases, mlp.activation)
     from crown_cli.images import load_images
 
     x, y = load_images(None)
@@ -59,7 +64,8 @@ def test_certify_writes_the_documented_csv(tmp_path):
     for i in range(3):
         r = by_type[i]["runner-up"]
         if r["status"] == "certified":
-            direct = cert.certify(x[i], int(r["predicted"]), [int(r["target"])])
+            with crown.using_kernels(kernels):
+                direct = cert.certify(x[i], int(r["predicted"]), [int(r["target"])])
             assert float(r["eps"]) == direct.eps
             # untargeted is the minimum over all classes, so at most the runner-up's (within rtol)
             assert float(by_type[i]["untargeted"]["eps"]) <= float(r["eps"]) * (1 + 1e-4)
@@ -134,6 +140,9 @@ def bad_files(tmp_path):
     (["--model", SMALL, "--start", "100"], "--start: 100 is past the last image (100 images"),
     (["--model", model_path("mnist_3x1024_tanh.h5"), "--method", "fast-lin"],
      "--method fast-lin is defined for ReLU-type networks only, not 'tanh'"),
+    (["--model", model_path("mnist_3x1024_tanh.h5"), "--kernels", "numpy"],
+     "--kernels numpy: the tanh relaxation needs numba (numpy has relu, leaky_relu); "
+     "use --kernels numba or auto"),
 ])
 def test_bad_input_one_line_exit_2(bad_files, args, message):
     t = str(bad_files)
@@ -185,6 +194,57 @@ def test_real_subprocess_run_and_error(tmp_path):
     bad = subprocess.run(crown_cmd() + ["certify", "--model", "nope.h5"], capture_output=True,
                          text=True, env=env, cwd=tmp_path)
     assert bad.returncode == 2 and bad.stderr == "crown: error: nope.h5: model file not found\n"
+
+
+# Runs crown certify in a fresh interpreter, then reports which heavy modules it imported.
+IMPORTS_AFTER = """
+import json, sys
+from crown_cli.cli import cli
+cli(sys.argv[1:], standalone_mode=False)
+print(json.dumps({m: m in sys.modules for m in ("numba", "scipy")}))
+"""
+
+
+def _imports_of_certify(tmp_path, model, *extra):
+    out = tmp_path / "r.csv"
+    env = dict(os.environ, PYTHONPATH=ROOT)
+    res = subprocess.run([sys.executable, "-c", IMPORTS_AFTER, "certify", "--model", model,
+                          "-n", "1", "-q", "-o", str(out), "--overwrite", *extra],
+                         capture_output=True, text=True, env=env, cwd=tmp_path)
+    assert res.returncode == 0, res.stderr
+    assert len(out.read_text().splitlines()) == 2
+    side = json.loads((tmp_path / "r.csv.json").read_text())
+    return json.loads(res.stdout.splitlines()[-1]), side["runs"][-1]
+
+
+def test_one_image_of_a_relu_model_runs_without_numba(tmp_path):
+    # the default --kernels auto picks numpy for one image: no numba, no scipy at all
+    imported, run = _imports_of_certify(tmp_path, BIG)
+    assert imported == {"numba": False, "scipy": False}
+    assert run["kernels"] == "numpy" and run["threads"]["numba"] is None
+    assert run["versions"]["numba"] and run["versions"]["scipy"]  # read without importing
+    # the same run with the numba kernels does import numba (the check above can fail)
+    imported, run = _imports_of_certify(tmp_path, SMALL, "--kernels", "numba")
+    assert imported["numba"] and run["kernels"] == "numba"
+    assert isinstance(run["threads"]["numba"], int)
+
+
+def test_auto_kernels_rule():
+    from crown_cli.cli import choose_kernels
+
+    relu3 = [w.shape for w in load_model(BIG).weights]
+    relu4 = [w.shape for w in load_model(model_path("mnist_4x1024.h5")).weights]
+    small = [w.shape for w in load_model(SMALL).weights]
+    assert choose_kernels("auto", "relu", relu3, 1) == "numpy"
+    assert choose_kernels("auto", "relu", relu4, 1) == "numpy"
+    assert choose_kernels("auto", "relu", relu4, 3) == "numba"
+    assert choose_kernels("auto", "leaky_relu", relu3, 2) == "numpy"
+    assert choose_kernels("auto", "relu", relu3, 100) == "numba"
+    assert choose_kernels("auto", "relu", small, 100) == "numpy"
+    assert choose_kernels("auto", "relu", small, 10000) == "numba"
+    assert choose_kernels("auto", "tanh", small, 1) == "numba"  # no numpy relaxation
+    assert choose_kernels("numba", "relu", small, 1) == "numba"
+    assert choose_kernels("numpy", "relu", relu3, 10000) == "numpy"
 
 
 def test_killed_run_keeps_every_finished_row(tmp_path):

@@ -4,7 +4,9 @@
 of float64 arrays with ``aL*z + bL <= act(z) <= aU*z + bU`` for every z in [l, u],
 elementwise. Each activation family lives in its own module; adding an activation is adding
 one entry to ``RELAXATIONS`` (and, if some neurons' relaxation does not depend on the exact
-interval, one to ``INTERVAL_FREE``).
+interval, one to ``INTERVAL_FREE``). Families are imported on first use, so a run imports
+only its own activation's module (and, with the numpy kernels and a ReLU-type activation,
+no numba at all).
 """
 from importlib import import_module
 
@@ -13,15 +15,27 @@ from ..errors import InputError
 METHODS = ("crown", "fast-lin")
 
 
+def _numpy_kernels() -> bool:
+    from ..crown import kernels_backend
+
+    return kernels_backend() == "numpy"
+
+
 def _relu(method, alpha):
-    from .relu import relu_relaxation
+    if _numpy_kernels():
+        from .relu_numpy import relu_relaxation
+    else:
+        from .relu import relu_relaxation
 
     adaptive = method == "crown"
     return lambda l, u: relu_relaxation(l, u, adaptive)
 
 
 def _leaky_relu(method, alpha):
-    from .extra import leaky_relu_relaxation
+    if _numpy_kernels():
+        from .relu_numpy import leaky_relu_relaxation
+    else:
+        from .extra import leaky_relu_relaxation
 
     adaptive = method == "crown"
     return lambda l, u: leaky_relu_relaxation(l, u, alpha, adaptive)
@@ -44,7 +58,9 @@ def _hard_sigmoid(method, alpha):
     return lambda l, u: hard_sigmoid_relaxation(l, u, alpha)
 
 
-# activation -> factory(method, alpha) -> relaxation function (l, u)
+# activation -> factory(method, alpha) -> relaxation function (l, u). Each factory imports
+# only its own family's module; all of them are compiled with numba except, under the numpy
+# kernels (crown.set_kernels("numpy")), those of NUMPY_TWINS.
 RELAXATIONS = {
     "relu": _relu,
     "leaky_relu": _leaky_relu,
@@ -55,6 +71,10 @@ RELAXATIONS = {
     "softplus": _fixed("extra", "softplus_relaxation"),
     "hard_sigmoid": _hard_sigmoid,
 }
+
+# Activations whose relaxation also exists in plain numpy (relu_numpy.py): with the numpy
+# kernels they are bounded without importing numba.
+NUMPY_TWINS = ("relu", "leaky_relu")
 
 # Neurons whose relaxation is the same on every sub-interval of [l, u] (the function is linear
 # there): bounds proven for a larger ball can stand in for recomputed ones.
@@ -75,7 +95,6 @@ FAST_LIN = ("relu", "leaky_relu")
 # and an unstable neuron's relaxation (a chord of [l, u] and a line valid everywhere) is valid
 # on every sub-interval. crown_cli.stability relies on both.
 SIGN_STABLE = ("relu", "leaky_relu")
-
 
 
 def get_interval_free(activation: str, alpha=None):
