@@ -81,14 +81,7 @@ def _intercepts(V, pos, bS, bO):
 
 
 def relax_shared(Lam, aU, bU, aL, bL, bias, agree, diff, icols):
-    """One back-substitution step while the upper and lower chains still share ``Lam``.
-
-    Lam (r, n) multiplies the activations a = act(z) of a hidden layer with z = W a_prev + bias.
-    Returns DS (r, |agree|): Lam scaled by the common slope on columns where aU == aL;
-    DU, DL (r, |diff|): sign-selected slopes for the upper/lower chain on the other columns;
-    cU, cL: the constants (intercepts + bias) picked up; mU, mL: sums of their absolute terms.
-    ``icols`` lists the columns with a non-zero intercept.
-    """
+    """:func:`crown_cli.kernels.relax_shared` (same arguments, results and dtypes) in numpy."""
     r, n = Lam.shape
     DS = np.empty((r, agree.shape[0]), Lam.dtype)
     DU = np.empty((r, diff.shape[0]), Lam.dtype)
