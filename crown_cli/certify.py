@@ -7,6 +7,7 @@ Arrays in, results out: no files and no printing.
 """
 from __future__ import annotations
 
+import inspect
 import time
 from dataclasses import dataclass
 from typing import Optional, Sequence
@@ -17,6 +18,7 @@ from .activations import FUNCTIONS as ACTIVATION_FUNCTIONS, apply_activation, de
 from .crown import NORMS, Network, first_layer_center, kernels_backend, margin_lower_bound
 from .errors import InputError
 from .methods import bind_method, names as other_method_names
+from .methods._common import DeadlineExceeded
 from .relaxations import SIGN_STABLE, get_interval_free, get_relaxation
 from .search import SEARCHES, SearchResult, certified_radius, refine_bracket
 from .stability import StableFromFloat32
@@ -242,8 +244,19 @@ class Certifier:
         g0 = float(np.min(C @ self.logits(x0)))
         kind, fn = self.other
         if kind == "bound":
-            res = self._search(lambda eps: float(np.min(fn(x0, float(eps), C))), g0, self.eps0,
-                               self.rtol)
+            evals = [0]
+            kwargs = {}
+            if self.timeout is not None and "deadline" in inspect.signature(fn).parameters:
+                kwargs["deadline"] = time.monotonic() + self.timeout
+
+            def bound(eps):
+                evals[0] += 1
+                return float(np.min(fn(x0, float(eps), C, **kwargs)))
+
+            try:
+                res = self._search(bound, g0, self.eps0, self.rtol)
+            except DeadlineExceeded:  # no radius: the search did not finish
+                return Certificate(None, None, g0, evals[0], "timeout", time.perf_counter() - t0)
             return Certificate(res.eps, res.lower_bound, g0, res.evaluations, res.status,
                                time.perf_counter() - t0)
         out = fn(x0, c, list(targets), C, g0, self.eps0, self.eps_max, self.timeout)

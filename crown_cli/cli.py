@@ -143,7 +143,8 @@ def inspect(model_path, activation):
                    "2-layer ReLU only), fast-lip, op-norm, lp-full or exact (comma-separated "
                    "list allowed).")
 @click.option("--timeout", type=float, default=600.0, show_default=True,
-              help="Seconds per image and target type for --method exact (status 'timeout').")
+              help="Seconds per image and target type for --method exact and lp-full "
+                   "(status 'timeout', no eps).")
 @click.option("--target", "target_spec", default="runner-up", show_default=True,
               help="runner-up, random, least or untargeted (comma-separated list allowed).")
 @click.option("--seed", type=int, default=1215, show_default=True,

@@ -439,3 +439,32 @@ def test_exact_agrees_with_the_single_milp_formulation(norm):
                            60.0)
     assert res.status == 0
     assert abs(res.fun - ours.eps) <= 1e-5 * ours.eps, (res.fun, ours.eps)
+
+
+def test_cli_lp_full_timeout_status(tmp_path):
+    from crown_cli.results import read_rows
+
+    out = tmp_path / "r.csv"
+    res = CliRunner().invoke(cli, ["certify", "--model", SMALL, "-n", "1", "--method", "lp-full",
+                                   "--timeout", "1e-6", "-o", str(out)])
+    assert res.exit_code == 3, res.output
+    (row,) = read_rows(str(out))
+    assert row["status"] == "timeout" and row["eps"] == "" and row["method"] == "lp-full"
+
+
+def test_lp_full_deadline_stops_within_the_time_given():
+    """A deadline a little ahead stops lp-full mid-search (no radius) without solving on."""
+    import time
+
+    weights, biases = _model("mnist_3x20.h5")
+    x0 = _images()[0][0]
+    c, ts = _ct(weights, biases, x0)
+    full = Certifier(weights, biases, "relu", method="lp-full")
+    t = time.perf_counter()
+    done = full.certify(x0, c, ts)
+    took = time.perf_counter() - t
+    assert done.status == "certified" and done.eps > 0  # no timeout set: runs to the end
+    res = Certifier(weights, biases, "relu", method="lp-full", timeout=0.2 * took).certify(x0, c, ts)
+    assert res.status == "timeout" and res.eps is None and res.lower_bound is None
+    assert 0 < res.evaluations < done.evaluations
+    assert res.time_s < 0.2 * took + 0.5

@@ -3,9 +3,12 @@
 Two kinds of method:
 
 - ``bound``: a lower bound of the margins over a ball. ``bind(...)`` returns
-  ``fn(x0, eps, C) -> (r,) array`` (lower bounds of ``C @ f(x)`` over the l_p ball of radius
-  eps around x0), searched for the certified radius by :func:`crown_cli.search.certified_radius`
-  exactly like CROWN's bound. (fast-lip, lp-full.)
+  ``fn(x0, eps, C, deadline=None) -> (r,) array`` (lower bounds of ``C @ f(x)`` over the l_p
+  ball of radius eps around x0), searched for the certified radius by
+  :func:`crown_cli.search.certified_radius` exactly like CROWN's bound. A slow one may take
+  a keyword ``deadline`` and raise :class:`crown_cli.methods._common.DeadlineExceeded` once
+  time.monotonic() passes it (``--timeout``; the row gets status ``timeout``; lp-full does).
+  (fast-lip, lp-full.)
 - ``radius``: the radius directly. ``bind(...)`` returns
   ``fn(x0, c, targets, C, g0, eps0, eps_max, timeout) -> RadiusOutcome``. (op-norm, exact.)
 
@@ -143,7 +146,8 @@ def _bind_lp_full(weights, biases, activation, alpha, norm):
     from .lp_full import lp_full_lower_bound
 
     net = Network(weights, biases)
-    return lambda x0, eps, C: lp_full_lower_bound(net.W, net.b, x0, eps, norm, C, net=net)
+    return lambda x0, eps, C, deadline=None: lp_full_lower_bound(net.W, net.b, x0, eps, norm, C,
+                                                                 net=net, deadline=deadline)
 
 
 def _check_exact(activation, alpha, norm, weights):

@@ -7,6 +7,7 @@ covers float64 rounding with orders of magnitude to spare.
 """
 from __future__ import annotations
 
+import time
 from typing import Optional, Tuple
 
 import numpy as np
@@ -82,3 +83,13 @@ def center_margins(weights, biases, activation: str, alpha, C: np.ndarray,
     mag = aR @ np.abs(a) + np.abs(C) @ np.abs(biases[-1]) + (np.abs(C) @ np.abs(weights[-1])) @ np.abs(a)
     low = g - (aR @ err) * (1.0 + FP_RTOL) - FP_RTOL * (mag + np.abs(g)) - FP_ATOL
     return g, low
+
+
+class DeadlineExceeded(Exception):
+    """A bound method ran past its ``--timeout`` (time.monotonic() deadline)."""
+
+
+def check_deadline(deadline) -> None:
+    """Raise :class:`DeadlineExceeded` if ``deadline`` (or None: no limit) has passed."""
+    if deadline is not None and time.monotonic() > deadline:
+        raise DeadlineExceeded()

@@ -28,6 +28,7 @@ ignored).
 """
 from __future__ import annotations
 
+import time
 from typing import List, Optional, Sequence, Tuple
 
 import numpy as np
@@ -35,6 +36,7 @@ import scipy.sparse as sp
 from scipy.optimize import linprog
 
 from ..crown import FP_ATOL, FP_RTOL, NORMS, Network, hidden_layer_bounds, margin_lower_bound
+from ._common import check_deadline
 from ..relaxations import get_relaxation
 
 NORMS_SUPPORTED = ("inf", "1")
@@ -111,15 +113,21 @@ class Polytope:
         self.layer_cols = layer_cols
         self.ncols_in = ncols_in
 
-    def minimize(self, v: np.ndarray) -> Optional[float]:
-        """A rigorous lower bound of min v . a_out over the polytope, or None on failure."""
+    def minimize(self, v: np.ndarray, deadline: Optional[float] = None) -> Optional[float]:
+        """A rigorous lower bound of min v . a_out over the polytope, or None on failure.
+
+        Raises DeadlineExceeded past ``deadline`` (time.monotonic()); HiGHS is given the time
+        left, and an LP it stops early counts as failed (no bound from it)."""
+        check_deadline(deadline)
         c = np.zeros(self.nvar)
         c[self.out] = v
         bounds = np.column_stack([self.lo, self.hi])
+        options = LP_OPTIONS if deadline is None else \
+            dict(LP_OPTIONS, time_limit=max(deadline - time.monotonic(), 1e-3))
         try:
             res = linprog(c, A_ub=self.A if self.A.shape[0] else None,
                           b_ub=self.b if self.A.shape[0] else None, bounds=bounds,
-                          method="highs", options=LP_OPTIONS)
+                          method="highs", options=options)
         except ValueError:
             return None
         if res.status != 0 or res.get("ineqlin") is None:
@@ -178,10 +186,10 @@ def _layer_rows(P, q, mag, l, u, prev_cols, cols):
     return rows, rhs
 
 
-def lp_full_bounds(net: Network, x0, eps: float, norm: str, crown_relax=None):
+def lp_full_bounds(net: Network, x0, eps: float, norm: str, crown_relax=None, deadline=None):
     """Hidden-layer pre-activation bounds [(l_k, u_k)] from LP-Full at radius eps.
 
-    Returns (bounds, lps_solved, lps_failed).
+    Returns (bounds, lps_solved, lps_failed). Raises DeadlineExceeded past ``deadline``.
     """
     relax = get_relaxation("relu", "crown") if crown_relax is None else crown_relax
     crown_bounds, _ = hidden_layer_bounds(net, x0, float(eps), NORMS[norm], relax)
@@ -194,7 +202,7 @@ def lp_full_bounds(net: Network, x0, eps: float, norm: str, crown_relax=None):
         Wk, bk = net.W[k], net.b[k]
         for j in np.flatnonzero((cl < 0.0) & (cu > 0.0)):
             for sign in (1.0, -1.0):
-                v = poly.minimize(sign * Wk[j])
+                v = poly.minimize(sign * Wk[j], deadline)
                 solved += 1
                 if v is None:
                     failed += 1
@@ -210,9 +218,10 @@ def lp_full_bounds(net: Network, x0, eps: float, norm: str, crown_relax=None):
 
 
 def lp_full_lower_bound(weights, biases, x0, eps, norm, C, net: Optional[Network] = None,
-                        stats: Optional[dict] = None) -> np.ndarray:
+                        stats: Optional[dict] = None, deadline=None) -> np.ndarray:
     """Lower bounds (r,) of the margins C @ f(x) over the l_p ball (norm 'inf' or '1') by
-    LP-Full. ``stats`` (a dict) accumulates the numbers of LPs solved and failed."""
+    LP-Full. ``stats`` (a dict) accumulates the numbers of LPs solved and failed. Raises
+    DeadlineExceeded once time.monotonic() passes ``deadline`` (None: no limit)."""
     if norm not in NORMS_SUPPORTED:
         raise ValueError(f"lp-full supports norms {NORMS_SUPPORTED}, not {norm!r}")
     net = Network(weights, biases) if net is None else net
@@ -221,7 +230,7 @@ def lp_full_lower_bound(weights, biases, x0, eps, norm, C, net: Optional[Network
     relax = get_relaxation("relu", "crown")
     if net.num_hidden == 0:  # an affine network: CROWN's bound is already the exact minimum
         return margin_lower_bound(net, x0, float(eps), NORMS[norm], relax, C)
-    bounds, solved, failed = lp_full_bounds(net, x0, eps, norm, relax)
+    bounds, solved, failed = lp_full_bounds(net, x0, eps, norm, relax, deadline)
     crown_lb = margin_lower_bound(net, x0, float(eps), NORMS[norm], relax, C)
     poly = Polytope(net.W, net.b, x0, eps, norm, bounds)
     R = C @ net.W[-1]
@@ -231,7 +240,7 @@ def lp_full_lower_bound(weights, biases, x0, eps, norm, C, net: Optional[Network
     for r in range(C.shape[0]):
         # the rounding of R = C @ W_m is absorbed by padding the objective's value below
         rmag = (np.abs(C[r]) @ np.abs(net.W[-1])) @ poly.vmax[poly.out]
-        v = poly.minimize(R[r])
+        v = poly.minimize(R[r], deadline)
         solved += 1
         if v is None:
             failed += 1
