@@ -21,6 +21,7 @@ class Summary:
     misclassified: int = 0
     rows: int = 0
     certified_eps: List[float] = field(default_factory=list)
+    exact_eps: List[float] = field(default_factory=list)  # --method exact: distortions, not certificates
     times: List[float] = field(default_factory=list)
     evaluations: List[int] = field(default_factory=list)
     skipped: int = 0  # rows already in the output (--resume)
@@ -33,9 +34,12 @@ class Summary:
         per_row = f"{np.mean(self.times):.3f}" if self.times else "n/a"
         evals = f"{np.mean(self.evaluations):.1f}" if self.evaluations else "n/a"
         dest = "stdout" if output == "-" else output
+        exact = (f"mean exact distortion {np.mean(self.exact_eps):.5g} over {len(self.exact_eps)} "
+                 f"rows; ") if self.exact_eps else ""
         return (
             f"crown: {self.rows} rows for {self.images} images ({self.misclassified} misclassified); "
-            f"mean certified eps {mean_eps} over {n} rows; {per_row} s/row, {evals} evaluations/row; "
+            f"mean certified eps {mean_eps} over {n} rows; {exact}{per_row} s/row, "
+            f"{evals} evaluations/row; "
             f"{wall_s:.1f} s total -> {dest}"
             + (f"; {self.skipped} rows already there (resumed)" if self.skipped else "")
             + (f"; {self.failed} rows FAILED" if self.failed else "")
@@ -126,8 +130,9 @@ def certify_images(
                             if attacks and cert.norm in attacks:
                                 _add_attack(row, attacks[cert.norm], attack_cache, attack_seed,
                                             x[i], i, c, ttype, targets, warn)
-                            if res.eps is not None:  # None: method exact timed out
-                                summary.certified_eps.append(res.eps)
+                            if res.eps is not None:  # None: timed out
+                                (summary.exact_eps if cert.method == "exact"
+                                 else summary.certified_eps).append(res.eps)
                             summary.times.append(res.time_s)
                             summary.evaluations.append(res.evaluations)
                     summary.failed += row.get("status") in FAILED_STATUSES

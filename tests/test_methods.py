@@ -468,3 +468,12 @@ def test_lp_full_deadline_stops_within_the_time_given():
     assert res.status == "timeout" and res.eps is None and res.lower_bound is None
     assert 0 < res.evaluations < done.evaluations
     assert res.time_s < 0.2 * took + 0.5
+
+
+def test_cli_summary_keeps_exact_distortions_apart_from_certificates(tmp_path):
+    out = tmp_path / "r.csv"
+    res = CliRunner().invoke(cli, ["certify", "--model", SMALL, "-n", "2", "--method",
+                                   "exact,crown", "-o", str(out)])
+    assert res.exit_code == 0, res.output
+    assert "4 rows for 2 images" in res.output
+    assert "over 2 rows; mean exact distortion" in res.output and res.output.count("over 2 rows") == 2
