@@ -200,18 +200,27 @@ class Certifier:
         g0 = float(np.min(margins))
         eps0 = self.start_radius(x0, C, margins) if g0 > 0 else self.eps0
         first = first_layer_center(self.net, x0)
-        # (eps, hidden bounds, rows computed fresh per layer) of the evaluations so far
+        # (eps, hidden bounds, rows computed fresh per layer, float32 rounding bounds per
+        # layer or None) of the evaluations so far
         done = {np.float32: [], np.float64: []}
+        track = self._tracks_rounding()
 
         def bound(dtype):
             def fn(eps):
-                known = (self._known_from_larger_ball(done[dtype], eps) if dtype == np.float32
-                         else self._known_from_larger_ball(done, eps, x0))
+                errors = None
+                if dtype == np.float32:
+                    known, src = self._known_from_larger_ball(done[dtype], eps)
+                    if track:
+                        errors = ([e.copy() for e in src[3]] if src is not None else
+                                  [np.zeros(w.shape[0]) for w in self.net.W[:-1]])
+                else:
+                    known = self._known_from_larger_ball(done, eps, x0)
                 lb, bounds = margin_lower_bound(self.net, x0, float(eps), self.qcode, self.relax_fn,
-                                                C, first, dtype, known, return_bounds=True)
+                                                C, first, dtype, known, return_bounds=True,
+                                                errors=errors, act_bound=self._act_bound)
                 fresh = [np.ones(l.shape, bool) if known is None or callable(known) else ~known[k][0]
                          for k, (l, _) in enumerate(bounds)]
-                done[dtype].append((eps, bounds, fresh))
+                done[dtype].append((eps, bounds, fresh, errors))
                 return float(np.min(lb))
             return fn
 
@@ -263,23 +272,35 @@ class Certifier:
         return Certificate(out.eps, out.lower_bound, g0, out.evaluations, out.status,
                            time.perf_counter() - t0)
 
+    def _tracks_rounding(self) -> bool:
+        """Do float32 evaluations bound their rounding (for :class:`StableFromFloat32`)?"""
+        return (self.precision == "mixed" and self.interval_free is not None
+                and self.net.num_hidden >= 2 and self.activation in SIGN_STABLE)
+
+    def _act_bound(self, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
+        """max |act(z)| over [lo, hi] elementwise (the activations here are monotone)."""
+        return np.maximum(np.abs(apply_activation(self.activation, lo, self.alpha)),
+                          np.abs(apply_activation(self.activation, hi, self.alpha)))
+
     def _known_from_larger_ball(self, done, eps, x0=None):
         """Known bounds for an evaluation at eps: (mask, l, u) per hidden layer, or a function.
 
         Bounds proven on a larger ball hold on this one; for neurons the relaxation treats
         the same on every sub-interval (stable ReLUs) they replace recomputation. Float32
         evaluations (``x0`` None, ``done`` their own list) take them from the smallest larger
-        float32 ball. Float64 evaluations take them from a larger float64 ball, or else from
-        the float32 evaluations made rigorous layer by layer (:mod:`crown_cli.stability`).
+        float32 ball, and get (known, that evaluation's record or None). Float64 evaluations
+        take them from a larger float64 ball, or else from the float32 evaluations made
+        rigorous layer by layer (:mod:`crown_cli.stability`).
         """
-        if self.interval_free is None:
-            return None
         own = done[np.float64] if x0 is not None else done
-        larger = [(e, b) for e, b, _ in own if e >= eps]
-        if larger:
-            _, bounds = min(larger, key=lambda item: item[0])
-            return [(self.interval_free(l, u), l, u) for l, u in bounds]
-        if x0 is None or self.net.num_hidden < 2 or self.activation not in SIGN_STABLE:
+        larger = [rec for rec in own if rec[0] >= eps] if self.interval_free is not None else []
+        src = min(larger, key=lambda rec: rec[0]) if larger else None
+        known = None if src is None else [(self.interval_free(l, u), l, u) for l, u in src[1]]
+        if x0 is None:
+            return known, src
+        if known is not None or self.interval_free is None:
+            return known
+        if self.net.num_hidden < 2 or self.activation not in SIGN_STABLE:
             return None
         return StableFromFloat32(self.net, x0, eps, done[np.float32], self.relax_fn,
                                  self.interval_free, self.activation, self.alpha)
@@ -293,10 +314,11 @@ class Certifier:
         """Search with float32 products, then verify the answer in float64.
 
         The float32 search runs to rtol/2 and stops at an accurate root estimate without
-        closing the bracket around it (``stop_at_estimate``): float64 verifies the radius just
-        below the estimate and float32 the one just above it, which closes the bracket (one
-        evaluation fewer than float32 closing it and float64 verifying). Otherwise float32
-        closes the bracket on the side the estimate missed; float64 then verifies the largest
+        closing the bracket around it (``stop_at_estimate``): float32 evaluates the radius just
+        above the estimate (closing the bracket), then float64 verifies the one just below it
+        (one evaluation fewer than float32 closing it and float64 verifying; in this order the
+        verification reuses the neurons float32 proved stable on the nearest larger ball).
+        Otherwise float32 closes the bracket on the side the estimate missed; float64 then verifies the largest
         radius float32 certified, or one step of rtol/2 below it; failing those a float64
         search starts from there. Only a radius whose float64 lower bound is > 0 is returned.
         """
@@ -309,16 +331,19 @@ class Certifier:
                                 res.status, res.upper)
         evals = fast.evaluations
         if fast.candidate is not None:
-            v = exact(fast.candidate)
+            # the probe first: its neurons, proven stable just above the candidate, spare
+            # float64 most of its rows (StableFromFloat32 takes the nearest larger ball)
+            w = bound(np.float32)(fast.probe)
             evals += 1
-            if v > 0:  # certified; float32 just above it closes the bracket
-                w = bound(np.float32)(fast.probe)
-                evals += 1
-                if not w > 0:
-                    return SearchResult(fast.candidate, v, evals, fast.status, fast.probe)
+            if w > 0:  # the root lies above the probe: float32 closes the bracket up there
                 more = refine_bracket(bound(np.float32), g0, fast.probe, w, fast.upper,
                                       fast.upper_value, self.F32_RTOL * self.rtol)
-            else:  # the estimate was too high after all: close the float32 bracket below it
+            else:
+                v = exact(fast.candidate)
+                evals += 1
+                if v > 0:  # certified, and the probe closed the bracket
+                    return SearchResult(fast.candidate, v, evals, fast.status, fast.probe)
+                # the estimate was too high after all: close the float32 bracket below it
                 more = refine_bracket(bound(np.float32), g0, fast.eps, fast.lower_bound,
                                       fast.candidate, v, self.F32_RTOL * self.rtol)
             evals += more.evaluations

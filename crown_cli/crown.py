@@ -188,13 +188,22 @@ def back_substitute(
     qcode: int,
     want_upper: bool = True,
     dtype=np.float64,
-) -> Tuple[np.ndarray, np.ndarray]:
+    err=None,
+):
     """Bounds over the ball of ``Lam @ a_h + const`` where a_h = act(z_h), h = len(relax) - 1.
 
     ``relax[i]`` relaxes hidden layer i (0-based), ``z_i = W[i] a_{i-1} + b[i]``, ``a_{-1} = x``.
     Returns (lower, upper) of shape (r,); ``upper`` is None unless ``want_upper``.
     With ``dtype=float32`` the matrix products run in single precision: faster, but the
     result is only an estimate (used to steer the search, never reported).
+
+    ``err`` (float32 only) asks for a bound on the rounding of the chain, returned as two more
+    items (eL, eU) per row: ``lower - eL`` and ``upper + eU`` bound ``Lam @ a_h + const`` on
+    the ball wherever the relaxations hold and the magnitudes ``err`` was built from do.
+    ``err[i]`` is the weight vector of :func:`rounding_weights` for the step through hidden
+    layer i: that step's rounding moves the bound by at most ``|D| @ err[i]`` for the scaled
+    matrix D it multiplies by W[i]. Each step is charged where it happens, against the true
+    activations, so the bound does not compound through the later steps.
     """
     W, b = net.weights(dtype), net.b
     LU = LL = np.ascontiguousarray(Lam, dtype=dtype)
@@ -202,6 +211,9 @@ def back_substitute(
     cL = cU.copy()
     mU = np.abs(cU)
     mL = mU.copy()
+    if err is not None:
+        eL = np.zeros(LL.shape[0])
+        eU = np.zeros(LL.shape[0]) if want_upper else None
     shared = True
     for i in range(len(relax) - 1, -1, -1):
         rl = relax[i]
@@ -209,6 +221,11 @@ def back_substitute(
             DS, DU, DL, dcU, dcL, dmU, dmL = kernels().relax_shared(
                 LU, rl.aU, rl.bU, rl.aL, rl.bL, b[i], rl.agree, rl.diff, rl.icols
             )
+            if err is not None:
+                e = kernels().absdot(DS, err[i][rl.agree]) if rl.agree.shape[0] else 0.0
+                eL += e + (kernels().absdot(DL, err[i][rl.diff]) if rl.diff.shape[0] else 0.0)
+                if want_upper:
+                    eU += e + (kernels().absdot(DU, err[i][rl.diff]) if rl.diff.shape[0] else 0.0)
             if rl.diff.shape[0]:
                 Wd = net.take(i, dtype, rl.diff)
                 LL = _mm(DL, Wd)
@@ -224,9 +241,13 @@ def back_substitute(
         else:
             Wc = net.take(i, dtype, rl.cols)
             DL, dcL, dmL = kernels().relax_chain(LL, rl.aL, rl.bL, rl.aU, rl.bU, b[i], rl.cols, rl.icols)
+            if err is not None:
+                eL += kernels().absdot(DL, err[i][rl.cols])
             LL = _mm(DL, Wc)
             if want_upper:
                 DU, dcU, dmU = kernels().relax_chain(LU, rl.aU, rl.bU, rl.aL, rl.bL, b[i], rl.cols, rl.icols)
+                if err is not None:
+                    eU += kernels().absdot(DU, err[i][rl.cols])
                 LU = _mm(DU, Wc)
         cL += dcL
         mL += dmL
@@ -242,7 +263,39 @@ def back_substitute(
         else:
             linU, nU, xmU = input_terms(LU, x0, qcode)
         upper = _widen(linU + eps * nU + cU, xmU + eps * nU + mU, 1.0)
+    if err is not None:
+        return lower, upper, eL, eU
     return lower, upper
+
+
+U32 = 2.0 ** -24  # unit roundoff of float32
+ERR_SAFETY = 1.0 + 2.0 ** -20  # covers the float64 rounding of the error bounds themselves
+TINY32 = 2.0 ** -149  # smallest float32 subnormal: the absolute error of a product that underflows
+
+
+def rounding_weights(net: Network, i: int, a_prev: np.ndarray, lo: np.ndarray, hi: np.ndarray):
+    """Weights bounding the float32 rounding of one back-substitution step through hidden layer i.
+
+    The step scales a row by the relaxation slopes, D = fl32(Lam * slope), and multiplies
+    D @ fl32(W_i) in float32 (inner dimension at most n_i, plus one addition of the two partial
+    products). Replacing the exact step by the computed one changes the linear function by a
+    residual whose value, at every point of the ball where |a_{i-1}| <= a_prev and z_i lies
+    in [lo, hi], is at most |D| @ v + t with
+
+        v = gamma_{n_i + 2} |W_i| a_prev + 2u |W_i| a_prev + 2u (|z_i| + |b_i|),   t per row,
+
+    u = 2**-24: the rounded product (gamma |D| |W_i| against |a_{i-1}|), the rounded weights
+    (u |W_i|), the rounding of D when stored (u |D|, against z_i - b_i = W_i a_{i-1}). ``t``
+    covers products that underflow (2**-149 each). Returns (v, t); v in float64, rounded up.
+    """
+    n = net.W[i].shape[0]
+    nu = (n + 2) * U32
+    gamma = nu / (1.0 - nu) + 2.0 * U32
+    Wa = net.abs_weights(i) @ a_prev
+    z = np.maximum(np.abs(lo), np.abs(hi))
+    v = ERR_SAFETY * (gamma * Wa + 2.0 * U32 * (z + np.abs(net.b[i])))
+    t = ERR_SAFETY * TINY32 * (n * float(np.sum(a_prev)) + float(np.sum(z + np.abs(net.b[i]))) + n)
+    return v, t
 
 
 def first_layer_center(net: Network, x0: np.ndarray) -> Tuple[np.ndarray, np.ndarray]:
@@ -253,7 +306,7 @@ def first_layer_center(net: Network, x0: np.ndarray) -> Tuple[np.ndarray, np.nda
 
 def hidden_layer_bounds(
     net: Network, x0: np.ndarray, eps: float, qcode: int, relax_fn: Callable, first=None,
-    dtype=np.float64, known=None,
+    dtype=np.float64, known=None, errors=None, act_bound=None,
 ) -> Tuple[List[Tuple[np.ndarray, np.ndarray]], List[Relaxation]]:
     """Pre-activation bounds (l, u) and relaxations of every hidden layer at radius eps.
 
@@ -264,6 +317,13 @@ def hidden_layer_bounds(
     their old bounds are kept, which gives the same relaxation the recomputed ones would.
     ``known`` may also be a function (k, bounds of layers < k) -> (mask, l, u) or None; a
     function may add a fourth item, a sign hint for the other rows (see :func:`_row_bounds`).
+
+    ``errors`` (float32 only; ``known`` then a list) is a list of one float64 array per hidden
+    layer, holding for the rows in ``known`` the rounding bound that came with their bounds;
+    this function fills in the other rows: [l - E, u + E] encloses z on the ball provided
+    every relaxation used holds there and each earlier layer's z lies in its [l - E, u + E]
+    (:mod:`crown_cli.stability` checks both against rigorous bounds). ``act_bound(lo, hi)``
+    bounds |act(z)| for z in [lo, hi] elementwise. Layer 0 is computed in float64 (E = 0).
     """
     if net.num_hidden == 0:
         return [], []
@@ -275,7 +335,33 @@ def hidden_layer_bounds(
     bounds = [(l, u)]
     relax = [Relaxation(*relax_fn(l, u))]
     W = net.weights(dtype)
+    if errors is not None:
+        errors[0][:] = 0.0
+        a_prev = np.abs(x0) + eps  # |x| on every l_p ball of radius eps
+        steps, tiny = [], 0.0
     for k in range(1, net.num_hidden):
+        if errors is not None:
+            lo, hi = l - errors[k - 1], u + errors[k - 1]
+            v, t = rounding_weights(net, k - 1, a_prev, lo, hi)
+            steps.append(v)
+            tiny += t
+            a_prev = act_bound(lo, hi)
+            entry = None if known is None else known[k]
+            mask = entry[0] if entry is not None else np.zeros(W[k].shape[0], bool)
+            l, u = (entry[1].copy(), entry[2].copy()) if entry is not None else (None, None)
+            rows = np.flatnonzero(~mask)
+            if rows.size:
+                lr, ur, eL, eU = back_substitute(net, relax, net.take(k, dtype, rows), net.b[k][rows],
+                                                 x0, eps, qcode, dtype=dtype, err=steps)
+                if l is None:
+                    l, u = lr, ur
+                else:
+                    l[rows], u[rows] = lr, ur
+                first_row = U32 * (net.abs_weights(k)[rows] @ a_prev)  # W_k rounded to float32
+                errors[k][rows] = ERR_SAFETY * (np.maximum(eL, eU) + first_row + tiny)
+            bounds.append((l, u))
+            relax.append(Relaxation(*relax_fn(l, u)))
+            continue
         entry = known(k, bounds) if callable(known) else None if known is None else known[k]
         if entry is not None and (entry[0].any() or len(entry) > 3):
             mask, kl, ku = entry[:3]
@@ -335,14 +421,18 @@ def margin_lower_bound(
     dtype=np.float64,
     known=None,
     return_bounds: bool = False,
+    errors=None,
+    act_bound=None,
 ):
     """Lower bounds over the eps-ball of the margins ``C @ logits(x)``, shape (r,).
 
     C (r, classes) holds rows e_c - e_t; the margin is folded into the last layer so its
     rows are back-substituted directly (paper, Section 3.1 footnote). With ``return_bounds``
-    the hidden layers' (l, u) come back too.
+    the hidden layers' (l, u) come back too. ``errors``, ``act_bound``: see
+    :func:`hidden_layer_bounds`.
     """
-    bounds, relax = hidden_layer_bounds(net, x0, eps, qcode, relax_fn, first, dtype, known)
+    bounds, relax = hidden_layer_bounds(net, x0, eps, qcode, relax_fn, first, dtype, known,
+                                        errors, act_bound)
     Lam = C @ net.W[-1]
     const = C @ net.b[-1]
     lower, _ = back_substitute(net, relax, Lam, const, x0, eps, qcode, want_upper=False,

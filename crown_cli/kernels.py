@@ -185,3 +185,23 @@ def relax_chain(Lam, aS, bS, aO, bO, bias, cols, icols):
         const[j] = s
         mag[j] = m
     return D, const, mag
+
+
+@njit(cache=True)
+def absdot(D, w):
+    """For each row d of D: sum_c |d_c| w_c, summed in float64 (w >= 0)."""
+    r, n = D.shape
+    out = np.empty(r)
+    for j in range(r):
+        s0 = 0.0
+        s1 = 0.0
+        k = 0
+        while k + 2 <= n:
+            s0 += abs(D[j, k]) * w[k]
+            s1 += abs(D[j, k + 1]) * w[k + 1]
+            k += 2
+        while k < n:
+            s0 += abs(D[j, k]) * w[k]
+            k += 1
+        out[j] = s0 + s1
+    return out

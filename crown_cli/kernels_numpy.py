@@ -128,3 +128,12 @@ def relax_chain(Lam, aS, bS, aO, bO, bias, cols, icols):
         ci, mi = _intercepts(V, V >= 0.0, bSi, bOi)
         const[s], mag[s] = c + ci, m + mi
     return D, const, mag
+
+
+def absdot(D, w):
+    """For each row d of D: sum_c |d_c| w_c, summed in float64 (w >= 0)."""
+    r, n = D.shape
+    out = np.empty(r)
+    for s in _blocks(r, n):
+        out[s] = np.abs(D[s], dtype=np.float64) @ w
+    return out

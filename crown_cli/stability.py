@@ -6,77 +6,48 @@ on its bounds, so the verification only needs the bounds of the neurons that are
 Float32 bounds are not rigorous as computed; they become rigorous here, layer by layer:
 
 * A float32 evaluation G at radius eps_G >= eps_v computed hidden layer k's bounds from
-  relaxations of layers < k built from its own (float32) bounds. Those relaxations are valid on
-  the eps_v ball when, for each neuron, the rigorous float64 bounds B_i already established at
-  eps_v agree: a neuron G treated as stable is stable in B_i on the same side, and a neuron G
-  relaxed as unstable on [l_G, u_G] has B_i inside [l_G, u_G] (a ReLU chord valid on an
-  interval is valid on every sub-interval; the lower lines are valid everywhere).
-* Then G's bounds of layer k hold on the eps_v ball (a subset of the eps_G ball) up to the
-  float32 rounding of G's products, bounded by :func:`float32_allowance`.
-* A neuron whose widened float32 interval is stable is stable on the eps_v ball.
+  relaxations of layers < k built from its own (float32) bounds, and with them a bound E_G on
+  their rounding (:func:`crown_cli.crown.rounding_weights`): [l_G - E_G, u_G + E_G] encloses
+  z_k on a ball inside G's wherever those relaxations hold and every earlier layer's z stays
+  in its widened interval [l_G - E_G, u_G + E_G] (the magnitudes G charged its rounding to).
+* G's relaxations and those magnitudes hold on the eps_v ball when, for each neuron, the
+  rigorous float64 bounds B_i already established at eps_v agree (:func:`relaxation_valid`):
+  a neuron G treated as stable is stable in B_i on the same side and B_i stays inside G's
+  widened interval (where its slope is not 0), and a neuron G relaxed as unstable on
+  [l_G, u_G] has B_i inside [l_G, u_G] (a ReLU chord valid on an interval is valid on every
+  sub-interval; the lower lines are valid everywhere).
+* Then G's widened bounds of layer k hold on the eps_v ball (a subset of the eps_G ball), and
+  a neuron whose widened interval is stable is stable on the eps_v ball.
 
-Arrays in, arrays out.
+The rounding bound is computed with the float32 evaluation from the matrices it actually
+formed (|D| times a weight vector per step), so it grows with the bounds themselves, not with
+products of |W| over the depth as an a-priori bound would. Arrays in, arrays out.
 """
 from __future__ import annotations
 
-from typing import Callable, List, Optional, Sequence, Tuple
+from typing import Callable, List, Optional, Tuple
 
 import numpy as np
 
-from .activations import apply_activation
 from .crown import Network, _widen
-
-U32 = 2.0 ** -24  # unit roundoff of float32
 
 Bounds = List[Tuple[np.ndarray, np.ndarray]]
 
 
-def float32_allowance(net: Network, x0: np.ndarray, eps: float, k: int, rigorous: Bounds,
-                      act_max: Sequence[np.ndarray], slopes: Sequence[np.ndarray]) -> np.ndarray:
-    """Bound on |float32 result - exact result| for hidden layer k's bounds, per neuron.
+def relaxation_valid(lg: np.ndarray, ug: np.ndarray, lb: np.ndarray, ub: np.ndarray,
+                     err: np.ndarray, slope: np.ndarray) -> bool:
+    """Does a ReLU-like relaxation built from float32 bounds [lg, ug] (rounding bound ``err``)
+    hold on the rigorous interval [lb, ub], with the magnitudes the float32 evaluation assumed?
 
-    The float32 computation back-substitutes the rows of W_k through layers k-1 .. 0 with
-    relaxation slopes whose magnitudes are at most ``slopes[i]`` (per neuron of layer i). Over
-    the eps ball, ``rigorous[i]`` bounds z_i and ``act_max[i]`` bounds |act(z_i)|; |x_j| <=
-    |x0_j| + eps for every l_p ball. At the step through layer i three things round: the scaled
-    row D = Lam * slope (|dD| <= 2u|D|, times |z_i - b_i| <= Z_i + |b_i|), the weights W_i
-    (u|W_i|) and the product D @ W_i (gamma_n |D| |W_i|), both times |a_{i-1}|; and W_k itself at
-    the start (u |W_k| |a_{k-1}|). With |D_i| <= c^k |W_k| S_{k-1} |W_{k-1}| ... |W_{i+1}| S_i
-    (S = slope magnitudes, c = 1 + gamma + 3u for the growth of the computed matrices), the sum
-    over steps is a Horner chain of float64 matrix-vector products:
-
-        v = S_0 w_0;  v = S_i (w_i + |W_i| v) for i = 1 .. k-1;  E = c^k |W_k| v + u |W_k| A_{k-1}
-
-    with w_i = 2u (Z_i + |b_i|) + (gamma + 2u) |W_i| A_{i-1}, A_{-1} = |x0| + eps. Scaled by
-    1 + 1e-6 (plus 1e-30) for the float64 rounding of this computation itself. A worst-case
-    bound, orders of magnitude above the errors seen in practice: it proves neurons stable,
-    it never tightens a bound.
-    """
-    n = max(w.shape[0] for w in net.W) + 2
-    gamma = n * U32 / (1.0 - n * U32)
-    a_prev = np.abs(x0) + eps
-    v = None
-    for i in range(k):
-        l, u = rigorous[i]
-        # a zero slope multiplies nothing, not even the unbounded z (l = -inf) of an inactive
-        # neuron whose lower bound was never computed
-        z = np.where(slopes[i] > 0.0, np.maximum(np.abs(l), np.abs(u)), 0.0)
-        w = 2.0 * U32 * (z + np.abs(net.b[i])) + (gamma + 2.0 * U32) * (net.abs_weights(i) @ a_prev)
-        v = slopes[i] * (w if v is None else w + net.abs_weights(i) @ v)
-        a_prev = act_max[i]
-    c = (1.0 + gamma + 3.0 * U32) ** k
-    e = c * (net.abs_weights(k) @ v) + U32 * (net.abs_weights(k) @ a_prev)
-    return e * (1.0 + 1e-6) + 1e-30
-
-
-def relaxation_valid(lg: np.ndarray, ug: np.ndarray, lb: np.ndarray, ub: np.ndarray) -> bool:
-    """Is a ReLU-like relaxation built from [lg, ug] valid on the rigorous interval [lb, ub]?
-
-    Stable in G (identity or the negative-side line) needs the same sign in [lb, ub];
-    unstable in G (upper chord of [lg, ug]) needs [lb, ub] inside [lg, ug].
+    Stable in G (identity or the negative-side line) needs the same sign in [lb, ub] and |z|
+    within G's widened interval: ub <= ug + err if active, lb >= lg - err if inactive (unless
+    its slope is 0: then z multiplies nothing); unstable in G (upper chord of [lg, ug]) needs
+    [lb, ub] inside [lg, ug].
     """
     active, inactive = lg >= 0.0, ug <= 0.0
-    ok = np.where(active, lb >= 0.0, np.where(inactive, ub <= 0.0, (lb >= lg) & (ub <= ug)))
+    ok = np.where(active, (lb >= 0.0) & (ub <= ug + err),
+                  np.where(inactive, (ub <= 0.0) & ((slope == 0.0) | (lb >= lg - err)),
+                           (lb >= lg) & (ub <= ug)))
     return bool(np.all(ok))
 
 
@@ -84,9 +55,11 @@ class StableFromFloat32:
     """``known(k, rigorous)`` for :func:`crown_cli.crown.hidden_layer_bounds` at radius eps,
     for the activations of :data:`crown_cli.relaxations.SIGN_STABLE` (ReLU, leaky ReLU).
 
-    ``evaluations`` lists the float32 evaluations (eps_G, bounds_G, fresh_G): every hidden
-    layer's (l, u) as that evaluation used them and, per layer, the mask of rows it computed
-    itself (the others it took from a larger ball). Only evaluations with eps_G >= eps count.
+    ``evaluations`` lists the float32 evaluations (eps_G, bounds_G, fresh_G, errors_G): every
+    hidden layer's (l, u) as that evaluation used them, per layer the mask of rows it computed
+    itself (the others it took from a larger ball) and the rounding bound of every neuron's
+    bounds (``errors`` of :func:`crown_cli.crown.hidden_layer_bounds`). Only evaluations with
+    eps_G >= eps count.
     """
 
     def __init__(self, net: Network, x0: np.ndarray, eps: float, evaluations, relax_fn: Callable,
@@ -96,46 +69,39 @@ class StableFromFloat32:
         self.activation, self.alpha = activation, alpha
         self.evals = sorted((e for e in evaluations if e[0] >= eps), key=lambda e: e[0])
         self.valid_below = [None] * len(self.evals)  # layers < this have valid relaxations
-        self.slopes = [dict() for _ in self.evals]
-        self.act_max: List[np.ndarray] = []
         self.skipped = 0
+        self.proved = {}  # hidden layer -> neurons taken over from float32
 
     def _slope(self, g: int, i: int) -> np.ndarray:
-        if i not in self.slopes[g]:
-            aU, _, aL, _ = self.relax_fn(*self.evals[g][1][i])
-            self.slopes[g][i] = np.maximum(np.abs(aU), np.abs(aL))
-        return self.slopes[g][i]
+        aU, _, aL, _ = self.relax_fn(*self.evals[g][1][i])
+        return np.maximum(np.abs(aU), np.abs(aL))
 
     def __call__(self, k: int, rigorous: Bounds) -> Optional[Tuple[np.ndarray, np.ndarray, np.ndarray]]:
-        while len(self.act_max) < k:  # |act(z_i)| on the rigorous intervals, layers < k
-            l, u = rigorous[len(self.act_max)]
-            self.act_max.append(np.maximum(np.abs(apply_activation(self.activation, l, self.alpha)),
-                                           np.abs(apply_activation(self.activation, u, self.alpha)))
-                                * (1.0 + 1e-6))
         n = self.net.W[k].shape[0]
         mask = np.zeros(n, bool)
         kl, ku = np.empty(n), np.empty(n)
-        for g, (_, bounds, fresh) in enumerate(self.evals):
+        for g, (_, bounds, fresh, errors) in enumerate(self.evals):
             if not (fresh[k] & ~mask).any():
                 continue
             if self.valid_below[g] is None:
                 self.valid_below[g] = 0
-            while self.valid_below[g] < k and relaxation_valid(
-                    *bounds[self.valid_below[g]], *rigorous[self.valid_below[g]]):
+            while self.valid_below[g] < k:
+                i = self.valid_below[g]
+                if not relaxation_valid(*bounds[i], *rigorous[i], errors[i], self._slope(g, i)):
+                    break
                 self.valid_below[g] += 1
             if self.valid_below[g] < k:
                 continue
-            slack = float32_allowance(self.net, self.x0, self.eps, k, rigorous, self.act_max,
-                                      [self._slope(g, i) for i in range(k)])
-            lo, hi = bounds[k][0] - slack, bounds[k][1] + slack
+            lo, hi = bounds[k][0] - errors[k], bounds[k][1] + errors[k]
             new = fresh[k] & ~mask & self.interval_free(lo, hi)
             mask |= new
             kl[new], ku[new] = lo[new], hi[new]
         self.skipped += int(mask.sum())
+        self.proved[k] = int(mask.sum())
         return (mask, kl, ku) + self._hint(k, rigorous, int(mask.sum()))
 
     # a layer whose float32 bounds proved fewer than this fraction of its neurons stable: the
-    # allowance has outgrown the intervals, later layers will prove nothing either
+    # rounding bounds have outgrown the intervals, later layers will prove little either
     HINT_BELOW = 0.1
 
     def _hint(self, k: int, rigorous: Bounds, proved: int) -> tuple:

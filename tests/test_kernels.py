@@ -88,6 +88,19 @@ def test_input_terms_and_norms_match_numba(block, r, n, dtype, qcode):
     _sums_agree(vn.dual_norms(A, qcode), nb.dual_norms(A, qcode), nrm)
 
 
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+@pytest.mark.parametrize("r,n", SHAPES)
+def test_absdot_matches_numba_and_a_plain_sum(block, r, n, dtype):
+    rng = np.random.default_rng(3 * r + n)
+    D = rng.normal(size=(r, n)).astype(dtype)
+    w = rng.uniform(0.0, 2.0, n)
+    want, got = nb.absdot(D, w), vn.absdot(D, w)
+    plain = np.array([sum(abs(float(d)) * float(x) for d, x in zip(row, w)) for row in D], float)
+    assert want.dtype == got.dtype == np.float64 and want.shape == got.shape == (r,)
+    _sums_agree(want, plain, plain)
+    _sums_agree(got, plain, plain)
+
+
 # ----------------------------------------------------------------------------- relaxations
 
 
