@@ -8,8 +8,8 @@ the single point x0 and the margin itself (> 0 for a correct prediction) is pass
 Two strategies, both stopping when the bracket [lo, hi] (lo certified, hi not) satisfies
 hi - lo <= rtol * lo:
 
-- ``interp`` (default): bracketing steered by the secant through (0, g0) going up, by a power
-  law of the drop g0 - bound going down, then quadratic interpolation through the three
+- ``interp`` (default): bracketing steered by a power law of the drop g0 - bound (of a lower
+  degree going up than going down), then quadratic interpolation through the three
   evaluated points nearest the bracket, on log-log axes of the drop against eps (where the
   drop, linear near 0 and a high power once neurons turn unstable, is nearly straight), with
   the same on linear axes as the fallback. Once successive
@@ -19,8 +19,9 @@ hi - lo <= rtol * lo:
   keeps moving, probes aim past the estimate by its last change. Safeguards: every probe stays
   inside the bracket, and a bracket that does not halve within three steps is bisected
   (geometrically when hi > 4 lo), so the worst case stays within a constant of bisection.
-  Every step of the bracketing moves by at least a factor that starts at 2 and is squared
-  after each step that failed to bracket, so a poor ``eps0`` costs only a few evaluations.
+  Every step of the bracketing moves by at least a factor (going up 1.05, going down 1/0.9
+  and then 2) that is squared after each step that failed to bracket, so a poor ``eps0``
+  costs only a few evaluations.
 - ``bisect``: the paper's procedure without its early stop: multiply or divide by 10 until
   bracketed, then plain bisection.
 """
@@ -31,6 +32,7 @@ from dataclasses import dataclass
 from typing import Callable, List, Optional, Tuple
 
 SEARCHES = ("interp", "bisect")
+UP_FACTOR = 1.05  # the smallest first step up from a certified start (squared after each miss)
 PAIR_STEP = 20.0  # near the root the estimate error is ~ its last change squared: probe both sides once it moved by <= PAIR_STEP tol
 
 
@@ -157,20 +159,21 @@ def _bracket_secant(f, g0, eps0, eps_max, eps_min, max_evals, power=2.0):
     v = f(e)
     if v > 0:
         lo, flo = e, v
-        prev_e, prev_v = 0.0, g0
-        factor = 2.0
+        factor = UP_FACTOR
         while f.n < max_evals:
             if lo >= eps_max:
                 return lo, flo, None, None
-            slope = (flo - prev_v) / (lo - prev_e)
-            guess = lo - flo / slope if -math.inf < slope < 0 else math.inf
-            guess = 1.05 * guess  # aim a little past the root to bracket it
+            # the power law of the drop, at half the degree used going down: below the root
+            # the drop grows more slowly than above it (measured on MNIST and CIFAR MLPs:
+            # this lands 0-10% above the root, the smallest failing radius the later
+            # evaluations can reuse stable neurons from)
+            drop = g0 - flo
+            guess = lo * (g0 / drop) ** (1.0 / max(1.5, 0.5 * power)) if drop > 0 else math.inf
             e = min(max(guess, factor * lo), 1e4 * lo, eps_max)
             v = f(e)
             if v > 0:
-                prev_e, prev_v = lo, flo
                 lo, flo = e, v
-                factor = min(factor * factor, 1e4)  # the secant keeps falling short: speed up
+                factor = min(factor * factor, 1e4)  # the guesses keep falling short: speed up
             else:
                 return lo, flo, e, v
         return lo, flo, None, None

@@ -102,6 +102,19 @@ def test_interp_is_fast_on_power_law_drops(power, root):
     assert a.evaluations <= 10 and a.evaluations < b.evaluations
 
 
+@pytest.mark.parametrize("start", [0.5, 0.7, 0.95])
+def test_a_certified_start_steps_up_to_just_above_the_root(start):
+    # below the root, deep networks' drops grow like a power of about half the degree the
+    # search assumes going down (power = depth): the first step up aims at that power law's
+    # root and lands a little above the true one, not at twice the start
+    g0, root = 0.5, 0.01
+    rec = Recorder(lambda e: g0 - g0 * (e / root) ** 3.5)
+    certified_radius(rec, g0, eps0=start * root, rtol=1e-4, power=6.0)
+    (e1, v1), (e2, v2) = rec.calls[:2]
+    assert e1 == start * root and v1 > 0
+    assert root < e2 <= 1.15 * root and v2 <= 0
+
+
 @pytest.mark.parametrize("shape", ["linear", "concave", "convex", "kinked"])
 @pytest.mark.parametrize("root", ROOTS)
 def test_stop_at_estimate_returns_an_unevaluated_candidate_near_the_root(shape, root):
