@@ -273,7 +273,8 @@ ERR_SAFETY = 1.0 + 2.0 ** -20  # covers the float64 rounding of the error bounds
 TINY32 = 2.0 ** -149  # smallest float32 subnormal: the absolute error of a product that underflows
 
 
-def rounding_weights(net: Network, i: int, a_prev: np.ndarray, lo: np.ndarray, hi: np.ndarray):
+def rounding_weights(net: Network, i: int, a_prev: np.ndarray, lo: np.ndarray, hi: np.ndarray,
+                     Wa=None):
     """Weights bounding the float32 rounding of one back-substitution step through hidden layer i.
 
     The step scales a row by the relaxation slopes, D = fl32(Lam * slope), and multiplies
@@ -287,11 +288,13 @@ def rounding_weights(net: Network, i: int, a_prev: np.ndarray, lo: np.ndarray, h
     u = 2**-24: the rounded product (gamma |D| |W_i| against |a_{i-1}|), the rounded weights
     (u |W_i|), the rounding of D when stored (u |D|, against z_i - b_i = W_i a_{i-1}). ``t``
     covers products that underflow (2**-149 each). Returns (v, t); v in float64, rounded up.
+    ``Wa`` may hold |W_i| a_prev if the caller has it.
     """
     n = net.W[i].shape[0]
     nu = (n + 2) * U32
     gamma = nu / (1.0 - nu) + 2.0 * U32
-    Wa = net.abs_weights(i) @ a_prev
+    if Wa is None:
+        Wa = net.abs_weights(i) @ a_prev
     z = np.maximum(np.abs(lo), np.abs(hi))
     v = ERR_SAFETY * (gamma * Wa + 2.0 * U32 * (z + np.abs(net.b[i])))
     t = ERR_SAFETY * TINY32 * (n * float(np.sum(a_prev)) + float(np.sum(z + np.abs(net.b[i]))) + n)
@@ -342,7 +345,9 @@ def hidden_layer_bounds(
     for k in range(1, net.num_hidden):
         if errors is not None:
             lo, hi = l - errors[k - 1], u + errors[k - 1]
-            v, t = rounding_weights(net, k - 1, a_prev, lo, hi)
+            # |W_0| (|x0| + eps) from the image's cached |W_0| |x0| and the rows' l1 norms
+            Wa = (cmag - np.abs(net.b[0])) + eps * net.first_layer_norms(0) if k == 1 else None
+            v, t = rounding_weights(net, k - 1, a_prev, lo, hi, Wa)
             steps.append(v)
             tiny += t
             a_prev = act_bound(lo, hi)
@@ -357,7 +362,7 @@ def hidden_layer_bounds(
                     l, u = lr, ur
                 else:
                     l[rows], u[rows] = lr, ur
-                first_row = U32 * (net.abs_weights(k)[rows] @ a_prev)  # W_k rounded to float32
+                first_row = U32 * (net.abs_weights(k) @ a_prev)[rows]  # W_k rounded to float32
                 errors[k][rows] = ERR_SAFETY * (np.maximum(eL, eU) + first_row + tiny)
             bounds.append((l, u))
             relax.append(Relaxation(*relax_fn(l, u)))
