@@ -81,6 +81,15 @@ def input_terms(A, x0, qcode):
 
 
 @njit(cache=True)
+def _pick(values, idx):
+    """values[idx] as a new contiguous float64 array."""
+    out = np.empty(idx.shape[0])
+    for c in range(idx.shape[0]):
+        out[c] = values[idx[c]]
+    return out
+
+
+@njit(cache=True)
 def relax_shared(Lam, aU, bU, aL, bL, bias, agree, diff, icols):
     """One back-substitution step while the upper and lower chains still share ``Lam``.
 
@@ -93,6 +102,7 @@ def relax_shared(Lam, aU, bU, aL, bL, bias, agree, diff, icols):
     r = Lam.shape[0]
     na = agree.shape[0]
     nd = diff.shape[0]
+    ni = icols.shape[0]
     DS = np.empty((r, na), Lam.dtype)
     DU = np.empty((r, nd), Lam.dtype)
     DL = np.empty((r, nd), Lam.dtype)
@@ -100,54 +110,73 @@ def relax_shared(Lam, aU, bU, aL, bL, bias, agree, diff, icols):
     cL = np.zeros(r)
     mU = np.zeros(r)
     mL = np.zeros(r)
+    # the per-column values in column order, contiguous: only Lam is gathered in the loops
+    sA, bA = _pick(aU, agree), _pick(bias, agree)
+    uD, lD, bD = _pick(aU, diff), _pick(aL, diff), _pick(bias, diff)
+    uI, lI = _pick(bU, icols), _pick(bL, icols)
     for j in range(r):
-        su = 0.0
-        sl = 0.0
-        au = 0.0
-        al = 0.0
+        s0 = 0.0
+        s1 = 0.0
+        a0 = 0.0
+        a1 = 0.0
         for c in range(na):
-            i = agree[c]
-            d = Lam[j, i] * aU[i]
+            d = Lam[j, agree[c]] * sA[c]
             DS[j, c] = d
-            t = d * bias[i]
-            su += t
-            sl += t
-            au += abs(t)
-        al = au
-        for c in range(nd):
-            i = diff[c]
-            v = Lam[j, i]
-            if v >= 0.0:
-                du = v * aU[i]
-                dl = v * aL[i]
+            t = d * bA[c]
+            if c & 1:  # two accumulators: independent chains, same guarantees
+                s1 += t
+                a1 += abs(t)
             else:
-                du = v * aL[i]
-                dl = v * aU[i]
+                s0 += t
+                a0 += abs(t)
+        su = s0 + s1
+        au = a0 + a1
+        sl = su
+        al = au
+        u0 = 0.0
+        l0 = 0.0
+        ua = 0.0
+        la = 0.0
+        for c in range(nd):
+            v = Lam[j, diff[c]]
+            if v >= 0.0:
+                du = v * uD[c]
+                dl = v * lD[c]
+            else:
+                du = v * lD[c]
+                dl = v * uD[c]
             DU[j, c] = du
             DL[j, c] = dl
-            tu = du * bias[i]
-            tl = dl * bias[i]
-            su += tu
-            sl += tl
-            au += abs(tu)
-            al += abs(tl)
-        for c in range(icols.shape[0]):
-            i = icols[c]
-            v = Lam[j, i]
+            tu = du * bD[c]
+            tl = dl * bD[c]
+            u0 += tu
+            l0 += tl
+            ua += abs(tu)
+            la += abs(tl)
+        su += u0
+        sl += l0
+        au += ua
+        al += la
+        u0 = 0.0
+        l0 = 0.0
+        ua = 0.0
+        la = 0.0
+        for c in range(ni):
+            v = Lam[j, icols[c]]
             if v >= 0.0:
-                tu = v * bU[i]
-                tl = v * bL[i]
+                tu = v * uI[c]
+                tl = v * lI[c]
             else:
-                tu = v * bL[i]
-                tl = v * bU[i]
-            su += tu
-            sl += tl
-            au += abs(tu)
-            al += abs(tl)
-        cU[j] = su
-        cL[j] = sl
-        mU[j] = au
-        mL[j] = al
+                tu = v * lI[c]
+                tl = v * uI[c]
+            u0 += tu
+            l0 += tl
+            ua += abs(tu)
+            la += abs(tl)
+        cU[j] = su + u0
+        cL[j] = sl + l0
+        mU[j] = au + ua
+        mL[j] = al + la
     return DS, DU, DL, cU, cL, mU, mL
 
 
@@ -162,28 +191,35 @@ def relax_chain(Lam, aS, bS, aO, bO, bias, cols, icols):
     """
     r = Lam.shape[0]
     nc = cols.shape[0]
+    ni = icols.shape[0]
     D = np.empty((r, nc), Lam.dtype)
     const = np.zeros(r)
     mag = np.zeros(r)
+    sC, oC, bC = _pick(aS, cols), _pick(aO, cols), _pick(bias, cols)
+    sI, oI = _pick(bS, icols), _pick(bO, icols)
     for j in range(r):
-        s = 0.0
-        m = 0.0
+        s0 = 0.0
+        s1 = 0.0
+        m0 = 0.0
+        m1 = 0.0
         for c in range(nc):
-            i = cols[c]
-            v = Lam[j, i]
-            d = v * aS[i] if v >= 0.0 else v * aO[i]
+            v = Lam[j, cols[c]]
+            d = v * sC[c] if v >= 0.0 else v * oC[c]
             D[j, c] = d
-            t = d * bias[i]
-            s += t
-            m += abs(t)
-        for c in range(icols.shape[0]):
-            i = icols[c]
-            v = Lam[j, i]
-            t = v * bS[i] if v >= 0.0 else v * bO[i]
-            s += t
-            m += abs(t)
-        const[j] = s
-        mag[j] = m
+            t = d * bC[c]
+            if c & 1:
+                s1 += t
+                m1 += abs(t)
+            else:
+                s0 += t
+                m0 += abs(t)
+        for c in range(ni):
+            v = Lam[j, icols[c]]
+            t = v * sI[c] if v >= 0.0 else v * oI[c]
+            s0 += t
+            m0 += abs(t)
+        const[j] = s0 + s1
+        mag[j] = m0 + m1
     return D, const, mag
 
 
