@@ -278,7 +278,9 @@ class Certifier:
                 and self.net.num_hidden >= 2 and self.activation in SIGN_STABLE)
 
     def _act_bound(self, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
-        """max |act(z)| over [lo, hi] elementwise (the activations here are monotone)."""
+        """max |act(z)| over [lo, hi] elementwise: at an end of the interval for the
+        activations that track rounding (ReLU, leaky ReLU: |act| grows with |z| on each side
+        of 0) and for monotone ones."""
         return np.maximum(np.abs(apply_activation(self.activation, lo, self.alpha)),
                           np.abs(apply_activation(self.activation, hi, self.alpha)))
 
