@@ -180,8 +180,9 @@ def parse_rows(path: str, text: str, fmt: Optional[str] = None):
     return fmt, columns, rows, (lines[1:] if fmt == "csv" else lines)
 
 
-def read_for_resume(path: str, fmt: str) -> List[Dict[str, str]]:
-    """Rows already in ``path``; a partial last line (a run killed mid-write) is cut off the file.
+def read_for_resume(path: str, fmt: str, cut: bool = True) -> List[Dict[str, str]]:
+    """Rows already in ``path``; a partial last line (a run killed mid-write) is cut off the file
+    (unless ``cut`` is False: then the file is only read).
 
     Refuses a file in another format or with other columns than this version writes.
     """
@@ -203,7 +204,7 @@ def read_for_resume(path: str, fmt: str) -> List[Dict[str, str]]:
         if tuple(columns) != tuple(COLUMNS):
             raise InputError(f"{path}: columns {','.join(columns)} differ from this version's "
                              f"{','.join(COLUMNS)}; cannot --resume it")
-    if end < len(data):  # only once the whole rows parse: cut the partial line of a killed run
+    if cut and end < len(data):  # only once the whole rows parse: cut the partial line of a killed run
         with open(path, "r+b") as fh:
             fh.truncate(end)
             fh.flush()
@@ -343,6 +344,10 @@ class OutputJob:
 
     def skip(self, key) -> bool:
         return key in self.done
+
+    def rows_present(self) -> int:
+        """Rows a resumed file already holds (0 for a new file); reads, writes nothing."""
+        return len(read_for_resume(self.output, self.fmt, cut=False)) if self.append else 0
 
     def finish(self, summary, complete: bool) -> int:
         """Rewrite the sidecar with the end time and counts; return the number of failed rows."""

@@ -237,7 +237,10 @@ def certify(model_path, images_path, labels_path, num_images, start, norm, metho
     check_random_possible(mlp.num_classes, target_types)
     stop = x.shape[0] if num_images is None else min(x.shape[0], start + num_images)
     indices = shard_indices(range(start, stop), parse_shard(shard))
-    runs = len(indices) * len(target_types) * len(norms) * len(methods)
+    job = OutputJob(option_values(click.get_current_context()), output, out_format, overwrite,
+                    resume, model_path, mlp, images_path, x, y, indices)
+    # rows a resumed file already holds are skipped: they cost no certification
+    runs = len(indices) * len(target_types) * len(norms) * len(methods) - job.rows_present()
     kernels = choose_kernels(kernels, mlp.activation, [w.shape for w in mlp.weights], runs)
     # the engine's switch is process-wide: restore it when this command ends
     click.get_current_context().with_resource(using_kernels(kernels))
@@ -258,8 +261,6 @@ def certify(model_path, images_path, labels_path, num_images, start, norm, metho
                    for n in norms}
     elif attack_steps is not None or attack_restarts is not None:
         raise InputError("--attack-steps/--attack-restarts: need --attack pgd")
-    job = OutputJob(option_values(click.get_current_context()), output, out_format, overwrite,
-                    resume, model_path, mlp, images_path, x, y, indices)
     t0 = time.perf_counter()
     summary = None
     writer = job.open()  # checks a resumed file's rows; raises before anything is written

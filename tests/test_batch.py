@@ -108,6 +108,25 @@ def test_resume_cuts_a_partial_last_line_and_completes_the_file(tmp_path, fmt):
     assert len(cut.read_bytes().split(b"\n")) == len(lines)
 
 
+def test_auto_kernels_count_only_the_rows_a_resume_has_left(tmp_path):
+    # 8 rows of the 3x[1024] model are past the numpy kernels' budget, the 3 left after a
+    # resume are within it (cli.choose_kernels): each run's kernels are in the sidecar
+    big = model_path("mnist_3x1024.h5")
+    full, part = tmp_path / "full.csv", tmp_path / "part.csv"
+    assert certify(full, "-n", "8", model=big).exit_code == 0
+    assert [r["kernels"] for r in sidecar(full)["runs"]] == ["numba"]
+    lines = full.read_bytes().split(b"\n")
+    part.write_bytes(b"\n".join(lines[:6]) + b"\n")  # header and 5 rows
+    shutil.copy(f"{full}.json", f"{part}.json")
+    res = certify(part, "-n", "8", "--resume", model=big)
+    assert res.exit_code == 0, res.output
+    assert [r["kernels"] for r in sidecar(part)["runs"]] == ["numba", "numpy"]
+    got, want = read_rows(part), read_rows(full)
+    assert keys(got) == keys(want)
+    for g, w in zip(got, want):  # the kernels differ only in the order of float64 sums
+        assert float(g["eps"]) == pytest.approx(float(w["eps"]), rel=2 * float(w["rtol"]))
+
+
 def test_resuming_a_complete_file_writes_nothing(tmp_path):
     out = tmp_path / "r.csv"
     assert certify(out, "-n", "3").exit_code == 0
