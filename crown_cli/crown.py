@@ -341,16 +341,18 @@ def hidden_layer_bounds(
     if errors is not None:
         errors[0][:] = 0.0
         a_prev = np.abs(x0) + eps  # |x| on every l_p ball of radius eps
+        # |W_0| (|x0| + eps) from the image's cached |W_0| |x0| and the rows' l1 norms
+        Wa = (cmag - np.abs(net.b[0])) + eps * net.first_layer_norms(0)
         steps, tiny = [], 0.0
     for k in range(1, net.num_hidden):
         if errors is not None:
             lo, hi = l - errors[k - 1], u + errors[k - 1]
-            # |W_0| (|x0| + eps) from the image's cached |W_0| |x0| and the rows' l1 norms
-            Wa = (cmag - np.abs(net.b[0])) + eps * net.first_layer_norms(0) if k == 1 else None
             v, t = rounding_weights(net, k - 1, a_prev, lo, hi, Wa)
             steps.append(v)
             tiny += t
             a_prev = act_bound(lo, hi)
+            # |W_k| |a_{k-1}|: the rounding of W_k's rows here, and the next step's weights
+            Wa = net.abs_weights(k) @ a_prev
             entry = None if known is None else known[k]
             mask = entry[0] if entry is not None else np.zeros(W[k].shape[0], bool)
             l, u = (entry[1].copy(), entry[2].copy()) if entry is not None else (None, None)
@@ -362,7 +364,7 @@ def hidden_layer_bounds(
                     l, u = lr, ur
                 else:
                     l[rows], u[rows] = lr, ur
-                first_row = U32 * (net.abs_weights(k) @ a_prev)[rows]  # W_k rounded to float32
+                first_row = U32 * Wa[rows]  # W_k rounded to float32
                 errors[k][rows] = ERR_SAFETY * (np.maximum(eL, eU) + first_row + tiny)
             bounds.append((l, u))
             relax.append(Relaxation(*relax_fn(l, u)))
