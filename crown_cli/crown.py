@@ -75,13 +75,58 @@ def kernels():
     return _KERNELS
 
 
+class Box:
+    """The input set ``[lo, hi]`` (elementwise), usable wherever the engine takes a ball.
+
+    Every engine function bounds over the set given by ``(x0, eps, qcode)``; a box is passed
+    as ``x0 = box.center``, ``eps = 1.0``, ``qcode = box``: then ``Lam x0 +/- eps * |Lam| r``
+    is the exact range of ``Lam x`` over the box (the role of ``||Lam||_q`` is played by the
+    weighted l1 norm ``|Lam| @ r``, the box's support function). :meth:`args` gives the triple.
+
+    ``center +/- radius`` contains ``[lo, hi]`` despite rounding: the radius is rounded up by
+    one ulp after the float64 subtraction. Degenerate coordinates (lo == hi) get radius 0
+    when the centre is exact.
+    """
+
+    __slots__ = ("lo", "hi", "center", "radius")
+
+    def __init__(self, lo, hi):
+        lo = np.ascontiguousarray(lo, dtype=np.float64)
+        hi = np.ascontiguousarray(hi, dtype=np.float64)
+        if lo.shape != hi.shape or lo.ndim != 1:
+            raise ValueError("Box: lo and hi must be vectors of one shape")
+        if not (np.all(np.isfinite(lo)) and np.all(np.isfinite(hi)) and np.all(lo <= hi)):
+            raise ValueError("Box: bounds must be finite with lo <= hi")
+        self.lo, self.hi = lo, hi
+        c = 0.5 * lo + 0.5 * hi  # no overflow; c lies in [lo, hi]
+        r = np.maximum(hi - c, c - lo)
+        exact = (c - lo == r) & (hi - c == r) & (r == 0.0)
+        self.center = c
+        self.radius = np.where(exact, 0.0, np.nextafter(r, np.inf))
+
+    def args(self):
+        """``(x0, eps, qcode)`` for the engine's functions."""
+        return self.center, 1.0, self
+
+    def abs_max(self) -> np.ndarray:
+        """max |x_i| over the box."""
+        return np.maximum(np.abs(self.lo), np.abs(self.hi))
+
+
 def dual_norms(A, qcode):
-    """Row-wise dual norm of A (r, n): l1 for qcode 0, l2 for 1, l_inf for 2."""
+    """Row-wise dual norm of A (r, n): l1 for qcode 0, l2 for 1, l_inf for 2; for a
+    :class:`Box` the support ``|A| @ radius``."""
+    if isinstance(qcode, Box):
+        return np.abs(np.asarray(A, dtype=np.float64)) @ qcode.radius
     return kernels().dual_norms(A, qcode)
 
 
 def input_terms(A, x0, qcode):
-    """For each row a of A: (a.x0, ||a||_q, sum |a_i x0_i|)."""
+    """For each row a of A: (a.x0, ||a||_q, sum |a_i x0_i|) (for a :class:`Box`, |a| @ radius
+    in place of the norm)."""
+    if isinstance(qcode, Box):
+        lin, _, mag = kernels().input_terms(A, x0, 0)
+        return lin, dual_norms(A, qcode), mag
     return kernels().input_terms(A, x0, qcode)
 
 
@@ -156,7 +201,9 @@ class Network:
             self._absW[k] = np.abs(self.W[k])
         return self._absW[k]
 
-    def first_layer_norms(self, qcode: int) -> np.ndarray:
+    def first_layer_norms(self, qcode) -> np.ndarray:
+        if isinstance(qcode, Box):  # one per box: not cached
+            return dual_norms(self.W[0], qcode)
         if qcode not in self._first_norms:
             self._first_norms[qcode] = dual_norms(self.W[0], qcode)
         return self._first_norms[qcode]
@@ -340,9 +387,13 @@ def hidden_layer_bounds(
     W = net.weights(dtype)
     if errors is not None:
         errors[0][:] = 0.0
-        a_prev = np.abs(x0) + eps  # |x| on every l_p ball of radius eps
-        # |W_0| (|x0| + eps) from the image's cached |W_0| |x0| and the rows' l1 norms
-        Wa = (cmag - np.abs(net.b[0])) + eps * net.first_layer_norms(0)
+        if isinstance(qcode, Box):  # |x| <= |centre| + radius on the box
+            a_prev = np.abs(x0) + qcode.radius
+            Wa = (cmag - np.abs(net.b[0])) + net.first_layer_norms(qcode)
+        else:
+            a_prev = np.abs(x0) + eps  # |x| on every l_p ball of radius eps
+            # |W_0| (|x0| + eps) from the image's cached |W_0| |x0| and the rows' l1 norms
+            Wa = (cmag - np.abs(net.b[0])) + eps * net.first_layer_norms(0)
         steps, tiny = [], 0.0
     for k in range(1, net.num_hidden):
         if errors is not None:
