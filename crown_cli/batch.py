@@ -12,13 +12,47 @@ import io
 import json
 import os
 import sys
-from typing import Dict, List, Optional, Sequence, Tuple
+from dataclasses import dataclass
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 from .errors import InputError
 from .results import COLUMNS, format_value
-from .runner import FAILED_STATUSES, row_key
+from .runner import FAILED_STATUSES
 
 FORMATS = ("csv", "jsonl")
+
+
+@dataclass(frozen=True)
+class RowKind:
+    """What the rows of one kind of result file are: `crown certify` rows (one per image and
+    target) or `crown verify --instances` rows (one per instance)."""
+
+    name: str
+    columns: Tuple[str, ...]
+    key_columns: Tuple[str, ...]  # the identity of a row within a file
+    order_column: str  # integer column: merged files are sorted by it
+    failed: Callable[[Dict[str, str]], bool]  # rows that make the command exit with code 3
+    command: str  # the command that writes and resumes such files
+
+    def key(self, row: Dict[str, object]) -> Tuple[str, ...]:
+        return tuple(format_value(row.get(k)) for k in self.key_columns)
+
+
+CERTIFY_ROWS = RowKind("certify", tuple(COLUMNS), ("image", "target_type", "target", "norm", "method"),
+                       "image", lambda r: r.get("status") in FAILED_STATUSES, "crown certify")
+VERIFY_COLUMNS = ("index", "instance", "onnx", "vnnlib", "timeout", "verdict", "time_s", "stage",
+                  "margin", "cases", "cases_proven", "counterexample")
+VERIFY_ROWS = RowKind("verify", VERIFY_COLUMNS, ("index", "onnx", "vnnlib"), "index",
+                      lambda r: r.get("verdict") == "error", "crown verify --instances")
+ROW_KINDS = (CERTIFY_ROWS, VERIFY_ROWS)
+
+
+def kind_of(path: str, columns: Sequence[str]) -> RowKind:
+    """The kind of result file whose header (CSV) or keys (JSONL) are ``columns``."""
+    for kind in ROW_KINDS:
+        if all(c in columns for c in kind.key_columns):
+            return kind
+    raise InputError(f"{path}: line 1 is not a crown result header (neither certify nor verify rows)")
 
 
 # --------------------------------------------------------------------------- shards
@@ -136,7 +170,7 @@ def detect_format(path: str, first_line: str) -> str:
     return "jsonl" if first_line.lstrip().startswith("{") else "csv"
 
 
-def parse_rows(path: str, text: str, fmt: Optional[str] = None):
+def parse_rows(path: str, text: str, fmt: Optional[str] = None, kind: Optional[RowKind] = None):
     """(format, columns, rows as dicts of text, row lines) of a complete result file's ``text``.
 
     Values are normalised to the CSV text form (JSON null -> '', numbers via repr), so rows of
@@ -146,13 +180,12 @@ def parse_rows(path: str, text: str, fmt: Optional[str] = None):
     if lines and lines[-1] == "":
         lines.pop()
     if not lines:
-        return fmt or "csv", list(COLUMNS), [], []
+        return fmt or "csv", list((kind or CERTIFY_ROWS).columns), [], []
     fmt = fmt or detect_format(path, lines[0])
     rows: List[Dict[str, str]] = []
     if fmt == "csv":
         columns = next(csv.reader([lines[0]]))
-        if "image" not in columns or "target_type" not in columns:
-            raise InputError(f"{path}: line 1 is not a crown result CSV header")
+        kind_of(path, columns)
         for n, line in enumerate(lines[1:], start=2):
             try:
                 values = next(csv.reader([line]))
@@ -175,12 +208,12 @@ def parse_rows(path: str, text: str, fmt: Optional[str] = None):
             elif list(obj) != columns:
                 raise InputError(f"{path}: line {n} has keys {list(obj)}, expected {columns}")
             rows.append({k: format_value(v) for k, v in obj.items()})
-        if "image" not in columns or "target_type" not in columns:
-            raise InputError(f"{path}: line 1 is not a crown result row (no 'image' key)")
+        kind_of(path, columns)
     return fmt, columns, rows, (lines[1:] if fmt == "csv" else lines)
 
 
-def read_for_resume(path: str, fmt: str, cut: bool = True) -> List[Dict[str, str]]:
+def read_for_resume(path: str, fmt: str, cut: bool = True,
+                    kind: RowKind = CERTIFY_ROWS) -> List[Dict[str, str]]:
     """Rows already in ``path``; a partial last line (a run killed mid-write) is cut off the file
     (unless ``cut`` is False: then the file is only read).
 
@@ -198,12 +231,12 @@ def read_for_resume(path: str, fmt: str, cut: bool = True) -> List[Dict[str, str
         raise InputError(f"{path}: not a UTF-8 result file, cannot --resume it") from None
     rows: List[Dict[str, str]] = []
     if text:
-        found, columns, rows, _ = parse_rows(path, text)
+        found, columns, rows, _ = parse_rows(path, text, kind=kind)
         if found != fmt:
             raise InputError(f"{path}: the file is {found} but --format is {fmt}; cannot --resume it")
-        if tuple(columns) != tuple(COLUMNS):
+        if tuple(columns) != tuple(kind.columns):
             raise InputError(f"{path}: columns {','.join(columns)} differ from this version's "
-                             f"{','.join(COLUMNS)}; cannot --resume it")
+                             f"{','.join(kind.columns)}; cannot --resume it")
     if cut and end < len(data):  # only once the whole rows parse: cut the partial line of a killed run
         with open(path, "r+b") as fh:
             fh.truncate(end)
@@ -227,14 +260,14 @@ def read_result_file(path: str):
         raise InputError(f"{path}: not a UTF-8 result file") from None
 
 
-def count_failed(rows: Sequence[Dict[str, str]]) -> int:
-    return sum(r.get("status") in FAILED_STATUSES for r in rows)
+def count_failed(rows: Sequence[Dict[str, str]], kind: RowKind = CERTIFY_ROWS) -> int:
+    return sum(bool(kind.failed(r)) for r in rows)
 
 
-def duplicate_key(rows: Sequence[Dict[str, object]]):
+def duplicate_key(rows: Sequence[Dict[str, object]], kind: RowKind = CERTIFY_ROWS):
     seen = set()
     for r in rows:
-        k = row_key(r)
+        k = kind.key(r)
         if k in seen:
             return k
         seen.add(k)
@@ -269,17 +302,19 @@ def data_sha256(x, y) -> str:
     return h.hexdigest()
 
 
-class OutputJob:
-    """The output side of one ``crown certify`` run: resume checks, sidecar, row bookkeeping.
+class ResultJob:
+    """The output side of one run writing result rows: resume checks, sidecar, bookkeeping.
 
+    ``settings`` are the result-affecting settings (hashes of the inputs included): a resumed
+    file must have been made with the same; ``inputs`` is recorded in the sidecar as it is.
     Construct it after all inputs are checked; it raises InputError (before touching any file)
     when ``--resume`` finds other settings. :meth:`open` then cuts a partial last line, opens
     the writer and writes the sidecar; :meth:`finish` rewrites the sidecar with the end time.
     """
 
     def __init__(self, options: Dict[str, object], output: str, fmt: str, overwrite: bool,
-                 resume: bool, model_path: str, mlp, images_path: Optional[str], x, y,
-                 indices: Sequence[int]):
+                 resume: bool, settings: Dict[str, object], inputs: Dict[str, object],
+                 coverage: Dict[str, object], kind: RowKind = CERTIFY_ROWS):
         from . import provenance as pv
 
         if fmt not in FORMATS:
@@ -288,6 +323,7 @@ class OutputJob:
             raise InputError("--resume: cannot be combined with --overwrite (choose one)")
         if resume and output == "-":
             raise InputError("--resume: needs an --output file, not stdout")
+        self.kind = kind
         self.output, self.fmt, self.overwrite = output, fmt, overwrite
         self.sidecar = None if output == "-" else pv.sidecar_path(output)
         self.append = bool(resume and os.path.exists(output))
@@ -299,11 +335,6 @@ class OutputJob:
         self.data: Dict[str, object] = {}
         if self.sidecar is None:
             return
-        model_sha = pv.file_sha256(model_path)
-        settings = pv.settings_of(options, model_sha, data_sha256(x, y), None, mlp.activation,
-                                  mlp.alpha)
-        settings.pop("labels SHA-256")  # the data hash covers the labels
-        coverage = pv.coverage_of(options, list(indices))
         previous_runs: List[Dict[str, object]] = []
         if self.append:
             side = pv.read_sidecar(self.sidecar, output)
@@ -313,10 +344,9 @@ class OutputJob:
             "crown_result_sidecar": pv.SIDECAR_VERSION,
             "output": os.path.basename(output),
             "format": fmt,
+            "kind": kind.name,
             "complete": False,
-            "model": {"path": os.path.abspath(model_path), "sha256": model_sha},
-            "images": {"path": os.path.abspath(images_path) if images_path else "shipped MNIST",
-                       "count": int(len(y))},
+            **inputs,
             "settings": settings,
             "coverage": coverage,
             "options": options,
@@ -329,25 +359,27 @@ class OutputJob:
         from . import provenance as pv
 
         if self.append:
-            rows = read_for_resume(self.output, self.fmt)
-            dup = duplicate_key(rows)
+            rows = read_for_resume(self.output, self.fmt, kind=self.kind)
+            dup = duplicate_key(rows, self.kind)
             if dup is not None:
                 raise InputError(f"{self.output}: row {dup} appears twice; cannot --resume it")
-            self.done = {row_key(r) for r in rows}
-            self.rows_before, self.failed_before = len(rows), count_failed(rows)
+            self.done = {self.kind.key(r) for r in rows}
+            self.rows_before, self.failed_before = len(rows), count_failed(rows, self.kind)
         if self.sidecar is not None:  # before the rows: a result file never lacks its sidecar
             self.run = pv.new_run(self.rows_before)
             self.data["runs"].append(self.run)
             self.data["rows"], self.data["failed_rows"] = self.rows_before, self.failed_before
             pv.write_sidecar(self.sidecar, self.data)
-        return RowWriter(self.output, self.fmt, overwrite=self.overwrite, append=self.append)
+        return RowWriter(self.output, self.fmt, overwrite=self.overwrite, append=self.append,
+                         columns=self.kind.columns)
 
     def skip(self, key) -> bool:
         return key in self.done
 
     def rows_present(self) -> int:
         """Rows a resumed file already holds (0 for a new file); reads, writes nothing."""
-        return len(read_for_resume(self.output, self.fmt, cut=False)) if self.append else 0
+        return (len(read_for_resume(self.output, self.fmt, cut=False, kind=self.kind))
+                if self.append else 0)
 
     def finish(self, summary, complete: bool) -> int:
         """Rewrite the sidecar with the end time and counts; return the number of failed rows."""
@@ -362,6 +394,28 @@ class OutputJob:
             self.data.update(complete=complete, rows=self.rows_before + written, failed_rows=failed)
             pv.write_sidecar(self.sidecar, self.data)
         return failed
+
+
+class OutputJob(ResultJob):
+    """The output side of one ``crown certify`` run (see :class:`ResultJob`)."""
+
+    def __init__(self, options: Dict[str, object], output: str, fmt: str, overwrite: bool,
+                 resume: bool, model_path: str, mlp, images_path: Optional[str], x, y,
+                 indices: Sequence[int]):
+        from . import provenance as pv
+
+        settings, inputs, coverage = {}, {}, {}
+        if output != "-" and fmt in FORMATS:
+            model_sha = pv.file_sha256(model_path)
+            settings = pv.settings_of(options, model_sha, data_sha256(x, y), None,
+                                      mlp.activation, mlp.alpha)
+            settings.pop("labels SHA-256")  # the data hash covers the labels
+            coverage = pv.coverage_of(options, list(indices))
+            inputs = {"model": {"path": os.path.abspath(model_path), "sha256": model_sha},
+                      "images": {"path": os.path.abspath(images_path) if images_path
+                                 else "shipped MNIST", "count": int(len(y))}}
+        super().__init__(options, output, fmt, overwrite, resume, settings, inputs, coverage,
+                         CERTIFY_ROWS)
 
 
 # --------------------------------------------------------------------------- merge
@@ -396,10 +450,11 @@ def merge_files(parts: Sequence[str], output: str, overwrite: bool = False) -> D
     failed = 0
     for part in parts:
         fmt, columns, rows, lines = read_result_file(part)
+        kind = kind_of(part, columns)
         side = pv.read_sidecar(pv.sidecar_path(part), part)
         if not side.get("complete"):
             raise InputError(f"{part}: the run that wrote it did not finish; complete it with "
-                             "crown certify --resume first")
+                             f"{kind.command} --resume first")
         if side.get("rows") != len(rows):
             raise InputError(f"{part}: holds {len(rows)} rows but its sidecar records "
                              f"{side.get('rows')}; the file was changed after the run")
@@ -414,18 +469,19 @@ def merge_files(parts: Sequence[str], output: str, overwrite: bool = False) -> D
             if diff is not None:
                 raise InputError(f"{part}: made with other settings than {first[0]}: {diff}")
         for r, line in zip(rows, lines):
-            k = row_key(r)
+            k = kind.key(r)
             if k in owner:
                 where = "twice in it" if owner[k] == part else f"also in {owner[k]}"
-                raise InputError(f"{part}: row (image, target_type, target, norm, method) = "
+                raise InputError(f"{part}: row ({', '.join(kind.key_columns)}) = "
                                  f"{k} is {where}; parts must not overlap")
             owner[k] = part
             try:
-                image = int(r["image"])
+                image = int(r[kind.order_column])
             except ValueError:
-                raise InputError(f"{part}: image '{r['image']}' is not an index") from None
+                raise InputError(f"{part}: {kind.order_column} '{r[kind.order_column]}' is not "
+                                 "an index") from None
             keyed.append((image, len(keyed), line))
-        failed += count_failed(rows)
+        failed += count_failed(rows, kind)
         part_info.append({"file": os.path.abspath(part), "sha256": pv.file_sha256(part),
                           "rows": len(rows), "coverage": side.get("coverage")})
         runs.extend(dict(run, part=os.path.basename(part)) for run in side.get("runs", []))
@@ -438,6 +494,7 @@ def merge_files(parts: Sequence[str], output: str, overwrite: bool = False) -> D
         "complete": True,
         "model": side0.get("model"),
         "images": side0.get("images"),
+        **{k: side0[k] for k in ("kind", "instances") if k in side0},
         "settings": side0["settings"],
         "coverage": {"merged_from": part_info, "images": len({k[0] for k in keyed})},
         "rows": len(keyed),

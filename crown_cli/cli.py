@@ -301,7 +301,9 @@ def merge(parts, output, overwrite, quiet):
     if not quiet:
         dest = "stdout" if output == "-" else output
         click.echo(f"crown: merged {len(parts)} parts: {merged['rows']} rows for "
-                   f"{merged['coverage']['images']} images -> {dest}", err=True)
+                   f"{merged['coverage']['images']} "
+                   f"{'instances' if merged.get('kind') == 'verify' else 'images'} -> {dest}",
+                   err=True)
     if merged["failed_rows"]:
         raise click.exceptions.Exit(3)
 

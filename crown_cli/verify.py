@@ -1,0 +1,181 @@
+"""Deciding VNN-LIB properties on an MLP: attack first, then bounds from cheap to strong.
+
+A property (:mod:`crown_cli.vnnlib`) is a list of cases ``x in [lo, hi] and A f(x) <= b``; it
+is violated (``sat``) when some case has such an x, and holds (``unsat``) when none has.
+:func:`verify_property` answers with a :class:`Verdict`:
+
+- ``sat`` only with a concrete x inside the case's box whose float64 forward pass satisfies
+  every row of ``A f(x) <= b`` (:func:`crown_cli.verify_attack.check_counterexample`);
+- ``unsat`` only when every case is proven empty by a float64 bound of the engine: some row i
+  of the case has ``min over the box of A_i f(x) > b_i`` (the case's conjunction then fails
+  everywhere), the lower bound computed in float64 with the engine's rounding allowance and
+  compared with ``b_i`` rounded up by one ulp (covering the rounding of a decimal literal);
+- ``unknown`` when neither, ``timeout`` when the deadline passed first.
+
+Arrays in, verdicts out: no files and no printing here.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Callable, List, Optional, Sequence
+
+import numpy as np
+
+from .activations import forward
+from .crown import Box, Network, margin_lower_bound
+from .errors import InputError
+from .relaxations import get_relaxation
+
+VERDICTS = ("sat", "unsat", "unknown", "timeout", "error")
+# Bound stages, cheap to strong; a stage is used when the activation has that method.
+BOUND_STAGES = ("crown",)
+ATTACK_SHARE = 0.1  # of the timeout for the first attack (before any bound)
+ATTACK_MIN_S = 0.5
+
+
+@dataclass
+class Verdict:
+    result: str  # one of VERDICTS
+    stage: str  # the stage that decided ("attack", "crown", ...) or the last one tried
+    margin: Optional[float]  # min over open cases of the best row's (lower bound - b); > 0 proves
+    time_s: float
+    x: Optional[np.ndarray] = None  # counterexample input (sat)
+    y: Optional[np.ndarray] = None  # its float64 outputs
+    case: Optional[int] = None  # index of the violated case (sat)
+    cases_proven: int = 0
+    cases: int = 0
+    notes: List[str] = field(default_factory=list)
+
+
+def round_up(b: np.ndarray) -> np.ndarray:
+    """b moved one ulp towards +inf: a decimal literal rounded to nearest lies below it."""
+    return np.nextafter(np.asarray(b, dtype=np.float64), np.inf)
+
+
+def check_sizes(prop, n_inputs: int, n_outputs: int, where: str) -> None:
+    if prop.n_inputs != n_inputs or prop.n_outputs != n_outputs:
+        raise InputError(f"{where}: the property has {prop.n_inputs} inputs and {prop.n_outputs} "
+                         f"outputs but the network has {n_inputs} and {n_outputs}")
+
+
+class Verifier:
+    """One network, the stages to run, and the attack settings; :meth:`verify` per property."""
+
+    def __init__(self, weights: Sequence[np.ndarray], biases: Sequence[np.ndarray],
+                 activation: str, alpha=None, stages: Sequence[str] = BOUND_STAGES,
+                 attack_restarts: int = 64, attack_steps: int = 100, seed: int = 0,
+                 attack_time: Optional[float] = None):
+        self.weights = [np.asarray(w, dtype=np.float64) for w in weights]
+        self.biases = [np.asarray(b, dtype=np.float64) for b in biases]
+        self.activation, self.alpha = activation, alpha
+        self.net = Network(self.weights, self.biases)
+        self.stages = [s for s in stages if s in BOUND_STAGES]
+        self.relax = {s: get_relaxation(activation, s, alpha) for s in self.stages}
+        self.attack_restarts, self.attack_steps, self.seed = attack_restarts, attack_steps, seed
+        self.attack_time = attack_time
+
+    @property
+    def n_inputs(self) -> int:
+        return int(self.weights[0].shape[1])
+
+    @property
+    def n_outputs(self) -> int:
+        return int(self.weights[-1].shape[0])
+
+    def outputs(self, x: np.ndarray) -> np.ndarray:
+        return forward(self.weights, self.biases, self.activation, x, self.alpha)
+
+    # ------------------------------------------------------------------ stages
+
+    def case_lower_bounds(self, stage: str, lo, hi, A, b) -> np.ndarray:
+        """Per row of A: a float64-verified lower bound of ``A_i f(x) - b_i`` over [lo, hi]
+        (b rounded up one ulp first). A row > 0 proves the case empty."""
+        box = Box(lo, hi)
+        lb = margin_lower_bound(self.net, *box.args(), self.relax[stage], np.asarray(A, float))
+        return lb - round_up(b)  # rounding of the difference: see _proven
+
+    @staticmethod
+    def _proven(diff: np.ndarray) -> bool:
+        # lb - b_up is computed with one rounding; it is > 0 iff lb > b_up exactly
+        # (Sterbenz / monotonicity of rounded subtraction: fl(lb - b) > 0 <=> lb > b)
+        return bool(np.any(diff > 0.0))
+
+    def _attack(self, cases, deadline: float, budget: float, seed: int):
+        from .verify_attack import find_counterexample
+
+        stop = min(deadline, time.monotonic() + budget)
+        for j, case in enumerate(cases):
+            if time.monotonic() >= stop:
+                break
+            x = find_counterexample(self.weights, self.biases, self.activation, self.alpha,
+                                    case.lo, case.hi, case.A, case.b,
+                                    restarts=self.attack_restarts, steps=self.attack_steps,
+                                    seed=seed + j, deadline=stop)
+            if x is not None:
+                return j, x
+        return None
+
+    def verify(self, prop, timeout: float, log: Optional[Callable[[str], None]] = None) -> Verdict:
+        """Run the pipeline on a parsed property within ``timeout`` seconds."""
+        t0 = time.monotonic()
+        deadline = t0 + timeout
+        check_sizes(prop, self.n_inputs, self.n_outputs, "property")
+        cases = list(prop.cases)
+        n = len(cases)
+
+        def done(result, stage, margin, proven, **kw):
+            return Verdict(result, stage, margin, time.monotonic() - t0, cases_proven=proven,
+                           cases=n, **kw)
+
+        if n == 0:  # every case had an empty box: nothing can violate the property
+            return done("unsat", "parse", None, 0)
+        budget = self.attack_time if self.attack_time is not None else max(ATTACK_MIN_S,
+                                                                            ATTACK_SHARE * timeout)
+        found = self._attack(cases, deadline, budget, self.seed)
+        if found is not None:
+            j, x = found
+            return done("sat", "attack", None, 0, x=x, y=self.outputs(x), case=j)
+        open_cases = list(range(n))
+        margins = {}
+        stage = "attack"
+        for stage in self.stages:
+            still = []
+            for j in open_cases:
+                if time.monotonic() >= deadline:
+                    return done("timeout", stage, _worst(margins), n - len(open_cases))
+                c = cases[j]
+                diff = self.case_lower_bounds(stage, c.lo, c.hi, c.A, c.b)
+                margins[j] = float(np.max(diff)) if diff.size else -np.inf
+                if not self._proven(diff):
+                    still.append(j)
+            open_cases = still
+            if log is not None:
+                log(f"{stage}: {n - len(open_cases)} of {n} cases proven")
+            if not open_cases:
+                return done("unsat", stage, _worst(margins), n)
+        if time.monotonic() >= deadline:
+            return done("timeout", stage, _worst(margins), n - len(open_cases))
+        # the bounds could not decide: spend what is left of the attack budget once more,
+        # with other starts, on the open cases
+        found = self._attack([cases[j] for j in open_cases], deadline, budget, self.seed + 7919)
+        if found is not None:
+            k, x = found
+            j = open_cases[k]
+            return done("sat", "attack", _worst(margins), n - len(open_cases), x=x,
+                        y=self.outputs(x), case=j)
+        return done("unknown", stage, _worst(margins), n - len(open_cases))
+
+
+def _worst(margins) -> Optional[float]:
+    return min(margins.values()) if margins else None
+
+
+def format_result(v: Verdict) -> str:
+    """The competition's result file: the verdict line, and for ``sat`` the counterexample
+    ``((X_0 v) ... (Y_0 v) ...)`` with every value written exactly (repr round-trips)."""
+    if v.result != "sat":
+        return v.result + "\n"
+    items = [f"(X_{i} {float(val)!r})" for i, val in enumerate(v.x)]
+    items += [f"(Y_{i} {float(val)!r})" for i, val in enumerate(v.y)]
+    return "sat\n(" + "\n ".join(items) + ")\n"
