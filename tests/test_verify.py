@@ -1,0 +1,140 @@
+"""crown verify's pipeline: verdicts against an exact MILP, counterexamples re-checked."""
+import numpy as np
+import pytest
+
+from conftest import random_network
+from crown_cli import crown
+from crown_cli.activations import forward
+from crown_cli.relaxations import get_relaxation
+from crown_cli.verify import Verifier, format_result
+from crown_cli.vnnlib import parse_vnnlib_text
+from oracles import exact_margin_min
+
+
+def box_property(lo, hi, c, t, b, n_out):
+    """VNN-LIB text: x in [lo, hi] and Y_c - Y_t <= b is unsafe."""
+    lines = [f"(declare-const X_{i} Real)" for i in range(len(lo))]
+    lines += [f"(declare-const Y_{j} Real)" for j in range(n_out)]
+    for i, (a, z) in enumerate(zip(lo, hi)):
+        lines += [f"(assert (>= X_{i} {float(a)!r}))", f"(assert (<= X_{i} {float(z)!r}))"]
+    lines.append(f"(assert (<= (- Y_{c} Y_{t}) {float(b)!r}))")
+    return "\n".join(lines) + "\n"
+
+
+def margin_property(lo, hi, c, n_out):
+    """mnistfc-style: unsafe when some other output is >= Y_c."""
+    lines = [f"(declare-const X_{i} Real)" for i in range(len(lo))]
+    lines += [f"(declare-const Y_{j} Real)" for j in range(n_out)]
+    for i, (a, z) in enumerate(zip(lo, hi)):
+        lines += [f"(assert (>= X_{i} {float(a)!r}))", f"(assert (<= X_{i} {float(z)!r}))"]
+    ors = " ".join(f"(and (>= Y_{j} Y_{c}))" for j in range(n_out) if j != c)
+    lines.append(f"(assert (or {ors}))")
+    return "\n".join(lines) + "\n"
+
+
+def check_sat(ws, bs, prop, verdict):
+    case = prop.cases[verdict.case]
+    x = verdict.x
+    assert np.all(x >= case.lo) and np.all(x <= case.hi)
+    y = forward(ws, bs, "relu", x)
+    assert np.array_equal(y, verdict.y)
+    assert np.all(case.A @ y <= case.b)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("seed", range(6))
+def test_verdicts_never_contradict_the_milp(seed):
+    """Properties built just true / just false around the exact minimum (HiGHS MILP): the
+    verifier may say unknown, never the wrong verdict; clearly true ones it proves."""
+    ws, bs = random_network([4, 12, 12, 3], seed)
+    rng = np.random.default_rng(seed)
+    x0, eps = rng.normal(size=4), 0.3
+    logits = forward(ws, bs, "relu", x0)
+    c = int(np.argmax(logits))
+    t = (c + 1) % 3
+    res = exact_margin_min(ws, bs, x0, c, t, eps, "inf", time_limit=60.0)
+    assert res.status == "optimal"
+    m = res.value
+    gap = 1e-3 * (1.0 + abs(m))
+    v = Verifier(ws, bs, "relu", attack_restarts=32, attack_steps=60, seed=seed)
+    lo, hi = x0 - eps, x0 + eps
+    # just false: the unsafe set contains the minimiser's outputs
+    prop = parse_vnnlib_text(box_property(lo, hi, c, t, m + gap, 3), "false", 4, 3)
+    out = v.verify(prop, timeout=20.0)
+    assert out.result in ("sat", "unknown")
+    if out.result == "sat":
+        check_sat(ws, bs, prop, out)
+    # just true: below the exact minimum
+    prop = parse_vnnlib_text(box_property(lo, hi, c, t, m - gap, 3), "true", 4, 3)
+    out = v.verify(prop, timeout=20.0)
+    assert out.result in ("unsat", "unknown")
+    # clearly true: below CROWN's own bound over the box
+    lb = crown.margin_lower_bound(crown.Network(ws, bs), *crown.Box(lo, hi).args(),
+                                  get_relaxation("relu", "crown"),
+                                  np.eye(3)[[c]] - np.eye(3)[[t]])[0]
+    prop = parse_vnnlib_text(box_property(lo, hi, c, t, lb - gap, 3), "easy", 4, 3)
+    out = v.verify(prop, timeout=20.0)
+    assert out.result == "unsat" and out.stage == "crown" and out.margin > 0
+
+
+def test_sat_found_by_attack_and_rechecked():
+    ws, bs = random_network([5, 16, 16, 4], 3)
+    rng = np.random.default_rng(0)
+    x0 = rng.normal(size=5)
+    y0 = forward(ws, bs, "relu", x0)
+    c = int(np.argmax(y0))
+    lo, hi = x0 - 2.0, x0 + 2.0
+    prop = parse_vnnlib_text(margin_property(lo, hi, c, 4), "wide", 5, 4)
+    out = Verifier(ws, bs, "relu").verify(prop, timeout=20.0)
+    assert out.result == "sat" and out.stage == "attack"
+    check_sat(ws, bs, prop, out)
+    text = format_result(out)
+    assert text.startswith("sat\n((X_0 ")
+    vals = dict((tok.strip("()").split()[0], float(tok.strip("()").split()[1]))
+                for tok in text.split("\n")[1:] if tok.strip())
+    assert np.array_equal([vals[f"X_{i}"] for i in range(5)], out.x)
+    assert np.array_equal([vals[f"Y_{j}"] for j in range(4)], out.y)
+
+
+def test_every_case_must_be_proven():
+    """A disjunction of two boxes: one provably safe, one not -> never unsat."""
+    ws, bs = random_network([3, 10, 10, 2], 5)
+    x0 = np.zeros(3)
+    y = forward(ws, bs, "relu", x0)
+    c, t = int(np.argmax(y)), 1 - int(np.argmax(y))
+    m = y[c] - y[t]
+    head = "".join(f"(declare-const X_{i} Real)\n" for i in range(3))
+    head += "(declare-const Y_0 Real)\n(declare-const Y_1 Real)\n"
+    tiny = " ".join(f"(>= X_{i} -1e-6) (<= X_{i} 1e-6)" for i in range(3))
+    far = " ".join(f"(>= X_{i} 5.0) (<= X_{i} 6.0)" for i in range(3))
+    text = head + f"(assert (or (and {tiny}) (and {far})))\n" \
+        + f"(assert (<= (- Y_{c} Y_{t}) {m - 0.5 * abs(m)!r}))\n"
+    prop = parse_vnnlib_text(text, "two", 3, 2)
+    out = Verifier(ws, bs, "relu", attack_time=0.2).verify(prop, timeout=5.0)
+    assert out.cases == 2
+    assert out.result != "unsat" or out.cases_proven == 2
+    # with only the tiny box the property is proven
+    prop1 = parse_vnnlib_text(head + f"(assert (and {tiny}))\n"
+                              + f"(assert (<= (- Y_{c} Y_{t}) {m - 0.5 * abs(m)!r}))\n", "one", 3, 2)
+    assert Verifier(ws, bs, "relu").verify(prop1, timeout=5.0).result == "unsat"
+
+
+def test_timeout_verdict():
+    ws, bs = random_network([3, 10, 2], 1)
+    text = "".join(f"(declare-const X_{i} Real)\n(assert (>= X_{i} -1))\n(assert (<= X_{i} 1))\n"
+                   for i in range(3)) + "(declare-const Y_0 Real)\n(declare-const Y_1 Real)\n" \
+        + "(assert (<= Y_0 -1000))\n"
+    prop = parse_vnnlib_text(text, "t", 3, 2)
+    out = Verifier(ws, bs, "relu", attack_time=0.0).verify(prop, timeout=0.0)
+    assert out.result == "timeout"
+
+
+def test_sizes_must_match():
+    from crown_cli.errors import InputError
+
+    ws, bs = random_network([3, 10, 2], 1)
+    text = "(declare-const X_0 Real)\n(declare-const Y_0 Real)\n(assert (>= X_0 0))\n" \
+           "(assert (<= X_0 1))\n(assert (<= Y_0 0))\n"
+    prop = parse_vnnlib_text(text, "small")
+    with pytest.raises(InputError, match="property has 1 inputs and 1 outputs but the network has 3 and 2"):
+        Verifier(ws, bs, "relu").verify(prop, timeout=1.0)
