@@ -120,6 +120,8 @@ def inspect(model_path, activation):
     names = mlp.layer_names or [f"layer_{k}" for k in range(len(mlp.weights))]
     for k, (name, w) in enumerate(zip(names, mlp.weights)):
         act = mlp.activation if k < len(mlp.weights) - 1 else "logits"
+        if k == len(mlp.weights) - 1 and mlp.output_activation is not None:
+            act = f"logits -> {mlp.output_activation}"
         click.echo(f"  {name:<12} {w.shape[1]:>6} -> {w.shape[0]:<6} {act}")
     click.echo(f"parameters:  {mlp.num_parameters:,}")
 
@@ -241,12 +243,15 @@ def certify(model_path, images_path, labels_path, num_images, start, norm, metho
                     resume, model_path, mlp, images_path, x, y, indices)
     # rows a resumed file already holds are skipped: they cost no certification
     runs = len(indices) * len(target_types) * len(norms) * len(methods) - job.rows_present()
-    kernels = choose_kernels(kernels, mlp.activation, [w.shape for w in mlp.weights], runs)
+    # an order-preserving output activation is skipped (the logits' margins decide the class);
+    # another one (a ReLU on the logits) becomes a hidden layer the engine bounds
+    weights, biases = mlp.margin_layers()
+    kernels = choose_kernels(kernels, mlp.activation, [w.shape for w in weights], runs)
     # the engine's switch is process-wide: restore it when this command ends
     click.get_current_context().with_resource(using_kernels(kernels))
 
     certifiers = [
-        Certifier(mlp.weights, mlp.biases, mlp.activation, norm=n, method=m, search=search,
+        Certifier(weights, biases, mlp.activation, norm=n, method=m, search=search,
                   rtol=rtol, eps0=eps0, eps_max=max_eps, precision=precision, alpha=mlp.alpha,
                   timeout=timeout)
         for n in norms for m in methods
@@ -255,7 +260,7 @@ def certify(model_path, images_path, labels_path, num_images, start, norm, metho
     if attack == "pgd":
         from .attack import DEFAULT_RESTARTS, DEFAULT_STEPS, PGDAttack
 
-        attacks = {n: PGDAttack(mlp.weights, mlp.biases, mlp.activation, norm=n, alpha=mlp.alpha,
+        attacks = {n: PGDAttack(weights, biases, mlp.activation, norm=n, alpha=mlp.alpha,
                                 steps=attack_steps or DEFAULT_STEPS,
                                 restarts=attack_restarts or DEFAULT_RESTARTS, eps_max=max_eps)
                    for n in norms}

@@ -9,12 +9,14 @@ from __future__ import annotations
 import json
 import os
 import re
-from dataclasses import dataclass, field
 from typing import List, Optional, Sequence
 
 import numpy as np
 
 from .errors import InputError, read_header
+from .mlp import MLP, VECTOR_OUTPUTS
+
+__all__ = ["MLP", "load_model", "save_npz", "save_keras_h5", "normalize_activation", "validate"]
 
 # Activations the loaders accept. The engine decides which of them it can bound.
 KNOWN_ACTIVATIONS = ("relu", "tanh", "sigmoid", "arctan", "linear", "leaky_relu", "elu", "softplus",
@@ -25,44 +27,6 @@ _ALIASES = {"atan": "arctan", "logistic": "sigmoid", "identity": "linear", "leak
 # (low, high, low included)
 ALPHA_RANGES = {"leaky_relu": (0.0, 1.0, True), "elu": (0.0, 1.0, False),
                 "hard_sigmoid": (0.0, float("inf"), False)}
-
-
-@dataclass
-class MLP:
-    """A fully connected network ``x -> W[m-1] act(... act(W[0] x + b[0]) ...) + b[m-1]``.
-
-    weights[k]: (n_{k+1}, n_k) float64; biases[k]: (n_{k+1},) float64. The activation is applied
-    after every layer but the last.
-    """
-
-    weights: List[np.ndarray]
-    biases: List[np.ndarray]
-    activation: str = "relu"
-    source: str = ""
-    layer_names: List[str] = field(default_factory=list)
-    alpha: Optional[float] = None  # activation parameter (leaky ReLU / ELU / hard sigmoid slope)
-
-    @property
-    def input_size(self) -> int:
-        return int(self.weights[0].shape[1])
-
-    @property
-    def num_classes(self) -> int:
-        return int(self.weights[-1].shape[0])
-
-    @property
-    def sizes(self) -> List[int]:
-        return [self.input_size] + [int(w.shape[0]) for w in self.weights]
-
-    @property
-    def num_parameters(self) -> int:
-        return int(sum(w.size + b.size for w, b in zip(self.weights, self.biases)))
-
-    def forward(self, x: np.ndarray) -> np.ndarray:
-        """Logits for a batch ``x`` of shape (N, input_size) (or one input of shape (input_size,))."""
-        from .activations import forward
-
-        return forward(self.weights, self.biases, self.activation, x, self.alpha)
 
 
 def normalize_activation(name: str, where: str) -> str:
@@ -111,8 +75,16 @@ def validate(mlp: MLP, where: str) -> MLP:
     if ws[-1].shape[0] < 2:
         raise InputError(f"{where}: the last layer has {ws[-1].shape[0]} output, need >= 2 classes")
     act = normalize_activation(mlp.activation, where)
+    out = mlp.output_activation
+    if out is not None:
+        key = str(out).strip().lower().replace("logsoftmax", "log_softmax")
+        out = key if key in VECTOR_OUTPUTS else normalize_activation(out, f"{where}: output activation")
+        if out == "linear":
+            out = None
+        elif len(ws) == 1 and out not in VECTOR_OUTPUTS:
+            act = out  # no hidden layers: the only activation is the output's
     alpha = _check_alpha(act, mlp.alpha, where)
-    return MLP(ws, bs, act, mlp.source or where, list(mlp.layer_names), alpha)
+    return MLP(ws, bs, act, mlp.source or where, list(mlp.layer_names), alpha, out)
 
 
 def _check_alpha(act: str, alpha, where: str) -> Optional[float]:

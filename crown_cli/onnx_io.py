@@ -24,6 +24,7 @@ from typing import Dict, List, Optional
 import numpy as np
 
 from .errors import InputError
+from .mlp import MLP
 
 ACTIVATIONS = {"Relu": "relu", "Tanh": "tanh", "Sigmoid": "sigmoid"}
 OUTPUT_ACTIVATIONS = ("Softmax", "LogSoftmax", "Sigmoid", "Tanh")
@@ -49,8 +50,7 @@ def _attrs(onnx, node) -> Dict[str, object]:
 
 
 def load_onnx(path: str):
-    """An :class:`~crown_cli.model_io.MLP` from an ONNX file (not yet validated)."""
-    from .model_io import MLP
+    """An :class:`~crown_cli.mlp.MLP` from an ONNX file (not yet validated)."""
 
     onnx, numpy_helper = _import_onnx(path)
     try:
