@@ -99,8 +99,8 @@ class _Affine:
             self.lin = self.lin.reshape((self.n,) + new_off.shape)
 
     def transpose(self, perm) -> None:
-        self.off = np.transpose(self.off, perm)
         self.lin = np.transpose(self.full(), [0] + [p + 1 for p in perm])
+        self.off = np.transpose(self.off, perm)
 
     def scale(self, k: np.ndarray) -> None:
         """Multiply elementwise by ``k``, already broadcast to the tensor's shape."""
