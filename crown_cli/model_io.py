@@ -105,7 +105,8 @@ def _check_alpha(act: str, alpha, where: str) -> Optional[float]:
 
 
 def load_model(path: str, activation: Optional[str] = None) -> MLP:
-    """Load an MLP from NPZ, plain HDF5, Keras HDF5 or ONNX (``.onnx``, needs the onnx extra);
+    """Load an MLP from NPZ, plain HDF5, Keras HDF5, a Keras 3 ``.keras`` archive or ONNX
+    (``.onnx``, needs the onnx extra);
     ``activation`` overrides the file's."""
     path = os.fspath(path)
     magic = read_header(path, "model", 8)
@@ -114,7 +115,7 @@ def load_model(path: str, activation: Optional[str] = None) -> MLP:
 
         mlp = load_onnx(path)
     elif magic.startswith(b"PK"):
-        mlp = _load_npz(path)
+        mlp = _load_keras_zip(path) if _is_keras_zip(path) else _load_npz(path)
     elif magic == b"\x89HDF\r\n\x1a\n":
         mlp = _load_hdf5(path)
     else:
@@ -279,17 +280,25 @@ def _load_keras(f, path: str) -> MLP:
     names = [_decode(n) for n in g.attrs["layer_names"]]
     config = _config_layers(f)
     keras3 = _decode(f.attrs.get("keras_version", g.attrs.get("keras_version", "2"))).startswith("3")
-    alphas = set()
-    ws, bs, dense_names = [], [], []
-    acts: List[Optional[str]] = []  # the activation after each Dense layer, if any
-    sources: List[str] = []  # the layer each activation came from
+    entries = []
     for name in names:
         if name not in g:
             raise InputError(f"{path}: layer '{name}' listed in layer_names but missing")
         cls, conf = config.get(name, ("", {}))
         lg = g[name]
         wnames = [_decode(n) for n in lg.attrs.get("weight_names", [])]
-        arrays = [np.asarray(lg[wn][()]) for wn in wnames]
+        entries.append((name, cls, conf, [np.asarray(lg[wn][()]) for wn in wnames]))
+    return _keras_mlp(entries, path, keras3)
+
+
+def _keras_mlp(entries, path: str, keras3: bool) -> MLP:
+    """The MLP of a Keras model given as its layers in order: (name, class name or '' when the
+    file has no config, config dict, weight arrays)."""
+    alphas = set()
+    ws, bs, dense_names = [], [], []
+    acts: List[Optional[str]] = []  # the activation after each Dense layer, if any
+    sources: List[str] = []  # the layer each activation came from
+    for name, cls, conf, arrays in entries:
         if arrays:
             kernels = [a for a in arrays if a.ndim == 2]
             biases = [a for a in arrays if a.ndim == 1]
@@ -340,6 +349,123 @@ def _load_keras(f, path: str) -> MLP:
     if activation == "hard_sigmoid" and keras3:
         alpha = 1.0 / 6.0  # Keras 3: relu6(z + 3) / 6
     return MLP(ws, bs, activation, path, dense_names, alpha)
+
+
+def _is_keras_zip(path: str) -> bool:
+    """A ``.keras`` file, or any zip archive holding Keras 3's ``config.json`` (NPZ files are
+    zip archives too, of ``.npy`` members)."""
+    import zipfile
+
+    if path.lower().endswith(".keras"):
+        return True
+    try:
+        with zipfile.ZipFile(path) as zf:
+            return "config.json" in zf.namelist()
+    except (zipfile.BadZipFile, OSError, ValueError):
+        return False
+
+
+def _snake_case(name: str) -> str:
+    """Keras' key for a layer class in the weights file: 'LeakyReLU' -> 'leaky_re_lu'."""
+    name = re.sub(r"\W+", "", name)
+    name = re.sub("(.)([A-Z][a-z]+)", r"\1_\2", name)
+    return re.sub("([a-z])([A-Z])", r"\1_\2", name).lower()
+
+
+def _load_keras_zip(path: str) -> MLP:
+    """A Keras 3 ``model.save('m.keras')`` archive: ``config.json`` (the model's layers),
+    ``metadata.json`` and ``model.weights.h5`` (``layers/<key>/vars/0, 1, ...``, the group
+    ``vars`` carrying the layer's name; keys are the snake-case class names numbered
+    ``dense, dense_1, ...`` in layer order)."""
+    import io
+    import zipfile
+
+    import h5py
+
+    try:
+        with zipfile.ZipFile(path) as zf:
+            members = zf.namelist()
+            missing = [m for m in ("config.json", "model.weights.h5") if m not in members]
+            if missing:
+                raise InputError(f"{path}: Keras archive without {' and '.join(missing)} "
+                                 f"(members: {', '.join(members) or 'none'})")
+            config = json.loads(zf.read("config.json").decode("utf-8"))
+            meta = json.loads(zf.read("metadata.json").decode("utf-8")) if "metadata.json" in members else {}
+            weights_bytes = zf.read("model.weights.h5")
+    except InputError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - zip, JSON or decoding errors of a corrupt file
+        raise InputError(f"{path}: cannot read Keras archive ({type(exc).__name__}: {exc})") from None
+    if not isinstance(config, dict) or not isinstance(config.get("config"), dict):
+        raise InputError(f"{path}: config.json does not describe a Keras model")
+    cls = config.get("class_name", "")
+    layers = config["config"].get("layers")
+    if cls not in ("Sequential", "Functional", "Model") or not isinstance(layers, list):
+        raise InputError(f"{path}: config.json holds a {cls or 'unknown'} object, expected a "
+                         "Sequential or functional model of layers")
+    keras3 = str(meta.get("keras_version", "3")).startswith("3")
+    try:
+        with h5py.File(io.BytesIO(weights_bytes), "r") as f:
+            groups = f["layers"] if "layers" in f else {}
+            by_name = {}  # layer name -> its group of variables
+            for key in groups:
+                vg = groups[key]["vars"] if "vars" in groups[key] else None
+                if vg is not None:
+                    by_name[_decode(vg.attrs.get("name", key))] = vg
+            used = {}
+            entries = []
+            prev = None
+            for layer in layers:
+                lcls = layer.get("class_name", "")
+                conf = layer.get("config", {}) or {}
+                name = conf.get("name") or layer.get("name") or ""
+                if lcls == "InputLayer" and cls == "Sequential":
+                    continue  # not among a Sequential model's layers in the weights file
+                base = _snake_case(lcls)  # the key Keras gives this layer in the weights file
+                used[base] = used.get(base, -1) + 1
+                key = base if used[base] == 0 else f"{base}_{used[base]}"
+                vg = by_name.get(name)
+                if vg is None and key in groups and "vars" in groups[key]:
+                    vg = groups[key]["vars"]
+                arrays = []
+                if vg is not None:
+                    idx = sorted(int(k) for k in vg if k.isdigit())
+                    arrays = [np.asarray(vg[str(i)][()]) for i in idx]
+                if lcls == "Dense" and not arrays:
+                    raise InputError(f"{path}: Dense layer '{name}' has no weights in model.weights.h5")
+                _check_chain(layer, prev, name, path)
+                prev = name
+                entries.append((name, lcls, conf, arrays))
+    except InputError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - HDF5 errors of a corrupt weights file
+        raise InputError(f"{path}: cannot read model.weights.h5 in the Keras archive "
+                         f"({type(exc).__name__}: {exc})") from None
+    return _keras_mlp(entries, path, keras3)
+
+
+def _check_chain(layer: dict, prev: Optional[str], name: str, path: str) -> None:
+    """A functional model's layer must take exactly the previous layer's output."""
+    nodes = layer.get("inbound_nodes")
+    if not nodes or prev is None:
+        return
+    sources = []
+
+    def collect(obj):
+        if isinstance(obj, dict):
+            hist = obj.get("config", {}).get("keras_history") if obj.get("class_name") == "__keras_tensor__" else None
+            if hist:
+                sources.append(hist[0])
+            for v in obj.values():
+                collect(v)
+        elif isinstance(obj, list):
+            for v in obj:
+                collect(v)
+
+    collect(nodes)
+    if sources and (len(nodes) != 1 or sources != [prev]):
+        raise InputError(f"{path}: layer '{name}' takes {sources} as input, not only the previous "
+                         f"layer '{prev}'; only chains of layers are supported")
 
 
 # --------------------------------------------------------------------------- saving

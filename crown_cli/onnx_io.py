@@ -298,7 +298,7 @@ def load_onnx(path: str) -> MLP:
                     if axes is None:
                         fail(node, "Unsqueeze without axes")
                     new = np.expand_dims(seg.off, tuple(int(a) for a in axes))
-            except (ValueError, np.exceptions.AxisError) as exc:
+            except (ValueError, IndexError) as exc:  # numpy AxisError is both
                 fail(node, f"axes {list(axes) if axes is not None else None} do not fit the "
                            f"data's shape {seg.shape} ({exc})")
             seg.reshape(new)
