@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 import functools
+import os
+import sys
 import time
 from typing import List
 
@@ -24,6 +26,24 @@ class CrownError(click.ClickException):
         click.echo(f"crown: error: {self.format_message()}", err=True)
 
 
+# Exit code when stdout's reader has gone (`crown ... | head -1`): 128 + SIGPIPE, what a shell
+# reports for a Unix tool killed by the signal.
+EXIT_BROKEN_PIPE = 141
+
+
+def _stdout_to_devnull() -> None:
+    """Point file descriptor 1 at /dev/null, so that the interpreter's last flush of the
+    buffered stdout cannot fail again ("Exception ignored ... BrokenPipeError")."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        try:
+            os.dup2(devnull, sys.stdout.fileno())
+        finally:
+            os.close(devnull)
+    except (OSError, ValueError, AttributeError):  # no real file descriptor (tests' CliRunner)
+        pass
+
+
 def _handle_errors(fn):
     """Turn InputError into a one-line message and exit code 2; ``--debug`` keeps tracebacks."""
 
@@ -38,6 +58,9 @@ def _handle_errors(fn):
             raise CrownError(str(exc)) from None
         except (click.ClickException, click.exceptions.Exit, click.Abort, KeyboardInterrupt):
             raise
+        except BrokenPipeError:  # the reader of stdout has gone: stop quietly
+            _stdout_to_devnull()
+            raise click.exceptions.Exit(EXIT_BROKEN_PIPE) from None
         except Exception as exc:  # a bug: keep it short unless asked
             if debug:
                 raise
@@ -347,7 +370,17 @@ def report(results, fmt, plot_path, output):
 
 
 def main():
-    cli(prog_name="crown")
+    try:
+        cli(prog_name="crown")
+    except SystemExit as done:
+        # flush here, not at interpreter exit: output still buffered when the reader of a pipe
+        # has gone must end quietly like the rest (see _handle_errors)
+        try:
+            sys.stdout.flush()
+        except BrokenPipeError:
+            _stdout_to_devnull()
+            raise SystemExit(EXIT_BROKEN_PIPE) from None
+        raise
 
 
 if __name__ == "__main__":
