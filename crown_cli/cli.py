@@ -126,7 +126,7 @@ def cli():
 
 @cli.command()
 @click.option("--model", "model_path", required=True, type=click.Path(dir_okay=True),
-              help="Model file: NPZ, HDF5 (W0.., b0..) or Keras model.save() HDF5.")
+              help="Model file: NPZ, HDF5 (W0.., b0..), Keras model.save() HDF5 or .keras, or .onnx.")
 @click.option("--activation", default=None, help="Override the activation read from the model file.")
 @_handle_errors
 def inspect(model_path, activation):
@@ -151,7 +151,7 @@ def inspect(model_path, activation):
 
 @cli.command()
 @click.option("--model", "model_path", required=True, type=click.Path(dir_okay=True),
-              help="Model file: NPZ, HDF5 (W0.., b0..) or Keras model.save() HDF5.")
+              help="Model file: NPZ, HDF5 (W0.., b0..), Keras model.save() HDF5 or .keras, or .onnx.")
 @click.option("--images", "images_path", default=None,
               help="Image file: NPZ (x, y), MNIST IDX (gz or raw) or CIFAR CSV. "
                    "Default: the first 100 MNIST test images shipped with crown.")
