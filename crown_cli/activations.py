@@ -58,3 +58,13 @@ def forward(weights, biases, activation: str, x: np.ndarray, alpha=None) -> np.n
         z = a @ w.T + b
         a = z if k == last else apply_activation(activation, z, alpha)
     return a
+
+
+def apply_output_activation(name: str, z: np.ndarray, alpha=None) -> np.ndarray:
+    """An output activation on logits z (N, classes) or (classes,): an elementwise activation,
+    or ``softmax`` / ``log_softmax`` over the last axis."""
+    if name in ("softmax", "log_softmax"):
+        shifted = z - np.max(z, axis=-1, keepdims=True)
+        log_sum = np.log(np.sum(np.exp(shifted), axis=-1, keepdims=True))
+        return shifted - log_sum if name == "log_softmax" else np.exp(shifted - log_sum)
+    return apply_activation(name, z, alpha)

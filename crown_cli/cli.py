@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 import functools
+import os
+import sys
 import time
 from typing import List
 
@@ -24,6 +26,24 @@ class CrownError(click.ClickException):
         click.echo(f"crown: error: {self.format_message()}", err=True)
 
 
+# Exit code when stdout's reader has gone (`crown ... | head -1`): 128 + SIGPIPE, what a shell
+# reports for a Unix tool killed by the signal.
+EXIT_BROKEN_PIPE = 141
+
+
+def _stdout_to_devnull() -> None:
+    """Point file descriptor 1 at /dev/null, so that the interpreter's last flush of the
+    buffered stdout cannot fail again ("Exception ignored ... BrokenPipeError")."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        try:
+            os.dup2(devnull, sys.stdout.fileno())
+        finally:
+            os.close(devnull)
+    except (OSError, ValueError, AttributeError):  # no real file descriptor (tests' CliRunner)
+        pass
+
+
 def _handle_errors(fn):
     """Turn InputError into a one-line message and exit code 2; ``--debug`` keeps tracebacks."""
 
@@ -38,6 +58,9 @@ def _handle_errors(fn):
             raise CrownError(str(exc)) from None
         except (click.ClickException, click.exceptions.Exit, click.Abort, KeyboardInterrupt):
             raise
+        except BrokenPipeError:  # the reader of stdout has gone: stop quietly
+            _stdout_to_devnull()
+            raise click.exceptions.Exit(EXIT_BROKEN_PIPE) from None
         except Exception as exc:  # a bug: keep it short unless asked
             if debug:
                 raise
@@ -103,7 +126,7 @@ def cli():
 
 @cli.command()
 @click.option("--model", "model_path", required=True, type=click.Path(dir_okay=True),
-              help="Model file: NPZ, HDF5 (W0.., b0..) or Keras model.save() HDF5.")
+              help="Model file: NPZ, HDF5 (W0.., b0..), Keras model.save() HDF5 or .keras, or .onnx.")
 @click.option("--activation", default=None, help="Override the activation read from the model file.")
 @_handle_errors
 def inspect(model_path, activation):
@@ -120,13 +143,15 @@ def inspect(model_path, activation):
     names = mlp.layer_names or [f"layer_{k}" for k in range(len(mlp.weights))]
     for k, (name, w) in enumerate(zip(names, mlp.weights)):
         act = mlp.activation if k < len(mlp.weights) - 1 else "logits"
+        if k == len(mlp.weights) - 1 and mlp.output_activation is not None:
+            act = f"logits -> {mlp.output_activation}"
         click.echo(f"  {name:<12} {w.shape[1]:>6} -> {w.shape[0]:<6} {act}")
     click.echo(f"parameters:  {mlp.num_parameters:,}")
 
 
 @cli.command()
 @click.option("--model", "model_path", required=True, type=click.Path(dir_okay=True),
-              help="Model file: NPZ, HDF5 (W0.., b0..) or Keras model.save() HDF5.")
+              help="Model file: NPZ, HDF5 (W0.., b0..), Keras model.save() HDF5 or .keras, or .onnx.")
 @click.option("--images", "images_path", default=None,
               help="Image file: NPZ (x, y), MNIST IDX (gz or raw) or CIFAR CSV. "
                    "Default: the first 100 MNIST test images shipped with crown.")
@@ -241,12 +266,15 @@ def certify(model_path, images_path, labels_path, num_images, start, norm, metho
                     resume, model_path, mlp, images_path, x, y, indices)
     # rows a resumed file already holds are skipped: they cost no certification
     runs = len(indices) * len(target_types) * len(norms) * len(methods) - job.rows_present()
-    kernels = choose_kernels(kernels, mlp.activation, [w.shape for w in mlp.weights], runs)
+    # an order-preserving output activation is skipped (the logits' margins decide the class);
+    # another one (a ReLU on the logits) becomes a hidden layer the engine bounds
+    weights, biases = mlp.margin_layers()
+    kernels = choose_kernels(kernels, mlp.activation, [w.shape for w in weights], runs)
     # the engine's switch is process-wide: restore it when this command ends
     click.get_current_context().with_resource(using_kernels(kernels))
 
     certifiers = [
-        Certifier(mlp.weights, mlp.biases, mlp.activation, norm=n, method=m, search=search,
+        Certifier(weights, biases, mlp.activation, norm=n, method=m, search=search,
                   rtol=rtol, eps0=eps0, eps_max=max_eps, precision=precision, alpha=mlp.alpha,
                   timeout=timeout)
         for n in norms for m in methods
@@ -255,7 +283,7 @@ def certify(model_path, images_path, labels_path, num_images, start, norm, metho
     if attack == "pgd":
         from .attack import DEFAULT_RESTARTS, DEFAULT_STEPS, PGDAttack
 
-        attacks = {n: PGDAttack(mlp.weights, mlp.biases, mlp.activation, norm=n, alpha=mlp.alpha,
+        attacks = {n: PGDAttack(weights, biases, mlp.activation, norm=n, alpha=mlp.alpha,
                                 steps=attack_steps or DEFAULT_STEPS,
                                 restarts=attack_restarts or DEFAULT_RESTARTS, eps_max=max_eps)
                    for n in norms}
@@ -501,7 +529,17 @@ def report(results, fmt, plot_path, output):
 
 
 def main():
-    cli(prog_name="crown")
+    try:
+        cli(prog_name="crown")
+    except SystemExit as done:
+        # flush here, not at interpreter exit: output still buffered when the reader of a pipe
+        # has gone must end quietly like the rest (see _handle_errors)
+        try:
+            sys.stdout.flush()
+        except BrokenPipeError:
+            _stdout_to_devnull()
+            raise SystemExit(EXIT_BROKEN_PIPE) from None
+        raise
 
 
 if __name__ == "__main__":

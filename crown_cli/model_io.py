@@ -9,12 +9,14 @@ from __future__ import annotations
 import json
 import os
 import re
-from dataclasses import dataclass, field
 from typing import List, Optional, Sequence
 
 import numpy as np
 
 from .errors import InputError, read_header
+from .mlp import MLP, VECTOR_OUTPUTS
+
+__all__ = ["MLP", "load_model", "save_npz", "save_keras_h5", "normalize_activation", "validate"]
 
 # Activations the loaders accept. The engine decides which of them it can bound.
 KNOWN_ACTIVATIONS = ("relu", "tanh", "sigmoid", "arctan", "linear", "leaky_relu", "elu", "softplus",
@@ -25,44 +27,6 @@ _ALIASES = {"atan": "arctan", "logistic": "sigmoid", "identity": "linear", "leak
 # (low, high, low included)
 ALPHA_RANGES = {"leaky_relu": (0.0, 1.0, True), "elu": (0.0, 1.0, False),
                 "hard_sigmoid": (0.0, float("inf"), False)}
-
-
-@dataclass
-class MLP:
-    """A fully connected network ``x -> W[m-1] act(... act(W[0] x + b[0]) ...) + b[m-1]``.
-
-    weights[k]: (n_{k+1}, n_k) float64; biases[k]: (n_{k+1},) float64. The activation is applied
-    after every layer but the last.
-    """
-
-    weights: List[np.ndarray]
-    biases: List[np.ndarray]
-    activation: str = "relu"
-    source: str = ""
-    layer_names: List[str] = field(default_factory=list)
-    alpha: Optional[float] = None  # activation parameter (leaky ReLU / ELU / hard sigmoid slope)
-
-    @property
-    def input_size(self) -> int:
-        return int(self.weights[0].shape[1])
-
-    @property
-    def num_classes(self) -> int:
-        return int(self.weights[-1].shape[0])
-
-    @property
-    def sizes(self) -> List[int]:
-        return [self.input_size] + [int(w.shape[0]) for w in self.weights]
-
-    @property
-    def num_parameters(self) -> int:
-        return int(sum(w.size + b.size for w, b in zip(self.weights, self.biases)))
-
-    def forward(self, x: np.ndarray) -> np.ndarray:
-        """Logits for a batch ``x`` of shape (N, input_size) (or one input of shape (input_size,))."""
-        from .activations import forward
-
-        return forward(self.weights, self.biases, self.activation, x, self.alpha)
 
 
 def normalize_activation(name: str, where: str) -> str:
@@ -111,8 +75,16 @@ def validate(mlp: MLP, where: str) -> MLP:
     if ws[-1].shape[0] < 2:
         raise InputError(f"{where}: the last layer has {ws[-1].shape[0]} output, need >= 2 classes")
     act = normalize_activation(mlp.activation, where)
+    out = mlp.output_activation
+    if out is not None:
+        key = str(out).strip().lower().replace("logsoftmax", "log_softmax")
+        out = key if key in VECTOR_OUTPUTS else normalize_activation(out, f"{where}: output activation")
+        if out == "linear":
+            out = None
+        elif len(ws) == 1 and out not in VECTOR_OUTPUTS:
+            act = out  # no hidden layers: the only activation is the output's
     alpha = _check_alpha(act, mlp.alpha, where)
-    return MLP(ws, bs, act, mlp.source or where, list(mlp.layer_names), alpha)
+    return MLP(ws, bs, act, mlp.source or where, list(mlp.layer_names), alpha, out)
 
 
 def _check_alpha(act: str, alpha, where: str) -> Optional[float]:
@@ -133,7 +105,8 @@ def _check_alpha(act: str, alpha, where: str) -> Optional[float]:
 
 
 def load_model(path: str, activation: Optional[str] = None) -> MLP:
-    """Load an MLP from NPZ, plain HDF5, Keras HDF5 or ONNX (``.onnx``, needs the onnx extra);
+    """Load an MLP from NPZ, plain HDF5, Keras HDF5, a Keras 3 ``.keras`` archive or ONNX
+    (``.onnx``, needs the onnx extra);
     ``activation`` overrides the file's."""
     path = os.fspath(path)
     magic = read_header(path, "model", 8)
@@ -142,7 +115,7 @@ def load_model(path: str, activation: Optional[str] = None) -> MLP:
 
         mlp = load_onnx(path)
     elif magic.startswith(b"PK"):
-        mlp = _load_npz(path)
+        mlp = _load_keras_zip(path) if _is_keras_zip(path) else _load_npz(path)
     elif magic == b"\x89HDF\r\n\x1a\n":
         mlp = _load_hdf5(path)
     else:
@@ -307,17 +280,25 @@ def _load_keras(f, path: str) -> MLP:
     names = [_decode(n) for n in g.attrs["layer_names"]]
     config = _config_layers(f)
     keras3 = _decode(f.attrs.get("keras_version", g.attrs.get("keras_version", "2"))).startswith("3")
-    alphas = set()
-    ws, bs, dense_names = [], [], []
-    acts: List[Optional[str]] = []  # the activation after each Dense layer, if any
-    sources: List[str] = []  # the layer each activation came from
+    entries = []
     for name in names:
         if name not in g:
             raise InputError(f"{path}: layer '{name}' listed in layer_names but missing")
         cls, conf = config.get(name, ("", {}))
         lg = g[name]
         wnames = [_decode(n) for n in lg.attrs.get("weight_names", [])]
-        arrays = [np.asarray(lg[wn][()]) for wn in wnames]
+        entries.append((name, cls, conf, [np.asarray(lg[wn][()]) for wn in wnames]))
+    return _keras_mlp(entries, path, keras3)
+
+
+def _keras_mlp(entries, path: str, keras3: bool) -> MLP:
+    """The MLP of a Keras model given as its layers in order: (name, class name or '' when the
+    file has no config, config dict, weight arrays)."""
+    alphas = set()
+    ws, bs, dense_names = [], [], []
+    acts: List[Optional[str]] = []  # the activation after each Dense layer, if any
+    sources: List[str] = []  # the layer each activation came from
+    for name, cls, conf, arrays in entries:
         if arrays:
             kernels = [a for a in arrays if a.ndim == 2]
             biases = [a for a in arrays if a.ndim == 1]
@@ -368,6 +349,123 @@ def _load_keras(f, path: str) -> MLP:
     if activation == "hard_sigmoid" and keras3:
         alpha = 1.0 / 6.0  # Keras 3: relu6(z + 3) / 6
     return MLP(ws, bs, activation, path, dense_names, alpha)
+
+
+def _is_keras_zip(path: str) -> bool:
+    """A ``.keras`` file, or any zip archive holding Keras 3's ``config.json`` (NPZ files are
+    zip archives too, of ``.npy`` members)."""
+    import zipfile
+
+    if path.lower().endswith(".keras"):
+        return True
+    try:
+        with zipfile.ZipFile(path) as zf:
+            return "config.json" in zf.namelist()
+    except (zipfile.BadZipFile, OSError, ValueError):
+        return False
+
+
+def _snake_case(name: str) -> str:
+    """Keras' key for a layer class in the weights file: 'LeakyReLU' -> 'leaky_re_lu'."""
+    name = re.sub(r"\W+", "", name)
+    name = re.sub("(.)([A-Z][a-z]+)", r"\1_\2", name)
+    return re.sub("([a-z])([A-Z])", r"\1_\2", name).lower()
+
+
+def _load_keras_zip(path: str) -> MLP:
+    """A Keras 3 ``model.save('m.keras')`` archive: ``config.json`` (the model's layers),
+    ``metadata.json`` and ``model.weights.h5`` (``layers/<key>/vars/0, 1, ...``, the group
+    ``vars`` carrying the layer's name; keys are the snake-case class names numbered
+    ``dense, dense_1, ...`` in layer order)."""
+    import io
+    import zipfile
+
+    import h5py
+
+    try:
+        with zipfile.ZipFile(path) as zf:
+            members = zf.namelist()
+            missing = [m for m in ("config.json", "model.weights.h5") if m not in members]
+            if missing:
+                raise InputError(f"{path}: Keras archive without {' and '.join(missing)} "
+                                 f"(members: {', '.join(members) or 'none'})")
+            config = json.loads(zf.read("config.json").decode("utf-8"))
+            meta = json.loads(zf.read("metadata.json").decode("utf-8")) if "metadata.json" in members else {}
+            weights_bytes = zf.read("model.weights.h5")
+    except InputError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - zip, JSON or decoding errors of a corrupt file
+        raise InputError(f"{path}: cannot read Keras archive ({type(exc).__name__}: {exc})") from None
+    if not isinstance(config, dict) or not isinstance(config.get("config"), dict):
+        raise InputError(f"{path}: config.json does not describe a Keras model")
+    cls = config.get("class_name", "")
+    layers = config["config"].get("layers")
+    if cls not in ("Sequential", "Functional", "Model") or not isinstance(layers, list):
+        raise InputError(f"{path}: config.json holds a {cls or 'unknown'} object, expected a "
+                         "Sequential or functional model of layers")
+    keras3 = str(meta.get("keras_version", "3")).startswith("3")
+    try:
+        with h5py.File(io.BytesIO(weights_bytes), "r") as f:
+            groups = f["layers"] if "layers" in f else {}
+            by_name = {}  # layer name -> its group of variables
+            for key in groups:
+                vg = groups[key]["vars"] if "vars" in groups[key] else None
+                if vg is not None:
+                    by_name[_decode(vg.attrs.get("name", key))] = vg
+            used = {}
+            entries = []
+            prev = None
+            for layer in layers:
+                lcls = layer.get("class_name", "")
+                conf = layer.get("config", {}) or {}
+                name = conf.get("name") or layer.get("name") or ""
+                if lcls == "InputLayer" and cls == "Sequential":
+                    continue  # not among a Sequential model's layers in the weights file
+                base = _snake_case(lcls)  # the key Keras gives this layer in the weights file
+                used[base] = used.get(base, -1) + 1
+                key = base if used[base] == 0 else f"{base}_{used[base]}"
+                vg = by_name.get(name)
+                if vg is None and key in groups and "vars" in groups[key]:
+                    vg = groups[key]["vars"]
+                arrays = []
+                if vg is not None:
+                    idx = sorted(int(k) for k in vg if k.isdigit())
+                    arrays = [np.asarray(vg[str(i)][()]) for i in idx]
+                if lcls == "Dense" and not arrays:
+                    raise InputError(f"{path}: Dense layer '{name}' has no weights in model.weights.h5")
+                _check_chain(layer, prev, name, path)
+                prev = name
+                entries.append((name, lcls, conf, arrays))
+    except InputError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - HDF5 errors of a corrupt weights file
+        raise InputError(f"{path}: cannot read model.weights.h5 in the Keras archive "
+                         f"({type(exc).__name__}: {exc})") from None
+    return _keras_mlp(entries, path, keras3)
+
+
+def _check_chain(layer: dict, prev: Optional[str], name: str, path: str) -> None:
+    """A functional model's layer must take exactly the previous layer's output."""
+    nodes = layer.get("inbound_nodes")
+    if not nodes or prev is None:
+        return
+    sources = []
+
+    def collect(obj):
+        if isinstance(obj, dict):
+            hist = obj.get("config", {}).get("keras_history") if obj.get("class_name") == "__keras_tensor__" else None
+            if hist:
+                sources.append(hist[0])
+            for v in obj.values():
+                collect(v)
+        elif isinstance(obj, list):
+            for v in obj:
+                collect(v)
+
+    collect(nodes)
+    if sources and (len(nodes) != 1 or sources != [prev]):
+        raise InputError(f"{path}: layer '{name}' takes {sources} as input, not only the previous "
+                         f"layer '{prev}'; only chains of layers are supported")
 
 
 # --------------------------------------------------------------------------- saving
