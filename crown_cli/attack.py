@@ -66,6 +66,29 @@ DERIVATIVES = {
 }
 
 
+def forward_with_preactivations(weights, biases, activation: str, X: np.ndarray, alpha):
+    """Logits of the rows of X (R, d) and every hidden layer's pre-activations, in the dtype of
+    the weights (float32 weights: a fast pass for gradients that only steer a search)."""
+    dtype = weights[0].dtype
+    zs = []
+    a = X.astype(dtype)
+    for k in range(len(weights) - 1):
+        z = a @ weights[k].T + biases[k]
+        zs.append(z)
+        a = apply_activation(activation, z, alpha).astype(dtype)
+    return a @ weights[-1].T + biases[-1], zs
+
+
+def input_gradient(weights, zs, activation: str, g: np.ndarray, alpha) -> np.ndarray:
+    """Back-propagate g (R, n_last_hidden), the gradient with respect to the last hidden
+    layer's activations, to the inputs: (R, d). ``zs`` from :func:`forward_with_preactivations`."""
+    dact = DERIVATIVES[activation]
+    dtype = weights[0].dtype
+    for k in range(len(zs) - 1, -1, -1):
+        g = (g * dact(zs[k], alpha).astype(dtype)) @ weights[k]
+    return g
+
+
 def lp_norm(v: np.ndarray, norm: str) -> np.ndarray:
     """l_p norm of v (d,) or of every row of v (R, d)."""
     v = np.asarray(v, dtype=np.float64)
@@ -225,22 +248,13 @@ class PGDAttack:
         The gradient is that of the target attaining the minimum (a subgradient of m).
         """
         self.grad_evals += X.shape[0]
-        W, b = self.W32, self.b32
-        zs = []
-        a = X.astype(np.float32)
-        for k in range(len(W) - 1):
-            z = a @ W[k].T + b[k]
-            zs.append(z)
-            a = apply_activation(self.activation, z, self.alpha).astype(np.float32)
-        f = a @ W[-1].T + b[-1]
+        W = self.W32
+        f, zs = forward_with_preactivations(W, self.b32, self.activation, X, self.alpha)
         M = f[:, [c]] - f[:, targets]
         j = np.argmin(M, axis=1)
         m = M[np.arange(X.shape[0]), j].astype(np.float64)
         g = W[-1][c][None, :] - W[-1][targets[j]]  # d m / d a_last, (R, n)
-        dact = DERIVATIVES[self.activation]
-        for k in range(len(zs) - 1, -1, -1):
-            g = (g * dact(zs[k], self.alpha).astype(np.float32)) @ W[k]
-        return m, g.astype(np.float64)
+        return m, input_gradient(W, zs, self.activation, g, self.alpha).astype(np.float64)
 
     def _verified(self, x: np.ndarray, c: int, targets: np.ndarray):
         """(is adversarial, margin, reached target) from a single-row float64 forward pass."""

@@ -1,0 +1,132 @@
+"""Counterexample search for one VNN-LIB case: a point x in [lo, hi] with ``A f(x) <= b``.
+
+Projected sign-gradient descent (PGD for an l_inf box) on ``m(x) = max_i (A_i f(x) - b_i)``,
+whose value is <= 0 exactly at violations. The gradient is that of a row attaining the max (a
+subgradient), computed in float32 by the attack module's forward/backward passes. Many starts
+run as one batch: the box's centre, a few random corners, the rest uniform in the box. The
+step size decays linearly from half to a fiftieth of the box's width (per coordinate), and
+every step is clipped back into the box.
+
+Float32 values only nominate candidates: a point is returned only after
+:func:`check_counterexample` accepts it (inside the box exactly, and ``A f(x) <= b`` for every
+row by a float64 forward pass, ``activations.forward``). The check is in float64 arithmetic,
+not exact: a point with ``A_i f(x) - b_i`` within rounding of 0 may be accepted or refused.
+"""
+from __future__ import annotations
+
+import time
+from typing import Optional, Sequence
+
+import numpy as np
+
+from .activations import default_alpha, forward
+from .attack import DERIVATIVES, forward_with_preactivations, input_gradient
+from .errors import InputError
+
+DEFAULT_RESTARTS = 16
+DEFAULT_STEPS = 50
+
+
+def _as_case(lo, hi, A, b):
+    lo = np.asarray(lo, dtype=np.float64)
+    hi = np.asarray(hi, dtype=np.float64)
+    A = np.asarray(A, dtype=np.float64)
+    if A.ndim == 1:
+        A = A[None, :]
+    b = np.asarray(b, dtype=np.float64).reshape(-1)
+    if A.ndim != 2 or A.shape[0] != b.size:
+        raise ValueError("A must be (m, n_outputs) and b (m,)")
+    return lo, hi, A, b
+
+
+def violations(weights, biases, activation: str, alpha, lo, hi, A, b, X) -> np.ndarray:
+    """For each row of X (N, d): is it a verified counterexample? (N,) bool, float64 check."""
+    X = np.asarray(X, dtype=np.float64)
+    if X.ndim == 1:
+        X = X[None, :]
+    inside = np.all(np.isfinite(X), axis=1) & np.all((X >= lo) & (X <= hi), axis=1)
+    ok = np.zeros(X.shape[0], dtype=bool)
+    if not inside.any():
+        return ok
+    if alpha is None:
+        alpha = default_alpha(activation)
+    rows = np.flatnonzero(inside)
+    Y = forward(weights, biases, activation, X[rows], alpha)
+    ok[rows] = np.all(Y @ A.T <= b, axis=1)
+    return ok
+
+
+def check_counterexample(weights: Sequence[np.ndarray], biases: Sequence[np.ndarray],
+                         activation: str, alpha, lo, hi, A, b, x) -> bool:
+    """True iff lo <= x <= hi (exactly, x finite) and ``A f(x) <= b`` in every row, with f the
+    float64 forward pass ``activations.forward``."""
+    lo, hi, A, b = _as_case(lo, hi, A, b)
+    x = np.asarray(x, dtype=np.float64)
+    if x.shape != lo.shape:
+        return False
+    return bool(violations(weights, biases, activation, alpha, lo, hi, A, b, x)[0])
+
+
+def _starts(lo, hi, n, rng):
+    """n starting points (n, d): the centre, up to 4 random corners, then uniform points."""
+    d = lo.size
+    X = lo + rng.uniform(size=(n, d)) * (hi - lo)
+    X[0] = 0.5 * lo + 0.5 * hi
+    corners = min(4, n - 1)
+    if corners > 0:
+        X[1:1 + corners] = np.where(rng.integers(0, 2, size=(corners, d)) == 1, hi, lo)
+    return np.clip(X, lo, hi)
+
+
+def find_counterexample(weights: Sequence[np.ndarray], biases: Sequence[np.ndarray],
+                        activation: str, alpha, lo, hi, A, b, *,
+                        restarts: int = DEFAULT_RESTARTS, steps: int = DEFAULT_STEPS,
+                        seed: int = 0, deadline: Optional[float] = None) -> Optional[np.ndarray]:
+    """A verified x in [lo, hi] with ``A f(x) <= b`` (every row), or None if none was found.
+
+    ``restarts`` starting points run as one batch for ``steps`` sign-gradient steps each;
+    ``deadline`` is a ``time.monotonic()`` instant after which the search stops (checked once
+    per step). None never proves anything: the property may still be violated.
+    """
+    if activation not in DERIVATIVES:
+        raise InputError(f"no gradient for activation '{activation}'")
+    if restarts < 1 or steps < 0:
+        raise ValueError("find_counterexample: restarts >= 1 and steps >= 0 required")
+    lo, hi, A, b = _as_case(lo, hi, A, b)
+    if lo.shape != hi.shape or np.any(lo > hi):
+        raise ValueError("find_counterexample: need lo <= hi of one shape")
+    if alpha is None:
+        alpha = default_alpha(activation)
+    W64 = [np.asarray(w, dtype=np.float64) for w in weights]
+    b64 = [np.asarray(v, dtype=np.float64) for v in biases]
+
+    def verified(X):
+        ok = violations(W64, b64, activation, alpha, lo, hi, A, b, X)
+        return X[int(np.argmax(ok))].copy() if ok.any() else None
+
+    rng = np.random.default_rng(seed)
+    X = _starts(lo, hi, int(restarts), rng)
+    if A.shape[0] == 0:  # no output constraint: every point of the box violates
+        return verified(X[:1])
+    W32 = [w.astype(np.float32) for w in W64]
+    B32 = [v.astype(np.float32) for v in b64]
+    A32, b32 = A.astype(np.float32), b.astype(np.float32)
+    G_out = A32 @ W32[-1]  # d (A f) / d a_last, one row per constraint
+    width = hi - lo
+    for k in range(int(steps) + 1):
+        f, zs = forward_with_preactivations(W32, B32, activation, X, alpha)
+        R = f @ A32.T - b32  # (N, m)
+        j = np.argmax(R, axis=1)
+        m = R[np.arange(X.shape[0]), j]
+        # float32 values only nominate candidates; the float64 check decides
+        near = np.flatnonzero(m <= 1e-5 * (1.0 + np.abs(R).max()))
+        if near.size:
+            x = verified(X[near[np.argsort(m[near])]])
+            if x is not None:
+                return x
+        if k == steps or (deadline is not None and time.monotonic() > deadline):
+            break
+        G = input_gradient(W32, zs, activation, G_out[j], alpha)
+        step = (0.02 + 0.48 * (1.0 - k / max(steps, 1))) * width
+        X = np.clip(X - step * np.sign(G).astype(np.float64), lo, hi)
+    return None
