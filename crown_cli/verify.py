@@ -88,33 +88,49 @@ class Verifier:
 
     # ------------------------------------------------------------------ stages
 
-    def case_lower_bounds(self, stage: str, lo, hi, A, b) -> np.ndarray:
+    def box_lower_bounds(self, stage: str, lo, hi, A, b) -> np.ndarray:
         """Per row of A: a float64-verified lower bound of ``A_i f(x) - b_i`` over [lo, hi]
-        (b rounded up one ulp first). A row > 0 proves the case empty."""
+        (b rounded up one ulp first). A row > 0 proves every case holding it empty."""
         box = Box(lo, hi)
         lb = margin_lower_bound(self.net, *box.args(), self.relax[stage], np.asarray(A, float))
-        return lb - round_up(b)  # rounding of the difference: see _proven
+        # fl(lb - b_up) > 0 exactly when lb > b_up: a rounded difference keeps its sign
+        return lb - round_up(b)
 
-    @staticmethod
-    def _proven(diff: np.ndarray) -> bool:
-        # lb - b_up is computed with one rounding; it is > 0 iff lb > b_up exactly
-        # (Sterbenz / monotonicity of rounded subtraction: fl(lb - b) > 0 <=> lb > b)
-        return bool(np.any(diff > 0.0))
-
-    def _attack(self, cases, deadline: float, budget: float, seed: int):
-        from .verify_attack import find_counterexample
+    def _attack(self, cases, groups, deadline: float, budget: float, seed: int):
+        """(case index, x) of a verified counterexample, or None. One descent per input box
+        on all its cases at once."""
+        from .verify_attack import find_counterexample_any
 
         stop = min(deadline, time.monotonic() + budget)
-        for j, case in enumerate(cases):
+        for g, members in enumerate(groups):
             if time.monotonic() >= stop:
                 break
-            x = find_counterexample(self.weights, self.biases, self.activation, self.alpha,
-                                    case.lo, case.hi, case.A, case.b,
-                                    restarts=self.attack_restarts, steps=self.attack_steps,
-                                    seed=seed + j, deadline=stop)
-            if x is not None:
-                return j, x
+            c0 = cases[members[0]]
+            found = find_counterexample_any(self.weights, self.biases, self.activation,
+                                            self.alpha, c0.lo, c0.hi,
+                                            [(cases[j].A, cases[j].b) for j in members],
+                                            restarts=self.attack_restarts,
+                                            steps=self.attack_steps, seed=seed + g, deadline=stop)
+            if found is not None:
+                return members[found[0]], found[1]
         return None
+
+    def _bound_cases(self, stage, cases, members, margins):
+        """Bound the cases ``members`` (one input box) in one back-substitution; returns those
+        not proven and records each case's best row margin."""
+        c0 = cases[members[0]]
+        A = np.concatenate([cases[j].A for j in members])
+        b = np.concatenate([cases[j].b for j in members])
+        diff = self.box_lower_bounds(stage, c0.lo, c0.hi, A, b) if A.shape[0] else np.zeros(0)
+        still, at = [], 0
+        for j in members:
+            m = cases[j].A.shape[0]
+            d = diff[at:at + m]
+            at += m
+            margins[j] = float(np.max(d)) if m else -np.inf
+            if not np.any(d > 0.0):
+                still.append(j)
+        return still
 
     def verify(self, prop, timeout: float, log: Optional[Callable[[str], None]] = None) -> Verdict:
         """Run the pipeline on a parsed property within ``timeout`` seconds."""
@@ -132,7 +148,8 @@ class Verifier:
             return done("unsat", "parse", None, 0)
         budget = self.attack_time if self.attack_time is not None else max(ATTACK_MIN_S,
                                                                             ATTACK_SHARE * timeout)
-        found = self._attack(cases, deadline, budget, self.seed)
+        groups = _by_box(cases, range(n))
+        found = self._attack(cases, groups, deadline, budget, self.seed)
         if found is not None:
             j, x = found
             return done("sat", "attack", None, 0, x=x, y=self.outputs(x), case=j)
@@ -141,30 +158,34 @@ class Verifier:
         stage = "attack"
         for stage in self.stages:
             still = []
-            for j in open_cases:
+            for members in _by_box(cases, open_cases):
                 if time.monotonic() >= deadline:
                     return done("timeout", stage, _worst(margins), n - len(open_cases))
-                c = cases[j]
-                diff = self.case_lower_bounds(stage, c.lo, c.hi, c.A, c.b)
-                margins[j] = float(np.max(diff)) if diff.size else -np.inf
-                if not self._proven(diff):
-                    still.append(j)
-            open_cases = still
+                still += self._bound_cases(stage, cases, members, margins)
+            open_cases = sorted(still)
             if log is not None:
                 log(f"{stage}: {n - len(open_cases)} of {n} cases proven")
             if not open_cases:
                 return done("unsat", stage, _worst(margins), n)
         if time.monotonic() >= deadline:
             return done("timeout", stage, _worst(margins), n - len(open_cases))
-        # the bounds could not decide: spend what is left of the attack budget once more,
-        # with other starts, on the open cases
-        found = self._attack([cases[j] for j in open_cases], deadline, budget, self.seed + 7919)
+        # the bounds could not decide: an attack with other starts on the open cases
+        found = self._attack(cases, _by_box(cases, open_cases), deadline, budget,
+                             self.seed + 7919)
         if found is not None:
-            k, x = found
-            j = open_cases[k]
+            j, x = found
             return done("sat", "attack", _worst(margins), n - len(open_cases), x=x,
                         y=self.outputs(x), case=j)
         return done("unknown", stage, _worst(margins), n - len(open_cases))
+
+
+def _by_box(cases, indices) -> List[List[int]]:
+    """The case indices grouped by identical input box, in order of first appearance."""
+    out = {}
+    for j in indices:
+        key = (cases[j].lo.tobytes(), cases[j].hi.tobytes())
+        out.setdefault(key, []).append(j)
+    return list(out.values())
 
 
 def _worst(margins) -> Optional[float]:

@@ -88,25 +88,53 @@ def find_counterexample(weights: Sequence[np.ndarray], biases: Sequence[np.ndarr
     ``deadline`` is a ``time.monotonic()`` instant after which the search stops (checked once
     per step). None never proves anything: the property may still be violated.
     """
+    found = find_counterexample_any(weights, biases, activation, alpha, lo, hi, [(A, b)],
+                                    restarts=restarts, steps=steps, seed=seed, deadline=deadline)
+    return None if found is None else found[1]
+
+
+def find_counterexample_any(weights: Sequence[np.ndarray], biases: Sequence[np.ndarray],
+                            activation: str, alpha, lo, hi, cases, *,
+                            restarts: int = DEFAULT_RESTARTS, steps: int = DEFAULT_STEPS,
+                            seed: int = 0, deadline: Optional[float] = None):
+    """(j, x): a verified x in [lo, hi] with ``A_j f(x) <= b_j`` for one of the output
+    conjunctions ``cases`` = [(A_j, b_j), ...] sharing this box, or None.
+
+    One batch of starts descends on ``min_j max_i (A_j f(x) - b_j)_i``: the gradient is that
+    of the row attaining the max in the case attaining the min, so each start heads for the
+    case it is nearest to violating (one run instead of one per case: mnistfc's properties
+    have nine single-row cases on one box).
+    """
     if activation not in DERIVATIVES:
         raise InputError(f"no gradient for activation '{activation}'")
     if restarts < 1 or steps < 0:
         raise ValueError("find_counterexample: restarts >= 1 and steps >= 0 required")
-    lo, hi, A, b = _as_case(lo, hi, A, b)
+    parsed = [_as_case(lo, hi, A_, b_) for A_, b_ in cases]
+    if not parsed:
+        return None
+    lo, hi = parsed[0][0], parsed[0][1]
     if lo.shape != hi.shape or np.any(lo > hi):
         raise ValueError("find_counterexample: need lo <= hi of one shape")
+    A = np.concatenate([p[2] for p in parsed])
+    b = np.concatenate([p[3] for p in parsed])
+    case_of = np.concatenate([np.full(p[2].shape[0], j) for j, p in enumerate(parsed)])
+    n_cases = len(parsed)
     if alpha is None:
         alpha = default_alpha(activation)
     W64 = [np.asarray(w, dtype=np.float64) for w in weights]
     b64 = [np.asarray(v, dtype=np.float64) for v in biases]
 
-    def verified(X):
-        ok = violations(W64, b64, activation, alpha, lo, hi, A, b, X)
-        return X[int(np.argmax(ok))].copy() if ok.any() else None
+    def verified(X, order=None):
+        for j, (_, _, A_j, b_j) in enumerate(parsed) if order is None else \
+                ((j, parsed[j]) for j in order):
+            ok = violations(W64, b64, activation, alpha, lo, hi, A_j, b_j, X)
+            if ok.any():
+                return j, X[int(np.argmax(ok))].copy()
+        return None
 
     rng = np.random.default_rng(seed)
     X = _starts(lo, hi, int(restarts), rng)
-    if A.shape[0] == 0:  # no output constraint: every point of the box violates
+    if any(p[2].shape[0] == 0 for p in parsed):  # no output constraint: every point violates
         return verified(X[:1])
     W32 = [w.astype(np.float32) for w in W64]
     B32 = [v.astype(np.float32) for v in b64]
@@ -115,15 +143,29 @@ def find_counterexample(weights: Sequence[np.ndarray], biases: Sequence[np.ndarr
     width = hi - lo
     for k in range(int(steps) + 1):
         f, zs = forward_with_preactivations(W32, B32, activation, X, alpha)
-        R = f @ A32.T - b32  # (N, m)
-        j = np.argmax(R, axis=1)
-        m = R[np.arange(X.shape[0]), j]
+        R = f @ A32.T - b32  # (N, rows of all cases)
+        if n_cases == 1:
+            j = np.argmax(R, axis=1)
+            m = R[np.arange(X.shape[0]), j]
+            best = np.zeros(X.shape[0], dtype=int)
+        else:  # per case its worst row; per start the case nearest to violation
+            worst = np.full((X.shape[0], n_cases), -np.inf, dtype=R.dtype)
+            arg = np.zeros((X.shape[0], n_cases), dtype=int)
+            for c in range(n_cases):
+                cols = np.flatnonzero(case_of == c)
+                k_ = np.argmax(R[:, cols], axis=1)
+                arg[:, c] = cols[k_]
+                worst[:, c] = R[np.arange(X.shape[0]), cols[k_]]
+            best = np.argmin(worst, axis=1)
+            j = arg[np.arange(X.shape[0]), best]
+            m = worst[np.arange(X.shape[0]), best]
         # float32 values only nominate candidates; the float64 check decides
         near = np.flatnonzero(m <= 1e-5 * (1.0 + np.abs(R).max()))
         if near.size:
-            x = verified(X[near[np.argsort(m[near])]])
-            if x is not None:
-                return x
+            srt = near[np.argsort(m[near])]
+            found = verified(X[srt], order=list(dict.fromkeys(best[srt].tolist())))
+            if found is not None:
+                return found
         if k == steps or (deadline is not None and time.monotonic() > deadline):
             break
         G = input_gradient(W32, zs, activation, G_out[j], alpha)

@@ -90,8 +90,8 @@ def test_sat_found_by_attack_and_rechecked():
     check_sat(ws, bs, prop, out)
     text = format_result(out)
     assert text.startswith("sat\n((X_0 ")
-    vals = dict((tok.strip("()").split()[0], float(tok.strip("()").split()[1]))
-                for tok in text.split("\n")[1:] if tok.strip())
+    pairs = [tok.strip().strip("()").split() for tok in text.split("\n")[1:] if tok.strip()]
+    vals = {name: float(val) for name, val in pairs}
     assert np.array_equal([vals[f"X_{i}"] for i in range(5)], out.x)
     assert np.array_equal([vals[f"Y_{j}"] for j in range(4)], out.y)
 
@@ -108,14 +108,14 @@ def test_every_case_must_be_proven():
     tiny = " ".join(f"(>= X_{i} -1e-6) (<= X_{i} 1e-6)" for i in range(3))
     far = " ".join(f"(>= X_{i} 5.0) (<= X_{i} 6.0)" for i in range(3))
     text = head + f"(assert (or (and {tiny}) (and {far})))\n" \
-        + f"(assert (<= (- Y_{c} Y_{t}) {m - 0.5 * abs(m)!r}))\n"
+        + f"(assert (<= (- Y_{c} Y_{t}) {float(m - 0.5 * abs(m))!r}))\n"
     prop = parse_vnnlib_text(text, "two", 3, 2)
     out = Verifier(ws, bs, "relu", attack_time=0.2).verify(prop, timeout=5.0)
     assert out.cases == 2
     assert out.result != "unsat" or out.cases_proven == 2
     # with only the tiny box the property is proven
     prop1 = parse_vnnlib_text(head + f"(assert (and {tiny}))\n"
-                              + f"(assert (<= (- Y_{c} Y_{t}) {m - 0.5 * abs(m)!r}))\n", "one", 3, 2)
+                              + f"(assert (<= (- Y_{c} Y_{t}) {float(m - 0.5 * abs(m))!r}))\n", "one", 3, 2)
     assert Verifier(ws, bs, "relu").verify(prop1, timeout=5.0).result == "unsat"
 
 
