@@ -68,7 +68,8 @@ from typing import Sequence
 
 import numpy as np
 
-from ..crown import FP_ATOL, FP_RTOL, NORMS, Network, back_substitute, dual_norms, hidden_layer_bounds
+from ..crown import (FP_ATOL, FP_RTOL, NORMS, Network, back_substitute, dual_norms, hidden_layer_bounds,
+                     product_rounding)
 from ..errors import InputError
 from ..relaxations import get_relaxation
 
@@ -289,7 +290,8 @@ class QuadBound:
         l, u = bounds[0]
         Lam = C @ net.W[1]
         cst = C @ net.b[1]
-        crown, _ = back_substitute(net, relax, Lam, cst, x0, eps, self.qcode, want_upper=False)
+        crown, _ = back_substitute(net, relax, Lam, cst, x0, eps, self.qcode, want_upper=False,
+                                   lam_err=product_rounding(net, C, relax, x0, eps, self.qcode))
         a, b, c = quadratic_terms(Lam, l, u, self.quad)
         rows = np.flatnonzero((a > 0.0).any(axis=1))
         out = crown.copy()
