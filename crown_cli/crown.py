@@ -7,11 +7,14 @@ input, then maximising/minimising the resulting linear function of x over
 
 Arrays in, arrays out: no files and no printing here. All inputs are assumed validated.
 
-Floating point: every bound is widened outward by ``FP_RTOL`` times the sum of the absolute
-values of the terms it was computed from (plus a tiny absolute term). The worst-case rounding
-error of a float64 dot product of length n is about ``n * 2**-53`` of that sum (~5e-13 for
-n = 4096); ``FP_RTOL`` is three orders of magnitude larger to cover error compounding through
-the layers, and is still far below anything that changes a certified radius in its 5th digit.
+Floating point (float64; README, Soundness, has the whole argument): every bound is widened
+outward by (1) per back-substitution step, the rounding of its products charged a posteriori
+(``|D| @ v_i``, :func:`rounding_weights` with unit 2**-53, for the matrix D the step formed:
+those errors are relative to |D| |W|, not to the final coefficients, and cancellation makes
+them arbitrarily larger than the latter); (2) the rounding of the margin rows C @ W[-1]
+(:func:`product_rounding`); (3) ``FP_RTOL`` times the sum of the absolute values of the terms
+of the final sums (constant terms, input terms, dual norm), which covers gamma_N of those sums
+for N <= 2**20 roundings per term (larger networks get N * 2**-52: :func:`final_sum_rtol`).
 """
 from __future__ import annotations
 
@@ -21,7 +24,7 @@ from typing import Callable, List, Sequence, Tuple
 
 import numpy as np
 
-FP_RTOL = 2.0 ** -32  # ~2.3e-10, relative allowance for float64 rounding (see module docstring)
+FP_RTOL = 2.0 ** -32  # ~2.3e-10, relative allowance of the final sums (see module docstring)
 FP_ATOL = 1e-300
 
 # norm name -> code of the dual norm used on the rows of Lam: 0: l1 (inf-ball), 1: l2, 2: l_inf (1-ball)

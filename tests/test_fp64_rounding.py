@@ -307,3 +307,16 @@ def test_final_sum_allowance_grows_only_past_its_limit():
     assert crown.final_sum_rtol(small) == crown.FP_RTOL
     wide = [np.zeros((1, 2 ** 21)), np.zeros((2, 1))]  # 2**21 inputs: gamma_N > 2**-32 / 2
     assert crown.final_sum_rtol(wide) > 2 * (2 ** 21 * U64)
+
+
+def test_comparison_methods_refuse_networks_past_their_allowance():
+    from crown_cli.errors import InputError
+    from crown_cli.methods import MAX_TERMS, bind_method
+
+    d = MAX_TERMS // 2 - 4  # 2 (d + 1) + 8 > 2**20 with the one hidden neuron
+    big = ([np.zeros((1, d)), np.zeros((2, 1))], [np.zeros(1), np.zeros(2)])
+    ok = ([np.zeros((1, d - 4)), np.zeros((2, 1))], [np.zeros(1), np.zeros(2)])
+    for method in ("fast-lip", "op-norm", "lp-full"):
+        with pytest.raises(InputError, match="too large"):
+            bind_method(method, *big, "relu", None, "inf")
+        bind_method(method, *ok, "relu", None, "inf")
