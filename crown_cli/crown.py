@@ -143,14 +143,13 @@ class Relaxation:
     """
 
     __slots__ = ("aU", "bU", "aL", "bL", "agree", "diff", "cols", "icols", "l", "u", "_abs",
-                 "_rw", "_input")
+                 "_rw")
 
     def __init__(self, aU, bU, aL, bL, l=None, u=None):
         self.aU, self.bU, self.aL, self.bL = aU, bU, aL, bL
         self.l, self.u = l, u
         self._abs = None  # abs_bound, cached
         self._rw = None  # (key, v, t): the float64 rounding weights of the step through it
-        self._input = None  # (x0, eps, qcode, |x| bound, |W_0| |x| bound) of layer 0's set
         nonzero = (aU != 0.0) | (aL != 0.0)
         same = aU == aL
         # columns with both slopes 0 (inactive ReLUs) drop out of every product
@@ -231,6 +230,13 @@ class Network:
         if k not in self._absW:
             self._absW[k] = np.abs(self.W[k])
         return self._absW[k]
+
+    def abs_row_sums(self, k: int) -> np.ndarray:
+        """The l1 norms of W[k]'s rows (|W[k]| @ 1), cached."""
+        key = ("rows", k)
+        if key not in self._absW:
+            self._absW[key] = np.abs(self.W[k]).sum(axis=1)  # |W[k]| itself is not kept
+        return self._absW[key]
 
     def first_layer_norms(self, qcode) -> np.ndarray:
         if isinstance(qcode, Box):  # one per box: not cached
@@ -392,35 +398,23 @@ def input_abs_bound(x0, eps, qcode) -> np.ndarray:
     return np.abs(x0) + eps
 
 
-def _input_magnitudes(net: Network, rl: Relaxation, x0, eps, qcode):
-    """(input |x| bound, |W_0| @ it) for the set (x0, eps, qcode), cached on relax[0] (the set
-    is compared by value: the same relaxations may be used with another set)."""
-    hit = rl._input
-    if hit is not None and hit[1] == eps and hit[2] is qcode and np.array_equal(hit[0], x0):
-        return hit
-    a = input_abs_bound(x0, eps, qcode)
-    rl._input = (np.array(x0, dtype=np.float64, copy=True), eps, qcode, a, net.abs_weights(0) @ a)
-    return rl._input
-
-
 def _float64_steps(net: Network, relax: List[Relaxation], x0, eps, qcode):
     """Per hidden layer i, the float64 :func:`rounding_weights` v_i of the step through it,
-    and the sum of their underflow terms. v_i depends only on relax[i]'s interval and the
-    previous layer's |a| bound (relax[i - 1].abs_bound(), or the input set's), so it is
-    cached on relax[i] keyed by that predecessor."""
+    and the sum of their underflow terms.
+
+    |W_i| |a_{i-1}| is bounded by the rows' l1 norms times max |a_{i-1}| (cached norms: no
+    matrix-vector product per evaluation; looser by at most max / mean of the |a| bound).
+    For i >= 1, v_i depends only on relax[i]'s interval and relax[i - 1]'s |a| bound, so it
+    is cached on relax[i] keyed by that predecessor; v_0 follows the input set of the call."""
     steps, tiny = [], 0.0
     for i, rl in enumerate(relax):
         if rl.l is None:
             raise ValueError("back_substitute: float64 needs the interval (l, u) each "
                              "Relaxation was built from (Relaxation(..., l=l, u=u))")
-        if i == 0:
-            key = _input_magnitudes(net, rl, x0, eps, qcode)
-            a_prev, Wa = key[3], key[4]
-        else:
-            key = relax[i - 1]
-        if rl._rw is None or rl._rw[0] is not key:
-            if i:
-                a_prev, Wa = key.abs_bound(), None
+        key = relax[i - 1] if i else None
+        if i == 0 or rl._rw is None or rl._rw[0] is not key:
+            a_prev = key.abs_bound() if i else input_abs_bound(x0, eps, qcode)
+            Wa = net.abs_row_sums(i) * (float(np.max(a_prev)) if a_prev.size else 0.0)
             v, t = rounding_weights(net, i, a_prev, rl.l, rl.u, Wa, unit=U64)
             rl._rw = (key, v, t)
         steps.append(rl._rw[1])
