@@ -275,9 +275,9 @@ def test_relaxation_without_interval_is_refused_in_float64():
     crown.back_substitute(net, [bare], W[1], b[1], x0, 0.1, 0, dtype=np.float32)  # estimate: fine
 
 
-def test_cached_input_magnitudes_follow_the_set():
-    """Relaxations reused with another (smaller) set: the result is the one fresh
-    relaxations give, so the cached input bound was recomputed for the new set."""
+def test_relaxations_reused_with_another_set():
+    """Relaxations reused with another set (the cached rounding weights of the later layers
+    stay; the input layer's follow the call): the result is the one fresh relaxations give."""
     W, b = random_network([6, 7, 5, 3], 4)
     net = crown.Network(W, b)
     fn = get_relaxation("relu", "crown")
