@@ -7,11 +7,14 @@ input, then maximising/minimising the resulting linear function of x over
 
 Arrays in, arrays out: no files and no printing here. All inputs are assumed validated.
 
-Floating point: every bound is widened outward by ``FP_RTOL`` times the sum of the absolute
-values of the terms it was computed from (plus a tiny absolute term). The worst-case rounding
-error of a float64 dot product of length n is about ``n * 2**-53`` of that sum (~5e-13 for
-n = 4096); ``FP_RTOL`` is three orders of magnitude larger to cover error compounding through
-the layers, and is still far below anything that changes a certified radius in its 5th digit.
+Floating point (float64; README, Soundness, has the whole argument): every bound is widened
+outward by (1) per back-substitution step, the rounding of its products charged a posteriori
+(``|D| @ v_i``, :func:`rounding_weights` with unit 2**-53, for the matrix D the step formed:
+those errors are relative to |D| |W|, not to the final coefficients, and cancellation makes
+them arbitrarily larger than the latter); (2) the rounding of the margin rows C @ W[-1]
+(:func:`product_rounding`); (3) ``FP_RTOL`` times the sum of the absolute values of the terms
+of the final sums (constant terms, input terms, dual norm), which covers gamma_N of those sums
+for N <= 2**20 roundings per term (larger networks get N * 2**-52: :func:`final_sum_rtol`).
 """
 from __future__ import annotations
 
@@ -21,7 +24,7 @@ from typing import Callable, List, Sequence, Tuple
 
 import numpy as np
 
-FP_RTOL = 2.0 ** -32  # ~2.3e-10, relative allowance for float64 rounding (see module docstring)
+FP_RTOL = 2.0 ** -32  # ~2.3e-10, relative allowance of the final sums (see module docstring)
 FP_ATOL = 1e-300
 
 # norm name -> code of the dual norm used on the rows of Lam: 0: l1 (inf-ball), 1: l2, 2: l_inf (1-ball)
@@ -131,12 +134,22 @@ def input_terms(A, x0, qcode):
 
 
 class Relaxation:
-    """Slopes/intercepts of one hidden layer plus the column sets the kernels iterate over."""
+    """Slopes/intercepts of one hidden layer plus the column sets the kernels iterate over.
 
-    __slots__ = ("aU", "bU", "aL", "bL", "agree", "diff", "cols", "icols")
+    ``l``, ``u``: the interval [l, u] of the layer's pre-activation z the relaxation was built
+    from (rigorous bounds on the input set). Float64 back-substitution needs them to bound
+    its rounding (:func:`back_substitute`): |z| <= max(|l|, |u|), and the activation's
+    magnitude follows from the lines themselves (:meth:`abs_bound`).
+    """
 
-    def __init__(self, aU, bU, aL, bL):
+    __slots__ = ("aU", "bU", "aL", "bL", "agree", "diff", "cols", "icols", "l", "u", "_abs",
+                 "_rw")
+
+    def __init__(self, aU, bU, aL, bL, l=None, u=None):
         self.aU, self.bU, self.aL, self.bL = aU, bU, aL, bL
+        self.l, self.u = l, u
+        self._abs = None  # abs_bound, cached
+        self._rw = None  # (key, v, t): the float64 rounding weights of the step through it
         nonzero = (aU != 0.0) | (aL != 0.0)
         same = aU == aL
         # columns with both slopes 0 (inactive ReLUs) drop out of every product
@@ -144,6 +157,20 @@ class Relaxation:
         self.diff = np.flatnonzero(nonzero & ~same)
         self.cols = np.flatnonzero(nonzero)
         self.icols = np.flatnonzero((bU != 0.0) | (bL != 0.0))
+
+    def abs_bound(self) -> np.ndarray:
+        """A bound on |act(z)| for z in [l, u], from the relaxation itself: act(z) lies
+        between the two lines, and |a z + b| <= |a| max(|l|, |u|) + |b| on [l, u]. Computed
+        with non-negative operations only (relative rounding, covered by ERR_SAFETY where it
+        is used)."""
+        if self._abs is None:
+            if self.l is None:
+                raise ValueError("Relaxation: float64 back-substitution needs the interval "
+                                 "(l, u) the relaxation was built from")
+            z = np.maximum(np.abs(self.l), np.abs(self.u))
+            self._abs = np.maximum(np.abs(self.aU) * z + np.abs(self.bU),
+                                   np.abs(self.aL) * z + np.abs(self.bL))
+        return self._abs
 
 
 class Network:
@@ -159,6 +186,9 @@ class Network:
         self._first_norms = {}
         self._taken = OrderedDict()  # (layer, dtype, row indices) -> gathered rows, LRU
         self._taken_bytes = 0
+        # the final sums' allowance: FP_RTOL unless the network is too large for it to cover
+        # gamma_N of the longest sum (see final_sum_rtol)
+        self.fp_rtol = final_sum_rtol(self.W)
 
     @property
     def num_hidden(self) -> int:
@@ -201,6 +231,13 @@ class Network:
             self._absW[k] = np.abs(self.W[k])
         return self._absW[k]
 
+    def abs_row_sums(self, k: int) -> np.ndarray:
+        """The l1 norms of W[k]'s rows (|W[k]| @ 1), cached."""
+        key = ("rows", k)
+        if key not in self._absW:
+            self._absW[key] = np.abs(self.W[k]).sum(axis=1)  # |W[k]| itself is not kept
+        return self._absW[key]
+
     def first_layer_norms(self, qcode) -> np.ndarray:
         if isinstance(qcode, Box):  # one per box: not cached
             return dual_norms(self.W[0], qcode)
@@ -220,9 +257,27 @@ def _mm(A: np.ndarray, B: np.ndarray) -> np.ndarray:
     return A @ B
 
 
-def _widen(value, mag, sign):
-    """Move ``value`` outward (sign +1: up, -1: down) by the floating-point allowance."""
-    return value + sign * (FP_RTOL * mag + FP_ATOL)
+def final_sum_rtol(weights) -> float:
+    """The relative allowance of a network's final sums (see the module docstring).
+
+    The longest chain of roundings of one term of a bound is N = max(d, 2 n + L + 5) + 3
+    (d inputs, n the widest hidden layer, L weight layers: a product, a sum over at most 2n
+    constant terms, L accumulations, the last three additions). Its rounding is at most
+    gamma_N = N u / (1 - N u) (u = 2**-53) of the sum of the terms' magnitudes; the
+    allowance must also cover the rounding of the widening itself (a few u). FP_RTOL = 2**-32
+    does for N <= 2**20 (gamma_N <= 2**-33 (1 + 2**-32)); beyond that N * 2**-52 (= 2 gamma_N
+    roughly) is used, which leaves the same margin.
+    """
+    d = weights[0].shape[1]
+    widest = max((w.shape[0] for w in weights[:-1]), default=0)
+    n = max(d, 2 * widest + len(weights) + 5) + 3
+    return max(FP_RTOL, n * 2.0 ** -52)
+
+
+def _widen(value, mag, sign, rtol=FP_RTOL, extra=0.0):
+    """Move ``value`` outward (sign +1: up, -1: down) by the floating-point allowance:
+    ``rtol`` of the magnitude sum, FP_ATOL, and ``extra`` (>= 0, e.g. product rounding)."""
+    return value + sign * ((rtol * mag + FP_ATOL) + extra)
 
 
 def back_substitute(
@@ -236,6 +291,7 @@ def back_substitute(
     want_upper: bool = True,
     dtype=np.float64,
     err=None,
+    lam_err=None,
 ):
     """Bounds over the ball of ``Lam @ a_h + const`` where a_h = act(z_h), h = len(relax) - 1.
 
@@ -244,13 +300,22 @@ def back_substitute(
     With ``dtype=float32`` the matrix products run in single precision: faster, but the
     result is only an estimate (used to steer the search, never reported).
 
-    ``err`` (float32 only) asks for a bound on the rounding of the chain, returned as two more
-    items (eL, eU) per row: ``lower - eL`` and ``upper + eU`` bound ``Lam @ a_h + const`` on
-    the ball wherever the relaxations hold and the magnitudes ``err`` was built from do.
-    ``err[i]`` is the weight vector of :func:`rounding_weights` for the step through hidden
-    layer i: that step's rounding moves the bound by at most ``|D| @ err[i]`` for the scaled
-    matrix D it multiplies by W[i]. Each step is charged where it happens, against the true
-    activations, so the bound does not compound through the later steps.
+    In float64 (and ``err`` None) the result is rigorous: besides the allowance of the final
+    sums (``net.fp_rtol`` of their magnitude), each step's product rounding is charged a
+    posteriori, ``|D| @ v_i`` for the scaled matrix D it multiplied by W[i], with v_i the
+    :func:`rounding_weights` of unit 2**-53 for the interval each relaxation was built from
+    (``Relaxation.l``, ``.u``) and the previous layer's |a| bound (the input layer's from
+    (x0, eps, qcode)). ``lam_err`` (optional, per row, >= 0) adds the rounding the caller made
+    forming ``Lam`` and ``const`` (see :func:`product_rounding`).
+
+    ``err`` asks for a bound on the rounding of the chain, returned as two more items
+    (eL, eU) per row, which are then NOT applied: ``lower - eL`` and ``upper + eU`` bound
+    ``Lam @ a_h + const`` on the ball wherever the relaxations hold and the magnitudes
+    ``err`` was built from do. ``err[i]`` is the weight vector of :func:`rounding_weights`
+    for the step through hidden layer i (float32: unit 2**-24): that step's rounding moves the
+    bound by at most ``|D| @ err[i]`` for the scaled matrix D it multiplies by W[i]. Each step
+    is charged where it happens, against the true activations, so the bound does not compound
+    through the later steps.
     """
     W, b = net.weights(dtype), net.b
     LU = LL = np.ascontiguousarray(Lam, dtype=dtype)
@@ -258,7 +323,10 @@ def back_substitute(
     cL = cU.copy()
     mU = np.abs(cU)
     mL = mU.copy()
-    if err is not None:
+    steps, tiny = err, 0.0
+    if err is None and np.dtype(dtype) == np.float64:
+        steps, tiny = _float64_steps(net, relax, x0, eps, qcode)
+    if steps is not None:
         eL = np.zeros(LL.shape[0])
         eU = np.zeros(LL.shape[0]) if want_upper else None
     shared = True
@@ -268,11 +336,11 @@ def back_substitute(
             DS, DU, DL, dcU, dcL, dmU, dmL = kernels().relax_shared(
                 LU, rl.aU, rl.bU, rl.aL, rl.bL, b[i], rl.agree, rl.diff, rl.icols
             )
-            if err is not None:
-                e = kernels().absdot(DS, err[i][rl.agree]) if rl.agree.shape[0] else 0.0
-                eL += e + (kernels().absdot(DL, err[i][rl.diff]) if rl.diff.shape[0] else 0.0)
+            if steps is not None:
+                e = kernels().absdot(DS, steps[i][rl.agree]) if rl.agree.shape[0] else 0.0
+                eL += e + (kernels().absdot(DL, steps[i][rl.diff]) if rl.diff.shape[0] else 0.0)
                 if want_upper:
-                    eU += e + (kernels().absdot(DU, err[i][rl.diff]) if rl.diff.shape[0] else 0.0)
+                    eU += e + (kernels().absdot(DU, steps[i][rl.diff]) if rl.diff.shape[0] else 0.0)
             if rl.diff.shape[0]:
                 Wd = net.take(i, dtype, rl.diff)
                 LL = _mm(DL, Wd)
@@ -288,63 +356,127 @@ def back_substitute(
         else:
             Wc = net.take(i, dtype, rl.cols)
             DL, dcL, dmL = kernels().relax_chain(LL, rl.aL, rl.bL, rl.aU, rl.bU, b[i], rl.cols, rl.icols)
-            if err is not None:
-                eL += kernels().absdot(DL, err[i][rl.cols])
+            if steps is not None:
+                eL += kernels().absdot(DL, steps[i][rl.cols])
             LL = _mm(DL, Wc)
             if want_upper:
                 DU, dcU, dmU = kernels().relax_chain(LU, rl.aU, rl.bU, rl.aL, rl.bL, b[i], rl.cols, rl.icols)
-                if err is not None:
-                    eU += kernels().absdot(DU, err[i][rl.cols])
+                if steps is not None:
+                    eU += kernels().absdot(DU, steps[i][rl.cols])
                 LU = _mm(DU, Wc)
         cL += dcL
         mL += dmL
         if want_upper:
             cU += dcU
             mU += dmU
+    xL = xU = 0.0  # the charges applied here (float64 without err)
+    if err is None and steps is not None:
+        extra = tiny if lam_err is None else lam_err + tiny
+        xL = ERR_SAFETY * (eL + extra)
+        if want_upper:
+            xU = ERR_SAFETY * (eU + extra)
+    rtol = net.fp_rtol
     linL, nL, xmL = input_terms(LL, x0, qcode)
-    lower = _widen(linL - eps * nL + cL, xmL + eps * nL + mL, -1.0)
+    lower = _widen(linL - eps * nL + cL, xmL + eps * nL + mL, -1.0, rtol, xL)
     upper = None
     if want_upper:
         if shared:  # both chains are the same matrix: reuse its input terms
             linU, nU, xmU = linL, nL, xmL
         else:
             linU, nU, xmU = input_terms(LU, x0, qcode)
-        upper = _widen(linU + eps * nU + cU, xmU + eps * nU + mU, 1.0)
+        upper = _widen(linU + eps * nU + cU, xmU + eps * nU + mU, 1.0, rtol, xU)
     if err is not None:
         return lower, upper, eL, eU
     return lower, upper
 
 
+def input_abs_bound(x0, eps, qcode) -> np.ndarray:
+    """A bound on |x| over the input set: |x0| + eps on every l_p ball (|x_k - x0_k| <=
+    ||x - x0||_p), |centre| + eps * radius on a :class:`Box` (max(|lo|, |hi|) for eps = 1)."""
+    if isinstance(qcode, Box):
+        return np.abs(x0) + eps * qcode.radius
+    return np.abs(x0) + eps
+
+
+def _float64_steps(net: Network, relax: List[Relaxation], x0, eps, qcode):
+    """Per hidden layer i, the float64 :func:`rounding_weights` v_i of the step through it,
+    and the sum of their underflow terms.
+
+    |W_i| |a_{i-1}| is bounded by the rows' l1 norms times max |a_{i-1}| (cached norms: no
+    matrix-vector product per evaluation; looser by at most max / mean of the |a| bound).
+    For i >= 1, v_i depends only on relax[i]'s interval and relax[i - 1]'s |a| bound, so it
+    is cached on relax[i] keyed by that predecessor; v_0 follows the input set of the call."""
+    steps, tiny = [], 0.0
+    for i, rl in enumerate(relax):
+        if rl.l is None:
+            raise ValueError("back_substitute: float64 needs the interval (l, u) each "
+                             "Relaxation was built from (Relaxation(..., l=l, u=u))")
+        key = relax[i - 1] if i else None
+        if i == 0 or rl._rw is None or rl._rw[0] is not key:
+            a_prev = key.abs_bound() if i else input_abs_bound(x0, eps, qcode)
+            Wa = net.abs_row_sums(i) * (float(np.max(a_prev)) if a_prev.size else 0.0)
+            v, t = rounding_weights(net, i, a_prev, rl.l, rl.u, Wa, unit=U64)
+            rl._rw = (key, v, t)
+        steps.append(rl._rw[1])
+        tiny += rl._rw[2]
+    return steps, tiny
+
+
+def product_rounding(net: Network, C: np.ndarray, relax: List[Relaxation], x0, eps, qcode):
+    """Per row of C, a bound on the rounding of ``Lam = C @ W[-1]`` and ``const = C @ b[-1]``
+    in float64 as it acts on the set: gamma_m (|C| |W[-1]| |a_h| + |C| |b[-1]|), m = the
+    number of outputs, |a_h| bounded by the last relaxation (or the input set). For
+    :func:`back_substitute`'s ``lam_err``."""
+    m = C.shape[1]
+    g = m * U64 / (1.0 - m * U64)
+    a = relax[-1].abs_bound() if relax else input_abs_bound(x0, eps, qcode)
+    absC = np.abs(C)
+    return ERR_SAFETY * g * (absC @ (net.abs_weights(len(net.W) - 1) @ a) + absC @ np.abs(net.b[-1])
+                             + m * TINY64)
+
+
 U32 = 2.0 ** -24  # unit roundoff of float32
+U64 = 2.0 ** -53  # unit roundoff of float64
 ERR_SAFETY = 1.0 + 2.0 ** -20  # covers the float64 rounding of the error bounds themselves
 TINY32 = 2.0 ** -149  # smallest float32 subnormal: the absolute error of a product that underflows
+TINY64 = 2.0 ** -1074  # the same for float64
+_TINY = {U32: TINY32, U64: TINY64}
 
 
 def rounding_weights(net: Network, i: int, a_prev: np.ndarray, lo: np.ndarray, hi: np.ndarray,
-                     Wa=None):
-    """Weights bounding the float32 rounding of one back-substitution step through hidden layer i.
+                     Wa=None, unit=U32):
+    """Weights bounding the rounding of one back-substitution step through hidden layer i,
+    with products in the format of unit roundoff ``unit`` (float32: 2**-24, the default;
+    float64: 2**-53).
 
-    The step scales a row by the relaxation slopes, D = fl32(Lam * slope), and multiplies
-    D @ fl32(W_i) in float32 (inner dimension at most n_i, plus one addition of the two partial
-    products). Replacing the exact step by the computed one changes the linear function by a
-    residual whose value, at every point of the ball where |a_{i-1}| <= a_prev and z_i lies
-    in [lo, hi], is at most |D| @ v + t with
+    The step scales a row by the relaxation slopes, D = fl(Lam * slope), and multiplies
+    D @ fl(W_i) (inner dimension at most n_i, plus one addition of the two partial products).
+    Replacing the exact step by the computed one changes the linear function by a residual
+    whose value, at every point of the ball where |a_{i-1}| <= a_prev and z_i lies in
+    [lo, hi], is at most |D| @ v + t with
 
         v = gamma_{n_i + 2} |W_i| a_prev + 2u |W_i| a_prev + 2u (|z_i| + |b_i|),   t per row,
 
-    u = 2**-24: the rounded product (gamma |D| |W_i| against |a_{i-1}|), the rounded weights
-    (u |W_i|), the rounding of D when stored (u |D|, against z_i - b_i = W_i a_{i-1}). ``t``
-    covers products that underflow (2**-149 each). Returns (v, t); v in float64, rounded up.
+    u = ``unit``: the rounded product (gamma |D| |W_i| against |a_{i-1}|), the rounded weights
+    (u |W_i|; float64 weights are exact, the term is then spare), the rounding of D when
+    stored (u |D|, against z_i - b_i = W_i a_{i-1}; in float64 D is rounded once and the
+    constant uses the same D, so u |D| |z_i| would do). ``t`` covers products that underflow
+    (the smallest subnormal each). Returns (v, t); v in float64, rounded up by ERR_SAFETY
+    (which covers the float64 rounding of this computation: non-negative terms only).
     ``Wa`` may hold |W_i| a_prev if the caller has it.
     """
+    try:
+        tiny = _TINY[unit]
+    except KeyError:
+        raise ValueError(f"rounding_weights: unit must be 2**-24 or 2**-53, got {unit!r}") from None
     n = net.W[i].shape[0]
-    nu = (n + 2) * U32
-    gamma = nu / (1.0 - nu) + 2.0 * U32
+    nu = (n + 2) * unit
+    gamma = nu / (1.0 - nu) + 2.0 * unit
     if Wa is None:
         Wa = net.abs_weights(i) @ a_prev
     z = np.maximum(np.abs(lo), np.abs(hi))
-    v = ERR_SAFETY * (gamma * Wa + 2.0 * U32 * (z + np.abs(net.b[i])))
-    t = ERR_SAFETY * TINY32 * (n * float(np.sum(a_prev)) + float(np.sum(z + np.abs(net.b[i]))) + n)
+    v = ERR_SAFETY * (gamma * Wa + 2.0 * unit * (z + np.abs(net.b[i])))
+    t = ERR_SAFETY * tiny * (n * float(np.sum(a_prev)) + float(np.sum(z + np.abs(net.b[i]))) + n)
     return v, t
 
 
@@ -380,20 +512,22 @@ def hidden_layer_bounds(
     center, cmag = first_layer_center(net, x0) if first is None else first
     n1 = net.first_layer_norms(qcode)
     mag = cmag + eps * n1
-    l = _widen(center - eps * n1, mag, -1.0)
-    u = _widen(center + eps * n1, mag, 1.0)
+    l = _widen(center - eps * n1, mag, -1.0, net.fp_rtol)
+    u = _widen(center + eps * n1, mag, 1.0, net.fp_rtol)
     bounds = [(l, u)]
-    relax = [Relaxation(*relax_fn(l, u))]
+    relax = [Relaxation(*relax_fn(l, u), l=l, u=u)]
     W = net.weights(dtype)
     if errors is not None:
         errors[0][:] = 0.0
         if isinstance(qcode, Box):  # |x| <= |centre| + radius on the box
             a_prev = np.abs(x0) + qcode.radius
-            Wa = (cmag - np.abs(net.b[0])) + net.first_layer_norms(qcode)
+            # cmag >= |W_0| |x0| up to its own relative rounding (cmag - |b_0| could round
+            # below it by u |b_0|)
+            Wa = cmag + net.first_layer_norms(qcode)
         else:
             a_prev = np.abs(x0) + eps  # |x| on every l_p ball of radius eps
             # |W_0| (|x0| + eps) from the image's cached |W_0| |x0| and the rows' l1 norms
-            Wa = (cmag - np.abs(net.b[0])) + eps * net.first_layer_norms(0)
+            Wa = cmag + eps * net.first_layer_norms(0)
         steps, tiny = [], 0.0
     for k in range(1, net.num_hidden):
         if errors is not None:
@@ -418,7 +552,7 @@ def hidden_layer_bounds(
                 first_row = U32 * Wa[rows]  # W_k rounded to float32
                 errors[k][rows] = ERR_SAFETY * (np.maximum(eL, eU) + first_row + tiny)
             bounds.append((l, u))
-            relax.append(Relaxation(*relax_fn(l, u)))
+            relax.append(Relaxation(*relax_fn(l, u), l=l, u=u))
             continue
         entry = known(k, bounds) if callable(known) else None if known is None else known[k]
         if entry is not None and (entry[0].any() or len(entry) > 3):
@@ -431,7 +565,7 @@ def hidden_layer_bounds(
         else:
             l, u = back_substitute(net, relax, W[k], net.b[k], x0, eps, qcode, dtype=dtype)
         bounds.append((l, u))
-        relax.append(Relaxation(*relax_fn(l, u)))
+        relax.append(Relaxation(*relax_fn(l, u), l=l, u=u))
     return bounds, relax
 
 
@@ -493,6 +627,8 @@ def margin_lower_bound(
                                         errors, act_bound)
     Lam = C @ net.W[-1]
     const = C @ net.b[-1]
+    lam_err = (product_rounding(net, C, relax, x0, eps, qcode)
+               if np.dtype(dtype) == np.float64 else None)
     lower, _ = back_substitute(net, relax, Lam, const, x0, eps, qcode, want_upper=False,
-                               dtype=dtype)
+                               dtype=dtype, lam_err=lam_err)
     return (lower, bounds) if return_bounds else lower

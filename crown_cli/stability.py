@@ -125,4 +125,5 @@ class StableFromFloat32:
         center = self.net.W[k] @ (0.5 * (al + au)) + self.net.b[k]
         radius = absW @ (0.5 * (au - al))
         mag = absW @ au + np.abs(self.net.b[k])  # al, au >= 0
-        return ((sign, _widen(center - radius, mag, -1.0), _widen(center + radius, mag, 1.0)),)
+        rtol = self.net.fp_rtol  # one sum of at most n_{k-1} + 3 roundings per term
+        return ((sign, _widen(center - radius, mag, -1.0, rtol), _widen(center + radius, mag, 1.0, rtol)),)

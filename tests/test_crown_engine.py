@@ -163,8 +163,11 @@ def test_bounds_from_a_larger_ball_give_the_same_result(sizes, seed, eps):
     plain, pb = crown.margin_lower_bound(net, x0, eps, 0, fn, C, return_bounds=True)
     fast, fb = crown.margin_lower_bound(net, x0, eps, 0, fn, C, known=known, return_bounds=True)
     for (l, u), (fl, fu), (m, _, _) in zip(pb, fb, known):
-        # recomputed rows are identical; taken-over rows keep the larger ball's (valid) bounds
-        assert np.array_equal(l[~m], fl[~m]) and np.array_equal(u[~m], fu[~m])
+        # recomputed rows: the same chains, only their float64 rounding charge differs (it
+        # uses the intervals of the taken-over neurons, the larger ball's); taken-over rows
+        # keep the larger ball's (valid) bounds
+        assert close(l[~m], fl[~m], 1e-12) and close(u[~m], fu[~m], 1e-12)
+        assert np.all(fl[~m] <= l[~m]) and np.all(fu[~m] >= u[~m])  # wider intervals: more
         assert np.array_equal(stable(l, u) & m, m)  # same stability verdict as recomputing
     assert fast[0] == pytest.approx(plain[0], rel=1e-12, abs=1e-12)
 

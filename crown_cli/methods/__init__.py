@@ -68,11 +68,27 @@ def get_method(name: str) -> Method:
         raise InputError(f"--method: unknown method '{name}'") from None
 
 
+# The comparison methods widen each float64 operation by FP_RTOL = 2^-32 of its magnitude,
+# which covers the rounding gamma_N of a sum of N terms for N <= 2^20 (README, Soundness). The
+# longest sum they form (LP-Full's dual bound: a term per constraint and per variable, l_1
+# splitting each input in two) has fewer terms than 2 (inputs + hidden neurons) + 8.
+MAX_TERMS = 2 ** 20
+
+
+def _check_size(weights) -> Optional[str]:
+    d = np.shape(weights[0])[1]
+    n = 2 * (d + sum(np.shape(w)[0] for w in weights[:-1])) + 8
+    if n > MAX_TERMS:
+        return (f"the network is too large for this method's rounding allowance ({n} > 2^20 "
+                "terms per sum, 2 x (inputs + hidden neurons)); use --method crown")
+    return None
+
+
 def bind_method(name: str, weights, biases, activation: str, alpha, norm: str):
     """(kind, fn) for ``name`` on this model and norm, or an InputError naming the method and
     what it does not support."""
     m = get_method(name)
-    problem = m.check(activation, alpha, norm, weights)
+    problem = m.check(activation, alpha, norm, weights) or _check_size(weights)
     if problem:
         raise InputError(f"--method {name}: {problem}")
     return m.kind, m.bind(weights, biases, activation, alpha, norm)

@@ -1,9 +1,10 @@
 """Helpers shared by the comparison methods: a rigorous lower bound of the margin at x0,
 activation Lipschitz constants and derivative ranges, norm helpers.
 
-Floating point follows the CROWN engine (``crown_cli.crown``): values are widened outward by
-``FP_RTOL`` (2^-32) times the sum of the absolute values of the terms they came from, which
-covers float64 rounding with orders of magnitude to spare.
+Floating point: values are widened outward by ``FP_RTOL`` (2^-32) times the sum of the
+absolute values of the terms they came from, one operation at a time (a product against
+|A| |B|, so cancellation is covered), which covers gamma_N of a float64 sum of N <= 2^20 terms
+(``methods.MAX_TERMS``; larger networks are refused).
 """
 from __future__ import annotations
 

@@ -68,7 +68,8 @@ from typing import Sequence
 
 import numpy as np
 
-from ..crown import FP_ATOL, FP_RTOL, NORMS, Network, back_substitute, dual_norms, hidden_layer_bounds
+from ..crown import (FP_ATOL, FP_RTOL, NORMS, Network, back_substitute, dual_norms, hidden_layer_bounds,
+                     product_rounding)
 from ..errors import InputError
 from ..relaxations import get_relaxation
 
@@ -163,21 +164,23 @@ def quadratic_terms(Lam: np.ndarray, l: np.ndarray, u: np.ndarray, quad: str = "
     return a, b, c
 
 
-def linear_certificate(S, Lam, Lam_mag, cst, cst_mag, W1, W1_abs, b1, l, u, x0, eps, qcode):
+def linear_certificate(S, Lam, Lam_mag, cst, cst_mag, W1, W1_abs, b1, l, u, x0, eps, qcode,
+                       rtol=FP_RTOL):
     """Sound lower bound of ``Lam relu(W1 x + b1) + cst`` over the ball, one per row, given slopes.
 
     S (r, n) are arbitrary slopes; for each (j, i) the intercept is the tightest w with
     ``S_ji z + w <= Lam_ji relu(z)`` on [l_i, u_i] (checked at l, u and 0, the kinks of the
     piecewise-linear difference), widened down. The resulting linear function of x is
     minimised over the ball in closed form. ``Lam_mag``/``cst_mag`` bound |Lam|/|cst| with
-    the rounding of their own computation in mind (e.g. |C| @ |W2|).
+    the rounding of their own computation in mind (e.g. |C| @ |W2|). ``rtol``: the relative
+    allowance (the network's ``fp_rtol``: FP_RTOL unless it is too large for it).
     """
     rl, ru = np.maximum(l, 0.0), np.maximum(u, 0.0)
     w = np.minimum(Lam * rl - S * l, Lam * ru - S * u)
     straddle = (l <= 0.0) & (u >= 0.0)
     w = np.where(straddle[None, :], np.minimum(w, 0.0), w)
     zmax = np.maximum(np.abs(l), np.abs(u))
-    w = w - (FP_RTOL * (Lam_mag + np.abs(S)) * zmax[None, :] + FP_ATOL)
+    w = w - (rtol * (Lam_mag + np.abs(S)) * zmax[None, :] + FP_ATOL)
     const = cst + S @ b1 + w.sum(axis=1)
     const_mag = cst_mag + np.abs(S) @ np.abs(b1) + np.abs(w).sum(axis=1)
     A = S @ W1
@@ -185,7 +188,7 @@ def linear_certificate(S, Lam, Lam_mag, cst, cst_mag, W1, W1_abs, b1, l, u, x0, 
     lin = A @ x0
     nrm = dual_norms(np.ascontiguousarray(A), qcode)
     mag = A_abs @ np.abs(x0) + eps * dual_norms(np.ascontiguousarray(A_abs), qcode) + const_mag
-    lb = lin - eps * nrm + const - (FP_RTOL * mag + FP_ATOL)
+    lb = lin - eps * nrm + const - (rtol * mag + FP_ATOL)
     return np.where(np.isfinite(lb), lb, -np.inf)
 
 
@@ -289,7 +292,8 @@ class QuadBound:
         l, u = bounds[0]
         Lam = C @ net.W[1]
         cst = C @ net.b[1]
-        crown, _ = back_substitute(net, relax, Lam, cst, x0, eps, self.qcode, want_upper=False)
+        crown, _ = back_substitute(net, relax, Lam, cst, x0, eps, self.qcode, want_upper=False,
+                                   lam_err=product_rounding(net, C, relax, x0, eps, self.qcode))
         a, b, c = quadratic_terms(Lam, l, u, self.quad)
         rows = np.flatnonzero((a > 0.0).any(axis=1))
         out = crown.copy()
@@ -301,7 +305,7 @@ class QuadBound:
                                           qp_rtol=self.qp_rtol, max_iter=self.max_iter)
             q = linear_certificate(S, Lam[rows], np.abs(C[rows]) @ np.abs(net.W[1]), cst[rows],
                                    np.abs(C[rows]) @ np.abs(net.b[1]), self.W1, self.W1_abs,
-                                   self.b1, l, u, x0, eps, self.qcode)
+                                   self.b1, l, u, x0, eps, self.qcode, net.fp_rtol)
             out[rows] = np.maximum(crown[rows], q)
             info["quad"][rows] = q
             info["qp_upper"][rows] = upper
