@@ -28,6 +28,12 @@ EPS0 = {784: {"inf": 0.01, "2": 0.2, "1": 0.3}, 3072: {"inf": 0.002, "2": 0.2, "
 
 
 PRECISIONS = ("mixed", "float64")
+# alpha-CROWN optimiser defaults (README "alpha-CROWN": measured on MNIST 3x[1024] and 4x[1024]):
+# with lr 0.5 projected Adam reaches the optimum's value to ~1e-3 within 3-6 steps (lr 0.1
+# needs ~12); early stopping ends most runs before ALPHA_ITERS.
+ALPHA_ITERS = 10
+ALPHA_LR = 0.5
+ALPHA_METHODS = ("alpha-crown",)
 
 
 def parse_norm(norm: str) -> str:
@@ -76,6 +82,8 @@ class Certifier:
         precision: str = "mixed",
         alpha=None,
         timeout: Optional[float] = None,
+        alpha_iters: int = ALPHA_ITERS,
+        alpha_lr: float = ALPHA_LR,
     ):
         self.net = Network(weights, biases)
         self.norm = parse_norm(norm)
@@ -91,12 +99,22 @@ class Certifier:
             check_applicable(len(weights), activation)
             self.quad = QuadBound(weights, biases, self.norm)
             self.relax_fn = get_relaxation(activation, "crown", alpha)
+        elif method in ALPHA_METHODS:
+            if activation not in ("relu", "leaky_relu"):
+                raise InputError(f"--method {method}: activation '{activation}' is not supported "
+                                 "(relu and leaky_relu networks only)")
+            self.relax_fn = get_relaxation(activation, "crown", alpha)
         elif method in other_method_names():
             self.other = bind_method(method, weights, biases, activation, alpha, self.norm)
             self.relax_fn = None
         else:
             self.relax_fn = get_relaxation(activation, method, alpha)
         self.timeout = timeout
+        if not (isinstance(alpha_iters, (int, np.integer)) and alpha_iters >= 0):
+            raise InputError(f"--alpha-iters: must be an integer >= 0, got {alpha_iters}")
+        if not (np.isfinite(alpha_lr) and alpha_lr > 0):
+            raise InputError(f"--alpha-lr: must be > 0, got {alpha_lr}")
+        self.alpha_iters, self.alpha_lr = int(alpha_iters), float(alpha_lr)
         self.interval_free = get_interval_free(activation, alpha)
         self.alpha = alpha
         if search not in SEARCHES:
@@ -228,6 +246,8 @@ class Certifier:
             if self.precision == "float64" else self._mixed_search(bound, g0, eps0)
         if self.quad is not None:
             res = self._quad_search(x0, C, first, g0, res)
+        if self.method in ALPHA_METHODS:
+            res = self._alpha_search(x0, C, first, g0, res)
         return Certificate(res.eps, res.lower_bound, g0, res.evaluations, res.status,
                            time.perf_counter() - t0)
 
@@ -244,6 +264,65 @@ class Certifier:
         best = res if res.eps >= crown.eps else crown
         return SearchResult(best.eps, best.lower_bound, crown.evaluations + res.evaluations,
                             best.status, best.upper)
+
+    ALPHA_START = 1.005  # first radius optimised: this times CROWN's (gains measured ~0.3-2%)
+    ALPHA_ROUNDS = 2  # optimise, find the root at fixed slopes; again from the new root
+
+    def _alpha_search(self, x0, C, first, g0, crown: SearchResult) -> SearchResult:
+        """alpha-CROWN radius, searched upward from CROWN's verified radius.
+
+        Each round optimises the slopes at a radius (float32, warm-started from the previous
+        round), then with the slopes fixed (the bound is then monotone in eps) locates the
+        largest radius whose float32 bound is > 0 and verifies it in float64: the verified
+        bound is the larger of alpha-CROWN's and CROWN's, both sound, so the result is never
+        below CROWN's radius (whichever verified radius is larger is returned).
+        """
+        from .alpha import AlphaBounds
+
+        if crown.status == "capped" or not crown.eps > 0 or self.alpha_iters == 0:
+            return crown
+        leak = self.alpha if self.activation == "leaky_relu" else 0.0
+        ab = AlphaBounds(self.net, self.relax_fn, leak, x0, self.qcode, C, first,
+                         act_bound=self._act_bound)
+        f32 = lambda e: float(np.min(ab.evaluate(e)))  # noqa: E731
+        best, evals = crown, crown.evaluations
+        lo = crown.eps
+        target = lo * self.ALPHA_START
+        tol = self.F32_RTOL * self.rtol
+        for _ in range(self.ALPHA_ROUNDS):
+            _, steps = ab.optimise(target, self.alpha_iters, self.alpha_lr, scale=g0)
+            evals += steps
+            flo = f32(lo)
+            evals += 1
+            if not flo > 0:
+                break
+            hi, fhi, grow = target, f32(target), target / lo - 1.0
+            evals += 1
+            while fhi > 0 and hi < self.eps_max:
+                lo, flo = hi, fhi
+                grow *= 2.0
+                hi = min(lo * (1.0 + grow), self.eps_max)
+                fhi = f32(hi)
+                evals += 1
+            if fhi > 0:  # certified up to eps_max in float32
+                cand = hi
+            else:
+                ref = refine_bracket(f32, g0, lo, flo, hi, fhi, tol)
+                evals += ref.evaluations
+                cand, hi = ref.eps, ref.upper
+            if not cand > best.eps * (1.0 + 0.5 * self.rtol):
+                break
+            for e in (cand, cand * (1.0 - 0.5 * self.rtol)):
+                v = float(np.min(ab.evaluate(e, verify=True)))
+                evals += 1
+                if v > 0:
+                    status = "capped" if e >= self.eps_max else "certified"
+                    best = SearchResult(e, v, evals, status, hi)
+                    break
+            else:
+                break
+            lo, target = best.eps, best.eps * (1.0 + 0.5 * (best.eps / crown.eps - 1.0))
+        return SearchResult(best.eps, best.lower_bound, evals, best.status, best.upper)
 
     def _certify_other(self, x0: np.ndarray, c: int, targets: Sequence[int]) -> Certificate:
         """A method from crown_cli.methods: a bound searched like CROWN's, or a radius."""

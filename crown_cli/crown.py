@@ -321,7 +321,7 @@ TINY32 = 2.0 ** -149  # smallest float32 subnormal: the absolute error of a prod
 
 
 def rounding_weights(net: Network, i: int, a_prev: np.ndarray, lo: np.ndarray, hi: np.ndarray,
-                     Wa=None):
+                     Wa=None, unit=U32):
     """Weights bounding the float32 rounding of one back-substitution step through hidden layer i.
 
     The step scales a row by the relaxation slopes, D = fl32(Lam * slope), and multiplies
@@ -335,15 +335,16 @@ def rounding_weights(net: Network, i: int, a_prev: np.ndarray, lo: np.ndarray, h
     u = 2**-24: the rounded product (gamma |D| |W_i| against |a_{i-1}|), the rounded weights
     (u |W_i|), the rounding of D when stored (u |D|, against z_i - b_i = W_i a_{i-1}). ``t``
     covers products that underflow (2**-149 each). Returns (v, t); v in float64, rounded up.
-    ``Wa`` may hold |W_i| a_prev if the caller has it.
+    ``Wa`` may hold |W_i| a_prev if the caller has it. ``unit``: the unit roundoff of the
+    products (2**-24 for float32, 2**-53 for the float64 pass of alpha-CROWN).
     """
     n = net.W[i].shape[0]
-    nu = (n + 2) * U32
-    gamma = nu / (1.0 - nu) + 2.0 * U32
+    nu = (n + 2) * unit
+    gamma = nu / (1.0 - nu) + 2.0 * unit
     if Wa is None:
         Wa = net.abs_weights(i) @ a_prev
     z = np.maximum(np.abs(lo), np.abs(hi))
-    v = ERR_SAFETY * (gamma * Wa + 2.0 * U32 * (z + np.abs(net.b[i])))
+    v = ERR_SAFETY * (gamma * Wa + 2.0 * unit * (z + np.abs(net.b[i])))
     t = ERR_SAFETY * TINY32 * (n * float(np.sum(a_prev)) + float(np.sum(z + np.abs(net.b[i]))) + n)
     return v, t
 
