@@ -26,10 +26,18 @@ from typing import Callable, List, Optional
 
 import numpy as np
 
-from .crown import (Box, Network, _mm, _widen, back_substitute, dual_norms, hidden_layer_bounds,
-                    input_terms, rounding_weights)
+from .crown import (Box, Network, _mm, _widen, back_substitute, first_layer_center,
+                    hidden_layer_bounds, input_terms, rounding_weights)
 
 U64 = 2.0 ** -53  # unit roundoff of float64
+
+
+def first_bounds(net: Network, x0, eps, qcode, first=None):
+    """Bounds of the first hidden layer's pre-activations (closed form, as crown.py)."""
+    center, cmag = first_layer_center(net, x0) if first is None else first
+    n1 = net.first_layer_norms(qcode)
+    mag = cmag + eps * n1
+    return _widen(center - eps * n1, mag, -1.0), _widen(center + eps * n1, mag, 1.0)
 
 
 class LayerRelax:
@@ -229,6 +237,8 @@ class AlphaBounds:
     alpha bounds alone (a cut-off gradient where CROWN's were tighter would stall those rows).
     """
 
+    COVER = 1.02  # float32 evaluations take the unstable rows from CROWN at this x the radius
+
     def __init__(self, net: Network, relax_fn: Callable, leak: float, x0, qcode, C, first=None,
                  act_bound=None, store_dtype=np.float32, joint=True):
         self.joint = joint
@@ -244,6 +254,7 @@ class AlphaBounds:
         for i in range(self.H):
             self.store[("m", i)] = np.full((C.shape[0], n[i]), np.nan, store_dtype)
         self.adam = _Adam()
+        self._cover = None
         self.lam_m = C @ net.W[-1]
         self.const_m = C @ net.b[-1]
 
@@ -274,8 +285,18 @@ class AlphaBounds:
         net, x0, qcode = self.net, self.x0, self.qcode
         if verify:
             dtype = np.float64
-        cb, crelax = hidden_layer_bounds(net, x0, eps, qcode, self.relax_fn, self.first,
-                                         dtype=dtype)
+        if verify:
+            cb, crelax = hidden_layer_bounds(net, x0, eps, qcode, self.relax_fn, self.first)
+        else:
+            # CROWN's bounds on a ball at least as large (cached): its unstable neurons are a
+            # superset of those at eps and its stable ones are stable here with the same sign,
+            # and a stable ReLU's relaxation does not depend on its interval
+            if self._cover is None or self._cover[0] < eps:
+                big = eps * self.COVER
+                self._cover = (big, hidden_layer_bounds(net, x0, big, qcode, self.relax_fn,
+                                                        self.first, dtype=np.float32)[0])
+            cb = list(self._cover[1])
+            cb[0] = first_bounds(net, x0, eps, qcode, self.first)
         relax = [LayerRelax(cb[0][0], cb[0][1], self.relax_fn, self.leak)]
         rnd = None
         if verify:
