@@ -244,6 +244,12 @@ class AlphaBounds:
         self.joint = joint
         self.net, self.relax_fn, self.leak = net, relax_fn, float(leak)
         self.x0, self.qcode, self.C = x0, qcode, C
+        if act_bound is None:  # |leaky(z)| is largest at an end of [lo, hi]
+            lk = self.leak
+
+            def act_bound(lo, hi):
+                f = lambda z: np.where(z >= 0.0, z, lk * z)  # noqa: E731
+                return np.maximum(np.abs(f(lo)), np.abs(f(hi)))
         self.first, self.act_bound = first, act_bound
         self.H = net.num_hidden
         n = [w.shape[0] for w in net.W[:-1]]
