@@ -108,8 +108,11 @@ def chain(net: Network, relax: List[LayerRelax], Lam, const, alphas, x0, eps, qc
 
     In float64 with ``rounding`` (a list of per-layer weight vectors v_i, see
     :func:`crown.rounding_weights`), the bound is widened like crown.back_substitute (magnitude
-    sums) and lowered by ``|D_i| @ v_i`` for every step through hidden layer i: sound.
-    Without it (float32) it is an estimate for steering the optimisation.
+    sums) and lowered by ``|D_i| @ v_i`` for every step through hidden layer i (D_i: the
+    scaled rows multiplied by W_i): sound. Without it it is an estimate for steering.
+
+    Stable neurons have one slope for both sides, so the rows are scaled column-wise; only the
+    unstable columns pick a side by the sign of the coefficient (and carry an intercept).
     """
     r = Lam.shape[0]
     L = np.ascontiguousarray(Lam, dtype=dtype)
@@ -120,36 +123,34 @@ def chain(net: Network, relax: List[LayerRelax], Lam, const, alphas, x0, eps, qc
     for i in range(len(relax) - 1, -1, -1):
         rl = relax[i]
         cols, upos = rl.cols, rl.upos
-        Lc = L[:, cols]
-        pos = Lc >= 0.0
-        S = np.where(pos, rl.aL[cols].astype(dtype), rl.aU[cols].astype(dtype))
-        beta = np.where(pos, rl.bL[cols], rl.bU[cols])  # float64, nonzero on unstable only
-        A = None
+        D = L[:, cols]
+        Lu = D[:, upos]  # a copy (fancy index)
+        D *= rl.aL[cols].astype(dtype)  # stable columns (aL == aU); unstable ones set below
+        Su = pu = None
         if upos.size:
-            A = (np.broadcast_to(rl.default.astype(dtype), (r, upos.size)) if alphas[i] is None
+            A = (np.broadcast_to(rl.default.astype(dtype), Lu.shape) if alphas[i] is None
                  else alphas[i].astype(dtype, copy=False))
-            pu = pos[:, upos]
-            cs = rl.cs.astype(dtype)
-            if rl.free_lower:
-                S[:, upos] = np.where(pu, A, cs)
-                beta[:, upos] = np.where(pu, 0.0, rl.cb)
-            else:
-                S[:, upos] = np.where(pu, cs, A)
-                beta[:, upos] = np.where(pu, rl.cb, 0.0)
-        D = Lc * S
+            pu = Lu >= 0.0
+            free = pu if rl.free_lower else ~pu
+            Su = np.where(free, A, rl.cs.astype(dtype))
+            D[:, upos] = Lu * Su
+            Lu64 = Lu.astype(np.float64, copy=False)
+            T = np.where(free, 0.0, Lu64 * rl.cb)  # chord intercepts
+            c += T.sum(axis=1)
+            if rounding is not None:
+                mag += np.abs(T).sum(axis=1)
+        bc = net.b[i][cols]
         if dtype == np.float64:
-            T = Lc * beta
-            bc = net.b[i][cols]
-            c += T.sum(axis=1) + D @ bc
+            c += D @ bc
             if rounding is not None:
                 absD = np.abs(D)
-                mag += np.abs(T).sum(axis=1) + absD @ np.abs(bc)
+                mag += absD @ np.abs(bc)
                 charge += absD @ rounding[i][cols]
         else:
-            c += np.einsum("ij,ij->i", Lc, beta) + D.astype(np.float64) @ net.b[i][cols]
+            c += D.astype(np.float64) @ bc
         Wc = net.take(i, dtype, cols)
         if tape:
-            steps.append((i, Lc, S, pos, beta, Wc))
+            steps.append((i, Lu, Su, pu, Wc))
         L = _mm(D, Wc)
     lin, nrm, xm = input_terms(L, x0, qcode)
     lower = lin - eps * nrm + c
@@ -177,24 +178,27 @@ def chain_backward(net: Network, relax: List[LayerRelax], tape: Tape, w):
     galphas: List[Optional[np.ndarray]] = [None] * m
     gl = [np.zeros(rl.l.shape[0]) for rl in relax]
     gu = [np.zeros(rl.l.shape[0]) for rl in relax]
-    for i, Lc, S, pos, beta, Wc in reversed(tape.steps):
+    for i, Lu, Su, pu, Wc in reversed(tape.steps):
         rl = relax[i]
-        gD = _mm(G, Wc.T) + wv * net.b[i][rl.cols].astype(dtype)
+        gD = _mm(G, Wc.T)
+        gD += wv * net.b[i][rl.cols].astype(dtype)
         upos = rl.upos
         if upos.size:
-            gSu = Lc[:, upos] * gD[:, upos]
-            pu = pos[:, upos]
+            gDu = gD[:, upos]
+            gSu = Lu * gDu
             free = pu if rl.free_lower else ~pu
             galphas[i] = np.where(free, gSu, 0.0)
             gs = np.where(free, 0.0, gSu).sum(axis=0, dtype=np.float64)
-            gb = np.where(free, 0.0, wv * Lc[:, upos]).sum(axis=0, dtype=np.float64)
+            wLu = wv * Lu
+            gb = np.where(free, 0.0, wLu).sum(axis=0, dtype=np.float64)
             gl[i][rl.unst] += gs * rl.ds_dl + gb * rl.db_dl
             gu[i][rl.unst] += gs * rl.ds_du + gb * rl.db_du
-        if i == len(relax) - 1:
+        if i == m - 1:
             break
-        gLc = gD * S + wv * beta.astype(dtype)
-        G = np.zeros((gLc.shape[0], rl.l.shape[0]), dtype)
-        G[:, rl.cols] = gLc
+        G = np.zeros((gD.shape[0], rl.l.shape[0]), dtype)
+        G[:, rl.cols] = gD * rl.aL[rl.cols].astype(dtype)
+        if upos.size:
+            G[:, rl.unst] = gDu * Su + wv * np.where(free, 0.0, rl.cb).astype(dtype)
     return galphas, gl, gu
 
 
@@ -237,7 +241,7 @@ class AlphaBounds:
     alpha bounds alone (a cut-off gradient where CROWN's were tighter would stall those rows).
     """
 
-    COVER = 1.02  # float32 evaluations take the unstable rows from CROWN at this x the radius
+    COVER = 1.01  # float32 evaluations take the unstable rows from CROWN at this x the radius
 
     def __init__(self, net: Network, relax_fn: Callable, leak: float, x0, qcode, C, first=None,
                  act_bound=None, store_dtype=np.float32, joint=True):
