@@ -403,8 +403,10 @@ class AlphaBounds:
         stored slopes: at most ``iters`` gradient steps, fewer once the objective has gained
         less than ``tol * scale`` (default scale: the first objective's size; the search
         passes the margin at x0) in ``patience`` consecutive steps. Returns (last objective,
-        steps taken)."""
+        steps taken, the bounds at the final slopes if the last evaluation was made at them
+        (early stop) else None)."""
         best, stale, steps, obj = -np.inf, 0, 0, None
+        val = None
         for _ in range(iters):
             val, grads = self.evaluate(eps, np.float32, grad=True)
             obj = float(np.sum(val))
@@ -415,7 +417,7 @@ class AlphaBounds:
             else:
                 stale += 1
                 if stale >= patience:
-                    break
+                    return obj, steps, val
             self.step(grads, lr)
             steps += 1
-        return obj, steps
+        return obj, steps, None

@@ -301,14 +301,22 @@ class Certifier:
         target = lo * self.ALPHA_START
         tol = self.F32_RTOL * self.rtol
         for _ in range(self.ALPHA_ROUNDS):
-            _, steps = ab.optimise(target, self.alpha_iters, self.alpha_lr, patience=2, scale=g0)
+            _, steps, last = ab.optimise(target, self.alpha_iters, self.alpha_lr, patience=2,
+                                         scale=g0)
             evals += steps
-            flo = f32(lo)
-            evals += 1
-            if not flo > 0:
-                break
-            hi, fhi, grow = target, f32(target), target / lo - 1.0
-            evals += 1
+            hi, grow = target, target / lo - 1.0
+            if last is not None:  # the optimiser's last evaluation was at the final slopes
+                fhi = float(np.min(last))
+            else:
+                fhi = f32(hi)
+                evals += 1
+            if fhi > 0:
+                flo = None
+            else:
+                flo = f32(lo)
+                evals += 1
+                if not flo > 0:
+                    break
             while fhi > 0 and hi < self.eps_max:
                 lo, flo = hi, fhi
                 grow *= 2.0
