@@ -128,8 +128,10 @@ def chain(net: Network, relax: List[LayerRelax], Lam, const, alphas, x0, eps, qc
         D *= rl.aL[cols].astype(dtype)  # stable columns (aL == aU); unstable ones set below
         Su = pu = None
         if upos.size:
+            # clipped in the working precision: a float32 slope may round just outside
+            # [leak, 1] (float32(0.01) < 0.01), where a z is no longer a valid line
             A = (np.broadcast_to(rl.default.astype(dtype), Lu.shape) if alphas[i] is None
-                 else alphas[i].astype(dtype, copy=False))
+                 else np.clip(alphas[i].astype(dtype), rl.lo, rl.hi))
             pu = Lu >= 0.0
             free = pu if rl.free_lower else ~pu
             Su = np.where(free, A, rl.cs.astype(dtype))

@@ -351,3 +351,21 @@ def test_cli_alpha_rows_and_resume_settings(tmp_path):
     assert res.exit_code == 2 and "--alpha-iters" in res.output
     rep = CliRunner().invoke(cli, ["report", str(out)])
     assert "alpha-CROWN vs CROWN" in rep.output
+
+
+def test_float32_slopes_are_clipped_into_the_valid_range_in_float64():
+    """float32(0.01) < 0.01: a stored slope that rounded below the leak must not be used."""
+    leak = 0.01
+    assert np.float64(np.float32(leak)) < leak
+    weights, biases, x0, C, rf, rng = _setup([5, 12, 3], 4, leak)
+    net = Network(weights, biases)
+    eps = 0.8
+    center = weights[0] @ x0 + biases[0]
+    n1 = np.abs(weights[0]).sum(axis=1)
+    rl = LayerRelax(center - eps * n1, center + eps * n1, rf, leak)
+    assert rl.unst.size
+    low = np.full((C.shape[0], rl.unst.size), np.float32(leak))
+    args = (net, [rl], C @ weights[1], C @ biases[1])
+    got = chain(*args, [low], x0, eps, 0, np.float64)[0]
+    exact = chain(*args, [np.full(low.shape, leak)], x0, eps, 0, np.float64)[0]
+    assert np.array_equal(got, exact)
