@@ -143,7 +143,7 @@ def inspect(model_path, activation):
                    "2-layer ReLU only), alpha-crown (optimised ReLU lower slopes; ReLU and leaky "
                    "ReLU), fast-lip, op-norm, lp-full or exact (comma-separated list allowed).")
 @click.option("--alpha-iters", type=int, default=None,
-              help="alpha-crown: most gradient steps per optimisation (default 10; early "
+              help="alpha-crown: most gradient steps per optimisation (default 20; early "
                    "stopping usually ends sooner; 0: CROWN's slopes).")
 @click.option("--alpha-lr", type=float, default=None,
               help="alpha-crown: Adam step size on the slopes (default 0.5).")
