@@ -268,7 +268,8 @@ def _ball_points(weights, biases, leak, x0, c, targets, eps, norm, rng):
 
 
 @pytest.mark.parametrize("norm", ["inf", "2", "1"])
-@pytest.mark.parametrize("sizes,seed,leak", [([10, 16, 16, 4], 0, 0.0), ([8, 12, 12, 12, 3], 2, 0.0),
+@pytest.mark.parametrize("sizes,seed,leak", [([10, 16, 16, 4], 0, 0.0),
+                                             ([8, 12, 12, 12, 3], 2, 0.0),
                                              ([10, 16, 16, 4], 1, 0.2)])
 def test_certificates_and_bounds_survive_attack(sizes, seed, leak, norm):
     weights, biases = random_mlp(sizes, seed)
@@ -325,7 +326,8 @@ def test_certifier_rejects_bad_options():
 
 @pytest.mark.parametrize("args,message", [
     (["--alpha-iters", "5"], "crown: error: --alpha-iters/--alpha-lr: need --method alpha-crown"),
-    (["--method", "alpha-crown", "--alpha-iters", "-2"], "crown: error: --alpha-iters: must be >= 0"),
+    (["--method", "alpha-crown", "--alpha-iters", "-2"],
+     "crown: error: --alpha-iters: must be >= 0"),
     (["--method", "alpha-crown", "--alpha-lr", "-1"], "crown: error: --alpha-lr: must be > 0"),
     (["--method", "alpha-crown", "--alpha-lr", "nan"], "crown: error: --alpha-lr: must be > 0"),
 ])
