@@ -165,8 +165,13 @@ def inspect(model_path, activation):
               help="l_p norm of the ball: inf, 2 or 1 (comma-separated list allowed).")
 @click.option("--method", default="crown", show_default=True,
               help="crown (adaptive ReLU lower bound), fast-lin, crown-quad (quadratic bounds, "
-                   "2-layer ReLU only), fast-lip, op-norm, lp-full or exact (comma-separated "
-                   "list allowed).")
+                   "2-layer ReLU only), alpha-crown (optimised ReLU lower slopes; ReLU and leaky "
+                   "ReLU), fast-lip, op-norm, lp-full or exact (comma-separated list allowed).")
+@click.option("--alpha-iters", type=int, default=None,
+              help="alpha-crown: most gradient steps per optimisation (default 20; early "
+                   "stopping usually ends sooner; 0: CROWN's slopes).")
+@click.option("--alpha-lr", type=float, default=None,
+              help="alpha-crown: Adam step size on the slopes (default 0.5).")
 @click.option("--timeout", type=float, default=600.0, show_default=True,
               help="Seconds per image and target type for --method exact and lp-full "
                    "(status 'timeout', no eps).")
@@ -216,7 +221,8 @@ def inspect(model_path, activation):
                    "only) or auto (numpy for short jobs on such networks, else numba).")
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar and no summary line.")
 @_handle_errors
-def certify(model_path, images_path, labels_path, num_images, start, norm, method, timeout,
+def certify(model_path, images_path, labels_path, num_images, start, norm, method, alpha_iters,
+            alpha_lr, timeout,
             target_spec, seed, activation, search, precision, rtol, eps0, max_eps, attack,
             attack_steps, attack_restarts, attack_seed, output, out_format, overwrite, resume,
             shard, kernels, quiet):
@@ -236,7 +242,18 @@ def certify(model_path, images_path, labels_path, num_images, start, norm, metho
     from .targets import check_random_possible, parse_target_types
 
     norms = [parse_norm(n) for n in _split(norm, "--norm", ("inf", "2", "1", "l1", "l2", "linf"))]
-    methods = _split(method, "--method", ("crown", "fast-lin", "crown-quad") + other_method_names())
+    methods = _split(method, "--method", ("crown", "fast-lin", "crown-quad", "alpha-crown")
+                     + other_method_names())
+    if "alpha-crown" not in methods and (alpha_iters is not None or alpha_lr is not None):
+        raise InputError("--alpha-iters/--alpha-lr: need --method alpha-crown")
+    if alpha_iters is not None and alpha_iters < 0:
+        raise InputError(f"--alpha-iters: must be >= 0, got {alpha_iters}")
+    if alpha_lr is not None and not (np.isfinite(alpha_lr) and alpha_lr > 0):
+        raise InputError(f"--alpha-lr: must be > 0, got {alpha_lr}")
+    from .certify import ALPHA_ITERS, ALPHA_LR
+
+    alpha_opts = {"alpha_iters": ALPHA_ITERS if alpha_iters is None else alpha_iters,
+                  "alpha_lr": ALPHA_LR if alpha_lr is None else alpha_lr}
     if not timeout > 0:
         raise InputError(f"--timeout: must be > 0, got {timeout}")
     target_types = parse_target_types(target_spec)
@@ -276,7 +293,7 @@ def certify(model_path, images_path, labels_path, num_images, start, norm, metho
     certifiers = [
         Certifier(weights, biases, mlp.activation, norm=n, method=m, search=search,
                   rtol=rtol, eps0=eps0, eps_max=max_eps, precision=precision, alpha=mlp.alpha,
-                  timeout=timeout)
+                  timeout=timeout, **(alpha_opts if m == "alpha-crown" else {}))
         for n in norms for m in methods
     ]
     attacks = None

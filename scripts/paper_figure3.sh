@@ -9,8 +9,8 @@
 #   scripts/paper_figure3.sh                     # 100 images, as in the paper
 #
 # Environment: OUT (default paper_results/figure3), NUM_IMAGES (100), METHODS (default
-# crown,crown-quad,fast-lin,fast-lip,lp-full,exact; unsupported combinations are dropped
-# as above), TARGETS (runner-up,random,least), TIMEOUT (seconds per image for exact,
+# crown,crown-quad,fast-lin,fast-lip,lp-full,exact; alpha-crown may be added; unsupported
+# combinations are dropped as above), TARGETS (runner-up,random,least), TIMEOUT (seconds per image for exact,
 # default 120), and CROWN, ATTACK, PLOT as in scripts/paper_lib.sh.
 # Writes OUT/figure3.md/.tex (and OUT/figure3.png with PLOT=1).
 set -euo pipefail

@@ -8,7 +8,7 @@
 #   NUM_IMAGES=100 scripts/paper_table2.sh       # the paper's 100 images (default 20)
 #
 # Environment: OUT (default paper_results/table2), NUM_IMAGES, METHODS (default
-# fast-lin,fast-lip,crown), NORMS (inf,2,1), TARGETS (runner-up,random,least), and CROWN,
+# fast-lin,fast-lip,crown; add alpha-crown for the README's alpha-CROWN table), NORMS (inf,2,1), TARGETS (runner-up,random,least), and CROWN,
 # ATTACK, PLOT as in scripts/paper_lib.sh. Writes OUT/mnist_{3,4}x1024.csv, OUT/table2.md/.tex.
 set -euo pipefail
 
