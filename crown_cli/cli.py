@@ -340,8 +340,9 @@ VERIFY_NOT_SETTINGS = {"--model", "--spec", "--instances", "--root", "--output",
 @click.option("--timeout", type=float, default=None,
               help="Seconds for --model/--spec (default 300); with --instances a cap on each "
                    "instance's own timeout.")
-@click.option("--method", default="crown", show_default=True,
-              help="Bound stages after the attack, cheap to strong (comma-separated).")
+@click.option("--method", default="crown,alpha-crown", show_default=True,
+              help="Bound stages after the attack, cheap to strong (comma-separated); "
+                   "alpha-crown on ReLU and leaky ReLU networks only.")
 @click.option("--attack-restarts", type=click.IntRange(min=1), default=64, show_default=True,
               help="PGD starting points per case of the property.")
 @click.option("--attack-steps", type=click.IntRange(min=1), default=100, show_default=True,

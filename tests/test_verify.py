@@ -138,3 +138,25 @@ def test_sizes_must_match():
     prop = parse_vnnlib_text(text, "small")
     with pytest.raises(InputError, match="property has 1 inputs and 1 outputs but the network has 3 and 2"):
         Verifier(ws, bs, "relu").verify(prop, timeout=1.0)
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_alpha_stage_between_crown_and_exact(seed):
+    """Over a box, the alpha-crown stage's verified row bounds lie between CROWN's and the
+    exact minimum (HiGHS MILP), and above CROWN's somewhere."""
+    ws, bs = random_network([4, 16, 16, 3], 20 + seed)
+    rng = np.random.default_rng(seed)
+    x0, eps = rng.normal(size=4), 0.4
+    c = int(np.argmax(forward(ws, bs, "relu", x0)))
+    ts = [t for t in range(3) if t != c]
+    A = np.array([np.eye(3)[c] - np.eye(3)[t] for t in ts])
+    v = Verifier(ws, bs, "relu", stages=("crown", "alpha-crown"))
+    lo, hi = x0 - eps, x0 + eps
+    crown_lb = v.box_lower_bounds("crown", lo, hi, A, np.zeros(2))
+    alpha_lb = v.box_lower_bounds("alpha-crown", lo, hi, A, np.zeros(2))
+    assert np.all(alpha_lb >= crown_lb)
+    for r, t in enumerate(ts):
+        res = exact_margin_min(ws, bs, x0, c, t, eps, "inf", time_limit=60.0)
+        assert res.status == "optimal"
+        assert alpha_lb[r] <= res.value + 1e-9
+    assert np.any(alpha_lb > crown_lb + 1e-6)
