@@ -244,6 +244,7 @@ class AlphaBounds:
     """
 
     COVER = 1.01  # float32 evaluations take the unstable rows from CROWN at this x the radius
+    LR_DECAY = 0.98  # the step size shrinks by this per step of one optimise call
 
     def __init__(self, net: Network, relax_fn: Callable, leak: float, x0, qcode, C, first=None,
                  act_bound=None, store_dtype=np.float32, joint=True):
@@ -420,6 +421,6 @@ class AlphaBounds:
                 stale += 1
                 if stale >= patience:
                     return obj, steps, val
-            self.step(grads, lr)
+            self.step(grads, lr * self.LR_DECAY ** steps)
             steps += 1
         return obj, steps, None
