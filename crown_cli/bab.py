@@ -275,7 +275,8 @@ def input_split(weights, biases, activation, alpha, lo, hi, A, b, deadline: floa
       unproven rows i (how much the linear bound's range over the box owes to dimension j);
     - ``"trial"``: bound both halves for every dimension (2 d boxes per sub-box, in the same
       batch) and keep the split maximising ``min(s1, 0) + min(s2, 0)`` for the halves' scores
-      ``s = max_i (lb_i - b_i)``; the halves kept are already bounded.
+      ``s = max_i (lb_i - b_i)`` (each at least its parent's), or when no split improves on
+      the parent the dimension least split so far; the halves kept are already bounded.
     """
     if split not in SPLIT_RULES:
         raise ValueError(f"input_split: unknown split rule '{split}'")
@@ -383,8 +384,16 @@ def input_split(weights, biases, activation, alpha, lo, hi, A, b, deadline: floa
             s2 = s.reshape(n, d, 2)
             # the split leaving the least total deficit (a proven half counts 0); the worse
             # half alone would prefer a dimension that changes nothing over one that proves a half
+            # A half is never worse than its parent (the parent's bound holds on it).
+            s2 = np.maximum(s2, Sb[:, None, None])
             deficit = np.where(ok, np.minimum(s2, 0.0).sum(axis=2), -np.inf)
             dim = np.argmax(deficit, axis=1)
+            # no split improves (all tie with the parent): halve the least split dimension,
+            # else argmax's first index would halve one dimension forever
+            flat = deficit.max(axis=1) <= 2.0 * np.minimum(Sb, 0.0)
+            if flat.any():
+                rel = np.where(ok, (H - L) / np.where(hi0 > lo0, hi0 - lo0, 1.0), -1.0)
+                dim[flat] = np.argmax(rel[flat], axis=1)
             stats["splits"] += n
             pick = (np.arange(n)[:, None] * 2 * d + dim[:, None] * 2 + np.arange(2)[None]).ravel()
             pick = pick[live[pick]]
