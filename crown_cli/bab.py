@@ -40,6 +40,7 @@ from .relaxations import relu_numpy
 
 ACTIVATIONS = ("relu", "leaky_relu")
 SPLIT_RULES = ("sensitivity", "trial")
+FULL_ROWS = 0.6  # skip_stable: above this share of unstable rows, back-substitute all rows
 
 
 def box_centre_radius(lo: np.ndarray, hi: np.ndarray):
@@ -70,16 +71,8 @@ def _relaxation(activation: str, alpha, adaptive: bool):
     return relax
 
 
-def _step(Lam, relax_i, W_i, b_i, absb_i, zero_bL):
-    """One back-substitution step of the lower-bound chain through hidden layer i.
-
-    Lam (N, r, n_i) holds the rows over a_i = act(z_i); entries >= 0 take the lower
-    relaxation line, negative ones the upper. Returns the rows over a_{i-1} (N, r, n_{i-1}),
-    the constant picked up (N, r), the sum of its absolute terms (N, r), and D, the
-    slope-scaled rows that were multiplied by W_i (where a per-step rounding charge
-    ``|D| @ v_i`` would be added).
-    """
-    aU, bU, aL, bL = relax_i
+def _scale_numpy(Lam, aU, bU, aL, bL, b_i, absb_i, zero_bL):
+    """D = Lam * (aU where Lam < 0 else aL) and the constant / magnitude it picks up."""
     N, r, n = Lam.shape
     neg = Lam < 0.0
     D = Lam * np.where(neg, aU[:, None, :], aL[:, None, :])
@@ -94,7 +87,70 @@ def _step(Lam, relax_i, W_i, b_i, absb_i, zero_bL):
         Lpos = np.maximum(Lam, 0.0)
         const += np.matmul(Lpos, bL[:, :, None])[..., 0]
         mag += np.matmul(Lpos, np.abs(bL)[:, :, None])[..., 0]
-    nxt = (Df @ W_i).reshape(N, r, W_i.shape[1])
+    return D, const, mag
+
+
+_SCALE_NUMBA = None
+
+
+def _scale_numba_kernel():
+    """The fused numba twin of :func:`_scale_numpy` (one pass over Lam; compiled on first
+    use, cached on disk). Same products, sums in another order."""
+    global _SCALE_NUMBA
+    if _SCALE_NUMBA is None:
+        from numba import njit
+
+        @njit(cache=True)
+        def scale(Lam, aU, bU, aL, bL, b_i, absb_i, D, const, mag):
+            N, r, n = Lam.shape
+            for j in range(N):
+                for i in range(r):
+                    c = 0.0
+                    m = 0.0
+                    for k in range(n):
+                        v = Lam[j, i, k]
+                        if v < 0.0:
+                            s = aU[j, k]
+                            t = bU[j, k]
+                        else:
+                            s = aL[j, k]
+                            t = bL[j, k]
+                        dv = v * s
+                        D[j, i, k] = dv
+                        vt = v * t
+                        c += dv * b_i[k] + vt
+                        m += abs(dv) * absb_i[k] + abs(vt)
+                    const[j, i] = c
+                    mag[j, i] = m
+
+        _SCALE_NUMBA = scale
+    return _SCALE_NUMBA
+
+
+def _scale(Lam, aU, bU, aL, bL, b_i, absb_i, zero_bL):
+    if crown.kernels_backend() == "numpy":
+        return _scale_numpy(Lam, aU, bU, aL, bL, b_i, absb_i, zero_bL)
+    N, r, n = Lam.shape
+    D = np.empty((N, r, n))
+    const, mag = np.empty((N, r)), np.empty((N, r))
+    _scale_numba_kernel()(Lam, aU, bU, aL, bL, b_i, absb_i, D, const, mag)
+    return D, const, mag
+
+
+def _step(Lam, relax_i, W_i, b_i, absb_i, zero_bL):
+    """One back-substitution step of the lower-bound chain through hidden layer i.
+
+    Lam (N, r, n_i) holds the rows over a_i = act(z_i); entries >= 0 take the lower
+    relaxation line, negative ones the upper. Returns the rows over a_{i-1} (N, r, n_{i-1}),
+    the constant picked up (N, r), the sum of its absolute terms (N, r), and D, the
+    slope-scaled rows that were multiplied by W_i (where a per-step rounding charge
+    ``|D| @ v_i`` would be added). The scaling runs in the kernels chosen by
+    ``crown.set_kernels`` (a fused numba loop, or numpy).
+    """
+    aU, bU, aL, bL = relax_i
+    N, r, n = Lam.shape
+    D, const, mag = _scale(Lam, aU, bU, aL, bL, b_i, absb_i, zero_bL)
+    nxt = (D.reshape(N * r, n) @ W_i).reshape(N, r, W_i.shape[1])
     return nxt, const, mag, D
 
 
@@ -214,7 +270,13 @@ def batch_lower_bounds(weights, biases, lo, hi, A, activation="relu", alpha=None
                 l, u = np.maximum(l, parent_bounds[k][0]), np.minimum(u, parent_bounds[k][1])
             unstable = (l < 0.0) & (u > 0.0)
             R = int(unstable.sum(axis=1).max()) if N else 0
-            if R:
+            if R > FULL_ROWS * n:  # gathering rows per box would not pay: all rows
+                Lam = np.broadcast_to(net.pm[k][None], (N,) + net.pm[k].shape)
+                const = np.broadcast_to(net.pmb[k][None], (N, 2 * n))
+                low, _, _ = _lower(net.W, net.b, net.absb, relax, net.zero_bL, Lam, const, c,
+                                   rad)
+                l, u = np.maximum(l, low[:, :n]), np.minimum(u, -low[:, n:])
+            elif R:
                 # per box the rows still unstable first (padded with others: any row's CROWN
                 # bound is valid, so padding only recomputes a stable row)
                 idx = np.argsort(~unstable, axis=1, kind="stable")[:, :R]

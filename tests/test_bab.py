@@ -232,3 +232,19 @@ def test_input_split_unsplittable_box_is_unknown_not_a_crash():
     res = bab.input_split(ws, bs, "relu", None, x, x, A, [y[0] - y[1] - 1e-6],
                           time.monotonic() + 60.0)
     assert res.result == "unsat"
+
+
+def test_numba_and_numpy_scaling_agree():
+    """The fused numba scaling step and its numpy twin give the same bounds (the sums run
+    in different orders: equal to rounding)."""
+    rng = np.random.default_rng(14)
+    ws, bs = random_mlp([4, 16, 16, 16, 3], 14)
+    lo, hi = random_boxes(rng, 10, 4)
+    A = rng.standard_normal((2, 3))
+    for activation, alpha in (("relu", None), ("leaky_relu", 0.3)):
+        with crown.using_kernels("numba"):
+            a, ia = bab.batch_lower_bounds(ws, bs, lo, hi, A, activation, alpha)
+        with crown.using_kernels("numpy"):
+            b, ib = bab.batch_lower_bounds(ws, bs, lo, hi, A, activation, alpha)
+        np.testing.assert_allclose(a, b, rtol=1e-12, atol=1e-12)
+        np.testing.assert_allclose(ia["Lam"], ib["Lam"], rtol=1e-12, atol=1e-12)
