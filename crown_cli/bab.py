@@ -101,13 +101,14 @@ def _scale_numba_kernel():
         from numba import njit
 
         @njit(cache=True)
-        def scale(Lam, aU, bU, aL, bL, b_i, absb_i, D, const, mag):
-            N, r, n = Lam.shape
+        def scale(Lam, aU, bU, aL, bL, b_i, absb_i, cols, D, const, mag):
+            N, r, _ = Lam.shape
             for j in range(N):
                 for i in range(r):
                     c = 0.0
                     m = 0.0
-                    for k in range(n):
+                    for kk in range(cols.shape[0]):
+                        k = cols[kk]
                         v = Lam[j, i, k]
                         if v < 0.0:
                             s = aU[j, k]
@@ -116,7 +117,7 @@ def _scale_numba_kernel():
                             s = aL[j, k]
                             t = bL[j, k]
                         dv = v * s
-                        D[j, i, k] = dv
+                        D[j, i, kk] = dv
                         vt = v * t
                         c += dv * b_i[k] + vt
                         m += abs(dv) * absb_i[k] + abs(vt)
@@ -127,13 +128,18 @@ def _scale_numba_kernel():
     return _SCALE_NUMBA
 
 
-def _scale(Lam, aU, bU, aL, bL, b_i, absb_i, zero_bL):
+def _scale(Lam, aU, bU, aL, bL, b_i, absb_i, zero_bL, cols):
+    """D restricted to the columns ``cols`` (the others have zero slopes and intercepts in
+    every box), its constant and magnitude."""
     if crown.kernels_backend() == "numpy":
+        if cols.shape[0] < Lam.shape[2]:
+            Lam, aU, bU, aL, bL = (v[..., cols] for v in (Lam, aU, bU, aL, bL))
+            b_i, absb_i = b_i[cols], absb_i[cols]
         return _scale_numpy(Lam, aU, bU, aL, bL, b_i, absb_i, zero_bL)
     N, r, n = Lam.shape
-    D = np.empty((N, r, n))
+    D = np.empty((N, r, cols.shape[0]))
     const, mag = np.empty((N, r)), np.empty((N, r))
-    _scale_numba_kernel()(Lam, aU, bU, aL, bL, b_i, absb_i, D, const, mag)
+    _scale_numba_kernel()(Lam, aU, bU, aL, bL, b_i, absb_i, cols, D, const, mag)
     return D, const, mag
 
 
@@ -144,13 +150,17 @@ def _step(Lam, relax_i, W_i, b_i, absb_i, zero_bL):
     relaxation line, negative ones the upper. Returns the rows over a_{i-1} (N, r, n_{i-1}),
     the constant picked up (N, r), the sum of its absolute terms (N, r), and D, the
     slope-scaled rows that were multiplied by W_i (where a per-step rounding charge
-    ``|D| @ v_i`` would be added). The scaling runs in the kernels chosen by
+    ``|D| @ v_i[cols]`` would be added; D holds only the columns ``cols`` of neurons not
+    inactive in every box, the others being zero). The scaling runs in the kernels chosen by
     ``crown.set_kernels`` (a fused numba loop, or numpy).
     """
     aU, bU, aL, bL = relax_i
     N, r, n = Lam.shape
-    D, const, mag = _scale(Lam, aU, bU, aL, bL, b_i, absb_i, zero_bL)
-    nxt = (D.reshape(N * r, n) @ W_i).reshape(N, r, W_i.shape[1])
+    # columns whose neuron is inactive (zero slopes and intercepts) in every box drop out
+    cols = np.flatnonzero(np.any((aU != 0.0) | (aL != 0.0) | (bU != 0.0) | (bL != 0.0), axis=0))
+    D, const, mag = _scale(Lam, aU, bU, aL, bL, b_i, absb_i, zero_bL, cols)
+    Wc = W_i if cols.shape[0] == n else W_i[cols]
+    nxt = (D.reshape(N * r, cols.shape[0]) @ Wc).reshape(N, r, W_i.shape[1])
     return nxt, const, mag, D
 
 
@@ -369,7 +379,7 @@ def _splittable(lo, hi):
 
 def input_split(weights, biases, activation, alpha, lo, hi, A, b, deadline: float,
                 max_domains: int = 200_000, batch: int = 1024, split: str = "sensitivity",
-                block: int = 128, adaptive: bool = True, skip_stable: bool = True) -> BabResult:
+                block: int = 32, adaptive: bool = True, skip_stable: bool = True) -> BabResult:
     """Decide whether some x in [lo, hi] has ``A f(x) <= b`` (all rows) by input splitting.
 
     ``unsat``: every sub-box has some row i with a CROWN lower bound of ``A_i f(x)`` above
