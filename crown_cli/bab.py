@@ -40,7 +40,8 @@ from .relaxations import relu_numpy
 
 ACTIVATIONS = ("relu", "leaky_relu")
 SPLIT_RULES = ("sensitivity", "trial")
-FULL_ROWS = 0.6  # skip_stable: above this share of unstable rows, back-substitute all rows
+FULL_ROWS = 0.6
+FLAT = 0.0  # skip_stable: above this share of unstable rows, back-substitute all rows
 
 
 def box_centre_radius(lo: np.ndarray, hi: np.ndarray):
@@ -378,8 +379,9 @@ def _splittable(lo, hi):
 
 
 def input_split(weights, biases, activation, alpha, lo, hi, A, b, deadline: float,
-                max_domains: int = 200_000, batch: int = 1024, split: str = "sensitivity",
-                block: int = 32, adaptive: bool = True, skip_stable: bool = True) -> BabResult:
+                max_domains: int = 200_000, batch: int = 256, split: str = "trial",
+                block: int = 32, adaptive: bool = True, skip_stable: bool = True,
+                trial_dims: int = 2) -> BabResult:
     """Decide whether some x in [lo, hi] has ``A f(x) <= b`` (all rows) by input splitting.
 
     ``unsat``: every sub-box has some row i with a CROWN lower bound of ``A_i f(x)`` above
@@ -397,10 +399,10 @@ def input_split(weights, biases, activation, alpha, lo, hi, A, b, deadline: floa
       unproven rows i (how much the linear bound's range over the box owes to dimension j);
     ``skip_stable``: see :func:`batch_lower_bounds` (``block`` boxes are bounded at a time).
 
-    - ``"trial"``: bound both halves for every dimension (2 d boxes per sub-box, in the same
-      batch) and keep the split maximising ``min(s1, 0) + min(s2, 0)`` for the halves' scores
+    - ``"trial"``: bound both halves for each of the ``trial_dims`` dimensions ranked first by
+      the sensitivity rule (2 ``trial_dims`` boxes per sub-box, in the same batch) and keep the split maximising ``min(s1, 0) + min(s2, 0)`` for the halves' scores
       ``s = max_i (lb_i - b_i)`` (each at least its parent's), or when no split improves on
-      the parent the dimension least split so far; the halves kept are already bounded.
+      the parent the sensitivity rule's first choice; the halves kept are already bounded.
     """
     if split not in SPLIT_RULES:
         raise ValueError(f"input_split: unknown split rule '{split}'")
@@ -439,11 +441,16 @@ def input_split(weights, biases, activation, alpha, lo, hi, A, b, deadline: floa
         return np.max(lb - b_up, axis=1) if lb.shape[1] else np.full(lb.shape[0], -np.inf)
 
     # open boxes; in "trial" mode they carry their own bound (score = own), else the parent's
+    def sensitivity(lb, Lam):  # sum over the unproven rows of |Lam_i,j|: (n, d)
+        return np.sum(np.abs(Lam) * (lb <= b_up)[:, :, None], axis=1)
+
     Lo, Hi = lo0[None].copy(), hi0[None].copy()
     S = np.full(1, -np.inf)
+    G = np.zeros((1, d))  # trial: each open box's sensitivity (the fallback split rule)
     if split == "trial":
         lb, Lam = bound(Lo, Hi)
         S = score(lb)
+        G = sensitivity(lb, Lam)
         x = attack(Lo, Hi, lb, Lam)
         if x is not None:
             return result("sat", x)
@@ -459,11 +466,11 @@ def input_split(weights, biases, activation, alpha, lo, hi, A, b, deadline: floa
             take = np.argpartition(S, batch - 1)[:batch]
             keep = np.ones(n, bool)
             keep[take] = False
-            L, H, Sb = Lo[take], Hi[take], S[take]
-            Lo, Hi, S = Lo[keep], Hi[keep], S[keep]
+            L, H, Sb, Gb = Lo[take], Hi[take], S[take], G[take]
+            Lo, Hi, S, G = Lo[keep], Hi[keep], S[keep], G[keep]
         else:
-            L, H, Sb = Lo, Hi, S
-            Lo, Hi, S = Lo[:0], Hi[:0], S[:0]
+            L, H, Sb, Gb = Lo, Hi, S, G
+            Lo, Hi, S, G = Lo[:0], Hi[:0], S[:0], G[:0]
         ok = _splittable(L, H)
         if split == "sensitivity":
             lb, Lam = bound(L, H)
@@ -477,8 +484,7 @@ def input_split(weights, biases, activation, alpha, lo, hi, A, b, deadline: floa
                 return result("sat", x)
             if not ok.any(axis=1).all():
                 return result("unknown", open_scores=np.r_[S, s], note="box too small to split")
-            open_rows = (lb <= b_up)[:, :, None]  # (n, m, 1)
-            sens = np.sum(np.abs(Lam) * open_rows, axis=1) * (H - L)
+            sens = sensitivity(lb, Lam) * (H - L)
             sens = np.where(ok, sens, -1.0)
             dim = np.argmax(sens, axis=1)
             l1, h1, l2, h2 = _split(L, H, dim)
@@ -486,18 +492,23 @@ def input_split(weights, biases, activation, alpha, lo, hi, A, b, deadline: floa
             Lo = np.concatenate([Lo, l1, l2])
             Hi = np.concatenate([Hi, h1, h2])
             S = np.concatenate([S, s, s])
+            G = np.zeros((S.shape[0], d))  # unused by this rule
         else:
             if not ok.any(axis=1).all():
                 return result("unknown", open_scores=np.r_[S, Sb], note="box too small to split")
             n = L.shape[0]
+            # candidate dimensions: the k most sensitive splittable ones (all when k >= d)
+            sens = np.where(ok, Gb * (H - L), -1.0)
+            k = min(d, trial_dims)
+            cand = np.argsort(-sens, axis=1, kind="stable")[:, :k]  # (n, k)
+            cand_ok = np.take_along_axis(ok, cand, axis=1)
             kids_lo, kids_hi = [], []
-            for j in range(d):
-                dim = np.full(n, j)
-                l1, h1, l2, h2 = _split(L, H, dim)
+            for t in range(k):
+                l1, h1, l2, h2 = _split(L, H, cand[:, t])
                 kids_lo += [l1, l2]
                 kids_hi += [h1, h2]
-            KL = np.stack(kids_lo, axis=1).reshape(n * 2 * d, d)  # box-major: (box, dim, half)
-            KH = np.stack(kids_hi, axis=1).reshape(n * 2 * d, d)
+            KL = np.stack(kids_lo, axis=1).reshape(n * 2 * k, d)  # box-major: (box, cand, half)
+            KH = np.stack(kids_hi, axis=1).reshape(n * 2 * k, d)
             lb, Lam = bound(KL, KH)
             s = score(lb)
             live = s <= 0.0
@@ -505,24 +516,22 @@ def input_split(weights, biases, activation, alpha, lo, hi, A, b, deadline: floa
                 x = attack(KL[live], KH[live], lb[live], Lam[live])
                 if x is not None:
                     return result("sat", x)
-            s2 = s.reshape(n, d, 2)
+            # A half is never worse than its parent (the parent's bound holds on it).
+            s2 = np.maximum(s.reshape(n, k, 2), Sb[:, None, None])
             # the split leaving the least total deficit (a proven half counts 0); the worse
             # half alone would prefer a dimension that changes nothing over one that proves a half
-            # A half is never worse than its parent (the parent's bound holds on it).
-            s2 = np.maximum(s2, Sb[:, None, None])
-            deficit = np.where(ok, np.minimum(s2, 0.0).sum(axis=2), -np.inf)
-            dim = np.argmax(deficit, axis=1)
-            # no split improves (all tie with the parent): halve the least split dimension,
-            # else argmax's first index would halve one dimension forever
-            flat = deficit.max(axis=1) <= 2.0 * np.minimum(Sb, 0.0)
-            if flat.any():
-                rel = np.where(ok, (H - L) / np.where(hi0 > lo0, hi0 - lo0, 1.0), -1.0)
-                dim[flat] = np.argmax(rel[flat], axis=1)
+            deficit = np.where(cand_ok, np.minimum(s2, 0.0).sum(axis=2), -np.inf)
+            best = np.argmax(deficit, axis=1)
+            # no split improves (all tie with the parent): the most sensitive dimension, else
+            # argmax's first index could halve one dimension forever
+            flat = deficit.max(axis=1) - 2.0 * np.minimum(Sb, 0.0) <= FLAT * np.abs(Sb)
+            best[flat] = 0
             stats["splits"] += n
-            pick = (np.arange(n)[:, None] * 2 * d + dim[:, None] * 2 + np.arange(2)[None]).ravel()
+            pick = (np.arange(n)[:, None] * 2 * k + best[:, None] * 2 + np.arange(2)[None]).ravel()
             pick = pick[live[pick]]
             Lo = np.concatenate([Lo, KL[pick]])
             Hi = np.concatenate([Hi, KH[pick]])
             S = np.concatenate([S, s[pick]])
+            G = np.concatenate([G, sensitivity(lb[pick], Lam[pick])])
         stats["peak"] = max(stats["peak"], Lo.shape[0])
     return result("unsat")
