@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import List, Optional, Sequence
+from typing import Optional
 
 import numpy as np
 
@@ -330,7 +330,10 @@ class BabResult:
     x: Optional[np.ndarray]  # counterexample (sat): inside [lo, hi], A f(x) <= b in float64
     domains: int  # sub-boxes bounded
     peak_open: int  # largest number of open sub-boxes held at once
-    worst: Optional[float]  # min over open sub-boxes of max_i (lb_i - b_i); None if none open
+    # min over the open sub-boxes of max_i (lb_i - b_i) (b rounded up): their own bounds with
+    # split="trial", their parents' with "sensitivity" (open boxes are bounded when taken);
+    # None when none is open
+    worst: Optional[float]
     splits: int = 0  # sub-boxes split
     note: str = ""
 
