@@ -384,7 +384,7 @@ def _splittable(lo, hi):
 def input_split(weights, biases, activation, alpha, lo, hi, A, b, deadline: float,
                 max_domains: int = 200_000, batch: int = 256, split: str = "trial",
                 block: int = 32, adaptive: bool = True, skip_stable: bool = True,
-                trial_dims: int = 2) -> BabResult:
+                trial_dims: int = 3) -> BabResult:
     """Decide whether some x in [lo, hi] has ``A f(x) <= b`` (all rows) by input splitting.
 
     ``unsat``: every sub-box has some row i with a CROWN lower bound of ``A_i f(x)`` above
