@@ -15,8 +15,13 @@ Every case runs in its own subprocess (so its peak RSS is its own) on both cores
     cli      a warm `crown certify -n 1` of relu3's model, wall-clock, start-up included
     alpha3   relu3 with --method alpha-crown (default settings): s/image, and the mean eps gain
              over crown on the same images (crown's own time is not counted)
+    bab      crown_cli.bab.batch_lower_bounds on --bab-boxes random boxes (width 0.02 per input
+             in [-0.5, 0.5]^5) of a random 5-50x6-5 ReLU net (ACAS Xu's shape), 4 margin rows,
+             in blocks of 128 as input_split uses it: boxes/second, all rows back-substituted
+             and with skip_stable
 
     python scripts/bench.py [--cases relu3,relu4,...] [--images 20] [--cifar-images 20]
+                            [--bab-boxes 4096]
                             [--check] [--before DIR]
 
 For each case it prints images, mean and median s/image, mean evaluations, achieved GFLOP/s
@@ -40,7 +45,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MODELS = os.path.join(ROOT, "models")
 CIFAR = os.path.join(ROOT, "crown_cli", "data", "cifar10_test_100.npz")
 CASES = ("relu3", "relu4", "tanh", "sigmoid", "arctan", "relu3-plain", "cifar7", "mem6", "cli",
-         "alpha3")
+         "alpha3", "bab")
 TARGETS_S = {"relu3": 0.05, "relu4": 0.15, "cifar7": 0.7, "alpha3": 1.0}  # issue 5 targets, s/image
 
 
@@ -66,9 +71,35 @@ def random_mlp(sizes, seed):
     return ws, bs
 
 
+def bab_worker(n_boxes):
+    """The bab case: batched bounds per second on a random ACAS-shaped net."""
+    import numpy as np
+
+    from crown_cli import bab
+
+    weights, biases = random_mlp([5] + [50] * 6 + [5], 0)
+    net = bab.BatchNet(weights, biases)
+    rng = np.random.default_rng(0)
+    lo = rng.uniform(-0.5, 0.48, (n_boxes, 5))
+    hi = lo + 0.02
+    A = np.eye(5)[1:] - np.eye(5)[0]
+    res = {"case": "bab", "boxes": n_boxes}
+    for key, skip in (("full", False), ("skip", True)):
+        bab._bound_blocked(net, lo[:128], hi[:128], A, 128, skip_stable=skip)  # warm-up
+        t, c = time.perf_counter(), time.process_time()
+        bab._bound_blocked(net, lo, hi, A, 128, skip_stable=skip)
+        res[key] = n_boxes / (time.perf_counter() - t)
+        res[key + "_cpu"] = n_boxes / (time.process_time() - c)
+    res["rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
+    print(json.dumps(res))
+
+
 def worker(case, n_images, check):
     """Run one case in this process and print one JSON line."""
     import numpy as np
+
+    if case == "bab":
+        return bab_worker(n_images)
 
     from crown_cli import crown
     from crown_cli.certify import Certifier
@@ -157,9 +188,9 @@ def warm_cli(pkg):
 def run_case(case, pkg, args, check=False):
     if case == "cli":
         return warm_cli(pkg)
-    n = args.cifar_images if case == "cifar7" else 2 if case == "mem6" else args.images
+    n = {"cifar7": args.cifar_images, "mem6": 2, "bab": args.bab_boxes}.get(case, args.images)
     cmd = [sys.executable, os.path.abspath(__file__), "--worker", case, "--images", str(n)]
-    if check and case not in ("mem6", "alpha3"):
+    if check and case not in ("mem6", "alpha3", "bab"):
         cmd.append("--check")
     out = subprocess.run(cmd, env=dict(os.environ, PYTHONPATH=pkg), capture_output=True, text=True)
     if out.returncode != 0:
@@ -170,6 +201,10 @@ def run_case(case, pkg, args, check=False):
 def line(r, relu3=None, plain=None):
     if "error" in r:
         return f"{r['case']:<11} error: {r['error']}"
+    if r["case"] == "bab":
+        return (f"{'bab':<11} boxes {r['boxes']}  all rows {r['full']:.0f} boxes/s "
+                f"({r['full_cpu']:.0f} per CPU-s)  skip_stable {r['skip']:.0f} boxes/s "
+                f"({r['skip_cpu']:.0f} per CPU-s)  peak RSS {r['rss_mb']:.0f} MB")
     if r["case"] == "cli":
         return f"{'cli':<11} warm `crown certify -n 1`: best {r['best_s']:.2f} s, median {r['median_s']:.2f} s"
     s = (f"{r['case']:<11} images {r['images']:3d}  mean {r['mean_s']:.4f} s/image  median "
@@ -196,6 +231,7 @@ def main():
     ap.add_argument("--cases", default=",".join(CASES))
     ap.add_argument("--images", type=int, default=20)
     ap.add_argument("--cifar-images", type=int, default=20)
+    ap.add_argument("--bab-boxes", type=int, default=4096)
     ap.add_argument("--check", action="store_true", help="compare eps with plain float64 bisection")
     ap.add_argument("--before", default=None, help="checkout whose crown_cli is the 'before'")
     ap.add_argument("--worker", default=None, help=argparse.SUPPRESS)

@@ -1,0 +1,250 @@
+"""Input-splitting branch and bound (crown_cli.bab): the batched bound against the engine's
+per-box bound, soundness on samples, and BaB verdicts against an exact MILP over the box."""
+import time
+
+import numpy as np
+import pytest
+
+from crown_cli import bab, crown
+from crown_cli.relaxations import get_relaxation
+from oracles import _Builder, _encode_relu_layers, mlp_forward, neuron_bounds, random_mlp
+
+
+def random_boxes(rng, n, d, degenerate=True):
+    lo = rng.uniform(-1.0, 1.0, (n, d))
+    hi = lo + rng.uniform(0.0, 0.6, (n, d))
+    if degenerate:
+        hi[0, 0] = lo[0, 0]  # a point coordinate
+    return lo, hi
+
+
+@pytest.mark.parametrize("activation,alpha", [("relu", None), ("leaky_relu", 0.1)])
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_batch_equals_engine_per_box(activation, alpha, seed):
+    rng = np.random.default_rng(seed)
+    d = 3 + seed
+    ws, bs = random_mlp([d, 16, 12, 16, 5], seed)
+    lo, hi = random_boxes(rng, 9, d)
+    A = rng.standard_normal((3, 5))
+    lb, info = bab.batch_lower_bounds(ws, bs, lo, hi, A, activation, alpha)
+    assert lb.shape == (9, 3) and info["Lam"].shape == (9, 3, d)
+    net = crown.Network(ws, bs)
+    relax = get_relaxation(activation, "crown", alpha)
+    for j in range(9):  # the oracle: the engine's own per-box bound, one box at a time
+        ref, bounds = crown.margin_lower_bound(net, *crown.Box(lo[j], hi[j]).args(), relax, A,
+                                               return_bounds=True)
+        np.testing.assert_allclose(lb[j], ref, rtol=1e-9, atol=1e-12)
+        for (l, u), (bl, bu) in zip(bounds, info["bounds"]):
+            np.testing.assert_allclose(bl[j], l, rtol=1e-9, atol=1e-12)
+            np.testing.assert_allclose(bu[j], u, rtol=1e-9, atol=1e-12)
+
+
+@pytest.mark.parametrize("skip_stable", [False, True])
+@pytest.mark.parametrize("activation,alpha", [("relu", None), ("leaky_relu", 0.2)])
+def test_batch_sound_on_samples_and_linear_bound(activation, alpha, skip_stable):
+    rng = np.random.default_rng(5)
+    ws, bs = random_mlp([5, 20, 20, 20, 4], 5)
+    lo, hi = random_boxes(rng, 12, 5)
+    hi[6:] = lo[6:] + 0.02 * (hi[6:] - lo[6:])  # small boxes: most neurons stable
+    A = rng.standard_normal((4, 4))
+    lb, info = bab.batch_lower_bounds(ws, bs, lo, hi, A, activation, alpha,
+                                      skip_stable=skip_stable)
+    if skip_stable:  # the hidden bounds hold too, and every layer's rows are sampled
+        X = np.concatenate([rng.uniform(lo[j], hi[j], (500, 5)) for j in range(12)])
+        owner = np.repeat(np.arange(12), 500)
+        a = X
+        for k, (l, u) in enumerate(info["bounds"]):
+            z = a @ ws[k].T + bs[k]
+            assert np.all(z >= l[owner] - 1e-12) and np.all(z <= u[owner] + 1e-12)
+            a = np.maximum(z, 0.0) if activation == "relu" else np.where(z >= 0, z, alpha * z)
+    Lam, const = info["Lam"], info["const"]
+    for j in range(12):
+        X = rng.uniform(lo[j], hi[j], (3000, 5))
+        Y = mlp_forward(ws, bs, activation, X) @ A.T  # oracles' leaky ReLU slope is 0.2
+        if activation == "relu" or alpha == 0.2:
+            assert np.all(Y >= lb[j] - 1e-12)
+            # the returned linear function is a lower bound too, tight at its corner
+            assert np.all(Y >= X @ Lam[j].T + const[j] - 1e-9)
+        corner = np.where(Lam[j] > 0.0, lo[j], hi[j])  # (m, d): each row's minimiser
+        at_corner = np.sum(Lam[j] * corner, axis=1) + const[j]
+        assert np.all(at_corner >= lb[j])
+        np.testing.assert_allclose(at_corner, lb[j], rtol=1e-8, atol=1e-9)
+
+
+def test_batch_is_independent_of_batch_composition():
+    rng = np.random.default_rng(7)
+    ws, bs = random_mlp([4, 10, 10, 3], 7)
+    lo, hi = random_boxes(rng, 6, 4)
+    A = np.array([[1.0, -1.0, 0.0], [0.0, 1.0, -1.0]])
+    lb, _ = bab.batch_lower_bounds(ws, bs, lo, hi, A)
+    lb2, _ = bab.batch_lower_bounds(ws, bs, lo[3:4], hi[3:4], A)
+    np.testing.assert_allclose(lb[3], lb2[0], rtol=1e-12)
+
+
+def test_skip_stable_sound_and_rarely_looser():
+    """With skip_stable the rows CROWN bounds are those the interval step leaves unstable;
+    the bound stays sound and, on these nets, never looser than the engine's by much."""
+    rng = np.random.default_rng(9)
+    ws, bs = random_mlp([5, 20, 20, 20, 20, 3], 9)
+    lo, hi = random_boxes(rng, 40, 5, degenerate=False)
+    hi = lo + 0.05 * (hi - lo)
+    A = np.array([[1.0, -1.0, 0.0], [0.0, 1.0, -1.0]])
+    full, _ = bab.batch_lower_bounds(ws, bs, lo, hi, A)
+    skip, _ = bab.batch_lower_bounds(ws, bs, lo, hi, A, skip_stable=True)
+    assert np.mean(skip >= full - 1e-9 * (1 + np.abs(full))) > 0.9
+    for j in range(40):
+        X = rng.uniform(lo[j], hi[j], (300, 5))
+        assert np.all(mlp_forward(ws, bs, "relu", X) @ A.T >= skip[j] - 1e-12)
+
+
+def test_parent_bounds_only_tighten():
+    rng = np.random.default_rng(8)
+    ws, bs = random_mlp([3, 12, 12, 12, 2], 8)
+    lo, hi = random_boxes(rng, 5, 3, degenerate=False)
+    A = np.array([[1.0, -1.0]])
+    lb, info = bab.batch_lower_bounds(ws, bs, lo, hi, A)
+    mid = 0.5 * lo + 0.5 * hi
+    lbc, infoc = bab.batch_lower_bounds(ws, bs, lo, mid, A, parent_bounds=info["bounds"])
+    lbn, _ = bab.batch_lower_bounds(ws, bs, lo, mid, A)
+    for (pl, pu), (cl, cu) in zip(info["bounds"], infoc["bounds"]):
+        assert np.all(cl >= pl) and np.all(cu <= pu)
+    X = rng.uniform(lo[0], mid[0], (2000, 3))
+    assert np.all(mlp_forward(ws, bs, "relu", X) @ A.T >= lbc[0] - 1e-12)
+    assert lbc.shape == lbn.shape
+
+
+# ------------------------------------------------------------------------------------------
+# exact oracle: min over the box of max_i (A_i f(x)) by MILP
+# ------------------------------------------------------------------------------------------
+
+
+def _box_input_vars(B, lo, hi):
+    """Input variables with their own bounds per coordinate (not a ball around x0)."""
+    return B.add_vars(lo, hi)
+
+
+def exact_min_max_rows(ws, bs, lo, hi, A, time_limit=60.0):
+    """(dual bound, x) for ``min over [lo, hi] of max_i A_i f(x)`` of a ReLU net.
+
+    Neuron bounds come from oracles.neuron_bounds on the reparametrised net x = c + r y,
+    y in [-1, 1]^d (the same pre-activations, so the bounds hold on the box)."""
+    c, r = 0.5 * (lo + hi), 0.5 * (hi - lo)
+    ws2 = [ws[0] * r[None, :]] + list(ws[1:])
+    bs2 = [bs[0] + ws[0] @ c] + list(bs[1:])
+    bounds = neuron_bounds(ws2, bs2, np.zeros(lo.size), 1.0, "inf")
+    B = _Builder()
+    x = _box_input_vars(B, lo, hi)
+    last = _encode_relu_layers(B, list(zip(ws[:-1], bs[:-1])), x, bounds)
+    t = B.add_vars(-np.inf, np.inf)[0]
+    rows = A @ ws[-1]
+    consts = A @ bs[-1]
+    for i in range(A.shape[0]):  # t >= rows_i . a + consts_i
+        B.add_row(np.r_[t, last], np.r_[1.0, -rows[i]], consts[i], np.inf)
+    cost = np.zeros(B.nvar)
+    cost[t] = 1.0
+    res = B.solve_milp(cost, time_limit)
+    assert res.status == 0, res.message
+    dual = getattr(res, "mip_dual_bound", None)
+    dual = float(res.fun) if dual is None or not np.isfinite(dual) else float(dual)
+    return min(dual, float(res.fun)), np.clip(res.x[x], lo, hi)
+
+
+CASES = [  # (d, hidden sizes, outputs, rows, seed)
+    (3, [12, 12], 3, 1, 0),
+    (4, [16, 16], 4, 2, 1),
+    (5, [10, 10, 10], 5, 4, 2),
+    (6, [12, 12], 3, 2, 3),
+    (8, [10, 10], 3, 1, 4),
+]
+
+
+@pytest.mark.parametrize("split", bab.SPLIT_RULES)
+@pytest.mark.parametrize("d,hidden,n_out,m,seed", CASES)
+def test_input_split_against_milp(d, hidden, n_out, m, seed, split):
+    rng = np.random.default_rng(100 + seed)
+    ws, bs = random_mlp([d] + hidden + [n_out], seed)
+    lo = rng.uniform(-1.0, 0.0, d)
+    hi = lo + rng.uniform(0.2, 1.0, d)
+    A = rng.standard_normal((m, n_out))
+    v_dual, x_star = exact_min_max_rows(ws, bs, lo, hi, A)
+    v_at = float(np.max(A @ mlp_forward(ws, bs, "relu", x_star)))
+    assert v_dual <= v_at + 1e-6 * (1 + abs(v_at))
+    delta = 0.02 * (1.0 + abs(v_at))
+    deadline = time.monotonic() + 600.0  # a safety net only; the verdicts are asserted
+    # just true: every x has some row A_i f(x) >= v* > b
+    b = np.full(m, v_dual - delta)
+    res = bab.input_split(ws, bs, "relu", None, lo, hi, A, b, deadline, split=split,
+                          max_domains=100_000, batch=256)
+    assert res.result == "unsat", res
+    assert res.x is None and res.domains >= 1
+    # just false: the MILP's point has every row <= v_at < b
+    b = np.full(m, v_at + delta)
+    res = bab.input_split(ws, bs, "relu", None, lo, hi, A, b, deadline, split=split,
+                          max_domains=100_000, batch=256)
+    assert res.result == "sat", res
+    x = res.x
+    assert np.all(x >= lo) and np.all(x <= hi)
+    assert np.all(A @ mlp_forward(ws, bs, "relu", x) <= b)
+
+
+def test_input_split_never_contradicts_on_tight_thresholds():
+    """Thresholds right at the exact minimum: any verdict but the contradicting one."""
+    rng = np.random.default_rng(11)
+    ws, bs = random_mlp([4, 12, 12, 3], 11)
+    lo, hi = -np.ones(4), np.ones(4)
+    A = rng.standard_normal((2, 3))
+    v_dual, x_star = exact_min_max_rows(ws, bs, lo, hi, A)
+    v_at = float(np.max(A @ mlp_forward(ws, bs, "relu", x_star)))
+    for b0, forbidden in ((v_dual - 1e-7 * (1 + abs(v_dual)), "sat"),
+                          (v_at + 1e-7 * (1 + abs(v_at)), "unsat")):
+        res = bab.input_split(ws, bs, "relu", None, lo, hi, A, np.full(2, b0),
+                              time.monotonic() + 600.0, max_domains=3000, batch=128)
+        assert res.result != forbidden
+        if res.result == "sat":
+            assert np.all(A @ mlp_forward(ws, bs, "relu", res.x) <= b0)
+
+
+def test_input_split_caps_and_deadline():
+    ws, bs = random_mlp([5, 16, 16, 3], 12)
+    lo, hi = -np.ones(5), np.ones(5)
+    A = np.array([[1.0, -1.0, 0.0]])
+    X = np.random.default_rng(0).uniform(lo, hi, (5000, 5))
+    v = float(np.min(mlp_forward(ws, bs, "relu", X) @ A.T))
+    b = np.array([v - 1e-9])  # hard to decide: needs many boxes either way
+    res = bab.input_split(ws, bs, "relu", None, lo, hi, A, b, time.monotonic() + 600.0,
+                          max_domains=4, batch=2)
+    assert res.result in ("unknown", "sat")
+    if res.result == "unknown":
+        assert res.worst is not None and res.worst <= 0.0
+    res = bab.input_split(ws, bs, "relu", None, lo, hi, A, b, time.monotonic() - 1.0)
+    assert res.result == "timeout"
+
+
+def test_input_split_unsplittable_box_is_unknown_not_a_crash():
+    ws, bs = random_mlp([2, 8, 2], 13)
+    x = np.array([0.3, -0.2])
+    y = mlp_forward(ws, bs, "relu", x)
+    A = np.array([[1.0, -1.0]])
+    # a point box: decided by its bound or its centre, never split
+    res = bab.input_split(ws, bs, "relu", None, x, x, A, [y[0] - y[1] + 1e-9],
+                          time.monotonic() + 60.0)
+    assert res.result == "sat" and np.array_equal(res.x, x)
+    res = bab.input_split(ws, bs, "relu", None, x, x, A, [y[0] - y[1] - 1e-6],
+                          time.monotonic() + 60.0)
+    assert res.result == "unsat"
+
+
+def test_numba_and_numpy_scaling_agree():
+    """The fused numba scaling step and its numpy twin give the same bounds (the sums run
+    in different orders: equal to rounding)."""
+    rng = np.random.default_rng(14)
+    ws, bs = random_mlp([4, 16, 16, 16, 3], 14)
+    lo, hi = random_boxes(rng, 10, 4)
+    A = rng.standard_normal((2, 3))
+    for activation, alpha in (("relu", None), ("leaky_relu", 0.3)):
+        with crown.using_kernels("numba"):
+            a, ia = bab.batch_lower_bounds(ws, bs, lo, hi, A, activation, alpha)
+        with crown.using_kernels("numpy"):
+            b, ib = bab.batch_lower_bounds(ws, bs, lo, hi, A, activation, alpha)
+        np.testing.assert_allclose(a, b, rtol=1e-12, atol=1e-12)
+        np.testing.assert_allclose(ia["Lam"], ib["Lam"], rtol=1e-12, atol=1e-12)
