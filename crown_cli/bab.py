@@ -16,13 +16,13 @@ Two parts:
   two along one input dimension.
 
 Floating point, as in :mod:`crown_cli.crown`: the box is centre +/- radius with the radius
-rounded up one ulp (``crown.Box``); every bound is widened outward by ``crown.FP_RTOL`` times
-the sum of the absolute values of the terms it was computed from (``|Lam| |c| + |Lam| r`` for
-the input terms plus the accumulated ``|D| |b_i|`` and ``|Lam| |intercepts|`` of every step)
-plus ``crown.FP_ATOL``. Each back-substitution step goes through :func:`_step`, which forms
-the slope-scaled matrix ``D`` before multiplying it by ``W_i``; a per-step rounding charge
-``|D| @ v_i`` (as ``crown.back_substitute``'s ``err``) can be added there, where ``D`` is at
-hand, when the float64 allowance becomes an a-posteriori bound.
+rounded up one ulp (``crown.Box``); every bound is widened outward by (1) per
+back-substitution step the a-posteriori charge of its products' rounding, ``|D| @ v_i`` per
+box (:func:`_step_weights`, the engine's ``rounding_weights`` with unit 2**-53 from the box's
+own intervals), (2) the rounding of ``A @ W[-1]`` (as ``crown.product_rounding``), (3) the
+network's final-sum allowance (``crown.final_sum_rtol``) times the sum of the absolute values
+of the terms (``|Lam| |c| + |Lam| r`` plus the accumulated ``|D| |b_i|`` and
+``|Lam| |intercepts|`` of every step), plus ``crown.FP_ATOL``.
 
 Arrays in, arrays out: no files and no printing here.
 """
@@ -162,23 +162,53 @@ def _step(Lam, relax_i, W_i, b_i, absb_i, zero_bL):
     D, const, mag = _scale(Lam, aU, bU, aL, bL, b_i, absb_i, zero_bL, cols)
     Wc = W_i if cols.shape[0] == n else W_i[cols]
     nxt = (D.reshape(N * r, cols.shape[0]) @ Wc).reshape(N, r, W_i.shape[1])
-    return nxt, const, mag, D
+    return nxt, const, mag, D, cols
 
 
-def _lower(Ws, bs, absbs, relax, zero_bL, Lam, const, c, rad):
+def _step_weights(net, i, a_prev, l, u):
+    """The float64 rounding weights of the step through hidden layer i, per box: v (N, n_i)
+    and t (N,), as :func:`crown.rounding_weights` with unit 2**-53 (the product D @ W_i with
+    inner dimension n_i, the stored D, the underflows), for |a_{i-1}| <= a_prev (N, n_{i-1})
+    and z_i in [l, u]. |W_i| a_prev is bounded by the rows' l1 norms times max a_prev, as
+    the engine does."""
+    n = net.W[i].shape[0]
+    u64 = crown.U64
+    nu = (n + 2) * u64
+    gamma = nu / (1.0 - nu) + 2.0 * u64
+    amax = a_prev.max(axis=1, initial=0.0)
+    Wa = net.rowsum[i][None, :] * amax[:, None]
+    z = np.maximum(np.abs(l), np.abs(u)) + net.absb[i]
+    v = crown.ERR_SAFETY * (gamma * Wa + 2.0 * u64 * z)
+    t = crown.ERR_SAFETY * crown.TINY64 * (n * a_prev.sum(axis=1) + z.sum(axis=1) + n)
+    return v, t
+
+
+def _act_abs(net, l, u):
+    """A bound on |act(z)| for z in [l, u]: |z| scaled by the largest slope (ReLU, leaky)."""
+    return np.maximum(np.abs(l), np.abs(u)) * net.act_scale
+
+
+def _lower(Ws, bs, absbs, relax, zero_bL, Lam, const, c, rad, steps, rtol, lam_err=None):
     """Lower bound over the boxes (c +/- rad) of ``Lam @ a_h + const``, h = len(relax) - 1,
-    and the final rows over the input. Lam (N, r, n_h), const (N, r)."""
+    and the final rows over the input. Lam (N, r, n_h), const (N, r). ``steps[i]`` = (v, t)
+    of :func:`_step_weights`: each step's product rounding ``|D| @ v_i`` is charged to the
+    bound (as ``crown.back_substitute`` does), with ``lam_err`` (N, r) for the rounding made
+    forming Lam and const, and ``rtol`` of the final sums' magnitude."""
     cst = const.copy()
     mag = np.abs(const)
+    charge = np.zeros(cst.shape) if lam_err is None else lam_err.copy()
     for i in range(len(relax) - 1, -1, -1):
-        Lam, dc, dm, _ = _step(Lam, relax[i], Ws[i], bs[i], absbs[i], zero_bL)
+        Lam, dc, dm, D, cols = _step(Lam, relax[i], Ws[i], bs[i], absbs[i], zero_bL)
         cst += dc
         mag += dm
+        v, t = steps[i]
+        charge += np.matmul(np.abs(D), v[:, cols, None])[..., 0] + t[:, None]
     absL = np.abs(Lam)
     lin = np.matmul(Lam, c[:, :, None])[..., 0]
     norm = np.matmul(absL, rad[:, :, None])[..., 0]
     xm = np.matmul(absL, np.abs(c)[:, :, None])[..., 0]
-    lower = crown._widen(lin - norm + cst, xm + norm + mag, -1.0)
+    lower = crown._widen(lin - norm + cst, xm + norm + mag, -1.0, rtol,
+                         crown.ERR_SAFETY * charge)
     return lower, Lam, cst
 
 
@@ -189,7 +219,7 @@ def _interval_step(net, k, l, u):
     lo = al @ net.WposT[k] + au @ net.WnegT[k] + net.b[k]
     hi = au @ net.WposT[k] + al @ net.WnegT[k] + net.b[k]
     mag = np.maximum(np.abs(al), np.abs(au)) @ net.absWT[k] + net.absb[k]
-    return crown._widen(lo, mag, -1.0), crown._widen(hi, mag, 1.0)
+    return crown._widen(lo, mag, -1.0, net.fp_rtol), crown._widen(hi, mag, 1.0, net.fp_rtol)
 
 
 class BatchNet:
@@ -216,6 +246,10 @@ class BatchNet:
         # rows [W_k; -W_k]: lower bounds of both give z_k's lower and (negated) upper bound
         self.pm = [np.concatenate([w, -w]) for w in self.W]
         self.pmb = [np.concatenate([b, -b]) for b in self.b]
+        self.rowsum = [np.abs(w).sum(axis=1) for w in self.W]
+        self.fp_rtol = crown.final_sum_rtol(self.W)
+        self.act_scale = max(1.0, abs(float(0.2 if alpha is None else alpha))) \
+            if activation == "leaky_relu" else 1.0
 
     @property
     def num_hidden(self):
@@ -261,18 +295,19 @@ def batch_lower_bounds(weights, biases, lo, hi, A, activation="relu", alpha=None
     N = lo.shape[0]
     c, rad = box_centre_radius(lo, hi)
     skip_stable = skip_stable and net.act is not None
-    bounds, relax = [], []
+    bounds, relax, steps = [], [], []
     if net.num_hidden:
         center = c @ net.WT[0] + net.b[0]
         cmag = np.abs(c) @ net.absW0T + net.absb[0]
         n1 = rad @ net.absW0T
         mag = cmag + n1
-        l = crown._widen(center - n1, mag, -1.0)
-        u = crown._widen(center + n1, mag, 1.0)
+        l = crown._widen(center - n1, mag, -1.0, net.fp_rtol)
+        u = crown._widen(center + n1, mag, 1.0, net.fp_rtol)
         if parent_bounds is not None:
             l, u = np.maximum(l, parent_bounds[0][0]), np.minimum(u, parent_bounds[0][1])
         bounds.append((l, u))
         relax.append(net.relax(l, u))
+        steps.append(_step_weights(net, 0, np.abs(c) + rad, l, u))
     for k in range(1, net.num_hidden):
         n = net.W[k].shape[0]
         if skip_stable:
@@ -285,7 +320,7 @@ def batch_lower_bounds(weights, biases, lo, hi, A, activation="relu", alpha=None
                 Lam = np.broadcast_to(net.pm[k][None], (N,) + net.pm[k].shape)
                 const = np.broadcast_to(net.pmb[k][None], (N, 2 * n))
                 low, _, _ = _lower(net.W, net.b, net.absb, relax, net.zero_bL, Lam, const, c,
-                                   rad)
+                                   rad, steps, net.fp_rtol)
                 l, u = np.maximum(l, low[:, :n]), np.minimum(u, -low[:, n:])
             elif R:
                 # per box the rows still unstable first (padded with others: any row's CROWN
@@ -296,24 +331,35 @@ def batch_lower_bounds(weights, biases, lo, hi, A, activation="relu", alpha=None
                 br = net.b[k][idx]
                 const = np.concatenate([br, -br], axis=1)
                 low, _, _ = _lower(net.W, net.b, net.absb, relax, net.zero_bL, Lam, const, c,
-                                   rad)
+                                   rad, steps, net.fp_rtol)
                 rows = np.arange(N)[:, None]
                 l[rows, idx] = np.maximum(l[rows, idx], low[:, :R])
                 u[rows, idx] = np.minimum(u[rows, idx], -low[:, R:])
         else:
             Lam = np.broadcast_to(net.pm[k][None], (N,) + net.pm[k].shape)
             const = np.broadcast_to(net.pmb[k][None], (N, 2 * n))
-            low, _, _ = _lower(net.W, net.b, net.absb, relax, net.zero_bL, Lam, const, c, rad)
+            low, _, _ = _lower(net.W, net.b, net.absb, relax, net.zero_bL, Lam, const, c, rad,
+                               steps, net.fp_rtol)
             l, u = low[:, :n], -low[:, n:]
             if parent_bounds is not None:
                 l, u = np.maximum(l, parent_bounds[k][0]), np.minimum(u, parent_bounds[k][1])
         bounds.append((l, u))
         relax.append(net.relax(l, u))
+        steps.append(_step_weights(net, k, _act_abs(net, *bounds[-2]), l, u))
     Lam = A @ net.W[-1]
     const = A @ net.b[-1]
+    # the rounding of A @ W[-1] and A @ b[-1] as they act on the last layer (as
+    # crown.product_rounding): gamma_m (|A| |W[-1]| |a_h| + |A| |b[-1]|) per box and row
+    m = A.shape[1]
+    g = m * crown.U64 / (1.0 - m * crown.U64)
+    a_h = _act_abs(net, *bounds[-1]) if bounds else np.abs(c) + rad
+    absA = np.abs(A)
+    lam_err = crown.ERR_SAFETY * g * ((a_h @ net.absWT[-1]) @ absA.T
+                                      + (absA @ net.absb[-1])[None, :] + m * crown.TINY64)
     lb, LamX, cst = _lower(net.W, net.b, net.absb, relax, net.zero_bL,
-                      np.broadcast_to(Lam[None], (N,) + Lam.shape),
-                      np.broadcast_to(const[None], (N, A.shape[0])), c, rad)
+                           np.broadcast_to(Lam[None], (N,) + Lam.shape),
+                           np.broadcast_to(const[None], (N, A.shape[0])), c, rad, steps,
+                           net.fp_rtol, lam_err)
     return lb, {"Lam": LamX, "const": cst, "bounds": bounds}
 
 

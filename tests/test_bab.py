@@ -248,3 +248,28 @@ def test_numba_and_numpy_scaling_agree():
             b, ib = bab.batch_lower_bounds(ws, bs, lo, hi, A, activation, alpha)
         np.testing.assert_allclose(a, b, rtol=1e-12, atol=1e-12)
         np.testing.assert_allclose(ia["Lam"], ib["Lam"], rtol=1e-12, atol=1e-12)
+
+
+def test_batched_bounds_charge_product_rounding_on_cancelling_networks():
+    """Networks whose products cancel (tests/test_fp64_rounding.py): the batched bound over
+    each box must lie below the exact minimum (rational arithmetic), which a widening by the
+    final sums' magnitude alone misses; every box of the batch is checked."""
+    from fractions import Fraction as F
+
+    from crown_cli import crown
+    from crown_cli.relaxations import get_relaxation
+    from test_fp64_rounding import InputSet, _exact_stable, cancelling_network, exact_chain
+
+    fn = get_relaxation("relu", "crown")
+    for seed in range(6):
+        W, b, x0, eps, w = cancelling_network(seed)
+        los = np.array([x0 - eps, x0 - 0.5 * eps, x0])
+        his = np.array([x0 + 0.5 * eps, x0 + eps, x0 + eps])
+        lb, _ = bab.batch_lower_bounds(W, b, los, his, np.array([[1.0]]))
+        for j in range(3):
+            S = InputSet(x0, box=crown.Box(los[j], his[j]))
+            net = crown.Network(W, b)
+            assert _exact_stable(net, S)
+            _, relax = crown.hidden_layer_bounds(net, *S.args(), fn)
+            coef, c = exact_chain(net, relax, [[F(float(v)) for v in w[0]]], [F(0)], -1)[0]
+            assert S.covers(lb[j, 0], coef, c, -1), (seed, j)
