@@ -41,7 +41,7 @@ class RowKind:
 CERTIFY_ROWS = RowKind("certify", tuple(COLUMNS), ("image", "target_type", "target", "norm", "method"),
                        "image", lambda r: r.get("status") in FAILED_STATUSES, "crown certify")
 VERIFY_COLUMNS = ("index", "instance", "onnx", "vnnlib", "timeout", "verdict", "time_s", "stage",
-                  "margin", "cases", "cases_proven", "counterexample")
+                  "margin", "cases", "cases_proven", "domains", "peak_domains", "counterexample")
 VERIFY_ROWS = RowKind("verify", VERIFY_COLUMNS, ("index", "onnx", "vnnlib"), "index",
                       lambda r: r.get("verdict") == "error", "crown verify --instances")
 ROW_KINDS = (CERTIFY_ROWS, VERIFY_ROWS)

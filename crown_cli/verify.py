@@ -32,6 +32,11 @@ VERDICTS = ("sat", "unsat", "unknown", "timeout", "error")
 BOUND_STAGES = ("crown", "alpha-crown")
 ALPHA_ACTIVATIONS = ("relu", "leaky_relu")  # alpha-crown's optimised slopes (crown_cli.alpha)
 ALPHA_ITERS, ALPHA_LR = 50, 0.5  # one box per case: more steps than certify's search spends
+# Complete stage after the bounds: branch and bound by input splitting for networks with at
+# most this many inputs (ACAS Xu: 5), where bisecting the box shrinks every neuron's interval
+# quickly; wider inputs (images) need ReLU splitting instead.
+INPUT_SPLIT_MAX_DIM = 16
+BAB_ACTIVATIONS = ("relu", "leaky_relu")
 ATTACK_SHARE = 0.1  # of the timeout for the first attack (before any bound)
 ATTACK_MIN_S = 0.5
 
@@ -47,6 +52,8 @@ class Verdict:
     case: Optional[int] = None  # index of the violated case (sat)
     cases_proven: int = 0
     cases: int = 0
+    domains: int = 0  # branch and bound: domains bounded
+    peak_domains: int = 0  # branch and bound: most open domains at once
     notes: List[str] = field(default_factory=list)
 
 
@@ -67,7 +74,8 @@ class Verifier:
     def __init__(self, weights: Sequence[np.ndarray], biases: Sequence[np.ndarray],
                  activation: str, alpha=None, stages: Sequence[str] = BOUND_STAGES,
                  attack_restarts: int = 64, attack_steps: int = 100, seed: int = 0,
-                 attack_time: Optional[float] = None):
+                 attack_time: Optional[float] = None, bab: bool = True,
+                 max_domains: int = 200_000):
         self.weights = [np.asarray(w, dtype=np.float64) for w in weights]
         self.biases = [np.asarray(b, dtype=np.float64) for b in biases]
         self.activation, self.alpha = activation, alpha
@@ -78,6 +86,8 @@ class Verifier:
                       for s in self.stages}
         self.attack_restarts, self.attack_steps, self.seed = attack_restarts, attack_steps, seed
         self.attack_time = attack_time
+        self.bab = bab and activation in BAB_ACTIVATIONS
+        self.max_domains = max_domains
 
     @property
     def n_inputs(self) -> int:
@@ -154,6 +164,34 @@ class Verifier:
                 still.append(j)
         return still
 
+    def _input_split(self, cases, open_cases, margins, deadline, done, log):
+        """Branch and bound by input splitting (:func:`crown_cli.bab.input_split`) on each open
+        case in turn, until every case is proven (unsat), one yields a verified counterexample
+        (sat), the deadline passes (timeout) or the domain cap is hit (unknown)."""
+        from .bab import input_split
+
+        n = len(cases)
+        proven = n - len(open_cases)
+        visited = peak = 0
+        for j in open_cases:
+            c = cases[j]
+            res = input_split(self.weights, self.biases, self.activation, self.alpha, c.lo, c.hi,
+                              c.A, c.b, deadline, max_domains=self.max_domains)
+            visited += res.domains
+            peak = max(peak, res.peak_open)
+            if log is not None:
+                log(f"bab (input split): case {j}: {res.result} after {res.domains} boxes "
+                    f"(peak {res.peak_open} open)")
+            if res.result == "sat":
+                return done("sat", "bab", _worst(margins), proven, x=res.x, y=self.outputs(res.x),
+                            case=j, domains=visited, peak_domains=peak)
+            if res.result != "unsat":
+                return done(res.result, "bab", res.worst, proven, domains=visited,
+                            peak_domains=peak)
+            margins[j] = 0.0 if res.worst is None else max(0.0, res.worst)
+            proven += 1
+        return done("unsat", "bab", None, proven, domains=visited, peak_domains=peak)
+
     def verify(self, prop, timeout: float, log: Optional[Callable[[str], None]] = None) -> Verdict:
         """Run the pipeline on a parsed property within ``timeout`` seconds."""
         t0 = time.monotonic()
@@ -191,6 +229,8 @@ class Verifier:
                 return done("unsat", stage, _worst(margins), n)
         if time.monotonic() >= deadline:
             return done("timeout", stage, _worst(margins), n - len(open_cases))
+        if self.bab and self.n_inputs <= INPUT_SPLIT_MAX_DIM:
+            return self._input_split(cases, open_cases, margins, deadline, done, log)
         # the bounds could not decide: an attack with other starts on the open cases
         found = self._attack(cases, _by_box(cases, open_cases), deadline, budget,
                              self.seed + 7919)

@@ -136,6 +136,7 @@ def verify_row(inst: Instance, verdict=None, error: Optional[str] = None,
         return row
     row.update(verdict=verdict.result, time_s=time_s, stage=verdict.stage,
                margin=verdict.margin, cases=verdict.cases, cases_proven=verdict.cases_proven,
+               domains=verdict.domains, peak_domains=verdict.peak_domains,
                counterexample=counterexample_text(verdict.x))
     return row
 
