@@ -44,8 +44,8 @@ def check_sat(ws, bs, prop, verdict):
 @pytest.mark.slow
 @pytest.mark.parametrize("seed", range(6))
 def test_verdicts_never_contradict_the_milp(seed):
-    """Properties built just true / just false around the exact minimum (HiGHS MILP): the
-    verifier may say unknown, never the wrong verdict; clearly true ones it proves."""
+    """Properties built just true / just false around the exact minimum (HiGHS MILP): branch
+    and bound gives the MILP's verdict; clearly true ones CROWN proves already."""
     ws, bs = random_network([4, 12, 12, 3], seed)
     rng = np.random.default_rng(seed)
     x0, eps = rng.normal(size=4), 0.3
@@ -61,13 +61,16 @@ def test_verdicts_never_contradict_the_milp(seed):
     # just false: the unsafe set contains the minimiser's outputs
     prop = parse_vnnlib_text(box_property(lo, hi, c, t, m + gap, 3), "false", 4, 3)
     out = v.verify(prop, timeout=20.0)
-    assert out.result in ("sat", "unknown")
-    if out.result == "sat":
-        check_sat(ws, bs, prop, out)
+    assert out.result == "sat"  # branch and bound (4 inputs: input splitting) decides it
+    check_sat(ws, bs, prop, out)
+    # without the attack, branch and bound finds the counterexample itself
+    out = Verifier(ws, bs, "relu", attack_time=0.0).verify(prop, timeout=20.0)
+    assert out.result == "sat" and out.stage == "bab" and out.domains > 0
+    check_sat(ws, bs, prop, out)
     # just true: below the exact minimum
     prop = parse_vnnlib_text(box_property(lo, hi, c, t, m - gap, 3), "true", 4, 3)
     out = v.verify(prop, timeout=20.0)
-    assert out.result in ("unsat", "unknown")
+    assert out.result == "unsat"
     # clearly true: below CROWN's own bound over the box
     lb = crown.margin_lower_bound(crown.Network(ws, bs), *crown.Box(lo, hi).args(),
                                   get_relaxation("relu", "crown"),
