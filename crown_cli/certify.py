@@ -36,6 +36,8 @@ PRECISIONS = ("mixed", "float64")
 ALPHA_ITERS = 20
 ALPHA_LR = 0.5
 ALPHA_METHODS = ("alpha-crown",)
+# free lower slopes (ReLU-type) or free tangent points (S-shaped): crown_cli/alpha.py
+ALPHA_ACTIVATIONS = ("relu", "leaky_relu", "tanh", "sigmoid", "arctan")
 
 
 def parse_norm(norm: str) -> str:
@@ -102,9 +104,9 @@ class Certifier:
             self.quad = QuadBound(weights, biases, self.norm)
             self.relax_fn = get_relaxation(activation, "crown", alpha)
         elif method in ALPHA_METHODS:
-            if activation not in ("relu", "leaky_relu"):
+            if activation not in ALPHA_ACTIVATIONS:
                 raise InputError(f"--method {method}: activation '{activation}' is not supported "
-                                 "(relu and leaky_relu networks only)")
+                                 f"({', '.join(ALPHA_ACTIVATIONS)} networks only)")
             self.relax_fn = get_relaxation(activation, "crown", alpha)
         elif method in other_method_names():
             self.other = bind_method(method, weights, biases, activation, alpha, self.norm)
@@ -287,7 +289,7 @@ class Certifier:
         leak = self.alpha if self.activation == "leaky_relu" else 0.0
         return AlphaBounds(self.net, self.relax_fn, leak, x0, self.qcode, C,
                            first_layer_center(self.net, x0) if first is None else first,
-                           act_bound=self._act_bound)
+                           act_bound=self._act_bound, activation=self.activation)
 
     def _alpha_search(self, x0, C, first, g0, crown: SearchResult) -> SearchResult:
         """alpha-CROWN radius, searched upward from CROWN's verified radius.
