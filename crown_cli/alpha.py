@@ -125,9 +125,10 @@ class SmoothRelax:
     the side its coefficient picks (lower if >= 0) is, when that side is free
     (``sigmoid_family.tangent_ranges``), the tangent at ``d = a0 + theta (a1 - a0)``;
     otherwise CROWN's line. theta = ``default`` gives CROWN's lines (theta = 0: the tangent
-    through the end-point when l < 0 < u; 0.5: the midpoint on one side of 0); growing theta
-    moves the tangent point outward (flatter line), on either side, so one variable per
-    (row, neuron) serves whichever side the row's sign picks.
+    through the end-point when l < 0 < u, where growing theta moves the tangent point outward
+    (flatter line) on either side; 0.5: the midpoint on one side of 0), so one variable per
+    (row, neuron) serves whichever side the row's sign picks (on one side of 0 only one line
+    is free: d = l + theta (u - l)).
 
     Sound evaluation (``sound``): slope act'(d) and the exact intercept of that slope
     (``sigmoid_family.sound_tangent_lines``, CROWN's own intercept routine with its rounding
@@ -235,7 +236,7 @@ def chain(net: Network, relax: List[LayerRelax], Lam, const, alphas, x0, eps, qc
         D = L[:, cols]
         Lu = D[:, upos]  # a copy (fancy index)
         D *= rl.aL[cols].astype(dtype)  # stable columns (aL == aU); unstable ones set below
-        Su = pu = None
+        Su = Bu = aux = None
         if upos.size:
             # clipped in the working precision: a float32 slope may round just outside
             # [leak, 1] (float32(0.01) < 0.01), where a z is no longer a valid line

@@ -336,9 +336,10 @@ def tangent_ranges(kind, l, u):
 
     Returns (freeU, a0U, a1U, freeL, a0L, a1L, default): the upper (lower) line may be the
     tangent at any d between a0 and a1 when freeU (freeL); the tangent point is
-    ``d = a0 + theta (a1 - a0)`` with theta in [0, 1], a1 the end where the line is flattest,
-    and ``default`` the theta of CROWN's line (``_relax_family``: the midpoint on one side of
-    0, the tangent through the end-point when crossing). Valid ranges (every d in them gives
+    ``d = a0 + theta (a1 - a0)`` with theta in [0, 1], and ``default`` the theta of CROWN's
+    line (``_relax_family``: the midpoint on one side of 0, a0 = l, a1 = u, computed as CROWN
+    does; when crossing a0 is CROWN's tangent point through the far end-point and a1 the near
+    end-point, so theta = 0 is CROWN's line on both sides and growing theta flattens both). Valid ranges (every d in them gives
     a valid line; the exact intercept makes any slope sound anyway):
 
     * l >= 0 (concave on [l, u]): the upper line is the tangent at any d in [l, u];
@@ -373,8 +374,8 @@ def tangent_ranges(kind, l, u):
             default[i] = 0.5
         elif ui <= 0.0:
             freeL[i] = True
-            a0L[i] = ui
-            a1L[i] = li
+            a0L[i] = li
+            a1L[i] = ui
             default[i] = 0.5
         else:
             d, use_chord = tangent_point(kind, li, ui, True)
