@@ -76,14 +76,17 @@ class LayerRelax:
         self.db_dl = (leak - 1.0) * uu * uu / d2
         self.db_du = -(leak - 1.0) * lu * lu / d2
 
-    def lines(self, A, pu, dtype, sound):
-        """Slopes (dtype) and intercepts (float64) of the lines the rows use at the unstable
-        neurons: the free line ``A z`` on its side, the chord on the other; with what
-        :meth:`backward` needs."""
-        free = pu if self.free_lower else ~pu
+    def lines(self, Lu, A, dtype, sound):
+        """The lines the rows ``Lu`` (their coefficients of the unstable neurons) use at the
+        variables ``A``: the free line ``A z`` on its side, the chord on the other.
+
+        Returns (slopes (dtype), intercepts, what :meth:`backward` needs, the rows' sums of
+        ``Lu * intercept`` (float64) and, if ``sound``, of their magnitudes)."""
+        free = (Lu >= 0.0) if self.free_lower else (Lu < 0.0)
         Su = np.where(free, A, self.cs.astype(dtype))
         Bu = np.where(free, 0.0, np.broadcast_to(self.cb, A.shape))
-        return Su, Bu, free
+        T = Lu.astype(np.float64, copy=False) * Bu
+        return Su, Bu, free, T.sum(axis=1), (np.abs(T).sum(axis=1) if sound else None)
 
     def backward(self, gSu, wLu, aux):
         """Gradients with respect to the free slopes (r, len(unst)) and to (l, u) of the
@@ -146,7 +149,7 @@ class SmoothRelax:
         self.l, self.u = l, u
         self.kind = activation
         self._code = {"tanh": sf.TANH, "sigmoid": sf.SIGMOID, "arctan": sf.ARCTAN}[activation]
-        self._sound = sf.sound_tangent_lines
+        self._sound, self._steer = sf.sound_tangent_lines, sf.steer_tangent_lines
         aU, bU, aL, bL = relax_fn(l, u)
         self.aU, self.bU, self.aL, self.bL = aU, bU, aL, bL
         n = l.shape[0]
@@ -164,23 +167,36 @@ class SmoothRelax:
         free = np.where(pu, self.freeL, self.freeU)
         return a0 + A * span, free, span
 
-    def lines(self, A, pu, dtype, sound):
+    def lines(self, Lu, A, dtype, sound):
+        """As :meth:`LayerRelax.lines`: the side is picked by the sign of ``Lu``."""
+        if not sound:
+            S, B, dS, dB, free, tsum = self._steer(
+                self._code, Lu, A.astype(Lu.dtype, copy=False), self.a0L, self.spanL,
+                self.freeL, self.aL, self.bL, self.a0U, self.spanU, self.freeU, self.aU, self.bU)
+            return S, B, (free, dS, dB), tsum, None
+        pu = Lu >= 0.0
         S0 = np.where(pu, self.aL, self.aU)  # CROWN's lines (fixed sides, sound)
         B0 = np.where(pu, self.bL, self.bU)
-        if sound:
-            d, free, _ = self.tangent_points(A.astype(np.float64), pu)
-            r, j = np.nonzero(free)
-            k, b = self._sound(self._code, self.l[j], self.u[j], d[r, j], ~pu[r, j])
-            S0[r, j] = k
-            B0[r, j] = b
-            return S0.astype(dtype, copy=False), B0, None
+        d, free, _ = self.tangent_points(A.astype(np.float64), pu)
+        r, j = np.nonzero(free)
+        k, b = self._sound(self._code, self.l[j], self.u[j], d[r, j], ~pu[r, j])
+        S0[r, j] = k
+        B0[r, j] = b
+        T = Lu.astype(np.float64, copy=False) * B0
+        return S0.astype(dtype, copy=False), B0, None, T.sum(axis=1), np.abs(T).sum(axis=1)
+
+    def lines_numpy(self, Lu, A, dtype):
+        """The steering lines of :meth:`lines` in plain numpy (a cross-check of the kernel)."""
+        pu = Lu >= 0.0
+        S0 = np.where(pu, self.aL, self.aU)
+        B0 = np.where(pu, self.bL, self.bU)
         d, free, span = self.tangent_points(A, pu)
         d = d.astype(dtype, copy=False)
         f, f1, f2 = _smooth_fns(self.kind, d)
         Su = np.where(free, f1, S0.astype(dtype))
         Bu = np.where(free, f - f1 * d, B0)
         dk = f2 * span.astype(dtype)  # d slope / d theta
-        return Su, Bu, (free, dk, -d * dk)
+        return Su, Bu, (free, np.where(free, dk, 0.0), np.where(free, -d * dk, 0.0))
 
     def backward(self, gSu, wLu, aux):
         free, dk, db = aux
@@ -242,14 +258,11 @@ def chain(net: Network, relax: List[LayerRelax], Lam, const, alphas, x0, eps, qc
             # [leak, 1] (float32(0.01) < 0.01), where a z is no longer a valid line
             A = (np.broadcast_to(rl.default.astype(dtype), Lu.shape) if alphas[i] is None
                  else np.clip(alphas[i].astype(dtype), rl.lo, rl.hi))
-            pu = Lu >= 0.0
-            Su, Bu, aux = rl.lines(A, pu, dtype, rounding is not None)
+            Su, Bu, aux, tsum, tmag = rl.lines(Lu, A, dtype, rounding is not None)
             D[:, upos] = Lu * Su
-            Lu64 = Lu.astype(np.float64, copy=False)
-            T = Lu64 * Bu  # intercepts (the chord's for ReLU)
-            c += T.sum(axis=1)
+            c += tsum  # intercepts (the chord's for ReLU)
             if rounding is not None:
-                mag += np.abs(T).sum(axis=1)
+                mag += tmag
         bc = net.b[i][cols]
         if dtype == np.float64:
             c += D @ bc

@@ -38,6 +38,11 @@ def _relax(act, l, u):
     return SmoothRelax(l, u, get_relaxation(act, "crown"), act)
 
 
+def _signs(pu):
+    """Row coefficients whose signs pick the lower line where pu."""
+    return np.where(pu, 1.0, -1.0)
+
+
 def _grid(l, u, n=801):
     t = np.linspace(0.0, 1.0, n)
     Z = l[:, None] + (u - l)[:, None] * t[None, :]
@@ -71,7 +76,7 @@ def test_tangent_lines_valid_on_grids(act):
     for _ in range(6):
         A = _thetas(rng, (1, l.size))
         for pu in (np.ones((1, l.size), bool), np.zeros((1, l.size), bool)):
-            S, B, _ = rl.lines(A, pu, np.float64, True)
+            S, B = rl.lines(_signs(pu), A, np.float64, True)[:2]
             line = S[0][:, None] * Z + B[0][:, None]
             for Y in refs:
                 if pu[0, 0]:  # lower lines
@@ -95,8 +100,8 @@ def test_ranges_are_valid_tangent_families(act):
     for A in (rng.random((1, l.size)), np.zeros((1, l.size)), np.ones((1, l.size))):
         for lower in (True, False):
             pu = np.full((1, l.size), lower)
-            S, B, aux = rl.lines(A, pu, np.float64, False)
-            Ss, Bs, _ = rl.lines(A, pu, np.float64, True)
+            S, B, aux = rl.lines(_signs(pu), A, np.float64, False)[:3]
+            Ss, Bs = rl.lines(_signs(pu), A, np.float64, True)[:2]
             free = aux[0][0]
             line = S[0][:, None] * Z + B[0][:, None]
             tol = 1e-12 * (1.0 + np.abs(Z))
@@ -117,6 +122,27 @@ def test_ranges_are_valid_tangent_families(act):
 
 
 @pytest.mark.parametrize("act", ACTS)
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_steering_kernel_matches_numpy(act, dtype):
+    rng = np.random.default_rng(30)
+    l, u = make_intervals(5)
+    ok = np.isfinite(l) & np.isfinite(u) & (np.abs(l) < 50) & (np.abs(u) < 50)
+    l, u = l[ok], u[ok]
+    rl = _relax(act, l, u)
+    Lu = rng.standard_normal((7, l.size)).astype(dtype)
+    Lu[:, ::5] = 0.0  # 0 picks the lower line
+    A = rng.random(Lu.shape).astype(dtype)
+    S, B, (free, dS, dB), tsum, _ = rl.lines(Lu, A, dtype, False)
+    Sn, Bn, (fn, dSn, dBn) = rl.lines_numpy(Lu, A, dtype)
+    assert S.dtype == dtype and free.any() and (~free).any()
+    assert np.array_equal(free, fn)
+    tol = dict(rtol=1e-5, atol=1e-6) if dtype == np.float32 else dict(rtol=1e-12, atol=1e-14)
+    for x, y in ((S, Sn), (B, Bn), (dS, dSn), (dB, dBn)):
+        assert np.allclose(x, y, **tol)
+    assert np.allclose(tsum, (Lu.astype(np.float64) * Bn).sum(axis=1), **tol)
+
+
+@pytest.mark.parametrize("act", ACTS)
 def test_default_variables_give_crowns_lines(act):
     l, u = make_intervals(3)
     ok = np.isfinite(l) & np.isfinite(u)
@@ -125,7 +151,7 @@ def test_default_variables_give_crowns_lines(act):
     aU, bU, aL, bL = get_relaxation(act, "crown")(l, u)
     A = rl.default[None, :]
     for lower, (a, b) in ((True, (aL, bL)), (False, (aU, bU))):
-        S, B, _ = rl.lines(A, np.full((1, l.size), lower), np.float64, True)
+        S, B = rl.lines(_signs(np.full((1, l.size), lower)), A, np.float64, True)[:2]
         assert np.array_equal(S[0], a) and np.array_equal(B[0], b)
     # degenerate and infinite intervals: no free line
     l2 = np.array([0.3, -np.inf, -2.0, 1.0])

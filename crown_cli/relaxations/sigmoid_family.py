@@ -404,3 +404,56 @@ def sound_tangent_lines(kind, l, u, d, upper):
         k[i] = _dact(kind, d[i])
         b[i] = _intercept(kind, l[i], u[i], k[i], upper[i])
     return k, b
+
+
+@njit(cache=True)
+def steer_tangent_lines(kind, Lu, A, a0L, spanL, freeL, aL, bL, a0U, spanU, freeU, aU, bU):
+    """The lines of the rows ``Lu`` (r, n) at variables ``A`` (r, n) for steering (no rounding
+    control; float32 or float64 in, the same out): per element the side the sign of Lu picks
+    (lower if >= 0), the tangent at d = a0 + A span when that side is free, else CROWN's line
+    (aL, bL / aU, bU). Returns (S, B, dS, dB, free, c): slopes, intercepts, their derivatives
+    in A (0 where not free), the free mask and the rows' intercept sums sum_j Lu B (float64).
+    One pass for what ``SmoothRelax.lines`` would do with a dozen numpy temporaries."""
+    r, n = Lu.shape
+    S = np.empty_like(Lu)
+    B = np.empty_like(Lu)
+    dS = np.zeros_like(Lu)
+    dB = np.zeros_like(Lu)
+    free = np.zeros((r, n), np.bool_)
+    c = np.zeros(r)
+    for i in range(r):
+        acc = 0.0
+        for j in range(n):
+            x = Lu[i, j]
+            lower = x >= 0.0
+            if lower:
+                fr = freeL[j]
+            else:
+                fr = freeU[j]
+            if fr:
+                if lower:
+                    a0 = a0L[j]
+                    sp = spanL[j]
+                else:
+                    a0 = a0U[j]
+                    sp = spanU[j]
+                d = a0 + float(A[i, j]) * sp
+                k = _dact(kind, d)
+                b = _act(kind, d) - k * d
+                dk = _d2act(kind, d) * sp
+                S[i, j] = k
+                B[i, j] = b
+                dS[i, j] = dk
+                dB[i, j] = -d * dk
+                free[i, j] = True
+            elif lower:
+                S[i, j] = aL[j]
+                B[i, j] = bL[j]
+                b = bL[j]
+            else:
+                S[i, j] = aU[j]
+                B[i, j] = bU[j]
+                b = bU[j]
+            acc += float(x) * b
+        c[i] = acc
+    return S, B, dS, dB, free, c
