@@ -17,6 +17,12 @@ the intermediate bounds through the chords), keeps the slopes across radii (warm
 evaluates in float32 (steering) or float64 (sound, widened like crown.py plus the charged
 rounding of every step).
 
+tanh, sigmoid and arctan (:class:`SmoothRelax`): the free variable of a (row, neuron) is the
+position theta in [0, 1] of the tangent point within the range where every tangent is a valid
+line (``sigmoid_family.tangent_ranges``); slopes act'(d) and intercepts act(d) - act'(d) d
+with their derivatives in theta for steering, and in the sound evaluation the slope act'(d)
+with the exact, rounding-padded intercept CROWN itself uses (valid for any d).
+
 Shapes keep a door open for branch and bound: every function takes the rows of one domain;
 a batch of domains is a batch of row blocks with their own (l, u) and slopes.
 """
