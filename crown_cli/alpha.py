@@ -17,6 +17,12 @@ the intermediate bounds through the chords), keeps the slopes across radii (warm
 evaluates in float32 (steering) or float64 (sound, widened like crown.py plus the charged
 rounding of every step).
 
+tanh, sigmoid and arctan (:class:`SmoothRelax`): the free variable of a (row, neuron) is the
+position theta in [0, 1] of the tangent point within the range where every tangent is a valid
+line (``sigmoid_family.tangent_ranges``); slopes act'(d) and intercepts act(d) - act'(d) d
+with their derivatives in theta for steering, and in the sound evaluation the slope act'(d)
+with the exact, rounding-padded intercept CROWN itself uses (valid for any d).
+
 Shapes keep a door open for branch and bound: every function takes the rows of one domain;
 a batch of domains is a batch of row blocks with their own (l, u) and slopes.
 """
@@ -76,6 +82,132 @@ class LayerRelax:
         self.db_dl = (leak - 1.0) * uu * uu / d2
         self.db_du = -(leak - 1.0) * lu * lu / d2
 
+    def lines(self, Lu, A, dtype, sound):
+        """The lines the rows ``Lu`` (their coefficients of the unstable neurons) use at the
+        variables ``A``: the free line ``A z`` on its side, the chord on the other.
+
+        Returns (slopes (dtype), intercepts, what :meth:`backward` needs, the rows' sums of
+        ``Lu * intercept`` (float64) and, if ``sound``, of their magnitudes)."""
+        free = (Lu >= 0.0) if self.free_lower else (Lu < 0.0)
+        Su = np.where(free, A, self.cs.astype(dtype))
+        Bu = np.where(free, 0.0, np.broadcast_to(self.cb, A.shape))
+        T = Lu.astype(np.float64, copy=False) * Bu
+        return Su, Bu, free, T.sum(axis=1), (np.abs(T).sum(axis=1) if sound else None)
+
+    def backward(self, gSu, wLu, aux):
+        """Gradients with respect to the free slopes (r, len(unst)) and to (l, u) of the
+        unstable neurons (through the chord), from those with respect to the rows' slopes
+        ``gSu`` and intercepts ``wLu``."""
+        free = aux
+        ga = np.where(free, gSu, 0.0)
+        gs = np.where(free, 0.0, gSu).sum(axis=0, dtype=np.float64)
+        gb = np.where(free, 0.0, wLu).sum(axis=0, dtype=np.float64)
+        return ga, gs * self.ds_dl + gb * self.db_dl, gs * self.ds_du + gb * self.db_du
+
+
+SMOOTH = ("tanh", "sigmoid", "arctan")
+
+
+def _smooth_fns(kind, t):
+    """act(t), act'(t), act''(t) elementwise in t's dtype (steering: no rounding control)."""
+    if kind == "tanh":
+        f = np.tanh(t)
+        e = np.exp(-2.0 * np.abs(t))
+        f1 = 4.0 * e / ((1.0 + e) * (1.0 + e))  # sech^2 without cancellation
+        return f, f1, -2.0 * f * f1
+    if kind == "sigmoid":
+        e = np.exp(-np.abs(t))
+        big = 1.0 / (1.0 + e)  # sigmoid(|t|)
+        small = e / (1.0 + e)  # sigmoid(-|t|)
+        f = np.where(t >= 0.0, big, small)
+        f1 = big * small
+        return f, f1, f1 * (1.0 - 2.0 * f)
+    w = 1.0 / (1.0 + t * t)
+    return np.arctan(t), w, -2.0 * t * w * w
+
+
+class SmoothRelax:
+    """The relaxation of one tanh / sigmoid / arctan layer at bounds (l, u) with free
+    tangent points (the alpha-CROWN counterpart of :class:`LayerRelax`).
+
+    Every neuron is a column with a variable ``theta`` in [0, 1] per row: the row's line on
+    the side its coefficient picks (lower if >= 0) is, when that side is free
+    (``sigmoid_family.tangent_ranges``), the tangent at ``d = a0 + theta (a1 - a0)``;
+    otherwise CROWN's line. theta = ``default`` gives CROWN's lines (theta = 0: the tangent
+    through the end-point when l < 0 < u, where growing theta moves the tangent point outward
+    (flatter line) on either side; 0.5: the midpoint on one side of 0), so one variable per
+    (row, neuron) serves whichever side the row's sign picks (on one side of 0 only one line
+    is free: d = l + theta (u - l)).
+
+    Sound evaluation (``sound``): slope act'(d) and the exact intercept of that slope
+    (``sigmoid_family.sound_tangent_lines``, CROWN's own intercept routine with its rounding
+    slack), valid in float64 for any d. Steering: the tangent ``act(d) - act'(d) d``.
+    The lines' dependence on (l, u) is not differentiated (the intermediate bounds are
+    optimised each for itself: ``AlphaBounds(joint=False)``).
+    """
+
+    lo, hi = 0.0, 1.0
+    free_lower = None
+
+    def __init__(self, l, u, relax_fn, activation: str):
+        from .relaxations import sigmoid_family as sf
+
+        self.l, self.u = l, u
+        self.kind = activation
+        self._code = {"tanh": sf.TANH, "sigmoid": sf.SIGMOID, "arctan": sf.ARCTAN}[activation]
+        self._sound, self._steer = sf.sound_tangent_lines, sf.steer_tangent_lines
+        aU, bU, aL, bL = relax_fn(l, u)
+        self.aU, self.bU, self.aL, self.bL = aU, bU, aL, bL
+        n = l.shape[0]
+        self.unst = self.cols = self.upos = np.arange(n)
+        (self.freeU, self.a0U, self.a1U, self.freeL, self.a0L, self.a1L,
+         self.default) = sf.tangent_ranges(self._code, l, u)
+        self.spanU = self.a1U - self.a0U
+        self.spanL = self.a1L - self.a0L
+
+    def tangent_points(self, A, pu):
+        """(d, free, span): the tangent point of each (row, neuron) at theta ``A`` on the side
+        ``pu`` picks (lower where True), whether that side is free, and d a1 - a0."""
+        a0 = np.where(pu, self.a0L, self.a0U)
+        span = np.where(pu, self.spanL, self.spanU)
+        free = np.where(pu, self.freeL, self.freeU)
+        return a0 + A * span, free, span
+
+    def lines(self, Lu, A, dtype, sound):
+        """As :meth:`LayerRelax.lines`: the side is picked by the sign of ``Lu``."""
+        if not sound:
+            S, B, dS, dB, free, tsum = self._steer(
+                self._code, Lu, A.astype(Lu.dtype, copy=False), self.a0L, self.spanL,
+                self.freeL, self.aL, self.bL, self.a0U, self.spanU, self.freeU, self.aU, self.bU)
+            return S, B, (free, dS, dB), tsum, None
+        pu = Lu >= 0.0
+        S0 = np.where(pu, self.aL, self.aU)  # CROWN's lines (fixed sides, sound)
+        B0 = np.where(pu, self.bL, self.bU)
+        d, free, _ = self.tangent_points(A.astype(np.float64), pu)
+        r, j = np.nonzero(free)
+        k, b = self._sound(self._code, self.l[j], self.u[j], d[r, j], ~pu[r, j])
+        S0[r, j] = k
+        B0[r, j] = b
+        T = Lu.astype(np.float64, copy=False) * B0
+        return S0.astype(dtype, copy=False), B0, None, T.sum(axis=1), np.abs(T).sum(axis=1)
+
+    def lines_numpy(self, Lu, A, dtype):
+        """The steering lines of :meth:`lines` in plain numpy (a cross-check of the kernel)."""
+        pu = Lu >= 0.0
+        S0 = np.where(pu, self.aL, self.aU)
+        B0 = np.where(pu, self.bL, self.bU)
+        d, free, span = self.tangent_points(A, pu)
+        d = d.astype(dtype, copy=False)
+        f, f1, f2 = _smooth_fns(self.kind, d)
+        Su = np.where(free, f1, S0.astype(dtype))
+        Bu = np.where(free, f - f1 * d, B0)
+        dk = f2 * span.astype(dtype)  # d slope / d theta
+        return Su, Bu, (free, np.where(free, dk, 0.0), np.where(free, -d * dk, 0.0))
+
+    def backward(self, gSu, wLu, aux):
+        free, dk, db = aux
+        return np.where(free, gSu * dk + wLu * db, 0.0), None, None
+
 
 class Tape:
     """What :func:`chain` keeps for :func:`chain_backward`."""
@@ -126,21 +258,17 @@ def chain(net: Network, relax: List[LayerRelax], Lam, const, alphas, x0, eps, qc
         D = L[:, cols]
         Lu = D[:, upos]  # a copy (fancy index)
         D *= rl.aL[cols].astype(dtype)  # stable columns (aL == aU); unstable ones set below
-        Su = pu = None
+        Su = Bu = aux = None
         if upos.size:
             # clipped in the working precision: a float32 slope may round just outside
             # [leak, 1] (float32(0.01) < 0.01), where a z is no longer a valid line
             A = (np.broadcast_to(rl.default.astype(dtype), Lu.shape) if alphas[i] is None
                  else np.clip(alphas[i].astype(dtype), rl.lo, rl.hi))
-            pu = Lu >= 0.0
-            free = pu if rl.free_lower else ~pu
-            Su = np.where(free, A, rl.cs.astype(dtype))
+            Su, Bu, aux, tsum, tmag = rl.lines(Lu, A, dtype, rounding is not None)
             D[:, upos] = Lu * Su
-            Lu64 = Lu.astype(np.float64, copy=False)
-            T = np.where(free, 0.0, Lu64 * rl.cb)  # chord intercepts
-            c += T.sum(axis=1)
+            c += tsum  # intercepts (the chord's for ReLU)
             if rounding is not None:
-                mag += np.abs(T).sum(axis=1)
+                mag += tmag
         bc = net.b[i][cols]
         if dtype == np.float64:
             c += D @ bc
@@ -152,7 +280,7 @@ def chain(net: Network, relax: List[LayerRelax], Lam, const, alphas, x0, eps, qc
             c += D.astype(np.float64) @ bc
         Wc = net.take(i, dtype, cols)
         if tape:
-            steps.append((i, Lu, Su, pu, Wc))
+            steps.append((i, Lu, Su, Bu, aux, Wc))
         L = _mm(D, Wc)
     lin, nrm, xm = input_terms(L, x0, qcode)
     lower = lin - eps * nrm + c
@@ -180,27 +308,23 @@ def chain_backward(net: Network, relax: List[LayerRelax], tape: Tape, w):
     galphas: List[Optional[np.ndarray]] = [None] * m
     gl = [np.zeros(rl.l.shape[0]) for rl in relax]
     gu = [np.zeros(rl.l.shape[0]) for rl in relax]
-    for i, Lu, Su, pu, Wc in reversed(tape.steps):
+    for i, Lu, Su, Bu, aux, Wc in reversed(tape.steps):
         rl = relax[i]
         gD = _mm(G, Wc.T)
         gD += wv * net.b[i][rl.cols].astype(dtype)
         upos = rl.upos
         if upos.size:
             gDu = gD[:, upos]
-            gSu = Lu * gDu
-            free = pu if rl.free_lower else ~pu
-            galphas[i] = np.where(free, gSu, 0.0)
-            gs = np.where(free, 0.0, gSu).sum(axis=0, dtype=np.float64)
-            wLu = wv * Lu
-            gb = np.where(free, 0.0, wLu).sum(axis=0, dtype=np.float64)
-            gl[i][rl.unst] += gs * rl.ds_dl + gb * rl.db_dl
-            gu[i][rl.unst] += gs * rl.ds_du + gb * rl.db_du
+            galphas[i], gli, gui = rl.backward(Lu * gDu, wv * Lu, aux)
+            if gli is not None:
+                gl[i][rl.unst] += gli
+                gu[i][rl.unst] += gui
         if i == m - 1:
             break
         G = np.zeros((gD.shape[0], rl.l.shape[0]), dtype)
         G[:, rl.cols] = gD * rl.aL[rl.cols].astype(dtype)
         if upos.size:
-            G[:, rl.unst] = gDu * Su + wv * np.where(free, 0.0, rl.cb).astype(dtype)
+            G[:, rl.unst] = gDu * Su + wv * Bu.astype(dtype)
     return galphas, gl, gu
 
 
@@ -247,16 +371,31 @@ class AlphaBounds:
     LR_DECAY = 0.98  # the step size shrinks by this per step of one optimise call
 
     def __init__(self, net: Network, relax_fn: Callable, leak: float, x0, qcode, C, first=None,
-                 act_bound=None, store_dtype=np.float32, joint=True):
-        self.joint = joint
+                 act_bound=None, store_dtype=np.float32, joint=None, activation=None):
+        # activation: "tanh", "sigmoid" or "arctan" for free tangent points (SmoothRelax);
+        # otherwise ReLU / leaky ReLU (slope leak) with free slopes (LayerRelax)
+        self.smooth = activation if activation in SMOOTH else None
+        # the smooth lines are not differentiated in (l, u): intermediate bounds for themselves
+        self.joint = (self.smooth is None) if joint is None else joint
+        if self.joint and self.smooth:
+            raise ValueError("AlphaBounds: joint optimisation needs the lines' gradient in "
+                             "(l, u), which SmoothRelax does not provide")
         self.net, self.relax_fn, self.leak = net, relax_fn, float(leak)
         self.x0, self.qcode, self.C = x0, qcode, C
-        if act_bound is None:  # |leaky(z)| is largest at an end of [lo, hi]
-            lk = self.leak
+        if act_bound is None:  # |act(z)| is largest at an end of [lo, hi]
+            if self.smooth:
+                fn = {"tanh": np.tanh, "arctan": np.arctan,
+                      "sigmoid": lambda z: 1.0 / (1.0 + np.exp(-z))}[self.smooth]
+                pad = 1.0 + 2.0 ** -40  # a few ulps of the library function
 
-            def act_bound(lo, hi):
-                f = lambda z: np.where(z >= 0.0, z, lk * z)  # noqa: E731
-                return np.maximum(np.abs(f(lo)), np.abs(f(hi)))
+                def act_bound(lo, hi):
+                    return pad * np.maximum(np.abs(fn(lo)), np.abs(fn(hi)))
+            else:
+                lk = self.leak
+
+                def act_bound(lo, hi):
+                    f = lambda z: np.where(z >= 0.0, z, lk * z)  # noqa: E731
+                    return np.maximum(np.abs(f(lo)), np.abs(f(hi)))
         self.first, self.act_bound = first, act_bound
         self.H = net.num_hidden
         n = [w.shape[0] for w in net.W[:-1]]
@@ -270,6 +409,11 @@ class AlphaBounds:
         self._cover = None
         self.lam_m = C @ net.W[-1]
         self.const_m = C @ net.b[-1]
+
+    def _relax(self, l, u):
+        if self.smooth:
+            return SmoothRelax(l, u, self.relax_fn, self.smooth)
+        return LayerRelax(l, u, self.relax_fn, self.leak)
 
     # -- slopes ------------------------------------------------------------------------------
     def _gather(self, key, rows, rl: LayerRelax, sel=None):
@@ -300,6 +444,8 @@ class AlphaBounds:
             dtype = np.float64
         if verify:
             cb, crelax = hidden_layer_bounds(net, x0, eps, qcode, self.relax_fn, self.first)
+        elif self.smooth:  # every row is recomputed: no CROWN bounds needed for steering
+            cb = [first_bounds(net, x0, eps, qcode, self.first)] + [None] * (self.H - 1)
         else:
             # CROWN's bounds on a ball at least as large (cached): its unstable neurons are a
             # superset of those at eps and its stable ones are stable here with the same sign,
@@ -310,7 +456,7 @@ class AlphaBounds:
                                                         self.first, dtype=np.float32)[0])
             cb = list(self._cover[1])
             cb[0] = first_bounds(net, x0, eps, qcode, self.first)
-        relax = [LayerRelax(cb[0][0], cb[0][1], self.relax_fn, self.leak)]
+        relax = [self._relax(*cb[0])]
         rnd = None
         if verify:
             if isinstance(qcode, Box):
@@ -320,9 +466,14 @@ class AlphaBounds:
             rnd = [rounding_weights(net, 0, a_prev, *cb[0], unit=U64)[0]]
         inter = []  # per layer k >= 1: (rows, tape, winL, winU, idx per layer) for the gradient
         for k in range(1, self.H):
-            lc, uc = cb[k]
-            rows = np.flatnonzero((lc < 0.0) & (uc > 0.0))
-            l, u = lc.copy(), uc.copy()
+            if self.smooth:  # every neuron's relaxation depends on its interval
+                rows = np.arange(net.W[k].shape[0])
+                lc, uc = (None, None) if cb[k] is None else cb[k]
+                l, u = np.empty(rows.size), np.empty(rows.size)
+            else:
+                lc, uc = cb[k]
+                rows = np.flatnonzero((lc < 0.0) & (uc > 0.0))
+                l, u = lc.copy(), uc.copy()
             rec = None
             if rows.size:
                 Wr = net.W[k][rows]
@@ -340,12 +491,16 @@ class AlphaBounds:
                 if verify:  # both sound: keep the tighter of each
                     la, ua = np.maximum(la, lc[rows]), np.minimum(ua, uc[rows])
                 # a crossing (l > u) only happens by rounding on an empty set: keep CROWN's
+                # (steering without CROWN's bounds: the pair in order)
                 ok = la <= ua
-                l[rows] = np.where(ok, la, lc[rows])
-                u[rows] = np.where(ok, ua, uc[rows])
+                if lc is None:
+                    l[rows], u[rows] = np.minimum(la, ua), np.maximum(la, ua)
+                else:
+                    l[rows] = np.where(ok, la, lc[rows])
+                    u[rows] = np.where(ok, ua, uc[rows])
                 rec = (rows, tape, ok, idxs)
             inter.append(rec)
-            relax.append(LayerRelax(l, u, self.relax_fn, self.leak))
+            relax.append(self._relax(l, u))
             if verify:
                 a_prev = self.act_bound(relax[k - 1].l, relax[k - 1].u)
                 rnd.append(rounding_weights(net, k, a_prev, l, u, unit=U64)[0])

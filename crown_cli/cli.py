@@ -165,13 +165,14 @@ def inspect(model_path, activation):
               help="l_p norm of the ball: inf, 2 or 1 (comma-separated list allowed).")
 @click.option("--method", default="crown", show_default=True,
               help="crown (adaptive ReLU lower bound), fast-lin, crown-quad (quadratic bounds, "
-                   "2-layer ReLU only), alpha-crown (optimised ReLU lower slopes; ReLU and leaky "
-                   "ReLU), fast-lip, op-norm, lp-full or exact (comma-separated list allowed).")
+                   "2-layer ReLU only), alpha-crown (optimised ReLU lower slopes, ReLU and leaky "
+                   "ReLU; optimised tangent points, tanh, sigmoid, arctan), fast-lip, op-norm, lp-full or exact (comma-separated list allowed).")
 @click.option("--alpha-iters", type=int, default=None,
               help="alpha-crown: most gradient steps per optimisation (default 20; early "
                    "stopping usually ends sooner; 0: CROWN's slopes).")
 @click.option("--alpha-lr", type=float, default=None,
-              help="alpha-crown: Adam step size on the slopes (default 0.5).")
+              help="alpha-crown: Adam step size on the slopes (default 0.5; 0.1 for the "
+                   "tangent points of tanh, sigmoid, arctan).")
 @click.option("--timeout", type=float, default=600.0, show_default=True,
               help="Seconds per image and target type for --method exact and lp-full "
                    "(status 'timeout', no eps).")
@@ -250,10 +251,11 @@ def certify(model_path, images_path, labels_path, num_images, start, norm, metho
         raise InputError(f"--alpha-iters: must be >= 0, got {alpha_iters}")
     if alpha_lr is not None and not (np.isfinite(alpha_lr) and alpha_lr > 0):
         raise InputError(f"--alpha-lr: must be > 0, got {alpha_lr}")
-    from .certify import ALPHA_ITERS, ALPHA_LR
+    from .certify import ALPHA_ITERS
 
+    # --alpha-lr unset: the Certifier's default for the network's activation
     alpha_opts = {"alpha_iters": ALPHA_ITERS if alpha_iters is None else alpha_iters,
-                  "alpha_lr": ALPHA_LR if alpha_lr is None else alpha_lr}
+                  "alpha_lr": alpha_lr}
     if not timeout > 0:
         raise InputError(f"--timeout: must be > 0, got {timeout}")
     target_types = parse_target_types(target_spec)

@@ -320,8 +320,8 @@ def test_certifier_rejects_bad_options():
         Certifier(w, b, "relu", method="alpha-crown", alpha_iters=-1)
     with pytest.raises(InputError, match="--alpha-lr"):
         Certifier(w, b, "relu", method="alpha-crown", alpha_lr=0.0)
-    with pytest.raises(InputError, match="relu and leaky_relu networks only"):
-        Certifier(w, b, "tanh", method="alpha-crown")
+    with pytest.raises(InputError, match="relu, leaky_relu, tanh, sigmoid, arctan networks"):
+        Certifier(w, b, "softplus", method="alpha-crown")
 
 
 @pytest.mark.parametrize("args,message", [

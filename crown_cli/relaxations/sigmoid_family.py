@@ -323,3 +323,137 @@ def sigmoid_relaxation(l, u):
 def arctan_relaxation(l, u):
     """(aU, bU, aL, bL) with aL*z + bL <= arctan(z) <= aU*z + bU on [l, u] (1-D float64)."""
     return _relax_family(ARCTAN, l, u)
+
+
+# ---------------------------------------------------------------------------------------------
+# alpha-CROWN: the families of valid tangent lines (crown_cli.alpha.SmoothRelax)
+# ---------------------------------------------------------------------------------------------
+
+
+@njit(cache=True)
+def tangent_ranges(kind, l, u):
+    """Per neuron, the range of tangent points alpha-CROWN may move each line over.
+
+    Returns (freeU, a0U, a1U, freeL, a0L, a1L, default): the upper (lower) line may be the
+    tangent at any d between a0 and a1 when freeU (freeL); the tangent point is
+    ``d = a0 + theta (a1 - a0)`` with theta in [0, 1], and ``default`` the theta of CROWN's
+    line (``_relax_family``: the midpoint on one side of 0, a0 = l, a1 = u, computed as CROWN
+    does; when crossing a0 is CROWN's tangent point through the far end-point and a1 the near
+    end-point, so theta = 0 is CROWN's line on both sides and growing theta flattens both). Valid ranges (every d in them gives
+    a valid line; the exact intercept makes any slope sound anyway):
+
+    * l >= 0 (concave on [l, u]): the upper line is the tangent at any d in [l, u];
+    * u <= 0 (convex): the lower line is the tangent at any d in [l, u];
+    * l < 0 < u: the tangent at d >= 0 lies above the concave part and, at l, above act(l)
+      once d >= d_U (the tangent point through (l, act(l))): act(l) <= T_d(l) and
+      act(0) <= T_d(0) put it above the convex part too. So upper: d in [d_U, u]; lower,
+      mirrored: d in [l, d_L]. When d_U >= u (d_L <= l) CROWN's line is the chord: not free.
+
+    Degenerate, infinite or NaN intervals have no free line (CROWN's lines stay).
+    """
+    n = l.shape[0]
+    freeU = np.zeros(n, np.bool_)
+    freeL = np.zeros(n, np.bool_)
+    a0U = np.zeros(n)
+    a1U = np.zeros(n)
+    a0L = np.zeros(n)
+    a1L = np.zeros(n)
+    default = np.zeros(n)
+    for i in range(n):
+        li = l[i]
+        ui = u[i]
+        if not (math.isfinite(li) and math.isfinite(ui)):
+            continue
+        w = ui - li
+        if w <= DEGENERATE_REL * max(1.0, abs(li), abs(ui)):
+            continue
+        if li >= 0.0:
+            freeU[i] = True
+            a0U[i] = li
+            a1U[i] = ui
+            default[i] = 0.5
+        elif ui <= 0.0:
+            freeL[i] = True
+            a0L[i] = li
+            a1L[i] = ui
+            default[i] = 0.5
+        else:
+            d, use_chord = tangent_point(kind, li, ui, True)
+            if not use_chord:
+                freeU[i] = True
+                a0U[i] = d
+                a1U[i] = ui
+            d, use_chord = tangent_point(kind, li, ui, False)
+            if not use_chord:
+                freeL[i] = True
+                a0L[i] = d
+                a1L[i] = li
+    return freeU, a0U, a1U, freeL, a0L, a1L, default
+
+
+@njit(cache=True)
+def sound_tangent_lines(kind, l, u, d, upper):
+    """(slope, intercept) of the tangent at d[i] as a sound bound on [l[i], u[i]] (upper or
+    lower per upper[i]), all 1-D float64: the slope is act'(d[i]) and the intercept the exact
+    one of ``_intercept`` for that slope (slack included), so the line is valid in float64
+    whatever d is, even outside its range or computed inexactly."""
+    n = d.shape[0]
+    k = np.empty(n)
+    b = np.empty(n)
+    for i in range(n):
+        k[i] = _dact(kind, d[i])
+        b[i] = _intercept(kind, l[i], u[i], k[i], upper[i])
+    return k, b
+
+
+@njit(cache=True)
+def steer_tangent_lines(kind, Lu, A, a0L, spanL, freeL, aL, bL, a0U, spanU, freeU, aU, bU):
+    """The lines of the rows ``Lu`` (r, n) at variables ``A`` (r, n) for steering (no rounding
+    control; float32 or float64 in, the same out): per element the side the sign of Lu picks
+    (lower if >= 0), the tangent at d = a0 + A span when that side is free, else CROWN's line
+    (aL, bL / aU, bU). Returns (S, B, dS, dB, free, c): slopes, intercepts, their derivatives
+    in A (0 where not free), the free mask and the rows' intercept sums sum_j Lu B (float64).
+    One pass for what ``SmoothRelax.lines`` would do with a dozen numpy temporaries."""
+    r, n = Lu.shape
+    S = np.empty_like(Lu)
+    B = np.empty_like(Lu)
+    dS = np.zeros_like(Lu)
+    dB = np.zeros_like(Lu)
+    free = np.zeros((r, n), np.bool_)
+    c = np.zeros(r)
+    for i in range(r):
+        acc = 0.0
+        for j in range(n):
+            x = Lu[i, j]
+            lower = x >= 0.0
+            if lower:
+                fr = freeL[j]
+            else:
+                fr = freeU[j]
+            if fr:
+                if lower:
+                    a0 = a0L[j]
+                    sp = spanL[j]
+                else:
+                    a0 = a0U[j]
+                    sp = spanU[j]
+                d = a0 + float(A[i, j]) * sp
+                k = _dact(kind, d)
+                b = _act(kind, d) - k * d
+                dk = _d2act(kind, d) * sp
+                S[i, j] = k
+                B[i, j] = b
+                dS[i, j] = dk
+                dB[i, j] = -d * dk
+                free[i, j] = True
+            elif lower:
+                S[i, j] = aL[j]
+                B[i, j] = bL[j]
+                b = bL[j]
+            else:
+                S[i, j] = aU[j]
+                B[i, j] = bU[j]
+                b = bU[j]
+            acc += float(x) * b
+        c[i] = acc
+    return S, B, dS, dB, free, c
