@@ -1,0 +1,536 @@
+"""Branch and bound by ReLU splitting for one property case (beta-CROWN style).
+
+A case is ``x in [lo, hi] and A f(x) <= b``; it is empty (``unsat``) when every point of the
+box has some row with ``A_i f(x) > b_i``. :func:`relu_split` decides it by splitting unstable
+ReLUs (Wang et al., "Beta-CROWN", NeurIPS 2021; implemented from the paper's idea):
+
+- The pre-activation bounds (l, u) of every hidden layer are computed ONCE, by CROWN over the
+  whole box (``crown.hidden_layer_bounds``). A subdomain is a set of split decisions, neuron
+  -> active (z >= 0) or inactive (z <= 0). Root bounds stay valid on every subdomain.
+- On a subdomain only the final rows ``A_i f(x) - b_i`` are bounded, by one back-substitution
+  per (domain, row): a split-active neuron is the identity, split-inactive is the inactive
+  slope (0 for ReLU), an unstable unsplit neuron has the root chord above and a free lower
+  slope alpha in [leak, 1] below (per domain, row and neuron). The split constraints enter by
+  Lagrange multipliers beta >= 0: the bound of ``margin(x) + sum_j beta_j s_j z_j(x)`` with
+  ``s_j z_j <= 0`` on the subdomain (s = -1 active, +1 inactive) is a lower bound of the margin
+  on the subdomain for every beta >= 0. All (domain, row) pairs share the weights, so a batch
+  is one matrix product per layer with a leading (domain x row) axis.
+- alpha and beta are optimised by projected Adam ascent on the bound in float32 (gradient by a
+  hand-written reverse pass), warm-started from the parent domain, keeping the best iterate.
+- Soundness: a domain counts as proven only by a float64 evaluation at its final (alpha, beta)
+  (alpha clipped into [leak, 1], beta into [0, inf) in float64), widened outward like
+  :func:`crown_cli.crown.back_substitute` (``FP_RTOL`` times the sum of the magnitudes of all
+  terms), compared with ``b`` rounded up one ulp. Each step's |D| is available to a
+  ``charge`` hook adding further per-step rounding allowance.
+- Branching: a BaBSR-like score (|coefficient| of the neuron's activation in the domain's
+  back-substitution times the largest gap of the relaxation side it uses), optionally
+  filtered smart branching (the top-k candidates' children evaluated in one batch, the one
+  with the best worse child taken).
+- Attacks on the way: the box corner minimising each evaluated row's linear bound is checked
+  by a float64 forward pass; a point of the box meeting every row is a counterexample.
+
+Arrays in, result out: no files and no printing here (``log`` receives progress strings).
+"""
+from __future__ import annotations
+
+import heapq
+import time
+from dataclasses import dataclass
+from typing import Callable, List, Optional, Sequence
+
+import numpy as np
+
+from .activations import forward
+from .crown import FP_ATOL, FP_RTOL, Box, Network, hidden_layer_bounds
+from .relaxations import get_relaxation
+
+VERDICTS = ("unsat", "sat", "unknown", "timeout")
+
+
+@dataclass
+class BabResult:
+    verdict: str  # one of VERDICTS
+    x: Optional[np.ndarray]  # counterexample (sat) or None
+    domains: int  # domains evaluated (the root counts one)
+    peak_open: int  # most open domains at any time
+    worst_bound: float  # min over open domains of the best row's (bound - b); float32 estimate
+    time_s: float
+    batches: int = 0
+    proven: int = 0  # domains proven empty (leaves)
+
+
+def _round_up(b):
+    return np.nextafter(np.asarray(b, dtype=np.float64), np.inf)
+
+
+class Bounder:
+    """Batched bounds of the rows ``A f(x) - b_up`` on ReLU-split subdomains of one box.
+
+    Unstable neurons (l < 0 < u at the root) are numbered globally 0..n_unstable-1 in layer
+    order; a batch gives per domain ``split`` (B, nU) int8 in {-1, 0, +1} and per (domain,
+    row) ``alpha``, ``beta`` (B, m, nU).
+    """
+
+    def __init__(self, weights, biases, lo, hi, A, b, activation="relu", leak=None):
+        if activation not in ("relu", "leaky_relu"):
+            raise ValueError("relu_split: activation must be relu or leaky_relu")
+        self.weights = [np.ascontiguousarray(w, dtype=np.float64) for w in weights]
+        self.biases = [np.ascontiguousarray(v, dtype=np.float64) for v in biases]
+        self.activation = activation
+        if activation == "relu":
+            leak = 0.0
+        elif leak is None:
+            leak = 0.2
+        leak = float(leak)
+        if not 0.0 <= leak <= 1.0:
+            raise ValueError("relu_split: leaky ReLU slope must lie in [0, 1]")
+        self.leak = leak
+        self.net = Network(self.weights, self.biases)
+        self.box = Box(lo, hi)
+        self.A = np.atleast_2d(np.asarray(A, dtype=np.float64))
+        self.b = np.asarray(b, dtype=np.float64).reshape(-1)
+        self.b_up = _round_up(self.b)
+        self.m = self.A.shape[0]
+        relax_fn = get_relaxation(activation, "crown", None if activation == "relu" else leak)
+        self.L = self.net.num_hidden
+        if self.L:
+            self.bounds, relax = hidden_layer_bounds(self.net, *self.box.args(), relax_fn)
+        else:
+            self.bounds, relax = [], []
+        # per hidden layer: slope of stable neurons (0 on unstable ones), unstable columns,
+        # their chord slope/intercept and CROWN's lower slope (the initial alpha)
+        self.stable_slope, self.ucols, self.chord_s, self.chord_t, self.alpha0 = [], [], [], [], []
+        self.offsets = [0]
+        for (l, u), r in zip(self.bounds, relax):
+            unst = (l < 0.0) & (u > 0.0)
+            cols = np.flatnonzero(unst)
+            ss = np.where(unst, 0.0, r.aL)
+            self.stable_slope.append(ss)
+            self.ucols.append(cols)
+            self.chord_s.append(r.aU[cols].copy())
+            self.chord_t.append(r.bU[cols].copy())
+            self.alpha0.append(r.aL[cols].copy())
+            self.offsets.append(self.offsets[-1] + cols.size)
+        self.nU = self.offsets[-1]
+        self.layer_of = np.zeros(self.nU, dtype=np.int64)
+        for k in range(self.L):
+            self.layer_of[self.offsets[k]:self.offsets[k + 1]] = k
+        # float32 copies for the optimisation
+        self.W32 = [w.astype(np.float32) for w in self.weights]
+        self.WT32 = [np.ascontiguousarray(w.T.astype(np.float32)) for w in self.weights]
+        self.b32 = [v.astype(np.float32) for v in self.biases]
+        self.ss32 = [s.astype(np.float32) for s in self.stable_slope]
+        self.cs32 = [s.astype(np.float32) for s in self.chord_s]
+        self.ct32 = [s.astype(np.float32) for s in self.chord_t]
+        # the last layer folded into the rows (as crown.margin_lower_bound does)
+        self.Lam_top = self.A @ self.weights[-1]
+        self.const_top = self.A @ self.biases[-1] - self.b_up
+        self.mag_top = np.abs(self.A) @ np.abs(self.biases[-1]) + np.abs(self.b_up)
+        self.c = self.box.center
+        self.r = self.box.radius
+        self.c32, self.r32 = self.c.astype(np.float32), self.r.astype(np.float32)
+
+    def initial_alpha(self) -> np.ndarray:
+        """CROWN's lower slopes for every unstable neuron, (nU,) float32."""
+        if self.nU == 0:
+            return np.zeros(0, np.float32)
+        return np.concatenate(self.alpha0).astype(np.float32)
+
+    # ------------------------------------------------------------------ forward (bound)
+
+    def _layer_parts(self, k, split, alpha, beta, dt):
+        """Per (domain, row) slopes of layer k's unstable columns: lower, upper, intercept mask
+        and the beta coefficient added to z's coefficient."""
+        o0, o1 = self.offsets[k], self.offsets[k + 1]
+        sp = split[:, o0:o1]
+        a = alpha[:, o0:o1]
+        free = sp == 0
+        fixed = np.where(sp > 0, 1.0, self.leak).astype(dt)
+        cs = (self.chord_s[k] if dt == np.float64 else self.cs32[k])
+        ct = (self.chord_t[k] if dt == np.float64 else self.ct32[k])
+        sl = np.where(free, a, fixed)
+        su = np.where(free, cs, fixed)
+        tt = np.where(free, ct, dt(0.0))
+        bc = (-sp).astype(dt) * beta[:, o0:o1]
+        return sl, su, tt, bc
+
+    def evaluate(self, split, alpha, beta, dtype=np.float64, keep=False, charge=None):
+        """Lower bounds of ``A_i f(x) - b_up_i`` on the subdomains, (B, m).
+
+        ``split`` (B, nU) int8; ``alpha``, ``beta`` (B, m, nU) (used as given: the caller
+        clips them). float64: the sound bound (widened). float32: an estimate.
+        ``keep``: also return the tape for :meth:`gradient` and the per-layer coefficients.
+        ``charge(k, absD)`` (float64 only) may return a per-row extra allowance (B*m,) for
+        the step through hidden layer k whose scaled matrix is D.
+        """
+        dt = np.float64 if np.dtype(dtype) == np.float64 else np.float32
+        B, m = split.shape[0], self.m
+        N = B * m
+        sp = np.repeat(split, m, axis=0) if m > 1 else split
+        al = alpha.reshape(N, self.nU).astype(dt, copy=False)
+        be = beta.reshape(N, self.nU).astype(dt, copy=False)
+        Lam = np.broadcast_to(self.Lam_top.astype(dt), (B, m, self.Lam_top.shape[1])).reshape(N, -1)
+        const = np.tile(self.const_top, B)
+        f64 = dt == np.float64
+        if f64:
+            mag = np.tile(self.mag_top, B)
+        tape = []
+        W = self.weights if f64 else self.W32
+        for k in range(self.L - 1, -1, -1):
+            cols = self.ucols[k]
+            ss = self.stable_slope[k] if f64 else self.ss32[k]
+            D = Lam * ss
+            sl, su, tt, bc = self._layer_parts(k, sp, al, be, dt)
+            Lu = Lam[:, cols]
+            pos = Lu >= 0.0
+            slope = np.where(pos, sl, su)
+            icpt = np.where(pos, dt(0.0), Lu * tt)
+            D[:, cols] = Lu * slope + bc
+            bias = self.biases[k] if f64 else self.b32[k]
+            const = const + icpt.sum(axis=1, dtype=np.float64) + (D @ bias)
+            if f64:
+                absD = np.abs(D)
+                mag = mag + np.abs(icpt).sum(axis=1) + absD @ np.abs(bias)
+                if charge is not None:
+                    mag = mag + np.asarray(charge(k, absD), dtype=np.float64) / FP_RTOL
+            if keep:
+                tape.append((Lam, pos, slope, sl))
+            Lam = D @ W[k]
+        if f64:
+            lin = Lam @ self.c
+            absL = np.abs(Lam)
+            nrm = absL @ self.r
+            val = lin - nrm + const
+            mag = mag + absL @ np.abs(self.c) + nrm
+            out = val - (FP_RTOL * mag + FP_ATOL)
+        else:
+            out = (Lam @ self.c32).astype(np.float64) - (np.abs(Lam) @ self.r32) + const
+        out = out.reshape(B, m)
+        if keep:
+            tape.reverse()  # tape[k] for hidden layer k
+            return out, (tape, Lam, sp)
+        return out
+
+    def gradient(self, state, dtype=np.float32):
+        """d(sum of all bounds)/d alpha and d/d beta, each (B*m, nU), from :meth:`evaluate`'s
+        tape (float32 or float64 as evaluated). Only slopes of free unstable neurons on the
+        lower side get a nonzero alpha gradient; only split neurons a beta gradient."""
+        tape, Lam_in, sp = state
+        dt = Lam_in.dtype
+        N = Lam_in.shape[0]
+        c = self.c if dt == np.float64 else self.c32
+        r = self.r if dt == np.float64 else self.r32
+        G = c - np.sign(Lam_in) * r  # d bound / d Lam_{-1}
+        gA = np.zeros((N, self.nU), dt)
+        gB = np.zeros((N, self.nU), dt)
+        WT = [w.T for w in self.weights] if dt == np.float64 else self.WT32
+        bias = self.biases if dt == np.float64 else self.b32
+        for k in range(self.L):
+            gD = G @ WT[k] + bias[k]  # Lam_{k-1} = D_k W_k, const += D_k . b_k
+            Lam, pos, slope, sl = tape[k]
+            o0, o1 = self.offsets[k], self.offsets[k + 1]
+            cols = self.ucols[k]
+            s = sp[:, o0:o1]
+            free = s == 0
+            gDu = gD[:, cols]
+            Lu = Lam[:, cols]
+            gA[:, o0:o1] = np.where(pos & free, gDu * Lu, 0.0)
+            gB[:, o0:o1] = gDu * (-s).astype(dt)
+            if k + 1 < self.L:
+                ss = self.stable_slope[k] if dt == np.float64 else self.ss32[k]
+                G = gD * ss
+                ct = self.chord_t[k] if dt == np.float64 else self.ct32[k]
+                G[:, cols] = gDu * slope + np.where(~pos & free, ct, 0.0).astype(dt)
+        return gA, gB
+
+    def corners(self, state) -> np.ndarray:
+        """Per evaluated (domain, row): the box corner minimising its final linear function."""
+        Lam_in = state[1]
+        return np.where(Lam_in > 0.0, self.box.lo, self.box.hi)
+
+
+# ---------------------------------------------------------------------------------- optimiser
+
+
+def optimise(bd: Bounder, split, alpha, beta, iters=20, lr_alpha=0.1, lr_beta=0.05,
+             want=None):
+    """Projected Adam ascent of the float32 bounds over alpha, beta (B, m, nU) float32, in
+    place; keeps per (domain, row) the best iterate. Returns (best bounds (B, m) float32
+    estimate, the tape of the last evaluation). Stops early when every domain has a row
+    above ``want`` (default 0) by a float32 margin."""
+    B, m, nU = alpha.shape
+    N = B * m
+    a = alpha.reshape(N, nU)
+    be = beta.reshape(N, nU)
+    best = np.full(N, -np.inf)
+    best_a, best_b = a.copy(), be.copy()
+    ma = np.zeros_like(a); va = np.zeros_like(a)
+    mb = np.zeros_like(be); vb = np.zeros_like(be)
+    b1, b2, eps = 0.9, 0.999, 1e-8
+    split_rows = np.repeat(split, m, axis=0) if m > 1 else split
+    splitted = split_rows != 0
+    lo_a = np.float32(bd.leak)
+    state = None
+    for t in range(1, iters + 2):
+        val, state = bd.evaluate(split, a.reshape(B, m, nU), be.reshape(B, m, nU),
+                                 np.float32, keep=True)
+        v = val.reshape(N)
+        imp = v > best
+        if imp.any():
+            best[imp] = v[imp]
+            best_a[imp] = a[imp]
+            best_b[imp] = be[imp]
+        if t == iters + 1 or nU == 0:
+            break
+        if np.all(best.reshape(B, m).max(axis=1) > 1e-4 * (1.0 + np.abs(best).max())):
+            break
+        gA, gB = bd.gradient(state)
+        ma = b1 * ma + (1 - b1) * gA
+        va = b2 * va + (1 - b2) * gA * gA
+        mb = b1 * mb + (1 - b1) * gB
+        vb = b2 * vb + (1 - b2) * gB * gB
+        ca = lr_alpha * np.sqrt(1 - b2 ** t) / (1 - b1 ** t)
+        cb = lr_beta * np.sqrt(1 - b2 ** t) / (1 - b1 ** t)
+        a += (ca * ma / (np.sqrt(va) + eps)).astype(np.float32)
+        np.clip(a, lo_a, 1.0, out=a)
+        be += (cb * mb / (np.sqrt(vb) + eps)).astype(np.float32)
+        np.maximum(be, 0.0, out=be)
+        be[~splitted] = 0.0
+    a[...] = best_a
+    be[...] = best_b
+    return best.reshape(B, m), state
+
+
+# ---------------------------------------------------------------------------------- branching
+
+
+def branch_scores(bd: Bounder, state, split, alpha, rows) -> np.ndarray:
+    """BaBSR-like estimate per domain and unstable neuron of what splitting it gains, (B, nU)
+    (-inf where already split): |Lam_j| times the largest gap of the side of the relaxation
+    the domain's row uses (chord: its intercept; lower line alpha z: max(-alpha l, (1-alpha) u)),
+    Lam_j the coefficient of the neuron's activation in row ``rows[d]``'s back-substitution."""
+    tape = state[0]
+    B = split.shape[0]
+    m = bd.m
+    idx = np.arange(B) * m + rows
+    out = np.full((B, bd.nU), -np.inf)
+    for k in range(bd.L):
+        o0, o1 = bd.offsets[k], bd.offsets[k + 1]
+        if o1 == o0:
+            continue
+        cols = bd.ucols[k]
+        Lu = tape[k][0][idx][:, cols].astype(np.float64)
+        l, u = bd.bounds[k][0][cols], bd.bounds[k][1][cols]
+        a = alpha[np.arange(B), rows, o0:o1].astype(np.float64)
+        gap_low = np.maximum(-(a - bd.leak) * l, (1.0 - a) * u)
+        gap_up = bd.chord_t[k]
+        sc = np.where(Lu >= 0.0, Lu * gap_low, -Lu * gap_up)
+        sc[split[:, o0:o1] != 0] = -np.inf
+        out[:, o0:o1] = sc
+    return out
+
+
+# ---------------------------------------------------------------------------------- search
+
+
+class _Pool:
+    """Open domains: arrays indexed by slot, a heap of (score, slot) worst first."""
+
+    def __init__(self, nU, m, K, cap=1024):
+        self.nU, self.m, self.K = nU, m, K
+        self.split = np.zeros((cap, nU), np.int8)
+        self.alpha = np.zeros((cap, m, nU), np.float32)
+        self.beta = np.zeros((cap, m, nU), np.float32)
+        self.cand = np.zeros((cap, K), np.int64)
+        self.row = np.zeros(cap, np.int64)
+        self.free = list(range(cap - 1, -1, -1))
+        self.heap = []
+
+    def _grow(self):
+        cap = self.split.shape[0]
+        for name in ("split", "alpha", "beta", "cand", "row"):
+            old = getattr(self, name)
+            new = np.zeros((2 * cap,) + old.shape[1:], old.dtype)
+            new[:cap] = old
+            setattr(self, name, new)
+        self.free.extend(range(2 * cap - 1, cap - 1, -1))
+
+    def push(self, score, split, alpha, beta, cand, row):
+        n = split.shape[0]
+        while len(self.free) < n:
+            self._grow()
+        slots = np.array([self.free.pop() for _ in range(n)], dtype=np.int64)
+        self.split[slots] = split
+        self.alpha[slots] = alpha
+        self.beta[slots] = beta
+        self.cand[slots] = cand
+        self.row[slots] = row
+        for s, slot in zip(score.tolist(), slots.tolist()):
+            heapq.heappush(self.heap, (s, slot))
+
+    def pop(self, n):
+        items = [heapq.heappop(self.heap) for _ in range(min(n, len(self.heap)))]
+        slots = np.array([s for _, s in items], dtype=np.int64)
+        out = (self.split[slots].copy(), self.alpha[slots].copy(), self.beta[slots].copy(),
+               self.cand[slots].copy(), self.row[slots].copy())
+        self.free.extend(slots.tolist())
+        return out
+
+    def __len__(self):
+        return len(self.heap)
+
+    def worst(self):
+        return self.heap[0][0] if self.heap else np.inf
+
+
+def relu_split(weights: Sequence[np.ndarray], biases: Sequence[np.ndarray], lo, hi, A, b,
+               deadline: float, *, max_domains: int = 200_000, batch: int = 256,
+               iters: int = 20, root_iters: int = 50, branching: str = "babsr", fsb_k: int = 3,
+               activation: str = "relu", leak=None, log: Optional[Callable[[str], None]] = None,
+               charge=None) -> BabResult:
+    """Decide the case ``x in [lo, hi] and A f(x) <= b`` by ReLU-splitting branch and bound.
+
+    ``deadline``: a ``time.monotonic()`` instant (then ``timeout``). ``max_domains``: cap on
+    open domains (hitting it gives ``unknown``). ``batch``: domains bounded per evaluation
+    (children of batch/2 parents). ``branching``: "babsr" or "fsb" (filtered smart branching
+    over the top ``fsb_k`` BaBSR candidates). ``charge``: see :meth:`Bounder.evaluate`.
+    """
+    t0 = time.monotonic()
+    bd = Bounder(weights, biases, lo, hi, A, b, activation, leak)
+    m, nU = bd.m, bd.nU
+    K = max(1, int(fsb_k)) if branching == "fsb" else 1
+    if branching not in ("babsr", "fsb"):
+        raise ValueError("branching must be 'babsr' or 'fsb'")
+    stats = dict(domains=0, peak=1, batches=0, proven=0)
+
+    def result(verdict, x=None, worst=np.nan):
+        return BabResult(verdict, x, stats["domains"], stats["peak"], float(worst),
+                         time.monotonic() - t0, stats["batches"], stats["proven"])
+
+    def violated(X):
+        """The first row of X (N, d) that is a counterexample (float64 check), or None."""
+        X = np.clip(X, bd.box.lo, bd.box.hi)
+        Y = forward(bd.weights, bd.biases, bd.activation, X, None if bd.activation == "relu" else bd.leak)
+        ok = np.all(Y @ bd.A.T <= bd.b, axis=1)
+        return X[int(np.argmax(ok))].copy() if ok.any() else None
+
+    if m == 0:  # no output constraint: every point of the box violates
+        return result("sat", bd.box.center.copy())
+    x = violated(bd.box.center[None, :])
+    if x is not None:
+        return result("sat", x)
+
+    def verify64(split, alpha, beta):
+        a = np.clip(alpha.astype(np.float64), bd.leak, 1.0)
+        be = np.maximum(beta.astype(np.float64), 0.0)
+        return bd.evaluate(split, a, be, np.float64, charge=charge)
+
+    def assess(split, alpha, beta, n_iters):
+        """Optimise and classify a batch; returns (score float64 per domain, proven mask,
+        row, state) and the attack's counterexample if any."""
+        est, state = optimise(bd, split, alpha, beta, n_iters)
+        stats["domains"] += split.shape[0]
+        stats["batches"] += 1
+        score = est.max(axis=1)
+        row = est.argmax(axis=1)
+        proven = np.zeros(split.shape[0], bool)
+        cand = np.flatnonzero(score > 0.0)
+        if cand.size:
+            v64 = verify64(split[cand], alpha[cand], beta[cand])
+            ok = np.any(v64 > 0.0, axis=1)
+            proven[cand[ok]] = True
+            bad = cand[~ok]
+            score[bad] = v64[~ok].max(axis=1)  # float64 bound not yet positive
+        # attack: the minimising corners of the rows of domains still open
+        openi = np.flatnonzero(~proven)
+        if openi.size:
+            Xc = bd.corners(state).reshape(split.shape[0], m, -1)[openi].reshape(-1, bd.box.lo.size)
+            xv = violated(Xc)
+            if xv is not None:
+                return score, proven, row, state, xv
+        return score, proven, row, state, None
+
+    split = np.zeros((1, nU), np.int8)
+    alpha = np.broadcast_to(bd.initial_alpha(), (1, m, nU)).copy()
+    beta = np.zeros((1, m, nU), np.float32)
+    score, proven, row, state, xv = assess(split, alpha, beta, root_iters)
+    if xv is not None:
+        return result("sat", xv)
+    if proven[0]:
+        stats["proven"] += 1
+        return result("unsat", worst=score[0])
+    if log is not None:
+        log(f"root: bound {score[0]:.5g}, {nU} unstable neurons")
+    pool = _Pool(nU, m, K)
+    stuck = 0  # domains with nothing left to split and no proof
+
+    def enqueue(score, proven, row, state, split, alpha, beta):
+        nonlocal stuck
+        openi = np.flatnonzero(~proven)
+        stats["proven"] += int(proven.sum())
+        if openi.size == 0:
+            return
+        sc = branch_scores(bd, state, split, alpha, row)[openi]
+        top = np.argsort(-sc, axis=1)[:, :K]
+        topv = np.take_along_axis(sc, top, axis=1)
+        top[~np.isfinite(topv)] = -1
+        keep = top[:, 0] >= 0
+        stuck += int((~keep).sum())
+        sel = openi[keep]
+        if sel.size:
+            pool.push(score[sel], split[sel], alpha[sel], beta[sel], top[keep], row[sel])
+
+    enqueue(score, proven, row, state, split, alpha, beta)
+    while len(pool):
+        if time.monotonic() >= deadline:
+            return result("timeout", worst=pool.worst())
+        if len(pool) > max_domains:
+            return result("unknown", worst=pool.worst())
+        psplit, palpha, pbeta, pcand, prow = pool.pop(max(1, batch // 2))
+        P = psplit.shape[0]
+        if K > 1:
+            choice = _fsb_choice(bd, psplit, palpha, pbeta, pcand)
+        else:
+            choice = pcand[:, 0]
+        # children: first half active (+1), second half inactive (-1)
+        cs = np.concatenate([psplit, psplit])
+        ar = np.arange(P)
+        cs[ar, choice] = 1
+        cs[P + ar, choice] = -1
+        ca = np.concatenate([palpha, palpha])
+        cb = np.concatenate([pbeta, pbeta])
+        score, proven, row, state, xv = assess(cs, ca, cb, iters)
+        if xv is not None:
+            return result("sat", xv)
+        enqueue(score, proven, row, state, cs, ca, cb)
+        stats["peak"] = max(stats["peak"], len(pool))
+        if log is not None and stats["batches"] % 20 == 0:
+            log(f"batch {stats['batches']}: {stats['domains']} domains, {len(pool)} open, "
+                f"worst {pool.worst():.4g}, {time.monotonic() - t0:.1f}s")
+    if stuck:
+        return result("unknown", worst=np.nan)
+    return result("unsat", worst=np.inf)
+
+
+def _fsb_choice(bd: Bounder, split, alpha, beta, cand):
+    """Filtered smart branching: for each parent, the candidate whose two children (parent's
+    alpha and beta, one float32 evaluation) have the best worse child."""
+    P, K = cand.shape
+    m = bd.m
+    reps = np.repeat(np.arange(P), K)
+    c = cand.reshape(-1)
+    valid = c >= 0
+    cc = np.where(valid, c, 0)
+    s1 = split[reps].copy()
+    s2 = split[reps].copy()
+    ar = np.arange(P * K)
+    s1[ar, cc] = 1
+    s2[ar, cc] = -1
+    S = np.concatenate([s1, s2])
+    Al = np.concatenate([alpha[reps], alpha[reps]])
+    Be = np.concatenate([beta[reps], beta[reps]])
+    v = bd.evaluate(S, Al, Be, np.float32).max(axis=1)
+    worse = np.minimum(v[:P * K], v[P * K:])
+    worse[~valid] = -np.inf
+    best = np.argmax(worse.reshape(P, K), axis=1)
+    return cand[np.arange(P), best]
