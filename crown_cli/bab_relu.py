@@ -243,6 +243,27 @@ class Bounder:
                 G[:, cols] = gDu * slope + np.where(~pos & free, ct, 0.0).astype(dt)
         return gA, gB
 
+    def affine(self, split_row):
+        """On a fully split domain (every unstable neuron split) the network is affine:
+        returns (G, H) with f(x) = G x + H there, and the constraints (C, e) with C x <= e
+        describing the domain's sign conditions (one row per unstable neuron)."""
+        G, H = self.weights[0], self.biases[0]
+        C, e = [], []
+        for k in range(self.L):
+            o0, o1 = self.offsets[k], self.offsets[k + 1]
+            s = split_row[o0:o1].astype(np.float64)
+            cols = self.ucols[k]
+            C.append(-s[:, None] * G[cols])  # s z >= 0  <=>  -s g x <= s h
+            e.append(s * H[cols])
+            slope = self.stable_slope[k].copy()
+            slope[cols] = np.where(s > 0, 1.0, self.leak)
+            G = self.weights[k + 1] @ (slope[:, None] * G)
+            H = self.weights[k + 1] @ (slope * H) + self.biases[k + 1]
+        d = G.shape[1]
+        C = np.concatenate(C) if C else np.zeros((0, d))
+        e = np.concatenate(e) if e else np.zeros(0)
+        return G, H, C, e
+
     def corners(self, state) -> np.ndarray:
         """Per evaluated (domain, row): the box corner minimising its final linear function."""
         Lam_in = state[1]
@@ -387,13 +408,16 @@ def relu_split(weights: Sequence[np.ndarray], biases: Sequence[np.ndarray], lo, 
                deadline: float, *, max_domains: int = 200_000, batch: int = 256,
                iters: int = 20, root_iters: int = 50, branching: str = "babsr", fsb_k: int = 3,
                activation: str = "relu", leak=None, log: Optional[Callable[[str], None]] = None,
-               charge=None) -> BabResult:
+               charge=None, attack_restarts: int = 16, attack_steps: int = 50,
+               seed: int = 0) -> BabResult:
     """Decide the case ``x in [lo, hi] and A f(x) <= b`` by ReLU-splitting branch and bound.
 
     ``deadline``: a ``time.monotonic()`` instant (then ``timeout``). ``max_domains``: cap on
     open domains (hitting it gives ``unknown``). ``batch``: domains bounded per evaluation
     (children of batch/2 parents). ``branching``: "babsr" or "fsb" (filtered smart branching
     over the top ``fsb_k`` BaBSR candidates). ``charge``: see :meth:`Bounder.evaluate`.
+    ``attack_restarts``/``attack_steps``: a PGD attack (verify_attack.find_counterexample)
+    when the root is not proven (0 restarts: none).
     """
     t0 = time.monotonic()
     bd = Bounder(weights, biases, lo, hi, A, b, activation, leak)
@@ -461,6 +485,15 @@ def relu_split(weights: Sequence[np.ndarray], biases: Sequence[np.ndarray], lo, 
         return result("unsat", worst=score[0])
     if log is not None:
         log(f"root: bound {score[0]:.5g}, {nU} unstable neurons")
+    if attack_restarts > 0:
+        from .verify_attack import find_counterexample
+
+        xa = find_counterexample(bd.weights, bd.biases, bd.activation,
+                                 None if bd.activation == "relu" else bd.leak, bd.box.lo,
+                                 bd.box.hi, bd.A, bd.b, restarts=attack_restarts,
+                                 steps=attack_steps, seed=seed, deadline=deadline)
+        if xa is not None:
+            return result("sat", xa)
     pool = _Pool(nU, m, K)
     stuck = 0  # domains with nothing left to split and no proof
 
@@ -475,12 +508,34 @@ def relu_split(weights: Sequence[np.ndarray], biases: Sequence[np.ndarray], lo, 
         topv = np.take_along_axis(sc, top, axis=1)
         top[~np.isfinite(topv)] = -1
         keep = top[:, 0] >= 0
-        stuck += int((~keep).sum())
+        for i in np.flatnonzero(~keep):
+            out = _leaf(openi[i], split, alpha, beta)
+            if isinstance(out, np.ndarray):
+                return out
+            if out:
+                stats["proven"] += 1
+            else:
+                stuck += 1
         sel = openi[keep]
         if sel.size:
             pool.push(score[sel], split[sel], alpha[sel], beta[sel], top[keep], row[sel])
 
-    enqueue(score, proven, row, state, split, alpha, beta)
+    def _leaf(i, split, alpha, beta):
+        """A fully split open domain: a counterexample x, True (proven), or False."""
+        out = _leaf_lp(bd, split[i])
+        if out[0] == "sat":
+            return violated(out[1][None, :])
+        if out[0] == "beta":
+            be = np.zeros((1, m, nU))
+            be[0, out[1]] = out[2]
+            for scale in (1.0, 1.0 + 1e-6, 1.01):
+                if verify64(split[i:i + 1], alpha[i:i + 1], scale * be)[0, out[1]] > 0.0:
+                    return True
+        return False
+
+    xv = enqueue(score, proven, row, state, split, alpha, beta)
+    if xv is not None:
+        return result("sat", xv)
     while len(pool):
         if time.monotonic() >= deadline:
             return result("timeout", worst=pool.worst())
@@ -502,7 +557,9 @@ def relu_split(weights: Sequence[np.ndarray], biases: Sequence[np.ndarray], lo, 
         score, proven, row, state, xv = assess(cs, ca, cb, iters)
         if xv is not None:
             return result("sat", xv)
-        enqueue(score, proven, row, state, cs, ca, cb)
+        xv = enqueue(score, proven, row, state, cs, ca, cb)
+        if xv is not None:
+            return result("sat", xv)
         stats["peak"] = max(stats["peak"], len(pool))
         if log is not None and stats["batches"] % 20 == 0:
             log(f"batch {stats['batches']}: {stats['domains']} domains, {len(pool)} open, "
@@ -510,6 +567,46 @@ def relu_split(weights: Sequence[np.ndarray], biases: Sequence[np.ndarray], lo, 
     if stuck:
         return result("unknown", worst=np.nan)
     return result("unsat", worst=np.inf)
+
+
+def _leaf_lp(bd: Bounder, split_row):
+    """A fully split domain, by linear programming (scipy HiGHS). Returns ("sat", x) with x a
+    candidate point (the caller checks it in float64), ("beta", row, beta) with the LP's
+    multipliers of the sign constraints for row ``row`` (the caller proves with a float64
+    evaluation; any beta >= 0 is valid), or ("open", None)."""
+    from scipy.optimize import linprog
+
+    G, H, C, e = bd.affine(split_row)
+    AG, AH = bd.A @ G, bd.A @ H - bd.b
+    d, m = G.shape[1], bd.m
+    bounds = list(zip(bd.box.lo, bd.box.hi))
+    # feasibility of the case on the domain: min t with A_i f(x) - b_i <= t
+    c = np.zeros(d + 1)
+    c[-1] = 1.0
+    Aub = np.vstack([np.hstack([C, np.zeros((C.shape[0], 1))]), np.hstack([AG, -np.ones((m, 1))])])
+    bub = np.concatenate([e, -AH])
+    res = linprog(c, A_ub=Aub, b_ub=bub, bounds=bounds + [(None, None)], method="highs")
+    if res.status == 2:  # t is free: the sign constraints alone are infeasible (empty domain)
+        # phase 1: min s with C x - e <= s; its multipliers y (sum 1) have
+        # min over the box of y.(C x - e) = s* > 0, so beta = T y proves any row for T large
+        c1 = np.zeros(d + 1)
+        c1[-1] = 1.0
+        r1 = linprog(c1, A_ub=np.hstack([C, -np.ones((C.shape[0], 1))]), b_ub=e,
+                     bounds=bounds + [(None, None)], method="highs")
+        if r1.status != 0 or not r1.fun > 0.0:
+            return ("open", None)
+        y = np.maximum(-r1.ineqlin.marginals, 0.0)
+        spread = np.abs(AG[0]) @ bd.r + abs(AG[0] @ bd.c + AH[0]) + 1.0
+        return ("beta", 0, y * (2.0 * spread / r1.fun))
+    if res.status == 0 and res.x[-1] <= 0.0:
+        return ("sat", res.x[:d])
+    elif res.status != 0:
+        return ("open", None)
+    for i in range(m):
+        r = linprog(AG[i], A_ub=C, b_ub=e, bounds=bounds, method="highs")
+        if r.status == 0 and r.fun + AH[i] > 0.0:
+            return ("beta", i, np.maximum(-r.ineqlin.marginals, 0.0))
+    return ("open", None)
 
 
 def _fsb_choice(bd: Bounder, split, alpha, beta, cand):
