@@ -273,53 +273,57 @@ class Bounder:
 # ---------------------------------------------------------------------------------- optimiser
 
 
-def optimise(bd: Bounder, split, alpha, beta, iters=20, lr_alpha=0.1, lr_beta=0.05,
-             want=None):
+def optimise(bd: Bounder, split, alpha, beta, iters=20, lr_alpha=0.1, lr_beta=0.05):
     """Projected Adam ascent of the float32 bounds over alpha, beta (B, m, nU) float32, in
-    place; keeps per (domain, row) the best iterate. Returns (best bounds (B, m) float32
-    estimate, the tape of the last evaluation). Stops early when every domain has a row
-    above ``want`` (default 0) by a float32 margin."""
+    place; keeps per (domain, row) the best iterate. A domain leaves the batch once one of
+    its rows is above 0 by a float32 margin (the float64 check decides later). Returns (best
+    bounds (B, m) float32 estimate, the tape of a final evaluation of all domains at the
+    best iterate)."""
     B, m, nU = alpha.shape
-    N = B * m
-    a = alpha.reshape(N, nU)
-    be = beta.reshape(N, nU)
-    best = np.full(N, -np.inf)
-    best_a, best_b = a.copy(), be.copy()
-    ma = np.zeros_like(a); va = np.zeros_like(a)
-    mb = np.zeros_like(be); vb = np.zeros_like(be)
+    best = np.full((B, m), -np.inf)
+    best_a, best_b = alpha.copy(), beta.copy()
+    ma = np.zeros_like(alpha); va = np.zeros_like(alpha)
+    mb = np.zeros_like(beta); vb = np.zeros_like(beta)
     b1, b2, eps = 0.9, 0.999, 1e-8
-    split_rows = np.repeat(split, m, axis=0) if m > 1 else split
-    splitted = split_rows != 0
+    splitted = (split != 0)[:, None, :]
     lo_a = np.float32(bd.leak)
-    state = None
-    for t in range(1, iters + 2):
-        val, state = bd.evaluate(split, a.reshape(B, m, nU), be.reshape(B, m, nU),
-                                 np.float32, keep=True)
-        v = val.reshape(N)
-        imp = v > best
-        if imp.any():
-            best[imp] = v[imp]
-            best_a[imp] = a[imp]
-            best_b[imp] = be[imp]
-        if t == iters + 1 or nU == 0:
+    act = np.arange(B)
+    for t in range(1, iters + 1):
+        if nU == 0 or act.size == 0:
             break
-        if np.all(best.reshape(B, m).max(axis=1) > 1e-4 * (1.0 + np.abs(best).max())):
+        a, be = alpha[act], beta[act]
+        val, state = bd.evaluate(split[act], a, be, np.float32, keep=True)
+        imp = val > best[act]
+        if imp.any():
+            d, r = np.nonzero(imp)
+            best[act[d], r] = val[d, r]
+            best_a[act[d], r] = a[d, r]
+            best_b[act[d], r] = be[d, r]
+        done = best[act].max(axis=1) > 1e-4 * (1.0 + np.abs(val).max())
+        if t == iters:
             break
         gA, gB = bd.gradient(state)
-        ma = b1 * ma + (1 - b1) * gA
-        va = b2 * va + (1 - b2) * gA * gA
-        mb = b1 * mb + (1 - b1) * gB
-        vb = b2 * vb + (1 - b2) * gB * gB
+        gA = gA.reshape(a.shape)
+        gB = gB.reshape(be.shape)
+        ma[act] = b1 * ma[act] + (1 - b1) * gA
+        va[act] = b2 * va[act] + (1 - b2) * gA * gA
+        mb[act] = b1 * mb[act] + (1 - b1) * gB
+        vb[act] = b2 * vb[act] + (1 - b2) * gB * gB
         ca = lr_alpha * np.sqrt(1 - b2 ** t) / (1 - b1 ** t)
         cb = lr_beta * np.sqrt(1 - b2 ** t) / (1 - b1 ** t)
-        a += (ca * ma / (np.sqrt(va) + eps)).astype(np.float32)
+        a += (ca * ma[act] / (np.sqrt(va[act]) + eps)).astype(np.float32)
         np.clip(a, lo_a, 1.0, out=a)
-        be += (cb * mb / (np.sqrt(vb) + eps)).astype(np.float32)
+        be += (cb * mb[act] / (np.sqrt(vb[act]) + eps)).astype(np.float32)
         np.maximum(be, 0.0, out=be)
-        be[~splitted] = 0.0
-    a[...] = best_a
-    be[...] = best_b
-    return best.reshape(B, m), state
+        be *= splitted[act]
+        alpha[act] = a
+        beta[act] = be
+        act = act[~done]
+    alpha[...] = best_a
+    beta[...] = best_b
+    val, state = bd.evaluate(split, alpha, beta, np.float32, keep=True)
+    best = np.maximum(best, val)
+    return best, state
 
 
 # ---------------------------------------------------------------------------------- branching
