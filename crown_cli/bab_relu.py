@@ -63,15 +63,63 @@ def _round_up(b):
     return np.nextafter(np.asarray(b, dtype=np.float64), np.inf)
 
 
+class _Relax:
+    __slots__ = ("aU", "bU", "aL", "bL")
+
+    def __init__(self, aU, bU, aL, bL):
+        self.aU, self.bU, self.aL, self.bL = aU, bU, aL, bL
+
+
+def root_layer_bounds(weights, biases, lo, hi, activation="relu", leak=None, iters=20,
+                      deadline=None):
+    """Pre-activation bounds of every hidden layer over the box, tightened layer by layer by
+    optimising the lower slopes (alpha-CROWN style, with this module's optimiser): layer k's
+    bounds of z_j and -z_j are rows of a :class:`Bounder` on the network cut after W_k,
+    given the (already tightened) bounds of the layers before it, checked in float64 and
+    intersected with CROWN's. Returns [(l, u), ...] (float64)."""
+    bd = Bounder(weights, biases, lo, hi, np.zeros((0, weights[-1].shape[0])), np.zeros(0),
+                 activation, leak)
+    bounds = [(l.copy(), u.copy()) for l, u in bd.bounds]
+    for k in range(1, bd.L):
+        if deadline is not None and time.monotonic() >= deadline:
+            break
+        l, u = bounds[k]
+        rows = np.flatnonzero((l < 0.0) & (u > 0.0))
+        if rows.size == 0:
+            continue
+        n = l.size
+        A = np.zeros((2 * rows.size, n))
+        A[np.arange(rows.size), rows] = 1.0
+        A[rows.size + np.arange(rows.size), rows] = -1.0
+        sub = Bounder(weights[:k + 1], biases[:k + 1], lo, hi, A, np.zeros(2 * rows.size),
+                      activation, leak, layer_bounds=bounds[:k])
+        split = np.zeros((1, sub.nU), np.int8)
+        alpha = np.broadcast_to(sub.initial_alpha(), (1, sub.m, sub.nU)).copy()
+        beta = np.zeros_like(alpha)
+        optimise(sub, split, alpha, beta, iters, stop=False)
+        v = sub.evaluate(split, np.clip(alpha.astype(np.float64), sub.leak, 1.0),
+                         np.zeros(alpha.shape), np.float64)[0]
+        # rows bound z_j - b_up and -z_j - b_up with b_up = 5e-324 > 0: v <= z_j (or -z_j)
+        l, u = l.copy(), u.copy()
+        l[rows] = np.maximum(l[rows], v[:rows.size])
+        u[rows] = np.minimum(u[rows], -v[rows.size:])
+        bounds[k] = (l, u)
+    return bounds
+
+
 class Bounder:
     """Batched bounds of the rows ``A f(x) - b_up`` on ReLU-split subdomains of one box.
 
     Unstable neurons (l < 0 < u at the root) are numbered globally 0..n_unstable-1 in layer
     order; a batch gives per domain ``split`` (B, nU) int8 in {-1, 0, +1} and per (domain,
     row) ``alpha``, ``beta`` (B, m, nU).
+
+    ``layer_bounds``: the hidden layers' (l, u), valid on the box (default: CROWN's, from
+    ``crown.hidden_layer_bounds``; :func:`root_layer_bounds` gives tighter ones).
     """
 
-    def __init__(self, weights, biases, lo, hi, A, b, activation="relu", leak=None):
+    def __init__(self, weights, biases, lo, hi, A, b, activation="relu", leak=None,
+                 layer_bounds=None):
         if activation not in ("relu", "leaky_relu"):
             raise ValueError("relu_split: activation must be relu or leaky_relu")
         self.weights = [np.ascontiguousarray(w, dtype=np.float64) for w in weights]
@@ -93,10 +141,16 @@ class Bounder:
         self.m = self.A.shape[0]
         relax_fn = get_relaxation(activation, "crown", None if activation == "relu" else leak)
         self.L = self.net.num_hidden
-        if self.L:
+        if layer_bounds is not None:
+            self.bounds = [(np.asarray(l, np.float64), np.asarray(u, np.float64))
+                           for l, u in layer_bounds]
+            relax = [_Relax(*relax_fn(l, u)) for l, u in self.bounds]
+        elif self.L:
             self.bounds, relax = hidden_layer_bounds(self.net, *self.box.args(), relax_fn)
         else:
             self.bounds, relax = [], []
+        if len(self.bounds) != self.L:
+            raise ValueError("layer_bounds: one (l, u) per hidden layer")
         # per hidden layer: slope of stable neurons (0 on unstable ones), unstable columns,
         # their chord slope/intercept and CROWN's lower slope (the initial alpha)
         self.stable_slope, self.ucols, self.chord_s, self.chord_t, self.alpha0 = [], [], [], [], []
@@ -273,7 +327,8 @@ class Bounder:
 # ---------------------------------------------------------------------------------- optimiser
 
 
-def optimise(bd: Bounder, split, alpha, beta, iters=20, lr_alpha=0.1, lr_beta=0.05):
+def optimise(bd: Bounder, split, alpha, beta, iters=20, lr_alpha=0.1, lr_beta=0.05,
+             stop=True):
     """Projected Adam ascent of the float32 bounds over alpha, beta (B, m, nU) float32, in
     place; keeps per (domain, row) the best iterate. A domain leaves the batch once one of
     its rows is above 0 by a float32 margin (the float64 check decides later). Returns (best
@@ -299,7 +354,8 @@ def optimise(bd: Bounder, split, alpha, beta, iters=20, lr_alpha=0.1, lr_beta=0.
             best[act[d], r] = val[d, r]
             best_a[act[d], r] = a[d, r]
             best_b[act[d], r] = be[d, r]
-        done = best[act].max(axis=1) > 1e-4 * (1.0 + np.abs(val).max())
+        done = best[act].max(axis=1) > 1e-4 * (1.0 + np.abs(val).max()) if stop else \
+            np.zeros(act.size, bool)
         if t == iters:
             break
         gA, gB = bd.gradient(state)
@@ -413,7 +469,7 @@ def relu_split(weights: Sequence[np.ndarray], biases: Sequence[np.ndarray], lo, 
                iters: int = 20, root_iters: int = 50, branching: str = "babsr", fsb_k: int = 3,
                activation: str = "relu", leak=None, log: Optional[Callable[[str], None]] = None,
                charge=None, attack_restarts: int = 16, attack_steps: int = 50,
-               seed: int = 0) -> BabResult:
+               seed: int = 0, tighten_root: bool = True, layer_bounds=None) -> BabResult:
     """Decide the case ``x in [lo, hi] and A f(x) <= b`` by ReLU-splitting branch and bound.
 
     ``deadline``: a ``time.monotonic()`` instant (then ``timeout``). ``max_domains``: cap on
@@ -421,10 +477,15 @@ def relu_split(weights: Sequence[np.ndarray], biases: Sequence[np.ndarray], lo, 
     (children of batch/2 parents). ``branching``: "babsr" or "fsb" (filtered smart branching
     over the top ``fsb_k`` BaBSR candidates). ``charge``: see :meth:`Bounder.evaluate`.
     ``attack_restarts``/``attack_steps``: a PGD attack (verify_attack.find_counterexample)
-    when the root is not proven (0 restarts: none).
+    when the root is not proven (0 restarts: none). ``tighten_root``: the hidden layers'
+    bounds by :func:`root_layer_bounds` instead of CROWN's; ``layer_bounds`` gives them
+    (e.g. computed once for several cases on one box).
     """
     t0 = time.monotonic()
-    bd = Bounder(weights, biases, lo, hi, A, b, activation, leak)
+    if layer_bounds is None and tighten_root and len(weights) > 2:
+        layer_bounds = root_layer_bounds(weights, biases, lo, hi, activation, leak,
+                                         deadline=deadline)
+    bd = Bounder(weights, biases, lo, hi, A, b, activation, leak, layer_bounds)
     m, nU = bd.m, bd.nU
     K = max(1, int(fsb_k)) if branching == "fsb" else 1
     if branching not in ("babsr", "fsb"):

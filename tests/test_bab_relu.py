@@ -220,3 +220,22 @@ def test_no_hidden_layer_and_no_rows():
     assert r.verdict == "sat"
     r = bab_relu.relu_split(w, b, lo, hi, np.zeros((0, 3)), np.zeros(0), time.monotonic() + 5)
     assert r.verdict == "sat"
+
+
+@pytest.mark.parametrize("activation", ["relu", "leaky_relu"])
+def test_root_layer_bounds_sound_and_tighter(activation):
+    w, b, x0, lo, hi = _case(4, sizes=(6, 30, 30, 30, 3), eps=0.4)
+    crown_b = bab_relu.Bounder(w, b, lo, hi, np.zeros((0, 3)), np.zeros(0), activation).bounds
+    tight = bab_relu.root_layer_bounds(w, b, lo, hi, activation)
+    rng = np.random.default_rng(5)
+    X = lo + (hi - lo) * rng.uniform(size=(20000, lo.size))
+    X[:64] = np.where(rng.integers(0, 2, (64, lo.size)) == 1, hi, lo)  # corners too
+    a = X
+    gained = 0.0
+    for k, ((l0, u0), (l, u)) in enumerate(zip(crown_b, tight)):
+        z = a @ w[k].T + b[k]
+        assert np.all(z >= l) and np.all(z <= u)
+        assert np.all(l >= l0) and np.all(u <= u0)
+        gained += np.sum(l - l0) + np.sum(u0 - u)
+        a = np.maximum(z, 0.0) if activation == "relu" else np.where(z >= 0, z, 0.2 * z)
+    assert gained > 0.0
