@@ -63,6 +63,17 @@ def _round_up(b):
     return np.nextafter(np.asarray(b, dtype=np.float64), np.inf)
 
 
+def _kern():
+    """The numba kernels of the float32 steps, or None under crown.set_kernels("numpy")."""
+    from .crown import kernels_backend
+
+    if kernels_backend() == "numpy":
+        return None
+    from . import bab_relu_kernels
+
+    return bab_relu_kernels
+
+
 class _Relax:
     __slots__ = ("aU", "bU", "aL", "bL")
 
@@ -233,6 +244,16 @@ class Bounder:
         for k in range(self.L - 1, -1, -1):
             cols = self.ucols[k]
             ss = self.stable_slope[k] if f64 else self.ss32[k]
+            bias = self.biases[k] if f64 else self.b32[k]
+            if not f64 and _kern() is not None:
+                D, isum, pos, slope = _kern().step32(np.ascontiguousarray(Lam), ss, cols, sp, al,
+                                                     be, self.cs32[k], self.ct32[k], self.leak,
+                                                     self.offsets[k])
+                const = const + isum + (D @ bias)
+                if keep:
+                    tape.append((Lam, pos, slope, None))
+                Lam = D @ W[k]
+                continue
             D = Lam * ss
             sl, su, tt, bc = self._layer_parts(k, sp, al, be, dt)
             Lu = Lam[:, cols]
@@ -240,7 +261,6 @@ class Bounder:
             slope = np.where(pos, sl, su)
             icpt = np.where(pos, dt(0.0), Lu * tt)
             D[:, cols] = Lu * slope + bc
-            bias = self.biases[k] if f64 else self.b32[k]
             const = const + icpt.sum(axis=1, dtype=np.float64) + (D @ bias)
             if f64:
                 absD = np.abs(D)
@@ -279,9 +299,14 @@ class Bounder:
         gB = np.zeros((N, self.nU), dt)
         WT = [w.T for w in self.weights] if dt == np.float64 else self.WT32
         bias = self.biases if dt == np.float64 else self.b32
+        fast = dt == np.float32 and _kern() is not None
         for k in range(self.L):
             gD = G @ WT[k] + bias[k]  # Lam_{k-1} = D_k W_k, const += D_k . b_k
             Lam, pos, slope, sl = tape[k]
+            if fast:
+                G = _kern().back32(gD, Lam, self.ucols[k], sp, pos, slope, self.ss32[k],
+                                   self.ct32[k], self.offsets[k], gA, gB, k + 1 < self.L)
+                continue
             o0, o1 = self.offsets[k], self.offsets[k + 1]
             cols = self.ucols[k]
             s = sp[:, o0:o1]

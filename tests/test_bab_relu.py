@@ -239,3 +239,21 @@ def test_root_layer_bounds_sound_and_tighter(activation):
         gained += np.sum(l - l0) + np.sum(u0 - u)
         a = np.maximum(z, 0.0) if activation == "relu" else np.where(z >= 0, z, 0.2 * z)
     assert gained > 0.0
+
+
+@pytest.mark.parametrize("activation", ["relu", "leaky_relu"])
+def test_float32_kernels_match_numpy_path(activation):
+    w, b, x0, lo, hi = _case(6, sizes=(6, 20, 20, 20, 3), eps=0.3)
+    A = np.array([[1.0, -1.0, 0.0], [0.0, 1.0, -1.0]])
+    bd = bab_relu.Bounder(w, b, lo, hi, A, np.zeros(2), activation=activation)
+    split, alpha, beta = _random_params(bd, np.random.default_rng(9), 5, bd.leak)
+    alpha, beta = alpha.astype(np.float32), beta.astype(np.float32)
+    v1, s1 = bd.evaluate(split, alpha, beta, np.float32, keep=True)
+    g1 = bd.gradient(s1)
+    with crown.using_kernels("numpy"):
+        v2, s2 = bd.evaluate(split, alpha, beta, np.float32, keep=True)
+        g2 = bd.gradient(s2)
+    np.testing.assert_allclose(v1, v2, rtol=1e-5, atol=1e-5)
+    for a, c in zip(g1, g2):
+        assert np.count_nonzero(c) > 10
+        np.testing.assert_allclose(a, c, rtol=1e-5, atol=1e-5)
