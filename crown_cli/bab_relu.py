@@ -491,7 +491,7 @@ class _Pool:
 
 def relu_split(weights: Sequence[np.ndarray], biases: Sequence[np.ndarray], lo, hi, A, b,
                deadline: float, *, max_domains: int = 200_000, batch: int = 256,
-               iters: int = 10, root_iters: int = 50, branching: str = "fsb", fsb_k: int = 3,
+               iters: int = 20, root_iters: int = 50, branching: str = "fsb", fsb_k: int = 3,
                activation: str = "relu", leak=None, log: Optional[Callable[[str], None]] = None,
                charge=None, attack_restarts: int = 16, attack_steps: int = 50,
                seed: int = 0, tighten_root: bool = True, layer_bounds=None) -> BabResult:
@@ -500,9 +500,9 @@ def relu_split(weights: Sequence[np.ndarray], biases: Sequence[np.ndarray], lo, 
     ``deadline``: a ``time.monotonic()`` instant (then ``timeout``). ``max_domains``: cap on
     open domains (hitting it gives ``unknown``). ``batch``: domains bounded per evaluation
     (children of batch/2 parents). ``branching``: "babsr" or "fsb" (filtered smart branching
-    over the top ``fsb_k`` BaBSR candidates; the default: on mnistfc 256x2 it needed ~2.8x
-    fewer domains than "babsr", see the README). ``iters``: Adam steps per batch (10 and 20
-    gave the same trees there). ``charge``: see :meth:`Bounder.evaluate`.
+    over the top ``fsb_k`` BaBSR candidates; on mnistfc 256x2 it needed ~2.8x fewer domains
+    than "babsr", on one 256x4 case 1.4x more: see the README). ``iters``: Adam steps per
+    batch (10 lost a 256x4 case that 20 proves). ``charge``: see :meth:`Bounder.evaluate`.
     ``attack_restarts``/``attack_steps``: a PGD attack (verify_attack.find_counterexample)
     when the root is not proven (0 restarts: none). ``tighten_root``: the hidden layers'
     bounds by :func:`root_layer_bounds` instead of CROWN's; ``layer_bounds`` gives them
