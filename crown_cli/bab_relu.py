@@ -23,9 +23,9 @@ ReLUs (Wang et al., "Beta-CROWN", NeurIPS 2021; implemented from the paper's ide
   terms), compared with ``b`` rounded up one ulp. Each step's |D| is available to a
   ``charge`` hook adding further per-step rounding allowance.
 - Branching: a BaBSR-like score (|coefficient| of the neuron's activation in the domain's
-  back-substitution times the largest gap of the relaxation side it uses), optionally
-  filtered smart branching (the top-k candidates' children evaluated in one batch, the one
-  with the best worse child taken).
+  back-substitution times the largest gap of the relaxation side it uses), by default
+  filtered (filtered smart branching: the top-3 candidates' children evaluated in one batch,
+  the one with the best worse child taken).
 - Attacks on the way: the box corner minimising each evaluated row's linear bound is checked
   by a float64 forward pass; a point of the box meeting every row is a counterexample.
 
@@ -494,11 +494,13 @@ def relu_split(weights: Sequence[np.ndarray], biases: Sequence[np.ndarray], lo, 
                iters: int = 20, root_iters: int = 50, branching: str = "fsb", fsb_k: int = 3,
                activation: str = "relu", leak=None, log: Optional[Callable[[str], None]] = None,
                charge=None, attack_restarts: int = 16, attack_steps: int = 50,
-               seed: int = 0, tighten_root: bool = True, layer_bounds=None) -> BabResult:
+               seed: int = 0, tighten_root: bool = True, layer_bounds=None,
+               max_memory: float = 2.0 ** 30) -> BabResult:
     """Decide the case ``x in [lo, hi] and A f(x) <= b`` by ReLU-splitting branch and bound.
 
     ``deadline``: a ``time.monotonic()`` instant (then ``timeout``). ``max_domains``: cap on
-    open domains (hitting it gives ``unknown``). ``batch``: domains bounded per evaluation
+    open domains (hitting it gives ``unknown``), lowered so that the open domains' stored
+    alpha/beta/splits stay below ``max_memory`` bytes. ``batch``: domains bounded per evaluation
     (children of batch/2 parents). ``branching``: "babsr" or "fsb" (filtered smart branching
     over the top ``fsb_k`` BaBSR candidates; on mnistfc 256x2 it needed ~2.8x fewer domains
     than "babsr", on one 256x4 case 1.4x more: see the README). ``iters``: Adam steps per
@@ -515,6 +517,8 @@ def relu_split(weights: Sequence[np.ndarray], biases: Sequence[np.ndarray], lo, 
     bd = Bounder(weights, biases, lo, hi, A, b, activation, leak, layer_bounds)
     m, nU = bd.m, bd.nU
     K = max(1, int(fsb_k)) if branching == "fsb" else 1
+    per_domain = nU * (1 + 8 * m) + 8 * (K + 4)
+    max_domains = int(min(max_domains, max_memory // per_domain))
     if branching not in ("babsr", "fsb"):
         raise ValueError("branching must be 'babsr' or 'fsb'")
     stats = dict(domains=0, peak=1, batches=0, proven=0)
