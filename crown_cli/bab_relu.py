@@ -1,0 +1,750 @@
+"""Branch and bound by ReLU splitting for one property case (beta-CROWN style).
+
+A case is ``x in [lo, hi] and A f(x) <= b``; it is empty (``unsat``) when every point of the
+box has some row with ``A_i f(x) > b_i``. :func:`relu_split` decides it by splitting unstable
+ReLUs (Wang et al., "Beta-CROWN", NeurIPS 2021; implemented from the paper's idea):
+
+- The pre-activation bounds (l, u) of every hidden layer are computed ONCE, by CROWN over the
+  whole box (``crown.hidden_layer_bounds``). A subdomain is a set of split decisions, neuron
+  -> active (z >= 0) or inactive (z <= 0). Root bounds stay valid on every subdomain.
+- On a subdomain only the final rows ``A_i f(x) - b_i`` are bounded, by one back-substitution
+  per (domain, row): a split-active neuron is the identity, split-inactive is the inactive
+  slope (0 for ReLU), an unstable unsplit neuron has the root chord above and a free lower
+  slope alpha in [leak, 1] below (per domain, row and neuron). The split constraints enter by
+  Lagrange multipliers beta >= 0: the bound of ``margin(x) + sum_j beta_j s_j z_j(x)`` with
+  ``s_j z_j <= 0`` on the subdomain (s = -1 active, +1 inactive) is a lower bound of the margin
+  on the subdomain for every beta >= 0. All (domain, row) pairs share the weights, so a batch
+  is one matrix product per layer with a leading (domain x row) axis.
+- alpha and beta are optimised by projected Adam ascent on the bound in float32 (gradient by a
+  hand-written reverse pass), warm-started from the parent domain, keeping the best iterate.
+- Soundness: a domain counts as proven only by a float64 evaluation at its final (alpha, beta)
+  (alpha clipped into [leak, 1], beta into [0, inf) in float64), widened outward like
+  :func:`crown_cli.crown.back_substitute` (``FP_RTOL`` times the sum of the magnitudes of all
+  terms), compared with ``b`` rounded up one ulp. Each step's |D| is available to a
+  ``charge`` hook adding further per-step rounding allowance.
+- Branching: a BaBSR-like score (|coefficient| of the neuron's activation in the domain's
+  back-substitution times the largest gap of the relaxation side it uses), by default
+  filtered (filtered smart branching: the top-3 candidates' children evaluated in one batch,
+  the one with the best worse child taken).
+- Attacks on the way: the box corner minimising each evaluated row's linear bound is checked
+  by a float64 forward pass; a point of the box meeting every row is a counterexample.
+
+Arrays in, result out: no files and no printing here (``log`` receives progress strings).
+"""
+from __future__ import annotations
+
+import heapq
+import time
+from dataclasses import dataclass
+from typing import Callable, List, Optional, Sequence
+
+import numpy as np
+
+from . import crown
+from .activations import forward
+from .crown import FP_ATOL, FP_RTOL, Box, Network, hidden_layer_bounds
+from .relaxations import get_relaxation
+
+VERDICTS = ("unsat", "sat", "unknown", "timeout")
+
+
+@dataclass
+class BabResult:
+    verdict: str  # one of VERDICTS
+    x: Optional[np.ndarray]  # counterexample (sat) or None
+    domains: int  # domains evaluated (the root counts one)
+    peak_open: int  # most open domains at any time
+    worst_bound: float  # min over open domains of the best row's (bound - b); float32 estimate
+    time_s: float
+    batches: int = 0
+    proven: int = 0  # domains proven empty (leaves)
+
+
+def _round_up(b):
+    return np.nextafter(np.asarray(b, dtype=np.float64), np.inf)
+
+
+def _kern():
+    """The numba kernels of the float32 steps, or None under crown.set_kernels("numpy")."""
+    from .crown import kernels_backend
+
+    if kernels_backend() == "numpy":
+        return None
+    from . import bab_relu_kernels
+
+    return bab_relu_kernels
+
+
+class _Relax:
+    __slots__ = ("aU", "bU", "aL", "bL")
+
+    def __init__(self, aU, bU, aL, bL):
+        self.aU, self.bU, self.aL, self.bL = aU, bU, aL, bL
+
+
+def root_layer_bounds(weights, biases, lo, hi, activation="relu", leak=None, iters=20,
+                      deadline=None):
+    """Pre-activation bounds of every hidden layer over the box, tightened layer by layer by
+    optimising the lower slopes (alpha-CROWN style, with this module's optimiser): layer k's
+    bounds of z_j and -z_j are rows of a :class:`Bounder` on the network cut after W_k,
+    given the (already tightened) bounds of the layers before it, checked in float64 and
+    intersected with CROWN's. Returns [(l, u), ...] (float64)."""
+    bd = Bounder(weights, biases, lo, hi, np.zeros((0, weights[-1].shape[0])), np.zeros(0),
+                 activation, leak)
+    bounds = [(l.copy(), u.copy()) for l, u in bd.bounds]
+    for k in range(1, bd.L):
+        if deadline is not None and time.monotonic() >= deadline:
+            break
+        l, u = bounds[k]
+        rows = np.flatnonzero((l < 0.0) & (u > 0.0))
+        if rows.size == 0:
+            continue
+        n = l.size
+        A = np.zeros((2 * rows.size, n))
+        A[np.arange(rows.size), rows] = 1.0
+        A[rows.size + np.arange(rows.size), rows] = -1.0
+        sub = Bounder(weights[:k + 1], biases[:k + 1], lo, hi, A, np.zeros(2 * rows.size),
+                      activation, leak, layer_bounds=bounds[:k])
+        split = np.zeros((1, sub.nU), np.int8)
+        alpha = np.broadcast_to(sub.initial_alpha(), (1, sub.m, sub.nU)).copy()
+        beta = np.zeros_like(alpha)
+        optimise(sub, split, alpha, beta, iters, stop=False)
+        v = sub.evaluate(split, np.clip(alpha.astype(np.float64), sub.leak, 1.0),
+                         np.zeros(alpha.shape), np.float64)[0]
+        # rows bound z_j - b_up and -z_j - b_up with b_up = 5e-324 > 0: v <= z_j (or -z_j)
+        l, u = l.copy(), u.copy()
+        l[rows] = np.maximum(l[rows], v[:rows.size])
+        u[rows] = np.minimum(u[rows], -v[rows.size:])
+        bounds[k] = (l, u)
+    return bounds
+
+
+class Bounder:
+    """Batched bounds of the rows ``A f(x) - b_up`` on ReLU-split subdomains of one box.
+
+    Unstable neurons (l < 0 < u at the root) are numbered globally 0..n_unstable-1 in layer
+    order; a batch gives per domain ``split`` (B, nU) int8 in {-1, 0, +1} and per (domain,
+    row) ``alpha``, ``beta`` (B, m, nU).
+
+    ``layer_bounds``: the hidden layers' (l, u), valid on the box (default: CROWN's, from
+    ``crown.hidden_layer_bounds``; :func:`root_layer_bounds` gives tighter ones).
+    """
+
+    def __init__(self, weights, biases, lo, hi, A, b, activation="relu", leak=None,
+                 layer_bounds=None):
+        if activation not in ("relu", "leaky_relu"):
+            raise ValueError("relu_split: activation must be relu or leaky_relu")
+        self.weights = [np.ascontiguousarray(w, dtype=np.float64) for w in weights]
+        self.biases = [np.ascontiguousarray(v, dtype=np.float64) for v in biases]
+        self.activation = activation
+        if activation == "relu":
+            leak = 0.0
+        elif leak is None:
+            leak = 0.2
+        leak = float(leak)
+        if not 0.0 <= leak <= 1.0:
+            raise ValueError("relu_split: leaky ReLU slope must lie in [0, 1]")
+        self.leak = leak
+        self.net = Network(self.weights, self.biases)
+        self.box = Box(lo, hi)
+        self.A = np.atleast_2d(np.asarray(A, dtype=np.float64))
+        self.b = np.asarray(b, dtype=np.float64).reshape(-1)
+        self.b_up = _round_up(self.b)
+        self.m = self.A.shape[0]
+        relax_fn = get_relaxation(activation, "crown", None if activation == "relu" else leak)
+        self.L = self.net.num_hidden
+        if layer_bounds is not None:
+            self.bounds = [(np.asarray(l, np.float64), np.asarray(u, np.float64))
+                           for l, u in layer_bounds]
+            relax = [_Relax(*relax_fn(l, u)) for l, u in self.bounds]
+        elif self.L:
+            self.bounds, relax = hidden_layer_bounds(self.net, *self.box.args(), relax_fn)
+        else:
+            self.bounds, relax = [], []
+        if len(self.bounds) != self.L:
+            raise ValueError("layer_bounds: one (l, u) per hidden layer")
+        # per hidden layer: slope of stable neurons (0 on unstable ones), unstable columns,
+        # their chord slope/intercept and CROWN's lower slope (the initial alpha)
+        self.stable_slope, self.ucols, self.chord_s, self.chord_t, self.alpha0 = [], [], [], [], []
+        self.offsets = [0]
+        for (l, u), r in zip(self.bounds, relax):
+            unst = (l < 0.0) & (u > 0.0)
+            cols = np.flatnonzero(unst)
+            ss = np.where(unst, 0.0, r.aL)
+            self.stable_slope.append(ss)
+            self.ucols.append(cols)
+            self.chord_s.append(r.aU[cols].copy())
+            self.chord_t.append(r.bU[cols].copy())
+            self.alpha0.append(r.aL[cols].copy())
+            self.offsets.append(self.offsets[-1] + cols.size)
+        self.nU = self.offsets[-1]
+        self.layer_of = np.zeros(self.nU, dtype=np.int64)
+        for k in range(self.L):
+            self.layer_of[self.offsets[k]:self.offsets[k + 1]] = k
+        # float32 copies for the optimisation
+        self.W32 = [w.astype(np.float32) for w in self.weights]
+        self.WT32 = [np.ascontiguousarray(w.T.astype(np.float32)) for w in self.weights]
+        self.b32 = [v.astype(np.float32) for v in self.biases]
+        self.ss32 = [s.astype(np.float32) for s in self.stable_slope]
+        self.cs32 = [s.astype(np.float32) for s in self.chord_s]
+        self.ct32 = [s.astype(np.float32) for s in self.chord_t]
+        # the last layer folded into the rows (as crown.margin_lower_bound does)
+        self.Lam_top = self.A @ self.weights[-1]
+        self.const_top = self.A @ self.biases[-1] - self.b_up
+        self.mag_top = np.abs(self.A) @ np.abs(self.biases[-1]) + np.abs(self.b_up)
+        self.c = self.box.center
+        self.r = self.box.radius
+        self.c32, self.r32 = self.c.astype(np.float32), self.r.astype(np.float32)
+        # float64 rounding charges, as crown.back_substitute applies them: per hidden layer k
+        # the weights (v_k, t_k) of the step through it (crown.rounding_weights, unit 2**-53)
+        # from the layer's root interval (a split only narrows it on its subdomain) and the
+        # previous layer's |a| bound (|relu(z)|, |leaky(z)| <= |z|; the input set's for k = 0),
+        # and the rounding of A @ W[-1], A @ b[-1] as they act on the last layer
+        self.rw = []
+        a_prev = crown.input_abs_bound(*self.box.args())
+        for k, (l, u) in enumerate(self.bounds):
+            Wa = self.net.abs_row_sums(k) * (float(np.max(a_prev)) if a_prev.size else 0.0)
+            self.rw.append(crown.rounding_weights(self.net, k, a_prev, l, u, Wa, unit=crown.U64))
+            a_prev = np.maximum(np.abs(l), np.abs(u))
+        nout = self.A.shape[1]
+        g = nout * crown.U64 / (1.0 - nout * crown.U64)
+        absA = np.abs(self.A)
+        self.lam_err = crown.ERR_SAFETY * g * (
+            absA @ (self.net.abs_weights(self.L) @ a_prev) + absA @ np.abs(self.biases[-1])
+            + nout * crown.TINY64)
+
+    def initial_alpha(self) -> np.ndarray:
+        """CROWN's lower slopes for every unstable neuron, (nU,) float32."""
+        if self.nU == 0:
+            return np.zeros(0, np.float32)
+        return np.concatenate(self.alpha0).astype(np.float32)
+
+    # ------------------------------------------------------------------ forward (bound)
+
+    def _layer_parts(self, k, split, alpha, beta, dt):
+        """Per (domain, row) slopes of layer k's unstable columns: lower, upper, intercept mask
+        and the beta coefficient added to z's coefficient."""
+        o0, o1 = self.offsets[k], self.offsets[k + 1]
+        sp = split[:, o0:o1]
+        a = alpha[:, o0:o1]
+        free = sp == 0
+        fixed = np.where(sp > 0, 1.0, self.leak).astype(dt)
+        cs = (self.chord_s[k] if dt == np.float64 else self.cs32[k])
+        ct = (self.chord_t[k] if dt == np.float64 else self.ct32[k])
+        sl = np.where(free, a, fixed)
+        su = np.where(free, cs, fixed)
+        tt = np.where(free, ct, dt(0.0))
+        bc = (-sp).astype(dt) * beta[:, o0:o1]
+        return sl, su, tt, bc
+
+    def evaluate(self, split, alpha, beta, dtype=np.float64, keep=False, charge=None):
+        """Lower bounds of ``A_i f(x) - b_up_i`` on the subdomains, (B, m).
+
+        ``split`` (B, nU) int8; ``alpha``, ``beta`` (B, m, nU) (used as given: the caller
+        clips them). float64: the sound bound (widened). float32: an estimate.
+        ``keep``: also return the tape for :meth:`gradient` and the per-layer coefficients.
+        ``charge(k, absD)`` (float64 only) may return a per-row extra allowance (B*m,) for
+        the step through hidden layer k whose scaled matrix is D.
+        """
+        dt = np.float64 if np.dtype(dtype) == np.float64 else np.float32
+        B, m = split.shape[0], self.m
+        N = B * m
+        sp = np.repeat(split, m, axis=0) if m > 1 else split
+        al = alpha.reshape(N, self.nU).astype(dt, copy=False)
+        be = beta.reshape(N, self.nU).astype(dt, copy=False)
+        Lam = np.broadcast_to(self.Lam_top.astype(dt), (B, m, self.Lam_top.shape[1])).reshape(N, -1)
+        const = np.tile(self.const_top, B)
+        f64 = dt == np.float64
+        if f64:
+            mag = np.tile(self.mag_top, B)
+            steps = np.tile(self.lam_err, B)
+        tape = []
+        W = self.weights if f64 else self.W32
+        for k in range(self.L - 1, -1, -1):
+            cols = self.ucols[k]
+            ss = self.stable_slope[k] if f64 else self.ss32[k]
+            bias = self.biases[k] if f64 else self.b32[k]
+            if not f64 and _kern() is not None:
+                D, isum, pos, slope = _kern().step32(np.ascontiguousarray(Lam), ss, cols, sp, al,
+                                                     be, self.cs32[k], self.ct32[k], self.leak,
+                                                     self.offsets[k])
+                const = const + isum + (D @ bias)
+                if keep:
+                    tape.append((Lam, pos, slope, None))
+                Lam = D @ W[k]
+                continue
+            D = Lam * ss
+            sl, su, tt, bc = self._layer_parts(k, sp, al, be, dt)
+            Lu = Lam[:, cols]
+            pos = Lu >= 0.0
+            slope = np.where(pos, sl, su)
+            icpt = np.where(pos, dt(0.0), Lu * tt)
+            D[:, cols] = Lu * slope + bc
+            const = const + icpt.sum(axis=1, dtype=np.float64) + (D @ bias)
+            if f64:
+                absD = np.abs(D)
+                mag = mag + np.abs(icpt).sum(axis=1) + absD @ np.abs(bias)
+                v, t = self.rw[k]
+                steps = steps + absD @ v + t
+                if charge is not None:
+                    mag = mag + np.asarray(charge(k, absD), dtype=np.float64) / FP_RTOL
+            if keep:
+                tape.append((Lam, pos, slope, sl))
+            Lam = D @ W[k]
+        if f64:
+            lin = Lam @ self.c
+            absL = np.abs(Lam)
+            nrm = absL @ self.r
+            val = lin - nrm + const
+            mag = mag + absL @ np.abs(self.c) + nrm
+            out = val - ((self.net.fp_rtol * mag + FP_ATOL) + crown.ERR_SAFETY * steps)
+        else:
+            out = (Lam @ self.c32).astype(np.float64) - (np.abs(Lam) @ self.r32) + const
+        out = out.reshape(B, m)
+        if keep:
+            tape.reverse()  # tape[k] for hidden layer k
+            return out, (tape, Lam, sp)
+        return out
+
+    def gradient(self, state, dtype=np.float32):
+        """d(sum of all bounds)/d alpha and d/d beta, each (B*m, nU), from :meth:`evaluate`'s
+        tape (float32 or float64 as evaluated). Only slopes of free unstable neurons on the
+        lower side get a nonzero alpha gradient; only split neurons a beta gradient."""
+        tape, Lam_in, sp = state
+        dt = Lam_in.dtype
+        N = Lam_in.shape[0]
+        c = self.c if dt == np.float64 else self.c32
+        r = self.r if dt == np.float64 else self.r32
+        G = c - np.sign(Lam_in) * r  # d bound / d Lam_{-1}
+        gA = np.zeros((N, self.nU), dt)
+        gB = np.zeros((N, self.nU), dt)
+        WT = [w.T for w in self.weights] if dt == np.float64 else self.WT32
+        bias = self.biases if dt == np.float64 else self.b32
+        fast = dt == np.float32 and _kern() is not None
+        for k in range(self.L):
+            gD = G @ WT[k] + bias[k]  # Lam_{k-1} = D_k W_k, const += D_k . b_k
+            Lam, pos, slope, sl = tape[k]
+            if fast:
+                G = _kern().back32(gD, Lam, self.ucols[k], sp, pos, slope, self.ss32[k],
+                                   self.ct32[k], self.offsets[k], gA, gB, k + 1 < self.L)
+                continue
+            o0, o1 = self.offsets[k], self.offsets[k + 1]
+            cols = self.ucols[k]
+            s = sp[:, o0:o1]
+            free = s == 0
+            gDu = gD[:, cols]
+            Lu = Lam[:, cols]
+            gA[:, o0:o1] = np.where(pos & free, gDu * Lu, 0.0)
+            gB[:, o0:o1] = gDu * (-s).astype(dt)
+            if k + 1 < self.L:
+                ss = self.stable_slope[k] if dt == np.float64 else self.ss32[k]
+                G = gD * ss
+                ct = self.chord_t[k] if dt == np.float64 else self.ct32[k]
+                G[:, cols] = gDu * slope + np.where(~pos & free, ct, 0.0).astype(dt)
+        return gA, gB
+
+    def affine(self, split_row):
+        """On a fully split domain (every unstable neuron split) the network is affine:
+        returns (G, H) with f(x) = G x + H there, and the constraints (C, e) with C x <= e
+        describing the domain's sign conditions (one row per unstable neuron)."""
+        G, H = self.weights[0], self.biases[0]
+        C, e = [], []
+        for k in range(self.L):
+            o0, o1 = self.offsets[k], self.offsets[k + 1]
+            s = split_row[o0:o1].astype(np.float64)
+            cols = self.ucols[k]
+            C.append(-s[:, None] * G[cols])  # s z >= 0  <=>  -s g x <= s h
+            e.append(s * H[cols])
+            slope = self.stable_slope[k].copy()
+            slope[cols] = np.where(s > 0, 1.0, self.leak)
+            G = self.weights[k + 1] @ (slope[:, None] * G)
+            H = self.weights[k + 1] @ (slope * H) + self.biases[k + 1]
+        d = G.shape[1]
+        C = np.concatenate(C) if C else np.zeros((0, d))
+        e = np.concatenate(e) if e else np.zeros(0)
+        return G, H, C, e
+
+    def corners(self, state) -> np.ndarray:
+        """Per evaluated (domain, row): the box corner minimising its final linear function."""
+        Lam_in = state[1]
+        return np.where(Lam_in > 0.0, self.box.lo, self.box.hi)
+
+
+# ---------------------------------------------------------------------------------- optimiser
+
+
+def optimise(bd: Bounder, split, alpha, beta, iters=20, lr_alpha=0.1, lr_beta=0.05,
+             stop=True):
+    """Projected Adam ascent of the float32 bounds over alpha, beta (B, m, nU) float32, in
+    place; keeps per (domain, row) the best iterate. A domain leaves the batch once one of
+    its rows is above 0 by a float32 margin (the float64 check decides later). Returns (best
+    bounds (B, m) float32 estimate, the tape of a final evaluation of all domains at the
+    best iterate)."""
+    B, m, nU = alpha.shape
+    best = np.full((B, m), -np.inf)
+    best_a, best_b = alpha.copy(), beta.copy()
+    ma = np.zeros_like(alpha); va = np.zeros_like(alpha)
+    mb = np.zeros_like(beta); vb = np.zeros_like(beta)
+    b1, b2, eps = 0.9, 0.999, 1e-8
+    splitted = (split != 0)[:, None, :]
+    lo_a = np.float32(bd.leak)
+    act = np.arange(B)
+    for t in range(1, iters + 1):
+        if nU == 0 or act.size == 0:
+            break
+        a, be = alpha[act], beta[act]
+        val, state = bd.evaluate(split[act], a, be, np.float32, keep=True)
+        imp = val > best[act]
+        if imp.any():
+            d, r = np.nonzero(imp)
+            best[act[d], r] = val[d, r]
+            best_a[act[d], r] = a[d, r]
+            best_b[act[d], r] = be[d, r]
+        done = best[act].max(axis=1) > 1e-4 * (1.0 + np.abs(val).max()) if stop else \
+            np.zeros(act.size, bool)
+        if t == iters:
+            break
+        gA, gB = bd.gradient(state)
+        gA = gA.reshape(a.shape)
+        gB = gB.reshape(be.shape)
+        ma[act] = b1 * ma[act] + (1 - b1) * gA
+        va[act] = b2 * va[act] + (1 - b2) * gA * gA
+        mb[act] = b1 * mb[act] + (1 - b1) * gB
+        vb[act] = b2 * vb[act] + (1 - b2) * gB * gB
+        ca = lr_alpha * np.sqrt(1 - b2 ** t) / (1 - b1 ** t)
+        cb = lr_beta * np.sqrt(1 - b2 ** t) / (1 - b1 ** t)
+        a += (ca * ma[act] / (np.sqrt(va[act]) + eps)).astype(np.float32)
+        np.clip(a, lo_a, 1.0, out=a)
+        be += (cb * mb[act] / (np.sqrt(vb[act]) + eps)).astype(np.float32)
+        np.maximum(be, 0.0, out=be)
+        be *= splitted[act]
+        alpha[act] = a
+        beta[act] = be
+        act = act[~done]
+    alpha[...] = best_a
+    beta[...] = best_b
+    val, state = bd.evaluate(split, alpha, beta, np.float32, keep=True)
+    best = np.maximum(best, val)
+    return best, state
+
+
+# ---------------------------------------------------------------------------------- branching
+
+
+def branch_scores(bd: Bounder, state, split, alpha, rows) -> np.ndarray:
+    """BaBSR-like estimate per domain and unstable neuron of what splitting it gains, (B, nU)
+    (-inf where already split): |Lam_j| times the largest gap of the side of the relaxation
+    the domain's row uses (chord: its intercept; lower line alpha z: max(-alpha l, (1-alpha) u)),
+    Lam_j the coefficient of the neuron's activation in row ``rows[d]``'s back-substitution."""
+    tape = state[0]
+    B = split.shape[0]
+    m = bd.m
+    idx = np.arange(B) * m + rows
+    out = np.full((B, bd.nU), -np.inf)
+    for k in range(bd.L):
+        o0, o1 = bd.offsets[k], bd.offsets[k + 1]
+        if o1 == o0:
+            continue
+        cols = bd.ucols[k]
+        Lu = tape[k][0][idx][:, cols].astype(np.float64)
+        l, u = bd.bounds[k][0][cols], bd.bounds[k][1][cols]
+        a = alpha[np.arange(B), rows, o0:o1].astype(np.float64)
+        gap_low = np.maximum(-(a - bd.leak) * l, (1.0 - a) * u)
+        gap_up = bd.chord_t[k]
+        sc = np.where(Lu >= 0.0, Lu * gap_low, -Lu * gap_up)
+        sc[split[:, o0:o1] != 0] = -np.inf
+        out[:, o0:o1] = sc
+    return out
+
+
+# ---------------------------------------------------------------------------------- search
+
+
+class _Pool:
+    """Open domains: arrays indexed by slot, a heap of (score, slot) worst first."""
+
+    def __init__(self, nU, m, K, cap=1024):
+        self.nU, self.m, self.K = nU, m, K
+        self.split = np.zeros((cap, nU), np.int8)
+        self.alpha = np.zeros((cap, m, nU), np.float32)
+        self.beta = np.zeros((cap, m, nU), np.float32)
+        self.cand = np.zeros((cap, K), np.int64)
+        self.row = np.zeros(cap, np.int64)
+        self.free = list(range(cap - 1, -1, -1))
+        self.heap = []
+
+    def _grow(self):
+        cap = self.split.shape[0]
+        for name in ("split", "alpha", "beta", "cand", "row"):
+            old = getattr(self, name)
+            new = np.zeros((2 * cap,) + old.shape[1:], old.dtype)
+            new[:cap] = old
+            setattr(self, name, new)
+        self.free.extend(range(2 * cap - 1, cap - 1, -1))
+
+    def push(self, score, split, alpha, beta, cand, row):
+        n = split.shape[0]
+        while len(self.free) < n:
+            self._grow()
+        slots = np.array([self.free.pop() for _ in range(n)], dtype=np.int64)
+        self.split[slots] = split
+        self.alpha[slots] = alpha
+        self.beta[slots] = beta
+        self.cand[slots] = cand
+        self.row[slots] = row
+        for s, slot in zip(score.tolist(), slots.tolist()):
+            heapq.heappush(self.heap, (s, slot))
+
+    def pop(self, n):
+        items = [heapq.heappop(self.heap) for _ in range(min(n, len(self.heap)))]
+        slots = np.array([s for _, s in items], dtype=np.int64)
+        out = (self.split[slots].copy(), self.alpha[slots].copy(), self.beta[slots].copy(),
+               self.cand[slots].copy(), self.row[slots].copy())
+        self.free.extend(slots.tolist())
+        return out
+
+    def __len__(self):
+        return len(self.heap)
+
+    def worst(self):
+        return self.heap[0][0] if self.heap else np.inf
+
+
+def relu_split(weights: Sequence[np.ndarray], biases: Sequence[np.ndarray], lo, hi, A, b,
+               deadline: float, *, max_domains: int = 200_000, batch: int = 256,
+               iters: int = 20, root_iters: int = 50, branching: str = "fsb", fsb_k: int = 3,
+               activation: str = "relu", leak=None, log: Optional[Callable[[str], None]] = None,
+               charge=None, attack_restarts: int = 16, attack_steps: int = 50,
+               seed: int = 0, tighten_root: bool = True, layer_bounds=None,
+               max_memory: float = 2.0 ** 30) -> BabResult:
+    """Decide the case ``x in [lo, hi] and A f(x) <= b`` by ReLU-splitting branch and bound.
+
+    ``deadline``: a ``time.monotonic()`` instant (then ``timeout``). ``max_domains``: cap on
+    open domains (hitting it gives ``unknown``), lowered so that the open domains' stored
+    alpha/beta/splits stay below ``max_memory`` bytes. ``batch``: domains bounded per evaluation
+    (children of batch/2 parents). ``branching``: "babsr" or "fsb" (filtered smart branching
+    over the top ``fsb_k`` BaBSR candidates; on mnistfc 256x2 it needed ~2.8x fewer domains
+    than "babsr", on one 256x4 case 1.4x more: see the README). ``iters``: Adam steps per
+    batch (10 lost a 256x4 case that 20 proves). ``charge``: see :meth:`Bounder.evaluate`.
+    ``attack_restarts``/``attack_steps``: a PGD attack (verify_attack.find_counterexample)
+    when the root is not proven (0 restarts: none). ``tighten_root``: the hidden layers'
+    bounds by :func:`root_layer_bounds` instead of CROWN's; ``layer_bounds`` gives them
+    (e.g. computed once for several cases on one box).
+    """
+    t0 = time.monotonic()
+    if layer_bounds is None and tighten_root and len(weights) > 2:
+        layer_bounds = root_layer_bounds(weights, biases, lo, hi, activation, leak,
+                                         deadline=deadline)
+    bd = Bounder(weights, biases, lo, hi, A, b, activation, leak, layer_bounds)
+    m, nU = bd.m, bd.nU
+    K = max(1, int(fsb_k)) if branching == "fsb" else 1
+    per_domain = nU * (1 + 8 * m) + 8 * (K + 4)
+    max_domains = int(min(max_domains, max_memory // per_domain))
+    if branching not in ("babsr", "fsb"):
+        raise ValueError("branching must be 'babsr' or 'fsb'")
+    stats = dict(domains=0, peak=1, batches=0, proven=0)
+
+    def result(verdict, x=None, worst=np.nan):
+        return BabResult(verdict, x, stats["domains"], stats["peak"], float(worst),
+                         time.monotonic() - t0, stats["batches"], stats["proven"])
+
+    def violated(X):
+        """The first row of X (N, d) that is a counterexample (float64 check), or None."""
+        X = np.clip(X, bd.box.lo, bd.box.hi)
+        Y = forward(bd.weights, bd.biases, bd.activation, X, None if bd.activation == "relu" else bd.leak)
+        ok = np.all(Y @ bd.A.T <= bd.b, axis=1)
+        return X[int(np.argmax(ok))].copy() if ok.any() else None
+
+    if m == 0:  # no output constraint: every point of the box violates
+        return result("sat", bd.box.center.copy())
+    x = violated(bd.box.center[None, :])
+    if x is not None:
+        return result("sat", x)
+
+    def verify64(split, alpha, beta):
+        a = np.clip(alpha.astype(np.float64), bd.leak, 1.0)
+        be = np.maximum(beta.astype(np.float64), 0.0)
+        return bd.evaluate(split, a, be, np.float64, charge=charge)
+
+    def assess(split, alpha, beta, n_iters):
+        """Optimise and classify a batch; returns (score float64 per domain, proven mask,
+        row, state) and the attack's counterexample if any."""
+        est, state = optimise(bd, split, alpha, beta, n_iters)
+        stats["domains"] += split.shape[0]
+        stats["batches"] += 1
+        score = est.max(axis=1)
+        row = est.argmax(axis=1)
+        proven = np.zeros(split.shape[0], bool)
+        cand = np.flatnonzero(score > 0.0)
+        if cand.size:
+            v64 = verify64(split[cand], alpha[cand], beta[cand])
+            ok = np.any(v64 > 0.0, axis=1)
+            proven[cand[ok]] = True
+            bad = cand[~ok]
+            score[bad] = v64[~ok].max(axis=1)  # float64 bound not yet positive
+        # attack: the minimising corners of the rows of domains still open
+        openi = np.flatnonzero(~proven)
+        if openi.size:
+            Xc = bd.corners(state).reshape(split.shape[0], m, -1)[openi].reshape(-1, bd.box.lo.size)
+            xv = violated(Xc)
+            if xv is not None:
+                return score, proven, row, state, xv
+        return score, proven, row, state, None
+
+    split = np.zeros((1, nU), np.int8)
+    alpha = np.broadcast_to(bd.initial_alpha(), (1, m, nU)).copy()
+    beta = np.zeros((1, m, nU), np.float32)
+    score, proven, row, state, xv = assess(split, alpha, beta, root_iters)
+    if xv is not None:
+        return result("sat", xv)
+    if proven[0]:
+        stats["proven"] += 1
+        return result("unsat", worst=score[0])
+    if log is not None:
+        log(f"root: bound {score[0]:.5g}, {nU} unstable neurons")
+    if attack_restarts > 0:
+        from .verify_attack import find_counterexample
+
+        xa = find_counterexample(bd.weights, bd.biases, bd.activation,
+                                 None if bd.activation == "relu" else bd.leak, bd.box.lo,
+                                 bd.box.hi, bd.A, bd.b, restarts=attack_restarts,
+                                 steps=attack_steps, seed=seed, deadline=deadline)
+        if xa is not None:
+            return result("sat", xa)
+    pool = _Pool(nU, m, K)
+    stuck = 0  # domains with nothing left to split and no proof
+
+    def enqueue(score, proven, row, state, split, alpha, beta):
+        nonlocal stuck
+        openi = np.flatnonzero(~proven)
+        stats["proven"] += int(proven.sum())
+        if openi.size == 0:
+            return
+        sc = branch_scores(bd, state, split, alpha, row)[openi]
+        top = np.argsort(-sc, axis=1)[:, :K]
+        topv = np.take_along_axis(sc, top, axis=1)
+        top[~np.isfinite(topv)] = -1
+        keep = top[:, 0] >= 0
+        for i in np.flatnonzero(~keep):
+            out = _leaf(openi[i], split, alpha, beta)
+            if isinstance(out, np.ndarray):
+                return out
+            if out:
+                stats["proven"] += 1
+            else:
+                stuck += 1
+        sel = openi[keep]
+        if sel.size:
+            pool.push(score[sel], split[sel], alpha[sel], beta[sel], top[keep], row[sel])
+
+    def _leaf(i, split, alpha, beta):
+        """A fully split open domain: a counterexample x, True (proven), or False."""
+        out = _leaf_lp(bd, split[i])
+        if out[0] == "sat":
+            return violated(out[1][None, :])
+        if out[0] == "beta":
+            be = np.zeros((1, m, nU))
+            be[0, out[1]] = out[2]
+            for scale in (1.0, 1.0 + 1e-6, 1.01):
+                if verify64(split[i:i + 1], alpha[i:i + 1], scale * be)[0, out[1]] > 0.0:
+                    return True
+        return False
+
+    xv = enqueue(score, proven, row, state, split, alpha, beta)
+    if xv is not None:
+        return result("sat", xv)
+    while len(pool):
+        if time.monotonic() >= deadline:
+            return result("timeout", worst=pool.worst())
+        if len(pool) > max_domains:
+            return result("unknown", worst=pool.worst())
+        psplit, palpha, pbeta, pcand, prow = pool.pop(max(1, batch // 2))
+        P = psplit.shape[0]
+        if K > 1:
+            choice = _fsb_choice(bd, psplit, palpha, pbeta, pcand)
+        else:
+            choice = pcand[:, 0]
+        # children: first half active (+1), second half inactive (-1)
+        cs = np.concatenate([psplit, psplit])
+        ar = np.arange(P)
+        cs[ar, choice] = 1
+        cs[P + ar, choice] = -1
+        ca = np.concatenate([palpha, palpha])
+        cb = np.concatenate([pbeta, pbeta])
+        score, proven, row, state, xv = assess(cs, ca, cb, iters)
+        if xv is not None:
+            return result("sat", xv)
+        xv = enqueue(score, proven, row, state, cs, ca, cb)
+        if xv is not None:
+            return result("sat", xv)
+        stats["peak"] = max(stats["peak"], len(pool))
+        if log is not None and stats["batches"] % 20 == 0:
+            log(f"batch {stats['batches']}: {stats['domains']} domains, {len(pool)} open, "
+                f"worst {pool.worst():.4g}, {time.monotonic() - t0:.1f}s")
+    if stuck:
+        return result("unknown", worst=np.nan)
+    return result("unsat", worst=np.inf)
+
+
+def _leaf_lp(bd: Bounder, split_row):
+    """A fully split domain, by linear programming (scipy HiGHS). Returns ("sat", x) with x a
+    candidate point (the caller checks it in float64), ("beta", row, beta) with the LP's
+    multipliers of the sign constraints for row ``row`` (the caller proves with a float64
+    evaluation; any beta >= 0 is valid), or ("open", None)."""
+    from scipy.optimize import linprog
+
+    G, H, C, e = bd.affine(split_row)
+    AG, AH = bd.A @ G, bd.A @ H - bd.b
+    d, m = G.shape[1], bd.m
+    bounds = list(zip(bd.box.lo, bd.box.hi))
+    # feasibility of the case on the domain: min t with A_i f(x) - b_i <= t
+    c = np.zeros(d + 1)
+    c[-1] = 1.0
+    Aub = np.vstack([np.hstack([C, np.zeros((C.shape[0], 1))]), np.hstack([AG, -np.ones((m, 1))])])
+    bub = np.concatenate([e, -AH])
+    res = linprog(c, A_ub=Aub, b_ub=bub, bounds=bounds + [(None, None)], method="highs")
+    if res.status == 2:  # t is free: the sign constraints alone are infeasible (empty domain)
+        # phase 1: min s with C x - e <= s; its multipliers y (sum 1) have
+        # min over the box of y.(C x - e) = s* > 0, so beta = T y proves any row for T large
+        c1 = np.zeros(d + 1)
+        c1[-1] = 1.0
+        r1 = linprog(c1, A_ub=np.hstack([C, -np.ones((C.shape[0], 1))]), b_ub=e,
+                     bounds=bounds + [(None, None)], method="highs")
+        if r1.status != 0 or not r1.fun > 0.0:
+            return ("open", None)
+        y = np.maximum(-r1.ineqlin.marginals, 0.0)
+        spread = np.abs(AG[0]) @ bd.r + abs(AG[0] @ bd.c + AH[0]) + 1.0
+        return ("beta", 0, y * (2.0 * spread / r1.fun))
+    if res.status == 0 and res.x[-1] <= 0.0:
+        return ("sat", res.x[:d])
+    elif res.status != 0:
+        return ("open", None)
+    for i in range(m):
+        r = linprog(AG[i], A_ub=C, b_ub=e, bounds=bounds, method="highs")
+        if r.status == 0 and r.fun + AH[i] > 0.0:
+            return ("beta", i, np.maximum(-r.ineqlin.marginals, 0.0))
+    return ("open", None)
+
+
+def _fsb_choice(bd: Bounder, split, alpha, beta, cand):
+    """Filtered smart branching: for each parent, the candidate whose two children (parent's
+    alpha and beta, one float32 evaluation) have the best worse child."""
+    P, K = cand.shape
+    m = bd.m
+    reps = np.repeat(np.arange(P), K)
+    c = cand.reshape(-1)
+    valid = c >= 0
+    cc = np.where(valid, c, 0)
+    s1 = split[reps].copy()
+    s2 = split[reps].copy()
+    ar = np.arange(P * K)
+    s1[ar, cc] = 1
+    s2[ar, cc] = -1
+    S = np.concatenate([s1, s2])
+    Al = np.concatenate([alpha[reps], alpha[reps]])
+    Be = np.concatenate([beta[reps], beta[reps]])
+    v = bd.evaluate(S, Al, Be, np.float32).max(axis=1)
+    worse = np.minimum(v[:P * K], v[P * K:])
+    worse[~valid] = -np.inf
+    best = np.argmax(worse.reshape(P, K), axis=1)
+    return cand[np.arange(P), best]

@@ -1,0 +1,77 @@
+"""numba kernels of one float32 back-substitution step of :mod:`crown_cli.bab_relu` (the
+elementwise relaxation of a layer and its reverse pass, one pass over the batch instead of a
+dozen numpy temporaries). Same arithmetic as the numpy code there, which stays in use for
+float64 (the sound evaluation) and under ``crown.set_kernels("numpy")``.
+"""
+import numpy as np
+from numba import njit
+
+
+@njit(cache=True)
+def step32(Lam, ss, cols, sp, al, be, cs, ct, leak, o0):
+    """D = relaxed coefficients of layer's z (N, n) float32, the intercept sum per row
+    (float64), and the tape (pos, slope) of the unstable columns."""
+    N, n = Lam.shape
+    nu = cols.shape[0]
+    D = np.empty((N, n), np.float32)
+    pos = np.empty((N, nu), np.bool_)
+    slope = np.empty((N, nu), np.float32)
+    icpt = np.zeros(N)
+    lk = np.float32(leak)
+    for i in range(N):
+        for j in range(n):
+            D[i, j] = Lam[i, j] * ss[j]
+        acc = 0.0
+        for q in range(nu):
+            c = cols[q]
+            lv = Lam[i, c]
+            s = sp[i, o0 + q]
+            p = lv >= 0.0
+            if s == 0:
+                if p:
+                    sl = al[i, o0 + q]
+                else:
+                    sl = cs[q]
+                    acc += lv * ct[q]
+            elif s > 0:
+                sl = np.float32(1.0)
+            else:
+                sl = lk
+            D[i, c] = lv * sl + np.float32(-s) * be[i, o0 + q]
+            pos[i, q] = p
+            slope[i, q] = sl
+        icpt[i] = acc
+    return D, icpt, pos, slope
+
+
+@njit(cache=True)
+def back32(gD, Lam, cols, sp, pos, slope, ss, ct, o0, gA, gB, want_G):
+    """Reverse pass of :func:`step32`: fills gA, gB (N, nU) at the layer's columns; returns
+    the gradient with respect to Lam (N, n) if ``want_G``."""
+    N, n = gD.shape
+    nu = cols.shape[0]
+    G = np.empty((N, n if want_G else 0), np.float32)
+    for i in range(N):
+        if want_G:
+            for j in range(n):
+                G[i, j] = gD[i, j] * ss[j]
+        for q in range(nu):
+            c = cols[q]
+            g = gD[i, c]
+            s = sp[i, o0 + q]
+            if s == 0:
+                gB[i, o0 + q] = 0.0
+                if pos[i, q]:
+                    gA[i, o0 + q] = g * Lam[i, c]
+                    if want_G:
+                        G[i, c] = g * slope[i, q]
+                else:
+                    gA[i, o0 + q] = 0.0
+                    if want_G:
+                        G[i, c] = g * slope[i, q] + ct[q]
+            else:
+                gA[i, o0 + q] = 0.0
+                gB[i, o0 + q] = np.float32(-s) * g
+                if want_G:
+                    G[i, c] = g * slope[i, q]
+    return G

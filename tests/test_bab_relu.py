@@ -1,0 +1,301 @@
+"""Branch and bound by ReLU splitting (crown_cli.bab_relu): the batched bound and its gradient,
+soundness of subdomain bounds on sampled points, and verdicts against an exact MILP."""
+import time
+
+import numpy as np
+import pytest
+
+from crown_cli import bab_relu, crown
+from crown_cli.relaxations import get_relaxation
+from oracles import exact_margin_min, mlp_forward, random_mlp
+
+
+def _case(seed, sizes=(6, 20, 20, 3), eps=0.3):
+    w, b = random_mlp(list(sizes), seed=seed)
+    rng = np.random.default_rng(seed + 100)
+    x0 = rng.uniform(-1.0, 1.0, sizes[0])
+    return w, b, x0, x0 - eps, x0 + eps
+
+
+def _random_params(bd, rng, B, leak=0.0):
+    split = rng.integers(-1, 2, (B, bd.nU)).astype(np.int8)
+    alpha = rng.uniform(leak, 1.0, (B, bd.m, bd.nU))
+    beta = rng.uniform(0.0, 1.0, (B, bd.m, bd.nU)) * (split != 0)[:, None, :]
+    return split, alpha, beta
+
+
+@pytest.mark.parametrize("activation", ["relu", "leaky_relu"])
+def test_gradient_matches_finite_differences(activation):
+    w, b, x0, lo, hi = _case(1)
+    A = np.array([[1.0, -1.0, 0.0], [0.5, 0.0, -1.0]])
+    bd = bab_relu.Bounder(w, b, lo, hi, A, np.zeros(2), activation=activation)
+    assert bd.nU > 5
+    rng = np.random.default_rng(2)
+    leak = bd.leak
+    split, alpha, beta = _random_params(bd, rng, 3, leak)
+    beta = rng.uniform(0.0, 1.0, beta.shape)  # also on unsplit neurons: gradient must be 0
+    _, state = bd.evaluate(split, alpha, beta, np.float64, keep=True)
+    gA, gB = bd.gradient(state)
+    gA = gA.reshape(alpha.shape)
+    gB = gB.reshape(beta.shape)
+    h = 1e-6
+    checked = 0
+    for j in range(bd.nU):
+        for name, P, g in (("alpha", alpha, gA), ("beta", beta, gB)):
+            Pp, Pm = P.copy(), P.copy()
+            Pp[:, :, j] += h
+            Pm[:, :, j] -= h
+            args_p = (split, Pp, beta) if name == "alpha" else (split, alpha, Pp)
+            args_m = (split, Pm, beta) if name == "alpha" else (split, alpha, Pm)
+            # each (domain, row)'s bound depends only on its own parameters
+            fd = (bd.evaluate(*args_p) - bd.evaluate(*args_m)) / (2 * h)
+            np.testing.assert_allclose(g[:, :, j], fd, rtol=1e-5, atol=1e-7)
+            checked += np.count_nonzero(np.abs(fd) > 1e-3)
+    assert checked > 10  # the comparison is not all zeros
+
+
+def test_float32_gradient_close_to_float64():
+    w, b, x0, lo, hi = _case(3)
+    A = np.array([[1.0, 0.0, -1.0]])
+    bd = bab_relu.Bounder(w, b, lo, hi, A, np.zeros(1))
+    split, alpha, beta = _random_params(bd, np.random.default_rng(4), 4)
+    v64, s64 = bd.evaluate(split, alpha, beta, np.float64, keep=True)
+    v32, s32 = bd.evaluate(split, alpha.astype(np.float32), beta.astype(np.float32),
+                           np.float32, keep=True)
+    np.testing.assert_allclose(v32, v64, rtol=1e-4, atol=1e-4)
+    for g64, g32 in zip(bd.gradient(s64), bd.gradient(s32)):
+        np.testing.assert_allclose(g32, g64, rtol=1e-3, atol=1e-4)
+
+
+@pytest.mark.parametrize("seed", [0, 5])
+def test_root_bound_equals_crown(seed):
+    w, b, x0, lo, hi = _case(seed, sizes=(8, 30, 30, 20, 4), eps=0.2)
+    A = np.array([[1.0, -1.0, 0.0, 0.0], [0.0, 1.0, 0.0, -1.0], [-0.5, 0.0, 2.0, 0.0]])
+    bvec = np.array([0.1, -0.2, 0.3])
+    bd = bab_relu.Bounder(w, b, lo, hi, A, bvec)
+    assert bd.nU > 10
+    split = np.zeros((2, bd.nU), np.int8)
+    alpha = np.broadcast_to(bd.initial_alpha().astype(np.float64), (2, 3, bd.nU)).copy()
+    v = bd.evaluate(split, alpha, np.zeros_like(alpha))
+    box = crown.Box(lo, hi)
+    ref = crown.margin_lower_bound(crown.Network(w, b), *box.args(),
+                                   get_relaxation("relu", "crown"), A)
+    for d in range(2):
+        np.testing.assert_allclose(v[d], ref - np.nextafter(bvec, np.inf), rtol=1e-9, atol=1e-9)
+
+
+@pytest.mark.parametrize("activation", ["relu", "leaky_relu"])
+def test_subdomain_bounds_sound_on_samples(activation):
+    """Splits taken from a sampled point's signs; every sample whose signs match the splits
+    has A f(x) - b at least the subdomain's float64 bound, for random alpha and beta >= 0."""
+    w, b, x0, lo, hi = _case(7, eps=0.4)
+    A = np.array([[1.0, -1.0, 0.0], [0.0, -1.0, 1.0]])
+    bvec = np.array([0.05, -0.1])
+    bd = bab_relu.Bounder(w, b, lo, hi, A, bvec, activation=activation)
+    rng = np.random.default_rng(8)
+    X = lo + (hi - lo) * rng.uniform(size=(20000, lo.size))
+    # pre-activations of the unstable neurons at every sample
+    Z, a = [], X
+    for k in range(bd.L):
+        z = a @ w[k].T + b[k]
+        Z.append(z[:, bd.ucols[k]])
+        a = np.maximum(z, 0.0) if activation == "relu" else np.where(z >= 0, z, 0.2 * z)
+    Zu = np.concatenate(Z, axis=1)
+    margin = mlp_forward(w, b, activation, X) @ A.T - bvec
+    B = 24
+    split = np.zeros((B, bd.nU), np.int8)
+    for d in range(B):
+        ref = np.sign(Zu[rng.integers(X.shape[0])]).astype(np.int8)
+        pick = rng.uniform(size=bd.nU) < rng.uniform(0.1, 0.6)
+        split[d, pick] = ref[pick]
+    alpha = rng.uniform(bd.leak, 1.0, (B, 2, bd.nU))
+    beta = rng.uniform(0.0, 3.0, (B, 2, bd.nU)) * (split != 0)[:, None, :]
+    v = bd.evaluate(split, alpha, beta)
+    matched = 0
+    for d in range(B):
+        s = split[d]
+        inside = np.all((s == 0) | (np.sign(Zu) == s) | (Zu == 0), axis=1)
+        matched += inside.sum()
+        if inside.any():
+            assert np.all(margin[inside] >= v[d] - 1e-12)
+    assert matched > 100
+    # beta pulls the bound down on the full box but never below on the subdomain: a
+    # nonzero beta changes the bound
+    v0 = bd.evaluate(split, alpha, np.zeros_like(beta))
+    assert not np.allclose(v0, v)
+
+
+def test_charge_hook_lowers_bound():
+    w, b, x0, lo, hi = _case(2)
+    A = np.array([[1.0, -1.0, 0.0]])
+    bd = bab_relu.Bounder(w, b, lo, hi, A, np.zeros(1))
+    split, alpha, beta = _random_params(bd, np.random.default_rng(3), 2)
+    seen = []
+
+    def charge(k, absD):
+        seen.append(k)
+        return np.full(absD.shape[0], 1e-3)
+
+    v = bd.evaluate(split, alpha, beta)
+    vc = bd.evaluate(split, alpha, beta, charge=charge)
+    assert sorted(seen) == list(range(bd.L))
+    np.testing.assert_allclose(v - vc, 1e-3 * bd.L, rtol=1e-6)
+
+
+def _exact(w, b, x0, eps, c, t):
+    res = exact_margin_min(w, b, x0, c, t, eps, time_limit=30.0)
+    assert res.status == "optimal"
+    return res
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2, 3])
+@pytest.mark.parametrize("branching", ["babsr", "fsb"])
+def test_verdicts_against_exact_milp(seed, branching):
+    eps = 0.15
+    w, b, x0, lo, hi = _case(seed, eps=eps)
+    c, t = 0, 1 + seed % 2
+    res = _exact(w, b, x0, eps, c, t)
+    A = np.zeros((1, 3))
+    A[0, c], A[0, t] = 1.0, -1.0  # case: f_c - f_t <= b
+    gap = 0.01 * (1.0 + abs(res.value))
+    # just true: b below the minimum -> empty case
+    r = bab_relu.relu_split(w, b, lo, hi, A, np.array([res.dual_bound - gap]),
+                            time.monotonic() + 60, branching=branching, batch=16)
+    assert r.verdict == "unsat"  # small nets: decided well within the default cap
+    assert r.x is None
+    # just false: b above the minimum -> a counterexample exists; found with the root PGD
+    # attack and without it (by the corners of the domains' bounds and the leaves' LPs)
+    for restarts in (16, 0):
+        r = bab_relu.relu_split(w, b, lo, hi, A, np.array([res.value + gap]),
+                                time.monotonic() + 60, branching=branching, batch=16,
+                                attack_restarts=restarts)
+        assert r.verdict == "sat"
+        assert np.all(r.x >= lo) and np.all(r.x <= hi)
+        y = mlp_forward(w, b, "relu", r.x)
+        assert y[c] - y[t] <= res.value + gap
+
+
+def test_two_rows_each_infeasible_alone():
+    """A point violates the case only if it meets both rows; with each row's b just below
+    that row's minimum no point meets either, so the case is empty (domains may be proven by
+    different rows). With the second row's b far away the first row decides (sat)."""
+    eps = 0.15
+    w, b, x0, lo, hi = _case(11, eps=eps)
+    r1 = _exact(w, b, x0, eps, 0, 1)
+    r2 = _exact(w, b, x0, eps, 0, 2)
+    A = np.array([[1.0, -1.0, 0.0], [1.0, 0.0, -1.0]])
+    bvec = np.array([r1.dual_bound - 0.01, r2.dual_bound - 0.01])
+    r = bab_relu.relu_split(w, b, lo, hi, A, bvec, time.monotonic() + 60, batch=8)
+    assert r.verdict == "unsat"
+    r = bab_relu.relu_split(w, b, lo, hi, A, np.array([r1.value + 0.01, 1e6]),
+                            time.monotonic() + 60, batch=8, attack_restarts=0)
+    assert r.verdict == "sat"
+    y = mlp_forward(w, b, "relu", r.x)
+    assert np.all(A @ y <= np.array([r1.value + 0.01, 1e6]))
+
+
+def test_caps_give_unknown_or_timeout_not_errors():
+    eps = 0.3
+    w, b, x0, lo, hi = _case(2, eps=eps)
+    res = _exact(w, b, x0, eps, 0, 1)
+    A = np.array([[1.0, -1.0, 0.0]])
+    bvec = np.array([res.dual_bound - 1e-3])
+    r = bab_relu.relu_split(w, b, lo, hi, A, bvec, time.monotonic() + 60, max_domains=0)
+    assert r.verdict == "unknown"  # the root does not prove it (~5e4 domains needed)
+    assert r.domains == 1 and r.x is None
+    r = bab_relu.relu_split(w, b, lo, hi, A, bvec, time.monotonic() - 1.0)
+    assert r.verdict == "timeout"
+
+
+def test_no_hidden_layer_and_no_rows():
+    rng = np.random.default_rng(0)
+    w, b = [rng.standard_normal((3, 4))], [rng.standard_normal(3)]
+    lo, hi = -np.ones(4), np.ones(4)
+    A = np.array([[1.0, -1.0, 0.0]])
+    row = w[0][0] - w[0][1]
+    exact_min = -np.abs(row).sum() + b[0][0] - b[0][1]
+    r = bab_relu.relu_split(w, b, lo, hi, A, np.array([exact_min - 1e-6]), time.monotonic() + 5)
+    assert r.verdict == "unsat"
+    r = bab_relu.relu_split(w, b, lo, hi, A, np.array([exact_min + 1e-6]), time.monotonic() + 5)
+    assert r.verdict == "sat"
+    r = bab_relu.relu_split(w, b, lo, hi, np.zeros((0, 3)), np.zeros(0), time.monotonic() + 5)
+    assert r.verdict == "sat"
+
+
+@pytest.mark.parametrize("activation", ["relu", "leaky_relu"])
+def test_root_layer_bounds_sound_and_tighter(activation):
+    w, b, x0, lo, hi = _case(4, sizes=(6, 30, 30, 30, 3), eps=0.4)
+    crown_b = bab_relu.Bounder(w, b, lo, hi, np.zeros((0, 3)), np.zeros(0), activation).bounds
+    tight = bab_relu.root_layer_bounds(w, b, lo, hi, activation)
+    rng = np.random.default_rng(5)
+    X = lo + (hi - lo) * rng.uniform(size=(20000, lo.size))
+    X[:64] = np.where(rng.integers(0, 2, (64, lo.size)) == 1, hi, lo)  # corners too
+    a = X
+    gained = 0.0
+    for k, ((l0, u0), (l, u)) in enumerate(zip(crown_b, tight)):
+        z = a @ w[k].T + b[k]
+        assert np.all(z >= l) and np.all(z <= u)
+        assert np.all(l >= l0) and np.all(u <= u0)
+        gained += np.sum(l - l0) + np.sum(u0 - u)
+        a = np.maximum(z, 0.0) if activation == "relu" else np.where(z >= 0, z, 0.2 * z)
+    assert gained > 0.0
+
+
+@pytest.mark.parametrize("activation", ["relu", "leaky_relu"])
+def test_float32_kernels_match_numpy_path(activation):
+    w, b, x0, lo, hi = _case(6, sizes=(6, 20, 20, 20, 3), eps=0.3)
+    A = np.array([[1.0, -1.0, 0.0], [0.0, 1.0, -1.0]])
+    bd = bab_relu.Bounder(w, b, lo, hi, A, np.zeros(2), activation=activation)
+    split, alpha, beta = _random_params(bd, np.random.default_rng(9), 5, bd.leak)
+    alpha, beta = alpha.astype(np.float32), beta.astype(np.float32)
+    v1, s1 = bd.evaluate(split, alpha, beta, np.float32, keep=True)
+    g1 = bd.gradient(s1)
+    with crown.using_kernels("numpy"):
+        v2, s2 = bd.evaluate(split, alpha, beta, np.float32, keep=True)
+        g2 = bd.gradient(s2)
+    np.testing.assert_allclose(v1, v2, rtol=1e-5, atol=1e-5)
+    for a, c in zip(g1, g2):
+        assert np.count_nonzero(c) > 10
+        np.testing.assert_allclose(a, c, rtol=1e-5, atol=1e-5)
+
+
+def test_memory_cap_gives_unknown():
+    eps = 0.3
+    w, b, x0, lo, hi = _case(2, eps=eps)
+    res = _exact(w, b, x0, eps, 0, 1)
+    A = np.array([[1.0, -1.0, 0.0]])
+    r = bab_relu.relu_split(w, b, lo, hi, A, np.array([res.dual_bound - 1e-3]),
+                            time.monotonic() + 60, max_memory=20_000, attack_restarts=0)
+    # ~360 bytes per open domain here: the cap (~55 domains) stops the search long before
+    # the ~5e4 domains the proof needs; open domains exceed it by at most one batch
+    assert r.verdict == "unknown"
+    assert r.peak_open <= 20_000 // 300 + 256
+
+
+def test_float64_bound_charges_product_rounding_on_cancelling_networks():
+    """Networks whose products cancel (tests/test_fp64_rounding.py): the float64 bound of a
+    domain (no splits, CROWN's slopes) must lie below the exact minimum, which the final
+    sums' allowance alone misses."""
+    from fractions import Fraction as F
+
+    from crown_cli import bab_relu, crown
+    from crown_cli.relaxations import get_relaxation
+    from test_fp64_rounding import InputSet, _exact_stable, cancelling_network, exact_chain
+
+    fn = get_relaxation("relu", "crown")
+    for seed in range(6):
+        W, b, x0, eps, w = cancelling_network(seed)
+        lo, hi = x0 - eps, x0 + 0.5 * eps
+        bd = bab_relu.Bounder(W, b, lo, hi, np.array([[1.0]]), np.array([0.0]))
+        B = 1
+        split = np.zeros((B, bd.nU), np.int8)
+        alpha = np.zeros((B, 1, bd.nU))
+        beta = np.zeros((B, 1, bd.nU))
+        val = bd.evaluate(split, alpha, beta, np.float64)[0, 0]
+        S = InputSet(x0, box=crown.Box(lo, hi))
+        net = crown.Network(W, b)
+        assert _exact_stable(net, S)
+        _, relax = crown.hidden_layer_bounds(net, *S.args(), fn)
+        coef, c = exact_chain(net, relax, [[F(float(v)) for v in w[0]]], [F(0)], -1)[0]
+        b_up = float(np.nextafter(0.0, 1.0))
+        assert S.covers(val + b_up, coef, c, -1), seed
