@@ -192,6 +192,49 @@ class Verifier:
             proven += 1
         return done("unsat", "bab", None, proven, domains=visited, peak_domains=peak)
 
+    def _relu_split(self, cases, open_cases, margins, deadline, done, log):
+        """Branch and bound over ReLU splits (:func:`crown_cli.bab_relu.relu_split`) on each
+        open case in turn, the hidden layers' root bounds tightened once per input box and
+        shared by its cases. Worst bound first within a case; the cases one after another."""
+        from .bab_relu import relu_split, root_layer_bounds
+
+        n = len(cases)
+        proven = n - len(open_cases)
+        visited = peak = 0
+        leak = None if self.activation == "relu" else self.alpha
+        for members in _by_box(cases, open_cases):
+            c0 = cases[members[0]]
+            layer_bounds = None
+            if len(self.weights) > 2:
+                layer_bounds = root_layer_bounds(self.weights, self.biases, c0.lo, c0.hi,
+                                                 self.activation, leak, deadline=deadline)
+            # the cases with the best bound first: they are the likeliest to be proven
+            for j in sorted(members, key=lambda j: -margins.get(j, -np.inf)):
+                if time.monotonic() >= deadline:
+                    return done("timeout", "bab", _worst(margins), proven, domains=visited,
+                                peak_domains=peak)
+                c = cases[j]
+                res = relu_split(self.weights, self.biases, c.lo, c.hi, c.A, c.b, deadline,
+                                 max_domains=self.max_domains, activation=self.activation,
+                                 leak=leak, layer_bounds=layer_bounds, seed=self.seed + j,
+                                 attack_restarts=0)
+                visited += res.domains
+                peak = max(peak, res.peak_open)
+                if log is not None:
+                    log(f"bab (ReLU split): case {j}: {res.verdict} after {res.domains} "
+                        f"domains (peak {res.peak_open} open)")
+                if res.verdict == "sat":
+                    return done("sat", "bab", _worst(margins), proven, x=res.x,
+                                y=self.outputs(res.x), case=j, domains=visited,
+                                peak_domains=peak)
+                if res.verdict != "unsat":
+                    worst = res.worst_bound if np.isfinite(res.worst_bound) else _worst(margins)
+                    return done(res.verdict, "bab", worst, proven, domains=visited,
+                                peak_domains=peak)
+                margins[j] = 0.0
+                proven += 1
+        return done("unsat", "bab", None, proven, domains=visited, peak_domains=peak)
+
     def verify(self, prop, timeout: float, log: Optional[Callable[[str], None]] = None) -> Verdict:
         """Run the pipeline on a parsed property within ``timeout`` seconds."""
         t0 = time.monotonic()
@@ -231,6 +274,8 @@ class Verifier:
             return done("timeout", stage, _worst(margins), n - len(open_cases))
         if self.bab and self.n_inputs <= INPUT_SPLIT_MAX_DIM:
             return self._input_split(cases, open_cases, margins, deadline, done, log)
+        if self.bab:
+            return self._relu_split(cases, open_cases, margins, deadline, done, log)
         # the bounds could not decide: an attack with other starts on the open cases
         found = self._attack(cases, _by_box(cases, open_cases), deadline, budget,
                              self.seed + 7919)
