@@ -163,3 +163,27 @@ def test_alpha_stage_between_crown_and_exact(seed):
         assert res.status == "optimal"
         assert alpha_lb[r] <= res.value + 1e-9
     assert np.any(alpha_lb > crown_lb + 1e-6)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("seed", range(3))
+def test_wide_inputs_relu_split_matches_the_milp(seed):
+    """More than 16 inputs: the complete stage splits ReLUs. Just-true properties (exact
+    MILP minimum minus a gap) come out unsat, just-false ones sat (rechecked)."""
+    ws, bs = random_network([20, 16, 16, 3], 40 + seed)
+    rng = np.random.default_rng(seed)
+    x0, eps = rng.normal(size=20), 0.15
+    c = int(np.argmax(forward(ws, bs, "relu", x0)))
+    t = (c + 1) % 3
+    res = exact_margin_min(ws, bs, x0, c, t, eps, "inf", time_limit=60.0)
+    assert res.status == "optimal"
+    m = res.value
+    gap = 1e-3 * (1.0 + abs(m))
+    lo, hi = x0 - eps, x0 + eps
+    v = Verifier(ws, bs, "relu", attack_time=0.0, seed=seed)
+    out = v.verify(parse_vnnlib_text(box_property(lo, hi, c, t, m - gap, 3), "t", 20, 3), 30.0)
+    assert out.result == "unsat"
+    prop = parse_vnnlib_text(box_property(lo, hi, c, t, m + gap, 3), "f", 20, 3)
+    out = v.verify(prop, 30.0)
+    assert out.result == "sat"
+    check_sat(ws, bs, prop, out)
