@@ -7,7 +7,8 @@
   sound line is that tangent up to its rounding slack;
 - at CROWN's tangent points the lines are CROWN's and the bound is crown.margin_lower_bound;
 - the gradient with respect to the tangent-point variables against central finite
-  differences (float64, every norm and a box; margin rows and multi-layer chains);
+  differences (float64, every norm and a box; the joint objective, whose gradient reaches
+  the intermediate variables through (l, u); multi-layer chains; d bound / d l, d u);
 - alpha-crown's radius is at least CROWN's per image (random 784-20-20-10 networks on MNIST
   images) and above it on average; sampling and PGD find no flipping point in the certified
   balls and no margin below the verified bounds.
@@ -132,7 +133,7 @@ def test_steering_kernel_matches_numpy(act, dtype):
     Lu = rng.standard_normal((7, l.size)).astype(dtype)
     Lu[:, ::5] = 0.0  # 0 picks the lower line
     A = rng.random(Lu.shape).astype(dtype)
-    S, B, (free, dS, dB), tsum, _ = rl.lines(Lu, A, dtype, False)
+    S, B, (free, dS, dB, *_), tsum, _ = rl.lines(Lu, A, dtype, False)
     Sn, Bn, (fn, dSn, dBn) = rl.lines_numpy(Lu, A, dtype)
     assert S.dtype == dtype and free.any() and (~free).any()
     assert np.array_equal(free, fn)
@@ -195,18 +196,18 @@ def test_crown_tangent_points_give_crowns_bound(act, norm):
 
 @pytest.mark.parametrize("act", ACTS)
 @pytest.mark.parametrize("norm", ["inf", "2", "1", "box"])
-def test_margin_gradient_matches_finite_differences(act, norm):
+def test_joint_gradient_matches_finite_differences(act, norm):
     weights, biases, x0, C, rf, rng = _setup(act, [6, 9, 8, 7, 4], 1)
     net = Network(weights, biases)
     xc, eps, q = _input_set(x0, norm, rng)
-    ab = AlphaBounds(net, rf, 0.0, xc, q, C, store_dtype=np.float64, activation=act)
+    # joint: the margin's gradient reaches the intermediate variables through (l, u)
+    ab = AlphaBounds(net, rf, 0.0, xc, q, C, store_dtype=np.float64, activation=act,
+                     joint=True)
     for S in ab.store.values():
         S[...] = 0.05 + 0.9 * rng.random(S.shape)
     _, grads = ab.evaluate(eps, np.float64, grad=True)
-    h, checked, nonzero = 1e-6, 0, 0
+    h, checked, nonzero, inner = 1e-6, 0, 0, 0
     for key, idx, g, _ in grads:
-        if key[0] != "m":  # intermediate variables: tested through chain below
-            continue
         S = ab.store[key]
         block = S[idx]
         g = g.reshape(block.shape)
@@ -226,7 +227,42 @@ def test_margin_gradient_matches_finite_differences(act, norm):
             assert abs(fd - g[j]) <= 1e-5 * (1.0 + abs(fd)), (key, j, fd, g[j])
             checked += 1
             nonzero += abs(fd) > 1e-8
-    assert checked >= 20 and nonzero >= 3
+            inner += key[0] != "m" and abs(fd) > 1e-8
+    # the intermediate variables act on the margin through the bounds' lines (joint)
+    assert checked >= 20 and nonzero >= 3 and inner >= 1
+
+
+@pytest.mark.parametrize("act", ACTS)
+def test_gradient_with_respect_to_bounds_matches_finite_differences(act):
+    """d lower / d l_j, d u_j through the lines (chords, tangent ranges), one hidden layer,
+    intervals on both sides of 0 and crossing it."""
+    weights, biases, x0, C, rf, rng = _setup(act, [5, 14, 3], 3)
+    net = Network(weights, biases)
+    eps = 0.6
+    center = weights[0] @ x0 + biases[0]
+    n1 = np.abs(weights[0]).sum(axis=1)
+    l, u = center - eps * n1, center + eps * n1
+    l[:3], u[:3] = np.array([0.2, -2.5, 0.1]), np.array([1.7, -0.3, 2.0])  # one-sided too
+    Lam = np.vstack([C @ weights[1], -(C @ weights[1])])
+    const = np.concatenate([C @ biases[1], -(C @ biases[1])])
+    A = rng.uniform(0.05, 0.95, (Lam.shape[0], 14))
+    rl = _relax(act, l, u)
+    assert rl.freeU.any() and rl.freeL.any() and (rl.freeU & rl.freeL).any()
+    _, tape = chain(net, [rl], Lam, const, [A], x0, eps, 0, np.float64, tape=True)
+    _, gl, gu = chain_backward(net, [rl], tape, np.ones(Lam.shape[0]))
+    nonzero = 0
+    for j in range(14):
+        for arr, g in ((l, gl[0]), (u, gu[0])):
+            vals = []
+            for d in (1e-6, -1e-6):
+                arr[j] += d
+                vals.append(chain(net, [_relax(act, l, u)], Lam, const, [A], x0, eps, 0,
+                                  np.float64)[0].sum())
+                arr[j] -= d
+            fd = (vals[0] - vals[1]) / 2e-6
+            assert abs(fd - g[j]) <= 1e-4 * (1.0 + abs(fd)), (j, fd, g[j], l[j], u[j])
+            nonzero += abs(fd) > 1e-6
+    assert nonzero >= 10
 
 
 @pytest.mark.parametrize("act", ACTS)
@@ -346,6 +382,3 @@ def test_alpha_crown_refuses_other_smooth_activations():
     w, b = random_mlp([4, 5, 2], 0)
     with pytest.raises(InputError, match="tanh, sigmoid, arctan networks only"):
         Certifier(w, b, "elu", method="alpha-crown")
-    with pytest.raises(ValueError, match="joint"):
-        AlphaBounds(Network(w, b), get_relaxation("tanh", "crown"), 0.0, np.zeros(4), 0,
-                    np.array([[1.0, -1.0]]), joint=True, activation="tanh")

@@ -350,8 +350,17 @@ def tangent_ranges(kind, l, u):
       mirrored: d in [l, d_L]. When d_U >= u (d_L <= l) CROWN's line is the chord: not free.
 
     Degenerate, infinite or NaN intervals have no free line (CROWN's lines stay).
+
+    Also returns ``grad`` (8, n): the partial derivatives of (a0U, a1U, a0L, a1L) in l, then
+    in u (rows 0-3: d/dl, rows 4-7: d/du); the crossing case's tangent point d_U depends on l
+    through act'(d)(d - l) = act(d) - act(l), so d d_U/dl = (act'(d) - act'(l)) /
+    (act''(d) (d - l)), and d_L on u likewise. And ``chord`` (n,): the fixed line is the chord
+    of [l, u] (every non-degenerate case: the other side on one side of 0, a side that is not
+    free when crossing).
     """
     n = l.shape[0]
+    grad = np.zeros((8, n))
+    chord = np.zeros(n, np.bool_)
     freeU = np.zeros(n, np.bool_)
     freeL = np.zeros(n, np.bool_)
     a0U = np.zeros(n)
@@ -367,28 +376,46 @@ def tangent_ranges(kind, l, u):
         w = ui - li
         if w <= DEGENERATE_REL * max(1.0, abs(li), abs(ui)):
             continue
+        chord[i] = True
         if li >= 0.0:
             freeU[i] = True
             a0U[i] = li
             a1U[i] = ui
+            grad[0, i] = 1.0
+            grad[5, i] = 1.0
             default[i] = 0.5
         elif ui <= 0.0:
             freeL[i] = True
             a0L[i] = li
             a1L[i] = ui
+            grad[2, i] = 1.0
+            grad[7, i] = 1.0
             default[i] = 0.5
         else:
+            chord[i] = False
             d, use_chord = tangent_point(kind, li, ui, True)
-            if not use_chord:
+            if use_chord:
+                chord[i] = True
+            else:
                 freeU[i] = True
                 a0U[i] = d
                 a1U[i] = ui
+                h = _d2act(kind, d) * (d - li)
+                if h != 0.0:
+                    grad[0, i] = (_dact(kind, d) - _dact(kind, li)) / h
+                grad[5, i] = 1.0
             d, use_chord = tangent_point(kind, li, ui, False)
-            if not use_chord:
+            if use_chord:
+                chord[i] = True
+            else:
                 freeL[i] = True
                 a0L[i] = d
                 a1L[i] = li
-    return freeU, a0U, a1U, freeL, a0L, a1L, default
+                h = _d2act(kind, d) * (d - ui)
+                if h != 0.0:
+                    grad[6, i] = (_dact(kind, d) - _dact(kind, ui)) / h
+                grad[3, i] = 1.0
+    return freeU, a0U, a1U, freeL, a0L, a1L, default, grad, chord
 
 
 @njit(cache=True)
@@ -411,8 +438,9 @@ def steer_tangent_lines(kind, Lu, A, a0L, spanL, freeL, aL, bL, a0U, spanU, free
     """The lines of the rows ``Lu`` (r, n) at variables ``A`` (r, n) for steering (no rounding
     control; float32 or float64 in, the same out): per element the side the sign of Lu picks
     (lower if >= 0), the tangent at d = a0 + A span when that side is free, else CROWN's line
-    (aL, bL / aU, bU). Returns (S, B, dS, dB, free, c): slopes, intercepts, their derivatives
-    in A (0 where not free), the free mask and the rows' intercept sums sum_j Lu B (float64).
+    (aL, bL / aU, bU). Returns (S, B, dS, dB, free, c, Dt, F2): slopes, intercepts, their
+    derivatives in A (0 where not free), the free mask, the rows' intercept sums sum_j Lu B
+    (float64), and the tangent points d and act''(d) (0 where not free).
     One pass for what ``SmoothRelax.lines`` would do with a dozen numpy temporaries."""
     r, n = Lu.shape
     S = np.empty_like(Lu)
@@ -420,6 +448,8 @@ def steer_tangent_lines(kind, Lu, A, a0L, spanL, freeL, aL, bL, a0U, spanU, free
     dS = np.zeros_like(Lu)
     dB = np.zeros_like(Lu)
     free = np.zeros((r, n), np.bool_)
+    Dt = np.zeros_like(Lu)
+    F2 = np.zeros_like(Lu)
     c = np.zeros(r)
     for i in range(r):
         acc = 0.0
@@ -440,7 +470,10 @@ def steer_tangent_lines(kind, Lu, A, a0L, spanL, freeL, aL, bL, a0U, spanU, free
                 d = a0 + float(A[i, j]) * sp
                 k = _dact(kind, d)
                 b = _act(kind, d) - k * d
-                dk = _d2act(kind, d) * sp
+                f2 = _d2act(kind, d)
+                dk = f2 * sp
+                Dt[i, j] = d
+                F2[i, j] = f2
                 S[i, j] = k
                 B[i, j] = b
                 dS[i, j] = dk
@@ -456,4 +489,4 @@ def steer_tangent_lines(kind, Lu, A, a0L, spanL, freeL, aL, bL, a0U, spanU, free
                 b = bU[j]
             acc += float(x) * b
         c[i] = acc
-    return S, B, dS, dB, free, c
+    return S, B, dS, dB, free, c, Dt, F2
