@@ -147,7 +147,6 @@ class SmoothRelax:
     """
 
     lo, hi = 0.0, 1.0
-    free_lower = None
 
     def __init__(self, l, u, relax_fn, activation: str):
         from .relaxations import sigmoid_family as sf

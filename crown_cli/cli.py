@@ -166,7 +166,8 @@ def inspect(model_path, activation):
 @click.option("--method", default="crown", show_default=True,
               help="crown (adaptive ReLU lower bound), fast-lin, crown-quad (quadratic bounds, "
                    "2-layer ReLU only), alpha-crown (optimised ReLU lower slopes, ReLU and leaky "
-                   "ReLU; optimised tangent points, tanh, sigmoid, arctan), fast-lip, op-norm, lp-full or exact (comma-separated list allowed).")
+                   "ReLU; optimised tangent points, tanh, sigmoid, arctan), fast-lip, op-norm, "
+                   "lp-full or exact (comma-separated list allowed).")
 @click.option("--alpha-iters", type=int, default=None,
               help="alpha-crown: most gradient steps per optimisation (default 20; early "
                    "stopping usually ends sooner; 0: CROWN's slopes).")

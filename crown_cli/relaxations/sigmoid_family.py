@@ -334,13 +334,14 @@ def arctan_relaxation(l, u):
 def tangent_ranges(kind, l, u):
     """Per neuron, the range of tangent points alpha-CROWN may move each line over.
 
-    Returns (freeU, a0U, a1U, freeL, a0L, a1L, default): the upper (lower) line may be the
-    tangent at any d between a0 and a1 when freeU (freeL); the tangent point is
+    Returns (freeU, a0U, a1U, freeL, a0L, a1L, default, grad, chord): the upper (lower) line
+    may be the tangent at any d between a0 and a1 when freeU (freeL); the tangent point is
     ``d = a0 + theta (a1 - a0)`` with theta in [0, 1], and ``default`` the theta of CROWN's
     line (``_relax_family``: the midpoint on one side of 0, a0 = l, a1 = u, computed as CROWN
     does; when crossing a0 is CROWN's tangent point through the far end-point and a1 the near
-    end-point, so theta = 0 is CROWN's line on both sides and growing theta flattens both). Valid ranges (every d in them gives
-    a valid line; the exact intercept makes any slope sound anyway):
+    end-point, so theta = 0 is CROWN's line on both sides and growing theta flattens both).
+    Valid ranges (every d in them gives a valid line; the exact intercept makes any slope
+    sound anyway):
 
     * l >= 0 (concave on [l, u]): the upper line is the tangent at any d in [l, u];
     * u <= 0 (convex): the lower line is the tangent at any d in [l, u];
