@@ -309,19 +309,25 @@ def certify(model_path, images_path, labels_path, num_images, start, norm, metho
                    for n in norms}
     elif attack_steps is not None or attack_restarts is not None:
         raise InputError("--attack-steps/--attack-restarts: need --attack pgd")
+    _run_job(job, lambda write: certify_images(
+        certifiers, x, y, indices, target_types, seed, write, progress=not quiet,
+        skip=job.skip, attacks=attacks, attack_seed=attack_seed,
+        warn=lambda msg: click.echo(msg, err=True)), "row", output, quiet)
+
+
+def _run_job(job, run, what: str, output: str, quiet: bool) -> None:
+    """Open ``job``'s writer, ``run(write)`` -> summary, finish the sidecar even if the run
+    raised, report failed rows and the summary line; exit 3 when rows failed."""
     t0 = time.perf_counter()
     summary = None
     writer = job.open()  # checks a resumed file's rows; raises before anything is written
     try:
         with writer:
-            summary = certify_images(certifiers, x, y, indices, target_types, seed,
-                                     writer.write, progress=not quiet, skip=job.skip,
-                                     attacks=attacks, attack_seed=attack_seed,
-                                     warn=lambda msg: click.echo(msg, err=True))
+            summary = run(writer.write)
     finally:
         failed = job.finish(summary, complete=summary is not None)
     for message in summary.errors:
-        click.echo(f"crown: row failed: {message}", err=True)
+        click.echo(f"crown: {what} failed: {message}", err=True)
     if not quiet:
         click.echo(summary.line(time.perf_counter() - t0, output), err=True)
     if failed:
@@ -470,22 +476,9 @@ def _verify_instances(instances_path, root, timeout, options, output, out_format
                     "last_image": chosen[-1] if chosen else None}
     job = ResultJob(opts, output, out_format, overwrite, resume, settings, inputs, coverage,
                     VERIFY_ROWS)
-    t0 = time.perf_counter()
-    summary = None
-    writer = job.open()
-    try:
-        with writer:
-            summary = run_instances(todo, writer.write, job.skip, VERIFY_ROWS.key,
-                                    timeout_cap=timeout, progress=not quiet,
-                                    verifier_options=options, log=log)
-    finally:
-        failed = job.finish(summary, complete=summary is not None)
-    for message in summary.errors:
-        click.echo(f"crown: instance failed: {message}", err=True)
-    if not quiet:
-        click.echo(summary.line(time.perf_counter() - t0, output), err=True)
-    if failed:
-        raise click.exceptions.Exit(3)
+    _run_job(job, lambda write: run_instances(
+        todo, write, job.skip, VERIFY_ROWS.key, timeout_cap=timeout, progress=not quiet,
+        verifier_options=options, log=log), "instance", output, quiet)
 
 
 @cli.command()

@@ -168,73 +168,81 @@ class Verifier:
 
     def _input_split(self, cases, open_cases, margins, deadline, done, log):
         """Branch and bound by input splitting (:func:`crown_cli.bab.input_split`) on each open
-        case in turn, until every case is proven (unsat), one yields a verified counterexample
-        (sat), the deadline passes (timeout) or the domain cap is hit (unknown)."""
+        case in turn."""
         from .bab import input_split
 
-        n = len(cases)
-        proven = n - len(open_cases)
-        visited = peak = 0
-        for j in open_cases:
-            c = cases[j]
-            res = input_split(self.weights, self.biases, self.activation, self.alpha, c.lo, c.hi,
-                              c.A, c.b, deadline, max_domains=self.max_domains)
-            visited += res.domains
-            peak = max(peak, res.peak_open)
-            if log is not None:
-                log(f"bab (input split): case {j}: {res.result} after {res.domains} boxes "
-                    f"(peak {res.peak_open} open)")
-            if res.result == "sat":
-                return done("sat", "bab", _worst(margins), proven, x=res.x, y=self.outputs(res.x),
-                            case=j, domains=visited, peak_domains=peak)
-            if res.result != "unsat":
-                return done(res.result, "bab", res.worst, proven, domains=visited,
-                            peak_domains=peak)
-            margins[j] = 0.0 if res.worst is None else max(0.0, res.worst)
-            proven += 1
-        return done("unsat", "bab", None, proven, domains=visited, peak_domains=peak)
+        def runs():
+            for j in open_cases:
+                c = cases[j]
+
+                def run(c=c):
+                    r = input_split(self.weights, self.biases, self.activation, self.alpha,
+                                    c.lo, c.hi, c.A, c.b, deadline,
+                                    max_domains=self.max_domains)
+                    return r.result, r.x, r.domains, r.peak_open, r.worst
+                yield j, run
+
+        return self._branch_and_bound("input split", "boxes", runs(), cases, open_cases,
+                                      margins, deadline, done, log)
 
     def _relu_split(self, cases, open_cases, margins, deadline, done, log):
         """Branch and bound over ReLU splits (:func:`crown_cli.bab_relu.relu_split`) on each
         open case in turn, the hidden layers' root bounds tightened once per input box and
-        shared by its cases. Worst bound first within a case; the cases one after another."""
+        shared by its cases, the cases of a box with the best bound first."""
         from .bab_relu import relu_split, root_layer_bounds
 
-        n = len(cases)
-        proven = n - len(open_cases)
-        visited = peak = 0
         leak = None if self.activation == "relu" else self.alpha
-        for members in _by_box(cases, open_cases):
-            c0 = cases[members[0]]
-            layer_bounds = None
-            if len(self.weights) > 2:
-                layer_bounds = root_layer_bounds(self.weights, self.biases, c0.lo, c0.hi,
-                                                 self.activation, leak, deadline=deadline)
-            # the cases with the best bound first: they are the likeliest to be proven
-            for j in sorted(members, key=lambda j: -margins.get(j, -np.inf)):
-                if time.monotonic() >= deadline:
-                    return done("timeout", "bab", _worst(margins), proven, domains=visited,
-                                peak_domains=peak)
-                c = cases[j]
-                res = relu_split(self.weights, self.biases, c.lo, c.hi, c.A, c.b, deadline,
-                                 max_domains=self.max_domains, activation=self.activation,
-                                 leak=leak, layer_bounds=layer_bounds, seed=self.seed + j,
-                                 attack_restarts=0)
-                visited += res.domains
-                peak = max(peak, res.peak_open)
-                if log is not None:
-                    log(f"bab (ReLU split): case {j}: {res.verdict} after {res.domains} "
-                        f"domains (peak {res.peak_open} open)")
-                if res.verdict == "sat":
-                    return done("sat", "bab", _worst(margins), proven, x=res.x,
-                                y=self.outputs(res.x), case=j, domains=visited,
-                                peak_domains=peak)
-                if res.verdict != "unsat":
-                    worst = res.worst_bound if np.isfinite(res.worst_bound) else _worst(margins)
-                    return done(res.verdict, "bab", worst, proven, domains=visited,
-                                peak_domains=peak)
-                margins[j] = 0.0
-                proven += 1
+
+        def runs():
+            for members in _by_box(cases, open_cases):
+                c0 = cases[members[0]]
+                layer_bounds = None
+                if len(self.weights) > 2:
+                    layer_bounds = root_layer_bounds(self.weights, self.biases, c0.lo, c0.hi,
+                                                     self.activation, leak, deadline=deadline)
+                # the cases with the best bound first: they are the likeliest to be proven
+                for j in sorted(members, key=lambda j: -margins.get(j, -np.inf)):
+                    c = cases[j]
+
+                    def run(c=c, j=j, layer_bounds=layer_bounds):
+                        r = relu_split(self.weights, self.biases, c.lo, c.hi, c.A, c.b,
+                                       deadline, max_domains=self.max_domains,
+                                       activation=self.activation, leak=leak,
+                                       layer_bounds=layer_bounds, seed=self.seed + j,
+                                       attack_restarts=0)
+                        worst = r.worst_bound if np.isfinite(r.worst_bound) else None
+                        return r.verdict, r.x, r.domains, r.peak_open, worst
+                    yield j, run
+
+        return self._branch_and_bound("ReLU split", "domains", runs(), cases, open_cases,
+                                      margins, deadline, done, log)
+
+    def _branch_and_bound(self, kind, unit, runs, cases, open_cases, margins, deadline, done,
+                          log):
+        """Run ``runs`` (case index, run() -> (verdict, x, domains, peak open, worst bound or
+        None)) one case after another until every case is proven (unsat), one yields a
+        verified counterexample (sat), the deadline passes (timeout) or a domain cap is hit
+        (unknown)."""
+        proven = len(cases) - len(open_cases)
+        visited = peak = 0
+        for j, run in runs:
+            if time.monotonic() >= deadline:
+                return done("timeout", "bab", _worst(margins), proven, domains=visited,
+                            peak_domains=peak)
+            verdict, x, domains, peak_open, worst = run()
+            visited += domains
+            peak = max(peak, peak_open)
+            if log is not None:
+                log(f"bab ({kind}): case {j}: {verdict} after {domains} {unit} "
+                    f"(peak {peak_open} open)")
+            if verdict == "sat":
+                return done("sat", "bab", _worst(margins), proven, x=x, y=self.outputs(x),
+                            case=j, domains=visited, peak_domains=peak)
+            if verdict != "unsat":
+                return done(verdict, "bab", _worst(margins) if worst is None else worst,
+                            proven, domains=visited, peak_domains=peak)
+            margins[j] = 0.0 if worst is None else max(0.0, worst)
+            proven += 1
         return done("unsat", "bab", None, proven, domains=visited, peak_domains=peak)
 
     def verify(self, prop, timeout: float, log: Optional[Callable[[str], None]] = None) -> Verdict:
