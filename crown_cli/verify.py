@@ -17,7 +17,7 @@ Arrays in, verdicts out: no files and no printing here.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Callable, List, Optional, Sequence
 
 import numpy as np
@@ -54,7 +54,6 @@ class Verdict:
     cases: int = 0
     domains: int = 0  # branch and bound: domains bounded
     peak_domains: int = 0  # branch and bound: most open domains at once
-    notes: List[str] = field(default_factory=list)
 
 
 def round_up(b: np.ndarray) -> np.ndarray:
