@@ -33,6 +33,20 @@ QCODES = {"inf": 0, "2": 1, "1": 2}
 EPS_FD = {"inf": 0.3, "2": 1.0, "1": 2.0}
 
 
+def central_difference(ab, S, idx, block, j, h, eps):
+    """(bound(s + h) - bound(s - h)) / 2h for the slope block[j] of store S at idx (the sum of
+    ab's float64 bounds at eps); the slope is restored."""
+    old = block[j]
+    vals = []
+    for d in (h, -h):
+        block[j] = old + d
+        S[idx] = block
+        vals.append(float(np.sum(ab.evaluate(eps, np.float64))))
+    block[j] = old
+    S[idx] = block
+    return (vals[0] - vals[1]) / (2 * h)
+
+
 def _act(leak):
     return ("relu", 0.0) if leak == 0.0 else ("leaky_relu", leak)
 
@@ -86,15 +100,7 @@ def test_slope_gradient_matches_finite_differences(sizes, seed, norm, leak):
         g = g.reshape(block.shape)
         for _ in range(4):
             j = tuple(int(rng.integers(s)) for s in block.shape)
-            old = block[j]
-            vals = []
-            for d in (h, -h):
-                block[j] = old + d
-                S[idx] = block
-                vals.append(float(np.sum(ab.evaluate(eps, np.float64))))
-            block[j] = old
-            S[idx] = block
-            fd = (vals[0] - vals[1]) / (2 * h)
+            fd = central_difference(ab, S, idx, block, j, h, eps)
             assert abs(fd - g[j]) <= 1e-5 * (1.0 + abs(fd)), (key, j, fd, g[j])
             checked += 1
     assert checked >= 4
