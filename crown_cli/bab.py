@@ -193,7 +193,12 @@ def _lower(Ws, bs, absbs, relax, zero_bL, Lam, const, c, rad, steps, rtol, lam_e
     and the final rows over the input. Lam (N, r, n_h), const (N, r). ``steps[i]`` = (v, t)
     of :func:`_step_weights`: each step's product rounding ``|D| @ v_i`` is charged to the
     bound (as ``crown.back_substitute`` does), with ``lam_err`` (N, r) for the rounding made
-    forming Lam and const, and ``rtol`` of the final sums' magnitude."""
+    forming Lam and const, and ``rtol`` of the final sums' magnitude.
+
+    Returns (lower (N, r), the final rows over the input (N, r, d), their constant (N, r),
+    err (N, r)): ``Lam_i x + const_i - err_i`` is below row i's function at every x of the
+    box (err is the whole allowance taken off ``min (Lam_i x + const_i)`` for ``lower``,
+    rounded up: it covers the accumulated roundings of const and of the steps)."""
     cst = const.copy()
     mag = np.abs(const)
     charge = np.zeros(cst.shape) if lam_err is None else lam_err.copy()
@@ -207,9 +212,9 @@ def _lower(Ws, bs, absbs, relax, zero_bL, Lam, const, c, rad, steps, rtol, lam_e
     lin = np.matmul(Lam, c[:, :, None])[..., 0]
     norm = np.matmul(absL, rad[:, :, None])[..., 0]
     xm = np.matmul(absL, np.abs(c)[:, :, None])[..., 0]
-    lower = crown._widen(lin - norm + cst, xm + norm + mag, -1.0, rtol,
-                         crown.ERR_SAFETY * charge)
-    return lower, Lam, cst
+    allow = crown._widen(0.0, xm + norm + mag, 1.0, rtol, crown.ERR_SAFETY * charge)
+    lower = lin - norm + cst - allow
+    return lower, Lam, cst, crown.ERR_SAFETY * allow
 
 
 def _interval_step(net, k, l, u):
@@ -269,6 +274,8 @@ def batch_lower_bounds(weights, biases, lo, hi, A, activation="relu", alpha=None
       ``x_i = lo_i`` where ``Lam_i > 0`` else ``hi_i``);
     - ``"const"`` (N, m): its constant: ``A f(x) >= Lam x + const`` on the box, up to the
       floating-point allowance by which ``lb`` lies below ``min (Lam x + const)``;
+    - ``"err"`` (N, m): that allowance, rounded up: ``A_i f(x) >= Lam_i x + const_i - err_i``
+      at every x of the box (what :func:`combined_lower_bound` builds on);
     - ``"bounds"``: per hidden layer (l, u), each (N, n_k): the pre-activation bounds used.
 
     Per box the result is what ``crown.margin_lower_bound(net, *Box(lo, hi).args(),
@@ -319,7 +326,7 @@ def batch_lower_bounds(weights, biases, lo, hi, A, activation="relu", alpha=None
             if R > FULL_ROWS * n:  # gathering rows per box would not pay: all rows
                 Lam = np.broadcast_to(net.pm[k][None], (N,) + net.pm[k].shape)
                 const = np.broadcast_to(net.pmb[k][None], (N, 2 * n))
-                low, _, _ = _lower(net.W, net.b, net.absb, relax, net.zero_bL, Lam, const, c,
+                low, _, _, _ = _lower(net.W, net.b, net.absb, relax, net.zero_bL, Lam, const, c,
                                    rad, steps, net.fp_rtol)
                 l, u = np.maximum(l, low[:, :n]), np.minimum(u, -low[:, n:])
             elif R:
@@ -330,7 +337,7 @@ def batch_lower_bounds(weights, biases, lo, hi, A, activation="relu", alpha=None
                 Lam = np.concatenate([Wr, -Wr], axis=1)
                 br = net.b[k][idx]
                 const = np.concatenate([br, -br], axis=1)
-                low, _, _ = _lower(net.W, net.b, net.absb, relax, net.zero_bL, Lam, const, c,
+                low, _, _, _ = _lower(net.W, net.b, net.absb, relax, net.zero_bL, Lam, const, c,
                                    rad, steps, net.fp_rtol)
                 rows = np.arange(N)[:, None]
                 l[rows, idx] = np.maximum(l[rows, idx], low[:, :R])
@@ -338,7 +345,7 @@ def batch_lower_bounds(weights, biases, lo, hi, A, activation="relu", alpha=None
         else:
             Lam = np.broadcast_to(net.pm[k][None], (N,) + net.pm[k].shape)
             const = np.broadcast_to(net.pmb[k][None], (N, 2 * n))
-            low, _, _ = _lower(net.W, net.b, net.absb, relax, net.zero_bL, Lam, const, c, rad,
+            low, _, _, _ = _lower(net.W, net.b, net.absb, relax, net.zero_bL, Lam, const, c, rad,
                                steps, net.fp_rtol)
             l, u = low[:, :n], -low[:, n:]
             if parent_bounds is not None:
@@ -356,11 +363,173 @@ def batch_lower_bounds(weights, biases, lo, hi, A, activation="relu", alpha=None
     absA = np.abs(A)
     lam_err = crown.ERR_SAFETY * g * ((a_h @ net.absWT[-1]) @ absA.T
                                       + (absA @ net.absb[-1])[None, :] + m * crown.TINY64)
-    lb, LamX, cst = _lower(net.W, net.b, net.absb, relax, net.zero_bL,
+    lb, LamX, cst, err = _lower(net.W, net.b, net.absb, relax, net.zero_bL,
                            np.broadcast_to(Lam[None], (N,) + Lam.shape),
                            np.broadcast_to(const[None], (N, A.shape[0])), c, rad, steps,
                            net.fp_rtol, lam_err)
-    return lb, {"Lam": LamX, "const": cst, "bounds": bounds}
+    return lb, {"Lam": LamX, "const": cst, "err": err, "bounds": bounds,
+                "state": (relax, steps, a_h, c, rad)}
+
+
+def _alpha_steer(net, relax, unst, lam_h, const_h, lo, hi, iters, lr):
+    """Projected Adam ascent (float64, steering only: nothing here is sound) of the lower
+    bound of one row per box, ``lam_h a_h + const_h`` (N, n_h), N, over the free lower slopes
+    in [0, 1] of the unstable ReLUs (``unst[k]`` (N, n_k)), the other slopes and every
+    intermediate bound fixed. Returns the best slopes seen per layer (N, n_k) (CROWN's where
+    nothing improved).
+
+    The bound is ``Lam_x . x* + const`` with x* the minimising corner; its derivative in the
+    lower slope of neuron j of layer k (used where the row's coefficient Lam_kj >= 0) is
+    ``Lam_kj z_kj(x*)``, z_k the layer's pre-activation through the chosen relaxation lines
+    (one forward pass at x*)."""
+    H = len(relax)
+    alpha = [np.where(unst[k], relax[k][2], 0.0) for k in range(H)]
+    best_a = [a.copy() for a in alpha]
+    best = np.full(lam_h.shape[0], -np.inf)
+    m1 = [np.zeros_like(a) for a in alpha]
+    m2 = [np.zeros_like(a) for a in alpha]
+    b1, b2, eps = 0.9, 0.999, 1e-12
+    for it in range(iters + 1):
+        Lam, const = lam_h, const_h.copy()
+        lams, slopes, icpts = [None] * H, [None] * H, [None] * H
+        for k in range(H - 1, -1, -1):
+            aU, bU, aL, bL = relax[k]
+            neg = Lam < 0.0
+            sl = np.where(neg, aU, np.where(unst[k], alpha[k], aL))
+            ic = np.where(neg, bU, bL)
+            lams[k], slopes[k], icpts[k] = Lam, sl, ic
+            D = Lam * sl
+            const = const + np.sum(Lam * ic, axis=1) + D @ net.b[k]
+            Lam = D @ net.W[k]
+        x = np.where(Lam > 0.0, lo, hi)
+        val = np.sum(Lam * x, axis=1) + const
+        better = val > best
+        best[better] = val[better]
+        for k in range(H):
+            best_a[k][better] = alpha[k][better]
+        if it == iters:
+            break
+        g = x
+        for k in range(H):
+            z = g @ net.WT[k] + net.b[k]
+            grad = np.where(unst[k] & (lams[k] >= 0.0), lams[k] * z, 0.0)
+            g = slopes[k] * z + icpts[k]
+            m1[k] = b1 * m1[k] + (1 - b1) * grad
+            m2[k] = b2 * m2[k] + (1 - b2) * grad * grad
+            mh = m1[k] / (1 - b1 ** (it + 1))
+            vh = m2[k] / (1 - b2 ** (it + 1))
+            alpha[k] = np.where(unst[k], np.clip(alpha[k] + lr * mh / (np.sqrt(vh) + eps),
+                                                 0.0, 1.0), alpha[k])
+    return best_a
+
+
+def alpha_row_bound(net, info, lo, hi, A, rows, iters: int = 10, lr: float = 0.3):
+    """A float64-verified lower bound of ``A[rows[j]] f(x)`` over box j with the unstable
+    ReLUs' lower slopes optimised for that row (alpha-CROWN on the last layer: the hidden
+    layers' bounds are those of ``info``, from :func:`batch_lower_bounds` on the same boxes
+    and A). ReLU networks only. The slopes come from :func:`_alpha_steer`; the bound is then
+    computed by :func:`_lower` exactly as :func:`batch_lower_bounds` computes the rows' (any
+    slope in [0, 1] gives a valid lower line ``a z <= relu(z)``; the rounding charges do not
+    depend on the slopes). Returns (lb (N,), the row's input coefficients (N, d))."""
+    relax, steps, a_h, c, rad = info["state"]
+    lo = np.broadcast_to(lo, c.shape)
+    hi = np.broadcast_to(hi, c.shape)
+    unst = [(l < 0.0) & (u > 0.0) for l, u in info["bounds"]]
+    a = A[rows]  # (N, n_out)
+    lam_h = a @ net.W[-1]
+    const_h = a @ net.b[-1]
+    alpha = _alpha_steer(net, relax, unst, lam_h, const_h, lo, hi, iters, lr)
+    relax2 = [(aU, bU, np.where(un, al, aL), bL)
+              for (aU, bU, aL, bL), un, al in zip(relax, unst, alpha)]
+    m = A.shape[1]
+    g = m * crown.U64 / (1.0 - m * crown.U64)
+    absa = np.abs(a)
+    lam_err = crown.ERR_SAFETY * g * (np.sum((a_h @ net.absWT[-1]) * absa, axis=1)
+                                      + absa @ net.absb[-1] + m * crown.TINY64)
+    lb, LamX, _, _ = _lower(net.W, net.b, net.absb, relax2, net.zero_bL, lam_h[:, None, :],
+                            const_h[:, None], c, rad, steps, net.fp_rtol, lam_err[:, None])
+    return lb[:, 0], LamX[:, 0]
+
+
+def _project_simplex(v):
+    """Euclidean projection of each row of v (N, m) onto the probability simplex."""
+    N, m = v.shape
+    u = -np.sort(-v, axis=1)
+    css = np.cumsum(u, axis=1) - 1.0
+    k = np.arange(1, m + 1)
+    rho = np.sum(u - css / k > 0.0, axis=1)  # >= 1 always
+    theta = css[np.arange(N), rho - 1] / rho
+    return np.maximum(v - theta[:, None], 0.0)
+
+
+def combined_lower_bound(Lam, const, err, lo, hi, b, rtol, iters: int = 20, lam0=None):
+    """A float64-verified lower bound, per box, of ``min over x in [lo, hi] of max_i
+    (A_i f(x) - b_i)`` from the rows' linear bounds ``A_i f(x) >= Lam_i x + const_i - err_i``
+    (:func:`batch_lower_bounds`' info). > 0 proves that no x of the box has ``A f(x) <= b``.
+
+    Any weights lam >= 0 give ``max_i (A_i f(x) - b_i) >= sum_i lam_i (A_i f(x) - b_i) /
+    sum lam >= min over the box of sum_i lam_i (Lam_i x + const_i - err_i - b_i)`` (for
+    sum lam = 1), whose minimum is at the corner x_j = lo_j where ``g_j = sum_i lam_i Lam_ij
+    > 0``, else hi_j. By minimax the best lam attains ``min_x max_i`` of the linear bounds;
+    it is approached by ``iters`` projected supergradient steps (Polyak steps towards the
+    best primal value ``max_i l_i(x)`` seen) from ``lam0`` (default: the best single row).
+
+    The bound at the best lam found is then evaluated in float64 and lowered by ``rtol`` (the
+    network's final-sum allowance, >= 2**-32) times the magnitude of every term, which covers
+    the rounding of g (its terms' magnitude ``sum_i lam_i |Lam_i| |x|`` is charged) and of
+    the sums. Lam (N, m, d), const, err (N, m), lo, hi (N, d) or (d,), b (m,): b must already
+    be rounded up (a decimal literal's rounding). Returns (lower (N,), lam (N, m), the
+    minimising corner (N, d)). m = 0 gives -inf.
+    """
+    N, m, d = Lam.shape
+    lo = np.broadcast_to(lo, (N, d))
+    hi = np.broadcast_to(hi, (N, d))
+    if m == 0:
+        return np.full(N, -np.inf), np.zeros((N, 0)), 0.5 * lo + 0.5 * hi
+    a = const - err - b[None, :]  # (N, m)
+
+    def corner(lam):
+        g = np.einsum("nm,nmd->nd", lam, Lam)
+        return np.where(g > 0.0, lo, hi)
+
+    def rows_at(x):  # l_i(x) (N, m)
+        return np.einsum("nmd,nd->nm", Lam, x) + a
+
+    if lam0 is None:
+        single = a + np.minimum(Lam * lo[:, None], Lam * hi[:, None]).sum(axis=2)
+        lam0 = np.zeros((N, m))
+        lam0[np.arange(N), np.argmax(single, axis=1)] = 1.0
+    lam = lam0
+    best_lam, best = lam.copy(), np.full(N, -np.inf)
+    upper = np.full(N, np.inf)
+    for _ in range(iters):
+        x = corner(lam)
+        s = rows_at(x)  # a supergradient of phi at lam
+        phi = np.sum(lam * s, axis=1)
+        better = phi > best
+        best_lam[better], best[better] = lam[better], phi[better]
+        upper = np.minimum(upper, s.max(axis=1))
+        gap = np.maximum(upper - phi, 0.0)
+        sc = s - s.mean(axis=1, keepdims=True)  # the direction within the simplex
+        nn = np.sum(sc * sc, axis=1)
+        step = np.where(nn > 0.0, gap / np.where(nn > 0.0, nn, 1.0), 0.0)
+        lam = _project_simplex(lam + step[:, None] * sc)
+    x = corner(best_lam)
+    return _combined_at(Lam, const, err, b, best_lam, x, lo, hi, rtol), best_lam, x
+
+
+def _combined_at(Lam, const, err, b, lam, x, lo, hi, rtol):
+    """The float64-verified value of ``min over the box of sum_i lam_i (Lam_i x + const_i -
+    err_i - b_i)`` given its minimising corner x of the computed g (see
+    :func:`combined_lower_bound`)."""
+    g = np.einsum("nm,nmd->nd", lam, Lam)
+    xabs = np.maximum(np.abs(lo), np.abs(hi))
+    gabs = np.einsum("nm,nmd->nd", lam, np.abs(Lam))
+    v = np.sum(g * x, axis=1) + np.sum(lam * (const - err - b[None, :]), axis=1)
+    mag = (np.sum((np.abs(g) + gabs) * xabs, axis=1)
+           + np.sum(lam * (np.abs(const) + err + np.abs(b)[None, :]), axis=1))
+    out = v - crown._widen(0.0, mag, 1.0, rtol)
+    return np.where(np.isnan(out), -np.inf, out)
 
 
 # ------------------------------------------------------------------------------------------
@@ -392,21 +561,47 @@ def violations(weights, biases, activation, alpha, X, lo, hi, A, b):
     return inside & np.all(Y @ A.T <= b, axis=1)
 
 
+def _concat_info(infos):
+    """The infos of :func:`batch_lower_bounds` on consecutive blocks of boxes, as one."""
+    if len(infos) == 1:
+        return infos[0]
+    cat = np.concatenate
+    out = {k: cat([i[k] for i in infos]) for k in ("Lam", "const", "err")}
+    out["bounds"] = [(cat([i["bounds"][k][0] for i in infos]),
+                      cat([i["bounds"][k][1] for i in infos]))
+                     for k in range(len(infos[0]["bounds"]))]
+    st = [i["state"] for i in infos]
+    relax = [tuple(cat([s[0][k][q] for s in st]) for q in range(4)) for k in range(len(st[0][0]))]
+    steps = [tuple(cat([s[1][k][q] for s in st]) for q in range(2)) for k in range(len(st[0][1]))]
+    out["state"] = (relax, steps) + tuple(cat([s[q] for s in st]) for q in (2, 3, 4))
+    return out
+
+
 def _bound_blocked(net, lo, hi, A, block, parent_bounds=None, skip_stable=True):
-    """batch_lower_bounds over blocks of ``block`` boxes (keeps the temporaries small)."""
+    """batch_lower_bounds over blocks of ``block`` boxes (keeps the temporaries small); the
+    blocks' infos concatenated."""
     N = lo.shape[0]
     if N <= block:
         return batch_lower_bounds(None, None, lo, hi, A, net=net, parent_bounds=parent_bounds,
                                   skip_stable=skip_stable)
-    lbs, lams = [], []
+    lbs, infos = [], []
     for s in range(0, N, block):
         sl = slice(s, min(N, s + block))
         pb = None if parent_bounds is None else [(l[sl], u[sl]) for l, u in parent_bounds]
         lb, info = batch_lower_bounds(None, None, lo[sl], hi[sl], A, net=net, parent_bounds=pb,
                                       skip_stable=skip_stable)
         lbs.append(lb)
-        lams.append(info["Lam"])
-    return np.concatenate(lbs), {"Lam": np.concatenate(lams)}
+        infos.append(info)
+    return np.concatenate(lbs), _concat_info(infos)
+
+
+def _take_info(info, idx):
+    """The info of the boxes ``idx`` (an index array or mask) only."""
+    relax, steps, a_h, c, rad = info["state"]
+    return {"Lam": info["Lam"][idx], "const": info["const"][idx], "err": info["err"][idx],
+            "bounds": [(l[idx], u[idx]) for l, u in info["bounds"]],
+            "state": ([tuple(v[idx] for v in r) for r in relax],
+                      [tuple(v[idx] for v in t) for t in steps], a_h[idx], c[idx], rad[idx])}
 
 
 def _split(lo, hi, dim):
@@ -430,7 +625,7 @@ def _splittable(lo, hi):
 def input_split(weights, biases, activation, alpha, lo, hi, A, b, deadline: float,
                 max_domains: int = 200_000, batch: int = 256, split: str = "trial",
                 block: int = 32, adaptive: bool = True, skip_stable: bool = True,
-                trial_dims: int = 3) -> BabResult:
+                trial_dims: int = 3, combine_iters: int = 0, alpha_iters: int = 5) -> BabResult:
     """Decide whether some x in [lo, hi] has ``A f(x) <= b`` (all rows) by input splitting.
 
     ``unsat``: every sub-box has some row i with a CROWN lower bound of ``A_i f(x)`` above
@@ -464,7 +659,7 @@ def input_split(weights, biases, activation, alpha, lo, hi, A, b, deadline: floa
     biases = [np.asarray(v, dtype=np.float64) for v in biases]
     net = BatchNet(weights, biases, activation, alpha, adaptive)
     d = lo0.size
-    stats = {"domains": 0, "peak": 1, "splits": 0}
+    stats = {"domains": 0, "peak": 1, "splits": 0, "alpha": 0}
 
     def result(res, x=None, open_scores=None, note=""):
         worst = None
@@ -473,9 +668,34 @@ def input_split(weights, biases, activation, alpha, lo, hi, A, b, deadline: floa
         return BabResult(res, x, stats["domains"], stats["peak"], worst, stats["splits"], note)
 
     def bound(L, H):
+        """Per box: the rows' bounds lb - b_up, the rows' input coefficients, the score, the
+        info of batch_lower_bounds."""
         lb, info = _bound_blocked(net, L, H, A, block, skip_stable=skip_stable)
         stats["domains"] += L.shape[0]
-        return lb, info["Lam"]
+        lb = lb - b_up
+        s = np.max(lb, axis=1) if lb.shape[1] else np.full(lb.shape[0], -np.inf)
+        if combine_iters and A.shape[0] > 1:
+            live = s <= 0.0
+            if live.any():
+                comb, _, _ = combined_lower_bound(info["Lam"][live], info["const"][live],
+                                                  info["err"][live], L[live], H[live], b_up,
+                                                  net.fp_rtol, iters=combine_iters)
+                s[live] = np.maximum(s[live], comb)
+        return lb, info["Lam"], s, info
+
+    use_alpha = alpha_iters > 0 and activation == "relu" and net.num_hidden > 0 and A.shape[0]
+
+    def refine(L, H, lb, s, info, idx):
+        """alpha-CROWN on the best row of the boxes idx (unproven): their scores raised."""
+        if not use_alpha or not idx.size:
+            return s
+        rows = np.argmax(lb[idx], axis=1)
+        la, _ = alpha_row_bound(net, _take_info(info, idx), L[idx], H[idx], A, rows,
+                                iters=alpha_iters)
+        stats["alpha"] += idx.size
+        s = s.copy()
+        s[idx] = np.maximum(s[idx], la - b_up[rows])
+        return s
 
     def attack(L, H, lb, Lam):
         """Candidate points of the boxes: centres and each row's minimising corner."""
@@ -486,19 +706,16 @@ def input_split(weights, biases, activation, alpha, lo, hi, A, b, deadline: floa
         hit = violations(weights, biases, activation, alpha, X, lo0, hi0, A, b)
         return X[np.argmax(hit)].copy() if hit.any() else None
 
-    def score(lb):  # > 0 proves the box empty
-        return np.max(lb - b_up, axis=1) if lb.shape[1] else np.full(lb.shape[0], -np.inf)
-
     # open boxes; in "trial" mode they carry their own bound (score = own), else the parent's
     def sensitivity(lb, Lam):  # sum over the unproven rows of |Lam_i,j|: (n, d)
-        return np.sum(np.abs(Lam) * (lb <= b_up)[:, :, None], axis=1)
+        return np.sum(np.abs(Lam) * (lb <= 0.0)[:, :, None], axis=1)
 
     Lo, Hi = lo0[None].copy(), hi0[None].copy()
     S = np.full(1, -np.inf)
     G = np.zeros((1, d))  # trial: each open box's sensitivity (the fallback split rule)
     if split == "trial":
-        lb, Lam = bound(Lo, Hi)
-        S = score(lb)
+        lb, Lam, S, info = bound(Lo, Hi)
+        S = refine(Lo, Hi, lb, S, info, np.flatnonzero(S <= 0.0))
         G = sensitivity(lb, Lam)
         x = attack(Lo, Hi, lb, Lam)
         if x is not None:
@@ -522,8 +739,8 @@ def input_split(weights, biases, activation, alpha, lo, hi, A, b, deadline: floa
             Lo, Hi, S, G = Lo[:0], Hi[:0], S[:0], G[:0]
         ok = _splittable(L, H)
         if split == "sensitivity":
-            lb, Lam = bound(L, H)
-            s = score(lb)
+            lb, Lam, s, info = bound(L, H)
+            s = refine(L, H, lb, s, info, np.flatnonzero(s <= 0.0))
             live = s <= 0.0
             L, H, lb, Lam, s, ok = L[live], H[live], lb[live], Lam[live], s[live], ok[live]
             if not L.shape[0]:
@@ -558,8 +775,7 @@ def input_split(weights, biases, activation, alpha, lo, hi, A, b, deadline: floa
                 kids_hi += [h1, h2]
             KL = np.stack(kids_lo, axis=1).reshape(n * 2 * k, d)  # box-major: (box, cand, half)
             KH = np.stack(kids_hi, axis=1).reshape(n * 2 * k, d)
-            lb, Lam = bound(KL, KH)
-            s = score(lb)
+            lb, Lam, s, info = bound(KL, KH)
             live = s <= 0.0
             if live.any():
                 x = attack(KL[live], KH[live], lb[live], Lam[live])
@@ -578,6 +794,9 @@ def input_split(weights, biases, activation, alpha, lo, hi, A, b, deadline: floa
             stats["splits"] += n
             pick = (np.arange(n)[:, None] * 2 * k + best[:, None] * 2 + np.arange(2)[None]).ravel()
             pick = pick[live[pick]]
+            # the halves kept: alpha-CROWN on those still open
+            s = refine(KL, KH, lb, s, info, pick)
+            pick = pick[s[pick] <= 0.0]
             Lo = np.concatenate([Lo, KL[pick]])
             Hi = np.concatenate([Hi, KH[pick]])
             S = np.concatenate([S, s[pick]])
