@@ -193,12 +193,7 @@ def _lower(Ws, bs, absbs, relax, zero_bL, Lam, const, c, rad, steps, rtol, lam_e
     and the final rows over the input. Lam (N, r, n_h), const (N, r). ``steps[i]`` = (v, t)
     of :func:`_step_weights`: each step's product rounding ``|D| @ v_i`` is charged to the
     bound (as ``crown.back_substitute`` does), with ``lam_err`` (N, r) for the rounding made
-    forming Lam and const, and ``rtol`` of the final sums' magnitude.
-
-    Returns (lower (N, r), the final rows over the input (N, r, d), their constant (N, r),
-    err (N, r)): ``Lam_i x + const_i - err_i`` is below row i's function at every x of the
-    box (err is the whole allowance taken off ``min (Lam_i x + const_i)`` for ``lower``,
-    rounded up: it covers the accumulated roundings of const and of the steps)."""
+    forming Lam and const, and ``rtol`` of the final sums' magnitude."""
     cst = const.copy()
     mag = np.abs(const)
     charge = np.zeros(cst.shape) if lam_err is None else lam_err.copy()
@@ -212,9 +207,9 @@ def _lower(Ws, bs, absbs, relax, zero_bL, Lam, const, c, rad, steps, rtol, lam_e
     lin = np.matmul(Lam, c[:, :, None])[..., 0]
     norm = np.matmul(absL, rad[:, :, None])[..., 0]
     xm = np.matmul(absL, np.abs(c)[:, :, None])[..., 0]
-    allow = crown._widen(0.0, xm + norm + mag, 1.0, rtol, crown.ERR_SAFETY * charge)
-    lower = lin - norm + cst - allow
-    return lower, Lam, cst, crown.ERR_SAFETY * allow
+    lower = crown._widen(lin - norm + cst, xm + norm + mag, -1.0, rtol,
+                         crown.ERR_SAFETY * charge)
+    return lower, Lam, cst
 
 
 def _interval_step(net, k, l, u):
@@ -274,8 +269,6 @@ def batch_lower_bounds(weights, biases, lo, hi, A, activation="relu", alpha=None
       ``x_i = lo_i`` where ``Lam_i > 0`` else ``hi_i``);
     - ``"const"`` (N, m): its constant: ``A f(x) >= Lam x + const`` on the box, up to the
       floating-point allowance by which ``lb`` lies below ``min (Lam x + const)``;
-    - ``"err"`` (N, m): that allowance, rounded up: ``A_i f(x) >= Lam_i x + const_i - err_i``
-      at every x of the box (what :func:`combined_lower_bound` builds on);
     - ``"bounds"``: per hidden layer (l, u), each (N, n_k): the pre-activation bounds used.
 
     Per box the result is what ``crown.margin_lower_bound(net, *Box(lo, hi).args(),
@@ -326,7 +319,7 @@ def batch_lower_bounds(weights, biases, lo, hi, A, activation="relu", alpha=None
             if R > FULL_ROWS * n:  # gathering rows per box would not pay: all rows
                 Lam = np.broadcast_to(net.pm[k][None], (N,) + net.pm[k].shape)
                 const = np.broadcast_to(net.pmb[k][None], (N, 2 * n))
-                low, _, _, _ = _lower(net.W, net.b, net.absb, relax, net.zero_bL, Lam, const, c,
+                low, _, _ = _lower(net.W, net.b, net.absb, relax, net.zero_bL, Lam, const, c,
                                    rad, steps, net.fp_rtol)
                 l, u = np.maximum(l, low[:, :n]), np.minimum(u, -low[:, n:])
             elif R:
@@ -337,7 +330,7 @@ def batch_lower_bounds(weights, biases, lo, hi, A, activation="relu", alpha=None
                 Lam = np.concatenate([Wr, -Wr], axis=1)
                 br = net.b[k][idx]
                 const = np.concatenate([br, -br], axis=1)
-                low, _, _, _ = _lower(net.W, net.b, net.absb, relax, net.zero_bL, Lam, const, c,
+                low, _, _ = _lower(net.W, net.b, net.absb, relax, net.zero_bL, Lam, const, c,
                                    rad, steps, net.fp_rtol)
                 rows = np.arange(N)[:, None]
                 l[rows, idx] = np.maximum(l[rows, idx], low[:, :R])
@@ -345,7 +338,7 @@ def batch_lower_bounds(weights, biases, lo, hi, A, activation="relu", alpha=None
         else:
             Lam = np.broadcast_to(net.pm[k][None], (N,) + net.pm[k].shape)
             const = np.broadcast_to(net.pmb[k][None], (N, 2 * n))
-            low, _, _, _ = _lower(net.W, net.b, net.absb, relax, net.zero_bL, Lam, const, c, rad,
+            low, _, _ = _lower(net.W, net.b, net.absb, relax, net.zero_bL, Lam, const, c, rad,
                                steps, net.fp_rtol)
             l, u = low[:, :n], -low[:, n:]
             if parent_bounds is not None:
@@ -363,11 +356,11 @@ def batch_lower_bounds(weights, biases, lo, hi, A, activation="relu", alpha=None
     absA = np.abs(A)
     lam_err = crown.ERR_SAFETY * g * ((a_h @ net.absWT[-1]) @ absA.T
                                       + (absA @ net.absb[-1])[None, :] + m * crown.TINY64)
-    lb, LamX, cst, err = _lower(net.W, net.b, net.absb, relax, net.zero_bL,
+    lb, LamX, cst = _lower(net.W, net.b, net.absb, relax, net.zero_bL,
                            np.broadcast_to(Lam[None], (N,) + Lam.shape),
                            np.broadcast_to(const[None], (N, A.shape[0])), c, rad, steps,
                            net.fp_rtol, lam_err)
-    return lb, {"Lam": LamX, "const": cst, "err": err, "bounds": bounds,
+    return lb, {"Lam": LamX, "const": cst, "bounds": bounds,
                 "state": (relax, steps, a_h, c, rad)}
 
 
@@ -446,90 +439,9 @@ def alpha_row_bound(net, info, lo, hi, A, rows, iters: int = 10, lr: float = 0.3
     absa = np.abs(a)
     lam_err = crown.ERR_SAFETY * g * (np.sum((a_h @ net.absWT[-1]) * absa, axis=1)
                                       + absa @ net.absb[-1] + m * crown.TINY64)
-    lb, LamX, _, _ = _lower(net.W, net.b, net.absb, relax2, net.zero_bL, lam_h[:, None, :],
+    lb, LamX, _ = _lower(net.W, net.b, net.absb, relax2, net.zero_bL, lam_h[:, None, :],
                             const_h[:, None], c, rad, steps, net.fp_rtol, lam_err[:, None])
     return lb[:, 0], LamX[:, 0]
-
-
-def _project_simplex(v):
-    """Euclidean projection of each row of v (N, m) onto the probability simplex."""
-    N, m = v.shape
-    u = -np.sort(-v, axis=1)
-    css = np.cumsum(u, axis=1) - 1.0
-    k = np.arange(1, m + 1)
-    rho = np.sum(u - css / k > 0.0, axis=1)  # >= 1 always
-    theta = css[np.arange(N), rho - 1] / rho
-    return np.maximum(v - theta[:, None], 0.0)
-
-
-def combined_lower_bound(Lam, const, err, lo, hi, b, rtol, iters: int = 20, lam0=None):
-    """A float64-verified lower bound, per box, of ``min over x in [lo, hi] of max_i
-    (A_i f(x) - b_i)`` from the rows' linear bounds ``A_i f(x) >= Lam_i x + const_i - err_i``
-    (:func:`batch_lower_bounds`' info). > 0 proves that no x of the box has ``A f(x) <= b``.
-
-    Any weights lam >= 0 give ``max_i (A_i f(x) - b_i) >= sum_i lam_i (A_i f(x) - b_i) /
-    sum lam >= min over the box of sum_i lam_i (Lam_i x + const_i - err_i - b_i)`` (for
-    sum lam = 1), whose minimum is at the corner x_j = lo_j where ``g_j = sum_i lam_i Lam_ij
-    > 0``, else hi_j. By minimax the best lam attains ``min_x max_i`` of the linear bounds;
-    it is approached by ``iters`` projected supergradient steps (Polyak steps towards the
-    best primal value ``max_i l_i(x)`` seen) from ``lam0`` (default: the best single row).
-
-    The bound at the best lam found is then evaluated in float64 and lowered by ``rtol`` (the
-    network's final-sum allowance, >= 2**-32) times the magnitude of every term, which covers
-    the rounding of g (its terms' magnitude ``sum_i lam_i |Lam_i| |x|`` is charged) and of
-    the sums. Lam (N, m, d), const, err (N, m), lo, hi (N, d) or (d,), b (m,): b must already
-    be rounded up (a decimal literal's rounding). Returns (lower (N,), lam (N, m), the
-    minimising corner (N, d)). m = 0 gives -inf.
-    """
-    N, m, d = Lam.shape
-    lo = np.broadcast_to(lo, (N, d))
-    hi = np.broadcast_to(hi, (N, d))
-    if m == 0:
-        return np.full(N, -np.inf), np.zeros((N, 0)), 0.5 * lo + 0.5 * hi
-    a = const - err - b[None, :]  # (N, m)
-
-    def corner(lam):
-        g = np.einsum("nm,nmd->nd", lam, Lam)
-        return np.where(g > 0.0, lo, hi)
-
-    def rows_at(x):  # l_i(x) (N, m)
-        return np.einsum("nmd,nd->nm", Lam, x) + a
-
-    if lam0 is None:
-        single = a + np.minimum(Lam * lo[:, None], Lam * hi[:, None]).sum(axis=2)
-        lam0 = np.zeros((N, m))
-        lam0[np.arange(N), np.argmax(single, axis=1)] = 1.0
-    lam = lam0
-    best_lam, best = lam.copy(), np.full(N, -np.inf)
-    upper = np.full(N, np.inf)
-    for _ in range(iters):
-        x = corner(lam)
-        s = rows_at(x)  # a supergradient of phi at lam
-        phi = np.sum(lam * s, axis=1)
-        better = phi > best
-        best_lam[better], best[better] = lam[better], phi[better]
-        upper = np.minimum(upper, s.max(axis=1))
-        gap = np.maximum(upper - phi, 0.0)
-        sc = s - s.mean(axis=1, keepdims=True)  # the direction within the simplex
-        nn = np.sum(sc * sc, axis=1)
-        step = np.where(nn > 0.0, gap / np.where(nn > 0.0, nn, 1.0), 0.0)
-        lam = _project_simplex(lam + step[:, None] * sc)
-    x = corner(best_lam)
-    return _combined_at(Lam, const, err, b, best_lam, x, lo, hi, rtol), best_lam, x
-
-
-def _combined_at(Lam, const, err, b, lam, x, lo, hi, rtol):
-    """The float64-verified value of ``min over the box of sum_i lam_i (Lam_i x + const_i -
-    err_i - b_i)`` given its minimising corner x of the computed g (see
-    :func:`combined_lower_bound`)."""
-    g = np.einsum("nm,nmd->nd", lam, Lam)
-    xabs = np.maximum(np.abs(lo), np.abs(hi))
-    gabs = np.einsum("nm,nmd->nd", lam, np.abs(Lam))
-    v = np.sum(g * x, axis=1) + np.sum(lam * (const - err - b[None, :]), axis=1)
-    mag = (np.sum((np.abs(g) + gabs) * xabs, axis=1)
-           + np.sum(lam * (np.abs(const) + err + np.abs(b)[None, :]), axis=1))
-    out = v - crown._widen(0.0, mag, 1.0, rtol)
-    return np.where(np.isnan(out), -np.inf, out)
 
 
 # ------------------------------------------------------------------------------------------
@@ -566,7 +478,7 @@ def _concat_info(infos):
     if len(infos) == 1:
         return infos[0]
     cat = np.concatenate
-    out = {k: cat([i[k] for i in infos]) for k in ("Lam", "const", "err")}
+    out = {k: cat([i[k] for i in infos]) for k in ("Lam", "const")}
     out["bounds"] = [(cat([i["bounds"][k][0] for i in infos]),
                       cat([i["bounds"][k][1] for i in infos]))
                      for k in range(len(infos[0]["bounds"]))]
@@ -598,7 +510,7 @@ def _bound_blocked(net, lo, hi, A, block, parent_bounds=None, skip_stable=True):
 def _take_info(info, idx):
     """The info of the boxes ``idx`` (an index array or mask) only."""
     relax, steps, a_h, c, rad = info["state"]
-    return {"Lam": info["Lam"][idx], "const": info["const"][idx], "err": info["err"][idx],
+    return {"Lam": info["Lam"][idx], "const": info["const"][idx],
             "bounds": [(l[idx], u[idx]) for l, u in info["bounds"]],
             "state": ([tuple(v[idx] for v in r) for r in relax],
                       [tuple(v[idx] for v in t) for t in steps], a_h[idx], c[idx], rad[idx])}
@@ -625,7 +537,8 @@ def _splittable(lo, hi):
 def input_split(weights, biases, activation, alpha, lo, hi, A, b, deadline: float,
                 max_domains: int = 200_000, batch: int = 256, split: str = "trial",
                 block: int = 32, adaptive: bool = True, skip_stable: bool = True,
-                trial_dims: int = 3, combine_iters: int = 0, alpha_iters: int = 5) -> BabResult:
+                trial_dims: int = 3, alpha_iters: int = 10, widest: bool = True,
+                inherit: bool = True) -> BabResult:
     """Decide whether some x in [lo, hi] has ``A f(x) <= b`` (all rows) by input splitting.
 
     ``unsat``: every sub-box has some row i with a CROWN lower bound of ``A_i f(x)`` above
@@ -659,6 +572,7 @@ def input_split(weights, biases, activation, alpha, lo, hi, A, b, deadline: floa
     biases = [np.asarray(v, dtype=np.float64) for v in biases]
     net = BatchNet(weights, biases, activation, alpha, adaptive)
     d = lo0.size
+    span = np.where(hi0 > lo0, hi0 - lo0, 1.0)
     stats = {"domains": 0, "peak": 1, "splits": 0, "alpha": 0}
 
     def result(res, x=None, open_scores=None, note=""):
@@ -667,21 +581,28 @@ def input_split(weights, biases, activation, alpha, lo, hi, A, b, deadline: floa
             worst = float(np.min(open_scores))
         return BabResult(res, x, stats["domains"], stats["peak"], worst, stats["splits"], note)
 
-    def bound(L, H):
+    def bound(L, H, PB=None):
         """Per box: the rows' bounds lb - b_up, the rows' input coefficients, the score, the
         info of batch_lower_bounds."""
-        lb, info = _bound_blocked(net, L, H, A, block, skip_stable=skip_stable)
+        pb = None if PB is None else unpack(PB)
+        lb, info = _bound_blocked(net, L, H, A, block, parent_bounds=pb, skip_stable=skip_stable)
         stats["domains"] += L.shape[0]
         lb = lb - b_up
         s = np.max(lb, axis=1) if lb.shape[1] else np.full(lb.shape[0], -np.inf)
-        if combine_iters and A.shape[0] > 1:
-            live = s <= 0.0
-            if live.any():
-                comb, _, _ = combined_lower_bound(info["Lam"][live], info["const"][live],
-                                                  info["err"][live], L[live], H[live], b_up,
-                                                  net.fp_rtol, iters=combine_iters)
-                s[live] = np.maximum(s[live], comb)
         return lb, info["Lam"], s, info
+
+    widths = [w.shape[0] for w in net.W[:-1]]
+    inherit = inherit and split == "trial" and net.num_hidden > 0
+
+    def pack(bounds):  # per hidden layer (l, u) -> (N, 2 sum n_k)
+        return np.concatenate([v for lu in bounds for v in lu], axis=1)
+
+    def unpack(P):
+        out, at = [], 0
+        for n_k in widths:
+            out.append((P[:, at:at + n_k], P[:, at + n_k:at + 2 * n_k]))
+            at += 2 * n_k
+        return out
 
     use_alpha = alpha_iters > 0 and activation == "relu" and net.num_hidden > 0 and A.shape[0]
 
@@ -713,8 +634,11 @@ def input_split(weights, biases, activation, alpha, lo, hi, A, b, deadline: floa
     Lo, Hi = lo0[None].copy(), hi0[None].copy()
     S = np.full(1, -np.inf)
     G = np.zeros((1, d))  # trial: each open box's sensitivity (the fallback split rule)
+    P = np.zeros((1, 0))  # inherit: each open box's hidden bounds (packed)
     if split == "trial":
         lb, Lam, S, info = bound(Lo, Hi)
+        if inherit:
+            P = pack(info["bounds"])
         S = refine(Lo, Hi, lb, S, info, np.flatnonzero(S <= 0.0))
         G = sensitivity(lb, Lam)
         x = attack(Lo, Hi, lb, Lam)
@@ -732,11 +656,11 @@ def input_split(weights, biases, activation, alpha, lo, hi, A, b, deadline: floa
             take = np.argpartition(S, batch - 1)[:batch]
             keep = np.ones(n, bool)
             keep[take] = False
-            L, H, Sb, Gb = Lo[take], Hi[take], S[take], G[take]
-            Lo, Hi, S, G = Lo[keep], Hi[keep], S[keep], G[keep]
+            L, H, Sb, Gb, Pb = Lo[take], Hi[take], S[take], G[take], P[take]
+            Lo, Hi, S, G, P = Lo[keep], Hi[keep], S[keep], G[keep], P[keep]
         else:
-            L, H, Sb, Gb = Lo, Hi, S, G
-            Lo, Hi, S, G = Lo[:0], Hi[:0], S[:0], G[:0]
+            L, H, Sb, Gb, Pb = Lo, Hi, S, G, P
+            Lo, Hi, S, G, P = Lo[:0], Hi[:0], S[:0], G[:0], P[:0]
         ok = _splittable(L, H)
         if split == "sensitivity":
             lb, Lam, s, info = bound(L, H)
@@ -767,6 +691,13 @@ def input_split(weights, biases, activation, alpha, lo, hi, A, b, deadline: floa
             sens = np.where(ok, Gb * (H - L), -1.0)
             k = min(d, trial_dims)
             cand = np.argsort(-sens, axis=1, kind="stable")[:, :k]  # (n, k)
+            if widest and k < d:
+                # the last candidate: the splittable dimension widest relative to the
+                # case's box, unless already a candidate
+                rel = np.where(ok, (H - L) / span, -1.0)
+                wd = np.argmax(rel, axis=1)
+                has = np.any(cand == wd[:, None], axis=1)
+                cand[~has, k - 1] = wd[~has]
             cand_ok = np.take_along_axis(ok, cand, axis=1)
             kids_lo, kids_hi = [], []
             for t in range(k):
@@ -775,7 +706,7 @@ def input_split(weights, biases, activation, alpha, lo, hi, A, b, deadline: floa
                 kids_hi += [h1, h2]
             KL = np.stack(kids_lo, axis=1).reshape(n * 2 * k, d)  # box-major: (box, cand, half)
             KH = np.stack(kids_hi, axis=1).reshape(n * 2 * k, d)
-            lb, Lam, s, info = bound(KL, KH)
+            lb, Lam, s, info = bound(KL, KH, np.repeat(Pb, 2 * k, axis=0) if inherit else None)
             live = s <= 0.0
             if live.any():
                 x = attack(KL[live], KH[live], lb[live], Lam[live])
@@ -801,5 +732,7 @@ def input_split(weights, biases, activation, alpha, lo, hi, A, b, deadline: floa
             Hi = np.concatenate([Hi, KH[pick]])
             S = np.concatenate([S, s[pick]])
             G = np.concatenate([G, sensitivity(lb[pick], Lam[pick])])
+            if inherit:
+                P = np.concatenate([P, pack([(l[pick], u[pick]) for l, u in info["bounds"]])])
         stats["peak"] = max(stats["peak"], Lo.shape[0])
     return result("unsat")
