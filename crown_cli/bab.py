@@ -422,8 +422,9 @@ def alpha_row_bound(net, info, lo, hi, A, rows, iters: int = 10, lr: float = 0.3
     layers' bounds are those of ``info``, from :func:`batch_lower_bounds` on the same boxes
     and A). ReLU networks only. The slopes come from :func:`_alpha_steer`; the bound is then
     computed by :func:`_lower` exactly as :func:`batch_lower_bounds` computes the rows' (any
-    slope in [0, 1] gives a valid lower line ``a z <= relu(z)``; the rounding charges do not
-    depend on the slopes). Returns (lb (N,), the row's input coefficients (N, d))."""
+    slope in [0, 1] gives a valid lower line ``a z <= relu(z)``; the rounding charges hold for
+    any slopes, as for the chord's). Returns (lb (N,), the row's input coefficients (N, d),
+    the relaxation used: per hidden layer (aU, bU, aL, bL), each (N, n_k))."""
     relax, steps, a_h, c, rad = info["state"]
     lo = np.broadcast_to(lo, c.shape)
     hi = np.broadcast_to(hi, c.shape)
@@ -441,7 +442,7 @@ def alpha_row_bound(net, info, lo, hi, A, rows, iters: int = 10, lr: float = 0.3
                                       + absa @ net.absb[-1] + m * crown.TINY64)
     lb, LamX, _ = _lower(net.W, net.b, net.absb, relax2, net.zero_bL, lam_h[:, None, :],
                             const_h[:, None], c, rad, steps, net.fp_rtol, lam_err[:, None])
-    return lb[:, 0], LamX[:, 0]
+    return lb[:, 0], LamX[:, 0], relax2
 
 
 # ------------------------------------------------------------------------------------------
@@ -611,7 +612,7 @@ def input_split(weights, biases, activation, alpha, lo, hi, A, b, deadline: floa
         if not use_alpha or not idx.size:
             return s
         rows = np.argmax(lb[idx], axis=1)
-        la, _ = alpha_row_bound(net, _take_info(info, idx), L[idx], H[idx], A, rows,
+        la, _, _ = alpha_row_bound(net, _take_info(info, idx), L[idx], H[idx], A, rows,
                                 iters=alpha_iters)
         stats["alpha"] += idx.size
         s = s.copy()
@@ -689,14 +690,14 @@ def input_split(weights, biases, activation, alpha, lo, hi, A, b, deadline: floa
             n = L.shape[0]
             # candidate dimensions: the k most sensitive splittable ones (all when k >= d)
             sens = np.where(ok, Gb * (H - L), -1.0)
-            k = min(d, trial_dims)
+            k = min(d, trial_dims + bool(widest))
             cand = np.argsort(-sens, axis=1, kind="stable")[:, :k]  # (n, k)
-            if widest and k < d:
-                # the last candidate: the splittable dimension widest relative to the
-                # case's box, unless already a candidate
+            if widest and trial_dims < d:
+                # one more candidate: the splittable dimension widest relative to the case's
+                # box, unless among the first trial_dims (then the next most sensitive)
                 rel = np.where(ok, (H - L) / span, -1.0)
                 wd = np.argmax(rel, axis=1)
-                has = np.any(cand == wd[:, None], axis=1)
+                has = np.any(cand[:, :k - 1] == wd[:, None], axis=1)
                 cand[~has, k - 1] = wd[~has]
             cand_ok = np.take_along_axis(ok, cand, axis=1)
             kids_lo, kids_hi = [], []

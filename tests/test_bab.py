@@ -114,6 +114,93 @@ def test_parent_bounds_only_tighten():
 
 
 # ------------------------------------------------------------------------------------------
+# alpha-CROWN on the last layer (alpha_row_bound)
+# ------------------------------------------------------------------------------------------
+
+
+def triangle_lp_min(ws, bs, lo, hi, row, bounds):
+    """min over [lo, hi] of ``row . f(x)`` over the triangle relaxation of every unstable
+    ReLU at the hidden bounds ``bounds`` (scipy HiGHS): the best any lower slopes in [0, 1]
+    can give with these bounds."""
+    from scipy.optimize import linprog
+
+    B = _Builder()
+    x = _box_input_vars(B, lo, hi)
+    last = _encode_relu_layers(B, list(zip(ws[:-1], bs[:-1])), x, bounds, relaxed=True)
+    cost = np.zeros(B.nvar)
+    cost[last] = row @ ws[-1]
+    A_ub, b_ub, A_eq, b_eq, vb = B.lp_form()
+    res = linprog(cost, A_ub=A_ub, b_ub=b_ub, A_eq=A_eq, b_eq=b_eq, bounds=vb, method="highs")
+    assert res.status == 0, res.message
+    return float(res.fun) + float(row @ bs[-1])
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_alpha_row_bound_between_crown_lp_and_samples(seed):
+    """Per box and row: CROWN's bound <= the alpha bound <= the triangle LP at the same hidden
+    bounds (the optimum over all lower slopes) <= the sampled minimum; and the slopes close
+    most of the gap between CROWN and the LP."""
+    rng = np.random.default_rng(20 + seed)
+    d = 4
+    ws, bs = random_mlp([d, 16, 16, 16, 4], 20 + seed)
+    lo, hi = random_boxes(rng, 10, d, degenerate=False)
+    hi = lo + 0.3 * (hi - lo)
+    A = rng.standard_normal((3, 4))
+    net = bab.BatchNet(ws, bs)
+    lb, info = bab.batch_lower_bounds(None, None, lo, hi, A, net=net, skip_stable=True)
+    gains, lps = [], []
+    for i in range(A.shape[0]):
+        rows = np.full(10, i)
+        la, lam, relax = bab.alpha_row_bound(net, info, lo, hi, A, rows, iters=20)
+        assert la.shape == (10,) and lam.shape == (10, d)
+        assert np.all(la >= lb[:, i] - 1e-9 * (1.0 + np.abs(lb[:, i])))
+        gains.append(la - lb[:, i])
+        for j in range(10):
+            bounds = [(l[j], u[j]) for l, u in info["bounds"]]
+            lp = triangle_lp_min(ws, bs, lo[j], hi[j], A[i], bounds)
+            assert la[j] <= lp + 1e-7 * (1.0 + abs(lp)), (i, j, la[j], lp)
+            X = rng.uniform(lo[j], hi[j], (2000, d))
+            assert np.all(mlp_forward(ws, bs, "relu", X) @ A[i] >= la[j] - 1e-12)
+            lps.append(lp)
+    # the slopes close most of CROWN's gap to the LP (20 steps)
+    gains, lps = np.concatenate(gains), np.array(lps)
+    assert np.sum(gains) >= 0.5 * np.sum(lps - lb.T.ravel()) > 0.0
+
+
+def test_alpha_row_bound_covers_the_exact_value_of_its_own_slopes():
+    """The float64 alpha bound lies below the exact (rational) minimum over the box of the
+    linear function its own relaxation (fractional lower slopes) gives."""
+    from fractions import Fraction as F
+    from types import SimpleNamespace
+
+    from conftest import random_network
+    from test_fp64_rounding import InputSet, exact_chain
+
+    rng = np.random.default_rng(31)
+    W, b = random_network([5, 6, 5, 4, 3], 31)
+    lo = rng.uniform(-0.5, 0.5, (6, 5))
+    hi = lo + rng.uniform(0.05, 0.4, (6, 5))
+    A = rng.normal(size=(2, 3))
+    net = bab.BatchNet(W, b)
+    _, info = bab.batch_lower_bounds(None, None, lo, hi, A, net=net)
+    fractional = 0
+    for i in range(2):
+        la, _, relax = bab.alpha_row_bound(net, info, lo, hi, A, np.full(6, i), iters=15)
+        Wf = [[F(float(v)) for v in row] for row in W[-1]]
+        lam = [sum(F(float(a)) * w for a, w in zip(A[i], col)) for col in zip(*Wf)]
+        const = sum(F(float(a)) * F(float(v)) for a, v in zip(A[i], b[-1]))
+        cnet = crown.Network(W, b)
+        for j in range(6):
+            rl = [SimpleNamespace(aU=aU[j], bU=bU[j], aL=aL[j], bL=bL[j])
+                  for aU, bU, aL, bL in relax]
+            fractional += sum(int(np.sum((r.aL > 0.0) & (r.aL < 1.0))) for r in rl)
+            (coef, c), = exact_chain(cnet, rl, [lam], [const], -1)
+            S = InputSet(0.5 * (lo[j] + hi[j]), box=crown.Box(lo[j], hi[j]))
+            assert S.covers(la[j], coef, c, -1), (i, j)
+    assert fractional > 0  # the check has fractional slopes to cover
+
+
+# ------------------------------------------------------------------------------------------
 # exact oracle: min over the box of max_i (A_i f(x)) by MILP
 # ------------------------------------------------------------------------------------------
 
@@ -185,6 +272,28 @@ def test_input_split_against_milp(d, hidden, n_out, m, seed, split):
     x = res.x
     assert np.all(x >= lo) and np.all(x <= hi)
     assert np.all(A @ mlp_forward(ws, bs, "relu", x) <= b)
+
+
+@pytest.mark.parametrize("opts", [{"alpha_iters": 0}, {"inherit": False, "widest": False},
+                                  {"trial_dims": 5}])
+@pytest.mark.parametrize("d,hidden,n_out,m,seed", CASES[1:3])
+def test_input_split_options_against_milp(d, hidden, n_out, m, seed, opts):
+    """The trial rule without the alpha slopes, without inherited bounds and the widest
+    candidate, and with every dimension tried: the same verdicts as the MILP."""
+    rng = np.random.default_rng(100 + seed)
+    ws, bs = random_mlp([d] + hidden + [n_out], seed)
+    lo = rng.uniform(-1.0, 0.0, d)
+    hi = lo + rng.uniform(0.2, 1.0, d)
+    A = rng.standard_normal((m, n_out))
+    v_dual, x_star = exact_min_max_rows(ws, bs, lo, hi, A)
+    v_at = float(np.max(A @ mlp_forward(ws, bs, "relu", x_star)))
+    delta = 0.02 * (1.0 + abs(v_at))
+    for b0, want in ((v_dual - delta, "unsat"), (v_at + delta, "sat")):
+        res = bab.input_split(ws, bs, "relu", None, lo, hi, A, np.full(m, b0),
+                              time.monotonic() + 600.0, max_domains=100_000, **opts)
+        assert res.result == want, res
+        if want == "sat":
+            assert np.all(A @ mlp_forward(ws, bs, "relu", res.x) <= b0)
 
 
 def test_input_split_never_contradicts_on_tight_thresholds():
