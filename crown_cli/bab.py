@@ -9,6 +9,9 @@ Two parts:
   ``A f(x)`` per box. The weight matrices are shared by all boxes, so each back-substitution
   step is one large GEMM ``(N * rows, n_i) @ W_i`` over every box and row at once; only the
   slope scaling is per box.
+- :func:`alpha_row_bound`: one row per box re-bounded with the unstable ReLUs' lower slopes
+  optimised (alpha-CROWN on the last layer, the hidden bounds kept), then verified like the
+  rows of :func:`batch_lower_bounds`.
 - :func:`input_split`: branch and bound on the input box. Open sub-boxes are bounded in
   batches; a sub-box is closed when some row of ``A f(x) <= b`` has a lower bound above
   ``b`` (rounded up one ulp); for the others a few candidate points (centre, minimising
@@ -269,7 +272,9 @@ def batch_lower_bounds(weights, biases, lo, hi, A, activation="relu", alpha=None
       ``x_i = lo_i`` where ``Lam_i > 0`` else ``hi_i``);
     - ``"const"`` (N, m): its constant: ``A f(x) >= Lam x + const`` on the box, up to the
       floating-point allowance by which ``lb`` lies below ``min (Lam x + const)``;
-    - ``"bounds"``: per hidden layer (l, u), each (N, n_k): the pre-activation bounds used.
+    - ``"bounds"``: per hidden layer (l, u), each (N, n_k): the pre-activation bounds used;
+    - ``"state"``: (relaxations, rounding weights per step, |a_h| bound, box centres, radii),
+      what :func:`alpha_row_bound` needs to re-bound a row on the same boxes.
 
     Per box the result is what ``crown.margin_lower_bound(net, *Box(lo, hi).args(),
     relax_fn, A)`` computes (same relaxations, same widening rule; only the order of float
@@ -411,8 +416,8 @@ def _alpha_steer(net, relax, unst, lam_h, const_h, lo, hi, iters, lr):
             m2[k] = b2 * m2[k] + (1 - b2) * grad * grad
             mh = m1[k] / (1 - b1 ** (it + 1))
             vh = m2[k] / (1 - b2 ** (it + 1))
-            alpha[k] = np.where(unst[k], np.clip(alpha[k] + lr * mh / (np.sqrt(vh) + eps),
-                                                 0.0, 1.0), alpha[k])
+            step = np.clip(alpha[k] + lr * mh / (np.sqrt(vh) + eps), 0.0, 1.0)
+            alpha[k] = np.where(unst[k] & np.isfinite(step), step, alpha[k])
     return best_a
 
 
@@ -542,11 +547,11 @@ def input_split(weights, biases, activation, alpha, lo, hi, A, b, deadline: floa
                 inherit: bool = True) -> BabResult:
     """Decide whether some x in [lo, hi] has ``A f(x) <= b`` (all rows) by input splitting.
 
-    ``unsat``: every sub-box has some row i with a CROWN lower bound of ``A_i f(x)`` above
-    ``b_i`` rounded up one ulp. ``sat``: a point x of [lo, hi] (checked exactly) whose float64
-    forward pass satisfies every row. ``unknown``: more than ``max_domains`` open sub-boxes,
-    or a sub-box that can no longer be split. ``timeout``: ``deadline`` (time.monotonic())
-    passed.
+    ``unsat``: every sub-box has some row i with a float64-verified lower bound of
+    ``A_i f(x)`` (CROWN's, or alpha-CROWN's on the last layer) above ``b_i`` rounded up one
+    ulp. ``sat``: a point x of [lo, hi] (checked exactly) whose float64 forward pass
+    satisfies every row. ``unknown``: more than ``max_domains`` open sub-boxes, or a sub-box
+    that can no longer be split. ``timeout``: ``deadline`` (time.monotonic()) passed.
 
     Each round takes the ``batch`` open sub-boxes with the lowest score (worst bound first),
     bounds them at once, drops the proven ones, tries candidate points of the rest (centre and,
@@ -555,12 +560,22 @@ def input_split(weights, biases, activation, alpha, lo, hi, A, b, deadline: floa
 
     - ``"sensitivity"``: the dimension maximising ``sum_i |Lam_i,j| (hi_j - lo_j)`` over the
       unproven rows i (how much the linear bound's range over the box owes to dimension j);
-    ``skip_stable``: see :func:`batch_lower_bounds` (``block`` boxes are bounded at a time).
-
     - ``"trial"``: bound both halves for each of the ``trial_dims`` dimensions ranked first by
-      the sensitivity rule (2 ``trial_dims`` boxes per sub-box, in the same batch) and keep the split maximising ``min(s1, 0) + min(s2, 0)`` for the halves' scores
+      the sensitivity rule and, with ``widest``, one more: the dimension widest relative to
+      [lo, hi] (or, when it is already ranked, the next most sensitive one), all in the same
+      batch; keep the split maximising ``min(s1, 0) + min(s2, 0)`` for the halves' scores
       ``s = max_i (lb_i - b_i)`` (each at least its parent's), or when no split improves on
       the parent the sensitivity rule's first choice; the halves kept are already bounded.
+      (Without the widest candidate, ACAS Xu 3_3 prop_2 halved X_1 down to 2**-19 of its
+      range while X_2, which the bounds needed split, stayed at 2**-5.)
+
+    ``alpha_iters`` (ReLU only; 0: off): the boxes left open (with "trial" the halves kept,
+    with "sensitivity" the boxes bounded) get their best row re-bounded with the unstable
+    neurons' lower slopes optimised (:func:`alpha_row_bound`, that many steps) before they
+    are split, the score raised to the better bound.
+    ``inherit`` ("trial"): every open box keeps its hidden layers' bounds, and its halves'
+    are intersected with them (``parent_bounds`` of :func:`batch_lower_bounds`).
+    ``skip_stable``: see :func:`batch_lower_bounds` (``block`` boxes are bounded at a time).
     """
     if split not in SPLIT_RULES:
         raise ValueError(f"input_split: unknown split rule '{split}'")
@@ -588,7 +603,7 @@ def input_split(weights, biases, activation, alpha, lo, hi, A, b, deadline: floa
         pb = None if PB is None else unpack(PB)
         lb, info = _bound_blocked(net, L, H, A, block, parent_bounds=pb, skip_stable=skip_stable)
         stats["domains"] += L.shape[0]
-        lb = lb - b_up
+        lb = np.where(np.isnan(lb), -np.inf, lb - b_up)  # a NaN bound proves nothing
         s = np.max(lb, axis=1) if lb.shape[1] else np.full(lb.shape[0], -np.inf)
         return lb, info["Lam"], s, info
 
@@ -616,7 +631,7 @@ def input_split(weights, biases, activation, alpha, lo, hi, A, b, deadline: floa
                                 iters=alpha_iters)
         stats["alpha"] += idx.size
         s = s.copy()
-        s[idx] = np.maximum(s[idx], la - b_up[rows])
+        s[idx] = np.fmax(s[idx], la - b_up[rows])  # a NaN bound proves nothing
         return s
 
     def attack(L, H, lb, Lam):

@@ -382,3 +382,24 @@ def test_batched_bounds_charge_product_rounding_on_cancelling_networks():
             _, relax = crown.hidden_layer_bounds(net, *S.args(), fn)
             coef, c = exact_chain(net, relax, [[F(float(v)) for v in w[0]]], [F(0)], -1)[0]
             assert S.covers(lb[j, 0], coef, c, -1), (seed, j)
+
+
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")  # -inf scores in the split choice
+def test_input_split_nan_bounds_prove_nothing(monkeypatch):
+    """A NaN bound (row or alpha-CROWN) must leave the box open, never close it."""
+    ws, bs = random_mlp([3, 8, 8, 2], 15)
+    lo, hi = -np.ones(3), np.ones(3)
+    A = np.array([[1.0, -1.0]])
+    real = bab._bound_blocked
+
+    def nan_rows(*args, **kw):
+        lb, info = real(*args, **kw)
+        return np.full_like(lb, np.nan), info
+
+    monkeypatch.setattr(bab, "_bound_blocked", nan_rows)
+    monkeypatch.setattr(bab, "alpha_row_bound",
+                        lambda net, info, lo, hi, A, rows, iters=10: (
+                            np.full(rows.shape[0], np.nan), None, None))
+    res = bab.input_split(ws, bs, "relu", None, lo, hi, A, np.array([-1e6]),
+                          time.monotonic() + 60.0, max_domains=50)
+    assert res.result in ("unknown", "timeout")
