@@ -274,7 +274,8 @@ def test_input_split_against_milp(d, hidden, n_out, m, seed, split):
     assert np.all(A @ mlp_forward(ws, bs, "relu", x) <= b)
 
 
-@pytest.mark.parametrize("opts", [{"alpha_iters": 0}, {"inherit": False, "widest": False},
+@pytest.mark.parametrize("opts", [{"alpha_iters": 0}, {"inherit": False, "widest": 0.0},
+                                  {"widest": 1.0},
                                   {"trial_dims": 5}])
 @pytest.mark.parametrize("d,hidden,n_out,m,seed", CASES[1:3])
 def test_input_split_options_against_milp(d, hidden, n_out, m, seed, opts):
