@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import Optional
+from typing import Callable, Optional
 
 import numpy as np
 
@@ -430,7 +430,8 @@ def _splittable(lo, hi):
 def input_split(weights, biases, activation, alpha, lo, hi, A, b, deadline: float,
                 max_domains: int = 200_000, batch: int = 256, split: str = "trial",
                 block: int = 32, adaptive: bool = True, skip_stable: bool = True,
-                trial_dims: int = 3) -> BabResult:
+                trial_dims: int = 3,
+                progress: Optional[Callable[[int, int, float], None]] = None) -> BabResult:
     """Decide whether some x in [lo, hi] has ``A f(x) <= b`` (all rows) by input splitting.
 
     ``unsat``: every sub-box has some row i with a CROWN lower bound of ``A_i f(x)`` above
@@ -452,6 +453,9 @@ def input_split(weights, biases, activation, alpha, lo, hi, A, b, deadline: floa
       the sensitivity rule (2 ``trial_dims`` boxes per sub-box, in the same batch) and keep the split maximising ``min(s1, 0) + min(s2, 0)`` for the halves' scores
       ``s = max_i (lb_i - b_i)`` (each at least its parent's), or when no split improves on
       the parent the sensitivity rule's first choice; the halves kept are already bounded.
+
+    ``progress(domains, open, worst)``: called after every round with the sub-boxes bounded so
+    far, the open sub-boxes and the lowest open score (inf when none is open).
     """
     if split not in SPLIT_RULES:
         raise ValueError(f"input_split: unknown split rule '{split}'")
@@ -583,4 +587,6 @@ def input_split(weights, biases, activation, alpha, lo, hi, A, b, deadline: floa
             S = np.concatenate([S, s[pick]])
             G = np.concatenate([G, sensitivity(lb[pick], Lam[pick])])
         stats["peak"] = max(stats["peak"], Lo.shape[0])
+        if progress is not None:
+            progress(stats["domains"], Lo.shape[0], float(S.min()) if S.size else np.inf)
     return result("unsat")

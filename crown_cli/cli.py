@@ -371,7 +371,8 @@ VERIFY_NOT_SETTINGS = {"--model", "--spec", "--instances", "--root", "--output",
               help="--instances: continue an existing --output, skipping instances it holds.")
 @click.option("--shard", default=None, metavar="K/N",
               help="--instances: only the K-th of N round-robin parts of the list.")
-@click.option("--verbose", "-v", is_flag=True, help="A log line per stage and instance.")
+@click.option("--verbose", "-v", is_flag=True, help="A log line per stage and instance, and the branch and "
+                   "bound's status (open domains, worst bound, domains/s) every 2 s.")
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar and no summary line.")
 @_handle_errors
 def verify(model_path, spec_path, instances_path, root, timeout, method, attack_restarts,
@@ -427,13 +428,30 @@ def _verify_one(model_path, spec_path, timeout, options, output, overwrite, quie
     loader = Loader()
     v = loader.verifier(model_path, **options)
     prop = loader.property(spec_path, v.n_inputs, v.n_outputs)
+    bar = None
+    if not quiet and log is None and sys.stderr.isatty():
+        from tqdm import tqdm
+
+        # a status line: seconds used of the timeout, and the branch and bound's status
+        bar = tqdm(total=round(timeout), file=sys.stderr, unit="s", desc="verify",
+                   bar_format="{desc}: {n:.0f}/{total:.0f} s |{bar}| {postfix}",
+                   dynamic_ncols=True)
+
+    def status(text):
+        bar.n = min(bar.total, time.perf_counter() - t0)
+        bar.set_postfix_str(text)  # refreshes the line
+
     try:
-        verdict = v.verify(prop, max(0.0, timeout - (time.perf_counter() - t0)), log=log)
+        verdict = v.verify(prop, max(0.0, timeout - (time.perf_counter() - t0)), log=log,
+                           status=status if bar is not None else None)
     except InputError:
         raise
     except Exception as exc:  # noqa: BLE001 - the instance failed: exit 3, no result file
         raise CrownError(f"{spec_path}: instance ended in an error: {type(exc).__name__}: {exc}",
                          exit_code=3) from None
+    finally:
+        if bar is not None:
+            bar.close()
     text = format_result(verdict)
     if output == "-":
         click.echo(text, nl=False)

@@ -39,6 +39,9 @@ INPUT_SPLIT_MAX_DIM = 16
 BAB_ACTIVATIONS = ("relu", "leaky_relu")
 ATTACK_SHARE = 0.1  # of the timeout for the first attack (before any bound)
 ATTACK_MIN_S = 0.5
+# branch and bound status (open domains, worst open bound, domains/s): at most this often, in
+# seconds, to a progress bar and to the -v log
+STATUS_EVERY_BAR_S, STATUS_EVERY_LOG_S = 0.5, 2.0
 
 
 @dataclass
@@ -165,7 +168,7 @@ class Verifier:
                 still.append(j)
         return still
 
-    def _input_split(self, cases, open_cases, margins, deadline, done, log):
+    def _input_split(self, cases, open_cases, margins, deadline, done, log, status):
         """Branch and bound by input splitting (:func:`crown_cli.bab.input_split`) on each open
         case in turn."""
         from .bab import input_split
@@ -174,17 +177,17 @@ class Verifier:
             for j in open_cases:
                 c = cases[j]
 
-                def run(c=c):
+                def run(progress, c=c):
                     r = input_split(self.weights, self.biases, self.activation, self.alpha,
                                     c.lo, c.hi, c.A, c.b, deadline,
-                                    max_domains=self.max_domains)
+                                    max_domains=self.max_domains, progress=progress)
                     return r.result, r.x, r.domains, r.peak_open, r.worst
                 yield j, run
 
         return self._branch_and_bound("input split", "boxes", runs(), cases, open_cases,
-                                      margins, deadline, done, log)
+                                      margins, deadline, done, log, status)
 
-    def _relu_split(self, cases, open_cases, margins, deadline, done, log):
+    def _relu_split(self, cases, open_cases, margins, deadline, done, log, status):
         """Branch and bound over ReLU splits (:func:`crown_cli.bab_relu.relu_split`) on each
         open case in turn, the hidden layers' root bounds tightened once per input box and
         shared by its cases, the cases of a box with the best bound first."""
@@ -203,32 +206,36 @@ class Verifier:
                 for j in sorted(members, key=lambda j: -margins.get(j, -np.inf)):
                     c = cases[j]
 
-                    def run(c=c, j=j, layer_bounds=layer_bounds):
+                    def run(progress, c=c, j=j, layer_bounds=layer_bounds):
                         r = relu_split(self.weights, self.biases, c.lo, c.hi, c.A, c.b,
                                        deadline, max_domains=self.max_domains,
                                        activation=self.activation, leak=leak,
                                        layer_bounds=layer_bounds, seed=self.seed + j,
-                                       attack_restarts=0)
+                                       attack_restarts=0, progress=progress)
                         worst = r.worst_bound if np.isfinite(r.worst_bound) else None
                         return r.verdict, r.x, r.domains, r.peak_open, worst
                     yield j, run
 
         return self._branch_and_bound("ReLU split", "domains", runs(), cases, open_cases,
-                                      margins, deadline, done, log)
+                                      margins, deadline, done, log, status)
 
     def _branch_and_bound(self, kind, unit, runs, cases, open_cases, margins, deadline, done,
-                          log):
-        """Run ``runs`` (case index, run() -> (verdict, x, domains, peak open, worst bound or
-        None)) one case after another until every case is proven (unsat), one yields a
-        verified counterexample (sat), the deadline passes (timeout) or a domain cap is hit
-        (unknown)."""
+                          log, status):
+        """Run ``runs`` (case index, run(progress) -> (verdict, x, domains, peak open, worst
+        bound or None)) one case after another until every case is proven (unsat), one yields
+        a verified counterexample (sat), the deadline passes (timeout) or a domain cap is hit
+        (unknown). ``status``: a :class:`BabStatus` (or None) the runs report progress to."""
         proven = len(cases) - len(open_cases)
         visited = peak = 0
         for j, run in runs:
             if time.monotonic() >= deadline:
                 return done("timeout", "bab", _worst(margins), proven, domains=visited,
                             peak_domains=peak)
-            verdict, x, domains, peak_open, worst = run()
+            progress = None
+            if status is not None:
+                status.begin(kind, unit, j, proven, len(cases), visited)
+                progress = status.update
+            verdict, x, domains, peak_open, worst = run(progress)
             visited += domains
             peak = max(peak, peak_open)
             if log is not None:
@@ -244,9 +251,20 @@ class Verifier:
             proven += 1
         return done("unsat", "bab", None, proven, domains=visited, peak_domains=peak)
 
-    def verify(self, prop, timeout: float, log: Optional[Callable[[str], None]] = None) -> Verdict:
-        """Run the pipeline on a parsed property within ``timeout`` seconds."""
+    def verify(self, prop, timeout: float, log: Optional[Callable[[str], None]] = None,
+               status: Optional[Callable[[str], None]] = None) -> Verdict:
+        """Run the pipeline on a parsed property within ``timeout`` seconds.
+
+        ``log``: receives a line per stage (and, without ``status``, the branch and bound's
+        status every :data:`STATUS_EVERY_LOG_S` seconds); ``status``: receives the branch and
+        bound's status text (open domains, worst open bound, domains/s) every
+        :data:`STATUS_EVERY_BAR_S` seconds, e.g. for a progress bar."""
         t0 = time.monotonic()
+        bab_status = None
+        if status is not None:
+            bab_status = BabStatus(status, STATUS_EVERY_BAR_S)
+        elif log is not None:
+            bab_status = BabStatus(log, STATUS_EVERY_LOG_S)
         deadline = t0 + timeout
         check_sizes(prop, self.n_inputs, self.n_outputs, "property")
         cases = list(prop.cases)
@@ -291,9 +309,10 @@ class Verifier:
                 j, x = found
                 return done("sat", "attack", _worst(margins), n - len(open_cases), x=x,
                             y=self.outputs(x), case=j)
-            return self._input_split(cases, open_cases, margins, deadline, done, log)
+            return self._input_split(cases, open_cases, margins, deadline, done, log,
+                                     bab_status)
         if self.bab:
-            return self._relu_split(cases, open_cases, margins, deadline, done, log)
+            return self._relu_split(cases, open_cases, margins, deadline, done, log, bab_status)
         # the bounds could not decide: an attack with other starts on the open cases
         found = self._attack(cases, _by_box(cases, open_cases), deadline, budget,
                              self.seed + 7919)
@@ -302,6 +321,44 @@ class Verifier:
             return done("sat", "attack", _worst(margins), n - len(open_cases), x=x,
                         y=self.outputs(x), case=j)
         return done("unknown", stage, _worst(margins), n - len(open_cases))
+
+
+class BabStatus:
+    """The status of a running branch and bound as one line of text, handed to ``emit`` at
+    most every ``every`` seconds: the case, domains bounded and their rate over the whole
+    branch and bound so far, open domains, and the worst open domain's bound minus b (its best
+    row; a float32 estimate for ReLU splitting)."""
+
+    def __init__(self, emit: Callable[[str], None], every: float,
+                 clock: Callable[[], float] = time.monotonic):
+        self.emit, self.every, self.clock = emit, every, clock
+        self.t0 = None
+        self.last = -np.inf
+        self.kind = self.unit = ""
+        self.case = self.proven = self.cases = self.before = 0
+
+    def begin(self, kind: str, unit: str, case: int, proven: int, cases: int,
+              before: int) -> None:
+        """A new case starts; ``before``: domains the earlier cases bounded."""
+        if self.t0 is None:  # the first line after ``every`` seconds, with a meaningful rate
+            self.t0 = self.last = self.clock()
+        self.kind, self.unit, self.case = kind, unit, case
+        self.proven, self.cases, self.before = proven, cases, before
+
+    def text(self, domains: int, open_: int, worst: float) -> str:
+        total = self.before + domains
+        rate = total / max(self.clock() - self.t0, 1e-9)
+        worst_s = f"{worst:.4g}" if np.isfinite(worst) else "-"
+        return (f"bab ({self.kind}): case {self.case} ({self.proven} of {self.cases} proven): "
+                f"{total} {self.unit}, {open_} open, worst bound {worst_s}, "
+                f"{rate:.0f} {self.unit}/s")
+
+    def update(self, domains: int, open_: int, worst: float) -> None:
+        now = self.clock()
+        if now - self.last < self.every:
+            return
+        self.last = now
+        self.emit(self.text(domains, open_, worst))
 
 
 def _by_box(cases, indices) -> List[List[int]]:
