@@ -357,8 +357,14 @@ VERIFY_NOT_SETTINGS = {"--model", "--spec", "--instances", "--root", "--output",
 @click.option("--attack-steps", type=click.IntRange(min=1), default=100, show_default=True,
               help="PGD steps per attack run.")
 @click.option("--attack-time", type=float, default=None,
-              help="Seconds for each of the two attack stages (default: 10%% of the timeout, "
+              help="Seconds for each of the two attack stages (default: 10% of the timeout, "
                    "at least 0.5).")
+@click.option("--bab/--no-bab", default=True, show_default=True,
+              help="Branch and bound after the bound stages (ReLU and leaky ReLU networks): "
+                   "input splitting up to 16 inputs, ReLU splitting above.")
+@click.option("--max-domains", type=click.IntRange(min=1), default=200_000, show_default=True,
+              help="Cap on the open domains of the branch and bound (memory); reaching it "
+                   "ends the instance with unknown.")
 @click.option("--seed", type=click.IntRange(min=0), default=0, show_default=True,
               help="Seed of the attack's random starts.")
 @click.option("--output", "-o", default="-", show_default=True,
@@ -376,8 +382,8 @@ VERIFY_NOT_SETTINGS = {"--model", "--spec", "--instances", "--root", "--output",
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar and no summary line.")
 @_handle_errors
 def verify(model_path, spec_path, instances_path, root, timeout, method, attack_restarts,
-           attack_steps, attack_time, seed, output, out_format, overwrite, resume, shard,
-           verbose, quiet):
+           attack_steps, attack_time, bab, max_domains, seed, output, out_format, overwrite,
+           resume, shard, verbose, quiet):
     """Decide VNN-LIB properties: sat (with a counterexample), unsat, unknown or timeout.
 
     Attack first (PGD towards the unsafe outputs inside the input box), then the bound
@@ -396,7 +402,8 @@ def verify(model_path, spec_path, instances_path, root, timeout, method, attack_
     if attack_time is not None and not attack_time >= 0:
         raise InputError(f"--attack-time: must be >= 0, got {attack_time}")
     options = dict(stages=tuple(stages), attack_restarts=attack_restarts,
-                   attack_steps=attack_steps, seed=seed, attack_time=attack_time)
+                   attack_steps=attack_steps, seed=seed, attack_time=attack_time, bab=bab,
+                   max_domains=max_domains)
     log = (lambda msg: click.echo(msg, err=True)) if verbose else None
     if instances_path is not None:
         if model_path is not None or spec_path is not None:

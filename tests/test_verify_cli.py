@@ -197,13 +197,10 @@ def test_wrong_sizes_named(tmp_path):
     assert "p.vnnlib" in r.stderr
 
 
-def test_verbose_shows_branch_and_bound_status(tmp_path, acas, monkeypatch):
-    """-v: the stage lines, then the branch and bound's status lines (open domains, worst
-    bound, rate) and the case's end; a list run passes them on too. The property: a box where
-    Y_0 - Y_1 stays above a threshold just under its sampled minimum (CROWN alone cannot tell)."""
-    from crown_cli import verify as verify_mod
-
-    monkeypatch.setattr(verify_mod, "STATUS_EVERY_LOG_S", 0.0)
+@pytest.fixture
+def bab_spec(tmp_path, acas):
+    """A property on the ACAS network that needs branch and bound: on a box Y_0 - Y_1 stays
+    above a threshold 0.05 under its sampled minimum, which CROWN and alpha-CROWN cannot show."""
     x0 = np.array([0.1, -0.2, 0.05, 0.3, -0.1])
     lo, hi = x0 - 0.08, x0 + 0.08
     X = np.random.default_rng(0).uniform(lo, hi, (2000, 5))
@@ -211,15 +208,35 @@ def test_verbose_shows_branch_and_bound_status(tmp_path, acas, monkeypatch):
     spec = tmp_path / "p.vnnlib"
     # unsafe: Y_0 - Y_1 <= m - 0.05
     spec.write_text(spec_text(lo, hi, [(np.eye(5)[0] - np.eye(5)[1], m - 0.05)]))
-    r = run("verify", "--model", ACASXU, "--spec", spec, "--timeout", 20, "-v")
+    return spec
+
+
+def test_verbose_shows_branch_and_bound_status(tmp_path, bab_spec, monkeypatch):
+    """-v: the stage lines, then the branch and bound's status lines (open domains, worst
+    bound, rate) and the case's end; a list run passes them on too."""
+    from crown_cli import verify as verify_mod
+
+    monkeypatch.setattr(verify_mod, "STATUS_EVERY_LOG_S", 0.0)
+    r = run("verify", "--model", ACASXU, "--spec", bab_spec, "--timeout", 20, "-v")
     assert r.exit_code == 0, r.output
     lines = r.stderr.splitlines()
-    assert any(line.startswith("crown: 0 of 1 cases proven") for line in lines), r.stderr
+    assert "alpha-crown: 0 of 1 cases proven" in lines, r.stderr
     status = [line for line in lines if line.startswith("bab (input split): case 0 (0 of 1 "
                                                         "proven): ")]
     assert status and all(" open, worst bound " in s and s.endswith(" boxes/s") for s in status)
-    assert r.stdout.splitlines()[0] in ("unsat", "sat", "timeout")
-    (tmp_path / "list.csv").write_text(f"{ACASXU},{spec},20\n")
+    assert r.stdout.splitlines()[0] == "unsat"
+    (tmp_path / "list.csv").write_text(f"{ACASXU},{bab_spec},20\n")
     r = run("verify", "--instances", tmp_path / "list.csv", "-o", tmp_path / "out.csv", "-v")
     assert r.exit_code == 0, r.output
     assert any(line.startswith("bab (input split): case 0") for line in r.stderr.splitlines())
+
+
+@pytest.mark.parametrize("option,stage", [("--no-bab", "alpha-crown"),
+                                          ("--max-domains=5", "bab")])
+def test_without_branch_and_bound_or_over_the_cap_unknown(bab_spec, option, stage):
+    """--no-bab stops after the bound stages; a domain cap that the search needs more than
+    ends it with unknown (no crash, the worst open bound reported)."""
+    r = run("verify", "--model", ACASXU, "--spec", bab_spec, "--timeout", 20, option)
+    assert r.exit_code == 0, r.output
+    assert r.stdout == "unknown\n"
+    assert f"crown: unknown ({stage}; 0 of 1 cases proven, bound margin -" in r.stderr
