@@ -351,7 +351,7 @@ VERIFY_NOT_SETTINGS = {"--model", "--spec", "--instances", "--root", "--output",
                    "instance's own timeout.")
 @click.option("--method", default="crown,alpha-crown", show_default=True,
               help="Bound stages after the attack, cheap to strong (comma-separated); "
-                   "alpha-crown on ReLU and leaky ReLU networks only.")
+                   "alpha-crown on ReLU, leaky ReLU, tanh, sigmoid and arctan networks.")
 @click.option("--attack-restarts", type=click.IntRange(min=1), default=64, show_default=True,
               help="PGD starting points per case of the property.")
 @click.option("--attack-steps", type=click.IntRange(min=1), default=100, show_default=True,

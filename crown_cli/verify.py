@@ -30,8 +30,12 @@ from .relaxations import get_relaxation
 VERDICTS = ("sat", "unsat", "unknown", "timeout", "error")
 # Bound stages, cheap to strong; a stage is used when the activation has that method.
 BOUND_STAGES = ("crown", "alpha-crown")
-ALPHA_ACTIVATIONS = ("relu", "leaky_relu")  # alpha-crown's optimised slopes (crown_cli.alpha)
-ALPHA_ITERS, ALPHA_LR = 50, 0.5  # one box per case: more steps than certify's search spends
+# alpha-crown (crown_cli.alpha): optimised lower slopes (ReLU, leaky ReLU) or tangent points
+# (tanh, sigmoid, arctan)
+ALPHA_ACTIVATIONS = ("relu", "leaky_relu", "tanh", "sigmoid", "arctan")
+SMOOTH_ACTIVATIONS = ("tanh", "sigmoid", "arctan")
+# one box per case: more steps than certify's search spends; certify's step sizes
+ALPHA_ITERS, ALPHA_LR, ALPHA_LR_SMOOTH = 50, 0.5, 0.1
 # Complete stage after the bounds: branch and bound by input splitting for networks with at
 # most this many inputs (ACAS Xu: 5), where bisecting the box shrinks every neuron's interval
 # quickly; wider inputs (images) need ReLU splitting instead.
@@ -117,17 +121,19 @@ class Verifier:
         return lb - round_up(b)
 
     def _alpha_lower_bound(self, box: Box, A: np.ndarray) -> np.ndarray:
-        """alpha-CROWN over the box: slopes optimised for the sum of the rows' bounds, then the
-        float64-verified bound at those slopes (each row the larger of alpha-CROWN's and
-        CROWN's, both sound)."""
+        """alpha-CROWN over the box: slopes (or, for tanh/sigmoid/arctan, tangent points)
+        optimised for the sum of the rows' bounds, then the float64-verified bound at them
+        (each row the larger of alpha-CROWN's and CROWN's, both sound)."""
         from .alpha import AlphaBounds
         from .crown import first_layer_center
 
         leak = float(self.alpha) if self.activation == "leaky_relu" else 0.0
+        smooth = self.activation in SMOOTH_ACTIVATIONS
         x0, eps, qcode = box.args()
         ab = AlphaBounds(self.net, self.relax["alpha-crown"], leak, x0, qcode, A,
-                         first_layer_center(self.net, x0))
-        ab.optimise(eps, ALPHA_ITERS, ALPHA_LR, patience=3)
+                         first_layer_center(self.net, x0),
+                         activation=self.activation if smooth else None)
+        ab.optimise(eps, ALPHA_ITERS, ALPHA_LR_SMOOTH if smooth else ALPHA_LR, patience=3)
         return ab.evaluate(eps, verify=True)
 
     def _attack(self, cases, groups, deadline: float, budget: float, seed: int,

@@ -143,6 +143,30 @@ def test_sizes_must_match():
         Verifier(ws, bs, "relu").verify(prop, timeout=1.0)
 
 
+@pytest.mark.parametrize("act,seed", [("tanh", 0), ("sigmoid", 1), ("arctan", 2)])
+def test_alpha_stage_smooth_between_crown_and_sampled_minimum(act, seed):
+    """tanh / sigmoid / arctan: the alpha-crown stage (free tangent points) gives verified row
+    bounds at least CROWN's, above CROWN's somewhere, and below the minimum over sampled
+    points and the corners of the box."""
+    ws, bs = random_network([4, 16, 16, 3], 30 + seed)
+    rng = np.random.default_rng(seed)
+    x0, eps = rng.normal(size=4), 0.5
+    c = int(np.argmax(forward(ws, bs, act, x0)))
+    ts = [t for t in range(3) if t != c]
+    A = np.array([np.eye(3)[c] - np.eye(3)[t] for t in ts])
+    v = Verifier(ws, bs, act, stages=("crown", "alpha-crown"))
+    assert v.stages == ["crown", "alpha-crown"]
+    lo, hi = x0 - eps, x0 + eps
+    crown_lb = v.box_lower_bounds("crown", lo, hi, A, np.zeros(2))
+    alpha_lb = v.box_lower_bounds("alpha-crown", lo, hi, A, np.zeros(2))
+    assert np.all(alpha_lb >= crown_lb)
+    assert np.any(alpha_lb > crown_lb + 1e-6)
+    X = np.concatenate([rng.uniform(lo, hi, (20000, 4)), np.array(np.meshgrid(
+        *[[a, z] for a, z in zip(lo, hi)])).reshape(4, -1).T])
+    sampled = (forward(ws, bs, act, X) @ A.T).min(axis=0)
+    assert np.all(alpha_lb <= sampled)
+
+
 @pytest.mark.parametrize("seed", range(3))
 def test_alpha_stage_between_crown_and_exact(seed):
     """Over a box, the alpha-crown stage's verified row bounds lie between CROWN's and the
