@@ -24,7 +24,9 @@ solver can never make a line unsound, and for the paper's slopes the line passes
 end-point / touches at d exactly as the tables say (Table 1 footnote *: the intercept
 ``a*b = act(d) - a*d`` is computed directly, never by dividing by a near-zero slope ``a``).
 Finally the intercept is moved outward by ``_slack`` (8 ulps of the terms, ~2e-15 relative)
-so that the inequality also holds when act and the line are evaluated in float64.
+so that the inequality also holds when act and the line are evaluated in float64. The search
+over those points (``_exact_intercept``) serves the ELU, softplus and hard sigmoid relaxations
+of extra.py too, so their values (``_elu``, ``_softplus``, ``_hsig``) are defined here.
 
 Near-zero slopes (Table 1 footnote *): derivatives are computed without cancellation
 (sech^2 from exp(-2|t|), s(t) s(-t)), so in saturation they are tiny but accurate instead of
@@ -40,6 +42,10 @@ from numba import njit
 TANH = 0
 SIGMOID = 1
 ARCTAN = 2
+# extra.py's activations, as kinds of _value / _exact_intercept only
+ELU = 3
+SOFTPLUS = 4
+HARD_SIGMOID = 5
 
 EPS = 2.0 ** -52  # float64 machine epsilon (spacing of floats at 1.0)
 TINY = 5e-324  # smallest positive subnormal
@@ -150,34 +156,65 @@ def _clip(t, l, u):
 
 
 @njit(cache=True)
-def _intercept(kind, l, u, k, upper):
-    """Tightest sound intercept for slope k on [l, u] (see module docstring), slack included."""
-    tk = _inv_dact(kind, k)
+def _elu(t, alpha):
+    return t if t > 0.0 else alpha * math.expm1(t)
+
+
+@njit(cache=True)
+def _softplus(t):
+    return max(t, 0.0) + math.log1p(math.exp(-abs(t)))  # log(1 + e^t) without overflow
+
+
+@njit(cache=True)
+def _hsig(t, alpha):
+    return min(max(alpha * t + 0.5, 0.0), 1.0)  # same operations as np.clip(a*z + 0.5, 0, 1)
+
+
+@njit(cache=True)
+def _value(kind, p, t):
+    """Activation ``kind`` at t; p is the alpha of ELU and hard sigmoid (unused otherwise)."""
+    if kind <= ARCTAN:
+        return _act(kind, t)
+    if kind == ELU:
+        return _elu(t, p)
+    if kind == SOFTPLUS:
+        return _softplus(t)
+    return _hsig(t, p)
+
+
+@njit(cache=True)
+def _exact_intercept(kind, p, l, u, k, upper, inner, S):
+    """Tightest sound intercept for slope k of a line above (``upper``) or below
+    act = _value(kind, p, .) on [l, u], slack included: the max (min) of act(t) - k t over
+    t = l, u and the points of the tuple ``inner`` clipped into [l, u], which must hold every
+    other point where that max (min) can be reached; then moved outward by ``_slack``, with S
+    the larger of ``S`` and |act| at those points."""
     best = 0.0
-    S = 0.0
-    for j in range(5):
+    for j in range(2 + len(inner)):
         if j == 0:
             t = l
         elif j == 1:
             t = u
-        elif j == 2:
-            t = _clip(0.0, l, u)
-        elif j == 3:
-            t = _clip(tk, l, u)
         else:
-            t = _clip(-tk, l, u)
-        f = _act(kind, t)
+            t = _clip(inner[j - 2], l, u)
+        f = _value(kind, p, t)
         g = f - k * t
         if j == 0 or (upper and g > best) or ((not upper) and g < best):
             best = g
         S = max(S, abs(f))
-    if kind == SIGMOID:
-        # the terms of 1/(1+e^-z) or 0.5*(1+tanh(z/2)) (crown_cli.activations) are O(1): an
-        # evaluation can be off by ~1 ulp of 1 where sigmoid itself is tiny (both that form
-        # and scipy's expit return 0 around z = -717, where sigmoid is ~4e-312)
-        S = max(S, 1.0)
     s = _slack(k, best, max(abs(l), abs(u)), S)
     return best + s if upper else best - s
+
+
+@njit(cache=True)
+def _intercept(kind, l, u, k, upper):
+    """Tightest sound intercept for slope k on [l, u] (see module docstring), slack included."""
+    tk = _inv_dact(kind, k)
+    # for sigmoid S >= 1: the terms of 1/(1+e^-z) or 0.5*(1+tanh(z/2)) (crown_cli.activations)
+    # are O(1): an evaluation can be off by ~1 ulp of 1 where sigmoid itself is tiny (both that
+    # form and scipy's expit return 0 around z = -717, where sigmoid is ~4e-312)
+    S = 1.0 if kind == SIGMOID else 0.0
+    return _exact_intercept(kind, 0.0, l, u, k, upper, (0.0, tk, -tk), S)
 
 
 @njit(cache=True)
