@@ -21,13 +21,8 @@ import math
 import numpy as np
 from numba import njit
 
-from .sigmoid_family import (DEGENERATE_REL, ELU, HARD_SIGMOID, MAX_ITER, SOFTPLUS, _clip, _elu,
-                             _exact_intercept, _hsig, _sigmoid, _slack, _softplus, _split)
-
-
-@njit(cache=True)
-def _is_degenerate(l, u):
-    return u - l <= DEGENERATE_REL * max(1.0, abs(l), abs(u))
+from .sigmoid_family import (ELU, HARD_SIGMOID, MAX_ITER, SOFTPLUS, _clip, _elu, _exact_intercept,
+                             _hsig, _is_degenerate, _sigmoid, _slack, _softplus, _split)
 
 
 # ----------------------------------------------------------------------------- leaky ReLU

@@ -72,6 +72,11 @@ def _slack(k, b, M, S):
 
 
 @njit(cache=True)
+def _is_degenerate(l, u):
+    return u - l <= DEGENERATE_REL * max(1.0, abs(l), abs(u))
+
+
+@njit(cache=True)
 def _sigmoid(t):
     """1 / (1 + exp(-t)) without overflow, accurate in both tails."""
     if t >= 0.0:
@@ -322,7 +327,7 @@ def _relax_family(kind, l, u):
             bL[i] = fl - _slack(0.0, fl, 0.0, S)
             continue
         w = ui - li
-        if w <= DEGENERATE_REL * max(1.0, abs(li), abs(ui)):
+        if _is_degenerate(li, ui):
             kU = _dact(kind, li + 0.5 * w)
             kL = kU
         elif li >= 0.0:
@@ -411,8 +416,7 @@ def tangent_ranges(kind, l, u):
         ui = u[i]
         if not (math.isfinite(li) and math.isfinite(ui)):
             continue
-        w = ui - li
-        if w <= DEGENERATE_REL * max(1.0, abs(li), abs(ui)):
+        if _is_degenerate(li, ui):
             continue
         chord[i] = True
         if li >= 0.0:
