@@ -28,11 +28,6 @@ from .sigmoid_family import (ELU, HARD_SIGMOID, MAX_ITER, SOFTPLUS, _clip, _elu,
 # ----------------------------------------------------------------------------- leaky ReLU
 
 @njit(cache=True)
-def _leaky(t, alpha):
-    return t if t >= 0.0 else alpha * t
-
-
-@njit(cache=True)
 def leaky_relu_relaxation(l, u, alpha, adaptive):
     """Leaky ReLU f(z) = z (z >= 0), alpha*z (z < 0), for any finite alpha.
 
