@@ -434,30 +434,28 @@ def tangent_ranges(kind, l, u):
             grad[7, i] = 1.0
             default[i] = 0.5
         else:
-            chord[i] = False
-            d, use_chord = tangent_point(kind, li, ui, True)
-            if use_chord:
-                chord[i] = True
-            else:
-                freeU[i] = True
-                a0U[i] = d
-                a1U[i] = ui
-                h = _d2act(kind, d) * (d - li)
-                if h != 0.0:
-                    grad[0, i] = (_dact(kind, d) - _dact(kind, li)) / h
-                grad[5, i] = 1.0
-            d, use_chord = tangent_point(kind, li, ui, False)
-            if use_chord:
-                chord[i] = True
-            else:
-                freeL[i] = True
-                a0L[i] = d
-                a1L[i] = li
-                h = _d2act(kind, d) * (d - ui)
-                if h != 0.0:
-                    grad[6, i] = (_dact(kind, d) - _dact(kind, ui)) / h
-                grad[3, i] = 1.0
+            freeU[i], a0U[i], a1U[i], grad[0, i], grad[5, i] = _crossing_range(kind, li, ui, True)
+            freeL[i], a0L[i], a1L[i], grad[6, i], grad[3, i] = _crossing_range(kind, li, ui, False)
+            chord[i] = not (freeU[i] and freeL[i])
     return freeU, a0U, a1U, freeL, a0L, a1L, default, grad, chord
+
+
+@njit(cache=True)
+def _crossing_range(kind, l, u, upper):
+    """One line of tangent_ranges' crossing case l < 0 < u: (free, a0, a1, da0, da1).
+
+    Free: the tangent at any d in [a0, a1] = [d_U, u] (upper) or [d_L, l] (lower); da0 is the
+    derivative of a0 = d_U (d_L) in the end-point p = l (u) it passes through,
+    (act'(d) - act'(p)) / (act''(d) (d - p)) (0 where that denominator is 0), and da1 = 1 that
+    of a1 in the other end-point. Not free (the chord): all zero.
+    """
+    d, use_chord = tangent_point(kind, l, u, upper)
+    if use_chord:
+        return False, 0.0, 0.0, 0.0, 0.0
+    p = l if upper else u
+    h = _d2act(kind, d) * (d - p)
+    da0 = (_dact(kind, d) - _dact(kind, p)) / h if h != 0.0 else 0.0
+    return True, d, u if upper else l, da0, 1.0
 
 
 @njit(cache=True)
