@@ -435,14 +435,11 @@ def _verify_one(model_path, spec_path, timeout, options, output, overwrite, quie
     loader = Loader()
     v = loader.verifier(model_path, **options)
     prop = loader.property(spec_path, v.n_inputs, v.n_outputs)
-    bar = None
-    if not quiet and log is None and sys.stderr.isatty():
-        from tqdm import tqdm
+    from .progress import terminal_bar
 
-        # a status line: seconds used of the timeout, and the branch and bound's status
-        bar = tqdm(total=round(timeout), file=sys.stderr, unit="s", desc="verify",
-                   bar_format="{desc}: {n:.0f}/{total:.0f} s |{bar}| {postfix}",
-                   dynamic_ncols=True)
+    # a status line: seconds used of the timeout, and the branch and bound's status
+    bar = terminal_bar(not quiet and log is None, total=round(timeout), unit="s",
+                       desc="verify", bar_format="{desc}: {n:.0f}/{total:.0f} s |{bar}| {postfix}")
 
     def status(text):
         bar.n = min(bar.total, time.perf_counter() - t0)

@@ -216,16 +216,11 @@ class _Progress:
     bound's status), else nothing."""
 
     def __init__(self, total: int, enabled: bool, log):
-        self.bar = None
+        from .progress import terminal_bar
+
         self.counts = ""
-        if enabled and log is None:
-            import sys
-
-            if sys.stderr.isatty():
-                from tqdm import tqdm
-
-                self.bar = tqdm(total=total, file=sys.stderr, unit="inst", desc="verify",
-                                dynamic_ncols=True)
+        self.bar = terminal_bar(enabled and log is None, total=total, unit="inst",
+                                desc="verify")
 
     def update(self, n: int) -> None:
         if self.bar is not None:

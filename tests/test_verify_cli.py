@@ -240,3 +240,28 @@ def test_without_branch_and_bound_or_over_the_cap_unknown(bab_spec, option, stag
     assert r.exit_code == 0, r.output
     assert r.stdout == "unknown\n"
     assert f"crown: unknown ({stage}; 0 of 1 cases proven, bound margin -" in r.stderr
+
+
+def test_progress_bar_shows_branch_and_bound_status(tmp_path, bab_spec, monkeypatch):
+    """On a terminal the bar carries the branch and bound's status (--spec: seconds of the
+    timeout; --instances: instances and verdict counts); never in a log or a pipe."""
+    from crown_cli import progress
+    from crown_cli import verify as verify_mod
+
+    monkeypatch.setattr(verify_mod, "STATUS_EVERY_BAR_S", 0.0)
+    r = run("verify", "--model", ACASXU, "--spec", bab_spec, "--timeout", 20)
+    assert r.exit_code == 0 and "bab (input split)" not in r.stderr  # not a terminal
+    monkeypatch.setattr(progress, "_is_terminal", lambda stream: True)
+    r = run("verify", "--model", ACASXU, "--spec", bab_spec, "--timeout", 20)
+    assert r.exit_code == 0, r.output
+    assert r.stdout == "unsat\n"
+    frames = r.stderr.replace("\r", "\n").splitlines()
+    assert any(f.startswith("verify: ") and " s |" in f
+               and "bab (input split): case 0 (0 of 1 proven): " in f and " open, " in f
+               for f in frames), r.stderr
+    (tmp_path / "list.csv").write_text(f"{ACASXU},{bab_spec},20\n")
+    r = run("verify", "--instances", tmp_path / "list.csv", "-o", tmp_path / "out.csv")
+    assert r.exit_code == 0, r.output
+    frames = r.stderr.replace("\r", "\n").splitlines()
+    assert any("inst" in f and "bab (input split): case 0" in f for f in frames), r.stderr
+    assert any("unsat=1" in f for f in frames)
