@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import Optional
+from typing import Callable, Optional
 
 import numpy as np
 
@@ -544,7 +544,8 @@ def input_split(weights, biases, activation, alpha, lo, hi, A, b, deadline: floa
                 max_domains: int = 200_000, batch: int = 256, split: str = "trial",
                 block: int = 32, adaptive: bool = True, skip_stable: bool = True,
                 trial_dims: int = 3, alpha_iters: int = 10, widest: float = 4.0,
-                inherit: bool = True) -> BabResult:
+                inherit: bool = True,
+                progress: Optional[Callable[[int, int, float], None]] = None) -> BabResult:
     """Decide whether some x in [lo, hi] has ``A f(x) <= b`` (all rows) by input splitting.
 
     ``unsat``: every sub-box has some row i with a float64-verified lower bound of
@@ -577,6 +578,9 @@ def input_split(weights, biases, activation, alpha, lo, hi, A, b, deadline: floa
     ``inherit`` ("trial"): every open box keeps its hidden layers' bounds, and its halves'
     are intersected with them (``parent_bounds`` of :func:`batch_lower_bounds`).
     ``skip_stable``: see :func:`batch_lower_bounds` (``block`` boxes are bounded at a time).
+
+    ``progress(domains, open, worst)``: called after every round with the sub-boxes bounded so
+    far, the open sub-boxes and the lowest open score (inf when none is open).
     """
     if split not in SPLIT_RULES:
         raise ValueError(f"input_split: unknown split rule '{split}'")
@@ -761,4 +765,6 @@ def input_split(weights, biases, activation, alpha, lo, hi, A, b, deadline: floa
             if inherit:
                 P = np.concatenate([P, pack([(l[pick], u[pick]) for l, u in info["bounds"]])])
         stats["peak"] = max(stats["peak"], Lo.shape[0])
+        if progress is not None:
+            progress(stats["domains"], Lo.shape[0], float(S.min()) if S.size else np.inf)
     return result("unsat")

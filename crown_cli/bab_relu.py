@@ -516,7 +516,8 @@ def relu_split(weights: Sequence[np.ndarray], biases: Sequence[np.ndarray], lo, 
                activation: str = "relu", leak=None, log: Optional[Callable[[str], None]] = None,
                charge=None, attack_restarts: int = 16, attack_steps: int = 50,
                seed: int = 0, tighten_root: bool = True, layer_bounds=None,
-               max_memory: float = 2.0 ** 30) -> BabResult:
+               max_memory: float = 2.0 ** 30,
+               progress: Optional[Callable[[int, int, float], None]] = None) -> BabResult:
     """Decide the case ``x in [lo, hi] and A f(x) <= b`` by ReLU-splitting branch and bound.
 
     ``deadline``: a ``time.monotonic()`` instant (then ``timeout``). ``max_domains``: cap on
@@ -529,7 +530,9 @@ def relu_split(weights: Sequence[np.ndarray], biases: Sequence[np.ndarray], lo, 
     ``attack_restarts``/``attack_steps``: a PGD attack (verify_attack.find_counterexample)
     when the root is not proven (0 restarts: none). ``tighten_root``: the hidden layers'
     bounds by :func:`root_layer_bounds` instead of CROWN's; ``layer_bounds`` gives them
-    (e.g. computed once for several cases on one box).
+    (e.g. computed once for several cases on one box). ``progress(domains, open, worst)``:
+    called after every batch with the domains bounded so far, the open domains and the worst
+    open domain's score (the float32 estimate of its best row's bound minus b).
     """
     t0 = time.monotonic()
     if layer_bounds is None and tighten_root and len(weights) > 2:
@@ -678,6 +681,8 @@ def relu_split(weights: Sequence[np.ndarray], biases: Sequence[np.ndarray], lo, 
         if xv is not None:
             return result("sat", xv)
         stats["peak"] = max(stats["peak"], len(pool))
+        if progress is not None:
+            progress(stats["domains"], len(pool), float(pool.worst()))
         if log is not None and stats["batches"] % 20 == 0:
             log(f"batch {stats['batches']}: {stats['domains']} domains, {len(pool)} open, "
                 f"worst {pool.worst():.4g}, {time.monotonic() - t0:.1f}s")

@@ -351,14 +351,20 @@ VERIFY_NOT_SETTINGS = {"--model", "--spec", "--instances", "--root", "--output",
                    "instance's own timeout.")
 @click.option("--method", default="crown,alpha-crown", show_default=True,
               help="Bound stages after the attack, cheap to strong (comma-separated); "
-                   "alpha-crown on ReLU and leaky ReLU networks only.")
+                   "alpha-crown on ReLU, leaky ReLU, tanh, sigmoid and arctan networks.")
 @click.option("--attack-restarts", type=click.IntRange(min=1), default=64, show_default=True,
               help="PGD starting points per case of the property.")
 @click.option("--attack-steps", type=click.IntRange(min=1), default=100, show_default=True,
               help="PGD steps per attack run.")
 @click.option("--attack-time", type=float, default=None,
-              help="Seconds for each of the two attack stages (default: 10%% of the timeout, "
+              help="Seconds for each of the two attack stages (default: 10% of the timeout, "
                    "at least 0.5).")
+@click.option("--bab/--no-bab", default=True, show_default=True,
+              help="Branch and bound after the bound stages (ReLU and leaky ReLU networks): "
+                   "input splitting up to 16 inputs, ReLU splitting above.")
+@click.option("--max-domains", type=click.IntRange(min=1), default=200_000, show_default=True,
+              help="Cap on the open domains of the branch and bound (memory); reaching it "
+                   "ends the instance with unknown.")
 @click.option("--seed", type=click.IntRange(min=0), default=0, show_default=True,
               help="Seed of the attack's random starts.")
 @click.option("--output", "-o", default="-", show_default=True,
@@ -371,12 +377,13 @@ VERIFY_NOT_SETTINGS = {"--model", "--spec", "--instances", "--root", "--output",
               help="--instances: continue an existing --output, skipping instances it holds.")
 @click.option("--shard", default=None, metavar="K/N",
               help="--instances: only the K-th of N round-robin parts of the list.")
-@click.option("--verbose", "-v", is_flag=True, help="A log line per stage and instance.")
+@click.option("--verbose", "-v", is_flag=True, help="A log line per stage and instance, and the branch and "
+                   "bound's status (open domains, worst bound, domains/s) every 2 s.")
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar and no summary line.")
 @_handle_errors
 def verify(model_path, spec_path, instances_path, root, timeout, method, attack_restarts,
-           attack_steps, attack_time, seed, output, out_format, overwrite, resume, shard,
-           verbose, quiet):
+           attack_steps, attack_time, bab, max_domains, seed, output, out_format, overwrite,
+           resume, shard, verbose, quiet):
     """Decide VNN-LIB properties: sat (with a counterexample), unsat, unknown or timeout.
 
     Attack first (PGD towards the unsafe outputs inside the input box), then the bound
@@ -395,7 +402,8 @@ def verify(model_path, spec_path, instances_path, root, timeout, method, attack_
     if attack_time is not None and not attack_time >= 0:
         raise InputError(f"--attack-time: must be >= 0, got {attack_time}")
     options = dict(stages=tuple(stages), attack_restarts=attack_restarts,
-                   attack_steps=attack_steps, seed=seed, attack_time=attack_time)
+                   attack_steps=attack_steps, seed=seed, attack_time=attack_time, bab=bab,
+                   max_domains=max_domains)
     log = (lambda msg: click.echo(msg, err=True)) if verbose else None
     if instances_path is not None:
         if model_path is not None or spec_path is not None:
@@ -427,13 +435,27 @@ def _verify_one(model_path, spec_path, timeout, options, output, overwrite, quie
     loader = Loader()
     v = loader.verifier(model_path, **options)
     prop = loader.property(spec_path, v.n_inputs, v.n_outputs)
+    from .progress import terminal_bar
+
+    # a status line: seconds used of the timeout, and the branch and bound's status
+    bar = terminal_bar(not quiet and log is None, total=round(timeout), unit="s",
+                       desc="verify", bar_format="{desc}: {n:.0f}/{total:.0f} s |{bar}| {postfix}")
+
+    def status(text):
+        bar.n = min(bar.total, time.perf_counter() - t0)
+        bar.set_postfix_str(text)  # refreshes the line
+
     try:
-        verdict = v.verify(prop, max(0.0, timeout - (time.perf_counter() - t0)), log=log)
+        verdict = v.verify(prop, max(0.0, timeout - (time.perf_counter() - t0)), log=log,
+                           status=status if bar is not None else None)
     except InputError:
         raise
     except Exception as exc:  # noqa: BLE001 - the instance failed: exit 3, no result file
         raise CrownError(f"{spec_path}: instance ended in an error: {type(exc).__name__}: {exc}",
                          exit_code=3) from None
+    finally:
+        if bar is not None:
+            bar.close()
     text = format_result(verdict)
     if output == "-":
         click.echo(text, nl=False)

@@ -349,20 +349,20 @@ def load_onnx(path: str) -> MLP:
             alpha = float(attrs.get("alpha", 1.0))
             beta = float(attrs.get("beta", 1.0))
             trans_a, trans_b = int(attrs.get("transA", 0)), int(attrs.get("transB", 0))
-            if node.input[0] == current:  # Y = alpha * op(x) @ op(B) + beta * C
-                b = fconst(node.input[1], node)
-                if b.ndim != 2:
-                    fail(node, f"B has shape {b.shape}, expected 2-D")
-                if trans_a:
-                    seg.transpose([1, 0])
-                matmul_const(b.T if trans_b else b, node, right=True)
-            else:  # Y = alpha * op(A) @ op(x) + beta * C
-                a = fconst(node.input[0], node)
-                if a.ndim != 2:
-                    fail(node, f"A has shape {a.shape}, expected 2-D")
-                if trans_b:
-                    seg.transpose([1, 0])
-                matmul_const(a.T if trans_a else a, node, right=False)
+            # Y = alpha * op(A) @ op(B) + beta * C with the data x as A (x @ B, the constant on
+            # the right) or as B (A @ x): name, input index and transpose flag of the constant
+            # operand, and the data's own transpose flag
+            data_first = node.input[0] == current
+            if data_first:
+                which, pos, trans_c, trans_x = "B", 1, trans_b, trans_a
+            else:
+                which, pos, trans_c, trans_x = "A", 0, trans_a, trans_b
+            m = fconst(node.input[pos], node)
+            if m.ndim != 2:
+                fail(node, f"{which} has shape {m.shape}, expected 2-D")
+            if trans_x:
+                seg.transpose([1, 0])
+            matmul_const(m.T if trans_c else m, node, right=data_first)
             if alpha != 1.0:
                 seg.scale(np.full(seg.shape, alpha))
             if len(node.input) > 2 and node.input[2]:

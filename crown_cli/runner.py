@@ -1,7 +1,6 @@
 """The batch loop: images in index order -> targets -> certificates -> rows handed to a sink."""
 from __future__ import annotations
 
-import sys
 import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Callable, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
@@ -167,8 +166,6 @@ def _add_attack(row, attack, cache, seed, x0, i, c, ttype, targets, warn) -> Non
 
 
 def _progress(total: int, enabled: bool):
-    if not enabled or not sys.stderr.isatty():
-        return None
-    from tqdm import tqdm
+    from .progress import terminal_bar
 
-    return tqdm(total=total, file=sys.stderr, unit="img", desc="certify", dynamic_ncols=True)
+    return terminal_bar(enabled, total=total, unit="img", desc="certify")

@@ -30,8 +30,12 @@ from .relaxations import get_relaxation
 VERDICTS = ("sat", "unsat", "unknown", "timeout", "error")
 # Bound stages, cheap to strong; a stage is used when the activation has that method.
 BOUND_STAGES = ("crown", "alpha-crown")
-ALPHA_ACTIVATIONS = ("relu", "leaky_relu")  # alpha-crown's optimised slopes (crown_cli.alpha)
-ALPHA_ITERS, ALPHA_LR = 50, 0.5  # one box per case: more steps than certify's search spends
+# alpha-crown (crown_cli.alpha): optimised lower slopes (ReLU, leaky ReLU) or tangent points
+# (tanh, sigmoid, arctan)
+ALPHA_ACTIVATIONS = ("relu", "leaky_relu", "tanh", "sigmoid", "arctan")
+SMOOTH_ACTIVATIONS = ("tanh", "sigmoid", "arctan")
+# one box per case: more steps than certify's search spends; certify's step sizes
+ALPHA_ITERS, ALPHA_LR, ALPHA_LR_SMOOTH = 50, 0.5, 0.1
 # Complete stage after the bounds: branch and bound by input splitting for networks with at
 # most this many inputs (ACAS Xu: 5), where bisecting the box shrinks every neuron's interval
 # quickly; wider inputs (images) need ReLU splitting instead.
@@ -39,6 +43,9 @@ INPUT_SPLIT_MAX_DIM = 16
 BAB_ACTIVATIONS = ("relu", "leaky_relu")
 ATTACK_SHARE = 0.1  # of the timeout for the first attack (before any bound)
 ATTACK_MIN_S = 0.5
+# branch and bound status (open domains, worst open bound, domains/s): at most this often, in
+# seconds, to a progress bar and to the -v log
+STATUS_EVERY_BAR_S, STATUS_EVERY_LOG_S = 0.5, 2.0
 
 
 @dataclass
@@ -114,17 +121,19 @@ class Verifier:
         return lb - round_up(b)
 
     def _alpha_lower_bound(self, box: Box, A: np.ndarray) -> np.ndarray:
-        """alpha-CROWN over the box: slopes optimised for the sum of the rows' bounds, then the
-        float64-verified bound at those slopes (each row the larger of alpha-CROWN's and
-        CROWN's, both sound)."""
+        """alpha-CROWN over the box: slopes (or, for tanh/sigmoid/arctan, tangent points)
+        optimised for the sum of the rows' bounds, then the float64-verified bound at them
+        (each row the larger of alpha-CROWN's and CROWN's, both sound)."""
         from .alpha import AlphaBounds
         from .crown import first_layer_center
 
         leak = float(self.alpha) if self.activation == "leaky_relu" else 0.0
+        smooth = self.activation in SMOOTH_ACTIVATIONS
         x0, eps, qcode = box.args()
         ab = AlphaBounds(self.net, self.relax["alpha-crown"], leak, x0, qcode, A,
-                         first_layer_center(self.net, x0))
-        ab.optimise(eps, ALPHA_ITERS, ALPHA_LR, patience=3)
+                         first_layer_center(self.net, x0),
+                         activation=self.activation if smooth else None)
+        ab.optimise(eps, ALPHA_ITERS, ALPHA_LR_SMOOTH if smooth else ALPHA_LR, patience=3)
         return ab.evaluate(eps, verify=True)
 
     def _attack(self, cases, groups, deadline: float, budget: float, seed: int,
@@ -165,7 +174,7 @@ class Verifier:
                 still.append(j)
         return still
 
-    def _input_split(self, cases, open_cases, margins, deadline, done, log):
+    def _input_split(self, cases, open_cases, margins, deadline, done, log, status):
         """Branch and bound by input splitting (:func:`crown_cli.bab.input_split`) on each open
         case in turn."""
         from .bab import input_split
@@ -174,17 +183,17 @@ class Verifier:
             for j in open_cases:
                 c = cases[j]
 
-                def run(c=c):
+                def run(progress, c=c):
                     r = input_split(self.weights, self.biases, self.activation, self.alpha,
                                     c.lo, c.hi, c.A, c.b, deadline,
-                                    max_domains=self.max_domains)
+                                    max_domains=self.max_domains, progress=progress)
                     return r.result, r.x, r.domains, r.peak_open, r.worst
                 yield j, run
 
         return self._branch_and_bound("input split", "boxes", runs(), cases, open_cases,
-                                      margins, deadline, done, log)
+                                      margins, deadline, done, log, status)
 
-    def _relu_split(self, cases, open_cases, margins, deadline, done, log):
+    def _relu_split(self, cases, open_cases, margins, deadline, done, log, status):
         """Branch and bound over ReLU splits (:func:`crown_cli.bab_relu.relu_split`) on each
         open case in turn, the hidden layers' root bounds tightened once per input box and
         shared by its cases, the cases of a box with the best bound first."""
@@ -203,32 +212,36 @@ class Verifier:
                 for j in sorted(members, key=lambda j: -margins.get(j, -np.inf)):
                     c = cases[j]
 
-                    def run(c=c, j=j, layer_bounds=layer_bounds):
+                    def run(progress, c=c, j=j, layer_bounds=layer_bounds):
                         r = relu_split(self.weights, self.biases, c.lo, c.hi, c.A, c.b,
                                        deadline, max_domains=self.max_domains,
                                        activation=self.activation, leak=leak,
                                        layer_bounds=layer_bounds, seed=self.seed + j,
-                                       attack_restarts=0)
+                                       attack_restarts=0, progress=progress)
                         worst = r.worst_bound if np.isfinite(r.worst_bound) else None
                         return r.verdict, r.x, r.domains, r.peak_open, worst
                     yield j, run
 
         return self._branch_and_bound("ReLU split", "domains", runs(), cases, open_cases,
-                                      margins, deadline, done, log)
+                                      margins, deadline, done, log, status)
 
     def _branch_and_bound(self, kind, unit, runs, cases, open_cases, margins, deadline, done,
-                          log):
-        """Run ``runs`` (case index, run() -> (verdict, x, domains, peak open, worst bound or
-        None)) one case after another until every case is proven (unsat), one yields a
-        verified counterexample (sat), the deadline passes (timeout) or a domain cap is hit
-        (unknown)."""
+                          log, status):
+        """Run ``runs`` (case index, run(progress) -> (verdict, x, domains, peak open, worst
+        bound or None)) one case after another until every case is proven (unsat), one yields
+        a verified counterexample (sat), the deadline passes (timeout) or a domain cap is hit
+        (unknown). ``status``: a :class:`BabStatus` (or None) the runs report progress to."""
         proven = len(cases) - len(open_cases)
         visited = peak = 0
         for j, run in runs:
             if time.monotonic() >= deadline:
                 return done("timeout", "bab", _worst(margins), proven, domains=visited,
                             peak_domains=peak)
-            verdict, x, domains, peak_open, worst = run()
+            progress = None
+            if status is not None:
+                status.begin(kind, unit, j, proven, len(cases), visited)
+                progress = status.update
+            verdict, x, domains, peak_open, worst = run(progress)
             visited += domains
             peak = max(peak, peak_open)
             if log is not None:
@@ -244,9 +257,20 @@ class Verifier:
             proven += 1
         return done("unsat", "bab", None, proven, domains=visited, peak_domains=peak)
 
-    def verify(self, prop, timeout: float, log: Optional[Callable[[str], None]] = None) -> Verdict:
-        """Run the pipeline on a parsed property within ``timeout`` seconds."""
+    def verify(self, prop, timeout: float, log: Optional[Callable[[str], None]] = None,
+               status: Optional[Callable[[str], None]] = None) -> Verdict:
+        """Run the pipeline on a parsed property within ``timeout`` seconds.
+
+        ``log``: receives a line per stage (and, without ``status``, the branch and bound's
+        status every :data:`STATUS_EVERY_LOG_S` seconds); ``status``: receives the branch and
+        bound's status text (open domains, worst open bound, domains/s) every
+        :data:`STATUS_EVERY_BAR_S` seconds, e.g. for a progress bar."""
         t0 = time.monotonic()
+        bab_status = None
+        if status is not None:
+            bab_status = BabStatus(status, STATUS_EVERY_BAR_S)
+        elif log is not None:
+            bab_status = BabStatus(log, STATUS_EVERY_LOG_S)
         deadline = t0 + timeout
         check_sizes(prop, self.n_inputs, self.n_outputs, "property")
         cases = list(prop.cases)
@@ -291,9 +315,10 @@ class Verifier:
                 j, x = found
                 return done("sat", "attack", _worst(margins), n - len(open_cases), x=x,
                             y=self.outputs(x), case=j)
-            return self._input_split(cases, open_cases, margins, deadline, done, log)
+            return self._input_split(cases, open_cases, margins, deadline, done, log,
+                                     bab_status)
         if self.bab:
-            return self._relu_split(cases, open_cases, margins, deadline, done, log)
+            return self._relu_split(cases, open_cases, margins, deadline, done, log, bab_status)
         # the bounds could not decide: an attack with other starts on the open cases
         found = self._attack(cases, _by_box(cases, open_cases), deadline, budget,
                              self.seed + 7919)
@@ -302,6 +327,44 @@ class Verifier:
             return done("sat", "attack", _worst(margins), n - len(open_cases), x=x,
                         y=self.outputs(x), case=j)
         return done("unknown", stage, _worst(margins), n - len(open_cases))
+
+
+class BabStatus:
+    """The status of a running branch and bound as one line of text, handed to ``emit`` at
+    most every ``every`` seconds: the case, domains bounded and their rate over the whole
+    branch and bound so far, open domains, and the worst open domain's bound minus b (its best
+    row; a float32 estimate for ReLU splitting)."""
+
+    def __init__(self, emit: Callable[[str], None], every: float,
+                 clock: Callable[[], float] = time.monotonic):
+        self.emit, self.every, self.clock = emit, every, clock
+        self.t0 = None
+        self.last = -np.inf
+        self.kind = self.unit = ""
+        self.case = self.proven = self.cases = self.before = 0
+
+    def begin(self, kind: str, unit: str, case: int, proven: int, cases: int,
+              before: int) -> None:
+        """A new case starts; ``before``: domains the earlier cases bounded."""
+        if self.t0 is None:  # the first line after ``every`` seconds, with a meaningful rate
+            self.t0 = self.last = self.clock()
+        self.kind, self.unit, self.case = kind, unit, case
+        self.proven, self.cases, self.before = proven, cases, before
+
+    def text(self, domains: int, open_: int, worst: float) -> str:
+        total = self.before + domains
+        rate = total / max(self.clock() - self.t0, 1e-9)
+        worst_s = f"{worst:.4g}" if np.isfinite(worst) else "-"
+        return (f"bab ({self.kind}): case {self.case} ({self.proven} of {self.cases} proven): "
+                f"{total} {self.unit}, {open_} open, worst bound {worst_s}, "
+                f"{rate:.0f} {self.unit}/s")
+
+    def update(self, domains: int, open_: int, worst: float) -> None:
+        now = self.clock()
+        if now - self.last < self.every:
+            return
+        self.last = now
+        self.emit(self.text(domains, open_, worst))
 
 
 def _by_box(cases, indices) -> List[List[int]]:

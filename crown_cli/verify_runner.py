@@ -185,7 +185,8 @@ def run_instances(instances: Sequence[Instance], write: Callable[[Dict[str, obje
             try:
                 v = loader.verifier(inst.path("onnx"), **options)
                 prop = loader.property(inst.path("vnnlib"), v.n_inputs, v.n_outputs)
-                verdict = v.verify(prop, max(0.0, timeout - (time.perf_counter() - t0)))
+                verdict = v.verify(prop, max(0.0, timeout - (time.perf_counter() - t0)),
+                                   log=log, status=bar.status if bar.bar is not None else None)
                 row = verify_row(inst, verdict, time_s=time.perf_counter() - t0, timeout=timeout)
             except InputError as exc:
                 summary.errors.append(f"{inst.name}: {exc}")
@@ -211,26 +212,29 @@ def run_instances(instances: Sequence[Instance], write: Callable[[Dict[str, obje
 
 
 class _Progress:
-    """A tqdm bar on a terminal (instances done, verdict counts), else nothing."""
+    """A tqdm bar on a terminal (instances done, verdict counts, the running branch and
+    bound's status), else nothing."""
 
     def __init__(self, total: int, enabled: bool, log):
-        self.bar = None
-        if enabled and log is None:
-            import sys
+        from .progress import terminal_bar
 
-            if sys.stderr.isatty():
-                from tqdm import tqdm
-
-                self.bar = tqdm(total=total, file=sys.stderr, unit="inst", desc="verify",
-                                dynamic_ncols=True)
+        self.counts = ""
+        self.bar = terminal_bar(enabled and log is None, total=total, unit="inst",
+                                desc="verify")
 
     def update(self, n: int) -> None:
         if self.bar is not None:
             self.bar.update(n)
 
     def set_postfix_str(self, text: str) -> None:
+        self.counts = text
         if self.bar is not None:
             self.bar.set_postfix_str(text)
+
+    def status(self, text: str) -> None:
+        """The running instance's branch and bound status after the verdict counts."""
+        if self.bar is not None:
+            self.bar.set_postfix_str(f"{self.counts} | {text}" if self.counts else text)
 
     def close(self) -> None:
         if self.bar is not None:

@@ -19,9 +19,14 @@ Every case runs in its own subprocess (so its peak RSS is its own) on both cores
              in [-0.5, 0.5]^5) of a random 5-50x6-5 ReLU net (ACAS Xu's shape), 4 margin rows,
              in blocks of 128 as input_split uses it: boxes/second, all rows back-substituted
              and with skip_stable
+    bab-relu ReLU-splitting branch and bound (crown_cli.bab_relu.relu_split, verify's settings)
+             on mnist-net_256x4 of VNN-COMP 2021 mnistfc, property prop_0_0.03 (CROWN leaves
+             all 9 cases open): its cases in order for --bab-seconds in all, the root bounds
+             of the box (computed once, as verify does) not counted: domains/second. Needs the
+             benchmark folder (--vnncomp, default ../shared/data/vnncomp2021 beside the repo)
 
     python scripts/bench.py [--cases relu3,relu4,...] [--images 20] [--cifar-images 20]
-                            [--bab-boxes 4096]
+                            [--bab-boxes 4096] [--bab-seconds 30] [--vnncomp DIR]
                             [--check] [--before DIR]
 
 For each case it prints images, mean and median s/image, mean evaluations, achieved GFLOP/s
@@ -45,7 +50,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MODELS = os.path.join(ROOT, "models")
 CIFAR = os.path.join(ROOT, "crown_cli", "data", "cifar10_test_100.npz")
 CASES = ("relu3", "relu4", "tanh", "sigmoid", "arctan", "relu3-plain", "cifar7", "mem6", "cli",
-         "alpha3", "bab")
+         "alpha3", "bab", "bab-relu")
 TARGETS_S = {"relu3": 0.05, "relu4": 0.15, "cifar7": 0.7, "alpha3": 1.0}  # issue 5 targets, s/image
 
 
@@ -94,12 +99,45 @@ def bab_worker(n_boxes):
     print(json.dumps(res))
 
 
-def worker(case, n_images, check):
+def bab_relu_worker(seconds, vnncomp):
+    """The bab-relu case: ReLU-splitting domains per second on mnist-net_256x4."""
+    from crown_cli.bab_relu import relu_split, root_layer_bounds
+    from crown_cli.model_io import load_model
+    from crown_cli.vnnlib import parse_vnnlib
+
+    folder = os.path.join(vnncomp, "mnistfc")
+    onnx_path = os.path.join(folder, "mnist-net_256x4.onnx")
+    if not os.path.isfile(onnx_path):
+        print(json.dumps({"case": "bab-relu", "error": f"{onnx_path}: not found (--vnncomp)"}))
+        return
+    mlp = load_model(onnx_path)
+    weights, biases = mlp.verify_layers()
+    prop = parse_vnnlib(os.path.join(folder, "prop_0_0.03.vnnlib"), 784, 10)
+    c0 = prop.cases[0]
+    bounds = root_layer_bounds(weights, biases, c0.lo, c0.hi)
+    res = {"case": "bab-relu", "seconds": seconds, "domains": 0, "time_s": 0.0, "verdicts": []}
+    end = time.monotonic() + seconds
+    for j, c in enumerate(prop.cases):
+        if time.monotonic() >= end:
+            break
+        r = relu_split(weights, biases, c.lo, c.hi, c.A, c.b, end, layer_bounds=bounds,
+                       seed=j, attack_restarts=0)
+        res["domains"] += r.domains
+        res["time_s"] += r.time_s
+        res["verdicts"].append(r.verdict)
+    res["rate"] = res["domains"] / res["time_s"]
+    res["rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
+    print(json.dumps(res))
+
+
+def worker(case, n_images, check, seconds=30.0, vnncomp=None):
     """Run one case in this process and print one JSON line."""
     import numpy as np
 
     if case == "bab":
         return bab_worker(n_images)
+    if case == "bab-relu":
+        return bab_relu_worker(seconds, vnncomp)
 
     from crown_cli import crown
     from crown_cli.certify import Certifier
@@ -189,7 +227,8 @@ def run_case(case, pkg, args, check=False):
     if case == "cli":
         return warm_cli(pkg)
     n = {"cifar7": args.cifar_images, "mem6": 2, "bab": args.bab_boxes}.get(case, args.images)
-    cmd = [sys.executable, os.path.abspath(__file__), "--worker", case, "--images", str(n)]
+    cmd = [sys.executable, os.path.abspath(__file__), "--worker", case, "--images", str(n),
+           "--bab-seconds", str(args.bab_seconds), "--vnncomp", os.path.abspath(args.vnncomp)]
     if check and case not in ("mem6", "alpha3", "bab"):
         cmd.append("--check")
     out = subprocess.run(cmd, env=dict(os.environ, PYTHONPATH=pkg), capture_output=True, text=True)
@@ -205,6 +244,10 @@ def line(r, relu3=None, plain=None):
         return (f"{'bab':<11} boxes {r['boxes']}  all rows {r['full']:.0f} boxes/s "
                 f"({r['full_cpu']:.0f} per CPU-s)  skip_stable {r['skip']:.0f} boxes/s "
                 f"({r['skip_cpu']:.0f} per CPU-s)  peak RSS {r['rss_mb']:.0f} MB")
+    if r["case"] == "bab-relu":
+        return (f"{'bab-relu':<11} mnist-net_256x4 prop_0_0.03: {r['domains']} domains in "
+                f"{r['time_s']:.1f} s: {r['rate']:.0f} domains/s (cases: "
+                f"{' '.join(r['verdicts'])})  peak RSS {r['rss_mb']:.0f} MB")
     if r["case"] == "cli":
         return f"{'cli':<11} warm `crown certify -n 1`: best {r['best_s']:.2f} s, median {r['median_s']:.2f} s"
     s = (f"{r['case']:<11} images {r['images']:3d}  mean {r['mean_s']:.4f} s/image  median "
@@ -226,19 +269,33 @@ def line(r, relu3=None, plain=None):
     return s
 
 
+def unit_time(r):
+    """Seconds per unit of work of a case's result (image, box, domain, CLI start)."""
+    if r["case"] == "cli":
+        return r["best_s"]
+    if r["case"] == "bab":
+        return 1.0 / r["skip"]
+    if r["case"] == "bab-relu":
+        return 1.0 / r["rate"]
+    return r["mean_s"]
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--cases", default=",".join(CASES))
     ap.add_argument("--images", type=int, default=20)
     ap.add_argument("--cifar-images", type=int, default=20)
     ap.add_argument("--bab-boxes", type=int, default=4096)
+    ap.add_argument("--bab-seconds", type=float, default=30.0)
+    ap.add_argument("--vnncomp", default=os.path.join(ROOT, "..", "shared", "data", "vnncomp2021"),
+                    help="VNN-COMP 2021 benchmark folder (bab-relu)")
     ap.add_argument("--check", action="store_true", help="compare eps with plain float64 bisection")
     ap.add_argument("--before", default=None, help="checkout whose crown_cli is the 'before'")
     ap.add_argument("--worker", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.worker:
         sys.path.insert(0, os.environ.get("PYTHONPATH") or ROOT)
-        return worker(args.worker, args.images, args.check)
+        return worker(args.worker, args.images, args.check, args.bab_seconds, args.vnncomp)
     cases = [c.strip() for c in args.cases.split(",") if c.strip()]
     unknown = [c for c in cases if c not in CASES]
     if unknown:
@@ -255,9 +312,9 @@ def main():
             b = run_case(case, os.path.abspath(args.before), args)
             print(line(b, None), flush=True)
             a = after[case]
-            key = "best_s" if case == "cli" else "mean_s"
             if "error" not in a and "error" not in b:
-                print(f"{'':<11} before/after time ratio {b[key] / a[key]:.2f}x", flush=True)
+                print(f"{'':<11} before/after time ratio {unit_time(b) / unit_time(a):.2f}x",
+                      flush=True)
 
 
 if __name__ == "__main__":

@@ -59,20 +59,31 @@ def _forward(weights, biases, leak, X):
     return a @ weights[-1].T + biases[-1]
 
 
-def _setup(sizes, seed, leak=0.0, nrows=2):
+def margin_problem(sizes, seed, logits, nrows=2):
+    """(weights, biases, x0, C, rng): a random network (oracles.random_mlp), a random centre x0
+    and the margin rows C of its class under ``logits(weights, biases, x)`` against the first
+    ``nrows`` others; rng (seed + 100, x0 drawn from it) for what the test draws next."""
     weights, biases = random_mlp(sizes, seed)
     rng = np.random.default_rng(seed + 100)
     x0 = rng.standard_normal(sizes[0])
-    c = int(np.argmax(_forward(weights, biases, leak, x0)))
+    c = int(np.argmax(logits(weights, biases, x0)))
     others = [k for k in range(sizes[-1]) if k != c][:nrows]
     C = np.zeros((len(others), sizes[-1]))
     C[:, c] = 1.0
     C[np.arange(len(others)), others] = -1.0
+    return weights, biases, x0, C, rng
+
+
+def _setup(sizes, seed, leak=0.0, nrows=2):
+    weights, biases, x0, C, rng = margin_problem(
+        sizes, seed, lambda w, b, x: _forward(w, b, leak, x), nrows)
     act, alpha = _act(leak)
     return weights, biases, x0, C, get_relaxation(act, "crown", alpha), rng
 
 
-def _input_set(x0, norm, rng):
+def input_set(x0, norm, rng):
+    """The input set of the finite-difference checks, as crown's (centre, eps, qcode): the
+    ball of norm ``norm`` with radius EPS_FD[norm], or for "box" a random box around x0."""
     if norm == "box":
         box = Box(x0 - 0.4 * rng.random(x0.size), x0 + 0.4 * rng.random(x0.size))
         return box.args()
@@ -85,7 +96,7 @@ def _input_set(x0, norm, rng):
 def test_slope_gradient_matches_finite_differences(sizes, seed, norm, leak):
     weights, biases, x0, C, rf, rng = _setup(sizes, seed, leak)
     net = Network(weights, biases)
-    xc, eps, q = _input_set(x0, norm, rng)
+    xc, eps, q = input_set(x0, norm, rng)
     ab = AlphaBounds(net, rf, leak, xc, q, C, store_dtype=np.float64)
     lo, hi = min(leak, 1.0), max(leak, 1.0)
     for S in ab.store.values():
@@ -138,7 +149,7 @@ def test_chain_gradient_with_respect_to_bounds_matches_finite_differences():
 def test_crown_slopes_give_crowns_bound(sizes, seed, leak, norm):
     weights, biases, x0, C, rf, rng = _setup(sizes, seed, leak)
     net = Network(weights, biases)
-    xc, eps, q = _input_set(x0, norm, rng)
+    xc, eps, q = input_set(x0, norm, rng)
     ab = AlphaBounds(net, rf, leak, xc, q, C, store_dtype=np.float64)  # NaN: CROWN's slopes
     ours = ab.evaluate(eps, np.float64)
     ref = margin_lower_bound(net, xc, eps, q, rf, C)

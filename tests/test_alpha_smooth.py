@@ -22,18 +22,16 @@ from scipy.special import expit
 from crown_cli.alpha import AlphaBounds, SmoothRelax, chain, chain_backward
 from crown_cli.activations import apply_activation, forward
 from crown_cli.certify import Certifier
-from crown_cli.crown import Box, Network, first_layer_center, margin_lower_bound
+from crown_cli.crown import Network, first_layer_center, margin_lower_bound
 from crown_cli.errors import InputError
 from crown_cli.images import load_images
 from crown_cli.relaxations import get_relaxation
 from oracles import pgd_attack, random_mlp, sample_ball
-from test_alpha import central_difference
+from test_alpha import QCODES, central_difference, input_set, margin_problem
 from test_relaxations import make_intervals
 
 ACTS = ["tanh", "sigmoid", "arctan"]
 ACCURATE = {"tanh": np.tanh, "sigmoid": expit, "arctan": np.arctan}
-QCODES = {"inf": 0, "2": 1, "1": 2}
-EPS = {"inf": 0.3, "2": 1.0, "1": 2.0}
 
 
 def _relax(act, l, u):
@@ -163,22 +161,9 @@ def test_default_variables_give_crowns_lines(act):
 
 
 def _setup(act, sizes, seed, nrows=2):
-    weights, biases = random_mlp(sizes, seed)
-    rng = np.random.default_rng(seed + 100)
-    x0 = rng.standard_normal(sizes[0])
-    c = int(np.argmax(forward(weights, biases, act, x0)))
-    others = [k for k in range(sizes[-1]) if k != c][:nrows]
-    C = np.zeros((len(others), sizes[-1]))
-    C[:, c] = 1.0
-    C[np.arange(len(others)), others] = -1.0
+    weights, biases, x0, C, rng = margin_problem(
+        sizes, seed, lambda w, b, x: forward(w, b, act, x), nrows)
     return weights, biases, x0, C, get_relaxation(act, "crown"), rng
-
-
-def _input_set(x0, norm, rng):
-    if norm == "box":
-        box = Box(x0 - 0.4 * rng.random(x0.size), x0 + 0.4 * rng.random(x0.size))
-        return box.args()
-    return x0, EPS[norm], QCODES[norm]
 
 
 @pytest.mark.parametrize("act", ACTS)
@@ -186,7 +171,7 @@ def _input_set(x0, norm, rng):
 def test_crown_tangent_points_give_crowns_bound(act, norm):
     weights, biases, x0, C, rf, rng = _setup(act, [6, 9, 8, 7, 4], 0)
     net = Network(weights, biases)
-    xc, eps, q = _input_set(x0, norm, rng)
+    xc, eps, q = input_set(x0, norm, rng)
     ab = AlphaBounds(net, rf, 0.0, xc, q, C, store_dtype=np.float64, activation=act)
     ours = ab.evaluate(eps, np.float64)  # NaN store: CROWN's tangent points
     ref = margin_lower_bound(net, xc, eps, q, rf, C)
@@ -200,7 +185,7 @@ def test_crown_tangent_points_give_crowns_bound(act, norm):
 def test_joint_gradient_matches_finite_differences(act, norm):
     weights, biases, x0, C, rf, rng = _setup(act, [6, 9, 8, 7, 4], 1)
     net = Network(weights, biases)
-    xc, eps, q = _input_set(x0, norm, rng)
+    xc, eps, q = input_set(x0, norm, rng)
     # joint: the margin's gradient reaches the intermediate variables through (l, u)
     ab = AlphaBounds(net, rf, 0.0, xc, q, C, store_dtype=np.float64, activation=act,
                      joint=True)

@@ -265,3 +265,19 @@ def test_killed_run_keeps_every_finished_row(tmp_path):
     rows = rows_of(out.read_text())
     assert len(rows) == len(lines) - 1 < 101
     assert all(len(r) == len(COLUMNS) and r["status"] for r in rows)
+
+
+def test_progress_bar_only_on_a_terminal(tmp_path, monkeypatch):
+    """certify's bar (images done, last eps) goes to stderr on a terminal only: a file or
+    pipe (cron, logs) gets the summary line alone."""
+    from crown_cli import progress
+
+    res = run("certify", "--model", SMALL, "-n", 3, "-o", tmp_path / "a.csv")
+    assert res.exit_code == 0 and "img" not in res.stderr
+    assert len(res.stderr.strip().splitlines()) == 1
+    monkeypatch.setattr(progress, "_is_terminal", lambda stream: True)
+    res = run("certify", "--model", SMALL, "-n", 3, "-o", tmp_path / "b.csv")
+    assert res.exit_code == 0, res.output
+    frames = res.stderr.replace("\r", "\n").splitlines()
+    assert any(f.startswith("certify: 100%") and "3/3" in f and "img" in f and "eps=" in f
+               for f in frames), res.stderr

@@ -143,6 +143,30 @@ def test_sizes_must_match():
         Verifier(ws, bs, "relu").verify(prop, timeout=1.0)
 
 
+@pytest.mark.parametrize("act,seed", [("tanh", 0), ("sigmoid", 1), ("arctan", 2)])
+def test_alpha_stage_smooth_between_crown_and_sampled_minimum(act, seed):
+    """tanh / sigmoid / arctan: the alpha-crown stage (free tangent points) gives verified row
+    bounds at least CROWN's, above CROWN's somewhere, and below the minimum over sampled
+    points and the corners of the box."""
+    ws, bs = random_network([4, 16, 16, 3], 30 + seed)
+    rng = np.random.default_rng(seed)
+    x0, eps = rng.normal(size=4), 0.5
+    c = int(np.argmax(forward(ws, bs, act, x0)))
+    ts = [t for t in range(3) if t != c]
+    A = np.array([np.eye(3)[c] - np.eye(3)[t] for t in ts])
+    v = Verifier(ws, bs, act, stages=("crown", "alpha-crown"))
+    assert v.stages == ["crown", "alpha-crown"]
+    lo, hi = x0 - eps, x0 + eps
+    crown_lb = v.box_lower_bounds("crown", lo, hi, A, np.zeros(2))
+    alpha_lb = v.box_lower_bounds("alpha-crown", lo, hi, A, np.zeros(2))
+    assert np.all(alpha_lb >= crown_lb)
+    assert np.any(alpha_lb > crown_lb + 1e-6)
+    X = np.concatenate([rng.uniform(lo, hi, (20000, 4)), np.array(np.meshgrid(
+        *[[a, z] for a, z in zip(lo, hi)])).reshape(4, -1).T])
+    sampled = (forward(ws, bs, act, X) @ A.T).min(axis=0)
+    assert np.all(alpha_lb <= sampled)
+
+
 @pytest.mark.parametrize("seed", range(3))
 def test_alpha_stage_between_crown_and_exact(seed):
     """Over a box, the alpha-crown stage's verified row bounds lie between CROWN's and the
@@ -187,3 +211,64 @@ def test_wide_inputs_relu_split_matches_the_milp(seed):
     out = v.verify(prop, 30.0)
     assert out.result == "sat"
     check_sat(ws, bs, prop, out)
+
+
+STATUS_RE = (r"bab \((input|ReLU) split\): case (\d+) \((\d+) of (\d+) proven\): (\d+) "
+             r"(boxes|domains), (\d+) open, worst bound (\S+), (\d+) (boxes|domains)/s")
+
+
+def test_status_lines_are_throttled():
+    """BabStatus hands a line on at most every ``every`` seconds of its clock, the first one
+    ``every`` seconds after the branch and bound began, with the rate over all cases."""
+    from crown_cli.verify import BabStatus
+
+    now = [100.0]
+    lines = []
+    st = BabStatus(lines.append, 2.0, clock=lambda: now[0])
+    st.begin("ReLU split", "domains", 3, 1, 9, 0)
+    st.update(10, 5, -0.5)
+    assert lines == []
+    now[0] = 102.5
+    st.update(500, 40, -0.25)
+    now[0] = 103.0
+    st.update(600, 41, -0.2)  # within 2 s of the last line
+    assert lines == ["bab (ReLU split): case 3 (1 of 9 proven): 500 domains, 40 open, "
+                     "worst bound -0.25, 200 domains/s"]
+    st.begin("ReLU split", "domains", 4, 2, 9, 800)  # case 3 bounded 800 domains
+    now[0] = 105.0
+    st.update(200, 7, float("inf"))
+    assert lines[-1] == ("bab (ReLU split): case 4 (2 of 9 proven): 1000 domains, 7 open, "
+                         "worst bound -, 200 domains/s")
+
+
+@pytest.mark.parametrize("sizes,seed", [([4, 12, 12, 3], 1), ([20, 16, 16, 3], 41)])
+def test_branch_and_bound_reports_its_status(monkeypatch, sizes, seed):
+    """Both branch-and-bound stages report open domains, the worst open bound and the rate
+    while they run; the counts only grow and never exceed the verdict's."""
+    import re
+
+    from crown_cli import verify as verify_mod
+
+    monkeypatch.setattr(verify_mod, "STATUS_EVERY_BAR_S", 0.0)
+    ws, bs = random_network(sizes, seed)
+    rng = np.random.default_rng(seed)
+    d = sizes[0]
+    x0, eps = rng.normal(size=d), 0.3 if d == 4 else 0.15
+    c = int(np.argmax(forward(ws, bs, "relu", x0)))
+    t = (c + 1) % 3
+    m = exact_margin_min(ws, bs, x0, c, t, eps, "inf", time_limit=60.0).value
+    prop = parse_vnnlib_text(box_property(x0 - eps, x0 + eps, c, t, m - 1e-3 * (1 + abs(m)), 3),
+                             "t", d, 3)
+    lines = []
+    out = Verifier(ws, bs, "relu", attack_time=0.0).verify(prop, 30.0, status=lines.append)
+    assert out.result == "unsat" and out.stage == "bab"
+    assert lines
+    kind = "input" if d == 4 else "ReLU"
+    counts = []
+    for line in lines:
+        g = re.fullmatch(STATUS_RE, line)
+        assert g is not None, line
+        assert g.group(1) == kind
+        assert g.group(8) == "-" or float(g.group(8)) <= 0.0 or kind == "ReLU"
+        counts.append(int(g.group(5)))
+    assert counts == sorted(counts) and counts[-1] <= out.domains

@@ -195,3 +195,73 @@ def test_wrong_sizes_named(tmp_path):
     r = run("verify", "--model", ACASXU, "--spec", spec)
     assert r.exit_code == 2
     assert "p.vnnlib" in r.stderr
+
+
+@pytest.fixture
+def bab_spec(tmp_path, acas):
+    """A property on the ACAS network that needs branch and bound: on a box Y_0 - Y_1 stays
+    above a threshold 0.05 under its sampled minimum, which CROWN and alpha-CROWN cannot show."""
+    x0 = np.array([0.1, -0.2, 0.05, 0.3, -0.1])
+    lo, hi = x0 - 0.08, x0 + 0.08
+    X = np.random.default_rng(0).uniform(lo, hi, (2000, 5))
+    m = min(float(y[0] - y[1]) for y in map(acas.forward, X))
+    spec = tmp_path / "p.vnnlib"
+    # unsafe: Y_0 - Y_1 <= m - 0.05
+    spec.write_text(spec_text(lo, hi, [(np.eye(5)[0] - np.eye(5)[1], m - 0.05)]))
+    return spec
+
+
+def test_verbose_shows_branch_and_bound_status(tmp_path, bab_spec, monkeypatch):
+    """-v: the stage lines, then the branch and bound's status lines (open domains, worst
+    bound, rate) and the case's end; a list run passes them on too."""
+    from crown_cli import verify as verify_mod
+
+    monkeypatch.setattr(verify_mod, "STATUS_EVERY_LOG_S", 0.0)
+    r = run("verify", "--model", ACASXU, "--spec", bab_spec, "--timeout", 20, "-v")
+    assert r.exit_code == 0, r.output
+    lines = r.stderr.splitlines()
+    assert "alpha-crown: 0 of 1 cases proven" in lines, r.stderr
+    status = [line for line in lines if line.startswith("bab (input split): case 0 (0 of 1 "
+                                                        "proven): ")]
+    assert status and all(" open, worst bound " in s and s.endswith(" boxes/s") for s in status)
+    assert r.stdout.splitlines()[0] == "unsat"
+    (tmp_path / "list.csv").write_text(f"{ACASXU},{bab_spec},20\n")
+    r = run("verify", "--instances", tmp_path / "list.csv", "-o", tmp_path / "out.csv", "-v")
+    assert r.exit_code == 0, r.output
+    assert any(line.startswith("bab (input split): case 0") for line in r.stderr.splitlines())
+
+
+@pytest.mark.parametrize("option,stage", [("--no-bab", "alpha-crown"),
+                                          ("--max-domains=5", "bab")])
+def test_without_branch_and_bound_or_over_the_cap_unknown(bab_spec, option, stage):
+    """--no-bab stops after the bound stages; a domain cap that the search needs more than
+    ends it with unknown (no crash, the worst open bound reported)."""
+    r = run("verify", "--model", ACASXU, "--spec", bab_spec, "--timeout", 20, option)
+    assert r.exit_code == 0, r.output
+    assert r.stdout == "unknown\n"
+    assert f"crown: unknown ({stage}; 0 of 1 cases proven, bound margin -" in r.stderr
+
+
+def test_progress_bar_shows_branch_and_bound_status(tmp_path, bab_spec, monkeypatch):
+    """On a terminal the bar carries the branch and bound's status (--spec: seconds of the
+    timeout; --instances: instances and verdict counts); never in a log or a pipe."""
+    from crown_cli import progress
+    from crown_cli import verify as verify_mod
+
+    monkeypatch.setattr(verify_mod, "STATUS_EVERY_BAR_S", 0.0)
+    r = run("verify", "--model", ACASXU, "--spec", bab_spec, "--timeout", 20)
+    assert r.exit_code == 0 and "bab (input split)" not in r.stderr  # not a terminal
+    monkeypatch.setattr(progress, "_is_terminal", lambda stream: True)
+    r = run("verify", "--model", ACASXU, "--spec", bab_spec, "--timeout", 20)
+    assert r.exit_code == 0, r.output
+    assert r.stdout == "unsat\n"
+    frames = r.stderr.replace("\r", "\n").splitlines()
+    assert any(f.startswith("verify: ") and " s |" in f
+               and "bab (input split): case 0 (0 of 1 proven): " in f and " open, " in f
+               for f in frames), r.stderr
+    (tmp_path / "list.csv").write_text(f"{ACASXU},{bab_spec},20\n")
+    r = run("verify", "--instances", tmp_path / "list.csv", "-o", tmp_path / "out.csv")
+    assert r.exit_code == 0, r.output
+    frames = r.stderr.replace("\r", "\n").splitlines()
+    assert any("inst" in f and "bab (input split): case 0" in f for f in frames), r.stderr
+    assert any("unsat=1" in f for f in frames)

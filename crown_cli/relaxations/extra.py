@@ -21,25 +21,11 @@ import math
 import numpy as np
 from numba import njit
 
-from .sigmoid_family import DEGENERATE_REL, MAX_ITER, _sigmoid, _slack, _split
-
-
-@njit(cache=True)
-def _clip(t, l, u):
-    return min(max(t, l), u)
-
-
-@njit(cache=True)
-def _is_degenerate(l, u):
-    return u - l <= DEGENERATE_REL * max(1.0, abs(l), abs(u))
+from .sigmoid_family import (ELU, HARD_SIGMOID, MAX_ITER, SOFTPLUS, _clip, _elu, _exact_intercept,
+                             _hsig, _is_degenerate, _sigmoid, _slack, _softplus, _split)
 
 
 # ----------------------------------------------------------------------------- leaky ReLU
-
-@njit(cache=True)
-def _leaky(t, alpha):
-    return t if t >= 0.0 else alpha * t
-
 
 @njit(cache=True)
 def leaky_relu_relaxation(l, u, alpha, adaptive):
@@ -51,7 +37,8 @@ def leaky_relu_relaxation(l, u, alpha, adaptive):
     the roles swap (lower = chord, upper = a z with a in [1, alpha]). The area between f and
     a z is (|1 - a| u^2 + |a - alpha| l^2) / 2, linear in a, so ``adaptive`` takes a = 1 if
     u >= -l else alpha (CROWN-Ada); otherwise a = the chord's slope (Fast-Lin), which lies
-    between alpha and 1. alpha = 0 is exactly relu_relaxation.
+    between alpha and 1. alpha = 0 gives relu_relaxation's lines: the same slopes, and the
+    chord's intercept differs only in its float slack (this module's 8 ulps, relu.py's 4).
     """
     if not math.isfinite(alpha):
         raise ValueError("leaky_relu_relaxation: alpha must be finite")
@@ -100,11 +87,6 @@ def leaky_relu_relaxation(l, u, alpha, adaptive):
 # ----------------------------------------------------------------------------- ELU
 
 @njit(cache=True)
-def _elu(t, alpha):
-    return t if t > 0.0 else alpha * math.expm1(t)
-
-
-@njit(cache=True)
 def _delu(t, alpha):
     """f'(t); at the kink t = 0 the left derivative alpha (a subgradient when alpha <= 1)."""
     return 1.0 if t > 0.0 else alpha * math.exp(t)
@@ -120,24 +102,7 @@ def _elu_intercept(l, u, k, alpha, upper):
     tk = 0.0
     if 0.0 < k < alpha:
         tk = math.log(k / alpha)
-    best = 0.0
-    S = 0.0
-    for j in range(4):
-        if j == 0:
-            t = l
-        elif j == 1:
-            t = u
-        elif j == 2:
-            t = _clip(0.0, l, u)
-        else:
-            t = _clip(tk, l, u)
-        f = _elu(t, alpha)
-        g = f - k * t
-        if j == 0 or (upper and g > best) or ((not upper) and g < best):
-            best = g
-        S = max(S, abs(f))
-    s = _slack(k, best, max(abs(l), abs(u)), S)
-    return best + s if upper else best - s
+    return _exact_intercept(ELU, alpha, l, u, k, upper, (0.0, tk), 0.0)
 
 
 @njit(cache=True)
@@ -217,11 +182,6 @@ def elu_relaxation(l, u, alpha=1.0):
 # ----------------------------------------------------------------------------- softplus
 
 @njit(cache=True)
-def _softplus(t):
-    return max(t, 0.0) + math.log1p(math.exp(-abs(t)))  # log(1 + e^t) without overflow
-
-
-@njit(cache=True)
 def _softplus_intercept(l, u, k, upper):
     """f convex, so f - k t has its max at l or u and its min also where f' = sigmoid = k."""
     tk = 0.0
@@ -231,22 +191,7 @@ def _softplus_intercept(l, u, k, upper):
         tk = np.inf
     else:
         tk = -np.inf
-    best = 0.0
-    S = 0.0
-    for j in range(3):
-        if j == 0:
-            t = l
-        elif j == 1:
-            t = u
-        else:
-            t = _clip(tk, l, u)
-        f = _softplus(t)
-        g = f - k * t
-        if j == 0 or (upper and g > best) or ((not upper) and g < best):
-            best = g
-        S = max(S, abs(f))
-    s = _slack(k, best, max(abs(l), abs(u)), S)
-    return best + s if upper else best - s
+    return _exact_intercept(SOFTPLUS, 0.0, l, u, k, upper, (tk,), 0.0)
 
 
 @njit(cache=True)
@@ -279,31 +224,13 @@ def softplus_relaxation(l, u):
 # ----------------------------------------------------------------------------- hard sigmoid
 
 @njit(cache=True)
-def _hsig(t, alpha):
-    return min(max(alpha * t + 0.5, 0.0), 1.0)  # same operations as np.clip(a*z + 0.5, 0, 1)
-
-
-@njit(cache=True)
 def _hsig_intercept(l, u, k, alpha, upper):
     """h - k t is piecewise linear with kinks at p = -0.5/alpha, q = 0.5/alpha: extremes on
     [l, u] are at l, u, p or q (clipped)."""
-    best = 0.0
-    for j in range(4):
-        if j == 0:
-            t = l
-        elif j == 1:
-            t = u
-        elif j == 2:
-            t = _clip(-0.5 / alpha, l, u)
-        else:
-            t = _clip(0.5 / alpha, l, u)
-        g = _hsig(t, alpha) - k * t
-        if j == 0 or (upper and g > best) or ((not upper) and g < best):
-            best = g
-    # S = 1: the terms alpha*z + 0.5 and the clip bounds are O(1); the kinks of the float
-    # function sit within a few ulps of p and q, which moves h - k t by < ulps of (1 + |k| M)
-    s = _slack(k, best, max(abs(l), abs(u)), 1.0)
-    return best + s if upper else best - s
+    # S = 1 (>= |h|): the terms alpha*z + 0.5 and the clip bounds are O(1); the kinks of the
+    # float function sit within a few ulps of p and q, which moves h - k t by < ulps of
+    # (1 + |k| M)
+    return _exact_intercept(HARD_SIGMOID, alpha, l, u, k, upper, (-0.5 / alpha, 0.5 / alpha), 1.0)
 
 
 @njit(cache=True)

@@ -24,7 +24,9 @@ solver can never make a line unsound, and for the paper's slopes the line passes
 end-point / touches at d exactly as the tables say (Table 1 footnote *: the intercept
 ``a*b = act(d) - a*d`` is computed directly, never by dividing by a near-zero slope ``a``).
 Finally the intercept is moved outward by ``_slack`` (8 ulps of the terms, ~2e-15 relative)
-so that the inequality also holds when act and the line are evaluated in float64.
+so that the inequality also holds when act and the line are evaluated in float64. The search
+over those points (``_exact_intercept``) serves the ELU, softplus and hard sigmoid relaxations
+of extra.py too, so their values (``_elu``, ``_softplus``, ``_hsig``) are defined here.
 
 Near-zero slopes (Table 1 footnote *): derivatives are computed without cancellation
 (sech^2 from exp(-2|t|), s(t) s(-t)), so in saturation they are tiny but accurate instead of
@@ -40,6 +42,10 @@ from numba import njit
 TANH = 0
 SIGMOID = 1
 ARCTAN = 2
+# extra.py's activations, as kinds of _value / _exact_intercept only
+ELU = 3
+SOFTPLUS = 4
+HARD_SIGMOID = 5
 
 EPS = 2.0 ** -52  # float64 machine epsilon (spacing of floats at 1.0)
 TINY = 5e-324  # smallest positive subnormal
@@ -63,6 +69,11 @@ def _slack(k, b, M, S):
     sum with margin; the TINY term covers absolute errors of subnormal results.
     """
     return SLACK_ULPS * EPS * (abs(k) * M + abs(b) + S) + SLACK_ULPS * TINY
+
+
+@njit(cache=True)
+def _is_degenerate(l, u):
+    return u - l <= DEGENERATE_REL * max(1.0, abs(l), abs(u))
 
 
 @njit(cache=True)
@@ -150,34 +161,65 @@ def _clip(t, l, u):
 
 
 @njit(cache=True)
-def _intercept(kind, l, u, k, upper):
-    """Tightest sound intercept for slope k on [l, u] (see module docstring), slack included."""
-    tk = _inv_dact(kind, k)
+def _elu(t, alpha):
+    return t if t > 0.0 else alpha * math.expm1(t)
+
+
+@njit(cache=True)
+def _softplus(t):
+    return max(t, 0.0) + math.log1p(math.exp(-abs(t)))  # log(1 + e^t) without overflow
+
+
+@njit(cache=True)
+def _hsig(t, alpha):
+    return min(max(alpha * t + 0.5, 0.0), 1.0)  # same operations as np.clip(a*z + 0.5, 0, 1)
+
+
+@njit(cache=True)
+def _value(kind, p, t):
+    """Activation ``kind`` at t; p is the alpha of ELU and hard sigmoid (unused otherwise)."""
+    if kind <= ARCTAN:
+        return _act(kind, t)
+    if kind == ELU:
+        return _elu(t, p)
+    if kind == SOFTPLUS:
+        return _softplus(t)
+    return _hsig(t, p)
+
+
+@njit(cache=True)
+def _exact_intercept(kind, p, l, u, k, upper, inner, S):
+    """Tightest sound intercept for slope k of a line above (``upper``) or below
+    act = _value(kind, p, .) on [l, u], slack included: the max (min) of act(t) - k t over
+    t = l, u and the points of the tuple ``inner`` clipped into [l, u], which must hold every
+    other point where that max (min) can be reached; then moved outward by ``_slack``, with S
+    the larger of ``S`` and |act| at those points."""
     best = 0.0
-    S = 0.0
-    for j in range(5):
+    for j in range(2 + len(inner)):
         if j == 0:
             t = l
         elif j == 1:
             t = u
-        elif j == 2:
-            t = _clip(0.0, l, u)
-        elif j == 3:
-            t = _clip(tk, l, u)
         else:
-            t = _clip(-tk, l, u)
-        f = _act(kind, t)
+            t = _clip(inner[j - 2], l, u)
+        f = _value(kind, p, t)
         g = f - k * t
         if j == 0 or (upper and g > best) or ((not upper) and g < best):
             best = g
         S = max(S, abs(f))
-    if kind == SIGMOID:
-        # the terms of 1/(1+e^-z) or 0.5*(1+tanh(z/2)) (crown_cli.activations) are O(1): an
-        # evaluation can be off by ~1 ulp of 1 where sigmoid itself is tiny (both that form
-        # and scipy's expit return 0 around z = -717, where sigmoid is ~4e-312)
-        S = max(S, 1.0)
     s = _slack(k, best, max(abs(l), abs(u)), S)
     return best + s if upper else best - s
+
+
+@njit(cache=True)
+def _intercept(kind, l, u, k, upper):
+    """Tightest sound intercept for slope k on [l, u] (see module docstring), slack included."""
+    tk = _inv_dact(kind, k)
+    # for sigmoid S >= 1: the terms of 1/(1+e^-z) or 0.5*(1+tanh(z/2)) (crown_cli.activations)
+    # are O(1): an evaluation can be off by ~1 ulp of 1 where sigmoid itself is tiny (both that
+    # form and scipy's expit return 0 around z = -717, where sigmoid is ~4e-312)
+    S = 1.0 if kind == SIGMOID else 0.0
+    return _exact_intercept(kind, 0.0, l, u, k, upper, (0.0, tk, -tk), S)
 
 
 @njit(cache=True)
@@ -285,7 +327,7 @@ def _relax_family(kind, l, u):
             bL[i] = fl - _slack(0.0, fl, 0.0, S)
             continue
         w = ui - li
-        if w <= DEGENERATE_REL * max(1.0, abs(li), abs(ui)):
+        if _is_degenerate(li, ui):
             kU = _dact(kind, li + 0.5 * w)
             kL = kU
         elif li >= 0.0:
@@ -374,8 +416,7 @@ def tangent_ranges(kind, l, u):
         ui = u[i]
         if not (math.isfinite(li) and math.isfinite(ui)):
             continue
-        w = ui - li
-        if w <= DEGENERATE_REL * max(1.0, abs(li), abs(ui)):
+        if _is_degenerate(li, ui):
             continue
         chord[i] = True
         if li >= 0.0:
@@ -393,30 +434,28 @@ def tangent_ranges(kind, l, u):
             grad[7, i] = 1.0
             default[i] = 0.5
         else:
-            chord[i] = False
-            d, use_chord = tangent_point(kind, li, ui, True)
-            if use_chord:
-                chord[i] = True
-            else:
-                freeU[i] = True
-                a0U[i] = d
-                a1U[i] = ui
-                h = _d2act(kind, d) * (d - li)
-                if h != 0.0:
-                    grad[0, i] = (_dact(kind, d) - _dact(kind, li)) / h
-                grad[5, i] = 1.0
-            d, use_chord = tangent_point(kind, li, ui, False)
-            if use_chord:
-                chord[i] = True
-            else:
-                freeL[i] = True
-                a0L[i] = d
-                a1L[i] = li
-                h = _d2act(kind, d) * (d - ui)
-                if h != 0.0:
-                    grad[6, i] = (_dact(kind, d) - _dact(kind, ui)) / h
-                grad[3, i] = 1.0
+            freeU[i], a0U[i], a1U[i], grad[0, i], grad[5, i] = _crossing_range(kind, li, ui, True)
+            freeL[i], a0L[i], a1L[i], grad[6, i], grad[3, i] = _crossing_range(kind, li, ui, False)
+            chord[i] = not (freeU[i] and freeL[i])
     return freeU, a0U, a1U, freeL, a0L, a1L, default, grad, chord
+
+
+@njit(cache=True)
+def _crossing_range(kind, l, u, upper):
+    """One line of tangent_ranges' crossing case l < 0 < u: (free, a0, a1, da0, da1).
+
+    Free: the tangent at any d in [a0, a1] = [d_U, u] (upper) or [d_L, l] (lower); da0 is the
+    derivative of a0 = d_U (d_L) in the end-point p = l (u) it passes through,
+    (act'(d) - act'(p)) / (act''(d) (d - p)) (0 where that denominator is 0), and da1 = 1 that
+    of a1 in the other end-point. Not free (the chord): all zero.
+    """
+    d, use_chord = tangent_point(kind, l, u, upper)
+    if use_chord:
+        return False, 0.0, 0.0, 0.0, 0.0
+    p = l if upper else u
+    h = _d2act(kind, d) * (d - p)
+    da0 = (_dact(kind, d) - _dact(kind, p)) / h if h != 0.0 else 0.0
+    return True, d, u if upper else l, da0, 1.0
 
 
 @njit(cache=True)
