@@ -594,7 +594,7 @@ def input_split(weights, biases, activation, alpha, lo, hi, A, b, deadline: floa
     net = BatchNet(weights, biases, activation, alpha, adaptive)
     d = lo0.size
     span = np.where(hi0 > lo0, hi0 - lo0, 1.0)
-    stats = {"domains": 0, "peak": 1, "splits": 0, "alpha": 0}
+    stats = {"domains": 0, "peak": 1, "splits": 0}
 
     def result(res, x=None, open_scores=None, note=""):
         worst = None
@@ -634,7 +634,6 @@ def input_split(weights, biases, activation, alpha, lo, hi, A, b, deadline: floa
         rows = np.argmax(lb[idx], axis=1)
         la, _, _ = alpha_row_bound(net, _take_info(info, idx), L[idx], H[idx], A, rows,
                                 iters=alpha_iters)
-        stats["alpha"] += idx.size
         s = s.copy()
         s[idx] = np.fmax(s[idx], la - b_up[rows])  # a NaN bound proves nothing
         return s
