@@ -10,7 +10,8 @@ from numba import njit
 @njit(cache=True)
 def step32(Lam, ss, cols, sp, al, be, cs, ct, leak, o0):
     """D = relaxed coefficients of layer's z (N, n) float32, the intercept sum per row
-    (float64), and the tape (pos, slope) of the unstable columns."""
+    (float64), and the tape (pos, slope) of the unstable columns. ``cs``, ``ct`` (N, nU):
+    each row's chord slope and intercept, indexed like ``sp``, ``al`` and ``be``."""
     N, n = Lam.shape
     nu = cols.shape[0]
     D = np.empty((N, n), np.float32)
@@ -31,8 +32,8 @@ def step32(Lam, ss, cols, sp, al, be, cs, ct, leak, o0):
                 if p:
                     sl = al[i, o0 + q]
                 else:
-                    sl = cs[q]
-                    acc += lv * ct[q]
+                    sl = cs[i, o0 + q]
+                    acc += lv * ct[i, o0 + q]
             elif s > 0:
                 sl = np.float32(1.0)
             else:
@@ -47,7 +48,7 @@ def step32(Lam, ss, cols, sp, al, be, cs, ct, leak, o0):
 @njit(cache=True)
 def back32(gD, Lam, cols, sp, pos, slope, ss, ct, o0, gA, gB, want_G):
     """Reverse pass of :func:`step32`: fills gA, gB (N, nU) at the layer's columns; returns
-    the gradient with respect to Lam (N, n) if ``want_G``."""
+    the gradient with respect to Lam (N, n) if ``want_G``. ``ct`` (N, nU) as in step32."""
     N, n = gD.shape
     nu = cols.shape[0]
     G = np.empty((N, n if want_G else 0), np.float32)
@@ -68,7 +69,7 @@ def back32(gD, Lam, cols, sp, pos, slope, ss, ct, o0, gA, gB, want_G):
                 else:
                     gA[i, o0 + q] = 0.0
                     if want_G:
-                        G[i, c] = g * slope[i, q] + ct[q]
+                        G[i, c] = g * slope[i, q] + ct[i, o0 + q]
             else:
                 gA[i, o0 + q] = 0.0
                 gB[i, o0 + q] = np.float32(-s) * g
