@@ -480,8 +480,8 @@ class Bounder:
         ``split`` (B, nU) int8, ``dl``, ``du`` (B, nU) float64 bounds valid on each domain
         (e.g. its parent's), ``start`` (B,): every layer after ``start[d]`` is recomputed for
         domain d (the shallowest layer whose splits changed). Layer by layer, the bounds of
-        the domain's open neurons are computed by :meth:`_rows_lower` (float64, sound on the
-        whole subdomain) and intersected with ``dl``, ``du``; a neuron they prove stable is
+        the domain's unstable neurons are computed by :meth:`_rows_lower` (float64, sound on
+        the whole subdomain) and intersected with ``dl``, ``du``; a neuron they prove stable is
         fixed (split +1 / -1: exact there, and its sign condition holds on the domain), so
         later layers see it exact. A split neuron's bounds take its sign (l >= 0 active,
         u <= 0 inactive). Returns (split, dl, du, empty): ``empty`` (B,) marks domains with
@@ -501,11 +501,10 @@ class Bounder:
             doms = np.flatnonzero((start < k) & ~empty)
             if doms.size == 0:
                 continue
-            openm = split[doms, o0:o1] == 0
-            R = int(openm.sum(axis=1).max())
-            if R == 0:
-                continue
-            idx = np.argsort(~openm, axis=1, kind="stable")[:, :R]
+            # every unstable neuron of the layer: the split ones' bounds (taking their sign)
+            # find domains whose splits contradict each other
+            R = o1 - o0
+            idx = np.broadcast_to(np.arange(R), (doms.size, R))
             chunk = max(1, int(max_bytes // (8 * 8 * 2 * R * widest)))
             for c0 in range(0, doms.size, chunk):
                 dd, ii = doms[c0:c0 + chunk], idx[c0:c0 + chunk]
