@@ -449,6 +449,17 @@ class Bounder:
             sp = split[dd, o0:o1]
             l, u = dl[dd, o0:o1], du[dd, o0:o1]
             cs, ct = self.chords(l, u)
+            if _kern() is not None:
+                D, dc, dm, st = _kern().interm_step64(
+                    np.ascontiguousarray(Lam), self._ssk[j], self._upos[j],
+                    np.ascontiguousarray(sp), np.ascontiguousarray(l), np.ascontiguousarray(u),
+                    cs, ct, self.leak, self._bk[j], np.abs(self._bk[j]), self._vk[j],
+                    float(self.rw[j][1]))
+                const = const + dc
+                mag = mag + dm
+                steps = steps + st
+                Lam = (D @ self._Wstep[j]).reshape(n, rows, -1)
+                continue
             fixed = np.where(sp > 0, 1.0, self.leak)
             free = sp == 0
             s_lo = np.where(free, np.where(u >= -l, 1.0, self.leak), fixed)[:, None, :]

@@ -448,6 +448,12 @@ def test_tighten_sound_on_samples(activation):
     rl, ru = bd.root_domain_bounds()
     start = np.where(np.arange(B) < 12, rng.integers(-1, 2, B), -1)
     s2, dl, du, empty = bd.tighten(split, np.tile(rl, (B, 1)), np.tile(ru, (B, 1)), start)
+    with crown.using_kernels("numpy"):  # the numba step's numpy twin
+        t2 = bd.tighten(split, np.tile(rl, (B, 1)), np.tile(ru, (B, 1)), start)
+    np.testing.assert_array_equal(t2[0], s2)
+    np.testing.assert_array_equal(t2[3], empty)
+    np.testing.assert_allclose(t2[1], dl, rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(t2[2], du, rtol=1e-12, atol=1e-12)
     matched = 0
     for d in range(B):
         s = split[d]
