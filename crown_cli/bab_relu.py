@@ -4,17 +4,30 @@ A case is ``x in [lo, hi] and A f(x) <= b``; it is empty (``unsat``) when every 
 box has some row with ``A_i f(x) > b_i``. :func:`relu_split` decides it by splitting unstable
 ReLUs (Wang et al., "Beta-CROWN", NeurIPS 2021; implemented from the paper's idea):
 
-- The pre-activation bounds (l, u) of every hidden layer are computed ONCE, by CROWN over the
-  whole box (``crown.hidden_layer_bounds``). A subdomain is a set of split decisions, neuron
-  -> active (z >= 0) or inactive (z <= 0). Root bounds stay valid on every subdomain.
-- On a subdomain only the final rows ``A_i f(x) - b_i`` are bounded, by one back-substitution
+- The pre-activation bounds (l, u) of every hidden layer are computed at the root, by CROWN
+  over the whole box (tightened by alpha per layer by :func:`root_layer_bounds` unless
+  ``tighten_root`` is off). A subdomain is a set of split decisions, neuron -> active
+  (z >= 0) or inactive (z <= 0). Root bounds stay valid on every subdomain; the neurons
+  unstable at the root are the only ones split.
+- Per-domain bounds (``interm``, default on for 3 or more hidden layers): a child's bounds of
+  every layer after the layer of its new split are recomputed (:meth:`Bounder.tighten`:
+  float64 CROWN back-substitution with the domain's split neurons exact and its other
+  unstable neurons relaxed by the domain's own bounds, widened like the final rows' bound,
+  intersected with the parent's, which hold on the child). A neuron they prove stable is
+  fixed like a split (implied split: exact, and its sign condition holds on the domain); a
+  domain whose bounds cross (l > u somewhere: contradicting splits) is empty, hence proven.
+  Branching then stays in the shallowest layer with open neurons (``layer_window``): an
+  early split tightens every later layer. Without ``interm`` every domain keeps the root's
+  bounds. The float64 rounding charges use the root intervals (a domain's lie inside them).
+- On a subdomain the final rows ``A_i f(x) - b_i`` are bounded by one back-substitution
   per (domain, row): a split-active neuron is the identity, split-inactive is the inactive
-  slope (0 for ReLU), an unstable unsplit neuron has the root chord above and a free lower
-  slope alpha in [leak, 1] below (per domain, row and neuron). The split constraints enter by
-  Lagrange multipliers beta >= 0: the bound of ``margin(x) + sum_j beta_j s_j z_j(x)`` with
-  ``s_j z_j <= 0`` on the subdomain (s = -1 active, +1 inactive) is a lower bound of the margin
-  on the subdomain for every beta >= 0. All (domain, row) pairs share the weights, so a batch
-  is one matrix product per layer with a leading (domain x row) axis.
+  slope (0 for ReLU), an unstable unsplit neuron has the chord of the domain's bounds above
+  and a free lower slope alpha in [leak, 1] below (per domain, row and neuron). The split
+  constraints enter by Lagrange multipliers beta >= 0: the bound of
+  ``margin(x) + sum_j beta_j s_j z_j(x)`` with ``s_j z_j <= 0`` on the subdomain (s = -1
+  active, +1 inactive) is a lower bound of the margin on the subdomain for every beta >= 0.
+  All (domain, row) pairs share the weights, so a batch is one matrix product per layer with
+  a leading (domain x row) axis.
 - alpha and beta are optimised by projected Adam ascent on the bound in float32 (gradient by a
   hand-written reverse pass), warm-started from the parent domain, keeping the best iterate.
 - Soundness: a domain counts as proven only by a float64 evaluation at its final (alpha, beta)
@@ -25,7 +38,8 @@ ReLUs (Wang et al., "Beta-CROWN", NeurIPS 2021; implemented from the paper's ide
 - Branching: a BaBSR-like score (|coefficient| of the neuron's activation in the domain's
   back-substitution times the largest gap of the relaxation side it uses), by default
   filtered (filtered smart branching: the top-3 candidates' children evaluated in one batch,
-  the one with the best worse child taken).
+  the one with the best worse child taken); with ``layer_window`` the candidates come from
+  the domain's shallowest layers with open neurons only.
 - Attacks on the way: the box corner minimising each evaluated row's linear bound is checked
   by a float64 forward pass; a point of the box meeting every row is a counterexample.
 
@@ -485,7 +499,7 @@ class Bounder:
         out = val - ((self.net.fp_rtol * mag + FP_ATOL) + crown.ERR_SAFETY * steps)
         return out.reshape(n, rows)
 
-    def tighten(self, split, dl, du, start, max_bytes: float = 2.0 ** 26):
+    def tighten(self, split, dl, du, start, max_bytes: float = 2.0 ** 26, deadline=None):
         """Per-domain bounds of the unstable neurons after new splits.
 
         ``split`` (B, nU) int8, ``dl``, ``du`` (B, nU) float64 bounds valid on each domain
@@ -497,7 +511,9 @@ class Bounder:
         later layers see it exact. A split neuron's bounds take its sign (l >= 0 active,
         u <= 0 inactive). Returns (split, dl, du, empty): ``empty`` (B,) marks domains with
         some l > u, i.e. no point of the box meets their split constraints. ``max_bytes``
-        caps the temporaries (domains are processed in chunks)."""
+        caps the temporaries (domains are processed in chunks). Past ``deadline`` (a
+        ``time.monotonic()`` instant) the remaining chunks are skipped: their bounds stay the
+        ones given (valid, only looser)."""
         self._interm_setup()
         split, dl, du = split.copy(), np.array(dl, np.float64), np.array(du, np.float64)
         dl = np.where(split > 0, np.maximum(dl, 0.0), dl)
@@ -518,6 +534,8 @@ class Bounder:
             idx = np.broadcast_to(np.arange(R), (doms.size, R))
             chunk = max(1, int(max_bytes // (8 * 8 * 2 * R * widest)))
             for c0 in range(0, doms.size, chunk):
+                if deadline is not None and time.monotonic() >= deadline:
+                    break
                 dd, ii = doms[c0:c0 + chunk], idx[c0:c0 + chunk]
                 low = self._rows_lower(k, dd, ii, split, dl, du)
                 rr, cc = dd[:, None], o0 + ii
@@ -690,7 +708,8 @@ class _Pool:
 
 def relu_split(weights: Sequence[np.ndarray], biases: Sequence[np.ndarray], lo, hi, A, b,
                deadline: float, *, max_domains: int = 200_000, batch: int = 256,
-               iters: int = 20, root_iters: int = 50, branching: str = "fsb", fsb_k: int = 3,
+               iters: int = 20, root_iters: int = 50, branching: str = "fsb",
+               fsb_k: Optional[int] = None,
                activation: str = "relu", leak=None, log: Optional[Callable[[str], None]] = None,
                charge=None, attack_restarts: int = 16, attack_steps: int = 50,
                seed: int = 0, tighten_root: bool = True, layer_bounds=None,
@@ -702,8 +721,11 @@ def relu_split(weights: Sequence[np.ndarray], biases: Sequence[np.ndarray], lo, 
     open domains (hitting it gives ``unknown``), lowered so that the open domains' stored
     alpha/beta/splits stay below ``max_memory`` bytes. ``batch``: domains bounded per evaluation
     (children of batch/2 parents). ``branching``: "babsr" or "fsb" (filtered smart branching
-    over the top ``fsb_k`` BaBSR candidates; on mnistfc 256x2 it needed ~2.8x fewer domains
-    than "babsr", on one 256x4 case 1.4x more: see the README). ``iters``: Adam steps per
+    over the top ``fsb_k`` BaBSR candidates, default 3, 20 with ``interm``; on mnistfc 256x2
+    it needed ~2.8x fewer domains than "babsr", on one 256x4 case 1.4x more: see the README;
+    with ``interm`` and the layer window, 20 needed 2-4x fewer domains than 3 on mnistfc
+    256x4 and 256x6, where the candidates' float32 evaluations cost little beside the
+    per-domain bounds). ``iters``: Adam steps per
     batch (10 lost a 256x4 case that 20 proves). ``charge``: see :meth:`Bounder.evaluate`.
     ``attack_restarts``/``attack_steps``: a PGD attack (verify_attack.find_counterexample)
     when the root is not proven (0 restarts: none). ``tighten_root``: the hidden layers'
@@ -721,10 +743,12 @@ def relu_split(weights: Sequence[np.ndarray], biases: Sequence[np.ndarray], lo, 
                                          deadline=deadline)
     bd = Bounder(weights, biases, lo, hi, A, b, activation, leak, layer_bounds)
     m, nU = bd.m, bd.nU
-    K = max(1, int(fsb_k)) if branching == "fsb" else 1
     if interm is None:
         interm = bd.L >= 3
     interm = bool(interm) and bd.L > 1 and nU > 0
+    if fsb_k is None:
+        fsb_k = 20 if interm else 3
+    K = max(1, int(fsb_k)) if branching == "fsb" else 1
     window = int(layer_window) if layer_window is not None else (1 if interm else 0)
     per_domain = nU * (1 + 8 * m + (16 if interm else 0)) + 8 * (K + 4)
     max_domains = int(min(max_domains, max_memory // per_domain))
@@ -878,7 +902,8 @@ def relu_split(weights: Sequence[np.ndarray], biases: Sequence[np.ndarray], lo, 
         chords = None
         if interm:
             ti = time.monotonic()
-            cs, cdl, cdu, empty = bd.tighten(cs, cdl, cdu, np.tile(bd.layer_of[choice], 2))
+            cs, cdl, cdu, empty = bd.tighten(cs, cdl, cdu, np.tile(bd.layer_of[choice], 2),
+                                             deadline=deadline)
             stats["t_interm"] += time.monotonic() - ti
             if empty.any():  # no point of the box meets the splits: proven
                 stats["proven"] += int(empty.sum())
