@@ -748,7 +748,7 @@ def relu_split(weights: Sequence[np.ndarray], biases: Sequence[np.ndarray], lo, 
     interm = bool(interm) and bd.L > 1 and nU > 0
     if fsb_k is None:
         fsb_k = 20 if interm else 3
-    K = max(1, int(fsb_k)) if branching == "fsb" else 1
+    K = max(1, min(int(fsb_k), nU)) if branching == "fsb" else 1
     window = int(layer_window) if layer_window is not None else (1 if interm else 0)
     per_domain = nU * (1 + 8 * m + (16 if interm else 0)) + 8 * (K + 4)
     max_domains = int(min(max_domains, max_memory // per_domain))
