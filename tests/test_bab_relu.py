@@ -259,13 +259,15 @@ def test_float32_kernels_match_numpy_path(activation):
         np.testing.assert_allclose(a, c, rtol=1e-5, atol=1e-5)
 
 
-def test_memory_cap_gives_unknown():
+@pytest.mark.parametrize("interm", [False, True])
+def test_memory_cap_gives_unknown(interm):
     eps = 0.3
     w, b, x0, lo, hi = _case(2, eps=eps)
     res = _exact(w, b, x0, eps, 0, 1)
     A = np.array([[1.0, -1.0, 0.0]])
     r = bab_relu.relu_split(w, b, lo, hi, A, np.array([res.dual_bound - 1e-3]),
-                            time.monotonic() + 60, max_memory=20_000, attack_restarts=0)
+                            time.monotonic() + 60, max_memory=20_000, attack_restarts=0,
+                            interm=interm, layer_window=0)
     # ~360 bytes per open domain here: the cap (~55 domains) stops the search long before
     # the ~5e4 domains the proof needs; open domains exceed it by at most one batch
     assert r.verdict == "unknown"
