@@ -4,17 +4,30 @@ A case is ``x in [lo, hi] and A f(x) <= b``; it is empty (``unsat``) when every 
 box has some row with ``A_i f(x) > b_i``. :func:`relu_split` decides it by splitting unstable
 ReLUs (Wang et al., "Beta-CROWN", NeurIPS 2021; implemented from the paper's idea):
 
-- The pre-activation bounds (l, u) of every hidden layer are computed ONCE, by CROWN over the
-  whole box (``crown.hidden_layer_bounds``). A subdomain is a set of split decisions, neuron
-  -> active (z >= 0) or inactive (z <= 0). Root bounds stay valid on every subdomain.
-- On a subdomain only the final rows ``A_i f(x) - b_i`` are bounded, by one back-substitution
+- The pre-activation bounds (l, u) of every hidden layer are computed at the root, by CROWN
+  over the whole box (tightened by alpha per layer by :func:`root_layer_bounds` unless
+  ``tighten_root`` is off). A subdomain is a set of split decisions, neuron -> active
+  (z >= 0) or inactive (z <= 0). Root bounds stay valid on every subdomain; the neurons
+  unstable at the root are the only ones split.
+- Per-domain bounds (``interm``, default on for 3 or more hidden layers): a child's bounds of
+  every layer after the layer of its new split are recomputed (:meth:`Bounder.tighten`:
+  float64 CROWN back-substitution with the domain's split neurons exact and its other
+  unstable neurons relaxed by the domain's own bounds, widened like the final rows' bound,
+  intersected with the parent's, which hold on the child). A neuron they prove stable is
+  fixed like a split (implied split: exact, and its sign condition holds on the domain); a
+  domain whose bounds cross (l > u somewhere: contradicting splits) is empty, hence proven.
+  Branching then stays in the shallowest layer with open neurons (``layer_window``): an
+  early split tightens every later layer. Without ``interm`` every domain keeps the root's
+  bounds. The float64 rounding charges use the root intervals (a domain's lie inside them).
+- On a subdomain the final rows ``A_i f(x) - b_i`` are bounded by one back-substitution
   per (domain, row): a split-active neuron is the identity, split-inactive is the inactive
-  slope (0 for ReLU), an unstable unsplit neuron has the root chord above and a free lower
-  slope alpha in [leak, 1] below (per domain, row and neuron). The split constraints enter by
-  Lagrange multipliers beta >= 0: the bound of ``margin(x) + sum_j beta_j s_j z_j(x)`` with
-  ``s_j z_j <= 0`` on the subdomain (s = -1 active, +1 inactive) is a lower bound of the margin
-  on the subdomain for every beta >= 0. All (domain, row) pairs share the weights, so a batch
-  is one matrix product per layer with a leading (domain x row) axis.
+  slope (0 for ReLU), an unstable unsplit neuron has the chord of the domain's bounds above
+  and a free lower slope alpha in [leak, 1] below (per domain, row and neuron). The split
+  constraints enter by Lagrange multipliers beta >= 0: the bound of
+  ``margin(x) + sum_j beta_j s_j z_j(x)`` with ``s_j z_j <= 0`` on the subdomain (s = -1
+  active, +1 inactive) is a lower bound of the margin on the subdomain for every beta >= 0.
+  All (domain, row) pairs share the weights, so a batch is one matrix product per layer with
+  a leading (domain x row) axis.
 - alpha and beta are optimised by projected Adam ascent on the bound in float32 (gradient by a
   hand-written reverse pass), warm-started from the parent domain, keeping the best iterate.
 - Soundness: a domain counts as proven only by a float64 evaluation at its final (alpha, beta)
@@ -25,7 +38,8 @@ ReLUs (Wang et al., "Beta-CROWN", NeurIPS 2021; implemented from the paper's ide
 - Branching: a BaBSR-like score (|coefficient| of the neuron's activation in the domain's
   back-substitution times the largest gap of the relaxation side it uses), by default
   filtered (filtered smart branching: the top-3 candidates' children evaluated in one batch,
-  the one with the best worse child taken).
+  the one with the best worse child taken); with ``layer_window`` the candidates come from
+  the domain's shallowest layers with open neurons only.
 - Attacks on the way: the box corner minimising each evaluated row's linear bound is checked
   by a float64 forward pass; a point of the box meeting every row is a counterexample.
 
@@ -152,6 +166,7 @@ class Bounder:
         self.b_up = _round_up(self.b)
         self.m = self.A.shape[0]
         relax_fn = get_relaxation(activation, "crown", None if activation == "relu" else leak)
+        self.relax_fn = relax_fn
         self.L = self.net.num_hidden
         if layer_bounds is not None:
             self.bounds = [(np.asarray(l, np.float64), np.asarray(u, np.float64))
@@ -186,8 +201,6 @@ class Bounder:
         self.WT32 = [np.ascontiguousarray(w.T.astype(np.float32)) for w in self.weights]
         self.b32 = [v.astype(np.float32) for v in self.biases]
         self.ss32 = [s.astype(np.float32) for s in self.stable_slope]
-        self.cs32 = [s.astype(np.float32) for s in self.chord_s]
-        self.ct32 = [s.astype(np.float32) for s in self.chord_t]
         # the last layer folded into the rows (as crown.margin_lower_bound does)
         self.Lam_top = self.A @ self.weights[-1]
         self.const_top = self.A @ self.biases[-1] - self.b_up
@@ -221,7 +234,37 @@ class Bounder:
 
     # ------------------------------------------------------------------ forward (bound)
 
-    def _layer_parts(self, k, split, alpha, beta, dt):
+    def root_chords(self):
+        """The chords (slope, intercept) of the root bounds for every unstable neuron, each
+        (nU,) float64."""
+        if self.nU == 0:
+            return np.zeros(0), np.zeros(0)
+        return np.concatenate(self.chord_s), np.concatenate(self.chord_t)
+
+    def chords(self, dl, du):
+        """Upper relaxation lines of the unstable neurons from per-domain bounds ``dl``, ``du``
+        (B, nU) float64: (slope, intercept), each (B, nU) float64, by the relaxation the root
+        uses (sound in float64). Where a domain's bounds make a neuron stable the line is the
+        stable side's (such neurons are split-fixed by :meth:`tighten`)."""
+        dl = np.asarray(dl, np.float64)
+        if dl.size == 0:
+            return np.zeros(dl.shape), np.zeros(dl.shape)
+        aU, bU, _, _ = self.relax_fn(np.ascontiguousarray(dl).ravel(),
+                                     np.ascontiguousarray(du, dtype=np.float64).ravel())
+        return aU.reshape(dl.shape), bU.reshape(dl.shape)
+
+    def _chords_rows(self, chords, B, m, dt):
+        """Per evaluated (domain, row): chord slope and intercept (B*m, nU) in dtype ``dt``."""
+        if chords is None:
+            cs, ct = self.root_chords()
+            cs, ct = (np.broadcast_to(c, (B * m, self.nU)) for c in (cs, ct))
+        else:
+            cs, ct = chords
+            if m > 1:
+                cs, ct = np.repeat(cs, m, axis=0), np.repeat(ct, m, axis=0)
+        return (np.ascontiguousarray(cs, dtype=dt), np.ascontiguousarray(ct, dtype=dt))
+
+    def _layer_parts(self, k, split, alpha, beta, dt, chords):
         """Per (domain, row) slopes of layer k's unstable columns: lower, upper, intercept mask
         and the beta coefficient added to z's coefficient."""
         o0, o1 = self.offsets[k], self.offsets[k + 1]
@@ -229,19 +272,22 @@ class Bounder:
         a = alpha[:, o0:o1]
         free = sp == 0
         fixed = np.where(sp > 0, 1.0, self.leak).astype(dt)
-        cs = (self.chord_s[k] if dt == np.float64 else self.cs32[k])
-        ct = (self.chord_t[k] if dt == np.float64 else self.ct32[k])
+        cs = chords[0][:, o0:o1]
+        ct = chords[1][:, o0:o1]
         sl = np.where(free, a, fixed)
         su = np.where(free, cs, fixed)
         tt = np.where(free, ct, dt(0.0))
         bc = (-sp).astype(dt) * beta[:, o0:o1]
         return sl, su, tt, bc
 
-    def evaluate(self, split, alpha, beta, dtype=np.float64, keep=False, charge=None):
+    def evaluate(self, split, alpha, beta, dtype=np.float64, keep=False, charge=None,
+                 chords=None):
         """Lower bounds of ``A_i f(x) - b_up_i`` on the subdomains, (B, m).
 
         ``split`` (B, nU) int8; ``alpha``, ``beta`` (B, m, nU) (used as given: the caller
         clips them). float64: the sound bound (widened). float32: an estimate.
+        ``chords``: per domain (slope, intercept) (B, nU) of the unstable neurons' upper
+        lines (:meth:`chords` of the domain's bounds); default the root's.
         ``keep``: also return the tape for :meth:`gradient` and the per-layer coefficients.
         ``charge(k, absD)`` (float64 only) may return a per-row extra allowance (B*m,) for
         the step through hidden layer k whose scaled matrix is D.
@@ -252,6 +298,7 @@ class Bounder:
         sp = np.repeat(split, m, axis=0) if m > 1 else split
         al = alpha.reshape(N, self.nU).astype(dt, copy=False)
         be = beta.reshape(N, self.nU).astype(dt, copy=False)
+        ch = self._chords_rows(chords, B, m, dt)
         Lam = np.broadcast_to(self.Lam_top.astype(dt), (B, m, self.Lam_top.shape[1])).reshape(N, -1)
         const = np.tile(self.const_top, B)
         f64 = dt == np.float64
@@ -266,7 +313,7 @@ class Bounder:
             bias = self.biases[k] if f64 else self.b32[k]
             if not f64 and _kern() is not None:
                 D, isum, pos, slope = _kern().step32(np.ascontiguousarray(Lam), ss, cols, sp, al,
-                                                     be, self.cs32[k], self.ct32[k], self.leak,
+                                                     be, ch[0], ch[1], self.leak,
                                                      self.offsets[k])
                 const = const + isum + (D @ bias)
                 if keep:
@@ -274,7 +321,7 @@ class Bounder:
                 Lam = D @ W[k]
                 continue
             D = Lam * ss
-            sl, su, tt, bc = self._layer_parts(k, sp, al, be, dt)
+            sl, su, tt, bc = self._layer_parts(k, sp, al, be, dt, ch)
             Lu = Lam[:, cols]
             pos = Lu >= 0.0
             slope = np.where(pos, sl, su)
@@ -303,14 +350,14 @@ class Bounder:
         out = out.reshape(B, m)
         if keep:
             tape.reverse()  # tape[k] for hidden layer k
-            return out, (tape, Lam, sp)
+            return out, (tape, Lam, sp, ch[1])
         return out
 
     def gradient(self, state, dtype=np.float32):
         """d(sum of all bounds)/d alpha and d/d beta, each (B*m, nU), from :meth:`evaluate`'s
         tape (float32 or float64 as evaluated). Only slopes of free unstable neurons on the
         lower side get a nonzero alpha gradient; only split neurons a beta gradient."""
-        tape, Lam_in, sp = state
+        tape, Lam_in, sp, ctr = state
         dt = Lam_in.dtype
         N = Lam_in.shape[0]
         c = self.c if dt == np.float64 else self.c32
@@ -326,7 +373,7 @@ class Bounder:
             Lam, pos, slope, sl = tape[k]
             if fast:
                 G = _kern().back32(gD, Lam, self.ucols[k], sp, pos, slope, self.ss32[k],
-                                   self.ct32[k], self.offsets[k], gA, gB, k + 1 < self.L)
+                                   ctr, self.offsets[k], gA, gB, k + 1 < self.L)
                 continue
             o0, o1 = self.offsets[k], self.offsets[k + 1]
             cols = self.ucols[k]
@@ -339,7 +386,7 @@ class Bounder:
             if k + 1 < self.L:
                 ss = self.stable_slope[k] if dt == np.float64 else self.ss32[k]
                 G = gD * ss
-                ct = self.chord_t[k] if dt == np.float64 else self.ct32[k]
+                ct = ctr[:, o0:o1]
                 G[:, cols] = gDu * slope + np.where(~pos & free, ct, 0.0).astype(dt)
         return gA, gB
 
@@ -364,6 +411,143 @@ class Bounder:
         e = np.concatenate(e) if e else np.zeros(0)
         return G, H, C, e
 
+    # ------------------------------------------------------------------ per-domain bounds
+
+    def root_domain_bounds(self):
+        """The root bounds (l, u) of the unstable neurons, each (nU,) float64: a domain's
+        bounds before any tightening."""
+        if self.nU == 0:
+            return np.zeros(0), np.zeros(0)
+        return (np.concatenate([l[c] for (l, _), c in zip(self.bounds, self.ucols)]),
+                np.concatenate([u[c] for (_, u), c in zip(self.bounds, self.ucols)]))
+
+    def _interm_setup(self):
+        """Per hidden layer j, the neurons whose activation is not identically 0 on the box
+        (ReLU: root u > 0; leaky ReLU: all), and the weights, biases, stable slopes and
+        rounding weights restricted to them (the others contribute exactly 0)."""
+        if getattr(self, "_keep", None) is not None:
+            return
+        keep = []
+        for l, u in self.bounds:
+            keep.append(np.flatnonzero(u > 0.0) if self.leak == 0.0 else np.arange(l.size))
+        self._keep = keep
+        self._upos = [np.searchsorted(kp, c) for kp, c in zip(keep, self.ucols)]
+        # rows of layer k over the kept neurons of layer k-1; steps through kept columns only
+        self._Wrow = [None] + [np.ascontiguousarray(self.weights[k][:, keep[k - 1]])
+                               for k in range(1, self.L)]
+        self._Wstep = [np.ascontiguousarray(self.weights[0][keep[0]])] + [
+            np.ascontiguousarray(self.weights[j][keep[j]][:, keep[j - 1]])
+            for j in range(1, self.L)]
+        self._bk = [self.biases[j][kp] for j, kp in enumerate(keep)]
+        self._ssk = [self.stable_slope[j][kp] for j, kp in enumerate(keep)]
+        self._vk = [self.rw[j][0][kp] for j, kp in enumerate(keep)]
+
+    def _rows_lower(self, k, dd, ii, split, dl, du):
+        """float64 lower bounds of ``z_kj`` and ``-z_kj`` (rows (n, 2R): first z, then -z)
+        for the domains ``dd`` (n,) and layer k's unstable neurons at positions ``ii`` (n, R)
+        of its list, over each domain (box and split constraints): CROWN back-substitution
+        through layers k-1..0 with the split neurons fixed (identity / inactive slope), the
+        others relaxed by the domain's bounds (chord above, CROWN's adaptive slope below),
+        widened like :meth:`evaluate` (final-sum allowance and per-step product rounding)."""
+        n, R = ii.shape
+        neur = self.ucols[k][ii]
+        Wr = self._Wrow[k][neur]  # (n, R, |keep_{k-1}|)
+        br = self.biases[k][neur]
+        rows = 2 * R
+        Lam = np.concatenate([Wr, -Wr], axis=1)
+        const = np.concatenate([br, -br], axis=1).reshape(-1)
+        mag = np.abs(const)
+        steps = np.zeros(n * rows)
+        for j in range(k - 1, -1, -1):
+            o0, o1 = self.offsets[j], self.offsets[j + 1]
+            sp = split[dd, o0:o1]
+            l, u = dl[dd, o0:o1], du[dd, o0:o1]
+            cs, ct = self.chords(l, u)
+            if _kern() is not None:
+                D, dc, dm, st = _kern().interm_step64(
+                    np.ascontiguousarray(Lam), self._ssk[j], self._upos[j],
+                    np.ascontiguousarray(sp), np.ascontiguousarray(l), np.ascontiguousarray(u),
+                    cs, ct, self.leak, self._bk[j], np.abs(self._bk[j]), self._vk[j],
+                    float(self.rw[j][1]))
+                const = const + dc
+                mag = mag + dm
+                steps = steps + st
+                Lam = (D @ self._Wstep[j]).reshape(n, rows, -1)
+                continue
+            fixed = np.where(sp > 0, 1.0, self.leak)
+            free = sp == 0
+            s_lo = np.where(free, np.where(u >= -l, 1.0, self.leak), fixed)[:, None, :]
+            s_up = np.where(free, cs, fixed)[:, None, :]
+            t_up = np.where(free, ct, 0.0)[:, None, :]
+            up = self._upos[j]
+            Lu = Lam[:, :, up]
+            pos = Lu >= 0.0
+            icpt = np.where(pos, 0.0, Lu * t_up)
+            D = Lam * self._ssk[j]
+            D[:, :, up] = Lu * np.where(pos, s_lo, s_up)
+            D = D.reshape(n * rows, -1)
+            const = const + icpt.sum(axis=2).reshape(-1) + D @ self._bk[j]
+            absD = np.abs(D)
+            mag = mag + np.abs(icpt).sum(axis=2).reshape(-1) + absD @ np.abs(self._bk[j])
+            steps = steps + absD @ self._vk[j] + self.rw[j][1]
+            Lam = (D @ self._Wstep[j]).reshape(n, rows, -1)
+        Lam = Lam.reshape(n * rows, -1)
+        absL = np.abs(Lam)
+        nrm = absL @ self.r
+        val = Lam @ self.c - nrm + const
+        mag = mag + absL @ np.abs(self.c) + nrm
+        out = val - ((self.net.fp_rtol * mag + FP_ATOL) + crown.ERR_SAFETY * steps)
+        return out.reshape(n, rows)
+
+    def tighten(self, split, dl, du, start, max_bytes: float = 2.0 ** 26, deadline=None):
+        """Per-domain bounds of the unstable neurons after new splits.
+
+        ``split`` (B, nU) int8, ``dl``, ``du`` (B, nU) float64 bounds valid on each domain
+        (e.g. its parent's), ``start`` (B,): every layer after ``start[d]`` is recomputed for
+        domain d (the shallowest layer whose splits changed). Layer by layer, the bounds of
+        the domain's unstable neurons are computed by :meth:`_rows_lower` (float64, sound on
+        the whole subdomain) and intersected with ``dl``, ``du``; a neuron they prove stable is
+        fixed (split +1 / -1: exact there, and its sign condition holds on the domain), so
+        later layers see it exact. A split neuron's bounds take its sign (l >= 0 active,
+        u <= 0 inactive). Returns (split, dl, du, empty): ``empty`` (B,) marks domains with
+        some l > u, i.e. no point of the box meets their split constraints. ``max_bytes``
+        caps the temporaries (domains are processed in chunks). Past ``deadline`` (a
+        ``time.monotonic()`` instant) the remaining chunks are skipped: their bounds stay the
+        ones given (valid, only looser)."""
+        self._interm_setup()
+        split, dl, du = split.copy(), np.array(dl, np.float64), np.array(du, np.float64)
+        dl = np.where(split > 0, np.maximum(dl, 0.0), dl)
+        du = np.where(split < 0, np.minimum(du, 0.0), du)
+        empty = np.any(dl > du, axis=1)
+        start = np.asarray(start)
+        widest = max([self.box.lo.size] + [kp.size for kp in self._keep])
+        for k in range(1, self.L):
+            o0, o1 = self.offsets[k], self.offsets[k + 1]
+            if o1 == o0:
+                continue
+            doms = np.flatnonzero((start < k) & ~empty)
+            if doms.size == 0:
+                continue
+            # every unstable neuron of the layer: the split ones' bounds (taking their sign)
+            # find domains whose splits contradict each other
+            R = o1 - o0
+            idx = np.broadcast_to(np.arange(R), (doms.size, R))
+            chunk = max(1, int(max_bytes // (8 * 8 * 2 * R * widest)))
+            for c0 in range(0, doms.size, chunk):
+                if deadline is not None and time.monotonic() >= deadline:
+                    break
+                dd, ii = doms[c0:c0 + chunk], idx[c0:c0 + chunk]
+                low = self._rows_lower(k, dd, ii, split, dl, du)
+                rr, cc = dd[:, None], o0 + ii
+                dl[rr, cc] = np.maximum(dl[rr, cc], low[:, :R])
+                du[rr, cc] = np.minimum(du[rr, cc], -low[:, R:])
+            sl, su, sp = dl[doms, o0:o1], du[doms, o0:o1], split[doms, o0:o1]
+            sp[(sp == 0) & (sl >= 0.0)] = 1
+            sp[(sp == 0) & (su <= 0.0)] = -1
+            split[doms, o0:o1] = sp
+            empty[doms] |= np.any(sl > su, axis=1)
+        return split, dl, du, empty
+
     def corners(self, state) -> np.ndarray:
         """Per evaluated (domain, row): the box corner minimising its final linear function."""
         Lam_in = state[1]
@@ -374,12 +558,12 @@ class Bounder:
 
 
 def optimise(bd: Bounder, split, alpha, beta, iters=20, lr_alpha=0.1, lr_beta=0.05,
-             stop=True):
+             stop=True, chords=None):
     """Projected Adam ascent of the float32 bounds over alpha, beta (B, m, nU) float32, in
     place; keeps per (domain, row) the best iterate. A domain leaves the batch once one of
     its rows is above 0 by a float32 margin (the float64 check decides later). Returns (best
     bounds (B, m) float32 estimate, the tape of a final evaluation of all domains at the
-    best iterate)."""
+    best iterate). ``chords``: the domains' upper lines, as :meth:`Bounder.evaluate`."""
     B, m, nU = alpha.shape
     best = np.full((B, m), -np.inf)
     best_a, best_b = alpha.copy(), beta.copy()
@@ -393,7 +577,8 @@ def optimise(bd: Bounder, split, alpha, beta, iters=20, lr_alpha=0.1, lr_beta=0.
         if nU == 0 or act.size == 0:
             break
         a, be = alpha[act], beta[act]
-        val, state = bd.evaluate(split[act], a, be, np.float32, keep=True)
+        ch = None if chords is None else (chords[0][act], chords[1][act])
+        val, state = bd.evaluate(split[act], a, be, np.float32, keep=True, chords=ch)
         imp = val > best[act]
         if imp.any():
             d, r = np.nonzero(imp)
@@ -423,7 +608,7 @@ def optimise(bd: Bounder, split, alpha, beta, iters=20, lr_alpha=0.1, lr_beta=0.
         act = act[~done]
     alpha[...] = best_a
     beta[...] = best_b
-    val, state = bd.evaluate(split, alpha, beta, np.float32, keep=True)
+    val, state = bd.evaluate(split, alpha, beta, np.float32, keep=True, chords=chords)
     best = np.maximum(best, val)
     return best, state
 
@@ -431,12 +616,13 @@ def optimise(bd: Bounder, split, alpha, beta, iters=20, lr_alpha=0.1, lr_beta=0.
 # ---------------------------------------------------------------------------------- branching
 
 
-def branch_scores(bd: Bounder, state, split, alpha, rows) -> np.ndarray:
+def branch_scores(bd: Bounder, state, split, alpha, rows, dl=None, du=None) -> np.ndarray:
     """BaBSR-like estimate per domain and unstable neuron of what splitting it gains, (B, nU)
     (-inf where already split): |Lam_j| times the largest gap of the side of the relaxation
     the domain's row uses (chord: its intercept; lower line alpha z: max(-alpha l, (1-alpha) u)),
-    Lam_j the coefficient of the neuron's activation in row ``rows[d]``'s back-substitution."""
-    tape = state[0]
+    Lam_j the coefficient of the neuron's activation in row ``rows[d]``'s back-substitution.
+    ``dl``, ``du`` (B, nU): the domains' bounds (default: the root's)."""
+    tape, ctr = state[0], state[3]
     B = split.shape[0]
     m = bd.m
     idx = np.arange(B) * m + rows
@@ -447,10 +633,13 @@ def branch_scores(bd: Bounder, state, split, alpha, rows) -> np.ndarray:
             continue
         cols = bd.ucols[k]
         Lu = tape[k][0][idx][:, cols].astype(np.float64)
-        l, u = bd.bounds[k][0][cols], bd.bounds[k][1][cols]
+        if dl is None:
+            l, u = bd.bounds[k][0][cols], bd.bounds[k][1][cols]
+        else:
+            l, u = dl[:, o0:o1], du[:, o0:o1]
         a = alpha[np.arange(B), rows, o0:o1].astype(np.float64)
         gap_low = np.maximum(-(a - bd.leak) * l, (1.0 - a) * u)
-        gap_up = bd.chord_t[k]
+        gap_up = ctr[idx, o0:o1].astype(np.float64)
         sc = np.where(Lu >= 0.0, Lu * gap_low, -Lu * gap_up)
         sc[split[:, o0:o1] != 0] = -np.inf
         out[:, o0:o1] = sc
@@ -463,9 +652,12 @@ def branch_scores(bd: Bounder, state, split, alpha, rows) -> np.ndarray:
 class _Pool:
     """Open domains: arrays indexed by slot, a heap of (score, slot) worst first."""
 
-    def __init__(self, nU, m, K, cap=1024):
+    def __init__(self, nU, m, K, cap=1024, bounds=False):
         self.nU, self.m, self.K = nU, m, K
         self.split = np.zeros((cap, nU), np.int8)
+        # per-domain bounds of the unstable neurons (only when tightened per domain)
+        self.dl = np.zeros((cap, nU if bounds else 0))
+        self.du = np.zeros((cap, nU if bounds else 0))
         self.alpha = np.zeros((cap, m, nU), np.float32)
         self.beta = np.zeros((cap, m, nU), np.float32)
         self.cand = np.zeros((cap, K), np.int64)
@@ -475,14 +667,14 @@ class _Pool:
 
     def _grow(self):
         cap = self.split.shape[0]
-        for name in ("split", "alpha", "beta", "cand", "row"):
+        for name in ("split", "alpha", "beta", "cand", "row", "dl", "du"):
             old = getattr(self, name)
             new = np.zeros((2 * cap,) + old.shape[1:], old.dtype)
             new[:cap] = old
             setattr(self, name, new)
         self.free.extend(range(2 * cap - 1, cap - 1, -1))
 
-    def push(self, score, split, alpha, beta, cand, row):
+    def push(self, score, split, alpha, beta, cand, row, dl=None, du=None):
         n = split.shape[0]
         while len(self.free) < n:
             self._grow()
@@ -492,6 +684,9 @@ class _Pool:
         self.beta[slots] = beta
         self.cand[slots] = cand
         self.row[slots] = row
+        if self.dl.shape[1]:
+            self.dl[slots] = dl
+            self.du[slots] = du
         for s, slot in zip(score.tolist(), slots.tolist()):
             heapq.heappush(self.heap, (s, slot))
 
@@ -499,7 +694,8 @@ class _Pool:
         items = [heapq.heappop(self.heap) for _ in range(min(n, len(self.heap)))]
         slots = np.array([s for _, s in items], dtype=np.int64)
         out = (self.split[slots].copy(), self.alpha[slots].copy(), self.beta[slots].copy(),
-               self.cand[slots].copy(), self.row[slots].copy())
+               self.cand[slots].copy(), self.row[slots].copy(), self.dl[slots].copy(),
+               self.du[slots].copy())
         self.free.extend(slots.tolist())
         return out
 
@@ -512,11 +708,13 @@ class _Pool:
 
 def relu_split(weights: Sequence[np.ndarray], biases: Sequence[np.ndarray], lo, hi, A, b,
                deadline: float, *, max_domains: int = 200_000, batch: int = 256,
-               iters: int = 20, root_iters: int = 50, branching: str = "fsb", fsb_k: int = 3,
+               iters: int = 20, root_iters: int = 50, branching: str = "fsb",
+               fsb_k: Optional[int] = None,
                activation: str = "relu", leak=None, log: Optional[Callable[[str], None]] = None,
                charge=None, attack_restarts: int = 16, attack_steps: int = 50,
                seed: int = 0, tighten_root: bool = True, layer_bounds=None,
-               max_memory: float = 2.0 ** 30,
+               max_memory: float = 2.0 ** 30, interm: Optional[bool] = None,
+               layer_window: Optional[int] = None,
                progress: Optional[Callable[[int, int, float], None]] = None) -> BabResult:
     """Decide the case ``x in [lo, hi] and A f(x) <= b`` by ReLU-splitting branch and bound.
 
@@ -524,15 +722,23 @@ def relu_split(weights: Sequence[np.ndarray], biases: Sequence[np.ndarray], lo, 
     open domains (hitting it gives ``unknown``), lowered so that the open domains' stored
     alpha/beta/splits stay below ``max_memory`` bytes. ``batch``: domains bounded per evaluation
     (children of batch/2 parents). ``branching``: "babsr" or "fsb" (filtered smart branching
-    over the top ``fsb_k`` BaBSR candidates; on mnistfc 256x2 it needed ~2.8x fewer domains
-    than "babsr", on one 256x4 case 1.4x more: see the README). ``iters``: Adam steps per
+    over the top ``fsb_k`` BaBSR candidates, default 3, 20 with ``interm``; on mnistfc 256x2
+    it needed ~2.8x fewer domains than "babsr", on one 256x4 case 1.4x more: see the README;
+    with ``interm`` and the layer window, 20 needed 2-4x fewer domains than 3 on mnistfc
+    256x4 and 256x6, where the candidates' float32 evaluations cost little beside the
+    per-domain bounds). ``iters``: Adam steps per
     batch (10 lost a 256x4 case that 20 proves). ``charge``: see :meth:`Bounder.evaluate`.
     ``attack_restarts``/``attack_steps``: a PGD attack (verify_attack.find_counterexample)
     when the root is not proven (0 restarts: none). ``tighten_root``: the hidden layers'
     bounds by :func:`root_layer_bounds` instead of CROWN's; ``layer_bounds`` gives them
-    (e.g. computed once for several cases on one box). ``progress(domains, open, worst)``:
-    called after every batch with the domains bounded so far, the open domains and the worst
-    open domain's score (the float32 estimate of its best row's bound minus b).
+    (e.g. computed once for several cases on one box). ``interm``: recompute each child
+    domain's hidden-layer bounds after its new split (:meth:`Bounder.tighten`) instead of
+    keeping the root's (default: on for 3 or more hidden layers). ``layer_window``: branch
+    only on neurons of the ``layer_window`` shallowest layers with open neurons in the
+    domain (0: anywhere; default: 1 with ``interm``, else 0): with per-domain bounds an early
+    split tightens every later layer. ``progress(domains, open, worst)``: called after every
+    batch with the domains bounded so far, the open domains and the worst open domain's
+    score (the float32 estimate of its best row's bound minus b).
     """
     t0 = time.monotonic()
     if layer_bounds is None and tighten_root and len(weights) > 2:
@@ -540,12 +746,18 @@ def relu_split(weights: Sequence[np.ndarray], biases: Sequence[np.ndarray], lo, 
                                          deadline=deadline)
     bd = Bounder(weights, biases, lo, hi, A, b, activation, leak, layer_bounds)
     m, nU = bd.m, bd.nU
-    K = max(1, int(fsb_k)) if branching == "fsb" else 1
-    per_domain = nU * (1 + 8 * m) + 8 * (K + 4)
+    if interm is None:
+        interm = bd.L >= 3
+    interm = bool(interm) and bd.L > 1 and nU > 0
+    if fsb_k is None:
+        fsb_k = 20 if interm else 3
+    K = max(1, min(int(fsb_k), nU)) if branching == "fsb" else 1
+    window = int(layer_window) if layer_window is not None else (1 if interm else 0)
+    per_domain = nU * (1 + 8 * m + (16 if interm else 0)) + 8 * (K + 4)
     max_domains = int(min(max_domains, max_memory // per_domain))
     if branching not in ("babsr", "fsb"):
         raise ValueError("branching must be 'babsr' or 'fsb'")
-    stats = dict(domains=0, peak=1, batches=0, proven=0)
+    stats = dict(domains=0, peak=1, batches=0, proven=0, t_interm=0.0, empty=0)
 
     def result(verdict, x=None, worst=np.nan):
         return BabResult(verdict, x, stats["domains"], stats["peak"], float(worst),
@@ -564,15 +776,15 @@ def relu_split(weights: Sequence[np.ndarray], biases: Sequence[np.ndarray], lo, 
     if x is not None:
         return result("sat", x)
 
-    def verify64(split, alpha, beta):
+    def verify64(split, alpha, beta, chords=None):
         a = np.clip(alpha.astype(np.float64), bd.leak, 1.0)
         be = np.maximum(beta.astype(np.float64), 0.0)
-        return bd.evaluate(split, a, be, np.float64, charge=charge)
+        return bd.evaluate(split, a, be, np.float64, charge=charge, chords=chords)
 
-    def assess(split, alpha, beta, n_iters):
+    def assess(split, alpha, beta, n_iters, chords=None):
         """Optimise and classify a batch; returns (score float64 per domain, proven mask,
         row, state) and the attack's counterexample if any."""
-        est, state = optimise(bd, split, alpha, beta, n_iters)
+        est, state = optimise(bd, split, alpha, beta, n_iters, chords=chords)
         stats["domains"] += split.shape[0]
         stats["batches"] += 1
         score = est.max(axis=1)
@@ -580,7 +792,8 @@ def relu_split(weights: Sequence[np.ndarray], biases: Sequence[np.ndarray], lo, 
         proven = np.zeros(split.shape[0], bool)
         cand = np.flatnonzero(score > 0.0)
         if cand.size:
-            v64 = verify64(split[cand], alpha[cand], beta[cand])
+            v64 = verify64(split[cand], alpha[cand], beta[cand],
+                           None if chords is None else (chords[0][cand], chords[1][cand]))
             ok = np.any(v64 > 0.0, axis=1)
             proven[cand[ok]] = True
             bad = cand[~ok]
@@ -614,22 +827,34 @@ def relu_split(weights: Sequence[np.ndarray], biases: Sequence[np.ndarray], lo, 
                                  steps=attack_steps, seed=seed, deadline=deadline)
         if xa is not None:
             return result("sat", xa)
-    pool = _Pool(nU, m, K)
+    pool = _Pool(nU, m, K, bounds=interm)
     stuck = 0  # domains with nothing left to split and no proof
+    if interm:
+        rl, ru = bd.root_domain_bounds()
+        dl, du = rl[None, :].copy(), ru[None, :].copy()
+    else:
+        dl = du = np.zeros((1, 0))
 
-    def enqueue(score, proven, row, state, split, alpha, beta):
+    def enqueue(score, proven, row, state, split, alpha, beta, dl, du):
         nonlocal stuck
         openi = np.flatnonzero(~proven)
         stats["proven"] += int(proven.sum())
         if openi.size == 0:
             return
-        sc = branch_scores(bd, state, split, alpha, row)[openi]
+        sc = branch_scores(bd, state, split, alpha, row,
+                           dl if interm else None, du if interm else None)[openi]
+        if window:  # only the shallowest `window` layers with open neurons
+            fin = np.isfinite(sc)
+            first = np.where(fin.any(axis=1), bd.layer_of[np.argmax(fin, axis=1)], bd.L)
+            sc[bd.layer_of[None, :] >= first[:, None] + window] = -np.inf
         top = np.argsort(-sc, axis=1)[:, :K]
         topv = np.take_along_axis(sc, top, axis=1)
         top[~np.isfinite(topv)] = -1
         keep = top[:, 0] >= 0
         for i in np.flatnonzero(~keep):
-            out = _leaf(openi[i], split, alpha, beta)
+            j = openi[i]
+            out = _leaf(j, split, alpha, beta,
+                        bd.chords(dl[j:j + 1], du[j:j + 1]) if interm else None)
             if isinstance(out, np.ndarray):
                 return out
             if out:
@@ -638,9 +863,10 @@ def relu_split(weights: Sequence[np.ndarray], biases: Sequence[np.ndarray], lo, 
                 stuck += 1
         sel = openi[keep]
         if sel.size:
-            pool.push(score[sel], split[sel], alpha[sel], beta[sel], top[keep], row[sel])
+            pool.push(score[sel], split[sel], alpha[sel], beta[sel], top[keep], row[sel],
+                      dl[sel], du[sel])
 
-    def _leaf(i, split, alpha, beta):
+    def _leaf(i, split, alpha, beta, chords=None):
         """A fully split open domain: a counterexample x, True (proven), or False."""
         out = _leaf_lp(bd, split[i])
         if out[0] == "sat":
@@ -649,11 +875,11 @@ def relu_split(weights: Sequence[np.ndarray], biases: Sequence[np.ndarray], lo, 
             be = np.zeros((1, m, nU))
             be[0, out[1]] = out[2]
             for scale in (1.0, 1.0 + 1e-6, 1.01):
-                if verify64(split[i:i + 1], alpha[i:i + 1], scale * be)[0, out[1]] > 0.0:
+                if verify64(split[i:i + 1], alpha[i:i + 1], scale * be, chords)[0, out[1]] > 0.0:
                     return True
         return False
 
-    xv = enqueue(score, proven, row, state, split, alpha, beta)
+    xv = enqueue(score, proven, row, state, split, alpha, beta, dl, du)
     if xv is not None:
         return result("sat", xv)
     while len(pool):
@@ -661,10 +887,11 @@ def relu_split(weights: Sequence[np.ndarray], biases: Sequence[np.ndarray], lo, 
             return result("timeout", worst=pool.worst())
         if len(pool) > max_domains:
             return result("unknown", worst=pool.worst())
-        psplit, palpha, pbeta, pcand, prow = pool.pop(max(1, batch // 2))
+        psplit, palpha, pbeta, pcand, prow, pdl, pdu = pool.pop(max(1, batch // 2))
         P = psplit.shape[0]
         if K > 1:
-            choice = _fsb_choice(bd, psplit, palpha, pbeta, pcand)
+            choice = _fsb_choice(bd, psplit, palpha, pbeta, pcand,
+                                 bd.chords(pdl, pdu) if interm else None)
         else:
             choice = pcand[:, 0]
         # children: first half active (+1), second half inactive (-1)
@@ -674,10 +901,26 @@ def relu_split(weights: Sequence[np.ndarray], biases: Sequence[np.ndarray], lo, 
         cs[P + ar, choice] = -1
         ca = np.concatenate([palpha, palpha])
         cb = np.concatenate([pbeta, pbeta])
-        score, proven, row, state, xv = assess(cs, ca, cb, iters)
+        cdl, cdu = np.concatenate([pdl, pdl]), np.concatenate([pdu, pdu])
+        chords = None
+        if interm:
+            ti = time.monotonic()
+            cs, cdl, cdu, empty = bd.tighten(cs, cdl, cdu, np.tile(bd.layer_of[choice], 2),
+                                             deadline=deadline)
+            stats["t_interm"] += time.monotonic() - ti
+            if empty.any():  # no point of the box meets the splits: proven
+                stats["proven"] += int(empty.sum())
+                stats["empty"] += int(empty.sum())
+                stats["domains"] += int(empty.sum())
+                keep = ~empty
+                cs, ca, cb, cdl, cdu = cs[keep], ca[keep], cb[keep], cdl[keep], cdu[keep]
+                if cs.shape[0] == 0:
+                    continue
+            chords = bd.chords(cdl, cdu)
+        score, proven, row, state, xv = assess(cs, ca, cb, iters, chords)
         if xv is not None:
             return result("sat", xv)
-        xv = enqueue(score, proven, row, state, cs, ca, cb)
+        xv = enqueue(score, proven, row, state, cs, ca, cb, cdl, cdu)
         if xv is not None:
             return result("sat", xv)
         stats["peak"] = max(stats["peak"], len(pool))
@@ -685,7 +928,9 @@ def relu_split(weights: Sequence[np.ndarray], biases: Sequence[np.ndarray], lo, 
             progress(stats["domains"], len(pool), float(pool.worst()))
         if log is not None and stats["batches"] % 20 == 0:
             log(f"batch {stats['batches']}: {stats['domains']} domains, {len(pool)} open, "
-                f"worst {pool.worst():.4g}, {time.monotonic() - t0:.1f}s")
+                f"worst {pool.worst():.4g}, {time.monotonic() - t0:.1f}s"
+                + (f" ({stats['t_interm']:.1f}s interm, {stats['empty']} empty)"
+                   if interm else ""))
     if stuck:
         return result("unknown", worst=np.nan)
     return result("unsat", worst=np.inf)
@@ -731,9 +976,9 @@ def _leaf_lp(bd: Bounder, split_row):
     return ("open", None)
 
 
-def _fsb_choice(bd: Bounder, split, alpha, beta, cand):
+def _fsb_choice(bd: Bounder, split, alpha, beta, cand, chords=None):
     """Filtered smart branching: for each parent, the candidate whose two children (parent's
-    alpha and beta, one float32 evaluation) have the best worse child."""
+    alpha, beta and chords, one float32 evaluation) have the best worse child."""
     P, K = cand.shape
     m = bd.m
     reps = np.repeat(np.arange(P), K)
@@ -748,7 +993,8 @@ def _fsb_choice(bd: Bounder, split, alpha, beta, cand):
     S = np.concatenate([s1, s2])
     Al = np.concatenate([alpha[reps], alpha[reps]])
     Be = np.concatenate([beta[reps], beta[reps]])
-    v = bd.evaluate(S, Al, Be, np.float32).max(axis=1)
+    Ch = None if chords is None else tuple(np.concatenate([c[reps], c[reps]]) for c in chords)
+    v = bd.evaluate(S, Al, Be, np.float32, chords=Ch).max(axis=1)
     worse = np.minimum(v[:P * K], v[P * K:])
     worse[~valid] = -np.inf
     best = np.argmax(worse.reshape(P, K), axis=1)

@@ -259,13 +259,15 @@ def test_float32_kernels_match_numpy_path(activation):
         np.testing.assert_allclose(a, c, rtol=1e-5, atol=1e-5)
 
 
-def test_memory_cap_gives_unknown():
+@pytest.mark.parametrize("interm", [False, True])
+def test_memory_cap_gives_unknown(interm):
     eps = 0.3
     w, b, x0, lo, hi = _case(2, eps=eps)
     res = _exact(w, b, x0, eps, 0, 1)
     A = np.array([[1.0, -1.0, 0.0]])
     r = bab_relu.relu_split(w, b, lo, hi, A, np.array([res.dual_bound - 1e-3]),
-                            time.monotonic() + 60, max_memory=20_000, attack_restarts=0)
+                            time.monotonic() + 60, max_memory=20_000, attack_restarts=0,
+                            interm=interm, layer_window=0)
     # ~360 bytes per open domain here: the cap (~55 domains) stops the search long before
     # the ~5e4 domains the proof needs; open domains exceed it by at most one batch
     assert r.verdict == "unknown"
@@ -299,3 +301,226 @@ def test_float64_bound_charges_product_rounding_on_cancelling_networks():
         coef, c = exact_chain(net, relax, [[F(float(v)) for v in w[0]]], [F(0)], -1)[0]
         b_up = float(np.nextafter(0.0, 1.0))
         assert S.covers(val + b_up, coef, c, -1), seed
+
+
+# ------------------------------------------------------------------ per-domain bounds
+
+
+def _forward_z(w, b, X, activation="relu"):
+    """Pre-activations of every hidden layer at the rows of X."""
+    Z, a = [], X
+    for k in range(len(w) - 1):
+        z = a @ w[k].T + b[k]
+        Z.append(z)
+        a = np.maximum(z, 0.0) if activation == "relu" else np.where(z >= 0, z, 0.2 * z)
+    return Z
+
+
+def _subdomain_range(w, b, lo, hi, bounds, signs, k, j):
+    """Exact (min, max) of z_kj over {x in [lo, hi]: sign conditions} by MILP (HiGHS), or None
+    if no point meets them. ``bounds``: valid (l, u) per hidden layer (big-M); ``signs``:
+    per hidden layer an int array, +1 z >= 0, -1 z <= 0, 0 free. ReLU only."""
+    from scipy.optimize import Bounds, LinearConstraint, milp
+
+    d = lo.size
+    sizes = [wk.shape[0] for wk in w[:-1]]
+    # variables: x, then per layer z_k, a_k, delta_k
+    off, at = [], d
+    for n in sizes:
+        off.append(at)
+        at += 3 * n
+    nv = at
+    vlo, vhi = np.full(nv, -np.inf), np.full(nv, np.inf)
+    vlo[:d], vhi[:d] = lo, hi
+    integ = np.zeros(nv)
+    rows, rlo, rhi = [], [], []
+
+    def row(coef, lb, ub):
+        rows.append(coef)
+        rlo.append(lb)
+        rhi.append(ub)
+
+    prev = np.arange(d)
+    for q, n in enumerate(sizes):
+        z, a, dl = off[q] + np.arange(n), off[q] + n + np.arange(n), off[q] + 2 * n + np.arange(n)
+        l, u = bounds[q]
+        vlo[z], vhi[z] = l, u
+        vlo[a], vhi[a] = 0.0, np.maximum(u, 0.0)
+        vlo[dl], vhi[dl] = 0.0, 1.0
+        integ[dl] = 1
+        for i in range(n):
+            c = np.zeros(nv)
+            c[z[i]] = 1.0
+            c[prev] = -w[q][i]
+            row(c, b[q][i], b[q][i])  # z = W a_prev + b
+            s = signs[q][i]
+            if u[i] <= 0.0:
+                s = -1
+            elif l[i] >= 0.0:
+                s = 1
+            if s != 0:
+                vlo[dl[i]] = vhi[dl[i]] = 1.0 if s > 0 else 0.0
+            c = np.zeros(nv); c[a[i]] = 1.0; c[z[i]] = -1.0
+            row(c, 0.0, np.inf)  # a >= z
+            c = np.zeros(nv); c[a[i]] = 1.0; c[dl[i]] = -max(u[i], 0.0)
+            row(c, -np.inf, 0.0)  # a <= u delta
+            c = np.zeros(nv); c[a[i]] = 1.0; c[z[i]] = -1.0; c[dl[i]] = -min(l[i], 0.0)
+            row(c, -np.inf, -min(l[i], 0.0))  # a <= z - l (1 - delta)
+        prev = a
+    cons = LinearConstraint(np.array(rows), rlo, rhi)
+    out = []
+    for sign in (1.0, -1.0):
+        cost = np.zeros(nv)
+        cost[off[k] + j] = sign
+        r = milp(cost, constraints=cons, integrality=integ, bounds=Bounds(vlo, vhi),
+                 options={"mip_rel_gap": 1e-9})
+        if r.status == 2:
+            return None
+        assert r.status == 0, r.message
+        out.append(sign * r.fun)
+    return out[0], out[1]
+
+
+def _split_domains(bd, w, b, lo, hi, rng, n, layers=(0, 1), share=0.5, activation="relu"):
+    """Split patterns taken from sampled points' signs (non-empty domains) on the unstable
+    neurons of ``layers``."""
+    X = lo + (hi - lo) * rng.uniform(size=(n, lo.size))
+    Z = _forward_z(w, b, X, activation)
+    Zu = np.concatenate([Z[k][:, bd.ucols[k]] for k in range(bd.L)], axis=1)
+    split = np.zeros((n, bd.nU), np.int8)
+    for d in range(n):
+        pick = np.isin(bd.layer_of, layers) & (rng.uniform(size=bd.nU) < share)
+        split[d, pick] = np.where(Zu[d, pick] >= 0.0, 1, -1)
+    return split
+
+
+def test_tighten_contains_exact_subdomain_ranges():
+    """The per-domain bounds of every later layer's unstable neurons contain the exact range
+    of the pre-activation over the subdomain (MILP), improve on the root's, and a neuron they
+    fix (implied split) has that sign on the whole subdomain."""
+    w, b, x0, lo, hi = _case(24, sizes=(5, 10, 10, 10, 3), eps=0.3)
+    bd = bab_relu.Bounder(w, b, lo, hi, np.zeros((0, 3)), np.zeros(0))
+    rng = np.random.default_rng(25)
+    split = _split_domains(bd, w, b, lo, hi, rng, 4)
+    rl, ru = bd.root_domain_bounds()
+    B = split.shape[0]
+    s2, dl, du, empty = bd.tighten(split, np.tile(rl, (B, 1)), np.tile(ru, (B, 1)),
+                                   np.full(B, -1))
+    assert not empty.any()
+    assert np.all(dl >= rl) and np.all(du <= ru)
+    assert np.sum(ru - du) + np.sum(dl - rl) > 1.0  # splits tightened later layers
+    implied = 0
+    for d in range(B):
+        signs = [np.zeros(wk.shape[0], int) for wk in w[:-1]]
+        for q in range(bd.nU):
+            k = bd.layer_of[q]
+            signs[k][bd.ucols[k][q - bd.offsets[k]]] = split[d, q]
+        for q in np.flatnonzero(bd.layer_of >= 1):
+            k = bd.layer_of[q]
+            lo_ex, hi_ex = _subdomain_range(w, b, lo, hi, bd.bounds, signs, k,
+                                            bd.ucols[k][q - bd.offsets[k]])
+            tol = 1e-7 * (1.0 + abs(lo_ex) + abs(hi_ex))
+            assert dl[d, q] <= lo_ex + tol and du[d, q] >= hi_ex - tol
+            if split[d, q] == 0 and s2[d, q] != 0:
+                implied += 1
+                assert (lo_ex >= -tol) if s2[d, q] > 0 else (hi_ex <= tol)
+    assert implied > 0
+
+
+@pytest.mark.parametrize("activation", ["relu", "leaky_relu"])
+def test_tighten_sound_on_samples(activation):
+    """Dense samples: every sample meeting a domain's splits has each pre-activation within
+    the domain's bounds; a domain flagged empty has no such sample (random signs, many of
+    them contradictory)."""
+    w, b, x0, lo, hi = _case(23, sizes=(4, 12, 12, 12, 12, 3), eps=0.5)
+    A = np.array([[1.0, -1.0, 0.0], [0.0, -1.0, 1.0]])
+    bvec = np.array([0.05, -0.1])
+    bd = bab_relu.Bounder(w, b, lo, hi, A, bvec, activation)
+    rng = np.random.default_rng(24)
+    X = lo + (hi - lo) * rng.uniform(size=(40000, lo.size))
+    X[:256] = np.where(rng.integers(0, 2, (256, lo.size)) == 1, hi, lo)
+    Z = _forward_z(w, b, X, activation)
+    Zu = np.concatenate([Z[k][:, bd.ucols[k]] for k in range(bd.L)], axis=1)
+    split = np.concatenate([
+        _split_domains(bd, w, b, lo, hi, rng, 12, layers=(0, 1, 2), share=0.4,
+                       activation=activation),
+        (rng.integers(-1, 2, (24, bd.nU)) * (rng.uniform(size=(24, bd.nU)) < 0.7)
+         * (bd.layer_of < 2)).astype(np.int8)])
+    B = split.shape[0]
+    rl, ru = bd.root_domain_bounds()
+    start = np.where(np.arange(B) < 12, rng.integers(-1, 2, B), -1)
+    s2, dl, du, empty = bd.tighten(split, np.tile(rl, (B, 1)), np.tile(ru, (B, 1)), start)
+    with crown.using_kernels("numpy"):  # the numba step's numpy twin
+        t2 = bd.tighten(split, np.tile(rl, (B, 1)), np.tile(ru, (B, 1)), start)
+    np.testing.assert_array_equal(t2[0], s2)
+    np.testing.assert_array_equal(t2[3], empty)
+    np.testing.assert_allclose(t2[1], dl, rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(t2[2], du, rtol=1e-12, atol=1e-12)
+    matched = 0
+    for d in range(B):
+        s = split[d]
+        inside = np.all((s == 0) | (np.sign(Zu) == s) | (Zu == 0), axis=1)
+        if empty[d]:
+            assert not inside.any()
+            continue
+        matched += inside.sum()
+        Zi = Zu[inside]
+        assert np.all(Zi >= dl[d]) and np.all(Zi <= du[d])
+        # an implied split is the sign every matching sample has
+        imp = (s == 0) & (s2[d] != 0)
+        assert np.all(Zi[:, imp] * s2[d, imp] >= 0.0)
+        # layers up to start[d] are not recomputed
+        keep = bd.layer_of <= max(start[d], 0)
+        assert np.all(dl[d, keep & (s == 0)] == rl[keep & (s == 0)])
+    assert matched > 1000
+    assert empty.any() and not empty.all()
+    # the final rows' bound with the domains' chords (and their implied splits, with beta on
+    # them) holds on the matching samples, and is mostly above the root chords' bound (not
+    # everywhere: at fixed slopes a narrower chord need not give a higher bound)
+    margin = mlp_forward(w, b, activation, X) @ A.T - bvec
+    alpha = rng.uniform(bd.leak, 1.0, (B, 2, bd.nU))
+    beta = rng.uniform(0.0, 1.0, (B, 2, bd.nU)) * (s2 != 0)[:, None, :]
+    ch = bd.chords(dl, du)
+    v = bd.evaluate(s2, alpha, beta, chords=ch)
+    v_root = bd.evaluate(s2, alpha, beta)
+    assert np.mean(v[~empty] - v_root[~empty]) > 0.01
+    for d in np.flatnonzero(~empty):
+        inside = np.all((split[d] == 0) | (np.sign(Zu) == split[d]) | (Zu == 0), axis=1)
+        assert np.all(margin[inside] >= v[d] - 1e-12)
+    # the float32 kernels with per-domain chords match the numpy path
+    a32, b32 = alpha.astype(np.float32), beta.astype(np.float32)
+    v1, st1 = bd.evaluate(s2, a32, b32, np.float32, keep=True, chords=ch)
+    g1 = bd.gradient(st1)
+    with crown.using_kernels("numpy"):
+        v2, st2 = bd.evaluate(s2, a32, b32, np.float32, keep=True, chords=ch)
+        g2 = bd.gradient(st2)
+    np.testing.assert_allclose(v1, v2, rtol=1e-5, atol=1e-5)
+    for g, h in zip(g1, g2):
+        np.testing.assert_allclose(g, h, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("seed,sizes,eps", [(1, (5, 8, 12, 8, 3), 0.3),
+                                            (2, (4, 8, 8, 8, 8, 3), 0.2),
+                                            (2, (4, 8, 8, 8, 8, 3), 0.3),
+                                            (3, (6, 12, 10, 10, 10, 3), 0.3)])
+@pytest.mark.parametrize("window", [1, 0])
+def test_verdicts_with_domain_bounds_against_exact_milp(seed, sizes, eps, window):
+    """3-4 hidden layers, per-domain hidden-layer bounds (interm), branching in the shallowest
+    layer (window 1) or anywhere (0): unsat just below the exact minimum (tens to hundreds of
+    domains), sat just above."""
+    w, b, x0, lo, hi = _case(seed, sizes=sizes, eps=eps)
+    c, t = 0, 1 + seed % 2
+    res = _exact(w, b, x0, eps, c, t)
+    A = np.zeros((1, 3))
+    A[0, c], A[0, t] = 1.0, -1.0
+    gap = 0.01 * (1.0 + abs(res.value))
+    r = bab_relu.relu_split(w, b, lo, hi, A, np.array([res.dual_bound - gap]),
+                            time.monotonic() + 60, batch=16, interm=True, layer_window=window)
+    assert r.verdict == "unsat"
+    r = bab_relu.relu_split(w, b, lo, hi, A, np.array([res.value + gap]),
+                            time.monotonic() + 60, batch=16, interm=True, layer_window=window,
+                            attack_restarts=0)
+    assert r.verdict == "sat"
+    assert np.all(r.x >= lo) and np.all(r.x <= hi)
+    y = mlp_forward(w, b, "relu", r.x)
+    assert y[c] - y[t] <= res.value + gap
