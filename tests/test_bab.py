@@ -245,9 +245,9 @@ CASES = [  # (d, hidden sizes, outputs, rows, seed)
 ]
 
 
-@pytest.mark.parametrize("split", bab.SPLIT_RULES)
-@pytest.mark.parametrize("d,hidden,n_out,m,seed", CASES)
-def test_input_split_against_milp(d, hidden, n_out, m, seed, split):
+def milp_case(d, hidden, n_out, m, seed):
+    """A random net, box and rows with the MILP's min over the box of max_i A_i f(x): (ws, bs,
+    lo, hi, A, the MILP's bound v_dual, the value v_at at its point, a gap delta)."""
     rng = np.random.default_rng(100 + seed)
     ws, bs = random_mlp([d] + hidden + [n_out], seed)
     lo = rng.uniform(-1.0, 0.0, d)
@@ -256,7 +256,13 @@ def test_input_split_against_milp(d, hidden, n_out, m, seed, split):
     v_dual, x_star = exact_min_max_rows(ws, bs, lo, hi, A)
     v_at = float(np.max(A @ mlp_forward(ws, bs, "relu", x_star)))
     assert v_dual <= v_at + 1e-6 * (1 + abs(v_at))
-    delta = 0.02 * (1.0 + abs(v_at))
+    return ws, bs, lo, hi, A, v_dual, v_at, 0.02 * (1.0 + abs(v_at))
+
+
+@pytest.mark.parametrize("split", bab.SPLIT_RULES)
+@pytest.mark.parametrize("d,hidden,n_out,m,seed", CASES)
+def test_input_split_against_milp(d, hidden, n_out, m, seed, split):
+    ws, bs, lo, hi, A, v_dual, v_at, delta = milp_case(d, hidden, n_out, m, seed)
     deadline = time.monotonic() + 600.0  # a safety net only; the verdicts are asserted
     # just true: every x has some row A_i f(x) >= v* > b
     b = np.full(m, v_dual - delta)
@@ -281,14 +287,7 @@ def test_input_split_against_milp(d, hidden, n_out, m, seed, split):
 def test_input_split_options_against_milp(d, hidden, n_out, m, seed, opts):
     """The trial rule without the alpha slopes, without inherited bounds and the widest
     candidate, and with every dimension tried: the same verdicts as the MILP."""
-    rng = np.random.default_rng(100 + seed)
-    ws, bs = random_mlp([d] + hidden + [n_out], seed)
-    lo = rng.uniform(-1.0, 0.0, d)
-    hi = lo + rng.uniform(0.2, 1.0, d)
-    A = rng.standard_normal((m, n_out))
-    v_dual, x_star = exact_min_max_rows(ws, bs, lo, hi, A)
-    v_at = float(np.max(A @ mlp_forward(ws, bs, "relu", x_star)))
-    delta = 0.02 * (1.0 + abs(v_at))
+    ws, bs, lo, hi, A, v_dual, v_at, delta = milp_case(d, hidden, n_out, m, seed)
     for b0, want in ((v_dual - delta, "unsat"), (v_at + delta, "sat")):
         res = bab.input_split(ws, bs, "relu", None, lo, hi, A, np.full(m, b0),
                               time.monotonic() + 600.0, max_domains=100_000, **opts)
