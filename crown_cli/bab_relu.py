@@ -122,7 +122,7 @@ def root_layer_bounds(weights, biases, lo, hi, activation="relu", leak=None, ite
         split = np.zeros((1, sub.nU), np.int8)
         alpha = np.broadcast_to(sub.initial_alpha(), (1, sub.m, sub.nU)).copy()
         beta = np.zeros_like(alpha)
-        optimise(sub, split, alpha, beta, iters, stop=False)
+        optimise(sub, split, alpha, beta, iters, stop=False, deadline=deadline)
         v = sub.evaluate(split, np.clip(alpha.astype(np.float64), sub.leak, 1.0),
                          np.zeros(alpha.shape), np.float64)[0]
         # rows bound z_j - b_up and -z_j - b_up with b_up = 5e-324 > 0: v <= z_j (or -z_j)
@@ -558,12 +558,14 @@ class Bounder:
 
 
 def optimise(bd: Bounder, split, alpha, beta, iters=20, lr_alpha=0.1, lr_beta=0.05,
-             stop=True, chords=None):
+             stop=True, chords=None, deadline=None):
     """Projected Adam ascent of the float32 bounds over alpha, beta (B, m, nU) float32, in
     place; keeps per (domain, row) the best iterate. A domain leaves the batch once one of
     its rows is above 0 by a float32 margin (the float64 check decides later). Returns (best
     bounds (B, m) float32 estimate, the tape of a final evaluation of all domains at the
-    best iterate). ``chords``: the domains' upper lines, as :meth:`Bounder.evaluate`."""
+    best iterate). ``chords``: the domains' upper lines, as :meth:`Bounder.evaluate`.
+    ``deadline`` (a ``time.monotonic()`` instant): no further step after it (the first
+    evaluation always runs; the best iterate so far is kept, as at the last step)."""
     B, m, nU = alpha.shape
     best = np.full((B, m), -np.inf)
     best_a, best_b = alpha.copy(), beta.copy()
@@ -587,7 +589,7 @@ def optimise(bd: Bounder, split, alpha, beta, iters=20, lr_alpha=0.1, lr_beta=0.
             best_b[act[d], r] = be[d, r]
         done = best[act].max(axis=1) > 1e-4 * (1.0 + np.abs(val).max()) if stop else \
             np.zeros(act.size, bool)
-        if t == iters:
+        if t == iters or (deadline is not None and time.monotonic() >= deadline):
             break
         gA, gB = bd.gradient(state)
         gA = gA.reshape(a.shape)
@@ -784,7 +786,8 @@ def relu_split(weights: Sequence[np.ndarray], biases: Sequence[np.ndarray], lo, 
     def assess(split, alpha, beta, n_iters, chords=None):
         """Optimise and classify a batch; returns (score float64 per domain, proven mask,
         row, state) and the attack's counterexample if any."""
-        est, state = optimise(bd, split, alpha, beta, n_iters, chords=chords)
+        est, state = optimise(bd, split, alpha, beta, n_iters, chords=chords,
+                              deadline=deadline)
         stats["domains"] += split.shape[0]
         stats["batches"] += 1
         score = est.max(axis=1)

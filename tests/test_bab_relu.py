@@ -524,3 +524,35 @@ def test_verdicts_with_domain_bounds_against_exact_milp(seed, sizes, eps, window
     assert np.all(r.x >= lo) and np.all(r.x <= hi)
     y = mlp_forward(w, b, "relu", r.x)
     assert y[c] - y[t] <= res.value + gap
+
+
+def test_optimise_takes_no_step_after_the_deadline(monkeypatch):
+    """With its deadline passed, optimise evaluates once (and once more at the best iterate)
+    and takes no gradient step; without one it takes iters - 1 steps and never ends below
+    its first evaluation."""
+    w, b, x0, lo, hi = _case(3)
+    A = np.array([[1.0, 0.0, -1.0]])
+    bd = bab_relu.Bounder(w, b, lo, hi, A, np.zeros(1))
+    calls = {"evaluate": 0, "gradient": 0}
+    evaluate, gradient = bd.evaluate, bd.gradient
+
+    def counted(name, fn):
+        def call(*a, **k):
+            calls[name] += 1
+            return fn(*a, **k)
+        return call
+
+    monkeypatch.setattr(bd, "evaluate", counted("evaluate", evaluate))
+    monkeypatch.setattr(bd, "gradient", counted("gradient", gradient))
+    split = np.zeros((2, bd.nU), np.int8)
+    alpha = np.broadcast_to(bd.initial_alpha(), (2, bd.m, bd.nU)).astype(np.float32)
+    beta = np.zeros_like(alpha)
+    first = evaluate(split, alpha, beta, np.float32)
+    late, _ = bab_relu.optimise(bd, split, alpha.copy(), beta.copy(), iters=10, stop=False,
+                                deadline=time.monotonic() - 1.0)
+    assert calls == {"evaluate": 2, "gradient": 0}
+    np.testing.assert_array_equal(late, first)
+    calls.update(evaluate=0, gradient=0)
+    full, _ = bab_relu.optimise(bd, split, alpha.copy(), beta.copy(), iters=10, stop=False)
+    assert calls == {"evaluate": 11, "gradient": 9}
+    assert np.all(full >= first)
