@@ -33,9 +33,7 @@ BOUND_STAGES = ("crown", "alpha-crown")
 # alpha-crown (crown_cli.alpha): optimised lower slopes (ReLU, leaky ReLU) or tangent points
 # (tanh, sigmoid, arctan)
 ALPHA_ACTIVATIONS = ("relu", "leaky_relu", "tanh", "sigmoid", "arctan")
-SMOOTH_ACTIVATIONS = ("tanh", "sigmoid", "arctan")
-# one box per case: more steps than certify's search spends; certify's step sizes
-ALPHA_ITERS, ALPHA_LR, ALPHA_LR_SMOOTH = 50, 0.5, 0.1
+ALPHA_ITERS = 50  # one box per case: more steps than certify's search spends (its step sizes)
 # Complete stage after the bounds: branch and bound by input splitting for networks with at
 # most this many inputs (ACAS Xu: 5), where bisecting the box shrinks every neuron's interval
 # quickly; wider inputs (images) need ReLU splitting instead.
@@ -124,16 +122,16 @@ class Verifier:
         """alpha-CROWN over the box: slopes (or, for tanh/sigmoid/arctan, tangent points)
         optimised for the sum of the rows' bounds, then the float64-verified bound at them
         (each row the larger of alpha-CROWN's and CROWN's, both sound)."""
-        from .alpha import AlphaBounds
+        from .alpha import SMOOTH, AlphaBounds
+        from .certify import ALPHA_LR, ALPHA_LR_SMOOTH
         from .crown import first_layer_center
 
         leak = float(self.alpha) if self.activation == "leaky_relu" else 0.0
-        smooth = self.activation in SMOOTH_ACTIVATIONS
         x0, eps, qcode = box.args()
         ab = AlphaBounds(self.net, self.relax["alpha-crown"], leak, x0, qcode, A,
-                         first_layer_center(self.net, x0),
-                         activation=self.activation if smooth else None)
-        ab.optimise(eps, ALPHA_ITERS, ALPHA_LR_SMOOTH if smooth else ALPHA_LR, patience=3)
+                         first_layer_center(self.net, x0), activation=self.activation)
+        lr = ALPHA_LR_SMOOTH if self.activation in SMOOTH else ALPHA_LR
+        ab.optimise(eps, ALPHA_ITERS, lr, patience=3)
         return ab.evaluate(eps, verify=True)
 
     def _attack(self, cases, groups, deadline: float, budget: float, seed: int,
