@@ -709,7 +709,23 @@ class _Pool:
 
 
 def relu_split(weights: Sequence[np.ndarray], biases: Sequence[np.ndarray], lo, hi, A, b,
-               deadline: float, *, max_domains: int = 200_000, batch: int = 256,
+               deadline: float, **options) -> BabResult:
+    """Decide the case ``x in [lo, hi] and A f(x) <= b`` by ReLU-splitting branch and bound:
+    :func:`relu_split_steps` run to its end (see there for the options)."""
+    return finish(relu_split_steps(weights, biases, lo, hi, A, b, deadline, **options))
+
+
+def finish(steps):
+    """Run a :func:`relu_split_steps` generator to its end; returns its :class:`BabResult`."""
+    while True:
+        try:
+            next(steps)
+        except StopIteration as stop:
+            return stop.value
+
+
+def relu_split_steps(weights: Sequence[np.ndarray], biases: Sequence[np.ndarray], lo, hi, A,
+                     b, deadline: float, *, max_domains: int = 200_000, batch: int = 256,
                iters: int = 20, root_iters: int = 50, branching: str = "fsb",
                fsb_k: Optional[int] = None,
                activation: str = "relu", leak=None, log: Optional[Callable[[str], None]] = None,
@@ -718,7 +734,10 @@ def relu_split(weights: Sequence[np.ndarray], biases: Sequence[np.ndarray], lo, 
                max_memory: float = 2.0 ** 30, interm: Optional[bool] = None,
                layer_window: Optional[int] = None,
                progress: Optional[Callable[[int, int, float], None]] = None) -> BabResult:
-    """Decide the case ``x in [lo, hi] and A f(x) <= b`` by ReLU-splitting branch and bound.
+    """Decide the case ``x in [lo, hi] and A f(x) <= b`` by ReLU-splitting branch and bound,
+    as a generator: it yields (nothing) after every batch of domains, so a caller can run
+    several cases in turn (:func:`finish` runs one to its end), and returns the
+    :class:`BabResult`.
 
     ``deadline``: a ``time.monotonic()`` instant (then ``timeout``). ``max_domains``: cap on
     open domains (hitting it gives ``unknown``), lowered so that the open domains' stored
@@ -929,6 +948,7 @@ def relu_split(weights: Sequence[np.ndarray], biases: Sequence[np.ndarray], lo, 
         stats["peak"] = max(stats["peak"], len(pool))
         if progress is not None:
             progress(stats["domains"], len(pool), float(pool.worst()))
+        yield
         if log is not None and stats["batches"] % 20 == 0:
             log(f"batch {stats['batches']}: {stats['domains']} domains, {len(pool)} open, "
                 f"worst {pool.worst():.4g}, {time.monotonic() - t0:.1f}s"

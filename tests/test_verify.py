@@ -1,4 +1,6 @@
 """crown verify's pipeline: verdicts against an exact MILP, counterexamples re-checked."""
+import time
+
 import numpy as np
 import pytest
 
@@ -6,7 +8,8 @@ from conftest import random_network
 from crown_cli import crown
 from crown_cli.activations import forward
 from crown_cli.relaxations import get_relaxation
-from crown_cli.verify import Verifier, format_result
+from crown_cli.bab_relu import BabResult
+from crown_cli.verify import BabStatus, Verifier, format_result
 from crown_cli.vnnlib import parse_vnnlib_text
 from oracles import exact_margin_min
 
@@ -272,3 +275,68 @@ def test_branch_and_bound_reports_its_status(monkeypatch, sizes, seed):
         assert g.group(8) == "-" or float(g.group(8)) <= 0.0 or kind == "ReLU"
         counts.append(int(g.group(5)))
     assert counts == sorted(counts) and counts[-1] <= out.domains
+
+
+# ------------------------------------------------------------- interleaved branch and bound
+
+
+def _fake_run(verdict, steps, x=None, pause=0.0):
+    """A stand-in for relu_split_steps: ``steps`` batches (reporting progress; each takes
+    ``pause`` seconds), then ``verdict``; steps=None never ends."""
+    def start(progress):
+        def gen():
+            i = 0
+            while steps is None or i < steps:
+                i += 1
+                progress(i, 3, -0.5)
+                time.sleep(pause)
+                yield
+            return BabResult(verdict, x, steps, 3, np.inf if verdict == "unsat" else -0.5,
+                             0.0)
+        return gen()
+    return start
+
+
+def _interleave(specs, timeout=5.0, status=None):
+    ws, bs = random_network([3, 6, 2], 0)
+    v = Verifier(ws, bs, "relu")
+    n = len(specs)
+    cases = list(range(n))
+    runs = [(j, _fake_run(*spec)) for j, spec in enumerate(specs)]
+
+    def done(result, stage, margin, proven, **kw):
+        return result, proven, dict(kw, margin=margin, stage=stage)
+
+    t0 = time.monotonic()
+    out = v._interleave("ReLU split", "domains", runs, cases, cases, {}, t0 + timeout, done,
+                        None, status, first_slice=0.01, max_slice=0.05)
+    return out, time.monotonic() - t0
+
+
+def test_interleaving_reaches_a_violated_case_behind_an_endless_one():
+    x = np.array([0.1, 0.2, 0.3])
+    (result, proven, kw), took = _interleave([("timeout", None), ("unsat", 4), ("sat", 20, x)])
+    assert result == "sat" and kw["case"] == 2 and np.array_equal(kw["x"], x)
+    assert proven == 1  # case 1 finished on the way
+    assert took < 2.0  # long before the 5 s deadline
+
+
+def test_interleaving_verdicts():
+    assert _interleave([("unsat", 3), ("unsat", 7), ("unsat", 1)])[0][:2] == ("unsat", 3)
+    # a case the search could not decide leaves the others running: a violation still counts
+    assert _interleave([("unknown", 2), ("sat", 9, np.zeros(3))])[0][0] == "sat"
+    result, proven, kw = _interleave([("unknown", 2), ("unsat", 9)])[0]
+    assert (result, proven) == ("unknown", 1)
+    (result, proven, kw), took = _interleave([("unsat", 2), ("timeout", None)], timeout=0.3)
+    assert (result, proven) == ("timeout", 1) and kw["domains"] > 2 and took < 1.0
+    assert kw["margin"] == -0.5 and kw["stage"] == "bab"  # the open case's worst bound
+
+
+def test_interleaving_status_counts_every_case():
+    lines = []
+    status = BabStatus(lines.append, every=0.0)
+    _interleave([("unsat", 60, None, 0.002), ("unsat", 60, None, 0.002)], status=status)
+    assert lines and all("of 2 proven" in s for s in lines)
+    # the totals add up the cases' domains and open domains while both run
+    assert any("6 open" in s for s in lines)
+    assert "120 domains, 3 open" in lines[-1] and "(1 of 2 proven)" in lines[-1]
