@@ -2,7 +2,9 @@
 
 Projected sign-gradient descent (PGD for an l_inf box) on ``m(x) = max_i (A_i f(x) - b_i)``,
 whose value is <= 0 exactly at violations. The gradient is that of a row attaining the max (a
-subgradient), computed in float32 by the attack module's forward/backward passes. Many starts
+subgradient), computed in float32 by the attack module's forward/backward passes; on ReLU
+networks most starts pass a small slope back through inactive neurons instead of 0
+(``SURROGATE_LEAKS``), so that neurons off around a start still steer it. Many starts
 run as one batch: the box's centre, a few random corners, the rest uniform in the box. The
 step size decays linearly from half to a fiftieth of the box's width (per coordinate), and
 every step is clipped back into the box.
@@ -25,6 +27,21 @@ from .errors import InputError
 
 DEFAULT_RESTARTS = 16
 DEFAULT_STEPS = 50
+# ReLU networks: the starts take turns at these backward slopes for inactive neurons (the
+# forward pass stays exact). With the true gradient (0) a neuron that is off everywhere near
+# the start never shows in the gradient: on mnistfc's 256x6 network, where a deep layer has a
+# single active neuron, no start of 100 got nearer than +0.73 to a violation with it, while
+# slopes 0.02-0.05 found violations (-0.9) of a property other tools had found violated.
+SURROGATE_LEAKS = (0.0, 0.05, 0.02, 0.1)
+
+
+def _gradient(weights, zs, activation, g, alpha, leaks):
+    """input_gradient, but for ReLU with per-row slopes ``leaks`` (R,) on the inactive side."""
+    if leaks is None:
+        return input_gradient(weights, zs, activation, g, alpha)
+    for k in range(len(zs) - 1, -1, -1):
+        g = (g * np.where(zs[k] > 0, np.float32(1.0), leaks[:, None])) @ weights[k]
+    return g
 
 
 def _as_case(lo, hi, A, b):
@@ -141,6 +158,9 @@ def find_counterexample_any(weights: Sequence[np.ndarray], biases: Sequence[np.n
     A32, b32 = A.astype(np.float32), b.astype(np.float32)
     G_out = A32 @ W32[-1]  # d (A f) / d a_last, one row per constraint
     width = hi - lo
+    leaks = None
+    if activation == "relu":  # per start its backward slope of the inactive side
+        leaks = np.asarray(SURROGATE_LEAKS, np.float32)[np.arange(X.shape[0]) % len(SURROGATE_LEAKS)]
     for k in range(int(steps) + 1):
         f, zs = forward_with_preactivations(W32, B32, activation, X, alpha)
         R = f @ A32.T - b32  # (N, rows of all cases)
@@ -168,7 +188,7 @@ def find_counterexample_any(weights: Sequence[np.ndarray], biases: Sequence[np.n
                 return found
         if k == steps or (deadline is not None and time.monotonic() > deadline):
             break
-        G = input_gradient(W32, zs, activation, G_out[j], alpha)
+        G = _gradient(W32, zs, activation, G_out[j], alpha, leaks)
         step = (0.02 + 0.48 * (1.0 - k / max(steps, 1))) * width
         X = np.clip(X - step * np.sign(G).astype(np.float64), lo, hi)
     return None

@@ -138,3 +138,29 @@ def test_conjunctions_of_four_rows_need_the_descent():
                 assert check_counterexample(ws, bs, "relu", None, lo, hi, A, b, x)
                 found[steps] += 1
     assert found[50] >= 24 and found[50] >= found[0] + 8, found
+
+
+def _dead_neuron_net(d=20):
+    """y0 = 1, y1 = 10 relu(sum(x) - (d - 0.5)) on [0, 1]^d: the hidden neuron is off except
+    near the all-ones corner, so the true gradient of y0 - y1 is 0 at every start."""
+    w1 = np.vstack([np.ones((1, d)), np.zeros((1, d))])
+    b1 = np.array([-(d - 0.5), 1.0])
+    w2 = np.array([[0.0, 1.0], [10.0, 0.0]])
+    b2 = np.zeros(2)
+    # the second hidden neuron is relu(1) = 1, a constant carrying y0's 1
+    return [w1, w2], [b1, b2], np.zeros(d), np.ones(d)
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_surrogate_slopes_reach_a_violation_behind_a_dead_neuron(monkeypatch, seed):
+    import crown_cli.verify_attack as va
+
+    ws, bs, lo, hi = _dead_neuron_net()
+    A, b = np.array([[1.0, -1.0]]), np.zeros(1)  # unsafe: y0 - y1 <= 0
+    x = find_counterexample(ws, bs, "relu", None, lo, hi, A, b, restarts=16, steps=50,
+                            seed=seed)
+    assert x is not None and check_counterexample(ws, bs, "relu", None, lo, hi, A, b, x)
+    # with the true gradient alone no start moves: the attack finds nothing
+    monkeypatch.setattr(va, "SURROGATE_LEAKS", (0.0,))
+    assert find_counterexample(ws, bs, "relu", None, lo, hi, A, b, restarts=16, steps=50,
+                               seed=seed) is None
