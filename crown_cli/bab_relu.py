@@ -142,10 +142,14 @@ class Bounder:
 
     ``layer_bounds``: the hidden layers' (l, u), valid on the box (default: CROWN's, from
     ``crown.hidden_layer_bounds``; :func:`root_layer_bounds` gives tighter ones).
+
+    ``groups`` (m,): the case of each row, rows of a case adjacent (default: one case). The
+    unsafe set is the union over cases of ``{A_g f(x) <= b_g}`` (each a conjunction): a domain
+    is proven when every case has a row whose lower bound is above 0 (:meth:`score` > 0).
     """
 
     def __init__(self, weights, biases, lo, hi, A, b, activation="relu", leak=None,
-                 layer_bounds=None):
+                 layer_bounds=None, groups=None):
         if activation not in ("relu", "leaky_relu"):
             raise ValueError("relu_split: activation must be relu or leaky_relu")
         self.weights = [np.ascontiguousarray(w, dtype=np.float64) for w in weights]
@@ -165,6 +169,13 @@ class Bounder:
         self.b = np.asarray(b, dtype=np.float64).reshape(-1)
         self.b_up = _round_up(self.b)
         self.m = self.A.shape[0]
+        g = np.zeros(self.m, np.int64) if groups is None else np.asarray(groups, np.int64)
+        if g.shape != (self.m,) or (self.m and (g[0] != 0 or np.any(
+                (np.diff(g) != 0) & (np.diff(g) != 1)))):
+            raise ValueError("groups: one case number per row, 0, 1, ... with adjacent rows")
+        self.group_of = g
+        self.gstart = np.flatnonzero(np.r_[True, g[1:] != g[:-1]]) if self.m else \
+            np.zeros(0, np.int64)
         relax_fn = get_relaxation(activation, "crown", None if activation == "relu" else leak)
         self.relax_fn = relax_fn
         self.L = self.net.num_hidden
@@ -226,6 +237,28 @@ class Bounder:
             absA @ (self.net.abs_weights(self.L) @ a_prev) + absA @ np.abs(self.biases[-1])
             + nout * crown.TINY64)
 
+    def score(self, v) -> np.ndarray:
+        """Per domain, from row bounds v (B, m): the worst case's best row, (B,); > 0 proves
+        the domain (NaN never does)."""
+        if self.gstart.size <= 1:
+            return v.max(axis=1)
+        return np.maximum.reduceat(v, self.gstart, axis=1).min(axis=1)
+
+    def score_row(self, v) -> np.ndarray:
+        """Per domain the row :meth:`score` takes (the worst case's best row), (B,)."""
+        if self.gstart.size <= 1:
+            return v.argmax(axis=1)
+        worst = np.maximum.reduceat(v, self.gstart, axis=1).argmin(axis=1)
+        return np.where(self.group_of[None, :] == worst[:, None], v, -np.inf).argmax(axis=1)
+
+    def unsafe(self, Y) -> np.ndarray:
+        """Per output row of Y (N, n_out): does it lie in the unsafe set (some case's every
+        row), float64 check, (N,) bool."""
+        R = Y @ self.A.T <= self.b
+        if self.gstart.size <= 1:
+            return np.all(R, axis=1)
+        return np.logical_and.reduceat(R, self.gstart, axis=1).any(axis=1)
+
     def initial_alpha(self) -> np.ndarray:
         """CROWN's lower slopes for every unstable neuron, (nU,) float32."""
         if self.nU == 0:
@@ -281,7 +314,7 @@ class Bounder:
         return sl, su, tt, bc
 
     def evaluate(self, split, alpha, beta, dtype=np.float64, keep=False, charge=None,
-                 chords=None):
+                 chords=None, rows=None):
         """Lower bounds of ``A_i f(x) - b_up_i`` on the subdomains, (B, m).
 
         ``split`` (B, nU) int8; ``alpha``, ``beta`` (B, m, nU) (used as given: the caller
@@ -291,20 +324,26 @@ class Bounder:
         ``keep``: also return the tape for :meth:`gradient` and the per-layer coefficients.
         ``charge(k, absD)`` (float64 only) may return a per-row extra allowance (B*m,) for
         the step through hidden layer k whose scaled matrix is D.
+        ``rows`` (B,): bound only this row of each domain (alpha, beta (B, 1, nU)); (B, 1).
         """
         dt = np.float64 if np.dtype(dtype) == np.float64 else np.float32
-        B, m = split.shape[0], self.m
+        B, m = split.shape[0], (self.m if rows is None else 1)
         N = B * m
         sp = np.repeat(split, m, axis=0) if m > 1 else split
         al = alpha.reshape(N, self.nU).astype(dt, copy=False)
         be = beta.reshape(N, self.nU).astype(dt, copy=False)
         ch = self._chords_rows(chords, B, m, dt)
-        Lam = np.broadcast_to(self.Lam_top.astype(dt), (B, m, self.Lam_top.shape[1])).reshape(N, -1)
-        const = np.tile(self.const_top, B)
+        if rows is None:
+            Lam = np.broadcast_to(self.Lam_top.astype(dt),
+                                  (B, m, self.Lam_top.shape[1])).reshape(N, -1)
+            const = np.tile(self.const_top, B)
+        else:
+            Lam = self.Lam_top[rows].astype(dt)
+            const = self.const_top[rows]
         f64 = dt == np.float64
         if f64:
-            mag = np.tile(self.mag_top, B)
-            steps = np.tile(self.lam_err, B)
+            mag = np.tile(self.mag_top, B) if rows is None else self.mag_top[rows]
+            steps = np.tile(self.lam_err, B) if rows is None else self.lam_err[rows]
         tape = []
         W = self.weights if f64 else self.W32
         for k in range(self.L - 1, -1, -1):
@@ -560,8 +599,8 @@ class Bounder:
 def optimise(bd: Bounder, split, alpha, beta, iters=20, lr_alpha=0.1, lr_beta=0.05,
              stop=True, chords=None, deadline=None):
     """Projected Adam ascent of the float32 bounds over alpha, beta (B, m, nU) float32, in
-    place; keeps per (domain, row) the best iterate. A domain leaves the batch once one of
-    its rows is above 0 by a float32 margin (the float64 check decides later). Returns (best
+    place; keeps per (domain, row) the best iterate. A domain leaves the batch once its
+    :meth:`Bounder.score` is above 0 by a float32 margin (the float64 check decides later). Returns (best
     bounds (B, m) float32 estimate, the tape of a final evaluation of all domains at the
     best iterate). ``chords``: the domains' upper lines, as :meth:`Bounder.evaluate`.
     ``deadline`` (a ``time.monotonic()`` instant): no further step after it (the first
@@ -587,7 +626,7 @@ def optimise(bd: Bounder, split, alpha, beta, iters=20, lr_alpha=0.1, lr_beta=0.
             best[act[d], r] = val[d, r]
             best_a[act[d], r] = a[d, r]
             best_b[act[d], r] = be[d, r]
-        done = best[act].max(axis=1) > 1e-4 * (1.0 + np.abs(val).max()) if stop else \
+        done = bd.score(best[act]) > 1e-4 * (1.0 + np.abs(val).max()) if stop else \
             np.zeros(act.size, bool)
         if t == iters or (deadline is not None and time.monotonic() >= deadline):
             break
@@ -731,8 +770,8 @@ def relu_split_steps(weights: Sequence[np.ndarray], biases: Sequence[np.ndarray]
                activation: str = "relu", leak=None, log: Optional[Callable[[str], None]] = None,
                charge=None, attack_restarts: int = 16, attack_steps: int = 50,
                seed: int = 0, tighten_root: bool = True, layer_bounds=None,
-               max_memory: float = 2.0 ** 30, interm: Optional[bool] = None,
-               layer_window: Optional[int] = None,
+               max_memory: float = 2.0 ** 31, interm: Optional[bool] = None,
+               layer_window: Optional[int] = None, groups=None,
                progress: Optional[Callable[[int, int, float], None]] = None) -> BabResult:
     """Decide the case ``x in [lo, hi] and A f(x) <= b`` by ReLU-splitting branch and bound,
     as a generator: it yields (nothing) after every batch of domains, so a caller can run
@@ -759,13 +798,16 @@ def relu_split_steps(weights: Sequence[np.ndarray], biases: Sequence[np.ndarray]
     domain (0: anywhere; default: 1 with ``interm``, else 0): with per-domain bounds an early
     split tightens every later layer. ``progress(domains, open, worst)``: called after every
     batch with the domains bounded so far, the open domains and the worst open domain's
-    score (the float32 estimate of its best row's bound minus b).
+    score (the float32 estimate of its best row's bound minus b). ``groups``: several cases
+    at once (:class:`Bounder`): every domain is bounded in all their rows (the per-domain
+    hidden-layer bounds, most of the cost on deep networks, serve them all) and is proven
+    when every case is; a counterexample may violate any one.
     """
     t0 = time.monotonic()
     if layer_bounds is None and tighten_root and len(weights) > 2:
         layer_bounds = root_layer_bounds(weights, biases, lo, hi, activation, leak,
                                          deadline=deadline)
-    bd = Bounder(weights, biases, lo, hi, A, b, activation, leak, layer_bounds)
+    bd = Bounder(weights, biases, lo, hi, A, b, activation, leak, layer_bounds, groups)
     m, nU = bd.m, bd.nU
     if interm is None:
         interm = bd.L >= 3
@@ -788,7 +830,7 @@ def relu_split_steps(weights: Sequence[np.ndarray], biases: Sequence[np.ndarray]
         """The first row of X (N, d) that is a counterexample (float64 check), or None."""
         X = np.clip(X, bd.box.lo, bd.box.hi)
         Y = forward(bd.weights, bd.biases, bd.activation, X, None if bd.activation == "relu" else bd.leak)
-        ok = np.all(Y @ bd.A.T <= bd.b, axis=1)
+        ok = bd.unsafe(Y)
         return X[int(np.argmax(ok))].copy() if ok.any() else None
 
     if m == 0:  # no output constraint: every point of the box violates
@@ -809,17 +851,18 @@ def relu_split_steps(weights: Sequence[np.ndarray], biases: Sequence[np.ndarray]
                               deadline=deadline)
         stats["domains"] += split.shape[0]
         stats["batches"] += 1
-        score = est.max(axis=1)
-        row = est.argmax(axis=1)
+        score = bd.score(est)
+        row = bd.score_row(est)
         proven = np.zeros(split.shape[0], bool)
         cand = np.flatnonzero(score > 0.0)
         if cand.size:
             v64 = verify64(split[cand], alpha[cand], beta[cand],
                            None if chords is None else (chords[0][cand], chords[1][cand]))
-            ok = np.any(v64 > 0.0, axis=1)
+            s64 = bd.score(v64)
+            ok = s64 > 0.0
             proven[cand[ok]] = True
             bad = cand[~ok]
-            score[bad] = v64[~ok].max(axis=1)  # float64 bound not yet positive
+            score[bad] = s64[~ok]  # float64 bound not yet positive
         # attack: the minimising corners of the rows of domains still open
         openi = np.flatnonzero(~proven)
         if openi.size:
@@ -841,14 +884,17 @@ def relu_split_steps(weights: Sequence[np.ndarray], biases: Sequence[np.ndarray]
     if log is not None:
         log(f"root: bound {score[0]:.5g}, {nU} unstable neurons")
     if attack_restarts > 0:
-        from .verify_attack import find_counterexample
+        from .verify_attack import find_counterexample_any
 
-        xa = find_counterexample(bd.weights, bd.biases, bd.activation,
-                                 None if bd.activation == "relu" else bd.leak, bd.box.lo,
-                                 bd.box.hi, bd.A, bd.b, restarts=attack_restarts,
-                                 steps=attack_steps, seed=seed, deadline=deadline)
+        ends = list(bd.gstart[1:]) + [m]
+        xa = find_counterexample_any(bd.weights, bd.biases, bd.activation,
+                                     None if bd.activation == "relu" else bd.leak, bd.box.lo,
+                                     bd.box.hi, [(bd.A[g0:g1], bd.b[g0:g1]) for g0, g1 in
+                                                 zip(bd.gstart, ends)],
+                                     restarts=attack_restarts, steps=attack_steps, seed=seed,
+                                     deadline=deadline)
         if xa is not None:
-            return result("sat", xa)
+            return result("sat", xa[1])
     pool = _Pool(nU, m, K, bounds=interm)
     stuck = 0  # domains with nothing left to split and no proof
     if interm:
@@ -889,16 +935,21 @@ def relu_split_steps(weights: Sequence[np.ndarray], biases: Sequence[np.ndarray]
                       dl[sel], du[sel])
 
     def _leaf(i, split, alpha, beta, chords=None):
-        """A fully split open domain: a counterexample x, True (proven), or False."""
-        out = _leaf_lp(bd, split[i])
-        if out[0] == "sat":
-            return violated(out[1][None, :])
-        if out[0] == "beta":
-            be = np.zeros((1, m, nU))
+        """A fully split open domain: a counterexample x, True (proven), or False. Every case
+        by linear programming; proven when each has multipliers (beta) a float64 evaluation
+        confirms."""
+        be = np.zeros((1, m, nU))
+        ends = list(bd.gstart[1:]) + [m]
+        for g0, g1 in zip(bd.gstart, ends):
+            out = _leaf_lp(bd, split[i], np.arange(g0, g1))
+            if out[0] == "sat":
+                return violated(out[1][None, :])
+            if out[0] != "beta":
+                return False
             be[0, out[1]] = out[2]
-            for scale in (1.0, 1.0 + 1e-6, 1.01):
-                if verify64(split[i:i + 1], alpha[i:i + 1], scale * be, chords)[0, out[1]] > 0.0:
-                    return True
+        for scale in (1.0, 1.0 + 1e-6, 1.01):
+            if bd.score(verify64(split[i:i + 1], alpha[i:i + 1], scale * be, chords))[0] > 0.0:
+                return True
         return False
 
     xv = enqueue(score, proven, row, state, split, alpha, beta, dl, du)
@@ -913,7 +964,8 @@ def relu_split_steps(weights: Sequence[np.ndarray], biases: Sequence[np.ndarray]
         P = psplit.shape[0]
         if K > 1:
             choice = _fsb_choice(bd, psplit, palpha, pbeta, pcand,
-                                 bd.chords(pdl, pdu) if interm else None)
+                                 bd.chords(pdl, pdu) if interm else None,
+                                 prow if bd.gstart.size > 1 else None)
         else:
             choice = pcand[:, 0]
         # children: first half active (+1), second half inactive (-1)
@@ -959,16 +1011,18 @@ def relu_split_steps(weights: Sequence[np.ndarray], biases: Sequence[np.ndarray]
     return result("unsat", worst=np.inf)
 
 
-def _leaf_lp(bd: Bounder, split_row):
-    """A fully split domain, by linear programming (scipy HiGHS). Returns ("sat", x) with x a
-    candidate point (the caller checks it in float64), ("beta", row, beta) with the LP's
-    multipliers of the sign constraints for row ``row`` (the caller proves with a float64
-    evaluation; any beta >= 0 is valid), or ("open", None)."""
+def _leaf_lp(bd: Bounder, split_row, rows=None):
+    """A fully split domain and one case (its ``rows`` of A, default all), by linear
+    programming (scipy HiGHS). Returns ("sat", x) with x a candidate point (the caller checks
+    it in float64), ("beta", row, beta) with the LP's multipliers of the sign constraints for
+    row ``row`` (an index into A; the caller proves with a float64 evaluation; any beta >= 0
+    is valid), or ("open", None)."""
     from scipy.optimize import linprog
 
+    rows = np.arange(bd.m) if rows is None else np.asarray(rows)
     G, H, C, e = bd.affine(split_row)
-    AG, AH = bd.A @ G, bd.A @ H - bd.b
-    d, m = G.shape[1], bd.m
+    AG, AH = bd.A[rows] @ G, bd.A[rows] @ H - bd.b[rows]
+    d, m = G.shape[1], rows.size
     bounds = list(zip(bd.box.lo, bd.box.hi))
     # feasibility of the case on the domain: min t with A_i f(x) - b_i <= t
     c = np.zeros(d + 1)
@@ -987,7 +1041,7 @@ def _leaf_lp(bd: Bounder, split_row):
             return ("open", None)
         y = np.maximum(-r1.ineqlin.marginals, 0.0)
         spread = np.abs(AG[0]) @ bd.r + abs(AG[0] @ bd.c + AH[0]) + 1.0
-        return ("beta", 0, y * (2.0 * spread / r1.fun))
+        return ("beta", int(rows[0]), y * (2.0 * spread / r1.fun))
     if res.status == 0 and res.x[-1] <= 0.0:
         return ("sat", res.x[:d])
     elif res.status != 0:
@@ -995,13 +1049,15 @@ def _leaf_lp(bd: Bounder, split_row):
     for i in range(m):
         r = linprog(AG[i], A_ub=C, b_ub=e, bounds=bounds, method="highs")
         if r.status == 0 and r.fun + AH[i] > 0.0:
-            return ("beta", i, np.maximum(-r.ineqlin.marginals, 0.0))
+            return ("beta", int(rows[i]), np.maximum(-r.ineqlin.marginals, 0.0))
     return ("open", None)
 
 
-def _fsb_choice(bd: Bounder, split, alpha, beta, cand, chords=None):
+def _fsb_choice(bd: Bounder, split, alpha, beta, cand, chords=None, prow=None):
     """Filtered smart branching: for each parent, the candidate whose two children (parent's
-    alpha, beta and chords, one float32 evaluation) have the best worse child."""
+    alpha, beta and chords, one float32 evaluation) have the best worse child; with ``prow``
+    (P,) the children are bounded in that row of each parent only (the row it branches
+    for), else by :meth:`Bounder.score` over all rows."""
     P, K = cand.shape
     m = bd.m
     reps = np.repeat(np.arange(P), K)
@@ -1014,10 +1070,16 @@ def _fsb_choice(bd: Bounder, split, alpha, beta, cand, chords=None):
     s1[ar, cc] = 1
     s2[ar, cc] = -1
     S = np.concatenate([s1, s2])
-    Al = np.concatenate([alpha[reps], alpha[reps]])
-    Be = np.concatenate([beta[reps], beta[reps]])
     Ch = None if chords is None else tuple(np.concatenate([c[reps], c[reps]]) for c in chords)
-    v = bd.evaluate(S, Al, Be, np.float32, chords=Ch).max(axis=1)
+    if prow is None:
+        Al = np.concatenate([alpha[reps], alpha[reps]])
+        Be = np.concatenate([beta[reps], beta[reps]])
+        v = bd.score(bd.evaluate(S, Al, Be, np.float32, chords=Ch))
+    else:
+        r = prow[reps]
+        Al = np.concatenate([alpha[reps, r], alpha[reps, r]])[:, None, :]
+        Be = np.concatenate([beta[reps, r], beta[reps, r]])[:, None, :]
+        v = bd.evaluate(S, Al, Be, np.float32, chords=Ch, rows=np.concatenate([r, r]))[:, 0]
     worse = np.minimum(v[:P * K], v[P * K:])
     worse[~valid] = -np.inf
     best = np.argmax(worse.reshape(P, K), axis=1)

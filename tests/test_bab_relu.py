@@ -556,3 +556,55 @@ def test_optimise_takes_no_step_after_the_deadline(monkeypatch):
     full, _ = bab_relu.optimise(bd, split, alpha.copy(), beta.copy(), iters=10, stop=False)
     assert calls == {"evaluate": 11, "gradient": 9}
     assert np.all(full >= first)
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_cases_decided_jointly_match_the_milp(seed):
+    """Several cases (a disjunction) in one search (``groups``), 3 hidden layers (per-domain
+    bounds on): every case just true gives unsat; one case just false gives sat with a point
+    that violates that case, found by the search itself (no attack)."""
+    eps = 0.2
+    w, b, x0, lo, hi = _case(seed + 30, sizes=(5, 12, 12, 12, 4), eps=eps)
+    c = int(np.argmax(mlp_forward(w, b, "relu", x0)))
+    others = [t for t in range(4) if t != c]
+    res = {t: _exact(w, b, x0, eps, c, t) for t in others}
+    A = np.zeros((3, 4))
+    for i, t in enumerate(others):
+        A[i, c], A[i, t] = 1.0, -1.0
+    groups = np.arange(3)
+    gap = {t: 0.01 * (1.0 + abs(res[t].value)) for t in others}
+    true_b = np.array([res[t].dual_bound - gap[t] for t in others])
+    r = bab_relu.relu_split(w, b, lo, hi, A, true_b, time.monotonic() + 60, groups=groups,
+                            batch=16, attack_restarts=0)
+    assert r.verdict == "unsat"
+    for i, t in enumerate(others):
+        bvec = true_b.copy()
+        bvec[i] = res[t].value + gap[t]
+        r = bab_relu.relu_split(w, b, lo, hi, A, bvec, time.monotonic() + 60, groups=groups,
+                                batch=16, attack_restarts=0)
+        assert r.verdict == "sat"
+        assert np.all(r.x >= lo) and np.all(r.x <= hi)
+        y = mlp_forward(w, b, "relu", r.x)
+        assert y[c] - y[t] <= bvec[i]  # the only case that can be violated
+    # the same cases one at a time agree
+    for i, t in enumerate(others):
+        r = bab_relu.relu_split(w, b, lo, hi, A[i:i + 1], true_b[i:i + 1],
+                                time.monotonic() + 60, batch=16, attack_restarts=0)
+        assert r.verdict == "unsat"
+
+
+def test_case_groups_score_and_unsafe_set():
+    w, b, x0, lo, hi = _case(3)
+    A = np.array([[1.0, -1.0, 0.0], [1.0, 0.0, -1.0], [0.0, 1.0, -1.0]])
+    bd = bab_relu.Bounder(w, b, lo, hi, A, np.zeros(3), groups=[0, 0, 1])
+    v = np.array([[-1.0, 2.0, -3.0], [1.0, -1.0, 0.5], [np.nan, 1.0, 1.0]])
+    # case 0 (rows 0, 1) needs one row > 0, case 1 (row 2) its row; the worst case counts
+    # a NaN row bound never proves (a numerical failure: no proof even beside a good row)
+    np.testing.assert_array_equal(bd.score(v), [-3.0, 0.5, np.nan])
+    assert not bd.score(v)[2] > 0.0
+    np.testing.assert_array_equal(bd.score_row(v[:2]), [2, 2])
+    Y = np.array([[0.0, 1.0, 2.0], [3.0, 1.0, 0.0], [0.0, 2.0, 1.0]])
+    # unsafe: (y0 <= y1 and y0 <= y2) or (y1 <= y2)
+    np.testing.assert_array_equal(bd.unsafe(Y), [True, False, True])
+    with pytest.raises(ValueError, match="groups"):
+        bab_relu.Bounder(w, b, lo, hi, A, np.zeros(3), groups=[0, 1, 0])

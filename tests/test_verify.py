@@ -1,5 +1,6 @@
 """crown verify's pipeline: verdicts against an exact MILP, counterexamples re-checked."""
 import time
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -216,7 +217,7 @@ def test_wide_inputs_relu_split_matches_the_milp(seed):
     check_sat(ws, bs, prop, out)
 
 
-STATUS_RE = (r"bab \((input|ReLU) split\): case (\d+) \((\d+) of (\d+) proven\): (\d+) "
+STATUS_RE = (r"bab \((input|ReLU) split\): case ([\d,]+) \((\d+) of (\d+) proven\): (\d+) "
              r"(boxes|domains), (\d+) open, worst bound (\S+), (\d+) (boxes|domains)/s")
 
 
@@ -300,16 +301,17 @@ def _fake_run(verdict, steps, x=None, pause=0.0):
 def _interleave(specs, timeout=5.0, status=None):
     ws, bs = random_network([3, 6, 2], 0)
     v = Verifier(ws, bs, "relu")
-    n = len(specs)
-    cases = list(range(n))
-    runs = [(j, _fake_run(*spec)) for j, spec in enumerate(specs)]
+    # a case holds at every point iff its run is the sat one (0 <= 0), else never (0 <= -1)
+    cases = [SimpleNamespace(A=np.zeros((1, 2)), b=np.array([0.0 if s[0] == "sat" else -1.0]))
+             for s in specs]
+    runs = [([j], _fake_run(*spec)) for j, spec in enumerate(specs)]
 
     def done(result, stage, margin, proven, **kw):
         return result, proven, dict(kw, margin=margin, stage=stage)
 
     t0 = time.monotonic()
-    out = v._interleave("ReLU split", "domains", runs, cases, cases, {}, t0 + timeout, done,
-                        None, status, first_slice=0.01, max_slice=0.05)
+    out = v._interleave("ReLU split", "domains", runs, cases, list(range(len(specs))), {},
+                        t0 + timeout, done, None, status, first_slice=0.01, max_slice=0.05)
     return out, time.monotonic() - t0
 
 
@@ -340,3 +342,43 @@ def test_interleaving_status_counts_every_case():
     # the totals add up the cases' domains and open domains while both run
     assert any("6 open" in s for s in lines)
     assert "120 domains, 3 open" in lines[-1] and "(1 of 2 proven)" in lines[-1]
+
+
+def _two_case_property(lo, hi, c, ts, bs_, n_out):
+    """x in [lo, hi] and (Y_c - Y_t1 <= b1 or Y_c - Y_t2 <= b2) is unsafe."""
+    lines = [f"(declare-const X_{i} Real)" for i in range(len(lo))]
+    lines += [f"(declare-const Y_{j} Real)" for j in range(n_out)]
+    for i, (a, z) in enumerate(zip(lo, hi)):
+        lines += [f"(assert (>= X_{i} {float(a)!r}))", f"(assert (<= X_{i} {float(z)!r}))"]
+    ors = " ".join(f"(and (<= (- Y_{c} Y_{t}) {float(b)!r}))" for t, b in zip(ts, bs_))
+    lines.append(f"(assert (or {ors}))")
+    return "\n".join(lines) + "\n"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("seed", range(2))
+def test_deep_wide_inputs_cases_decided_jointly_match_the_milp(seed):
+    """3 hidden layers and more than 16 inputs: one ReLU-splitting search decides both cases
+    of the property. Both just true: unsat; the second just false: sat, with a counterexample
+    of that case."""
+    ws, bs = random_network([20, 12, 12, 12, 3], 60 + seed)
+    rng = np.random.default_rng(seed)
+    x0, eps = rng.normal(size=20), 0.1
+    c = int(np.argmax(forward(ws, bs, "relu", x0)))
+    ts = [t for t in range(3) if t != c]
+    mins = []
+    for t in ts:
+        res = exact_margin_min(ws, bs, x0, c, t, eps, "inf", time_limit=60.0)
+        assert res.status == "optimal"
+        mins.append(res.value)
+    gaps = [1e-3 * (1.0 + abs(m)) for m in mins]
+    lo, hi = x0 - eps, x0 + eps
+    v = Verifier(ws, bs, "relu", attack_time=0.0, seed=seed)
+    text = _two_case_property(lo, hi, c, ts, [m - g for m, g in zip(mins, gaps)], 3)
+    out = v.verify(parse_vnnlib_text(text, "t", 20, 3), 60.0)
+    assert out.result == "unsat" and out.cases_proven == 2 and out.stage == "bab"
+    text = _two_case_property(lo, hi, c, ts, [mins[0] - gaps[0], mins[1] + gaps[1]], 3)
+    prop = parse_vnnlib_text(text, "f", 20, 3)
+    out = v.verify(prop, 60.0)
+    assert out.result == "sat" and out.case == 1 and out.stage == "bab"
+    check_sat(ws, bs, prop, out)
