@@ -654,6 +654,70 @@ def optimise(bd: Bounder, split, alpha, beta, iters=20, lr_alpha=0.1, lr_beta=0.
     return best, state
 
 
+def optimise_open(bd: Bounder, split, alpha, beta, done, iters=20, lr_alpha=0.1,
+                  lr_beta=0.05, chords=None, deadline=None):
+    """:func:`optimise` for searches over several cases (``bd.gstart``): only the rows of
+    cases not yet proven on a domain (``done`` (B, G) bool, float64-proven on an ancestor)
+    are optimised, and a case's rows leave once one of them is above 0 by a float32 margin.
+    Returns (best bounds (B, m), +inf on rows of done cases; the tape of a final evaluation
+    of one row per domain; that row (B,), :meth:`Bounder.score_row` of the best bounds).
+    With one case it is :func:`optimise` (tape of every row)."""
+    B, m, nU = alpha.shape
+    if bd.gstart.size <= 1:
+        best, state = optimise(bd, split, alpha, beta, iters, lr_alpha, lr_beta,
+                               chords=chords, deadline=deadline)
+        return best, state, bd.score_row(best)
+    frozen = done[:, bd.group_of]
+    best = np.where(frozen, np.inf, -np.inf)
+    best_a, best_b = alpha.copy(), beta.copy()
+    ma = np.zeros_like(alpha); va = np.zeros_like(alpha)
+    mb = np.zeros_like(beta); vb = np.zeros_like(beta)
+    b1, b2, eps = 0.9, 0.999, 1e-8
+    lo_a = np.float32(bd.leak)
+    d, r = np.nonzero(~frozen)
+    for t in range(1, iters + 1):
+        if nU == 0 or d.size == 0:
+            break
+        a, be = alpha[d, r], beta[d, r]
+        sp = split[d]
+        ch = None if chords is None else (chords[0][d], chords[1][d])
+        val, state = bd.evaluate(sp, a[:, None], be[:, None], np.float32, keep=True, chords=ch,
+                                 rows=r)
+        val = val[:, 0]
+        imp = val > best[d, r]
+        if imp.any():
+            best[d[imp], r[imp]] = val[imp]
+            best_a[d[imp], r[imp]] = a[imp]
+            best_b[d[imp], r[imp]] = be[imp]
+        gmax = np.maximum.reduceat(best, bd.gstart, axis=1)
+        leave = gmax[d, bd.group_of[r]] > 1e-4 * (1.0 + np.abs(val).max())
+        if t == iters or (deadline is not None and time.monotonic() >= deadline):
+            break
+        gA, gB = bd.gradient(state)
+        ma[d, r] = b1 * ma[d, r] + (1 - b1) * gA
+        va[d, r] = b2 * va[d, r] + (1 - b2) * gA * gA
+        mb[d, r] = b1 * mb[d, r] + (1 - b1) * gB
+        vb[d, r] = b2 * vb[d, r] + (1 - b2) * gB * gB
+        ca = lr_alpha * np.sqrt(1 - b2 ** t) / (1 - b1 ** t)
+        cb = lr_beta * np.sqrt(1 - b2 ** t) / (1 - b1 ** t)
+        a += (ca * ma[d, r] / (np.sqrt(va[d, r]) + eps)).astype(np.float32)
+        np.clip(a, lo_a, 1.0, out=a)
+        be += (cb * mb[d, r] / (np.sqrt(vb[d, r]) + eps)).astype(np.float32)
+        np.maximum(be, 0.0, out=be)
+        be *= sp != 0
+        alpha[d, r] = a
+        beta[d, r] = be
+        d, r = d[~leave], r[~leave]
+    alpha[...] = best_a
+    beta[...] = best_b
+    rows = bd.score_row(best)
+    ar = np.arange(B)
+    val, state = bd.evaluate(split, alpha[ar, rows][:, None], beta[ar, rows][:, None],
+                             np.float32, keep=True, chords=chords, rows=rows)
+    best[ar, rows] = np.maximum(best[ar, rows], val[:, 0])
+    return best, state, rows
+
+
 # ---------------------------------------------------------------------------------- branching
 
 
@@ -666,7 +730,8 @@ def branch_scores(bd: Bounder, state, split, alpha, rows, dl=None, du=None) -> n
     tape, ctr = state[0], state[3]
     B = split.shape[0]
     m = bd.m
-    idx = np.arange(B) * m + rows
+    # the tape holds every row of each domain, or (optimise_open) one row per domain
+    idx = np.arange(B) * m + rows if state[1].shape[0] == B * m else np.arange(B)
     out = np.full((B, bd.nU), -np.inf)
     for k in range(bd.L):
         o0, o1 = bd.offsets[k], bd.offsets[k + 1]
@@ -693,8 +758,9 @@ def branch_scores(bd: Bounder, state, split, alpha, rows, dl=None, du=None) -> n
 class _Pool:
     """Open domains: arrays indexed by slot, a heap of (score, slot) worst first."""
 
-    def __init__(self, nU, m, K, cap=1024, bounds=False):
+    def __init__(self, nU, m, K, cap=1024, bounds=False, cases=1):
         self.nU, self.m, self.K = nU, m, K
+        self.done = np.zeros((cap, cases), bool)  # per domain: cases proven (float64)
         self.split = np.zeros((cap, nU), np.int8)
         # per-domain bounds of the unstable neurons (only when tightened per domain)
         self.dl = np.zeros((cap, nU if bounds else 0))
@@ -708,14 +774,14 @@ class _Pool:
 
     def _grow(self):
         cap = self.split.shape[0]
-        for name in ("split", "alpha", "beta", "cand", "row", "dl", "du"):
+        for name in ("split", "alpha", "beta", "cand", "row", "dl", "du", "done"):
             old = getattr(self, name)
             new = np.zeros((2 * cap,) + old.shape[1:], old.dtype)
             new[:cap] = old
             setattr(self, name, new)
         self.free.extend(range(2 * cap - 1, cap - 1, -1))
 
-    def push(self, score, split, alpha, beta, cand, row, dl=None, du=None):
+    def push(self, score, split, alpha, beta, cand, row, dl=None, du=None, done=None):
         n = split.shape[0]
         while len(self.free) < n:
             self._grow()
@@ -725,6 +791,7 @@ class _Pool:
         self.beta[slots] = beta
         self.cand[slots] = cand
         self.row[slots] = row
+        self.done[slots] = False if done is None else done
         if self.dl.shape[1]:
             self.dl[slots] = dl
             self.du[slots] = du
@@ -736,7 +803,7 @@ class _Pool:
         slots = np.array([s for _, s in items], dtype=np.int64)
         out = (self.split[slots].copy(), self.alpha[slots].copy(), self.beta[slots].copy(),
                self.cand[slots].copy(), self.row[slots].copy(), self.dl[slots].copy(),
-               self.du[slots].copy())
+               self.du[slots].copy(), self.done[slots].copy())
         self.free.extend(slots.tolist())
         return out
 
@@ -844,30 +911,32 @@ def relu_split_steps(weights: Sequence[np.ndarray], biases: Sequence[np.ndarray]
         be = np.maximum(beta.astype(np.float64), 0.0)
         return bd.evaluate(split, a, be, np.float64, charge=charge, chords=chords)
 
-    def assess(split, alpha, beta, n_iters, chords=None):
-        """Optimise and classify a batch; returns (score float64 per domain, proven mask,
-        row, state) and the attack's counterexample if any."""
-        est, state = optimise(bd, split, alpha, beta, n_iters, chords=chords,
-                              deadline=deadline)
+    def assess(split, alpha, beta, done, n_iters, chords=None):
+        """Optimise and classify a batch; ``done`` (B, G): the cases proven on each domain
+        (updated in place by the float64 checks). Returns (score float64 per domain: the
+        worst open case's best row, proven mask, row, state) and the attack's counterexample
+        if any."""
+        est, state, row = optimise_open(bd, split, alpha, beta, done, n_iters, chords=chords,
+                                        deadline=deadline)
         stats["domains"] += split.shape[0]
         stats["batches"] += 1
-        score = bd.score(est)
-        row = bd.score_row(est)
-        proven = np.zeros(split.shape[0], bool)
-        cand = np.flatnonzero(score > 0.0)
+        gmax = np.maximum.reduceat(est, bd.gstart, axis=1)
+        cand = np.flatnonzero(np.any((gmax > 0.0) & ~done, axis=1))
         if cand.size:
             v64 = verify64(split[cand], alpha[cand], beta[cand],
                            None if chords is None else (chords[0][cand], chords[1][cand]))
-            s64 = bd.score(v64)
-            ok = s64 > 0.0
-            proven[cand[ok]] = True
-            bad = cand[~ok]
-            score[bad] = s64[~ok]  # float64 bound not yet positive
+            g64 = np.maximum.reduceat(v64, bd.gstart, axis=1)
+            done[cand] |= g64 > 0.0
+            # a case the float32 estimate put above 0 keeps its float64 bound
+            gmax[cand] = np.where(gmax[cand] > 0.0, g64, gmax[cand])
+        gmax[done] = np.inf
+        score = gmax.min(axis=1)
+        proven = done.all(axis=1)
         # attack: the minimising corners of the rows of domains still open
         openi = np.flatnonzero(~proven)
         if openi.size:
-            Xc = bd.corners(state).reshape(split.shape[0], m, -1)[openi].reshape(-1, bd.box.lo.size)
-            xv = violated(Xc)
+            Xc = bd.corners(state).reshape(split.shape[0], -1, bd.box.lo.size)[openi]
+            xv = violated(Xc.reshape(-1, bd.box.lo.size))
             if xv is not None:
                 return score, proven, row, state, xv
         return score, proven, row, state, None
@@ -875,7 +944,8 @@ def relu_split_steps(weights: Sequence[np.ndarray], biases: Sequence[np.ndarray]
     split = np.zeros((1, nU), np.int8)
     alpha = np.broadcast_to(bd.initial_alpha(), (1, m, nU)).copy()
     beta = np.zeros((1, m, nU), np.float32)
-    score, proven, row, state, xv = assess(split, alpha, beta, root_iters)
+    done = np.zeros((1, max(1, bd.gstart.size)), bool)
+    score, proven, row, state, xv = assess(split, alpha, beta, done, root_iters)
     if xv is not None:
         return result("sat", xv)
     if proven[0]:
@@ -895,7 +965,7 @@ def relu_split_steps(weights: Sequence[np.ndarray], biases: Sequence[np.ndarray]
                                      deadline=deadline)
         if xa is not None:
             return result("sat", xa[1])
-    pool = _Pool(nU, m, K, bounds=interm)
+    pool = _Pool(nU, m, K, bounds=interm, cases=done.shape[1])
     stuck = 0  # domains with nothing left to split and no proof
     if interm:
         rl, ru = bd.root_domain_bounds()
@@ -903,7 +973,7 @@ def relu_split_steps(weights: Sequence[np.ndarray], biases: Sequence[np.ndarray]
     else:
         dl = du = np.zeros((1, 0))
 
-    def enqueue(score, proven, row, state, split, alpha, beta, dl, du):
+    def enqueue(score, proven, row, state, split, alpha, beta, dl, du, done):
         nonlocal stuck
         openi = np.flatnonzero(~proven)
         stats["proven"] += int(proven.sum())
@@ -921,7 +991,7 @@ def relu_split_steps(weights: Sequence[np.ndarray], biases: Sequence[np.ndarray]
         keep = top[:, 0] >= 0
         for i in np.flatnonzero(~keep):
             j = openi[i]
-            out = _leaf(j, split, alpha, beta,
+            out = _leaf(j, split, alpha, beta, done[j],
                         bd.chords(dl[j:j + 1], du[j:j + 1]) if interm else None)
             if isinstance(out, np.ndarray):
                 return out
@@ -932,15 +1002,17 @@ def relu_split_steps(weights: Sequence[np.ndarray], biases: Sequence[np.ndarray]
         sel = openi[keep]
         if sel.size:
             pool.push(score[sel], split[sel], alpha[sel], beta[sel], top[keep], row[sel],
-                      dl[sel], du[sel])
+                      dl[sel], du[sel], done[sel])
 
-    def _leaf(i, split, alpha, beta, chords=None):
+    def _leaf(i, split, alpha, beta, done, chords=None):
         """A fully split open domain: a counterexample x, True (proven), or False. Every case
-        by linear programming; proven when each has multipliers (beta) a float64 evaluation
-        confirms."""
+        not yet proven (``done`` (G,)) by linear programming; proven when each has
+        multipliers (beta) a float64 evaluation confirms."""
         be = np.zeros((1, m, nU))
         ends = list(bd.gstart[1:]) + [m]
-        for g0, g1 in zip(bd.gstart, ends):
+        for g, (g0, g1) in enumerate(zip(bd.gstart, ends)):
+            if done[g]:
+                continue
             out = _leaf_lp(bd, split[i], np.arange(g0, g1))
             if out[0] == "sat":
                 return violated(out[1][None, :])
@@ -948,11 +1020,12 @@ def relu_split_steps(weights: Sequence[np.ndarray], biases: Sequence[np.ndarray]
                 return False
             be[0, out[1]] = out[2]
         for scale in (1.0, 1.0 + 1e-6, 1.01):
-            if bd.score(verify64(split[i:i + 1], alpha[i:i + 1], scale * be, chords))[0] > 0.0:
+            v = verify64(split[i:i + 1], alpha[i:i + 1], scale * be, chords)
+            if np.all((np.maximum.reduceat(v, bd.gstart, axis=1)[0] > 0.0) | done):
                 return True
         return False
 
-    xv = enqueue(score, proven, row, state, split, alpha, beta, dl, du)
+    xv = enqueue(score, proven, row, state, split, alpha, beta, dl, du, done)
     if xv is not None:
         return result("sat", xv)
     while len(pool):
@@ -960,7 +1033,7 @@ def relu_split_steps(weights: Sequence[np.ndarray], biases: Sequence[np.ndarray]
             return result("timeout", worst=pool.worst())
         if len(pool) > max_domains:
             return result("unknown", worst=pool.worst())
-        psplit, palpha, pbeta, pcand, prow, pdl, pdu = pool.pop(max(1, batch // 2))
+        psplit, palpha, pbeta, pcand, prow, pdl, pdu, pdone = pool.pop(max(1, batch // 2))
         P = psplit.shape[0]
         if K > 1:
             choice = _fsb_choice(bd, psplit, palpha, pbeta, pcand,
@@ -976,6 +1049,7 @@ def relu_split_steps(weights: Sequence[np.ndarray], biases: Sequence[np.ndarray]
         ca = np.concatenate([palpha, palpha])
         cb = np.concatenate([pbeta, pbeta])
         cdl, cdu = np.concatenate([pdl, pdl]), np.concatenate([pdu, pdu])
+        cdone = np.concatenate([pdone, pdone])  # a case proven on the parent is on its children
         chords = None
         if interm:
             ti = time.monotonic()
@@ -988,13 +1062,14 @@ def relu_split_steps(weights: Sequence[np.ndarray], biases: Sequence[np.ndarray]
                 stats["domains"] += int(empty.sum())
                 keep = ~empty
                 cs, ca, cb, cdl, cdu = cs[keep], ca[keep], cb[keep], cdl[keep], cdu[keep]
+                cdone = cdone[keep]
                 if cs.shape[0] == 0:
                     continue
             chords = bd.chords(cdl, cdu)
-        score, proven, row, state, xv = assess(cs, ca, cb, iters, chords)
+        score, proven, row, state, xv = assess(cs, ca, cb, cdone, iters, chords)
         if xv is not None:
             return result("sat", xv)
-        xv = enqueue(score, proven, row, state, cs, ca, cb, cdl, cdu)
+        xv = enqueue(score, proven, row, state, cs, ca, cb, cdl, cdu, cdone)
         if xv is not None:
             return result("sat", xv)
         stats["peak"] = max(stats["peak"], len(pool))
