@@ -241,7 +241,7 @@ class Verifier:
         decide) leaves the others running, for a counterexample, then gives ``unknown``."""
         proven = len(cases) - len(open_cases)
         stat = [[0, 0, np.inf] for _ in runs]  # domains, open, worst bound per run
-        peak = 0
+        peak = [0]  # the most open domains at once, over all runs
         unknown = False
 
         def label(members):
@@ -251,6 +251,7 @@ class Verifier:
         def progress_for(r):
             def update(domains, open_, worst):
                 stat[r] = [domains, open_, worst]
+                peak[0] = max(peak[0], sum(v[1] for v in stat))
                 if status is not None:
                     status.update(domains, sum(v[1] for v in stat),
                                   min(v[2] for v in stat))
@@ -264,7 +265,7 @@ class Verifier:
             for r, members, gen in active:
                 if time.monotonic() >= deadline:
                     return done("timeout", "bab", _worst_open(margins, stat), proven,
-                                domains=sum(v[0] for v in stat), peak_domains=peak)
+                                domains=sum(v[0] for v in stat), peak_domains=peak[0])
                 if status is not None:
                     status.begin(kind, unit, label(members), proven, len(cases),
                                  sum(v[0] for i, v in enumerate(stat) if i != r))
@@ -279,7 +280,7 @@ class Verifier:
                     still.append((r, members, gen))
                     continue
                 stat[r] = [res.domains, 0, np.inf]
-                peak = max(peak, res.peak_open)
+                peak[0] = max(peak[0], res.peak_open)
                 visited = sum(v[0] for v in stat)
                 if log is not None:
                     log(f"bab ({kind}): case {label(members)}: {res.verdict} after "
@@ -289,7 +290,7 @@ class Verifier:
                     hit = [j for j in members if np.all(cases[j].A @ y <= cases[j].b)]
                     return done("sat", "bab", _worst(margins), proven, x=res.x, y=y,
                                 case=hit[0] if hit else members[0], domains=visited,
-                                peak_domains=peak)
+                                peak_domains=peak[0])
                 if res.verdict == "unsat":
                     for j in members:
                         margins[j] = max(0.0, res.worst_bound) \
@@ -298,7 +299,7 @@ class Verifier:
                 elif res.verdict == "timeout":
                     stat[r][2] = res.worst_bound
                     return done("timeout", "bab", _worst_open(margins, stat), proven,
-                                domains=visited, peak_domains=peak)
+                                domains=visited, peak_domains=peak[0])
                 else:
                     stat[r][2] = res.worst_bound
                     unknown = True
@@ -307,8 +308,8 @@ class Verifier:
         visited = sum(v[0] for v in stat)
         if unknown:
             return done("unknown", "bab", _worst_open(margins, stat), proven, domains=visited,
-                        peak_domains=peak)
-        return done("unsat", "bab", None, proven, domains=visited, peak_domains=peak)
+                        peak_domains=peak[0])
+        return done("unsat", "bab", None, proven, domains=visited, peak_domains=peak[0])
 
     def _branch_and_bound(self, kind, unit, runs, cases, open_cases, margins, deadline, done,
                           log, status):
