@@ -251,6 +251,10 @@ class Bounder:
         worst = np.maximum.reduceat(v, self.gstart, axis=1).argmin(axis=1)
         return np.where(self.group_of[None, :] == worst[:, None], v, -np.inf).argmax(axis=1)
 
+    def case_rows(self):
+        """The rows of each case: a list of (first, end) pairs, in case order."""
+        return list(zip(self.gstart.tolist(), self.gstart[1:].tolist() + [self.m]))
+
     def unsafe(self, Y) -> np.ndarray:
         """Per output row of Y (N, n_out): does it lie in the unsafe set (some case's every
         row), float64 check, (N,) bool."""
@@ -595,14 +599,27 @@ class Bounder:
 
 # ---------------------------------------------------------------------------------- optimiser
 
+_B1, _B2, _EPS = 0.9, 0.999, 1e-8  # Adam's moment decays and denominator guard
+
+
+def _adam_ascent(x, g, m, v, t, lr):
+    """One Adam ascent step (step ``t`` >= 1) on the float32 parameters x, in place, with
+    gradient g and moments m, v; returns the new moments (the caller stores them and
+    projects x)."""
+    m = _B1 * m + (1 - _B1) * g
+    v = _B2 * v + (1 - _B2) * g * g
+    c = lr * np.sqrt(1 - _B2 ** t) / (1 - _B1 ** t)
+    x += (c * m / (np.sqrt(v) + _EPS)).astype(np.float32)
+    return m, v
+
 
 def optimise(bd: Bounder, split, alpha, beta, iters=20, lr_alpha=0.1, lr_beta=0.05,
              stop=True, chords=None, deadline=None):
     """Projected Adam ascent of the float32 bounds over alpha, beta (B, m, nU) float32, in
     place; keeps per (domain, row) the best iterate. A domain leaves the batch once its
-    :meth:`Bounder.score` is above 0 by a float32 margin (the float64 check decides later). Returns (best
-    bounds (B, m) float32 estimate, the tape of a final evaluation of all domains at the
-    best iterate). ``chords``: the domains' upper lines, as :meth:`Bounder.evaluate`.
+    :meth:`Bounder.score` is above 0 by a float32 margin (the float64 check decides later).
+    Returns (best bounds (B, m) float32 estimate, the tape of a final evaluation of all
+    domains at the best iterate). ``chords``: the domains' upper lines, as :meth:`Bounder.evaluate`.
     ``deadline`` (a ``time.monotonic()`` instant): no further step after it (the first
     evaluation always runs; the best iterate so far is kept, as at the last step)."""
     B, m, nU = alpha.shape
@@ -610,7 +627,6 @@ def optimise(bd: Bounder, split, alpha, beta, iters=20, lr_alpha=0.1, lr_beta=0.
     best_a, best_b = alpha.copy(), beta.copy()
     ma = np.zeros_like(alpha); va = np.zeros_like(alpha)
     mb = np.zeros_like(beta); vb = np.zeros_like(beta)
-    b1, b2, eps = 0.9, 0.999, 1e-8
     splitted = (split != 0)[:, None, :]
     lo_a = np.float32(bd.leak)
     act = np.arange(B)
@@ -633,15 +649,9 @@ def optimise(bd: Bounder, split, alpha, beta, iters=20, lr_alpha=0.1, lr_beta=0.
         gA, gB = bd.gradient(state)
         gA = gA.reshape(a.shape)
         gB = gB.reshape(be.shape)
-        ma[act] = b1 * ma[act] + (1 - b1) * gA
-        va[act] = b2 * va[act] + (1 - b2) * gA * gA
-        mb[act] = b1 * mb[act] + (1 - b1) * gB
-        vb[act] = b2 * vb[act] + (1 - b2) * gB * gB
-        ca = lr_alpha * np.sqrt(1 - b2 ** t) / (1 - b1 ** t)
-        cb = lr_beta * np.sqrt(1 - b2 ** t) / (1 - b1 ** t)
-        a += (ca * ma[act] / (np.sqrt(va[act]) + eps)).astype(np.float32)
+        ma[act], va[act] = _adam_ascent(a, gA, ma[act], va[act], t, lr_alpha)
         np.clip(a, lo_a, 1.0, out=a)
-        be += (cb * mb[act] / (np.sqrt(vb[act]) + eps)).astype(np.float32)
+        mb[act], vb[act] = _adam_ascent(be, gB, mb[act], vb[act], t, lr_beta)
         np.maximum(be, 0.0, out=be)
         be *= splitted[act]
         alpha[act] = a
@@ -672,7 +682,6 @@ def optimise_open(bd: Bounder, split, alpha, beta, done, iters=20, lr_alpha=0.1,
     best_a, best_b = alpha.copy(), beta.copy()
     ma = np.zeros_like(alpha); va = np.zeros_like(alpha)
     mb = np.zeros_like(beta); vb = np.zeros_like(beta)
-    b1, b2, eps = 0.9, 0.999, 1e-8
     lo_a = np.float32(bd.leak)
     d, r = np.nonzero(~frozen)
     for t in range(1, iters + 1):
@@ -694,15 +703,9 @@ def optimise_open(bd: Bounder, split, alpha, beta, done, iters=20, lr_alpha=0.1,
         if t == iters or (deadline is not None and time.monotonic() >= deadline):
             break
         gA, gB = bd.gradient(state)
-        ma[d, r] = b1 * ma[d, r] + (1 - b1) * gA
-        va[d, r] = b2 * va[d, r] + (1 - b2) * gA * gA
-        mb[d, r] = b1 * mb[d, r] + (1 - b1) * gB
-        vb[d, r] = b2 * vb[d, r] + (1 - b2) * gB * gB
-        ca = lr_alpha * np.sqrt(1 - b2 ** t) / (1 - b1 ** t)
-        cb = lr_beta * np.sqrt(1 - b2 ** t) / (1 - b1 ** t)
-        a += (ca * ma[d, r] / (np.sqrt(va[d, r]) + eps)).astype(np.float32)
+        ma[d, r], va[d, r] = _adam_ascent(a, gA, ma[d, r], va[d, r], t, lr_alpha)
         np.clip(a, lo_a, 1.0, out=a)
-        be += (cb * mb[d, r] / (np.sqrt(vb[d, r]) + eps)).astype(np.float32)
+        mb[d, r], vb[d, r] = _adam_ascent(be, gB, mb[d, r], vb[d, r], t, lr_beta)
         np.maximum(be, 0.0, out=be)
         be *= sp != 0
         alpha[d, r] = a
@@ -956,11 +959,10 @@ def relu_split_steps(weights: Sequence[np.ndarray], biases: Sequence[np.ndarray]
     if attack_restarts > 0:
         from .verify_attack import find_counterexample_any
 
-        ends = list(bd.gstart[1:]) + [m]
         xa = find_counterexample_any(bd.weights, bd.biases, bd.activation,
                                      None if bd.activation == "relu" else bd.leak, bd.box.lo,
-                                     bd.box.hi, [(bd.A[g0:g1], bd.b[g0:g1]) for g0, g1 in
-                                                 zip(bd.gstart, ends)],
+                                     bd.box.hi, [(bd.A[g0:g1], bd.b[g0:g1])
+                                                 for g0, g1 in bd.case_rows()],
                                      restarts=attack_restarts, steps=attack_steps, seed=seed,
                                      deadline=deadline)
         if xa is not None:
@@ -1009,8 +1011,7 @@ def relu_split_steps(weights: Sequence[np.ndarray], biases: Sequence[np.ndarray]
         not yet proven (``done`` (G,)) by linear programming; proven when each has
         multipliers (beta) a float64 evaluation confirms."""
         be = np.zeros((1, m, nU))
-        ends = list(bd.gstart[1:]) + [m]
-        for g, (g0, g1) in enumerate(zip(bd.gstart, ends)):
+        for g, (g0, g1) in enumerate(bd.case_rows()):
             if done[g]:
                 continue
             out = _leaf_lp(bd, split[i], np.arange(g0, g1))

@@ -245,8 +245,7 @@ class Verifier:
         unknown = False
 
         def label(members):
-            return str(members[0]) if len(members) == 1 else \
-                f"{','.join(str(j) for j in members)}"
+            return ",".join(str(j) for j in members)
 
         def progress_for(r):
             def update(domains, open_, worst):

@@ -160,7 +160,7 @@ def find_counterexample_any(weights: Sequence[np.ndarray], biases: Sequence[np.n
     width = hi - lo
     leaks = None
     if activation == "relu":  # per start its backward slope of the inactive side
-        leaks = np.asarray(SURROGATE_LEAKS, np.float32)[np.arange(X.shape[0]) % len(SURROGATE_LEAKS)]
+        leaks = np.resize(np.asarray(SURROGATE_LEAKS, np.float32), X.shape[0])
     for k in range(int(steps) + 1):
         f, zs = forward_with_preactivations(W32, B32, activation, X, alpha)
         R = f @ A32.T - b32  # (N, rows of all cases)
