@@ -9,15 +9,15 @@ ReLUs (Wang et al., "Beta-CROWN", NeurIPS 2021; implemented from the paper's ide
   ``tighten_root`` is off). A subdomain is a set of split decisions, neuron -> active
   (z >= 0) or inactive (z <= 0). Root bounds stay valid on every subdomain; the neurons
   unstable at the root are the only ones split.
-- Per-domain bounds (``interm``, default on for 3 or more hidden layers): a child's bounds of
+- Per-domain bounds (``interm``, default on for 2 or more hidden layers): a child's bounds of
   every layer after the layer of its new split are recomputed (:meth:`Bounder.tighten`:
   float64 CROWN back-substitution with the domain's split neurons exact and its other
   unstable neurons relaxed by the domain's own bounds, widened like the final rows' bound,
   intersected with the parent's, which hold on the child). A neuron they prove stable is
   fixed like a split (implied split: exact, and its sign condition holds on the domain); a
   domain whose bounds cross (l > u somewhere: contradicting splits) is empty, hence proven.
-  Branching then stays in the shallowest layer with open neurons (``layer_window``): an
-  early split tightens every later layer. Without ``interm`` every domain keeps the root's
+  On 3 or more hidden layers branching then stays in the shallowest layer with open neurons
+  (``layer_window``): an early split tightens every later layer. Without ``interm`` every domain keeps the root's
   bounds. The float64 rounding charges use the root intervals (a domain's lie inside them).
 - On a subdomain the final rows ``A_i f(x) - b_i`` are bounded by one back-substitution
   per (domain, row): a split-active neuron is the identity, split-inactive is the inactive
@@ -863,9 +863,9 @@ def relu_split_steps(weights: Sequence[np.ndarray], biases: Sequence[np.ndarray]
     bounds by :func:`root_layer_bounds` instead of CROWN's; ``layer_bounds`` gives them
     (e.g. computed once for several cases on one box). ``interm``: recompute each child
     domain's hidden-layer bounds after its new split (:meth:`Bounder.tighten`) instead of
-    keeping the root's (default: on for 3 or more hidden layers). ``layer_window``: branch
+    keeping the root's (default: on for 2 or more hidden layers). ``layer_window``: branch
     only on neurons of the ``layer_window`` shallowest layers with open neurons in the
-    domain (0: anywhere; default: 1 with ``interm``, else 0): with per-domain bounds an early
+    domain (0: anywhere; default: 1 with ``interm`` on 3 or more hidden layers, else 0): with per-domain bounds an early
     split tightens every later layer. ``progress(domains, open, worst)``: called after every
     batch with the domains bounded so far, the open domains and the worst open domain's
     score (the float32 estimate of its best row's bound minus b). ``groups``: several cases
@@ -880,12 +880,13 @@ def relu_split_steps(weights: Sequence[np.ndarray], biases: Sequence[np.ndarray]
     bd = Bounder(weights, biases, lo, hi, A, b, activation, leak, layer_bounds, groups)
     m, nU = bd.m, bd.nU
     if interm is None:
-        interm = bd.L >= 3
+        interm = bd.L >= 2
     interm = bool(interm) and bd.L > 1 and nU > 0
     if fsb_k is None:
         fsb_k = 20 if interm else 3
     K = max(1, min(int(fsb_k), nU)) if branching == "fsb" else 1
-    window = int(layer_window) if layer_window is not None else (1 if interm else 0)
+    window = int(layer_window) if layer_window is not None else \
+        (1 if interm and bd.L >= 3 else 0)
     per_domain = nU * (1 + 8 * m + (16 if interm else 0)) + 8 * (K + 4)
     max_domains = int(min(max_domains, max_memory // per_domain))
     if branching not in ("babsr", "fsb"):
