@@ -97,15 +97,20 @@ class _Relax:
 
 
 def root_layer_bounds(weights, biases, lo, hi, activation="relu", leak=None, iters=20,
-                      deadline=None):
+                      deadline=None, slopes=False):
     """Pre-activation bounds of every hidden layer over the box, tightened layer by layer by
     optimising the lower slopes (alpha-CROWN style, with this module's optimiser): layer k's
     bounds of z_j and -z_j are rows of a :class:`Bounder` on the network cut after W_k,
     given the (already tightened) bounds of the layers before it, checked in float64 and
-    intersected with CROWN's. Returns [(l, u), ...] (float64)."""
+    intersected with CROWN's. Returns [(l, u), ...] (float64); with ``slopes`` also the
+    optimised lower slopes, per layer k None or (neurons (R,), alpha (2R, n) float64 in
+    [leak, 1]): rows z_j then -z_j of those neurons, columns the unstable neurons of the
+    layers before k (numbered as in a :class:`Bounder` given these bounds), for
+    ``Bounder(interm_slopes=...)``."""
     bd = Bounder(weights, biases, lo, hi, np.zeros((0, weights[-1].shape[0])), np.zeros(0),
                  activation, leak)
     bounds = [(l.copy(), u.copy()) for l, u in bd.bounds]
+    found = [None] * bd.L
     for k in range(1, bd.L):
         if deadline is not None and time.monotonic() >= deadline:
             break
@@ -123,14 +128,15 @@ def root_layer_bounds(weights, biases, lo, hi, activation="relu", leak=None, ite
         alpha = np.broadcast_to(sub.initial_alpha(), (1, sub.m, sub.nU)).copy()
         beta = np.zeros_like(alpha)
         optimise(sub, split, alpha, beta, iters, stop=False, deadline=deadline)
-        v = sub.evaluate(split, np.clip(alpha.astype(np.float64), sub.leak, 1.0),
-                         np.zeros(alpha.shape), np.float64)[0]
+        a64 = np.clip(alpha.astype(np.float64), sub.leak, 1.0)
+        v = sub.evaluate(split, a64, np.zeros(alpha.shape), np.float64)[0]
+        found[k] = (rows, a64[0])
         # rows bound z_j - b_up and -z_j - b_up with b_up = 5e-324 > 0: v <= z_j (or -z_j)
         l, u = l.copy(), u.copy()
         l[rows] = np.maximum(l[rows], v[:rows.size])
         u[rows] = np.minimum(u[rows], -v[rows.size:])
         bounds[k] = (l, u)
-    return bounds
+    return (bounds, found) if slopes else bounds
 
 
 class Bounder:
@@ -146,10 +152,15 @@ class Bounder:
     ``groups`` (m,): the case of each row, rows of a case adjacent (default: one case). The
     unsafe set is the union over cases of ``{A_g f(x) <= b_g}`` (each a conjunction): a domain
     is proven when every case has a row whose lower bound is above 0 (:meth:`score` > 0).
+
+    ``interm_slopes``: lower slopes for the per-domain hidden-layer bounds of :meth:`tighten`,
+    as :func:`root_layer_bounds` returns them with ``slopes`` (given with its bounds): each
+    layer's neuron keeps the slopes optimised for it at the root instead of CROWN's adaptive
+    ones (any slope in [leak, 1] is a valid lower bound of an unstable neuron).
     """
 
     def __init__(self, weights, biases, lo, hi, A, b, activation="relu", leak=None,
-                 layer_bounds=None, groups=None):
+                 layer_bounds=None, groups=None, interm_slopes=None):
         if activation not in ("relu", "leaky_relu"):
             raise ValueError("relu_split: activation must be relu or leaky_relu")
         self.weights = [np.ascontiguousarray(w, dtype=np.float64) for w in weights]
@@ -204,6 +215,19 @@ class Bounder:
             self.alpha0.append(r.aL[cols].copy())
             self.offsets.append(self.offsets[-1] + cols.size)
         self.nU = self.offsets[-1]
+        # per hidden layer k >= 1: (2 R_k, offsets[k]) lower slopes of the rows z_j, -z_j of
+        # its unstable neurons over the unstable neurons before it, or None (adaptive)
+        self.islopes = [None] * self.L
+        for k, entry in enumerate(interm_slopes or ()):
+            if entry is None or k == 0 or k >= self.L or self.ucols[k].size == 0:
+                continue
+            neur, a = np.asarray(entry[0]), np.asarray(entry[1], np.float64)
+            pos = np.searchsorted(neur, self.ucols[k])
+            if (a.shape != (2 * neur.size, self.offsets[k]) or np.any(pos >= neur.size)
+                    or np.any(neur[np.minimum(pos, neur.size - 1)] != self.ucols[k])):
+                raise ValueError(f"interm_slopes: layer {k} does not match the layer bounds")
+            self.islopes[k] = np.ascontiguousarray(
+                np.clip(np.concatenate([a[pos], a[neur.size + pos]]), leak, 1.0))
         self.layer_of = np.zeros(self.nU, dtype=np.int64)
         for k in range(self.L):
             self.layer_of[self.offsets[k]:self.offsets[k + 1]] = k
@@ -485,18 +509,20 @@ class Bounder:
         self._ssk = [self.stable_slope[j][kp] for j, kp in enumerate(keep)]
         self._vk = [self.rw[j][0][kp] for j, kp in enumerate(keep)]
 
-    def _rows_lower(self, k, dd, ii, split, dl, du):
+    def _rows_lower(self, k, dd, split, dl, du):
         """float64 lower bounds of ``z_kj`` and ``-z_kj`` (rows (n, 2R): first z, then -z)
-        for the domains ``dd`` (n,) and layer k's unstable neurons at positions ``ii`` (n, R)
-        of its list, over each domain (box and split constraints): CROWN back-substitution
-        through layers k-1..0 with the split neurons fixed (identity / inactive slope), the
-        others relaxed by the domain's bounds (chord above, CROWN's adaptive slope below),
-        widened like :meth:`evaluate` (final-sum allowance and per-step product rounding)."""
-        n, R = ii.shape
-        neur = self.ucols[k][ii]
-        Wr = self._Wrow[k][neur]  # (n, R, |keep_{k-1}|)
-        br = self.biases[k][neur]
+        for the domains ``dd`` (n,) and layer k's R unstable neurons, over each domain (box
+        and split constraints): CROWN back-substitution through layers k-1..0 with the split
+        neurons fixed (identity / inactive slope), the others relaxed by the domain's bounds
+        (chord above; below the row's root-optimised slope of ``interm_slopes``, else CROWN's
+        adaptive one), widened like :meth:`evaluate` (final-sum allowance and per-step product
+        rounding)."""
+        n, R = dd.size, self.ucols[k].size
+        neur = self.ucols[k]
+        Wr = np.broadcast_to(self._Wrow[k][neur], (n, R, self._Wrow[k].shape[1]))
+        br = np.broadcast_to(self.biases[k][neur], (n, R))
         rows = 2 * R
+        isl = self.islopes[k]
         Lam = np.concatenate([Wr, -Wr], axis=1)
         const = np.concatenate([br, -br], axis=1).reshape(-1)
         mag = np.abs(const)
@@ -506,12 +532,14 @@ class Bounder:
             sp = split[dd, o0:o1]
             l, u = dl[dd, o0:o1], du[dd, o0:o1]
             cs, ct = self.chords(l, u)
+            alo = None if isl is None else isl[:, o0:o1]
             if _kern() is not None:
                 D, dc, dm, st = _kern().interm_step64(
                     np.ascontiguousarray(Lam), self._ssk[j], self._upos[j],
                     np.ascontiguousarray(sp), np.ascontiguousarray(l), np.ascontiguousarray(u),
                     cs, ct, self.leak, self._bk[j], np.abs(self._bk[j]), self._vk[j],
-                    float(self.rw[j][1]))
+                    float(self.rw[j][1]),
+                    np.zeros((0, 0)) if alo is None else np.ascontiguousarray(alo))
                 const = const + dc
                 mag = mag + dm
                 steps = steps + st
@@ -519,7 +547,10 @@ class Bounder:
                 continue
             fixed = np.where(sp > 0, 1.0, self.leak)
             free = sp == 0
-            s_lo = np.where(free, np.where(u >= -l, 1.0, self.leak), fixed)[:, None, :]
+            if alo is None:
+                s_lo = np.where(free, np.where(u >= -l, 1.0, self.leak), fixed)[:, None, :]
+            else:
+                s_lo = np.where(free[:, None, :], alo[None, :, :], fixed[:, None, :])
             s_up = np.where(free, cs, fixed)[:, None, :]
             t_up = np.where(free, ct, 0.0)[:, None, :]
             up = self._upos[j]
@@ -574,14 +605,13 @@ class Bounder:
             # every unstable neuron of the layer: the split ones' bounds (taking their sign)
             # find domains whose splits contradict each other
             R = o1 - o0
-            idx = np.broadcast_to(np.arange(R), (doms.size, R))
             chunk = max(1, int(max_bytes // (8 * 8 * 2 * R * widest)))
             for c0 in range(0, doms.size, chunk):
                 if deadline is not None and time.monotonic() >= deadline:
                     break
-                dd, ii = doms[c0:c0 + chunk], idx[c0:c0 + chunk]
-                low = self._rows_lower(k, dd, ii, split, dl, du)
-                rr, cc = dd[:, None], o0 + ii
+                dd = doms[c0:c0 + chunk]
+                low = self._rows_lower(k, dd, split, dl, du)
+                rr, cc = dd[:, None], o0 + np.arange(R)[None, :]
                 dl[rr, cc] = np.maximum(dl[rr, cc], low[:, :R])
                 du[rr, cc] = np.minimum(du[rr, cc], -low[:, R:])
             sl, su, sp = dl[doms, o0:o1], du[doms, o0:o1], split[doms, o0:o1]
@@ -841,6 +871,7 @@ def relu_split_steps(weights: Sequence[np.ndarray], biases: Sequence[np.ndarray]
                charge=None, attack_restarts: int = 16, attack_steps: int = 50,
                seed: int = 0, tighten_root: bool = True, layer_bounds=None,
                max_memory: float = 2.0 ** 31, interm: Optional[bool] = None,
+               layer_slopes=None,
                layer_window: Optional[int] = None, groups=None,
                progress: Optional[Callable[[int, int, float], None]] = None) -> BabResult:
     """Decide the case ``x in [lo, hi] and A f(x) <= b`` by ReLU-splitting branch and bound,
@@ -860,8 +891,9 @@ def relu_split_steps(weights: Sequence[np.ndarray], biases: Sequence[np.ndarray]
     batch (10 lost a 256x4 case that 20 proves). ``charge``: see :meth:`Bounder.evaluate`.
     ``attack_restarts``/``attack_steps``: a PGD attack (verify_attack.find_counterexample)
     when the root is not proven (0 restarts: none). ``tighten_root``: the hidden layers'
-    bounds by :func:`root_layer_bounds` instead of CROWN's; ``layer_bounds`` gives them
-    (e.g. computed once for several cases on one box). ``interm``: recompute each child
+    bounds by :func:`root_layer_bounds` instead of CROWN's, its slopes serving the
+    per-domain bounds; ``layer_bounds`` gives them, ``layer_slopes`` its slopes (e.g.
+    computed once for several cases on one box). ``interm``: recompute each child
     domain's hidden-layer bounds after its new split (:meth:`Bounder.tighten`) instead of
     keeping the root's (default: on for 2 or more hidden layers). ``layer_window``: branch
     only on neurons of the ``layer_window`` shallowest layers with open neurons in the
@@ -875,9 +907,10 @@ def relu_split_steps(weights: Sequence[np.ndarray], biases: Sequence[np.ndarray]
     """
     t0 = time.monotonic()
     if layer_bounds is None and tighten_root and len(weights) > 2:
-        layer_bounds = root_layer_bounds(weights, biases, lo, hi, activation, leak,
-                                         deadline=deadline)
-    bd = Bounder(weights, biases, lo, hi, A, b, activation, leak, layer_bounds, groups)
+        layer_bounds, layer_slopes = root_layer_bounds(weights, biases, lo, hi, activation,
+                                                       leak, deadline=deadline, slopes=True)
+    bd = Bounder(weights, biases, lo, hi, A, b, activation, leak, layer_bounds, groups,
+                 layer_slopes)
     m, nU = bd.m, bd.nU
     if interm is None:
         interm = bd.L >= 2

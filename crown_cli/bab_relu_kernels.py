@@ -79,13 +79,14 @@ def back32(gD, Lam, cols, sp, pos, slope, ss, ct, o0, gA, gB, want_G):
 
 
 @njit(cache=True)
-def interm_step64(Lam, ss, upos, sp, l, u, cs, ct, leak, bk, absbk, vk, tk):
+def interm_step64(Lam, ss, upos, sp, l, u, cs, ct, leak, bk, absbk, vk, tk, alo):
     """One float64 step of :meth:`crown_cli.bab_relu.Bounder._rows_lower` through a hidden
     layer, for Lam (n, rows, w) over the layer's kept neurons: D (n * rows, w) (Lam scaled by
     each domain's slopes: stable ones ``ss``; at the unstable positions ``upos`` split
     neurons identity / ``leak``, open ones CROWN's adaptive lower slope or the chord (cs, ct)
-    by the sign of Lam), and per row the constant picked up (D . bk plus the chord
-    intercepts), the magnitude sum of those terms (|D| . absbk plus |intercepts|) and the
+    by the sign of Lam; ``alo`` (rows, nu), when not empty, gives each row's lower slopes of
+    the open neurons instead of the adaptive ones), and per row the constant picked up
+    (D . bk plus the chord intercepts), the magnitude sum of those terms (|D| . absbk plus |intercepts|) and the
     product-rounding charge |D| . vk + tk. Same products as the numpy path there; the sums
     in another order."""
     n, rows, w = Lam.shape
@@ -95,6 +96,7 @@ def interm_step64(Lam, ss, upos, sp, l, u, cs, ct, leak, bk, absbk, vk, tk):
     dm = np.zeros(n * rows)
     st = np.zeros(n * rows)
     s_lo = np.empty(nu)
+    use_alo = alo.shape[0] > 0
     for i in range(n):
         for q in range(nu):
             s = sp[i, q]
@@ -116,7 +118,9 @@ def interm_step64(Lam, ss, upos, sp, l, u, cs, ct, leak, bk, absbk, vk, tk):
                 c = upos[q]
                 lv = Lam[i, r, c]
                 s = sp[i, q]
-                if lv >= 0.0 or s != 0:
+                if s == 0 and lv >= 0.0 and use_alo:
+                    D[o, c] = lv * alo[r, q]
+                elif lv >= 0.0 or s != 0:
                     D[o, c] = lv * s_lo[q]
                 else:
                     D[o, c] = lv * cs[i, q]

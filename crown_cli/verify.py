@@ -207,10 +207,11 @@ class Verifier:
         runs = []
         for members in _by_box(cases, open_cases):
             c0 = cases[members[0]]
-            layer_bounds = None
+            layer_bounds = slopes = None
             if len(self.weights) > 2:
-                layer_bounds = root_layer_bounds(self.weights, self.biases, c0.lo, c0.hi,
-                                                 self.activation, leak, deadline=deadline)
+                layer_bounds, slopes = root_layer_bounds(
+                    self.weights, self.biases, c0.lo, c0.hi, self.activation, leak,
+                    deadline=deadline, slopes=True)
             # jointly: one search for the box's cases; else one per case, best bound first
             parts = [members] if joint else \
                 [[j] for j in sorted(members, key=lambda j: -margins.get(j, -np.inf))]
@@ -220,10 +221,12 @@ class Verifier:
                 groups = np.concatenate([np.full(cases[j].A.shape[0], g)
                                          for g, j in enumerate(part)])
                 runs.append((part, lambda progress, c0=c0, A=A, b=b, groups=groups,
-                             lb=layer_bounds, seed=self.seed + part[0]: relu_split_steps(
+                             lb=layer_bounds, ls=slopes,
+                             seed=self.seed + part[0]: relu_split_steps(
                                  self.weights, self.biases, c0.lo, c0.hi, A, b, deadline,
                                  max_domains=self.max_domains, activation=self.activation,
-                                 leak=leak, layer_bounds=lb, groups=groups, seed=seed,
+                                 leak=leak, layer_bounds=lb, layer_slopes=ls,
+                                 groups=groups, seed=seed,
                                  attack_restarts=0, progress=progress)))
         return self._interleave("ReLU split", "domains", runs, cases, open_cases, margins,
                                 deadline, done, log, status)

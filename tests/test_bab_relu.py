@@ -394,12 +394,31 @@ def _split_domains(bd, w, b, lo, hi, rng, n, layers=(0, 1), share=0.5, activatio
     return split
 
 
-def test_tighten_contains_exact_subdomain_ranges():
+def _slopes_bounder(w, b, lo, hi, A, bvec, activation, slopes, rng):
+    """A Bounder whose per-domain bounds use no root slopes (adaptive), the root's optimised
+    ones (with the root's bounds), or random ones in [leak, 1] of the same layout."""
+    if slopes is None:
+        return bab_relu.Bounder(w, b, lo, hi, A, bvec, activation)
+    bounds, sl = bab_relu.root_layer_bounds(w, b, lo, hi, activation, slopes=True)
+    assert any(e is not None for e in sl)
+    if slopes == "random":
+        leak = 0.0 if activation == "relu" else 0.2
+        sl = [None if e is None else (e[0], rng.uniform(leak, 1.0, e[1].shape)) for e in sl]
+    bd = bab_relu.Bounder(w, b, lo, hi, A, bvec, activation, layer_bounds=bounds,
+                          interm_slopes=sl)
+    assert any(x is not None for x in bd.islopes)
+    return bd
+
+
+@pytest.mark.parametrize("slopes", [None, "root", "random"])
+def test_tighten_contains_exact_subdomain_ranges(slopes):
     """The per-domain bounds of every later layer's unstable neurons contain the exact range
     of the pre-activation over the subdomain (MILP), improve on the root's, and a neuron they
-    fix (implied split) has that sign on the whole subdomain."""
+    fix (implied split) has that sign on the whole subdomain; with CROWN's adaptive lower
+    slopes, the root's optimised ones, or random ones."""
     w, b, x0, lo, hi = _case(24, sizes=(5, 10, 10, 10, 3), eps=0.3)
-    bd = bab_relu.Bounder(w, b, lo, hi, np.zeros((0, 3)), np.zeros(0))
+    bd = _slopes_bounder(w, b, lo, hi, np.zeros((0, 3)), np.zeros(0), "relu", slopes,
+                         np.random.default_rng(26))
     rng = np.random.default_rng(25)
     split = _split_domains(bd, w, b, lo, hi, rng, 4)
     rl, ru = bd.root_domain_bounds()
@@ -427,16 +446,17 @@ def test_tighten_contains_exact_subdomain_ranges():
     assert implied > 0
 
 
-@pytest.mark.parametrize("activation", ["relu", "leaky_relu"])
-def test_tighten_sound_on_samples(activation):
+@pytest.mark.parametrize("activation,slopes", [("relu", None), ("leaky_relu", None),
+                                               ("relu", "root"), ("leaky_relu", "random")])
+def test_tighten_sound_on_samples(activation, slopes):
     """Dense samples: every sample meeting a domain's splits has each pre-activation within
     the domain's bounds; a domain flagged empty has no such sample (random signs, many of
-    them contradictory)."""
+    them contradictory); numba step and numpy twin agree, with or without root slopes."""
     w, b, x0, lo, hi = _case(23, sizes=(4, 12, 12, 12, 12, 3), eps=0.5)
     A = np.array([[1.0, -1.0, 0.0], [0.0, -1.0, 1.0]])
     bvec = np.array([0.05, -0.1])
-    bd = bab_relu.Bounder(w, b, lo, hi, A, bvec, activation)
     rng = np.random.default_rng(24)
+    bd = _slopes_bounder(w, b, lo, hi, A, bvec, activation, slopes, rng)
     X = lo + (hi - lo) * rng.uniform(size=(40000, lo.size))
     X[:256] = np.where(rng.integers(0, 2, (256, lo.size)) == 1, hi, lo)
     Z = _forward_z(w, b, X, activation)
@@ -483,7 +503,8 @@ def test_tighten_sound_on_samples(activation):
     ch = bd.chords(dl, du)
     v = bd.evaluate(s2, alpha, beta, chords=ch)
     v_root = bd.evaluate(s2, alpha, beta)
-    assert np.mean(v[~empty] - v_root[~empty]) > 0.01
+    # (less to gain over root bounds already tightened by alpha, or with random slopes)
+    assert np.mean(v[~empty] - v_root[~empty]) > (0.01 if slopes is None else 0.002)
     for d in np.flatnonzero(~empty):
         inside = np.all((split[d] == 0) | (np.sign(Zu) == split[d]) | (Zu == 0), axis=1)
         assert np.all(margin[inside] >= v[d] - 1e-12)
