@@ -123,7 +123,11 @@ def bab_relu_worker(seconds, vnncomp, joint=False):
     weights, biases = mlp.verify_layers()
     prop = parse_vnnlib(os.path.join(folder, "prop_3_0.03.vnnlib"), 784, 10)
     c0 = prop.cases[0]
-    bounds = root_layer_bounds(weights, biases, c0.lo, c0.hi)
+    try:  # the root's slopes serve the per-domain bounds, as in verify
+        bounds, slopes = root_layer_bounds(weights, biases, c0.lo, c0.hi, slopes=True)
+        extra = {"layer_slopes": slopes}
+    except TypeError:  # a checkout before interm_slopes
+        bounds, extra = root_layer_bounds(weights, biases, c0.lo, c0.hi), {}
     name = "bab-relu-joint" if joint else "bab-relu"
     res = {"case": name, "seconds": seconds, "domains": 0, "time_s": 0.0, "verdicts": []}
     end = time.monotonic() + seconds
@@ -133,7 +137,7 @@ def bab_relu_worker(seconds, vnncomp, joint=False):
         groups = np.concatenate([np.full(c.A.shape[0], g) for g, c in enumerate(prop.cases)])
         try:
             r = relu_split(weights, biases, c0.lo, c0.hi, A, b, end, layer_bounds=bounds,
-                           groups=groups, attack_restarts=0)
+                           groups=groups, attack_restarts=0, **extra)
         except TypeError:  # a checkout without joint searches
             print(json.dumps({"case": name, "error": "relu_split has no groups here"}))
             return
@@ -146,7 +150,7 @@ def bab_relu_worker(seconds, vnncomp, joint=False):
         if time.monotonic() >= end:
             break
         r = relu_split(weights, biases, c.lo, c.hi, c.A, c.b, end, layer_bounds=bounds,
-                       seed=j, attack_restarts=0)
+                       seed=j, attack_restarts=0, **extra)
         res["domains"] += r.domains
         res["time_s"] += r.time_s
         res["verdicts"].append(r.verdict)

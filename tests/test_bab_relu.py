@@ -410,6 +410,22 @@ def _slopes_bounder(w, b, lo, hi, A, bvec, activation, slopes, rng):
     return bd
 
 
+def test_interm_slopes_must_match_the_layer_bounds():
+    """Root slopes computed for other bounds (other box) are refused with the layer named;
+    slopes given without their bounds too (CROWN's bounds number neurons differently)."""
+    w, b, x0, lo, hi = _case(24, sizes=(5, 10, 10, 10, 3), eps=0.3)
+    bounds, sl = bab_relu.root_layer_bounds(w, b, lo, hi, slopes=True)
+    _, other = bab_relu.root_layer_bounds(w, b, lo - 0.2, hi + 0.2, slopes=True)
+    with pytest.raises(ValueError, match="interm_slopes: layer [12] does not match"):
+        bab_relu.Bounder(w, b, lo, hi, np.zeros((0, 3)), np.zeros(0), layer_bounds=bounds,
+                         interm_slopes=other)
+    bd = bab_relu.Bounder(w, b, lo, hi, np.zeros((0, 3)), np.zeros(0), layer_bounds=bounds,
+                          interm_slopes=sl)
+    k = next(k for k, e in enumerate(sl) if e is not None)
+    assert bd.islopes[k].shape == (2 * bd.ucols[k].size, bd.offsets[k])
+    assert np.all((bd.islopes[k] >= 0.0) & (bd.islopes[k] <= 1.0))
+
+
 @pytest.mark.parametrize("slopes", [None, "root", "random"])
 def test_tighten_contains_exact_subdomain_ranges(slopes):
     """The per-domain bounds of every later layer's unstable neurons contain the exact range
