@@ -198,8 +198,9 @@ class Verifier:
         search per box decides all its open cases together: there each domain's hidden-layer
         bounds, recomputed after every split and most of the cost, serve every case (on
         mnistfc 256x6 prop_12_0.03, 150 s: worst bound -28 over all 9 cases jointly, against
-        -54 to -78 with 17 s per case). On shallower networks, without per-domain bounds,
-        one search per case (each branches for its own case)."""
+        -54 to -78 with 17 s per case). On shallower networks one search per case (each
+        branches for its own case; on 256x2 the joint search was no better). The root's
+        optimised slopes serve every domain's recomputed hidden-layer bounds."""
         from .bab_relu import relu_split_steps, root_layer_bounds
 
         leak = None if self.activation == "relu" else self.alpha
