@@ -17,8 +17,8 @@ ReLUs (Wang et al., "Beta-CROWN", NeurIPS 2021; implemented from the paper's ide
   fixed like a split (implied split: exact, and its sign condition holds on the domain); a
   domain whose bounds cross (l > u somewhere: contradicting splits) is empty, hence proven.
   On 3 or more hidden layers branching then stays in the shallowest layer with open neurons
-  (``layer_window``): an early split tightens every later layer. Without ``interm`` every domain keeps the root's
-  bounds. The float64 rounding charges use the root intervals (a domain's lie inside them).
+  (``layer_window``): an early split tightens every later layer. Without ``interm`` every
+  domain keeps the root's bounds. The float64 rounding charges use the root intervals (a domain's lie inside them).
 - On a subdomain the final rows ``A_i f(x) - b_i`` are bounded by one back-substitution
   per (domain, row): a split-active neuron is the identity, split-inactive is the inactive
   slope (0 for ReLU), an unstable unsplit neuron has the chord of the domain's bounds above
@@ -897,8 +897,8 @@ def relu_split_steps(weights: Sequence[np.ndarray], biases: Sequence[np.ndarray]
     domain's hidden-layer bounds after its new split (:meth:`Bounder.tighten`) instead of
     keeping the root's (default: on for 2 or more hidden layers). ``layer_window``: branch
     only on neurons of the ``layer_window`` shallowest layers with open neurons in the
-    domain (0: anywhere; default: 1 with ``interm`` on 3 or more hidden layers, else 0): with per-domain bounds an early
-    split tightens every later layer. ``progress(domains, open, worst)``: called after every
+    domain (0: anywhere; default: 1 with ``interm`` on 3 or more hidden layers, else 0):
+    with per-domain bounds an early split tightens every later layer. ``progress(domains, open, worst)``: called after every
     batch with the domains bounded so far, the open domains and the worst open domain's
     score (the float32 estimate of its best row's bound minus b). ``groups``: several cases
     at once (:class:`Bounder`): every domain is bounded in all their rows (the per-domain

@@ -86,9 +86,9 @@ def interm_step64(Lam, ss, upos, sp, l, u, cs, ct, leak, bk, absbk, vk, tk, alo)
     neurons identity / ``leak``, open ones CROWN's adaptive lower slope or the chord (cs, ct)
     by the sign of Lam; ``alo`` (rows, nu), when not empty, gives each row's lower slopes of
     the open neurons instead of the adaptive ones), and per row the constant picked up
-    (D . bk plus the chord intercepts), the magnitude sum of those terms (|D| . absbk plus |intercepts|) and the
-    product-rounding charge |D| . vk + tk. Same products as the numpy path there; the sums
-    in another order."""
+    (D . bk plus the chord intercepts), the magnitude sum of those terms (|D| . absbk plus
+    |intercepts|) and the product-rounding charge |D| . vk + tk. Same products as the numpy
+    path there; the sums in another order."""
     n, rows, w = Lam.shape
     nu = upos.shape[0]
     D = np.empty((n * rows, w))
