@@ -621,6 +621,81 @@ class Bounder:
             empty[doms] |= np.any(sl > su, axis=1)
         return split, dl, du, empty
 
+    def _sub(self, k):
+        """The :class:`Bounder` of the rows ``z_kj`` and ``-z_kj`` of hidden layer k's R
+        unstable neurons (first the R rows z, then -z) over the network's first k hidden
+        layers, with the same root bounds: its unstable neurons are this one's first
+        ``offsets[k]``, numbered alike. Cached."""
+        cache = self.__dict__.setdefault("_subs", {})
+        if k not in cache:
+            cols = self.ucols[k]
+            E = np.zeros((cols.size, self.weights[k].shape[0]))
+            E[np.arange(cols.size), cols] = 1.0
+            cache[k] = Bounder(self.weights[:k + 1], self.biases[:k + 1], self.box.lo,
+                               self.box.hi, np.vstack([E, -E]), np.zeros(2 * cols.size),
+                               self.activation, self.leak, self.bounds[:k])
+        return cache[k]
+
+    def tighten_opt(self, split, dl, du, start, iters: int = 3, lr_alpha: float = 0.3,
+                    lr_beta: float = 0.3, max_bytes: float = 2.0 ** 27, deadline=None):
+        """:meth:`tighten` with optimised multipliers (beta-CROWN for the hidden layers): the
+        bounds of every layer k after ``start[d]`` come from ``iters`` projected Adam steps
+        on each row ``z_kj`` / ``-z_kj`` (:meth:`_sub`) over its lower slopes (from
+        ``interm_slopes``, else CROWN's) and multipliers beta >= 0 of the domain's split
+        constraints ``s_i z_i >= 0`` in the layers before k. On deep domains these
+        constraints narrow later layers far more than the split neurons' exact relaxation
+        alone. Each bound is the float64 evaluation at the best iterate (sound on the
+        subdomain for any slopes in [leak, 1] and any beta >= 0), intersected with ``dl``,
+        ``du``. Only the rows that can change something are bounded: both of a neuron still
+        free on the domain, and of one whose sign is known (split, or stable on the domain)
+        the side that could contradict it (an empty domain). Returns (split, dl, du,
+        empty) as :meth:`tighten`."""
+        split, dl, du = split.copy(), np.array(dl, np.float64), np.array(du, np.float64)
+        dl = np.where(split > 0, np.maximum(dl, 0.0), dl)
+        du = np.where(split < 0, np.minimum(du, 0.0), du)
+        empty = np.any(dl > du, axis=1)
+        start = np.asarray(start)
+        for k in range(1, self.L):
+            o0, o1 = self.offsets[k], self.offsets[k + 1]
+            if o1 == o0:
+                continue
+            doms = np.flatnonzero((start < k) & ~empty)
+            if doms.size == 0:
+                continue
+            sb, R = self._sub(k), o1 - o0
+            widest = max([self.box.lo.size] + [w.shape[0] for w in self.weights[:k]])
+            # per row: alpha, beta, their moments and float64 copies, the tape
+            per = 16 * 4 * max(o0, 1) + 8 * 3 * widest
+            chunk = max(1, int(max_bytes // per))
+            a0 = self.islopes[k] if self.islopes[k] is not None else \
+                np.broadcast_to(sb.initial_alpha(), (2 * R, o0))
+            sg = split[doms, o0:o1].astype(np.int64)
+            sg = np.where(sg != 0, sg, np.where(dl[doms, o0:o1] >= 0.0, 1,
+                                                np.where(du[doms, o0:o1] <= 0.0, -1, 0)))
+            pd, pj = np.nonzero(np.concatenate([sg <= 0, sg >= 0], axis=1))
+            for c0 in range(0, pd.size, chunk):
+                if deadline is not None and time.monotonic() >= deadline:
+                    break
+                dom = doms[pd[c0:c0 + chunk]]
+                rows = pj[c0:c0 + chunk]
+                sp = np.ascontiguousarray(split[dom, :o0])
+                ch = self.chords(dl[dom, :o0], du[dom, :o0])
+                al, be = _optimise_rows(sb, sp, a0[rows], rows, ch, iters, lr_alpha, lr_beta,
+                                        deadline)
+                low = sb.evaluate(sp, al[:, None], be[:, None], np.float64, chords=ch,
+                                  rows=rows)[:, 0]
+                lower = rows < R
+                dlo, clo = dom[lower], o0 + rows[lower]
+                dl[dlo, clo] = np.maximum(dl[dlo, clo], low[lower])
+                dup, cup = dom[~lower], o0 + rows[~lower] - R
+                du[dup, cup] = np.minimum(du[dup, cup], -low[~lower])
+            sl, su, sp = dl[doms, o0:o1], du[doms, o0:o1], split[doms, o0:o1]
+            sp[(sp == 0) & (sl >= 0.0)] = 1
+            sp[(sp == 0) & (su <= 0.0)] = -1
+            split[doms, o0:o1] = sp
+            empty[doms] |= np.any(sl > su, axis=1)
+        return split, dl, du, empty
+
     def corners(self, state) -> np.ndarray:
         """Per evaluated (domain, row): the box corner minimising its final linear function."""
         Lam_in = state[1]
@@ -641,6 +716,43 @@ def _adam_ascent(x, g, m, v, t, lr):
     c = lr * np.sqrt(1 - _B2 ** t) / (1 - _B1 ** t)
     x += (c * m / (np.sqrt(v) + _EPS)).astype(np.float32)
     return m, v
+
+
+def _optimise_rows(bd: Bounder, split, alpha0, rows, chords, iters, lr_alpha, lr_beta,
+                   deadline=None):
+    """Projected Adam ascent of single-row bounds: entry i is row ``rows[i]`` of ``bd`` on
+    the domain ``split[i]`` with upper lines ``chords`` (each (N, nU)), from slopes
+    ``alpha0`` (N, nU) and beta 0. Returns the best iterate's (alpha, beta) (N, nU) float64,
+    clipped to [leak, 1] and >= 0 (beta 0 on unsplit neurons)."""
+    N, nU = alpha0.shape
+    a = np.array(alpha0, np.float32)
+    be = np.zeros((N, nU), np.float32)
+    best = np.full(N, -np.inf)
+    best_a, best_b = a.copy(), be.copy()
+    ma = np.zeros_like(a); va = np.zeros_like(a)
+    mb = np.zeros_like(be); vb = np.zeros_like(be)
+    splitted = split != 0
+    lo_a = np.float32(bd.leak)
+    for t in range(1, iters + 1):
+        if nU == 0:
+            break
+        val, state = bd.evaluate(split, a[:, None], be[:, None], np.float32, keep=True,
+                                 chords=chords, rows=rows)
+        val = val[:, 0]
+        imp = val > best
+        best[imp] = val[imp]
+        best_a[imp] = a[imp]
+        best_b[imp] = be[imp]
+        if t == iters or (deadline is not None and time.monotonic() >= deadline):
+            break
+        gA, gB = bd.gradient(state)
+        ma, va = _adam_ascent(a, gA, ma, va, t, lr_alpha)
+        np.clip(a, lo_a, 1.0, out=a)
+        mb, vb = _adam_ascent(be, gB, mb, vb, t, lr_beta)
+        np.maximum(be, 0.0, out=be)
+        be *= splitted
+    return (np.clip(best_a.astype(np.float64), bd.leak, 1.0),
+            np.maximum(best_b.astype(np.float64), 0.0))
 
 
 def optimise(bd: Bounder, split, alpha, beta, iters=20, lr_alpha=0.1, lr_beta=0.05,
@@ -871,7 +983,7 @@ def relu_split_steps(weights: Sequence[np.ndarray], biases: Sequence[np.ndarray]
                charge=None, attack_restarts: int = 16, attack_steps: int = 50,
                seed: int = 0, tighten_root: bool = True, layer_bounds=None,
                max_memory: float = 2.0 ** 31, interm: Optional[bool] = None,
-               layer_slopes=None,
+               layer_slopes=None, interm_iters: int = 0,
                layer_window: Optional[int] = None, groups=None,
                progress: Optional[Callable[[int, int, float], None]] = None) -> BabResult:
     """Decide the case ``x in [lo, hi] and A f(x) <= b`` by ReLU-splitting branch and bound,
@@ -1088,8 +1200,14 @@ def relu_split_steps(weights: Sequence[np.ndarray], biases: Sequence[np.ndarray]
         chords = None
         if interm:
             ti = time.monotonic()
-            cs, cdl, cdu, empty = bd.tighten(cs, cdl, cdu, np.tile(bd.layer_of[choice], 2),
-                                             deadline=deadline)
+            if interm_iters > 0:
+                cs, cdl, cdu, empty = bd.tighten_opt(cs, cdl, cdu,
+                                                     np.tile(bd.layer_of[choice], 2),
+                                                     interm_iters, deadline=deadline)
+            else:
+                cs, cdl, cdu, empty = bd.tighten(cs, cdl, cdu,
+                                                 np.tile(bd.layer_of[choice], 2),
+                                                 deadline=deadline)
             stats["t_interm"] += time.monotonic() - ti
             if empty.any():  # no point of the box meets the splits: proven
                 stats["proven"] += int(empty.sum())

@@ -426,12 +426,14 @@ def test_interm_slopes_must_match_the_layer_bounds():
     assert np.all((bd.islopes[k] >= 0.0) & (bd.islopes[k] <= 1.0))
 
 
-@pytest.mark.parametrize("slopes", [None, "root", "random"])
-def test_tighten_contains_exact_subdomain_ranges(slopes):
+@pytest.mark.parametrize("slopes,opt", [(None, 0), ("root", 0), ("random", 0), (None, 3),
+                                        ("root", 5)])
+def test_tighten_contains_exact_subdomain_ranges(slopes, opt):
     """The per-domain bounds of every later layer's unstable neurons contain the exact range
     of the pre-activation over the subdomain (MILP), improve on the root's, and a neuron they
     fix (implied split) has that sign on the whole subdomain; with CROWN's adaptive lower
-    slopes, the root's optimised ones, or random ones."""
+    slopes, the root's optimised ones, or random ones; with ``opt`` steps of optimised
+    slopes and split multipliers (:meth:`Bounder.tighten_opt`), narrower than without."""
     w, b, x0, lo, hi = _case(24, sizes=(5, 10, 10, 10, 3), eps=0.3)
     bd = _slopes_bounder(w, b, lo, hi, np.zeros((0, 3)), np.zeros(0), "relu", slopes,
                          np.random.default_rng(26))
@@ -441,6 +443,12 @@ def test_tighten_contains_exact_subdomain_ranges(slopes):
     B = split.shape[0]
     s2, dl, du, empty = bd.tighten(split, np.tile(rl, (B, 1)), np.tile(ru, (B, 1)),
                                    np.full(B, -1))
+    if opt:
+        s0, dl0, du0 = s2, dl, du
+        s2, dl, du, empty = bd.tighten_opt(split, np.tile(rl, (B, 1)), np.tile(ru, (B, 1)),
+                                           np.full(B, -1), iters=opt)
+        free = (s0 == 0) & (bd.layer_of >= 1)[None, :]
+        assert np.sum((du - dl)[free]) < 0.98 * np.sum((du0 - dl0)[free])
     assert not empty.any()
     assert np.all(dl >= rl) and np.all(du <= ru)
     assert np.sum(ru - du) + np.sum(dl - rl) > 1.0  # splits tightened later layers
@@ -462,12 +470,16 @@ def test_tighten_contains_exact_subdomain_ranges(slopes):
     assert implied > 0
 
 
-@pytest.mark.parametrize("activation,slopes", [("relu", None), ("leaky_relu", None),
-                                               ("relu", "root"), ("leaky_relu", "random")])
-def test_tighten_sound_on_samples(activation, slopes):
+@pytest.mark.parametrize("activation,slopes,opt", [("relu", None, 0), ("leaky_relu", None, 0),
+                                                   ("relu", "root", 0),
+                                                   ("leaky_relu", "random", 0),
+                                                   ("relu", "root", 3),
+                                                   ("leaky_relu", None, 4)])
+def test_tighten_sound_on_samples(activation, slopes, opt):
     """Dense samples: every sample meeting a domain's splits has each pre-activation within
     the domain's bounds; a domain flagged empty has no such sample (random signs, many of
-    them contradictory); numba step and numpy twin agree, with or without root slopes."""
+    them contradictory); numba step and numpy twin agree, with or without root slopes; with
+    ``opt`` steps of optimised slopes and multipliers (:meth:`Bounder.tighten_opt`) too."""
     w, b, x0, lo, hi = _case(23, sizes=(4, 12, 12, 12, 12, 3), eps=0.5)
     A = np.array([[1.0, -1.0, 0.0], [0.0, -1.0, 1.0]])
     bvec = np.array([0.05, -0.1])
@@ -492,6 +504,14 @@ def test_tighten_sound_on_samples(activation, slopes):
     np.testing.assert_array_equal(t2[3], empty)
     np.testing.assert_allclose(t2[1], dl, rtol=1e-12, atol=1e-12)
     np.testing.assert_allclose(t2[2], du, rtol=1e-12, atol=1e-12)
+    if opt:
+        s0, dl0, du0, empty0 = s2, dl, du, empty
+        s2, dl, du, empty = bd.tighten_opt(split, np.tile(rl, (B, 1)), np.tile(ru, (B, 1)),
+                                           start, iters=opt)
+        assert np.all(empty[empty0])  # a domain tighten finds empty stays so
+        ok = ~empty
+        free = (s0 == 0) & (dl0 < 0.0) & (du0 > 0.0) & ok[:, None]
+        assert np.sum((du - dl)[free]) < np.sum((du0 - dl0)[free])
     matched = 0
     for d in range(B):
         s = split[d]
@@ -540,11 +560,12 @@ def test_tighten_sound_on_samples(activation, slopes):
                                             (2, (4, 8, 8, 8, 8, 3), 0.2),
                                             (2, (4, 8, 8, 8, 8, 3), 0.3),
                                             (3, (6, 12, 10, 10, 10, 3), 0.3)])
-@pytest.mark.parametrize("window", [1, 0])
-def test_verdicts_with_domain_bounds_against_exact_milp(seed, sizes, eps, window):
+@pytest.mark.parametrize("window,opt", [(1, 0), (0, 0), (1, 3)])
+def test_verdicts_with_domain_bounds_against_exact_milp(seed, sizes, eps, window, opt):
     """3-4 hidden layers, per-domain hidden-layer bounds (interm), branching in the shallowest
-    layer (window 1) or anywhere (0): unsat just below the exact minimum (tens to hundreds of
-    domains), sat just above."""
+    layer (window 1) or anywhere (0), the per-domain bounds with ``opt`` steps of optimised
+    slopes and split multipliers (0: none): unsat just below the exact minimum (tens to
+    hundreds of domains), sat just above."""
     w, b, x0, lo, hi = _case(seed, sizes=sizes, eps=eps)
     c, t = 0, 1 + seed % 2
     res = _exact(w, b, x0, eps, c, t)
@@ -552,11 +573,12 @@ def test_verdicts_with_domain_bounds_against_exact_milp(seed, sizes, eps, window
     A[0, c], A[0, t] = 1.0, -1.0
     gap = 0.01 * (1.0 + abs(res.value))
     r = bab_relu.relu_split(w, b, lo, hi, A, np.array([res.dual_bound - gap]),
-                            time.monotonic() + 60, batch=16, interm=True, layer_window=window)
+                            time.monotonic() + 60, batch=16, interm=True, layer_window=window,
+                            interm_iters=opt)
     assert r.verdict == "unsat"
     r = bab_relu.relu_split(w, b, lo, hi, A, np.array([res.value + gap]),
                             time.monotonic() + 60, batch=16, interm=True, layer_window=window,
-                            attack_restarts=0)
+                            attack_restarts=0, interm_iters=opt)
     assert r.verdict == "sat"
     assert np.all(r.x >= lo) and np.all(r.x <= hi)
     y = mlp_forward(w, b, "relu", r.x)
