@@ -560,12 +560,12 @@ def test_tighten_sound_on_samples(activation, slopes, opt):
                                             (2, (4, 8, 8, 8, 8, 3), 0.2),
                                             (2, (4, 8, 8, 8, 8, 3), 0.3),
                                             (3, (6, 12, 10, 10, 10, 3), 0.3)])
-@pytest.mark.parametrize("window,opt", [(1, 0), (0, 0), (1, 3)])
-def test_verdicts_with_domain_bounds_against_exact_milp(seed, sizes, eps, window, opt):
+@pytest.mark.parametrize("window,opt,mins", [(1, 0, 0), (0, 0, 0), (1, 3, 0), (0, 3, 2)])
+def test_verdicts_with_domain_bounds_against_exact_milp(seed, sizes, eps, window, opt, mins):
     """3-4 hidden layers, per-domain hidden-layer bounds (interm), branching in the shallowest
     layer (window 1) or anywhere (0), the per-domain bounds with ``opt`` steps of optimised
-    slopes and split multipliers (0: none): unsat just below the exact minimum (tens to
-    hundreds of domains), sat just above."""
+    slopes and split multipliers (0: none; from a branching depth of ``mins`` on): unsat just
+    below the exact minimum (tens to hundreds of domains), sat just above."""
     w, b, x0, lo, hi = _case(seed, sizes=sizes, eps=eps)
     c, t = 0, 1 + seed % 2
     res = _exact(w, b, x0, eps, c, t)
@@ -574,11 +574,11 @@ def test_verdicts_with_domain_bounds_against_exact_milp(seed, sizes, eps, window
     gap = 0.01 * (1.0 + abs(res.value))
     r = bab_relu.relu_split(w, b, lo, hi, A, np.array([res.dual_bound - gap]),
                             time.monotonic() + 60, batch=16, interm=True, layer_window=window,
-                            interm_iters=opt)
+                            interm_iters=opt, interm_min_splits=mins)
     assert r.verdict == "unsat"
     r = bab_relu.relu_split(w, b, lo, hi, A, np.array([res.value + gap]),
                             time.monotonic() + 60, batch=16, interm=True, layer_window=window,
-                            attack_restarts=0, interm_iters=opt)
+                            attack_restarts=0, interm_iters=opt, interm_min_splits=mins)
     assert r.verdict == "sat"
     assert np.all(r.x >= lo) and np.all(r.x <= hi)
     y = mlp_forward(w, b, "relu", r.x)
