@@ -18,7 +18,11 @@ ReLUs (Wang et al., "Beta-CROWN", NeurIPS 2021; implemented from the paper's ide
   domain whose bounds cross (l > u somewhere: contradicting splits) is empty, hence proven.
   On 3 or more hidden layers branching then stays in the shallowest layer with open neurons
   (``layer_window``): an early split tightens every later layer. Without ``interm`` every
-  domain keeps the root's bounds. The float64 rounding charges use the root intervals (a domain's lie inside them).
+  domain keeps the root's bounds. The float64 rounding charges use the root intervals (a
+  domain's lie inside them). On 3 or more hidden layers (``interm_iters``) the recomputed
+  bounds are themselves optimised (:meth:`Bounder.tighten_opt`): each row z_j / -z_j with
+  its own lower slopes and multipliers of the split constraints in the layers before it, a
+  few Adam steps, then the float64 bound at the best iterate.
 - On a subdomain the final rows ``A_i f(x) - b_i`` are bounded by one back-substitution
   per (domain, row): a split-active neuron is the identity, split-inactive is the inactive
   slope (0 for ReLU), an unstable unsplit neuron has the chord of the domain's bounds above
