@@ -232,6 +232,7 @@ class Bounder:
                 raise ValueError(f"interm_slopes: layer {k} does not match the layer bounds")
             self.islopes[k] = np.ascontiguousarray(
                 np.clip(np.concatenate([a[pos], a[neur.size + pos]]), leak, 1.0))
+        self._subs = {}  # per hidden layer k: :meth:`_sub`'s Bounder
         self.layer_of = np.zeros(self.nU, dtype=np.int64)
         for k in range(self.L):
             self.layer_of[self.offsets[k]:self.offsets[k + 1]] = k
@@ -593,22 +594,12 @@ class Bounder:
         ``time.monotonic()`` instant) the remaining chunks are skipped: their bounds stay the
         ones given (valid, only looser)."""
         self._interm_setup()
-        split, dl, du = split.copy(), np.array(dl, np.float64), np.array(du, np.float64)
-        dl = np.where(split > 0, np.maximum(dl, 0.0), dl)
-        du = np.where(split < 0, np.minimum(du, 0.0), du)
-        empty = np.any(dl > du, axis=1)
-        start = np.asarray(start)
         widest = max([self.box.lo.size] + [kp.size for kp in self._keep])
-        for k in range(1, self.L):
-            o0, o1 = self.offsets[k], self.offsets[k + 1]
-            if o1 == o0:
-                continue
-            doms = np.flatnonzero((start < k) & ~empty)
-            if doms.size == 0:
-                continue
+
+        def layer(k, doms, split, dl, du):
             # every unstable neuron of the layer: the split ones' bounds (taking their sign)
             # find domains whose splits contradict each other
-            R = o1 - o0
+            o0, R = self.offsets[k], self.ucols[k].size
             chunk = max(1, int(max_bytes // (8 * 8 * 2 * R * widest)))
             for c0 in range(0, doms.size, chunk):
                 if deadline is not None and time.monotonic() >= deadline:
@@ -618,6 +609,29 @@ class Bounder:
                 rr, cc = dd[:, None], o0 + np.arange(R)[None, :]
                 dl[rr, cc] = np.maximum(dl[rr, cc], low[:, :R])
                 du[rr, cc] = np.minimum(du[rr, cc], -low[:, R:])
+
+        return self._tighten_layers(split, dl, du, start, layer)
+
+    def _tighten_layers(self, split, dl, du, start, layer):
+        """The frame of :meth:`tighten` and :meth:`tighten_opt`: split neurons' bounds take
+        their sign, then for each hidden layer k >= 1 ``layer(k, doms, split, dl, du)``
+        narrows (in place) the bounds of layer k's unstable neurons on the domains ``doms``
+        (those with ``start < k``, not yet empty), after which the neurons proven stable
+        become implied splits and domains with crossing bounds are marked empty. Returns
+        (split, dl, du, empty)."""
+        split, dl, du = split.copy(), np.array(dl, np.float64), np.array(du, np.float64)
+        dl = np.where(split > 0, np.maximum(dl, 0.0), dl)
+        du = np.where(split < 0, np.minimum(du, 0.0), du)
+        empty = np.any(dl > du, axis=1)
+        start = np.asarray(start)
+        for k in range(1, self.L):
+            o0, o1 = self.offsets[k], self.offsets[k + 1]
+            if o1 == o0:
+                continue
+            doms = np.flatnonzero((start < k) & ~empty)
+            if doms.size == 0:
+                continue
+            layer(k, doms, split, dl, du)
             sl, su, sp = dl[doms, o0:o1], du[doms, o0:o1], split[doms, o0:o1]
             sp[(sp == 0) & (sl >= 0.0)] = 1
             sp[(sp == 0) & (su <= 0.0)] = -1
@@ -630,7 +644,7 @@ class Bounder:
         unstable neurons (first the R rows z, then -z) over the network's first k hidden
         layers, with the same root bounds: its unstable neurons are this one's first
         ``offsets[k]``, numbered alike. Cached."""
-        cache = self.__dict__.setdefault("_subs", {})
+        cache = self._subs
         if k not in cache:
             cols = self.ucols[k]
             E = np.zeros((cols.size, self.weights[k].shape[0]))
@@ -654,18 +668,9 @@ class Bounder:
         free on the domain, and of one whose sign is known (split, or stable on the domain)
         the side that could contradict it (an empty domain). Returns (split, dl, du,
         empty) as :meth:`tighten`."""
-        split, dl, du = split.copy(), np.array(dl, np.float64), np.array(du, np.float64)
-        dl = np.where(split > 0, np.maximum(dl, 0.0), dl)
-        du = np.where(split < 0, np.minimum(du, 0.0), du)
-        empty = np.any(dl > du, axis=1)
-        start = np.asarray(start)
-        for k in range(1, self.L):
+
+        def layer(k, doms, split, dl, du):
             o0, o1 = self.offsets[k], self.offsets[k + 1]
-            if o1 == o0:
-                continue
-            doms = np.flatnonzero((start < k) & ~empty)
-            if doms.size == 0:
-                continue
             sb, R = self._sub(k), o1 - o0
             widest = max([self.box.lo.size] + [w.shape[0] for w in self.weights[:k]])
             # per row: alpha, beta, their moments and float64 copies, the tape
@@ -693,12 +698,8 @@ class Bounder:
                 dl[dlo, clo] = np.maximum(dl[dlo, clo], low[lower])
                 dup, cup = dom[~lower], o0 + rows[~lower] - R
                 du[dup, cup] = np.minimum(du[dup, cup], -low[~lower])
-            sl, su, sp = dl[doms, o0:o1], du[doms, o0:o1], split[doms, o0:o1]
-            sp[(sp == 0) & (sl >= 0.0)] = 1
-            sp[(sp == 0) & (su <= 0.0)] = -1
-            split[doms, o0:o1] = sp
-            empty[doms] |= np.any(sl > su, axis=1)
-        return split, dl, du, empty
+
+        return self._tighten_layers(split, dl, du, start, layer)
 
     def corners(self, state) -> np.ndarray:
         """Per evaluated (domain, row): the box corner minimising its final linear function."""
