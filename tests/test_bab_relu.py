@@ -426,14 +426,16 @@ def test_interm_slopes_must_match_the_layer_bounds():
     assert np.all((bd.islopes[k] >= 0.0) & (bd.islopes[k] <= 1.0))
 
 
-@pytest.mark.parametrize("slopes,opt", [(None, 0), ("root", 0), ("random", 0), (None, 3),
-                                        ("root", 5)])
-def test_tighten_contains_exact_subdomain_ranges(slopes, opt):
+@pytest.mark.parametrize("slopes,opt,warm", [(None, 0, 0.0), ("root", 0, 0.0),
+                                             ("random", 0, 0.0), (None, 3, 0.0),
+                                             ("root", 5, 0.0), ("root", 3, 0.5)])
+def test_tighten_contains_exact_subdomain_ranges(slopes, opt, warm):
     """The per-domain bounds of every later layer's unstable neurons contain the exact range
     of the pre-activation over the subdomain (MILP), improve on the root's, and a neuron they
     fix (implied split) has that sign on the whole subdomain; with CROWN's adaptive lower
     slopes, the root's optimised ones, or random ones; with ``opt`` steps of optimised
-    slopes and split multipliers (:meth:`Bounder.tighten_opt`), narrower than without."""
+    slopes and split multipliers (:meth:`Bounder.tighten_opt`), narrower than without; with
+    ``warm``, from the running start earlier calls left (the second call is checked)."""
     w, b, x0, lo, hi = _case(24, sizes=(5, 10, 10, 10, 3), eps=0.3)
     bd = _slopes_bounder(w, b, lo, hi, np.zeros((0, 3)), np.zeros(0), "relu", slopes,
                          np.random.default_rng(26))
@@ -445,8 +447,14 @@ def test_tighten_contains_exact_subdomain_ranges(slopes, opt):
                                    np.full(B, -1))
     if opt:
         s0, dl0, du0 = s2, dl, du
-        s2, dl, du, empty = bd.tighten_opt(split, np.tile(rl, (B, 1)), np.tile(ru, (B, 1)),
-                                           np.full(B, -1), iters=opt)
+        for _ in range(2 if warm else 1):
+            s2, dl, du, empty = bd.tighten_opt(split, np.tile(rl, (B, 1)),
+                                               np.tile(ru, (B, 1)), np.full(B, -1),
+                                               iters=opt, warm=warm)
+        if warm:
+            a_tab, b_tab = bd._warm[bd.L - 1]
+            assert np.all((a_tab >= 0.0) & (a_tab <= 1.0)) and np.all(b_tab >= 0.0)
+            assert np.any(b_tab > 0.0)  # the multipliers' start moved off 0
         free = (s0 == 0) & (bd.layer_of >= 1)[None, :]
         assert np.sum((du - dl)[free]) < 0.98 * np.sum((du0 - dl0)[free])
     assert not empty.any()
@@ -470,16 +478,16 @@ def test_tighten_contains_exact_subdomain_ranges(slopes, opt):
     assert implied > 0
 
 
-@pytest.mark.parametrize("activation,slopes,opt", [("relu", None, 0), ("leaky_relu", None, 0),
-                                                   ("relu", "root", 0),
-                                                   ("leaky_relu", "random", 0),
-                                                   ("relu", "root", 3),
-                                                   ("leaky_relu", None, 4)])
-def test_tighten_sound_on_samples(activation, slopes, opt):
+@pytest.mark.parametrize("activation,slopes,opt,warm", [
+    ("relu", None, 0, 0.0), ("leaky_relu", None, 0, 0.0), ("relu", "root", 0, 0.0),
+    ("leaky_relu", "random", 0, 0.0), ("relu", "root", 3, 0.0), ("leaky_relu", None, 4, 0.0),
+    ("relu", "root", 3, 0.5), ("leaky_relu", None, 3, 1.0)])
+def test_tighten_sound_on_samples(activation, slopes, opt, warm):
     """Dense samples: every sample meeting a domain's splits has each pre-activation within
     the domain's bounds; a domain flagged empty has no such sample (random signs, many of
     them contradictory); numba step and numpy twin agree, with or without root slopes; with
-    ``opt`` steps of optimised slopes and multipliers (:meth:`Bounder.tighten_opt`) too."""
+    ``opt`` steps of optimised slopes and multipliers (:meth:`Bounder.tighten_opt`) too,
+    with ``warm`` from the running start a first call left."""
     w, b, x0, lo, hi = _case(23, sizes=(4, 12, 12, 12, 12, 3), eps=0.5)
     A = np.array([[1.0, -1.0, 0.0], [0.0, -1.0, 1.0]])
     bvec = np.array([0.05, -0.1])
@@ -506,8 +514,10 @@ def test_tighten_sound_on_samples(activation, slopes, opt):
     np.testing.assert_allclose(t2[2], du, rtol=1e-12, atol=1e-12)
     if opt:
         s0, dl0, du0, empty0 = s2, dl, du, empty
-        s2, dl, du, empty = bd.tighten_opt(split, np.tile(rl, (B, 1)), np.tile(ru, (B, 1)),
-                                           start, iters=opt)
+        for _ in range(2 if warm else 1):
+            s2, dl, du, empty = bd.tighten_opt(split, np.tile(rl, (B, 1)),
+                                               np.tile(ru, (B, 1)), start, iters=opt,
+                                               warm=warm)
         assert np.all(empty[empty0])  # a domain tighten finds empty stays so
         ok = ~empty
         free = (s0 == 0) & (dl0 < 0.0) & (du0 > 0.0) & ok[:, None]
@@ -560,11 +570,15 @@ def test_tighten_sound_on_samples(activation, slopes, opt):
                                             (2, (4, 8, 8, 8, 8, 3), 0.2),
                                             (2, (4, 8, 8, 8, 8, 3), 0.3),
                                             (3, (6, 12, 10, 10, 10, 3), 0.3)])
-@pytest.mark.parametrize("window,opt,mins", [(1, 0, 0), (0, 0, 0), (1, 3, 0), (0, 3, 2)])
-def test_verdicts_with_domain_bounds_against_exact_milp(seed, sizes, eps, window, opt, mins):
+@pytest.mark.parametrize("window,opt,mins,warm", [(1, 0, 0, 0.0), (0, 0, 0, 0.0),
+                                                  (1, 3, 0, 0.0), (0, 3, 2, 0.0),
+                                                  (0, 3, 0, 0.5)])
+def test_verdicts_with_domain_bounds_against_exact_milp(seed, sizes, eps, window, opt, mins,
+                                                        warm):
     """3-4 hidden layers, per-domain hidden-layer bounds (interm), branching in the shallowest
     layer (window 1) or anywhere (0), the per-domain bounds with ``opt`` steps of optimised
-    slopes and split multipliers (0: none; from a branching depth of ``mins`` on): unsat just
+    slopes and split multipliers (0: none; from a branching depth of ``mins`` on; ``warm``:
+    each from the running start of the domains bounded before): unsat just
     below the exact minimum (tens to hundreds of domains), sat just above."""
     w, b, x0, lo, hi = _case(seed, sizes=sizes, eps=eps)
     c, t = 0, 1 + seed % 2
@@ -574,11 +588,12 @@ def test_verdicts_with_domain_bounds_against_exact_milp(seed, sizes, eps, window
     gap = 0.01 * (1.0 + abs(res.value))
     r = bab_relu.relu_split(w, b, lo, hi, A, np.array([res.dual_bound - gap]),
                             time.monotonic() + 60, batch=16, interm=True, layer_window=window,
-                            interm_iters=opt, interm_min_splits=mins)
+                            interm_iters=opt, interm_min_splits=mins, interm_warm=warm)
     assert r.verdict == "unsat"
     r = bab_relu.relu_split(w, b, lo, hi, A, np.array([res.value + gap]),
                             time.monotonic() + 60, batch=16, interm=True, layer_window=window,
-                            attack_restarts=0, interm_iters=opt, interm_min_splits=mins)
+                            attack_restarts=0, interm_iters=opt, interm_min_splits=mins,
+                            interm_warm=warm)
     assert r.verdict == "sat"
     assert np.all(r.x >= lo) and np.all(r.x <= hi)
     y = mlp_forward(w, b, "relu", r.x)
@@ -667,3 +682,32 @@ def test_case_groups_score_and_unsafe_set():
     np.testing.assert_array_equal(bd.unsafe(Y), [True, False, True])
     with pytest.raises(ValueError, match="groups"):
         bab_relu.Bounder(w, b, lo, hi, A, np.zeros(3), groups=[0, 1, 0])
+
+
+def test_blend_matches_a_loop():
+    """tighten_opt's running start: per row r, tab[r] moves by w towards the mean of the
+    entries of row r (masked: per element over the entries where the mask holds; elements
+    no entry covers, and rows with no entry, keep their value); twin: a plain loop."""
+    rng = np.random.default_rng(5)
+    rows = rng.integers(0, 7, 40)
+    rows[rows == 3] = 4  # row 3 has no entry
+    X = rng.normal(size=(40, 5))
+    mask = rng.uniform(size=(40, 5)) < 0.3
+    for m in (None, mask):
+        tab = rng.normal(size=(7, 5))
+        ref = tab.copy()
+        for r in range(7):
+            for j in range(5):
+                sel = (rows == r) & (True if m is None else m[:, j])
+                if sel.any():
+                    ref[r, j] = 0.7 * ref[r, j] + 0.3 * X[sel, j].mean()
+        bab_relu._blend(tab, rows, X, m, 0.3)
+        np.testing.assert_allclose(tab, ref, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("warm", [-0.1, 1.5])
+def test_interm_warm_out_of_range_is_refused(warm):
+    w, b, x0, lo, hi = _case(3)
+    with pytest.raises(ValueError, match="interm_warm must lie in"):
+        bab_relu.relu_split(w, b, lo, hi, np.array([[1.0, 0.0, -1.0]]), np.zeros(1),
+                            time.monotonic() + 5, interm_warm=warm)
