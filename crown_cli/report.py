@@ -14,8 +14,10 @@ Counting rules (also in the README):
   group, so all columns of a table row average the same images. Images left out are counted
   by the reason (the status of the first non-counting row, e.g. ``misclassified``,
   ``timeout``, ``error``, or ``missing`` when a method has no row) in the notes.
-* Rows of one method whose settings (``search``, ``precision``, ``rtol``) differ within a
-  group become separate columns, labelled with the differing settings; a warning says so.
+* Rows of one method whose settings (``search``, ``precision``, ``rtol``; for alpha-crown
+  also ``--alpha-iters`` and ``--alpha-lr``, read from the file's provenance sidecar, unset
+  meaning ``default``) differ within a group become separate columns, labelled with the
+  differing settings; a warning says so.
   A repeated (method, settings, image) row keeps the first one read, with a warning.
 * The attack column averages, over the group's images, the smallest ``attack_eps`` any row
   of the image carries (each is a verified upper bound); images without one are left out of
@@ -38,7 +40,9 @@ from typing import Dict, List, Optional, Sequence, Tuple
 from .errors import InputError
 
 REQUIRED_COLUMNS = ("image", "target_type", "norm", "method", "eps", "time_s", "status")
-SETTING_COLUMNS = ("search", "precision", "rtol")
+SETTING_COLUMNS = ("search", "precision", "rtol", "alpha_iters", "alpha_lr")
+# settings of alpha-crown rows taken from the file's sidecar options (not row columns)
+SIDECAR_SETTINGS = (("alpha_iters", "--alpha-iters"), ("alpha_lr", "--alpha-lr"))
 # optimal: a solved `--method exact` row (eps is the minimum distortion)
 COUNTED_STATUSES = ("certified", "capped", "not-certified", "optimal")
 METHOD_ORDER = ("fast-lin", "fast-lip", "op-norm", "lp", "lp-full", "crown", "crown-quad",
@@ -68,6 +72,17 @@ def network_name(path: str) -> str:
     Without one it is the result file's name up to its first dot, so ``mnist_2x20.l2.csv``
     and ``mnist_2x20.csv`` both report on ``mnist_2x20``.
     """
+    model = _sidecar(path).get("model")
+    if isinstance(model, dict):
+        model = model.get("path")
+    if isinstance(model, str) and model:
+        return _stem(model)
+    return os.path.basename(path).split(".", 1)[0] or _stem(path)
+
+
+def _sidecar(path: str) -> Dict[str, object]:
+    """The provenance sidecar of a result file (``<path>.json``, else ``<stem>.json``) as a
+    dict; {} when there is none or it is not readable JSON."""
     stem = os.path.splitext(path)[0]
     for side in (path + ".json", stem + ".json"):
         if side == path or not os.path.isfile(side):
@@ -77,12 +92,9 @@ def network_name(path: str) -> str:
                 meta = json.load(fh)
         except (OSError, ValueError):
             continue
-        model = meta.get("model") if isinstance(meta, dict) else None
-        if isinstance(model, dict):
-            model = model.get("path")
-        if isinstance(model, str) and model:
-            return _stem(model)
-    return os.path.basename(path).split(".", 1)[0] or _stem(path)
+        if isinstance(meta, dict):
+            return meta
+    return {}
 
 
 def _stem(path: str) -> str:
@@ -114,10 +126,18 @@ def read_results(path: str) -> List[Dict[str, str]]:
         if col not in header:
             raise InputError(f"{path}: missing column '{col}'")
     default = network_name(path)
+    # alpha-CROWN's optimiser settings are not row columns; the sidecar's options hold them
+    opts = _sidecar(path).get("options")
+    alpha = {col: opts[flag] for col, flag in SIDECAR_SETTINGS
+             if isinstance(opts, dict) and flag in opts}
     for row in rows:
         model = row.get("model") or ""
         row["network"] = _stem(model) if model else default
         row["_file"] = path
+        if row.get("method") == "alpha-crown":
+            for col, value in alpha.items():
+                if col not in row:
+                    row[col] = "default" if value is None else str(value)
     return rows
 
 

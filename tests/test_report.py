@@ -132,6 +132,37 @@ def test_mixed_settings_become_separate_columns_with_a_warning(tmp_path):
             "separate columns") in res.output
 
 
+def test_alpha_settings_from_the_sidecars_become_separate_columns(tmp_path):
+    """alpha-crown rows carry no optimiser settings; each file's sidecar options do: rows
+    run with different --alpha-iters are not averaged together (unset: ``default``)."""
+    def sidecar(path, iters):
+        opts = {"--model": "m/net.h5", "--alpha-iters": iters, "--alpha-lr": None}
+        with open(str(path) + ".json", "w") as fh:
+            json.dump({"model": {"path": "m/net.h5"}, "options": opts}, fh)
+    a = write_csv(tmp_path / "a.csv", [row(0, "alpha-crown", 0.030), row(1, "alpha-crown", 0.040),
+                                       row(0, "crown", 0.02), row(1, "crown", 0.02)])
+    b = write_csv(tmp_path / "b.csv", [row(0, "alpha-crown", 0.032),
+                                       row(1, "alpha-crown", 0.044)])
+    sidecar(a, None)
+    sidecar(b, 100)
+    res = run(a, b)
+    assert res.exit_code == 0, res.output
+    header, line = cells(res.output)
+    got = dict(zip(header, line))
+    assert got["network"] == "net"
+    assert got["alpha-CROWN (alpha_iters=default)"] == "0.03500"
+    assert got["alpha-CROWN (alpha_iters=100)"] == "0.03800"
+    assert "alpha-crown rows with different alpha_iters; shown as separate columns" in \
+        res.output
+    assert "repeated" not in res.output
+    # the same settings in both files: one column, the second file's rows repeat the first's
+    sidecar(b, None)
+    res = run(a, b)
+    got = dict(zip(*cells(res.output)))
+    assert got["alpha-CROWN"] == "0.03500"
+    assert "2 repeated alpha-crown rows" in res.output
+
+
 def test_repeated_rows_keep_the_first(tmp_path):
     rows = [row(0, "crown", 0.010), row(0, "crown", 0.5)]
     res = run(write_csv(tmp_path / "d.csv", rows))
