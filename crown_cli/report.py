@@ -63,26 +63,29 @@ OVER_CROWN = ("alpha-crown",)
 # ---------------------------------------------------------------------------------------------
 
 
-def network_name(path: str) -> str:
+def network_name(path: str, sidecars: Optional[List[Dict[str, object]]] = None) -> str:
     """The network a result file is about: its provenance sidecar's model, else its name.
 
     A ``model`` column, when present, overrides this per row (see :func:`read_results`).
     The sidecar is ``<path>.json`` (or ``<stem>.json``) with a ``model`` entry holding the
     model path (a string, or an object with a ``path``); the network is that file's stem.
     Without one it is the result file's name up to its first dot, so ``mnist_2x20.l2.csv``
-    and ``mnist_2x20.csv`` both report on ``mnist_2x20``.
+    and ``mnist_2x20.csv`` both report on ``mnist_2x20``. ``sidecars``: :func:`_sidecars`
+    of ``path``, when the caller has read them already.
     """
-    model = _sidecar(path).get("model")
-    if isinstance(model, dict):
-        model = model.get("path")
-    if isinstance(model, str) and model:
-        return _stem(model)
+    for meta in _sidecars(path) if sidecars is None else sidecars:
+        model = meta.get("model")
+        if isinstance(model, dict):
+            model = model.get("path")
+        if isinstance(model, str) and model:
+            return _stem(model)
     return os.path.basename(path).split(".", 1)[0] or _stem(path)
 
 
-def _sidecar(path: str) -> Dict[str, object]:
-    """The provenance sidecar of a result file (``<path>.json``, else ``<stem>.json``) as a
-    dict; {} when there is none or it is not readable JSON."""
+def _sidecars(path: str) -> List[Dict[str, object]]:
+    """The readable provenance sidecars of a result file, in the order they are consulted:
+    ``<path>.json``, then ``<stem>.json`` (each only if it exists and holds a JSON object)."""
+    found = []
     stem = os.path.splitext(path)[0]
     for side in (path + ".json", stem + ".json"):
         if side == path or not os.path.isfile(side):
@@ -93,8 +96,8 @@ def _sidecar(path: str) -> Dict[str, object]:
         except (OSError, ValueError):
             continue
         if isinstance(meta, dict):
-            return meta
-    return {}
+            found.append(meta)
+    return found
 
 
 def _stem(path: str) -> str:
@@ -125,11 +128,11 @@ def read_results(path: str) -> List[Dict[str, str]]:
     for col in REQUIRED_COLUMNS:
         if col not in header:
             raise InputError(f"{path}: missing column '{col}'")
-    default = network_name(path)
+    sidecars = _sidecars(path)
+    default = network_name(path, sidecars)
     # alpha-CROWN's optimiser settings are not row columns; the sidecar's options hold them
-    opts = _sidecar(path).get("options")
-    alpha = {col: opts[flag] for col, flag in SIDECAR_SETTINGS
-             if isinstance(opts, dict) and flag in opts}
+    opts = next((m["options"] for m in sidecars if isinstance(m.get("options"), dict)), {})
+    alpha = {col: opts[flag] for col, flag in SIDECAR_SETTINGS if flag in opts}
     for row in rows:
         model = row.get("model") or ""
         row["network"] = _stem(model) if model else default

@@ -139,7 +139,8 @@ def test_alpha_settings_from_the_sidecars_become_separate_columns(tmp_path):
         opts = {"--model": "m/net.h5", "--alpha-iters": iters, "--alpha-lr": None}
         with open(str(path) + ".json", "w") as fh:
             json.dump({"model": {"path": "m/net.h5"}, "options": opts}, fh)
-    a = write_csv(tmp_path / "a.csv", [row(0, "alpha-crown", 0.030), row(1, "alpha-crown", 0.040),
+    a = write_csv(tmp_path / "a.csv", [row(0, "alpha-crown", 0.030),
+                                       row(1, "alpha-crown", 0.040),
                                        row(0, "crown", 0.02), row(1, "crown", 0.02)])
     b = write_csv(tmp_path / "b.csv", [row(0, "alpha-crown", 0.032),
                                        row(1, "alpha-crown", 0.044)])
@@ -212,6 +213,16 @@ def test_network_name_from_model_column_and_sidecar(tmp_path):
     res = run(with_col, side, plain, part)
     assert [r[0] for r in cells(res.output)[1:]] == ["big_net", "mnist_2x20", "three"]
     assert cells(res.output)[3][4:6] == ["0.10000", "0.30000"]
+
+
+def test_network_name_falls_through_to_the_stem_sidecar(tmp_path):
+    """<file>.json without a model (unreadable or model-less) does not hide <stem>.json's."""
+    path = write_csv(tmp_path / "four.csv", [row(0, "crown", 0.1)])
+    (tmp_path / "four.csv.json").write_text(json.dumps({"options": {}}))
+    (tmp_path / "four.json").write_text(json.dumps({"model": {"path": "/m/net_b.h5"}}))
+    assert read_results(path)[0]["network"] == "net_b"
+    (tmp_path / "four.csv.json").write_text("{not json")
+    assert read_results(path)[0]["network"] == "net_b"
 
 
 def test_jsonl_input(tmp_path):
