@@ -1,4 +1,4 @@
 """``python -m crown_cli`` runs the ``crown`` command."""
-from .cli import main
+from crown_cli.cli import main
 
 main()

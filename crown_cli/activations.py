@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .errors import InputError
+from crown_cli.errors import InputError
 
 
 def _sigmoid(z):

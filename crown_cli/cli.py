@@ -10,8 +10,8 @@ from typing import List
 import click
 import numpy as np
 
-from . import __version__
-from .errors import InputError
+from crown_cli import __version__
+from crown_cli.errors import InputError
 
 
 
@@ -107,7 +107,7 @@ def choose_kernels(requested: str, activation: str, shapes, runs: int) -> str:
     """The kernels of a certify run: ``requested``, or for 'auto' numpy when the activation
     has a numpy relaxation and ``runs`` certifications fit NUMPY_BUDGET, else numba.
     InputError for numpy kernels on an activation whose relaxation needs numba."""
-    from .relaxations import NUMPY_TWINS
+    from crown_cli.engine.relaxations import NUMPY_TWINS
 
     if requested == "numpy" and activation not in NUMPY_TWINS:
         raise InputError(f"--kernels numpy: the {activation} relaxation needs numba (numpy "
@@ -131,7 +131,7 @@ def cli():
 @_handle_errors
 def inspect(model_path, activation):
     """Print a model's layers, activation, parameter count and input size."""
-    from .model_io import load_model
+    from crown_cli.io.models import load_model
 
     mlp = load_model(model_path, activation)
     sizes = mlp.sizes
@@ -233,15 +233,15 @@ def certify(model_path, images_path, labels_path, num_images, start, norm, metho
     Exit codes: 0 all rows done, 1 internal error, 2 bad input, 3 finished but some rows
     have status error or timeout (counting rows already in a resumed file).
     """
-    from .batch import OutputJob, parse_shard, shard_indices
-    from .provenance import option_values
-    from .certify import Certifier, parse_norm
-    from .crown import using_kernels
-    from .methods import names as other_method_names
-    from .images import load_images
-    from .model_io import load_model
-    from .runner import certify_images
-    from .targets import check_random_possible, parse_target_types
+    from crown_cli.io.result_files import OutputJob, parse_shard, shard_indices
+    from crown_cli.io.provenance import option_values
+    from crown_cli.certification.certifier import Certifier, parse_norm
+    from crown_cli.engine.backsub import using_kernels
+    from crown_cli.certification.methods import names as other_method_names
+    from crown_cli.io.images import load_images
+    from crown_cli.io.models import load_model
+    from crown_cli.certification.runner import certify_images
+    from crown_cli.certification.targets import check_random_possible, parse_target_types
 
     norms = [parse_norm(n) for n in _split(norm, "--norm", ("inf", "2", "1", "l1", "l2", "linf"))]
     methods = _split(method, "--method", ("crown", "fast-lin", "crown-quad", "alpha-crown")
@@ -252,7 +252,7 @@ def certify(model_path, images_path, labels_path, num_images, start, norm, metho
         raise InputError(f"--alpha-iters: must be >= 0, got {alpha_iters}")
     if alpha_lr is not None and not (np.isfinite(alpha_lr) and alpha_lr > 0):
         raise InputError(f"--alpha-lr: must be > 0, got {alpha_lr}")
-    from .certify import ALPHA_ITERS
+    from crown_cli.certification.certifier import ALPHA_ITERS
 
     # --alpha-lr unset: the Certifier's default for the network's activation
     alpha_opts = {"alpha_iters": ALPHA_ITERS if alpha_iters is None else alpha_iters,
@@ -301,7 +301,7 @@ def certify(model_path, images_path, labels_path, num_images, start, norm, metho
     ]
     attacks = None
     if attack == "pgd":
-        from .attack import DEFAULT_RESTARTS, DEFAULT_STEPS, PGDAttack
+        from crown_cli.certification.attack import DEFAULT_RESTARTS, DEFAULT_STEPS, PGDAttack
 
         attacks = {n: PGDAttack(weights, biases, mlp.activation, norm=n, alpha=mlp.alpha,
                                 steps=attack_steps or DEFAULT_STEPS,
@@ -394,7 +394,7 @@ def verify(model_path, spec_path, instances_path, root, timeout, method, attack_
     Exit codes: 0 a verdict was written (any of sat, unsat, unknown, timeout), 1 internal
     error, 2 bad input, 3 an instance ended in an error.
     """
-    from .verify import BOUND_STAGES
+    from crown_cli.verification.pipeline import BOUND_STAGES
 
     stages = _split(method, "--method", BOUND_STAGES)
     if timeout is not None and not timeout > 0:
@@ -422,8 +422,8 @@ def verify(model_path, spec_path, instances_path, root, timeout, method, attack_
 def _verify_one(model_path, spec_path, timeout, options, output, overwrite, quiet, log):
     import os
 
-    from .verify import format_result
-    from .verify_runner import Loader
+    from crown_cli.verification.pipeline import format_result
+    from crown_cli.verification.runner import Loader
 
     if output != "-":
         if os.path.exists(output) and not overwrite:
@@ -435,7 +435,7 @@ def _verify_one(model_path, spec_path, timeout, options, output, overwrite, quie
     loader = Loader()
     v = loader.verifier(model_path, **options)
     prop = loader.property(spec_path, v.n_inputs, v.n_outputs)
-    from .progress import terminal_bar
+    from crown_cli.io.progress import terminal_bar
 
     # a status line: seconds used of the timeout, and the branch and bound's status
     bar = terminal_bar(not quiet and log is None, total=round(timeout), unit="s",
@@ -475,9 +475,9 @@ def _verify_one(model_path, spec_path, timeout, options, output, overwrite, quie
 
 def _verify_instances(instances_path, root, timeout, options, output, out_format, overwrite,
                       resume, shard, quiet, log):
-    from . import provenance as pv
-    from .batch import VERIFY_ROWS, ResultJob, parse_shard, shard_indices
-    from .verify_runner import instances_sha256, read_instances, run_instances
+    from crown_cli.io import provenance as pv
+    from crown_cli.io.result_files import VERIFY_ROWS, ResultJob, parse_shard, shard_indices
+    from crown_cli.verification.runner import instances_sha256, read_instances, run_instances
 
     instances = read_instances(instances_path, root)
     chosen = shard_indices(range(len(instances)), parse_shard(shard))
@@ -515,7 +515,7 @@ def merge(parts, output, overwrite, quiet):
     The parts must agree (model SHA-256 and every result-affecting option, from their
     sidecars), be complete and not overlap. Exit code 3 if the merged rows include failed ones.
     """
-    from .batch import merge_files, missing_shards
+    from crown_cli.io.result_files import merge_files, missing_shards
 
     merged = merge_files(list(parts), output, overwrite)
     note = missing_shards(merged)
@@ -542,7 +542,7 @@ def merge(parts, output, overwrite, quiet):
 @_handle_errors
 def report(results, fmt, plot_path, output):
     """Average result files (CSV or JSON Lines) into the paper's table layout."""
-    from .report import aggregate, plot_report, read_results, render_latex, render_markdown
+    from crown_cli.io.report import aggregate, plot_report, read_results, render_latex, render_markdown
 
     rows = []
     for path in results:

@@ -15,11 +15,11 @@ Every case runs in its own subprocess (so its peak RSS is its own) on both cores
     cli      a warm `crown certify -n 1` of relu3's model, wall-clock, start-up included
     alpha3   relu3 with --method alpha-crown (default settings): s/image, and the mean eps gain
              over crown on the same images (crown's own time is not counted)
-    bab      crown_cli.bab.batch_lower_bounds on --bab-boxes random boxes (width 0.02 per input
-             in [-0.5, 0.5]^5) of a random 5-50x6-5 ReLU net (ACAS Xu's shape), 4 margin rows,
+    bab      the batched input-split bounds (batch_lower_bounds) on --bab-boxes random boxes
+             (width 0.02 per input in [-0.5, 0.5]^5) of a random 5-50x6-5 ReLU net (ACAS Xu's shape), 4 margin rows,
              in blocks of 128 as input_split uses it: boxes/second, all rows back-substituted
              and with skip_stable
-    bab-relu ReLU-splitting branch and bound (crown_cli.bab_relu.relu_split, verify's settings)
+    bab-relu ReLU-splitting branch and bound (relu_split, verify's settings)
              on mnist-net_256x4 of VNN-COMP 2021 mnistfc, property prop_3_0.03 (CROWN leaves
              all 9 cases open; the first stays open for minutes, so the rate is that of a
              long search): its cases in order for --bab-seconds in all, the root bounds
@@ -81,11 +81,24 @@ def random_mlp(sizes, seed):
     return ws, bs
 
 
+def _module(*names):
+    """The first of ``names`` that imports: the package's layout changed (issue 22), and
+    ``--before`` may run a checkout of either layout."""
+    import importlib
+
+    for i, name in enumerate(names):
+        try:
+            return importlib.import_module(name)
+        except ImportError:
+            if i == len(names) - 1:
+                raise
+
+
 def bab_worker(n_boxes):
     """The bab case: batched bounds per second on a random ACAS-shaped net."""
     import numpy as np
 
-    from crown_cli import bab
+    bab = _module("crown_cli.verification.bab.input_split", "crown_cli.bab")
 
     weights, biases = random_mlp([5] + [50] * 6 + [5], 0)
     net = bab.BatchNet(weights, biases)
@@ -109,9 +122,10 @@ def bab_relu_worker(seconds, vnncomp, joint=False):
     all cases in one search)."""
     import numpy as np
 
-    from crown_cli.bab_relu import relu_split, root_layer_bounds
-    from crown_cli.model_io import load_model
-    from crown_cli.vnnlib import parse_vnnlib
+    split_mod = _module("crown_cli.verification.bab.relu_split", "crown_cli.bab_relu")
+    relu_split, root_layer_bounds = split_mod.relu_split, split_mod.root_layer_bounds
+    load_model = _module("crown_cli.io.models", "crown_cli.model_io").load_model
+    parse_vnnlib = _module("crown_cli.io.vnnlib", "crown_cli.vnnlib").parse_vnnlib
 
     folder = os.path.join(vnncomp, "mnistfc")
     onnx_path = os.path.join(folder, "mnist-net_256x4.onnx")
@@ -168,10 +182,10 @@ def worker(case, n_images, check, seconds=30.0, vnncomp=None):
     if case in ("bab-relu", "bab-relu-joint"):
         return bab_relu_worker(seconds, vnncomp, joint=case == "bab-relu-joint")
 
-    from crown_cli import crown
-    from crown_cli.certify import Certifier
-    from crown_cli.images import load_images
-    from crown_cli.model_io import load_model
+    crown = _module("crown_cli.engine.backsub", "crown_cli.crown")
+    Certifier = _module("crown_cli.certification.certifier", "crown_cli.certify").Certifier
+    load_images = _module("crown_cli.io.images", "crown_cli.images").load_images
+    load_model = _module("crown_cli.io.models", "crown_cli.model_io").load_model
 
     norm = "inf"
     if case in ("relu3", "relu4", "tanh", "sigmoid", "arctan", "relu3-plain", "alpha3"):

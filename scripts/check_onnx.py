@@ -5,7 +5,7 @@ Usage (from the repository root; needs the ``onnx`` package)::
     python scripts/check_onnx.py DIR_OR_FILE [DIR_OR_FILE ...] [--inputs N] [--seed S]
 
 For each ``.onnx`` file found (recursively) it loads the model with
-``crown_cli.model_io.load_model``, draws ``N`` random input vectors (uniform in [-1, 1]),
+``crown_cli.io.models.load_model``, draws ``N`` random input vectors (uniform in [-1, 1]),
 evaluates them with ``MLP.forward`` (float64) and with ``onnx.reference.ReferenceEvaluator``
 on the graph itself (one input per run, in the graph's dtype), and prints one line per file:
 ``ok`` with the layer sizes, activation(s) and the largest difference, ``MISMATCH`` when the
@@ -43,8 +43,8 @@ def check_file(path, n_inputs, seed):
     from onnx.reference import ReferenceEvaluator
 
     from crown_cli.errors import InputError
-    from crown_cli.model_io import load_model
-    from crown_cli.onnx_io import graph_feeds
+    from crown_cli.io.models import load_model
+    from crown_cli.io.onnx_model import graph_feeds
 
     try:
         mlp = load_model(path)

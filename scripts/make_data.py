@@ -14,7 +14,7 @@ Run from the repository root::
     python3 scripts/make_data.py [--mnist-dir ../shared/data/mnist] [--out crown_cli/data/mnist_test_100.npz]
                                  [--cifar-csv ../shared/data/cifar10/cifar10_test_100.csv]
 
-:func:`load_mnist` here (built on ``crown_cli.images``) is also used by ``scripts/train_mlp.py``.
+:func:`load_mnist` here (built on ``crown_cli.io.images``) is also used by ``scripts/train_mlp.py``.
 """
 from __future__ import annotations
 
@@ -28,7 +28,7 @@ REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO_ROOT)
 
 from crown_cli.errors import InputError  # noqa: E402
-from crown_cli.images import load_images  # noqa: E402
+from crown_cli.io.images import load_images  # noqa: E402
 
 DEFAULT_MNIST_DIR = os.path.join(REPO_ROOT, "..", "shared", "data", "mnist")
 DEFAULT_OUT = os.path.join(REPO_ROOT, "crown_cli", "data", "mnist_test_100.npz")

@@ -13,8 +13,8 @@ background pixels at -0.5 make Adam's per-weight steps add up to large jumps in 
 pre-activation, and many ReLUs of narrow networks die.)
 
 The per-epoch train loss and full test-set accuracy are printed; then the model is written
-with :func:`crown_cli.model_io.save_keras_h5`, reloaded with
-:func:`crown_cli.model_io.load_model`, and the reloaded model's test accuracy is printed.
+with :func:`crown_cli.io.models.save_keras_h5`, reloaded with
+:func:`crown_cli.io.models.load_model`, and the reloaded model's test accuracy is printed.
 
 Run from the repository root, e.g.::
 
@@ -30,7 +30,7 @@ import time
 
 import numpy as np
 
-from crown_cli.model_io import load_model, save_keras_h5
+from crown_cli.io.models import load_model, save_keras_h5
 from make_data import DEFAULT_MNIST_DIR, IdxError, load_mnist  # scripts/ is on sys.path
 
 NUM_CLASSES = 10

@@ -22,7 +22,7 @@ def regen_golden(request):
 @pytest.fixture(scope="session")
 def mnist100():
     """The shipped first 100 MNIST test images (x scaled to [-0.5, 0.5], y)."""
-    from crown_cli.images import load_images
+    from crown_cli.io.images import load_images
 
     return load_images(None)
 

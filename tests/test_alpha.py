@@ -1,4 +1,4 @@
-"""alpha-CROWN (crown_cli/alpha.py, --method alpha-crown).
+"""alpha-CROWN (crown_cli/engine/alpha_crown.py, --method alpha-crown).
 
 - the slope gradient of the hand-written reverse pass against central finite differences
   (float64, random networks, every norm, a box, ReLU and leaky ReLU on both sides of 1);
@@ -19,14 +19,14 @@ import pytest
 from click.testing import CliRunner
 
 from conftest import model_path
-from crown_cli.alpha import AlphaBounds, LayerRelax, chain, chain_backward
-from crown_cli.certify import Certifier
+from crown_cli.engine.alpha_crown import AlphaBounds, LayerRelax, chain, chain_backward
+from crown_cli.certification.certifier import Certifier
 from crown_cli.cli import cli
-from crown_cli.crown import Box, Network, first_layer_center, margin_lower_bound
+from crown_cli.engine.backsub import Box, Network, first_layer_center, margin_lower_bound
 from crown_cli.errors import InputError
-from crown_cli.images import load_images
-from crown_cli.model_io import load_model
-from crown_cli.relaxations import get_relaxation
+from crown_cli.io.images import load_images
+from crown_cli.io.models import load_model
+from crown_cli.engine.relaxations import get_relaxation
 from oracles import exact_min_linf_distortion, mlp_forward, pgd_attack, random_mlp, sample_ball
 
 QCODES = {"inf": 0, "2": 1, "1": 2}
@@ -153,7 +153,7 @@ def test_crown_slopes_give_crowns_bound(sizes, seed, leak, norm):
     ab = AlphaBounds(net, rf, leak, xc, q, C, store_dtype=np.float64)  # NaN: CROWN's slopes
     ours = ab.evaluate(eps, np.float64)
     ref = margin_lower_bound(net, xc, eps, q, rf, C)
-    # crown.py widens by 2**-32 of the magnitude sums; the unwidened float64 value agrees
+    # engine/backsub.py widens by 2**-32 of the magnitude sums; the unwidened float64 value agrees
     assert np.allclose(ours, ref, rtol=1e-8, atol=1e-8), (ours, ref)
     ver = ab.evaluate(eps, verify=True)
     assert np.all(ver <= ours + 1e-12) and np.all(ver >= ref)  # max(alpha, crown), widened

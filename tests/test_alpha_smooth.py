@@ -19,13 +19,13 @@ import numpy as np
 import pytest
 from scipy.special import expit
 
-from crown_cli.alpha import AlphaBounds, SmoothRelax, chain, chain_backward
+from crown_cli.engine.alpha_crown import AlphaBounds, SmoothRelax, chain, chain_backward
 from crown_cli.activations import apply_activation, forward
-from crown_cli.certify import Certifier
-from crown_cli.crown import Network, first_layer_center, margin_lower_bound
+from crown_cli.certification.certifier import Certifier
+from crown_cli.engine.backsub import Network, first_layer_center, margin_lower_bound
 from crown_cli.errors import InputError
-from crown_cli.images import load_images
-from crown_cli.relaxations import get_relaxation
+from crown_cli.io.images import load_images
+from crown_cli.engine.relaxations import get_relaxation
 from oracles import pgd_attack, random_mlp, sample_ball
 from test_alpha import QCODES, central_difference, input_set, margin_problem
 from test_relaxations import make_intervals
@@ -249,7 +249,7 @@ def test_chain_gradient_through_layers_matches_finite_differences(act):
     weights, biases, x0, C, rf, rng = _setup(act, [5, 10, 9, 8, 3], 2)
     net = Network(weights, biases)
     eps = 0.5
-    from crown_cli.crown import hidden_layer_bounds
+    from crown_cli.engine.backsub import hidden_layer_bounds
 
     bounds, _ = hidden_layer_bounds(net, x0, eps, 0, rf)
     relax = [_relax(act, *bounds[0]), _relax(act, *bounds[1])]

@@ -15,13 +15,13 @@ from conftest import model_path
 from oracles import exact_min_linf_distortion, lp_norm as oracle_norm, mlp_forward, random_mlp
 
 from crown_cli.activations import FUNCTIONS
-from crown_cli.attack import (DERIVATIVES, PGDAttack, descent_direction, lp_norm, project_ball,
+from crown_cli.certification.attack import (DERIVATIVES, PGDAttack, descent_direction, lp_norm, project_ball,
                               project_l1_ball)
-from crown_cli.certify import Certifier
+from crown_cli.certification.certifier import Certifier
 from crown_cli.cli import cli
-from crown_cli.model_io import load_model
-from crown_cli.results import read_rows
-from crown_cli.targets import select_all
+from crown_cli.io.models import load_model
+from crown_cli.io.results import read_rows
+from crown_cli.certification.targets import select_all
 
 NORMS = ("inf", "2", "1")
 ORACLE_ACTIVATIONS = ("relu", "tanh", "sigmoid", "arctan", "leaky_relu", "elu", "softplus",
@@ -157,7 +157,7 @@ def test_attack_distortion_is_at_least_the_exact_milp_minimum(seed):
 
 @functools.lru_cache(maxsize=None)
 def _model_and_images(name):
-    from crown_cli.images import load_images
+    from crown_cli.io.images import load_images
 
     mlp = load_model(model_path(name))
     x, y = load_images(None)
@@ -233,7 +233,7 @@ def test_cli_attack_options_need_attack():
 
 def test_certified_eps_above_attack_distortion_is_reported(tmp_path, monkeypatch):
     """A (simulated) attack distortion below the certified eps: warning line, row kept."""
-    from crown_cli import attack as attack_mod
+    from crown_cli.certification import attack as attack_mod
 
     real = attack_mod.PGDAttack.min_distortion
 

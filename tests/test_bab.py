@@ -1,12 +1,13 @@
-"""Input-splitting branch and bound (crown_cli.bab): the batched bound against the engine's
+"""Input-splitting branch and bound (crown_cli.verification.bab.input_split): the batched bound against the engine's
 per-box bound, soundness on samples, and BaB verdicts against an exact MILP over the box."""
 import time
 
 import numpy as np
 import pytest
 
-from crown_cli import bab, crown
-from crown_cli.relaxations import get_relaxation
+from crown_cli.verification.bab import input_split as bab
+from crown_cli.engine import backsub as crown
+from crown_cli.engine.relaxations import get_relaxation
 from oracles import _Builder, _encode_relu_layers, mlp_forward, neuron_bounds, random_mlp
 
 
@@ -365,8 +366,8 @@ def test_batched_bounds_charge_product_rounding_on_cancelling_networks():
     final sums' magnitude alone misses; every box of the batch is checked."""
     from fractions import Fraction as F
 
-    from crown_cli import crown
-    from crown_cli.relaxations import get_relaxation
+    from crown_cli.engine import backsub as crown
+    from crown_cli.engine.relaxations import get_relaxation
     from test_fp64_rounding import InputSet, _exact_stable, cancelling_network, exact_chain
 
     fn = get_relaxation("relu", "crown")

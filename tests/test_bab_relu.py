@@ -1,12 +1,13 @@
-"""Branch and bound by ReLU splitting (crown_cli.bab_relu): the batched bound and its gradient,
+"""Branch and bound by ReLU splitting (crown_cli.verification.bab.relu_split): the batched bound and its gradient,
 soundness of subdomain bounds on sampled points, and verdicts against an exact MILP."""
 import time
 
 import numpy as np
 import pytest
 
-from crown_cli import bab_relu, crown
-from crown_cli.relaxations import get_relaxation
+from crown_cli.verification.bab import relu_split as bab_relu
+from crown_cli.engine import backsub as crown
+from crown_cli.engine.relaxations import get_relaxation
 from oracles import exact_margin_min, mlp_forward, random_mlp
 
 
@@ -280,8 +281,9 @@ def test_float64_bound_charges_product_rounding_on_cancelling_networks():
     sums' allowance alone misses."""
     from fractions import Fraction as F
 
-    from crown_cli import bab_relu, crown
-    from crown_cli.relaxations import get_relaxation
+    from crown_cli.verification.bab import relu_split as bab_relu
+    from crown_cli.engine import backsub as crown
+    from crown_cli.engine.relaxations import get_relaxation
     from test_fp64_rounding import InputSet, _exact_stable, cancelling_network, exact_chain
 
     fn = get_relaxation("relu", "crown")

@@ -14,10 +14,10 @@ import pytest
 from click.testing import CliRunner
 
 from conftest import ROOT, model_path
-from crown_cli.batch import shard_indices
-from crown_cli.certify import Certificate, Certifier
+from crown_cli.io.result_files import shard_indices
+from crown_cli.certification.certifier import Certificate, Certifier
 from crown_cli.cli import cli
-from crown_cli.results import COLUMNS, read_rows
+from crown_cli.io.results import COLUMNS, read_rows
 
 SMALL = model_path("mnist_2x20.h5")
 KEY = ("image", "target_type", "target", "norm", "method")

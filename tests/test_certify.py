@@ -3,8 +3,8 @@ import numpy as np
 import pytest
 
 from conftest import model_path, random_network
-from crown_cli.certify import Certifier
-from crown_cli.model_io import load_model
+from crown_cli.certification.certifier import Certifier
+from crown_cli.io.models import load_model
 
 
 def _instances(weights, biases, x, n):
@@ -55,7 +55,7 @@ def test_untargeted_is_the_minimum_over_targets():
 def _float32_vs_float64(W, b, x0, eps, norm):
     """Per hidden layer k >= 1: its bounds computed in float32 with their rounding bound, and
     in float64 from the same (float32-built) relaxations of layers < k."""
-    from crown_cli.crown import NORMS, back_substitute, hidden_layer_bounds
+    from crown_cli.engine.backsub import NORMS, back_substitute, hidden_layer_bounds
 
     cert = Certifier(W, b, "relu", norm=norm)
     q = NORMS[cert.norm]
@@ -98,8 +98,8 @@ def test_float32_rounding_bound_stays_small_through_depth():
 
 @pytest.mark.parametrize("model", ["mnist_3x20.h5", "random4", "random7"])
 def test_verification_reuses_rigorously_stable_float32_neurons(mnist100, model):
-    from crown_cli.crown import hidden_layer_bounds, margin_lower_bound
-    from crown_cli.stability import StableFromFloat32
+    from crown_cli.engine.backsub import hidden_layer_bounds, margin_lower_bound
+    from crown_cli.engine.stability import StableFromFloat32
 
     if model == "random4":
         W, b = random_network([784, 40, 40, 40, 10], 3)
@@ -148,7 +148,7 @@ def test_verification_reuses_rigorously_stable_float32_neurons(mnist100, model):
 
 
 def test_relaxation_valid_needs_same_sign_and_the_assumed_magnitudes():
-    from crown_cli.stability import relaxation_valid
+    from crown_cli.engine.stability import relaxation_valid
 
     lg, ug = np.array([0.5, -3.0, -1.0]), np.array([2.0, -0.5, 1.0])  # active, inactive, unstable
     E = np.full(3, 0.01)
@@ -189,7 +189,7 @@ def test_warm_up_leaves_results_unchanged(activation, precision):
 def test_mixed_search_falls_back_when_float64_rejects_the_estimate(mnist100, monkeypatch):
     """The float32 search's unevaluated candidate is only a proposal: if float64 does not
     confirm it, the certifier falls back to verified radii and still reports one."""
-    from crown_cli import search
+    from crown_cli.engine import radius_search as search
 
     mlp = load_model(model_path("mnist_3x20.h5"))
     x, _ = mnist100
@@ -201,7 +201,7 @@ def test_mixed_search_falls_back_when_float64_rejects_the_estimate(mnist100, mon
             res.candidate = res.upper * 1.5
         return res
 
-    monkeypatch.setattr("crown_cli.certify.certified_radius", too_high)
+    monkeypatch.setattr("crown_cli.certification.certifier.certified_radius", too_high)
     cert = Certifier(mlp.weights, mlp.biases, "relu")
     plain = Certifier(mlp.weights, mlp.biases, "relu", search="bisect", rtol=1e-5,
                       precision="float64")

@@ -13,11 +13,11 @@ import pytest
 from click.testing import CliRunner
 
 from conftest import ROOT, model_path
-from crown_cli import crown
-from crown_cli.certify import Certifier
+from crown_cli.engine import backsub as crown
+from crown_cli.certification.certifier import Certifier
 from crown_cli.cli import cli
-from crown_cli.model_io import load_model, save_npz
-from crown_cli.results import COLUMNS
+from crown_cli.io.models import load_model, save_npz
+from crown_cli.io.results import COLUMNS
 
 SMALL = model_path("mnist_2x20.h5")
 BIG = model_path("mnist_3x1024.h5")
@@ -48,7 +48,7 @@ def test_certify_writes_the_documented_csv(tmp_path):
     kernels = json.loads((tmp_path / "r.csv.json").read_text())["runs"][-1]["kernels"]
     with crown.using_kernels(kernels):
         cert = Certifier(mlp.weights, mlp.biases, mlp.activation)
-    from crown_cli.images import load_images
+    from crown_cli.io.images import load_images
 
     x, y = load_images(None)
     by_type = {}
@@ -270,7 +270,7 @@ def test_killed_run_keeps_every_finished_row(tmp_path):
 def test_progress_bar_only_on_a_terminal(tmp_path, monkeypatch):
     """certify's bar (images done, last eps) goes to stderr on a terminal only: a file or
     pipe (cron, logs) gets the summary line alone."""
-    from crown_cli import progress
+    from crown_cli.io import progress
 
     res = run("certify", "--model", SMALL, "-n", 3, "-o", tmp_path / "a.csv")
     assert res.exit_code == 0 and "img" not in res.stderr

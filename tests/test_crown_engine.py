@@ -3,9 +3,9 @@ import numpy as np
 import pytest
 
 from conftest import random_network
-from crown_cli import crown
-from crown_cli.relaxations import get_relaxation
-from crown_cli.relaxations.relu import relu_relaxation
+from crown_cli.engine import backsub as crown
+from crown_cli.engine.relaxations import get_relaxation
+from crown_cli.engine.relaxations.relu import relu_relaxation
 from reference_crown import reference_bounds, relu_relaxation_numpy
 
 CODES = crown.NORMS
@@ -154,7 +154,7 @@ def test_bounds_from_a_larger_ball_give_the_same_result(sizes, seed, eps):
     net = crown.Network(W, b)
     fn = get_relaxation("relu", "crown")
     C = np.array([[1.0, -1.0] + [0.0] * (sizes[-1] - 2)])
-    from crown_cli.relaxations import get_interval_free
+    from crown_cli.engine.relaxations import get_interval_free
 
     stable = get_interval_free("relu")
     _, big = crown.margin_lower_bound(net, x0, 1.5 * eps, 0, fn, C, return_bounds=True)

@@ -27,7 +27,7 @@ from typing import Optional
 import numpy as np
 import pytest
 
-from crown_cli.certify import Certifier
+from crown_cli.certification.certifier import Certifier
 from oracles import (
     MilpResult,
     exact_margin_min,
@@ -116,7 +116,7 @@ def instance(case) -> Instance:
 @functools.lru_cache(maxsize=None)
 def _trained(name):
     """(weights, biases, indices of the correctly classified shipped images) of a model."""
-    from crown_cli.model_io import load_model
+    from crown_cli.io.models import load_model
 
     path = os.path.join(ROOT, "models", name)
     assert os.path.exists(path), f"trained model {path} is missing (scripts/train_mlp.py)"

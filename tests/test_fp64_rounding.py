@@ -19,9 +19,9 @@ import numpy as np
 import pytest
 
 from conftest import random_network
-from crown_cli import crown
+from crown_cli.engine import backsub as crown
 from crown_cli.activations import default_alpha
-from crown_cli.relaxations import get_relaxation
+from crown_cli.engine.relaxations import get_relaxation
 
 U64 = 2.0 ** -53
 
@@ -311,7 +311,7 @@ def test_final_sum_allowance_grows_only_past_its_limit():
 
 def test_comparison_methods_refuse_networks_past_their_allowance():
     from crown_cli.errors import InputError
-    from crown_cli.methods import MAX_TERMS, bind_method
+    from crown_cli.certification.methods import MAX_TERMS, bind_method
 
     d = MAX_TERMS // 2 - 4  # 2 (d + 1) + 8 > 2**20 with the one hidden neuron
     big = ([np.zeros((1, d)), np.zeros((2, 1))], [np.zeros(1), np.zeros(2)])

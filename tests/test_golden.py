@@ -31,8 +31,8 @@ def _rows(text):
 
 def _recomputed_lower_bound(row, x, certifiers):
     """The margin lower bound at the golden row's eps, recomputed without any search."""
-    from crown_cli.certify import Certifier
-    from crown_cli.model_io import load_model
+    from crown_cli.certification.certifier import Certifier
+    from crown_cli.io.models import load_model
 
     key = (row["norm"], row["method"])
     if key not in certifiers:

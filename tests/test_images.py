@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from crown_cli.errors import InputError
-from crown_cli.images import load_images, read_idx
+from crown_cli.io.images import load_images, read_idx
 
 
 def write_idx(path, arr, compress=False):

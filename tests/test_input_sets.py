@@ -3,9 +3,9 @@ import numpy as np
 import pytest
 
 from conftest import random_network
-from crown_cli import crown
+from crown_cli.engine import backsub as crown
 from crown_cli.activations import forward
-from crown_cli.relaxations import get_relaxation
+from crown_cli.engine.relaxations import get_relaxation
 
 
 def test_box_center_radius_contain_the_box():

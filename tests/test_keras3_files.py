@@ -14,7 +14,7 @@ from click.testing import CliRunner
 
 from crown_cli.cli import cli
 from crown_cli.errors import InputError
-from crown_cli.model_io import load_model
+from crown_cli.io.models import load_model
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures" / "keras3"
 NAMES = ["relu_784", "tanh_functional", "leaky_layers"]

@@ -13,7 +13,7 @@ import h5py
 import numpy as np
 import pytest
 
-from crown_cli.model_io import KNOWN_ACTIVATIONS, load_model
+from crown_cli.io.models import KNOWN_ACTIVATIONS, load_model
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures" / "keras"
 REQUIRED = {

@@ -4,9 +4,14 @@ import numpy as np
 import pytest
 
 from conftest import random_network
-from crown_cli import crown, kernels as nb, kernels_numpy as vn
-from crown_cli.certify import Certifier
-from crown_cli.relaxations import extra, get_relaxation, relu, relu_numpy
+from crown_cli.engine import backsub as crown
+from crown_cli.engine.kernels import backsub as nb
+from crown_cli.engine.kernels import backsub_numpy as vn
+from crown_cli.certification.certifier import Certifier
+from crown_cli.engine.relaxations import get_relaxation
+from crown_cli.engine.relaxations import extra
+from crown_cli.engine.relaxations import relu
+from crown_cli.engine.relaxations import relu_numpy
 
 # Every D entry and every constant term is the same float64 product in both; only the order
 # of the float64 sums differs, by ~n * 2**-53 of the magnitude sum at most.

@@ -15,20 +15,20 @@ import pytest
 from click.testing import CliRunner
 
 from conftest import model_path
-from crown_cli.certify import Certifier
+from crown_cli.certification.certifier import Certifier
 from crown_cli.cli import cli
-from crown_cli.crown import Network
+from crown_cli.engine.backsub import Network
 from crown_cli.errors import InputError
-from crown_cli.images import load_images
-from crown_cli.methods import bind_method, names
-from crown_cli.methods._common import center_margins
-from crown_cli.methods.exact import min_distortion
-from crown_cli.methods.fast_lip import fast_lip_lower_bound, jacobian_bound
-from crown_cli.methods.lp_full import Polytope, lp_full_lower_bound, safe_dual_bound
-from crown_cli.methods.op_norm import lipschitz_bounds, op_norm_radius
-from crown_cli.model_io import load_model
-from crown_cli.relaxations import get_relaxation
-from crown_cli.crown import hidden_layer_bounds
+from crown_cli.io.images import load_images
+from crown_cli.certification.methods import bind_method, names
+from crown_cli.certification.methods._common import center_margins
+from crown_cli.certification.methods.exact import min_distortion
+from crown_cli.certification.methods.fast_lip import fast_lip_lower_bound, jacobian_bound
+from crown_cli.certification.methods.lp_full import Polytope, lp_full_lower_bound, safe_dual_bound
+from crown_cli.certification.methods.op_norm import lipschitz_bounds, op_norm_radius
+from crown_cli.io.models import load_model
+from crown_cli.engine.relaxations import get_relaxation
+from crown_cli.engine.backsub import hidden_layer_bounds
 from oracles import (
     _margin_and_grad,
     exact_margin_min,
@@ -367,7 +367,7 @@ def test_cli_refuses_before_writing(tmp_path):
 
 
 def test_cli_runs_every_method(tmp_path):
-    from crown_cli.results import read_rows
+    from crown_cli.io.results import read_rows
 
     out = tmp_path / "r.csv"
     res = CliRunner().invoke(cli, ["certify", "--model", SMALL, "-n", "2", "--method",
@@ -396,7 +396,7 @@ def test_cli_runs_every_method(tmp_path):
 
 
 def test_cli_exact_timeout_status(tmp_path):
-    from crown_cli.results import read_rows
+    from crown_cli.io.results import read_rows
 
     out = tmp_path / "r.csv"
     res = CliRunner().invoke(cli, ["certify", "--model", SMALL, "-n", "1", "--method", "exact",
@@ -426,8 +426,8 @@ def test_registry_lists_the_methods():
 @pytest.mark.parametrize("norm", ["inf", "1"])
 def test_exact_agrees_with_the_single_milp_formulation(norm):
     """The region-LP / margin-MILP loop gives the optimum of the textbook one-MILP model."""
-    from crown_cli.methods.exact import _solve_direct
-    from crown_cli.methods.lp_full import lp_full_bounds
+    from crown_cli.certification.methods.exact import _solve_direct
+    from crown_cli.certification.methods.lp_full import lp_full_bounds
 
     weights, biases, x0 = _instance("random", RANDOM[2])
     order = _order(weights, biases, x0)
@@ -442,7 +442,7 @@ def test_exact_agrees_with_the_single_milp_formulation(norm):
 
 
 def test_cli_lp_full_timeout_status(tmp_path):
-    from crown_cli.results import read_rows
+    from crown_cli.io.results import read_rows
 
     out = tmp_path / "r.csv"
     res = CliRunner().invoke(cli, ["certify", "--model", SMALL, "-n", "1", "--method", "lp-full",

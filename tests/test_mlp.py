@@ -1,12 +1,13 @@
-"""crown_cli.mlp.MLP: the output activation, verify_layers and the margin layers certify uses."""
+"""crown_cli.network.MLP: the output activation, verify_layers and the margin layers certify uses."""
 import numpy as np
 import pytest
 
 from conftest import random_network
-from crown_cli import model_io, onnx_io
+from crown_cli.io import models as model_io
+from crown_cli.io import onnx_model as onnx_io
 from crown_cli.errors import InputError
-from crown_cli.mlp import MLP
-from crown_cli.model_io import validate
+from crown_cli.network import MLP
+from crown_cli.io.models import validate
 
 
 def test_model_io_and_onnx_io_do_not_import_each_other():

@@ -7,7 +7,7 @@ import pytest
 
 from conftest import random_network
 from crown_cli.errors import InputError
-from crown_cli.model_io import load_model, save_keras_h5, save_npz
+from crown_cli.io.models import load_model, save_keras_h5, save_npz
 
 
 @pytest.fixture

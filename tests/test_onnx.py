@@ -16,8 +16,8 @@ from onnx.reference import ReferenceEvaluator
 from conftest import random_network
 from crown_cli.cli import cli
 from crown_cli.errors import InputError
-from crown_cli.model_io import load_model, save_npz
-from crown_cli.results import read_rows
+from crown_cli.io.models import load_model, save_npz
+from crown_cli.io.results import read_rows
 
 
 def _init(name, array):

@@ -16,9 +16,9 @@ from onnx.reference import ReferenceEvaluator
 
 from crown_cli.cli import cli
 from crown_cli.errors import InputError
-from crown_cli.model_io import load_model
-from crown_cli.onnx_io import graph_feeds
-from crown_cli.results import read_rows
+from crown_cli.io.models import load_model
+from crown_cli.io.onnx_model import graph_feeds
+from crown_cli.io.results import read_rows
 
 FIXTURES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "fixtures")
 ACASXU = os.path.join(FIXTURES, "ACASXU_run2a_1_1_batch_2000.onnx")

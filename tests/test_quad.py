@@ -1,17 +1,17 @@
-"""CROWN-Quad (crown_cli.methods.quad): soundness against brute force, the QP solver against
+"""CROWN-Quad (crown_cli.certification.methods.quad): soundness against brute force, the QP solver against
 QPs with known minima, never below CROWN, and the CLI."""
 import numpy as np
 import pytest
 from click.testing import CliRunner
 
 from conftest import model_path
-from crown_cli.certify import Certifier
+from crown_cli.certification.certifier import Certifier
 from crown_cli.cli import cli
-from crown_cli.crown import NORMS, Network, margin_lower_bound
-from crown_cli.methods.quad import (QuadBound, crown_quad_lower_bound, linear_certificate,
+from crown_cli.engine.backsub import NORMS, Network, margin_lower_bound
+from crown_cli.certification.methods.quad import (QuadBound, crown_quad_lower_bound, linear_certificate,
                                     minimize_qp, project, quadratic_terms)
-from crown_cli.model_io import load_model, save_npz
-from crown_cli.relaxations import get_relaxation
+from crown_cli.io.models import load_model, save_npz
+from crown_cli.engine.relaxations import get_relaxation
 from oracles import (exact_margin_min, margins, mlp_forward, pgd_attack, project_l1, random_mlp,
                      sample_ball)
 

@@ -18,9 +18,9 @@ from scipy.optimize import brentq
 from scipy.special import expit
 
 from crown_cli.activations import apply_activation
-from crown_cli.relaxations import extra as ex
-from crown_cli.relaxations import sigmoid_family as sf
-from crown_cli.relaxations.relu import relu_relaxation
+from crown_cli.engine.relaxations import extra as ex
+from crown_cli.engine.relaxations import sigmoid_family as sf
+from crown_cli.engine.relaxations.relu import relu_relaxation
 
 TOUCH_TOL = 1e-9  # geometry checks (not soundness): line vs act at touch points, slopes
 GRID = 2001
@@ -187,7 +187,7 @@ class Case:
     kinks: Sequence[float] = (0.0,)
     # allowed float error of the line, in ulps of |a z| + |b|: 0 (exact comparison) for every
     # relaxation here except relu.py's, whose chord carries no outward slack, so a*z + b can
-    # round 1 ulp below the ReLU at z = u (crown.py's FP_RTOL widening absorbs that)
+    # round 1 ulp below the ReLU at z = u (the engine's FP_RTOL widening absorbs that)
     tol_ulps: float = 0.0
 
 

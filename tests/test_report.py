@@ -6,7 +6,7 @@ import pytest
 from click.testing import CliRunner
 
 from crown_cli.cli import cli
-from crown_cli.report import aggregate, read_results, render_latex, render_markdown, table
+from crown_cli.io.report import aggregate, read_results, render_latex, render_markdown, table
 
 COLS = ["image", "label", "predicted", "target", "target_type", "norm", "method", "eps",
         "time_s", "evaluations", "status", "margin", "lower_bound", "search", "precision",

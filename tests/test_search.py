@@ -4,7 +4,7 @@ import math
 import numpy as np
 import pytest
 
-from crown_cli.search import certified_radius
+from crown_cli.engine.radius_search import certified_radius
 
 ROOTS = [1e-7, 3e-4, 0.0123, 0.7, 42.0]
 SHAPES = {

@@ -18,7 +18,7 @@ import os
 import numpy as np
 import pytest
 
-from crown_cli.certify import Certifier
+from crown_cli.certification.certifier import Certifier
 from oracles import (
     NORMS,
     exact_min_linf_distortion,
@@ -156,7 +156,7 @@ def _mnist_net(name):
     """A 784-input network: random 784-64-64-10 weights or a trained model from models/."""
     if name == "random-784-64-64-10":
         return random_mlp([784, 64, 64, 10], seed=7)
-    from crown_cli.model_io import load_model
+    from crown_cli.io.models import load_model
 
     path = os.path.join(ROOT, "models", name)
     assert os.path.exists(path), f"trained model {path} is missing (scripts/train_mlp.py)"
@@ -270,7 +270,7 @@ def test_general_activation_certificates_survive_attack(net, activation, norm):
 def test_trained_general_activation_models_survive_attack(activation):
     """The shipped 3x[1024] tanh/sigmoid/arctan models at two MNIST images, runner-up target:
     samples of the certified l_inf ball and a PGD attack (fewer restarts: large networks)."""
-    from crown_cli.model_io import load_model
+    from crown_cli.io.models import load_model
 
     path = os.path.join(ROOT, "models", f"mnist_3x1024_{activation}.h5")
     assert os.path.exists(path), f"trained model {path} is missing (make models)"

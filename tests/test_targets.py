@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from crown_cli.errors import InputError
-from crown_cli.targets import TargetSelector, check_random_possible, parse_target_types, select_all
+from crown_cli.certification.targets import TargetSelector, check_random_possible, parse_target_types, select_all
 
 
 def paper_procedure(logits, seed=1215):

@@ -6,12 +6,12 @@ import numpy as np
 import pytest
 
 from conftest import random_network
-from crown_cli import crown
+from crown_cli.engine import backsub as crown
 from crown_cli.activations import forward
-from crown_cli.relaxations import get_relaxation
-from crown_cli.bab_relu import BabResult
-from crown_cli.verify import BabStatus, Verifier, format_result
-from crown_cli.vnnlib import parse_vnnlib_text
+from crown_cli.engine.relaxations import get_relaxation
+from crown_cli.verification.bab.relu_split import BabResult
+from crown_cli.verification.pipeline import BabStatus, Verifier, format_result
+from crown_cli.io.vnnlib import parse_vnnlib_text
 from oracles import exact_margin_min
 
 
@@ -224,7 +224,7 @@ STATUS_RE = (r"bab \((input|ReLU) split\): case ([\d,]+) \((\d+) of (\d+) proven
 def test_status_lines_are_throttled():
     """BabStatus hands a line on at most every ``every`` seconds of its clock, the first one
     ``every`` seconds after the branch and bound began, with the rate over all cases."""
-    from crown_cli.verify import BabStatus
+    from crown_cli.verification.pipeline import BabStatus
 
     now = [100.0]
     lines = []
@@ -251,7 +251,7 @@ def test_branch_and_bound_reports_its_status(monkeypatch, sizes, seed):
     while they run; the counts only grow and never exceed the verdict's."""
     import re
 
-    from crown_cli import verify as verify_mod
+    from crown_cli.verification import pipeline as verify_mod
 
     monkeypatch.setattr(verify_mod, "STATUS_EVERY_BAR_S", 0.0)
     ws, bs = random_network(sizes, seed)

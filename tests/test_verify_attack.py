@@ -6,10 +6,10 @@ import numpy as np
 import pytest
 
 from conftest import random_network
-from crown_cli import crown
+from crown_cli.engine import backsub as crown
 from crown_cli.activations import forward
-from crown_cli.relaxations import get_relaxation
-from crown_cli.verify_attack import check_counterexample, find_counterexample
+from crown_cli.engine.relaxations import get_relaxation
+from crown_cli.verification.attack import check_counterexample, find_counterexample
 
 
 def box_and_net(seed, act="relu", sizes=(5, 24, 24, 4)):
@@ -153,7 +153,7 @@ def _dead_neuron_net(d=20):
 
 @pytest.mark.parametrize("seed", range(3))
 def test_surrogate_slopes_reach_a_violation_behind_a_dead_neuron(monkeypatch, seed):
-    import crown_cli.verify_attack as va
+    import crown_cli.verification.attack as va
 
     ws, bs, lo, hi = _dead_neuron_net()
     A, b = np.array([[1.0, -1.0]]), np.zeros(1)  # unsafe: y0 - y1 <= 0

@@ -9,8 +9,8 @@ import pytest
 from click.testing import CliRunner
 
 from crown_cli.cli import cli
-from crown_cli.model_io import load_model
-from crown_cli.results import read_rows
+from crown_cli.io.models import load_model
+from crown_cli.io.results import read_rows
 
 FIXTURES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "fixtures")
 ACASXU = os.path.join(FIXTURES, "ACASXU_run2a_1_1_batch_2000.onnx")
@@ -69,7 +69,7 @@ def reference_outputs(x):
     from onnx.reference import ReferenceEvaluator
 
     import onnx
-    from crown_cli.onnx_io import graph_feeds
+    from crown_cli.io.onnx_model import graph_feeds
 
     ev = ReferenceEvaluator(onnx.load(ACASXU))
     return np.asarray(ev.run(None, graph_feeds(ACASXU, x[None, :])[0])[0], dtype=np.float64).ravel()
@@ -84,7 +84,7 @@ def test_single_sat_counterexample_rechecked_with_onnx_reference(tmp_path, specs
     x = np.array([vals[f"X_{i}"] for i in range(5)])
     y = np.array([vals[f"Y_{j}"] for j in range(5)])
     text = specs["sat"].read_text()
-    from crown_cli.vnnlib import parse_vnnlib
+    from crown_cli.io.vnnlib import parse_vnnlib
     case = parse_vnnlib(str(specs["sat"]), 5, 5).cases[0]
     assert np.all(x >= case.lo) and np.all(x <= case.hi)
     assert np.all(case.A @ y <= case.b)
@@ -117,7 +117,7 @@ def test_instances_resume_shards_merge(tmp_path, specs):
     assert rows[0]["stage"] == "attack"
     x = np.array([float(v) for v in rows[0]["counterexample"].split()])
     y_ref = reference_outputs(x)
-    from crown_cli.vnnlib import parse_vnnlib
+    from crown_cli.io.vnnlib import parse_vnnlib
     case = parse_vnnlib(str(specs["sat"]), 5, 5).cases[0]
     assert np.all(case.A @ y_ref <= case.b + 1e-5 * (1 + np.abs(case.b)))
     side = json.loads((tmp_path / "all.csv.json").read_text())
@@ -214,7 +214,7 @@ def bab_spec(tmp_path, acas):
 def test_verbose_shows_branch_and_bound_status(tmp_path, bab_spec, monkeypatch):
     """-v: the stage lines, then the branch and bound's status lines (open domains, worst
     bound, rate) and the case's end; a list run passes them on too."""
-    from crown_cli import verify as verify_mod
+    from crown_cli.verification import pipeline as verify_mod
 
     monkeypatch.setattr(verify_mod, "STATUS_EVERY_LOG_S", 0.0)
     r = run("verify", "--model", ACASXU, "--spec", bab_spec, "--timeout", 20, "-v")
@@ -245,8 +245,8 @@ def test_without_branch_and_bound_or_over_the_cap_unknown(bab_spec, option, stag
 def test_progress_bar_shows_branch_and_bound_status(tmp_path, bab_spec, monkeypatch):
     """On a terminal the bar carries the branch and bound's status (--spec: seconds of the
     timeout; --instances: instances and verdict counts); never in a log or a pipe."""
-    from crown_cli import progress
-    from crown_cli import verify as verify_mod
+    from crown_cli.io import progress
+    from crown_cli.verification import pipeline as verify_mod
 
     monkeypatch.setattr(verify_mod, "STATUS_EVERY_BAR_S", 0.0)
     r = run("verify", "--model", ACASXU, "--spec", bab_spec, "--timeout", 20)

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from crown_cli.errors import InputError
-from crown_cli.vnnlib import Property, parse_vnnlib, parse_vnnlib_text
+from crown_cli.io.vnnlib import Property, parse_vnnlib, parse_vnnlib_text
 
 FIX = Path(__file__).resolve().parent / "fixtures" / "vnnlib"
 

@@ -1,0 +1,171 @@
+"""The batch loop: images in index order -> targets -> certificates -> rows handed to a sink."""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Callable, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
+
+import numpy as np
+
+from crown_cli.certification.certifier import Certifier
+from crown_cli.certification.targets import TARGET_TYPES, TargetSelector
+
+if TYPE_CHECKING:  # only --attack pgd runs need the module
+    from crown_cli.certification.attack import PGDAttack
+
+
+@dataclass
+class Summary:
+    images: int = 0
+    misclassified: int = 0
+    rows: int = 0
+    certified_eps: List[float] = field(default_factory=list)
+    exact_eps: List[float] = field(default_factory=list)  # --method exact: distortions, not certificates
+    times: List[float] = field(default_factory=list)
+    evaluations: List[int] = field(default_factory=list)
+    skipped: int = 0  # rows already in the output (--resume)
+    failed: int = 0  # rows with status error or timeout
+    errors: List[str] = field(default_factory=list)  # one line per row whose certification raised
+
+    def line(self, wall_s: float, output: str) -> str:
+        n = len(self.certified_eps)
+        mean_eps = f"{np.mean(self.certified_eps):.5g}" if n else "n/a"
+        per_row = f"{np.mean(self.times):.3f}" if self.times else "n/a"
+        evals = f"{np.mean(self.evaluations):.1f}" if self.evaluations else "n/a"
+        dest = "stdout" if output == "-" else output
+        exact = (f"mean exact distortion {np.mean(self.exact_eps):.5g} over {len(self.exact_eps)} "
+                 f"rows; ") if self.exact_eps else ""
+        return (
+            f"crown: {self.rows} rows for {self.images} images ({self.misclassified} misclassified); "
+            f"mean certified eps {mean_eps} over {n} rows; {exact}{per_row} s/row, "
+            f"{evals} evaluations/row; "
+            f"{wall_s:.1f} s total -> {dest}"
+            + (f"; {self.skipped} rows already there (resumed)" if self.skipped else "")
+            + (f"; {self.failed} rows FAILED" if self.failed else "")
+        )
+
+
+# Statuses of rows that did not finish: they make `crown certify` exit with code 3.
+FAILED_STATUSES = ("error", "timeout")
+
+
+def row_key(row: Dict[str, object]) -> Tuple[str, str, str, str, str]:
+    """(image, target_type, target, norm, method) as text: the identity of a row in a file."""
+    from crown_cli.io.results import format_value
+
+    return tuple(format_value(row.get(k)) for k in ("image", "target_type", "target", "norm", "method"))
+
+
+def certify_images(
+    certifiers: Sequence[Certifier],
+    x: np.ndarray,
+    y: np.ndarray,
+    indices: Iterable[int],
+    target_types: Sequence[str],
+    seed: int,
+    emit: Callable[[Dict[str, object]], None],
+    progress: bool = True,
+    skip: Optional[Callable[[Tuple[str, ...]], bool]] = None,
+    attacks: Optional[Mapping[str, PGDAttack]] = None,
+    attack_seed: int = 0,
+    warn: Optional[Callable[[str], None]] = None,
+) -> Summary:
+    """Certify x[i] for i in ``indices`` (ascending) with every certifier and target type.
+
+    The random-target stream is replayed from image 0, so image i gets the same random target
+    whatever ``--start`` is. Each finished row goes to ``emit`` at once. Rows whose
+    :func:`row_key` satisfies ``skip`` (already written, ``--resume``) are not computed again.
+    A certification that raises gives a row with status ``error`` and the run goes on.
+
+    ``attacks`` (norm -> PGDAttack) adds the attack's distortion to every certified row; the
+    attack runs once per (image, norm, target type) and is shared by the methods. A certified
+    eps above it is reported through ``warn`` (it would mean an unsound certificate).
+    """
+    attack_cache: Dict[tuple, object] = {}
+    indices = list(indices)
+    first = certifiers[0]
+    logits = first.logits(x[: indices[-1] + 1]) if indices else np.zeros((0, 0))
+    selector = TargetSelector(seed)
+    choices = [selector.select(z) for z in logits]  # advance the stream in index order
+    summary = Summary()
+    for cert in certifiers:  # kernel loading is start-up, not the first image's time
+        cert.warm_up()
+    bar = _progress(len(indices), progress)
+    try:
+        for i in indices:
+            sel = choices[i]
+            c = int(sel["predicted"])
+            label = int(y[i])
+            summary.images += 1
+            base = {"image": i, "label": label, "predicted": c}
+            misclassified = c != label
+            summary.misclassified += misclassified
+            for cert in certifiers:
+                for ttype in target_types:
+                    target = sel[ttype]
+                    row = dict(base, target="" if ttype == "untargeted" else target,
+                               target_type=ttype, norm=cert.norm, method=cert.method,
+                               search=cert.search, precision=cert.precision, rtol=cert.rtol)
+                    if skip is not None and skip(row_key(row)):
+                        summary.skipped += 1
+                        continue
+                    if misclassified:
+                        row.update(status="misclassified", time_s=0.0, evaluations=0)
+                    else:
+                        targets = target if isinstance(target, list) else [target]
+                        t_row = time.perf_counter()
+                        try:
+                            res = cert.certify(x[i], c, targets)
+                        except Exception as exc:  # noqa: BLE001 - recorded, the batch goes on
+                            row.update(status="error", evaluations=0,
+                                       time_s=round(time.perf_counter() - t_row, 6))
+                            summary.errors.append(
+                                f"image {i}, target {row['target_type']} {row['target']}, "
+                                f"norm {cert.norm}, method {cert.method}: {type(exc).__name__}: {exc}")
+                        else:
+                            row.update(eps=res.eps, time_s=round(res.time_s, 6),
+                                       evaluations=res.evaluations, status=res.status,
+                                       margin=res.margin, lower_bound=res.lower_bound)
+                            if attacks and cert.norm in attacks:
+                                _add_attack(row, attacks[cert.norm], attack_cache, attack_seed,
+                                            x[i], i, c, ttype, targets, warn)
+                            if res.eps is not None:  # None: timed out
+                                (summary.exact_eps if cert.method == "exact"
+                                 else summary.certified_eps).append(res.eps)
+                            summary.times.append(res.time_s)
+                            summary.evaluations.append(res.evaluations)
+                    summary.failed += row.get("status") in FAILED_STATUSES
+                    emit(row)
+                    summary.rows += 1
+            if bar is not None:
+                bar.update(1)
+                if summary.certified_eps:
+                    bar.set_postfix(eps=f"{summary.certified_eps[-1]:.4g}", refresh=False)
+    finally:
+        if bar is not None:
+            bar.close()
+    return summary
+
+
+def _add_attack(row, attack, cache, seed, x0, i, c, ttype, targets, warn) -> None:
+    """Fill attack_eps / attack_time_s of a certified row; warn if eps exceeds attack_eps."""
+    key = (i, attack.norm, ttype)
+    if key not in cache:
+        if cache and next(iter(cache))[0] != i:
+            cache.clear()  # earlier images are not needed again
+        # one stream per (image, norm, target type): results do not depend on --start or order
+        rng = np.random.default_rng([seed, i, ("inf", "2", "1").index(attack.norm),
+                                     TARGET_TYPES.index(ttype)])
+        cache[key] = attack.min_distortion(x0, c, targets, rng)
+    res = cache[key]
+    row.update(attack_eps=res.eps, attack_time_s=round(res.time_s, 6))
+    eps = row.get("eps")
+    if res.eps is not None and eps is not None and eps > res.eps and warn is not None:
+        warn(f"crown: warning: image {i}: certified eps {eps!r} exceeds attack distortion "
+             f"{res.eps!r}")
+
+
+def _progress(total: int, enabled: bool):
+    from crown_cli.io.progress import terminal_bar
+
+    return terminal_bar(enabled, total=total, unit="img", desc="certify")

@@ -1,0 +1,119 @@
+"""Registry of activation relaxations.
+
+``get_relaxation(activation, method, alpha)`` returns a function ``(l, u) -> (aU, bU, aL, bL)``
+of float64 arrays with ``aL*z + bL <= act(z) <= aU*z + bU`` for every z in [l, u],
+elementwise. Each activation family lives in its own module; adding an activation is adding
+one entry to ``RELAXATIONS`` (and, if some neurons' relaxation does not depend on the exact
+interval, one to ``INTERVAL_FREE``). Families are imported on first use, so a run imports
+only its own activation's module (and, with the numpy kernels and a ReLU-type activation,
+no numba at all).
+"""
+from importlib import import_module
+
+from crown_cli.errors import InputError
+
+METHODS = ("crown", "fast-lin")
+
+
+def _numpy_kernels() -> bool:
+    from crown_cli.engine.backsub import kernels_backend
+
+    return kernels_backend() == "numpy"
+
+
+def _relu(method, alpha):
+    if _numpy_kernels():
+        from crown_cli.engine.relaxations.relu_numpy import relu_relaxation
+    else:
+        from crown_cli.engine.relaxations.relu import relu_relaxation
+
+    adaptive = method == "crown"
+    return lambda l, u: relu_relaxation(l, u, adaptive)
+
+
+def _leaky_relu(method, alpha):
+    if _numpy_kernels():
+        from crown_cli.engine.relaxations.relu_numpy import leaky_relu_relaxation
+    else:
+        from crown_cli.engine.relaxations.extra import leaky_relu_relaxation
+
+    adaptive = method == "crown"
+    return lambda l, u: leaky_relu_relaxation(l, u, alpha, adaptive)
+
+
+def _fixed(module, name):
+    """Factory for a parameter-free relaxation ``name`` in submodule ``module``."""
+    return lambda method, alpha: getattr(import_module(f"{__name__}.{module}"), name)
+
+
+def _elu(method, alpha):
+    from crown_cli.engine.relaxations.extra import elu_relaxation
+
+    return lambda l, u: elu_relaxation(l, u, alpha)
+
+
+def _hard_sigmoid(method, alpha):
+    from crown_cli.engine.relaxations.extra import hard_sigmoid_relaxation
+
+    return lambda l, u: hard_sigmoid_relaxation(l, u, alpha)
+
+
+# activation -> factory(method, alpha) -> relaxation function (l, u). Each factory imports
+# only its own family's module; all of them are compiled with numba except, under the numpy
+# kernels (crown.set_kernels("numpy")), those of NUMPY_TWINS.
+RELAXATIONS = {
+    "relu": _relu,
+    "leaky_relu": _leaky_relu,
+    "tanh": _fixed("sigmoid_family", "tanh_relaxation"),
+    "sigmoid": _fixed("sigmoid_family", "sigmoid_relaxation"),
+    "arctan": _fixed("sigmoid_family", "arctan_relaxation"),
+    "elu": _elu,
+    "softplus": _fixed("extra", "softplus_relaxation"),
+    "hard_sigmoid": _hard_sigmoid,
+}
+
+# Activations whose relaxation also exists in plain numpy (relu_numpy.py): with the numpy
+# kernels they are bounded without importing numba.
+NUMPY_TWINS = ("relu", "leaky_relu")
+
+# Neurons whose relaxation is the same on every sub-interval of [l, u] (the function is linear
+# there): bounds proven for a larger ball can stand in for recomputed ones.
+INTERVAL_FREE = {
+    "relu": lambda l, u, alpha: (l >= 0.0) | (u <= 0.0),
+    "leaky_relu": lambda l, u, alpha: (l >= 0.0) | (u <= 0.0),
+    "elu": lambda l, u, alpha: l >= 0.0,
+    # one linear piece of clip(alpha z + 0.5, 0, 1), decided on alpha z + 0.5 in float as the
+    # relaxation itself does
+    "hard_sigmoid": lambda l, u, alpha: ((alpha * u + 0.5 <= 0.0) | (alpha * l + 0.5 >= 1.0)
+                                         | ((alpha * l + 0.5 >= 0.0) & (alpha * u + 0.5 <= 1.0))),
+}
+
+# methods other than crown apply to these activations only
+FAST_LIN = ("relu", "leaky_relu")
+
+# Piecewise linear with one kink at 0: a stable neuron's relaxation is fixed by the sign of z,
+# and an unstable neuron's relaxation (a chord of [l, u] and a line valid everywhere) is valid
+# on every sub-interval. crown_cli.engine.stability relies on both.
+SIGN_STABLE = ("relu", "leaky_relu")
+
+
+def get_interval_free(activation: str, alpha=None):
+    """Mask function (l, u) -> bool array, or None if the activation has none."""
+    fn = INTERVAL_FREE.get(activation)
+    return None if fn is None else (lambda l, u: fn(l, u, alpha))
+
+
+def get_relaxation(activation: str, method: str, alpha=None):
+    """The relaxation function for ``activation`` under ``method``, or an InputError."""
+    if method not in METHODS:
+        raise InputError(f"--method: unknown method '{method}' (choose from {', '.join(METHODS)})")
+    if activation not in RELAXATIONS:
+        raise InputError(
+            f"activation '{activation}' has no bound (supported: {', '.join(sorted(RELAXATIONS))})"
+        )
+    if method != "crown" and activation not in FAST_LIN:
+        raise InputError(
+            f"--method {method} is defined for ReLU-type networks only, not '{activation}'"
+        )
+    return RELAXATIONS[activation](method, alpha)
+

@@ -1,0 +1,532 @@
+"""Linear relaxations of tanh, sigmoid and arctan (CROWN, Section 3.2, Tables 1-2).
+
+All three functions are increasing, convex on (-inf, 0] and concave on [0, inf), with an even
+derivative. Following the paper's partition by the signs of the pre-activation bounds:
+
+* ``l >= 0`` (concave side): upper = tangent at d in [l, u] (we take the midpoint, as the
+  paper's code does); lower = chord through both end-points.
+* ``u <= 0`` (convex side): upper = chord; lower = tangent at the midpoint.
+* ``l < 0 < u``: upper = the tangent at some d >= 0 that passes through the left end-point
+  (l, act(l)); lower = the tangent at some d <= 0 through the right end-point (u, act(u)).
+  d solves ``(act(d) - act(p)) / (d - p) = act'(d)`` (p the end-point); footnotes (diamond)
+  and (dagger): when that d falls beyond the other end-point, the chord is the bound.
+
+How the lines are made exact and sound in float64
+-------------------------------------------------
+Only the *slope* of each line follows the table. The intercept is then computed as the
+tightest valid one for that slope: for an upper line ``max_{t in [l,u]} act(t) - k t``, for a
+lower line the min. Because act is convex on [l,u]∩(-inf,0] and concave on [l,u]∩[0,inf), the
+function ``act(t) - k t`` reaches its max on [l, u] at one of l, u, 0 (clipped) or the
+concave-side point where act'(t) = k, and its min at l, u, 0 or the convex-side point where
+act'(t) = k (= minus the former, act' being even). Evaluating these <= 5 points therefore gives
+the exact intercept for *any* slope, so a tangent point found only approximately by the
+solver can never make a line unsound, and for the paper's slopes the line passes through the
+end-point / touches at d exactly as the tables say (Table 1 footnote *: the intercept
+``a*b = act(d) - a*d`` is computed directly, never by dividing by a near-zero slope ``a``).
+Finally the intercept is moved outward by ``_slack`` (8 ulps of the terms, ~2e-15 relative)
+so that the inequality also holds when act and the line are evaluated in float64. The search
+over those points (``_exact_intercept``) serves the ELU, softplus and hard sigmoid relaxations
+of extra.py too, so their values (``_elu``, ``_softplus``, ``_hsig``) are defined here.
+
+Near-zero slopes (Table 1 footnote *): derivatives are computed without cancellation
+(sech^2 from exp(-2|t|), s(t) s(-t)), so in saturation they are tiny but accurate instead of
+0, and they never divide anything. Degenerate intervals (u - l <= DEGENERATE_REL * scale,
+including u == l) use the derivative at the midpoint for both lines; the exact intercepts
+then bracket act(l), act(u). Infinite bounds give the constant bounds act(l), act(u).
+"""
+import math
+
+import numpy as np
+from numba import njit
+
+TANH = 0
+SIGMOID = 1
+ARCTAN = 2
+# extra.py's activations, as kinds of _value / _exact_intercept only
+ELU = 3
+SOFTPLUS = 4
+HARD_SIGMOID = 5
+
+EPS = 2.0 ** -52  # float64 machine epsilon (spacing of floats at 1.0)
+TINY = 5e-324  # smallest positive subnormal
+SLACK_ULPS = 8.0
+# Intervals with u - l <= DEGENERATE_REL * max(1, |l|, |u|) are treated as (almost) points: the
+# chord (act(u) - act(l)) / (u - l) would lose most of its digits to cancellation (or divide
+# by 0 when u == l), while the curvature gap ~ |act''| (u-l)^2 / 8 is already at rounding
+# level, so both lines use the derivative at the midpoint (and the exact intercepts).
+DEGENERATE_REL = 2.0 ** -24
+MAX_ITER = 200
+
+
+@njit(cache=True)
+def _slack(k, b, M, S):
+    """Outward shift making a line with slope k, intercept b sound in float64 on |z| <= M.
+
+    Error budget, each term <= 1 ulp of the largest magnitude involved, |k|*M + |b| + S where
+    S bounds |act| on the interval: act(t) in this kernel (<= 1-2 ulp), the reference act(z)
+    the line is compared with (libm/numpy, <= 2 ulp), act(t) - k*t when the intercept was
+    computed (2 roundings), k*z + b when the line is evaluated (2 roundings). 8 ulps covers the
+    sum with margin; the TINY term covers absolute errors of subnormal results.
+    """
+    return SLACK_ULPS * EPS * (abs(k) * M + abs(b) + S) + SLACK_ULPS * TINY
+
+
+@njit(cache=True)
+def _is_degenerate(l, u):
+    return u - l <= DEGENERATE_REL * max(1.0, abs(l), abs(u))
+
+
+@njit(cache=True)
+def _sigmoid(t):
+    """1 / (1 + exp(-t)) without overflow, accurate in both tails."""
+    if t >= 0.0:
+        return 1.0 / (1.0 + math.exp(-t))
+    e = math.exp(t)
+    return e / (1.0 + e)
+
+
+@njit(cache=True)
+def _act(kind, t):
+    if kind == TANH:
+        return math.tanh(t)
+    if kind == SIGMOID:
+        return _sigmoid(t)
+    return math.atan(t)
+
+
+@njit(cache=True)
+def _act_diff(kind, t, p):
+    """act(t) - act(p); for sigmoid as (tanh(t/2) - tanh(p/2)) / 2, which keeps the digits
+    of a small difference near 0 where 1/(1+e^-t) ~ 0.5 would cancel them."""
+    if kind == SIGMOID:
+        return 0.5 * (math.tanh(0.5 * t) - math.tanh(0.5 * p))
+    return _act(kind, t) - _act(kind, p)
+
+
+@njit(cache=True)
+def _dact(kind, t):
+    """act'(t), computed without cancellation (so it stays accurate, not 0, in saturation)."""
+    if kind == TANH:
+        # 1 - tanh^2 = sech^2 = 4 e^{-2|t|} / (1 + e^{-2|t|})^2 ; 1 - tanh^2 would round to 0
+        # for |t| > ~19 although sech^2 is still ~1e-16
+        e = math.exp(-2.0 * abs(t))
+        return 4.0 * e / ((1.0 + e) * (1.0 + e))
+    if kind == SIGMOID:
+        return _sigmoid(t) * _sigmoid(-t)  # s (1 - s) with 1 - s = s(-t) computed directly
+    w = 1.0 / (1.0 + t * t)
+    return w
+
+
+@njit(cache=True)
+def _d2act(kind, t):
+    if kind == TANH:
+        return -2.0 * math.tanh(t) * _dact(TANH, t)
+    if kind == SIGMOID:
+        s = _sigmoid(t)
+        sm = _sigmoid(-t)
+        return s * sm * (sm - s)
+    w = 1.0 / (1.0 + t * t)
+    return -2.0 * t * w * w
+
+
+@njit(cache=True)
+def _inv_dact(kind, k):
+    """The t >= 0 with act'(t) = k (act' is even and decreasing on [0, inf)).
+
+    0 if k >= act'(0), +inf if k <= 0. Branches keep each formula well conditioned.
+    """
+    if k <= 0.0:
+        return np.inf
+    if kind == TANH:
+        if k >= 1.0:
+            return 0.0
+        if k > 0.5:
+            return math.atanh(math.sqrt(1.0 - k))  # tanh^2 t = 1 - k
+        return math.acosh(1.0 / math.sqrt(k))  # cosh t = 1 / sqrt(k)
+    if kind == SIGMOID:
+        if k >= 0.25:
+            return 0.0
+        q = math.sqrt(1.0 - 4.0 * k)  # s = (1 + q) / 2, t = log(s / (1 - s))
+        if q < 0.5:
+            return 2.0 * math.atanh(q)
+        return 2.0 * math.log1p(q) - math.log(4.0 * k)
+    if k >= 1.0:
+        return 0.0
+    return math.sqrt((1.0 - k) / k)  # 1 / (1 + t^2) = k
+
+
+@njit(cache=True)
+def _clip(t, l, u):
+    return min(max(t, l), u)
+
+
+@njit(cache=True)
+def _elu(t, alpha):
+    return t if t > 0.0 else alpha * math.expm1(t)
+
+
+@njit(cache=True)
+def _softplus(t):
+    return max(t, 0.0) + math.log1p(math.exp(-abs(t)))  # log(1 + e^t) without overflow
+
+
+@njit(cache=True)
+def _hsig(t, alpha):
+    return min(max(alpha * t + 0.5, 0.0), 1.0)  # same operations as np.clip(a*z + 0.5, 0, 1)
+
+
+@njit(cache=True)
+def _value(kind, p, t):
+    """Activation ``kind`` at t; p is the alpha of ELU and hard sigmoid (unused otherwise)."""
+    if kind <= ARCTAN:
+        return _act(kind, t)
+    if kind == ELU:
+        return _elu(t, p)
+    if kind == SOFTPLUS:
+        return _softplus(t)
+    return _hsig(t, p)
+
+
+@njit(cache=True)
+def _exact_intercept(kind, p, l, u, k, upper, inner, S):
+    """Tightest sound intercept for slope k of a line above (``upper``) or below
+    act = _value(kind, p, .) on [l, u], slack included: the max (min) of act(t) - k t over
+    t = l, u and the points of the tuple ``inner`` clipped into [l, u], which must hold every
+    other point where that max (min) can be reached; then moved outward by ``_slack``, with S
+    the larger of ``S`` and |act| at those points."""
+    best = 0.0
+    for j in range(2 + len(inner)):
+        if j == 0:
+            t = l
+        elif j == 1:
+            t = u
+        else:
+            t = _clip(inner[j - 2], l, u)
+        f = _value(kind, p, t)
+        g = f - k * t
+        if j == 0 or (upper and g > best) or ((not upper) and g < best):
+            best = g
+        S = max(S, abs(f))
+    s = _slack(k, best, max(abs(l), abs(u)), S)
+    return best + s if upper else best - s
+
+
+@njit(cache=True)
+def _intercept(kind, l, u, k, upper):
+    """Tightest sound intercept for slope k on [l, u] (see module docstring), slack included."""
+    tk = _inv_dact(kind, k)
+    # for sigmoid S >= 1: the terms of 1/(1+e^-z) or 0.5*(1+tanh(z/2)) (crown_cli.activations)
+    # are O(1): an evaluation can be off by ~1 ulp of 1 where sigmoid itself is tiny (both that
+    # form and scipy's expit return 0 around z = -717, where sigmoid is ~4e-312)
+    S = 1.0 if kind == SIGMOID else 0.0
+    return _exact_intercept(kind, 0.0, l, u, k, upper, (0.0, tk, -tk), S)
+
+
+@njit(cache=True)
+def _split(lo, hi):
+    """Bisection point of a bracket lying on one side of 0: while it spans more than a factor
+    4 beyond |t| = 1, the geometric mean, so a bracket like [0, 1e300] reaches the root's
+    order of magnitude in ~10 steps instead of ~1000; otherwise the arithmetic mean."""
+    if lo >= 0.0:
+        x = max(lo, 1.0)
+        if hi > 4.0 * x:
+            return math.sqrt(x) * math.sqrt(hi)
+    elif hi <= 0.0:
+        x = max(-hi, 1.0)
+        if -lo > 4.0 * x:
+            return -(math.sqrt(x) * math.sqrt(-lo))
+    return 0.5 * (lo + hi)
+
+
+@njit(cache=True)
+def _tangent_point(kind, p, a, b):
+    """Root of H(t) = act'(t) (t - p) - (act(t) - act(p)) on [a, b], H decreasing there.
+
+    Requires H(a) >= 0 >= H(b) mathematically. Safeguarded Newton: the bracket [lo, hi] is
+    kept from the signs of H; a Newton step is taken when it lands inside the bracket and |H|
+    shrank at least 4x on the previous step, otherwise the bracket is split (``_split``).
+    Stops when the Newton correction is below 1e-13 relative (or the bracket cannot shrink).
+    Where |p| is tiny H is pure rounding noise near its root, which is then only located to
+    within that noise; act'(d) is flat there, so the slope is still right to ~1 ulp.
+    Soundness never depends on the accuracy of the result (the intercept is exact).
+    """
+    lo = a
+    hi = b
+    t = _split(lo, hi)
+    prev = np.inf
+    for _ in range(MAX_ITER):
+        h = _dact(kind, t) * (t - p) - _act_diff(kind, t, p)
+        if h > 0.0:
+            lo = t
+        elif h < 0.0:
+            hi = t
+        else:
+            return t
+        dh = _d2act(kind, t) * (t - p)
+        tn = _split(lo, hi)
+        if dh != 0.0:
+            step = h / dh
+            if abs(step) <= 1e-13 * abs(t):
+                return t
+            cand = t - step
+            if abs(h) <= 0.25 * prev and lo < cand < hi:
+                tn = cand
+        prev = abs(h)
+        if tn <= lo or tn >= hi or hi - lo <= 1e-13 * max(abs(lo), abs(hi)):
+            return t  # the bracket cannot (or need not) shrink any further
+        t = tn
+    return t
+
+
+@njit(cache=True)
+def tangent_point(kind, l, u, upper):
+    """Tangent point of the l < 0 < u case: returns (d, use_chord).
+
+    upper: d >= 0 with the tangent at d through (l, act(l)) (Table 1, d >= 0);
+    lower: d <= 0 with the tangent at d through (u, act(u)) (Table 2, d <= 0).
+    use_chord is True when d lies at or beyond the other end-point (footnotes diamond /
+    dagger), then d is that end-point and the chord is the bound.
+    """
+    if upper:
+        # H(t) = act'(t)(t-l) - (act(t)-act(l)) is decreasing on [0, inf) (act'' < 0, t > l)
+        # and H(0) >= 0 by convexity on [l, 0]; no sign change on [0, u] means d >= u.
+        if _dact(kind, u) * (u - l) - _act_diff(kind, u, l) >= 0.0:
+            return u, True
+        return _tangent_point(kind, l, 0.0, u), False
+    # mirror image: H(t) = act'(t)(t-u) - (act(t)-act(u)) is decreasing on (-inf, 0]
+    # (act'' > 0, t < u) and H(0) <= 0 by concavity on [0, u]; H(l) <= 0 means d <= l.
+    if _dact(kind, l) * (l - u) - _act_diff(kind, l, u) <= 0.0:
+        return l, True
+    return _tangent_point(kind, u, l, 0.0), False
+
+
+@njit(cache=True)
+def _relax_family(kind, l, u):
+    n = l.shape[0]
+    aU = np.empty(n)
+    bU = np.empty(n)
+    aL = np.empty(n)
+    bL = np.empty(n)
+    for i in range(n):
+        li = l[i]
+        ui = u[i]
+        if li != li or ui != ui:
+            aU[i] = np.nan
+            bU[i] = np.nan
+            aL[i] = np.nan
+            bL[i] = np.nan
+            continue
+        if not (math.isfinite(li) and math.isfinite(ui)):
+            # act is increasing and bounded: act(l) <= act(z) <= act(u) holds on any interval
+            fl = _act(kind, li)
+            fu = _act(kind, ui)
+            S = 1.0 if kind == SIGMOID else max(abs(fl), abs(fu))
+            aU[i] = 0.0
+            bU[i] = fu + _slack(0.0, fu, 0.0, S)
+            aL[i] = 0.0
+            bL[i] = fl - _slack(0.0, fl, 0.0, S)
+            continue
+        w = ui - li
+        if _is_degenerate(li, ui):
+            kU = _dact(kind, li + 0.5 * w)
+            kL = kU
+        elif li >= 0.0:
+            kU = _dact(kind, li + 0.5 * w)  # Table 1, I+: tangent at d = midpoint
+            kL = (_act(kind, ui) - _act(kind, li)) / w  # Table 2, I+: chord
+        elif ui <= 0.0:
+            kU = (_act(kind, ui) - _act(kind, li)) / w  # Table 1, I-: chord
+            kL = _dact(kind, li + 0.5 * w)  # Table 2, I-: tangent at d = midpoint
+        else:
+            chord = (_act(kind, ui) - _act(kind, li)) / w
+            d, use_chord = tangent_point(kind, li, ui, True)
+            kU = chord if use_chord else _dact(kind, d)  # Table 1, I+-, footnote diamond
+            d, use_chord = tangent_point(kind, li, ui, False)
+            kL = chord if use_chord else _dact(kind, d)  # Table 2, I+-, footnote dagger
+        aU[i] = kU
+        bU[i] = _intercept(kind, li, ui, kU, True)
+        aL[i] = kL
+        bL[i] = _intercept(kind, li, ui, kL, False)
+    return aU, bU, aL, bL
+
+
+@njit(cache=True)
+def tanh_relaxation(l, u):
+    """(aU, bU, aL, bL) with aL*z + bL <= tanh(z) <= aU*z + bU on [l, u] (1-D float64)."""
+    return _relax_family(TANH, l, u)
+
+
+@njit(cache=True)
+def sigmoid_relaxation(l, u):
+    """(aU, bU, aL, bL) with aL*z + bL <= sigmoid(z) <= aU*z + bU on [l, u] (1-D float64)."""
+    return _relax_family(SIGMOID, l, u)
+
+
+@njit(cache=True)
+def arctan_relaxation(l, u):
+    """(aU, bU, aL, bL) with aL*z + bL <= arctan(z) <= aU*z + bU on [l, u] (1-D float64)."""
+    return _relax_family(ARCTAN, l, u)
+
+
+# ---------------------------------------------------------------------------------------------
+# alpha-CROWN: the families of valid tangent lines (crown_cli.engine.alpha_crown.SmoothRelax)
+# ---------------------------------------------------------------------------------------------
+
+
+@njit(cache=True)
+def tangent_ranges(kind, l, u):
+    """Per neuron, the range of tangent points alpha-CROWN may move each line over.
+
+    Returns (freeU, a0U, a1U, freeL, a0L, a1L, default, grad, chord): the upper (lower) line
+    may be the tangent at any d between a0 and a1 when freeU (freeL); the tangent point is
+    ``d = a0 + theta (a1 - a0)`` with theta in [0, 1], and ``default`` the theta of CROWN's
+    line (``_relax_family``: the midpoint on one side of 0, a0 = l, a1 = u, computed as CROWN
+    does; when crossing a0 is CROWN's tangent point through the far end-point and a1 the near
+    end-point, so theta = 0 is CROWN's line on both sides and growing theta flattens both).
+    Valid ranges (every d in them gives a valid line; the exact intercept makes any slope
+    sound anyway):
+
+    * l >= 0 (concave on [l, u]): the upper line is the tangent at any d in [l, u];
+    * u <= 0 (convex): the lower line is the tangent at any d in [l, u];
+    * l < 0 < u: the tangent at d >= 0 lies above the concave part and, at l, above act(l)
+      once d >= d_U (the tangent point through (l, act(l))): act(l) <= T_d(l) and
+      act(0) <= T_d(0) put it above the convex part too. So upper: d in [d_U, u]; lower,
+      mirrored: d in [l, d_L]. When d_U >= u (d_L <= l) CROWN's line is the chord: not free.
+
+    Degenerate, infinite or NaN intervals have no free line (CROWN's lines stay).
+
+    Also returns ``grad`` (8, n): the partial derivatives of (a0U, a1U, a0L, a1L) in l, then
+    in u (rows 0-3: d/dl, rows 4-7: d/du); the crossing case's tangent point d_U depends on l
+    through act'(d)(d - l) = act(d) - act(l), so d d_U/dl = (act'(d) - act'(l)) /
+    (act''(d) (d - l)), and d_L on u likewise. And ``chord`` (n,): the fixed line is the chord
+    of [l, u] (every non-degenerate case: the other side on one side of 0, a side that is not
+    free when crossing).
+    """
+    n = l.shape[0]
+    grad = np.zeros((8, n))
+    chord = np.zeros(n, np.bool_)
+    freeU = np.zeros(n, np.bool_)
+    freeL = np.zeros(n, np.bool_)
+    a0U = np.zeros(n)
+    a1U = np.zeros(n)
+    a0L = np.zeros(n)
+    a1L = np.zeros(n)
+    default = np.zeros(n)
+    for i in range(n):
+        li = l[i]
+        ui = u[i]
+        if not (math.isfinite(li) and math.isfinite(ui)):
+            continue
+        if _is_degenerate(li, ui):
+            continue
+        chord[i] = True
+        if li >= 0.0:
+            freeU[i] = True
+            a0U[i] = li
+            a1U[i] = ui
+            grad[0, i] = 1.0
+            grad[5, i] = 1.0
+            default[i] = 0.5
+        elif ui <= 0.0:
+            freeL[i] = True
+            a0L[i] = li
+            a1L[i] = ui
+            grad[2, i] = 1.0
+            grad[7, i] = 1.0
+            default[i] = 0.5
+        else:
+            freeU[i], a0U[i], a1U[i], grad[0, i], grad[5, i] = _crossing_range(kind, li, ui, True)
+            freeL[i], a0L[i], a1L[i], grad[6, i], grad[3, i] = _crossing_range(kind, li, ui, False)
+            chord[i] = not (freeU[i] and freeL[i])
+    return freeU, a0U, a1U, freeL, a0L, a1L, default, grad, chord
+
+
+@njit(cache=True)
+def _crossing_range(kind, l, u, upper):
+    """One line of tangent_ranges' crossing case l < 0 < u: (free, a0, a1, da0, da1).
+
+    Free: the tangent at any d in [a0, a1] = [d_U, u] (upper) or [d_L, l] (lower); da0 is the
+    derivative of a0 = d_U (d_L) in the end-point p = l (u) it passes through,
+    (act'(d) - act'(p)) / (act''(d) (d - p)) (0 where that denominator is 0), and da1 = 1 that
+    of a1 in the other end-point. Not free (the chord): all zero.
+    """
+    d, use_chord = tangent_point(kind, l, u, upper)
+    if use_chord:
+        return False, 0.0, 0.0, 0.0, 0.0
+    p = l if upper else u
+    h = _d2act(kind, d) * (d - p)
+    da0 = (_dact(kind, d) - _dact(kind, p)) / h if h != 0.0 else 0.0
+    return True, d, u if upper else l, da0, 1.0
+
+
+@njit(cache=True)
+def sound_tangent_lines(kind, l, u, d, upper):
+    """(slope, intercept) of the tangent at d[i] as a sound bound on [l[i], u[i]] (upper or
+    lower per upper[i]), all 1-D float64: the slope is act'(d[i]) and the intercept the exact
+    one of ``_intercept`` for that slope (slack included), so the line is valid in float64
+    whatever d is, even outside its range or computed inexactly."""
+    n = d.shape[0]
+    k = np.empty(n)
+    b = np.empty(n)
+    for i in range(n):
+        k[i] = _dact(kind, d[i])
+        b[i] = _intercept(kind, l[i], u[i], k[i], upper[i])
+    return k, b
+
+
+@njit(cache=True)
+def steer_tangent_lines(kind, Lu, A, a0L, spanL, freeL, aL, bL, a0U, spanU, freeU, aU, bU):
+    """The lines of the rows ``Lu`` (r, n) at variables ``A`` (r, n) for steering (no rounding
+    control; float32 or float64 in, the same out): per element the side the sign of Lu picks
+    (lower if >= 0), the tangent at d = a0 + A span when that side is free, else CROWN's line
+    (aL, bL / aU, bU). Returns (S, B, dS, dB, free, c, Dt, F2): slopes, intercepts, their
+    derivatives in A (0 where not free), the free mask, the rows' intercept sums sum_j Lu B
+    (float64), and the tangent points d and act''(d) (0 where not free).
+    One pass for what ``SmoothRelax.lines`` would do with a dozen numpy temporaries."""
+    r, n = Lu.shape
+    S = np.empty_like(Lu)
+    B = np.empty_like(Lu)
+    dS = np.zeros_like(Lu)
+    dB = np.zeros_like(Lu)
+    free = np.zeros((r, n), np.bool_)
+    Dt = np.zeros_like(Lu)
+    F2 = np.zeros_like(Lu)
+    c = np.zeros(r)
+    for i in range(r):
+        acc = 0.0
+        for j in range(n):
+            x = Lu[i, j]
+            lower = x >= 0.0
+            if lower:
+                fr = freeL[j]
+            else:
+                fr = freeU[j]
+            if fr:
+                if lower:
+                    a0 = a0L[j]
+                    sp = spanL[j]
+                else:
+                    a0 = a0U[j]
+                    sp = spanU[j]
+                d = a0 + float(A[i, j]) * sp
+                k = _dact(kind, d)
+                b = _act(kind, d) - k * d
+                f2 = _d2act(kind, d)
+                dk = f2 * sp
+                Dt[i, j] = d
+                F2[i, j] = f2
+                S[i, j] = k
+                B[i, j] = b
+                dS[i, j] = dk
+                dB[i, j] = -d * dk
+                free[i, j] = True
+            elif lower:
+                S[i, j] = aL[j]
+                B[i, j] = bL[j]
+                b = bL[j]
+            else:
+                S[i, j] = aU[j]
+                B[i, j] = bU[j]
+                b = bU[j]
+            acc += float(x) * b
+        c[i] = acc
+    return S, B, dS, dB, free, c, Dt, F2
