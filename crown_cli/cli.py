@@ -236,7 +236,7 @@ def certify(model_path, images_path, labels_path, num_images, start, norm, metho
     from crown_cli.io.result_files import OutputJob, parse_shard, shard_indices
     from crown_cli.io.provenance import option_values
     from crown_cli.certification.certifier import Certifier, parse_norm
-    from crown_cli.engine.backsub import using_kernels
+    from crown_cli.engine.kernels import using_kernels
     from crown_cli.certification.methods import names as other_method_names
     from crown_cli.io.images import load_images
     from crown_cli.io.models import load_model

@@ -7,6 +7,8 @@ import pytest
 
 from crown_cli.verification.bab import input_split as bab
 from crown_cli.engine import backsub as crown
+from crown_cli.engine.input_sets import Box
+from crown_cli.engine.kernels import using_kernels
 from crown_cli.engine.relaxations import get_relaxation
 from oracles import _Builder, _encode_relu_layers, mlp_forward, neuron_bounds, random_mlp
 
@@ -32,7 +34,7 @@ def test_batch_equals_engine_per_box(activation, alpha, seed):
     net = crown.Network(ws, bs)
     relax = get_relaxation(activation, "crown", alpha)
     for j in range(9):  # the oracle: the engine's own per-box bound, one box at a time
-        ref, bounds = crown.margin_lower_bound(net, *crown.Box(lo[j], hi[j]).args(), relax, A,
+        ref, bounds = crown.margin_lower_bound(net, *Box(lo[j], hi[j]).args(), relax, A,
                                                return_bounds=True)
         np.testing.assert_allclose(lb[j], ref, rtol=1e-9, atol=1e-12)
         for (l, u), (bl, bu) in zip(bounds, info["bounds"]):
@@ -196,7 +198,7 @@ def test_alpha_row_bound_covers_the_exact_value_of_its_own_slopes():
                   for aU, bU, aL, bL in relax]
             fractional += sum(int(np.sum((r.aL > 0.0) & (r.aL < 1.0))) for r in rl)
             (coef, c), = exact_chain(cnet, rl, [lam], [const], -1)
-            S = InputSet(0.5 * (lo[j] + hi[j]), box=crown.Box(lo[j], hi[j]))
+            S = InputSet(0.5 * (lo[j] + hi[j]), box=Box(lo[j], hi[j]))
             assert S.covers(la[j], coef, c, -1), (i, j)
     assert fractional > 0  # the check has fractional slopes to cover
 
@@ -352,9 +354,9 @@ def test_numba_and_numpy_scaling_agree():
     lo, hi = random_boxes(rng, 10, 4)
     A = rng.standard_normal((2, 3))
     for activation, alpha in (("relu", None), ("leaky_relu", 0.3)):
-        with crown.using_kernels("numba"):
+        with using_kernels("numba"):
             a, ia = bab.batch_lower_bounds(ws, bs, lo, hi, A, activation, alpha)
-        with crown.using_kernels("numpy"):
+        with using_kernels("numpy"):
             b, ib = bab.batch_lower_bounds(ws, bs, lo, hi, A, activation, alpha)
         np.testing.assert_allclose(a, b, rtol=1e-12, atol=1e-12)
         np.testing.assert_allclose(ia["Lam"], ib["Lam"], rtol=1e-12, atol=1e-12)
@@ -377,7 +379,7 @@ def test_batched_bounds_charge_product_rounding_on_cancelling_networks():
         his = np.array([x0 + 0.5 * eps, x0 + eps, x0 + eps])
         lb, _ = bab.batch_lower_bounds(W, b, los, his, np.array([[1.0]]))
         for j in range(3):
-            S = InputSet(x0, box=crown.Box(los[j], his[j]))
+            S = InputSet(x0, box=Box(los[j], his[j]))
             net = crown.Network(W, b)
             assert _exact_stable(net, S)
             _, relax = crown.hidden_layer_bounds(net, *S.args(), fn)

@@ -15,7 +15,9 @@ from typing import Optional, Sequence
 import numpy as np
 
 from crown_cli.activations import FUNCTIONS as ACTIVATION_FUNCTIONS, apply_activation, default_alpha, forward
-from crown_cli.engine.backsub import NORMS, Network, first_layer_center, kernels_backend, margin_lower_bound
+from crown_cli.engine.backsub import Network, first_layer_center, margin_lower_bound
+from crown_cli.engine.input_sets import NORMS
+from crown_cli.engine.kernels import kernels_backend
 from crown_cli.errors import InputError
 from crown_cli.certification.methods import bind_method, names as other_method_names
 from crown_cli.certification.methods._common import DeadlineExceeded

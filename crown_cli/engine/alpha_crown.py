@@ -32,8 +32,9 @@ from typing import Callable, List, Optional
 
 import numpy as np
 
-from crown_cli.engine.backsub import (Box, Network, _mm, _widen, back_substitute, first_layer_center,
-                    hidden_layer_bounds, input_terms, rounding_weights)
+from crown_cli.engine.backsub import Network, _mm, back_substitute, first_layer_center, hidden_layer_bounds
+from crown_cli.engine.input_sets import Box, input_terms
+from crown_cli.engine.rounding import widen as _widen, rounding_weights
 
 U64 = 2.0 ** -53  # unit roundoff of float64
 

@@ -29,7 +29,8 @@ from typing import Callable, List, Optional, Tuple
 
 import numpy as np
 
-from crown_cli.engine.backsub import Network, _widen
+from crown_cli.engine.backsub import Network
+from crown_cli.engine.rounding import widen as _widen
 
 Bounds = List[Tuple[np.ndarray, np.ndarray]]
 

@@ -23,7 +23,9 @@ from typing import Callable, List, Optional, Sequence
 import numpy as np
 
 from crown_cli.activations import forward
-from crown_cli.engine.backsub import Box, Network, margin_lower_bound
+from crown_cli.engine.backsub import Network, margin_lower_bound
+from crown_cli.engine.input_sets import Box
+from crown_cli.engine.rounding import round_up
 from crown_cli.errors import InputError
 from crown_cli.engine.relaxations import get_relaxation
 
@@ -59,11 +61,6 @@ class Verdict:
     cases: int = 0
     domains: int = 0  # branch and bound: domains bounded
     peak_domains: int = 0  # branch and bound: most open domains at once
-
-
-def round_up(b: np.ndarray) -> np.ndarray:
-    """b moved one ulp towards +inf: a decimal literal rounded to nearest lies below it."""
-    return np.nextafter(np.asarray(b, dtype=np.float64), np.inf)
 
 
 def check_sizes(prop, n_inputs: int, n_outputs: int, where: str) -> None:

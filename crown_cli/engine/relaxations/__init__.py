@@ -16,7 +16,7 @@ METHODS = ("crown", "fast-lin")
 
 
 def _numpy_kernels() -> bool:
-    from crown_cli.engine.backsub import kernels_backend
+    from crown_cli.engine.kernels import kernels_backend
 
     return kernels_backend() == "numpy"
 

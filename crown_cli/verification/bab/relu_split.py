@@ -54,14 +54,16 @@ from __future__ import annotations
 import heapq
 import time
 from dataclasses import dataclass
-from typing import Callable, List, Optional, Sequence
+from typing import Callable, Optional, Sequence
 
 import numpy as np
 
-from crown_cli.engine import backsub as crown
 from crown_cli.activations import forward
-from crown_cli.engine.backsub import FP_ATOL, FP_RTOL, Box, Network, hidden_layer_bounds
+from crown_cli.engine.backsub import Network, hidden_layer_bounds
+from crown_cli.engine.input_sets import Box, input_abs_bound
 from crown_cli.engine.relaxations import get_relaxation
+from crown_cli.engine.rounding import (ERR_SAFETY, FP_RTOL, U64, margin_rows_rounding, round_up,
+                                       rounding_weights, widen)
 
 VERDICTS = ("unsat", "sat", "unknown", "timeout")
 
@@ -78,13 +80,9 @@ class BabResult:
     proven: int = 0  # domains proven empty (leaves)
 
 
-def _round_up(b):
-    return np.nextafter(np.asarray(b, dtype=np.float64), np.inf)
-
-
 def _kern():
-    """The numba kernels of the float32 steps, or None under crown.set_kernels("numpy")."""
-    from crown_cli.engine.backsub import kernels_backend
+    """The numba kernels of the float32 steps, or None under set_kernels("numpy")."""
+    from crown_cli.engine.kernels import kernels_backend
 
     if kernels_backend() == "numpy":
         return None
@@ -182,7 +180,7 @@ class Bounder:
         self.box = Box(lo, hi)
         self.A = np.atleast_2d(np.asarray(A, dtype=np.float64))
         self.b = np.asarray(b, dtype=np.float64).reshape(-1)
-        self.b_up = _round_up(self.b)
+        self.b_up = round_up(self.b)
         self.m = self.A.shape[0]
         g = np.zeros(self.m, np.int64) if groups is None else np.asarray(groups, np.int64)
         if g.shape != (self.m,) or (self.m and (g[0] != 0 or np.any(
@@ -250,22 +248,20 @@ class Bounder:
         self.r = self.box.radius
         self.c32, self.r32 = self.c.astype(np.float32), self.r.astype(np.float32)
         # float64 rounding charges, as crown.back_substitute applies them: per hidden layer k
-        # the weights (v_k, t_k) of the step through it (crown.rounding_weights, unit 2**-53)
+        # the weights (v_k, t_k) of the step through it (rounding_weights, unit 2**-53)
         # from the layer's root interval (a split only narrows it on its subdomain) and the
         # previous layer's |a| bound (|relu(z)|, |leaky(z)| <= |z|; the input set's for k = 0),
         # and the rounding of A @ W[-1], A @ b[-1] as they act on the last layer
         self.rw = []
-        a_prev = crown.input_abs_bound(*self.box.args())
+        a_prev = input_abs_bound(*self.box.args())
         for k, (l, u) in enumerate(self.bounds):
             Wa = self.net.abs_row_sums(k) * (float(np.max(a_prev)) if a_prev.size else 0.0)
-            self.rw.append(crown.rounding_weights(self.net, k, a_prev, l, u, Wa, unit=crown.U64))
+            self.rw.append(rounding_weights(self.net, k, a_prev, l, u, Wa, unit=U64))
             a_prev = np.maximum(np.abs(l), np.abs(u))
-        nout = self.A.shape[1]
-        g = nout * crown.U64 / (1.0 - nout * crown.U64)
         absA = np.abs(self.A)
-        self.lam_err = crown.ERR_SAFETY * g * (
-            absA @ (self.net.abs_weights(self.L) @ a_prev) + absA @ np.abs(self.biases[-1])
-            + nout * crown.TINY64)
+        self.lam_err = margin_rows_rounding(
+            self.A.shape[1], absA @ (self.net.abs_weights(self.L) @ a_prev),
+            absA @ np.abs(self.biases[-1]))
 
     def score(self, v) -> np.ndarray:
         """Per domain, from row bounds v (B, m): the worst case's best row, (B,); > 0 proves
@@ -417,7 +413,7 @@ class Bounder:
             nrm = absL @ self.r
             val = lin - nrm + const
             mag = mag + absL @ np.abs(self.c) + nrm
-            out = val - ((self.net.fp_rtol * mag + FP_ATOL) + crown.ERR_SAFETY * steps)
+            out = widen(val, mag, -1.0, self.net.fp_rtol, ERR_SAFETY * steps)
         else:
             out = (Lam @ self.c32).astype(np.float64) - (np.abs(Lam) @ self.r32) + const
         out = out.reshape(B, m)
@@ -576,7 +572,7 @@ class Bounder:
         nrm = absL @ self.r
         val = Lam @ self.c - nrm + const
         mag = mag + absL @ np.abs(self.c) + nrm
-        out = val - ((self.net.fp_rtol * mag + FP_ATOL) + crown.ERR_SAFETY * steps)
+        out = widen(val, mag, -1.0, self.net.fp_rtol, ERR_SAFETY * steps)
         return out.reshape(n, rows)
 
     def tighten(self, split, dl, du, start, max_bytes: float = 2.0 ** 26, deadline=None):
