@@ -271,13 +271,13 @@ def test_input_split_against_milp(d, hidden, n_out, m, seed, split):
     b = np.full(m, v_dual - delta)
     res = bab.input_split(ws, bs, "relu", None, lo, hi, A, b, deadline, split=split,
                           max_domains=100_000, batch=256)
-    assert res.result == "unsat", res
+    assert res.verdict == "unsat", res
     assert res.x is None and res.domains >= 1
     # just false: the MILP's point has every row <= v_at < b
     b = np.full(m, v_at + delta)
     res = bab.input_split(ws, bs, "relu", None, lo, hi, A, b, deadline, split=split,
                           max_domains=100_000, batch=256)
-    assert res.result == "sat", res
+    assert res.verdict == "sat", res
     x = res.x
     assert np.all(x >= lo) and np.all(x <= hi)
     assert np.all(A @ mlp_forward(ws, bs, "relu", x) <= b)
@@ -294,7 +294,7 @@ def test_input_split_options_against_milp(d, hidden, n_out, m, seed, opts):
     for b0, want in ((v_dual - delta, "unsat"), (v_at + delta, "sat")):
         res = bab.input_split(ws, bs, "relu", None, lo, hi, A, np.full(m, b0),
                               time.monotonic() + 600.0, max_domains=100_000, **opts)
-        assert res.result == want, res
+        assert res.verdict == want, res
         if want == "sat":
             assert np.all(A @ mlp_forward(ws, bs, "relu", res.x) <= b0)
 
@@ -311,8 +311,8 @@ def test_input_split_never_contradicts_on_tight_thresholds():
                           (v_at + 1e-7 * (1 + abs(v_at)), "unsat")):
         res = bab.input_split(ws, bs, "relu", None, lo, hi, A, np.full(2, b0),
                               time.monotonic() + 600.0, max_domains=3000, batch=128)
-        assert res.result != forbidden
-        if res.result == "sat":
+        assert res.verdict != forbidden
+        if res.verdict == "sat":
             assert np.all(A @ mlp_forward(ws, bs, "relu", res.x) <= b0)
 
 
@@ -325,11 +325,11 @@ def test_input_split_caps_and_deadline():
     b = np.array([v - 1e-9])  # hard to decide: needs many boxes either way
     res = bab.input_split(ws, bs, "relu", None, lo, hi, A, b, time.monotonic() + 600.0,
                           max_domains=4, batch=2)
-    assert res.result in ("unknown", "sat")
-    if res.result == "unknown":
-        assert res.worst is not None and res.worst <= 0.0
+    assert res.verdict in ("unknown", "sat")
+    if res.verdict == "unknown":
+        assert res.worst_bound <= 0.0
     res = bab.input_split(ws, bs, "relu", None, lo, hi, A, b, time.monotonic() - 1.0)
-    assert res.result == "timeout"
+    assert res.verdict == "timeout"
 
 
 def test_input_split_unsplittable_box_is_unknown_not_a_crash():
@@ -340,10 +340,10 @@ def test_input_split_unsplittable_box_is_unknown_not_a_crash():
     # a point box: decided by its bound or its centre, never split
     res = bab.input_split(ws, bs, "relu", None, x, x, A, [y[0] - y[1] + 1e-9],
                           time.monotonic() + 60.0)
-    assert res.result == "sat" and np.array_equal(res.x, x)
+    assert res.verdict == "sat" and np.array_equal(res.x, x)
     res = bab.input_split(ws, bs, "relu", None, x, x, A, [y[0] - y[1] - 1e-6],
                           time.monotonic() + 60.0)
-    assert res.result == "unsat"
+    assert res.verdict == "unsat"
 
 
 def test_numba_and_numpy_scaling_agree():
@@ -405,4 +405,4 @@ def test_input_split_nan_bounds_prove_nothing(monkeypatch):
                             np.full(rows.shape[0], np.nan), None, None))
     res = bab.input_split(ws, bs, "relu", None, lo, hi, A, np.array([-1e6]),
                           time.monotonic() + 60.0, max_domains=50)
-    assert res.result in ("unknown", "timeout")
+    assert res.verdict in ("unknown", "timeout")

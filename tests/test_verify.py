@@ -10,7 +10,7 @@ from crown_cli.engine import backsub as crown
 from crown_cli.engine.input_sets import Box
 from crown_cli.activations import forward
 from crown_cli.engine.relaxations import get_relaxation
-from crown_cli.verification.bab.relu_split import BabResult
+from crown_cli.verification.outcome import BabResult
 from crown_cli.verification.pipeline import BabStatus, Verifier, format_result
 from crown_cli.io.vnnlib import parse_vnnlib_text
 from oracles import exact_margin_min

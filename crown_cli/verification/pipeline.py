@@ -29,7 +29,6 @@ from crown_cli.engine.rounding import round_up
 from crown_cli.errors import InputError
 from crown_cli.engine.relaxations import get_relaxation
 
-VERDICTS = ("sat", "unsat", "unknown", "timeout", "error")
 # Bound stages, cheap to strong; a stage is used when the activation has that method.
 BOUND_STAGES = ("crown", "alpha-crown")
 # alpha-crown (crown_cli.engine.alpha_crown): optimised lower slopes (ReLU, leaky ReLU) or tangent points
@@ -50,7 +49,7 @@ STATUS_EVERY_BAR_S, STATUS_EVERY_LOG_S = 0.5, 2.0
 
 @dataclass
 class Verdict:
-    result: str  # one of VERDICTS
+    result: str  # one of outcome.ROW_RESULTS ("error" from the instance runner only)
     stage: str  # the stage that decided ("attack", "crown", ...) or the last one tried
     margin: Optional[float]  # min over open cases of the best row's (lower bound - b); > 0 proves
     time_s: float
@@ -182,7 +181,8 @@ class Verifier:
                     r = input_split(self.weights, self.biases, self.activation, self.alpha,
                                     c.lo, c.hi, c.A, c.b, deadline,
                                     max_domains=self.max_domains, progress=progress)
-                    return r.result, r.x, r.domains, r.peak_open, r.worst
+                    worst = None if np.isnan(r.worst_bound) else r.worst_bound
+                    return r.verdict, r.x, r.domains, r.peak_open, worst
                 yield j, run
 
         return self._branch_and_bound("input split", "boxes", runs(), cases, open_cases,

@@ -32,17 +32,16 @@ Arrays in, arrays out: no files and no printing here.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
 from typing import Callable, Optional
 
 import numpy as np
 
-from crown_cli.activations import forward
 from crown_cli.engine.input_sets import centre_radius
 from crown_cli.engine.kernels import kernels_backend
 from crown_cli.engine.rounding import (ERR_SAFETY, U64, final_sum_rtol, margin_rows_rounding,
                                        step_weights, widen)
 from crown_cli.engine.relaxations import relu_numpy
+from crown_cli.verification.outcome import BabResult, violations
 
 ACTIVATIONS = ("relu", "leaky_relu")
 SPLIT_RULES = ("sensitivity", "trial")
@@ -435,31 +434,6 @@ def alpha_row_bound(net, info, lo, hi, A, rows, iters: int = 10, lr: float = 0.3
 # branch and bound
 # ------------------------------------------------------------------------------------------
 
-RESULTS = ("unsat", "sat", "unknown", "timeout")
-
-
-@dataclass
-class BabResult:
-    result: str  # one of RESULTS
-    x: Optional[np.ndarray]  # counterexample (sat): inside [lo, hi], A f(x) <= b in float64
-    domains: int  # sub-boxes bounded
-    peak_open: int  # largest number of open sub-boxes held at once
-    # min over the open sub-boxes of max_i (lb_i - b_i) (b rounded up): their own bounds with
-    # split="trial", their parents' with "sensitivity" (open boxes are bounded when taken);
-    # None when none is open
-    worst: Optional[float]
-    splits: int = 0  # sub-boxes split
-    note: str = ""
-
-
-def violations(weights, biases, activation, alpha, X, lo, hi, A, b):
-    """Mask of the rows of X (K, d) that lie in [lo, hi] and satisfy every row of
-    ``A f(x) <= b`` by a float64 forward pass."""
-    inside = np.all((X >= lo) & (X <= hi), axis=1)
-    Y = forward(weights, biases, activation, X, alpha)
-    return inside & np.all(Y @ A.T <= b, axis=1)
-
-
 def _concat_info(infos):
     """The infos of :func:`batch_lower_bounds` on consecutive blocks of boxes, as one."""
     if len(infos) == 1:
@@ -578,10 +552,11 @@ def input_split(weights, biases, activation, alpha, lo, hi, A, b, deadline: floa
     stats = {"domains": 0, "peak": 1, "splits": 0}
 
     def result(res, x=None, open_scores=None, note=""):
-        worst = None
+        worst = np.nan
         if open_scores is not None and open_scores.size:
             worst = float(np.min(open_scores))
-        return BabResult(res, x, stats["domains"], stats["peak"], worst, stats["splits"], note)
+        return BabResult(res, x, stats["domains"], stats["peak"], worst, splits=stats["splits"],
+                         note=note)
 
     def bound(L, H, PB=None):
         """Per box: the rows' bounds lb - b_up, the rows' input coefficients, the score, the
@@ -625,7 +600,7 @@ def input_split(weights, biases, activation, alpha, lo, hi, A, b, deadline: floa
         for i in range(A.shape[0]):
             pts.append(np.where(Lam[:, i, :] > 0.0, L, H))
         X = np.clip(np.concatenate(pts), lo0, hi0)
-        hit = violations(weights, biases, activation, alpha, X, lo0, hi0, A, b)
+        hit = violations(weights, biases, activation, alpha, lo0, hi0, A, b, X)
         return X[np.argmax(hit)].copy() if hit.any() else None
 
     # open boxes; in "trial" mode they carry their own bound (score = own), else the parent's

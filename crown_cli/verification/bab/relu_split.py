@@ -53,32 +53,16 @@ from __future__ import annotations
 
 import heapq
 import time
-from dataclasses import dataclass
 from typing import Callable, Optional, Sequence
 
 import numpy as np
 
-from crown_cli.activations import forward
 from crown_cli.engine.backsub import Network, hidden_layer_bounds
 from crown_cli.engine.input_sets import Box, input_abs_bound
 from crown_cli.engine.relaxations import get_relaxation
+from crown_cli.verification.outcome import BabResult, violations
 from crown_cli.engine.rounding import (ERR_SAFETY, FP_RTOL, U64, margin_rows_rounding, round_up,
                                        rounding_weights, widen)
-
-VERDICTS = ("unsat", "sat", "unknown", "timeout")
-
-
-@dataclass
-class BabResult:
-    verdict: str  # one of VERDICTS
-    x: Optional[np.ndarray]  # counterexample (sat) or None
-    domains: int  # domains evaluated (the root counts one)
-    peak_open: int  # most open domains at any time
-    worst_bound: float  # min over open domains of the best row's (bound - b); float32 estimate
-    time_s: float
-    batches: int = 0
-    proven: int = 0  # domains proven empty (leaves)
-
 
 def _kern():
     """The numba kernels of the float32 steps, or None under set_kernels("numpy")."""
@@ -280,14 +264,6 @@ class Bounder:
     def case_rows(self):
         """The rows of each case: a list of (first, end) pairs, in case order."""
         return list(zip(self.gstart.tolist(), self.gstart[1:].tolist() + [self.m]))
-
-    def unsafe(self, Y) -> np.ndarray:
-        """Per output row of Y (N, n_out): does it lie in the unsafe set (some case's every
-        row), float64 check, (N,) bool."""
-        R = Y @ self.A.T <= self.b
-        if self.gstart.size <= 1:
-            return np.all(R, axis=1)
-        return np.logical_and.reduceat(R, self.gstart, axis=1).any(axis=1)
 
     def initial_alpha(self) -> np.ndarray:
         """CROWN's lower slopes for every unstable neuron, (nU,) float32."""
@@ -1106,10 +1082,11 @@ def relu_split_steps(weights: Sequence[np.ndarray], biases: Sequence[np.ndarray]
                          time.monotonic() - t0, stats["batches"], stats["proven"])
 
     def violated(X):
-        """The first row of X (N, d) that is a counterexample (float64 check), or None."""
+        """The first row of X (N, d), clipped into the box, that is a counterexample, or None."""
         X = np.clip(X, bd.box.lo, bd.box.hi)
-        Y = forward(bd.weights, bd.biases, bd.activation, X, None if bd.activation == "relu" else bd.leak)
-        ok = bd.unsafe(Y)
+        ok = violations(bd.weights, bd.biases, bd.activation,
+                        None if bd.activation == "relu" else bd.leak, bd.box.lo, bd.box.hi,
+                        bd.A, bd.b, X, bd.gstart)
         return X[int(np.argmax(ok))].copy() if ok.any() else None
 
     if m == 0:  # no output constraint: every point of the box violates
