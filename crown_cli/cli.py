@@ -107,7 +107,9 @@ def choose_kernels(requested: str, activation: str, shapes, runs: int) -> str:
     """The kernels of a certify run: ``requested``, or for 'auto' numpy when the activation
     has a numpy relaxation and ``runs`` certifications fit NUMPY_BUDGET, else numba.
     InputError for numpy kernels on an activation whose relaxation needs numba."""
-    from crown_cli.engine.relaxations import NUMPY_TWINS
+    from crown_cli.activations import supporting
+
+    NUMPY_TWINS = supporting("numpy_twin")
 
     if requested == "numpy" and activation not in NUMPY_TWINS:
         raise InputError(f"--kernels numpy: the {activation} relaxation needs numba (numpy "

@@ -21,8 +21,8 @@ from typing import Optional, Sequence
 
 import numpy as np
 
-from crown_cli.activations import default_alpha
-from crown_cli.certification.attack import DERIVATIVES, forward_with_preactivations, input_gradient
+from crown_cli.activations import ACTIVATIONS, default_alpha
+from crown_cli.certification.attack import forward_with_preactivations, input_gradient
 from crown_cli.errors import InputError
 from crown_cli.verification.outcome import violations
 
@@ -106,7 +106,7 @@ def find_counterexample_any(weights: Sequence[np.ndarray], biases: Sequence[np.n
     case it is nearest to violating (one run instead of one per case: mnistfc's properties
     have nine single-row cases on one box).
     """
-    if activation not in DERIVATIVES:
+    if activation not in ACTIVATIONS:
         raise InputError(f"no gradient for activation '{activation}'")
     if restarts < 1 or steps < 0:
         raise ValueError("find_counterexample: restarts >= 1 and steps >= 0 required")

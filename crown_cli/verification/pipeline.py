@@ -22,7 +22,7 @@ from typing import Callable, List, Optional, Sequence
 
 import numpy as np
 
-from crown_cli.activations import forward
+from crown_cli.activations import ACTIVATIONS, forward
 from crown_cli.engine.backsub import Network, margin_lower_bound
 from crown_cli.engine.input_sets import Box
 from crown_cli.engine.rounding import round_up
@@ -33,13 +33,11 @@ from crown_cli.engine.relaxations import get_relaxation
 BOUND_STAGES = ("crown", "alpha-crown")
 # alpha-crown (crown_cli.engine.alpha_crown): optimised lower slopes (ReLU, leaky ReLU) or tangent points
 # (tanh, sigmoid, arctan)
-ALPHA_ACTIVATIONS = ("relu", "leaky_relu", "tanh", "sigmoid", "arctan")
 ALPHA_ITERS = 50  # one box per case: more steps than certify's search spends (its step sizes)
 # Complete stage after the bounds: branch and bound by input splitting for networks with at
 # most this many inputs (ACAS Xu: 5), where bisecting the box shrinks every neuron's interval
 # quickly; wider inputs (images) need ReLU splitting instead.
 INPUT_SPLIT_MAX_DIM = 16
-BAB_ACTIVATIONS = ("relu", "leaky_relu")
 ATTACK_SHARE = 0.1  # of the timeout for the first attack (before any bound)
 ATTACK_MIN_S = 0.5
 # branch and bound status (open domains, worst open bound, domains/s): at most this often, in
@@ -81,12 +79,12 @@ class Verifier:
         self.activation, self.alpha = activation, alpha
         self.net = Network(self.weights, self.biases)
         self.stages = [s for s in stages if s in BOUND_STAGES
-                       and (s != "alpha-crown" or activation in ALPHA_ACTIVATIONS)]
+                       and (s != "alpha-crown" or ACTIVATIONS[activation].alpha_crown)]
         self.relax = {s: get_relaxation(activation, "crown" if s == "alpha-crown" else s, alpha)
                       for s in self.stages}
         self.attack_restarts, self.attack_steps, self.seed = attack_restarts, attack_steps, seed
         self.attack_time = attack_time
-        self.bab = bab and activation in BAB_ACTIVATIONS
+        self.bab = bab and ACTIVATIONS[activation].bab
         self.max_domains = max_domains
 
     @property
@@ -118,7 +116,7 @@ class Verifier:
         """alpha-CROWN over the box: slopes (or, for tanh/sigmoid/arctan, tangent points)
         optimised for the sum of the rows' bounds, then the float64-verified bound at them
         (each row the larger of alpha-CROWN's and CROWN's, both sound)."""
-        from crown_cli.engine.alpha_crown import SMOOTH, AlphaBounds
+        from crown_cli.engine.alpha_crown import AlphaBounds
         from crown_cli.certification.certifier import ALPHA_LR, ALPHA_LR_SMOOTH
         from crown_cli.engine.backsub import first_layer_center
 
@@ -126,7 +124,7 @@ class Verifier:
         x0, eps, qcode = box.args()
         ab = AlphaBounds(self.net, self.relax["alpha-crown"], leak, x0, qcode, A,
                          first_layer_center(self.net, x0), activation=self.activation)
-        lr = ALPHA_LR_SMOOTH if self.activation in SMOOTH else ALPHA_LR
+        lr = ALPHA_LR_SMOOTH if ACTIVATIONS[self.activation].smooth else ALPHA_LR
         ab.optimise(eps, ALPHA_ITERS, lr, patience=3)
         return ab.evaluate(eps, verify=True)
 

@@ -32,7 +32,6 @@ from crown_cli.engine.input_sets import NORMS
 from crown_cli.engine.relaxations import get_relaxation
 from crown_cli.certification.methods._common import DUAL, center_margins, derivative_range, vec_norms
 
-ACTIVATIONS = ("relu", "leaky_relu")
 
 
 def jacobian_bound(weights, bounds, C, activation="relu", alpha=None) -> np.ndarray:

@@ -16,7 +16,7 @@ def set_kernels(backend: str) -> None:
     and loading its cache costs ~1 s once per process) or "numpy" (vectorised, no start-up
     cost, slower per evaluation). Process-wide; takes effect at the next kernel call. The
     relaxation registry reads it when a relaxation is looked up (a Certifier is built): the
-    ReLU-type ones then come from plain numpy too (relaxations.NUMPY_TWINS)."""
+    ReLU-type ones then come from plain numpy too (the activations with ``numpy_twin``)."""
     global _BACKEND, _KERNELS
     if backend not in KERNELS:
         raise ValueError(f"unknown kernels '{backend}' (choose from {', '.join(KERNELS)})")

@@ -36,6 +36,7 @@ from typing import Callable, Optional
 
 import numpy as np
 
+from crown_cli.activations import default_alpha, supporting
 from crown_cli.engine.input_sets import centre_radius
 from crown_cli.engine.kernels import kernels_backend
 from crown_cli.engine.rounding import (ERR_SAFETY, U64, final_sum_rtol, margin_rows_rounding,
@@ -43,7 +44,6 @@ from crown_cli.engine.rounding import (ERR_SAFETY, U64, final_sum_rtol, margin_r
 from crown_cli.engine.relaxations import relu_numpy
 from crown_cli.verification.outcome import BabResult, violations
 
-ACTIVATIONS = ("relu", "leaky_relu")
 SPLIT_RULES = ("sensitivity", "trial")
 FULL_ROWS = 0.6
 FLAT = 0.0  # skip_stable: above this share of unstable rows, back-substitute all rows
@@ -54,11 +54,11 @@ def _relaxation(activation: str, alpha, adaptive: bool):
     if activation == "relu":
         fn = lambda l, u: relu_numpy.relu_relaxation(l, u, adaptive)  # noqa: E731
     elif activation == "leaky_relu":
-        a = 0.2 if alpha is None else float(alpha)
+        a = default_alpha("leaky_relu") if alpha is None else float(alpha)
         fn = lambda l, u: relu_numpy.leaky_relu_relaxation(l, u, a, adaptive)  # noqa: E731
     else:
         raise ValueError(f"batch_lower_bounds: activation '{activation}' is not supported "
-                         f"(choose from {', '.join(ACTIVATIONS)})")
+                         f"(choose from {', '.join(supporting('bab'))})")
 
     def relax(l, u):
         shape = l.shape
@@ -222,7 +222,7 @@ class BatchNet:
         self.WposT = [np.maximum(w, 0.0) for w in self.WT]
         self.WnegT = [np.minimum(w, 0.0) for w in self.WT]
         if activation == "leaky_relu":
-            a = 0.2 if alpha is None else float(alpha)
+            a = default_alpha("leaky_relu") if alpha is None else float(alpha)
             # the interval step needs a monotone activation (alpha >= 0)
             self.act = None if a < 0.0 else (lambda z: np.where(z >= 0.0, z, a * z))  # noqa: E731
         else:
@@ -235,7 +235,7 @@ class BatchNet:
         self.pmb = [np.concatenate([b, -b]) for b in self.b]
         self.rowsum = [np.abs(w).sum(axis=1) for w in self.W]
         self.fp_rtol = final_sum_rtol(self.W)
-        self.act_scale = max(1.0, abs(float(0.2 if alpha is None else alpha))) \
+        self.act_scale = max(1.0, abs(float(default_alpha("leaky_relu") if alpha is None else alpha))) \
             if activation == "leaky_relu" else 1.0
 
     @property

@@ -57,6 +57,7 @@ from typing import Callable, Optional, Sequence
 
 import numpy as np
 
+from crown_cli.activations import default_alpha, supporting
 from crown_cli.engine.backsub import Network, hidden_layer_bounds
 from crown_cli.engine.input_sets import Box, input_abs_bound
 from crown_cli.engine.relaxations import get_relaxation
@@ -147,15 +148,15 @@ class Bounder:
 
     def __init__(self, weights, biases, lo, hi, A, b, activation="relu", leak=None,
                  layer_bounds=None, groups=None, interm_slopes=None):
-        if activation not in ("relu", "leaky_relu"):
-            raise ValueError("relu_split: activation must be relu or leaky_relu")
+        if activation not in supporting("bab"):
+            raise ValueError(f"relu_split: activation must be one of {', '.join(supporting('bab'))}")
         self.weights = [np.ascontiguousarray(w, dtype=np.float64) for w in weights]
         self.biases = [np.ascontiguousarray(v, dtype=np.float64) for v in biases]
         self.activation = activation
         if activation == "relu":
             leak = 0.0
         elif leak is None:
-            leak = 0.2
+            leak = default_alpha("leaky_relu")
         leak = float(leak)
         if not 0.0 <= leak <= 1.0:
             raise ValueError("relu_split: leaky ReLU slope must lie in [0, 1]")
