@@ -5,7 +5,7 @@ import time
 import numpy as np
 import pytest
 
-from crown_cli.verification.bab import relu_split as bab_relu
+from crown_cli.verification.bab import domain_bounds, relu_split as bab_relu
 from crown_cli.verification.outcome import violations
 from crown_cli.engine import backsub as crown
 from crown_cli.engine.input_sets import Box
@@ -710,7 +710,7 @@ def test_blend_matches_a_loop():
                 sel = (rows == r) & (True if m is None else m[:, j])
                 if sel.any():
                     ref[r, j] = 0.7 * ref[r, j] + 0.3 * X[sel, j].mean()
-        bab_relu._blend(tab, rows, X, m, 0.3)
+        domain_bounds._blend(tab, rows, X, m, 0.3)
         np.testing.assert_allclose(tab, ref, rtol=1e-12, atol=1e-12)
 
 

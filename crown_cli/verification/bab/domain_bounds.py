@@ -1,0 +1,278 @@
+"""Per-domain hidden-layer bounds of ReLU splitting (:class:`DomainBounds`, a part of
+:class:`~crown_cli.verification.bab.bounder.Bounder`).
+
+A child's bounds of every layer after its new split are recomputed by float64 CROWN
+back-substitution with the domain's split neurons exact and its other unstable neurons
+relaxed by the domain's own bounds, intersected with the parent's (:meth:`tighten`); on
+deeper networks each row is first optimised (its lower slopes and the split constraints'
+multipliers, a few Adam steps from a running warm start, :meth:`tighten_opt`). A neuron they
+prove stable is fixed like a split; a domain whose bounds cross is empty, hence proven.
+"""
+from __future__ import annotations
+
+import time
+
+import numpy as np
+
+from crown_cli.engine.kernels import relu_split_kernels as _kern
+from crown_cli.engine.rounding import (ERR_SAFETY, widen)
+from crown_cli.verification.bab.optimise import _optimise_rows
+
+
+class DomainBounds:
+    """The per-domain hidden-layer bounds of a :class:`~crown_cli.verification.bab.bounder.Bounder` (its
+    attributes: weights, root bounds, unstable columns, rounding weights)."""
+
+    def root_domain_bounds(self):
+        """The root bounds (l, u) of the unstable neurons, each (nU,) float64: a domain's
+        bounds before any tightening."""
+        if self.nU == 0:
+            return np.zeros(0), np.zeros(0)
+        return (np.concatenate([l[c] for (l, _), c in zip(self.bounds, self.ucols)]),
+                np.concatenate([u[c] for (_, u), c in zip(self.bounds, self.ucols)]))
+
+    def _interm_setup(self):
+        """Per hidden layer j, the neurons whose activation is not identically 0 on the box
+        (ReLU: root u > 0; leaky ReLU: all), and the weights, biases, stable slopes and
+        rounding weights restricted to them (the others contribute exactly 0)."""
+        if getattr(self, "_keep", None) is not None:
+            return
+        keep = []
+        for l, u in self.bounds:
+            keep.append(np.flatnonzero(u > 0.0) if self.leak == 0.0 else np.arange(l.size))
+        self._keep = keep
+        self._upos = [np.searchsorted(kp, c) for kp, c in zip(keep, self.ucols)]
+        # rows of layer k over the kept neurons of layer k-1; steps through kept columns only
+        self._Wrow = [None] + [np.ascontiguousarray(self.weights[k][:, keep[k - 1]])
+                               for k in range(1, self.L)]
+        self._Wstep = [np.ascontiguousarray(self.weights[0][keep[0]])] + [
+            np.ascontiguousarray(self.weights[j][keep[j]][:, keep[j - 1]])
+            for j in range(1, self.L)]
+        self._bk = [self.biases[j][kp] for j, kp in enumerate(keep)]
+        self._ssk = [self.stable_slope[j][kp] for j, kp in enumerate(keep)]
+        self._vk = [self.rw[j][0][kp] for j, kp in enumerate(keep)]
+
+    def _rows_lower(self, k, dd, split, dl, du):
+        """float64 lower bounds of ``z_kj`` and ``-z_kj`` (rows (n, 2R): first z, then -z)
+        for the domains ``dd`` (n,) and layer k's R unstable neurons, over each domain (box
+        and split constraints): CROWN back-substitution through layers k-1..0 with the split
+        neurons fixed (identity / inactive slope), the others relaxed by the domain's bounds
+        (chord above; below the row's root-optimised slope of ``interm_slopes``, else CROWN's
+        adaptive one), widened like :meth:`evaluate` (final-sum allowance and per-step product
+        rounding)."""
+        n, R = dd.size, self.ucols[k].size
+        neur = self.ucols[k]
+        Wr = np.broadcast_to(self._Wrow[k][neur], (n, R, self._Wrow[k].shape[1]))
+        br = np.broadcast_to(self.biases[k][neur], (n, R))
+        rows = 2 * R
+        isl = self.islopes[k]
+        Lam = np.concatenate([Wr, -Wr], axis=1)
+        const = np.concatenate([br, -br], axis=1).reshape(-1)
+        mag = np.abs(const)
+        steps = np.zeros(n * rows)
+        for j in range(k - 1, -1, -1):
+            o0, o1 = self.offsets[j], self.offsets[j + 1]
+            sp = split[dd, o0:o1]
+            l, u = dl[dd, o0:o1], du[dd, o0:o1]
+            cs, ct = self.chords(l, u)
+            alo = None if isl is None else isl[:, o0:o1]
+            if _kern() is not None:
+                D, dc, dm, st = _kern().interm_step64(
+                    np.ascontiguousarray(Lam), self._ssk[j], self._upos[j],
+                    np.ascontiguousarray(sp), np.ascontiguousarray(l), np.ascontiguousarray(u),
+                    cs, ct, self.leak, self._bk[j], np.abs(self._bk[j]), self._vk[j],
+                    float(self.rw[j][1]),
+                    np.zeros((0, 0)) if alo is None else np.ascontiguousarray(alo))
+                const = const + dc
+                mag = mag + dm
+                steps = steps + st
+                Lam = (D @ self._Wstep[j]).reshape(n, rows, -1)
+                continue
+            fixed = np.where(sp > 0, 1.0, self.leak)
+            free = sp == 0
+            if alo is None:
+                s_lo = np.where(free, np.where(u >= -l, 1.0, self.leak), fixed)[:, None, :]
+            else:
+                s_lo = np.where(free[:, None, :], alo[None, :, :], fixed[:, None, :])
+            s_up = np.where(free, cs, fixed)[:, None, :]
+            t_up = np.where(free, ct, 0.0)[:, None, :]
+            up = self._upos[j]
+            Lu = Lam[:, :, up]
+            pos = Lu >= 0.0
+            icpt = np.where(pos, 0.0, Lu * t_up)
+            D = Lam * self._ssk[j]
+            D[:, :, up] = Lu * np.where(pos, s_lo, s_up)
+            D = D.reshape(n * rows, -1)
+            const = const + icpt.sum(axis=2).reshape(-1) + D @ self._bk[j]
+            absD = np.abs(D)
+            mag = mag + np.abs(icpt).sum(axis=2).reshape(-1) + absD @ np.abs(self._bk[j])
+            steps = steps + absD @ self._vk[j] + self.rw[j][1]
+            Lam = (D @ self._Wstep[j]).reshape(n, rows, -1)
+        Lam = Lam.reshape(n * rows, -1)
+        absL = np.abs(Lam)
+        nrm = absL @ self.r
+        val = Lam @ self.c - nrm + const
+        mag = mag + absL @ np.abs(self.c) + nrm
+        out = widen(val, mag, -1.0, self.net.fp_rtol, ERR_SAFETY * steps)
+        return out.reshape(n, rows)
+
+    def tighten(self, split, dl, du, start, max_bytes: float = 2.0 ** 26, deadline=None):
+        """Per-domain bounds of the unstable neurons after new splits.
+
+        ``split`` (B, nU) int8, ``dl``, ``du`` (B, nU) float64 bounds valid on each domain
+        (e.g. its parent's), ``start`` (B,): every layer after ``start[d]`` is recomputed for
+        domain d (the shallowest layer whose splits changed). Layer by layer, the bounds of
+        the domain's unstable neurons are computed by :meth:`_rows_lower` (float64, sound on
+        the whole subdomain) and intersected with ``dl``, ``du``; a neuron they prove stable is
+        fixed (split +1 / -1: exact there, and its sign condition holds on the domain), so
+        later layers see it exact. A split neuron's bounds take its sign (l >= 0 active,
+        u <= 0 inactive). Returns (split, dl, du, empty): ``empty`` (B,) marks domains with
+        some l > u, i.e. no point of the box meets their split constraints. ``max_bytes``
+        caps the temporaries (domains are processed in chunks). Past ``deadline`` (a
+        ``time.monotonic()`` instant) the remaining chunks are skipped: their bounds stay the
+        ones given (valid, only looser)."""
+        self._interm_setup()
+        widest = max([self.box.lo.size] + [kp.size for kp in self._keep])
+
+        def layer(k, doms, split, dl, du):
+            # every unstable neuron of the layer: the split ones' bounds (taking their sign)
+            # find domains whose splits contradict each other
+            o0, R = self.offsets[k], self.ucols[k].size
+            chunk = max(1, int(max_bytes // (8 * 8 * 2 * R * widest)))
+            for c0 in range(0, doms.size, chunk):
+                if deadline is not None and time.monotonic() >= deadline:
+                    break
+                dd = doms[c0:c0 + chunk]
+                low = self._rows_lower(k, dd, split, dl, du)
+                rr, cc = dd[:, None], o0 + np.arange(R)[None, :]
+                dl[rr, cc] = np.maximum(dl[rr, cc], low[:, :R])
+                du[rr, cc] = np.minimum(du[rr, cc], -low[:, R:])
+
+        return self._tighten_layers(split, dl, du, start, layer)
+
+    def _tighten_layers(self, split, dl, du, start, layer):
+        """The frame of :meth:`tighten` and :meth:`tighten_opt`: split neurons' bounds take
+        their sign, then for each hidden layer k >= 1 ``layer(k, doms, split, dl, du)``
+        narrows (in place) the bounds of layer k's unstable neurons on the domains ``doms``
+        (those with ``start < k``, not yet empty), after which the neurons proven stable
+        become implied splits and domains with crossing bounds are marked empty. Returns
+        (split, dl, du, empty)."""
+        split, dl, du = split.copy(), np.array(dl, np.float64), np.array(du, np.float64)
+        dl = np.where(split > 0, np.maximum(dl, 0.0), dl)
+        du = np.where(split < 0, np.minimum(du, 0.0), du)
+        empty = np.any(dl > du, axis=1)
+        start = np.asarray(start)
+        for k in range(1, self.L):
+            o0, o1 = self.offsets[k], self.offsets[k + 1]
+            if o1 == o0:
+                continue
+            doms = np.flatnonzero((start < k) & ~empty)
+            if doms.size == 0:
+                continue
+            layer(k, doms, split, dl, du)
+            sl, su, sp = dl[doms, o0:o1], du[doms, o0:o1], split[doms, o0:o1]
+            sp[(sp == 0) & (sl >= 0.0)] = 1
+            sp[(sp == 0) & (su <= 0.0)] = -1
+            split[doms, o0:o1] = sp
+            empty[doms] |= np.any(sl > su, axis=1)
+        return split, dl, du, empty
+
+    def _sub(self, k):
+        """The :class:`Bounder` of the rows ``z_kj`` and ``-z_kj`` of hidden layer k's R
+        unstable neurons (first the R rows z, then -z) over the network's first k hidden
+        layers, with the same root bounds: its unstable neurons are this one's first
+        ``offsets[k]``, numbered alike. Cached."""
+        cache = self._subs
+        if k not in cache:
+            cols = self.ucols[k]
+            E = np.zeros((cols.size, self.weights[k].shape[0]))
+            E[np.arange(cols.size), cols] = 1.0
+            cache[k] = type(self)(self.weights[:k + 1], self.biases[:k + 1], self.box.lo,
+                               self.box.hi, np.vstack([E, -E]), np.zeros(2 * cols.size),
+                               self.activation, self.leak, self.bounds[:k])
+        return cache[k]
+
+    def tighten_opt(self, split, dl, du, start, iters: int = 3, lr_alpha: float = 0.3,
+                    lr_beta: float = 0.3, max_bytes: float = 2.0 ** 27, deadline=None,
+                    warm: float = 0.0):
+        """:meth:`tighten` with optimised multipliers (beta-CROWN for the hidden layers): the
+        bounds of every layer k after ``start[d]`` come from ``iters`` projected Adam steps
+        on each row ``z_kj`` / ``-z_kj`` (:meth:`_sub`) over its lower slopes (from
+        ``interm_slopes``, else CROWN's) and multipliers beta >= 0 of the domain's split
+        constraints ``s_i z_i >= 0`` in the layers before k. On deep domains these
+        constraints narrow later layers far more than the split neurons' exact relaxation
+        alone. Each bound is the float64 evaluation at the best iterate (sound on the
+        subdomain for any slopes in [leak, 1] and any beta >= 0), intersected with ``dl``,
+        ``du``. Only the rows that can change something are bounded: both of a neuron still
+        free on the domain, and of one whose sign is known (split, or stable on the domain)
+        the side that could contradict it (an empty domain). ``warm`` in (0, 1]: each row
+        starts from this Bounder's running start of layer k instead (slopes, and beta per
+        split sign), which after every chunk moves by ``warm`` towards the mean of what
+        the chunk's entries of that row ended with (:func:`_blend`); any start is sound,
+        only the float64 bound counts. Returns (split, dl, du, empty) as :meth:`tighten`."""
+
+        def layer(k, doms, split, dl, du):
+            o0, o1 = self.offsets[k], self.offsets[k + 1]
+            sb, R = self._sub(k), o1 - o0
+            widest = max([self.box.lo.size] + [w.shape[0] for w in self.weights[:k]])
+            # per row: alpha, beta, their moments and float64 copies, the tape
+            per = 16 * 4 * max(o0, 1) + 8 * 3 * widest
+            chunk = max(1, int(max_bytes // per))
+            a0 = self.islopes[k] if self.islopes[k] is not None else \
+                np.broadcast_to(sb.initial_alpha(), (2 * R, o0))
+            sg = split[doms, o0:o1].astype(np.int64)
+            sg = np.where(sg != 0, sg, np.where(dl[doms, o0:o1] >= 0.0, 1,
+                                                np.where(du[doms, o0:o1] <= 0.0, -1, 0)))
+            pd, pj = np.nonzero(np.concatenate([sg <= 0, sg >= 0], axis=1))
+            tab = None
+            if warm > 0.0:
+                tab = self._warm.get(k)
+                if tab is None:
+                    tab = self._warm[k] = (np.array(a0, np.float32),
+                                           np.zeros((2, 2 * R, o0), np.float32))
+            for c0 in range(0, pd.size, chunk):
+                if deadline is not None and time.monotonic() >= deadline:
+                    break
+                dom = doms[pd[c0:c0 + chunk]]
+                rows = pj[c0:c0 + chunk]
+                sp = np.ascontiguousarray(split[dom, :o0])
+                ch = self.chords(dl[dom, :o0], du[dom, :o0])
+                if tab is None:
+                    al, be = _optimise_rows(sb, sp, a0[rows], rows, ch, iters, lr_alpha,
+                                            lr_beta, deadline)
+                else:
+                    b0 = np.where(sp > 0, tab[1][0][rows], tab[1][1][rows])
+                    al, be = _optimise_rows(sb, sp, tab[0][rows], rows, ch, iters, lr_alpha,
+                                            lr_beta, deadline, beta0=b0)
+                    # running per-row means of the optimised multipliers: the next
+                    # domains' starting point (any start is sound: only the bound counts)
+                    _blend(tab[0], rows, al, None, warm)
+                    _blend(tab[1][0], rows, be, sp > 0, warm)
+                    _blend(tab[1][1], rows, be, sp < 0, warm)
+                low = sb.evaluate(sp, al[:, None], be[:, None], np.float64, chords=ch,
+                                  rows=rows)[:, 0]
+                lower = rows < R
+                dlo, clo = dom[lower], o0 + rows[lower]
+                dl[dlo, clo] = np.maximum(dl[dlo, clo], low[lower])
+                dup, cup = dom[~lower], o0 + rows[~lower] - R
+                du[dup, cup] = np.minimum(du[dup, cup], -low[~lower])
+
+        return self._tighten_layers(split, dl, du, start, layer)
+
+
+def _blend(tab, rows, X, mask, w):
+    """``tab[r] <- (1 - w) tab[r] + w mean_i X[i]`` over the entries i with ``rows[i] == r``
+    (elementwise, only over the entries where ``mask`` holds; entries no ``mask`` covers
+    keep their value), in place."""
+    order = np.argsort(rows, kind="stable")
+    r = rows[order]
+    first = np.flatnonzero(np.r_[True, r[1:] != r[:-1]])
+    Xs = X[order] if mask is None else (X * mask)[order]
+    tot = np.add.reduceat(Xs, first, axis=0)
+    cnt = np.diff(np.r_[first, r.size])[:, None] if mask is None else \
+        np.add.reduceat(mask[order].astype(np.float64), first, axis=0)
+    u = r[first]
+    has = cnt > 0
+    cur = tab[u]
+    new = (1 - w) * cur + w * (tot / np.where(has, cnt, 1))
+    tab[u] = np.where(has, new, cur)
