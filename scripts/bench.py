@@ -98,7 +98,7 @@ def bab_worker(n_boxes):
     """The bab case: batched bounds per second on a random ACAS-shaped net."""
     import numpy as np
 
-    bab = _module("crown_cli.verification.bab.input_split", "crown_cli.bab")
+    bab = _module("crown_cli.engine.batched", "crown_cli.bab")
 
     weights, biases = random_mlp([5] + [50] * 6 + [5], 0)
     net = bab.BatchNet(weights, biases)

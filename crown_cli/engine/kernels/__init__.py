@@ -62,3 +62,14 @@ def relu_split_kernels():
     from crown_cli.engine.kernels import relu_split
 
     return relu_split
+
+
+def batched_kernels():
+    """The numba kernel of the batched engine's slope scaling
+    (:mod:`crown_cli.engine.kernels.batched`), or None under the numpy kernels (its numpy
+    twin then runs)."""
+    if _BACKEND == "numpy":
+        return None
+    from crown_cli.engine.kernels import batched
+
+    return batched

@@ -1,0 +1,431 @@
+"""CROWN over many input boxes at once (ReLU / leaky ReLU MLPs): the batched engine of
+input splitting.
+
+- :func:`batch_lower_bounds`: the pre-activation bounds of every hidden layer are computed
+  per box by back-substitution with the relaxations of
+  :mod:`crown_cli.engine.relaxations.relu_numpy` (the same float64 operations as the
+  engine's ReLU relaxation: upper chord, adaptive lower slope), then the lower bound of
+  ``A f(x)`` per box. The weight matrices are shared by all boxes, so each back-substitution
+  step is one large GEMM ``(N * rows, n_i) @ W_i`` over every box and row at once; only the
+  slope scaling is per box (:mod:`crown_cli.engine.kernels.batched`, or its numpy twin
+  :func:`_scale_numpy`).
+- :func:`alpha_row_bound`: one row per box re-bounded with the unstable ReLUs' lower slopes
+  optimised (alpha-CROWN on the last layer, the hidden bounds kept), then verified like the
+  rows of :func:`batch_lower_bounds`.
+
+Floating point, as :mod:`crown_cli.engine.backsub`: the box is centre +/- radius with the
+radius rounded up one ulp (:func:`crown_cli.engine.input_sets.centre_radius`); every bound is
+widened outward by (1) per back-substitution step the a-posteriori charge of its products'
+rounding, ``|D| @ v_i`` per box (:func:`_step_weights`, the engine's
+:func:`~crown_cli.engine.rounding.step_weights` with unit 2**-53 from the box's own
+intervals), (2) the rounding of ``A @ W[-1]``
+(:func:`~crown_cli.engine.rounding.margin_rows_rounding`), (3) the network's final-sum
+allowance (:func:`~crown_cli.engine.rounding.final_sum_rtol`) times the sum of the absolute
+values of the terms (``|Lam| |c| + |Lam| r`` plus the accumulated ``|D| |b_i|`` and
+``|Lam| |intercepts|`` of every step), plus ``FP_ATOL``.
+
+Arrays in, arrays out: no files and no printing here.
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+import numpy as np
+
+from crown_cli.activations import default_alpha, supporting
+from crown_cli.engine.input_sets import centre_radius
+from crown_cli.engine.kernels import batched_kernels
+from crown_cli.engine.relaxations import relu_numpy
+from crown_cli.engine.rounding import (ERR_SAFETY, U64, final_sum_rtol, margin_rows_rounding,
+                                       step_weights, widen)
+
+FULL_ROWS = 0.6  # skip_stable: above this share of unstable rows, back-substitute all rows
+
+
+def _relaxation(activation: str, alpha, adaptive: bool):
+    """(l, u) of any shape -> (aU, bU, aL, bL) of that shape, via the numpy relaxations."""
+    if activation == "relu":
+        fn = lambda l, u: relu_numpy.relu_relaxation(l, u, adaptive)  # noqa: E731
+    elif activation == "leaky_relu":
+        a = default_alpha("leaky_relu") if alpha is None else float(alpha)
+        fn = lambda l, u: relu_numpy.leaky_relu_relaxation(l, u, a, adaptive)  # noqa: E731
+    else:
+        raise ValueError(f"batch_lower_bounds: activation '{activation}' is not supported "
+                         f"(choose from {', '.join(supporting('bab'))})")
+
+    def relax(l, u):
+        shape = l.shape
+        out = fn(np.ascontiguousarray(l).ravel(), np.ascontiguousarray(u).ravel())
+        return tuple(o.reshape(shape) for o in out)
+
+    return relax
+
+
+def _scale_numpy(Lam, aU, bU, aL, bL, b_i, absb_i, zero_bL):
+    """D = Lam * (aU where Lam < 0 else aL) and the constant / magnitude it picks up."""
+    N, r, n = Lam.shape
+    neg = Lam < 0.0
+    D = Lam * np.where(neg, aU[:, None, :], aL[:, None, :])
+    Df = D.reshape(N * r, n)
+    const = (Df @ b_i).reshape(N, r)
+    mag = (np.abs(Df) @ absb_i).reshape(N, r)
+    # intercepts: Lam_j * bU_j where Lam_j < 0, Lam_j * bL_j elsewhere
+    Lneg = np.minimum(Lam, 0.0)
+    const += np.matmul(Lneg, bU[:, :, None])[..., 0]
+    mag -= np.matmul(Lneg, np.abs(bU)[:, :, None])[..., 0]
+    if not zero_bL:
+        Lpos = np.maximum(Lam, 0.0)
+        const += np.matmul(Lpos, bL[:, :, None])[..., 0]
+        mag += np.matmul(Lpos, np.abs(bL)[:, :, None])[..., 0]
+    return D, const, mag
+
+
+def _scale(Lam, aU, bU, aL, bL, b_i, absb_i, zero_bL, cols):
+    """D restricted to the columns ``cols`` (the others have zero slopes and intercepts in
+    every box), its constant and magnitude."""
+    kern = batched_kernels()
+    if kern is None:
+        if cols.shape[0] < Lam.shape[2]:
+            Lam, aU, bU, aL, bL = (v[..., cols] for v in (Lam, aU, bU, aL, bL))
+            b_i, absb_i = b_i[cols], absb_i[cols]
+        return _scale_numpy(Lam, aU, bU, aL, bL, b_i, absb_i, zero_bL)
+    N, r, n = Lam.shape
+    D = np.empty((N, r, cols.shape[0]))
+    const, mag = np.empty((N, r)), np.empty((N, r))
+    kern.scale(Lam, aU, bU, aL, bL, b_i, absb_i, cols, D, const, mag)
+    return D, const, mag
+
+
+def _step(Lam, relax_i, W_i, b_i, absb_i, zero_bL):
+    """One back-substitution step of the lower-bound chain through hidden layer i.
+
+    Lam (N, r, n_i) holds the rows over a_i = act(z_i); entries >= 0 take the lower
+    relaxation line, negative ones the upper. Returns the rows over a_{i-1} (N, r, n_{i-1}),
+    the constant picked up (N, r), the sum of its absolute terms (N, r), and D, the
+    slope-scaled rows that were multiplied by W_i (where a per-step rounding charge
+    ``|D| @ v_i[cols]`` would be added; D holds only the columns ``cols`` of neurons not
+    inactive in every box, the others being zero). The scaling runs in the kernels chosen by
+    ``set_kernels`` (a fused numba loop, or numpy).
+    """
+    aU, bU, aL, bL = relax_i
+    N, r, n = Lam.shape
+    # columns whose neuron is inactive (zero slopes and intercepts) in every box drop out
+    cols = np.flatnonzero(np.any((aU != 0.0) | (aL != 0.0) | (bU != 0.0) | (bL != 0.0), axis=0))
+    D, const, mag = _scale(Lam, aU, bU, aL, bL, b_i, absb_i, zero_bL, cols)
+    Wc = W_i if cols.shape[0] == n else W_i[cols]
+    nxt = (D.reshape(N * r, cols.shape[0]) @ Wc).reshape(N, r, W_i.shape[1])
+    return nxt, const, mag, D, cols
+
+
+def _step_weights(net, i, a_prev, l, u):
+    """The float64 rounding weights of the step through hidden layer i, per box: v (N, n_i)
+    and t (N,) (:func:`crown_cli.engine.rounding.step_weights`, unit 2**-53), for
+    |a_{i-1}| <= a_prev (N, n_{i-1}) and z_i in [l, u]. |W_i| a_prev is bounded by the rows'
+    l1 norms times max a_prev, as the engine does."""
+    amax = a_prev.max(axis=1, initial=0.0)
+    Wa = net.rowsum[i][None, :] * amax[:, None]
+    return step_weights(net.W[i].shape[0], Wa, net.absb[i], a_prev.sum(axis=1), l, u, U64)
+
+
+def _act_abs(net, l, u):
+    """A bound on |act(z)| for z in [l, u]: |z| scaled by the largest slope (ReLU, leaky)."""
+    return np.maximum(np.abs(l), np.abs(u)) * net.act_scale
+
+
+def _lower(Ws, bs, absbs, relax, zero_bL, Lam, const, c, rad, steps, rtol, lam_err=None):
+    """Lower bound over the boxes (c +/- rad) of ``Lam @ a_h + const``, h = len(relax) - 1,
+    and the final rows over the input. Lam (N, r, n_h), const (N, r). ``steps[i]`` = (v, t)
+    of :func:`_step_weights`: each step's product rounding ``|D| @ v_i`` is charged to the
+    bound (as ``crown.back_substitute`` does), with ``lam_err`` (N, r) for the rounding made
+    forming Lam and const, and ``rtol`` of the final sums' magnitude."""
+    cst = const.copy()
+    mag = np.abs(const)
+    charge = np.zeros(cst.shape) if lam_err is None else lam_err.copy()
+    for i in range(len(relax) - 1, -1, -1):
+        Lam, dc, dm, D, cols = _step(Lam, relax[i], Ws[i], bs[i], absbs[i], zero_bL)
+        cst += dc
+        mag += dm
+        v, t = steps[i]
+        charge += np.matmul(np.abs(D), v[:, cols, None])[..., 0] + t[:, None]
+    absL = np.abs(Lam)
+    lin = np.matmul(Lam, c[:, :, None])[..., 0]
+    norm = np.matmul(absL, rad[:, :, None])[..., 0]
+    xm = np.matmul(absL, np.abs(c)[:, :, None])[..., 0]
+    lower = widen(lin - norm + cst, xm + norm + mag, -1.0, rtol, ERR_SAFETY * charge)
+    return lower, Lam, cst
+
+
+def _interval_step(net, k, l, u):
+    """Bounds of z_k = W_k act(z_{k-1}) + b_k from z_{k-1} in [l, u] (N, n_{k-1}) by interval
+    arithmetic, widened by the floating-point allowance (the activations are monotone)."""
+    al, au = net.act(l), net.act(u)
+    lo = al @ net.WposT[k] + au @ net.WnegT[k] + net.b[k]
+    hi = au @ net.WposT[k] + al @ net.WnegT[k] + net.b[k]
+    mag = np.maximum(np.abs(al), np.abs(au)) @ net.absWT[k] + net.absb[k]
+    return widen(lo, mag, -1.0, net.fp_rtol), widen(hi, mag, 1.0, net.fp_rtol)
+
+
+class BatchNet:
+    """An MLP prepared for :func:`batch_lower_bounds` (float64 weights, |b|, relaxation)."""
+
+    def __init__(self, weights, biases, activation="relu", alpha=None, adaptive=True):
+        self.W = [np.ascontiguousarray(w, dtype=np.float64) for w in weights]
+        self.b = [np.ascontiguousarray(b, dtype=np.float64) for b in biases]
+        self.WT = [np.ascontiguousarray(w.T) for w in self.W]
+        self.absb = [np.abs(b) for b in self.b]
+        self.absW0T = np.abs(self.WT[0])
+        self.absWT = [np.abs(w) for w in self.WT]
+        self.WposT = [np.maximum(w, 0.0) for w in self.WT]
+        self.WnegT = [np.minimum(w, 0.0) for w in self.WT]
+        if activation == "leaky_relu":
+            a = default_alpha("leaky_relu") if alpha is None else float(alpha)
+            # the interval step needs a monotone activation (alpha >= 0)
+            self.act = None if a < 0.0 else (lambda z: np.where(z >= 0.0, z, a * z))  # noqa: E731
+        else:
+            self.act = lambda z: np.maximum(z, 0.0)  # noqa: E731
+        self.activation, self.alpha = activation, alpha
+        self.relax = _relaxation(activation, alpha, adaptive)
+        self.zero_bL = activation == "relu"  # ReLU's lower lines pass through 0
+        # rows [W_k; -W_k]: lower bounds of both give z_k's lower and (negated) upper bound
+        self.pm = [np.concatenate([w, -w]) for w in self.W]
+        self.pmb = [np.concatenate([b, -b]) for b in self.b]
+        self.rowsum = [np.abs(w).sum(axis=1) for w in self.W]
+        self.fp_rtol = final_sum_rtol(self.W)
+        self.act_scale = max(1.0, abs(float(default_alpha("leaky_relu") if alpha is None else alpha))) \
+            if activation == "leaky_relu" else 1.0
+
+    @property
+    def num_hidden(self):
+        return len(self.W) - 1
+
+
+def batch_lower_bounds(weights, biases, lo, hi, A, activation="relu", alpha=None,
+                       adaptive=True, net: Optional[BatchNet] = None, parent_bounds=None,
+                       skip_stable: bool = False):
+    """CROWN lower bounds of ``A @ f(x)`` over each box ``[lo[j], hi[j]]``.
+
+    weights[k] (n_{k+1}, n_k), biases[k] (n_{k+1},) of a ReLU (or leaky ReLU, negative slope
+    ``alpha``) MLP; lo, hi (N, d); A (m, n_out). Returns ``(lb (N, m), info)`` with info:
+
+    - ``"Lam"`` (N, m, d): the final linear coefficients over the input of each row's bound
+      (the bound is ``Lam x + const`` minimised over the box, attained at the corner
+      ``x_i = lo_i`` where ``Lam_i > 0`` else ``hi_i``);
+    - ``"const"`` (N, m): its constant: ``A f(x) >= Lam x + const`` on the box, up to the
+      floating-point allowance by which ``lb`` lies below ``min (Lam x + const)``;
+    - ``"bounds"``: per hidden layer (l, u), each (N, n_k): the pre-activation bounds used;
+    - ``"state"``: (relaxations, rounding weights per step, |a_h| bound, box centres, radii),
+      what :func:`alpha_row_bound` needs to re-bound a row on the same boxes.
+
+    Per box the result is what ``crown.margin_lower_bound(net, *Box(lo, hi).args(),
+    relax_fn, A)`` computes (same relaxations, same widening rule; only the order of float
+    sums differs). ``parent_bounds`` (optional, list of (l, u) per hidden layer, each (N, n_k))
+    holds bounds known to hold on each box (e.g. a parent box's): the new bounds are
+    intersected with them, which only tightens.
+
+    ``skip_stable``: first bound each hidden layer by one interval step from the previous
+    layer's bounds (:func:`_interval_step`); only the rows unstable under it (per box, padded
+    to the batch's largest count) are back-substituted, and their CROWN bounds intersected
+    with the interval ones. A stable neuron's relaxation depends only on its sign, so this
+    gives the engine's bound or a tighter one (when the interval proves a neuron stable that
+    CROWN does not), at a fraction of the rows once most neurons are stable.
+
+    Floating point: see the module docstring; every step passes through :func:`_step`, where
+    the slope-scaled matrix D is formed before the product with W_i.
+    """
+    if net is None:
+        net = BatchNet(weights, biases, activation, alpha, adaptive)
+    lo = np.atleast_2d(np.asarray(lo, dtype=np.float64))
+    hi = np.atleast_2d(np.asarray(hi, dtype=np.float64))
+    A = np.atleast_2d(np.asarray(A, dtype=np.float64))
+    N = lo.shape[0]
+    c, rad = centre_radius(lo, hi)
+    skip_stable = skip_stable and net.act is not None
+    bounds, relax, steps = [], [], []
+    if net.num_hidden:
+        center = c @ net.WT[0] + net.b[0]
+        cmag = np.abs(c) @ net.absW0T + net.absb[0]
+        n1 = rad @ net.absW0T
+        mag = cmag + n1
+        l = widen(center - n1, mag, -1.0, net.fp_rtol)
+        u = widen(center + n1, mag, 1.0, net.fp_rtol)
+        if parent_bounds is not None:
+            l, u = np.maximum(l, parent_bounds[0][0]), np.minimum(u, parent_bounds[0][1])
+        bounds.append((l, u))
+        relax.append(net.relax(l, u))
+        steps.append(_step_weights(net, 0, np.abs(c) + rad, l, u))
+    for k in range(1, net.num_hidden):
+        n = net.W[k].shape[0]
+        if skip_stable:
+            l, u = _interval_step(net, k, *bounds[-1])
+            if parent_bounds is not None:
+                l, u = np.maximum(l, parent_bounds[k][0]), np.minimum(u, parent_bounds[k][1])
+            unstable = (l < 0.0) & (u > 0.0)
+            R = int(unstable.sum(axis=1).max()) if N else 0
+            if R > FULL_ROWS * n:  # gathering rows per box would not pay: all rows
+                Lam = np.broadcast_to(net.pm[k][None], (N,) + net.pm[k].shape)
+                const = np.broadcast_to(net.pmb[k][None], (N, 2 * n))
+                low, _, _ = _lower(net.W, net.b, net.absb, relax, net.zero_bL, Lam, const, c,
+                                   rad, steps, net.fp_rtol)
+                l, u = np.maximum(l, low[:, :n]), np.minimum(u, -low[:, n:])
+            elif R:
+                # per box the rows still unstable first (padded with others: any row's CROWN
+                # bound is valid, so padding only recomputes a stable row)
+                idx = np.argsort(~unstable, axis=1, kind="stable")[:, :R]
+                Wr = net.W[k][idx]  # (N, R, n_{k-1})
+                Lam = np.concatenate([Wr, -Wr], axis=1)
+                br = net.b[k][idx]
+                const = np.concatenate([br, -br], axis=1)
+                low, _, _ = _lower(net.W, net.b, net.absb, relax, net.zero_bL, Lam, const, c,
+                                   rad, steps, net.fp_rtol)
+                rows = np.arange(N)[:, None]
+                l[rows, idx] = np.maximum(l[rows, idx], low[:, :R])
+                u[rows, idx] = np.minimum(u[rows, idx], -low[:, R:])
+        else:
+            Lam = np.broadcast_to(net.pm[k][None], (N,) + net.pm[k].shape)
+            const = np.broadcast_to(net.pmb[k][None], (N, 2 * n))
+            low, _, _ = _lower(net.W, net.b, net.absb, relax, net.zero_bL, Lam, const, c, rad,
+                               steps, net.fp_rtol)
+            l, u = low[:, :n], -low[:, n:]
+            if parent_bounds is not None:
+                l, u = np.maximum(l, parent_bounds[k][0]), np.minimum(u, parent_bounds[k][1])
+        bounds.append((l, u))
+        relax.append(net.relax(l, u))
+        steps.append(_step_weights(net, k, _act_abs(net, *bounds[-2]), l, u))
+    Lam = A @ net.W[-1]
+    const = A @ net.b[-1]
+    # the rounding of A @ W[-1] and A @ b[-1] as they act on the last layer (as
+    # product_rounding): gamma_m (|A| |W[-1]| |a_h| + |A| |b[-1]|) per box and row
+    a_h = _act_abs(net, *bounds[-1]) if bounds else np.abs(c) + rad
+    absA = np.abs(A)
+    lam_err = margin_rows_rounding(A.shape[1], (a_h @ net.absWT[-1]) @ absA.T,
+                                   (absA @ net.absb[-1])[None, :])
+    lb, LamX, cst = _lower(net.W, net.b, net.absb, relax, net.zero_bL,
+                           np.broadcast_to(Lam[None], (N,) + Lam.shape),
+                           np.broadcast_to(const[None], (N, A.shape[0])), c, rad, steps,
+                           net.fp_rtol, lam_err)
+    return lb, {"Lam": LamX, "const": cst, "bounds": bounds,
+                "state": (relax, steps, a_h, c, rad)}
+
+
+def _alpha_steer(net, relax, unst, lam_h, const_h, lo, hi, iters, lr):
+    """Projected Adam ascent (float64, steering only: nothing here is sound) of the lower
+    bound of one row per box, ``lam_h a_h + const_h`` (N, n_h), N, over the free lower slopes
+    in [0, 1] of the unstable ReLUs (``unst[k]`` (N, n_k)), the other slopes and every
+    intermediate bound fixed. Returns the best slopes seen per layer (N, n_k) (CROWN's where
+    nothing improved).
+
+    The bound is ``Lam_x . x* + const`` with x* the minimising corner; its derivative in the
+    lower slope of neuron j of layer k (used where the row's coefficient Lam_kj >= 0) is
+    ``Lam_kj z_kj(x*)``, z_k the layer's pre-activation through the chosen relaxation lines
+    (one forward pass at x*)."""
+    H = len(relax)
+    alpha = [np.where(unst[k], relax[k][2], 0.0) for k in range(H)]
+    best_a = [a.copy() for a in alpha]
+    best = np.full(lam_h.shape[0], -np.inf)
+    m1 = [np.zeros_like(a) for a in alpha]
+    m2 = [np.zeros_like(a) for a in alpha]
+    b1, b2, eps = 0.9, 0.999, 1e-12
+    for it in range(iters + 1):
+        Lam, const = lam_h, const_h.copy()
+        lams, slopes, icpts = [None] * H, [None] * H, [None] * H
+        for k in range(H - 1, -1, -1):
+            aU, bU, aL, bL = relax[k]
+            neg = Lam < 0.0
+            sl = np.where(neg, aU, np.where(unst[k], alpha[k], aL))
+            ic = np.where(neg, bU, bL)
+            lams[k], slopes[k], icpts[k] = Lam, sl, ic
+            D = Lam * sl
+            const = const + np.sum(Lam * ic, axis=1) + D @ net.b[k]
+            Lam = D @ net.W[k]
+        x = np.where(Lam > 0.0, lo, hi)
+        val = np.sum(Lam * x, axis=1) + const
+        better = val > best
+        best[better] = val[better]
+        for k in range(H):
+            best_a[k][better] = alpha[k][better]
+        if it == iters:
+            break
+        g = x
+        for k in range(H):
+            z = g @ net.WT[k] + net.b[k]
+            grad = np.where(unst[k] & (lams[k] >= 0.0), lams[k] * z, 0.0)
+            g = slopes[k] * z + icpts[k]
+            m1[k] = b1 * m1[k] + (1 - b1) * grad
+            m2[k] = b2 * m2[k] + (1 - b2) * grad * grad
+            mh = m1[k] / (1 - b1 ** (it + 1))
+            vh = m2[k] / (1 - b2 ** (it + 1))
+            step = np.clip(alpha[k] + lr * mh / (np.sqrt(vh) + eps), 0.0, 1.0)
+            alpha[k] = np.where(unst[k] & np.isfinite(step), step, alpha[k])
+    return best_a
+
+
+def alpha_row_bound(net, info, lo, hi, A, rows, iters: int = 10, lr: float = 0.3):
+    """A float64-verified lower bound of ``A[rows[j]] f(x)`` over box j with the unstable
+    ReLUs' lower slopes optimised for that row (alpha-CROWN on the last layer: the hidden
+    layers' bounds are those of ``info``, from :func:`batch_lower_bounds` on the same boxes
+    and A). ReLU networks only. The slopes come from :func:`_alpha_steer`; the bound is then
+    computed by :func:`_lower` exactly as :func:`batch_lower_bounds` computes the rows' (any
+    slope in [0, 1] gives a valid lower line ``a z <= relu(z)``; the rounding charges hold for
+    any slopes, as for the chord's). Returns (lb (N,), the row's input coefficients (N, d),
+    the relaxation used: per hidden layer (aU, bU, aL, bL), each (N, n_k))."""
+    relax, steps, a_h, c, rad = info["state"]
+    lo = np.broadcast_to(lo, c.shape)
+    hi = np.broadcast_to(hi, c.shape)
+    unst = [(l < 0.0) & (u > 0.0) for l, u in info["bounds"]]
+    a = A[rows]  # (N, n_out)
+    lam_h = a @ net.W[-1]
+    const_h = a @ net.b[-1]
+    alpha = _alpha_steer(net, relax, unst, lam_h, const_h, lo, hi, iters, lr)
+    relax2 = [(aU, bU, np.where(un, al, aL), bL)
+              for (aU, bU, aL, bL), un, al in zip(relax, unst, alpha)]
+    absa = np.abs(a)
+    lam_err = margin_rows_rounding(A.shape[1], np.sum((a_h @ net.absWT[-1]) * absa, axis=1),
+                                   absa @ net.absb[-1])
+    lb, LamX, _ = _lower(net.W, net.b, net.absb, relax2, net.zero_bL, lam_h[:, None, :],
+                            const_h[:, None], c, rad, steps, net.fp_rtol, lam_err[:, None])
+    return lb[:, 0], LamX[:, 0], relax2
+
+
+def _concat_info(infos):
+    """The infos of :func:`batch_lower_bounds` on consecutive blocks of boxes, as one."""
+    if len(infos) == 1:
+        return infos[0]
+    cat = np.concatenate
+    out = {k: cat([i[k] for i in infos]) for k in ("Lam", "const")}
+    out["bounds"] = [(cat([i["bounds"][k][0] for i in infos]),
+                      cat([i["bounds"][k][1] for i in infos]))
+                     for k in range(len(infos[0]["bounds"]))]
+    st = [i["state"] for i in infos]
+    relax = [tuple(cat([s[0][k][q] for s in st]) for q in range(4)) for k in range(len(st[0][0]))]
+    steps = [tuple(cat([s[1][k][q] for s in st]) for q in range(2)) for k in range(len(st[0][1]))]
+    out["state"] = (relax, steps) + tuple(cat([s[q] for s in st]) for q in (2, 3, 4))
+    return out
+
+
+def _bound_blocked(net, lo, hi, A, block, parent_bounds=None, skip_stable=True):
+    """batch_lower_bounds over blocks of ``block`` boxes (keeps the temporaries small); the
+    blocks' infos concatenated."""
+    N = lo.shape[0]
+    if N <= block:
+        return batch_lower_bounds(None, None, lo, hi, A, net=net, parent_bounds=parent_bounds,
+                                  skip_stable=skip_stable)
+    lbs, infos = [], []
+    for s in range(0, N, block):
+        sl = slice(s, min(N, s + block))
+        pb = None if parent_bounds is None else [(l[sl], u[sl]) for l, u in parent_bounds]
+        lb, info = batch_lower_bounds(None, None, lo[sl], hi[sl], A, net=net, parent_bounds=pb,
+                                      skip_stable=skip_stable)
+        lbs.append(lb)
+        infos.append(info)
+    return np.concatenate(lbs), _concat_info(infos)
+
+
+def _take_info(info, idx):
+    """The info of the boxes ``idx`` (an index array or mask) only."""
+    relax, steps, a_h, c, rad = info["state"]
+    return {"Lam": info["Lam"][idx], "const": info["const"][idx],
+            "bounds": [(l[idx], u[idx]) for l, u in info["bounds"]],
+            "state": ([tuple(v[idx] for v in r) for r in relax],
+                      [tuple(v[idx] for v in t) for t in steps], a_h[idx], c[idx], rad[idx])}
+
+
