@@ -33,6 +33,7 @@ from typing import Callable, List, Optional
 import numpy as np
 
 from crown_cli.activations import ACTIVATIONS
+from crown_cli.engine.optim import AdamSettings, KeyedAdam
 from crown_cli.engine.backsub import Network, _mm, back_substitute, first_layer_center, hidden_layer_bounds
 from crown_cli.engine.input_sets import Box, input_terms
 from crown_cli.engine.rounding import widen as _widen, rounding_weights
@@ -365,30 +366,6 @@ def chain_backward(net: Network, relax: List[LayerRelax], tape: Tape, w):
     return galphas, gl, gu
 
 
-class _Adam:
-    """Projected Adam ascent on slope blocks stored densely per (quantity, layer)."""
-
-    B1, B2, EPS = 0.9, 0.999, 1e-8
-
-    def __init__(self):
-        self.m, self.v, self.t = {}, {}, {}
-
-    def step(self, key, value, grad, idx, lr, lo, hi):
-        """Update ``value[idx]`` (float32 dense store) by ascent along ``grad``."""
-        if key not in self.m:
-            self.m[key] = np.zeros_like(value)
-            self.v[key] = np.zeros_like(value)
-            self.t[key] = 0
-        self.t[key] += 1
-        t = self.t[key]
-        m = self.m[key][idx] * self.B1 + (1 - self.B1) * grad
-        v = self.v[key][idx] * self.B2 + (1 - self.B2) * grad * grad
-        self.m[key][idx], self.v[key][idx] = m, v
-        mh = m / (1 - self.B1 ** t)
-        vh = v / (1 - self.B2 ** t)
-        value[idx] = np.clip(value[idx] + lr * mh / (np.sqrt(vh) + self.EPS), lo, hi)
-
-
 class AlphaBounds:
     """alpha-CROWN bounds of the margins ``C @ f(x)`` for one image, slopes kept across radii.
 
@@ -411,7 +388,8 @@ class AlphaBounds:
                  act_bound=None, store_dtype=np.float32, joint=None, activation=None):
         # activation: "tanh", "sigmoid" or "arctan" for free tangent points (SmoothRelax);
         # otherwise ReLU / leaky ReLU (slope leak) with free slopes (LayerRelax)
-        self.smooth = activation if ACTIVATIONS[activation].smooth else None
+        self.smooth = activation if activation in ACTIVATIONS and ACTIVATIONS[activation].smooth \
+            else None
         # smooth activations: each intermediate bound for itself by default. Both are
         # implemented (SmoothRelax.backward differentiates the lines in (l, u)); measured on
         # MNIST 3x[1024] (l_inf, runner-up, images 0-2, radius gain over CROWN): tanh joint
@@ -451,7 +429,7 @@ class AlphaBounds:
                 self.store[(k, i)] = np.full((2, n[k], n[i]), np.nan, store_dtype)
         for i in range(self.H):
             self.store[("m", i)] = np.full((C.shape[0], n[i]), np.nan, store_dtype)
-        self.adam = _Adam()
+        self.adam = KeyedAdam(AdamSettings())
         self._cover = None
         self.lam_m = C @ net.W[-1]
         self.const_m = C @ net.b[-1]

@@ -35,10 +35,13 @@ import numpy as np
 from crown_cli.activations import default_alpha, supporting
 from crown_cli.engine.input_sets import centre_radius
 from crown_cli.engine.kernels import batched_kernels
+from crown_cli.engine.optim import Adam, AdamSettings, BestIterate
 from crown_cli.engine.relaxations import relu_numpy
 from crown_cli.engine.rounding import (ERR_SAFETY, U64, final_sum_rtol, margin_rows_rounding,
                                        step_weights, widen)
 
+# the last-layer slope steering's Adam (float64; its own denominator guard)
+STEER_ADAM = AdamSettings(eps=1e-12)
 FULL_ROWS = 0.6  # skip_stable: above this share of unstable rows, back-substitute all rows
 
 
@@ -320,11 +323,8 @@ def _alpha_steer(net, relax, unst, lam_h, const_h, lo, hi, iters, lr):
     (one forward pass at x*)."""
     H = len(relax)
     alpha = [np.where(unst[k], relax[k][2], 0.0) for k in range(H)]
-    best_a = [a.copy() for a in alpha]
-    best = np.full(lam_h.shape[0], -np.inf)
-    m1 = [np.zeros_like(a) for a in alpha]
-    m2 = [np.zeros_like(a) for a in alpha]
-    b1, b2, eps = 0.9, 0.999, 1e-12
+    best = BestIterate(lam_h.shape[0], *alpha)
+    opt = [Adam(a, STEER_ADAM, lo=0.0, hi=1.0) for a in alpha]
     for it in range(iters + 1):
         Lam, const = lam_h, const_h.copy()
         lams, slopes, icpts = [None] * H, [None] * H, [None] * H
@@ -339,10 +339,7 @@ def _alpha_steer(net, relax, unst, lam_h, const_h, lo, hi, iters, lr):
             Lam = D @ net.W[k]
         x = np.where(Lam > 0.0, lo, hi)
         val = np.sum(Lam * x, axis=1) + const
-        better = val > best
-        best[better] = val[better]
-        for k in range(H):
-            best_a[k][better] = alpha[k][better]
+        best.offer(val, *alpha)
         if it == iters:
             break
         g = x
@@ -350,13 +347,9 @@ def _alpha_steer(net, relax, unst, lam_h, const_h, lo, hi, iters, lr):
             z = g @ net.WT[k] + net.b[k]
             grad = np.where(unst[k] & (lams[k] >= 0.0), lams[k] * z, 0.0)
             g = slopes[k] * z + icpts[k]
-            m1[k] = b1 * m1[k] + (1 - b1) * grad
-            m2[k] = b2 * m2[k] + (1 - b2) * grad * grad
-            mh = m1[k] / (1 - b1 ** (it + 1))
-            vh = m2[k] / (1 - b2 ** (it + 1))
-            step = np.clip(alpha[k] + lr * mh / (np.sqrt(vh) + eps), 0.0, 1.0)
+            step = opt[k].propose(alpha[k], grad, it + 1, lr)
             alpha[k] = np.where(unst[k] & np.isfinite(step), step, alpha[k])
-    return best_a
+    return best.params
 
 
 def alpha_row_bound(net, info, lo, hi, A, rows, iters: int = 10, lr: float = 0.3):
