@@ -1,9 +1,17 @@
-"""Elementwise activation functions (numpy), used to evaluate networks outside the bound engine.
+"""One record per activation: what it computes and what the tool can do with it.
 
-Some activations take a parameter ``alpha``: the negative-side slope of leaky ReLU, the scale
-of ELU's negative side, the slope of hard sigmoid's linear piece.
+Every activation the loaders accept has one :class:`Activation` in :data:`ACTIVATIONS`:
+its function and derivative (numpy, float64, for forward passes and attacks), its default
+parameter (the negative-side slope of leaky ReLU, the scale of ELU's negative side, the slope
+of hard sigmoid's linear piece) with the range the relaxations rely on, and the methods that
+support it. The linear relaxations themselves are the engine's
+(:mod:`crown_cli.engine.relaxations`, keyed by the same names). Code that asks "does this
+activation support X" asks its record (:func:`supporting`), never a list of its own.
 """
 from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Dict, Optional, Tuple
 
 import numpy as np
 
@@ -14,40 +22,110 @@ def _sigmoid(z):
     return 0.5 * (1.0 + np.tanh(0.5 * z))  # overflow-free form of 1 / (1 + exp(-z))
 
 
-def _elu(z, alpha):
-    return np.where(z > 0, z, alpha * np.expm1(np.minimum(z, 0.0)))
+def _elu(z, a):
+    return np.where(z > 0, z, a * np.expm1(np.minimum(z, 0.0)))
+
+
+def _elu_grad(z, a):
+    return np.where(z > 0, 1.0, a * np.exp(np.minimum(z, 0.0)))
 
 
 def _softplus(z):
     return np.logaddexp(0.0, z)  # log(1 + e^z) without overflow
 
 
-# name -> (function(z, alpha), default alpha or None)
-FUNCTIONS = {
-    "relu": (lambda z, a: np.maximum(z, 0.0), None),
-    "tanh": (lambda z, a: np.tanh(z), None),
-    "sigmoid": (lambda z, a: _sigmoid(z), None),
-    "arctan": (lambda z, a: np.arctan(z), None),
-    "linear": (lambda z, a: z, None),
-    # Keras' leaky_relu activation uses 0.2 (its LeakyReLU layer 0.3, read from the file)
-    "leaky_relu": (lambda z, a: np.where(z >= 0, z, a * z), 0.2),
-    "elu": (_elu, 1.0),
-    "softplus": (lambda z, a: _softplus(z), None),
+def _hard_sigmoid_grad(z, a):
+    y = a * z + 0.5
+    return np.where((y > 0.0) & (y < 1.0), a, 0.0)
+
+
+@dataclass(frozen=True)
+class Activation:
+    """An elementwise activation and what supports it.
+
+    ``function(z, param)`` and ``derivative(z, param)`` are numpy, elementwise; at a kink the
+    derivative is one value of the subdifferential (an attack only needs a descent direction).
+    ``param`` is the activation's parameter (``default_param`` when the file gives none;
+    None for parameter-free activations); ``param_range`` = (low, high, low included) is the
+    range the relaxations are valid for (high included).
+    Capabilities:
+    ``bound``: the engine has a CROWN relaxation (every activation but ``linear``);
+    ``fast_lin``: the non-adaptive methods (``fast-lin``, the comparison methods);
+    ``sign_stable``: piecewise linear with one kink at 0, so a stable neuron's relaxation is
+    fixed by the sign of z and an unstable neuron's is valid on every sub-interval
+    (:mod:`crown_cli.engine.stability` relies on both);
+    ``alpha_crown``: optimised lower slopes (ReLU-type) or tangent points (``smooth``);
+    ``smooth``: S-shaped (tanh, sigmoid, arctan): tangent-line relaxations;
+    ``bab``: branch and bound in ``crown verify`` (input and ReLU splitting);
+    ``numpy_twin``: a plain-numpy relaxation exists (bounds without importing numba).
+    """
+
+    name: str
+    function: Callable[[np.ndarray, Optional[float]], np.ndarray]
+    derivative: Callable[[np.ndarray, Optional[float]], np.ndarray]
+    default_param: Optional[float] = None
+    param_range: Optional[Tuple[float, float, bool]] = None
+    bound: bool = True
+    fast_lin: bool = False
+    sign_stable: bool = False
+    alpha_crown: bool = False
+    smooth: bool = False
+    bab: bool = False
+    numpy_twin: bool = False
+
+
+_RELU_TYPE = dict(fast_lin=True, sign_stable=True, alpha_crown=True, bab=True, numpy_twin=True)
+_S_SHAPED = dict(alpha_crown=True, smooth=True)
+
+ACTIVATIONS: Dict[str, Activation] = {a.name: a for a in (
+    Activation("relu", lambda z, a: np.maximum(z, 0.0), lambda z, a: (z > 0).astype(np.float64),
+               **_RELU_TYPE),
+    # Keras' leaky_relu activation uses 0.2 (its LeakyReLU layer 0.3, read from the file);
+    # slope at most 1: the relaxations take the chord above and a line below
+    Activation("leaky_relu", lambda z, a: np.where(z >= 0, z, a * z),
+               lambda z, a: np.where(z >= 0, 1.0, a), default_param=0.2,
+               param_range=(0.0, 1.0, True), **_RELU_TYPE),
+    Activation("tanh", lambda z, a: np.tanh(z), lambda z, a: 1.0 - np.tanh(z) ** 2, **_S_SHAPED),
+    Activation("sigmoid", lambda z, a: _sigmoid(z),
+               lambda z, a: _sigmoid(z) * (1.0 - _sigmoid(z)), **_S_SHAPED),
+    Activation("arctan", lambda z, a: np.arctan(z), lambda z, a: 1.0 / (1.0 + z * z), **_S_SHAPED),
+    Activation("linear", lambda z, a: z, lambda z, a: np.ones_like(z), bound=False),
+    # ELU convex (scale in (0, 1]) for its relaxation
+    Activation("elu", _elu, _elu_grad, default_param=1.0, param_range=(0.0, 1.0, False)),
+    Activation("softplus", lambda z, a: _softplus(z), lambda z, a: _sigmoid(z)),
     # Keras 2: clip(0.2 z + 0.5, 0, 1); Keras 3 uses slope 1/6 (relu6(z + 3) / 6)
-    "hard_sigmoid": (lambda z, a: np.clip(a * z + 0.5, 0.0, 1.0), 0.2),
-}
+    Activation("hard_sigmoid", lambda z, a: np.clip(a * z + 0.5, 0.0, 1.0), _hard_sigmoid_grad,
+               default_param=0.2, param_range=(0.0, float("inf"), False)),
+)}
+
+
+def get(name: str) -> Activation:
+    """The record of ``name``, or an InputError listing the known ones."""
+    try:
+        return ACTIVATIONS[name]
+    except KeyError:
+        raise InputError(f"unknown activation '{name}' (known: {', '.join(ACTIVATIONS)})") from None
+
+
+def supporting(capability: str) -> Tuple[str, ...]:
+    """The names of the activations with ``capability`` (a boolean field of
+    :class:`Activation`), in registry order."""
+    return tuple(n for n, a in ACTIVATIONS.items() if getattr(a, capability))
 
 
 def default_alpha(name: str):
-    return FUNCTIONS[name][1]
+    """The default parameter of activation ``name`` (None if it takes none)."""
+    return ACTIVATIONS[name].default_param
 
 
 def apply_activation(name: str, z: np.ndarray, alpha=None) -> np.ndarray:
-    try:
-        fn, default = FUNCTIONS[name]
-    except KeyError:
-        raise InputError(f"unknown activation '{name}'") from None
-    return fn(z, default if alpha is None else alpha)
+    act = get(name)
+    return act.function(z, act.default_param if alpha is None else alpha)
+
+
+def derivative(name: str, z: np.ndarray, alpha=None) -> np.ndarray:
+    act = get(name)
+    return act.derivative(z, act.default_param if alpha is None else alpha)
 
 
 def forward(weights, biases, activation: str, x: np.ndarray, alpha=None) -> np.ndarray:

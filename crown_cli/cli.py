@@ -140,7 +140,9 @@ def choose_kernels(requested: str, activation: str, shapes, runs: int) -> str:
     """The kernels of a certify run: ``requested``, or for 'auto' numpy when the activation
     has a numpy relaxation and ``runs`` certifications fit NUMPY_BUDGET, else numba.
     InputError for numpy kernels on an activation whose relaxation needs numba."""
-    from crown_cli.engine.relaxations import NUMPY_TWINS
+    from crown_cli.activations import supporting
+
+    NUMPY_TWINS = supporting("numpy_twin")
 
     if requested == "numpy" and activation not in NUMPY_TWINS:
         raise InputError(f"--kernels numpy: the {activation} relaxation needs numba (numpy "
@@ -286,7 +288,7 @@ def certify(model_path, images_path, labels_path, num_images, start, norm, metho
     from crown_cli.io.result_files import OutputJob, format_for, parse_shard, shard_indices
     from crown_cli.io.provenance import option_values
     from crown_cli.certification.certifier import Certifier, parse_norm
-    from crown_cli.engine.backsub import using_kernels
+    from crown_cli.engine.kernels import using_kernels
     from crown_cli.certification.methods import names as other_method_names
     from crown_cli.io.images import labels_source, load_images
     from crown_cli.io.models import load_model

@@ -22,7 +22,8 @@ from conftest import model_path
 from crown_cli.engine.alpha_crown import AlphaBounds, LayerRelax, chain, chain_backward
 from crown_cli.certification.certifier import Certifier
 from crown_cli.cli import cli
-from crown_cli.engine.backsub import Box, Network, first_layer_center, margin_lower_bound
+from crown_cli.engine.backsub import Network, first_layer_center, margin_lower_bound
+from crown_cli.engine.input_sets import Box
 from crown_cli.errors import InputError
 from crown_cli.io.images import load_images
 from crown_cli.io.models import load_model

@@ -7,6 +7,8 @@ import pytest
 
 from crown_cli.verification.bab import input_split as bab
 from crown_cli.engine import backsub as crown
+from crown_cli.engine.input_sets import Box
+from crown_cli.engine.kernels import using_kernels
 from crown_cli.engine.relaxations import get_relaxation
 from oracles import _Builder, _encode_relu_layers, mlp_forward, neuron_bounds, random_mlp
 
@@ -32,7 +34,7 @@ def test_batch_equals_engine_per_box(activation, alpha, seed):
     net = crown.Network(ws, bs)
     relax = get_relaxation(activation, "crown", alpha)
     for j in range(9):  # the oracle: the engine's own per-box bound, one box at a time
-        ref, bounds = crown.margin_lower_bound(net, *crown.Box(lo[j], hi[j]).args(), relax, A,
+        ref, bounds = crown.margin_lower_bound(net, *Box(lo[j], hi[j]).args(), relax, A,
                                                return_bounds=True)
         np.testing.assert_allclose(lb[j], ref, rtol=1e-9, atol=1e-12)
         for (l, u), (bl, bu) in zip(bounds, info["bounds"]):
@@ -196,7 +198,7 @@ def test_alpha_row_bound_covers_the_exact_value_of_its_own_slopes():
                   for aU, bU, aL, bL in relax]
             fractional += sum(int(np.sum((r.aL > 0.0) & (r.aL < 1.0))) for r in rl)
             (coef, c), = exact_chain(cnet, rl, [lam], [const], -1)
-            S = InputSet(0.5 * (lo[j] + hi[j]), box=crown.Box(lo[j], hi[j]))
+            S = InputSet(0.5 * (lo[j] + hi[j]), box=Box(lo[j], hi[j]))
             assert S.covers(la[j], coef, c, -1), (i, j)
     assert fractional > 0  # the check has fractional slopes to cover
 
@@ -269,13 +271,13 @@ def test_input_split_against_milp(d, hidden, n_out, m, seed, split):
     b = np.full(m, v_dual - delta)
     res = bab.input_split(ws, bs, "relu", None, lo, hi, A, b, deadline, split=split,
                           max_domains=100_000, batch=256)
-    assert res.result == "unsat", res
+    assert res.verdict == "unsat", res
     assert res.x is None and res.domains >= 1
     # just false: the MILP's point has every row <= v_at < b
     b = np.full(m, v_at + delta)
     res = bab.input_split(ws, bs, "relu", None, lo, hi, A, b, deadline, split=split,
                           max_domains=100_000, batch=256)
-    assert res.result == "sat", res
+    assert res.verdict == "sat", res
     x = res.x
     assert np.all(x >= lo) and np.all(x <= hi)
     assert np.all(A @ mlp_forward(ws, bs, "relu", x) <= b)
@@ -292,7 +294,7 @@ def test_input_split_options_against_milp(d, hidden, n_out, m, seed, opts):
     for b0, want in ((v_dual - delta, "unsat"), (v_at + delta, "sat")):
         res = bab.input_split(ws, bs, "relu", None, lo, hi, A, np.full(m, b0),
                               time.monotonic() + 600.0, max_domains=100_000, **opts)
-        assert res.result == want, res
+        assert res.verdict == want, res
         if want == "sat":
             assert np.all(A @ mlp_forward(ws, bs, "relu", res.x) <= b0)
 
@@ -309,8 +311,8 @@ def test_input_split_never_contradicts_on_tight_thresholds():
                           (v_at + 1e-7 * (1 + abs(v_at)), "unsat")):
         res = bab.input_split(ws, bs, "relu", None, lo, hi, A, np.full(2, b0),
                               time.monotonic() + 600.0, max_domains=3000, batch=128)
-        assert res.result != forbidden
-        if res.result == "sat":
+        assert res.verdict != forbidden
+        if res.verdict == "sat":
             assert np.all(A @ mlp_forward(ws, bs, "relu", res.x) <= b0)
 
 
@@ -323,11 +325,11 @@ def test_input_split_caps_and_deadline():
     b = np.array([v - 1e-9])  # hard to decide: needs many boxes either way
     res = bab.input_split(ws, bs, "relu", None, lo, hi, A, b, time.monotonic() + 600.0,
                           max_domains=4, batch=2)
-    assert res.result in ("unknown", "sat")
-    if res.result == "unknown":
-        assert res.worst is not None and res.worst <= 0.0
+    assert res.verdict in ("unknown", "sat")
+    if res.verdict == "unknown":
+        assert res.worst_bound <= 0.0
     res = bab.input_split(ws, bs, "relu", None, lo, hi, A, b, time.monotonic() - 1.0)
-    assert res.result == "timeout"
+    assert res.verdict == "timeout"
 
 
 def test_input_split_unsplittable_box_is_unknown_not_a_crash():
@@ -338,10 +340,10 @@ def test_input_split_unsplittable_box_is_unknown_not_a_crash():
     # a point box: decided by its bound or its centre, never split
     res = bab.input_split(ws, bs, "relu", None, x, x, A, [y[0] - y[1] + 1e-9],
                           time.monotonic() + 60.0)
-    assert res.result == "sat" and np.array_equal(res.x, x)
+    assert res.verdict == "sat" and np.array_equal(res.x, x)
     res = bab.input_split(ws, bs, "relu", None, x, x, A, [y[0] - y[1] - 1e-6],
                           time.monotonic() + 60.0)
-    assert res.result == "unsat"
+    assert res.verdict == "unsat"
 
 
 def test_numba_and_numpy_scaling_agree():
@@ -352,9 +354,9 @@ def test_numba_and_numpy_scaling_agree():
     lo, hi = random_boxes(rng, 10, 4)
     A = rng.standard_normal((2, 3))
     for activation, alpha in (("relu", None), ("leaky_relu", 0.3)):
-        with crown.using_kernels("numba"):
+        with using_kernels("numba"):
             a, ia = bab.batch_lower_bounds(ws, bs, lo, hi, A, activation, alpha)
-        with crown.using_kernels("numpy"):
+        with using_kernels("numpy"):
             b, ib = bab.batch_lower_bounds(ws, bs, lo, hi, A, activation, alpha)
         np.testing.assert_allclose(a, b, rtol=1e-12, atol=1e-12)
         np.testing.assert_allclose(ia["Lam"], ib["Lam"], rtol=1e-12, atol=1e-12)
@@ -377,7 +379,7 @@ def test_batched_bounds_charge_product_rounding_on_cancelling_networks():
         his = np.array([x0 + 0.5 * eps, x0 + eps, x0 + eps])
         lb, _ = bab.batch_lower_bounds(W, b, los, his, np.array([[1.0]]))
         for j in range(3):
-            S = InputSet(x0, box=crown.Box(los[j], his[j]))
+            S = InputSet(x0, box=Box(los[j], his[j]))
             net = crown.Network(W, b)
             assert _exact_stable(net, S)
             _, relax = crown.hidden_layer_bounds(net, *S.args(), fn)
@@ -403,4 +405,4 @@ def test_input_split_nan_bounds_prove_nothing(monkeypatch):
                             np.full(rows.shape[0], np.nan), None, None))
     res = bab.input_split(ws, bs, "relu", None, lo, hi, A, np.array([-1e6]),
                           time.monotonic() + 60.0, max_domains=50)
-    assert res.result in ("unknown", "timeout")
+    assert res.verdict in ("unknown", "timeout")

@@ -55,7 +55,8 @@ def test_untargeted_is_the_minimum_over_targets():
 def _float32_vs_float64(W, b, x0, eps, norm):
     """Per hidden layer k >= 1: its bounds computed in float32 with their rounding bound, and
     in float64 from the same (float32-built) relaxations of layers < k."""
-    from crown_cli.engine.backsub import NORMS, back_substitute, hidden_layer_bounds
+    from crown_cli.engine.backsub import back_substitute, hidden_layer_bounds
+    from crown_cli.engine.input_sets import NORMS
 
     cert = Certifier(W, b, "relu", norm=norm)
     q = NORMS[cert.norm]

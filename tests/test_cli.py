@@ -13,7 +13,7 @@ import pytest
 from click.testing import CliRunner
 
 from conftest import ROOT, model_path
-from crown_cli.engine import backsub as crown
+from crown_cli.engine.kernels import using_kernels
 from crown_cli.certification.certifier import Certifier
 from crown_cli.cli import cli
 from crown_cli.io.models import load_model, save_npz
@@ -46,7 +46,7 @@ def test_certify_writes_the_documented_csv(tmp_path):
     mlp = load_model(SMALL)
     # the same kernels as the run (--kernels auto), as recorded in its sidecar
     kernels = json.loads((tmp_path / "r.csv.json").read_text())["runs"][-1]["kernels"]
-    with crown.using_kernels(kernels):
+    with using_kernels(kernels):
         cert = Certifier(mlp.weights, mlp.biases, mlp.activation)
     from crown_cli.io.images import load_images
 
@@ -64,7 +64,7 @@ def test_certify_writes_the_documented_csv(tmp_path):
     for i in range(3):
         r = by_type[i]["runner-up"]
         if r["status"] == "certified":
-            with crown.using_kernels(kernels):
+            with using_kernels(kernels):
                 direct = cert.certify(x[i], int(r["predicted"]), [int(r["target"])])
             assert float(r["eps"]) == direct.eps
             # untargeted is the minimum over all classes, so at most the runner-up's (within rtol)

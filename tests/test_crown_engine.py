@@ -4,11 +4,12 @@ import pytest
 
 from conftest import random_network
 from crown_cli.engine import backsub as crown
+from crown_cli.engine.input_sets import NORMS
 from crown_cli.engine.relaxations import get_relaxation
 from crown_cli.engine.relaxations.relu import relu_relaxation
 from reference_crown import reference_bounds, relu_relaxation_numpy
 
-CODES = crown.NORMS
+CODES = NORMS
 
 
 def engine_bounds(weights, biases, x0, eps, norm, method, C):

@@ -20,6 +20,9 @@ import pytest
 
 from conftest import random_network
 from crown_cli.engine import backsub as crown
+from crown_cli.engine.input_sets import Box, NORMS, input_abs_bound
+from crown_cli.engine.rounding import FP_RTOL, final_sum_rtol, rounding_weights
+from crown_cli.engine.kernels import KERNELS, using_kernels
 from crown_cli.activations import default_alpha
 from crown_cli.engine.relaxations import get_relaxation
 
@@ -44,7 +47,7 @@ class InputSet:
     def args(self):
         if self.box is not None:
             return self.box.args()
-        return self.x0, self.eps, crown.NORMS[self.norm]
+        return self.x0, self.eps, NORMS[self.norm]
 
     def covers(self, value, coef, const, side):
         """Is the float ``value`` <= min (side -1) / >= max (side +1) of coef . x + const over
@@ -127,12 +130,12 @@ def _sets(rng, d, eps):
     lo = x0 - rng.uniform(0.0, 2 * eps, d)
     hi = x0 + rng.uniform(0.0, 2 * eps, d)
     return [InputSet(x0, eps, "inf"), InputSet(x0, 4 * eps, "2"), InputSet(x0, 8 * eps, "1"),
-            InputSet(x0, box=crown.Box(lo, hi))]
+            InputSet(x0, box=Box(lo, hi))]
 
 
 # ----------------------------------------------------------------------------- random networks
 
-@pytest.mark.parametrize("kern", crown.KERNELS)
+@pytest.mark.parametrize("kern", KERNELS)
 @pytest.mark.parametrize("activation,method", [("relu", "crown"), ("relu", "fast-lin"),
                                                ("leaky_relu", "crown"), ("tanh", "crown")])
 @pytest.mark.parametrize("seed", [0, 1])
@@ -142,7 +145,7 @@ def test_random_networks_cover_the_exact_relaxation_bound(kern, activation, meth
     W, b = random_network(sizes, seed)
     net = crown.Network(W, b)
     C = rng.normal(size=(2, 3))  # general rows: C @ W[-1] rounds (product_rounding)
-    with crown.using_kernels(kern):
+    with using_kernels(kern):
         fn = get_relaxation(activation, method, default_alpha(activation))
         for S in _sets(rng, sizes[0], 0.05):
             check_engine_against_exact(net, fn, S, C)
@@ -200,8 +203,8 @@ def _old_and_new(net, relax, w, S):
     x0, eps, q = S.args()
     steps = []
     for i, rl in enumerate(relax):
-        a_prev = crown.input_abs_bound(x0, eps, q) if i == 0 else relax[i - 1].abs_bound()
-        steps.append(crown.rounding_weights(net, i, a_prev, rl.l, rl.u, unit=U64)[0])
+        a_prev = input_abs_bound(x0, eps, q) if i == 0 else relax[i - 1].abs_bound()
+        steps.append(rounding_weights(net, i, a_prev, rl.l, rl.u, unit=U64)[0])
     zero = np.zeros(1)
     old_l, old_u, _, _ = crown.back_substitute(net, relax, w, zero, x0, eps, q, err=steps)
     new_l, new_u = crown.back_substitute(net, relax, w, zero, x0, eps, q)
@@ -213,18 +216,18 @@ def cancelling_cases():
     for seed in range(12):
         W, b, x0, eps, w = cancelling_network(seed)
         sets = [InputSet(x0, eps, "inf"), InputSet(x0, eps, "2"), InputSet(x0, eps, "1"),
-                InputSet(x0, box=crown.Box(x0 - eps, x0 + 0.5 * eps))]
+                InputSet(x0, box=Box(x0 - eps, x0 + 0.5 * eps))]
         out += [(W, b, w, S) for S in sets]
     return out
 
 
-@pytest.mark.parametrize("kern", crown.KERNELS)
+@pytest.mark.parametrize("kern", KERNELS)
 def test_cancelling_networks_old_allowance_fails_new_bound_holds(kern):
     """On stable cancelling networks the exact range of the last row is known exactly. The
     old allowance misses the products' rounding (a bound on the wrong side of the exact
     range) on most of them; the new bound never does."""
     failures, excess = 0, []
-    with crown.using_kernels(kern):
+    with using_kernels(kern):
         fn = get_relaxation("relu", "crown")
         for W, b, w, S in cancelling_cases():
             net = crown.Network(W, b)
@@ -257,7 +260,7 @@ def test_cancelling_network_hidden_layers_and_deep_chains():
     net = crown.Network(W, b)
     C = np.array([[1.0, -1.0, 0.0], [0.5, 0.0, -1.0]])
     for S in (InputSet(x0, eps, "inf"), InputSet(x0, eps, "2"), InputSet(x0, eps, "1"),
-              InputSet(x0, box=crown.Box(x0 - eps, x0 + eps))):
+              InputSet(x0, box=Box(x0 - eps, x0 + eps))):
         check_engine_against_exact(net, get_relaxation("relu", "crown"), S, C)
 
 
@@ -295,18 +298,18 @@ def test_rounding_weights_units():
     net = crown.Network(W, b)
     a = np.ones(4)
     lo, hi = -np.ones(6), np.ones(6)
-    v32, t32 = crown.rounding_weights(net, 0, a, lo, hi)
-    v64, t64 = crown.rounding_weights(net, 0, a, lo, hi, unit=U64)
+    v32, t32 = rounding_weights(net, 0, a, lo, hi)
+    v64, t64 = rounding_weights(net, 0, a, lo, hi, unit=U64)
     assert np.all(v64 > 0) and np.all(v64 * 2.0 ** 28 < v32) and t64 < t32
     with pytest.raises(ValueError):
-        crown.rounding_weights(net, 0, a, lo, hi, unit=1e-3)
+        rounding_weights(net, 0, a, lo, hi, unit=1e-3)
 
 
 def test_final_sum_allowance_grows_only_past_its_limit():
     small = [np.zeros((3, 5)), np.zeros((2, 3))]
-    assert crown.final_sum_rtol(small) == crown.FP_RTOL
+    assert final_sum_rtol(small) == FP_RTOL
     wide = [np.zeros((1, 2 ** 21)), np.zeros((2, 1))]  # 2**21 inputs: gamma_N > 2**-32 / 2
-    assert crown.final_sum_rtol(wide) > 2 * (2 ** 21 * U64)
+    assert final_sum_rtol(wide) > 2 * (2 ** 21 * U64)
 
 
 def test_comparison_methods_refuse_networks_past_their_allowance():

@@ -4,6 +4,7 @@ import pytest
 
 from conftest import random_network
 from crown_cli.engine import backsub as crown
+from crown_cli.engine.input_sets import Box, NORMS
 from crown_cli.activations import forward
 from crown_cli.engine.relaxations import get_relaxation
 
@@ -13,7 +14,7 @@ def test_box_center_radius_contain_the_box():
     lo = rng.normal(size=1000) * 10.0 ** rng.integers(-8, 8, 1000)
     hi = lo + np.abs(rng.normal(size=1000)) * 10.0 ** rng.integers(-12, 4, 1000)
     hi[:5] = lo[:5]  # degenerate coordinates
-    box = crown.Box(lo, hi)
+    box = Box(lo, hi)
     assert np.all(box.center - box.radius <= lo) and np.all(box.center + box.radius >= hi)
     # exactly: no float64 rounding in the check (Fraction arithmetic)
     from fractions import Fraction
@@ -27,7 +28,7 @@ def test_box_center_radius_contain_the_box():
                                  (np.zeros(3), np.ones(4))])
 def test_box_rejects_bad_bounds(bad):
     with pytest.raises(ValueError):
-        crown.Box(*bad)
+        Box(*bad)
 
 
 @pytest.mark.parametrize("seed", range(4))
@@ -38,8 +39,8 @@ def test_uniform_box_equals_linf_ball(seed):
     rng = np.random.default_rng(seed)
     x0, eps = rng.normal(size=6), 0.15
     C = np.array([[1.0, -1.0, 0.0], [1.0, 0.0, -1.0]])
-    ball = crown.margin_lower_bound(net, x0, eps, crown.NORMS["inf"], fn, C)
-    box = crown.Box(x0 - eps, x0 + eps)
+    ball = crown.margin_lower_bound(net, x0, eps, NORMS["inf"], fn, C)
+    box = Box(x0 - eps, x0 + eps)
     viabox = crown.margin_lower_bound(net, *box.args(), fn, C)
     assert np.allclose(ball, viabox, rtol=1e-9, atol=1e-9)
 
@@ -54,7 +55,7 @@ def test_box_bounds_hold_on_samples(act, seed):
     lo = rng.normal(size=5)
     hi = lo + rng.uniform(0.0, 0.6, size=5)
     hi[0] = lo[0]  # one fixed input
-    box = crown.Box(lo, hi)
+    box = Box(lo, hi)
     C = rng.normal(size=(3, 4))
     lb = crown.margin_lower_bound(net, *box.args(), fn, C)
     hidden, _ = crown.hidden_layer_bounds(net, *box.args(), fn)

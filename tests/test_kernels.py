@@ -5,6 +5,7 @@ import pytest
 
 from conftest import random_network
 from crown_cli.engine import backsub as crown
+from crown_cli.engine.kernels import KERNELS, kernels, kernels_backend, set_kernels, using_kernels
 from crown_cli.engine.kernels import backsub as nb
 from crown_cli.engine.kernels import backsub_numpy as vn
 from crown_cli.certification.certifier import Certifier
@@ -141,11 +142,11 @@ def _closes_over(fn):
 
 def test_registry_follows_the_kernels():
     l, u = np.array([-1.0, 0.5]), np.array([2.0, 1.0])
-    with crown.using_kernels("numpy"):
-        assert crown.kernels_backend() == "numpy" and crown.kernels() is vn
+    with using_kernels("numpy"):
+        assert kernels_backend() == "numpy" and kernels() is vn
         relu_fn = get_relaxation("relu", "crown")
         leaky_fn = get_relaxation("leaky_relu", "fast-lin", 0.1)
-    assert crown.kernels_backend() == "numba" and crown.kernels() is nb
+    assert kernels_backend() == "numba" and kernels() is nb
     assert relu_numpy.relu_relaxation in _closes_over(relu_fn)
     assert relu_numpy.leaky_relu_relaxation in _closes_over(leaky_fn)
     assert relu.relu_relaxation in _closes_over(get_relaxation("relu", "crown"))
@@ -153,7 +154,7 @@ def test_registry_follows_the_kernels():
     for a, b in zip(relu_fn(l, u), relu.relu_relaxation(l, u, True)):
         assert np.array_equal(a, b)
     with pytest.raises(ValueError, match="unknown kernels 'cuda'"):
-        crown.set_kernels("cuda")
+        set_kernels("cuda")
 
 
 # ----------------------------------------------------------------------------- certify
@@ -170,8 +171,8 @@ def test_certify_gives_the_same_eps_with_either_kernels(activation, precision, n
     ws, bs = random_network([40, 32, 24, 16, 6], seed=11)
     x = np.random.default_rng(5).uniform(-0.5, 0.5, (6, 40))
     eps = {}
-    for backend in crown.KERNELS:
-        with crown.using_kernels(backend):
+    for backend in KERNELS:
+        with using_kernels(backend):
             cert = Certifier(ws, bs, activation, norm=norm, precision=precision, rtol=1e-4)
             out = []
             for x0 in x:

@@ -7,9 +7,10 @@ import pytest
 
 from conftest import random_network
 from crown_cli.engine import backsub as crown
+from crown_cli.engine.input_sets import Box
 from crown_cli.activations import forward
 from crown_cli.engine.relaxations import get_relaxation
-from crown_cli.verification.bab.relu_split import BabResult
+from crown_cli.verification.outcome import BabResult
 from crown_cli.verification.pipeline import BabStatus, Verifier, format_result
 from crown_cli.io.vnnlib import parse_vnnlib_text
 from oracles import exact_margin_min
@@ -76,7 +77,7 @@ def test_verdicts_never_contradict_the_milp(seed):
     out = v.verify(prop, timeout=20.0)
     assert out.result == "unsat"
     # clearly true: below CROWN's own bound over the box
-    lb = crown.margin_lower_bound(crown.Network(ws, bs), *crown.Box(lo, hi).args(),
+    lb = crown.margin_lower_bound(crown.Network(ws, bs), *Box(lo, hi).args(),
                                   get_relaxation("relu", "crown"),
                                   np.eye(3)[[c]] - np.eye(3)[[t]])[0]
     prop = parse_vnnlib_text(box_property(lo, hi, c, t, lb - gap, 3), "easy", 4, 3)

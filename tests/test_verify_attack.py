@@ -7,6 +7,7 @@ import pytest
 
 from conftest import random_network
 from crown_cli.engine import backsub as crown
+from crown_cli.engine.input_sets import Box
 from crown_cli.activations import forward
 from crown_cli.engine.relaxations import get_relaxation
 from crown_cli.verification.attack import check_counterexample, find_counterexample
@@ -52,7 +53,7 @@ def test_beats_random_sampling(seed):
 def test_no_counterexample_below_a_crown_lower_bound(act, seed):
     ws, bs, lo, hi, rng = box_and_net(seed, act)
     A = rng.normal(size=(3, 4))
-    box = crown.Box(lo, hi)
+    box = Box(lo, hi)
     lb = crown.margin_lower_bound(crown.Network(ws, bs), *box.args(), get_relaxation(act, "crown"), A)
     # any single row below its lower bound is unsatisfiable; check one row at a time too
     b = lb - 1e-3

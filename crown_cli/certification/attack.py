@@ -30,40 +30,12 @@ from typing import Optional, Sequence
 
 import numpy as np
 
-from crown_cli.activations import apply_activation, default_alpha, forward
+from crown_cli.activations import ACTIVATIONS, apply_activation, default_alpha, derivative, forward
 from crown_cli.errors import InputError
 
 NORMS = ("inf", "2", "1")
 DEFAULT_STEPS = 20
 DEFAULT_RESTARTS = 2
-
-
-def _sigmoid(z):
-    return 0.5 * (1.0 + np.tanh(0.5 * z))
-
-
-def _elu_grad(z, a):
-    return np.where(z > 0, 1.0, a * np.exp(np.minimum(z, 0.0)))
-
-
-def _hard_sigmoid_grad(z, a):
-    y = a * z + 0.5
-    return np.where((y > 0.0) & (y < 1.0), a, 0.0)
-
-
-# name -> derivative act'(z, alpha); at kinks any value in the subdifferential will do, the
-# attack only needs a descent direction
-DERIVATIVES = {
-    "relu": lambda z, a: (z > 0).astype(np.float64),
-    "tanh": lambda z, a: 1.0 - np.tanh(z) ** 2,
-    "sigmoid": lambda z, a: _sigmoid(z) * (1.0 - _sigmoid(z)),
-    "arctan": lambda z, a: 1.0 / (1.0 + z * z),
-    "linear": lambda z, a: np.ones_like(z),
-    "leaky_relu": lambda z, a: np.where(z >= 0, 1.0, a),
-    "elu": _elu_grad,
-    "softplus": lambda z, a: _sigmoid(z),
-    "hard_sigmoid": _hard_sigmoid_grad,
-}
 
 
 def forward_with_preactivations(weights, biases, activation: str, X: np.ndarray, alpha):
@@ -82,10 +54,9 @@ def forward_with_preactivations(weights, biases, activation: str, X: np.ndarray,
 def input_gradient(weights, zs, activation: str, g: np.ndarray, alpha) -> np.ndarray:
     """Back-propagate g (R, n_last_hidden), the gradient with respect to the last hidden
     layer's activations, to the inputs: (R, d). ``zs`` from :func:`forward_with_preactivations`."""
-    dact = DERIVATIVES[activation]
     dtype = weights[0].dtype
     for k in range(len(zs) - 1, -1, -1):
-        g = (g * dact(zs[k], alpha).astype(dtype)) @ weights[k]
+        g = (g * derivative(activation, zs[k], alpha).astype(dtype)) @ weights[k]
     return g
 
 
@@ -210,7 +181,7 @@ class PGDAttack:
                  activation: str, norm: str = "inf", alpha=None, steps: int = DEFAULT_STEPS,
                  restarts: int = DEFAULT_RESTARTS, eps_max: float = 1e4, ladder: int = 8,
                  rounds: int = 2, l1_coords: int = 1):
-        if activation not in DERIVATIVES:
+        if activation not in ACTIVATIONS:
             raise InputError(f"--attack: no gradient for activation '{activation}'")
         if norm not in NORMS:
             raise InputError(f"--norm: unknown norm '{norm}' (choose from inf, 2, 1)")

@@ -14,12 +14,14 @@ from typing import Optional, Sequence
 
 import numpy as np
 
-from crown_cli.activations import FUNCTIONS as ACTIVATION_FUNCTIONS, apply_activation, default_alpha, forward
-from crown_cli.engine.backsub import NORMS, Network, first_layer_center, kernels_backend, margin_lower_bound
+from crown_cli.activations import ACTIVATIONS, apply_activation, default_alpha, derivative, forward, supporting
+from crown_cli.engine.backsub import Network, first_layer_center, margin_lower_bound
+from crown_cli.engine.input_sets import NORMS
+from crown_cli.engine.kernels import kernels_backend
 from crown_cli.errors import InputError
 from crown_cli.certification.methods import bind_method, names as other_method_names
 from crown_cli.certification.methods._common import DeadlineExceeded
-from crown_cli.engine.relaxations import SIGN_STABLE, get_interval_free, get_relaxation
+from crown_cli.engine.relaxations import get_interval_free, get_relaxation
 from crown_cli.engine.radius_search import SEARCHES, SearchResult, certified_radius, refine_bracket
 from crown_cli.engine.stability import StableFromFloat32
 
@@ -57,7 +59,6 @@ ALPHA_SMALL = 1024
 ALPHA_LR_SMOOTH = 0.1
 ALPHA_METHODS = ("alpha-crown",)
 # free lower slopes (ReLU-type) or free tangent points (S-shaped): crown_cli/engine/alpha_crown.py
-ALPHA_ACTIVATIONS = ("relu", "leaky_relu", "tanh", "sigmoid", "arctan")
 
 
 def parse_norm(norm: str) -> str:
@@ -113,7 +114,7 @@ class Certifier:
         self.norm = parse_norm(norm)
         self.qcode = NORMS[self.norm]
         self.method = method
-        if alpha is None and activation in ACTIVATION_FUNCTIONS:
+        if alpha is None and activation in ACTIVATIONS:
             alpha = default_alpha(activation)
         self.quad = None
         self.other = None  # (kind, fn) of a method from crown_cli.certification.methods
@@ -124,9 +125,9 @@ class Certifier:
             self.quad = QuadBound(weights, biases, self.norm)
             self.relax_fn = get_relaxation(activation, "crown", alpha)
         elif method in ALPHA_METHODS:
-            if activation not in ALPHA_ACTIVATIONS:
+            if not ACTIVATIONS[activation].alpha_crown:
                 raise InputError(f"--method {method}: activation '{activation}' is not supported "
-                                 f"({', '.join(ALPHA_ACTIVATIONS)} networks only)")
+                                 f"({', '.join(supporting('alpha_crown'))} networks only)")
             self.relax_fn = get_relaxation(activation, "crown", alpha)
         elif method in other_method_names():
             self.other = bind_method(method, weights, biases, activation, alpha, self.norm)
@@ -137,7 +138,7 @@ class Certifier:
         if not (isinstance(alpha_iters, (int, np.integer)) and alpha_iters >= 0):
             raise InputError(f"--alpha-iters: must be an integer >= 0, got {alpha_iters}")
         if alpha_lr is None:
-            alpha_lr = ALPHA_LR_SMOOTH if activation in ("tanh", "sigmoid", "arctan") else ALPHA_LR
+            alpha_lr = ALPHA_LR_SMOOTH if ACTIVATIONS[activation].smooth else ALPHA_LR
         if not (np.isfinite(alpha_lr) and alpha_lr > 0):
             raise InputError(f"--alpha-lr: must be > 0, got {alpha_lr}")
         self.alpha_iters, self.alpha_lr = int(alpha_iters), float(alpha_lr)
@@ -196,9 +197,7 @@ class Certifier:
         on this start. The paper's fixed radius stays for ``--search bisect`` (the paper's
         procedure), an explicit ``--eps0`` and a zero gradient.
         """
-        from crown_cli.certification.attack import DERIVATIVES
-
-        if not self.auto_eps0 or self.search != "interp" or self.activation not in DERIVATIVES:
+        if not self.auto_eps0 or self.search != "interp" or self.activation not in ACTIVATIONS:
             return self.eps0
         W, b = self.net.W, self.net.b
         zs, a = [], x0
@@ -207,7 +206,7 @@ class Certifier:
             a = np.asarray(apply_activation(self.activation, zs[-1], self.alpha), dtype=np.float64)
         J = C @ W[-1]
         for k in range(len(zs) - 1, -1, -1):
-            J = (J * DERIVATIVES[self.activation](zs[k], self.alpha)) @ W[k]
+            J = (J * derivative(self.activation, zs[k], self.alpha)) @ W[k]
         q = {"inf": 1, "2": 2, "1": np.inf}[self.norm]
         with np.errstate(divide="ignore", invalid="ignore"):
             lin = np.min(g0 / np.linalg.norm(J, ord=q, axis=1))
@@ -342,7 +341,7 @@ class Certifier:
         ab = self._alpha_bounds(x0, C, first)
         f32 = lambda e: float(np.min(ab.evaluate(e)))  # noqa: E731
         best, evals = crown, crown.evaluations
-        smooth = self.activation in ("tanh", "sigmoid", "arctan")
+        smooth = ACTIVATIONS[self.activation].smooth
         lo = crown.eps
         target = lo * (self.ALPHA_START_SMOOTH if smooth else self.ALPHA_START)
         tol = self.F32_RTOL * self.rtol
@@ -422,7 +421,7 @@ class Certifier:
     def _tracks_rounding(self) -> bool:
         """Do float32 evaluations bound their rounding (for :class:`StableFromFloat32`)?"""
         return (self.precision == "mixed" and self.interval_free is not None
-                and self.net.num_hidden >= 2 and self.activation in SIGN_STABLE)
+                and self.net.num_hidden >= 2 and ACTIVATIONS[self.activation].sign_stable)
 
     def _act_bound(self, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
         """max |act(z)| over [lo, hi] elementwise: at an end of the interval for the
@@ -449,7 +448,7 @@ class Certifier:
             return known, src
         if known is not None or self.interval_free is None:
             return known
-        if self.net.num_hidden < 2 or self.activation not in SIGN_STABLE:
+        if self.net.num_hidden < 2 or not ACTIVATIONS[self.activation].sign_stable:
             return None
         return StableFromFloat32(self.net, x0, eps, done[np.float32], self.relax_fn,
                                  self.interval_free, self.activation, self.alpha)

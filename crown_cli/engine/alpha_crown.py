@@ -32,8 +32,10 @@ from typing import Callable, List, Optional
 
 import numpy as np
 
-from crown_cli.engine.backsub import (Box, Network, _mm, _widen, back_substitute, first_layer_center,
-                    hidden_layer_bounds, input_terms, rounding_weights)
+from crown_cli.activations import ACTIVATIONS
+from crown_cli.engine.backsub import Network, _mm, back_substitute, first_layer_center, hidden_layer_bounds
+from crown_cli.engine.input_sets import Box, input_terms
+from crown_cli.engine.rounding import widen as _widen, rounding_weights
 
 U64 = 2.0 ** -53  # unit roundoff of float64
 
@@ -105,7 +107,6 @@ class LayerRelax:
         return ga, gs * self.ds_dl + gb * self.db_dl, gs * self.ds_du + gb * self.db_du
 
 
-SMOOTH = ("tanh", "sigmoid", "arctan")
 
 
 def _smooth_fns(kind, t):
@@ -410,7 +411,7 @@ class AlphaBounds:
                  act_bound=None, store_dtype=np.float32, joint=None, activation=None):
         # activation: "tanh", "sigmoid" or "arctan" for free tangent points (SmoothRelax);
         # otherwise ReLU / leaky ReLU (slope leak) with free slopes (LayerRelax)
-        self.smooth = activation if activation in SMOOTH else None
+        self.smooth = activation if ACTIVATIONS[activation].smooth else None
         # smooth activations: each intermediate bound for itself by default. Both are
         # implemented (SmoothRelax.backward differentiates the lines in (l, u)); measured on
         # MNIST 3x[1024] (l_inf, runner-up, images 0-2, radius gain over CROWN): tanh joint

@@ -7,130 +7,21 @@ input, then maximising/minimising the resulting linear function of x over
 
 Arrays in, arrays out: no files and no printing here. All inputs are assumed validated.
 
-Floating point (float64; README, Soundness, has the whole argument): every bound is widened
-outward by (1) per back-substitution step, the rounding of its products charged a posteriori
-(``|D| @ v_i``, :func:`rounding_weights` with unit 2**-53, for the matrix D the step formed:
-those errors are relative to |D| |W|, not to the final coefficients, and cancellation makes
-them arbitrarily larger than the latter); (2) the rounding of the margin rows C @ W[-1]
-(:func:`product_rounding`); (3) ``FP_RTOL`` times the sum of the absolute values of the terms
-of the final sums (constant terms, input terms, dual norm), which covers gamma_N of those sums
-for N <= 2**20 roundings per term (larger networks get N * 2**-52: :func:`final_sum_rtol`).
+Floating point: in float64 every bound is widened outward by the allowances of
+:mod:`crown_cli.engine.rounding` (each step's product rounding, the margin rows' rounding, the
+final sums' relative allowance); float32 results only steer a search.
 """
 from __future__ import annotations
 
 from collections import OrderedDict
-from contextlib import contextmanager
 from typing import Callable, List, Sequence, Tuple
 
 import numpy as np
 
-FP_RTOL = 2.0 ** -32  # ~2.3e-10, relative allowance of the final sums (see module docstring)
-FP_ATOL = 1e-300
-
-# norm name -> code of the dual norm used on the rows of Lam: 0: l1 (inf-ball), 1: l2, 2: l_inf (1-ball)
-NORMS = {"inf": 0, "2": 1, "1": 2}
-
-KERNELS = ("numba", "numpy")
-_BACKEND = "numba"
-_KERNELS = None
-
-
-def set_kernels(backend: str) -> None:
-    """Choose the kernels the engine calls: "numba" (compiled, the default; importing numba
-    and loading its cache costs ~1 s once per process) or "numpy" (vectorised, no start-up
-    cost, slower per evaluation). Process-wide; takes effect at the next kernel call. The
-    relaxation registry reads it when a relaxation is looked up (a Certifier is built): the
-    ReLU-type ones then come from plain numpy too (relaxations.NUMPY_TWINS)."""
-    global _BACKEND, _KERNELS
-    if backend not in KERNELS:
-        raise ValueError(f"unknown kernels '{backend}' (choose from {', '.join(KERNELS)})")
-    if backend != _BACKEND:
-        _BACKEND, _KERNELS = backend, None
-
-
-@contextmanager
-def using_kernels(backend: str):
-    """:func:`set_kernels` for the duration of a ``with`` block, then the previous backend."""
-    previous = _BACKEND
-    set_kernels(backend)
-    try:
-        yield
-    finally:
-        set_kernels(previous)
-
-
-def kernels_backend() -> str:
-    """The backend :func:`kernels` returns: "numba" or "numpy"."""
-    return _BACKEND
-
-
-def kernels():
-    """The module holding the kernels of the chosen backend (imported on first use: the
-    numba one imports numba)."""
-    global _KERNELS
-    if _KERNELS is None:
-        if _BACKEND == "numpy":
-            from crown_cli.engine.kernels import backsub_numpy as module
-        else:
-            from crown_cli.engine.kernels import backsub as module
-
-        _KERNELS = module
-    return _KERNELS
-
-
-class Box:
-    """The input set ``[lo, hi]`` (elementwise), usable wherever the engine takes a ball.
-
-    Every engine function bounds over the set given by ``(x0, eps, qcode)``; a box is passed
-    as ``x0 = box.center``, ``eps = 1.0``, ``qcode = box``: then ``Lam x0 +/- eps * |Lam| r``
-    is the exact range of ``Lam x`` over the box (the role of ``||Lam||_q`` is played by the
-    weighted l1 norm ``|Lam| @ r``, the box's support function). :meth:`args` gives the triple.
-
-    ``center +/- radius`` contains ``[lo, hi]`` despite rounding: the radius is rounded up by
-    one ulp after the float64 subtraction. Degenerate coordinates (lo == hi) get radius 0
-    when the centre is exact.
-    """
-
-    __slots__ = ("lo", "hi", "center", "radius")
-
-    def __init__(self, lo, hi):
-        lo = np.ascontiguousarray(lo, dtype=np.float64)
-        hi = np.ascontiguousarray(hi, dtype=np.float64)
-        if lo.shape != hi.shape or lo.ndim != 1:
-            raise ValueError("Box: lo and hi must be vectors of one shape")
-        if not (np.all(np.isfinite(lo)) and np.all(np.isfinite(hi)) and np.all(lo <= hi)):
-            raise ValueError("Box: bounds must be finite with lo <= hi")
-        self.lo, self.hi = lo, hi
-        c = 0.5 * lo + 0.5 * hi  # no overflow; c lies in [lo, hi]
-        r = np.maximum(hi - c, c - lo)
-        exact = (c - lo == r) & (hi - c == r) & (r == 0.0)
-        self.center = c
-        self.radius = np.where(exact, 0.0, np.nextafter(r, np.inf))
-
-    def args(self):
-        """``(x0, eps, qcode)`` for the engine's functions."""
-        return self.center, 1.0, self
-
-    def abs_max(self) -> np.ndarray:
-        """max |x_i| over the box."""
-        return np.maximum(np.abs(self.lo), np.abs(self.hi))
-
-
-def dual_norms(A, qcode):
-    """Row-wise dual norm of A (r, n): l1 for qcode 0, l2 for 1, l_inf for 2; for a
-    :class:`Box` the support ``|A| @ radius``."""
-    if isinstance(qcode, Box):
-        return np.abs(np.asarray(A, dtype=np.float64)) @ qcode.radius
-    return kernels().dual_norms(A, qcode)
-
-
-def input_terms(A, x0, qcode):
-    """For each row a of A: (a.x0, ||a||_q, sum |a_i x0_i|) (for a :class:`Box`, |a| @ radius
-    in place of the norm)."""
-    if isinstance(qcode, Box):
-        lin, _, mag = kernels().input_terms(A, x0, 0)
-        return lin, dual_norms(A, qcode), mag
-    return kernels().input_terms(A, x0, qcode)
+from crown_cli.engine.input_sets import Box, dual_norms, input_abs_bound, input_terms
+from crown_cli.engine.kernels import kernels
+from crown_cli.engine.rounding import (ERR_SAFETY, U32, U64, final_sum_rtol, product_rounding,
+                                       rounding_weights, widen)
 
 
 class Relaxation:
@@ -257,29 +148,6 @@ def _mm(A: np.ndarray, B: np.ndarray) -> np.ndarray:
     return A @ B
 
 
-def final_sum_rtol(weights) -> float:
-    """The relative allowance of a network's final sums (see the module docstring).
-
-    The longest chain of roundings of one term of a bound is N = max(d, 2 n + L + 5) + 3
-    (d inputs, n the widest hidden layer, L weight layers: a product, a sum over at most 2n
-    constant terms, L accumulations, the last three additions). Its rounding is at most
-    gamma_N = N u / (1 - N u) (u = 2**-53) of the sum of the terms' magnitudes; the
-    allowance must also cover the rounding of the widening itself (a few u). FP_RTOL = 2**-32
-    does for N <= 2**20 (gamma_N <= 2**-33 (1 + 2**-32)); beyond that N * 2**-52 (= 2 gamma_N
-    roughly) is used, which leaves the same margin.
-    """
-    d = weights[0].shape[1]
-    widest = max((w.shape[0] for w in weights[:-1]), default=0)
-    n = max(d, 2 * widest + len(weights) + 5) + 3
-    return max(FP_RTOL, n * 2.0 ** -52)
-
-
-def _widen(value, mag, sign, rtol=FP_RTOL, extra=0.0):
-    """Move ``value`` outward (sign +1: up, -1: down) by the floating-point allowance:
-    ``rtol`` of the magnitude sum, FP_ATOL, and ``extra`` (>= 0, e.g. product rounding)."""
-    return value + sign * ((rtol * mag + FP_ATOL) + extra)
-
-
 def back_substitute(
     net: Network,
     relax: List[Relaxation],
@@ -377,25 +245,17 @@ def back_substitute(
             xU = ERR_SAFETY * (eU + extra)
     rtol = net.fp_rtol
     linL, nL, xmL = input_terms(LL, x0, qcode)
-    lower = _widen(linL - eps * nL + cL, xmL + eps * nL + mL, -1.0, rtol, xL)
+    lower = widen(linL - eps * nL + cL, xmL + eps * nL + mL, -1.0, rtol, xL)
     upper = None
     if want_upper:
         if shared:  # both chains are the same matrix: reuse its input terms
             linU, nU, xmU = linL, nL, xmL
         else:
             linU, nU, xmU = input_terms(LU, x0, qcode)
-        upper = _widen(linU + eps * nU + cU, xmU + eps * nU + mU, 1.0, rtol, xU)
+        upper = widen(linU + eps * nU + cU, xmU + eps * nU + mU, 1.0, rtol, xU)
     if err is not None:
         return lower, upper, eL, eU
     return lower, upper
-
-
-def input_abs_bound(x0, eps, qcode) -> np.ndarray:
-    """A bound on |x| over the input set: |x0| + eps on every l_p ball (|x_k - x0_k| <=
-    ||x - x0||_p), |centre| + eps * radius on a :class:`Box` (max(|lo|, |hi|) for eps = 1)."""
-    if isinstance(qcode, Box):
-        return np.abs(x0) + eps * qcode.radius
-    return np.abs(x0) + eps
 
 
 def _float64_steps(net: Network, relax: List[Relaxation], x0, eps, qcode):
@@ -420,64 +280,6 @@ def _float64_steps(net: Network, relax: List[Relaxation], x0, eps, qcode):
         steps.append(rl._rw[1])
         tiny += rl._rw[2]
     return steps, tiny
-
-
-def product_rounding(net: Network, C: np.ndarray, relax: List[Relaxation], x0, eps, qcode):
-    """Per row of C, a bound on the rounding of ``Lam = C @ W[-1]`` and ``const = C @ b[-1]``
-    in float64 as it acts on the set: gamma_m (|C| |W[-1]| |a_h| + |C| |b[-1]|), m = the
-    number of outputs, |a_h| bounded by the last relaxation (or the input set). For
-    :func:`back_substitute`'s ``lam_err``."""
-    m = C.shape[1]
-    g = m * U64 / (1.0 - m * U64)
-    a = relax[-1].abs_bound() if relax else input_abs_bound(x0, eps, qcode)
-    absC = np.abs(C)
-    return ERR_SAFETY * g * (absC @ (net.abs_weights(len(net.W) - 1) @ a) + absC @ np.abs(net.b[-1])
-                             + m * TINY64)
-
-
-U32 = 2.0 ** -24  # unit roundoff of float32
-U64 = 2.0 ** -53  # unit roundoff of float64
-ERR_SAFETY = 1.0 + 2.0 ** -20  # covers the float64 rounding of the error bounds themselves
-TINY32 = 2.0 ** -149  # smallest float32 subnormal: the absolute error of a product that underflows
-TINY64 = 2.0 ** -1074  # the same for float64
-_TINY = {U32: TINY32, U64: TINY64}
-
-
-def rounding_weights(net: Network, i: int, a_prev: np.ndarray, lo: np.ndarray, hi: np.ndarray,
-                     Wa=None, unit=U32):
-    """Weights bounding the rounding of one back-substitution step through hidden layer i,
-    with products in the format of unit roundoff ``unit`` (float32: 2**-24, the default;
-    float64: 2**-53).
-
-    The step scales a row by the relaxation slopes, D = fl(Lam * slope), and multiplies
-    D @ fl(W_i) (inner dimension at most n_i, plus one addition of the two partial products).
-    Replacing the exact step by the computed one changes the linear function by a residual
-    whose value, at every point of the ball where |a_{i-1}| <= a_prev and z_i lies in
-    [lo, hi], is at most |D| @ v + t with
-
-        v = gamma_{n_i + 2} |W_i| a_prev + 2u |W_i| a_prev + 2u (|z_i| + |b_i|),   t per row,
-
-    u = ``unit``: the rounded product (gamma |D| |W_i| against |a_{i-1}|), the rounded weights
-    (u |W_i|; float64 weights are exact, the term is then spare), the rounding of D when
-    stored (u |D|, against z_i - b_i = W_i a_{i-1}; in float64 D is rounded once and the
-    constant uses the same D, so u |D| |z_i| would do). ``t`` covers products that underflow
-    (the smallest subnormal each). Returns (v, t); v in float64, rounded up by ERR_SAFETY
-    (which covers the float64 rounding of this computation: non-negative terms only).
-    ``Wa`` may hold |W_i| a_prev if the caller has it.
-    """
-    try:
-        tiny = _TINY[unit]
-    except KeyError:
-        raise ValueError(f"rounding_weights: unit must be 2**-24 or 2**-53, got {unit!r}") from None
-    n = net.W[i].shape[0]
-    nu = (n + 2) * unit
-    gamma = nu / (1.0 - nu) + 2.0 * unit
-    if Wa is None:
-        Wa = net.abs_weights(i) @ a_prev
-    z = np.maximum(np.abs(lo), np.abs(hi))
-    v = ERR_SAFETY * (gamma * Wa + 2.0 * unit * (z + np.abs(net.b[i])))
-    t = ERR_SAFETY * tiny * (n * float(np.sum(a_prev)) + float(np.sum(z + np.abs(net.b[i]))) + n)
-    return v, t
 
 
 def first_layer_center(net: Network, x0: np.ndarray) -> Tuple[np.ndarray, np.ndarray]:
@@ -512,8 +314,8 @@ def hidden_layer_bounds(
     center, cmag = first_layer_center(net, x0) if first is None else first
     n1 = net.first_layer_norms(qcode)
     mag = cmag + eps * n1
-    l = _widen(center - eps * n1, mag, -1.0, net.fp_rtol)
-    u = _widen(center + eps * n1, mag, 1.0, net.fp_rtol)
+    l = widen(center - eps * n1, mag, -1.0, net.fp_rtol)
+    u = widen(center + eps * n1, mag, 1.0, net.fp_rtol)
     bounds = [(l, u)]
     relax = [Relaxation(*relax_fn(l, u), l=l, u=u)]
     W = net.weights(dtype)

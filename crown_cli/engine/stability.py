@@ -29,7 +29,8 @@ from typing import Callable, List, Optional, Tuple
 
 import numpy as np
 
-from crown_cli.engine.backsub import Network, _widen
+from crown_cli.engine.backsub import Network
+from crown_cli.engine.rounding import widen as _widen
 
 Bounds = List[Tuple[np.ndarray, np.ndarray]]
 
@@ -53,7 +54,7 @@ def relaxation_valid(lg: np.ndarray, ug: np.ndarray, lb: np.ndarray, ub: np.ndar
 
 class StableFromFloat32:
     """``known(k, rigorous)`` for :func:`crown_cli.engine.backsub.hidden_layer_bounds` at radius eps,
-    for the activations of :data:`crown_cli.engine.relaxations.SIGN_STABLE` (ReLU, leaky ReLU).
+    for the activations of ``sign_stable`` activations (:mod:`crown_cli.activations`: ReLU, leaky ReLU).
 
     ``evaluations`` lists the float32 evaluations (eps_G, bounds_G, fresh_G, errors_G): every
     hidden layer's (l, u) as that evaluation used them, per layer the mask of rows it computed

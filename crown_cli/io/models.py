@@ -13,20 +13,16 @@ from typing import List, Optional, Sequence
 
 import numpy as np
 
+from crown_cli.activations import ACTIVATIONS
 from crown_cli.errors import InputError, read_header
 from crown_cli.network import MLP, VECTOR_OUTPUTS
 
 __all__ = ["MLP", "load_model", "save_npz", "save_keras_h5", "normalize_activation", "validate"]
 
-# Activations the loaders accept. The engine decides which of them it can bound.
-KNOWN_ACTIVATIONS = ("relu", "tanh", "sigmoid", "arctan", "linear", "leaky_relu", "elu", "softplus",
-                     "hard_sigmoid")
+# Activations the loaders accept (crown_cli.activations); the engine decides which it can bound.
+KNOWN_ACTIVATIONS = tuple(ACTIVATIONS)
 _ALIASES = {"atan": "arctan", "logistic": "sigmoid", "identity": "linear", "leakyrelu": "leaky_relu",
             "leaky-relu": "leaky_relu", "hard-sigmoid": "hard_sigmoid"}
-# Valid parameter ranges: the relaxations rely on them (leaky ReLU slope at most 1; ELU convex).
-# (low, high, low included)
-ALPHA_RANGES = {"leaky_relu": (0.0, 1.0, True), "elu": (0.0, 1.0, False),
-                "hard_sigmoid": (0.0, float("inf"), False)}
 
 
 def normalize_activation(name: str, where: str) -> str:
@@ -91,10 +87,11 @@ def _check_alpha(act: str, alpha, where: str) -> Optional[float]:
     """The activation's parameter (default filled in), checked against its valid range."""
     from crown_cli.activations import default_alpha
 
-    if act not in ALPHA_RANGES:
+    prange = ACTIVATIONS[act].param_range if act in ACTIVATIONS else None
+    if prange is None:
         return None
     alpha = default_alpha(act) if alpha is None else float(alpha)
-    lo, hi, lo_ok = ALPHA_RANGES[act]
+    lo, hi, lo_ok = prange
     if not np.isfinite(alpha) or alpha > hi or alpha < lo or (alpha == lo and not lo_ok):
         rng = f"{'[' if lo_ok else '('}{lo}, {hi}{']' if np.isfinite(hi) else ')'}"
         raise InputError(f"{where}: {act} parameter alpha={alpha} outside the supported range {rng}")

@@ -107,7 +107,7 @@ def threads() -> Dict[str, object]:
     (``crown.kernels_backend()``), which load it anyway; with the numpy kernels it is None,
     so that writing the sidecar does not import numba (~1 s of a short run).
     """
-    from crown_cli.engine.backsub import kernels_backend
+    from crown_cli.engine.kernels import kernels_backend
 
     info: Dict[str, object] = {"numba": None}
     if "numba" in sys.modules or kernels_backend() == "numba":
@@ -130,7 +130,7 @@ def threads() -> Dict[str, object]:
 
 
 def new_run(rows_before: int) -> Dict[str, object]:
-    from crown_cli.engine.backsub import kernels_backend
+    from crown_cli.engine.kernels import kernels_backend
 
     return {"started": now(), "ended": None, "host": platform.node(), "pid": os.getpid(),
             "command": sys.argv[:], "rows_before": rows_before, "rows_written": 0,

@@ -21,9 +21,10 @@ from typing import Optional, Sequence
 
 import numpy as np
 
-from crown_cli.activations import default_alpha, forward
-from crown_cli.certification.attack import DERIVATIVES, forward_with_preactivations, input_gradient
+from crown_cli.activations import ACTIVATIONS, default_alpha
+from crown_cli.certification.attack import forward_with_preactivations, input_gradient
 from crown_cli.errors import InputError
+from crown_cli.verification.outcome import violations
 
 DEFAULT_RESTARTS = 16
 DEFAULT_STEPS = 50
@@ -54,23 +55,6 @@ def _as_case(lo, hi, A, b):
     if A.ndim != 2 or A.shape[0] != b.size:
         raise ValueError("A must be (m, n_outputs) and b (m,)")
     return lo, hi, A, b
-
-
-def violations(weights, biases, activation: str, alpha, lo, hi, A, b, X) -> np.ndarray:
-    """For each row of X (N, d): is it a verified counterexample? (N,) bool, float64 check."""
-    X = np.asarray(X, dtype=np.float64)
-    if X.ndim == 1:
-        X = X[None, :]
-    inside = np.all(np.isfinite(X), axis=1) & np.all((X >= lo) & (X <= hi), axis=1)
-    ok = np.zeros(X.shape[0], dtype=bool)
-    if not inside.any():
-        return ok
-    if alpha is None:
-        alpha = default_alpha(activation)
-    rows = np.flatnonzero(inside)
-    Y = forward(weights, biases, activation, X[rows], alpha)
-    ok[rows] = np.all(Y @ A.T <= b, axis=1)
-    return ok
 
 
 def check_counterexample(weights: Sequence[np.ndarray], biases: Sequence[np.ndarray],
@@ -122,7 +106,7 @@ def find_counterexample_any(weights: Sequence[np.ndarray], biases: Sequence[np.n
     case it is nearest to violating (one run instead of one per case: mnistfc's properties
     have nine single-row cases on one box).
     """
-    if activation not in DERIVATIVES:
+    if activation not in ACTIVATIONS:
         raise InputError(f"no gradient for activation '{activation}'")
     if restarts < 1 or steps < 0:
         raise ValueError("find_counterexample: restarts >= 1 and steps >= 0 required")

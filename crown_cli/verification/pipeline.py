@@ -22,23 +22,22 @@ from typing import Callable, List, Optional, Sequence
 
 import numpy as np
 
-from crown_cli.activations import forward
-from crown_cli.engine.backsub import Box, Network, margin_lower_bound
+from crown_cli.activations import ACTIVATIONS, forward
+from crown_cli.engine.backsub import Network, margin_lower_bound
+from crown_cli.engine.input_sets import Box
+from crown_cli.engine.rounding import round_up
 from crown_cli.errors import InputError
 from crown_cli.engine.relaxations import get_relaxation
 
-VERDICTS = ("sat", "unsat", "unknown", "timeout", "error")
 # Bound stages, cheap to strong; a stage is used when the activation has that method.
 BOUND_STAGES = ("crown", "alpha-crown")
 # alpha-crown (crown_cli.engine.alpha_crown): optimised lower slopes (ReLU, leaky ReLU) or tangent points
 # (tanh, sigmoid, arctan)
-ALPHA_ACTIVATIONS = ("relu", "leaky_relu", "tanh", "sigmoid", "arctan")
 ALPHA_ITERS = 50  # one box per case: more steps than certify's search spends (its step sizes)
 # Complete stage after the bounds: branch and bound by input splitting for networks with at
 # most this many inputs (ACAS Xu: 5), where bisecting the box shrinks every neuron's interval
 # quickly; wider inputs (images) need ReLU splitting instead.
 INPUT_SPLIT_MAX_DIM = 16
-BAB_ACTIVATIONS = ("relu", "leaky_relu")
 ATTACK_SHARE = 0.1  # of the timeout for the first attack (before any bound)
 ATTACK_MIN_S = 0.5
 # branch and bound status (open domains, worst open bound, domains/s): at most this often, in
@@ -48,7 +47,7 @@ STATUS_EVERY_BAR_S, STATUS_EVERY_LOG_S = 0.5, 2.0
 
 @dataclass
 class Verdict:
-    result: str  # one of VERDICTS
+    result: str  # one of outcome.ROW_RESULTS ("error" from the instance runner only)
     stage: str  # the stage that decided ("attack", "crown", ...) or the last one tried
     margin: Optional[float]  # min over open cases of the best row's (lower bound - b); > 0 proves
     time_s: float
@@ -59,11 +58,6 @@ class Verdict:
     cases: int = 0
     domains: int = 0  # branch and bound: domains bounded
     peak_domains: int = 0  # branch and bound: most open domains at once
-
-
-def round_up(b: np.ndarray) -> np.ndarray:
-    """b moved one ulp towards +inf: a decimal literal rounded to nearest lies below it."""
-    return np.nextafter(np.asarray(b, dtype=np.float64), np.inf)
 
 
 def check_sizes(prop, n_inputs: int, n_outputs: int, where: str) -> None:
@@ -85,12 +79,12 @@ class Verifier:
         self.activation, self.alpha = activation, alpha
         self.net = Network(self.weights, self.biases)
         self.stages = [s for s in stages if s in BOUND_STAGES
-                       and (s != "alpha-crown" or activation in ALPHA_ACTIVATIONS)]
+                       and (s != "alpha-crown" or ACTIVATIONS[activation].alpha_crown)]
         self.relax = {s: get_relaxation(activation, "crown" if s == "alpha-crown" else s, alpha)
                       for s in self.stages}
         self.attack_restarts, self.attack_steps, self.seed = attack_restarts, attack_steps, seed
         self.attack_time = attack_time
-        self.bab = bab and activation in BAB_ACTIVATIONS
+        self.bab = bab and ACTIVATIONS[activation].bab
         self.max_domains = max_domains
 
     @property
@@ -122,7 +116,7 @@ class Verifier:
         """alpha-CROWN over the box: slopes (or, for tanh/sigmoid/arctan, tangent points)
         optimised for the sum of the rows' bounds, then the float64-verified bound at them
         (each row the larger of alpha-CROWN's and CROWN's, both sound)."""
-        from crown_cli.engine.alpha_crown import SMOOTH, AlphaBounds
+        from crown_cli.engine.alpha_crown import AlphaBounds
         from crown_cli.certification.certifier import ALPHA_LR, ALPHA_LR_SMOOTH
         from crown_cli.engine.backsub import first_layer_center
 
@@ -130,7 +124,7 @@ class Verifier:
         x0, eps, qcode = box.args()
         ab = AlphaBounds(self.net, self.relax["alpha-crown"], leak, x0, qcode, A,
                          first_layer_center(self.net, x0), activation=self.activation)
-        lr = ALPHA_LR_SMOOTH if self.activation in SMOOTH else ALPHA_LR
+        lr = ALPHA_LR_SMOOTH if ACTIVATIONS[self.activation].smooth else ALPHA_LR
         ab.optimise(eps, ALPHA_ITERS, lr, patience=3)
         return ab.evaluate(eps, verify=True)
 
@@ -185,7 +179,8 @@ class Verifier:
                     r = input_split(self.weights, self.biases, self.activation, self.alpha,
                                     c.lo, c.hi, c.A, c.b, deadline,
                                     max_domains=self.max_domains, progress=progress)
-                    return r.result, r.x, r.domains, r.peak_open, r.worst
+                    worst = None if np.isnan(r.worst_bound) else r.worst_bound
+                    return r.verdict, r.x, r.domains, r.peak_open, worst
                 yield j, run
 
         return self._branch_and_bound("input split", "boxes", runs(), cases, open_cases,

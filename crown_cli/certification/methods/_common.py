@@ -14,7 +14,7 @@ from typing import Optional, Tuple
 import numpy as np
 
 from crown_cli.activations import apply_activation
-from crown_cli.engine.backsub import FP_ATOL, FP_RTOL
+from crown_cli.engine.rounding import FP_ATOL, FP_RTOL
 
 # dual exponent of each input norm: the l_p ball's support function is eps * ||.||_q
 DUAL = {"inf": "1", "2": "2", "1": "inf"}

@@ -26,11 +26,12 @@ from typing import Optional
 
 import numpy as np
 
-from crown_cli.engine.backsub import FP_ATOL, FP_RTOL, NORMS, Network, hidden_layer_bounds
+from crown_cli.engine.backsub import Network, hidden_layer_bounds
+from crown_cli.engine.rounding import FP_ATOL, FP_RTOL
+from crown_cli.engine.input_sets import NORMS
 from crown_cli.engine.relaxations import get_relaxation
 from crown_cli.certification.methods._common import DUAL, center_margins, derivative_range, vec_norms
 
-ACTIVATIONS = ("relu", "leaky_relu")
 
 
 def jacobian_bound(weights, bounds, C, activation="relu", alpha=None) -> np.ndarray:

@@ -28,7 +28,7 @@ from typing import Optional
 
 import numpy as np
 
-from crown_cli.engine.backsub import FP_ATOL, FP_RTOL
+from crown_cli.engine.rounding import FP_ATOL, FP_RTOL
 from crown_cli.certification.methods._common import DUAL, center_margins, lipschitz_constant, vec_norms
 
 SPECTRAL_RTOL = 1e-9

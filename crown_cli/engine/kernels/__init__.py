@@ -1,0 +1,64 @@
+"""The kernels the engine calls: a process-wide switch between the numba kernels
+(:mod:`crown_cli.engine.kernels.backsub`, compiled, cached on disk) and their numpy twins
+(:mod:`crown_cli.engine.kernels.backsub_numpy`, no start-up cost). The float32 steps of ReLU
+splitting have numba kernels of their own (:mod:`crown_cli.engine.kernels.relu_split`) whose
+twin is the numpy code in :mod:`crown_cli.verification.bab.bounder`.
+"""
+from contextlib import contextmanager
+
+KERNELS = ("numba", "numpy")
+_BACKEND = "numba"
+_KERNELS = None
+
+
+def set_kernels(backend: str) -> None:
+    """Choose the kernels the engine calls: "numba" (compiled, the default; importing numba
+    and loading its cache costs ~1 s once per process) or "numpy" (vectorised, no start-up
+    cost, slower per evaluation). Process-wide; takes effect at the next kernel call. The
+    relaxation registry reads it when a relaxation is looked up (a Certifier is built): the
+    ReLU-type ones then come from plain numpy too (the activations with ``numpy_twin``)."""
+    global _BACKEND, _KERNELS
+    if backend not in KERNELS:
+        raise ValueError(f"unknown kernels '{backend}' (choose from {', '.join(KERNELS)})")
+    if backend != _BACKEND:
+        _BACKEND, _KERNELS = backend, None
+
+
+@contextmanager
+def using_kernels(backend: str):
+    """:func:`set_kernels` for the duration of a ``with`` block, then the previous backend."""
+    previous = _BACKEND
+    set_kernels(backend)
+    try:
+        yield
+    finally:
+        set_kernels(previous)
+
+
+def kernels_backend() -> str:
+    """The backend :func:`kernels` returns: "numba" or "numpy"."""
+    return _BACKEND
+
+
+def kernels():
+    """The module holding the kernels of the chosen backend (imported on first use: the
+    numba one imports numba)."""
+    global _KERNELS
+    if _KERNELS is None:
+        if _BACKEND == "numpy":
+            from crown_cli.engine.kernels import backsub_numpy as module
+        else:
+            from crown_cli.engine.kernels import backsub as module
+
+        _KERNELS = module
+    return _KERNELS
+
+
+def relu_split_kernels():
+    """The numba kernels of ReLU splitting's float32 steps, or None under the numpy kernels
+    (the numpy code then runs)."""
+    if _BACKEND == "numpy":
+        return None
+    from crown_cli.engine.kernels import relu_split
+
+    return relu_split

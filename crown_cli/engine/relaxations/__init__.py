@@ -10,13 +10,14 @@ no numba at all).
 """
 from importlib import import_module
 
+from crown_cli.activations import ACTIVATIONS
 from crown_cli.errors import InputError
 
 METHODS = ("crown", "fast-lin")
 
 
 def _numpy_kernels() -> bool:
-    from crown_cli.engine.backsub import kernels_backend
+    from crown_cli.engine.kernels import kernels_backend
 
     return kernels_backend() == "numpy"
 
@@ -60,7 +61,7 @@ def _hard_sigmoid(method, alpha):
 
 # activation -> factory(method, alpha) -> relaxation function (l, u). Each factory imports
 # only its own family's module; all of them are compiled with numba except, under the numpy
-# kernels (crown.set_kernels("numpy")), those of NUMPY_TWINS.
+# kernels (set_kernels("numpy")), those with a ``numpy_twin`` (crown_cli.activations).
 RELAXATIONS = {
     "relu": _relu,
     "leaky_relu": _leaky_relu,
@@ -71,10 +72,6 @@ RELAXATIONS = {
     "softplus": _fixed("extra", "softplus_relaxation"),
     "hard_sigmoid": _hard_sigmoid,
 }
-
-# Activations whose relaxation also exists in plain numpy (relu_numpy.py): with the numpy
-# kernels they are bounded without importing numba.
-NUMPY_TWINS = ("relu", "leaky_relu")
 
 # Neurons whose relaxation is the same on every sub-interval of [l, u] (the function is linear
 # there): bounds proven for a larger ball can stand in for recomputed ones.
@@ -87,15 +84,6 @@ INTERVAL_FREE = {
     "hard_sigmoid": lambda l, u, alpha: ((alpha * u + 0.5 <= 0.0) | (alpha * l + 0.5 >= 1.0)
                                          | ((alpha * l + 0.5 >= 0.0) & (alpha * u + 0.5 <= 1.0))),
 }
-
-# methods other than crown apply to these activations only
-FAST_LIN = ("relu", "leaky_relu")
-
-# Piecewise linear with one kink at 0: a stable neuron's relaxation is fixed by the sign of z,
-# and an unstable neuron's relaxation (a chord of [l, u] and a line valid everywhere) is valid
-# on every sub-interval. crown_cli.engine.stability relies on both.
-SIGN_STABLE = ("relu", "leaky_relu")
-
 
 def get_interval_free(activation: str, alpha=None):
     """Mask function (l, u) -> bool array, or None if the activation has none."""
@@ -111,7 +99,7 @@ def get_relaxation(activation: str, method: str, alpha=None):
         raise InputError(
             f"activation '{activation}' has no bound (supported: {', '.join(sorted(RELAXATIONS))})"
         )
-    if method != "crown" and activation not in FAST_LIN:
+    if method != "crown" and not ACTIVATIONS[activation].fast_lin:
         raise InputError(
             f"--method {method} is defined for ReLU-type networks only, not '{activation}'"
         )

@@ -19,41 +19,34 @@ Two parts:
   two along one input dimension.
 
 Floating point, as in :mod:`crown_cli.engine.backsub`: the box is centre +/- radius with the radius
-rounded up one ulp (``crown.Box``); every bound is widened outward by (1) per
+rounded up one ulp (:func:`crown_cli.engine.input_sets.centre_radius`); every bound is widened outward by (1) per
 back-substitution step the a-posteriori charge of its products' rounding, ``|D| @ v_i`` per
-box (:func:`_step_weights`, the engine's ``rounding_weights`` with unit 2**-53 from the box's
-own intervals), (2) the rounding of ``A @ W[-1]`` (as ``crown.product_rounding``), (3) the
-network's final-sum allowance (``crown.final_sum_rtol``) times the sum of the absolute values
+box (:func:`_step_weights`, the engine's ``step_weights`` with unit 2**-53 from the box's
+own intervals), (2) the rounding of ``A @ W[-1]`` (as ``product_rounding``), (3) the
+network's final-sum allowance (``final_sum_rtol``) times the sum of the absolute values
 of the terms (``|Lam| |c| + |Lam| r`` plus the accumulated ``|D| |b_i|`` and
-``|Lam| |intercepts|`` of every step), plus ``crown.FP_ATOL``.
+``|Lam| |intercepts|`` of every step), plus ``FP_ATOL``.
 
 Arrays in, arrays out: no files and no printing here.
 """
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
 from typing import Callable, Optional
 
 import numpy as np
 
-from crown_cli.engine import backsub as crown
-from crown_cli.activations import forward
+from crown_cli.activations import default_alpha, supporting
+from crown_cli.engine.input_sets import centre_radius
+from crown_cli.engine.kernels import kernels_backend
+from crown_cli.engine.rounding import (ERR_SAFETY, U64, final_sum_rtol, margin_rows_rounding,
+                                       step_weights, widen)
 from crown_cli.engine.relaxations import relu_numpy
+from crown_cli.verification.outcome import BabResult, violations
 
-ACTIVATIONS = ("relu", "leaky_relu")
 SPLIT_RULES = ("sensitivity", "trial")
 FULL_ROWS = 0.6
 FLAT = 0.0  # skip_stable: above this share of unstable rows, back-substitute all rows
-
-
-def box_centre_radius(lo: np.ndarray, hi: np.ndarray):
-    """Centre and radius of each box (rows of lo, hi), exactly as :class:`crown.Box`: the
-    radius is rounded up one ulp so that centre +/- radius contains [lo, hi]."""
-    c = 0.5 * lo + 0.5 * hi
-    r = np.maximum(hi - c, c - lo)
-    exact = (c - lo == r) & (hi - c == r) & (r == 0.0)
-    return c, np.where(exact, 0.0, np.nextafter(r, np.inf))
 
 
 def _relaxation(activation: str, alpha, adaptive: bool):
@@ -61,11 +54,11 @@ def _relaxation(activation: str, alpha, adaptive: bool):
     if activation == "relu":
         fn = lambda l, u: relu_numpy.relu_relaxation(l, u, adaptive)  # noqa: E731
     elif activation == "leaky_relu":
-        a = 0.2 if alpha is None else float(alpha)
+        a = default_alpha("leaky_relu") if alpha is None else float(alpha)
         fn = lambda l, u: relu_numpy.leaky_relu_relaxation(l, u, a, adaptive)  # noqa: E731
     else:
         raise ValueError(f"batch_lower_bounds: activation '{activation}' is not supported "
-                         f"(choose from {', '.join(ACTIVATIONS)})")
+                         f"(choose from {', '.join(supporting('bab'))})")
 
     def relax(l, u):
         shape = l.shape
@@ -135,7 +128,7 @@ def _scale_numba_kernel():
 def _scale(Lam, aU, bU, aL, bL, b_i, absb_i, zero_bL, cols):
     """D restricted to the columns ``cols`` (the others have zero slopes and intercepts in
     every box), its constant and magnitude."""
-    if crown.kernels_backend() == "numpy":
+    if kernels_backend() == "numpy":
         if cols.shape[0] < Lam.shape[2]:
             Lam, aU, bU, aL, bL = (v[..., cols] for v in (Lam, aU, bU, aL, bL))
             b_i, absb_i = b_i[cols], absb_i[cols]
@@ -156,7 +149,7 @@ def _step(Lam, relax_i, W_i, b_i, absb_i, zero_bL):
     slope-scaled rows that were multiplied by W_i (where a per-step rounding charge
     ``|D| @ v_i[cols]`` would be added; D holds only the columns ``cols`` of neurons not
     inactive in every box, the others being zero). The scaling runs in the kernels chosen by
-    ``crown.set_kernels`` (a fused numba loop, or numpy).
+    ``set_kernels`` (a fused numba loop, or numpy).
     """
     aU, bU, aL, bL = relax_i
     N, r, n = Lam.shape
@@ -170,20 +163,12 @@ def _step(Lam, relax_i, W_i, b_i, absb_i, zero_bL):
 
 def _step_weights(net, i, a_prev, l, u):
     """The float64 rounding weights of the step through hidden layer i, per box: v (N, n_i)
-    and t (N,), as :func:`crown.rounding_weights` with unit 2**-53 (the product D @ W_i with
-    inner dimension n_i, the stored D, the underflows), for |a_{i-1}| <= a_prev (N, n_{i-1})
-    and z_i in [l, u]. |W_i| a_prev is bounded by the rows' l1 norms times max a_prev, as
-    the engine does."""
-    n = net.W[i].shape[0]
-    u64 = crown.U64
-    nu = (n + 2) * u64
-    gamma = nu / (1.0 - nu) + 2.0 * u64
+    and t (N,) (:func:`crown_cli.engine.rounding.step_weights`, unit 2**-53), for
+    |a_{i-1}| <= a_prev (N, n_{i-1}) and z_i in [l, u]. |W_i| a_prev is bounded by the rows'
+    l1 norms times max a_prev, as the engine does."""
     amax = a_prev.max(axis=1, initial=0.0)
     Wa = net.rowsum[i][None, :] * amax[:, None]
-    z = np.maximum(np.abs(l), np.abs(u)) + net.absb[i]
-    v = crown.ERR_SAFETY * (gamma * Wa + 2.0 * u64 * z)
-    t = crown.ERR_SAFETY * crown.TINY64 * (n * a_prev.sum(axis=1) + z.sum(axis=1) + n)
-    return v, t
+    return step_weights(net.W[i].shape[0], Wa, net.absb[i], a_prev.sum(axis=1), l, u, U64)
 
 
 def _act_abs(net, l, u):
@@ -210,8 +195,7 @@ def _lower(Ws, bs, absbs, relax, zero_bL, Lam, const, c, rad, steps, rtol, lam_e
     lin = np.matmul(Lam, c[:, :, None])[..., 0]
     norm = np.matmul(absL, rad[:, :, None])[..., 0]
     xm = np.matmul(absL, np.abs(c)[:, :, None])[..., 0]
-    lower = crown._widen(lin - norm + cst, xm + norm + mag, -1.0, rtol,
-                         crown.ERR_SAFETY * charge)
+    lower = widen(lin - norm + cst, xm + norm + mag, -1.0, rtol, ERR_SAFETY * charge)
     return lower, Lam, cst
 
 
@@ -222,7 +206,7 @@ def _interval_step(net, k, l, u):
     lo = al @ net.WposT[k] + au @ net.WnegT[k] + net.b[k]
     hi = au @ net.WposT[k] + al @ net.WnegT[k] + net.b[k]
     mag = np.maximum(np.abs(al), np.abs(au)) @ net.absWT[k] + net.absb[k]
-    return crown._widen(lo, mag, -1.0, net.fp_rtol), crown._widen(hi, mag, 1.0, net.fp_rtol)
+    return widen(lo, mag, -1.0, net.fp_rtol), widen(hi, mag, 1.0, net.fp_rtol)
 
 
 class BatchNet:
@@ -238,7 +222,7 @@ class BatchNet:
         self.WposT = [np.maximum(w, 0.0) for w in self.WT]
         self.WnegT = [np.minimum(w, 0.0) for w in self.WT]
         if activation == "leaky_relu":
-            a = 0.2 if alpha is None else float(alpha)
+            a = default_alpha("leaky_relu") if alpha is None else float(alpha)
             # the interval step needs a monotone activation (alpha >= 0)
             self.act = None if a < 0.0 else (lambda z: np.where(z >= 0.0, z, a * z))  # noqa: E731
         else:
@@ -250,8 +234,8 @@ class BatchNet:
         self.pm = [np.concatenate([w, -w]) for w in self.W]
         self.pmb = [np.concatenate([b, -b]) for b in self.b]
         self.rowsum = [np.abs(w).sum(axis=1) for w in self.W]
-        self.fp_rtol = crown.final_sum_rtol(self.W)
-        self.act_scale = max(1.0, abs(float(0.2 if alpha is None else alpha))) \
+        self.fp_rtol = final_sum_rtol(self.W)
+        self.act_scale = max(1.0, abs(float(default_alpha("leaky_relu") if alpha is None else alpha))) \
             if activation == "leaky_relu" else 1.0
 
     @property
@@ -298,7 +282,7 @@ def batch_lower_bounds(weights, biases, lo, hi, A, activation="relu", alpha=None
     hi = np.atleast_2d(np.asarray(hi, dtype=np.float64))
     A = np.atleast_2d(np.asarray(A, dtype=np.float64))
     N = lo.shape[0]
-    c, rad = box_centre_radius(lo, hi)
+    c, rad = centre_radius(lo, hi)
     skip_stable = skip_stable and net.act is not None
     bounds, relax, steps = [], [], []
     if net.num_hidden:
@@ -306,8 +290,8 @@ def batch_lower_bounds(weights, biases, lo, hi, A, activation="relu", alpha=None
         cmag = np.abs(c) @ net.absW0T + net.absb[0]
         n1 = rad @ net.absW0T
         mag = cmag + n1
-        l = crown._widen(center - n1, mag, -1.0, net.fp_rtol)
-        u = crown._widen(center + n1, mag, 1.0, net.fp_rtol)
+        l = widen(center - n1, mag, -1.0, net.fp_rtol)
+        u = widen(center + n1, mag, 1.0, net.fp_rtol)
         if parent_bounds is not None:
             l, u = np.maximum(l, parent_bounds[0][0]), np.minimum(u, parent_bounds[0][1])
         bounds.append((l, u))
@@ -354,13 +338,11 @@ def batch_lower_bounds(weights, biases, lo, hi, A, activation="relu", alpha=None
     Lam = A @ net.W[-1]
     const = A @ net.b[-1]
     # the rounding of A @ W[-1] and A @ b[-1] as they act on the last layer (as
-    # crown.product_rounding): gamma_m (|A| |W[-1]| |a_h| + |A| |b[-1]|) per box and row
-    m = A.shape[1]
-    g = m * crown.U64 / (1.0 - m * crown.U64)
+    # product_rounding): gamma_m (|A| |W[-1]| |a_h| + |A| |b[-1]|) per box and row
     a_h = _act_abs(net, *bounds[-1]) if bounds else np.abs(c) + rad
     absA = np.abs(A)
-    lam_err = crown.ERR_SAFETY * g * ((a_h @ net.absWT[-1]) @ absA.T
-                                      + (absA @ net.absb[-1])[None, :] + m * crown.TINY64)
+    lam_err = margin_rows_rounding(A.shape[1], (a_h @ net.absWT[-1]) @ absA.T,
+                                   (absA @ net.absb[-1])[None, :])
     lb, LamX, cst = _lower(net.W, net.b, net.absb, relax, net.zero_bL,
                            np.broadcast_to(Lam[None], (N,) + Lam.shape),
                            np.broadcast_to(const[None], (N, A.shape[0])), c, rad, steps,
@@ -440,11 +422,9 @@ def alpha_row_bound(net, info, lo, hi, A, rows, iters: int = 10, lr: float = 0.3
     alpha = _alpha_steer(net, relax, unst, lam_h, const_h, lo, hi, iters, lr)
     relax2 = [(aU, bU, np.where(un, al, aL), bL)
               for (aU, bU, aL, bL), un, al in zip(relax, unst, alpha)]
-    m = A.shape[1]
-    g = m * crown.U64 / (1.0 - m * crown.U64)
     absa = np.abs(a)
-    lam_err = crown.ERR_SAFETY * g * (np.sum((a_h @ net.absWT[-1]) * absa, axis=1)
-                                      + absa @ net.absb[-1] + m * crown.TINY64)
+    lam_err = margin_rows_rounding(A.shape[1], np.sum((a_h @ net.absWT[-1]) * absa, axis=1),
+                                   absa @ net.absb[-1])
     lb, LamX, _ = _lower(net.W, net.b, net.absb, relax2, net.zero_bL, lam_h[:, None, :],
                             const_h[:, None], c, rad, steps, net.fp_rtol, lam_err[:, None])
     return lb[:, 0], LamX[:, 0], relax2
@@ -453,31 +433,6 @@ def alpha_row_bound(net, info, lo, hi, A, rows, iters: int = 10, lr: float = 0.3
 # ------------------------------------------------------------------------------------------
 # branch and bound
 # ------------------------------------------------------------------------------------------
-
-RESULTS = ("unsat", "sat", "unknown", "timeout")
-
-
-@dataclass
-class BabResult:
-    result: str  # one of RESULTS
-    x: Optional[np.ndarray]  # counterexample (sat): inside [lo, hi], A f(x) <= b in float64
-    domains: int  # sub-boxes bounded
-    peak_open: int  # largest number of open sub-boxes held at once
-    # min over the open sub-boxes of max_i (lb_i - b_i) (b rounded up): their own bounds with
-    # split="trial", their parents' with "sensitivity" (open boxes are bounded when taken);
-    # None when none is open
-    worst: Optional[float]
-    splits: int = 0  # sub-boxes split
-    note: str = ""
-
-
-def violations(weights, biases, activation, alpha, X, lo, hi, A, b):
-    """Mask of the rows of X (K, d) that lie in [lo, hi] and satisfy every row of
-    ``A f(x) <= b`` by a float64 forward pass."""
-    inside = np.all((X >= lo) & (X <= hi), axis=1)
-    Y = forward(weights, biases, activation, X, alpha)
-    return inside & np.all(Y @ A.T <= b, axis=1)
-
 
 def _concat_info(infos):
     """The infos of :func:`batch_lower_bounds` on consecutive blocks of boxes, as one."""
@@ -597,10 +552,11 @@ def input_split(weights, biases, activation, alpha, lo, hi, A, b, deadline: floa
     stats = {"domains": 0, "peak": 1, "splits": 0}
 
     def result(res, x=None, open_scores=None, note=""):
-        worst = None
+        worst = np.nan
         if open_scores is not None and open_scores.size:
             worst = float(np.min(open_scores))
-        return BabResult(res, x, stats["domains"], stats["peak"], worst, stats["splits"], note)
+        return BabResult(res, x, stats["domains"], stats["peak"], worst, splits=stats["splits"],
+                         note=note)
 
     def bound(L, H, PB=None):
         """Per box: the rows' bounds lb - b_up, the rows' input coefficients, the score, the
@@ -644,7 +600,7 @@ def input_split(weights, biases, activation, alpha, lo, hi, A, b, deadline: floa
         for i in range(A.shape[0]):
             pts.append(np.where(Lam[:, i, :] > 0.0, L, H))
         X = np.clip(np.concatenate(pts), lo0, hi0)
-        hit = violations(weights, biases, activation, alpha, X, lo0, hi0, A, b)
+        hit = violations(weights, biases, activation, alpha, lo0, hi0, A, b, X)
         return X[np.argmax(hit)].copy() if hit.any() else None
 
     # open boxes; in "trial" mode they carry their own bound (score = own), else the parent's

@@ -53,38 +53,21 @@ from __future__ import annotations
 
 import heapq
 import time
-from dataclasses import dataclass
-from typing import Callable, List, Optional, Sequence
+from typing import Callable, Optional, Sequence
 
 import numpy as np
 
-from crown_cli.engine import backsub as crown
-from crown_cli.activations import forward
-from crown_cli.engine.backsub import FP_ATOL, FP_RTOL, Box, Network, hidden_layer_bounds
+from crown_cli.activations import default_alpha, supporting
+from crown_cli.engine.backsub import Network, hidden_layer_bounds
+from crown_cli.engine.input_sets import Box, input_abs_bound
 from crown_cli.engine.relaxations import get_relaxation
-
-VERDICTS = ("unsat", "sat", "unknown", "timeout")
-
-
-@dataclass
-class BabResult:
-    verdict: str  # one of VERDICTS
-    x: Optional[np.ndarray]  # counterexample (sat) or None
-    domains: int  # domains evaluated (the root counts one)
-    peak_open: int  # most open domains at any time
-    worst_bound: float  # min over open domains of the best row's (bound - b); float32 estimate
-    time_s: float
-    batches: int = 0
-    proven: int = 0  # domains proven empty (leaves)
-
-
-def _round_up(b):
-    return np.nextafter(np.asarray(b, dtype=np.float64), np.inf)
-
+from crown_cli.verification.outcome import BabResult, violations
+from crown_cli.engine.rounding import (ERR_SAFETY, FP_RTOL, U64, margin_rows_rounding, round_up,
+                                       rounding_weights, widen)
 
 def _kern():
-    """The numba kernels of the float32 steps, or None under crown.set_kernels("numpy")."""
-    from crown_cli.engine.backsub import kernels_backend
+    """The numba kernels of the float32 steps, or None under set_kernels("numpy")."""
+    from crown_cli.engine.kernels import kernels_backend
 
     if kernels_backend() == "numpy":
         return None
@@ -165,15 +148,15 @@ class Bounder:
 
     def __init__(self, weights, biases, lo, hi, A, b, activation="relu", leak=None,
                  layer_bounds=None, groups=None, interm_slopes=None):
-        if activation not in ("relu", "leaky_relu"):
-            raise ValueError("relu_split: activation must be relu or leaky_relu")
+        if activation not in supporting("bab"):
+            raise ValueError(f"relu_split: activation must be one of {', '.join(supporting('bab'))}")
         self.weights = [np.ascontiguousarray(w, dtype=np.float64) for w in weights]
         self.biases = [np.ascontiguousarray(v, dtype=np.float64) for v in biases]
         self.activation = activation
         if activation == "relu":
             leak = 0.0
         elif leak is None:
-            leak = 0.2
+            leak = default_alpha("leaky_relu")
         leak = float(leak)
         if not 0.0 <= leak <= 1.0:
             raise ValueError("relu_split: leaky ReLU slope must lie in [0, 1]")
@@ -182,7 +165,7 @@ class Bounder:
         self.box = Box(lo, hi)
         self.A = np.atleast_2d(np.asarray(A, dtype=np.float64))
         self.b = np.asarray(b, dtype=np.float64).reshape(-1)
-        self.b_up = _round_up(self.b)
+        self.b_up = round_up(self.b)
         self.m = self.A.shape[0]
         g = np.zeros(self.m, np.int64) if groups is None else np.asarray(groups, np.int64)
         if g.shape != (self.m,) or (self.m and (g[0] != 0 or np.any(
@@ -250,22 +233,20 @@ class Bounder:
         self.r = self.box.radius
         self.c32, self.r32 = self.c.astype(np.float32), self.r.astype(np.float32)
         # float64 rounding charges, as crown.back_substitute applies them: per hidden layer k
-        # the weights (v_k, t_k) of the step through it (crown.rounding_weights, unit 2**-53)
+        # the weights (v_k, t_k) of the step through it (rounding_weights, unit 2**-53)
         # from the layer's root interval (a split only narrows it on its subdomain) and the
         # previous layer's |a| bound (|relu(z)|, |leaky(z)| <= |z|; the input set's for k = 0),
         # and the rounding of A @ W[-1], A @ b[-1] as they act on the last layer
         self.rw = []
-        a_prev = crown.input_abs_bound(*self.box.args())
+        a_prev = input_abs_bound(*self.box.args())
         for k, (l, u) in enumerate(self.bounds):
             Wa = self.net.abs_row_sums(k) * (float(np.max(a_prev)) if a_prev.size else 0.0)
-            self.rw.append(crown.rounding_weights(self.net, k, a_prev, l, u, Wa, unit=crown.U64))
+            self.rw.append(rounding_weights(self.net, k, a_prev, l, u, Wa, unit=U64))
             a_prev = np.maximum(np.abs(l), np.abs(u))
-        nout = self.A.shape[1]
-        g = nout * crown.U64 / (1.0 - nout * crown.U64)
         absA = np.abs(self.A)
-        self.lam_err = crown.ERR_SAFETY * g * (
-            absA @ (self.net.abs_weights(self.L) @ a_prev) + absA @ np.abs(self.biases[-1])
-            + nout * crown.TINY64)
+        self.lam_err = margin_rows_rounding(
+            self.A.shape[1], absA @ (self.net.abs_weights(self.L) @ a_prev),
+            absA @ np.abs(self.biases[-1]))
 
     def score(self, v) -> np.ndarray:
         """Per domain, from row bounds v (B, m): the worst case's best row, (B,); > 0 proves
@@ -284,14 +265,6 @@ class Bounder:
     def case_rows(self):
         """The rows of each case: a list of (first, end) pairs, in case order."""
         return list(zip(self.gstart.tolist(), self.gstart[1:].tolist() + [self.m]))
-
-    def unsafe(self, Y) -> np.ndarray:
-        """Per output row of Y (N, n_out): does it lie in the unsafe set (some case's every
-        row), float64 check, (N,) bool."""
-        R = Y @ self.A.T <= self.b
-        if self.gstart.size <= 1:
-            return np.all(R, axis=1)
-        return np.logical_and.reduceat(R, self.gstart, axis=1).any(axis=1)
 
     def initial_alpha(self) -> np.ndarray:
         """CROWN's lower slopes for every unstable neuron, (nU,) float32."""
@@ -417,7 +390,7 @@ class Bounder:
             nrm = absL @ self.r
             val = lin - nrm + const
             mag = mag + absL @ np.abs(self.c) + nrm
-            out = val - ((self.net.fp_rtol * mag + FP_ATOL) + crown.ERR_SAFETY * steps)
+            out = widen(val, mag, -1.0, self.net.fp_rtol, ERR_SAFETY * steps)
         else:
             out = (Lam @ self.c32).astype(np.float64) - (np.abs(Lam) @ self.r32) + const
         out = out.reshape(B, m)
@@ -576,7 +549,7 @@ class Bounder:
         nrm = absL @ self.r
         val = Lam @ self.c - nrm + const
         mag = mag + absL @ np.abs(self.c) + nrm
-        out = val - ((self.net.fp_rtol * mag + FP_ATOL) + crown.ERR_SAFETY * steps)
+        out = widen(val, mag, -1.0, self.net.fp_rtol, ERR_SAFETY * steps)
         return out.reshape(n, rows)
 
     def tighten(self, split, dl, du, start, max_bytes: float = 2.0 ** 26, deadline=None):
@@ -1110,10 +1083,11 @@ def relu_split_steps(weights: Sequence[np.ndarray], biases: Sequence[np.ndarray]
                          time.monotonic() - t0, stats["batches"], stats["proven"])
 
     def violated(X):
-        """The first row of X (N, d) that is a counterexample (float64 check), or None."""
+        """The first row of X (N, d), clipped into the box, that is a counterexample, or None."""
         X = np.clip(X, bd.box.lo, bd.box.hi)
-        Y = forward(bd.weights, bd.biases, bd.activation, X, None if bd.activation == "relu" else bd.leak)
-        ok = bd.unsafe(Y)
+        ok = violations(bd.weights, bd.biases, bd.activation,
+                        None if bd.activation == "relu" else bd.leak, bd.box.lo, bd.box.hi,
+                        bd.A, bd.b, X, bd.gstart)
         return X[int(np.argmax(ok))].copy() if ok.any() else None
 
     if m == 0:  # no output constraint: every point of the box violates

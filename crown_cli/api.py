@@ -1,0 +1,510 @@
+"""The public Python API of crown-cli: load a network, certify one image, verify a property.
+
+The names here (re-exported from :mod:`crown_cli`) are the stable part of the package:
+:func:`load_model`, :func:`load_images`, :func:`certify`, :func:`verify`, :class:`Certification`
+and :class:`crown_cli.InputError`; docs/api.md describes them with an example. Everything
+else in ``crown_cli`` (the certifier, the engine, the verification pipeline) may change.
+
+:func:`certify` builds the same :class:`~crown_cli.certification.certifier.Certifier` with the
+same options and the same kernels as ``crown certify`` and chooses targets with the same code,
+so it returns exactly the radius ``crown certify`` writes for that image and those options.
+:func:`verify` builds the same :class:`~crown_cli.verification.pipeline.Verifier` as
+``crown verify --model --spec`` with the same defaults (the timeout excepted: 60 s here).
+
+Importing this module is cheap: numpy, the engine and numba are imported inside the functions.
+"""
+from __future__ import annotations
+
+import math
+import os
+import re
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass
+from numbers import Integral, Real
+from typing import Optional, Union
+
+from crown_cli.errors import InputError
+
+__all__ = ["Certification", "InputError", "certify", "load_images", "load_model", "verify"]
+
+# `crown certify` defaults (crown_cli/cli.py)
+CERTIFY_TIMEOUT = 600.0
+DEFAULT_SEED = 1215  # crown_cli.certification.targets.DEFAULT_SEED, kept here for the signature
+VERIFY_TIMEOUT = 60.0
+VERIFY_METHODS = "crown,alpha-crown"  # `crown verify --method` default
+
+
+@dataclass(frozen=True)
+class Certification:
+    """The result of :func:`certify` for one image: one row of ``crown certify``'s CSV.
+
+    Attributes:
+        eps: certified radius, in the units of the network's inputs (for the shipped MNIST
+            images: of ``pixel/255 - 0.5``, so an l_inf radius of 0.01 is 2.55 grey levels).
+            The margin ``f_c(x') - f_t(x')`` is proven > 0 (in float64) for every x' with
+            ``||x' - x||_norm <= eps``. 0.0 when nothing is certified; None when the image is
+            misclassified (status ``misclassified``) or the method ran out of time
+            (``timeout``). For ``method="exact"`` the exact minimum distortion instead.
+        status: ``certified``; ``capped`` (certified at ``max_eps``, the largest radius
+            searched); ``not-certified`` (no radius > 0); ``misclassified`` (``label`` given
+            and the network predicts another class: nothing certified); ``timeout``
+            (exact and lp-full after ``timeout`` seconds); ``optimal`` (exact).
+        label: the true class passed in, or None.
+        predicted: the class the network predicts for x (argmax of its logits); the class
+            whose decision is certified.
+        target: the target class (eps certifies ``predicted`` against it), or None for
+            ``target_type == "untargeted"`` (against every other class at once).
+        target_type: ``runner-up``, ``least``, ``random``, ``untargeted``, or ``class`` for a
+            target given as a class index.
+        norm: ``inf``, ``2`` or ``1``: the l_p ball.
+        method: the bound used (``crown``, ``fast-lin``, ``alpha-crown``, ...).
+        lower_bound: lower bound of the margin over the ball of radius eps (None if the
+            method has none, or misclassified).
+        margin: ``f_c(x) - f_t(x)`` at x itself (the minimum over the targets), logits'
+            units; None if misclassified.
+        evaluations: bound evaluations the radius search spent (0 if misclassified).
+        time_s: seconds the certification took (the first call in a process also loads the
+            numba kernels, ~1 s, unless the numpy kernels are used).
+        kernels: ``numpy`` or ``numba``: the bound kernels used (see ``kernels`` of
+            :func:`certify`; the two agree to ~rtol, not bit for bit).
+    """
+
+    eps: Optional[float]
+    status: str
+    label: Optional[int]
+    predicted: int
+    target: Optional[int]
+    target_type: str
+    norm: str
+    method: str
+    lower_bound: Optional[float]
+    margin: Optional[float]
+    evaluations: int
+    time_s: float
+    kernels: str
+
+
+# ------------------------------------------------------------------------------ errors
+
+_OPTION = re.compile(r"--([a-z][a-z0-9]*(?:-[a-z0-9]+)*)")
+
+
+def _python_names(message: str) -> str:
+    """A CLI message with its options written as this API's parameters:
+    '--max-eps: must be > 0' -> 'max_eps: must be > 0'."""
+    return _OPTION.sub(lambda m: m.group(1).replace("-", "_"), message)
+
+
+@contextmanager
+def _options():
+    """Re-raise the InputError of an option check with Python parameter names."""
+    try:
+        yield
+    except InputError as exc:
+        raise InputError(_python_names(str(exc))) from None
+
+
+def _number(value, name: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, Real):
+        raise InputError(f"{name}: expected a number, got {value!r}")
+    return float(value)
+
+
+def _integer(value, name: str, minimum: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, Integral) or value < minimum:
+        raise InputError(f"{name}: must be an integer >= {minimum}, got {value!r}")
+    return int(value)
+
+
+# ------------------------------------------------------------------------------ loading
+
+def load_model(path: Union[str, os.PathLike], activation: Optional[str] = None):
+    """Load a network from any model file ``crown`` reads.
+
+    Args:
+        path: NPZ (``W0``, ``b0``, ...), plain HDF5, a Keras ``model.save()`` HDF5 file
+            (``.h5``), a Keras 3 ``.keras`` archive, or ONNX (``.onnx``, needs the onnx
+            extra).
+        activation: overrides the activation read from the file (``relu``, ``tanh``,
+            ``sigmoid``, ``arctan``, ``leaky_relu``, ...), like ``--activation``.
+
+    Returns:
+        The network (today a :class:`crown_cli.network.MLP`): ``input_size``,
+        ``num_classes``, ``activation``, ``weights``/``biases`` (float64, W of shape
+        (outputs, inputs)) and ``forward(x)`` for x of shape (N, input_size) or
+        (input_size,). Pass it to :func:`certify` / :func:`verify`.
+
+    Raises:
+        InputError: the file is missing, unreadable or not a supported network, with the
+            one-line message ``crown`` prints (an option named as the Python parameter:
+            ``activation:`` for ``--activation:``).
+    """
+    from crown_cli.io.models import load_model as _load
+
+    try:
+        return _load(os.fspath(path), activation)
+    except InputError as exc:
+        msg = str(exc)
+        if msg.startswith("--activation"):
+            raise InputError(_python_names(msg)) from None
+        raise
+    except TypeError:
+        raise InputError(f"model: expected a file path, got {type(path).__name__}") from None
+
+
+def load_images(path: Optional[Union[str, os.PathLike]] = None,
+                labels: Optional[Union[str, os.PathLike]] = None):
+    """Test images and labels as ``crown certify --images`` reads them.
+
+    Args:
+        path: NPZ (``x``, ``y``), MNIST IDX (gzipped or raw) or CIFAR CSV; None: the first
+            100 MNIST test images shipped with crown.
+        labels: the labels IDX file of IDX images (default: the one beside them).
+
+    Returns:
+        ``(x, y)``: x of shape (N, d) float64 in the paper's scaling ``pixel/255 - 0.5``
+        (values in [-0.5, 0.5]; NPZ files are taken as already scaled unless their x is
+        uint8), y of shape (N,) int64, the labels.
+
+    Raises:
+        InputError: the one-line message ``crown`` prints for a bad image file.
+    """
+    from crown_cli.io.images import load_images as _load
+
+    return _load(None if path is None else os.fspath(path),
+                 None if labels is None else os.fspath(labels))
+
+
+def _as_model(model):
+    """A loaded network, or a path to load."""
+    from crown_cli.network import MLP
+
+    if isinstance(model, MLP):
+        return model
+    if isinstance(model, (str, os.PathLike)):
+        return load_model(model)
+    raise InputError(f"model: expected a network from crown_cli.load_model or a model file "
+                     f"path, got {type(model).__name__}")
+
+
+def _as_input(x, d: int, name: str = "x"):
+    """x as a contiguous float64 vector of d finite values, or an InputError."""
+    import numpy as np
+
+    try:
+        arr = np.asarray(x, dtype=np.float64)
+    except (TypeError, ValueError):
+        raise InputError(f"{name}: expected an array of numbers") from None
+    if arr.size != d:
+        raise InputError(f"{name}: has {arr.size} values (shape {arr.shape}) but the model "
+                         f"expects {d} inputs")
+    arr = np.ascontiguousarray(arr.reshape(-1))
+    if not np.all(np.isfinite(arr)):
+        raise InputError(f"{name}: contains NaN or infinite values")
+    return arr
+
+
+# ------------------------------------------------------------------------------ certify
+
+def certify(model, x, label: Optional[int] = None, target: Union[str, int] = "runner-up",
+            norm: Union[str, int, float] = "inf", method: str = "crown", *,
+            search: str = "interp", precision: str = "mixed", rtol: float = 1e-4,
+            eps0: Optional[float] = None, max_eps: float = 1e4,
+            timeout: float = CERTIFY_TIMEOUT, alpha_iters: Optional[int] = None,
+            alpha_lr: Optional[float] = None, seed: int = DEFAULT_SEED,
+            kernels: str = "auto") -> Certification:
+    """Certified robustness radius of one input: ``crown certify`` for a single image.
+
+    Args:
+        model: a network from :func:`load_model`, or a model file path (loaded each call).
+        x: one input: shape (d,) or any shape with d = ``model.input_size`` elements,
+            flattened in C (row-major) order, e.g. a (28, 28) MNIST image. Values in the
+            network's own input scaling: the shipped MNIST models take ``pixel/255 - 0.5``
+            (in [-0.5, 0.5]), which is what :func:`load_images` returns.
+        label: the true class, or None. None: the predicted class is certified. Given and
+            not the predicted class: nothing is certified, status ``misclassified``.
+        target: the class(es) the prediction is certified against: ``"runner-up"`` (the
+            second largest logit), ``"least"`` (the smallest), ``"random"``, ``"untargeted"``
+            (every class but the predicted one), or a class index.
+            ``"random"`` draws with Python's ``random.Random(seed)`` exactly as
+            ``crown certify`` does for the first image of a file; the CLI advances one
+            stream over the images in file order, so for its image i > 0 pass the target
+            class from its CSV instead.
+        norm: the l_p ball: ``"inf"``, ``"2"`` or ``"1"`` (``2``, ``1``, ``"l2"``,
+            ``"linf"``... accepted).
+        method: ``crown``, ``fast-lin``, ``crown-quad``, ``alpha-crown``, ``fast-lip``,
+            ``op-norm``, ``lp-full`` or ``exact``, as ``crown certify --method``.
+
+    Keyword-only options, as ``crown certify``'s (same defaults):
+        search: ``interp`` or ``bisect`` (radius search).
+        precision: ``mixed`` (float32 steers the search, the radius is verified in float64)
+            or ``float64``.
+        rtol: relative width of the search's final bracket, in (0, 1).
+        eps0: first radius tried (None: derived from the image).
+        max_eps: largest radius searched (status ``capped`` there).
+        timeout: seconds for ``exact`` and ``lp-full`` (status ``timeout``, eps None).
+        alpha_iters, alpha_lr: alpha-crown's optimiser steps and step size (None: its
+            defaults); only with ``method="alpha-crown"``.
+        seed: seed of the ``"random"`` target (``--seed``).
+        kernels: ``auto``, ``numba`` or ``numpy``: the bound kernels. ``auto`` chooses as
+            ``crown certify --kernels auto`` does for a job of one certification (numpy for
+            small ReLU-type networks). The two kernels agree to about rtol, not bit for bit:
+            to reproduce a CLI run exactly, use the kernels it used (its ``auto`` counts
+            every image, target and norm of the job; give both the same explicit value).
+            The choice is process-wide while the call runs (not thread-safe).
+
+    Returns:
+        A :class:`Certification` (eps, status, classes, margin, ...).
+
+    Raises:
+        InputError: bad x (size, NaN), label or target out of range, unknown norm, method,
+            target or option value, a method the network does not support, or a model file
+            that cannot be read. The message is one line naming the parameter.
+    """
+    from crown_cli.certification.certifier import ALPHA_ITERS, Certifier, parse_norm
+    from crown_cli.certification.methods import names as other_method_names
+    from crown_cli.certification.targets import (TARGET_TYPES, TargetSelector,
+                                                 check_random_possible, parse_target_types)
+    from crown_cli.cli import choose_kernels
+    from crown_cli.engine.backsub import KERNELS, using_kernels
+
+    mlp = _as_model(model)
+    # option checks as `crown certify` makes them, in its order
+    with _options():
+        norm = parse_norm(norm)
+    methods = ("crown", "fast-lin", "crown-quad", "alpha-crown") + tuple(other_method_names())
+    if not isinstance(method, str) or method.strip().lower() not in methods:
+        raise InputError(f"method: unknown method {method!r} (choose from {', '.join(methods)})")
+    method = method.strip().lower()
+    if method != "alpha-crown" and (alpha_iters is not None or alpha_lr is not None):
+        raise InputError("alpha_iters/alpha_lr: need method alpha-crown")
+    if alpha_iters is not None:
+        alpha_iters = _integer(alpha_iters, "alpha_iters", 0)
+    if alpha_lr is not None and not (math.isfinite(_number(alpha_lr, "alpha_lr")) and alpha_lr > 0):
+        raise InputError(f"alpha_lr: must be > 0, got {alpha_lr}")
+    if not _number(timeout, "timeout") > 0:
+        raise InputError(f"timeout: must be > 0, got {timeout}")
+    if not (0 < _number(rtol, "rtol") < 1):
+        raise InputError(f"rtol: must lie in (0, 1), got {rtol}")
+    if eps0 is not None and not _number(eps0, "eps0") > 0:
+        raise InputError(f"eps0: must be > 0, got {eps0}")
+    if not _number(max_eps, "max_eps") > 0:
+        raise InputError(f"max_eps: must be > 0, got {max_eps}")
+    if search not in ("interp", "bisect"):
+        raise InputError(f"search: unknown search {search!r} (choose from interp, bisect)")
+    if precision not in ("mixed", "float64"):
+        raise InputError(f"precision: unknown precision {precision!r} (choose from mixed, float64)")
+    if kernels not in ("auto",) + KERNELS:
+        raise InputError(f"kernels: unknown kernels {kernels!r} (choose from auto, "
+                         f"{', '.join(KERNELS)})")
+    if isinstance(seed, bool) or not isinstance(seed, Integral):
+        raise InputError(f"seed: must be an integer, got {seed!r}")
+
+    n = mlp.num_classes
+    x0 = _as_input(x, mlp.input_size)
+    if label is not None:
+        if isinstance(label, bool) or not isinstance(label, Integral) or not 0 <= label < n:
+            raise InputError(f"label: {label!r} is not a class of the model (0..{n - 1})")
+        label = int(label)
+    if isinstance(target, str):
+        with _options():
+            types = parse_target_types(target)
+            if len(types) != 1:
+                raise InputError(f"--target: one target per call, got '{target}'")
+            target_type = types[0]
+            check_random_possible(n, types)
+        target_class = None
+    elif isinstance(target, Integral) and not isinstance(target, bool):
+        if not 0 <= target < n:
+            raise InputError(f"target: {target} is not a class of the model (0..{n - 1})")
+        target_type, target_class = "class", int(target)
+    else:
+        raise InputError(f"target: expected one of {', '.join(TARGET_TYPES)} or a class "
+                         f"index, got {target!r}")
+
+    # the network and kernels of `crown certify` (cli.certify): an order-preserving output
+    # activation is skipped, another one becomes a hidden layer
+    weights, biases = mlp.margin_layers()
+    with _options():
+        backend = choose_kernels(kernels, mlp.activation, [w.shape for w in weights], 1)
+    alpha_opts = {}
+    if method == "alpha-crown":
+        alpha_opts = {"alpha_iters": ALPHA_ITERS if alpha_iters is None else alpha_iters,
+                      "alpha_lr": alpha_lr}
+    with using_kernels(backend):
+        with _options():
+            cert = Certifier(weights, biases, mlp.activation, norm=norm, method=method,
+                             search=search, rtol=float(rtol), eps0=eps0, eps_max=float(max_eps),
+                             precision=precision, alpha=mlp.alpha, timeout=float(timeout),
+                             **alpha_opts)
+        # the targets as crown certify chooses them (runner.certify_images)
+        sel = TargetSelector(int(seed)).select(cert.logits(x0[None, :])[0])
+        c = int(sel["predicted"])
+        if target_type == "class":
+            if target_class == c:
+                raise InputError(f"target: {target_class} is the predicted class; choose "
+                                 "another class")
+            chosen = target_class
+        else:
+            chosen = sel[target_type]
+        record = dict(label=label, predicted=c,
+                      target=None if target_type == "untargeted" else int(chosen),
+                      target_type=target_type, norm=cert.norm, method=method, kernels=backend)
+        if label is not None and c != label:
+            return Certification(eps=None, status="misclassified", lower_bound=None,
+                                 margin=None, evaluations=0, time_s=0.0, **record)
+        targets = list(chosen) if isinstance(chosen, list) else [int(chosen)]
+        res = cert.certify(x0, c, targets)
+    return Certification(eps=None if res.eps is None else float(res.eps), status=res.status,
+                         lower_bound=None if res.lower_bound is None else float(res.lower_bound),
+                         margin=float(res.margin), evaluations=int(res.evaluations),
+                         time_s=float(res.time_s), **record)
+
+
+# ------------------------------------------------------------------------------ verify
+
+def verify(model, spec, timeout: float = VERIFY_TIMEOUT, *,
+           method: Union[str, tuple, list] = VERIFY_METHODS, attack_restarts: int = 64,
+           attack_steps: int = 100, attack_time: Optional[float] = None, bab: bool = True,
+           max_domains: int = 200_000, seed: int = 0, log=None):
+    """Decide a property of a network: ``crown verify --model --spec`` in Python.
+
+    The property asks: is there an input x in the box [lo, hi] whose outputs y = f(x)
+    satisfy ``A y <= b`` (every row)? Such an x violates the property.
+
+    Args:
+        model: a network from :func:`load_model`, or a model file path.
+        spec: one of
+            - a VNN-LIB file path (``str`` or ``os.PathLike``);
+            - a tuple ``(lo, hi, A, b)``: lo, hi of shape (n_inputs,) (or any shape with
+              n_inputs elements), the input box in the network's own input units (no image
+              scaling); A of shape (m, n_outputs) (or (n_outputs,) for one row), b of shape
+              (m,) (or a number for one row), in the units of the network's outputs (the
+              logits for a classifier);
+            - a ``list`` of such tuples: several cases, violated when any case is;
+            - a parsed ``crown_cli.io.vnnlib.Property``.
+        timeout: seconds for the whole decision (loading a model path included).
+
+    Keyword-only options, as ``crown verify``'s (same defaults):
+        method: the bound stages after the attack, ``"crown,alpha-crown"`` (a
+            comma-separated string or a sequence).
+        attack_restarts, attack_steps: PGD starting points per case, steps per run.
+        attack_time: seconds for each attack stage (None: 10% of the timeout, >= 0.5).
+        bab: branch and bound after the bound stages (ReLU and leaky ReLU networks).
+        max_domains: cap on the open domains of the branch and bound.
+        seed: seed of the attack's random starts.
+        log: None, or a function receiving a text line per stage (``crown verify -v``).
+
+    Returns:
+        The verdict (today :class:`crown_cli.verification.pipeline.Verdict`) with fields
+        ``result`` (``sat``: a violation found; ``unsat``: proven to hold; ``unknown``;
+        ``timeout``), ``x`` (n_inputs,) and ``y`` (n_outputs,) the counterexample and its
+        float64 outputs (sat only, else None), ``case`` (index of the violated case),
+        ``stage``, ``margin``, ``cases``, ``cases_proven``, ``domains``, ``peak_domains``,
+        ``time_s``. ``sat`` only with an x in the box whose float64 forward pass satisfies
+        ``A y <= b``; ``unsat`` only when a float64-verified bound proves every case empty.
+
+    Raises:
+        InputError: a bad model or spec file, spec shapes that do not match the network,
+            lo > hi, NaN values, or a bad option value; one line naming it.
+    """
+    from crown_cli.verification.pipeline import BOUND_STAGES, Verifier
+
+    t0 = time.perf_counter()
+    if not _number(timeout, "timeout") > 0:
+        raise InputError(f"timeout: must be > 0, got {timeout}")
+    stages = _stages(method, BOUND_STAGES)
+    if attack_time is not None and not _number(attack_time, "attack_time") >= 0:
+        raise InputError(f"attack_time: must be >= 0, got {attack_time}")
+    options = dict(stages=stages, attack_restarts=_integer(attack_restarts, "attack_restarts", 1),
+                   attack_steps=_integer(attack_steps, "attack_steps", 1),
+                   seed=_integer(seed, "seed", 0), attack_time=attack_time, bab=bool(bab),
+                   max_domains=_integer(max_domains, "max_domains", 1))
+    if log is not None and not callable(log):
+        raise InputError("log: expected a function of one string, or None")
+    mlp = _as_model(model)
+    # as verification.runner.Loader.verifier builds it for `crown verify`
+    weights, biases = mlp.verify_layers()
+    verifier = Verifier(weights, biases, mlp.activation, mlp.alpha, **options)
+    prop = _property(spec, verifier.n_inputs, verifier.n_outputs)
+    return verifier.verify(prop, max(0.0, float(timeout) - (time.perf_counter() - t0)), log=log)
+
+
+def _stages(method, choices) -> tuple:
+    parts = method.split(",") if isinstance(method, str) else method
+    try:
+        parts = [str(p).strip().lower() for p in parts]
+    except TypeError:
+        raise InputError(f"method: expected a string or a sequence of stages, got "
+                         f"{method!r}") from None
+    out = []
+    for part in parts:
+        if part not in choices:
+            raise InputError(f"method: unknown stage '{part}' (choose from {', '.join(choices)})")
+        if part not in out:
+            out.append(part)
+    if not out:
+        raise InputError(f"method: no stage given (choose from {', '.join(choices)})")
+    return tuple(out)
+
+
+def _property(spec, n_inputs: int, n_outputs: int):
+    """The spec as a parsed Property of a network with these sizes."""
+    from crown_cli.io.vnnlib import Property, parse_vnnlib
+
+    if isinstance(spec, (str, os.PathLike)):
+        # the CLI's Loader.property
+        return parse_vnnlib(os.fspath(spec), n_inputs, n_outputs)
+    if isinstance(spec, Property):
+        from crown_cli.verification.pipeline import check_sizes
+
+        check_sizes(spec, n_inputs, n_outputs, "spec")
+        return spec
+    if isinstance(spec, tuple):
+        cases, single = [spec], True
+    elif isinstance(spec, list):
+        cases, single = spec, False
+        if not cases:
+            raise InputError("spec: an empty list of cases")
+    else:
+        raise InputError(f"spec: expected a VNN-LIB path, a tuple (lo, hi, A, b), a list of "
+                         f"them or a Property, got {type(spec).__name__}")
+    out = [_case(c, "spec" if single else f"spec case {k}", n_inputs, n_outputs)
+           for k, c in enumerate(cases)]
+    return Property(n_inputs, n_outputs, out)
+
+
+def _case(case, where: str, n_inputs: int, n_outputs: int):
+    """(lo, hi, A, b) checked and converted to a vnnlib Case."""
+    import numpy as np
+
+    from crown_cli.io.vnnlib import Case
+
+    if not isinstance(case, tuple) or len(case) != 4:
+        raise InputError(f"{where}: expected a tuple (lo, hi, A, b), got "
+                         + (f"a tuple of {len(case)} items" if isinstance(case, tuple)
+                            else type(case).__name__))
+    lo = _as_input(case[0], n_inputs, f"{where}: lo")
+    hi = _as_input(case[1], n_inputs, f"{where}: hi")
+    bad = np.flatnonzero(lo > hi)
+    if bad.size:
+        i = int(bad[0])
+        raise InputError(f"{where}: lo > hi at input {i} ({float(lo[i])!r} > {float(hi[i])!r})")
+    try:
+        A = np.asarray(case[2], dtype=np.float64)
+        b = np.asarray(case[3], dtype=np.float64)
+    except (TypeError, ValueError):
+        raise InputError(f"{where}: A and b must be arrays of numbers") from None
+    if A.ndim == 1:
+        A = A[None, :]
+    if A.ndim != 2 or A.shape[1] != n_outputs:
+        raise InputError(f"{where}: A has shape {A.shape}; expected (m, {n_outputs}) "
+                         f"for a network with {n_outputs} outputs")
+    b = b.reshape(-1) if b.ndim <= 1 else b
+    if b.shape != (A.shape[0],):
+        raise InputError(f"{where}: b has shape {np.shape(case[3])}; expected "
+                         f"({A.shape[0]},), one value per row of A")
+    if not (np.all(np.isfinite(A)) and np.all(np.isfinite(b))):
+        raise InputError(f"{where}: A and b must be finite (no NaN or infinite values)")
+    return Case(lo, hi, np.ascontiguousarray(A), np.ascontiguousarray(b))

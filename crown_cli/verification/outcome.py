@@ -1,0 +1,67 @@
+"""What a verification ends with: the verdict vocabulary, the result of a branch-and-bound
+search, and the one check that makes a point a counterexample.
+
+A ``sat`` verdict is only as good as its counterexample: :func:`violations` accepts a point
+when it is finite, lies in the box exactly, and a float64 forward pass
+(:func:`crown_cli.activations.forward`) puts its outputs in the unsafe set. Every search
+(attack, input splitting, ReLU splitting) hands its candidates to this function and nothing
+else. The check is float64 arithmetic, not exact: a point with ``A_i f(x) - b_i`` within
+rounding of 0 may be accepted or refused.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+import numpy as np
+
+from crown_cli.activations import forward
+
+# The verdict of a property, a case or a search. A result row of an instance list may also
+# say "error" (ROW_RESULTS).
+VERDICTS = ("sat", "unsat", "unknown", "timeout")
+ROW_RESULTS = VERDICTS + ("error",)
+
+
+@dataclass
+class BabResult:
+    """The end of one branch-and-bound search (input splitting or ReLU splitting)."""
+
+    verdict: str  # one of VERDICTS
+    x: Optional[np.ndarray]  # counterexample (sat): accepted by violations(), else None
+    domains: int  # domains (sub-boxes, or ReLU-split subdomains) bounded; the root counts one
+    peak_open: int  # most open domains held at once
+    # min over the open domains of the best row's (lower bound - b) (b rounded up); nan when
+    # none is open. Input splitting: float64 bounds (with split="sensitivity" the parents');
+    # ReLU splitting: the float32 estimates that order its queue
+    worst_bound: float
+    time_s: float = 0.0
+    batches: int = 0  # batches of domains bounded (ReLU splitting)
+    proven: int = 0  # domains proven empty (ReLU splitting leaves)
+    splits: int = 0  # sub-boxes split (input splitting)
+    note: str = ""  # why a search ended in unknown
+
+
+def violations(weights, biases, activation: str, alpha, lo, hi, A, b, X,
+               gstart: Optional[np.ndarray] = None) -> np.ndarray:
+    """For each row of X (N, d): is it a verified counterexample? (N,) bool.
+
+    A row is one when it is finite, ``lo <= x <= hi`` exactly, and its float64 outputs y
+    satisfy every row of ``A y <= b``; with ``gstart`` (the first row of each case, rows of A
+    grouped by case) every row of some one case. ``alpha``: the activation's parameter
+    (None: its default)."""
+    X = np.asarray(X, dtype=np.float64)
+    if X.ndim == 1:
+        X = X[None, :]
+    inside = np.all(np.isfinite(X), axis=1) & np.all((X >= lo) & (X <= hi), axis=1)
+    ok = np.zeros(X.shape[0], dtype=bool)
+    if not inside.any():
+        return ok
+    rows = np.flatnonzero(inside)
+    Y = forward(weights, biases, activation, X if rows.size == X.shape[0] else X[rows], alpha)
+    R = Y @ np.asarray(A, dtype=np.float64).T <= b
+    if gstart is None or len(gstart) <= 1:
+        ok[rows] = np.all(R, axis=1)
+    else:
+        ok[rows] = np.logical_and.reduceat(R, gstart, axis=1).any(axis=1)
+    return ok
