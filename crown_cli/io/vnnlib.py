@@ -428,8 +428,8 @@ class _Parser:
         i = int(np.flatnonzero(lo > hi)[0])
         where = "the input box" if every_case else "every case's input box"
         self.warnings.append(
-            f"{self.where}: {where} is empty (X_{i} has lower bound {lo[i]!r} above its upper "
-            f"bound {hi[i]!r}): no input can violate the property, so it holds trivially (unsat)")
+            f"{self.where}: {where} is empty (X_{i} has lower bound {float(lo[i]):.10g} above its "
+            f"upper bound {float(hi[i]):.10g}): no input can violate the property, so it holds trivially (unsat)")
 
     # DNF terms -> cases
     def _apply(self, ids, lo, hi, row_ids):

@@ -188,7 +188,7 @@ def run_instances(instances: Sequence[Instance], write: Callable[[Dict[str, obje
                 v = loader.verifier(inst.path("onnx"), **options)
                 prop = loader.property(inst.path("vnnlib"), v.n_inputs, v.n_outputs)
                 for message in prop.warnings if warn is not None else ():
-                    warn(f"{inst.name}: {message}")
+                    warn(message)  # names the property file
                 verdict = v.verify(prop, max(0.0, timeout - (time.perf_counter() - t0)),
                                    log=log, status=bar.status if bar.bar is not None else None)
                 row = verify_row(inst, verdict, time_s=time.perf_counter() - t0, timeout=timeout)
