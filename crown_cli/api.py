@@ -32,7 +32,7 @@ __all__ = ["Certification", "InputError", "certify", "load_images", "load_model"
 CERTIFY_TIMEOUT = 600.0
 DEFAULT_SEED = 1215  # crown_cli.certification.targets.DEFAULT_SEED, kept here for the signature
 VERIFY_TIMEOUT = 60.0
-VERIFY_METHODS = "crown,alpha-crown"  # `crown verify --method` default
+VERIFY_METHODS = "crown,alpha-crown"  # `crown verify --stages` default
 
 
 @dataclass(frozen=True)
@@ -246,7 +246,7 @@ def certify(model, x, label: Optional[int] = None, target: Union[str, int] = "ru
         timeout: seconds for ``exact`` and ``lp-full`` (status ``timeout``, eps None).
         alpha_iters, alpha_lr: alpha-crown's optimiser steps and step size (None: its
             defaults); only with ``method="alpha-crown"``.
-        seed: seed of the ``"random"`` target (``--seed``).
+        seed: seed of the ``"random"`` target (``--target-seed``).
         kernels: ``auto``, ``numba`` or ``numpy``: the bound kernels. ``auto`` chooses as
             ``crown certify --kernels auto`` does for a job of one certification (numpy for
             small ReLU-type networks). The two kernels agree to about rtol, not bit for bit:

@@ -26,6 +26,9 @@ class CrownError(click.ClickException):
         click.echo(f"crown: error: {self.format_message()}", err=True)
 
 
+# Exit code of a run stopped by Ctrl-C (SIGINT): 128 + 2, what a shell reports.
+EXIT_INTERRUPTED = 130
+
 # Exit code when stdout's reader has gone (`crown ... | head -1`): 128 + SIGPIPE, what a shell
 # reports for a Unix tool killed by the signal.
 EXIT_BROKEN_PIPE = 141
@@ -56,8 +59,11 @@ def _handle_errors(fn):
             if debug:
                 raise
             raise CrownError(str(exc)) from None
-        except (click.ClickException, click.exceptions.Exit, click.Abort, KeyboardInterrupt):
+        except (click.ClickException, click.exceptions.Exit, click.Abort):
             raise
+        except KeyboardInterrupt:  # Ctrl-C before any row was written (see _run_job for after)
+            click.echo("crown: interrupted", err=True)
+            raise click.exceptions.Exit(EXIT_INTERRUPTED) from None
         except BrokenPipeError:  # the reader of stdout has gone: stop quietly
             _stdout_to_devnull()
             raise click.exceptions.Exit(EXIT_BROKEN_PIPE) from None
@@ -70,6 +76,33 @@ def _handle_errors(fn):
             ) from None
 
     return wrapper
+
+
+def _deprecated(old: str, new: str, dest: str, **option_kw):
+    """Keep the spelling ``old`` of option ``new`` (parameter ``dest``) working, hidden from
+    --help, with a deprecation note on stderr; giving both is refused. The value is recorded
+    under ``new`` (the sidecar's options)."""
+    hidden = "deprecated_" + dest
+
+    def decorate(fn):
+        @click.option(old, hidden, default=None, hidden=True, **option_kw)
+        @functools.wraps(fn)
+        def wrapper(*args, **kwargs):
+            value = kwargs.pop(hidden)
+            ctx = click.get_current_context()
+            ctx.params.pop(hidden, None)
+            if value is not None:
+                source = ctx.get_parameter_source(dest)
+                if source is not None and source.name not in ("DEFAULT", "DEFAULT_MAP"):
+                    raise InputError(f"{old}: is the old spelling of {new}; give only {new}")
+                click.echo(f"crown: warning: {old} is deprecated in crown {ctx.info_name}; "
+                           f"use {new}", err=True)
+                kwargs[dest] = ctx.params[dest] = value
+            return fn(*args, **kwargs)
+
+        return wrapper
+
+    return decorate
 
 
 def _split(value: str, option: str, choices) -> List[str]:
@@ -120,6 +153,12 @@ def choose_kernels(requested: str, activation: str, shapes, runs: int) -> str:
     return "numpy" if activation in NUMPY_TWINS and cheap else "numba"
 
 
+# Largest --eps0 / --max-eps: radii far beyond any image's size (inputs lie in [-0.5, 0.5]),
+# and far from where the bounds' float32 and float64 products overflow (about 1e150 on the
+# shipped networks: --eps0 1e200 gave eps 0.0 after 400 evaluations).
+MAX_RADIUS = 1e30
+
+
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="crown")
 def cli():
@@ -127,9 +166,10 @@ def cli():
 
 
 @cli.command()
-@click.option("--model", "model_path", required=True, type=click.Path(dir_okay=True),
+@click.option("--model", "model_path", required=True, type=click.Path(dir_okay=True), metavar="FILE",
               help="Model file: NPZ, HDF5 (W0.., b0..), Keras model.save() HDF5 or .keras, or .onnx.")
-@click.option("--activation", default=None, help="Override the activation read from the model file.")
+@click.option("--activation", default=None, metavar="NAME",
+              help="Override the activation read from the model file.")
 @_handle_errors
 def inspect(model_path, activation):
     """Print a model's layers, activation, parameter count and input size."""
@@ -152,38 +192,40 @@ def inspect(model_path, activation):
 
 
 @cli.command()
-@click.option("--model", "model_path", required=True, type=click.Path(dir_okay=True),
+@click.option("--model", "model_path", required=True, type=click.Path(dir_okay=True), metavar="FILE",
               help="Model file: NPZ, HDF5 (W0.., b0..), Keras model.save() HDF5 or .keras, or .onnx.")
-@click.option("--images", "images_path", default=None,
+@click.option("--images", "images_path", default=None, metavar="FILE",
               help="Image file: NPZ (x, y), MNIST IDX (gz or raw) or CIFAR CSV. "
                    "Default: the first 100 MNIST test images shipped with crown.")
-@click.option("--labels", "labels_path", default=None, help="Labels IDX file for IDX images "
+@click.option("--labels", "labels_path", default=None, metavar="FILE", help="Labels IDX file for IDX images "
               "(default: the labels file beside the images).")
-@click.option("--num-images", "-n", type=click.IntRange(min=1), default=None,
+@click.option("--num-images", "-n", type=click.IntRange(min=1), default=None, metavar="N",
               help="Number of images to process (default: all from --start on).")
-@click.option("--start", type=click.IntRange(min=0), default=0, show_default=True,
+@click.option("--start", type=click.IntRange(min=0), default=0, show_default=True, metavar="N",
               help="Index of the first image.")
-@click.option("--norm", default="inf", show_default=True,
+@click.option("--norm", default="inf", show_default=True, metavar="LIST",
               help="l_p norm of the ball: inf, 2 or 1 (comma-separated list allowed).")
-@click.option("--method", default="crown", show_default=True,
+@click.option("--method", default="crown", show_default=True, metavar="LIST",
               help="crown (adaptive ReLU lower bound), fast-lin, crown-quad (quadratic bounds, "
                    "2-layer ReLU only), alpha-crown (optimised ReLU lower slopes, ReLU and leaky "
                    "ReLU; optimised tangent points, tanh, sigmoid, arctan), fast-lip, op-norm, "
                    "lp-full or exact (comma-separated list allowed).")
-@click.option("--alpha-iters", type=int, default=None,
-              help="alpha-crown: most gradient steps per optimisation (default 20; early "
+@click.option("--alpha-iters", type=int, default=None, metavar="N",
+              help="alpha-crown: most gradient steps per optimisation (default 25; early "
                    "stopping usually ends sooner; 0: CROWN's slopes).")
-@click.option("--alpha-lr", type=float, default=None,
+@click.option("--alpha-lr", type=float, default=None, metavar="LR",
               help="alpha-crown: Adam step size on the slopes (default 0.5; 0.1 for the "
                    "tangent points of tanh, sigmoid, arctan).")
-@click.option("--timeout", type=float, default=600.0, show_default=True,
+@click.option("--timeout", type=float, default=600.0, show_default=True, metavar="SECONDS",
               help="Seconds per image and target type for --method exact and lp-full "
                    "(status 'timeout', no eps).")
 @click.option("--target", "target_spec", default="runner-up", show_default=True,
+              metavar="LIST",
               help="runner-up, random, least or untargeted (comma-separated list allowed).")
-@click.option("--seed", type=int, default=1215, show_default=True,
-              help="Seed of the random-target draw (Python random, as in the paper).")
-@click.option("--activation", default=None, help="Override the activation read from the model file.")
+@click.option("--target-seed", "seed", type=int, default=1215, show_default=True, metavar="N",
+              help="Seed of the random-target draw (Python random, as in the paper); was --seed.")
+@click.option("--activation", default=None, metavar="NAME",
+              help="Override the activation read from the model file.")
 @click.option("--search", default="interp", show_default=True,
               type=click.Choice(["interp", "bisect"]),
               help="Radius search: bracketing + quadratic interpolation, or plain bisection.")
@@ -191,31 +233,36 @@ def inspect(model_path, activation):
               type=click.Choice(["mixed", "float64"]),
               help="mixed: float32 products steer the search, the reported eps is verified in "
                    "float64; float64: every evaluation in float64.")
-@click.option("--rtol", type=float, default=1e-4, show_default=True,
+@click.option("--rtol", type=float, default=1e-4, show_default=True, metavar="RTOL",
               help="Relative width of the final bracket [certified, not certified].")
-@click.option("--eps0", type=float, default=None,
-              help="First radius tried (default: a fraction of each image's first-order "
-                   "distance; with --search bisect and other methods the paper's, by norm and "
-                   "input size).")
-@click.option("--max-eps", type=float, default=1e4, show_default=True,
-              help="Largest radius searched; rows certified there get status 'capped'.")
+@click.option("--eps0", type=float, default=None, metavar="EPS",
+              help="First radius tried, at most --max-eps (default: a fraction of each image's "
+                   "first-order distance; with --search bisect and other methods the paper's, "
+                   "by norm and input size). Only the number of evaluations depends on it.")
+@click.option("--max-eps", type=float, default=1e4, show_default=True, metavar="EPS",
+              help=f"Largest radius searched (at most {MAX_RADIUS:g}); rows certified there get "
+                   "status 'capped'.")
 @click.option("--attack", "attack", default="none", show_default=True,
               type=click.Choice(["none", "pgd"]),
               help="pgd: also run a PGD attack per row and write the smallest adversarial "
                    "distortion it verified (an upper bound) to attack_eps.")
-@click.option("--attack-steps", type=click.IntRange(min=1), default=None,
+@click.option("--attack-steps", type=click.IntRange(min=1), default=None, metavar="N",
               help="PGD steps per attack run (default 20).")
-@click.option("--attack-restarts", type=click.IntRange(min=1), default=None,
+@click.option("--attack-restarts", type=click.IntRange(min=1), default=None, metavar="N",
               help="PGD starting points per radius (default 2).")
 @click.option("--attack-seed", type=click.IntRange(min=0), default=0, show_default=True,
-              help="Seed of the attack's random starts.")
-@click.option("--output", "-o", default="-", show_default=True,
+              metavar="N", help="Seed of the attack's random starts.")
+@click.option("--output", "-o", default="-", show_default=True, metavar="FILE",
               help="Result file to write ('-': stdout); a provenance sidecar <output>.json goes beside it.")
-@click.option("--format", "out_format", default="csv", show_default=True,
-              type=click.Choice(["csv", "jsonl"]), help="Result file format.")
+@click.option("--format", "out_format", default=None, type=click.Choice(["csv", "jsonl"]),
+              help="Format of the --output file (default: from its extension, .jsonl: jsonl, "
+                   "else csv).")
 @click.option("--overwrite", is_flag=True, help="Replace an existing --output file.")
 @click.option("--resume", is_flag=True,
-              help="Continue an existing --output: skip the rows already there, append the rest.")
+              help="Continue an existing --output of an interrupted run with the same options: "
+                   "skip the rows already there, append the rest. It cannot extend a finished "
+                   "run to more images: write those to another file (--start, --num-images) "
+                   "and join the two with crown merge.")
 @click.option("--shard", default=None, metavar="K/N",
               help="Only the K-th of N round-robin parts of the images (K = 1..N), for job arrays.")
 @click.option("--kernels", default="auto", show_default=True,
@@ -223,24 +270,27 @@ def inspect(model_path, activation):
               help="Bound kernels: numba (compiled; loading them costs ~1 s once per run), "
                    "numpy (no start-up cost, slower per image; ReLU and leaky ReLU networks "
                    "only) or auto (numpy for short jobs on such networks, else numba).")
+@click.option("--verbose", "-v", is_flag=True, help="A log line per row on stderr.")
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar and no summary line.")
 @_handle_errors
+@_deprecated("--seed", "--target-seed", "seed", type=int)
 def certify(model_path, images_path, labels_path, num_images, start, norm, method, alpha_iters,
             alpha_lr, timeout,
             target_spec, seed, activation, search, precision, rtol, eps0, max_eps, attack,
             attack_steps, attack_restarts, attack_seed, output, out_format, overwrite, resume,
-            shard, kernels, quiet):
+            shard, kernels, verbose, quiet):
     """Certify each image against the chosen targets and write one CSV row per (image, target).
 
-    Exit codes: 0 all rows done, 1 internal error, 2 bad input, 3 finished but some rows
-    have status error or timeout (counting rows already in a resumed file).
+    Exit codes: 0 all rows done, 1 internal error, 2 bad input or usage, 3 finished but some
+    rows have status error or timeout (counting rows already in a resumed file), 130
+    interrupted (Ctrl-C; the rows written are kept, --resume continues).
     """
-    from crown_cli.io.result_files import OutputJob, parse_shard, shard_indices
+    from crown_cli.io.result_files import OutputJob, format_for, parse_shard, shard_indices
     from crown_cli.io.provenance import option_values
     from crown_cli.certification.certifier import Certifier, parse_norm
     from crown_cli.engine.kernels import using_kernels
     from crown_cli.certification.methods import names as other_method_names
-    from crown_cli.io.images import load_images
+    from crown_cli.io.images import labels_source, load_images
     from crown_cli.io.models import load_model
     from crown_cli.certification.runner import certify_images
     from crown_cli.certification.targets import check_random_possible, parse_target_types
@@ -264,10 +314,12 @@ def certify(model_path, images_path, labels_path, num_images, start, norm, metho
     target_types = parse_target_types(target_spec)
     if not rtol > 0 or not rtol < 1:
         raise InputError(f"--rtol: must lie in (0, 1), got {rtol}")
-    if eps0 is not None and not eps0 > 0:
-        raise InputError(f"--eps0: must be > 0, got {eps0}")
-    if not max_eps > 0:
-        raise InputError(f"--max-eps: must be > 0, got {max_eps}")
+    if not (max_eps > 0 and max_eps <= MAX_RADIUS):
+        raise InputError(f"--max-eps: must be > 0 and at most {MAX_RADIUS:g}, got {max_eps}")
+    if eps0 is not None and not (eps0 > 0 and eps0 <= max_eps):
+        raise InputError(f"--eps0: must be > 0 and at most --max-eps ({max_eps:g}), got {eps0}")
+    out_format = format_for(output, out_format)
+    click.get_current_context().params["out_format"] = out_format  # recorded in the sidecar
 
     mlp = load_model(model_path, activation)
     x, y = load_images(images_path, labels_path)
@@ -279,10 +331,17 @@ def certify(model_path, images_path, labels_path, num_images, start, norm, metho
         )
     if start >= x.shape[0]:
         raise InputError(f"--start: {start} is past the last image ({x.shape[0]} images in {where})")
-    if np.any(y < 0) or np.any(y >= mlp.num_classes):
-        raise InputError(f"{where}: labels must lie in 0..{mlp.num_classes - 1}")
+    bad = np.flatnonzero((y < 0) | (y >= mlp.num_classes))
+    if bad.size:
+        raise InputError(f"{labels_source(images_path, labels_path)}: label {y[bad[0]]} of image "
+                         f"{bad[0]} is outside 0..{mlp.num_classes - 1} (the model "
+                         f"{model_path} has {mlp.num_classes} classes)")
     check_random_possible(mlp.num_classes, target_types)
     stop = x.shape[0] if num_images is None else min(x.shape[0], start + num_images)
+    if num_images is not None and start + num_images > x.shape[0]:
+        click.echo(f"crown: note: --num-images {num_images}: {where} holds {x.shape[0]} images, "
+                   f"so images {start}..{x.shape[0] - 1} ({x.shape[0] - start}) are certified",
+                   err=True)
     indices = shard_indices(range(start, stop), parse_shard(shard))
     job = OutputJob(option_values(click.get_current_context()), output, out_format, overwrite,
                     resume, model_path, mlp, images_path, x, y, indices)
@@ -311,8 +370,20 @@ def certify(model_path, images_path, labels_path, num_images, start, norm, metho
                    for n in norms}
     elif attack_steps is not None or attack_restarts is not None:
         raise InputError("--attack-steps/--attack-restarts: need --attack pgd")
+    def logged(write):
+        if not verbose:
+            return write
+
+        def write_and_log(row):
+            write(row)
+            eps = "" if row.get("eps") is None else f" eps {row['eps']!r}"
+            click.echo(f"crown: image {row['image']} {row['target_type']} {row['target']} "
+                       f"{row['norm']} {row['method']}: {row['status']}{eps}", err=True)
+
+        return write_and_log
+
     _run_job(job, lambda write: certify_images(
-        certifiers, x, y, indices, target_types, seed, write, progress=not quiet,
+        certifiers, x, y, indices, target_types, seed, logged(write), progress=not quiet and not verbose,
         skip=job.skip, attacks=attacks, attack_seed=attack_seed,
         warn=lambda msg: click.echo(msg, err=True)), "row", output, quiet)
 
@@ -322,12 +393,27 @@ def _run_job(job, run, what: str, output: str, quiet: bool) -> None:
     raised, report failed rows and the summary line; exit 3 when rows failed."""
     t0 = time.perf_counter()
     summary = None
+    interrupted = False
     writer = job.open()  # checks a resumed file's rows; raises before anything is written
     try:
         with writer:
-            summary = run(writer.write)
+            summary = run(job.counting(writer.write))
+    except KeyboardInterrupt:  # Ctrl-C: the rows written stay; the sidecar says how many
+        interrupted = True
     finally:
         failed = job.finish(summary, complete=summary is not None)
+    if interrupted:
+        def count(n):
+            return f"{n} finished {what}" + ("" if n == 1 else "s")
+
+        if output == "-":
+            click.echo(f"crown: interrupted after {count(job.written)}", err=True)
+        else:
+            click.echo(f"crown: interrupted; {output} holds {count(job.rows_before + job.written)}"
+                       f"; run the same command with --resume"
+                       + (" (instead of --overwrite)" if job.overwrite else "")
+                       + " to continue it", err=True)
+        raise click.exceptions.Exit(EXIT_INTERRUPTED)
     for message in summary.errors:
         click.echo(f"crown: {what} failed: {message}", err=True)
     if not quiet:
@@ -341,39 +427,44 @@ VERIFY_NOT_SETTINGS = {"--model", "--spec", "--instances", "--root", "--output",
 
 
 @cli.command()
-@click.option("--model", "model_path", default=None,
+@click.option("--model", "model_path", default=None, metavar="FILE",
               help="Network (ONNX, or any model file crown reads) for one property.")
-@click.option("--spec", "spec_path", default=None, help="VNN-LIB property for --model.")
-@click.option("--instances", "instances_path", default=None,
+@click.option("--spec", "spec_path", default=None, metavar="FILE",
+              help="VNN-LIB property for --model.")
+@click.option("--instances", "instances_path", default=None, metavar="FILE",
               help="Competition instance list (CSV lines onnx,vnnlib,timeout) to run instead.")
-@click.option("--root", default=None,
+@click.option("--root", default=None, metavar="DIR",
               help="Directory the instance list's paths are relative to (default: its own).")
-@click.option("--timeout", type=float, default=None,
+@click.option("--timeout", type=float, default=None, metavar="SECONDS",
               help="Seconds for --model/--spec (default 300); with --instances a cap on each "
                    "instance's own timeout.")
-@click.option("--method", default="crown,alpha-crown", show_default=True,
+@click.option("--stages", "method", default="crown,alpha-crown", show_default=True,
+              metavar="LIST",
               help="Bound stages after the attack, cheap to strong (comma-separated); "
-                   "alpha-crown on ReLU, leaky ReLU, tanh, sigmoid and arctan networks.")
+                   "alpha-crown on ReLU, leaky ReLU, tanh, sigmoid and arctan networks; "
+                   "was --method.")
 @click.option("--attack-restarts", type=click.IntRange(min=1), default=64, show_default=True,
-              help="PGD starting points per case of the property.")
+              metavar="N", help="PGD starting points per case of the property.")
 @click.option("--attack-steps", type=click.IntRange(min=1), default=100, show_default=True,
-              help="PGD steps per attack run.")
-@click.option("--attack-time", type=float, default=None,
+              metavar="N", help="PGD steps per attack run.")
+@click.option("--attack-time", type=float, default=None, metavar="SECONDS",
               help="Seconds for each of the two attack stages (default: 10% of the timeout, "
                    "at least 0.5).")
 @click.option("--bab/--no-bab", default=True, show_default=True,
               help="Branch and bound after the bound stages (ReLU and leaky ReLU networks): "
                    "input splitting up to 16 inputs, ReLU splitting above.")
 @click.option("--max-domains", type=click.IntRange(min=1), default=200_000, show_default=True,
+              metavar="N",
               help="Cap on the open domains of the branch and bound (memory); reaching it "
                    "ends the instance with unknown.")
-@click.option("--seed", type=click.IntRange(min=0), default=0, show_default=True,
-              help="Seed of the attack's random starts.")
-@click.option("--output", "-o", default="-", show_default=True,
+@click.option("--attack-seed", "seed", type=click.IntRange(min=0), default=0, show_default=True,
+              metavar="N", help="Seed of the attack's random starts; was --seed.")
+@click.option("--output", "-o", default="-", show_default=True, metavar="FILE",
               help="Result file ('-': stdout): the competition's result for --spec, result "
                    "rows for --instances (with a provenance sidecar <output>.json).")
-@click.option("--format", "out_format", default="csv", show_default=True,
-              type=click.Choice(["csv", "jsonl"]), help="Row format for --instances.")
+@click.option("--format", "out_format", default=None, type=click.Choice(["csv", "jsonl"]),
+              help="--instances: format of the --output file (default: from its extension, "
+                   ".jsonl: jsonl, else csv).")
 @click.option("--overwrite", is_flag=True, help="Replace an existing --output file.")
 @click.option("--resume", is_flag=True,
               help="--instances: continue an existing --output, skipping instances it holds.")
@@ -383,6 +474,8 @@ VERIFY_NOT_SETTINGS = {"--model", "--spec", "--instances", "--root", "--output",
                    "bound's status (open domains, worst bound, domains/s) every 2 s.")
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar and no summary line.")
 @_handle_errors
+@_deprecated("--seed", "--attack-seed", "seed", type=click.IntRange(min=0))
+@_deprecated("--method", "--stages", "method")
 def verify(model_path, spec_path, instances_path, root, timeout, method, attack_restarts,
            attack_steps, attack_time, bab, max_domains, seed, output, out_format, overwrite,
            resume, shard, verbose, quiet):
@@ -394,11 +487,11 @@ def verify(model_path, spec_path, instances_path, root, timeout, method, attack_
     property's X values are the network's inputs as they are (no image scaling).
 
     Exit codes: 0 a verdict was written (any of sat, unsat, unknown, timeout), 1 internal
-    error, 2 bad input, 3 an instance ended in an error.
+    error, 2 bad input or usage, 3 an instance ended in an error, 130 interrupted (Ctrl-C).
     """
     from crown_cli.verification.pipeline import BOUND_STAGES
 
-    stages = _split(method, "--method", BOUND_STAGES)
+    stages = _split(method, "--stages", BOUND_STAGES)
     if timeout is not None and not timeout > 0:
         raise InputError(f"--timeout: must be > 0, got {timeout}")
     if attack_time is not None and not attack_time >= 0:
@@ -414,7 +507,8 @@ def verify(model_path, spec_path, instances_path, root, timeout, method, attack_
                                  overwrite, resume, shard, quiet, log)
     if model_path is None or spec_path is None:
         raise InputError("verify: give --model and --spec, or --instances")
-    for opt, val in (("--root", root), ("--resume", resume or None), ("--shard", shard)):
+    for opt, val in (("--root", root), ("--resume", resume or None), ("--shard", shard),
+                     ("--format", out_format)):
         if val is not None:
             raise InputError(f"{opt}: only with --instances")
     _verify_one(model_path, spec_path, 300.0 if timeout is None else timeout, options, output,
@@ -427,16 +521,15 @@ def _verify_one(model_path, spec_path, timeout, options, output, overwrite, quie
     from crown_cli.verification.pipeline import format_result
     from crown_cli.verification.runner import Loader
 
-    if output != "-":
-        if os.path.exists(output) and not overwrite:
-            raise InputError(f"{output}: output file exists; pass --overwrite to replace it")
-        parent = os.path.dirname(os.path.abspath(output))
-        if not os.path.isdir(parent):
-            raise InputError(f"{output}: output directory {parent} does not exist")
+    from crown_cli.io.result_files import check_output
+
+    check_output(output, overwrite, resumable=False)
     t0 = time.perf_counter()
     loader = Loader()
     v = loader.verifier(model_path, **options)
     prop = loader.property(spec_path, v.n_inputs, v.n_outputs)
+    for message in prop.warnings:
+        click.echo(f"crown: warning: {message}", err=True)
     from crown_cli.io.progress import terminal_bar
 
     # a status line: seconds used of the timeout, and the branch and bound's status
@@ -478,9 +571,12 @@ def _verify_one(model_path, spec_path, timeout, options, output, overwrite, quie
 def _verify_instances(instances_path, root, timeout, options, output, out_format, overwrite,
                       resume, shard, quiet, log):
     from crown_cli.io import provenance as pv
-    from crown_cli.io.result_files import VERIFY_ROWS, ResultJob, parse_shard, shard_indices
+    from crown_cli.io.result_files import (VERIFY_ROWS, ResultJob, format_for, parse_shard,
+                                           shard_indices)
     from crown_cli.verification.runner import instances_sha256, read_instances, run_instances
 
+    out_format = format_for(output, out_format)
+    click.get_current_context().params["out_format"] = out_format  # recorded in the sidecar
     instances = read_instances(instances_path, root)
     chosen = shard_indices(range(len(instances)), parse_shard(shard))
     todo = [instances[i] for i in chosen]
@@ -502,16 +598,20 @@ def _verify_instances(instances_path, root, timeout, options, output, out_format
                     VERIFY_ROWS)
     _run_job(job, lambda write: run_instances(
         todo, write, job.skip, VERIFY_ROWS.key, timeout_cap=timeout, progress=not quiet,
-        verifier_options=options, log=log), "instance", output, quiet)
+        verifier_options=options, log=log,
+        warn=lambda msg: click.echo(f"crown: warning: {msg}", err=True)), "instance", output, quiet)
 
 
 @cli.command()
-@click.argument("parts", nargs=-1, required=True, type=click.Path(dir_okay=False))
-@click.option("--output", "-o", required=True, help="Merged result file ('-': stdout).")
+@click.argument("parts", nargs=-1, required=True, type=click.Path(dir_okay=False),
+                metavar="FILE...")
+@click.option("--output", "-o", required=True, metavar="FILE",
+              help="Merged result file ('-': stdout).")
 @click.option("--overwrite", is_flag=True, help="Replace an existing --output file.")
+@click.option("--verbose", "-v", is_flag=True, help="A line per part: its rows and coverage.")
 @click.option("--quiet", "-q", is_flag=True, help="No summary line.")
 @_handle_errors
-def merge(parts, output, overwrite, quiet):
+def merge(parts, output, overwrite, verbose, quiet):
     """Merge result files of --shard runs into one, in image order.
 
     The parts must agree (model SHA-256 and every result-affecting option, from their
@@ -520,6 +620,12 @@ def merge(parts, output, overwrite, quiet):
     from crown_cli.io.result_files import merge_files, missing_shards
 
     merged = merge_files(list(parts), output, overwrite)
+    if verbose:
+        for part in merged["coverage"]["merged_from"]:
+            cov = part.get("coverage") or {}
+            shard = (cov.get("options") or {}).get("--shard")
+            click.echo(f"crown: {part['file']}: {part['rows']} rows"
+                       + (f", shard {shard}" if shard else ""), err=True)
     note = missing_shards(merged)
     if note:
         click.echo(f"crown: warning: {note}", err=True)
@@ -534,26 +640,43 @@ def merge(parts, output, overwrite, quiet):
 
 
 @cli.command()
-@click.argument("results", nargs=-1, required=True)
+@click.argument("results", nargs=-1, required=True, metavar="FILE...")
 @click.option("--format", "fmt", default="markdown", show_default=True,
-              type=click.Choice(["markdown", "latex"]), help="Table format.")
-@click.option("--plot", "plot_path", default=None,
+              type=click.Choice(["markdown", "latex", "csv", "json"]),
+              help="Format of the --output: a markdown or LaTeX table, or CSV / JSON with the "
+                   "numbers unrounded (for scripts).")
+@click.option("--columns", default=None, metavar="LIST",
+              help="Only these table columns, in this order (comma-separated names as in the "
+                   "header, case and punctuation ignored: network,norm,crown,crown-s-image).")
+@click.option("--plot", "plot_path", default=None, metavar="FILE",
               help="Also draw certified eps per image and the attack's bound (needs matplotlib).")
-@click.option("--output", "-o", default="-", show_default=True,
-              help="File for the table ('-': stdout); replaced if it exists.")
+@click.option("--output", "-o", default="-", show_default=True, metavar="FILE",
+              help="File for the table ('-': stdout).")
+@click.option("--overwrite", is_flag=True, help="Replace an existing --output or --plot file.")
+@click.option("--verbose", "-v", is_flag=True, help="A line per result file read.")
+@click.option("--quiet", "-q", is_flag=True, help="No warnings (errors are still printed).")
 @_handle_errors
-def report(results, fmt, plot_path, output):
-    """Average result files (CSV or JSON Lines) into the paper's table layout."""
-    from crown_cli.io.report import aggregate, plot_report, read_results, render_latex, render_markdown
+def report(results, fmt, columns, plot_path, output, overwrite, verbose, quiet):
+    """Average crown certify result files (CSV or JSON Lines) into the paper's table layout."""
+    from crown_cli.io.report import RENDERERS, aggregate, plot_report, read_results
+    from crown_cli.io.result_files import check_output
 
+    check_output(output, overwrite, resumable=False)
+    if plot_path:
+        check_output(plot_path, overwrite, resumable=False, what="plot file")
+    warn = (lambda msg: None) if quiet else (lambda msg: click.echo(f"crown: warning: {msg}",
+                                                                     err=True))
     rows = []
     for path in results:
         found = read_results(path)
+        if verbose:
+            click.echo(f"crown: {path}: {len(found)} rows", err=True)
         if not found:
-            click.echo(f"crown: warning: {path}: no rows", err=True)
+            warn(f"{path}: no rows")
         rows += found
     rep = aggregate(rows)
-    text = render_latex(rep) if fmt == "latex" else render_markdown(rep)
+    chosen = [c.strip() for c in columns.split(",") if c.strip()] if columns else None
+    text = RENDERERS[fmt](rep, chosen)
     if plot_path:
         plot_report(rep, plot_path)
     if output == "-":
@@ -565,7 +688,7 @@ def report(results, fmt, plot_path, output):
         except OSError as exc:
             raise InputError(f"{output}: cannot write ({exc.strerror})") from None
     for msg in rep.warnings:
-        click.echo(f"crown: warning: {msg}", err=True)
+        warn(msg)
 
 
 def main():

@@ -43,8 +43,8 @@ run_report() {
     shift
     local plot=()
     [[ "$PLOT" == 1 ]] && plot=(--plot "$OUT/$name.png")
-    "${CROWN_CMD[@]}" report "$@" -o "$OUT/$name.md" ${plot[@]+"${plot[@]}"}
-    "${CROWN_CMD[@]}" report "$@" --format latex -o "$OUT/$name.tex"
+    "${CROWN_CMD[@]}" report "$@" --overwrite -o "$OUT/$name.md" ${plot[@]+"${plot[@]}"}
+    "${CROWN_CMD[@]}" report "$@" --format latex --overwrite -o "$OUT/$name.tex"
     echo "== wrote $OUT/$name.md and $OUT/$name.tex" >&2
     cat "$OUT/$name.md"
 }

@@ -146,7 +146,6 @@ def test_resume_without_a_file_starts_one(tmp_path):
 @pytest.mark.parametrize("extra,message", [
     (["--rtol", "1e-3"], "other settings: --rtol 0.0001 vs 0.001 (file vs this run)"),
     (["--norm", "2"], 'other settings: --norm "inf" vs "2"'),
-    (["--format", "jsonl"], 'other settings: --format "csv" vs "jsonl"'),
     (["-n", "5"], "other settings: --num-images 3 vs 5"),
     (["--shard", "1/2"], 'other settings: --shard null vs "1/2"'),
 ])
@@ -159,6 +158,17 @@ def test_resume_with_other_settings_is_refused(tmp_path, extra, message):
     lines = res.output.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith(f"crown: error: --resume: {out} was made with ")
     assert message in lines[0]
+    assert out.read_bytes() == before
+
+
+def test_resume_in_another_format_is_refused(tmp_path):
+    # a name without .csv/.jsonl: --format decides, and the sidecar records it
+    out = tmp_path / "r.rows"
+    assert certify(out, "-n", "3").exit_code == 0
+    before = out.read_bytes()
+    res = run("certify", "--model", SMALL, "-n", "3", "-o", out, "--resume", "--format", "jsonl")
+    assert res.exit_code == 2
+    assert 'other settings: --format "csv" vs "jsonl"' in res.output
     assert out.read_bytes() == before
 
 
@@ -310,11 +320,12 @@ def test_jsonl_rows_hold_the_csv_values_exactly(tmp_path):
 
 def test_provenance_sidecar(tmp_path):
     out = tmp_path / "r.csv"
-    assert certify(out, "-n", "4", "--shard", "2/2", "--seed", "7", "--kernels", "numba").exit_code == 0
+    assert certify(out, "-n", "4", "--shard", "2/2", "--target-seed", "7",
+                   "--kernels", "numba").exit_code == 0
     side = sidecar(out)
     sha = hashlib.sha256(open(SMALL, "rb").read()).hexdigest()
     assert side["model"] == {"path": os.path.abspath(SMALL), "sha256": sha}
-    assert side["settings"]["model SHA-256"] == sha and side["settings"]["--seed"] == 7
+    assert side["settings"]["model SHA-256"] == sha and side["settings"]["--target-seed"] == 7
     assert side["coverage"]["options"] == {"--start": 0, "--num-images": 4, "--shard": "2/2"}
     assert (side["coverage"]["first_image"], side["coverage"]["last_image"]) == (1, 3)
     assert side["rows"] == 2 and side["complete"] is True and side["failed_rows"] == 0

@@ -136,7 +136,7 @@ def bad_files(tmp_path):
     (["--model", SMALL, "--target", "second"], "--target: unknown target 'second'"),
     (["--model", SMALL, "--activation", "swish"], "--activation: unknown activation 'swish'"),
     (["--model", SMALL, "--rtol", "0"], "--rtol: must lie in (0, 1), got 0.0"),
-    (["--model", SMALL, "--eps0", "-1"], "--eps0: must be > 0, got -1.0"),
+    (["--model", SMALL, "--eps0", "-1"], "--eps0: must be > 0 and at most --max-eps (10000), got -1.0"),
     (["--model", SMALL, "--start", "100"], "--start: 100 is past the last image (100 images"),
     (["--model", model_path("mnist_3x1024_tanh.h5"), "--method", "fast-lin"],
      "--method fast-lin is defined for ReLU-type networks only, not 'tanh'"),

@@ -169,7 +169,7 @@ def test_instance_errors_fail_only_their_row(tmp_path, specs):
     (["--model", "nope.onnx", "--spec", "x.vnnlib"], "nope.onnx: model file not found"),
     (["--instances", "nope.csv"], "nope.csv: instance list not found"),
     (["--model", ACASXU, "--spec", "x", "--timeout", "0"], "--timeout: must be > 0"),
-    (["--model", ACASXU, "--spec", "x", "--method", "magic"], "--method: unknown value 'magic'"),
+    (["--model", ACASXU, "--spec", "x", "--stages", "magic"], "--stages: unknown value 'magic'"),
     (["--model", ACASXU, "--spec", "x", "--shard", "1/2"], "--shard: only with --instances"),
 ])
 def test_bad_input_one_line_exit_2(args, message, tmp_path):

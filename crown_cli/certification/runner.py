@@ -20,7 +20,10 @@ class Summary:
     misclassified: int = 0
     rows: int = 0
     certified_eps: List[float] = field(default_factory=list)
+    # (norm, method) -> certified eps of its rows: radii of different norms are not comparable
+    eps_by: Dict[Tuple[str, str], List[float]] = field(default_factory=dict)
     exact_eps: List[float] = field(default_factory=list)  # --method exact: distortions, not certificates
+    exact_by: Dict[str, List[float]] = field(default_factory=dict)  # norm -> exact distortions
     times: List[float] = field(default_factory=list)
     evaluations: List[int] = field(default_factory=list)
     skipped: int = 0  # rows already in the output (--resume)
@@ -28,22 +31,29 @@ class Summary:
     errors: List[str] = field(default_factory=list)  # one line per row whose certification raised
 
     def line(self, wall_s: float, output: str) -> str:
-        n = len(self.certified_eps)
-        mean_eps = f"{np.mean(self.certified_eps):.5g}" if n else "n/a"
+        if self.eps_by:
+            mean_eps = ", ".join(
+                f"{_NORM_TEXT.get(norm, norm)} {method} {np.mean(eps):.5g} over {len(eps)} rows"
+                for (norm, method), eps in self.eps_by.items())
+        else:
+            mean_eps = "n/a over 0 rows"
         per_row = f"{np.mean(self.times):.3f}" if self.times else "n/a"
         evals = f"{np.mean(self.evaluations):.1f}" if self.evaluations else "n/a"
         dest = "stdout" if output == "-" else output
-        exact = (f"mean exact distortion {np.mean(self.exact_eps):.5g} over {len(self.exact_eps)} "
-                 f"rows; ") if self.exact_eps else ""
+        exact = ("mean exact distortion " + ", ".join(
+            f"{_NORM_TEXT.get(norm, norm)} {np.mean(eps):.5g} over {len(eps)} rows"
+            for norm, eps in self.exact_by.items()) + "; ") if self.exact_by else ""
         return (
             f"crown: {self.rows} rows for {self.images} images ({self.misclassified} misclassified); "
-            f"mean certified eps {mean_eps} over {n} rows; {exact}{per_row} s/row, "
+            f"mean certified eps {mean_eps}; {exact}{per_row} s/row, "
             f"{evals} evaluations/row; "
             f"{wall_s:.1f} s total -> {dest}"
             + (f"; {self.skipped} rows already there (resumed)" if self.skipped else "")
             + (f"; {self.failed} rows FAILED" if self.failed else "")
         )
 
+
+_NORM_TEXT = {"inf": "l_inf", "2": "l_2", "1": "l_1"}
 
 # Statuses of rows that did not finish: they make `crown certify` exit with code 3.
 FAILED_STATUSES = ("error", "timeout")
@@ -130,8 +140,13 @@ def certify_images(
                                 _add_attack(row, attacks[cert.norm], attack_cache, attack_seed,
                                             x[i], i, c, ttype, targets, warn)
                             if res.eps is not None:  # None: timed out
-                                (summary.exact_eps if cert.method == "exact"
-                                 else summary.certified_eps).append(res.eps)
+                                if cert.method == "exact":
+                                    summary.exact_eps.append(res.eps)
+                                    summary.exact_by.setdefault(cert.norm, []).append(res.eps)
+                                else:
+                                    summary.certified_eps.append(res.eps)
+                                    summary.eps_by.setdefault((cert.norm, cert.method),
+                                                              []).append(res.eps)
                             summary.times.append(res.time_s)
                             summary.evaluations.append(res.evaluations)
                     summary.failed += row.get("status") in FAILED_STATUSES

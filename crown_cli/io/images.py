@@ -37,14 +37,24 @@ def _open_maybe_gzip(path: str) -> bytes:
         raise InputError(f"{path}: cannot read file ({exc})") from None
 
 
-def read_idx(path: str) -> np.ndarray:
-    """Parse an IDX file (MNIST format), gzipped or raw, into an ndarray."""
+def read_idx(path: str, ndim_expected: Optional[int] = None, kind: str = "IDX") -> np.ndarray:
+    """Parse an IDX file (MNIST format), gzipped or raw, into an ndarray.
+
+    ``ndim_expected`` (1 for a labels file) is checked against the magic number before the
+    header is read, so a file of another kind is reported as such; ``kind`` names the file in
+    messages ('labels IDX')."""
     data = _open_maybe_gzip(path)
     if len(data) < 4 or data[0] != 0 or data[1] != 0:
-        raise InputError(f"{path}: not an IDX file (bad magic number)")
+        raise InputError(f"{path}: not an {kind} file (bad magic number)")
     code, ndim = data[2], data[3]
+    magic = int.from_bytes(data[:4], "big")
     if code not in IDX_DTYPES or ndim == 0:
-        raise InputError(f"{path}: not an IDX file (type code 0x{code:02x}, {ndim} dims)")
+        raise InputError(f"{path}: not an {kind} file (magic number 0x{magic:08x}: type code "
+                         f"0x{code:02x}, {ndim} dims)")
+    if ndim_expected is not None and ndim != ndim_expected:
+        raise InputError(f"{path}: not an {kind} file (magic number 0x{magic:08x} says {ndim} "
+                         f"dimensions, expected {ndim_expected}"
+                         + ("; is it an images file?" if ndim >= 2 else "") + ")")
     header = 4 + 4 * ndim
     if len(data) < header:
         raise InputError(f"{path}: truncated IDX header")
@@ -70,6 +80,16 @@ def _labels_path_for(images_path: str) -> Optional[str]:
         if os.path.exists(p):
             return p
     return None
+
+
+def labels_source(path: Optional[str], labels: Optional[str] = None) -> str:
+    """The file the labels of :func:`load_images` ``(path, labels)`` come from, for messages:
+    the IDX labels file (given or found beside the images), else the image file itself."""
+    if path is None:
+        return "default MNIST images"
+    if labels is not None:
+        return labels
+    return _labels_path_for(os.fspath(path)) or os.fspath(path)
 
 
 def load_images(path: Optional[str] = None, labels: Optional[str] = None) -> Tuple[np.ndarray, np.ndarray]:
@@ -109,6 +129,8 @@ def _load_npz(path: str):
         raise InputError(f"{path}: 'x' must be a numeric array, got dtype {x.dtype} shape {x.shape}")
     if y.ndim != 1 or y.dtype.kind not in "iu":
         raise InputError(f"{path}: 'y' must be a 1-D integer array, got dtype {y.dtype} shape {y.shape}")
+    if x.ndim >= 1 and x.shape[0] == 0:
+        raise InputError(f"{path}: contains no images ('x' has shape {x.shape})")
     x = scale_pixels(x) if x.dtype == np.uint8 else x.astype(np.float64)
     return x.reshape(x.shape[0], -1), y
 
@@ -120,7 +142,8 @@ def _load_idx(path: str, labels: Optional[str]):
     labels = labels or _labels_path_for(path)
     if labels is None:
         raise InputError(f"{path}: no labels file found beside it; pass --labels")
-    y = read_idx(labels)
+    read_header(labels, "labels", 4)
+    y = read_idx(labels, 1, "IDX labels")
     if y.ndim != 1:
         raise InputError(f"{labels}: labels IDX file must be 1-D, has shape {y.shape}")
     if y.shape[0] != arr.shape[0]:

@@ -23,8 +23,12 @@ SIDECAR_VERSION = 1
 # Options that do not change the rows' values (file names are compared by content hash).
 # --kernels changes only the order of float64 sums inside the bounds (the kernels used are
 # recorded per run, "kernels"), which may move an eps within --rtol.
-NOT_SETTINGS = {"--output", "--overwrite", "--resume", "--quiet", "--debug", "--model", "--images",
-                "--labels", "--start", "--num-images", "--shard", "--kernels"}
+NOT_SETTINGS = {"--output", "--overwrite", "--resume", "--quiet", "--verbose", "--debug", "--model",
+                "--images", "--labels", "--start", "--num-images", "--shard", "--kernels"}
+# Options renamed so that one name means one thing in every command (issue 24): sidecars written
+# before keep the old names; they are read under the new ones, so --resume and merge still match.
+RENAMED = {"certify": {"--seed": "--target-seed"},
+           "verify": {"--seed": "--attack-seed", "--method": "--stages"}}
 COVERAGE = ("--start", "--num-images", "--shard")
 THREAD_ENV = ("NUMBA_NUM_THREADS", "OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS",
               "BLIS_NUM_THREADS")
@@ -55,8 +59,8 @@ def option_values(ctx) -> Dict[str, object]:
     """Every option of the click command as {'--long-name': value}."""
     out = {}
     for p in ctx.command.params:
-        if p.name not in ctx.params:
-            continue
+        if p.name not in ctx.params or p.name.startswith("deprecated_"):
+            continue  # a deprecated spelling: its value is recorded under the new name
         longs = [o for o in getattr(p, "opts", []) if o.startswith("--")]
         out[longs[0] if longs else p.name] = ctx.params[p.name]
     return _jsonable(out)
@@ -155,6 +159,16 @@ def read_sidecar(path: str, what: str) -> Dict[str, object]:
         raise InputError(f"{path}: cannot read provenance sidecar ({exc})") from None
     if not isinstance(data, dict) or "settings" not in data:
         raise InputError(f"{path}: not a crown provenance sidecar (no 'settings')")
+    return renamed_options(data)
+
+
+def renamed_options(data: Dict[str, object]) -> Dict[str, object]:
+    """``data`` (a sidecar) with option names of earlier versions under today's (RENAMED)."""
+    renames = RENAMED.get(str(data.get("kind") or "certify"), {})
+    for block in ("settings", "options"):
+        old = data.get(block)
+        if isinstance(old, dict) and any(k in old for k in renames):
+            data[block] = {renames.get(k, k): v for k, v in old.items()}
     return data
 
 

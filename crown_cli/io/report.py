@@ -30,6 +30,7 @@ Pure functions over lists of row dicts; only :func:`read_results` opens files an
 from __future__ import annotations
 
 import csv
+import io
 import json
 import math
 import os
@@ -104,17 +105,39 @@ def _stem(path: str) -> str:
     return os.path.splitext(os.path.basename(path))[0]
 
 
-def read_results(path: str) -> List[Dict[str, str]]:
-    """Rows of a result file (CSV, or JSON Lines if it ends in .jsonl) as dicts of strings.
+def result_format(path: str) -> str:
+    """'csv' or 'jsonl': what the provenance sidecar ``<path>.json`` says the file is, else what
+    its first non-blank character says ('{': JSON Lines), whatever the file is called."""
+    side = path + ".json"
+    if os.path.isfile(side):
+        try:
+            with open(side, encoding="utf-8") as fh:
+                fmt = json.load(fh).get("format")
+            if fmt in ("csv", "jsonl"):
+                return fmt
+        except (OSError, ValueError, AttributeError):
+            pass
+    try:
+        with open(path, "rb") as fh:
+            head = fh.read(4096).lstrip()
+    except OSError as exc:
+        raise InputError(f"{path}: cannot read result file ({exc.strerror})") from None
+    return "jsonl" if head.startswith(b"{") else "csv"
 
-    Each row gets a ``network`` entry. Raises InputError for a missing or empty file and for
-    a missing required column (naming the file and the column).
+
+def read_results(path: str) -> List[Dict[str, str]]:
+    """Rows of a result file (CSV or JSON Lines, see :func:`result_format`) as dicts of strings.
+
+    Each row gets a ``network`` entry. Raises InputError for a missing or empty file, for a
+    ``crown verify`` result file and for a missing required column (naming the file and the
+    column).
     """
     if not os.path.isfile(path):
         raise InputError(f"{path}: result file not found")
+    fmt = result_format(path)
     try:
         with open(path, newline="", encoding="utf-8") as fh:
-            if path.endswith(".jsonl"):
+            if fmt == "jsonl":
                 rows = [_json_row(path, n, line) for n, line in enumerate(fh, 1) if line.strip()]
                 header = list(rows[0]) if rows else []
             else:
@@ -125,6 +148,9 @@ def read_results(path: str) -> List[Dict[str, str]]:
         raise InputError(f"{path}: cannot read result file ({exc})") from None
     if not header:
         raise InputError(f"{path}: empty result file (no header line)")
+    if "verdict" in header and "vnnlib" in header:
+        raise InputError(f"{path}: is a crown verify result file (one verdict per instance); "
+                         "crown report tables the rows of crown certify")
     for col in REQUIRED_COLUMNS:
         if col not in header:
             raise InputError(f"{path}: missing column '{col}'")
@@ -345,8 +371,9 @@ def _label_name(label: str, method: str) -> str:
     return METHOD_NAMES.get(method, method) + label[len(method):]
 
 
-def table(report: Report) -> Tuple[List[str], List[List[str]], List[str]]:
-    """(header, rows of cells, notes) of the report; cells are plain text."""
+def table(report: Report, raw: bool = False) -> Tuple[List[str], List[List[str]], List[str]]:
+    """(header, rows of cells, notes) of the report; cells are plain text, or with ``raw`` the
+    numbers themselves (eps and seconds unrounded, improvements in %, None for '-')."""
     labels = report.labels()
     methods = {c.label: c.method for g in report.groups for c in g.columns}
     names = {lab: _label_name(lab, methods[lab]) for lab in labels}
@@ -363,16 +390,18 @@ def table(report: Report) -> Tuple[List[str], List[List[str]], List[str]]:
     body, notes = [], []
     for g in report.groups:
         cols = {c.label: c for c in g.columns}
-        cells = [g.network, norm_text(g.norm), g.target_type, str(len(g.images))]
-        cells += [_fmt_eps(cols[lab].mean_eps) if lab in cols else "-" for lab in labels]
+        def cell(lab, attr, fmt):
+            value = getattr(cols[lab], attr) if lab in cols else None
+            return value if raw else "-" if value is None else fmt(value)
+
+        cells = [g.network, norm_text(g.norm), g.target_type,
+                 len(g.images) if raw else str(len(g.images))]
+        cells += [cell(lab, "mean_eps", _fmt_eps) for lab in labels]
         if report.has_attack():
-            cells.append(_fmt_eps(g.attack_mean))
-        cells += [f"{cols[lab].improvement:+.1f}%" if lab in cols and
-                  cols[lab].improvement is not None else "-" for lab in improved]
-        cells += [f"{cols[lab].over_crown:+.2f}%" if lab in cols and
-                  cols[lab].over_crown is not None else "-" for lab in over]
-        cells += [f"{cols[lab].mean_time:.3f}" if lab in cols and
-                  cols[lab].mean_time is not None else "-" for lab in labels]
+            cells.append(g.attack_mean if raw else _fmt_eps(g.attack_mean))
+        cells += [cell(lab, "improvement", lambda v: f"{v:+.1f}%") for lab in improved]
+        cells += [cell(lab, "over_crown", lambda v: f"{v:+.2f}%") for lab in over]
+        cells += [cell(lab, "mean_time", lambda v: f"{v:.3f}") for lab in labels]
         body.append(cells)
         note = _group_note(g)
         if note:
@@ -404,10 +433,36 @@ RULES = ("Averages over the images every method of the row has a result for (cer
          "Times are seconds per image (certification only).")
 
 
-def render_markdown(report: Report) -> str:
+def column_key(name: str) -> str:
+    """A table column's name for --columns: lower case, runs of other characters as '-'
+    ('CROWN s/image' -> 'crown-s-image', 'alpha-CROWN vs CROWN' -> 'alpha-crown-vs-crown')."""
+    import re
+
+    return re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-")
+
+
+def select_columns(header: List[str], body: List[list], columns: Optional[Sequence[str]]):
+    """(header, body) with only ``columns`` (names as in the header, or :func:`column_key`s),
+    in that order; InputError naming an unknown one and listing the choices."""
+    if not columns:
+        return header, body
+    keys = [column_key(h) for h in header]
+    picks = []
+    for name in columns:
+        k = column_key(name)
+        if k not in keys:
+            raise InputError(f"--columns: no column '{name}' in this report (columns: "
+                             f"{', '.join(keys)})")
+        picks.append(keys.index(k))
+    return [header[i] for i in picks], [[row[i] for i in picks] for row in body]
+
+
+def render_markdown(report: Report, columns: Optional[Sequence[str]] = None) -> str:
     header, body, notes = table(report)
+    header, body = select_columns(header, body, columns)
     lines = ["| " + " | ".join(header) + " |",
-             "|" + "|".join("---" if k < 3 else "---:" for k in range(len(header))) + "|"]
+             "|" + "|".join("---" if h in ("network", "norm", "target") else "---:"
+                            for h in header) + "|"]
     lines += ["| " + " | ".join(row) + " |" for row in body]
     lines += ["", RULES]
     if notes:
@@ -424,19 +479,46 @@ def latex_escape(text: str) -> str:
     return "".join(_LATEX_ESCAPES.get(ch, ch) for ch in text)
 
 
-def render_latex(report: Report) -> str:
+def render_latex(report: Report, columns: Optional[Sequence[str]] = None) -> str:
     """A booktabs tabular (needs \\usepackage{booktabs}) with the notes as a comment below."""
     header, body, notes = table(report)
+    header, body = select_columns(header, body, columns)
     norms = {"l_inf": r"$\ell_\infty$", "l_2": r"$\ell_2$", "l_1": r"$\ell_1$"}
     lines = [r"\begin{tabular}{lll" + "r" * (len(header) - 3) + "}", r"\toprule",
              " & ".join(latex_escape(h) for h in header) + r" \\", r"\midrule"]
     for row in body:
-        cells = [latex_escape(c) if k != 1 else norms.get(c, latex_escape(c))
+        cells = [latex_escape(c) if header[k] != "norm" else norms.get(c, latex_escape(c))
                  for k, c in enumerate(row)]
         lines.append(" & ".join(cells) + r" \\")
     lines += [r"\bottomrule", r"\end{tabular}"]
     lines += ["% " + RULES] + [f"% {n}" for n in notes]
     return "\n".join(lines) + "\n"
+
+
+def render_csv(report: Report, columns: Optional[Sequence[str]] = None) -> str:
+    """The table as CSV: a header line, then one line per table row with the numbers unrounded
+    (floats as repr, improvements in %, empty for '-'). No notes: they go to the warnings."""
+    header, body, _ = table(report, raw=True)
+    header, body = select_columns(header, body, columns)
+    buf = io.StringIO()
+    out = csv.writer(buf, lineterminator="\n")
+    out.writerow(header)
+    for row in body:
+        out.writerow(["" if v is None else repr(v) if isinstance(v, float) else v for v in row])
+    return buf.getvalue()
+
+
+def render_json(report: Report, columns: Optional[Sequence[str]] = None) -> str:
+    """The table as one JSON object: ``rows`` (one object per table row, keys the column names,
+    numbers unrounded, null for '-'), ``notes`` and the counting ``rules``."""
+    header, body, notes = table(report, raw=True)
+    header, body = select_columns(header, body, columns)
+    doc = {"rows": [dict(zip(header, row)) for row in body], "notes": notes, "rules": RULES}
+    return json.dumps(doc, indent=2) + "\n"
+
+
+RENDERERS = {"markdown": render_markdown, "latex": render_latex, "csv": render_csv,
+             "json": render_json}
 
 
 def plot_report(report: Report, path: str) -> None:
@@ -446,6 +528,7 @@ def plot_report(report: Report, path: str) -> None:
         import matplotlib
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
+        from matplotlib.ticker import MaxNLocator
     except ImportError:
         raise InputError("--plot: needs matplotlib (pip install 'crown-cli[plot]')") from None
     groups = [g for g in report.groups if g.images]
@@ -464,6 +547,7 @@ def plot_report(report: Report, path: str) -> None:
                     label="PGD attack (upper bound)")
         ax.set_title(f"{g.network}, {norm_text(g.norm)}, {g.target_type}", fontsize=9)
         ax.set_xlabel("image index")
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # images are whole numbers
         ax.set_ylabel("eps")
         ax.legend(fontsize=7)
     for ax in list(axes.flat)[len(groups):]:

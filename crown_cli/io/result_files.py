@@ -20,6 +20,51 @@ from crown_cli.io.results import COLUMNS, format_value
 from crown_cli.certification.runner import FAILED_STATUSES
 
 FORMATS = ("csv", "jsonl")
+EXTENSIONS = {".csv": "csv", ".jsonl": "jsonl"}
+
+
+def format_for(output: str, fmt: Optional[str]) -> str:
+    """The result-file format of ``output``: ``fmt`` (--format) when given, else from the file
+    name's extension (.jsonl: jsonl, anything else: csv). InputError when --format contradicts
+    the extension (.csv or .jsonl)."""
+    ext = os.path.splitext(output)[1].lower() if output != "-" else ""
+    implied = EXTENSIONS.get(ext)
+    if fmt is None:
+        return implied or "csv"
+    if fmt not in FORMATS:
+        raise InputError(f"--format: unknown format '{fmt}' (choose from {', '.join(FORMATS)})")
+    if implied is not None and implied != fmt:
+        raise InputError(f"{output}: --format {fmt} but the name ends in {ext}; "
+                         f"drop --format or name the file *.{fmt}")
+    return fmt
+
+
+def check_output(path: str, overwrite: bool = False, resume: bool = False,
+                 resumable: bool = True, what: str = "output file") -> None:
+    """Refuse, before anything is computed or written, an output ``path`` that cannot be
+    written: a directory, an existing file without ``overwrite``/``resume``, a parent directory
+    that does not exist or where no file can be created (a probe file is created and removed).
+    '-' (stdout) is always fine."""
+    if path == "-":
+        return
+    if os.path.isdir(path):
+        raise InputError(f"{path}: is a directory; give a file name for the {what}")
+    if os.path.exists(path) and not (overwrite or resume):
+        raise InputError(f"{path}: {what} exists; pass --overwrite to replace it"
+                         + (" or --resume to continue it" if resumable else ""))
+    parent = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(parent):
+        raise InputError(f"{path}: output directory {parent} does not exist")
+    probe = os.path.join(parent, f".{os.path.basename(path)}.probe{os.getpid()}")
+    try:
+        fd = os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    except OSError as exc:
+        raise InputError(f"{path}: cannot create files in {parent} ({exc.strerror})") from None
+    os.close(fd)
+    try:
+        os.unlink(probe)
+    except OSError:
+        pass
 
 
 @dataclass(frozen=True)
@@ -123,12 +168,7 @@ class RowWriter:
             self._raw = False
             empty = True
         else:
-            if os.path.exists(path) and not (overwrite or append):
-                raise InputError(f"{path}: output file exists; pass --overwrite to replace it "
-                                 "or --resume to continue it")
-            parent = os.path.dirname(os.path.abspath(path))
-            if not os.path.isdir(parent):
-                raise InputError(f"{path}: output directory {parent} does not exist")
+            check_output(path, overwrite, append)
             try:
                 # unbuffered binary: each row reaches the file in one write() of a whole line
                 self._fh = open(path, "ab" if append else "wb", buffering=0)
@@ -327,11 +367,16 @@ class ResultJob:
         self.output, self.fmt, self.overwrite = output, fmt, overwrite
         self.sidecar = None if output == "-" else pv.sidecar_path(output)
         self.append = bool(resume and os.path.exists(output))
-        if output != "-" and os.path.exists(output) and not (overwrite or resume):
-            raise InputError(f"{output}: output file exists; pass --overwrite to replace it "
-                             "or --resume to continue it")
+        # every check on the output before the first file (the sidecar) is written
+        check_output(output, overwrite, resume)
+        if self.sidecar is not None and os.path.isdir(self.sidecar):
+            raise InputError(f"{self.sidecar}: is a directory; the provenance sidecar of "
+                             f"{output} goes there")
         self.done: set = set()
         self.rows_before = self.failed_before = 0
+        # rows written, failed rows among them and rows skipped by this run, counted as they
+        # happen (a run stopped by Ctrl-C has no summary, but its sidecar must be true)
+        self.written = self.failed_written = self.skipped = 0
         self.data: Dict[str, object] = {}
         if self.sidecar is None:
             return
@@ -374,7 +419,18 @@ class ResultJob:
                          columns=self.kind.columns)
 
     def skip(self, key) -> bool:
-        return key in self.done
+        found = key in self.done
+        self.skipped += found
+        return found
+
+    def counting(self, write: Callable[[Dict[str, object]], None]):
+        """``write``, counting the rows (and failed rows) it has written."""
+        def counted(row: Dict[str, object]) -> None:
+            write(row)
+            self.written += 1
+            self.failed_written += bool(self.kind.failed(row))
+
+        return counted
 
     def rows_present(self) -> int:
         """Rows a resumed file already holds (0 for a new file); reads, writes nothing."""
@@ -385,12 +441,13 @@ class ResultJob:
         """Rewrite the sidecar with the end time and counts; return the number of failed rows."""
         from crown_cli.io import provenance as pv
 
-        written = 0 if summary is None else summary.rows
-        failed = self.failed_before + (0 if summary is None else summary.failed)
+        written = self.written if summary is None else summary.rows
+        failed_now = self.failed_written if summary is None else summary.failed
+        failed = self.failed_before + failed_now
         if self.sidecar is not None:
             self.run.update(ended=pv.now(), rows_written=written, complete=complete,
-                            skipped_rows=0 if summary is None else summary.skipped,
-                            failed_rows=0 if summary is None else summary.failed)
+                            skipped_rows=self.skipped if summary is None else summary.skipped,
+                            failed_rows=failed_now)
             self.data.update(complete=complete, rows=self.rows_before + written, failed_rows=failed)
             pv.write_sidecar(self.sidecar, self.data)
         return failed
@@ -437,11 +494,7 @@ def merge_files(parts: Sequence[str], output: str, overwrite: bool = False) -> D
     if output != "-":
         if any(os.path.abspath(output) == os.path.abspath(p) for p in parts):
             raise InputError(f"{output}: the merged output cannot be one of the parts")
-        if os.path.exists(output) and not overwrite:
-            raise InputError(f"{output}: output file exists; pass --overwrite to replace it")
-        parent = os.path.dirname(os.path.abspath(output))
-        if not os.path.isdir(parent):
-            raise InputError(f"{output}: output directory {parent} does not exist")
+        check_output(output, overwrite, resumable=False)
     first = None
     owner: Dict[tuple, str] = {}
     keyed: List[Tuple[int, int, str]] = []  # (image, position, line)

@@ -14,7 +14,8 @@ Supported subset:
   ``(exit)``, ``(set-logic ...)``, ``(set-info ...)``, ``(set-option ...)`` are ignored;
 * F built from ``and``, ``or``, ``true``, ``false`` and atoms ``(<= s t)``, ``(>= s t)``,
   ``(< s t)``, ``(> s t)`` (strict comparisons are read as non-strict: the closure of the set,
-  which is what a sound ``unsat`` needs), ``(= s t)`` (two inequalities), chains like
+  which is what a sound ``unsat`` needs; a ``sat`` may then lie on the boundary of a strict
+  inequality), ``(= s t)`` (two inequalities), chains like
   ``(<= a b c)`` (pairwise);
 * linear terms: numbers (``3``, ``-0.5``, ``1.5e-3``), variables, ``(+ t ...)``, ``(- t)``,
   ``(- a b ...)``, ``(* c ... t)`` with at most one non-constant factor, all evaluated exactly
@@ -25,7 +26,7 @@ The formula is put in disjunctive normal form. In every term an atom over one in
 ``A y <= b`` (``>=`` negated); an atom over no variable is true or false. An atom mixing inputs
 and outputs, or relating several inputs, is outside the subset and an :class:`InputError`.
 Terms whose box is empty (some lo > hi) are dropped (they cannot be violated; if every term is
-dropped the property holds trivially); a term leaving some input without a lower or upper bound
+dropped the property holds trivially, and :attr:`Property.warnings` says so); a term leaving some input without a lower or upper bound
 is an error.
 
 Rounding. A box bound is the exact rational value of the atom rounded to the nearest float64,
@@ -73,6 +74,8 @@ class Property:
     n_inputs: int
     n_outputs: int
     cases: List[Case] = field(default_factory=list)
+    # things a user should hear about (an empty input box), one line each, naming the file
+    warnings: List[str] = field(default_factory=list)
 
     def groups(self) -> List[Tuple[np.ndarray, np.ndarray, List[Tuple[np.ndarray, np.ndarray]]]]:
         """The cases grouped by identical input box, in order of first appearance:
@@ -417,7 +420,16 @@ class _Parser:
                 raise self.error(k, f"unsupported command '{cmd}'")
         n_in, n_out = self.sizes()
         common, terms = self.conj(dnfs, 0, ks) if dnfs else _TRUE
-        return Property(n_in, n_out, self.cases(common, terms, n_in, n_out))
+        self.warnings: List[str] = []
+        cases = self.cases(common, terms, n_in, n_out)
+        return Property(n_in, n_out, cases, self.warnings)
+
+    def _empty_box(self, lo, hi, every_case: bool) -> None:
+        i = int(np.flatnonzero(lo > hi)[0])
+        where = "the input box" if every_case else "every case's input box"
+        self.warnings.append(
+            f"{self.where}: {where} is empty (X_{i} has lower bound {float(lo[i]):.10g} above its "
+            f"upper bound {float(hi[i]):.10g}): no input can violate the property, so it holds trivially (unsat)")
 
     # DNF terms -> cases
     def _apply(self, ids, lo, hi, row_ids):
@@ -437,12 +449,17 @@ class _Parser:
         lo0, hi0 = np.full(n_in, -np.inf), np.full(n_in, np.inf)
         rows0: List[int] = []
         self._apply(common, lo0, hi0, rows0)
+        if np.any(lo0 > hi0):
+            self._empty_box(lo0, hi0, True)
+            return []
         out = []
+        dropped = None
         row_cache: Dict[int, Tuple[np.ndarray, float]] = {}
         for t in terms:
             lo, hi, rows = lo0.copy(), hi0.copy(), list(rows0)
             self._apply(t, lo, hi, rows)
             if np.any(lo > hi):
+                dropped = (lo, hi)
                 continue  # empty box: this case cannot be violated
             for arr, side in ((lo, "lower"), (hi, "upper")):
                 bad = np.flatnonzero(np.isinf(arr))
@@ -462,6 +479,8 @@ class _Parser:
                     row_cache[ident] = (a, float(rhs))
                 A[r], b[r] = row_cache[ident]
             out.append(Case(lo, hi, A, b))
+        if not out and dropped is not None:
+            self._empty_box(*dropped, every_case=False)
         return out
 
 

@@ -163,11 +163,13 @@ def run_instances(instances: Sequence[Instance], write: Callable[[Dict[str, obje
                   skip: Callable[[tuple], bool], key: Callable[[Dict[str, object]], tuple],
                   timeout_cap: Optional[float] = None, progress: bool = True,
                   verifier_options: Optional[dict] = None,
-                  log: Optional[Callable[[str], None]] = None) -> VerifySummary:
+                  log: Optional[Callable[[str], None]] = None,
+                  warn: Optional[Callable[[str], None]] = None) -> VerifySummary:
     """Verify each instance in order and hand one row per instance to ``write``.
 
     A bad network or property file fails only its own instance (verdict ``error``, the message
-    in the summary's errors); the run goes on.
+    in the summary's errors); the run goes on. A property's warnings (an empty input box) go
+    to ``warn``, once per instance.
     """
     loader = Loader()
     summary = VerifySummary()
@@ -185,6 +187,8 @@ def run_instances(instances: Sequence[Instance], write: Callable[[Dict[str, obje
             try:
                 v = loader.verifier(inst.path("onnx"), **options)
                 prop = loader.property(inst.path("vnnlib"), v.n_inputs, v.n_outputs)
+                for message in prop.warnings if warn is not None else ():
+                    warn(message)  # names the property file
                 verdict = v.verify(prop, max(0.0, timeout - (time.perf_counter() - t0)),
                                    log=log, status=bar.status if bar.bar is not None else None)
                 row = verify_row(inst, verdict, time_s=time.perf_counter() - t0, timeout=timeout)
