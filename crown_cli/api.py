@@ -266,7 +266,7 @@ def certify(model, x, label: Optional[int] = None, target: Union[str, int] = "ru
     from crown_cli.certification.methods import names as other_method_names
     from crown_cli.certification.targets import (TARGET_TYPES, TargetSelector,
                                                  check_random_possible, parse_target_types)
-    from crown_cli.cli import choose_kernels
+    from crown_cli.certification.runner import choose_kernels
     from crown_cli.engine.kernels import KERNELS, using_kernels
 
     mlp = _as_model(model)

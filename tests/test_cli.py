@@ -230,7 +230,7 @@ def test_one_image_of_a_relu_model_runs_without_numba(tmp_path):
 
 
 def test_auto_kernels_rule():
-    from crown_cli.cli import choose_kernels
+    from crown_cli.certification.runner import choose_kernels
 
     relu3 = [w.shape for w in load_model(BIG).weights]
     relu4 = [w.shape for w in load_model(model_path("mnist_4x1024.h5")).weights]

@@ -9,6 +9,8 @@ import numpy as np
 
 from crown_cli.certification.certifier import Certifier
 from crown_cli.certification.targets import TARGET_TYPES, TargetSelector
+from crown_cli.errors import InputError
+from crown_cli.io.results import FAILED_STATUSES
 
 if TYPE_CHECKING:  # only --attack pgd runs need the module
     from crown_cli.certification.attack import PGDAttack
@@ -54,9 +56,6 @@ class Summary:
 
 
 _NORM_TEXT = {"inf": "l_inf", "2": "l_2", "1": "l_1"}
-
-# Statuses of rows that did not finish: they make `crown certify` exit with code 3.
-FAILED_STATUSES = ("error", "timeout")
 
 
 def row_key(row: Dict[str, object]) -> Tuple[str, str, str, str, str]:
@@ -184,3 +183,40 @@ def _progress(total: int, enabled: bool):
     from crown_cli.io.progress import terminal_bar
 
     return terminal_bar(enabled, total=total, unit="img", desc="certify")
+
+
+# --kernels auto: the numpy kernels while their estimated extra time stays below what loading
+# numba costs. Measured on the shipped ReLU networks (2 cores, idle; docs/benchmarks.md):
+# numba's one-off cost ~1.05 s; the numpy kernels' extra time per certification (image x
+# target type x norm x method) 68-112 ms for mnist_3x1024 (l_inf..l_1), 229-272 ms for
+# mnist_4x1024, 1-3.4 ms for the 20-neuron networks: about 0.085-0.11 s per 10**6 of
+# substitution_size, plus ~3 ms (NUMPY_BASE in the same unit) of per-call overhead.
+# NUMPY_BUDGET is ~2/3 of the break-even point at the slower rate (under load the ratio of the
+# two was ~1.5x less favourable: about break-even there).
+NUMPY_BASE = 30_000
+NUMPY_BUDGET = 6_000_000
+
+
+def substitution_size(shapes) -> int:
+    """Rows x columns the relaxation kernels sweep in one bound evaluation of an MLP whose
+    weight matrices have ``shapes`` (outputs, inputs): every hidden layer k >= 1 is
+    back-substituted through the hidden layers below it (the margin's few rows are ignored)."""
+    hidden = [s[0] for s in shapes[:-1]]
+    return sum(n * sum(hidden[:k]) for k, n in enumerate(hidden) if k >= 1)
+
+
+def choose_kernels(requested: str, activation: str, shapes, runs: int) -> str:
+    """The kernels of a certify run: ``requested``, or for 'auto' numpy when the activation
+    has a numpy relaxation and ``runs`` certifications fit NUMPY_BUDGET, else numba.
+    InputError for numpy kernels on an activation whose relaxation needs numba."""
+    from crown_cli.activations import supporting
+
+    NUMPY_TWINS = supporting("numpy_twin")
+
+    if requested == "numpy" and activation not in NUMPY_TWINS:
+        raise InputError(f"--kernels numpy: the {activation} relaxation needs numba (numpy "
+                         f"has {', '.join(NUMPY_TWINS)}); use --kernels numba or auto")
+    if requested != "auto":
+        return requested
+    cheap = runs * (substitution_size(shapes) + NUMPY_BASE) <= NUMPY_BUDGET
+    return "numpy" if activation in NUMPY_TWINS and cheap else "numba"

@@ -17,7 +17,7 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 from crown_cli.errors import InputError
 from crown_cli.io.results import COLUMNS, format_value
-from crown_cli.certification.runner import FAILED_STATUSES
+from crown_cli.io.results import FAILED_STATUSES
 
 FORMATS = ("csv", "jsonl")
 EXTENSIONS = {".csv": "csv", ".jsonl": "jsonl"}

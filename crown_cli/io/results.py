@@ -14,6 +14,9 @@ COLUMNS = (
     "attack_eps", "attack_time_s",
 )
 
+# Statuses of rows that did not finish: they make `crown certify` exit with code 3.
+FAILED_STATUSES = ("error", "timeout")
+
 
 def format_value(value) -> str:
     """Exact text for floats (repr round-trips, so a verified eps is never rounded up)."""

@@ -37,7 +37,6 @@ that error (half an ulp of each entry) is left to the verifier's margin.
 """
 from __future__ import annotations
 
-import bisect
 import os
 import re
 from dataclasses import dataclass, field

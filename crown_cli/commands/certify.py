@@ -1,0 +1,207 @@
+"""``crown certify``: certified radii of a model on a file of images, one result row per
+(image, norm, method, target)."""
+from __future__ import annotations
+
+import click
+import numpy as np
+
+from crown_cli.certification.runner import choose_kernels
+from crown_cli.commands.common import MAX_RADIUS, _deprecated, _handle_errors, _run_job, _split
+from crown_cli.errors import InputError
+
+
+@click.command()
+@click.option("--model", "model_path", required=True, type=click.Path(dir_okay=True), metavar="FILE",
+              help="Model file: NPZ, HDF5 (W0.., b0..), Keras model.save() HDF5 or .keras, or .onnx.")
+@click.option("--images", "images_path", default=None, metavar="FILE",
+              help="Image file: NPZ (x, y), MNIST IDX (gz or raw) or CIFAR CSV. "
+                   "Default: the first 100 MNIST test images shipped with crown.")
+@click.option("--labels", "labels_path", default=None, metavar="FILE", help="Labels IDX file for IDX images "
+              "(default: the labels file beside the images).")
+@click.option("--num-images", "-n", type=click.IntRange(min=1), default=None, metavar="N",
+              help="Number of images to process (default: all from --start on).")
+@click.option("--start", type=click.IntRange(min=0), default=0, show_default=True, metavar="N",
+              help="Index of the first image.")
+@click.option("--norm", default="inf", show_default=True, metavar="LIST",
+              help="l_p norm of the ball: inf, 2 or 1 (comma-separated list allowed).")
+@click.option("--method", default="crown", show_default=True, metavar="LIST",
+              help="crown (adaptive ReLU lower bound), fast-lin, crown-quad (quadratic bounds, "
+                   "2-layer ReLU only), alpha-crown (optimised ReLU lower slopes, ReLU and leaky "
+                   "ReLU; optimised tangent points, tanh, sigmoid, arctan), fast-lip, op-norm, "
+                   "lp-full or exact (comma-separated list allowed).")
+@click.option("--alpha-iters", type=int, default=None, metavar="N",
+              help="alpha-crown: most gradient steps per optimisation (default 25; early "
+                   "stopping usually ends sooner; 0: CROWN's slopes).")
+@click.option("--alpha-lr", type=float, default=None, metavar="LR",
+              help="alpha-crown: Adam step size on the slopes (default 0.5; 0.1 for the "
+                   "tangent points of tanh, sigmoid, arctan).")
+@click.option("--timeout", type=float, default=600.0, show_default=True, metavar="SECONDS",
+              help="Seconds per image and target type for --method exact and lp-full "
+                   "(status 'timeout', no eps).")
+@click.option("--target", "target_spec", default="runner-up", show_default=True,
+              metavar="LIST",
+              help="runner-up, random, least or untargeted (comma-separated list allowed).")
+@click.option("--target-seed", "seed", type=int, default=1215, show_default=True, metavar="N",
+              help="Seed of the random-target draw (Python random, as in the paper); was --seed.")
+@click.option("--activation", default=None, metavar="NAME",
+              help="Override the activation read from the model file.")
+@click.option("--search", default="interp", show_default=True,
+              type=click.Choice(["interp", "bisect"]),
+              help="Radius search: bracketing + quadratic interpolation, or plain bisection.")
+@click.option("--precision", default="mixed", show_default=True,
+              type=click.Choice(["mixed", "float64"]),
+              help="mixed: float32 products steer the search, the reported eps is verified in "
+                   "float64; float64: every evaluation in float64.")
+@click.option("--rtol", type=float, default=1e-4, show_default=True, metavar="RTOL",
+              help="Relative width of the final bracket [certified, not certified].")
+@click.option("--eps0", type=float, default=None, metavar="EPS",
+              help="First radius tried, at most --max-eps (default: a fraction of each image's "
+                   "first-order distance; with --search bisect and other methods the paper's, "
+                   "by norm and input size). Only the number of evaluations depends on it.")
+@click.option("--max-eps", type=float, default=1e4, show_default=True, metavar="EPS",
+              help=f"Largest radius searched (at most {MAX_RADIUS:g}); rows certified there get "
+                   "status 'capped'.")
+@click.option("--attack", "attack", default="none", show_default=True,
+              type=click.Choice(["none", "pgd"]),
+              help="pgd: also run a PGD attack per row and write the smallest adversarial "
+                   "distortion it verified (an upper bound) to attack_eps.")
+@click.option("--attack-steps", type=click.IntRange(min=1), default=None, metavar="N",
+              help="PGD steps per attack run (default 20).")
+@click.option("--attack-restarts", type=click.IntRange(min=1), default=None, metavar="N",
+              help="PGD starting points per radius (default 2).")
+@click.option("--attack-seed", type=click.IntRange(min=0), default=0, show_default=True,
+              metavar="N", help="Seed of the attack's random starts.")
+@click.option("--output", "-o", default="-", show_default=True, metavar="FILE",
+              help="Result file to write ('-': stdout); a provenance sidecar <output>.json goes beside it.")
+@click.option("--format", "out_format", default=None, type=click.Choice(["csv", "jsonl"]),
+              help="Format of the --output file (default: from its extension, .jsonl: jsonl, "
+                   "else csv).")
+@click.option("--overwrite", is_flag=True, help="Replace an existing --output file.")
+@click.option("--resume", is_flag=True,
+              help="Continue an existing --output of an interrupted run with the same options: "
+                   "skip the rows already there, append the rest. It cannot extend a finished "
+                   "run to more images: write those to another file (--start, --num-images) "
+                   "and join the two with crown merge.")
+@click.option("--shard", default=None, metavar="K/N",
+              help="Only the K-th of N round-robin parts of the images (K = 1..N), for job arrays.")
+@click.option("--kernels", default="auto", show_default=True,
+              type=click.Choice(["auto", "numba", "numpy"]),
+              help="Bound kernels: numba (compiled; loading them costs ~1 s once per run), "
+                   "numpy (no start-up cost, slower per image; ReLU and leaky ReLU networks "
+                   "only) or auto (numpy for short jobs on such networks, else numba).")
+@click.option("--verbose", "-v", is_flag=True, help="A log line per row on stderr.")
+@click.option("--quiet", "-q", is_flag=True, help="No progress bar and no summary line.")
+@_handle_errors
+@_deprecated("--seed", "--target-seed", "seed", type=int)
+def certify(model_path, images_path, labels_path, num_images, start, norm, method, alpha_iters,
+            alpha_lr, timeout,
+            target_spec, seed, activation, search, precision, rtol, eps0, max_eps, attack,
+            attack_steps, attack_restarts, attack_seed, output, out_format, overwrite, resume,
+            shard, kernels, verbose, quiet):
+    """Certify each image against the chosen targets and write one CSV row per (image, target).
+
+    Exit codes: 0 all rows done, 1 internal error, 2 bad input or usage, 3 finished but some
+    rows have status error or timeout (counting rows already in a resumed file), 130
+    interrupted (Ctrl-C; the rows written are kept, --resume continues).
+    """
+    from crown_cli.io.result_files import OutputJob, format_for, parse_shard, shard_indices
+    from crown_cli.io.provenance import option_values
+    from crown_cli.certification.certifier import Certifier, parse_norm
+    from crown_cli.engine.kernels import using_kernels
+    from crown_cli.certification.methods import names as other_method_names
+    from crown_cli.io.images import labels_source, load_images
+    from crown_cli.io.models import load_model
+    from crown_cli.certification.runner import certify_images
+    from crown_cli.certification.targets import check_random_possible, parse_target_types
+
+    norms = [parse_norm(n) for n in _split(norm, "--norm", ("inf", "2", "1", "l1", "l2", "linf"))]
+    methods = _split(method, "--method", ("crown", "fast-lin", "crown-quad", "alpha-crown")
+                     + other_method_names())
+    if "alpha-crown" not in methods and (alpha_iters is not None or alpha_lr is not None):
+        raise InputError("--alpha-iters/--alpha-lr: need --method alpha-crown")
+    if alpha_iters is not None and alpha_iters < 0:
+        raise InputError(f"--alpha-iters: must be >= 0, got {alpha_iters}")
+    if alpha_lr is not None and not (np.isfinite(alpha_lr) and alpha_lr > 0):
+        raise InputError(f"--alpha-lr: must be > 0, got {alpha_lr}")
+    from crown_cli.certification.certifier import ALPHA_ITERS
+
+    # --alpha-lr unset: the Certifier's default for the network's activation
+    alpha_opts = {"alpha_iters": ALPHA_ITERS if alpha_iters is None else alpha_iters,
+                  "alpha_lr": alpha_lr}
+    if not timeout > 0:
+        raise InputError(f"--timeout: must be > 0, got {timeout}")
+    target_types = parse_target_types(target_spec)
+    if not rtol > 0 or not rtol < 1:
+        raise InputError(f"--rtol: must lie in (0, 1), got {rtol}")
+    if not (max_eps > 0 and max_eps <= MAX_RADIUS):
+        raise InputError(f"--max-eps: must be > 0 and at most {MAX_RADIUS:g}, got {max_eps}")
+    if eps0 is not None and not (eps0 > 0 and eps0 <= max_eps):
+        raise InputError(f"--eps0: must be > 0 and at most --max-eps ({max_eps:g}), got {eps0}")
+    out_format = format_for(output, out_format)
+    click.get_current_context().params["out_format"] = out_format  # recorded in the sidecar
+
+    mlp = load_model(model_path, activation)
+    x, y = load_images(images_path, labels_path)
+    where = images_path or "default MNIST images"
+    if x.shape[1] != mlp.input_size:
+        raise InputError(
+            f"{where}: images have {x.shape[1]} values each but the model {model_path} "
+            f"expects {mlp.input_size} inputs"
+        )
+    if start >= x.shape[0]:
+        raise InputError(f"--start: {start} is past the last image ({x.shape[0]} images in {where})")
+    bad = np.flatnonzero((y < 0) | (y >= mlp.num_classes))
+    if bad.size:
+        raise InputError(f"{labels_source(images_path, labels_path)}: label {y[bad[0]]} of image "
+                         f"{bad[0]} is outside 0..{mlp.num_classes - 1} (the model "
+                         f"{model_path} has {mlp.num_classes} classes)")
+    check_random_possible(mlp.num_classes, target_types)
+    stop = x.shape[0] if num_images is None else min(x.shape[0], start + num_images)
+    if num_images is not None and start + num_images > x.shape[0]:
+        click.echo(f"crown: note: --num-images {num_images}: {where} holds {x.shape[0]} images, "
+                   f"so images {start}..{x.shape[0] - 1} ({x.shape[0] - start}) are certified",
+                   err=True)
+    indices = shard_indices(range(start, stop), parse_shard(shard))
+    job = OutputJob(option_values(click.get_current_context()), output, out_format, overwrite,
+                    resume, model_path, mlp, images_path, x, y, indices)
+    # rows a resumed file already holds are skipped: they cost no certification
+    runs = len(indices) * len(target_types) * len(norms) * len(methods) - job.rows_present()
+    # an order-preserving output activation is skipped (the logits' margins decide the class);
+    # another one (a ReLU on the logits) becomes a hidden layer the engine bounds
+    weights, biases = mlp.margin_layers()
+    kernels = choose_kernels(kernels, mlp.activation, [w.shape for w in weights], runs)
+    # the engine's switch is process-wide: restore it when this command ends
+    click.get_current_context().with_resource(using_kernels(kernels))
+
+    certifiers = [
+        Certifier(weights, biases, mlp.activation, norm=n, method=m, search=search,
+                  rtol=rtol, eps0=eps0, eps_max=max_eps, precision=precision, alpha=mlp.alpha,
+                  timeout=timeout, **(alpha_opts if m == "alpha-crown" else {}))
+        for n in norms for m in methods
+    ]
+    attacks = None
+    if attack == "pgd":
+        from crown_cli.certification.attack import DEFAULT_RESTARTS, DEFAULT_STEPS, PGDAttack
+
+        attacks = {n: PGDAttack(weights, biases, mlp.activation, norm=n, alpha=mlp.alpha,
+                                steps=attack_steps or DEFAULT_STEPS,
+                                restarts=attack_restarts or DEFAULT_RESTARTS, eps_max=max_eps)
+                   for n in norms}
+    elif attack_steps is not None or attack_restarts is not None:
+        raise InputError("--attack-steps/--attack-restarts: need --attack pgd")
+    def logged(write):
+        if not verbose:
+            return write
+
+        def write_and_log(row):
+            write(row)
+            eps = "" if row.get("eps") is None else f" eps {row['eps']!r}"
+            click.echo(f"crown: image {row['image']} {row['target_type']} {row['target']} "
+                       f"{row['norm']} {row['method']}: {row['status']}{eps}", err=True)
+
+        return write_and_log
+
+    _run_job(job, lambda write: certify_images(
+        certifiers, x, y, indices, target_types, seed, logged(write), progress=not quiet and not verbose,
+        skip=job.skip, attacks=attacks, attack_seed=attack_seed,
+        warn=lambda msg: click.echo(msg, err=True)), "row", output, quiet)
