@@ -1,7 +1,7 @@
 """The network type every loader returns: a fully connected MLP in the engine's convention.
 
-Kept apart from the loaders so that ``model_io`` (NPZ, HDF5, Keras) and ``onnx_io`` do not
-depend on each other.
+Kept apart from the loaders so that ``io.models`` (NPZ, HDF5, Keras) and ``io.onnx_model``
+do not depend on each other.
 """
 from __future__ import annotations
 

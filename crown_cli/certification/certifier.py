@@ -30,7 +30,7 @@ EPS0 = {784: {"inf": 0.01, "2": 0.2, "1": 0.3}, 3072: {"inf": 0.002, "2": 0.2, "
 
 
 PRECISIONS = ("mixed", "float64")
-# alpha-CROWN optimiser defaults (README "alpha-CROWN", measured on MNIST 3x[1024], l_1,
+# alpha-CROWN optimiser defaults (docs/methods.md, alpha-CROWN; measured on MNIST 3x[1024], l_1,
 # runner-up, 3 images: mean eps gain over crown / evaluations per image): 5 steps lr 0.5
 # +2.07% / 17; 10 steps lr 0.5 +2.31% / 22; 20 steps lr 0.5 +2.34% / 23; 20 steps lr 0.1
 # +2.28% / 27.7; 10 steps lr 1.0 +2.29% / 21.3. Early stopping ends most runs well before
@@ -168,7 +168,7 @@ class Certifier:
         Certifies one point of a tiny network with the same activation, norm, method and
         precision (numba loads its cached machine code at the first call of each kernel and
         type, about 0.7 s in all). Methods without numba kernels and the numpy kernels
-        (``crown.set_kernels``: nothing to load) are left alone.
+        (``set_kernels("numpy")``: nothing to load) are left alone.
         """
         if self.other is not None or self.quad is not None or kernels_backend() == "numpy":
             return

@@ -5,7 +5,7 @@ Rows are grouped by (network, norm, target type), one table row per group; every
 Fast-Lin and an average time per image, and the attack's average distortion is shown beside
 them when the rows have one.
 
-Counting rules (also in the README):
+Counting rules (also in docs/cli.md, crown report):
 
 * A row counts if its status is ``certified``, ``capped`` (certified at ``--max-eps``; its eps
   is a valid lower bound), ``not-certified`` (counts as eps 0, the bound it proved) or

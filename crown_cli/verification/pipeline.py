@@ -187,15 +187,15 @@ class Verifier:
                                       margins, deadline, done, log, status)
 
     def _relu_split(self, cases, open_cases, margins, deadline, done, log, status):
-        """Branch and bound over ReLU splits (:func:`crown_cli.verification.bab.relu_split.relu_split_steps`),
-        the hidden layers' root bounds tightened once per input box, the searches interleaved
+        """Branch and bound over ReLU splits
+        (:func:`crown_cli.verification.bab.relu_split.relu_split_steps`), the hidden layers'
+        root bounds tightened once per input box, the searches interleaved
         (:meth:`_interleave`). On networks of ``JOINT_LAYERS`` or more hidden layers one
         search per box decides all its open cases together: there each domain's hidden-layer
-        bounds, recomputed after every split and most of the cost, serve every case (on
-        mnistfc 256x6 prop_12_0.03, 150 s: worst bound -28 over all 9 cases jointly, against
-        -54 to -78 with 17 s per case). On shallower networks one search per case (each
-        branches for its own case; on 256x2 the joint search was no better). The root's
-        optimised slopes serve every domain's recomputed hidden-layer bounds."""
+        bounds, recomputed after every split and most of the cost, serve every case. On
+        shallower networks one search per case (each branches for its own case). The root's
+        optimised slopes serve every domain's recomputed hidden-layer bounds. docs/bab.md
+        has the measurements behind both choices."""
         from crown_cli.verification.bab.relu_split import relu_split_steps, root_layer_bounds
 
         leak = None if self.activation == "relu" else self.alpha

@@ -69,7 +69,7 @@ def get_method(name: str) -> Method:
 
 
 # The comparison methods widen each float64 operation by FP_RTOL = 2^-32 of its magnitude,
-# which covers the rounding gamma_N of a sum of N terms for N <= 2^20 (README, Soundness). The
+# which covers the rounding gamma_N of a sum of N terms for N <= 2^20 (docs/soundness.md). The
 # longest sum they form (LP-Full's dual bound: a term per constraint and per variable, l_1
 # splitting each input in two) has fewer terms than 2 (inputs + hidden neurons) + 8.
 MAX_TERMS = 2 ** 20

@@ -1,5 +1,5 @@
 """The kernels of :mod:`crown_cli.engine.kernels.backsub` in vectorised numpy, for runs too short to repay
-numba's start-up (``crown.set_kernels("numpy")``; about 1 s saved, paid back by slower
+numba's start-up (``crown_cli.engine.kernels.set_kernels("numpy")``; about 1 s saved, paid back by slower
 evaluations after a few images of a large network).
 
 Same signatures, same return values and dtypes: D matrices in the dtype of Lam; constants,

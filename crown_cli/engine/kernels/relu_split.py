@@ -1,7 +1,8 @@
-"""numba kernels of one float32 back-substitution step of :mod:`crown_cli.verification.bab.relu_split` (the
-elementwise relaxation of a layer and its reverse pass, one pass over the batch instead of a
-dozen numpy temporaries). Same arithmetic as the numpy code there, which stays in use for
-float64 (the sound evaluation) and under ``crown.set_kernels("numpy")``.
+"""numba kernels of ReLU splitting's back-substitution steps
+(:class:`crown_cli.verification.bab.bounder.Bounder`): the elementwise relaxation of a layer
+and its reverse pass, one pass over the batch instead of a dozen numpy temporaries. Same
+arithmetic as the numpy code there (their twin), which runs under
+``crown_cli.engine.kernels.set_kernels("numpy")``.
 """
 import numpy as np
 from numba import njit

@@ -1,7 +1,7 @@
 """ReLU and leaky ReLU relaxations in vectorised numpy: the numba-free twins of
 :func:`crown_cli.engine.relaxations.relu.relu_relaxation` and
 :func:`crown_cli.engine.relaxations.extra.leaky_relu_relaxation`, used with the numpy kernels
-(``crown.set_kernels("numpy")``).
+(``crown_cli.engine.kernels.set_kernels("numpy")``).
 
 Each output element is computed by the same float64 operations in the same order as in the
 numba function, so both give bit-identical slopes and intercepts (tests/test_kernels.py);

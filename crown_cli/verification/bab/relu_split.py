@@ -52,6 +52,7 @@ Arrays in, result out: no files and no printing here (``log`` receives progress 
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass, replace
 from typing import Callable, Optional, Sequence
 
 import numpy as np
@@ -122,63 +123,72 @@ def finish(steps):
             return stop.value
 
 
+@dataclass(frozen=True)
+class ReluSplitOptions:
+    """The settings of a ReLU-splitting search. docs/bab.md has the measurements behind the
+    defaults."""
+
+    max_domains: int = 200_000  # cap on open domains (hitting it gives unknown), lowered so
+    max_memory: float = 2.0 ** 31  # that the open domains' stored state stays below this (bytes)
+    batch: int = 256  # domains bounded per evaluation (children of batch/2 parents)
+    iters: int = 20  # Adam steps on (alpha, beta) per batch
+    root_iters: int = 50  # Adam steps at the root
+    # "babsr", or "fsb": filtered smart branching over the top fsb_k BaBSR candidates (their
+    # children bounded in one batch, the best worse child taken); fsb_k default 3, 20 with interm
+    branching: str = "fsb"
+    fsb_k: Optional[int] = None
+    # a PGD attack (verification.attack) when the root is not proven; 0 restarts: none
+    attack_restarts: int = 16
+    attack_steps: int = 50
+    seed: int = 0
+    # the hidden layers' root bounds by root_layer_bounds (optimised slopes) instead of CROWN's
+    tighten_root: bool = True
+    # recompute each child's hidden-layer bounds after its new split (Bounder.tighten) instead
+    # of keeping the root's; default: on for 2 or more hidden layers
+    interm: Optional[bool] = None
+    # with interm: Adam steps per row on the recomputed bounds' slopes and the split
+    # multipliers (Bounder.tighten_opt; 0: Bounder.tighten); default 3 on 3+ hidden layers
+    interm_iters: Optional[int] = None
+    interm_min_splits: int = 0  # ... only on domains with at least this many decisions
+    # each row's optimisation starts from a running mean of what earlier domains' rows ended
+    # with, moved by this fraction after every chunk (0: the root's slopes and beta 0)
+    interm_warm: float = 0.5
+    # branch only on neurons of this many shallowest layers with open neurons (0: anywhere);
+    # default 1 with interm on 3+ hidden layers, else 0
+    layer_window: Optional[int] = None
+
+
 def relu_split_steps(weights: Sequence[np.ndarray], biases: Sequence[np.ndarray], lo, hi, A,
-                     b, deadline: float, *, max_domains: int = 200_000, batch: int = 256,
-               iters: int = 20, root_iters: int = 50, branching: str = "fsb",
-               fsb_k: Optional[int] = None,
-               activation: str = "relu", leak=None, log: Optional[Callable[[str], None]] = None,
-               charge=None, attack_restarts: int = 16, attack_steps: int = 50,
-               seed: int = 0, tighten_root: bool = True, layer_bounds=None,
-               max_memory: float = 2.0 ** 31, interm: Optional[bool] = None,
-               layer_slopes=None, interm_iters: Optional[int] = None,
-               interm_min_splits: int = 0, interm_warm: float = 0.5,
-               layer_window: Optional[int] = None, groups=None,
-               progress: Optional[Callable[[int, int, float], None]] = None) -> BabResult:
+                     b, deadline: float, options: Optional[ReluSplitOptions] = None, *,
+                     activation: str = "relu", leak=None, layer_bounds=None, layer_slopes=None,
+                     groups=None, charge=None, log: Optional[Callable[[str], None]] = None,
+                     progress: Optional[Callable[[int, int, float], None]] = None,
+                     **settings) -> BabResult:
     """Decide the case ``x in [lo, hi] and A f(x) <= b`` by ReLU-splitting branch and bound,
     as a generator: it yields (nothing) after every batch of domains, so a caller can run
     several cases in turn (:func:`finish` runs one to its end), and returns the
     :class:`BabResult`.
 
-    ``deadline``: a ``time.monotonic()`` instant (then ``timeout``). ``max_domains``: cap on
-    open domains (hitting it gives ``unknown``), lowered so that the open domains' stored
-    alpha/beta/splits stay below ``max_memory`` bytes. ``batch``: domains bounded per evaluation
-    (children of batch/2 parents). ``branching``: "babsr" or "fsb" (filtered smart branching
-    over the top ``fsb_k`` BaBSR candidates, default 3, 20 with ``interm``; on mnistfc 256x2
-    it needed ~2.8x fewer domains than "babsr", on one 256x4 case 1.4x more: see the README;
-    with ``interm`` and the layer window, 20 needed 2-4x fewer domains than 3 on mnistfc
-    256x4 and 256x6, where the candidates' float32 evaluations cost little beside the
-    per-domain bounds). ``iters``: Adam steps per
-    batch (10 lost a 256x4 case that 20 proves). ``charge``: see :meth:`Bounder.evaluate`.
-    ``attack_restarts``/``attack_steps``: a PGD attack (verify_attack.find_counterexample)
-    when the root is not proven (0 restarts: none). ``tighten_root``: the hidden layers'
-    bounds by :func:`root_layer_bounds` instead of CROWN's, its slopes serving the
-    per-domain bounds; ``layer_bounds`` gives them, ``layer_slopes`` its slopes (e.g.
-    computed once for several cases on one box). ``interm``: recompute each child
-    domain's hidden-layer bounds after its new split (:meth:`Bounder.tighten`) instead of
-    keeping the root's (default: on for 2 or more hidden layers). ``interm_iters``: with
-    ``interm``, that many Adam steps per row on the recomputed bounds' slopes and the split
-    constraints' multipliers (:meth:`Bounder.tighten_opt`; 0: :meth:`Bounder.tighten`, no
-    multipliers; default 3 on 3 or more hidden layers, else 0): on mnistfc 256x4
-    prop_4_0.05 a deep domain's bound went from -0.59 to +0.64 (the LP with split
-    constraints on every hidden neuron: +0.93), at ~6x the cost per domain; 256x2
-    prop_1_0.03 took 41 s with it, 11 s without. ``interm_min_splits``: only on domains
-    with at least that many branching decisions (default 0). ``interm_warm`` (in [0, 1]):
-    each row's optimisation starts from a running mean of the slopes and multipliers the
-    rows of the domains bounded before ended with (:meth:`Bounder.tighten_opt`'s ``warm``,
-    moved by that fraction after every chunk; 0: from the root's slopes and beta 0; default
-    0.5): domains deep in one search share most of their splits, so the 3 steps continue
-    rather than restart. On mnistfc 256x4 prop_3_0.03 it took 79 s (4.8k domains) instead
-    of 203 s (15.9k); 256x4 prop_6_0.05 and prop_12_0.05, open at 300 s before, took 199 s
-    and 217 s. ``layer_window``: branch
-    only on neurons of the ``layer_window`` shallowest layers with open neurons in the
-    domain (0: anywhere; default: 1 with ``interm`` on 3 or more hidden layers, else 0):
-    with per-domain bounds an early split tightens every later layer. ``progress(domains, open, worst)``: called after every
-    batch with the domains bounded so far, the open domains and the worst open domain's
-    score (the float32 estimate of its best row's bound minus b). ``groups``: several cases
-    at once (:class:`Bounder`): every domain is bounded in all their rows (the per-domain
-    hidden-layer bounds, most of the cost on deep networks, serve them all) and is proven
-    when every case is; a counterexample may violate any one.
+    ``deadline``: a ``time.monotonic()`` instant (then ``timeout``). ``options``: the
+    search's :class:`ReluSplitOptions`; ``settings`` (keyword arguments named like its
+    fields) override them. ``activation``, ``leak``: ReLU or leaky ReLU with that slope.
+    ``layer_bounds``, ``layer_slopes``: the hidden layers' root bounds and slopes of
+    :func:`root_layer_bounds` (e.g. computed once for several cases on one box).
+    ``groups``: several cases at once (:class:`Bounder`): every domain is bounded in all
+    their rows (the per-domain hidden-layer bounds, most of the cost on deep networks, serve
+    them all) and is proven when every case is; a counterexample may violate any one.
+    ``charge``: see :meth:`Bounder.evaluate`. ``log``: progress strings.
+    ``progress(domains, open, worst)``: called after every batch with the domains bounded so
+    far, the open domains and the worst open domain's score (the float32 estimate of its
+    best row's bound minus b).
     """
+    o = replace(options or ReluSplitOptions(), **settings)
+    max_domains, batch, iters, root_iters = o.max_domains, o.batch, o.iters, o.root_iters
+    branching, fsb_k, seed = o.branching, o.fsb_k, o.seed
+    attack_restarts, attack_steps = o.attack_restarts, o.attack_steps
+    interm, interm_iters, layer_window = o.interm, o.interm_iters, o.layer_window
+    interm_min_splits, interm_warm = o.interm_min_splits, o.interm_warm
+    tighten_root, max_memory = o.tighten_root, o.max_memory
     t0 = time.monotonic()
     if not 0.0 <= interm_warm <= 1.0:
         raise ValueError(f"interm_warm must lie in [0, 1], not {interm_warm}")
