@@ -20,7 +20,7 @@ import numpy as np
 
 from crown_cli.engine.input_sets import Box, dual_norms, input_abs_bound, input_terms
 from crown_cli.engine.kernels import kernels
-from crown_cli.engine.rounding import (ERR_SAFETY, U32, U64, final_sum_rtol, product_rounding,
+from crown_cli.engine.rounding import (ERR_SAFETY, U32, U64, final_sum_rtol, margin_rows_rounding,
                                        rounding_weights, widen)
 
 
@@ -280,6 +280,17 @@ def _float64_steps(net: Network, relax: List[Relaxation], x0, eps, qcode):
         steps.append(rl._rw[1])
         tiny += rl._rw[2]
     return steps, tiny
+
+
+def product_rounding(net, C: np.ndarray, relax, x0, eps, qcode):
+    """Per row of C, a bound on the rounding of ``Lam = C @ W[-1]`` and ``const = C @ b[-1]``
+    in float64 as it acts on the set: gamma_m (|C| |W[-1]| |a_h| + |C| |b[-1]|), m = the
+    number of outputs, |a_h| bounded by the last relaxation (or the input set). For
+    :func:`back_substitute`'s ``lam_err``."""
+    a = relax[-1].abs_bound() if relax else input_abs_bound(x0, eps, qcode)
+    absC = np.abs(C)
+    return margin_rows_rounding(C.shape[1], absC @ (net.abs_weights(len(net.W) - 1) @ a),
+                                absC @ np.abs(net.b[-1]))
 
 
 def first_layer_center(net: Network, x0: np.ndarray) -> Tuple[np.ndarray, np.ndarray]:

@@ -33,12 +33,12 @@ from typing import Optional
 import numpy as np
 
 from crown_cli.activations import default_alpha, supporting
-from crown_cli.engine.input_sets import centre_radius
+from crown_cli.engine.input_sets import box_lower, centre_radius
 from crown_cli.engine.kernels import batched_kernels
 from crown_cli.engine.optim import Adam, AdamSettings, BestIterate
 from crown_cli.engine.relaxations import relu_numpy
-from crown_cli.engine.rounding import (ERR_SAFETY, U64, final_sum_rtol, margin_rows_rounding,
-                                       step_weights, widen)
+from crown_cli.engine.rounding import (U64, final_sum_rtol, margin_rows_rounding, step_weights,
+                                       widen)
 
 # the last-layer slope steering's Adam (float64; its own denominator guard)
 STEER_ADAM = AdamSettings(eps=1e-12)
@@ -150,12 +150,7 @@ def _lower(Ws, bs, absbs, relax, zero_bL, Lam, const, c, rad, steps, rtol, lam_e
         mag += dm
         v, t = steps[i]
         charge += np.matmul(np.abs(D), v[:, cols, None])[..., 0] + t[:, None]
-    absL = np.abs(Lam)
-    lin = np.matmul(Lam, c[:, :, None])[..., 0]
-    norm = np.matmul(absL, rad[:, :, None])[..., 0]
-    xm = np.matmul(absL, np.abs(c)[:, :, None])[..., 0]
-    lower = widen(lin - norm + cst, xm + norm + mag, -1.0, rtol, ERR_SAFETY * charge)
-    return lower, Lam, cst
+    return box_lower(Lam, cst, mag, charge, c, rad, rtol), Lam, cst
 
 
 def _interval_step(net, k, l, u):

@@ -7,6 +7,7 @@ from __future__ import annotations
 import numpy as np
 
 from crown_cli.engine.kernels import kernels
+from crown_cli.engine.rounding import ERR_SAFETY, widen
 
 # norm name -> code of the dual norm used on the rows of Lam: 0: l1 (inf-ball), 1: l2, 2: l_inf (1-ball)
 NORMS = {"inf": 0, "2": 1, "1": 2}
@@ -79,3 +80,23 @@ def input_abs_bound(x0, eps, qcode) -> np.ndarray:
     if isinstance(qcode, Box):
         return np.abs(x0) + eps * qcode.radius
     return np.abs(x0) + eps
+
+
+def box_lower(Lam, const, mag, charge, c, r, rtol):
+    """The float64-verified minimum of each row's ``Lam x + const`` over a box ``c +/- r``:
+    ``Lam c - |Lam| r + const`` widened by the allowance of
+    :mod:`crown_cli.engine.rounding` (``rtol`` of the magnitude sum ``|Lam| |c| + |Lam| r +
+    mag``, and ``ERR_SAFETY * charge`` for the products' rounding the chain charged).
+
+    ``Lam`` (N, d) with one box (``c``, ``r`` (d,)), or (N, k, d) with a box per leading
+    index (``c``, ``r`` (N, d)); ``const``, ``mag``, ``charge`` of Lam's leading shape. Every
+    batched caller (input splitting's boxes, ReLU splitting's domains and their hidden-layer
+    bounds) concretises here."""
+    absL = np.abs(Lam)
+    if Lam.ndim == 2:
+        lin, nrm, xm = Lam @ c, absL @ r, absL @ np.abs(c)
+    else:
+        lin = np.matmul(Lam, c[:, :, None])[..., 0]
+        nrm = np.matmul(absL, r[:, :, None])[..., 0]
+        xm = np.matmul(absL, np.abs(c)[:, :, None])[..., 0]
+    return widen(lin - nrm + const, xm + nrm + mag, -1.0, rtol, ERR_SAFETY * charge)

@@ -5,7 +5,7 @@ the rounding of its products charged a posteriori (``|D| @ v_i``, :func:`roundin
 :func:`step_weights` with unit 2**-53, for the matrix D the step formed: those errors are
 relative to |D| |W|, not to the final coefficients, and cancellation makes them arbitrarily
 larger than the latter); (2) the rounding of the margin rows C @ W[-1]
-(:func:`product_rounding`, :func:`margin_rows_rounding`); (3) ``FP_RTOL`` times the sum of
+(:func:`margin_rows_rounding`); (3) ``FP_RTOL`` times the sum of
 the absolute values of the terms of the final sums (constant terms, input terms, dual norm),
 which covers gamma_N of those sums for N <= 2**20 roundings per term (larger networks get
 N * 2**-52: :func:`final_sum_rtol`); (4) a threshold compared with a bound is rounded up one
@@ -15,8 +15,6 @@ docs/soundness.md has the whole argument. Arrays in, arrays out.
 from __future__ import annotations
 
 import numpy as np
-
-from crown_cli.engine.input_sets import input_abs_bound
 
 FP_RTOL = 2.0 ** -32  # ~2.3e-10, relative allowance of the final sums (see module docstring)
 FP_ATOL = 1e-300
@@ -108,19 +106,9 @@ def step_weights(n: int, Wa, absb, a_prev_sum, lo, hi, unit=U64):
     return v, t
 
 
-def product_rounding(net, C: np.ndarray, relax, x0, eps, qcode):
-    """Per row of C, a bound on the rounding of ``Lam = C @ W[-1]`` and ``const = C @ b[-1]``
-    in float64 as it acts on the set: gamma_m (|C| |W[-1]| |a_h| + |C| |b[-1]|), m = the
-    number of outputs, |a_h| bounded by the last relaxation (or the input set). For
-    :func:`back_substitute`'s ``lam_err``."""
-    a = relax[-1].abs_bound() if relax else input_abs_bound(x0, eps, qcode)
-    absC = np.abs(C)
-    return margin_rows_rounding(C.shape[1], absC @ (net.abs_weights(len(net.W) - 1) @ a),
-                                absC @ np.abs(net.b[-1]))
-
-
 def margin_rows_rounding(m: int, CWa, Cb):
-    """The charge of :func:`product_rounding` from its two products, in any batch shape:
+    """The rounding of ``C @ W[-1]`` and ``C @ b[-1]`` in float64 as it acts on the set:
+    gamma_m (|C| |W[-1]| |a_h| + |C| |b[-1]|), from its two products, in any batch shape:
     ``CWa`` = |C| |W[-1]| |a_h|, ``Cb`` = |C| |b[-1]|, m the number of outputs (the inner
     dimension of C @ W[-1])."""
     return ERR_SAFETY * gamma_n(m, U64) * (CWa + Cb + m * TINY64)

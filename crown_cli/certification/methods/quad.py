@@ -68,8 +68,9 @@ from typing import Sequence
 
 import numpy as np
 
-from crown_cli.engine.backsub import Network, back_substitute, hidden_layer_bounds
-from crown_cli.engine.rounding import FP_ATOL, FP_RTOL, product_rounding
+from crown_cli.engine.backsub import (Network, back_substitute, hidden_layer_bounds,
+                                      product_rounding)
+from crown_cli.engine.rounding import FP_ATOL, FP_RTOL
 from crown_cli.engine.input_sets import NORMS, dual_norms
 from crown_cli.errors import InputError
 from crown_cli.engine.relaxations import get_relaxation

@@ -15,11 +15,10 @@ import numpy as np
 
 from crown_cli.activations import default_alpha, supporting
 from crown_cli.engine.backsub import Network, hidden_layer_bounds
-from crown_cli.engine.input_sets import Box, input_abs_bound
+from crown_cli.engine.input_sets import Box, box_lower, input_abs_bound
 from crown_cli.engine.kernels import relu_split_kernels as _kern
 from crown_cli.engine.relaxations import get_relaxation
-from crown_cli.engine.rounding import (ERR_SAFETY, FP_RTOL, U64, margin_rows_rounding, round_up,
-                                       rounding_weights, widen)
+from crown_cli.engine.rounding import FP_RTOL, U64, margin_rows_rounding, round_up, rounding_weights
 from crown_cli.verification.bab.domain_bounds import DomainBounds
 
 
@@ -289,12 +288,7 @@ class Bounder(DomainBounds):
                 tape.append((Lam, pos, slope, sl))
             Lam = D @ W[k]
         if f64:
-            lin = Lam @ self.c
-            absL = np.abs(Lam)
-            nrm = absL @ self.r
-            val = lin - nrm + const
-            mag = mag + absL @ np.abs(self.c) + nrm
-            out = widen(val, mag, -1.0, self.net.fp_rtol, ERR_SAFETY * steps)
+            out = box_lower(Lam, const, mag, steps, self.c, self.r, self.net.fp_rtol)
         else:
             out = (Lam @ self.c32).astype(np.float64) - (np.abs(Lam) @ self.r32) + const
         out = out.reshape(B, m)

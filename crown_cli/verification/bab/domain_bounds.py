@@ -14,8 +14,8 @@ import time
 
 import numpy as np
 
+from crown_cli.engine.input_sets import box_lower
 from crown_cli.engine.kernels import relu_split_kernels as _kern
-from crown_cli.engine.rounding import (ERR_SAFETY, widen)
 from crown_cli.verification.bab.optimise import _optimise_rows
 
 
@@ -108,12 +108,8 @@ class DomainBounds:
             mag = mag + np.abs(icpt).sum(axis=2).reshape(-1) + absD @ np.abs(self._bk[j])
             steps = steps + absD @ self._vk[j] + self.rw[j][1]
             Lam = (D @ self._Wstep[j]).reshape(n, rows, -1)
-        Lam = Lam.reshape(n * rows, -1)
-        absL = np.abs(Lam)
-        nrm = absL @ self.r
-        val = Lam @ self.c - nrm + const
-        mag = mag + absL @ np.abs(self.c) + nrm
-        out = widen(val, mag, -1.0, self.net.fp_rtol, ERR_SAFETY * steps)
+        out = box_lower(Lam.reshape(n * rows, -1), const, mag, steps, self.c, self.r,
+                        self.net.fp_rtol)
         return out.reshape(n, rows)
 
     def tighten(self, split, dl, du, start, max_bytes: float = 2.0 ** 26, deadline=None):
