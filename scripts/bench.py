@@ -83,7 +83,9 @@ def random_mlp(sizes, seed):
 
 def _module(*names):
     """The first of ``names`` that imports: the package's layout changed (issue 22), and
-    ``--before`` may run a checkout of either layout."""
+    ``--before`` may run a checkout of either layout. The old name comes first: an editable
+    install of the new layout can serve its subpackages to a process whose PYTHONPATH points
+    at an old checkout, which must not be measured as the old code."""
     import importlib
 
     for i, name in enumerate(names):
@@ -98,7 +100,7 @@ def bab_worker(n_boxes):
     """The bab case: batched bounds per second on a random ACAS-shaped net."""
     import numpy as np
 
-    bab = _module("crown_cli.engine.batched", "crown_cli.bab")
+    bab = _module("crown_cli.bab", "crown_cli.engine.batched")
 
     weights, biases = random_mlp([5] + [50] * 6 + [5], 0)
     net = bab.BatchNet(weights, biases)
@@ -122,10 +124,10 @@ def bab_relu_worker(seconds, vnncomp, joint=False):
     all cases in one search)."""
     import numpy as np
 
-    split_mod = _module("crown_cli.verification.bab.relu_split", "crown_cli.bab_relu")
+    split_mod = _module("crown_cli.bab_relu", "crown_cli.verification.bab.relu_split")
     relu_split, root_layer_bounds = split_mod.relu_split, split_mod.root_layer_bounds
-    load_model = _module("crown_cli.io.models", "crown_cli.model_io").load_model
-    parse_vnnlib = _module("crown_cli.io.vnnlib", "crown_cli.vnnlib").parse_vnnlib
+    load_model = _module("crown_cli.model_io", "crown_cli.io.models").load_model
+    parse_vnnlib = _module("crown_cli.vnnlib", "crown_cli.io.vnnlib").parse_vnnlib
 
     folder = os.path.join(vnncomp, "mnistfc")
     onnx_path = os.path.join(folder, "mnist-net_256x4.onnx")
@@ -182,10 +184,10 @@ def worker(case, n_images, check, seconds=30.0, vnncomp=None):
     if case in ("bab-relu", "bab-relu-joint"):
         return bab_relu_worker(seconds, vnncomp, joint=case == "bab-relu-joint")
 
-    crown = _module("crown_cli.engine.backsub", "crown_cli.crown")
-    Certifier = _module("crown_cli.certification.certifier", "crown_cli.certify").Certifier
-    load_images = _module("crown_cli.io.images", "crown_cli.images").load_images
-    load_model = _module("crown_cli.io.models", "crown_cli.model_io").load_model
+    crown = _module("crown_cli.crown", "crown_cli.engine.backsub")
+    Certifier = _module("crown_cli.certify", "crown_cli.certification.certifier").Certifier
+    load_images = _module("crown_cli.images", "crown_cli.io.images").load_images
+    load_model = _module("crown_cli.model_io", "crown_cli.io.models").load_model
 
     norm = "inf"
     if case in ("relu3", "relu4", "tanh", "sigmoid", "arctan", "relu3-plain", "alpha3"):

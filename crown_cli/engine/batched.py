@@ -7,8 +7,9 @@ input splitting.
   engine's ReLU relaxation: upper chord, adaptive lower slope), then the lower bound of
   ``A f(x)`` per box. The weight matrices are shared by all boxes, so each back-substitution
   step is one large GEMM ``(N * rows, n_i) @ W_i`` over every box and row at once; only the
-  slope scaling is per box (:mod:`crown_cli.engine.kernels.batched`, or its numpy twin
-  :func:`_scale_numpy`).
+  slope scaling is per box. Each step is the engine's batched back-substitution
+  (:mod:`crown_cli.engine.chain`), its scaling fused into a numba kernel
+  (:mod:`crown_cli.engine.kernels.batched`).
 - :func:`alpha_row_bound`: one row per box re-bounded with the unstable ReLUs' lower slopes
   optimised (alpha-CROWN on the last layer, the hidden bounds kept), then verified like the
   rows of :func:`batch_lower_bounds`.
@@ -33,6 +34,7 @@ from typing import Optional
 import numpy as np
 
 from crown_cli.activations import default_alpha, supporting
+from crown_cli.engine.chain import Lines, Rows, relax
 from crown_cli.engine.input_sets import box_lower, centre_radius
 from crown_cli.engine.kernels import batched_kernels
 from crown_cli.engine.optim import Adam, AdamSettings, BestIterate
@@ -64,60 +66,33 @@ def _relaxation(activation: str, alpha, adaptive: bool):
     return relax
 
 
-def _scale_numpy(Lam, aU, bU, aL, bL, b_i, absb_i, zero_bL):
-    """D = Lam * (aU where Lam < 0 else aL) and the constant / magnitude it picks up."""
+def _step(acc: Rows, relax_i, W_i, b_i, absb_i, zero_bL, v, t):
+    """One back-substitution step of the lower-bound chain through hidden layer i, for rows
+    ``acc`` (N, r, n_i) over a_i = act(z_i): entries >= 0 take the lower relaxation line,
+    negative ones the upper (per box, ``relax_i`` = (aU, bU, aL, bL) each (N, n_i)); the
+    step's product rounding ``|D| @ v`` + t (:func:`_step_weights`, per box) is charged.
+    Columns whose neuron is inactive (zero slopes and intercepts) in every box drop out. The
+    scaling runs in the kernels chosen by ``set_kernels``: the fused numba loop
+    (:mod:`crown_cli.engine.kernels.batched`), or the engine's :func:`~crown_cli.engine.chain.relax`
+    (its twin)."""
+    aU, bU, aL, bL = relax_i
+    Lam = acc.Lam
     N, r, n = Lam.shape
-    neg = Lam < 0.0
-    D = Lam * np.where(neg, aU[:, None, :], aL[:, None, :])
-    Df = D.reshape(N * r, n)
-    const = (Df @ b_i).reshape(N, r)
-    mag = (np.abs(Df) @ absb_i).reshape(N, r)
-    # intercepts: Lam_j * bU_j where Lam_j < 0, Lam_j * bL_j elsewhere
-    Lneg = np.minimum(Lam, 0.0)
-    const += np.matmul(Lneg, bU[:, :, None])[..., 0]
-    mag -= np.matmul(Lneg, np.abs(bU)[:, :, None])[..., 0]
-    if not zero_bL:
-        Lpos = np.maximum(Lam, 0.0)
-        const += np.matmul(Lpos, bL[:, :, None])[..., 0]
-        mag += np.matmul(Lpos, np.abs(bL)[:, :, None])[..., 0]
-    return D, const, mag
-
-
-def _scale(Lam, aU, bU, aL, bL, b_i, absb_i, zero_bL, cols):
-    """D restricted to the columns ``cols`` (the others have zero slopes and intercepts in
-    every box), its constant and magnitude."""
+    cols = np.flatnonzero(np.any((aU != 0.0) | (aL != 0.0) | (bU != 0.0) | (bL != 0.0), axis=0))
+    Wc = W_i if cols.shape[0] == n else W_i[cols]
     kern = batched_kernels()
     if kern is None:
-        if cols.shape[0] < Lam.shape[2]:
-            Lam, aU, bU, aL, bL = (v[..., cols] for v in (Lam, aU, bU, aL, bL))
-            b_i, absb_i = b_i[cols], absb_i[cols]
-        return _scale_numpy(Lam, aU, bU, aL, bL, b_i, absb_i, zero_bL)
-    N, r, n = Lam.shape
+        lines = Lines(cols, aL[:, None, cols], aU[:, None, cols], bU[:, None, cols],
+                      None if zero_bL else bL[:, None, cols])
+        D, icpt, _, _ = relax(Lam, lines)
+        acc.step(D, icpt, b_i[cols], Wc, (v[:, cols], t), absbias=absb_i[cols])
+        return
     D = np.empty((N, r, cols.shape[0]))
     const, mag = np.empty((N, r)), np.empty((N, r))
     kern.scale(Lam, aU, bU, aL, bL, b_i, absb_i, cols, D, const, mag)
-    return D, const, mag
-
-
-def _step(Lam, relax_i, W_i, b_i, absb_i, zero_bL):
-    """One back-substitution step of the lower-bound chain through hidden layer i.
-
-    Lam (N, r, n_i) holds the rows over a_i = act(z_i); entries >= 0 take the lower
-    relaxation line, negative ones the upper. Returns the rows over a_{i-1} (N, r, n_{i-1}),
-    the constant picked up (N, r), the sum of its absolute terms (N, r), and D, the
-    slope-scaled rows that were multiplied by W_i (where a per-step rounding charge
-    ``|D| @ v_i[cols]`` would be added; D holds only the columns ``cols`` of neurons not
-    inactive in every box, the others being zero). The scaling runs in the kernels chosen by
-    ``set_kernels`` (a fused numba loop, or numpy).
-    """
-    aU, bU, aL, bL = relax_i
-    N, r, n = Lam.shape
-    # columns whose neuron is inactive (zero slopes and intercepts) in every box drop out
-    cols = np.flatnonzero(np.any((aU != 0.0) | (aL != 0.0) | (bU != 0.0) | (bL != 0.0), axis=0))
-    D, const, mag = _scale(Lam, aU, bU, aL, bL, b_i, absb_i, zero_bL, cols)
-    Wc = W_i if cols.shape[0] == n else W_i[cols]
-    nxt = (D.reshape(N * r, cols.shape[0]) @ Wc).reshape(N, r, W_i.shape[1])
-    return nxt, const, mag, D, cols
+    acc.add(const, mag, 0.0)
+    acc.add_charge(np.abs(D), v[:, cols], t)
+    acc.product(D, Wc)
 
 
 def _step_weights(net, i, a_prev, l, u):
@@ -141,16 +116,11 @@ def _lower(Ws, bs, absbs, relax, zero_bL, Lam, const, c, rad, steps, rtol, lam_e
     of :func:`_step_weights`: each step's product rounding ``|D| @ v_i`` is charged to the
     bound (as ``crown.back_substitute`` does), with ``lam_err`` (N, r) for the rounding made
     forming Lam and const, and ``rtol`` of the final sums' magnitude."""
-    cst = const.copy()
-    mag = np.abs(const)
-    charge = np.zeros(cst.shape) if lam_err is None else lam_err.copy()
+    acc = Rows(Lam, const.copy(), np.abs(const),
+               np.zeros(const.shape) if lam_err is None else lam_err.copy())
     for i in range(len(relax) - 1, -1, -1):
-        Lam, dc, dm, D, cols = _step(Lam, relax[i], Ws[i], bs[i], absbs[i], zero_bL)
-        cst += dc
-        mag += dm
-        v, t = steps[i]
-        charge += np.matmul(np.abs(D), v[:, cols, None])[..., 0] + t[:, None]
-    return box_lower(Lam, cst, mag, charge, c, rad, rtol), Lam, cst
+        _step(acc, relax[i], Ws[i], bs[i], absbs[i], zero_bL, *steps[i])
+    return box_lower(acc.Lam, acc.const, acc.mag, acc.charge, c, rad, rtol), acc.Lam, acc.const
 
 
 def _interval_step(net, k, l, u):

@@ -1,6 +1,6 @@
 """numba kernel of the batched back-substitution over boxes (:mod:`crown_cli.engine.batched`):
 the slope scaling of one step, fused into one pass over Lam. Its numpy twin is
-:func:`crown_cli.engine.batched._scale_numpy` (same products, sums in another order).
+:func:`crown_cli.engine.chain.relax` with :meth:`~crown_cli.engine.chain.Rows.step` (same products, sums in another order).
 """
 from numba import njit
 

@@ -15,6 +15,7 @@ import numpy as np
 
 from crown_cli.activations import default_alpha, supporting
 from crown_cli.engine.backsub import Network, hidden_layer_bounds
+from crown_cli.engine.chain import Lines, Rows, relax
 from crown_cli.engine.input_sets import Box, box_lower, input_abs_bound
 from crown_cli.engine.kernels import relu_split_kernels as _kern
 from crown_cli.engine.relaxations import get_relaxation
@@ -256,37 +257,30 @@ class Bounder(DomainBounds):
             steps = np.tile(self.lam_err, B) if rows is None else self.lam_err[rows]
         tape = []
         W = self.weights if f64 else self.W32
+        rows = Rows(Lam, const, mag if f64 else None, steps if f64 else None)
+        hook = None
         for k in range(self.L - 1, -1, -1):
             cols = self.ucols[k]
             ss = self.stable_slope[k] if f64 else self.ss32[k]
             bias = self.biases[k] if f64 else self.b32[k]
-            if not f64 and _kern() is not None:
+            Lam = rows.Lam
+            if not f64 and _kern() is not None:  # the fused float32 step (relax's twin)
                 D, isum, pos, slope = _kern().step32(np.ascontiguousarray(Lam), ss, cols, sp, al,
                                                      be, ch[0], ch[1], self.leak,
                                                      self.offsets[k])
-                const = const + isum + (D @ bias)
+                rows.step(D, None, bias, W[k], isum=isum)
                 if keep:
                     tape.append((Lam, pos, slope, None))
-                Lam = D @ W[k]
                 continue
-            D = Lam * ss
             sl, su, tt, bc = self._layer_parts(k, sp, al, be, dt, ch)
-            Lu = Lam[:, cols]
-            pos = Lu >= 0.0
-            slope = np.where(pos, sl, su)
-            icpt = np.where(pos, dt(0.0), Lu * tt)
-            D[:, cols] = Lu * slope + bc
-            const = const + icpt.sum(axis=1, dtype=np.float64) + (D @ bias)
-            if f64:
-                absD = np.abs(D)
-                mag = mag + np.abs(icpt).sum(axis=1) + absD @ np.abs(bias)
-                v, t = self.rw[k]
-                steps = steps + absD @ v + t
-                if charge is not None:
-                    mag = mag + np.asarray(charge(k, absD), dtype=np.float64) / FP_RTOL
+            D, icpt, pos, slope = relax(Lam, Lines(cols, sl, su, tt, stable=ss, extra=bc))
+            if charge is not None:
+                hook = (lambda absD, k=k: np.asarray(charge(k, absD), dtype=np.float64)
+                        / FP_RTOL)
+            rows.step(D, icpt, bias, W[k], self.rw[k] if f64 else None, mag_hook=hook)
             if keep:
                 tape.append((Lam, pos, slope, sl))
-            Lam = D @ W[k]
+        Lam, const, mag, steps = rows.Lam, rows.const, rows.mag, rows.charge
         if f64:
             out = box_lower(Lam, const, mag, steps, self.c, self.r, self.net.fp_rtol)
         else:

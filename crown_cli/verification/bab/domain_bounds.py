@@ -14,6 +14,7 @@ import time
 
 import numpy as np
 
+from crown_cli.engine.chain import Lines, Rows, relax
 from crown_cli.engine.input_sets import box_lower
 from crown_cli.engine.kernels import relu_split_kernels as _kern
 from crown_cli.verification.bab.optimise import _optimise_rows
@@ -68,46 +69,38 @@ class DomainBounds:
         isl = self.islopes[k]
         Lam = np.concatenate([Wr, -Wr], axis=1)
         const = np.concatenate([br, -br], axis=1).reshape(-1)
-        mag = np.abs(const)
-        steps = np.zeros(n * rows)
+        acc = Rows(Lam, const, np.abs(const), np.zeros(n * rows))
         for j in range(k - 1, -1, -1):
             o0, o1 = self.offsets[j], self.offsets[j + 1]
             sp = split[dd, o0:o1]
             l, u = dl[dd, o0:o1], du[dd, o0:o1]
             cs, ct = self.chords(l, u)
             alo = None if isl is None else isl[:, o0:o1]
-            if _kern() is not None:
+            Lam = acc.Lam
+            if _kern() is not None:  # the fused step (relax and the sums; its twin below)
                 D, dc, dm, st = _kern().interm_step64(
                     np.ascontiguousarray(Lam), self._ssk[j], self._upos[j],
                     np.ascontiguousarray(sp), np.ascontiguousarray(l), np.ascontiguousarray(u),
                     cs, ct, self.leak, self._bk[j], np.abs(self._bk[j]), self._vk[j],
                     float(self.rw[j][1]),
                     np.zeros((0, 0)) if alo is None else np.ascontiguousarray(alo))
-                const = const + dc
-                mag = mag + dm
-                steps = steps + st
-                Lam = (D @ self._Wstep[j]).reshape(n, rows, -1)
-                continue
-            fixed = np.where(sp > 0, 1.0, self.leak)
-            free = sp == 0
-            if alo is None:
-                s_lo = np.where(free, np.where(u >= -l, 1.0, self.leak), fixed)[:, None, :]
+                acc.add(dc, dm, st)
+                acc.product(D, self._Wstep[j])
             else:
-                s_lo = np.where(free[:, None, :], alo[None, :, :], fixed[:, None, :])
-            s_up = np.where(free, cs, fixed)[:, None, :]
-            t_up = np.where(free, ct, 0.0)[:, None, :]
-            up = self._upos[j]
-            Lu = Lam[:, :, up]
-            pos = Lu >= 0.0
-            icpt = np.where(pos, 0.0, Lu * t_up)
-            D = Lam * self._ssk[j]
-            D[:, :, up] = Lu * np.where(pos, s_lo, s_up)
-            D = D.reshape(n * rows, -1)
-            const = const + icpt.sum(axis=2).reshape(-1) + D @ self._bk[j]
-            absD = np.abs(D)
-            mag = mag + np.abs(icpt).sum(axis=2).reshape(-1) + absD @ np.abs(self._bk[j])
-            steps = steps + absD @ self._vk[j] + self.rw[j][1]
-            Lam = (D @ self._Wstep[j]).reshape(n, rows, -1)
+                fixed = np.where(sp > 0, 1.0, self.leak)
+                free = sp == 0
+                if alo is None:
+                    s_lo = np.where(free, np.where(u >= -l, 1.0, self.leak), fixed)[:, None, :]
+                else:
+                    s_lo = np.where(free[:, None, :], alo[None, :, :], fixed[:, None, :])
+                s_up = np.where(free, cs, fixed)[:, None, :]
+                t_up = np.where(free, ct, 0.0)[:, None, :]
+                D, icpt, _, _ = relax(Lam, Lines(self._upos[j], s_lo, s_up, t_up,
+                                                 stable=self._ssk[j]))
+                acc.step(D.reshape(n * rows, -1), icpt.reshape(n * rows, -1), self._bk[j],
+                         self._Wstep[j], (self._vk[j], self.rw[j][1]))
+            acc.Lam = acc.Lam.reshape(n, rows, -1)
+        Lam, const, mag, steps = acc.Lam, acc.const, acc.mag, acc.charge
         out = box_lower(Lam.reshape(n * rows, -1), const, mag, steps, self.c, self.r,
                         self.net.fp_rtol)
         return out.reshape(n, rows)
