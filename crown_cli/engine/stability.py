@@ -7,7 +7,7 @@ Float32 bounds are not rigorous as computed; they become rigorous here, layer by
 
 * A float32 evaluation G at radius eps_G >= eps_v computed hidden layer k's bounds from
   relaxations of layers < k built from its own (float32) bounds, and with them a bound E_G on
-  their rounding (:func:`crown_cli.engine.backsub.rounding_weights`): [l_G - E_G, u_G + E_G] encloses
+  their rounding (:func:`crown_cli.engine.rounding.rounding_weights`): [l_G - E_G, u_G + E_G] encloses
   z_k on a ball inside G's wherever those relaxations hold and every earlier layer's z stays
   in its widened interval [l_G - E_G, u_G + E_G] (the magnitudes G charged its rounding to).
 * G's relaxations and those magnitudes hold on the eps_v ball when, for each neuron, the

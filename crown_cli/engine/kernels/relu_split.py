@@ -81,7 +81,8 @@ def back32(gD, Lam, cols, sp, pos, slope, ss, ct, o0, gA, gB, want_G):
 
 @njit(cache=True)
 def interm_step64(Lam, ss, upos, sp, l, u, cs, ct, leak, bk, absbk, vk, tk, alo):
-    """One float64 step of :meth:`crown_cli.verification.bab.relu_split.Bounder._rows_lower` through a hidden
+    """One float64 step of
+    :meth:`crown_cli.verification.bab.domain_bounds.DomainBounds._rows_lower` through a hidden
     layer, for Lam (n, rows, w) over the layer's kept neurons: D (n * rows, w) (Lam scaled by
     each domain's slopes: stable ones ``ss``; at the unstable positions ``upos`` split
     neurons identity / ``leak``, open ones CROWN's adaptive lower slope or the chord (cs, ct)

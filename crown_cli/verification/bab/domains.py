@@ -1,16 +1,30 @@
-"""The open domains of a ReLU-splitting search (:class:`_Pool`): split decisions, slopes,
-multipliers, per-domain bounds and candidates in preallocated arrays, with a heap on the
-score (worst bound first).
+"""The domains of a ReLU-splitting search: a batch of them (:class:`Domains`) and the open
+ones (:class:`DomainPool`: preallocated arrays with a heap on the score, worst bound first).
 """
 from __future__ import annotations
 
 import heapq
+from dataclasses import dataclass
 
 import numpy as np
 
 
+@dataclass
+class Domains:
+    """A batch of B subdomains of one box, one entry per domain on the leading axis."""
 
-class _Pool:
+    split: np.ndarray  # (B, nU) int8: +1 active, -1 inactive, 0 not split
+    alpha: np.ndarray  # (B, m, nU) float32: lower slopes per row
+    beta: np.ndarray  # (B, m, nU) float32: split multipliers per row
+    cand: np.ndarray  # (B, K): branching candidates (unstable-neuron indices, -1: none)
+    row: np.ndarray  # (B,): the row a joint search branches for
+    dl: np.ndarray  # (B, nU) or (B, 0): the domain's own bounds of the unstable neurons
+    du: np.ndarray
+    done: np.ndarray  # (B, cases) bool: cases proven in float64 on an ancestor
+    depth: np.ndarray  # (B,): branching decisions (not implied splits)
+
+
+class DomainPool:
     """Open domains: arrays indexed by slot, a heap of (score, slot) worst first."""
 
     def __init__(self, nU, m, K, cap=1024, bounds=False, cases=1):
@@ -37,31 +51,31 @@ class _Pool:
             setattr(self, name, new)
         self.free.extend(range(2 * cap - 1, cap - 1, -1))
 
-    def push(self, score, split, alpha, beta, cand, row, dl=None, du=None, done=None,
-             depth=0):
-        n = split.shape[0]
+    def push(self, score, d: Domains):
+        """Add the domains ``d`` with their scores (B,)."""
+        n = d.split.shape[0]
         while len(self.free) < n:
             self._grow()
         slots = np.array([self.free.pop() for _ in range(n)], dtype=np.int64)
-        self.split[slots] = split
-        self.alpha[slots] = alpha
-        self.beta[slots] = beta
-        self.cand[slots] = cand
-        self.row[slots] = row
-        self.depth[slots] = depth
-        self.done[slots] = False if done is None else done
+        self.split[slots] = d.split
+        self.alpha[slots] = d.alpha
+        self.beta[slots] = d.beta
+        self.cand[slots] = d.cand
+        self.row[slots] = d.row
+        self.depth[slots] = d.depth
+        self.done[slots] = d.done
         if self.dl.shape[1]:
-            self.dl[slots] = dl
-            self.du[slots] = du
+            self.dl[slots] = d.dl
+            self.du[slots] = d.du
         for s, slot in zip(score.tolist(), slots.tolist()):
             heapq.heappush(self.heap, (s, slot))
 
-    def pop(self, n):
+    def pop(self, n) -> Domains:
+        """The (at most) n worst domains, removed from the pool."""
         items = [heapq.heappop(self.heap) for _ in range(min(n, len(self.heap)))]
         slots = np.array([s for _, s in items], dtype=np.int64)
-        out = (self.split[slots].copy(), self.alpha[slots].copy(), self.beta[slots].copy(),
-               self.cand[slots].copy(), self.row[slots].copy(), self.dl[slots].copy(),
-               self.du[slots].copy(), self.done[slots].copy(), self.depth[slots].copy())
+        out = Domains(*(getattr(self, f)[slots].copy() for f in
+                        ("split", "alpha", "beta", "cand", "row", "dl", "du", "done", "depth")))
         self.free.extend(slots.tolist())
         return out
 

@@ -60,7 +60,7 @@ import numpy as np
 from crown_cli.verification.outcome import BabResult, violations
 from crown_cli.verification.bab.bounder import Bounder
 from crown_cli.verification.bab.branching import _fsb_choice, branch_scores
-from crown_cli.verification.bab.domains import _Pool
+from crown_cli.verification.bab.domains import DomainPool, Domains
 from crown_cli.verification.bab.optimise import optimise, optimise_open
 
 
@@ -290,7 +290,7 @@ def relu_split_steps(weights: Sequence[np.ndarray], biases: Sequence[np.ndarray]
                                      deadline=deadline)
         if xa is not None:
             return result("sat", xa[1])
-    pool = _Pool(nU, m, K, bounds=interm, cases=done.shape[1])
+    pool = DomainPool(nU, m, K, bounds=interm, cases=done.shape[1])
     stuck = 0  # domains with nothing left to split and no proof
     if interm:
         rl, ru = bd.root_domain_bounds()
@@ -326,8 +326,8 @@ def relu_split_steps(weights: Sequence[np.ndarray], biases: Sequence[np.ndarray]
                 stuck += 1
         sel = openi[keep]
         if sel.size:
-            pool.push(score[sel], split[sel], alpha[sel], beta[sel], top[keep], row[sel],
-                      dl[sel], du[sel], done[sel], depth[sel])
+            pool.push(score[sel], Domains(split[sel], alpha[sel], beta[sel], top[keep], row[sel],
+                                          dl[sel], du[sel], done[sel], depth[sel]))
 
     def _leaf(i, split, alpha, beta, done, chords=None):
         """A fully split open domain: a counterexample x, True (proven), or False. Every case
@@ -358,8 +358,9 @@ def relu_split_steps(weights: Sequence[np.ndarray], biases: Sequence[np.ndarray]
             return result("timeout", worst=pool.worst())
         if len(pool) > max_domains:
             return result("unknown", worst=pool.worst())
-        psplit, palpha, pbeta, pcand, prow, pdl, pdu, pdone, pdepth = pool.pop(
-            max(1, batch // 2))
+        par = pool.pop(max(1, batch // 2))
+        psplit, palpha, pbeta, pcand, prow = par.split, par.alpha, par.beta, par.cand, par.row
+        pdl, pdu, pdone, pdepth = par.dl, par.du, par.done, par.depth
         P = psplit.shape[0]
         if K > 1:
             choice = _fsb_choice(bd, psplit, palpha, pbeta, pcand,
