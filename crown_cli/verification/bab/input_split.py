@@ -11,6 +11,7 @@ Arrays in, result out: no files and no printing here.
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass, replace
 from typing import Callable, Optional
 
 import numpy as np
@@ -40,12 +41,27 @@ def _splittable(lo, hi):
     return (mid > lo) & (mid < hi)
 
 
+@dataclass(frozen=True)
+class InputSplitOptions:
+    """The settings of an input-splitting search (see :func:`input_split` for what each does;
+    docs/bab.md for the measurements behind the defaults)."""
+
+    max_domains: int = 200_000  # more open sub-boxes than this: unknown
+    batch: int = 256  # open sub-boxes taken per round
+    split: str = "trial"  # split rule: "trial" or "sensitivity"
+    block: int = 32  # boxes bounded at a time (keeps the temporaries small)
+    adaptive: bool = True  # CROWN's adaptive lower slopes (False: Fast-Lin's)
+    skip_stable: bool = True  # an interval step first; only its unstable rows back-substituted
+    trial_dims: int = 3  # "trial": candidate dimensions ranked by sensitivity
+    alpha_iters: int = 10  # ReLU: Adam steps on the open boxes' best row (0: off)
+    widest: float = 4.0  # "trial": the relatively widest dimension as one more candidate
+    inherit: bool = True  # "trial": halves intersect their bounds with their parent's
+
+
 def input_split(weights, biases, activation, alpha, lo, hi, A, b, deadline: float,
-                max_domains: int = 200_000, batch: int = 256, split: str = "trial",
-                block: int = 32, adaptive: bool = True, skip_stable: bool = True,
-                trial_dims: int = 3, alpha_iters: int = 10, widest: float = 4.0,
-                inherit: bool = True,
-                progress: Optional[Callable[[int, int, float], None]] = None) -> BabResult:
+                options: Optional[InputSplitOptions] = None,
+                progress: Optional[Callable[[int, int, float], None]] = None,
+                **settings) -> BabResult:
     """Decide whether some x in [lo, hi] has ``A f(x) <= b`` (all rows) by input splitting.
 
     ``unsat``: every sub-box has some row i with a float64-verified lower bound of
@@ -80,8 +96,15 @@ def input_split(weights, biases, activation, alpha, lo, hi, A, b, deadline: floa
     ``skip_stable``: see :func:`batch_lower_bounds` (``block`` boxes are bounded at a time).
 
     ``progress(domains, open, worst)``: called after every round with the sub-boxes bounded so
-    far, the open sub-boxes and the lowest open score (inf when none is open).
+    far, the open sub-boxes and the lowest open score (inf when none is open). ``options``:
+    the :class:`InputSplitOptions`; ``settings`` (keywords named like its fields) override
+    them.
     """
+    o = replace(options or InputSplitOptions(), **settings)
+    max_domains, batch, split, block, adaptive = o.max_domains, o.batch, o.split, o.block, \
+        o.adaptive
+    skip_stable, trial_dims, alpha_iters, widest, inherit = o.skip_stable, o.trial_dims, \
+        o.alpha_iters, o.widest, o.inherit
     if split not in SPLIT_RULES:
         raise ValueError(f"input_split: unknown split rule '{split}'")
     lo0 = np.asarray(lo, dtype=np.float64).ravel()
