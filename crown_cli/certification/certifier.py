@@ -30,32 +30,17 @@ EPS0 = {784: {"inf": 0.01, "2": 0.2, "1": 0.3}, 3072: {"inf": 0.002, "2": 0.2, "
 
 
 PRECISIONS = ("mixed", "float64")
-# alpha-CROWN optimiser defaults (docs/methods.md, alpha-CROWN; measured on MNIST 3x[1024], l_1,
-# runner-up, 3 images: mean eps gain over crown / evaluations per image): 5 steps lr 0.5
-# +2.07% / 17; 10 steps lr 0.5 +2.31% / 22; 20 steps lr 0.5 +2.34% / 23; 20 steps lr 0.1
-# +2.28% / 27.7; 10 steps lr 1.0 +2.29% / 21.3. Early stopping ends most runs well before
-# ALPHA_ITERS, so the cap costs little.
-# Measured against auto_LiRPA 0.3's alpha-CROWN (20 Adam steps, lr 0.5, decay 0.98, intermediate
-# bounds fixed) on mnist_3x20, l_inf, runner-up, float64, rtol 1e-6 (images 0, 9, 10, 11, 14,
-# 17: eps relative to auto_LiRPA's): stopping after 2 steps without a gain of 1e-3 of the
-# margin lost up to 0.19%; 6 steps without 1e-6 of it, at most 25 steps, with the step size
-# decaying 0.98 per step (alpha.AlphaBounds.LR_DECAY): -0.009% .. +0.021%, within rtol.
-# On mnist_3x1024 both settings are within 1e-4 of auto_LiRPA.
+# alpha-CROWN's optimiser defaults: docs/methods.md (alpha-CROWN, "Where the defaults come
+# from") has the measurements that chose them.
 ALPHA_ITERS = 25
 ALPHA_LR = 0.5
-# Stopping rule (patience steps without a gain of tol x the margin at x0): on networks of at
-# most ALPHA_SMALL hidden neurons a step costs little, so the thorough rule; on larger ones
-# (3x[1024], 10 images, 2 idle cores) the thorough rule took 1.53 s/image for mean eps
-# 0.00829155, the quick one 0.93 s/image for 0.0082914 (-2e-5 relative; both within 1e-4 of
-# auto_LiRPA on the images compared).
+# Stopping rule (patience steps without a gain of tol x the margin at x0): thorough on networks
+# of at most ALPHA_SMALL hidden neurons, where a step costs little; quicker on larger ones.
 ALPHA_PATIENCE, ALPHA_TOL = 6, 1e-6
 ALPHA_PATIENCE_LARGE, ALPHA_TOL_LARGE = 3, 1e-5
 ALPHA_SMALL = 1024
 # tanh / sigmoid / arctan: the bound is smooth in the tangent points with interior optima (a
-# ReLU's is linear in each slope, optima at the ends), where 0.5 oscillates: measured on
-# MNIST 3x[1024] tanh (l_inf, image 0, 1.03x CROWN's radius, CROWN's margin bound -0.485;
-# after 8 / 15 steps): lr 0.02 -0.009 / 0.332, 0.05 0.468 / 0.661, 0.1 0.622 / 0.630,
-# 0.2 0.566 / 0.638; lr 0.5 after 10 / 15 steps 0.197 / 0.410
+# ReLU's is linear in each slope, optima at the ends), where lr 0.5 oscillates
 ALPHA_LR_SMOOTH = 0.1
 ALPHA_METHODS = ("alpha-crown",)
 # free lower slopes (ReLU-type) or free tangent points (S-shaped): crown_cli/engine/alpha_crown.py
@@ -296,20 +281,14 @@ class Certifier:
         return SearchResult(best.eps, best.lower_bound, crown.evaluations + res.evaluations,
                             best.status, best.upper)
 
-    ALPHA_START = 1.005  # first radius optimised: this times CROWN's (gains measured ~0.3-2%)
+    ALPHA_START = 1.005  # first radius optimised: this times CROWN's
     # rounds of (optimise, root at fixed slopes). Another round runs only when the verified
-    # radius ended more than ALPHA_REOPT above the radius the slopes were optimised at:
-    # measured on MNIST 3x[1024] (3-4 images), a second round gained nothing for l_inf
-    # (+0.626% both ways) and l_2, +2.335% -> +2.396% for l_1 (where the radius moves ~2%
-    # past the optimisation radius), each for ~40-60% more time
+    # radius ended more than ALPHA_REOPT above the radius the slopes were optimised at (it
+    # pays for l_1, where the radius moves past the optimisation radius)
     ALPHA_ROUNDS = 2
     ALPHA_REOPT = 0.01
     ALPHA_NEXT = 0.5  # the next round optimises this fraction of the gain so far above it
-    # tanh / sigmoid / arctan (free tangent points) gain ~5-12% (l_inf): one round, started
-    # higher. Measured on MNIST 3x[1024] tanh (l_inf, runner-up, images 0-2; mean gain, s per
-    # image under load): start 1.005x, 2 rounds +8.78% 22.0 s (the second round: +0.00%,
-    # +0.35%, +0.05%); 1.005x, 1 round +8.44% 13.3 s; 1.04x, 1 round +8.71% 10.1 s; 1.07x,
-    # 1 round +8.79% 9.8 s. Sigmoid: 1.005x +9.97%, 1.04x +10.21% (1 round each).
+    # tanh / sigmoid / arctan (free tangent points): one round, started higher
     ALPHA_START_SMOOTH = 1.05
     ALPHA_ROUNDS_SMOOTH = 1
 

@@ -390,12 +390,9 @@ class AlphaBounds:
         # otherwise ReLU / leaky ReLU (slope leak) with free slopes (LayerRelax)
         self.smooth = activation if activation in ACTIVATIONS and ACTIVATIONS[activation].smooth \
             else None
-        # smooth activations: each intermediate bound for itself by default. Both are
-        # implemented (SmoothRelax.backward differentiates the lines in (l, u)); measured on
-        # MNIST 3x[1024] (l_inf, runner-up, images 0-2, radius gain over CROWN): tanh joint
-        # +8.46%, each for itself +8.68%; sigmoid +9.87% / +10.21%, same time. The search
-        # moves the radius past the one the variables were optimised at, where tight
-        # intermediate bounds seem to carry over better than ones tuned for the margin there.
+        # smooth activations: each intermediate bound for itself by default (both are
+        # implemented: SmoothRelax.backward differentiates the lines in (l, u); the
+        # measurement that chose it is in docs/methods.md, "Where the defaults come from")
         self.joint = (self.smooth is None) if joint is None else joint
         # the sound evaluation takes each intermediate bound as the tighter of alpha-CROWN's
         # and CROWN's (ReLU: a tighter interval only tightens the chord). Not for the smooth
