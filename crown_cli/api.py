@@ -233,7 +233,8 @@ def certify(model, x, label: Optional[int] = None, target: Union[str, int] = "ru
             class from its CSV instead.
         norm: the l_p ball: ``"inf"``, ``"2"`` or ``"1"`` (``2``, ``1``, ``"l2"``,
             ``"linf"``... accepted).
-        method: ``crown``, ``fast-lin``, ``crown-quad``, ``alpha-crown``, ``fast-lip``,
+        method: ``crown``, ``crown-paper``, ``fast-lin``, ``crown-quad``, ``alpha-crown``,
+            ``fast-lip``,
             ``op-norm``, ``lp-full`` or ``exact``, as ``crown certify --method``.
 
     Keyword-only options, as ``crown certify``'s (same defaults):
@@ -273,7 +274,8 @@ def certify(model, x, label: Optional[int] = None, target: Union[str, int] = "ru
     # option checks as `crown certify` makes them, in its order
     with _options():
         norm = parse_norm(norm)
-    methods = ("crown", "fast-lin", "crown-quad", "alpha-crown") + tuple(other_method_names())
+    methods = ("crown", "crown-paper", "fast-lin", "crown-quad", "alpha-crown") + \
+        tuple(other_method_names())
     if not isinstance(method, str) or method.strip().lower() not in methods:
         raise InputError(f"method: unknown method {method!r} (choose from {', '.join(methods)})")
     method = method.strip().lower()

@@ -25,7 +25,8 @@ from crown_cli.errors import InputError
 @click.option("--norm", default="inf", show_default=True, metavar="LIST",
               help="l_p norm of the ball: inf, 2 or 1 (comma-separated list allowed).")
 @click.option("--method", default="crown", show_default=True, metavar="LIST",
-              help="crown (adaptive ReLU lower bound), fast-lin, crown-quad (quadratic bounds, "
+              help="crown (adaptive ReLU lower bound; least-area tangents for tanh, sigmoid, "
+                   "arctan), crown-paper (the paper's lines), fast-lin, crown-quad (quadratic bounds, "
                    "2-layer ReLU only), alpha-crown (optimised ReLU lower slopes, ReLU and leaky "
                    "ReLU; optimised tangent points, tanh, sigmoid, arctan), fast-lip, op-norm, "
                    "lp-full or exact (comma-separated list allowed).")
@@ -115,7 +116,8 @@ def certify(model_path, images_path, labels_path, num_images, start, norm, metho
     from crown_cli.certification.targets import check_random_possible, parse_target_types
 
     norms = [parse_norm(n) for n in _split(norm, "--norm", ("inf", "2", "1", "l1", "l2", "linf"))]
-    methods = _split(method, "--method", ("crown", "fast-lin", "crown-quad", "alpha-crown")
+    methods = _split(method, "--method", ("crown", "crown-paper", "fast-lin", "crown-quad",
+                                          "alpha-crown")
                      + other_method_names())
     if "alpha-crown" not in methods and (alpha_iters is not None or alpha_lr is not None):
         raise InputError("--alpha-iters/--alpha-lr: need --method alpha-crown")

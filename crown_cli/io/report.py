@@ -46,10 +46,12 @@ SETTING_COLUMNS = ("search", "precision", "rtol", "alpha_iters", "alpha_lr")
 SIDECAR_SETTINGS = (("alpha_iters", "--alpha-iters"), ("alpha_lr", "--alpha-lr"))
 # optimal: a solved `--method exact` row (eps is the minimum distortion)
 COUNTED_STATUSES = ("certified", "capped", "not-certified", "optimal")
-METHOD_ORDER = ("fast-lin", "fast-lip", "op-norm", "lp", "lp-full", "crown", "crown-quad",
+METHOD_ORDER = ("fast-lin", "fast-lip", "op-norm", "lp", "lp-full", "crown-paper", "crown",
+                "crown-quad",
                 "alpha-crown", "exact")
 METHOD_NAMES = {"fast-lin": "Fast-Lin", "fast-lip": "Fast-Lip", "op-norm": "Op-norm",
-                "lp": "LP", "lp-full": "LP-Full", "crown": "CROWN", "crown-quad": "CROWN-Quad",
+                "lp": "LP", "lp-full": "LP-Full", "crown": "CROWN", "crown-paper": "CROWN (paper lines)",
+                "crown-quad": "CROWN-Quad",
                 "alpha-crown": "alpha-CROWN",
                 "exact": "Exact"}
 NORM_ORDER = ("1", "2", "inf")  # the paper's tables list l_1, l_2, l_inf

@@ -13,7 +13,9 @@ from importlib import import_module
 from crown_cli.activations import ACTIVATIONS
 from crown_cli.errors import InputError
 
-METHODS = ("crown", "fast-lin")
+# "crown": the default lines; "crown-paper": the paper's (they differ for tanh, sigmoid and
+# arctan only, where l < 0 < u: sigmoid_family); "fast-lin": non-adaptive ReLU-type lines
+METHODS = ("crown", "crown-paper", "fast-lin")
 
 
 def _numpy_kernels() -> bool:
@@ -28,7 +30,7 @@ def _relu(method, alpha):
     else:
         from crown_cli.engine.relaxations.relu import relu_relaxation
 
-    adaptive = method == "crown"
+    adaptive = method != "fast-lin"
     return lambda l, u: relu_relaxation(l, u, adaptive)
 
 
@@ -38,13 +40,28 @@ def _leaky_relu(method, alpha):
     else:
         from crown_cli.engine.relaxations.extra import leaky_relu_relaxation
 
-    adaptive = method == "crown"
+    adaptive = method != "fast-lin"
     return lambda l, u: leaky_relu_relaxation(l, u, alpha, adaptive)
 
 
 def _fixed(module, name):
     """Factory for a parameter-free relaxation ``name`` in submodule ``module``."""
     return lambda method, alpha: getattr(import_module(f"{__name__}.{module}"), name)
+
+
+def _s_shaped(name):
+    """Factory for tanh / sigmoid / arctan: the default lines, or the paper's for
+    ``crown-paper``."""
+
+    def factory(method, alpha):
+        from crown_cli.engine.relaxations import sigmoid_family
+
+        fn = getattr(sigmoid_family, name)
+        if method == "crown-paper":
+            return lambda l, u: fn(l, u, True)
+        return fn
+
+    return factory
 
 
 def _elu(method, alpha):
@@ -65,9 +82,9 @@ def _hard_sigmoid(method, alpha):
 RELAXATIONS = {
     "relu": _relu,
     "leaky_relu": _leaky_relu,
-    "tanh": _fixed("sigmoid_family", "tanh_relaxation"),
-    "sigmoid": _fixed("sigmoid_family", "sigmoid_relaxation"),
-    "arctan": _fixed("sigmoid_family", "arctan_relaxation"),
+    "tanh": _s_shaped("tanh_relaxation"),
+    "sigmoid": _s_shaped("sigmoid_relaxation"),
+    "arctan": _s_shaped("arctan_relaxation"),
     "elu": _elu,
     "softplus": _fixed("extra", "softplus_relaxation"),
     "hard_sigmoid": _hard_sigmoid,
@@ -99,7 +116,7 @@ def get_relaxation(activation: str, method: str, alpha=None):
         raise InputError(
             f"activation '{activation}' has no bound (supported: {', '.join(sorted(RELAXATIONS))})"
         )
-    if method != "crown" and not ACTIVATIONS[activation].fast_lin:
+    if method == "fast-lin" and not ACTIVATIONS[activation].fast_lin:
         raise InputError(
             f"--method {method} is defined for ReLU-type networks only, not '{activation}'"
         )

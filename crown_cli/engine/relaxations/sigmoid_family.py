@@ -6,10 +6,17 @@ derivative. Following the paper's partition by the signs of the pre-activation b
 * ``l >= 0`` (concave side): upper = tangent at d in [l, u] (we take the midpoint, as the
   paper's code does); lower = chord through both end-points.
 * ``u <= 0`` (convex side): upper = chord; lower = tangent at the midpoint.
-* ``l < 0 < u``: upper = the tangent at some d >= 0 that passes through the left end-point
-  (l, act(l)); lower = the tangent at some d <= 0 through the right end-point (u, act(u)).
-  d solves ``(act(d) - act(p)) / (d - p) = act'(d)`` (p the end-point); footnotes (diamond)
-  and (dagger): when that d falls beyond the other end-point, the chord is the bound.
+* ``l < 0 < u``: the paper's upper line is the tangent at the d_U >= 0 that passes through
+  the left end-point (l, act(l)); its lower line the tangent at the d_L <= 0 through the right
+  end-point (u, act(u)). d solves ``(act(d) - act(p)) / (d - p) = act'(d)`` (p the
+  end-point); footnotes (diamond) and (dagger): when that d falls beyond the other end-point,
+  the chord is the bound. Every tangent at d in [d_U, u] is a valid upper line (and at d in
+  [l, d_L] a valid lower one); by default (``paper=False``) we take the one of least area
+  between line and function over [l, u], the tangent at max(mid, d_U) (min(mid, d_L) below),
+  mid = (l + u) / 2: the line's mean over [l, u] is act(d) + act'(d) (mid - d), whose
+  derivative in d is act''(d) (mid - d), so on the concave side it is smallest at d = mid.
+  Where the midpoint's tangent is valid this is auto_LiRPA's choice for these functions; where
+  it is not, the paper's. ``paper=True`` gives the paper's lines (``--method crown-paper``).
 
 How the lines are made exact and sound in float64
 -------------------------------------------------
@@ -301,7 +308,7 @@ def tangent_point(kind, l, u, upper):
 
 
 @njit(cache=True)
-def _relax_family(kind, l, u):
+def _relax_family(kind, l, u, paper):
     n = l.shape[0]
     aU = np.empty(n)
     bU = np.empty(n)
@@ -338,9 +345,18 @@ def _relax_family(kind, l, u):
             kL = _dact(kind, li + 0.5 * w)  # Table 2, I-: tangent at d = midpoint
         else:
             chord = (_act(kind, ui) - _act(kind, li)) / w
+            mid = li + 0.5 * w
+            # every tangent at d in [d_U, u] is a valid upper line (tangent_ranges); the one
+            # at the midpoint has the least area above act on [l, u] (the line's mean over
+            # [l, u] is act(d) + act'(d) (mid - d), smallest at d = mid on the concave side),
+            # so the default takes d = max(mid, d_U); the paper's line is d = d_U
             d, use_chord = tangent_point(kind, li, ui, True)
+            if not use_chord and not paper:
+                d = max(d, mid)
             kU = chord if use_chord else _dact(kind, d)  # Table 1, I+-, footnote diamond
             d, use_chord = tangent_point(kind, li, ui, False)
+            if not use_chord and not paper:
+                d = min(d, mid)  # mirrored: valid lower tangents at d in [l, d_L]
             kL = chord if use_chord else _dact(kind, d)  # Table 2, I+-, footnote dagger
         aU[i] = kU
         bU[i] = _intercept(kind, li, ui, kU, True)
@@ -350,21 +366,24 @@ def _relax_family(kind, l, u):
 
 
 @njit(cache=True)
-def tanh_relaxation(l, u):
-    """(aU, bU, aL, bL) with aL*z + bL <= tanh(z) <= aU*z + bU on [l, u] (1-D float64)."""
-    return _relax_family(TANH, l, u)
+def tanh_relaxation(l, u, paper=False):
+    """(aU, bU, aL, bL) with aL*z + bL <= tanh(z) <= aU*z + bU on [l, u] (1-D float64);
+    ``paper``: the paper's lines where l < 0 < u (else the least-area tangents)."""
+    return _relax_family(TANH, l, u, paper)
 
 
 @njit(cache=True)
-def sigmoid_relaxation(l, u):
-    """(aU, bU, aL, bL) with aL*z + bL <= sigmoid(z) <= aU*z + bU on [l, u] (1-D float64)."""
-    return _relax_family(SIGMOID, l, u)
+def sigmoid_relaxation(l, u, paper=False):
+    """(aU, bU, aL, bL) with aL*z + bL <= sigmoid(z) <= aU*z + bU on [l, u] (1-D float64);
+    ``paper``: the paper's lines where l < 0 < u (else the least-area tangents)."""
+    return _relax_family(SIGMOID, l, u, paper)
 
 
 @njit(cache=True)
-def arctan_relaxation(l, u):
-    """(aU, bU, aL, bL) with aL*z + bL <= arctan(z) <= aU*z + bU on [l, u] (1-D float64)."""
-    return _relax_family(ARCTAN, l, u)
+def arctan_relaxation(l, u, paper=False):
+    """(aU, bU, aL, bL) with aL*z + bL <= arctan(z) <= aU*z + bU on [l, u] (1-D float64);
+    ``paper``: the paper's lines where l < 0 < u (else the least-area tangents)."""
+    return _relax_family(ARCTAN, l, u, paper)
 
 
 # ---------------------------------------------------------------------------------------------
