@@ -164,7 +164,8 @@ def test_subprocess_one_liner_gives_the_cli_eps(tmp_path):
     (dict(target=1.5), "target: expected one of runner-up, random, least, untargeted or a "
                        "class index, got 1.5"),
     (dict(norm="l3"), "norm: unknown norm 'l3' (choose from inf, 2, 1)"),
-    (dict(method="deeppoly"), "method: unknown method 'deeppoly' (choose from crown, fast-lin, "
+    (dict(method="deeppoly"), "method: unknown method 'deeppoly' (choose from crown, crown-paper, "
+                              "fast-lin, "
                               "crown-quad, alpha-crown,"),
     (dict(label=12), "label: 12 is not a class of the model (0..9)"),
     (dict(label=-1), "label: -1 is not a class of the model (0..9)"),

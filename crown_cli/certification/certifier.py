@@ -41,7 +41,7 @@ ALPHA_PATIENCE_LARGE, ALPHA_TOL_LARGE = 3, 1e-5
 ALPHA_SMALL = 1024
 # tanh / sigmoid / arctan: the bound is smooth in the tangent points with interior optima (a
 # ReLU's is linear in each slope, optima at the ends), where lr 0.5 oscillates
-ALPHA_LR_SMOOTH = 0.1
+ALPHA_LR_SMOOTH = 0.05
 ALPHA_METHODS = ("alpha-crown",)
 # free lower slopes (ReLU-type) or free tangent points (S-shaped): crown_cli/engine/alpha_crown.py
 

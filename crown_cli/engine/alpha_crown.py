@@ -134,12 +134,12 @@ class SmoothRelax:
 
     Every neuron is a column with a variable ``theta`` in [0, 1] per row: the row's line on
     the side its coefficient picks (lower if >= 0) is, when that side is free
-    (``sigmoid_family.tangent_ranges``), the tangent at ``d = a0 + theta (a1 - a0)``;
-    otherwise CROWN's line. theta = ``default`` gives CROWN's lines (theta = 0: the tangent
-    through the end-point when l < 0 < u, where growing theta moves the tangent point outward
-    (flatter line) on either side; 0.5: the midpoint on one side of 0), so one variable per
-    (row, neuron) serves whichever side the row's sign picks (on one side of 0 only one line
-    is free: d = l + theta (u - l)).
+    (``sigmoid_family.tangent_ranges``), the tangent at the point of theta on the range;
+    otherwise CROWN's line. theta = ``default`` = 1/2 gives CROWN's lines on every side
+    (``sigmoid_family.theta_point``: theta maps piecewise linearly onto the side's range,
+    1/2 onto CROWN's tangent point; when l < 0 < u, theta = 0 is the paper's tangent through
+    the end-point and growing theta moves the point outward, flatter, on either side), so one
+    variable per (row, neuron) serves whichever side the row's sign picks.
 
     Sound evaluation (``sound``): slope act'(d) and the exact intercept of that slope
     (``sigmoid_family.sound_tangent_lines``, CROWN's own intercept routine with its rounding
@@ -161,10 +161,9 @@ class SmoothRelax:
         self.aU, self.bU, self.aL, self.bL = aU, bU, aL, bL
         n = l.shape[0]
         self.unst = self.cols = self.upos = np.arange(n)
-        (self.freeU, self.a0U, self.a1U, self.freeL, self.a0L, self.a1L, self.default,
+        (self.freeU, self.a0U, self.amU, self.a1U, self.freeL, self.a0L, self.amL, self.a1L,
          self.dends, self.chord) = sf.tangent_ranges(self._code, l, u)
-        self.spanU = self.a1U - self.a0U
-        self.spanL = self.a1L - self.a0L
+        self.default = np.full(n, 0.5)  # theta = 1/2: CROWN's line on either side
         # the chord's slope s and intercept b = act(l) - s l, differentiated in (l, u)
         self.ds_dl = np.zeros(n)
         self.ds_du = np.zeros(n)
@@ -184,19 +183,24 @@ class SmoothRelax:
 
     def tangent_points(self, A, pu):
         """(d, free, span): the tangent point of each (row, neuron) at theta ``A`` on the side
-        ``pu`` picks (lower where True), whether that side is free, and d a1 - a0."""
+        ``pu`` picks (lower where True; ``sigmoid_family.theta_point``), whether that side is
+        free, and dd/dtheta."""
         a0 = np.where(pu, self.a0L, self.a0U)
-        span = np.where(pu, self.spanL, self.spanU)
+        am = np.where(pu, self.amL, self.amU)
+        a1 = np.where(pu, self.a1L, self.a1U)
+        low = A <= 0.5
+        d = np.where(low, am - (1.0 - 2.0 * A) * (am - a0), am + (2.0 * A - 1.0) * (a1 - am))
+        span = np.where(low, 2.0 * (am - a0), 2.0 * (a1 - am))
         free = np.where(pu, self.freeL, self.freeU)
-        return a0 + A * span, free, span
+        return d, free, span
 
     def lines(self, Lu, A, dtype, sound):
         """As :meth:`LayerRelax.lines`: the side is picked by the sign of ``Lu``."""
         if not sound:
             A = A.astype(Lu.dtype, copy=False)
             S, B, dS, dB, free, tsum, Dt, F2 = self._steer(
-                self._code, Lu, A, self.a0L, self.spanL,
-                self.freeL, self.aL, self.bL, self.a0U, self.spanU, self.freeU, self.aU, self.bU)
+                self._code, Lu, A, self.a0L, self.amL, self.a1L, self.freeL, self.aL, self.bL,
+                self.a0U, self.amU, self.a1U, self.freeU, self.aU, self.bU)
             return S, B, (free, dS, dB, Lu >= 0.0, A, Dt, F2), tsum, None
         pu = Lu >= 0.0
         S0 = np.where(pu, self.aL, self.aU)  # CROWN's lines (fixed sides, sound)
@@ -224,23 +228,27 @@ class SmoothRelax:
 
     def backward(self, gSu, wLu, aux):
         """As :meth:`LayerRelax.backward`. Through (l, u): a free line's tangent point
-        d = (1 - theta) a0 + theta a1 moves with its range's ends (``dends``), its slope
-        act'(d) and intercept act(d) - act'(d) d by act''(d) dd and -d act''(d) dd; a fixed
-        chord by its derivatives. (A degenerate interval's midpoint lines are not
-        differentiated.)"""
+        d = c0 a0 + cm am + c1 a1 (``theta_point``: c0 = 1 - 2 theta, cm = 2 theta up to
+        theta = 1/2, then cm = 2 - 2 theta, c1 = 2 theta - 1) moves with its range's points
+        (``dends``), its slope act'(d) and intercept act(d) - act'(d) d by act''(d) dd and
+        -d act''(d) dd; a fixed chord by its derivatives. (A degenerate interval's midpoint
+        lines are not differentiated.)"""
         free, dS, dB, pu, A, Dt, F2 = aux
         ga = np.where(free, gSu * dS + wLu * dB, 0.0)
         E = ((gSu - wLu * Dt) * F2).astype(np.float64)  # 0 where not free (F2 = 0)
         A64 = A.astype(np.float64)
+        low = A64 <= 0.5
+        c0 = np.where(low, 1.0 - 2.0 * A64, 0.0)
+        cm = np.where(low, 2.0 * A64, 2.0 - 2.0 * A64)
+        c1 = np.where(low, 0.0, 2.0 * A64 - 1.0)
         de = self.dends
         gl = gu = 0.0
-        for side, rows in ((pu, (2, 3, 6, 7)), (~pu, (0, 1, 4, 5))):
+        # rows of dends per side: (a0 dl, a1 dl, am dl, a0 du, a1 du, am du)
+        for side, rows in ((pu, (2, 3, 9, 6, 7, 11)), (~pu, (0, 1, 8, 4, 5, 10))):
             Es = np.where(side, E, 0.0)
-            # sum_r E (1 - theta) d a0 / dl + E theta d a1 / dl, and the same in u
-            Ea = (Es * A64).sum(axis=0)
-            E1 = Es.sum(axis=0) - Ea
-            gl = gl + E1 * de[rows[0]] + Ea * de[rows[1]]
-            gu = gu + E1 * de[rows[2]] + Ea * de[rows[3]]
+            E0, Em, E1 = (Es * c0).sum(axis=0), (Es * cm).sum(axis=0), (Es * c1).sum(axis=0)
+            gl = gl + E0 * de[rows[0]] + E1 * de[rows[1]] + Em * de[rows[2]]
+            gu = gu + E0 * de[rows[3]] + E1 * de[rows[4]] + Em * de[rows[5]]
         fixed = ~free & self.chord
         gs = np.where(fixed, gSu, 0.0).sum(axis=0, dtype=np.float64)
         gb = np.where(fixed, wLu, 0.0).sum(axis=0, dtype=np.float64)

@@ -395,41 +395,44 @@ def arctan_relaxation(l, u, paper=False):
 def tangent_ranges(kind, l, u):
     """Per neuron, the range of tangent points alpha-CROWN may move each line over.
 
-    Returns (freeU, a0U, a1U, freeL, a0L, a1L, default, grad, chord): the upper (lower) line
-    may be the tangent at any d between a0 and a1 when freeU (freeL); the tangent point is
-    ``d = a0 + theta (a1 - a0)`` with theta in [0, 1], and ``default`` the theta of CROWN's
-    line (``_relax_family``: the midpoint on one side of 0, a0 = l, a1 = u, computed as CROWN
-    does; when crossing a0 is CROWN's tangent point through the far end-point and a1 the near
-    end-point, so theta = 0 is CROWN's line on both sides and growing theta flattens both).
-    Valid ranges (every d in them gives a valid line; the exact intercept makes any slope
-    sound anyway):
+    Returns (freeU, a0U, amU, a1U, freeL, a0L, amL, a1L, grad, chord): the upper (lower) line
+    may be the tangent at any d between a0 and a1 when freeU (freeL); am is CROWN's tangent
+    point (``_relax_family``'s default lines). The variable theta in [0, 1] maps piecewise
+    linearly onto the range (:func:`theta_point`): theta = 0 gives a0, 1/2 gives am, 1 gives
+    a1, so theta = 1/2 is CROWN's line on every side, and one variable per (row, neuron)
+    serves whichever side the row's sign picks. Valid ranges (every d in them gives a valid
+    line; the exact intercept makes any slope sound anyway):
 
-    * l >= 0 (concave on [l, u]): the upper line is the tangent at any d in [l, u];
+    * l >= 0 (concave on [l, u]): the upper line is the tangent at any d in [l, u]
+      (a0 = l, am = the midpoint, a1 = u);
     * u <= 0 (convex): the lower line is the tangent at any d in [l, u];
     * l < 0 < u: the tangent at d >= 0 lies above the concave part and, at l, above act(l)
       once d >= d_U (the tangent point through (l, act(l))): act(l) <= T_d(l) and
-      act(0) <= T_d(0) put it above the convex part too. So upper: d in [d_U, u]; lower,
-      mirrored: d in [l, d_L]. When d_U >= u (d_L <= l) CROWN's line is the chord: not free.
+      act(0) <= T_d(0) put it above the convex part too. So upper: d in [d_U, u]
+      (am = max(mid, d_U)); lower, mirrored: d from d_L out to l (am = min(mid, d_L)). When
+      d_U >= u (d_L <= l) CROWN's line is the chord: not free.
 
     Degenerate, infinite or NaN intervals have no free line (CROWN's lines stay).
 
-    Also returns ``grad`` (8, n): the partial derivatives of (a0U, a1U, a0L, a1L) in l, then
-    in u (rows 0-3: d/dl, rows 4-7: d/du); the crossing case's tangent point d_U depends on l
-    through act'(d)(d - l) = act(d) - act(l), so d d_U/dl = (act'(d) - act'(l)) /
-    (act''(d) (d - l)), and d_L on u likewise. And ``chord`` (n,): the fixed line is the chord
-    of [l, u] (every non-degenerate case: the other side on one side of 0, a side that is not
-    free when crossing).
+    Also returns ``grad`` (12, n): the partial derivatives of (a0U, a1U, a0L, a1L) in l, then
+    in u (rows 0-3: d/dl, rows 4-7: d/du), then of (amU, amL) in l (rows 8-9) and in u
+    (rows 10-11); the crossing case's tangent point d_U depends on l through
+    act'(d)(d - l) = act(d) - act(l), so d d_U/dl = (act'(d) - act'(l)) / (act''(d) (d - l)),
+    and d_L on u likewise. And ``chord`` (n,): the fixed line is the chord of [l, u] (every
+    non-degenerate case: the other side on one side of 0, a side that is not free when
+    crossing).
     """
     n = l.shape[0]
-    grad = np.zeros((8, n))
+    grad = np.zeros((12, n))
     chord = np.zeros(n, np.bool_)
     freeU = np.zeros(n, np.bool_)
     freeL = np.zeros(n, np.bool_)
     a0U = np.zeros(n)
+    amU = np.zeros(n)
     a1U = np.zeros(n)
     a0L = np.zeros(n)
+    amL = np.zeros(n)
     a1L = np.zeros(n)
-    default = np.zeros(n)
     for i in range(n):
         li = l[i]
         ui = u[i]
@@ -438,25 +441,46 @@ def tangent_ranges(kind, l, u):
         if _is_degenerate(li, ui):
             continue
         chord[i] = True
+        mid = li + 0.5 * (ui - li)  # as _relax_family computes it
         if li >= 0.0:
             freeU[i] = True
             a0U[i] = li
+            amU[i] = mid
             a1U[i] = ui
             grad[0, i] = 1.0
             grad[5, i] = 1.0
-            default[i] = 0.5
+            grad[8, i] = 0.5
+            grad[10, i] = 0.5
         elif ui <= 0.0:
             freeL[i] = True
             a0L[i] = li
+            amL[i] = mid
             a1L[i] = ui
             grad[2, i] = 1.0
             grad[7, i] = 1.0
-            default[i] = 0.5
+            grad[9, i] = 0.5
+            grad[11, i] = 0.5
         else:
             freeU[i], a0U[i], a1U[i], grad[0, i], grad[5, i] = _crossing_range(kind, li, ui, True)
             freeL[i], a0L[i], a1L[i], grad[6, i], grad[3, i] = _crossing_range(kind, li, ui, False)
+            if freeU[i]:
+                if mid > a0U[i]:  # the midpoint's tangent: moves with both ends
+                    amU[i] = mid
+                    grad[8, i] = 0.5
+                    grad[10, i] = 0.5
+                else:  # the paper's, through (l, act(l))
+                    amU[i] = a0U[i]
+                    grad[8, i] = grad[0, i]
+            if freeL[i]:
+                if mid < a0L[i]:
+                    amL[i] = mid
+                    grad[9, i] = 0.5
+                    grad[11, i] = 0.5
+                else:
+                    amL[i] = a0L[i]
+                    grad[11, i] = grad[6, i]
             chord[i] = not (freeU[i] and freeL[i])
-    return freeU, a0U, a1U, freeL, a0L, a1L, default, grad, chord
+    return freeU, a0U, amU, a1U, freeL, a0L, amL, a1L, grad, chord
 
 
 @njit(cache=True)
@@ -478,6 +502,16 @@ def _crossing_range(kind, l, u, upper):
 
 
 @njit(cache=True)
+def theta_point(a0, am, a1, theta):
+    """The tangent point of variable theta in [0, 1] on a range (a0, am, a1) and its
+    derivative in theta: a0 + 2 theta (am - a0) up to theta = 1/2 (exactly am there), then
+    am + (2 theta - 1) (a1 - am)."""
+    if theta <= 0.5:
+        return am - (1.0 - 2.0 * theta) * (am - a0), 2.0 * (am - a0)
+    return am + (2.0 * theta - 1.0) * (a1 - am), 2.0 * (a1 - am)
+
+
+@njit(cache=True)
 def sound_tangent_lines(kind, l, u, d, upper):
     """(slope, intercept) of the tangent at d[i] as a sound bound on [l[i], u[i]] (upper or
     lower per upper[i]), all 1-D float64: the slope is act'(d[i]) and the intercept the exact
@@ -493,11 +527,13 @@ def sound_tangent_lines(kind, l, u, d, upper):
 
 
 @njit(cache=True)
-def steer_tangent_lines(kind, Lu, A, a0L, spanL, freeL, aL, bL, a0U, spanU, freeU, aU, bU):
+def steer_tangent_lines(kind, Lu, A, a0L, amL, a1L, freeL, aL, bL, a0U, amU, a1U, freeU, aU,
+                        bU):
     """The lines of the rows ``Lu`` (r, n) at variables ``A`` (r, n) for steering (no rounding
     control; float32 or float64 in, the same out): per element the side the sign of Lu picks
-    (lower if >= 0), the tangent at d = a0 + A span when that side is free, else CROWN's line
-    (aL, bL / aU, bU). Returns (S, B, dS, dB, free, c, Dt, F2): slopes, intercepts, their
+    (lower if >= 0), the tangent at the point d of variable A when that side is free (d the
+    :func:`theta_point` of the side's range), else CROWN's line (aL, bL / aU, bU). Returns
+    (S, B, dS, dB, free, c, Dt, F2): slopes, intercepts, their
     derivatives in A (0 where not free), the free mask, the rows' intercept sums sum_j Lu B
     (float64), and the tangent points d and act''(d) (0 where not free).
     One pass for what ``SmoothRelax.lines`` would do with a dozen numpy temporaries."""
@@ -521,12 +557,9 @@ def steer_tangent_lines(kind, Lu, A, a0L, spanL, freeL, aL, bL, a0U, spanU, free
                 fr = freeU[j]
             if fr:
                 if lower:
-                    a0 = a0L[j]
-                    sp = spanL[j]
+                    d, sp = theta_point(a0L[j], amL[j], a1L[j], float(A[i, j]))
                 else:
-                    a0 = a0U[j]
-                    sp = spanU[j]
-                d = a0 + float(A[i, j]) * sp
+                    d, sp = theta_point(a0U[j], amU[j], a1U[j], float(A[i, j]))
                 k = _dact(kind, d)
                 b = _act(kind, d) - k * d
                 f2 = _d2act(kind, d)
