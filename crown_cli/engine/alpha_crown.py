@@ -35,8 +35,9 @@ import numpy as np
 from crown_cli.activations import ACTIVATIONS
 from crown_cli.engine.optim import AdamSettings, KeyedAdam
 from crown_cli.engine.backsub import Network, _mm, back_substitute, first_layer_center, hidden_layer_bounds
+from crown_cli.engine.chain import Rows
 from crown_cli.engine.input_sets import Box, input_terms
-from crown_cli.engine.rounding import widen as _widen, rounding_weights
+from crown_cli.engine.rounding import ERR_SAFETY, widen as _widen, rounding_weights
 
 U64 = 2.0 ** -53  # unit roundoff of float64
 
@@ -293,45 +294,38 @@ def chain(net: Network, relax: List[LayerRelax], Lam, const, alphas, x0, eps, qc
     unstable columns pick a side by the sign of the coefficient (and carry an intercept).
     """
     r = Lam.shape[0]
-    L = np.ascontiguousarray(Lam, dtype=dtype)
+    sound = rounding is not None
     c = np.asarray(const, dtype=np.float64).copy()
-    mag = np.abs(c)
-    charge = np.zeros(r)
+    rows = Rows(np.ascontiguousarray(Lam, dtype=dtype), c, np.abs(c) if sound else None,
+                np.zeros(r) if sound else None)
     steps = [] if tape else None
     for i in range(len(relax) - 1, -1, -1):
         rl = relax[i]
         cols, upos = rl.cols, rl.upos
-        D = L[:, cols]
+        D = rows.Lam[:, cols]
         Lu = D[:, upos]  # a copy (fancy index)
         D *= rl.aL[cols].astype(dtype)  # stable columns (aL == aU); unstable ones set below
         Su = Bu = aux = None
+        tsum, tmag = 0.0, 0.0
         if upos.size:
             # clipped in the working precision: a float32 slope may round just outside
             # [leak, 1] (float32(0.01) < 0.01), where a z is no longer a valid line
             A = (np.broadcast_to(rl.default.astype(dtype), Lu.shape) if alphas[i] is None
                  else np.clip(alphas[i].astype(dtype), rl.lo, rl.hi))
-            Su, Bu, aux, tsum, tmag = rl.lines(Lu, A, dtype, rounding is not None)
-            D[:, upos] = Lu * Su
-            c += tsum  # intercepts (the chord's for ReLU)
-            if rounding is not None:
-                mag += tmag
-        bc = net.b[i][cols]
-        if dtype == np.float64:
-            c += D @ bc
-            if rounding is not None:
-                absD = np.abs(D)
-                mag += absD @ np.abs(bc)
-                charge += absD @ rounding[i][cols]
-        else:
-            c += D.astype(np.float64) @ bc
+            Su, Bu, aux, tsum, tmag = rl.lines(Lu, A, dtype, sound)
+            D[:, upos] = Lu * Su  # the intercepts (the chord's for ReLU) are tsum
         Wc = net.take(i, dtype, cols)
         if tape:
             steps.append((i, Lu, Su, Bu, aux, Wc))
-        L = _mm(D, Wc)
+        # the engine's batched step (the rows' lines are the ones just chosen)
+        rows.step(D, None, net.b[i][cols], Wc, (rounding[i][cols], 0.0) if sound else None,
+                  isum=tsum, iabs=tmag)
+    L, c = rows.Lam, rows.const
     lin, nrm, xm = input_terms(L, x0, qcode)
     lower = lin - eps * nrm + c
-    if rounding is not None:
-        lower = _widen(lower, xm + eps * nrm + mag, -1.0) - charge
+    if sound:  # widened like every verified bound (rounding.widen, the charges' own rounding)
+        lower = _widen(lower, xm + eps * nrm + rows.mag, -1.0, net.fp_rtol,
+                       ERR_SAFETY * rows.charge)
     t = None
     if tape:
         t = Tape()

@@ -18,6 +18,7 @@ from typing import Callable, List, Sequence, Tuple
 
 import numpy as np
 
+from crown_cli.engine.chain import GemmCount, _mm  # noqa: F401 (GemmCount: scripts/bench.py)
 from crown_cli.engine.input_sets import Box, dual_norms, input_abs_bound, input_terms
 from crown_cli.engine.kernels import kernels
 from crown_cli.engine.rounding import (ERR_SAFETY, U32, U64, final_sum_rtol, margin_rows_rounding,
@@ -135,17 +136,6 @@ class Network:
         if qcode not in self._first_norms:
             self._first_norms[qcode] = dual_norms(self.W[0], qcode)
         return self._first_norms[qcode]
-
-
-class GemmCount:
-    """Floating-point operations spent in matrix products (read by scripts/bench.py)."""
-
-    flops = 0
-
-
-def _mm(A: np.ndarray, B: np.ndarray) -> np.ndarray:
-    GemmCount.flops += 2 * A.shape[0] * A.shape[1] * B.shape[1]
-    return A @ B
 
 
 def back_substitute(

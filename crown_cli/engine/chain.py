@@ -82,12 +82,13 @@ class Rows:
     def verified(self) -> bool:
         return self.mag is not None
 
-    def step(self, D, icpt, bias, W, rounding=None, absbias=None, isum=None, mag_hook=None):
+    def step(self, D, icpt, bias, W, rounding=None, absbias=None, isum=None, iabs=None,
+             mag_hook=None):
         """Account for one layer whose :func:`relax` gave D and ``icpt`` (both with the rows'
         leading shape), bias b_k and weights W_k (restricted to D's columns), then move the
         rows to layer k - 1. ``rounding`` (v, t) of the step (float64): v (n,) shared or
-        (N, n) per domain. ``isum``: the intercepts' sum per row when a kernel gave it in
-        place of ``icpt`` (float32 only). ``mag_hook(|D|)``: more magnitude to charge
+        (N, n) per domain. ``isum``, ``iabs``: the intercepts' sum and magnitude per row
+        when the caller has them in place of ``icpt``. ``mag_hook(|D|)``: more magnitude to charge
         (float64). Rows of shape (N, r, .) are multiplied as one (N r, .) matrix."""
         if isum is None:
             isum = icpt.sum(axis=-1, dtype=np.float64)
@@ -96,8 +97,9 @@ class Rows:
         if self.verified:
             absD = np.abs(D)
             absb = np.abs(bias) if absbias is None else absbias
-            self.mag = (self.mag + np.abs(icpt).sum(axis=-1)
-                        + (absD.reshape(flat.shape) @ absb).reshape(D.shape[:-1]))
+            if iabs is None:
+                iabs = np.abs(icpt).sum(axis=-1)
+            self.mag = self.mag + iabs + (absD.reshape(flat.shape) @ absb).reshape(D.shape[:-1])
             self.add_charge(absD, *rounding)
             if mag_hook is not None:
                 self.mag = self.mag + mag_hook(absD)
@@ -124,6 +126,18 @@ class Rows:
         """Lam <- D @ W (rows of shape (N, r, .) as one (N r, .) matrix)."""
         if D.ndim == 3:
             N, r, c = D.shape
-            self.Lam = (D.reshape(N * r, c) @ W).reshape(N, r, W.shape[1])
+            self.Lam = _mm(D.reshape(N * r, c), W).reshape(N, r, W.shape[1])
         else:
-            self.Lam = D @ W
+            self.Lam = _mm(D, W)
+
+
+class GemmCount:
+    """Floating-point operations spent in the back-substitutions' matrix products (read by
+    scripts/bench.py)."""
+
+    flops = 0
+
+
+def _mm(A: np.ndarray, B: np.ndarray) -> np.ndarray:
+    GemmCount.flops += 2 * A.shape[0] * A.shape[1] * B.shape[1]
+    return A @ B
