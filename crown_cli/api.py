@@ -263,8 +263,9 @@ def certify(model, x, label: Optional[int] = None, target: Union[str, int] = "ru
             target or option value, a method the network does not support, or a model file
             that cannot be read. The message is one line naming the parameter.
     """
-    from crown_cli.certification.certifier import ALPHA_ITERS, Certifier, parse_norm
-    from crown_cli.certification.methods import names as other_method_names
+    from crown_cli.certification.certifier import (ALPHA_ITERS, PRECISIONS, Certifier,
+                                                   method_names, parse_norm)
+    from crown_cli.engine.radius_search import SEARCHES
     from crown_cli.certification.targets import (TARGET_TYPES, TargetSelector,
                                                  check_random_possible, parse_target_types)
     from crown_cli.certification.runner import choose_kernels
@@ -274,8 +275,7 @@ def certify(model, x, label: Optional[int] = None, target: Union[str, int] = "ru
     # option checks as `crown certify` makes them, in its order
     with _options():
         norm = parse_norm(norm)
-    methods = ("crown", "crown-paper", "fast-lin", "crown-quad", "alpha-crown") + \
-        tuple(other_method_names())
+    methods = method_names()
     if not isinstance(method, str) or method.strip().lower() not in methods:
         raise InputError(f"method: unknown method {method!r} (choose from {', '.join(methods)})")
     method = method.strip().lower()
@@ -293,10 +293,11 @@ def certify(model, x, label: Optional[int] = None, target: Union[str, int] = "ru
         raise InputError(f"eps0: must be > 0, got {eps0}")
     if not _number(max_eps, "max_eps") > 0:
         raise InputError(f"max_eps: must be > 0, got {max_eps}")
-    if search not in ("interp", "bisect"):
-        raise InputError(f"search: unknown search {search!r} (choose from interp, bisect)")
-    if precision not in ("mixed", "float64"):
-        raise InputError(f"precision: unknown precision {precision!r} (choose from mixed, float64)")
+    if search not in SEARCHES:
+        raise InputError(f"search: unknown search {search!r} (choose from {', '.join(SEARCHES)})")
+    if precision not in PRECISIONS:
+        raise InputError(f"precision: unknown precision {precision!r} (choose from "
+                         f"{', '.join(PRECISIONS)})")
     if kernels not in ("auto",) + KERNELS:
         raise InputError(f"kernels: unknown kernels {kernels!r} (choose from auto, "
                          f"{', '.join(KERNELS)})")

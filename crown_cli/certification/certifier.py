@@ -46,6 +46,12 @@ ALPHA_METHODS = ("alpha-crown",)
 # free lower slopes (ReLU-type) or free tangent points (S-shaped): crown_cli/engine/alpha_crown.py
 
 
+def method_names():
+    """Every ``--method`` of ``crown certify``, in the order its messages list them."""
+    return ("crown", "crown-paper", "fast-lin", "crown-quad") + ALPHA_METHODS + \
+        tuple(other_method_names())
+
+
 def parse_norm(norm: str) -> str:
     key = str(norm).strip().lower().lstrip("l").replace("_", "")
     key = {"infinity": "inf", "i": "inf"}.get(key, key)

@@ -107,18 +107,15 @@ def certify(model_path, images_path, labels_path, num_images, start, norm, metho
     """
     from crown_cli.io.result_files import OutputJob, format_for, parse_shard, shard_indices
     from crown_cli.io.provenance import option_values
-    from crown_cli.certification.certifier import Certifier, parse_norm
+    from crown_cli.certification.certifier import Certifier, method_names, parse_norm
     from crown_cli.engine.kernels import using_kernels
-    from crown_cli.certification.methods import names as other_method_names
     from crown_cli.io.images import labels_source, load_images
     from crown_cli.io.models import load_model
     from crown_cli.certification.runner import certify_images
     from crown_cli.certification.targets import check_random_possible, parse_target_types
 
     norms = [parse_norm(n) for n in _split(norm, "--norm", ("inf", "2", "1", "l1", "l2", "linf"))]
-    methods = _split(method, "--method", ("crown", "crown-paper", "fast-lin", "crown-quad",
-                                          "alpha-crown")
-                     + other_method_names())
+    methods = _split(method, "--method", method_names())
     if "alpha-crown" not in methods and (alpha_iters is not None or alpha_lr is not None):
         raise InputError("--alpha-iters/--alpha-lr: need --method alpha-crown")
     if alpha_iters is not None and alpha_iters < 0:

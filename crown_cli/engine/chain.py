@@ -113,14 +113,12 @@ class Rows:
         self.charge = self.charge + dcharge
 
     def add_charge(self, absD, v, t):
-        """charge += |D| @ v + t (v (n,) for every domain, or (N, n) one per domain; t a
-        number or (N,))."""
+        """charge += |D| @ v + t: v (n,) and t a number for every domain, or, with rows
+        (N, r, n), v (N, n) and t (N,) one per domain."""
         if np.ndim(v) == 1:
             self.charge = self.charge + absD @ v + t
-        elif absD.ndim == 3:
-            self.charge = self.charge + np.matmul(absD, v[:, :, None])[..., 0] + t[:, None]
         else:
-            self.charge = self.charge + np.sum(absD * v, axis=1) + t
+            self.charge = self.charge + np.matmul(absD, v[:, :, None])[..., 0] + t[:, None]
 
     def product(self, D, W):
         """Lam <- D @ W (rows of shape (N, r, .) as one (N r, .) matrix)."""

@@ -94,19 +94,16 @@ class KeyedAdam:
 
     def __init__(self, settings: AdamSettings = AdamSettings()):
         self.s = settings
-        self.m, self.v, self.t = {}, {}, {}
+        self.opt, self.t = {}, {}  # per key: an Adam over the store, its step count
 
     def step(self, key, value: np.ndarray, grad: np.ndarray, idx, lr, lo, hi) -> None:
         """Update ``value[idx]`` (the store, in place) by one ascent step along ``grad``,
-        clipped to [lo, hi]."""
-        if key not in self.m:
-            self.m[key] = np.zeros_like(value)
-            self.v[key] = np.zeros_like(value)
+        clipped to [lo, hi] (a key's bounds are those of its first step)."""
+        if key not in self.opt:
+            self.opt[key] = Adam(value, self.s, lo, hi)
             self.t[key] = 0
         self.t[key] += 1
-        m, v = adam_moments(self.m[key][idx], self.v[key][idx], grad, self.s)
-        self.m[key][idx], self.v[key][idx] = m, v
-        value[idx] = np.clip(value[idx] + adam_increment(m, v, self.t[key], lr, self.s), lo, hi)
+        value[idx] = self.opt[key].propose(value[idx], grad, self.t[key], lr, index=idx)
 
 
 class BestIterate:

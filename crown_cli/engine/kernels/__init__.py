@@ -5,6 +5,7 @@ splitting have numba kernels of their own (:mod:`crown_cli.engine.kernels.relu_s
 twin is the numpy code in :mod:`crown_cli.verification.bab.bounder`.
 """
 from contextlib import contextmanager
+from importlib import import_module
 
 KERNELS = ("numba", "numpy")
 _BACKEND = "numba"
@@ -54,22 +55,19 @@ def kernels():
     return _KERNELS
 
 
-def relu_split_kernels():
-    """The numba kernels of ReLU splitting's float32 steps, or None under the numpy kernels
-    (the numpy code then runs)."""
+def _numba_module(name: str):
+    """The numba kernel module ``name`` of this package, or None under the numpy kernels
+    (the caller's numpy twin then runs)."""
     if _BACKEND == "numpy":
         return None
-    from crown_cli.engine.kernels import relu_split
+    return import_module(f"{__name__}.{name}")
 
-    return relu_split
+
+def relu_split_kernels():
+    """The numba kernels of ReLU splitting's float32 steps (:mod:`.relu_split`), or None."""
+    return _numba_module("relu_split")
 
 
 def batched_kernels():
-    """The numba kernel of the batched engine's slope scaling
-    (:mod:`crown_cli.engine.kernels.batched`), or None under the numpy kernels (its numpy
-    twin then runs)."""
-    if _BACKEND == "numpy":
-        return None
-    from crown_cli.engine.kernels import batched
-
-    return batched
+    """The numba kernel of the batched engine's slope scaling (:mod:`.batched`), or None."""
+    return _numba_module("batched")
