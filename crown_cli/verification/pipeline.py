@@ -28,16 +28,24 @@ from crown_cli.engine.input_sets import Box
 from crown_cli.engine.rounding import round_up
 from crown_cli.errors import InputError
 from crown_cli.engine.relaxations import get_relaxation
+from crown_cli.verification.schedule import Run, race
 
 # Bound stages, cheap to strong; a stage is used when the activation has that method.
 BOUND_STAGES = ("crown", "alpha-crown")
 # alpha-crown (crown_cli.engine.alpha_crown): optimised lower slopes (ReLU, leaky ReLU) or tangent points
 # (tanh, sigmoid, arctan)
 ALPHA_ITERS = 50  # one box per case: more steps than certify's search spends (its step sizes)
-# Complete stage after the bounds: branch and bound by input splitting for networks with at
-# most this many inputs (ACAS Xu: 5), where bisecting the box shrinks every neuron's interval
-# quickly; wider inputs (images) need ReLU splitting instead.
-INPUT_SPLIT_MAX_DIM = 16
+# Complete stage after the bounds (docs/bab.md, "Which branch and bound"): input splitting
+# competes on networks of at most INPUT_SPLIT_MAX_DIM inputs (ACAS Xu: 5, safenlp: 30; on
+# images a split halves one of hundreds of dimensions), ReLU splitting on every network with
+# hidden layers; input splitting runs first, ReLU splitting joins after JOIN_SHARE of the
+# timeout (at least JOIN_MIN_S), then each gets time by its measured progress
+# (crown_cli.verification.schedule).
+INPUT_SPLIT_MAX_DIM = 64
+JOIN_SHARE, JOIN_MIN_S = 0.05, 0.5
+RACE_SLICE, RACE_MAX_SLICE = 0.25, 2.0
+# a 64x wider attack before branch and bound on networks of at most this many inputs
+WIDE_ATTACK_MAX_DIM = 16
 ATTACK_SHARE = 0.1  # of the timeout for the first attack (before any bound)
 ATTACK_MIN_S = 0.5
 # branch and bound status (open domains, worst open bound, domains/s): at most this often, in
@@ -166,36 +174,27 @@ class Verifier:
                 still.append(j)
         return still
 
-    def _input_split(self, cases, open_cases, margins, deadline, done, log, status):
-        """Branch and bound by input splitting (:func:`crown_cli.verification.bab.input_split.input_split`) on each open
-        case in turn."""
-        from crown_cli.verification.bab.input_split import input_split
+    def _input_split_runs(self, cases, open_cases, deadline) -> List[Run]:
+        """One input-splitting search
+        (:func:`crown_cli.verification.bab.input_split.input_split_steps`) per open case."""
+        from crown_cli.verification.bab.input_split import input_split_steps
 
-        def runs():
-            for j in open_cases:
-                c = cases[j]
+        return [Run([j], "input split",
+                    lambda progress, c=cases[j]: input_split_steps(
+                        self.weights, self.biases, self.activation, self.alpha, c.lo, c.hi,
+                        c.A, c.b, deadline, max_domains=self.max_domains, progress=progress))
+                for j in open_cases]
 
-                def run(progress, c=c):
-                    r = input_split(self.weights, self.biases, self.activation, self.alpha,
-                                    c.lo, c.hi, c.A, c.b, deadline,
-                                    max_domains=self.max_domains, progress=progress)
-                    worst = None if np.isnan(r.worst_bound) else r.worst_bound
-                    return r.verdict, r.x, r.domains, r.peak_open, worst
-                yield j, run
-
-        return self._branch_and_bound("input split", "boxes", runs(), cases, open_cases,
-                                      margins, deadline, done, log, status)
-
-    def _relu_split(self, cases, open_cases, margins, deadline, done, log, status):
-        """Branch and bound over ReLU splits
+    def _relu_split_runs(self, cases, open_cases, margins, deadline) -> List[Run]:
+        """ReLU-splitting searches
         (:func:`crown_cli.verification.bab.relu_split.relu_split_steps`), the hidden layers'
-        root bounds tightened once per input box, the searches interleaved
-        (:meth:`_interleave`). On networks of ``JOINT_LAYERS`` or more hidden layers one
-        search per box decides all its open cases together: there each domain's hidden-layer
-        bounds, recomputed after every split and most of the cost, serve every case. On
-        shallower networks one search per case (each branches for its own case). The root's
-        optimised slopes serve every domain's recomputed hidden-layer bounds. docs/bab.md
-        has the measurements behind both choices."""
+        root bounds tightened once per input box (when its first search starts). On networks
+        of ``JOINT_LAYERS`` or more hidden layers one search per box decides all its open cases
+        together: there each domain's hidden-layer bounds, recomputed after every split and
+        most of the cost, serve every case. On shallower networks one search per case (each
+        branches for its own case). The root's optimised slopes serve every domain's
+        recomputed hidden-layer bounds. docs/bab.md has the measurements behind both
+        choices."""
         from crown_cli.verification.bab.relu_split import relu_split_steps, root_layer_bounds
 
         leak = None if self.activation == "relu" else self.alpha
@@ -203,11 +202,15 @@ class Verifier:
         runs = []
         for members in _by_box(cases, open_cases):
             c0 = cases[members[0]]
-            layer_bounds = slopes = None
-            if len(self.weights) > 2:
-                layer_bounds, slopes = root_layer_bounds(
-                    self.weights, self.biases, c0.lo, c0.hi, self.activation, leak,
-                    deadline=deadline, slopes=True)
+            root = {}
+
+            def root_bounds(c0=c0, root=root):
+                if "b" not in root:
+                    root["b"] = (None, None) if len(self.weights) <= 2 else root_layer_bounds(
+                        self.weights, self.biases, c0.lo, c0.hi, self.activation, leak,
+                        deadline=deadline, slopes=True)
+                return root["b"]
+
             # jointly: one search for the box's cases; else one per case, best bound first
             parts = [members] if joint else \
                 [[j] for j in sorted(members, key=lambda j: -margins.get(j, -np.inf))]
@@ -216,130 +219,44 @@ class Verifier:
                 b = np.concatenate([cases[j].b for j in part])
                 groups = np.concatenate([np.full(cases[j].A.shape[0], g)
                                          for g, j in enumerate(part)])
-                runs.append((part, lambda progress, c0=c0, A=A, b=b, groups=groups,
-                             lb=layer_bounds, ls=slopes,
-                             seed=self.seed + part[0]: relu_split_steps(
-                                 self.weights, self.biases, c0.lo, c0.hi, A, b, deadline,
-                                 max_domains=self.max_domains, activation=self.activation,
-                                 leak=leak, layer_bounds=lb, layer_slopes=ls,
-                                 groups=groups, seed=seed,
-                                 attack_restarts=0, progress=progress)))
-        return self._interleave("ReLU split", "domains", runs, cases, open_cases, margins,
-                                deadline, done, log, status)
+
+                def start(progress, c0=c0, A=A, b=b, groups=groups, root_bounds=root_bounds,
+                          seed=self.seed + part[0]):
+                    lb, ls = root_bounds()
+                    return relu_split_steps(
+                        self.weights, self.biases, c0.lo, c0.hi, A, b, deadline,
+                        max_domains=self.max_domains, activation=self.activation, leak=leak,
+                        layer_bounds=lb, layer_slopes=ls, groups=groups, seed=seed,
+                        attack_restarts=0, progress=progress)
+                runs.append(Run(list(part), "ReLU split", start))
+        return runs
 
     def _interleave(self, kind, unit, runs, cases, open_cases, margins, deadline, done, log,
                     status, first_slice: float = 1.0, max_slice: float = 10.0):
-        """Run several branch and bounds in turn, a time slice each (growing from
-        ``first_slice`` by half each round up to ``max_slice`` seconds), each keeping its open
-        domains between its slices, so a violated one is reached early whatever the order,
-        and no work is repeated. ``runs``: (the case indices a run decides together,
-        start(progress) -> a :func:`crown_cli.verification.bab.relu_split.relu_split_steps` generator).
+        """``runs`` ((case indices, start(progress) -> generator)) of one strategy, in turn
+        (:func:`crown_cli.verification.schedule.race`)."""
+        return race([Run(list(m), kind, start) for m, start in runs], len(cases),
+                    len(cases) - len(open_cases), margins, deadline, done, self.outputs, cases,
+                    kinds={kind: unit}, log=log, status=status, first_slice=first_slice,
+                    max_slice=max_slice, worst=_worst)
 
-        Ends at the first verified counterexample (sat), when every run is proven (unsat), at
-        the deadline (timeout); a run ending in ``unknown`` (domain cap, a leaf it cannot
-        decide) leaves the others running, for a counterexample, then gives ``unknown``."""
-        proven = len(cases) - len(open_cases)
-        stat = [[0, 0, np.inf] for _ in runs]  # domains, open, worst bound per run
-        peak = [0]  # the most open domains at once, over all runs
-        unknown = False
-
-        def label(members):
-            return ",".join(str(j) for j in members)
-
-        def progress_for(r):
-            def update(domains, open_, worst):
-                stat[r] = [domains, open_, worst]
-                peak[0] = max(peak[0], sum(v[1] for v in stat))
-                if status is not None:
-                    status.update(domains, sum(v[1] for v in stat),
-                                  min(v[2] for v in stat))
-            return update
-
-        active = [(r, members, start(progress_for(r)))
-                  for r, (members, start) in enumerate(runs)]
-        slice_s = first_slice
-        while active:
-            still = []
-            for r, members, gen in active:
-                if time.monotonic() >= deadline:
-                    return done("timeout", "bab", _worst_open(margins, stat), proven,
-                                domains=sum(v[0] for v in stat), peak_domains=peak[0])
-                if status is not None:
-                    status.begin(kind, unit, label(members), proven, len(cases),
-                                 sum(v[0] for i, v in enumerate(stat) if i != r))
-                stop = min(deadline, time.monotonic() + slice_s)
-                res = None
-                try:
-                    while time.monotonic() < stop:
-                        next(gen)
-                except StopIteration as end:
-                    res = end.value
-                if res is None:
-                    still.append((r, members, gen))
-                    continue
-                stat[r] = [res.domains, 0, np.inf]
-                peak[0] = max(peak[0], res.peak_open)
-                visited = sum(v[0] for v in stat)
-                if log is not None:
-                    log(f"bab ({kind}): case {label(members)}: {res.verdict} after "
-                        f"{res.domains} {unit} (peak {res.peak_open} open)")
-                if res.verdict == "sat":
-                    y = self.outputs(res.x)
-                    hit = [j for j in members if np.all(cases[j].A @ y <= cases[j].b)]
-                    return done("sat", "bab", _worst(margins), proven, x=res.x, y=y,
-                                case=hit[0] if hit else members[0], domains=visited,
-                                peak_domains=peak[0])
-                if res.verdict == "unsat":
-                    for j in members:
-                        margins[j] = max(0.0, res.worst_bound) \
-                            if np.isfinite(res.worst_bound) else 0.0
-                    proven += len(members)
-                elif res.verdict == "timeout":
-                    stat[r][2] = res.worst_bound
-                    return done("timeout", "bab", _worst_open(margins, stat), proven,
-                                domains=visited, peak_domains=peak[0])
-                else:
-                    stat[r][2] = res.worst_bound
-                    unknown = True
-            active = still
-            slice_s = min(max_slice, 1.5 * slice_s)
-        visited = sum(v[0] for v in stat)
-        if unknown:
-            return done("unknown", "bab", _worst_open(margins, stat), proven, domains=visited,
-                        peak_domains=peak[0])
-        return done("unsat", "bab", None, proven, domains=visited, peak_domains=peak[0])
-
-    def _branch_and_bound(self, kind, unit, runs, cases, open_cases, margins, deadline, done,
-                          log, status):
-        """Run ``runs`` (case index, run(progress) -> (verdict, x, domains, peak open, worst
-        bound or None)) one case after another until every case is proven (unsat), one yields
-        a verified counterexample (sat), the deadline passes (timeout) or a domain cap is hit
-        (unknown). ``status``: a :class:`BabStatus` (or None) the runs report progress to."""
-        proven = len(cases) - len(open_cases)
-        visited = peak = 0
-        for j, run in runs:
-            if time.monotonic() >= deadline:
-                return done("timeout", "bab", _worst(margins), proven, domains=visited,
-                            peak_domains=peak)
-            progress = None
-            if status is not None:
-                status.begin(kind, unit, j, proven, len(cases), visited)
-                progress = status.update
-            verdict, x, domains, peak_open, worst = run(progress)
-            visited += domains
-            peak = max(peak, peak_open)
-            if log is not None:
-                log(f"bab ({kind}): case {j}: {verdict} after {domains} {unit} "
-                    f"(peak {peak_open} open)")
-            if verdict == "sat":
-                return done("sat", "bab", _worst(margins), proven, x=x, y=self.outputs(x),
-                            case=j, domains=visited, peak_domains=peak)
-            if verdict != "unsat":
-                return done(verdict, "bab", _worst(margins) if worst is None else worst,
-                            proven, domains=visited, peak_domains=peak)
-            margins[j] = 0.0 if worst is None else max(0.0, worst)
-            proven += 1
-        return done("unsat", "bab", None, proven, domains=visited, peak_domains=peak)
+    def _branch_and_bound(self, cases, open_cases, margins, deadline, timeout, done, log,
+                          status):
+        """Input splitting (networks of at most ``INPUT_SPLIT_MAX_DIM`` inputs) and ReLU
+        splitting (networks with hidden layers) on the open cases, raced
+        (:func:`crown_cli.verification.schedule.race`): input splitting first, ReLU splitting
+        from ``JOIN_SHARE`` of the timeout on, then the time by measured progress."""
+        runs = []
+        if self.n_inputs <= INPUT_SPLIT_MAX_DIM:
+            runs += self._input_split_runs(cases, open_cases, deadline)
+        if len(self.weights) > 1:
+            runs += self._relu_split_runs(cases, open_cases, margins, deadline)
+        if not runs:  # no hidden layer and too many inputs to split: input splitting
+            runs = self._input_split_runs(cases, open_cases, deadline)
+        return race(runs, len(cases), len(cases) - len(open_cases), margins, deadline, done,
+                    self.outputs, cases, kinds={"input split": "boxes", "ReLU split": "domains"},
+                    log=log, status=status, first_slice=RACE_SLICE, max_slice=RACE_MAX_SLICE,
+                    join_after=max(JOIN_MIN_S, JOIN_SHARE * timeout), worst=_worst)
 
     def verify(self, prop, timeout: float, log: Optional[Callable[[str], None]] = None,
                status: Optional[Callable[[str], None]] = None) -> Verdict:
@@ -389,7 +306,7 @@ class Verifier:
                 return done("unsat", stage, _worst(margins), n)
         if time.monotonic() >= deadline:
             return done("timeout", stage, _worst(margins), n - len(open_cases))
-        if self.bab and self.n_inputs <= INPUT_SPLIT_MAX_DIM:
+        if self.bab and self.n_inputs <= WIDE_ATTACK_MAX_DIM:
             # few inputs: a forward pass is cheap, so a 64x wider attack first (ACAS Xu 2_9
             # prop_8, sat: missed by 64 starts and by the branch and bound's box centres and
             # corners; 4096 starts x 100 steps found it with 5 of 8 seeds, 0.9 s each)
@@ -399,10 +316,9 @@ class Verifier:
                 j, x = found
                 return done("sat", "attack", _worst(margins), n - len(open_cases), x=x,
                             y=self.outputs(x), case=j)
-            return self._input_split(cases, open_cases, margins, deadline, done, log,
-                                     bab_status)
         if self.bab:
-            return self._relu_split(cases, open_cases, margins, deadline, done, log, bab_status)
+            return self._branch_and_bound(cases, open_cases, margins, deadline, timeout, done,
+                                          log, bab_status)
         # the bounds could not decide: an attack with other starts on the open cases
         found = self._attack(cases, _by_box(cases, open_cases), deadline, budget,
                              self.seed + 7919)
@@ -465,13 +381,6 @@ def _by_box(cases, indices) -> List[List[int]]:
 
 def _worst(margins) -> Optional[float]:
     return min(margins.values()) if margins else None
-
-
-def _worst_open(margins, stat) -> Optional[float]:
-    """The worst open bound of the interleaved branch and bounds (``stat``: per run
-    [domains, open, worst]) where one is known, else the bound stages' worst margin."""
-    worst = [v[2] for v in stat if np.isfinite(v[2])]
-    return min(worst) if worst else _worst(margins)
 
 
 def format_result(v: Verdict) -> str:

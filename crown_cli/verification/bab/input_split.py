@@ -62,7 +62,22 @@ def input_split(weights, biases, activation, alpha, lo, hi, A, b, deadline: floa
                 options: Optional[InputSplitOptions] = None,
                 progress: Optional[Callable[[int, int, float], None]] = None,
                 **settings) -> BabResult:
-    """Decide whether some x in [lo, hi] has ``A f(x) <= b`` (all rows) by input splitting.
+    """:func:`input_split_steps` run to its end: the :class:`BabResult`."""
+    gen = input_split_steps(weights, biases, activation, alpha, lo, hi, A, b, deadline,
+                            options, progress, **settings)
+    try:
+        while True:
+            next(gen)
+    except StopIteration as end:
+        return end.value
+
+
+def input_split_steps(weights, biases, activation, alpha, lo, hi, A, b, deadline: float,
+                      options: Optional[InputSplitOptions] = None,
+                      progress: Optional[Callable[[int, int, float], None]] = None,
+                      **settings):
+    """As a generator (it yields the share of the box proven so far, a float in [0, 1], after
+    every round, and returns the :class:`BabResult`): decide whether some x in [lo, hi] has ``A f(x) <= b`` (all rows) by input splitting.
 
     ``unsat``: every sub-box has some row i with a float64-verified lower bound of
     ``A_i f(x)`` (CROWN's, or alpha-CROWN's on the last layer) above ``b_i`` rounded up one
@@ -179,6 +194,7 @@ def input_split(weights, biases, activation, alpha, lo, hi, A, b, deadline: floa
     S = np.full(1, -np.inf)
     G = np.zeros((1, d))  # trial: each open box's sensitivity (the fallback split rule)
     P = np.zeros((1, 0))  # inherit: each open box's hidden bounds (packed)
+    V = np.ones(1)  # each open box's share of the case's box (2**-splits)
     if split == "trial":
         lb, Lam, S, info = bound(Lo, Hi)
         if inherit:
@@ -200,17 +216,18 @@ def input_split(weights, biases, activation, alpha, lo, hi, A, b, deadline: floa
             take = np.argpartition(S, batch - 1)[:batch]
             keep = np.ones(n, bool)
             keep[take] = False
-            L, H, Sb, Gb, Pb = Lo[take], Hi[take], S[take], G[take], P[take]
-            Lo, Hi, S, G, P = Lo[keep], Hi[keep], S[keep], G[keep], P[keep]
+            L, H, Sb, Gb, Pb, Vb = Lo[take], Hi[take], S[take], G[take], P[take], V[take]
+            Lo, Hi, S, G, P, V = Lo[keep], Hi[keep], S[keep], G[keep], P[keep], V[keep]
         else:
-            L, H, Sb, Gb, Pb = Lo, Hi, S, G, P
-            Lo, Hi, S, G, P = Lo[:0], Hi[:0], S[:0], G[:0], P[:0]
+            L, H, Sb, Gb, Pb, Vb = Lo, Hi, S, G, P, V
+            Lo, Hi, S, G, P, V = Lo[:0], Hi[:0], S[:0], G[:0], P[:0], V[:0]
         ok = _splittable(L, H)
         if split == "sensitivity":
             lb, Lam, s, info = bound(L, H)
             s = refine(L, H, lb, s, info, np.flatnonzero(s <= 0.0))
             live = s <= 0.0
             L, H, lb, Lam, s, ok = L[live], H[live], lb[live], Lam[live], s[live], ok[live]
+            Vb = Vb[live]
             if not L.shape[0]:
                 continue
             x = attack(L, H, lb, Lam)
@@ -226,6 +243,7 @@ def input_split(weights, biases, activation, alpha, lo, hi, A, b, deadline: floa
             Lo = np.concatenate([Lo, l1, l2])
             Hi = np.concatenate([Hi, h1, h2])
             S = np.concatenate([S, s, s])
+            V = np.concatenate([V, 0.5 * Vb, 0.5 * Vb])
             G = np.zeros((S.shape[0], d))  # unused by this rule
         else:
             if not ok.any(axis=1).all():
@@ -284,10 +302,12 @@ def input_split(weights, biases, activation, alpha, lo, hi, A, b, deadline: floa
             Lo = np.concatenate([Lo, KL[pick]])
             Hi = np.concatenate([Hi, KH[pick]])
             S = np.concatenate([S, s[pick]])
+            V = np.concatenate([V, 0.5 * np.repeat(Vb, 2 * k)[used][pick]])
             G = np.concatenate([G, sensitivity(lb[pick], Lam[pick])])
             if inherit:
                 P = np.concatenate([P, pack([(l[pick], u[pick]) for l, u in info["bounds"]])])
         stats["peak"] = max(stats["peak"], Lo.shape[0])
         if progress is not None:
             progress(stats["domains"], Lo.shape[0], float(S.min()) if S.size else np.inf)
+        yield max(0.0, 1.0 - float(np.sum(V)))
     return result("unsat")

@@ -165,7 +165,8 @@ def relu_split_steps(weights: Sequence[np.ndarray], biases: Sequence[np.ndarray]
                      progress: Optional[Callable[[int, int, float], None]] = None,
                      **settings) -> BabResult:
     """Decide the case ``x in [lo, hi] and A f(x) <= b`` by ReLU-splitting branch and bound,
-    as a generator: it yields (nothing) after every batch of domains, so a caller can run
+    as a generator: it yields the share of the domain tree proven so far (a domain after d
+    branching decisions counts 2**-d) after every batch of domains, so a caller can run
     several cases in turn (:func:`finish` runs one to its end), and returns the
     :class:`BabResult`.
 
@@ -212,7 +213,8 @@ def relu_split_steps(weights: Sequence[np.ndarray], biases: Sequence[np.ndarray]
     max_domains = int(min(max_domains, max_memory // per_domain))
     if branching not in ("babsr", "fsb"):
         raise ValueError("branching must be 'babsr' or 'fsb'")
-    stats = dict(domains=0, peak=1, batches=0, proven=0, t_interm=0.0, empty=0)
+    # closed: the share of the box's domain tree proven (a domain of d decisions: 2**-d)
+    stats = dict(domains=0, peak=1, batches=0, proven=0, t_interm=0.0, empty=0, closed=0.0)
 
     def result(verdict, x=None, worst=np.nan):
         return BabResult(verdict, x, stats["domains"], stats["peak"], float(worst),
@@ -302,6 +304,7 @@ def relu_split_steps(weights: Sequence[np.ndarray], biases: Sequence[np.ndarray]
         nonlocal stuck
         openi = np.flatnonzero(~proven)
         stats["proven"] += int(proven.sum())
+        stats["closed"] += float(np.sum(0.5 ** depth[proven]))
         if openi.size == 0:
             return
         sc = branch_scores(bd, state, split, alpha, row,
@@ -322,6 +325,7 @@ def relu_split_steps(weights: Sequence[np.ndarray], biases: Sequence[np.ndarray]
                 return out
             if out:
                 stats["proven"] += 1
+                stats["closed"] += 0.5 ** float(depth[j])
             else:
                 stuck += 1
         sel = openi[keep]
@@ -400,6 +404,7 @@ def relu_split_steps(weights: Sequence[np.ndarray], biases: Sequence[np.ndarray]
             if empty.any():  # no point of the box meets the splits: proven
                 stats["proven"] += int(empty.sum())
                 stats["empty"] += int(empty.sum())
+                stats["closed"] += float(np.sum(0.5 ** cdepth[empty]))
                 stats["domains"] += int(empty.sum())
                 keep = ~empty
                 cs, ca, cb, cdl, cdu = cs[keep], ca[keep], cb[keep], cdl[keep], cdu[keep]
@@ -416,7 +421,7 @@ def relu_split_steps(weights: Sequence[np.ndarray], biases: Sequence[np.ndarray]
         stats["peak"] = max(stats["peak"], len(pool))
         if progress is not None:
             progress(stats["domains"], len(pool), float(pool.worst()))
-        yield
+        yield min(1.0, stats["closed"])
         if log is not None and stats["batches"] % 20 == 0:
             log(f"batch {stats['batches']}: {stats['domains']} domains, {len(pool)} open, "
                 f"worst {pool.worst():.4g}, {time.monotonic() - t0:.1f}s"

@@ -1,0 +1,99 @@
+"""The race of branch-and-bound strategies (crown_cli.verification.schedule): time by measured
+progress, a case proven by either strategy is proven, the later strategy joins on time."""
+import time
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+from crown_cli.verification.outcome import BabResult
+from crown_cli.verification.schedule import FLOOR, Run, race, shares
+
+
+def _run(members, strategy, verdict, steps, rate, pause=0.002, log=None):
+    """A fake search: ``steps`` steps of ``pause`` seconds, each proving ``rate`` more of
+    its space (capped at 1), then ``verdict`` (None: endless)."""
+    def start(progress):
+        def gen():
+            if log is not None:
+                log.append((strategy, time.monotonic()))
+            i = 0
+            while steps is None or i < steps:
+                i += 1
+                time.sleep(pause)
+                progress(i, 2, -0.5)
+                yield min(1.0, i * rate)
+            return BabResult(verdict, np.zeros(2) if verdict == "sat" else None, steps, 2,
+                             np.inf if verdict == "unsat" else -0.5, 0.0)
+        return gen()
+    return Run(list(members), strategy, start)
+
+
+def _race(runs, n_cases, timeout=5.0, **kw):
+    cases = [SimpleNamespace(A=np.zeros((1, 2)), b=np.array([0.0])) for _ in range(n_cases)]
+
+    def done(result, stage, margin, proven, **extra):
+        return dict(extra, result=result, stage=stage, margin=margin, proven=proven)
+
+    opts = dict(first_slice=0.02, max_slice=0.05)
+    opts.update(kw)
+    t0 = time.monotonic()
+    out = race(runs, n_cases, 0, {}, t0 + timeout, done, lambda x: np.zeros(2), cases,
+               kinds={"a": "boxes", "b": "domains"}, worst=lambda m: None, **opts)
+    return out, time.monotonic() - t0
+
+
+def test_shares_follow_the_measured_rate_with_a_floor():
+    fast = Run([0], "a", None, closed=0.5, spent=1.0)
+    slow = Run([0], "b", None, closed=0.01, spent=1.0)
+    s = shares([fast, slow], ["a", "b"])
+    assert s["b"] == pytest.approx(FLOOR / (FLOOR + 0.5 / 0.51)) and s["a"] > 0.85
+    nothing = Run([0], "b", None, closed=0.0, spent=2.0)
+    assert shares([nothing, Run([0], "a", None, spent=1.0)], ["a", "b"]) == {"a": 0.5,
+                                                                            "b": 0.5}
+    # a strategy whose runs are all over has no share
+    assert shares([fast, Run([0], "b", None, over=True)], ["a", "b"]) == {"a": 1.0}
+
+
+def test_a_case_proven_by_either_strategy_is_proven_and_the_other_stops():
+    out, t = _race([_run([0], "a", "unsat", 40, 0.02), _run([0], "b", None, None, 0.0)], 1)
+    assert out["result"] == "unsat" and out["proven"] == 1 and t < 2.0
+    # the other way round: the endless one first, the second strategy decides
+    out, t = _race([_run([0], "a", None, None, 0.0), _run([0], "b", "unsat", 40, 0.02)], 1)
+    assert out["result"] == "unsat" and out["proven"] == 1 and t < 2.0
+
+
+def test_the_faster_strategy_gets_most_of_the_time():
+    spent = {}
+    runs = [_run([0], "a", None, None, 0.0), _run([0], "b", None, None, 0.001)]
+    out, t = _race(runs, 1, timeout=2.0)
+    assert out["result"] == "timeout"
+    for r in runs:
+        spent[r.strategy] = r.spent
+    # "a" proves nothing: it keeps about FLOOR of the time after its probe
+    assert spent["a"] < 0.3 * (spent["a"] + spent["b"])
+    assert spent["a"] > 0.5 * FLOOR * (spent["a"] + spent["b"])
+
+
+def test_the_second_strategy_joins_after_its_delay():
+    seen = []
+    runs = [_run([0], "a", "unsat", 100, 0.005, log=seen), _run([0], "b", None, None, 0.0,
+                                                               log=seen)]
+    out, t = _race(runs, 1, join_after=10.0)
+    assert out["result"] == "unsat" and [s for s, _ in seen] == ["a"]  # decided before it
+    seen.clear()
+    runs = [_run([0], "a", None, None, 0.001, log=seen), _run([0], "b", None, None, 0.0,
+                                                               log=seen)]
+    out, t = _race(runs, 1, timeout=1.0, join_after=0.4)
+    started = dict(seen)
+    assert started["b"] - started["a"] >= 0.39
+
+
+def test_a_sat_run_ends_the_race_and_unknown_leaves_the_case_open():
+    out, _ = _race([_run([0], "a", None, None, 0.0), _run([0], "b", "sat", 5, 0.0)], 1)
+    assert out["result"] == "sat" and out["case"] == 0
+    out, _ = _race([_run([0], "a", "unknown", 5, 0.0), _run([0], "b", "unknown", 5, 0.0)], 1)
+    assert out["result"] == "unknown" and out["proven"] == 0 and out["margin"] == -0.5
+    # one strategy unknown, the other proves the case: unsat
+    out, _ = _race([_run([0], "a", "unknown", 5, 0.0), _run([0], "b", "unsat", 9, 0.1)], 1)
+    assert out["result"] == "unsat" and out["proven"] == 1
