@@ -286,7 +286,8 @@ def test_input_split_against_milp(d, hidden, n_out, m, seed, split):
 
 @pytest.mark.parametrize("opts", [{"alpha_iters": 0}, {"inherit": False, "widest": 0.0},
                                   {"widest": 1.0},
-                                  {"trial_dims": 5}])
+                                  {"trial_dims": 5},
+                                  {"split": "sensitivity", "batch": 2}])
 @pytest.mark.parametrize("d,hidden,n_out,m,seed", CASES[1:3])
 def test_input_split_options_against_milp(d, hidden, n_out, m, seed, opts):
     """The trial rule without the alpha slopes, without inherited bounds and the widest

@@ -245,6 +245,7 @@ def input_split_steps(weights, biases, activation, alpha, lo, hi, A, b, deadline
             S = np.concatenate([S, s, s])
             V = np.concatenate([V, 0.5 * Vb, 0.5 * Vb])
             G = np.zeros((S.shape[0], d))  # unused by this rule
+            P = np.zeros((S.shape[0], 0))
         else:
             if not ok.any(axis=1).all():
                 return result("unknown", open_scores=np.r_[S, Sb], note="box too small to split")
