@@ -174,3 +174,27 @@ def test_large_mostly_zero_weights_stay_sparse(tmp_path, monkeypatch):
     np.testing.assert_allclose(gr.forward(x), reference_outputs(model, x), rtol=1e-5, atol=1e-5)
     monkeypatch.setattr(onnx_graph, "MEMORY_BUDGET", 1000)
     _fails(tmp_path, model, "MatMul node", "GiB", "over the budget")
+
+
+def test_load_network_keeps_mlps_and_inspect_shows_graphs(tmp_path):
+    from click.testing import CliRunner
+
+    from crown_cli.cli import cli
+    from crown_cli.graph.network import Graph
+    from crown_cli.io.networks import load_network
+    from crown_cli.network import MLP
+
+    chain = save(tmp_path, BUILDERS["dense"](np.random.default_rng(0)), "chain")
+    assert isinstance(load_network(chain), MLP)
+    g = G(np.random.default_rng(0))  # a Softmax output: only the MLP loader reads it
+    y = g.op("Softmax", [g.op("Gemm", ["x", g.rand(3, 4)], transB=1)], axis=-1)
+    assert isinstance(load_network(save(tmp_path, g.model([("x", (1, 4))], [y]), "sm")), MLP)
+    conv = save(tmp_path, BUILDERS["conv"](np.random.default_rng(0)), "conv")
+    assert isinstance(load_network(conv), Graph)
+    out = CliRunner().invoke(cli, ["inspect", "--model", conv])
+    assert out.exit_code == 0, out.output
+    assert "graph:       8 nodes" in out.output and "input size:  84 (1x2x6x7)" in out.output
+    assert "conv 2 -> 4, kernel 3x3" in out.output and "(folded: BatchNormalization" in out.output
+    assert "average pool 2x2" in out.output
+    out = CliRunner().invoke(cli, ["inspect", "--model", chain])
+    assert out.exit_code == 0 and "layers:      3 weight layers (5-8-7-3)" in out.output

@@ -122,7 +122,7 @@ class GraphBounds:
                 self._set(i, *self._input_interval(node.op))
             elif node.kind == "activation":
                 p = node.inputs[0]
-                if intermediate == "crown" and p not in refined and graph.nodes[p].kind != "input":
+                if intermediate == "crown" and p not in refined and not (ibp and self._exact(p)):
                     l, u = self.node_bounds(p)
                     if ibp:
                         l, u = np.maximum(l, self.lo[p]), np.minimum(u, self.hi[p])
@@ -140,6 +140,16 @@ class GraphBounds:
                 self._set(i, *affine_interval(node.op, [self.lo[j] for j in ins],
                                               [self.hi[j] for j in ins]))
                 self.absfwd[i] = node.op.forward_abs([self.absval[j][None] for j in ins])[0]
+
+    def _exact(self, p) -> bool:
+        """True when node p's interval is already its exact range up to rounding: an input,
+        or one affine operation of the inputs over a box or an l_inf ball."""
+        node = self.g.nodes[p]
+        if node.kind == "input":
+            return True
+        box_like = isinstance(self.qcode, Box) or self.qcode == 0
+        return box_like and node.kind == "affine" and all(
+            self.g.nodes[j].kind == "input" for j in node.inputs)
 
     def _set(self, i, lo, hi):
         self.lo[i], self.hi[i] = lo, hi
