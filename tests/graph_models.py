@@ -158,7 +158,19 @@ def broadcast_net(rng):
     return g.model([("x", (1, 12))], [x])
 
 
+def normalised(rng):
+    """Input normalisation per channel (Sub, Div) folded into a Conv without padding, a
+    scaling after a Relu folded into the next Gemm."""
+    g = G(rng)
+    x = g.op("Sub", ["x", g.const(rng.normal(size=(1, 2, 1, 1)))])
+    x = g.op("Div", [x, g.const(rng.uniform(0.5, 2.0, size=(1, 2, 1, 1)))])
+    x = g.op("Relu", [g.op("Conv", [x, g.rand(4, 1, 2, 2), g.rand(4)], group=2)])
+    x = g.op("Mul", [g.op("Flatten", [x]), g.const(rng.uniform(0.5, 2.0, size=(1, 48)))])
+    x = g.op("Gemm", [x, g.rand(3, 48), g.rand(3)], transB=1)
+    return g.model([("x", (1, 2, 4, 5))], [x])
+
+
 BUILDERS = {"dense": dense_chain, "conv": conv_net, "residual": residual, "shapes": shapes_net,
-            "two_inputs": two_inputs, "broadcast": broadcast_net,
+            "two_inputs": two_inputs, "broadcast": broadcast_net, "normalised": normalised,
             "conv_maxpool": lambda rng: conv_net(rng, pool="MaxPool"),
             "conv_tanh": lambda rng: conv_net(rng, act="Tanh", bn=False)}

@@ -198,3 +198,11 @@ def test_load_network_keeps_mlps_and_inspect_shows_graphs(tmp_path):
     assert "average pool 2x2" in out.output
     out = CliRunner().invoke(cli, ["inspect", "--model", chain])
     assert out.exit_code == 0 and "layers:      3 weight layers (5-8-7-3)" in out.output
+
+
+def test_scalings_fold_into_the_next_layer(tmp_path):
+    g = load_graph(save(tmp_path, BUILDERS["normalised"](np.random.default_rng(0))))
+    kinds = [type(n.op).__name__ for n in g.nodes]
+    assert kinds == ["InputOp", "Conv", "ActivationOp", "Dense"]
+    assert [f[:3] for f in g.nodes[1].folded] == ["Sub", "Div"]
+    assert [f[:3] for f in g.nodes[3].folded] == ["Mul"]

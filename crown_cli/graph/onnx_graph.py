@@ -96,6 +96,29 @@ class Builder:
             return None
         return s if hasattr(self.nodes[s].op, "scaled") else None
 
+    def absorb_scale(self, nid: int, tensor: Optional[str]) -> int:
+        """Node ``nid`` (an affine node just added, reading ``tensor``) with the scaling node
+        that produced ``tensor`` folded into it, when nothing else reads that tensor; the
+        scaling node is then left unread (and pruned). Returns nid."""
+        from crown_cli.graph.ops import Scale, after_scale
+
+        d = self.tensors.get(tensor) if tensor else None
+        if not isinstance(d, Data) or self.uses.get(tensor, 0) != 1:
+            return nid
+        s = self.identity_of(d)
+        node = self.nodes[nid]
+        if s is None or self.produced.get(s) != tensor or not isinstance(self.nodes[s].op, Scale) \
+                or node.inputs != (s,):
+            return nid
+        sc = self.nodes[s]
+        c = sc.op.bias if sc.op.bias is not None else np.zeros(sc.size)
+        op = after_scale(node.op, sc.op.a, c)
+        if op is not None:
+            node.op = op
+            node.inputs = sc.inputs
+            node.folded[:0] = [sc.name] + sc.folded
+        return nid
+
     def scale(self, node, d: Data, a, c, tensor: str) -> Data:
         """``a * d + c`` elementwise (a, c broadcast to d's shape; c may be None): folded into
         the producing node when :meth:`foldable`, else a Scale node."""

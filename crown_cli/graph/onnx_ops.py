@@ -72,7 +72,7 @@ def _neg(b, node, ins, attrs):
     return [b.scale(node, x, -1.0, None, node.input[0])]
 
 
-def _dense(b, node, d: Data, W: np.ndarray, left: bool, bias, label: str):
+def _dense(b, node, d: Data, W: np.ndarray, left: bool, bias, label: str, tensor=None):
     """``d @ W`` (or ``W @ d`` when ``left``) for a constant W of rank 1 or 2, as a Dense node
     (sparse when W is large and mostly zero, or when it repeats over leading dimensions)."""
     from crown_cli.graph.onnx_graph import MEMORY_BUDGET, SPARSE_MAX_DENSITY, SPARSE_MIN_SIZE
@@ -113,7 +113,9 @@ def _dense(b, node, d: Data, W: np.ndarray, left: bool, bias, label: str):
         except ValueError:
             b.fail(node, f"bias of shape {bias.shape} does not broadcast to {out_shape}")
     nid = b.node_of(d, label)
-    return b.add(label, Dense(M, bias), (nid,), out_shape)
+    out = b.add(label, Dense(M, bias), (nid,), out_shape)
+    b.absorb_scale(b.fresh, tensor)
+    return out
 
 
 def _matmul_shape(xs, ws, left):
@@ -139,8 +141,8 @@ def _matmul(b, node, ins, attrs):
     if isinstance(x, Data) and isinstance(y, Data):
         b.fail(node, "a product of two data tensors is not affine")
     if isinstance(x, Data):
-        return [_dense(b, node, x, b.fconst(node, y, "B"), False, None, _label(node))]
-    return [_dense(b, node, y, b.fconst(node, x, "A"), True, None, _label(node))]
+        return [_dense(b, node, x, b.fconst(node, y, "B"), False, None, _label(node), node.input[0])]
+    return [_dense(b, node, y, b.fconst(node, x, "A"), True, None, _label(node), node.input[1])]
 
 
 def _gemm(b, node, ins, attrs):
@@ -160,7 +162,7 @@ def _gemm(b, node, ins, attrs):
         d = T.view(A, np.transpose) if ta else A
         W = b.fconst(node, B, "B")
         W = alpha * (W.T if tb else W)
-        return [_dense(b, node, d, W, False, bias, _label(node))]
+        return [_dense(b, node, d, W, False, bias, _label(node), None if ta else node.input[0])]
     d = T.view(B, np.transpose) if tb else B
     W = b.fconst(node, A, "A")
     W = alpha * (W.T if ta else W)
@@ -208,7 +210,9 @@ def _conv(b, node, ins, attrs):
     except ValueError as exc:
         b.fail(node, str(exc))
     nid = b.node_of(d, _label(node))
-    return [b.add(_label(node), op, (nid,), (1,) + op.out_shape)]
+    out = b.add(_label(node), op, (nid,), (1,) + op.out_shape)
+    b.absorb_scale(b.fresh, node.input[0])
+    return [out]
 
 
 def _pool(b, node, ins, attrs):

@@ -106,6 +106,17 @@ class Dense(Affine):
         return Dense(W, b, self.label)
 
 
+def after_scale(op, a, c):
+    """``a * x + c`` followed by the affine ``op`` (Dense with a dense matrix, or Conv) as
+    one operation, or None where that is not possible."""
+    if isinstance(op, Conv):
+        return op.after_scale(a, c)
+    if isinstance(op, Dense) and not op.sparse and not op.label:
+        b = op.W @ c if op.bias is None else op.W @ c + op.bias
+        return Dense(op.W * a[None, :], b)
+    return None
+
+
 def _right(x, W):
     """x (N, n) times W^T for a dense or sparse W (m, n)."""
     if is_sparse(W):
@@ -225,6 +236,22 @@ class Conv(Affine):
         b = co if self.channel_bias is None else ao * self.channel_bias + co
         return Conv(self.weight * ao[:, None, None, None], b, self.in_shape, self.strides,
                     self.pads, self.dilations, self.group)
+
+    def after_scale(self, a, c):
+        """``a * x + c`` (elementwise on the input) followed by this convolution, as one
+        convolution, or None: needs no padding (a padded zero is not scaled) and a, c
+        constant per input channel."""
+        C = self.in_shape[0]
+        A, Cc = a.reshape(C, -1), c.reshape(C, -1)
+        if any(self.pads) or not (np.all(A == A[:, :1]) and np.all(Cc == Cc[:, :1])):
+            return None
+        O, Cg = self.weight.shape[:2]
+        ach, cch = A[:, 0].reshape(self.group, Cg), Cc[:, 0].reshape(self.group, Cg)
+        grp = np.arange(O) // (O // self.group)
+        w = self.weight * ach[grp][:, :, None, None]
+        shift = np.einsum("ocij,oc->o", self.weight, cch[grp])
+        b = shift if self.channel_bias is None else self.channel_bias + shift
+        return Conv(w, b, self.in_shape, self.strides, self.pads, self.dilations, self.group)
 
 
 class IndexMap(Affine):
