@@ -123,7 +123,8 @@ class GraphBounds:
             elif node.kind == "activation":
                 p = node.inputs[0]
                 if intermediate == "crown" and p not in refined and not (ibp and self._exact(p)):
-                    l, u = self.node_bounds(p)
+                    rows = self._rows_to_refine(p) if ibp else None
+                    l, u = self.node_bounds(p, rows)
                     if ibp:
                         l, u = np.maximum(l, self.lo[p]), np.minimum(u, self.hi[p])
                     self._set(p, l, u)
@@ -140,6 +141,17 @@ class GraphBounds:
                 self._set(i, *affine_interval(node.op, [self.lo[j] for j in ins],
                                               [self.hi[j] for j in ins]))
                 self.absfwd[i] = node.op.forward_abs([self.absval[j][None] for j in ins])[0]
+
+    def _rows_to_refine(self, p):
+        """The neurons of node p whose CROWN bounds can change a relaxation: when only
+        sign-stable activations (ReLU, leaky ReLU) read p, those its interval leaves
+        unstable (a stable one's lines do not depend on the interval); else None (all)."""
+        from crown_cli.activations import ACTIVATIONS
+
+        readers = [self.g.nodes[c] for c in self.g.consumers[p]]
+        if all(r.kind == "activation" and ACTIVATIONS[r.op.name].sign_stable for r in readers):
+            return np.flatnonzero((self.lo[p] < 0.0) & (self.hi[p] > 0.0))
+        return None
 
     def _exact(self, p) -> bool:
         """True when node p's interval is already its exact range up to rounding: an input,
@@ -185,19 +197,25 @@ class GraphBounds:
         return lo, hi
 
     # -- bounds ------------------------------------------------------------------------------
-    def node_bounds(self, target: int):
+    def node_bounds(self, target: int, rows=None):
         """CROWN bounds (l, u) of node ``target``'s value: rows [I; -I], chunked to the row
-        budget."""
+        budget. With ``rows`` (indices) only those neurons are computed; the others keep
+        their interval."""
         m = self.g.nodes[target].size
+        if rows is None:
+            rows = np.arange(m)
+        if self.lo[target] is not None:
+            l, u = self.lo[target].copy(), self.hi[target].copy()
+        else:
+            l, u = np.full(m, -np.inf), np.full(m, np.inf)
         widest = max(n.size for n in self.g.nodes[:target + 1])
         chunk = max(1, int(self.row_budget // (8 * 4 * max(widest, 1))))
-        l, u = np.empty(m), np.empty(m)
-        for s in range(0, m, chunk):
-            e = min(m, s + chunk)
-            eye = np.zeros((e - s, m))
-            eye[np.arange(e - s), np.arange(s, e)] = 1.0
+        for s in range(0, rows.size, chunk):
+            idx = rows[s:s + chunk]
+            eye = np.zeros((idx.size, m))
+            eye[np.arange(idx.size), idx] = 1.0
             low = self.lower(target, np.vstack([eye, -eye]))
-            l[s:e], u[s:e] = low[:e - s], -low[e - s:]
+            l[idx], u[idx] = low[:idx.size], -low[idx.size:]
         return l, u
 
     def bounds(self, C=None, target: Optional[int] = None):
