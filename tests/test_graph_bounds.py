@@ -186,3 +186,70 @@ def test_rounding_charged_against_exact_arithmetic(residual):
             val = sum(lv * F(x) for lv, x in zip(lam, x0))
             spread = sum(abs(lv) for lv in lam)
             assert F(lo[k]) <= val - spread and F(hi[k]) >= val + spread, (seed, k)
+
+
+def test_conv_pool_rounding_charged_against_exact_arithmetic():
+    """The same cancellation through a Conv (padded), an AveragePool (sparse Dense), a
+    duplicating IndexMap and a grouped Conv: rows orthogonal to the network's linear map,
+    inputs of order 1e4, all ReLUs active; the bounds lie outside the exact rational range."""
+    from fractions import Fraction as F
+
+    import scipy.sparse as sp
+
+    from crown_cli.graph.ops import IndexMap, pool_windows
+
+    for seed in range(3):
+        rng = np.random.default_rng(seed)
+        c1 = Conv(rng.uniform(0.5, 2.0, size=(4, 2, 2, 2)), None, (2, 4, 4), pads=(1, 1, 0, 0))
+        out, win, _ = pool_windows(c1.out_shape, (2, 2), (1, 1), (0, 0, 0, 0), (1, 1))
+        valid = win >= 0
+        rows = np.repeat(np.arange(win.shape[0]), valid.sum(1))
+        pool = Dense(sp.csr_matrix((np.full(valid.sum(), 0.25), (rows, win[valid])),
+                                   shape=(win.shape[0], c1.size)), None, "average pool")
+        dup = IndexMap(np.concatenate([np.arange(pool.size), np.arange(0, pool.size, 3)]),
+                       [pool.size])
+        c2 = Conv(rng.normal(size=(6, 2, 1, 1)), None, out, group=2)
+        head = Dense(rng.normal(size=(100, c2.size + dup.size - pool.size)), None)
+        nodes = [Node("x", InputOp(0, 0, 32), (), (1, 2, 4, 4)),
+                 Node("c1", c1, (0,), (1,) + c1.out_shape),
+                 Node("r", ActivationOp("relu"), (1,), (1,) + c1.out_shape),
+                 Node("p", pool, (2,), (1,) + out),
+                 Node("d", dup, (3,), (1, dup.size)),
+                 Node("c2", c2, (3,), (1,) + c2.out_shape),
+                 Node("cat", IndexMap(np.concatenate([np.arange(c2.size), c2.size + np.arange(
+                     pool.size, dup.size)]), [c2.size, dup.size]), (5, 4), (1, head.W.shape[1])),
+                 Node("h", head, (6,), (1, 100))]
+        g = Graph(nodes, 7)
+        mats = {}
+        for i, n in enumerate(nodes[1:], 1):
+            if n.kind == "affine":
+                parts = n.op.transpose(np.eye(n.op.size))  # exact: products by 1 and 0
+                mats[i] = [[[F(v) for v in row] for row in P] for P in parts]
+        ncat = head.W.shape[1]
+        lin = head.W @ (nodes[6].op.transpose(np.eye(ncat))[0] @
+                        c2.transpose(np.eye(c2.size))[0] @ pool.W.toarray() @
+                        c1.transpose(np.eye(c1.size))[0])
+        lin = lin + head.W @ nodes[6].op.transpose(np.eye(ncat))[1] @ dup.transpose(
+            np.eye(dup.size))[0] @ pool.W.toarray() @ c1.transpose(np.eye(c1.size))[0]
+        C = np.linalg.svd(lin.T)[2][32:35]
+        x0 = rng.uniform(1e4, 2e4, 32)
+        lo, hi = graph_bounds(g, x0, 1.0, 0, C)
+
+        def back(rows, i):  # exact rows over node i's value pulled back to the input
+            if i == 0:
+                return rows
+            if nodes[i].kind == "activation":  # active everywhere: the identity
+                return back(rows, nodes[i].inputs[0])
+            total = None
+            for j, M in zip(nodes[i].inputs, mats[i]):
+                part = back([[sum(r[k] * M[k][t] for k in range(len(r)) if r[k])
+                              for t in range(len(M[0]))] for r in rows], j)
+                total = part if total is None else [[a + b for a, b in zip(p, q)]
+                                                    for p, q in zip(total, part)]
+            return total
+
+        exact = back([[F(v) for v in row] for row in C], 7)
+        for k, lam in enumerate(exact):
+            val = sum(lv * F(x) for lv, x in zip(lam, x0))
+            spread = sum(abs(lv) for lv in lam)
+            assert F(lo[k]) <= val - spread and F(hi[k]) >= val + spread, (seed, k)
