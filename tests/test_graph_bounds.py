@@ -21,7 +21,7 @@ from crown_cli.graph.onnx_graph import load_graph
 
 from graph_models import BUILDERS
 
-KINDS = sorted(k for k in BUILDERS if k != "conv_maxpool")
+KINDS = sorted(BUILDERS)
 QCODES = {"inf": 0, "2": 1, "1": 2}
 
 
@@ -148,10 +148,22 @@ def test_crown_tightens_intervals_and_interval_mode(tmp_path):
     assert np.all(lo >= li) and np.all(hi <= hi_i) and np.sum(hi - lo) < np.sum(hi_i - li)
 
 
-def test_maxpool_is_refused_by_the_bounds(tmp_path):
-    g = _graph(tmp_path, "conv_maxpool")
-    with pytest.raises(InputError, match="MaxPool node .* no linear relaxation"):
-        graph_bounds(g, np.zeros(g.input_size), 0.01, 0)
+def test_maxpool_lines():
+    """A window whose largest lower bound passes every other upper bound is exact; else
+    y >= x_k* and y <= max u, and the bounds hold on every point of the box's vertices."""
+    from crown_cli.engine.graph_bounds import PoolLines
+
+    win = np.array([[0, 1, 2], [2, 3, -1], [1, 3, 0]])
+    lo, hi = np.array([0.0, 1.0, -1.0, 1.5]), np.array([0.5, 2.0, 0.9, 3.0])
+    pl = PoolLines(win, lo, hi)
+    assert list(pl.src) == [1, 3, 3] and list(pl.exact) == [True, True, False]
+    L = np.array([[1.0, -2.0, 0.5], [-1.0, 1.0, -3.0]])
+    D, c, m, T = pl.back(L)
+    assert T == 2
+    grid = np.stack(np.meshgrid(*[[a, b] for a, b in zip(lo, hi)]), -1).reshape(-1, 4)
+    y = np.stack([np.max(np.where(win >= 0, x[np.maximum(win, 0)], -np.inf), axis=1)
+                  for x in grid])
+    assert np.all(y @ L.T >= grid @ D.T + c - 1e-12)
 
 
 @pytest.mark.parametrize("residual", [False, True])

@@ -10,6 +10,9 @@ target down to the inputs, a node's rows are the sum of what its consumers sent 
 - an activation node ``a = act(z)``: its linear relaxation (:mod:`crown_cli.engine.relaxations`,
   chosen per row by sign through :func:`crown_cli.engine.chain.relax`), the intercepts go to
   ``const`` and ``D = Lam * slope`` to z;
+- a max pool: per window, ``y >= x_k*`` (k* the input with the largest lower bound) for
+  rows >= 0, ``y <= max_k u_k`` for rows < 0, ``y = x_k*`` when k* dominates the window
+  (:class:`PoolLines`);
 - an input node: its rows become columns of the rows over the flat input x, concretised over
   the input set (an l_p ball or a :class:`~crown_cli.engine.input_sets.Box`) by
   :func:`~crown_cli.engine.input_sets.input_terms`.
@@ -47,7 +50,6 @@ import numpy as np
 from crown_cli.engine.chain import Lines, relax
 from crown_cli.engine.input_sets import Box, input_terms
 from crown_cli.engine.rounding import ERR_SAFETY, FP_RTOL, TINY64, U64, gamma_n, widen
-from crown_cli.errors import InputError
 
 # Ranges every value of the activation lies in (intersected with the lines' interval)
 _RANGES = {"relu": (0.0, np.inf), "sigmoid": (0.0, 1.0), "tanh": (-1.0, 1.0),
@@ -116,11 +118,12 @@ class GraphBounds:
         self.absval: List[Optional[np.ndarray]] = [None] * n
         self.absfwd: Dict[int, np.ndarray] = {}
         self.lines: Dict[int, Lines] = {}
+        self.pools: Dict[int, PoolLines] = {}
         refined = set()
         for i, node in enumerate(graph.nodes):
             if node.kind == "input":
                 self._set(i, *self._input_interval(node.op))
-            elif node.kind == "activation":
+            elif node.kind in ("activation", "maxpool"):
                 p = node.inputs[0]
                 if intermediate == "crown" and p not in refined and not (ibp and self._exact(p)):
                     rows = self._rows_to_refine(p) if ibp else None
@@ -129,13 +132,11 @@ class GraphBounds:
                         l, u = np.maximum(l, self.lo[p]), np.minimum(u, self.hi[p])
                     self._set(p, l, u)
                     refined.add(p)
-                self._set(i, *self._activation(i, node, get_relaxation))
-            elif node.kind == "maxpool":
-                win = node.op.windows
-                lo, hi = self.lo[node.inputs[0]], self.hi[node.inputs[0]]
-                pad = win < 0
-                self._set(i, np.where(pad, -np.inf, lo[np.maximum(win, 0)]).max(axis=1),
-                          np.where(pad, -np.inf, hi[np.maximum(win, 0)]).max(axis=1))
+                if node.kind == "activation":
+                    self._set(i, *self._activation(i, node, get_relaxation))
+                else:
+                    self.pools[i] = PoolLines(node.op.windows, self.lo[p], self.hi[p])
+                    self._set(i, self.pools[i].lo, self.pools[i].hi)
             else:
                 ins = node.inputs
                 self._set(i, *affine_interval(node.op, [self.lo[j] for j in ins],
@@ -154,10 +155,11 @@ class GraphBounds:
         return None
 
     def _exact(self, p) -> bool:
-        """True when node p's interval is already its exact range up to rounding: an input,
+        """True when CROWN cannot tighten node p's interval: an input, an activation (its
+        interval is its lines' range on its input's bounds, which is what CROWN would give),
         or one affine operation of the inputs over a box or an l_inf ball."""
         node = self.g.nodes[p]
-        if node.kind == "input":
+        if node.kind in ("input", "activation"):
             return True
         box_like = isinstance(self.qcode, Box) or self.qcode == 0
         return box_like and node.kind == "affine" and all(
@@ -261,8 +263,13 @@ class GraphBounds:
                 charge = charge + 2.0 * U64 * (np.abs(D) @ z) + TINY64 * (z.sum() + z.size)
                 give(p, D)
             elif node.kind == "maxpool":
-                raise InputError(f"{g.source or 'graph'}: MaxPool node '{node.name}' has no "
-                                 "linear relaxation yet; it cannot be bounded")
+                p = node.inputs[0]
+                D, dconst, dmag, T = self.pools[i].back(L)
+                const, mag = const + dconst, mag + dmag
+                if T > 1:  # windows overlap: sums of up to T coefficients per input
+                    charge = (charge + gamma_n(T + 1, U64) * (np.abs(L) @ self.pools[i].absval_of(self.absval[p]))
+                              + TINY64 * T * float(self.absval[p].sum()))
+                give(p, D)
             else:
                 op = node.op
                 if op.bias is not None:
@@ -279,6 +286,43 @@ class GraphBounds:
         eps = self.eps
         return widen(lin - eps * nrm + const, xm + eps * nrm + mag, -1.0, self.rtol,
                      ERR_SAFETY * charge)
+
+
+class PoolLines:
+    """The linear bounds of a max pool on input intervals [lo, hi]: per window, the input
+    k* with the largest lower bound; ``x_k* <= y`` (the lower line), and ``y <= max_k hi_k``
+    (the upper line, a constant), or ``y = x_k*`` where k*'s lower bound is at least every
+    other input's upper bound. ``lo``, ``hi``: the output's exact interval."""
+
+    def __init__(self, windows, lo, hi):
+        import scipy.sparse as sp
+
+        pad = windows < 0
+        w0 = np.maximum(windows, 0)
+        lw = np.where(pad, -np.inf, lo[w0])
+        hw = np.where(pad, -np.inf, hi[w0])
+        best = np.argmax(lw, axis=1)
+        rows = np.arange(windows.shape[0])
+        self.src = windows[rows, best]
+        self.lo, self.hi = lw[rows, best], hw.max(axis=1)
+        others = hw.copy()
+        others[rows, best] = -np.inf
+        self.exact = self.lo >= others.max(axis=1)  # k* dominates: y = x_k*
+        n_in = lo.size
+        self.P = sp.csr_matrix((np.ones(rows.size), (self.src, rows)), shape=(n_in, rows.size))
+        self.terms = int(np.bincount(self.src, minlength=n_in).max(initial=0))
+
+    def absval_of(self, absval_in):
+        return absval_in[self.src]
+
+    def back(self, L):
+        """The rows L (r, m) over the output through the lines: (rows over the input,
+        constant, its magnitude, most coefficients summed per input)."""
+        use = (L >= 0.0) | self.exact
+        Lu = np.where(use, L, 0.0)
+        c = np.where(use, 0.0, L * self.hi)
+        return (np.ascontiguousarray((self.P @ Lu.T).T), c.sum(axis=-1), np.abs(c).sum(axis=-1),
+                self.terms)
 
 
 def graph_bounds(graph, x0, eps, qcode, C=None, **options):

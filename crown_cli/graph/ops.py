@@ -406,7 +406,8 @@ class ActivationOp:
 
 class MaxPool:
     """Max over windows: ``windows`` (m, K) indices into the input, -1 where a window reaches
-    into the padding (ignored). Loaded and evaluated; not yet relaxed by the bound engine."""
+    into the padding (ignored). The bound engine relaxes it per window
+    (:class:`crown_cli.engine.graph_bounds.PoolLines`)."""
 
     kind = "maxpool"
 
