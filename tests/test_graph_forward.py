@@ -206,3 +206,26 @@ def test_scalings_fold_into_the_next_layer(tmp_path):
     assert kinds == ["InputOp", "Conv", "ActivationOp", "Dense"]
     assert [f[:3] for f in g.nodes[1].folded] == ["Sub", "Div"]
     assert [f[:3] for f in g.nodes[3].folded] == ["Mul"]
+
+
+@pytest.mark.parametrize("op,attrs", [
+    ("AveragePool", dict(kernel_shape=[3, 2], strides=[2, 1], pads=[1, 0, 1, 1], count_include_pad=1)),
+    ("AveragePool", dict(kernel_shape=[2, 2], strides=[2, 2], pads=[1, 1, 1, 1], count_include_pad=0)),
+    ("AveragePool", dict(kernel_shape=[3, 3], strides=[2, 2], ceil_mode=1)),
+    ("AveragePool", dict(kernel_shape=[2, 3], auto_pad="SAME_UPPER")),
+    ("MaxPool", dict(kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1])),
+    ("MaxPool", dict(kernel_shape=[2, 2], strides=[2, 2], ceil_mode=1)),
+    ("MaxPool", dict(kernel_shape=[2, 2], auto_pad="SAME_LOWER")),
+    # the spec's SAME_LOWER pads for this dilated kernel (onnx.reference 1.17 computes them
+    # for the undilated kernel, which the spec does not say)
+    ("MaxPool", dict(kernel_shape=[2, 2], dilations=[2, 1], pads=[1, 1, 1, 0])),
+])
+def test_pool_variants(tmp_path, op, attrs):
+    g = G(np.random.default_rng(0))
+    y = g.op(op, ["x"], **attrs)
+    model = g.model([("x", (1, 2, 5, 6))], [y], opset=19)
+    gr = load_graph(save(tmp_path, model))
+    x = np.random.default_rng(1).normal(size=(3, 60))
+    want = reference_outputs(model, x)
+    assert gr.output_size == want.shape[1]
+    np.testing.assert_allclose(gr.forward(x), want, rtol=1e-5, atol=1e-5)
