@@ -14,7 +14,6 @@ from crown_cli.engine import backsub
 from crown_cli.engine.graph_bounds import GraphBounds, graph_bounds
 from crown_cli.engine.input_sets import Box
 from crown_cli.engine.relaxations import get_relaxation
-from crown_cli.errors import InputError
 from crown_cli.graph.network import Graph, Node
 from crown_cli.graph.ops import ActivationOp, Conv, Dense, InputOp
 from crown_cli.graph.onnx_graph import load_graph
@@ -208,7 +207,8 @@ def test_conv_pool_rounding_charged_against_exact_arithmetic():
 
     import scipy.sparse as sp
 
-    from crown_cli.graph.ops import IndexMap, pool_windows
+    from crown_cli.graph.ops import IndexMap
+    from crown_cli.graph.pooling import pool_windows
 
     for seed in range(3):
         rng = np.random.default_rng(seed)

@@ -13,7 +13,8 @@ from crown_cli.graph.onnx_moves import (_cast, _concat, _const_fn, _constant,
                                         _constant_of_shape, _expand, _flatten, _gather,
                                         _identity, _moved, _pad, _reshape, _shape, _slice,
                                         _split, _squeeze, _transpose, _unsqueeze)
-from crown_cli.graph.ops import ActivationOp, Conv, Dense, MaxPool, Sum, pool_windows
+from crown_cli.graph.ops import ActivationOp, Conv, Dense, Sum
+from crown_cli.graph.pooling import MaxPool, pool_windows
 from crown_cli.graph.tensors import Const, Data
 
 
