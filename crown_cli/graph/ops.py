@@ -48,7 +48,7 @@ class Affine:
 
 class Dense(Affine):
     """``y = W x + b``; W an ndarray (m, n) or a scipy.sparse matrix (kept sparse: CSR for the
-    forward map, CSC for the transpose)."""
+    forward map and CSR of W^T for the transpose)."""
 
     def __init__(self, W, b=None, label: str = ""):
         self.label = label  # what the loader made it of (e.g. an average pool), for inspect
