@@ -265,3 +265,23 @@ def test_conv_pool_rounding_charged_against_exact_arithmetic():
             val = sum(lv * F(x) for lv, x in zip(lam, x0))
             spread = sum(abs(lv) for lv in lam)
             assert F(lo[k]) <= val - spread and F(hi[k]) >= val + spread, (seed, k)
+
+
+def test_acasxu_graph_equals_dense_engine():
+    """A published network (VNN-COMP 2021 ACAS Xu, the test fixture) read as a graph bounds
+    like the MLP the existing loader reads, through the dense engine."""
+    from crown_cli.io.models import load_model
+
+    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "fixtures",
+                        "ACASXU_run2a_1_1_batch_2000.onnx")
+    g, mlp = load_graph(path), load_model(path)
+    assert g.is_chain() and len(g.activations()) == 6
+    box = Box(np.array([0.6, -0.5, -0.5, 0.45, -0.5]), np.array([0.68, 0.5, 0.5, 0.5, -0.45]))
+    C = np.eye(5)[[0, 0, 0, 0]] - np.eye(5)[[1, 2, 3, 4]]
+    want = backsub.margin_lower_bound(backsub.Network(mlp.weights, mlp.biases), *box.args(),
+                                      get_relaxation("relu", "crown"), C)
+    got = GraphBounds(g, *box.args(), ibp=False).bounds(C)[0]
+    np.testing.assert_allclose(got, want, rtol=1e-9)
+    xs = np.random.default_rng(0).uniform(box.lo, box.hi, size=(2000, 5))
+    assert np.all(g.forward(xs) @ C.T >= got)
+    np.testing.assert_allclose(g.forward(xs), mlp.forward(xs), rtol=1e-12, atol=1e-12)
