@@ -33,10 +33,15 @@ cli.add_command(verify)
               help="Override the activation read from the model file.")
 @_handle_errors
 def inspect(model_path, activation):
-    """Print a model's layers, activation, parameter count and input size."""
-    from crown_cli.io.models import load_model
+    """Print a model's layers, activation, parameter count and input size (for a graph: its
+    nodes, shapes, parameters and the ONNX operators folded into them)."""
+    from crown_cli.io.networks import load_network
+    from crown_cli.network import MLP
 
-    mlp = load_model(model_path, activation)
+    mlp = load_network(model_path, activation)
+    if not isinstance(mlp, MLP):
+        _inspect_graph(model_path, mlp)
+        return
     sizes = mlp.sizes
     click.echo(f"model:       {model_path}")
     click.echo(f"activation:  {mlp.activation}" + (f" (alpha={mlp.alpha:g})" if mlp.alpha is not None else ""))
@@ -50,6 +55,21 @@ def inspect(model_path, activation):
             act = f"logits -> {mlp.output_activation}"
         click.echo(f"  {name:<12} {w.shape[1]:>6} -> {w.shape[0]:<6} {act}")
     click.echo(f"parameters:  {mlp.num_parameters:,}")
+
+
+def _inspect_graph(model_path, g):
+    acts = g.activations()
+    inputs = ", ".join("x".join(map(str, g.nodes[i].shape)) for i in g.inputs)
+    outputs = ", ".join("x".join(map(str, s)) for s in g.output_shapes)
+    click.echo(f"model:       {model_path}")
+    click.echo(f"graph:       {len(g.nodes)} nodes ({sum(n.kind == 'affine' for n in g.nodes)} "
+               f"affine, {len(acts)} activations)")
+    click.echo(f"activations: {', '.join(sorted(set(acts))) or 'none'}")
+    click.echo(f"input size:  {g.input_size} ({inputs})")
+    click.echo(f"outputs:     {g.output_size} ({outputs})")
+    for line in g.summary():
+        click.echo(line)
+    click.echo(f"parameters:  {g.num_parameters:,}")
 
 
 @cli.command()

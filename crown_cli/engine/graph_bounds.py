@@ -1,0 +1,331 @@
+"""CROWN on a graph network (:class:`crown_cli.graph.network.Graph`): back-substitution in
+reverse topological order, float64, every rounding charged.
+
+Rows ``Lam`` over a node's value are carried down the graph. Visiting the nodes from the
+target down to the inputs, a node's rows are the sum of what its consumers sent it, and:
+
+- an affine node ``y = A(x_1..x_k) + b``: ``const += Lam b``, each input j receives
+  ``Lam A_j`` (:meth:`transpose` of the operation: a transposed convolution, a scatter-add,
+  a sparse product, never a dense matrix of a convolution);
+- an activation node ``a = act(z)``: its linear relaxation (:mod:`crown_cli.engine.relaxations`,
+  chosen per row by sign through :func:`crown_cli.engine.chain.relax`), the intercepts go to
+  ``const`` and ``D = Lam * slope`` to z;
+- a max pool: per window, ``y >= x_k*`` (k* the input with the largest lower bound) for
+  rows >= 0, ``y <= max_k u_k`` for rows < 0, ``y = x_k*`` when k* dominates the window
+  (:class:`PoolLines`);
+- an input node: its rows become columns of the rows over the flat input x, concretised over
+  the input set (an l_p ball or a :class:`~crown_cli.engine.input_sets.Box`) by
+  :func:`~crown_cli.engine.input_sets.input_terms`.
+
+Every activation's pre-activation gets bounds first, in topological order: interval
+arithmetic over the graph, tightened by CROWN (rows ``[I; -I]`` back-substituted from that
+node) unless ``intermediate="interval"``.
+
+Rounding (float64, unit u = 2**-53; :mod:`crown_cli.engine.rounding` has the dense chain's
+version of the same argument). The computed bound is the exact bound of the computed rows, so
+each rounded quantity is charged against a bound on what it multiplies over the input set
+(``absval``: max(|lo|, |hi|) of each node's interval):
+
+- a transpose ``Lam A`` with at most T products per sum errs by at most
+  ``gamma_{T+1} |Lam| |A|`` per element; acting on the input's values this is at most
+  ``gamma_{T+1} |Lam| @ (|A| absval_in)`` per row (``absfwd``: the operation's
+  :meth:`forward_abs` of the inputs' absval), plus ``T * 2**-1074 * sum(absval_in)`` for
+  products that underflow; an exact transpose (permutation, negation) has T = 0;
+- an activation's ``D = fl(Lam * slope)``: ``2u |D| @ absval_z`` plus underflow;
+- a node receiving rows from several consumers: each sum ``fl(P + Q)`` errs by at most
+  ``2u |fl(P + Q)|``, charged against the node's absval;
+- the constant terms (``Lam b``, intercepts) and the final sums: ``rtol`` of the magnitude
+  sum, as in the dense chain (:func:`sum_rtol`: N counts the graph's nodes and widest node).
+
+Interval arithmetic is rounded outward the same way (:func:`affine_interval`). The charges
+sum to ``charge``; the bound is widened by ``ERR_SAFETY * charge`` (which also covers the
+rounding of the charges' own non-negative computation) and the ``rtol`` allowance.
+"""
+from __future__ import annotations
+
+from typing import Dict, List, Optional
+
+import numpy as np
+
+from crown_cli.engine.chain import Lines, relax
+from crown_cli.engine.input_sets import Box, input_terms
+from crown_cli.engine.rounding import ERR_SAFETY, FP_RTOL, TINY64, U64, gamma_n, widen
+
+# Ranges every value of the activation lies in (intersected with the lines' interval)
+_RANGES = {"relu": (0.0, np.inf), "sigmoid": (0.0, 1.0), "tanh": (-1.0, 1.0),
+           "arctan": (-1.5707963267948970, 1.5707963267948970), "hard_sigmoid": (0.0, 1.0),
+           "softplus": (0.0, np.inf)}
+ROW_BUDGET = 256 * 2 ** 20  # bytes of rows per back-substitution pass (identity rows chunked)
+
+
+def sum_rtol(graph) -> float:
+    """The relative allowance of the final sums: gamma_N of N = max(d, 2 w + L + 5) + 3
+    roundings per term (d inputs, w the widest node, L nodes), as
+    :func:`crown_cli.engine.rounding.final_sum_rtol` for a chain."""
+    widest = max(n.size for n in graph.nodes)
+    n = max(graph.input_size, 2 * widest + len(graph.nodes) + 5) + 3
+    return max(FP_RTOL, n * 2.0 ** -52)
+
+
+def _outward(lo, hi, err):
+    """[lo - err, hi + err] with the rounding of these operations covered (4u of the
+    magnitudes, then one ulp)."""
+    pad = err + 4.0 * U64 * (np.abs(lo) + np.abs(hi) + err)
+    return np.nextafter(lo - pad, -np.inf), np.nextafter(hi + pad, np.inf)
+
+
+def affine_interval(op, los, his):
+    """Rigorous interval of an affine operation's output for inputs in [los[j], his[j]]:
+    centre and radius through :meth:`forward` and :meth:`forward_abs`, widened by
+    gamma_{T+1} of the magnitudes (T = ``op.terms_fwd``) and underflow."""
+    cs = [0.5 * l + 0.5 * h for l, h in zip(los, his)]
+    rs = [np.nextafter(np.maximum(h - c, c - l), np.inf) for c, l, h in zip(cs, los, his)]
+    yc = op.forward([c[None] for c in cs])[0]
+    yr = op.forward_abs([r[None] for r in rs])[0]
+    mag = op.forward_abs([np.abs(c)[None] for c in cs])[0] + yr
+    if op.bias is not None:
+        mag = mag + np.abs(op.bias)
+    T = op.terms_fwd
+    err = ERR_SAFETY * (gamma_n(T + 1, U64) * mag + TINY64 * (T + 1))
+    return _outward(yc - yr, yc + yr, err)
+
+
+class GraphBounds:
+    """Bounds of every node of ``graph`` over one input set, and CROWN bounds of linear
+    functions of any node's value.
+
+    ``x0``, ``eps``, ``qcode``: the input set as everywhere in the engine (an l_p ball:
+    qcode 0 for l_inf, 1 for l_2, 2 for l_1; or ``Box.args()``). ``method``: the relaxation
+    family (``crown``, ``crown-paper``, ``fast-lin``). ``intermediate``: ``crown`` (CROWN
+    bounds of every activation's input, intersected with interval arithmetic when ``ibp``)
+    or ``interval``. After construction ``lo[i]``, ``hi[i]`` enclose node i's value on the
+    set.
+    """
+
+    def __init__(self, graph, x0, eps, qcode, method: str = "crown",
+                 intermediate: str = "crown", ibp: bool = True, row_budget: int = ROW_BUDGET):
+        from crown_cli.engine.relaxations import get_relaxation
+
+        if intermediate not in ("crown", "interval"):
+            raise ValueError(f"intermediate must be 'crown' or 'interval', not {intermediate!r}")
+        self.g, self.x0, self.eps, self.qcode = graph, np.asarray(x0, np.float64), float(eps), qcode
+        self.rtol = sum_rtol(graph)
+        self.method_name = method
+        self.row_budget = row_budget
+        n = len(graph.nodes)
+        self.lo: List[Optional[np.ndarray]] = [None] * n
+        self.hi: List[Optional[np.ndarray]] = [None] * n
+        self.absval: List[Optional[np.ndarray]] = [None] * n
+        self.absfwd: Dict[int, np.ndarray] = {}
+        self.lines: Dict[int, Lines] = {}
+        self.pools: Dict[int, PoolLines] = {}
+        refined = set()
+        for i, node in enumerate(graph.nodes):
+            if node.kind == "input":
+                self._set(i, *self._input_interval(node.op))
+            elif node.kind in ("activation", "maxpool"):
+                p = node.inputs[0]
+                if intermediate == "crown" and p not in refined and not (ibp and self._exact(p)):
+                    rows = self._rows_to_refine(p) if ibp else None
+                    l, u = self.node_bounds(p, rows)
+                    if ibp:
+                        l, u = np.maximum(l, self.lo[p]), np.minimum(u, self.hi[p])
+                    self._set(p, l, u)
+                    refined.add(p)
+                if node.kind == "activation":
+                    self._set(i, *self._activation(i, node, get_relaxation))
+                else:
+                    self.pools[i] = PoolLines(node.op.windows, self.lo[p], self.hi[p])
+                    self._set(i, self.pools[i].lo, self.pools[i].hi)
+            else:
+                ins = node.inputs
+                self._set(i, *affine_interval(node.op, [self.lo[j] for j in ins],
+                                              [self.hi[j] for j in ins]))
+                self.absfwd[i] = node.op.forward_abs([self.absval[j][None] for j in ins])[0]
+
+    def _rows_to_refine(self, p):
+        """The neurons of node p whose CROWN bounds can change a relaxation: when only
+        sign-stable activations (ReLU, leaky ReLU) read p, those its interval leaves
+        unstable (a stable one's lines do not depend on the interval); else None (all)."""
+        from crown_cli.activations import ACTIVATIONS
+
+        readers = [self.g.nodes[c] for c in self.g.consumers[p]]
+        if all(r.kind == "activation" and ACTIVATIONS[r.op.name].sign_stable for r in readers):
+            return np.flatnonzero((self.lo[p] < 0.0) & (self.hi[p] > 0.0))
+        return None
+
+    def _exact(self, p) -> bool:
+        """True when CROWN cannot tighten node p's interval: an input, an activation (its
+        interval is its lines' range on its input's bounds, which is what CROWN would give),
+        or one affine operation of the inputs over a box or an l_inf ball."""
+        node = self.g.nodes[p]
+        if node.kind in ("input", "activation"):
+            return True
+        box_like = isinstance(self.qcode, Box) or self.qcode == 0
+        return box_like and node.kind == "affine" and all(
+            self.g.nodes[j].kind == "input" for j in node.inputs)
+
+    def _set(self, i, lo, hi):
+        self.lo[i], self.hi[i] = lo, hi
+        self.absval[i] = np.maximum(np.abs(lo), np.abs(hi))
+
+    def _input_interval(self, op):
+        sl = slice(op.offset, op.offset + op.size)
+        if isinstance(self.qcode, Box):
+            if self.eps != 1.0:
+                raise ValueError("a Box is passed as Box.args(): (centre, 1.0, box)")
+            return self.qcode.lo[sl], self.qcode.hi[sl]
+        x = self.x0[sl]  # |x_k - x0_k| <= ||x - x0||_p <= eps on every l_p ball
+        return _outward(x - self.eps, x + self.eps, 0.0)
+
+    def _activation(self, i, node, get_relaxation):
+        """The relaxation of activation node i from its input's interval, and the interval
+        of its output (the lines' range on [l, u], intersected with the function's range)."""
+        p = node.inputs[0]
+        l, u = np.ascontiguousarray(self.lo[p]), np.ascontiguousarray(self.hi[p])
+        name, alpha = node.op.name, node.op.alpha
+        aU, bU, aL, bL = get_relaxation(name, self.method_name, alpha)(l, u)
+        self.lines[i] = Lines(np.arange(l.size), aL, aU, bU, bL)
+        if name == "relu":  # exact: relu is monotone and max(., 0) does not round
+            return np.maximum(l, 0.0), np.maximum(u, 0.0)
+        z = self.absval[p]
+        lo = np.minimum(aL * l, aL * u) + bL
+        hi = np.maximum(aU * l, aU * u) + bU
+        err = 2.0 * U64 * (np.maximum(np.abs(aL), np.abs(aU)) * z + np.abs(bL) + np.abs(bU)) + TINY64
+        lo, hi = _outward(lo, hi, err)
+        rng = _RANGES.get(name) or ((-alpha, np.inf) if name == "elu" else None)
+        if rng is not None:
+            lo, hi = np.clip(lo, *rng), np.clip(hi, *rng)
+        return lo, hi
+
+    # -- bounds ------------------------------------------------------------------------------
+    def node_bounds(self, target: int, rows=None):
+        """CROWN bounds (l, u) of node ``target``'s value: rows [I; -I], chunked to the row
+        budget. With ``rows`` (indices) only those neurons are computed; the others keep
+        their interval."""
+        m = self.g.nodes[target].size
+        if rows is None:
+            rows = np.arange(m)
+        if self.lo[target] is not None:
+            l, u = self.lo[target].copy(), self.hi[target].copy()
+        else:
+            l, u = np.full(m, -np.inf), np.full(m, np.inf)
+        widest = max(n.size for n in self.g.nodes[:target + 1])
+        chunk = max(1, int(self.row_budget // (8 * 4 * max(widest, 1))))
+        for s in range(0, rows.size, chunk):
+            idx = rows[s:s + chunk]
+            eye = np.zeros((idx.size, m))
+            eye[np.arange(idx.size), idx] = 1.0
+            low = self.lower(target, np.vstack([eye, -eye]))
+            l[idx], u[idx] = low[:idx.size], -low[idx.size:]
+        return l, u
+
+    def bounds(self, C=None, target: Optional[int] = None):
+        """Lower and upper CROWN bounds of ``C @ value(target)`` (default: the output node,
+        C the identity) over the input set."""
+        target = self.g.output if target is None else target
+        if C is None:
+            return self.node_bounds(target)
+        C = np.atleast_2d(np.asarray(C, np.float64))
+        low = self.lower(target, np.vstack([C, -C]))
+        return low[:C.shape[0]], -low[C.shape[0]:]
+
+    def lower(self, target: int, Lam: np.ndarray) -> np.ndarray:
+        """Verified float64 lower bounds of ``Lam @ value(target)`` (rows (r, size))."""
+        g = self.g
+        r = Lam.shape[0]
+        const, mag, charge = np.zeros(r), np.zeros(r), np.zeros(r)
+        pending: Dict[int, np.ndarray] = {target: np.ascontiguousarray(Lam, dtype=np.float64)}
+        Lx = np.zeros((r, g.input_size))
+
+        def give(j, P):
+            nonlocal charge
+            if j in pending:
+                S = pending[j] + P
+                charge = charge + 2.0 * U64 * (np.abs(S) @ self.absval[j])
+                pending[j] = S
+            else:
+                pending[j] = P
+
+        for i in range(target, -1, -1):
+            L = pending.pop(i, None)
+            if L is None:
+                continue
+            node = g.nodes[i]
+            if node.kind == "input":
+                Lx[:, node.op.offset:node.op.offset + node.op.size] = L
+            elif node.kind == "activation":
+                p = node.inputs[0]
+                D, icpt, _, _ = relax(L, self.lines[i])
+                const = const + icpt.sum(axis=-1)
+                mag = mag + np.abs(icpt).sum(axis=-1)
+                z = self.absval[p]
+                charge = charge + 2.0 * U64 * (np.abs(D) @ z) + TINY64 * (z.sum() + z.size)
+                give(p, D)
+            elif node.kind == "maxpool":
+                p = node.inputs[0]
+                D, dconst, dmag, T = self.pools[i].back(L)
+                const, mag = const + dconst, mag + dmag
+                if T > 1:  # windows overlap: sums of up to T coefficients per input
+                    charge = (charge + gamma_n(T + 1, U64) * (np.abs(L) @ self.pools[i].absval_of(self.absval[p]))
+                              + TINY64 * T * float(self.absval[p].sum()))
+                give(p, D)
+            else:
+                op = node.op
+                if op.bias is not None:
+                    const = const + L @ op.bias
+                    mag = mag + np.abs(L) @ np.abs(op.bias)
+                if op.terms:
+                    T = op.terms
+                    ain = sum(float(self.absval[j].sum()) for j in node.inputs)
+                    charge = (charge + gamma_n(T + 1, U64) * (np.abs(L) @ self.absfwd[i])
+                              + TINY64 * T * ain)
+                for j, P in zip(node.inputs, op.transpose(L)):
+                    give(j, P)
+        lin, nrm, xm = input_terms(Lx, self.x0, self.qcode)
+        eps = self.eps
+        return widen(lin - eps * nrm + const, xm + eps * nrm + mag, -1.0, self.rtol,
+                     ERR_SAFETY * charge)
+
+
+class PoolLines:
+    """The linear bounds of a max pool on input intervals [lo, hi]: per window, the input
+    k* with the largest lower bound; ``x_k* <= y`` (the lower line), and ``y <= max_k hi_k``
+    (the upper line, a constant), or ``y = x_k*`` where k*'s lower bound is at least every
+    other input's upper bound. ``lo``, ``hi``: the output's exact interval."""
+
+    def __init__(self, windows, lo, hi):
+        import scipy.sparse as sp
+
+        pad = windows < 0
+        w0 = np.maximum(windows, 0)
+        lw = np.where(pad, -np.inf, lo[w0])
+        hw = np.where(pad, -np.inf, hi[w0])
+        best = np.argmax(lw, axis=1)
+        rows = np.arange(windows.shape[0])
+        self.src = windows[rows, best]
+        self.lo, self.hi = lw[rows, best], hw.max(axis=1)
+        others = hw.copy()
+        others[rows, best] = -np.inf
+        self.exact = self.lo >= others.max(axis=1)  # k* dominates: y = x_k*
+        n_in = lo.size
+        self.P = sp.csr_matrix((np.ones(rows.size), (self.src, rows)), shape=(n_in, rows.size))
+        self.terms = int(np.bincount(self.src, minlength=n_in).max(initial=0))
+
+    def absval_of(self, absval_in):
+        return absval_in[self.src]
+
+    def back(self, L):
+        """The rows L (r, m) over the output through the lines: (rows over the input,
+        constant, its magnitude, most coefficients summed per input)."""
+        use = (L >= 0.0) | self.exact
+        Lu = np.where(use, L, 0.0)
+        c = np.where(use, 0.0, L * self.hi)
+        return (np.ascontiguousarray((self.P @ Lu.T).T), c.sum(axis=-1), np.abs(c).sum(axis=-1),
+                self.terms)
+
+
+def graph_bounds(graph, x0, eps, qcode, C=None, **options):
+    """Lower and upper CROWN bounds of ``C @ output`` (C None: each output) over the input
+    set; ``options`` as :class:`GraphBounds`."""
+    return GraphBounds(graph, x0, eps, qcode, **options).bounds(C)

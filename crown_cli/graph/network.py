@@ -1,0 +1,136 @@
+"""A feed-forward graph network: nodes in topological order, each an input, an affine
+operation, an elementwise activation (its own type per node) or a max pool
+(:mod:`crown_cli.graph.ops`).
+
+The network's input is one flat vector x: the graph inputs in order, each flattened in
+row-major order of its ONNX shape (VNN-LIB's X_0, X_1, ...). Its output is the flat value of
+one node (several ONNX outputs are concatenated in order: Y_0, Y_1, ...).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import List, Optional, Tuple
+
+import numpy as np
+
+
+@dataclass
+class Node:
+    """One node: its operation, the ids of the nodes it reads (in the operation's order), its
+    ONNX shape (batch dimension included, as 1) and the ONNX nodes it stands for."""
+
+    name: str
+    op: object
+    inputs: Tuple[int, ...]
+    shape: Tuple[int, ...]
+    folded: List[str] = field(default_factory=list)
+
+    @property
+    def kind(self) -> str:
+        return self.op.kind
+
+    @property
+    def size(self) -> int:
+        return int(np.prod(self.shape, dtype=np.int64))
+
+
+class Graph:
+    """Nodes in topological order (every node's inputs come before it); ``inputs`` the ids of
+    the input nodes in order, ``output`` the id of the output node."""
+
+    def __init__(self, nodes: List[Node], output: int, source: str = "",
+                 output_shapes: Optional[List[Tuple[int, ...]]] = None):
+        self.nodes = nodes
+        self.output = int(output)
+        self.source = source
+        self.inputs = [i for i, n in enumerate(nodes) if n.kind == "input"]
+        self.output_shapes = output_shapes or [nodes[output].shape]
+        for i, n in enumerate(nodes):
+            if any(j >= i or j < 0 for j in n.inputs):
+                raise ValueError(f"graph: node {i} ({n.name}) reads a later node")
+            sizes = [nodes[j].size for j in n.inputs]
+            if n.kind == "activation":
+                expect_in, expect = [n.size], n.size
+            else:
+                expect_in, expect = list(n.op.n_in), n.op.size
+            if sizes != expect_in or n.size != expect:
+                raise ValueError(f"graph: node {i} ({n.name}) reads sizes {sizes} and has size "
+                                 f"{n.size}; its operation takes {expect_in} and gives {expect}")
+        self.consumers: List[List[int]] = [[] for _ in nodes]
+        for i, n in enumerate(nodes):
+            for j in n.inputs:
+                self.consumers[j].append(i)
+
+    @property
+    def input_size(self) -> int:
+        return int(sum(self.nodes[i].size for i in self.inputs))
+
+    @property
+    def output_size(self) -> int:
+        return self.nodes[self.output].size
+
+    @property
+    def num_parameters(self) -> int:
+        return int(sum(n.op.parameters() for n in self.nodes))
+
+    def activations(self) -> List[str]:
+        return [n.op.name for n in self.nodes if n.kind == "activation"]
+
+    def forward(self, x: np.ndarray, return_all: bool = False):
+        """Outputs (N, output_size) for inputs x (N, input_size) or (input_size,), float64;
+        with ``return_all`` the list of every node's values too."""
+        x = np.asarray(x, dtype=np.float64)
+        one = x.ndim == 1
+        x = np.atleast_2d(x)
+        if x.shape[1] != self.input_size:
+            raise ValueError(f"graph.forward: inputs have {x.shape[1]} values, the graph "
+                             f"{self.input_size}")
+        vals: List[Optional[np.ndarray]] = [None] * len(self.nodes)
+        for i, n in enumerate(self.nodes):
+            if n.kind == "input":
+                vals[i] = x[:, n.op.offset:n.op.offset + n.op.size]
+            else:
+                vals[i] = n.op.forward([vals[j] for j in n.inputs])
+        out = vals[self.output]
+        out = out[0] if one else out
+        return (out, vals) if return_all else out
+
+    def is_chain(self) -> bool:
+        """True for a chain from one input through dense layers, elementwise scalings, index
+        maps and activations of one type (what the MLP loader reads), without sparse weights."""
+        from crown_cli.graph.ops import Dense, IndexMap, Scale
+
+        if len(self.inputs) != 1:
+            return False
+        acts = set()
+        for i, n in enumerate(self.nodes):
+            if len(self.consumers[i]) > 1 or (i != self.output and not self.consumers[i]):
+                return False
+            if n.kind == "input":
+                continue
+            if len(n.inputs) != 1 or n.inputs[0] != i - 1:
+                return False
+            if n.kind == "activation":
+                acts.add(n.op.name)
+            elif isinstance(n.op, Dense):
+                if n.op.sparse:
+                    return False
+            elif not isinstance(n.op, (Scale, IndexMap)):
+                return False
+        return len(acts) <= 1 and any(isinstance(n.op, Dense) for n in self.nodes)
+
+    def summary(self) -> List[str]:
+        """One line per node: id, name, operation, shape, inputs, parameters, folded ONNX
+        nodes (for ``crown inspect``)."""
+        lines = []
+        for i, n in enumerate(self.nodes):
+            shape = "x".join(str(d) for d in n.shape)
+            ins = ",".join(str(j) for j in n.inputs) or "-"
+            line = f"  {i:>3} {n.name:<20} {n.op.describe():<44} [{shape}] <- {ins}"
+            p = n.op.parameters()
+            if p:
+                line += f"  {p:,} params"
+            if n.folded:
+                line += f"  (folded: {', '.join(n.folded)})"
+            lines.append(line)
+        return lines

@@ -1,0 +1,201 @@
+"""Handlers of the ONNX operators that move elements (reshapes, slices, gathers, concats,
+pads, ...) and of the shape arithmetic on constants, for
+:func:`crown_cli.graph.onnx_graph.load_graph`: each acts on a constant's values or on the
+index array of a data view (:mod:`crown_cli.graph.tensors`), creating no node.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from crown_cli.graph import tensors as T
+from crown_cli.graph.tensors import Const, Data
+
+
+def _ints(v):
+    return [int(a) for a in np.asarray(v).reshape(-1)]
+
+
+def _axis(b, node, axis, rank):
+    if not -rank <= axis < rank:
+        b.fail(node, f"axis {axis} is out of range for rank {rank}")
+    return axis + rank if axis < 0 else axis
+
+
+def _moved(fn):
+    """A handler for an element-moving operator: ``fn(b, node, ins, attrs, x)`` -> numpy
+    function of one array, applied to the first input (constant or data)."""
+    def handler(b, node, ins, attrs):
+        x = ins[0]
+        if x is None:
+            b.fail(node, "missing input")
+        try:
+            return [T.view(x, fn(b, node, ins, attrs, x))]
+        except (ValueError, IndexError) as exc:  # numpy's shape errors (AxisError is both)
+            b.fail(node, f"does not fit the input of shape {x.shape} ({exc})")
+    return handler
+
+
+def _identity(b, node, ins, attrs):
+    return [ins[0]]
+
+
+def _reshape(b, node, ins, attrs, x):
+    target = b.const(node, ins[1], "the shape")
+    return lambda a: T.onnx_reshape(a, target, bool(attrs.get("allowzero", 0)))
+
+
+def _flatten(b, node, ins, attrs, x):
+    axis = _axis(b, node, int(attrs.get("axis", 1)), len(x.shape) + 1)
+    return lambda a: T.onnx_flatten(a, axis)
+
+
+def _transpose(b, node, ins, attrs, x):
+    perm = attrs.get("perm")
+    perm = None if perm is None else [int(p) for p in perm]
+    return lambda a: np.transpose(a, perm)
+
+
+def _axes_of(b, node, ins, attrs):
+    if len(ins) > 1 and ins[1] is not None:
+        return tuple(_ints(b.const(node, ins[1], "axes")))
+    axes = attrs.get("axes")
+    return None if axes is None else tuple(int(a) for a in axes)
+
+
+def _squeeze(b, node, ins, attrs, x):
+    axes = _axes_of(b, node, ins, attrs)
+    return lambda a: np.squeeze(a, axis=axes)
+
+
+def _unsqueeze(b, node, ins, attrs, x):
+    axes = _axes_of(b, node, ins, attrs)
+    if axes is None:
+        b.fail(node, "Unsqueeze without axes")
+    return lambda a: np.expand_dims(a, axes)
+
+
+def _slice(b, node, ins, attrs, x):
+    rank = len(x.shape)
+    if b.opset < 10:
+        starts, ends = attrs.get("starts"), attrs.get("ends")
+        axes, steps = attrs.get("axes"), None
+    else:
+        starts = _ints(b.const(node, ins[1], "starts"))
+        ends = _ints(b.const(node, ins[2], "ends"))
+        axes = _ints(b.const(node, ins[3], "axes")) if len(ins) > 3 and ins[3] is not None else None
+        steps = _ints(b.const(node, ins[4], "steps")) if len(ins) > 4 and ins[4] is not None else None
+    axes = list(range(len(starts))) if axes is None else [_axis(b, node, a, rank) for a in axes]
+    steps = [1] * len(starts) if steps is None else steps
+    return lambda a: T.onnx_slice(a, starts, ends, axes, steps)
+
+
+def _gather(b, node, ins, attrs, x):
+    ind = np.asarray(b.const(node, ins[1], "the indices")).astype(np.int64)
+    axis = _axis(b, node, int(attrs.get("axis", 0)), len(x.shape))
+    dim = x.shape[axis]
+    if np.any((ind < -dim) | (ind >= dim)):
+        b.fail(node, f"indices out of range for dimension {dim}")
+    ind = np.where(ind < 0, ind + dim, ind)
+    return lambda a: np.take(a, ind, axis=axis)
+
+
+def _expand(b, node, ins, attrs, x):
+    shape = b.const(node, ins[1], "the shape")
+    return lambda a: T.onnx_expand(a, shape)
+
+
+def _cast(b, node, ins, attrs):
+    x = ins[0]
+    if isinstance(x, Const):
+        dtype = b.onnx.helper.tensor_dtype_to_np_dtype(int(attrs["to"]))
+        return [Const(x.value.astype(dtype))]
+    dtype = b.onnx.helper.tensor_dtype_to_np_dtype(int(attrs["to"]))
+    if np.dtype(dtype).kind != "f":
+        b.fail(node, f"casts data to {np.dtype(dtype)}; only floating-point casts of data are "
+                     "supported")
+    return [x]
+
+
+def _concat(b, node, ins, attrs):
+    if any(v is None for v in ins):
+        b.fail(node, "missing input")
+    rank = len(ins[0].shape)
+    axis = _axis(b, node, int(attrs["axis"]), rank)
+    try:
+        if all(isinstance(v, Const) for v in ins):
+            return [Const(np.concatenate([v.value for v in ins], axis=axis))]
+        sources, idxs, table = T.merge(ins, b.sizes())
+        return [Data(sources, np.concatenate(idxs, axis=axis), table)]
+    except ValueError as exc:
+        b.fail(node, f"inputs of shapes {[v.shape for v in ins]} do not concatenate ({exc})")
+
+
+def _split(b, node, ins, attrs):
+    x = ins[0]
+    axis = _axis(b, node, int(attrs.get("axis", 0)), len(x.shape))
+    split = attrs.get("split")
+    if len(ins) > 1 and ins[1] is not None:
+        split = _ints(b.const(node, ins[1], "split"))
+    n = len(node.output)
+    dim = x.shape[axis]
+    if split is None:
+        if "num_outputs" in attrs:
+            n = int(attrs["num_outputs"])
+        chunk = -(-dim // n)
+        split = [min(chunk, dim - k * chunk) for k in range(n)]
+    if sum(split) != dim:
+        b.fail(node, f"split {list(split)} does not add up to dimension {dim}")
+    cuts = np.cumsum(split)[:-1]
+    return [T.view(x, lambda a, k=k: np.split(a, cuts, axis=axis)[k]) for k in range(len(split))]
+
+
+def _pad(b, node, ins, attrs):
+    x = ins[0]
+    mode = attrs.get("mode", b"constant")
+    mode = mode.decode() if isinstance(mode, bytes) else str(mode)
+    if mode not in ("constant", "reflect", "edge"):
+        b.fail(node, f"mode '{mode}' is not supported (constant, reflect, edge)")
+    if b.opset < 11:
+        pads, value, axes = attrs.get("pads"), float(attrs.get("value", 0.0)), None
+    else:
+        pads = _ints(b.const(node, ins[1], "pads"))
+        value = 0.0
+        if len(ins) > 2 and ins[2] is not None:
+            value = float(b.fconst(node, ins[2], "the constant value").reshape(-1)[0])
+        axes = _ints(b.const(node, ins[3], "axes")) if len(ins) > 3 and ins[3] is not None else None
+    if any(int(p) < 0 for p in pads):
+        b.fail(node, "negative pads (cropping) are not supported")
+    try:
+        return [T.onnx_pad(x, pads, mode, value, axes)]
+    except ValueError as exc:
+        b.fail(node, f"pads {list(pads)} do not fit the input of shape {x.shape} ({exc})")
+
+
+# -- constants only (shape arithmetic) -----------------------------------------------------
+
+def _constant(b, node, ins, attrs):
+    for key in ("value", "value_float", "value_floats", "value_int", "value_ints"):
+        if key in attrs:
+            v = attrs[key]
+            if key == "value":
+                return [Const(b.numpy_helper.to_array(v))]
+            return [Const(np.array(v, dtype=np.float32 if "float" in key else np.int64))]
+    b.fail(node, "only tensor, float and int constants are supported")
+
+
+def _shape(b, node, ins, attrs):
+    shape = np.array(ins[0].shape, dtype=np.int64)
+    start, end = int(attrs.get("start", 0)), attrs.get("end")
+    return [Const(shape[start:None if end is None else int(end)])]
+
+
+def _constant_of_shape(b, node, ins, attrs):
+    v = attrs.get("value")
+    fill = b.numpy_helper.to_array(v).reshape(-1) if v is not None else np.zeros(1, np.float32)
+    return [Const(np.full(_ints(b.const(node, ins[0], "the shape")), fill[0], dtype=fill.dtype))]
+
+
+def _const_fn(fn):
+    def handler(b, node, ins, attrs):
+        return [Const(fn(*[b.const(node, v, "every input") for v in ins if v is not None]))]
+    return handler

@@ -1,0 +1,300 @@
+"""One handler per ONNX operator for :func:`crown_cli.graph.onnx_graph.load_graph`.
+
+``handler(builder, node, inputs, attrs)`` returns the node's outputs as
+:class:`~crown_cli.graph.tensors.Const` or :class:`~crown_cli.graph.tensors.Data`.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from crown_cli.activations import ACTIVATIONS
+from crown_cli.graph import tensors as T
+from crown_cli.graph.onnx_moves import (_cast, _concat, _const_fn, _constant,
+                                        _constant_of_shape, _expand, _flatten, _gather,
+                                        _identity, _moved, _pad, _reshape, _shape, _slice,
+                                        _split, _squeeze, _transpose, _unsqueeze)
+from crown_cli.graph.ops import ActivationOp, Conv, Dense, Sum
+from crown_cli.graph.pooling import MaxPool, pool_windows
+from crown_cli.graph.tensors import Const, Data
+
+
+def _label(node) -> str:
+    return node.name or node.op_type
+
+
+# -- affine operators ----------------------------------------------------------------------
+
+def _binary(b, node, ins, attrs):
+    op = node.op_type
+    x, y = ins
+    if isinstance(x, Const) and isinstance(y, Const):
+        fn = {"Add": np.add, "Sub": np.subtract, "Mul": np.multiply}.get(op)
+        if fn is not None:
+            return [Const(fn(x.value, y.value))]
+        if x.value.dtype.kind in "iu" and y.value.dtype.kind in "iu":
+            return [Const((np.trunc(x.value / y.value)).astype(x.value.dtype))]
+        return [Const(x.value / y.value)]
+    try:
+        shape = np.broadcast_shapes(x.shape, y.shape)
+    except ValueError:
+        b.fail(node, f"inputs of shapes {x.shape} and {y.shape} do not broadcast")
+    bc = lambda v: T.view(v, lambda a: T.onnx_expand(a, shape))  # noqa: E731
+    if isinstance(x, Data) and isinstance(y, Data):
+        if op not in ("Add", "Sub"):
+            b.fail(node, f"{op} of two data tensors is not affine; only Add and Sub are")
+        ids = [b.node_of(bc(v), _label(node)) for v in (x, y)]
+        signs = (1.0, 1.0 if op == "Add" else -1.0)
+        return [b.add(_label(node), Sum(signs, int(np.prod(shape))), ids, shape)]
+    data_first = isinstance(x, Data)
+    d, k = (x, y) if data_first else (y, x)
+    tensor = node.input[0] if data_first else node.input[1]
+    k = b.fconst(node, k, "the constant operand")
+    same_shape = d.shape == tuple(shape)
+    d = bc(d)
+    if not same_shape:
+        tensor = None  # a broadcast view is not the producer's output
+    if op == "Add":
+        return [b.scale(node, d, 1.0, k, tensor)]
+    if op == "Sub":
+        return [b.scale(node, d, 1.0, -k, tensor) if data_first else b.scale(node, d, -1.0, k, tensor)]
+    if op == "Mul":
+        return [b.scale(node, d, k, None, tensor)]
+    if not data_first:
+        b.fail(node, "constant / data is not affine in the data; only data / constant is")
+    if np.any(k == 0):
+        b.fail(node, "divides by zero")
+    return [b.scale(node, d, 1.0 / k, None, tensor)]
+
+
+def _neg(b, node, ins, attrs):
+    x = ins[0]
+    if isinstance(x, Const):
+        return [Const(-x.value)]
+    return [b.scale(node, x, -1.0, None, node.input[0])]
+
+
+def _dense(b, node, d: Data, W: np.ndarray, left: bool, bias, label: str, tensor=None):
+    """``d @ W`` (or ``W @ d`` when ``left``) for a constant W of rank 1 or 2, as a Dense node
+    (sparse when W is large and mostly zero, or when it repeats over leading dimensions)."""
+    from crown_cli.graph.onnx_graph import MEMORY_BUDGET, SPARSE_MAX_DENSITY, SPARSE_MIN_SIZE
+    import scipy.sparse as sp
+
+    if W.ndim not in (1, 2):
+        b.fail(node, f"the constant has shape {W.shape}; only matrices and vectors are supported")
+    xs = d.shape
+    out_shape = _matmul_shape(xs, W.shape, left)
+    if out_shape is None:
+        b.fail(node, f"data of shape {xs} and a constant of shape {W.shape} do not match")
+    W2 = W.reshape(-1, 1) if W.ndim == 1 and not left else W.reshape(1, -1) if W.ndim == 1 else W
+    if not left:  # x (..., n) @ W (n, m): rep copies of W^T
+        rep = int(np.prod(xs[:-1], dtype=np.int64)) if len(xs) > 1 else 1
+        core, inner = W2.T, 1
+    else:  # W (m, p) @ x (..., p, k)
+        inner = xs[-1] if len(xs) > 1 else 1
+        rep = int(np.prod(xs[:-2], dtype=np.int64)) if len(xs) > 2 else 1
+        core = W2
+    nnz = int(np.count_nonzero(core))
+    sparse = rep > 1 or inner > 1 or (core.size >= SPARSE_MIN_SIZE and nnz <= SPARSE_MAX_DENSITY * core.size)
+    need = nnz * rep * inner * 16 if sparse else core.size * 8
+    if need > MEMORY_BUDGET:
+        b.fail(node, f"its weights need {need / 2 ** 30:.1f} GiB as float64 "
+                     f"({'sparse' if sparse else 'dense'}, shape {tuple(core.shape)}), over the "
+                     f"budget of {MEMORY_BUDGET / 2 ** 30:.0f} GiB")
+    if sparse:
+        M = sp.csr_matrix(core).astype(np.float64)
+        if inner > 1:
+            M = sp.kron(M, sp.identity(inner, format="csr"), format="csr")
+        if rep > 1:
+            M = sp.kron(sp.identity(rep, format="csr"), M, format="csr")
+    else:
+        M = np.ascontiguousarray(core, dtype=np.float64)
+    if bias is not None:
+        try:
+            bias = np.broadcast_to(bias, out_shape).reshape(-1)
+        except ValueError:
+            b.fail(node, f"bias of shape {bias.shape} does not broadcast to {out_shape}")
+    nid = b.node_of(d, label)
+    out = b.add(label, Dense(M, bias), (nid,), out_shape)
+    b.absorb_scale(b.fresh, tensor)
+    return out
+
+
+def _matmul_shape(xs, ws, left):
+    """The shape of ``x @ W`` (or ``W @ x``) for a constant W of rank 1 or 2, or None."""
+    if not xs:
+        return None
+    if not left:
+        if xs[-1] != ws[0]:
+            return None
+        return tuple(xs[:-1]) + tuple(ws[1:])
+    p = ws[-1]
+    if len(xs) == 1:
+        return tuple(ws[:-1]) if xs[0] == p else None
+    if xs[-2] != p:
+        return None
+    return tuple(xs[:-2]) + tuple(ws[:-1]) + (xs[-1],)
+
+
+def _matmul(b, node, ins, attrs):
+    x, y = ins
+    if isinstance(x, Const) and isinstance(y, Const):
+        return [Const(np.matmul(x.value, y.value))]
+    if isinstance(x, Data) and isinstance(y, Data):
+        b.fail(node, "a product of two data tensors is not affine")
+    if isinstance(x, Data):
+        return [_dense(b, node, x, b.fconst(node, y, "B"), False, None, _label(node), node.input[0])]
+    return [_dense(b, node, y, b.fconst(node, x, "A"), True, None, _label(node), node.input[1])]
+
+
+def _gemm(b, node, ins, attrs):
+    A, B = ins[0], ins[1]
+    C = ins[2] if len(ins) > 2 else None
+    alpha, beta = float(attrs.get("alpha", 1.0)), float(attrs.get("beta", 1.0))
+    ta, tb = int(attrs.get("transA", 0)), int(attrs.get("transB", 0))
+    if isinstance(C, Data):
+        b.fail(node, "the data cannot be the bias C")
+    bias = None if C is None else beta * b.fconst(node, C, "C")
+    if isinstance(A, Data) == isinstance(B, Data):
+        b.fail(node, "exactly one of A and B must be data, the other a constant")
+    for v in (A, B):
+        if len(v.shape) != 2:
+            b.fail(node, f"an operand has shape {v.shape}, expected 2-D")
+    if isinstance(A, Data):
+        d = T.view(A, np.transpose) if ta else A
+        W = b.fconst(node, B, "B")
+        W = alpha * (W.T if tb else W)
+        return [_dense(b, node, d, W, False, bias, _label(node), None if ta else node.input[0])]
+    d = T.view(B, np.transpose) if tb else B
+    W = b.fconst(node, A, "A")
+    W = alpha * (W.T if ta else W)
+    return [_dense(b, node, d, W, True, bias, _label(node))]
+
+
+def _spatial(b, node, attrs, d: Data, kernel):
+    """strides, pads (top, left, bottom, right), dilations of a 2-D Conv or pool."""
+    if len(d.shape) != 4 or d.shape[0] != 1:
+        b.fail(node, f"needs data of shape (1, C, H, W), got {d.shape}")
+    if len(kernel) != 2:
+        b.fail(node, f"only 2-D kernels are supported, got {list(kernel)}")
+    strides = [int(s) for s in attrs.get("strides", [1, 1])]
+    dil = [int(s) for s in attrs.get("dilations", [1, 1])]
+    pads = [int(p) for p in attrs.get("pads", [0, 0, 0, 0])]
+    auto = attrs.get("auto_pad", b"NOTSET")
+    auto = auto.decode() if isinstance(auto, bytes) else str(auto)
+    if auto in ("SAME_UPPER", "SAME_LOWER"):
+        pads = [0, 0, 0, 0]
+        for ax in range(2):
+            dim = d.shape[2 + ax]
+            total = max((-(-dim // strides[ax]) - 1) * strides[ax] + (kernel[ax] - 1) * dil[ax]
+                        + 1 - dim, 0)
+            small = total // 2
+            pads[ax], pads[ax + 2] = (small, total - small) if auto == "SAME_UPPER" else (total - small, small)
+    elif auto == "VALID":
+        pads = [0, 0, 0, 0]
+    elif auto != "NOTSET":
+        b.fail(node, f"auto_pad {auto} is not supported")
+    # ONNX order: (top, left, bottom, right) = (x1_begin, x2_begin, x1_end, x2_end)
+    return strides, pads, dil
+
+
+def _conv(b, node, ins, attrs):
+    d = b.data(node, ins[0])
+    W = b.fconst(node, ins[1], "the weights")
+    bias = b.fconst(node, ins[2], "the bias") if len(ins) > 2 and ins[2] is not None else None
+    if W.ndim != 4:
+        b.fail(node, f"only 2-D convolutions are supported (weights of shape {W.shape})")
+    if "kernel_shape" in attrs and list(attrs["kernel_shape"]) != list(W.shape[2:]):
+        b.fail(node, f"kernel_shape {list(attrs['kernel_shape'])} differs from the weights' {W.shape}")
+    strides, pads, dil = _spatial(b, node, attrs, d, W.shape[2:])
+    try:
+        op = Conv(W, bias, d.shape[1:], strides, pads, dil, int(attrs.get("group", 1)))
+    except ValueError as exc:
+        b.fail(node, str(exc))
+    nid = b.node_of(d, _label(node))
+    out = b.add(_label(node), op, (nid,), (1,) + op.out_shape)
+    b.absorb_scale(b.fresh, node.input[0])
+    return [out]
+
+
+def _pool(b, node, ins, attrs):
+    import scipy.sparse as sp
+
+    d = b.data(node, ins[0])
+    kernel = [int(k) for k in attrs["kernel_shape"]]
+    strides, pads, dil = _spatial(b, node, attrs, d, kernel)
+    ceil = bool(attrs.get("ceil_mode", 0))
+    if int(attrs.get("storage_order", 0)):
+        b.fail(node, "storage_order 1 is not supported")
+    out, win, padded = pool_windows(d.shape[1:], kernel, strides, pads, dil, ceil)
+    nid = b.node_of(d, _label(node))
+    if node.op_type == "MaxPool":
+        if np.any(np.all(win < 0, axis=1)):
+            b.fail(node, "a window lies entirely in the padding")
+        return [b.add(_label(node), MaxPool(win, d.idx.size, "x".join(map(str, kernel))), (nid,),
+                      (1,) + out)]
+    valid = win >= 0
+    if int(attrs.get("count_include_pad", 0)):
+        count = padded
+    else:
+        count = valid.sum(axis=1)
+    rows = np.repeat(np.arange(win.shape[0]), valid.sum(axis=1))
+    M = sp.csr_matrix((1.0 / np.repeat(count, valid.sum(axis=1)), (rows, win[valid])),
+                      shape=(win.shape[0], d.idx.size))
+    label = f"average pool {kernel[0]}x{kernel[1]}"
+    return [b.add(_label(node), Dense(M, None, label), (nid,), (1,) + out)]
+
+
+def _batchnorm(b, node, ins, attrs):
+    d = b.data(node, ins[0])
+    if int(attrs.get("training_mode", 0)):
+        b.fail(node, "training_mode 1 is not supported (inference only)")
+    scale, bias, mean, var = (b.fconst(node, v, w) for v, w in
+                              zip(ins[1:5], ("scale", "B", "mean", "var")))
+    eps = float(attrs.get("epsilon", 1e-5))
+    if len(d.shape) < 2 or np.any(var + eps <= 0):
+        b.fail(node, "needs data with a channel axis and var + epsilon > 0")
+    a = scale / np.sqrt(var + eps)
+    c = bias - mean * a
+    bshape = (1, d.shape[1]) + (1,) * (len(d.shape) - 2)
+    return [b.scale(node, d, a.reshape(bshape), c.reshape(bshape), node.input[0])]
+
+
+_ACT = {"Relu": "relu", "LeakyRelu": "leaky_relu", "Sigmoid": "sigmoid", "Tanh": "tanh",
+        "Atan": "arctan", "Elu": "elu", "Softplus": "softplus", "HardSigmoid": "hard_sigmoid"}
+_ACT_DEFAULT = {"LeakyRelu": 0.01, "Elu": 1.0, "HardSigmoid": 0.2}
+
+
+def _activation(b, node, ins, attrs):
+    d = b.data(node, ins[0])
+    name = _ACT[node.op_type]
+    alpha = None
+    if node.op_type in _ACT_DEFAULT:
+        alpha = float(attrs.get("alpha", _ACT_DEFAULT[node.op_type]))
+        low, high, closed = ACTIVATIONS[name].param_range
+        if not ((low <= alpha if closed else low < alpha) and alpha <= high):
+            b.fail(node, f"alpha {alpha:g} is outside the range the bounds hold for "
+                         f"({'[' if closed else '('}{low:g}, {high:g}])")
+    if node.op_type == "HardSigmoid" and float(attrs.get("beta", 0.5)) != 0.5:
+        b.fail(node, "only beta 0.5 is supported")
+    nid = b.node_of(d, _label(node))
+    return [b.add(_label(node), ActivationOp(name, alpha), (nid,), d.shape)]
+
+
+HANDLERS = {
+    "Identity": _identity, "Dropout": _identity, "Cast": _cast,
+    "Reshape": _moved(_reshape), "Flatten": _moved(_flatten), "Transpose": _moved(_transpose),
+    "Squeeze": _moved(_squeeze), "Unsqueeze": _moved(_unsqueeze), "Slice": _moved(_slice),
+    "Gather": _moved(_gather), "Expand": _moved(_expand), "Concat": _concat, "Split": _split,
+    "Pad": _pad, "Add": _binary, "Sub": _binary, "Mul": _binary, "Div": _binary, "Neg": _neg,
+    "MatMul": _matmul, "Gemm": _gemm, "Conv": _conv, "AveragePool": _pool, "MaxPool": _pool,
+    "BatchNormalization": _batchnorm, "Constant": _constant, "Shape": _shape,
+    "ConstantOfShape": _constant_of_shape,
+    "Equal": _const_fn(np.equal), "Where": _const_fn(np.where), "Less": _const_fn(np.less),
+    "Greater": _const_fn(np.greater), "Not": _const_fn(np.logical_not),
+    "Range": _const_fn(lambda s, e, d: np.arange(s, e, d)), "Floor": _const_fn(np.floor),
+    "Ceil": _const_fn(np.ceil), "Sqrt": _const_fn(np.sqrt), "Abs": _const_fn(np.abs),
+    "Min": _const_fn(np.minimum), "Max": _const_fn(np.maximum),
+    **{op: _activation for op in _ACT},
+}
+
+SUPPORTED = ", ".join(sorted(HANDLERS))

@@ -1,0 +1,422 @@
+"""The operations of a graph network: affine maps with their transposes, activations, MaxPool.
+
+Every value is a batch of flat vectors (N, n): a node's tensor flattened in row-major order
+of its ONNX shape. An affine operation maps its inputs' values to ``A(x_1, ..., x_k) + b``
+and offers four things:
+
+- ``forward(xs)``: ``A(xs) + b`` for a batch (float64);
+- ``forward_abs(xs)``: ``|A|(xs)``, the same map with every coefficient replaced by its
+  absolute value and no bias (for interval radii and rounding allowances; xs >= 0);
+- ``transpose(Lam)``: the rows ``Lam`` (r, m) over the output pulled back to each input,
+  ``[Lam A_1, ..., Lam A_k]`` (a convolution's is a transposed convolution, a gather's a
+  scatter-add; no operation builds the dense matrix of a convolution);
+- ``terms``, ``terms_fwd``: the largest number of products summed into one element of
+  ``transpose`` and of ``forward`` (0: exact, no rounding), for the rounding charges of
+  :mod:`crown_cli.engine.graph_bounds` (gamma_terms of the products' magnitudes).
+
+``bias`` is the constant vector b (m,) or None. The max pool is in
+:mod:`crown_cli.graph.pooling`.
+"""
+from __future__ import annotations
+
+from typing import List, Optional, Sequence
+
+import numpy as np
+
+try:  # scipy is a dependency; imported here so a sparse weight is recognised
+    import scipy.sparse as sp
+except ImportError:  # pragma: no cover
+    sp = None
+
+
+def is_sparse(w) -> bool:
+    return sp is not None and sp.issparse(w)
+
+
+class Affine:
+    kind = "affine"
+    bias: Optional[np.ndarray] = None
+    terms = 0
+    terms_fwd = 0
+
+    def parameters(self) -> int:
+        return 0
+
+    def describe(self) -> str:
+        return type(self).__name__.lower()
+
+
+class Dense(Affine):
+    """``y = W x + b``; W an ndarray (m, n) or a scipy.sparse matrix (kept sparse: CSR for the
+    forward map and CSR of W^T for the transpose)."""
+
+    def __init__(self, W, b=None, label: str = ""):
+        self.label = label  # what the loader made it of (e.g. an average pool), for inspect
+        if is_sparse(W):
+            self.W = sp.csr_matrix(W, dtype=np.float64)
+            self.W.sum_duplicates()
+            self._absW = abs(self.W)
+            self._WT = self.W.T.tocsr()  # (n, m): rows of the transpose
+            nnz_rows = np.diff(self.W.indptr)
+            nnz_cols = np.diff(self._WT.indptr)
+            self.terms_fwd = int(nnz_rows.max(initial=0)) + 1
+            self.terms = int(nnz_cols.max(initial=0))
+        else:
+            self.W = np.ascontiguousarray(W, dtype=np.float64)
+            self._absW = np.abs(self.W)
+            self.terms_fwd = self.W.shape[1] + 1
+            self.terms = self.W.shape[0]
+        self.bias = None if b is None else np.ascontiguousarray(b, dtype=np.float64).reshape(-1)
+        self.n_in = [int(self.W.shape[1])]
+        self.size = int(self.W.shape[0])
+
+    @property
+    def sparse(self) -> bool:
+        return is_sparse(self.W)
+
+    def forward(self, xs):
+        y = _right(xs[0], self.W)
+        return y if self.bias is None else y + self.bias
+
+    def forward_abs(self, xs):
+        return _right(xs[0], self._absW)
+
+    def transpose(self, Lam):
+        if self.sparse:  # (W^T Lam^T)^T with W^T in CSR
+            return [np.ascontiguousarray((self._WT @ Lam.T).T)]
+        return [Lam @ self.W]
+
+    def parameters(self) -> int:
+        if self.label:  # a fixed map the loader made (an average pool): nothing learned
+            return 0
+        nb = 0 if self.bias is None else self.bias.size
+        return int((self.W.nnz if self.sparse else self.W.size) + nb)
+
+    def describe(self) -> str:
+        m, n = self.W.shape
+        text = f"{self.label or 'dense'} {n} -> {m}"
+        return text + (f" (sparse, {self.W.nnz} nonzeros)" if self.sparse else "")
+
+    def scaled(self, a, c):
+        """This layer followed by ``a * y + c`` (elementwise), as one layer."""
+        if self.sparse:
+            W = sp.diags(a) @ self.W
+        else:
+            W = self.W * a[:, None]
+        b = c if self.bias is None else a * self.bias + c
+        return Dense(W, b, self.label)
+
+
+def after_scale(op, a, c):
+    """``a * x + c`` followed by the affine ``op`` (Dense with a dense matrix, or Conv) as
+    one operation, or None where that is not possible."""
+    if isinstance(op, Conv):
+        return op.after_scale(a, c)
+    if isinstance(op, Dense) and not op.sparse and not op.label:
+        b = op.W @ c if op.bias is None else op.W @ c + op.bias
+        return Dense(op.W * a[None, :], b)
+    return None
+
+
+def _right(x, W):
+    """x (N, n) times W^T for a dense or sparse W (m, n)."""
+    if is_sparse(W):
+        return np.ascontiguousarray((W @ x.T).T)
+    return x @ W.T
+
+
+class Conv(Affine):
+    """2-D convolution (cross-correlation, as ONNX's Conv) of an input (C, H, W) with weights
+    (O, C / group, kh, kw), strides, pads (top, left, bottom, right), dilations, groups.
+
+    The forward map and its transpose loop over the kh * kw kernel offsets; each offset is a
+    product over channels (BLAS) added into a strided window, so neither forms patches of the
+    whole layer nor its dense matrix."""
+
+    def __init__(self, weight, bias, in_shape, strides=(1, 1), pads=(0, 0, 0, 0),
+                 dilations=(1, 1), group=1):
+        self.weight = np.ascontiguousarray(weight, dtype=np.float64)
+        O, Cg, kh, kw = self.weight.shape
+        C, H, W = (int(v) for v in in_shape)
+        if C != Cg * group or O % group:
+            raise ValueError(f"weights {self.weight.shape} do not fit {C} input channels "
+                             f"in {group} groups")
+        self.in_shape = (C, H, W)
+        self.strides, self.pads = tuple(map(int, strides)), tuple(map(int, pads))
+        self.dilations, self.group = tuple(map(int, dilations)), int(group)
+        sh, sw = self.strides
+        dh, dw = self.dilations
+        pt, pl, pb, pr = self.pads
+        OH = (H + pt + pb - dh * (kh - 1) - 1) // sh + 1
+        OW = (W + pl + pr - dw * (kw - 1) - 1) // sw + 1
+        if OH < 1 or OW < 1:
+            raise ValueError(f"kernel {kh}x{kw} does not fit the padded input {H}x{W}")
+        self.out_shape = (O, OH, OW)
+        self.channel_bias = None if bias is None else np.asarray(bias, np.float64).reshape(O)
+        self.bias = None if bias is None else np.repeat(self.channel_bias, OH * OW)
+        self.n_in = [C * H * W]
+        self.size = O * OH * OW
+        self.terms_fwd = Cg * kh * kw + 1
+        self.terms = (O // group) * kh * kw
+        self._abs = None
+
+    def _windows(self):
+        """For each kernel offset (i, j): the slices of the padded input it reads."""
+        O, OH, OW = self.out_shape
+        sh, sw = self.strides
+        dh, dw = self.dilations
+        kh, kw = self.weight.shape[2:]
+        for i in range(kh):
+            for j in range(kw):
+                yield i, j, (slice(i * dh, i * dh + sh * (OH - 1) + 1, sh),
+                             slice(j * dw, j * dw + sw * (OW - 1) + 1, sw))
+
+    def _groups(self):
+        O, Cg = self.weight.shape[:2]
+        Og = O // self.group
+        for g in range(self.group):
+            yield slice(g * Og, (g + 1) * Og), slice(g * Cg, (g + 1) * Cg)
+
+    def _conv(self, x, weight):
+        N = x.shape[0]
+        C, H, W = self.in_shape
+        pt, pl, pb, pr = self.pads
+        xp = np.zeros((N, C, H + pt + pb, W + pl + pr))
+        xp[:, :, pt:pt + H, pl:pl + W] = x.reshape(N, C, H, W)
+        O, OH, OW = self.out_shape
+        out = np.zeros((N, O, OH, OW))
+        for i, j, (si, sj) in self._windows():
+            for go, gc in self._groups():
+                patch = xp[:, gc, si, sj]  # (N, Cg, OH, OW)
+                out[:, go] += np.einsum("oc,nchw->nohw", weight[go, :, i, j], patch, optimize=True)
+        return out.reshape(N, -1)
+
+    def forward(self, xs):
+        y = self._conv(xs[0], self.weight)
+        return y if self.bias is None else y + self.bias
+
+    def forward_abs(self, xs):
+        if self._abs is None:
+            self._abs = np.abs(self.weight)
+        return self._conv(xs[0], self._abs)
+
+    def transpose(self, Lam):
+        """The transposed convolution of the rows Lam (r, O * OH * OW)."""
+        r = Lam.shape[0]
+        C, H, W = self.in_shape
+        pt, pl, pb, pr = self.pads
+        O, OH, OW = self.out_shape
+        L = Lam.reshape(r, O, OH, OW)
+        g = np.zeros((r, C, H + pt + pb, W + pl + pr))
+        for i, j, (si, sj) in self._windows():
+            for go, gc in self._groups():
+                g[:, gc, si, sj] += np.einsum("oc,rohw->rchw", self.weight[go, :, i, j], L[:, go],
+                                              optimize=True)
+        return [np.ascontiguousarray(g[:, :, pt:pt + H, pl:pl + W]).reshape(r, -1)]
+
+    def parameters(self) -> int:
+        return int(self.weight.size + (0 if self.channel_bias is None else self.channel_bias.size))
+
+    def describe(self) -> str:
+        O, Cg, kh, kw = self.weight.shape
+        extra = [f"stride {self.strides}" if self.strides != (1, 1) else "",
+                 f"pads {self.pads}" if any(self.pads) else "",
+                 f"dilation {self.dilations}" if self.dilations != (1, 1) else "",
+                 f"groups {self.group}" if self.group != 1 else ""]
+        extra = ", ".join(e for e in extra if e)
+        return f"conv {self.in_shape[0]} -> {O}, kernel {kh}x{kw}" + (f" ({extra})" if extra else "")
+
+    def scaled(self, a, c):
+        """This convolution followed by ``a * y + c`` with a, c constant per output channel
+        (a BatchNormalization), or None when they are not."""
+        O, OH, OW = self.out_shape
+        A, Cc = a.reshape(O, -1), c.reshape(O, -1)
+        if not (np.all(A == A[:, :1]) and np.all(Cc == Cc[:, :1])):
+            return None
+        ao, co = A[:, 0], Cc[:, 0]
+        b = co if self.channel_bias is None else ao * self.channel_bias + co
+        return Conv(self.weight * ao[:, None, None, None], b, self.in_shape, self.strides,
+                    self.pads, self.dilations, self.group)
+
+    def after_scale(self, a, c):
+        """``a * x + c`` (elementwise on the input) followed by this convolution, as one
+        convolution, or None: needs no padding (a padded zero is not scaled) and a, c
+        constant per input channel."""
+        C = self.in_shape[0]
+        A, Cc = a.reshape(C, -1), c.reshape(C, -1)
+        if any(self.pads) or not (np.all(A == A[:, :1]) and np.all(Cc == Cc[:, :1])):
+            return None
+        O, Cg = self.weight.shape[:2]
+        ach, cch = A[:, 0].reshape(self.group, Cg), Cc[:, 0].reshape(self.group, Cg)
+        grp = np.arange(O) // (O // self.group)
+        w = self.weight * ach[grp][:, :, None, None]
+        shift = np.einsum("ocij,oc->o", self.weight, cch[grp])
+        b = shift if self.channel_bias is None else self.channel_bias + shift
+        return Conv(w, b, self.in_shape, self.strides, self.pads, self.dilations, self.group)
+
+
+class IndexMap(Affine):
+    """``y_j = x[src_j]`` over the concatenation of the inputs' values, or the constant
+    ``table[-1 - src_j]`` where src_j < 0: every reshape, transpose, slice, gather, split,
+    concat, pad and broadcast of the loader. Its transpose is a scatter-add (exact when no
+    element is taken twice)."""
+
+    def __init__(self, src, n_in: Sequence[int], table=None):
+        self.src = np.ascontiguousarray(src, dtype=np.int64).reshape(-1)
+        self.n_in = [int(n) for n in n_in]
+        self.size = int(self.src.size)
+        table = np.zeros(0) if table is None else np.asarray(table, np.float64)
+        self.valid = self.src >= 0
+        self.cols = self.src[self.valid]
+        total = sum(self.n_in)
+        counts = np.bincount(self.cols, minlength=total) if self.cols.size else np.zeros(total, int)
+        self.unique = bool(counts.max(initial=0) <= 1)
+        self.terms = 0 if self.unique else int(counts.max())
+        self.terms_fwd = 0
+        if self.valid.all():
+            self.bias = None
+        else:
+            self.bias = np.zeros(self.size)
+            self.bias[~self.valid] = table[-1 - self.src[~self.valid]]
+        if not self.unique:
+            self._P = sp.csr_matrix((np.ones(self.cols.size), (self.cols, np.flatnonzero(self.valid))),
+                                    shape=(total, self.size))
+
+    def _gather(self, xs):
+        x = xs[0] if len(xs) == 1 else np.concatenate(xs, axis=1)
+        y = np.zeros((x.shape[0], self.size))
+        y[:, self.valid] = x[:, self.cols]
+        return y
+
+    def forward(self, xs):
+        y = self._gather(xs)
+        return y if self.bias is None else y + self.bias
+
+    def forward_abs(self, xs):
+        return self._gather(xs)
+
+    def transpose(self, Lam):
+        r = Lam.shape[0]
+        if self.unique:
+            g = np.zeros((r, sum(self.n_in)))
+            g[:, self.cols] = Lam[:, self.valid]
+        else:
+            g = np.ascontiguousarray((self._P @ Lam.T).T)
+        return _split(g, self.n_in)
+
+    def describe(self) -> str:
+        kind = "permutation" if self.unique and self.valid.all() and self.size == sum(self.n_in) \
+            else "gather"
+        return f"index map ({kind}) {sum(self.n_in)} -> {self.size}"
+
+
+class Scale(Affine):
+    """``y = a * x + c`` elementwise (Mul/Div/Add/Sub by constants, an unfolded
+    BatchNormalization)."""
+
+    terms = 1
+    terms_fwd = 2
+
+    def __init__(self, a, c=None):
+        self.a = np.ascontiguousarray(a, dtype=np.float64).reshape(-1)
+        self.size = self.a.size
+        self.n_in = [self.size]
+        self.bias = None if c is None else np.ascontiguousarray(c, np.float64).reshape(-1)
+        self._abs = np.abs(self.a)
+
+    def forward(self, xs):
+        y = xs[0] * self.a
+        return y if self.bias is None else y + self.bias
+
+    def forward_abs(self, xs):
+        return xs[0] * self._abs
+
+    def transpose(self, Lam):
+        return [Lam * self.a]
+
+    def parameters(self) -> int:
+        return int(self.a.size + (0 if self.bias is None else self.bias.size))
+
+    def describe(self) -> str:
+        return f"scale {self.size}"
+
+    def scaled(self, a, c):
+        b = c if self.bias is None else a * self.bias + c
+        return Scale(a * self.a, b)
+
+
+class Sum(Affine):
+    """``y = sum_k s_k x_k`` with signs s_k = +1 or -1 (Add/Sub of tensors of one shape)."""
+
+    terms = 0  # the transpose only negates
+
+    def __init__(self, signs: Sequence[float], size: int):
+        self.signs = [float(s) for s in signs]
+        self.size = int(size)
+        self.n_in = [self.size] * len(self.signs)
+        self.terms_fwd = len(self.signs)
+
+    def forward(self, xs):
+        y = self.signs[0] * xs[0]
+        for s, x in zip(self.signs[1:], xs[1:]):
+            y = y + s * x
+        return y
+
+    def forward_abs(self, xs):
+        y = xs[0]
+        for x in xs[1:]:
+            y = y + x
+        return y
+
+    def transpose(self, Lam):
+        return [Lam if s == 1.0 else -Lam for s in self.signs]
+
+    def describe(self) -> str:
+        return " ".join("+" if s > 0 else "-" for s in self.signs) + f" sum of {len(self.signs)}"
+
+
+def _split(g, sizes) -> List[np.ndarray]:
+    if len(sizes) == 1:
+        return [g]
+    cuts = np.cumsum(sizes)[:-1]
+    return [np.ascontiguousarray(p) for p in np.split(g, cuts, axis=1)]
+
+
+class ActivationOp:
+    """An elementwise activation of :data:`crown_cli.activations.ACTIVATIONS`."""
+
+    kind = "activation"
+
+    def __init__(self, name: str, alpha=None):
+        from crown_cli.activations import get
+
+        self.name = name
+        self.alpha = get(name).default_param if alpha is None else alpha
+
+    def forward(self, xs):
+        from crown_cli.activations import apply_activation
+
+        return apply_activation(self.name, xs[0], self.alpha)
+
+    def parameters(self) -> int:
+        return 0
+
+    def describe(self) -> str:
+        return self.name + ("" if self.alpha is None else f" (alpha={self.alpha:g})")
+
+
+class InputOp:
+    """Graph input ``index``: the elements ``offset .. offset + size`` of the flat input
+    vector (VNN-LIB's X_i, inputs in order, each flattened row-major)."""
+
+    kind = "input"
+
+    def __init__(self, index: int, offset: int, size: int):
+        self.index, self.offset, self.size = index, offset, size
+        self.n_in: List[int] = []
+
+    def parameters(self) -> int:
+        return 0
+
+    def describe(self) -> str:
+        return f"input {self.index} (X_{self.offset}..X_{self.offset + self.size - 1})"

@@ -1,0 +1,176 @@
+"""Small ONNX models of every operator kind the graph loader reads, built with onnx.helper
+(tests/test_graph_forward.py, tests/test_graph_bounds.py). Each builder takes a seeded numpy
+generator and returns an onnx ModelProto with float32 weights."""
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+
+
+class G:
+    """A model under construction: initializers, nodes, fresh tensor names."""
+
+    def __init__(self, rng):
+        self.rng, self.nodes, self.inits, self.k = rng, [], [], 0
+
+    def name(self, stem="t"):
+        self.k += 1
+        return f"{stem}{self.k}"
+
+    def const(self, array, dtype=np.float32):
+        n = self.name("c")
+        self.inits.append(numpy_helper.from_array(np.asarray(array, dtype=dtype), n))
+        return n
+
+    def rand(self, *shape, scale=0.5):
+        return self.const(self.rng.normal(0.0, scale, size=shape))
+
+    def op(self, op_type, inputs, n_out=1, **attrs):
+        outs = [self.name() for _ in range(n_out)]
+        self.nodes.append(helper.make_node(op_type, list(inputs), outs, name=self.name(op_type),
+                                           **attrs))
+        return outs[0] if n_out == 1 else outs
+
+    def model(self, inputs, outputs, opset=17):
+        ins = [helper.make_tensor_value_info(n, TensorProto.FLOAT, list(s)) for n, s in inputs]
+        outs = [helper.make_tensor_value_info(n, TensorProto.FLOAT, []) for n in outputs]
+        graph = helper.make_graph(self.nodes, "g", ins, outs, initializer=self.inits)
+        m = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
+        m.ir_version = 8
+        onnx.checker.check_model(m)
+        return m
+
+
+def dense_chain(rng, sizes=(5, 8, 7, 3), act="Relu"):
+    g = G(rng)
+    x = "x"
+    for k in range(len(sizes) - 1):
+        x = g.op("Gemm", [x, g.rand(sizes[k + 1], sizes[k]), g.rand(sizes[k + 1])], transB=1)
+        if k < len(sizes) - 2:
+            x = g.op(act, [x])
+    return g.model([("x", (1, sizes[0]))], [x])
+
+
+def conv_net(rng, act="Relu", bn=True, pool="AveragePool"):
+    """Conv (stride, pads, dilation, groups) -> BatchNorm (folded) -> act -> pool -> Conv ->
+    BN after a Relu (not foldable) -> flatten -> Gemm."""
+    g = G(rng)
+    x = g.op("Conv", ["x", g.rand(4, 2, 3, 3), g.rand(4)], strides=[1, 2], pads=[1, 0, 1, 1],
+             dilations=[1, 1])
+    if bn:
+        x = g.op("BatchNormalization", [x, g.const(rng.uniform(0.5, 1.5, 4)), g.rand(4),
+                                        g.rand(4), g.const(rng.uniform(0.5, 2.0, 4))])
+    x = g.op(act, [x])
+    if pool == "AveragePool":
+        x = g.op("AveragePool", [x], kernel_shape=[2, 2], strides=[1, 1], pads=[0, 1, 1, 0],
+                 count_include_pad=0)
+    elif pool == "MaxPool":
+        x = g.op("MaxPool", [x], kernel_shape=[2, 2], strides=[1, 1])
+    x = g.op("Conv", [x, g.rand(4, 2, 2, 2), g.rand(4)], group=2, dilations=[2, 1])
+    x = g.op("Relu", [x])
+    x = g.op("BatchNormalization", [x, g.const(rng.uniform(0.5, 1.5, 4)), g.rand(4),
+                                    g.rand(4), g.const(rng.uniform(0.5, 2.0, 4))])
+    x = g.op("Flatten", [x])
+    n = int(np.prod(_shape(g, "x", (1, 2, 6, 7), x)[1:]))
+    x = g.op("Gemm", [x, g.rand(3, n), g.rand(3)], transB=1)
+    return g.model([("x", (1, 2, 6, 7))], [x])
+
+
+def _shape(g, name, in_shape, out):
+    """The shape of tensor ``out`` of the nodes built so far (by running them once)."""
+    from onnx.reference import ReferenceEvaluator
+
+    graph = helper.make_graph(g.nodes, "s", [helper.make_tensor_value_info(name, TensorProto.FLOAT, list(in_shape))],
+                              [helper.make_tensor_value_info(out, TensorProto.FLOAT, [])],
+                              initializer=g.inits)
+    m = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    return ReferenceEvaluator(m).run(None, {name: np.zeros(in_shape, np.float32)})[0].shape
+
+
+def residual(rng, act="Relu"):
+    """Dense layer, then two branches (a dense + act, and a Slice/Concat/Mul-scaled copy)
+    summed (Add of tensors), Sub of tensors, mixed activations, a sigmoid output."""
+    g = G(rng)
+    h = g.op("Gemm", ["x", g.rand(6, 4), g.rand(6)], transB=1)
+    a = g.op(act, [h])
+    b1 = g.op(act, [g.op("MatMul", [a, g.rand(6, 6)])])
+    s1 = g.op("Slice", [a, g.const([0, 4], np.int64), g.const([2, 6], np.int64),
+                        g.const([0, 1], np.int64)], )
+    s2 = g.op("Slice", [a, g.const([0, 0], np.int64), g.const([1, 4], np.int64),
+                        g.const([0, 1], np.int64)])
+    cat = g.op("Concat", [s2, s1], axis=1)
+    b2 = g.op("Div", [g.op("Mul", [cat, g.rand(6)]), g.const(np.full(6, 2.0))])
+    sm = g.op("Add", [b1, b2])
+    d = g.op("Sub", [sm, a])
+    t = g.op("Tanh", [d])
+    out = g.op("Gemm", [t, g.rand(3, 6), g.rand(3)], transB=1)
+    out = g.op("Sigmoid", [out])
+    return g.model([("x", (1, 4))], [out])
+
+
+def shapes_net(rng):
+    """PyTorch-style shape arithmetic (Shape, Gather, Unsqueeze, Concat, Reshape), Transpose,
+    Squeeze/Unsqueeze, Split, Gather with constant indices, Pad, Identity, Dropout, Sub with
+    the constant first, Neg, and a LeakyRelu."""
+    g = G(rng)
+    x = g.op("Identity", ["x"])
+    x = g.op("Pad", [x, g.const([0, 0, 1, 0, 0, 0, 0, 2], np.int64), g.const(0.25)])  # (1,2,4,5)
+    x = g.op("Transpose", [x], perm=[0, 2, 3, 1])  # (1, 4, 5, 2)
+    sh = g.op("Shape", [x])
+    b = g.op("Gather", [sh, g.const(0, np.int64)], axis=0)
+    bu = g.op("Unsqueeze", [b, g.const([0], np.int64)])
+    shape = g.op("Concat", [bu, g.const([-1], np.int64)], axis=0)
+    f = g.op("Reshape", [x, shape])  # (1, 40)
+    f = g.op("Dropout", [f])
+    parts = g.op("Split", [f, g.const([15, 25], np.int64)], n_out=2, axis=1)
+    p0 = g.op("Gather", [parts[0], g.const([3, 1, 1, 14, 0], np.int64)], axis=1)  # (1, 5)
+    p1 = g.op("MatMul", [parts[1], g.rand(25, 5)])
+    y = g.op("Sub", [g.const(np.linspace(-1, 1, 5)), g.op("Add", [p0, p1])])
+    y = g.op("Neg", [g.op("LeakyRelu", [y], alpha=0.1)])
+    y = g.op("Unsqueeze", [g.op("Squeeze", [y, g.const([0], np.int64)]), g.const([0], np.int64)])
+    y = g.op("Gemm", [y, g.rand(5, 4), g.rand(4)])
+    return g.model([("x", (1, 2, 3, 3))], [y])
+
+
+def two_inputs(rng):
+    """Two input tensors, concatenated and summed, two outputs."""
+    g = G(rng)
+    a = g.op("Gemm", ["u", g.rand(3, 4), g.rand(3)], transB=1)
+    b = g.op("MatMul", ["v", g.rand(2, 3)])
+    s = g.op("Relu", [g.op("Add", [a, b])])
+    c = g.op("Concat", [s, g.op("Softplus", [b])], axis=1)
+    y1 = g.op("Gemm", [c, g.rand(6, 2)])
+    y2 = g.op("Elu", [g.op("Gemm", [s, g.rand(3, 2)])], alpha=0.5)
+    return g.model([("u", (1, 4)), ("v", (1, 2))], [y1, y2])
+
+
+def broadcast_net(rng):
+    """MatMul by a constant over leading dimensions (a repeated, sparse layer), the constant
+    on the left, Expand, Atan and HardSigmoid."""
+    g = G(rng)
+    x = g.op("Reshape", ["x", g.const([1, 3, 4], np.int64)])
+    x = g.op("MatMul", [x, g.rand(4, 5)])  # (1, 3, 5)
+    x = g.op("Atan", [x])
+    x = g.op("MatMul", [g.rand(2, 3), x])  # (1, 2, 5)
+    x = g.op("Expand", [g.op("Unsqueeze", [x, g.const([1], np.int64)]), g.const([1, 2, 1, 1], np.int64)])
+    x = g.op("HardSigmoid", [x], alpha=0.2, beta=0.5)
+    x = g.op("Flatten", [x])
+    x = g.op("Gemm", [x, g.rand(20, 3), g.rand(3)])
+    return g.model([("x", (1, 12))], [x])
+
+
+def normalised(rng):
+    """Input normalisation per channel (Sub, Div) folded into a Conv without padding, a
+    scaling after a Relu folded into the next Gemm."""
+    g = G(rng)
+    x = g.op("Sub", ["x", g.const(rng.normal(size=(1, 2, 1, 1)))])
+    x = g.op("Div", [x, g.const(rng.uniform(0.5, 2.0, size=(1, 2, 1, 1)))])
+    x = g.op("Relu", [g.op("Conv", [x, g.rand(4, 1, 2, 2), g.rand(4)], group=2)])
+    x = g.op("Mul", [g.op("Flatten", [x]), g.const(rng.uniform(0.5, 2.0, size=(1, 48)))])
+    x = g.op("Gemm", [x, g.rand(3, 48), g.rand(3)], transB=1)
+    return g.model([("x", (1, 2, 4, 5))], [x])
+
+
+BUILDERS = {"dense": dense_chain, "conv": conv_net, "residual": residual, "shapes": shapes_net,
+            "two_inputs": two_inputs, "broadcast": broadcast_net, "normalised": normalised,
+            "conv_maxpool": lambda rng: conv_net(rng, pool="MaxPool"),
+            "conv_tanh": lambda rng: conv_net(rng, act="Tanh", bn=False)}

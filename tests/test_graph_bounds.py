@@ -1,0 +1,287 @@
+"""CROWN on graphs (crown_cli.engine.graph_bounds): (a) sound on random small graphs of every
+operator kind, by sampling inside l_inf, l_2, l_1 balls and boxes (vertices included);
+(b) on a plain dense chain, the same bounds as the dense engine (crown_cli.engine.backsub);
+(c) a convolution's bound equals the bound of the same network with the convolution written
+as its dense matrix; intermediate bounds, several consumers, MaxPool refused."""
+import os
+
+import numpy as np
+import pytest
+
+import onnx
+
+from crown_cli.engine import backsub
+from crown_cli.engine.graph_bounds import GraphBounds, graph_bounds
+from crown_cli.engine.input_sets import Box
+from crown_cli.engine.relaxations import get_relaxation
+from crown_cli.graph.network import Graph, Node
+from crown_cli.graph.ops import ActivationOp, Conv, Dense, InputOp
+from crown_cli.graph.onnx_graph import load_graph
+
+from graph_models import BUILDERS
+
+KINDS = sorted(BUILDERS)
+QCODES = {"inf": 0, "2": 1, "1": 2}
+
+
+def _graph(tmp_path, kind, seed=0):
+    path = os.path.join(str(tmp_path), f"{kind}.onnx")
+    onnx.save(BUILDERS[kind](np.random.default_rng(seed)), path)
+    return load_graph(path)
+
+
+def _samples(rng, x0, eps, norm, n=3000):
+    d = x0.size
+    if norm == "inf":
+        pts = rng.uniform(-1, 1, size=(n, d))
+        pts[: n // 3] = np.sign(pts[: n // 3])  # vertices
+    else:
+        dirs = rng.normal(size=(n, d)) if norm == "2" else rng.laplace(size=(n, d))
+        dirs /= np.linalg.norm(dirs, ord=int(norm), axis=1, keepdims=True)
+        pts = dirs * rng.uniform(0, 1, size=(n, 1)) ** (1.0 / d)
+        pts[: n // 3] = dirs[: n // 3]  # on the sphere
+        if norm == "1":  # the vertices of the l1 ball
+            k = rng.integers(0, d, size=n // 6)
+            pts[:k.size] = 0.0
+            pts[np.arange(k.size), k] = rng.choice([-1.0, 1.0], size=k.size)
+    return x0 + eps * pts
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("norm", ["inf", "2", "1"])
+def test_sound_by_sampling(tmp_path, kind, norm):
+    g = _graph(tmp_path, kind, seed=1)
+    rng = np.random.default_rng(2)
+    x0 = rng.uniform(-1, 1, g.input_size)
+    eps = {"inf": 0.15, "2": 0.4, "1": 0.6}[norm]
+    gb = GraphBounds(g, x0, eps, QCODES[norm])
+    lo, hi = gb.bounds()
+    C = rng.normal(size=(4, g.output_size))
+    clo, chi = gb.bounds(C)
+    xs = _samples(rng, x0, eps, norm)
+    y, vals = g.forward(xs, return_all=True)
+    assert np.all(y >= lo) and np.all(y <= hi)
+    assert np.all(y @ C.T >= clo) and np.all(y @ C.T <= chi)
+    for i, v in enumerate(vals):  # every node's interval encloses its values
+        assert np.all(v >= gb.lo[i]) and np.all(v <= gb.hi[i]), g.nodes[i].name
+    # not vacuous: the bounds are within a few times the sampled range
+    assert np.all(hi - lo <= 50 * (y.max(0) - y.min(0)) + 1e-9)
+
+
+@pytest.mark.parametrize("kind", ["conv", "residual", "two_inputs"])
+def test_sound_on_a_box(tmp_path, kind):
+    g = _graph(tmp_path, kind, seed=2)
+    rng = np.random.default_rng(3)
+    a = rng.uniform(-1, 1, g.input_size)
+    box = Box(a - rng.uniform(0, 0.3, a.size), a + rng.uniform(0, 0.3, a.size))
+    lo, hi = graph_bounds(g, *box.args())
+    xs = rng.uniform(box.lo, box.hi, size=(3000, a.size))
+    xs[:1000] = np.where(rng.random((1000, a.size)) < 0.5, box.lo, box.hi)
+    y = g.forward(xs)
+    assert np.all(y >= lo) and np.all(y <= hi)
+
+
+@pytest.mark.parametrize("act", ["Relu", "Tanh", "Sigmoid"])
+@pytest.mark.parametrize("norm", ["inf", "2", "1"])
+def test_dense_chain_equals_dense_engine(tmp_path, act, norm):
+    """The graph of a Gemm chain bounds like crown_cli.engine.backsub (its hidden-layer
+    bounds and the margins' lower bounds, to 1e-9 relative)."""
+    path = os.path.join(str(tmp_path), "chain.onnx")
+    onnx.save(BUILDERS["dense"](np.random.default_rng(7), sizes=(6, 12, 10, 9, 4), act=act), path)
+    g = load_graph(path)
+    dense = [n.op for n in g.nodes if isinstance(n.op, Dense)]
+    net = backsub.Network([d.W for d in dense], [d.bias for d in dense])
+    rng = np.random.default_rng(8)
+    x0 = rng.uniform(-1, 1, 6)
+    eps, q = 0.3, QCODES[norm]
+    relax_fn = get_relaxation(act.lower(), "crown")
+    C = np.eye(4)[[0, 0, 0]] - np.eye(4)[[1, 2, 3]]
+    want, hidden = backsub.margin_lower_bound(net, x0, eps, q, relax_fn, C, return_bounds=True)
+    gb = GraphBounds(g, x0, eps, q, ibp=False)
+    got = gb.bounds(C)[0]
+    np.testing.assert_allclose(got, want, rtol=1e-9, atol=1e-12)
+    pre = [n.inputs[0] for n in g.nodes if n.kind == "activation"]
+    for (l, u), p in zip(hidden, pre):
+        np.testing.assert_allclose(gb.lo[p], l, rtol=1e-9, atol=1e-12)
+        np.testing.assert_allclose(gb.hi[p], u, rtol=1e-9, atol=1e-12)
+
+
+def _conv_net(rng, as_dense: bool):
+    conv = Conv(rng.normal(size=(4, 2, 3, 3)), rng.normal(size=4), (2, 6, 5), strides=(2, 1),
+                pads=(1, 1, 0, 1), dilations=(1, 1), group=1)
+    conv2 = Conv(rng.normal(size=(4, 1, 2, 2)), rng.normal(size=4), conv.out_shape, group=4)
+    head = Dense(rng.normal(size=(3, conv2.size)), rng.normal(size=3))
+
+    def dense_of(op):
+        A = (op.forward([np.eye(op.n_in[0])]) - op.bias).T
+        return Dense(A, op.bias)
+
+    ops = [conv, conv2] if not as_dense else [dense_of(conv), dense_of(conv2)]
+    nodes = [Node("x", InputOp(0, 0, 60), (), (1, 2, 6, 5)),
+             Node("c1", ops[0], (0,), (1,) + conv.out_shape),
+             Node("r1", ActivationOp("relu"), (1,), (1,) + conv.out_shape),
+             Node("c2", ops[1], (2,), (1,) + conv2.out_shape),
+             Node("t2", ActivationOp("tanh"), (3,), (1,) + conv2.out_shape),
+             Node("fc", head, (4,), (1, 3))]
+    return Graph(nodes, 5)
+
+
+@pytest.mark.parametrize("norm", ["inf", "2"])
+def test_conv_equals_its_dense_matrix(norm):
+    a, b = _conv_net(np.random.default_rng(9), False), _conv_net(np.random.default_rng(9), True)
+    x0 = np.random.default_rng(10).uniform(-1, 1, 60)
+    eps = 0.05 if norm == "inf" else 0.3
+    C = np.array([[1.0, -1.0, 0.0], [0.0, 1.0, -1.0]])
+    la, ua = graph_bounds(a, x0, eps, QCODES[norm], C)
+    lb, ub = graph_bounds(b, x0, eps, QCODES[norm], C)
+    np.testing.assert_allclose(la, lb, rtol=1e-9)
+    np.testing.assert_allclose(ua, ub, rtol=1e-9)
+    assert np.all(la < ua)
+
+
+def test_crown_tightens_intervals_and_interval_mode(tmp_path):
+    g = _graph(tmp_path, "conv_tanh", seed=4)
+    x0 = np.random.default_rng(5).uniform(-1, 1, g.input_size)
+    lo, hi = graph_bounds(g, x0, 0.1, 0)
+    li, hi_i = graph_bounds(g, x0, 0.1, 0, intermediate="interval")
+    assert np.all(lo >= li) and np.all(hi <= hi_i) and np.sum(hi - lo) < np.sum(hi_i - li)
+
+
+def test_maxpool_lines():
+    """A window whose largest lower bound passes every other upper bound is exact; else
+    y >= x_k* and y <= max u, and the bounds hold on every point of the box's vertices."""
+    from crown_cli.engine.graph_bounds import PoolLines
+
+    win = np.array([[0, 1, 2], [2, 3, -1], [1, 3, 0]])
+    lo, hi = np.array([0.0, 1.0, -1.0, 1.5]), np.array([0.5, 2.0, 0.9, 3.0])
+    pl = PoolLines(win, lo, hi)
+    assert list(pl.src) == [1, 3, 3] and list(pl.exact) == [True, True, False]
+    L = np.array([[1.0, -2.0, 0.5], [-1.0, 1.0, -3.0]])
+    D, c, m, T = pl.back(L)
+    assert T == 2
+    grid = np.stack(np.meshgrid(*[[a, b] for a, b in zip(lo, hi)]), -1).reshape(-1, 4)
+    y = np.stack([np.max(np.where(win >= 0, x[np.maximum(win, 0)], -np.inf), axis=1)
+                  for x in grid])
+    assert np.all(y @ L.T >= grid @ D.T + c - 1e-12)
+
+
+@pytest.mark.parametrize("residual", [False, True])
+def test_rounding_charged_against_exact_arithmetic(residual):
+    """All-active ReLU networks whose margin rows are orthogonal to the network's linear map
+    (so every computed coefficient is rounding noise) and inputs of order 1e5: the bounds lie
+    outside the exact rational range on every row (without the product and sum charges, half
+    of these 180 checks fail). With ``residual`` the rows also flow back through a Sum node
+    and are added up at the ReLU node."""
+    from fractions import Fraction as F
+
+    from crown_cli.graph.ops import Sum
+
+    for seed in range(30):
+        rng = np.random.default_rng(seed)
+        W1 = rng.uniform(0.5, 2.0, size=(6, 3))
+        W2 = rng.normal(size=(6, 6))
+        M = (W2 + np.eye(6) if residual else W2) @ W1
+        C = np.linalg.svd(M.T)[2][3:]  # rows orthogonal to M's columns
+        x0 = rng.uniform(1e5, 2e5, 3)
+        nodes = [Node("x", InputOp(0, 0, 3), (), (1, 3)), Node("d1", Dense(W1, None), (0,), (1, 6)),
+                 Node("r", ActivationOp("relu"), (1,), (1, 6)), Node("d2", Dense(W2, None), (2,), (1, 6))]
+        if residual:
+            nodes.append(Node("s", Sum([1.0, 1.0], 6), (3, 2), (1, 6)))
+        lo, hi = graph_bounds(Graph(nodes, len(nodes) - 1), x0, 1.0, 0, C)
+        W1f = [[F(v) for v in r] for r in W1]
+        W2f = [[F(v) + (1 if residual and i == j else 0) for j, v in enumerate(r)]
+               for i, r in enumerate(W2)]
+        for k, row in enumerate(C):
+            cw2 = [sum(F(row[i]) * W2f[i][j] for i in range(6)) for j in range(6)]
+            lam = [sum(cw2[j] * W1f[j][t] for j in range(6)) for t in range(3)]
+            val = sum(lv * F(x) for lv, x in zip(lam, x0))
+            spread = sum(abs(lv) for lv in lam)
+            assert F(lo[k]) <= val - spread and F(hi[k]) >= val + spread, (seed, k)
+
+
+def test_conv_pool_rounding_charged_against_exact_arithmetic():
+    """The same cancellation through a Conv (padded), an AveragePool (sparse Dense), a
+    duplicating IndexMap and a grouped Conv: rows orthogonal to the network's linear map,
+    inputs of order 1e4, all ReLUs active; the bounds lie outside the exact rational range."""
+    from fractions import Fraction as F
+
+    import scipy.sparse as sp
+
+    from crown_cli.graph.ops import IndexMap
+    from crown_cli.graph.pooling import pool_windows
+
+    for seed in range(3):
+        rng = np.random.default_rng(seed)
+        c1 = Conv(rng.uniform(0.5, 2.0, size=(4, 2, 2, 2)), None, (2, 4, 4), pads=(1, 1, 0, 0))
+        out, win, _ = pool_windows(c1.out_shape, (2, 2), (1, 1), (0, 0, 0, 0), (1, 1))
+        valid = win >= 0
+        rows = np.repeat(np.arange(win.shape[0]), valid.sum(1))
+        pool = Dense(sp.csr_matrix((np.full(valid.sum(), 0.25), (rows, win[valid])),
+                                   shape=(win.shape[0], c1.size)), None, "average pool")
+        dup = IndexMap(np.concatenate([np.arange(pool.size), np.arange(0, pool.size, 3)]),
+                       [pool.size])
+        c2 = Conv(rng.normal(size=(6, 2, 1, 1)), None, out, group=2)
+        head = Dense(rng.normal(size=(100, c2.size + dup.size - pool.size)), None)
+        nodes = [Node("x", InputOp(0, 0, 32), (), (1, 2, 4, 4)),
+                 Node("c1", c1, (0,), (1,) + c1.out_shape),
+                 Node("r", ActivationOp("relu"), (1,), (1,) + c1.out_shape),
+                 Node("p", pool, (2,), (1,) + out),
+                 Node("d", dup, (3,), (1, dup.size)),
+                 Node("c2", c2, (3,), (1,) + c2.out_shape),
+                 Node("cat", IndexMap(np.concatenate([np.arange(c2.size), c2.size + np.arange(
+                     pool.size, dup.size)]), [c2.size, dup.size]), (5, 4), (1, head.W.shape[1])),
+                 Node("h", head, (6,), (1, 100))]
+        g = Graph(nodes, 7)
+        mats = {}
+        for i, n in enumerate(nodes[1:], 1):
+            if n.kind == "affine":
+                parts = n.op.transpose(np.eye(n.op.size))  # exact: products by 1 and 0
+                mats[i] = [[[F(v) for v in row] for row in P] for P in parts]
+        ncat = head.W.shape[1]
+        lin = head.W @ (nodes[6].op.transpose(np.eye(ncat))[0] @
+                        c2.transpose(np.eye(c2.size))[0] @ pool.W.toarray() @
+                        c1.transpose(np.eye(c1.size))[0])
+        lin = lin + head.W @ nodes[6].op.transpose(np.eye(ncat))[1] @ dup.transpose(
+            np.eye(dup.size))[0] @ pool.W.toarray() @ c1.transpose(np.eye(c1.size))[0]
+        C = np.linalg.svd(lin.T)[2][32:35]
+        x0 = rng.uniform(1e4, 2e4, 32)
+        lo, hi = graph_bounds(g, x0, 1.0, 0, C)
+
+        def back(rows, i):  # exact rows over node i's value pulled back to the input
+            if i == 0:
+                return rows
+            if nodes[i].kind == "activation":  # active everywhere: the identity
+                return back(rows, nodes[i].inputs[0])
+            total = None
+            for j, M in zip(nodes[i].inputs, mats[i]):
+                part = back([[sum(r[k] * M[k][t] for k in range(len(r)) if r[k])
+                              for t in range(len(M[0]))] for r in rows], j)
+                total = part if total is None else [[a + b for a, b in zip(p, q)]
+                                                    for p, q in zip(total, part)]
+            return total
+
+        exact = back([[F(v) for v in row] for row in C], 7)
+        for k, lam in enumerate(exact):
+            val = sum(lv * F(x) for lv, x in zip(lam, x0))
+            spread = sum(abs(lv) for lv in lam)
+            assert F(lo[k]) <= val - spread and F(hi[k]) >= val + spread, (seed, k)
+
+
+def test_acasxu_graph_equals_dense_engine():
+    """A published network (VNN-COMP 2021 ACAS Xu, the test fixture) read as a graph bounds
+    like the MLP the existing loader reads, through the dense engine."""
+    from crown_cli.io.models import load_model
+
+    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "fixtures",
+                        "ACASXU_run2a_1_1_batch_2000.onnx")
+    g, mlp = load_graph(path), load_model(path)
+    assert g.is_chain() and len(g.activations()) == 6
+    box = Box(np.array([0.6, -0.5, -0.5, 0.45, -0.5]), np.array([0.68, 0.5, 0.5, 0.5, -0.45]))
+    C = np.eye(5)[[0, 0, 0, 0]] - np.eye(5)[[1, 2, 3, 4]]
+    want = backsub.margin_lower_bound(backsub.Network(mlp.weights, mlp.biases), *box.args(),
+                                      get_relaxation("relu", "crown"), C)
+    got = GraphBounds(g, *box.args(), ibp=False).bounds(C)[0]
+    np.testing.assert_allclose(got, want, rtol=1e-9)
+    xs = np.random.default_rng(0).uniform(box.lo, box.hi, size=(2000, 5))
+    assert np.all(g.forward(xs) @ C.T >= got)
+    np.testing.assert_allclose(g.forward(xs), mlp.forward(xs), rtol=1e-12, atol=1e-12)

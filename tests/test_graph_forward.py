@@ -1,0 +1,231 @@
+"""The graph loader (crown_cli.graph.onnx_graph) and the graph's float64 forward pass: every
+operator kind, on small ONNX models built here (tests/graph_models.py), against onnx's own
+reference evaluator on random inputs; each operation's transpose against its forward map
+(the adjoint identity); the refusals (unknown operator, non-affine products, the memory
+budget)."""
+import os
+
+import numpy as np
+import pytest
+
+import onnx
+from onnx.reference import ReferenceEvaluator
+
+from crown_cli.errors import InputError
+from crown_cli.graph import onnx_graph
+from crown_cli.graph.onnx_graph import load_graph
+from crown_cli.graph.ops import Conv, Dense, IndexMap, Scale, Sum
+
+from graph_models import BUILDERS, G
+
+
+def save(tmp_path, model, name="m"):
+    path = os.path.join(str(tmp_path), name + ".onnx")
+    onnx.save(model, path)
+    return path
+
+
+def reference_outputs(model, x):
+    """The reference evaluator's outputs for flat inputs x (N, d), inputs numbered in order
+    (VNN-LIB's X_i), outputs concatenated flat."""
+    ref = ReferenceEvaluator(model)
+    rows = []
+    for row in x:
+        feeds, off = {}, 0
+        for vi in model.graph.input:
+            shape = [d.dim_value for d in vi.type.tensor_type.shape.dim]
+            n = int(np.prod(shape))
+            feeds[vi.name] = row[off:off + n].reshape(shape).astype(np.float32)
+            off += n
+        outs = ref.run(None, feeds)
+        rows.append(np.concatenate([np.asarray(o, np.float64).reshape(-1) for o in outs]))
+    return np.array(rows)
+
+
+@pytest.mark.parametrize("kind", sorted(BUILDERS))
+def test_forward_equals_onnx_reference(tmp_path, kind):
+    model = BUILDERS[kind](np.random.default_rng(3))
+    g = load_graph(save(tmp_path, model))
+    x = np.random.default_rng(4).uniform(-1.5, 1.5, size=(5, g.input_size))
+    got = g.forward(x)
+    want = reference_outputs(model, x)
+    assert got.shape == want.shape
+    np.testing.assert_allclose(got, want, rtol=2e-5, atol=2e-5 * np.abs(want).max())
+    # one input without the batch axis gives the same row
+    np.testing.assert_allclose(g.forward(x[0]), got[0], rtol=1e-12, atol=1e-12)
+
+
+def test_folds_and_views(tmp_path):
+    """BatchNormalization after a Conv is folded into it; after a Relu it is a scaling node;
+    reshapes, transposes and PyTorch's shape arithmetic create no node of their own."""
+    g = load_graph(save(tmp_path, BUILDERS["conv"](np.random.default_rng(0))))
+    kinds = [type(n.op).__name__ for n in g.nodes]
+    assert kinds == ["InputOp", "Conv", "ActivationOp", "Dense", "Conv", "ActivationOp", "Scale",
+                     "Dense"]
+    assert any("BatchNormalization" in f for f in g.nodes[1].folded)
+    assert g.nodes[3].op.sparse and g.nodes[3].op.label.startswith("average pool")
+    s = load_graph(save(tmp_path, BUILDERS["shapes"](np.random.default_rng(0)), "s"))
+    assert not any(n.name.startswith(("Shape", "Reshape", "Transpose", "Concat"))
+                   for n in s.nodes)
+    assert s.input_size == 18 and s.output_size == 4
+
+
+def test_inputs_numbered_in_order(tmp_path):
+    model = BUILDERS["two_inputs"](np.random.default_rng(0))
+    g = load_graph(save(tmp_path, model))
+    assert [(g.nodes[i].op.offset, g.nodes[i].op.size) for i in g.inputs] == [(0, 4), (4, 2)]
+    assert g.output_shapes == [(1, 2), (1, 2)]
+
+
+@pytest.mark.parametrize("mode", ["constant", "reflect", "edge"])
+def test_pad_modes(tmp_path, mode):
+    g = G(np.random.default_rng(0))
+    y = g.op("Pad", ["x", g.const([0, 0, 1, 2, 0, 0, 2, 1], np.int64)]
+             + ([g.const(np.float32(-0.5))] if mode == "constant" else []), mode=mode)
+    y = g.op("Conv", [y, g.rand(2, 3, 2, 2)])
+    model = g.model([("x", (1, 3, 4, 4))], [y])
+    gr = load_graph(save(tmp_path, model))
+    x = np.random.default_rng(1).normal(size=(3, 48))
+    np.testing.assert_allclose(gr.forward(x), reference_outputs(model, x), rtol=1e-5, atol=1e-5)
+
+
+def _adjoint(op, rng, r=3):
+    xs = [rng.normal(size=(1, n)) for n in op.n_in]
+    Lam = rng.normal(size=(r, op.size))
+    y = op.forward(xs) - (0.0 if op.bias is None else op.bias)
+    parts = op.transpose(Lam)
+    lhs = Lam @ y[0]
+    rhs = sum(P @ x[0] for P, x in zip(parts, xs))
+    np.testing.assert_allclose(lhs, rhs, rtol=1e-10, atol=1e-10)
+    # |A| x >= |A x| elementwise and |A|^T is the transpose of the abs map
+    absx = [np.abs(x) for x in xs]
+    assert np.all(op.forward_abs(absx) >= np.abs(y) - 1e-12)
+
+
+@pytest.mark.parametrize("params", [
+    dict(strides=(1, 1), pads=(0, 0, 0, 0), dilations=(1, 1), group=1),
+    dict(strides=(2, 1), pads=(1, 2, 0, 1), dilations=(1, 2), group=1),
+    dict(strides=(1, 3), pads=(2, 1, 2, 1), dilations=(2, 1), group=2),
+    dict(strides=(2, 2), pads=(1, 1, 1, 1), dilations=(1, 1), group=4),
+])
+def test_conv_transpose_is_the_adjoint(params):
+    rng = np.random.default_rng(5)
+    g = params["group"]
+    op = Conv(rng.normal(size=(4, 4 // g, 3, 2)), rng.normal(size=4), (4, 7, 6), **params)
+    _adjoint(op, rng)
+    # the dense matrix of the map, column by column, equals the transpose's rows
+    A = (op.forward([np.eye(op.n_in[0])]) - op.bias).T
+    np.testing.assert_allclose(op.transpose(np.eye(op.size))[0], A, atol=1e-12)
+
+
+def test_other_ops_transpose_is_the_adjoint():
+    import scipy.sparse as sp
+
+    rng = np.random.default_rng(6)
+    _adjoint(Dense(rng.normal(size=(5, 7)), rng.normal(size=5)), rng)
+    _adjoint(Dense(sp.random(6, 9, density=0.3, random_state=1), rng.normal(size=6)), rng)
+    _adjoint(IndexMap([3, -1, 0, 3, 5, 1, -2], [4, 2], [0.5, -1.0]), rng)  # duplicates, fill
+    _adjoint(IndexMap([2, 0, 1, 4, 3], [3, 2]), rng)  # a permutation over two inputs
+    _adjoint(Scale(rng.normal(size=4), rng.normal(size=4)), rng)
+    _adjoint(Sum([1.0, -1.0, 1.0], 3), rng)
+    assert IndexMap([3, -1, 0, 3], [4], [0.5]).terms == 2
+    assert IndexMap([2, 0, 1], [3]).terms == 0
+
+
+def _fails(tmp_path, model, *words):
+    with pytest.raises(InputError) as exc:
+        load_graph(save(tmp_path, model, "bad"))
+    msg = str(exc.value)
+    assert "\n" not in msg
+    for w in words:
+        assert w in msg, msg
+
+
+def test_refusals_name_operator_and_node(tmp_path):
+    g = G(np.random.default_rng(0))
+    y = g.op("LRN", ["x"], size=3)
+    _fails(tmp_path, g.model([("x", (1, 3, 4, 4))], [y]), "unsupported operator LRN", "node 'LRN2'")
+    g = G(np.random.default_rng(0))
+    h = g.op("Relu", ["x"])
+    y = g.op("Mul", [h, "x"])
+    _fails(tmp_path, g.model([("x", (1, 3))], [y]), "Mul node", "not affine")
+    g = G(np.random.default_rng(0))
+    y = g.op("Div", [g.const(np.ones(3)), "x"])
+    _fails(tmp_path, g.model([("x", (1, 3))], [y]), "Div node", "not affine")
+    g = G(np.random.default_rng(0))
+    y = g.op("Conv", ["x", g.rand(2, 3, 3)])
+    _fails(tmp_path, g.model([("x", (1, 3, 5))], [y]), "Conv node", "2-D")
+
+
+def test_large_mostly_zero_weights_stay_sparse(tmp_path, monkeypatch):
+    """A MatMul by a large mostly-zero constant is a sparse layer (never densified); one that
+    would not fit the budget is refused in one line before anything is allocated."""
+    rng = np.random.default_rng(0)
+    W = np.zeros((300, 300), np.float32)
+    W[rng.integers(0, 300, 500), rng.integers(0, 300, 500)] = rng.normal(size=500)
+    g = G(rng)
+    y = g.op("MatMul", [g.op("Mul", ["x", g.const(np.full(300, 2.0))]), g.const(W)])
+    model = g.model([("x", (1, 300))], [y])
+    monkeypatch.setattr(onnx_graph, "SPARSE_MIN_SIZE", 10_000)
+    gr = load_graph(save(tmp_path, model))
+    dense = [n.op for n in gr.nodes if isinstance(n.op, Dense)]
+    assert len(dense) == 1 and dense[0].sparse and dense[0].W.nnz <= 500
+    x = rng.normal(size=(2, 300))
+    np.testing.assert_allclose(gr.forward(x), reference_outputs(model, x), rtol=1e-5, atol=1e-5)
+    monkeypatch.setattr(onnx_graph, "MEMORY_BUDGET", 1000)
+    _fails(tmp_path, model, "MatMul node", "GiB", "over the budget")
+
+
+def test_load_network_keeps_mlps_and_inspect_shows_graphs(tmp_path):
+    from click.testing import CliRunner
+
+    from crown_cli.cli import cli
+    from crown_cli.graph.network import Graph
+    from crown_cli.io.networks import load_network
+    from crown_cli.network import MLP
+
+    chain = save(tmp_path, BUILDERS["dense"](np.random.default_rng(0)), "chain")
+    assert isinstance(load_network(chain), MLP)
+    g = G(np.random.default_rng(0))  # a Softmax output: only the MLP loader reads it
+    y = g.op("Softmax", [g.op("Gemm", ["x", g.rand(3, 4)], transB=1)], axis=-1)
+    assert isinstance(load_network(save(tmp_path, g.model([("x", (1, 4))], [y]), "sm")), MLP)
+    conv = save(tmp_path, BUILDERS["conv"](np.random.default_rng(0)), "conv")
+    assert isinstance(load_network(conv), Graph)
+    out = CliRunner().invoke(cli, ["inspect", "--model", conv])
+    assert out.exit_code == 0, out.output
+    assert "graph:       8 nodes" in out.output and "input size:  84 (1x2x6x7)" in out.output
+    assert "conv 2 -> 4, kernel 3x3" in out.output and "(folded: BatchNormalization" in out.output
+    assert "average pool 2x2" in out.output
+    out = CliRunner().invoke(cli, ["inspect", "--model", chain])
+    assert out.exit_code == 0 and "layers:      3 weight layers (5-8-7-3)" in out.output
+
+
+def test_scalings_fold_into_the_next_layer(tmp_path):
+    g = load_graph(save(tmp_path, BUILDERS["normalised"](np.random.default_rng(0))))
+    kinds = [type(n.op).__name__ for n in g.nodes]
+    assert kinds == ["InputOp", "Conv", "ActivationOp", "Dense"]
+    assert [f[:3] for f in g.nodes[1].folded] == ["Sub", "Div"]
+    assert [f[:3] for f in g.nodes[3].folded] == ["Mul"]
+
+
+@pytest.mark.parametrize("op,attrs", [
+    ("AveragePool", dict(kernel_shape=[3, 2], strides=[2, 1], pads=[1, 0, 1, 1], count_include_pad=1)),
+    ("AveragePool", dict(kernel_shape=[2, 2], strides=[2, 2], pads=[1, 1, 1, 1], count_include_pad=0)),
+    ("AveragePool", dict(kernel_shape=[3, 3], strides=[2, 2], ceil_mode=1)),
+    ("AveragePool", dict(kernel_shape=[2, 3], auto_pad="SAME_UPPER")),
+    ("MaxPool", dict(kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1])),
+    ("MaxPool", dict(kernel_shape=[2, 2], strides=[2, 2], ceil_mode=1)),
+    ("MaxPool", dict(kernel_shape=[2, 2], auto_pad="SAME_LOWER")),
+    # the spec's SAME_LOWER pads for this dilated kernel (onnx.reference 1.17 computes them
+    # for the undilated kernel, which the spec does not say)
+    ("MaxPool", dict(kernel_shape=[2, 2], dilations=[2, 1], pads=[1, 1, 1, 0])),
+])
+def test_pool_variants(tmp_path, op, attrs):
+    g = G(np.random.default_rng(0))
+    y = g.op(op, ["x"], **attrs)
+    model = g.model([("x", (1, 2, 5, 6))], [y], opset=19)
+    gr = load_graph(save(tmp_path, model))
+    x = np.random.default_rng(1).normal(size=(3, 60))
+    want = reference_outputs(model, x)
+    assert gr.output_size == want.shape[1]
+    np.testing.assert_allclose(gr.forward(x), want, rtol=1e-5, atol=1e-5)
