@@ -21,6 +21,21 @@ from crown_cli.verification.outcome import BabResult, violations
 
 SPLIT_RULES = ("sensitivity", "trial")
 FLAT = 0.0  # "trial": a split no better than its parent by this share counts as no split
+# boxes bounded at a time: as many as keep one back-substitution product's temporaries (per
+# box: the widest layer's rows times the widest layer before it) within BLOCK_ELEMS numbers,
+# between BLOCK_MIN and BLOCK_MAX (docs/bab.md: 204 on ACAS Xu, 2048 on safenlp's 30-128-2)
+BLOCK_ELEMS = 512_000
+BLOCK_MIN, BLOCK_MAX = 32, 2048
+
+
+def auto_block(widths, n_rows: int) -> int:
+    """Boxes per block for a network of layer widths ``widths`` (inputs first, outputs last)
+    and ``n_rows`` bounded rows: hidden layer k > 1 back-substitutes its n_k rows through
+    layers of up to max(widths[1:k]) neurons, the rows through every hidden layer."""
+    hidden = list(widths[1:-1])
+    per_box = max([n_rows * max(hidden, default=1)] +
+                  [hidden[k] * max(hidden[:k]) for k in range(1, len(hidden))])
+    return int(min(BLOCK_MAX, max(BLOCK_MIN, BLOCK_ELEMS // max(per_box, 1))))
 
 
 def _split(lo, hi, dim):
@@ -49,7 +64,7 @@ class InputSplitOptions:
     max_domains: int = 200_000  # more open sub-boxes than this: unknown
     batch: int = 256  # open sub-boxes taken per round
     split: str = "trial"  # split rule: "trial" or "sensitivity"
-    block: int = 32  # boxes bounded at a time (keeps the temporaries small)
+    block: Optional[int] = None  # boxes bounded at a time (None: auto_block)
     adaptive: bool = True  # CROWN's adaptive lower slopes (False: Fast-Lin's)
     skip_stable: bool = True  # an interval step first; only its unstable rows back-substituted
     trial_dims: int = 3  # "trial": candidate dimensions ranked by sensitivity
@@ -130,6 +145,8 @@ def input_split_steps(weights, biases, activation, alpha, lo, hi, A, b, deadline
     weights = [np.asarray(w, dtype=np.float64) for w in weights]
     biases = [np.asarray(v, dtype=np.float64) for v in biases]
     net = BatchNet(weights, biases, activation, alpha, adaptive)
+    if block is None:
+        block = auto_block([weights[0].shape[1]] + [w.shape[0] for w in weights], A.shape[0])
     d = lo0.size
     span = np.where(hi0 > lo0, hi0 - lo0, 1.0)
     stats = {"domains": 0, "peak": 1, "splits": 0}

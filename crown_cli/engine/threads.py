@@ -1,0 +1,69 @@
+"""The number of threads of the BLAS libraries loaded in this process, set for a block of code:
+:func:`blas_threads`.
+
+The products of a small network's branch and bound (a few hundred neurons, boxes in batches)
+are too small to share between threads: on the 2-core machine of docs/benchmarks.md OpenBLAS's
+second thread made them 1.3-3x slower, the more so when another process was running. numpy and
+scipy (whose BLAS the numba kernels call) each load their own OpenBLAS; every loaded one is
+set. Where none is found (another BLAS, or not Linux), nothing changes.
+"""
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import re
+from typing import Dict, List, Tuple
+
+# (set, get) symbol pairs of OpenBLAS builds: plain, 64-bit integer, and scipy-openblas
+_SYMBOLS = (("openblas_set_num_threads", "openblas_get_num_threads"),
+            ("openblas_set_num_threads64_", "openblas_get_num_threads64_"),
+            ("scipy_openblas_set_num_threads64_", "scipy_openblas_get_num_threads64_"),
+            ("scipy_openblas_set_num_threads", "scipy_openblas_get_num_threads"))
+_LOADED: Dict[str, Tuple] = {}
+
+
+def _openblas() -> List[Tuple]:
+    """(set, get) functions of every OpenBLAS mapped into this process (Linux's
+    /proc/self/maps), loaded once per library path."""
+    try:
+        with open("/proc/self/maps") as f:
+            paths = set(re.findall(r"(/\S*openblas\S*\.so[\w.\-]*)", f.read()))
+    except OSError:
+        return []
+    out = []
+    for path in sorted(paths):
+        if path not in _LOADED:
+            _LOADED[path] = ()
+            try:
+                lib = ctypes.CDLL(path)
+            except OSError:
+                continue
+            for set_name, get_name in _SYMBOLS:
+                if hasattr(lib, set_name) and hasattr(lib, get_name):
+                    setter, getter = getattr(lib, set_name), getattr(lib, get_name)
+                    setter.argtypes, setter.restype = [ctypes.c_int], None
+                    getter.argtypes, getter.restype = [], ctypes.c_int
+                    _LOADED[path] = (setter, getter)
+                    break
+        if _LOADED[path]:
+            out.append(_LOADED[path])
+    return out
+
+
+def get_blas_threads() -> List[int]:
+    """The thread count of each loaded OpenBLAS (empty when none is found)."""
+    return [int(get()) for _, get in _openblas()]
+
+
+@contextlib.contextmanager
+def blas_threads(n: int):
+    """Run the block with every loaded OpenBLAS on ``n`` threads; restore the counts after."""
+    libs = _openblas()
+    saved = [int(get()) for _, get in libs]
+    for setter, _ in libs:
+        setter(int(n))
+    try:
+        yield
+    finally:
+        for (setter, _), k in zip(libs, saved):
+            setter(k)

@@ -1,0 +1,34 @@
+"""The BLAS thread switch (crown_cli.engine.threads) and the input split's block size."""
+import numpy as np
+import scipy.linalg  # noqa: F401  (loads scipy's own OpenBLAS, which the numba kernels call)
+
+from crown_cli.engine.threads import blas_threads, get_blas_threads
+from crown_cli.verification.bab.input_split import BLOCK_MAX, BLOCK_MIN, auto_block
+
+
+def test_blas_threads_sets_and_restores_every_loaded_openblas():
+    before = get_blas_threads()
+    assert before, "numpy's OpenBLAS was not found in /proc/self/maps"
+    with blas_threads(1):
+        assert get_blas_threads() == [1] * len(before)
+        a = np.arange(9.0).reshape(3, 3)
+        assert np.array_equal(a @ np.eye(3), a)
+    assert get_blas_threads() == before
+
+
+def test_blas_threads_restores_after_an_error():
+    before = get_blas_threads()
+    try:
+        with blas_threads(1):
+            raise RuntimeError("boom")
+    except RuntimeError:
+        pass
+    assert get_blas_threads() == before
+
+
+def test_auto_block_keeps_the_temporaries_bounded():
+    assert auto_block([5] + [50] * 6 + [5], 1) == 204  # ACAS Xu
+    assert auto_block([30, 128, 2], 1) == BLOCK_MAX  # safenlp
+    assert auto_block([784, 1024, 1024, 10], 9) == BLOCK_MIN
+    # more rows or wider layers: never more boxes
+    assert auto_block([5, 50, 50, 5], 40) <= auto_block([5, 50, 50, 5], 1)
