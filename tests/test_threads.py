@@ -1,4 +1,4 @@
-"""The BLAS thread switch (crown_cli.engine.threads) and the input split's block size."""
+"""The BLAS thread switch (crown_cli.engine.threads), the input split's block size and its pool of open boxes."""
 import numpy as np
 import scipy.linalg  # noqa: F401  (loads scipy's own OpenBLAS, which the numba kernels call)
 
@@ -32,3 +32,21 @@ def test_auto_block_keeps_the_temporaries_bounded():
     assert auto_block([784, 1024, 1024, 10], 9) == BLOCK_MIN
     # more rows or wider layers: never more boxes
     assert auto_block([5, 50, 50, 5], 40) <= auto_block([5, 50, 50, 5], 1)
+
+
+def test_box_pool_takes_the_worst_and_keeps_the_rest():
+    from crown_cli.verification.bab.domains import BoxPool
+
+    rng = np.random.default_rng(0)
+    score = rng.normal(size=50)
+    pool = BoxPool(score=score[:10], lo=np.arange(10.0)[:, None] * np.ones((1, 3)))
+    pool.push(score=score[10:], lo=np.arange(10.0, 50.0)[:, None] * np.ones((1, 3)))
+    assert len(pool) == 50
+    got = pool.pop_worst(7)
+    assert np.array_equal(np.sort(got["score"]), np.sort(score)[:7])
+    assert np.array_equal(got["lo"][:, 0], [np.flatnonzero(score == v)[0] for v in got["score"]])
+    rest = pool.view("score")
+    assert np.array_equal(np.sort(rest), np.sort(score)[7:])
+    # every row keeps its fields together
+    assert np.array_equal(score[pool.view("lo")[:, 0].astype(int)], rest)
+    assert len(pool.pop_worst(100)["score"]) == 43 and len(pool) == 0

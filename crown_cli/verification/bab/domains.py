@@ -84,3 +84,54 @@ class DomainPool:
 
     def worst(self):
         return self.heap[0][0] if self.heap else np.inf
+
+
+class BoxPool:
+    """The open sub-boxes of an input-splitting search: named arrays with one row per box,
+    preallocated and grown by doubling, rows ``0 .. n-1`` live. Taking the worst boxes moves
+    the last rows into the holes, so a round costs the rows it touches, not the whole pool."""
+
+    def __init__(self, **first):
+        self.n = 0
+        self.arrays = {name: np.empty((max(16, 2 * len(v)),) + v.shape[1:], v.dtype)
+                       for name, v in first.items()}
+        self.push(**first)
+
+    def push(self, **rows):
+        """Append rows (one array per field, equal lengths)."""
+        k = len(next(iter(rows.values())))
+        cap = next(iter(self.arrays.values())).shape[0]
+        if self.n + k > cap:
+            cap = max(2 * cap, self.n + k)
+            for name, a in self.arrays.items():
+                new = np.empty((cap,) + a.shape[1:], a.dtype)
+                new[:self.n] = a[:self.n]
+                self.arrays[name] = new
+        for name, v in rows.items():
+            self.arrays[name][self.n:self.n + k] = v
+        self.n += k
+
+    def view(self, name):
+        """The live rows of a field (a view: valid until the next push or pop)."""
+        return self.arrays[name][:self.n]
+
+    def pop_worst(self, k: int, key: str = "score"):
+        """Remove and return (dict of copies) the ``k`` rows with the lowest ``key`` (all when
+        ``k >= n``)."""
+        n = self.n
+        if n <= k:
+            self.n = 0
+            return {name: a[:n].copy() for name, a in self.arrays.items()}
+        idx = np.argpartition(self.arrays[key][:n], k - 1)[:k]
+        out = {name: a[idx] for name, a in self.arrays.items()}
+        taken = np.zeros(n, bool)
+        taken[idx] = True
+        holes = idx[idx < n - k]
+        movers = np.flatnonzero(~taken[n - k:]) + (n - k)
+        for a in self.arrays.values():
+            a[holes] = a[movers]
+        self.n = n - k
+        return out
+
+    def __len__(self):
+        return self.n

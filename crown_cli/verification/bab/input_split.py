@@ -17,6 +17,7 @@ from typing import Callable, Optional
 import numpy as np
 
 from crown_cli.engine.batched import BatchNet, _bound_blocked, _take_info, alpha_row_bound
+from crown_cli.verification.bab.domains import BoxPool
 from crown_cli.verification.outcome import BabResult, violations
 
 SPLIT_RULES = ("sensitivity", "trial")
@@ -223,21 +224,14 @@ def input_split_steps(weights, biases, activation, alpha, lo, hi, A, b, deadline
             return result("sat", x)
         if S[0] > 0.0:
             return result("unsat")
-    while Lo.shape[0]:
+    pool = BoxPool(lo=Lo, hi=Hi, score=S, sens=G, parent=P, share=V)
+    while len(pool):
         if time.monotonic() >= deadline:
-            return result("timeout", open_scores=S)
-        if Lo.shape[0] > max_domains:
-            return result("unknown", open_scores=S, note="domain cap")
-        n = Lo.shape[0]
-        if n > batch:
-            take = np.argpartition(S, batch - 1)[:batch]
-            keep = np.ones(n, bool)
-            keep[take] = False
-            L, H, Sb, Gb, Pb, Vb = Lo[take], Hi[take], S[take], G[take], P[take], V[take]
-            Lo, Hi, S, G, P, V = Lo[keep], Hi[keep], S[keep], G[keep], P[keep], V[keep]
-        else:
-            L, H, Sb, Gb, Pb, Vb = Lo, Hi, S, G, P, V
-            Lo, Hi, S, G, P, V = Lo[:0], Hi[:0], S[:0], G[:0], P[:0], V[:0]
+            return result("timeout", open_scores=pool.view("score"))
+        if len(pool) > max_domains:
+            return result("unknown", open_scores=pool.view("score"), note="domain cap")
+        t = pool.pop_worst(batch)
+        L, H, Sb, Gb, Pb, Vb = t["lo"], t["hi"], t["score"], t["sens"], t["parent"], t["share"]
         ok = _splittable(L, H)
         if split == "sensitivity":
             lb, Lam, s, info = bound(L, H)
@@ -251,21 +245,20 @@ def input_split_steps(weights, biases, activation, alpha, lo, hi, A, b, deadline
             if x is not None:
                 return result("sat", x)
             if not ok.any(axis=1).all():
-                return result("unknown", open_scores=np.r_[S, s], note="box too small to split")
+                return result("unknown", open_scores=np.r_[pool.view("score"), s],
+                              note="box too small to split")
             sens = sensitivity(lb, Lam) * (H - L)
             sens = np.where(ok, sens, -1.0)
             dim = np.argmax(sens, axis=1)
             l1, h1, l2, h2 = _split(L, H, dim)
             stats["splits"] += L.shape[0]
-            Lo = np.concatenate([Lo, l1, l2])
-            Hi = np.concatenate([Hi, h1, h2])
-            S = np.concatenate([S, s, s])
-            V = np.concatenate([V, 0.5 * Vb, 0.5 * Vb])
-            G = np.zeros((S.shape[0], d))  # unused by this rule
-            P = np.zeros((S.shape[0], 0))
+            pool.push(lo=np.concatenate([l1, l2]), hi=np.concatenate([h1, h2]),
+                      score=np.concatenate([s, s]), sens=np.zeros((2 * s.size, d)),
+                      parent=np.zeros((2 * s.size, 0)), share=np.concatenate([Vb, Vb]) * 0.5)
         else:
             if not ok.any(axis=1).all():
-                return result("unknown", open_scores=np.r_[S, Sb], note="box too small to split")
+                return result("unknown", open_scores=np.r_[pool.view("score"), Sb],
+                              note="box too small to split")
             n = L.shape[0]
             # candidate dimensions: the k most sensitive splittable ones (all when k >= d)
             sens = np.where(ok, Gb * (H - L), -1.0)
@@ -317,15 +310,14 @@ def input_split_steps(weights, biases, activation, alpha, lo, hi, A, b, deadline
             # the halves kept: alpha-CROWN on those still open
             s = refine(KL, KH, lb, s, info, pick)
             pick = pick[s[pick] <= 0.0]
-            Lo = np.concatenate([Lo, KL[pick]])
-            Hi = np.concatenate([Hi, KH[pick]])
-            S = np.concatenate([S, s[pick]])
-            V = np.concatenate([V, 0.5 * np.repeat(Vb, 2 * k)[used][pick]])
-            G = np.concatenate([G, sensitivity(lb[pick], Lam[pick])])
-            if inherit:
-                P = np.concatenate([P, pack([(l[pick], u[pick]) for l, u in info["bounds"]])])
-        stats["peak"] = max(stats["peak"], Lo.shape[0])
+            pool.push(lo=KL[pick], hi=KH[pick], score=s[pick],
+                      sens=sensitivity(lb[pick], Lam[pick]),
+                      parent=pack([(l[pick], u[pick]) for l, u in info["bounds"]]) if inherit
+                      else np.zeros((pick.size, 0)),
+                      share=0.5 * np.repeat(Vb, 2 * k)[used][pick])
+        stats["peak"] = max(stats["peak"], len(pool))
         if progress is not None:
-            progress(stats["domains"], Lo.shape[0], float(S.min()) if S.size else np.inf)
-        yield max(0.0, 1.0 - float(np.sum(V)))
+            S = pool.view("score")
+            progress(stats["domains"], len(pool), float(S.min()) if S.size else np.inf)
+        yield max(0.0, 1.0 - float(np.sum(pool.view("share"))))
     return result("unsat")
