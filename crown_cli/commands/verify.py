@@ -151,6 +151,8 @@ def _verify_one(model_path, spec_path, timeout, options, output, overwrite, quie
         margin = "" if verdict.margin is None else f", bound margin {verdict.margin:.6g}"
         if verdict.domains:
             margin += f", {verdict.domains} domains (peak {verdict.peak_domains} open)"
+        if verdict.note:
+            margin += f"; {verdict.note}"
         click.echo(f"crown: {verdict.result} ({verdict.stage}; {verdict.cases_proven} of "
                    f"{verdict.cases} cases proven{margin}) in {time.perf_counter() - t0:.2f} s",
                    err=True)
