@@ -101,7 +101,8 @@ class Graph:
         points (:meth:`forward` with ``return_all``). Affine nodes pull the rows back by their
         ``transpose`` (linear, so row n stays point n's), activations multiply by their
         derivative at the point, a max pool routes each row to its window's largest input
-        (the first of ties). ``relu_leak`` (N,): slopes used instead of 0 on the inactive
+        (the first of ties). ``vals`` of one point serve N rows at that point.
+        ``relu_leak`` (N,): slopes used instead of 0 on the inactive
         side of every ReLU, per point (the attack's surrogate gradient; the forward pass is
         not changed)."""
         from crown_cli.activations import derivative
@@ -130,6 +131,7 @@ class Graph:
                 win = n.op.windows
                 w = np.where(win[None] < 0, -np.inf, x[:, np.maximum(win, 0)])
                 src = win[np.arange(win.shape[0])[None], np.argmax(w, axis=2)]  # (N, m)
+                src = np.broadcast_to(src, L.shape)  # values of one point, several rows
                 P = np.zeros((N, x.shape[1]))
                 np.add.at(P, (np.repeat(np.arange(N), src.shape[1]), src.reshape(-1)),
                           L.reshape(-1))
