@@ -64,17 +64,19 @@ def as_mlp(graph):
 
 
 @pytest.mark.parametrize("kind", sorted(MODELS))
-@pytest.mark.parametrize("norm", ["inf", "2", "1"])
-def test_radius_equals_dense_engine(tmp_path, kind, norm):
+@pytest.mark.parametrize("norm,method", [("inf", "crown"), ("2", "crown"), ("1", "crown"),
+                                         ("inf", "fast-lin"), ("2", "crown-paper")])
+def test_radius_equals_dense_engine(tmp_path, kind, norm, method):
     """GraphCertifier with CROWN's bounds of every neuron (ibp=False) gives the dense engine's
-    radius (float64 search) within 1e-6 relative; the default (intersected with interval
-    arithmetic) is never smaller."""
+    radius (float64 search) within 1e-6 relative. The default (intersected with interval
+    arithmetic) may differ either way: CROWN's and Fast-Lin's lines are not monotone in the
+    intervals (its soundness: test_certified_balls_hold)."""
     _, _, g = load(tmp_path, kind)
     ws, bs, act = as_mlp(g)
     assert depth(g) == len(ws) - 1
-    dense = Certifier(ws, bs, act, norm=norm, method="crown", precision="float64")
-    exact = GraphCertifier(g, norm=norm, method="crown", ibp=False)
-    default = GraphCertifier(g, norm=norm, method="crown")
+    dense = Certifier(ws, bs, act, norm=norm, method=method, precision="float64")
+    exact = GraphCertifier(g, norm=norm, method=method, ibp=False)
+    default = GraphCertifier(g, norm=norm, method=method)
     rng = np.random.default_rng(1)
     for _ in range(2):
         x0 = rng.uniform(-1, 1, g.input_size)
@@ -86,7 +88,7 @@ def test_radius_equals_dense_engine(tmp_path, kind, norm):
         got = exact.certify(x0, c, [t])
         assert want.status == got.status == "certified"
         assert got.eps == pytest.approx(want.eps, rel=1e-6)
-        assert default.certify(x0, c, [t]).eps >= got.eps * (1 - 1e-6)
+        assert default.certify(x0, c, [t]).status == "certified"
 
 
 @pytest.mark.parametrize("kind", ["conv", "conv_chain"])
@@ -153,6 +155,9 @@ def test_cli_images_in_the_models_layout(tmp_path):
     r = CliRunner().invoke(cli, args + ["--resume"])
     assert r.exit_code == 0, r.output
     assert len(read_rows(out)) == 6
+    r = CliRunner().invoke(cli, ["certify", "--model", path, "--images", images, "--method",
+                                 "fast-lin", "-q"])
+    assert r.exit_code == 0, r.output
     for extra in (["--method", "alpha-crown"], ["--attack", "pgd"]):
         r = CliRunner().invoke(cli, ["certify", "--model", path, "--images", images] + extra)
         assert r.exit_code == 2
