@@ -110,7 +110,8 @@ def certify(model_path, images_path, labels_path, num_images, start, norm, metho
     from crown_cli.certification.certifier import Certifier, method_names, parse_norm
     from crown_cli.engine.kernels import using_kernels
     from crown_cli.io.images import labels_source, load_images
-    from crown_cli.io.models import load_model
+    from crown_cli.io.networks import load_network
+    from crown_cli.network import MLP
     from crown_cli.certification.runner import certify_images
     from crown_cli.certification.targets import check_random_possible, parse_target_types
 
@@ -139,22 +140,35 @@ def certify(model_path, images_path, labels_path, num_images, start, norm, metho
     out_format = format_for(output, out_format)
     click.get_current_context().params["out_format"] = out_format  # recorded in the sidecar
 
-    mlp = load_model(model_path, activation)
+    net = load_network(model_path, activation)
+    graph = None if isinstance(net, MLP) else net
     x, y = load_images(images_path, labels_path)
     where = images_path or "default MNIST images"
-    if x.shape[1] != mlp.input_size:
+    n_inputs = net.input_size
+    n_classes = net.num_classes if graph is None else graph.output_size
+    if x.shape[1] != n_inputs:
         raise InputError(
             f"{where}: images have {x.shape[1]} values each but the model {model_path} "
-            f"expects {mlp.input_size} inputs"
+            f"expects {n_inputs} inputs"
         )
+    if graph is not None:
+        from crown_cli.certification.graph_certifier import check_graph_method, to_graph_layout
+
+        for m in methods:
+            check_graph_method(m, model_path)
+        if n_classes < 2:
+            raise InputError(f"{model_path}: the output has {n_classes} value, need >= 2 classes")
+        if attack != "none":
+            raise InputError(f"--attack {attack}: not available on graph networks yet ({model_path})")
+        x = to_graph_layout(graph, x)  # crown's (H, W, C) images in the model's own layout
     if start >= x.shape[0]:
         raise InputError(f"--start: {start} is past the last image ({x.shape[0]} images in {where})")
-    bad = np.flatnonzero((y < 0) | (y >= mlp.num_classes))
+    bad = np.flatnonzero((y < 0) | (y >= n_classes))
     if bad.size:
         raise InputError(f"{labels_source(images_path, labels_path)}: label {y[bad[0]]} of image "
-                         f"{bad[0]} is outside 0..{mlp.num_classes - 1} (the model "
-                         f"{model_path} has {mlp.num_classes} classes)")
-    check_random_possible(mlp.num_classes, target_types)
+                         f"{bad[0]} is outside 0..{n_classes - 1} (the model "
+                         f"{model_path} has {n_classes} classes)")
+    check_random_possible(n_classes, target_types)
     stop = x.shape[0] if num_images is None else min(x.shape[0], start + num_images)
     if num_images is not None and start + num_images > x.shape[0]:
         click.echo(f"crown: note: --num-images {num_images}: {where} holds {x.shape[0]} images, "
@@ -162,7 +176,19 @@ def certify(model_path, images_path, labels_path, num_images, start, norm, metho
                    err=True)
     indices = shard_indices(range(start, stop), parse_shard(shard))
     job = OutputJob(option_values(click.get_current_context()), output, out_format, overwrite,
-                    resume, model_path, mlp, images_path, x, y, indices)
+                    resume, model_path, net if graph is None else _GraphInfo(graph), images_path,
+                    x, y, indices)
+    if graph is not None:
+        from crown_cli.certification.graph_certifier import GraphCertifier
+
+        certifiers = [GraphCertifier(graph, norm=n, method=m, search=search, rtol=rtol, eps0=eps0,
+                                     eps_max=max_eps, timeout=timeout)
+                      for n in norms for m in methods]
+        return _run_job(job, lambda write: certify_images(
+            certifiers, x, y, indices, target_types, seed, _logged(write, verbose),
+            progress=not quiet and not verbose, skip=job.skip,
+            warn=lambda msg: click.echo(msg, err=True)), "row", output, quiet)
+    mlp = net
     # rows a resumed file already holds are skipped: they cost no certification
     runs = len(indices) * len(target_types) * len(norms) * len(methods) - job.rows_present()
     # an order-preserving output activation is skipped (the logits' margins decide the class);
@@ -188,19 +214,30 @@ def certify(model_path, images_path, labels_path, num_images, start, norm, metho
                    for n in norms}
     elif attack_steps is not None or attack_restarts is not None:
         raise InputError("--attack-steps/--attack-restarts: need --attack pgd")
-    def logged(write):
-        if not verbose:
-            return write
-
-        def write_and_log(row):
-            write(row)
-            eps = "" if row.get("eps") is None else f" eps {row['eps']!r}"
-            click.echo(f"crown: image {row['image']} {row['target_type']} {row['target']} "
-                       f"{row['norm']} {row['method']}: {row['status']}{eps}", err=True)
-
-        return write_and_log
-
     _run_job(job, lambda write: certify_images(
-        certifiers, x, y, indices, target_types, seed, logged(write), progress=not quiet and not verbose,
+        certifiers, x, y, indices, target_types, seed, _logged(write, verbose), progress=not quiet and not verbose,
         skip=job.skip, attacks=attacks, attack_seed=attack_seed,
         warn=lambda msg: click.echo(msg, err=True)), "row", output, quiet)
+
+
+def _logged(write, verbose):
+    """``write``, and with --verbose a log line per row on stderr."""
+    if not verbose:
+        return write
+
+    def write_and_log(row):
+        write(row)
+        eps = "" if row.get("eps") is None else f" eps {row['eps']!r}"
+        click.echo(f"crown: image {row['image']} {row['target_type']} {row['target']} "
+                   f"{row['norm']} {row['method']}: {row['status']}{eps}", err=True)
+
+    return write_and_log
+
+
+class _GraphInfo:
+    """What the provenance sidecar records of a graph network (its activations per node)."""
+
+    def __init__(self, graph):
+        acts = sorted(set(graph.activations()))
+        self.activation = ",".join(acts) if acts else "linear"
+        self.alpha = None

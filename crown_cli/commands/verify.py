@@ -40,7 +40,8 @@ VERIFY_NOT_SETTINGS = {"--model", "--spec", "--instances", "--root", "--output",
                    "at least 0.5).")
 @click.option("--bab/--no-bab", default=True, show_default=True,
               help="Branch and bound after the bound stages (ReLU and leaky ReLU networks): "
-                   "input splitting up to 16 inputs, ReLU splitting above.")
+                   "input splitting up to 16 inputs, ReLU splitting above; not on graph "
+                   "networks (convolutions, branches) yet.")
 @click.option("--max-domains", type=click.IntRange(min=1), default=200_000, show_default=True,
               metavar="N",
               help="Cap on the open domains of the branch and bound (memory); reaching it "
@@ -72,7 +73,9 @@ def verify(model_path, spec_path, instances_path, root, timeout, method, attack_
     Attack first (PGD towards the unsafe outputs inside the input box), then the bound
     stages on every case of the property. unsat only when every case is proven empty by a
     float64-verified bound; sat only with an input a float64 forward pass confirms. The
-    property's X values are the network's inputs as they are (no image scaling).
+    property's X values are the network's inputs as they are (no image scaling); on a graph
+    network (convolutions, branches) the attack and the crown stage run, no branch and bound
+    yet.
 
     Exit codes: 0 a verdict was written (any of sat, unsat, unknown, timeout), 1 internal
     error, 2 bad input or usage, 3 an instance ended in an error, 130 interrupted (Ctrl-C).
@@ -151,6 +154,8 @@ def _verify_one(model_path, spec_path, timeout, options, output, overwrite, quie
         margin = "" if verdict.margin is None else f", bound margin {verdict.margin:.6g}"
         if verdict.domains:
             margin += f", {verdict.domains} domains (peak {verdict.peak_domains} open)"
+        if verdict.note:
+            margin += f"; {verdict.note}"
         click.echo(f"crown: {verdict.result} ({verdict.stage}; {verdict.cases_proven} of "
                    f"{verdict.cases} cases proven{margin}) in {time.perf_counter() - t0:.2f} s",
                    err=True)

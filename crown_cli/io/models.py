@@ -36,8 +36,9 @@ def normalize_activation(name: str, where: str) -> str:
     return key
 
 
-def validate(mlp: MLP, where: str) -> MLP:
-    """Check shapes chain and values are finite; convert to contiguous float64."""
+def validate(mlp: MLP, where: str, min_outputs: int = 2) -> MLP:
+    """Check shapes chain and values are finite; convert to contiguous float64. A classifier
+    (``certify``) needs ``min_outputs`` = 2; ``verify`` takes any number (1)."""
     if len(mlp.weights) == 0:
         raise InputError(f"{where}: the model has no Dense layers")
     if len(mlp.weights) != len(mlp.biases):
@@ -68,7 +69,7 @@ def validate(mlp: MLP, where: str) -> MLP:
             raise InputError(f"{where}: layer {k} contains NaN or infinite values")
         ws.append(np.ascontiguousarray(w, dtype=np.float64))
         bs.append(np.ascontiguousarray(b, dtype=np.float64))
-    if ws[-1].shape[0] < 2:
+    if ws[-1].shape[0] < min_outputs:
         raise InputError(f"{where}: the last layer has {ws[-1].shape[0]} output, need >= 2 classes")
     act = normalize_activation(mlp.activation, where)
     out = mlp.output_activation
@@ -101,10 +102,10 @@ def _check_alpha(act: str, alpha, where: str) -> Optional[float]:
 # --------------------------------------------------------------------------- loading
 
 
-def load_model(path: str, activation: Optional[str] = None) -> MLP:
+def load_model(path: str, activation: Optional[str] = None, min_outputs: int = 2) -> MLP:
     """Load an MLP from NPZ, plain HDF5, Keras HDF5, a Keras 3 ``.keras`` archive or ONNX
     (``.onnx``, needs the onnx extra);
-    ``activation`` overrides the file's."""
+    ``activation`` overrides the file's; ``min_outputs`` as :func:`validate`."""
     path = os.fspath(path)
     magic = read_header(path, "model", 8)
     if path.lower().endswith(".onnx"):
@@ -122,7 +123,7 @@ def load_model(path: str, activation: Optional[str] = None) -> MLP:
         if new != mlp.activation:
             mlp.alpha = None  # the file's parameter belongs to the file's activation
         mlp.activation = new
-    return validate(mlp, path)
+    return validate(mlp, path, min_outputs)
 
 
 def _numbered(keys: Sequence[str], prefix: str, path: str) -> List[str]:

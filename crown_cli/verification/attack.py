@@ -116,19 +116,48 @@ def find_counterexample_any(weights: Sequence[np.ndarray], biases: Sequence[np.n
     lo, hi = parsed[0][0], parsed[0][1]
     if lo.shape != hi.shape or np.any(lo > hi):
         raise ValueError("find_counterexample: need lo <= hi of one shape")
-    A = np.concatenate([p[2] for p in parsed])
-    b = np.concatenate([p[3] for p in parsed])
-    case_of = np.concatenate([np.full(p[2].shape[0], j) for j, p in enumerate(parsed)])
-    n_cases = len(parsed)
     if alpha is None:
         alpha = default_alpha(activation)
     W64 = [np.asarray(w, dtype=np.float64) for w in weights]
     b64 = [np.asarray(v, dtype=np.float64) for v in biases]
+    W32 = [w.astype(np.float32) for w in W64]
+    B32 = [v.astype(np.float32) for v in b64]
+    A = np.concatenate([p[2] for p in parsed])
+    G_out = A.astype(np.float32) @ W32[-1]  # d (A f) / d a_last, one row per constraint
+
+    def passes(X):
+        return forward_with_preactivations(W32, B32, activation, X, alpha)
+
+    def gradient(zs, j, leaks):
+        return _gradient(W32, zs, activation, G_out[j], alpha, leaks)
+
+    def check(X, A_j, b_j):
+        return violations(W64, b64, activation, alpha, lo, hi, A_j, b_j, X)
+
+    return descend(passes, gradient, check, parsed, restarts, steps, seed, deadline,
+                   surrogate=activation == "relu", dtype=np.float32)
+
+
+def descend(passes, gradient, check, parsed, restarts: int, steps: int, seed: int,
+            deadline: Optional[float], surrogate: bool, dtype=np.float32):
+    """The search of :func:`find_counterexample_any` for any network, given as functions:
+    ``passes(X)`` -> (outputs (N, n_out) in ``dtype``, state for the gradient);
+    ``gradient(state, j, leaks)`` -> input gradients (N, d) of the rows ``j`` (N,) of the
+    concatenated A at each point (``leaks``: per point, the ReLU surrogate slope, or None);
+    ``check(X, A_j, b_j)`` -> the float64 counterexample check
+    (:func:`crown_cli.verification.outcome.violations`) of each row of X for one case.
+    ``parsed``: the cases [(lo, hi, A_j, b_j)] of one box. ``surrogate``: use
+    ``SURROGATE_LEAKS`` (ReLU networks)."""
+    lo, hi = parsed[0][0], parsed[0][1]
+    A = np.concatenate([p[2] for p in parsed])
+    b = np.concatenate([p[3] for p in parsed])
+    case_of = np.concatenate([np.full(p[2].shape[0], j) for j, p in enumerate(parsed)])
+    n_cases = len(parsed)
 
     def verified(X, order=None):
         for j, (_, _, A_j, b_j) in enumerate(parsed) if order is None else \
                 ((j, parsed[j]) for j in order):
-            ok = violations(W64, b64, activation, alpha, lo, hi, A_j, b_j, X)
+            ok = check(X, A_j, b_j)
             if ok.any():
                 return j, X[int(np.argmax(ok))].copy()
         return None
@@ -137,16 +166,13 @@ def find_counterexample_any(weights: Sequence[np.ndarray], biases: Sequence[np.n
     X = _starts(lo, hi, int(restarts), rng)
     if any(p[2].shape[0] == 0 for p in parsed):  # no output constraint: every point violates
         return verified(X[:1])
-    W32 = [w.astype(np.float32) for w in W64]
-    B32 = [v.astype(np.float32) for v in b64]
-    A32, b32 = A.astype(np.float32), b.astype(np.float32)
-    G_out = A32 @ W32[-1]  # d (A f) / d a_last, one row per constraint
+    A32, b32 = A.astype(dtype), b.astype(dtype)
     width = hi - lo
     leaks = None
-    if activation == "relu":  # per start its backward slope of the inactive side
-        leaks = np.resize(np.asarray(SURROGATE_LEAKS, np.float32), X.shape[0])
+    if surrogate:  # per start its backward slope of the inactive side
+        leaks = np.resize(np.asarray(SURROGATE_LEAKS, dtype), X.shape[0])
     for k in range(int(steps) + 1):
-        f, zs = forward_with_preactivations(W32, B32, activation, X, alpha)
+        f, zs = passes(X)
         R = f @ A32.T - b32  # (N, rows of all cases)
         if n_cases == 1:
             j = np.argmax(R, axis=1)
@@ -172,7 +198,7 @@ def find_counterexample_any(weights: Sequence[np.ndarray], biases: Sequence[np.n
                 return found
         if k == steps or (deadline is not None and time.monotonic() > deadline):
             break
-        G = _gradient(W32, zs, activation, G_out[j], alpha, leaks)
+        G = gradient(zs, j, leaks)
         step = (0.02 + 0.48 * (1.0 - k / max(steps, 1))) * width
         X = np.clip(X - step * np.sign(G).astype(np.float64), lo, hi)
     return None

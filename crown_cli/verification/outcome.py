@@ -3,7 +3,8 @@ search, and the one check that makes a point a counterexample.
 
 A ``sat`` verdict is only as good as its counterexample: :func:`violations` accepts a point
 when it is finite, lies in the box exactly, and a float64 forward pass
-(:func:`crown_cli.activations.forward`) puts its outputs in the unsafe set. Every search
+(:func:`crown_cli.activations.forward`, or a graph's :meth:`Graph.forward` through
+:func:`violations_of`) puts its outputs in the unsafe set. Every search
 (attack, input splitting, ReLU splitting) hands its candidates to this function and nothing
 else. The check is float64 arithmetic, not exact: a point with ``A_i f(x) - b_i`` within
 rounding of 0 may be accepted or refused.
@@ -11,7 +12,7 @@ rounding of 0 may be accepted or refused.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional
+from typing import Callable, Optional
 
 import numpy as np
 
@@ -50,6 +51,14 @@ def violations(weights, biases, activation: str, alpha, lo, hi, A, b, X,
     satisfy every row of ``A y <= b``; with ``gstart`` (the first row of each case, rows of A
     grouped by case) every row of some one case. ``alpha``: the activation's parameter
     (None: its default)."""
+    return violations_of(lambda Z: forward(weights, biases, activation, Z, alpha),
+                         lo, hi, A, b, X, gstart)
+
+
+def violations_of(outputs: Callable[[np.ndarray], np.ndarray], lo, hi, A, b, X,
+                  gstart: Optional[np.ndarray] = None) -> np.ndarray:
+    """:func:`violations` for any network: ``outputs`` its float64 forward pass of a batch
+    (N, d) -> (N, outputs), e.g. :meth:`crown_cli.graph.network.Graph.forward`."""
     X = np.asarray(X, dtype=np.float64)
     if X.ndim == 1:
         X = X[None, :]
@@ -58,7 +67,7 @@ def violations(weights, biases, activation: str, alpha, lo, hi, A, b, X,
     if not inside.any():
         return ok
     rows = np.flatnonzero(inside)
-    Y = forward(weights, biases, activation, X if rows.size == X.shape[0] else X[rows], alpha)
+    Y = np.asarray(outputs(X if rows.size == X.shape[0] else X[rows]), dtype=np.float64)
     R = Y @ np.asarray(A, dtype=np.float64).T <= b
     if gstart is None or len(gstart) <= 1:
         ok[rows] = np.all(R, axis=1)

@@ -72,6 +72,7 @@ class Verdict:
     cases: int = 0
     domains: int = 0  # branch and bound: domains bounded
     peak_domains: int = 0  # branch and bound: most open domains at once
+    note: str = ""  # what was left out (graphs: no branch and bound yet), for the log
 
 
 def check_sizes(prop, n_inputs: int, n_outputs: int, where: str) -> None:

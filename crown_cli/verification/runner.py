@@ -105,13 +105,22 @@ class Loader:
         return value
 
     def verifier(self, model_path: str, **options):
-        from crown_cli.io.models import load_model
+        """A :class:`~crown_cli.verification.pipeline.Verifier` for an MLP (a chain of dense
+        layers with one activation), a
+        :class:`~crown_cli.verification.graph_pipeline.GraphVerifier` for any other graph;
+        any number of outputs."""
+        from crown_cli.io.networks import load_network
+        from crown_cli.network import MLP
         from crown_cli.verification.pipeline import Verifier
 
         def make():
-            mlp = load_model(model_path)
-            weights, biases = mlp.verify_layers()
-            return Verifier(weights, biases, mlp.activation, mlp.alpha, **options)
+            net = load_network(model_path, min_outputs=1)
+            if not isinstance(net, MLP):
+                from crown_cli.verification.graph_pipeline import GraphVerifier
+
+                return GraphVerifier(net, **options)
+            weights, biases = net.verify_layers()
+            return Verifier(weights, biases, net.activation, net.alpha, **options)
 
         return self._cached(self._models, (model_path, tuple(sorted(options.items()))), make)
 
@@ -200,7 +209,8 @@ def run_instances(instances: Sequence[Instance], write: Callable[[Dict[str, obje
                 row = verify_row(inst, None, "internal error", time.perf_counter() - t0, timeout)
             write(row)
             if log is not None:
-                log(f"crown: {inst.name}: {row['verdict']} ({row['stage']}) in "
+                note = f"; {verdict.note}" if row["verdict"] != "error" and verdict.note else ""
+                log(f"crown: {inst.name}: {row['verdict']} ({row['stage']}{note}) in "
                     f"{row['time_s']:.2f} s")
             summary.rows += 1
             summary.time_s += row["time_s"]

@@ -1,0 +1,149 @@
+"""Certified radii on graph networks (:class:`crown_cli.graph.network.Graph`): the certify
+search of :class:`crown_cli.certification.certifier.Certifier` with each bound evaluation a
+float64 :class:`crown_cli.engine.graph_bounds.GraphBounds` (every rounding charged).
+
+Methods: ``crown``, ``crown-paper`` and ``fast-lin`` (the relaxation family of every
+activation node; fast-lin on ReLU-type activations only). Every other method is refused by
+name (InputError) until it runs on graphs. Every evaluation is float64 (the float32 steering
+and stable-neuron reuse of the dense engine's fast path are not there yet), so rows say
+``precision float64``.
+
+Images: crown's image vectors are row-major (height, width, channel); :func:`to_graph_layout`
+puts them in the graph's own input layout (an ONNX input (1, C, H, W) is channel-first), a
+permutation, so l_p radii are unchanged. Arrays in, results out: no files, no printing.
+"""
+from __future__ import annotations
+
+import time
+from typing import Optional, Sequence
+
+import numpy as np
+
+from crown_cli.certification.certifier import (Certificate, Certifier, default_eps0,
+                                               parse_norm)
+from crown_cli.engine.input_sets import NORMS
+from crown_cli.engine.radius_search import SEARCHES, certified_radius
+from crown_cli.errors import InputError
+
+GRAPH_METHODS = ("crown", "crown-paper", "fast-lin")
+
+
+def check_graph_method(method: str, where: str = "graph network") -> None:
+    if method not in GRAPH_METHODS:
+        raise InputError(f"--method {method}: not available on graph networks yet ({where}; "
+                         f"graphs take {', '.join(GRAPH_METHODS)})")
+
+
+def depth(graph) -> int:
+    """The most activation and max-pool nodes on one path from an input to the output (the
+    number of hidden layers of a chain)."""
+    d = [0] * len(graph.nodes)
+    for i, n in enumerate(graph.nodes):
+        below = max((d[j] for j in n.inputs), default=0)
+        d[i] = below + (n.kind in ("activation", "maxpool"))
+    return d[graph.output]
+
+
+def channel_first(graph) -> Optional[tuple]:
+    """(C, H, W) when the graph has one input of shape (1, C, H, W) with C > 1 (its flat
+    order is not crown's (H, W, C) image order), else None."""
+    if len(graph.inputs) != 1:
+        return None
+    shape = tuple(graph.nodes[graph.inputs[0]].shape)
+    if len(shape) != 4 or shape[1] == 1:
+        return None
+    return shape[1:]
+
+
+def to_graph_layout(graph, x: np.ndarray) -> np.ndarray:
+    """crown's image vectors x (N, n), row-major (H, W, C), in the graph's input order."""
+    chw = channel_first(graph)
+    x = np.asarray(x, dtype=np.float64)
+    if chw is None or x.shape[1] != graph.input_size:
+        return x
+    C, H, W = chw
+    return np.ascontiguousarray(x.reshape(-1, H, W, C).transpose(0, 3, 1, 2).reshape(x.shape[0], -1))
+
+
+class GraphCertifier:
+    """One graph network, one norm and method: :meth:`certify` per image (in the graph's
+    input layout), predicted class and targets, as :class:`Certifier`. ``ibp``: intersect
+    CROWN's intermediate bounds with interval arithmetic, refining only the neurons it
+    leaves unstable (sound; ``False``: CROWN's bounds of every neuron, as the dense engine)."""
+
+    START_FRACTION = Certifier.START_FRACTION
+    POWER_PER_LAYER = Certifier.POWER_PER_LAYER
+
+    def __init__(self, graph, norm: str = "inf", method: str = "crown", search: str = "interp",
+                 rtol: float = 1e-4, eps0: Optional[float] = None, eps_max: float = 1e4,
+                 precision: str = "float64", timeout: Optional[float] = None, ibp: bool = True):
+        from crown_cli.engine.relaxations import get_relaxation
+
+        check_graph_method(method, graph.source or "graph network")
+        for n in graph.nodes:  # the registry names an activation without this method
+            if n.kind == "activation":
+                get_relaxation(n.op.name, method, n.op.alpha)
+        if search not in SEARCHES:
+            raise InputError(f"--search: unknown search '{search}' (choose from {', '.join(SEARCHES)})")
+        if not (0 < rtol < 1):
+            raise InputError(f"--rtol: must lie in (0, 1), got {rtol}")
+        self.graph, self.method, self.search, self.rtol = graph, method, search, rtol
+        self.norm = parse_norm(norm)
+        self.qcode = NORMS[self.norm]
+        self.precision = "float64"  # every evaluation: no float32 steering on graphs yet
+        self.auto_eps0 = eps0 is None
+        self.eps0 = default_eps0(self.norm, graph.input_size) if eps0 is None else float(eps0)
+        if not self.eps0 > 0:
+            raise InputError(f"--eps0: must be > 0, got {eps0}")
+        self.eps_max = max(float(eps_max), self.eps0)
+        self.ibp = ibp
+        self.num_hidden = depth(graph)
+        self.timeout = timeout
+
+    def warm_up(self) -> None:
+        """Nothing to load (no numba kernels on this path)."""
+
+    def logits(self, x: np.ndarray) -> np.ndarray:
+        return self.graph.forward(x)
+
+    def margin_rows(self, c: int, targets: Sequence[int]) -> np.ndarray:
+        C = np.zeros((len(targets), self.graph.output_size))
+        for r, t in enumerate(targets):
+            C[r, c] += 1.0
+            C[r, t] -= 1.0
+        return C
+
+    def lower_bound(self, x0: np.ndarray, eps: float, C: np.ndarray) -> np.ndarray:
+        """Verified float64 lower bounds of C @ f(x) over the eps-ball around x0, (r,)."""
+        from crown_cli.engine.graph_bounds import GraphBounds
+
+        gb = GraphBounds(self.graph, x0, float(eps), self.qcode, method=self.method,
+                         ibp=self.ibp)
+        return gb.lower(self.graph.output, C)
+
+    def start_radius(self, x0: np.ndarray, C: np.ndarray, g0: np.ndarray) -> float:
+        """:meth:`Certifier.start_radius`: a fraction of the first-order distance
+        g0 / ||J||_q (J from :meth:`Graph.vjp`), shrinking with depth."""
+        if not self.auto_eps0 or self.search != "interp":
+            return self.eps0
+        _, vals = self.graph.forward(x0[None], return_all=True)
+        J = self.graph.vjp(vals, C)
+        q = {"inf": 1, "2": 2, "1": np.inf}[self.norm]
+        with np.errstate(divide="ignore", invalid="ignore"):
+            lin = np.min(g0 / np.linalg.norm(J, ord=q, axis=1))
+        eps = lin * self.START_FRACTION / max(1, self.num_hidden)
+        return float(min(eps, self.eps_max)) if np.isfinite(eps) and eps > 1e-12 else self.eps0
+
+    def certify(self, x0: np.ndarray, c: int, targets: Sequence[int]) -> Certificate:
+        """Largest eps such that f_c > f_t on the whole ball for every t in ``targets``."""
+        t0 = time.perf_counter()
+        x0 = np.ascontiguousarray(x0, dtype=np.float64)
+        C = self.margin_rows(c, targets)
+        margins = C @ self.logits(x0)
+        g0 = float(np.min(margins))
+        eps0 = self.start_radius(x0, C, margins) if g0 > 0 else self.eps0
+        res = certified_radius(lambda eps: float(np.min(self.lower_bound(x0, eps, C))), g0, eps0,
+                               rtol=self.rtol, eps_max=self.eps_max, method=self.search,
+                               power=max(2.0, self.POWER_PER_LAYER * self.num_hidden))
+        return Certificate(res.eps, res.lower_bound, g0, res.evaluations, res.status,
+                           time.perf_counter() - t0)

@@ -1,0 +1,181 @@
+"""Deciding VNN-LIB properties on a graph network (:class:`crown_cli.graph.network.Graph`):
+the attack, then CROWN bounds of each case's box; no branch and bound on graphs yet.
+
+The same verdicts and the same rules as :mod:`crown_cli.verification.pipeline`:
+
+- ``sat`` only with a point inside the case's box whose float64 forward pass
+  (:meth:`Graph.forward`) satisfies every row of ``A f(x) <= b``
+  (:func:`crown_cli.verification.outcome.violations_of`);
+- ``unsat`` only when every case has a row i with a float64-verified lower bound of
+  ``A_i f(x)`` over the box (:class:`crown_cli.engine.graph_bounds.GraphBounds`, every rounding
+  charged) above ``b_i`` rounded up one ulp;
+- ``unknown`` otherwise (after more attack starts), with a note that branch and bound does not
+  run on graphs yet; ``timeout`` when the deadline passed before the bounds were done.
+
+The attack is the MLP pipeline's sign-gradient descent
+(:func:`crown_cli.verification.attack.descend`) on the graph's float64 forward pass and its
+gradient (:meth:`Graph.vjp`). Any number of outputs; several input tensors are one flat input,
+VNN-LIB's X_i in the graph's order. Arrays in, verdicts out: no files and no printing.
+"""
+from __future__ import annotations
+
+import time
+from typing import Callable, Optional, Sequence
+
+import numpy as np
+
+from crown_cli.engine.input_sets import Box
+from crown_cli.engine.rounding import round_up
+from crown_cli.verification.attack import _as_case, descend
+from crown_cli.verification.outcome import violations_of
+from crown_cli.verification.pipeline import (ATTACK_MIN_S, ATTACK_SHARE, BOUND_STAGES, Verdict,
+                                             Verifier,
+                                             _by_box, _worst, check_sizes)
+
+# Bound stages available on graphs (alpha-CROWN needs slopes per activation node: not yet)
+GRAPH_STAGES = ("crown",)
+# after the bounds, at most this many more attack runs with fresh starts on the open cases
+MORE_ATTACKS = 3
+NO_BAB = "no branch and bound on graphs yet"
+
+
+def graph_counterexample(graph, lo, hi, cases, *, restarts: int = 64, steps: int = 100,
+                         seed: int = 0, deadline: Optional[float] = None):
+    """(j, x): a verified x in [lo, hi] with ``A_j f(x) <= b_j`` for one of the cases
+    [(A_j, b_j), ...] sharing this box, or None. Float64 passes; on graphs with ReLU nodes
+    the starts take turns at the surrogate slopes of the inactive side, as on MLPs."""
+    if restarts < 1 or steps < 0:
+        raise ValueError("graph_counterexample: restarts >= 1 and steps >= 0 required")
+    parsed = [_as_case(lo, hi, A_, b_) for A_, b_ in cases]
+    if not parsed:
+        return None
+    lo, hi = parsed[0][0], parsed[0][1]
+    if lo.shape != (graph.input_size,) or hi.shape != lo.shape or np.any(lo > hi):
+        raise ValueError("graph_counterexample: need lo <= hi of the graph's input size")
+    A = np.concatenate([p[2] for p in parsed])
+
+    def passes(X):
+        return graph.forward(X, return_all=True)
+
+    def gradient(vals, j, leaks):
+        return graph.vjp(vals, A[j], relu_leak=leaks)
+
+    def check(X, A_j, b_j):
+        return violations_of(graph.forward, lo, hi, A_j, b_j, X)
+
+    relu = any(n.kind == "activation" and n.op.name == "relu" for n in graph.nodes)
+    return descend(passes, gradient, check, parsed, restarts, steps, seed, deadline,
+                   surrogate=relu, dtype=np.float64)
+
+
+def graph_box_lower_bounds(graph, lo, hi, A, b, method: str = "crown") -> np.ndarray:
+    """Per row of A: a float64-verified lower bound of ``A_i f(x) - b_i`` over the box
+    [lo, hi] (b rounded up one ulp first). A row > 0 proves every case holding it empty."""
+    from crown_cli.engine.graph_bounds import GraphBounds
+
+    A = np.ascontiguousarray(A, dtype=np.float64)
+    gb = GraphBounds(graph, *Box(lo, hi).args(), method=method)
+    lb = gb.lower(graph.output, A)
+    return lb - round_up(b)  # fl(lb - b_up) > 0 exactly when lb > b_up
+
+
+class GraphVerifier:
+    """:class:`crown_cli.verification.pipeline.Verifier`'s interface for a graph: one network,
+    its stages and attack settings; :meth:`verify` per property. ``bab`` and ``max_domains``
+    are accepted and unused (no branch and bound on graphs yet)."""
+
+    def __init__(self, graph, stages: Sequence[str] = BOUND_STAGES, attack_restarts: int = 64,
+                 attack_steps: int = 100, seed: int = 0, attack_time: Optional[float] = None,
+                 bab: bool = True, max_domains: int = 200_000):
+        self.graph = graph
+        self.requested = [s for s in stages if s in BOUND_STAGES]
+        self.stages = [s for s in self.requested if s in GRAPH_STAGES]
+        self.attack_restarts, self.attack_steps, self.seed = attack_restarts, attack_steps, seed
+        self.attack_time = attack_time
+        self.bab = bab
+
+    @property
+    def n_inputs(self) -> int:
+        return self.graph.input_size
+
+    @property
+    def n_outputs(self) -> int:
+        return self.graph.output_size
+
+    def outputs(self, x: np.ndarray) -> np.ndarray:
+        return self.graph.forward(x)
+
+    def box_lower_bounds(self, stage: str, lo, hi, A, b) -> np.ndarray:
+        return graph_box_lower_bounds(self.graph, lo, hi, A, b, stage)
+
+    def _attack(self, cases, groups, deadline: float, budget: float, seed: int):
+        stop = min(deadline, time.monotonic() + budget)
+        for g, members in enumerate(groups):
+            if time.monotonic() >= stop:
+                break
+            c0 = cases[members[0]]
+            found = graph_counterexample(self.graph, c0.lo, c0.hi,
+                                         [(cases[j].A, cases[j].b) for j in members],
+                                         restarts=self.attack_restarts,
+                                         steps=self.attack_steps, seed=seed + g, deadline=stop)
+            if found is not None:
+                return members[found[0]], found[1]
+        return None
+
+    def note(self) -> str:
+        """What this verifier leaves out on graphs, for the verdict log."""
+        skipped = [s for s in self.requested if s not in GRAPH_STAGES]
+        parts = [NO_BAB] + [f"{s} not on graphs yet" for s in skipped]
+        return "; ".join(parts)
+
+    def verify(self, prop, timeout: float, log: Optional[Callable[[str], None]] = None,
+               status: Optional[Callable[[str], None]] = None) -> Verdict:
+        """The attack, the bound stages on each case's box, more attack starts on the cases
+        left open; ``unknown`` (with :meth:`note`) when they stay open. ``status`` is
+        accepted for the interface (no branch and bound status to report)."""
+        t0 = time.monotonic()
+        deadline = t0 + timeout
+        check_sizes(prop, self.n_inputs, self.n_outputs, "property")
+        cases = list(prop.cases)
+        n = len(cases)
+
+        def done(result, stage, margin, proven, **kw):
+            return Verdict(result, stage, margin, time.monotonic() - t0, cases_proven=proven,
+                           cases=n, **kw)
+
+        if n == 0:  # every case had an empty box
+            return done("unsat", "parse", None, 0)
+        budget = self.attack_time if self.attack_time is not None else max(
+            ATTACK_MIN_S, ATTACK_SHARE * timeout)
+        found = self._attack(cases, _by_box(cases, range(n)), deadline, budget, self.seed)
+        if found is not None:
+            j, x = found
+            return done("sat", "attack", None, 0, x=x, y=self.outputs(x), case=j)
+        open_cases, margins, stage = list(range(n)), {}, "attack"
+        for stage in self.stages:
+            still = []
+            for members in _by_box(cases, open_cases):
+                if time.monotonic() >= deadline:
+                    return done("timeout", stage, _worst(margins), n - len(open_cases))
+                still += self._bound_cases(stage, cases, members, margins)
+            open_cases = sorted(still)
+            if log is not None:
+                log(f"{stage}: {n - len(open_cases)} of {n} cases proven")
+            if not open_cases:
+                return done("unsat", stage, _worst(margins), n)
+        for k in range(MORE_ATTACKS):  # no branch and bound: more starts instead
+            if time.monotonic() >= deadline:
+                return done("timeout", stage, _worst(margins), n - len(open_cases),
+                            note=self.note())
+            found = self._attack(cases, _by_box(cases, open_cases), deadline, budget,
+                                 self.seed + 7919 * (k + 1))
+            if found is not None:
+                j, x = found
+                return done("sat", "attack", _worst(margins), n - len(open_cases), x=x,
+                            y=self.outputs(x), case=j)
+        if log is not None:
+            log(f"graph network: {self.note()}; {len(open_cases)} of {n} cases open")
+        return done("unknown", stage, _worst(margins), n - len(open_cases), note=self.note())
+
+    # the same per-box bounding as the MLP pipeline's (it calls self.box_lower_bounds)
+    _bound_cases = Verifier._bound_cases
