@@ -20,3 +20,16 @@ def read_header(path: str, kind: str, nbytes: int = 8) -> bytes:
             return fh.read(nbytes)
     except OSError as exc:
         raise InputError(f"{path}: cannot read {kind} file ({exc.strerror})") from None
+
+
+def interrupted(exc: BaseException) -> bool:
+    """Is ``exc`` a Ctrl-C in disguise? A SIGINT that arrives while a numba kernel runs comes
+    back as ``SystemError: ... returned a result with an exception set`` whose context is the
+    KeyboardInterrupt; per-row error handlers re-raise it as the interrupt it is."""
+    seen = 0
+    while exc is not None and seen < 8:
+        if isinstance(exc, KeyboardInterrupt):
+            return True
+        exc = exc.__cause__ or exc.__context__
+        seen += 1
+    return False

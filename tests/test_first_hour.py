@@ -524,3 +524,27 @@ def test_exit_code_table_matches_the_commands(tmp_path):
     assert bad.exit_code == 2 and "--rtol: must lie in (0, 1)" in error_line(bad)
     # 3: finished with failed rows
     assert certify("-n", 1, "--method", "exact", "--timeout", "1e-6", "-q").exit_code == 3
+
+
+def test_ctrl_c_inside_a_numba_kernel_is_still_an_interrupt(tmp_path, monkeypatch):
+    """A SIGINT during a numba kernel surfaces as a SystemError whose context is the
+    KeyboardInterrupt; the per-image handler must not record it as an error row."""
+    from crown_cli.certification import certifier
+
+    real = certifier.Certifier.certify
+    calls = []
+
+    def certify_(self, *a, **k):
+        calls.append(1)
+        if len(calls) == 2:
+            try:
+                raise KeyboardInterrupt
+            except KeyboardInterrupt:
+                raise SystemError("<built-in function x> returned a result with an exception set")
+        return real(self, *a, **k)
+
+    monkeypatch.setattr(certifier.Certifier, "certify", certify_)
+    out = tmp_path / "r.csv"
+    res = certify("-n", 5, "-o", out, "--overwrite")
+    assert res.exit_code == 130, res.output
+    assert "holds 1 finished row;" in res.output

@@ -9,7 +9,7 @@ import numpy as np
 
 from crown_cli.certification.certifier import Certifier
 from crown_cli.certification.targets import TARGET_TYPES, TargetSelector
-from crown_cli.errors import InputError
+from crown_cli.errors import InputError, interrupted
 from crown_cli.io.results import FAILED_STATUSES
 
 if TYPE_CHECKING:  # only --attack pgd runs need the module
@@ -126,6 +126,8 @@ def certify_images(
                         try:
                             res = cert.certify(x[i], c, targets)
                         except Exception as exc:  # noqa: BLE001 - recorded, the batch goes on
+                            if interrupted(exc):
+                                raise KeyboardInterrupt from exc
                             row.update(status="error", evaluations=0,
                                        time_s=round(time.perf_counter() - t_row, 6))
                             summary.errors.append(

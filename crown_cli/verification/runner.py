@@ -16,7 +16,7 @@ from typing import Callable, Dict, List, Optional, Sequence
 
 import numpy as np
 
-from crown_cli.errors import InputError
+from crown_cli.errors import InputError, interrupted
 
 
 @dataclass
@@ -205,6 +205,8 @@ def run_instances(instances: Sequence[Instance], write: Callable[[Dict[str, obje
                 summary.errors.append(f"{inst.name}: {exc}")
                 row = verify_row(inst, None, "input error", time.perf_counter() - t0, timeout)
             except Exception as exc:  # noqa: BLE001 - one instance's bug must not end the run
+                if interrupted(exc):
+                    raise KeyboardInterrupt from exc
                 summary.errors.append(f"{inst.name}: internal error: {type(exc).__name__}: {exc}")
                 row = verify_row(inst, None, "internal error", time.perf_counter() - t0, timeout)
             write(row)
