@@ -56,6 +56,33 @@ _RANGES = {"relu": (0.0, np.inf), "sigmoid": (0.0, 1.0), "tanh": (-1.0, 1.0),
            "arctan": (-1.5707963267948970, 1.5707963267948970), "hard_sigmoid": (0.0, 1.0),
            "softplus": (0.0, np.inf)}
 ROW_BUDGET = 256 * 2 ** 20  # bytes of rows per back-substitution pass (identity rows chunked)
+ROW_COPIES = 4  # a pass holds about this many arrays of (rows x widest node) float64 at once
+
+
+def row_bytes(graph, upto: Optional[int] = None) -> int:
+    """Bytes a back-substitution pass takes per row of ``[I; -I]`` (one neuron): ROW_COPIES
+    float64 arrays as wide as the widest node (up to node ``upto``)."""
+    nodes = graph.nodes if upto is None else graph.nodes[:upto + 1]
+    return 8 * ROW_COPIES * max(1, max(n.size for n in nodes))
+
+
+def fixed_bytes(graph) -> int:
+    """Bytes a :class:`GraphBounds` holds whatever its rows: interval, magnitude and forward
+    magnitude per node, four lines per activation neuron, and every weight twice as float64
+    (the weight and its absolute value)."""
+    total = sum(n.size for n in graph.nodes)
+    affine = sum(n.size for n in graph.nodes if n.kind == "affine")
+    act = sum(n.size for n in graph.nodes if n.kind in ("activation", "maxpool"))
+    return 8 * (3 * total + affine + 5 * act) + 16 * graph.num_parameters
+
+
+def row_budget_for(graph, budget: float) -> Optional[int]:
+    """The row budget (bytes) of a bound within ``budget`` bytes in all: what the fixed part
+    leaves, at most :data:`ROW_BUDGET`; None when not even one neuron's rows fit."""
+    left = int(budget) - fixed_bytes(graph)
+    if left < row_bytes(graph):
+        return None
+    return min(ROW_BUDGET, left)
 
 
 def sum_rtol(graph) -> float:
@@ -103,7 +130,8 @@ class GraphBounds:
     """
 
     def __init__(self, graph, x0, eps, qcode, method: str = "crown",
-                 intermediate: str = "crown", ibp: bool = True, row_budget: int = ROW_BUDGET):
+                 intermediate: str = "crown", ibp: bool = True,
+                 row_budget: Optional[int] = None):
         from crown_cli.engine.relaxations import get_relaxation
 
         if intermediate not in ("crown", "interval"):
@@ -111,6 +139,8 @@ class GraphBounds:
         self.g, self.x0, self.eps, self.qcode = graph, np.asarray(x0, np.float64), float(eps), qcode
         self.rtol = sum_rtol(graph)
         self.method_name = method
+        if row_budget is None:  # the graph's own (set by --memory-budget), else the default
+            row_budget = getattr(graph, "row_budget", None) or ROW_BUDGET
         self.row_budget = row_budget
         n = len(graph.nodes)
         self.lo: List[Optional[np.ndarray]] = [None] * n
@@ -210,8 +240,7 @@ class GraphBounds:
             l, u = self.lo[target].copy(), self.hi[target].copy()
         else:
             l, u = np.full(m, -np.inf), np.full(m, np.inf)
-        widest = max(n.size for n in self.g.nodes[:target + 1])
-        chunk = max(1, int(self.row_budget // (8 * 4 * max(widest, 1))))
+        chunk = max(1, int(self.row_budget // row_bytes(self.g, target)))
         for s in range(0, rows.size, chunk):
             idx = rows[s:s + chunk]
             eye = np.zeros((idx.size, m))
