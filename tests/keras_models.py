@@ -370,3 +370,25 @@ def mnist_conv(rng):
           weights={"kernel": _w(rng, 48, 10, scale=0.3), "bias": _w(rng, 10, scale=0.1)}),
     ]
     return layers, {"input": (28, 28, 1)}, ["dense"]
+
+
+def reshaped(rng):
+    """Features reshaped to an image: Dense -> Reshape -> Dense on the channels (a 1x1
+    convolution) -> Conv2D -> Flatten -> Dense; a BatchNormalization on features."""
+    layers = [
+        L("InputLayer", "v"),
+        L("Dense", "d0", ["v"], units=16, activation="relu", use_bias=True,
+          weights={"kernel": _w(rng, 12, 16), "bias": _w(rng, 16)}),
+        L("Reshape", "img", ["d0"], target_shape=[2, 2, 4]),
+        L("Dense", "mix", ["img"], units=5, activation="sigmoid", use_bias=True,
+          weights={"kernel": _w(rng, 4, 5), "bias": _w(rng, 5)}),
+        L("Conv2D", "c", ["mix"], filters=2, kernel_size=[2, 2], strides=[1, 1], padding="valid",
+          activation="linear", use_bias=True, dilation_rate=[1, 1],
+          weights={"kernel": _w(rng, 2, 2, 5, 2), "bias": _w(rng, 2)}),
+        L("Flatten", "f", ["c"]),
+        _bn(rng, "bnf", "f", 2),
+        L("Activation", "act", ["bnf"], activation="tanh"),
+        L("Dense", "out", ["act"], units=3, activation="linear", use_bias=True,
+          weights={"kernel": _w(rng, 2, 3), "bias": _w(rng, 3)}),
+    ]
+    return layers, {"v": (12,)}, ["out"]

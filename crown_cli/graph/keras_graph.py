@@ -139,7 +139,7 @@ def read_keras(path: str, budget: float) -> Optional[Tuple[List[KerasLayer], lis
         for role, a in w.items():
             if a.size * 8 > budget:
                 raise InputError(f"{path}: weight '{role}' of shape {a.shape} needs "
-                                 f"{a.size * 8 / 2 ** 30:.1f} GiB as float64, over the memory "
+                                 f"{a.size * 8 / 2 ** 30:.3g} GiB as float64, over the memory "
                                  f"budget of {budget / 2 ** 30:g} GiB")
     return _topology(path, config, cls, layers, weights) + (keras3,)
 
@@ -171,7 +171,7 @@ def _read_h5(path: str, budget: float):
                         ds = lg[wn]
                         if int(np.prod(ds.shape, dtype=np.int64)) * 8 > budget:
                             raise InputError(f"{path}: weight '{wn}' of shape {ds.shape} needs "
-                                             f"{np.prod(ds.shape) * 8 / 2 ** 30:.1f} GiB as "
+                                             f"{np.prod(ds.shape) * 8 / 2 ** 30:.3g} GiB as "
                                              f"float64, over the memory budget of "
                                              f"{budget / 2 ** 30:g} GiB")
                         role = wn.split("/")[-1].split(":")[0]

@@ -33,6 +33,8 @@ def load_network(path: str, activation: Optional[str] = None, min_outputs: int =
         try:
             return load_model(path, activation, min_outputs)
         except InputError as mlp_error:
+            if str(mlp_error).startswith("--activation"):  # the option's value, not the file
+                raise
             from crown_cli.graph.keras_graph import load_keras_graph
 
             graph = load_keras_graph(path, budget)
