@@ -135,13 +135,22 @@ def read_keras(path: str, budget: float) -> Optional[Tuple[List[KerasLayer], lis
         cls = config.get("class_name", "")
     else:
         return None
-    for w in weights:
+    for layer, w in zip(layers, weights):
         for role, a in w.items():
-            if a.size * 8 > budget:
-                raise InputError(f"{path}: weight '{role}' of shape {a.shape} needs "
-                                 f"{a.size * 8 / 2 ** 30:.3g} GiB as float64, over the memory "
-                                 f"budget of {budget / 2 ** 30:g} GiB")
+            _check_size(path, f"{_layer_name(layer)}/{role}", a.shape, budget)
     return _topology(path, config, cls, layers, weights) + (keras3,)
+
+
+def _layer_name(layer: dict) -> str:
+    return (layer.get("config", {}) or {}).get("name") or layer.get("name") or ""
+
+
+def _check_size(path: str, what: str, shape, budget: float) -> None:
+    need = int(np.prod(shape, dtype=np.int64)) * 8
+    if need > budget:
+        raise InputError(f"{path}: weight '{what}' of shape {tuple(shape)} needs "
+                         f"{need / 2 ** 30:.3g} GiB as float64, over the memory budget of "
+                         f"{budget / 2 ** 30:g} GiB (--memory-budget)")
 
 
 def _read_h5(path: str, budget: float):
@@ -169,11 +178,7 @@ def _read_h5(path: str, budget: float):
                     lg = g[name]
                     for wn in (_decode(n) for n in lg.attrs.get("weight_names", [])):
                         ds = lg[wn]
-                        if int(np.prod(ds.shape, dtype=np.int64)) * 8 > budget:
-                            raise InputError(f"{path}: weight '{wn}' of shape {ds.shape} needs "
-                                             f"{np.prod(ds.shape) * 8 / 2 ** 30:.3g} GiB as "
-                                             f"float64, over the memory budget of "
-                                             f"{budget / 2 ** 30:g} GiB")
+                        _check_size(path, wn, ds.shape, budget)  # before reading it
                         role = wn.split("/")[-1].split(":")[0]
                         found[role] = np.asarray(ds[()])
                 weights.append(found)

@@ -99,7 +99,7 @@ def _dense(b, node, d: Data, W: np.ndarray, left: bool, bias, label: str, tensor
     if need > b.budget:
         b.fail(node, f"its weights need {need / 2 ** 30:.1f} GiB as float64 "
                      f"({'sparse' if sparse else 'dense'}, shape {tuple(core.shape)}), over the "
-                     f"budget of {b.budget / 2 ** 30:g} GiB")
+                     f"budget of {b.budget / 2 ** 30:g} GiB (--memory-budget)")
     if sparse:
         M = sp.csr_matrix(core).astype(np.float64)
         if inner > 1:
