@@ -14,8 +14,8 @@ from click.testing import CliRunner
 import crown_cli
 import keras_models as km
 from crown_cli.cli import cli
-from crown_cli.engine.graph_bounds import (ROW_BUDGET, GraphBounds, fixed_bytes, row_budget_for,
-                                           row_bytes)
+from crown_cli.engine.graph_bounds import (ROW_BUDGET, ROW_PEAK, GraphBounds, fixed_bytes,
+                                           least_bytes, row_budget_for, row_bytes)
 from crown_cli.errors import InputError
 from crown_cli.io.networks import load_network
 from graph_models import conv_net
@@ -38,8 +38,8 @@ def model(tmp_path):
 def test_the_default_budget_keeps_the_default_row_budget(model):
     g = load_network(model)
     assert g.row_budget == ROW_BUDGET == row_budget_for(g, 4 * GiB)
-    assert row_budget_for(g, fixed_bytes(g) + row_bytes(g) - 1) is None
-    assert row_budget_for(g, fixed_bytes(g) + 3 * row_bytes(g)) == 3 * row_bytes(g)
+    assert row_budget_for(g, least_bytes(g) - ROW_PEAK) is None
+    assert row_budget_for(g, fixed_bytes(g) + 3 * ROW_PEAK * row_bytes(g)) == 3 * row_bytes(g)
 
 
 def test_small_row_budgets_give_the_same_bounds(model):
@@ -57,9 +57,25 @@ def _eps(res):
     return [float(r["eps"]) for r in csv.DictReader(io.StringIO(res.output))]
 
 
+def test_a_bound_stays_within_the_budget(model):
+    """tracemalloc's peak of one bound (intermediate bounds included) within the budget."""
+    import tracemalloc
+
+    g = load_network(model)
+    x0 = crown_cli.load_images()[0][0]
+    for neurons in (1, 16):
+        budget = fixed_bytes(g) + neurons * ROW_PEAK * row_bytes(g)
+        g.row_budget = row_budget_for(g, budget)
+        tracemalloc.start()
+        GraphBounds(g, x0, 0.05, 0).bounds()
+        peak = tracemalloc.get_traced_memory()[1]
+        tracemalloc.stop()
+        assert peak <= budget, (neurons, peak, budget)
+
+
 def test_certify_within_a_small_budget_gives_the_same_radius(model, tmp_path):
     g = load_network(model)
-    budget = (fixed_bytes(g) + 2 * row_bytes(g)) / GiB  # two neurons' rows per pass
+    budget = (fixed_bytes(g) + 2 * ROW_PEAK * row_bytes(g)) / GiB  # two neurons per pass
     assert load_network(model, memory_budget=budget).row_budget == 2 * row_bytes(g)
     x = crown_cli.load_images()[0][:2]  # labelled with the model's predictions: certified
     images = tmp_path / "imgs.npz"
@@ -74,7 +90,7 @@ def test_certify_within_a_small_budget_gives_the_same_radius(model, tmp_path):
 @pytest.mark.parametrize("command", ["certify", "verify", "inspect"])
 def test_a_graph_over_the_budget_is_refused_in_one_line(model, tmp_path, command):
     g = load_network(model)
-    budget = (fixed_bytes(g) + row_bytes(g)) / GiB / 2
+    budget = least_bytes(g) / GiB / 2
     args = [command, "--model", model, "--memory-budget", f"{budget:.6g}"]
     if command == "verify":
         spec = tmp_path / "p.vnnlib"
@@ -107,7 +123,7 @@ def test_verify_within_a_budget(model, tmp_path):
     lines.append(f"(assert (<= Y_{c} Y_{t}))")
     spec = tmp_path / "p.vnnlib"
     spec.write_text("\n".join(lines) + "\n")
-    budget = (fixed_bytes(g) + 4 * row_bytes(g)) / GiB
+    budget = (fixed_bytes(g) + 4 * ROW_PEAK * row_bytes(g)) / GiB
     for extra in ([], ["--memory-budget", budget]):
         res = run_cli("verify", "--model", model, "--spec", spec, "--timeout", 30, "-q", *extra)
         assert res.exit_code == 0, res.output
@@ -121,4 +137,6 @@ def test_the_onnx_loader_refuses_a_weight_over_the_budget(tmp_path):
         load_network(path, memory_budget=1e-8)
     msg = str(err.value)
     assert "its weights need" in msg and msg.endswith("budget of 1e-08 GiB (--memory-budget)")
-    assert load_network(path, memory_budget=1.0).row_budget == ROW_BUDGET
+    assert load_network(path, memory_budget=4.0).row_budget == ROW_BUDGET
+    g = load_network(path, memory_budget=1.0)  # the pass peaks at ROW_PEAK x its rows
+    assert g.row_budget == (GiB - fixed_bytes(g)) // ROW_PEAK

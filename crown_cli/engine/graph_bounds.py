@@ -56,7 +56,12 @@ _RANGES = {"relu": (0.0, np.inf), "sigmoid": (0.0, 1.0), "tanh": (-1.0, 1.0),
            "arctan": (-1.5707963267948970, 1.5707963267948970), "hard_sigmoid": (0.0, 1.0),
            "softplus": (0.0, np.inf)}
 ROW_BUDGET = 256 * 2 ** 20  # bytes of rows per back-substitution pass (identity rows chunked)
-ROW_COPIES = 4  # a pass holds about this many arrays of (rows x widest node) float64 at once
+ROW_COPIES = 4  # per neuron: its two rows of [I; -I] as wide as the widest node, twice
+# The peak memory of a back-substitution pass, as a multiple of its row budget: the rows'
+# temporaries (a convolution's padded transpose, the relaxation's masks, |rows| for the
+# charges). Measured with tracemalloc on scripts/graph_cost.py's net at 32x32: 4.1x at row
+# budgets of 32 and 128 MiB, 8.0x at 8 MiB (the fixed part weighs more when chunks are small).
+ROW_PEAK = 8
 
 
 def row_bytes(graph, upto: Optional[int] = None) -> int:
@@ -78,11 +83,17 @@ def fixed_bytes(graph) -> int:
 
 def row_budget_for(graph, budget: float) -> Optional[int]:
     """The row budget (bytes) of a bound within ``budget`` bytes in all: what the fixed part
-    leaves, at most :data:`ROW_BUDGET`; None when not even one neuron's rows fit."""
-    left = int(budget) - fixed_bytes(graph)
+    leaves, divided by :data:`ROW_PEAK`, at most :data:`ROW_BUDGET`; None when not even one
+    neuron's rows fit."""
+    left = (int(budget) - fixed_bytes(graph)) // ROW_PEAK
     if left < row_bytes(graph):
         return None
     return min(ROW_BUDGET, left)
+
+
+def least_bytes(graph) -> int:
+    """The least memory a bound of the graph takes: the fixed part and one neuron's pass."""
+    return fixed_bytes(graph) + ROW_PEAK * row_bytes(graph)
 
 
 def sum_rtol(graph) -> float:

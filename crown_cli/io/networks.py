@@ -67,13 +67,13 @@ def check_memory(graph, memory_budget: Optional[float], where: str) -> None:
     """Set ``graph.row_budget`` so that a CROWN bound of the graph stays within
     ``memory_budget`` GiB (None: the default, 4 GiB), or refuse the graph in one line when
     even one neuron's rows do not fit (:func:`crown_cli.engine.graph_bounds.row_budget_for`)."""
-    from crown_cli.engine.graph_bounds import fixed_bytes, row_budget_for, row_bytes
+    from crown_cli.engine.graph_bounds import least_bytes, row_budget_for
     from crown_cli.graph.onnx_graph import MEMORY_BUDGET
 
     budget = MEMORY_BUDGET if memory_budget is None else float(memory_budget) * GiB
     rows = row_budget_for(graph, budget)
     if rows is None:
-        need = (fixed_bytes(graph) + row_bytes(graph)) / GiB
+        need = least_bytes(graph) / GiB
         widest = max(n.size for n in graph.nodes)
         raise InputError(f"{where}: a CROWN bound of this graph needs at least {need:.3g} GiB "
                          f"({len(graph.nodes)} nodes, widest {widest} values, "
