@@ -12,7 +12,8 @@ from crown_cli.errors import InputError
 
 
 VERIFY_NOT_SETTINGS = {"--model", "--spec", "--instances", "--root", "--output", "--overwrite",
-                       "--resume", "--quiet", "--verbose", "--debug", "--shard", "--format"}
+                       "--resume", "--quiet", "--verbose", "--debug", "--shard", "--format",
+                       "--memory-budget"}
 
 
 @click.command()
