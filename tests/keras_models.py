@@ -139,6 +139,13 @@ def reference(layers, inputs, outputs, xs, drop_output_act=False):
                 y = ins[0].reshape(c["target_shape"])
             elif l.cls == "Add":
                 y = sum(ins)
+            elif l.cls == "Subtract":
+                y = ins[0] - ins[1]
+            elif l.cls == "Average":
+                y = sum(ins) / len(ins)
+            elif l.cls == "ZeroPadding2D":
+                (t, b_), (lf, r) = c["padding"]
+                y = np.pad(ins[0], ((t, b_), (lf, r), (0, 0)))
             elif l.cls == "Concatenate":
                 y = np.concatenate(ins, axis=c.get("axis", -1) - 1 if c.get("axis", -1) > 0 else -1)
             elif l.cls == "Activation":
@@ -187,6 +194,9 @@ def _shape_rules(layers, inputs):
             shapes[l.name] = s[0][:-1] + (l.weights["kernel"].shape[1],)
         elif l.cls == "Flatten":
             shapes[l.name] = (int(np.prod(s[0])),)
+        elif l.cls == "ZeroPadding2D":
+            (t, b_), (lf, r) = c["padding"]
+            shapes[l.name] = (s[0][0] + t + b_, s[0][1] + lf + r, s[0][2])
         elif l.cls == "Reshape":
             shapes[l.name] = tuple(c["target_shape"])
         elif l.cls == "Concatenate":
@@ -392,3 +402,29 @@ def reshaped(rng):
           weights={"kernel": _w(rng, 2, 3), "bias": _w(rng, 3)}),
     ]
     return layers, {"v": (12,)}, ["out"]
+
+
+def merges(rng):
+    """Two inputs (an image and a vector), ZeroPadding2D, Subtract, Average, Concatenate on
+    features, two outputs."""
+    layers = [
+        L("InputLayer", "img"), L("InputLayer", "vec"),
+        L("ZeroPadding2D", "pad", ["img"], padding=[[1, 0], [0, 2]]),
+        L("Conv2D", "ca", ["pad"], filters=2, kernel_size=[2, 2], strides=[2, 1], padding="valid",
+          activation="relu", use_bias=True, dilation_rate=[1, 1],
+          weights={"kernel": _w(rng, 2, 2, 1, 2), "bias": _w(rng, 2)}),
+        L("Conv2D", "cb", ["pad"], filters=2, kernel_size=[2, 2], strides=[2, 1], padding="valid",
+          activation="linear", use_bias=False, dilation_rate=[1, 1],
+          weights={"kernel": _w(rng, 2, 2, 1, 2)}),
+        L("Subtract", "sub", ["ca", "cb"]),
+        L("Average", "avg", ["ca", "cb", "sub"]),
+        L("Flatten", "flat", ["avg"]),
+        L("Dense", "dv", ["vec"], units=3, activation="tanh", use_bias=True,
+          weights={"kernel": _w(rng, 4, 3), "bias": _w(rng, 3)}),
+        L("Concatenate", "cat", ["flat", "dv"], axis=-1),
+        L("Dense", "o1", ["cat"], units=2, activation="linear", use_bias=True,
+          weights={"kernel": _w(rng, 23, 2), "bias": _w(rng, 2)}),
+        L("Dense", "o2", ["dv"], units=2, activation="sigmoid", use_bias=True,
+          weights={"kernel": _w(rng, 3, 2), "bias": _w(rng, 2)}),
+    ]
+    return layers, {"img": (3, 4, 1), "vec": (4,)}, ["o1", "o2"]

@@ -22,7 +22,8 @@ from crown_cli.io.networks import load_network
 from crown_cli.network import MLP
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
-MODELS = {"branched": km.branched, "mnist_conv": km.mnist_conv, "reshaped": km.reshaped}
+MODELS = {"branched": km.branched, "mnist_conv": km.mnist_conv, "reshaped": km.reshaped,
+          "merges": km.merges}
 WRITERS = {"h5": km.save_h5, "keras": km.save_keras3}
 
 
@@ -36,13 +37,13 @@ def _write(tmp_path, model, ext, sequential=False, seed=0):
 @pytest.mark.parametrize("ext", ["h5", "keras"])
 @pytest.mark.parametrize("model,sequential", [("branched", False), ("mnist_conv", False),
                                               ("mnist_conv", True), ("reshaped", False),
-                                              ("reshaped", True)])
+                                              ("reshaped", True), ("merges", False)])
 def test_forward_equals_an_independent_numpy_network(tmp_path, model, sequential, ext):
     path, (layers, inputs, outputs) = _write(tmp_path, model, ext, sequential)
     g = load_network(path)
     assert isinstance(g, Graph)
     shape = next(iter(inputs.values()))
-    assert g.input_size == int(np.prod(shape))
+    assert g.input_size == sum(int(np.prod(s)) for s in inputs.values())
     # the graph's input is the Keras input's own (H, W, C) layout
     assert tuple(g.nodes[g.inputs[0]].shape) == (1,) + tuple(shape)
     assert g.channels_last == (len(shape) == 3)

@@ -14,7 +14,7 @@ import numpy as np
 
 from crown_cli.errors import InputError
 from crown_cli.graph import tensors as T
-from crown_cli.graph.network import Graph, Node
+from crown_cli.graph.network import Graph
 from crown_cli.graph.onnx_graph import Builder, _pruned
 from crown_cli.graph.ops import ActivationOp, Dense, InputOp, Scale, Sum
 from crown_cli.graph.tensors import Const, Data
@@ -400,4 +400,4 @@ def build(path: str, layers, inputs, outputs, keras3: bool) -> Graph:
     return graph
 
 
-__all__ = ["build", "HANDLERS", "SUPPORTED", "Node"]
+__all__ = ["build", "HANDLERS", "SUPPORTED"]
