@@ -119,7 +119,8 @@ def _integer(value, name: str, minimum: int) -> int:
 
 # ------------------------------------------------------------------------------ loading
 
-def load_model(path: Union[str, os.PathLike], activation: Optional[str] = None):
+def load_model(path: Union[str, os.PathLike], activation: Optional[str] = None, *,
+               memory_budget: Optional[float] = None):
     """Load a network from any model file ``crown`` reads.
 
     Args:
@@ -127,26 +128,34 @@ def load_model(path: Union[str, os.PathLike], activation: Optional[str] = None):
             (``.h5``), a Keras 3 ``.keras`` archive, or ONNX (``.onnx``, needs the onnx
             extra).
         activation: overrides the activation read from the file (``relu``, ``tanh``,
-            ``sigmoid``, ``arctan``, ``leaky_relu``, ...), like ``--activation``.
+            ``sigmoid``, ``arctan``, ``leaky_relu``, ...), like ``--activation`` (chains of
+            dense layers only).
+        memory_budget: GiB, like ``--memory-budget`` (graph networks; default 4).
 
     Returns:
-        The network (today a :class:`crown_cli.network.MLP`): ``input_size``,
-        ``num_classes``, ``activation``, ``weights``/``biases`` (float64, W of shape
-        (outputs, inputs)) and ``forward(x)`` for x of shape (N, input_size) or
-        (input_size,). Pass it to :func:`certify` / :func:`verify`.
+        The network, as ``crown`` loads it: a :class:`crown_cli.network.MLP` for a chain of
+        dense layers with one activation (``input_size``, ``num_classes``, ``activation``,
+        ``weights``/``biases`` (float64, W of shape (outputs, inputs))), else a
+        :class:`crown_cli.graph.network.Graph` (convolutions, pooling, branches, several
+        activations: ONNX and Keras files; ``input_size``, ``output_size``, ``summary()``).
+        Both have ``forward(x)`` for x of shape (N, input_size) or (input_size,), in the
+        model's own input layout. Pass it to :func:`certify` / :func:`verify`.
 
     Raises:
         InputError: the file is missing, unreadable or not a supported network, with the
             one-line message ``crown`` prints (an option named as the Python parameter:
             ``activation:`` for ``--activation:``).
     """
-    from crown_cli.io.models import load_model as _load
+    from crown_cli.io.networks import load_network
 
+    if memory_budget is not None and not _number(memory_budget, "memory_budget") > 0:
+        raise InputError(f"memory_budget: must be > 0 (GiB), got {memory_budget}")
     try:
-        return _load(os.fspath(path), activation)
+        return load_network(os.fspath(path), activation, memory_budget=memory_budget)
     except InputError as exc:
         msg = str(exc)
-        if msg.startswith("--activation"):
+        if msg.startswith("--activation") or "(--memory-budget)" in msg \
+                or "--activation applies" in msg:
             raise InputError(_python_names(msg)) from None
         raise
     except TypeError:
@@ -177,10 +186,11 @@ def load_images(path: Optional[Union[str, os.PathLike]] = None,
 
 
 def _as_model(model):
-    """A loaded network, or a path to load."""
+    """A loaded network (MLP or Graph), or a path to load."""
+    from crown_cli.graph.network import Graph
     from crown_cli.network import MLP
 
-    if isinstance(model, MLP):
+    if isinstance(model, (MLP, Graph)):
         return model
     if isinstance(model, (str, os.PathLike)):
         return load_model(model)
@@ -304,7 +314,12 @@ def certify(model, x, label: Optional[int] = None, target: Union[str, int] = "ru
     if isinstance(seed, bool) or not isinstance(seed, Integral):
         raise InputError(f"seed: must be an integer, got {seed!r}")
 
-    n = mlp.num_classes
+    from crown_cli.graph.network import Graph
+
+    graph = mlp if isinstance(mlp, Graph) else None
+    n = mlp.num_classes if graph is None else graph.output_size
+    if n < 2:
+        raise InputError(f"model: the output has {n} value, need >= 2 classes")
     x0 = _as_input(x, mlp.input_size)
     if label is not None:
         if isinstance(label, bool) or not isinstance(label, Integral) or not 0 <= label < n:
@@ -326,21 +341,34 @@ def certify(model, x, label: Optional[int] = None, target: Union[str, int] = "ru
         raise InputError(f"target: expected one of {', '.join(TARGET_TYPES)} or a class "
                          f"index, got {target!r}")
 
-    # the network and kernels of `crown certify` (cli.certify): an order-preserving output
-    # activation is skipped, another one becomes a hidden layer
-    weights, biases = mlp.margin_layers()
-    with _options():
-        backend = choose_kernels(kernels, mlp.activation, [w.shape for w in weights], 1)
-    alpha_opts = {}
-    if method == "alpha-crown":
-        alpha_opts = {"alpha_iters": ALPHA_ITERS if alpha_iters is None else alpha_iters,
-                      "alpha_lr": alpha_lr}
-    with using_kernels(backend):
+    if graph is not None:  # as `crown certify` on a graph: GraphCertifier, float64 bounds
+        from contextlib import nullcontext
+
+        from crown_cli.certification.graph_certifier import GraphCertifier, to_graph_layout
+
+        backend, context = "numpy", nullcontext()
         with _options():
+            cert = GraphCertifier(graph, norm=norm, method=method, search=search,
+                                  rtol=float(rtol), eps0=eps0, eps_max=float(max_eps),
+                                  timeout=float(timeout))
+        x0 = to_graph_layout(graph, x0[None, :])[0]  # crown's (H, W, C) image order
+    else:
+        # the network and kernels of `crown certify` (cli.certify): an order-preserving output
+        # activation is skipped, another one becomes a hidden layer
+        weights, biases = mlp.margin_layers()
+        with _options():
+            backend = choose_kernels(kernels, mlp.activation, [w.shape for w in weights], 1)
+        alpha_opts = {}
+        if method == "alpha-crown":
+            alpha_opts = {"alpha_iters": ALPHA_ITERS if alpha_iters is None else alpha_iters,
+                          "alpha_lr": alpha_lr}
+        context = using_kernels(backend)
+        with using_kernels(backend), _options():
             cert = Certifier(weights, biases, mlp.activation, norm=norm, method=method,
                              search=search, rtol=float(rtol), eps0=eps0, eps_max=float(max_eps),
                              precision=precision, alpha=mlp.alpha, timeout=float(timeout),
                              **alpha_opts)
+    with context:
         # the targets as crown certify chooses them (runner.certify_images)
         sel = TargetSelector(int(seed)).select(cert.logits(x0[None, :])[0])
         c = int(sel["predicted"])
@@ -412,6 +440,7 @@ def verify(model, spec, timeout: float = VERIFY_TIMEOUT, *,
         InputError: a bad model or spec file, spec shapes that do not match the network,
             lo > hi, NaN values, or a bad option value; one line naming it.
     """
+    from crown_cli.api_specs import _property, _stages
     from crown_cli.verification.pipeline import BOUND_STAGES, Verifier
 
     t0 = time.perf_counter()
@@ -427,87 +456,15 @@ def verify(model, spec, timeout: float = VERIFY_TIMEOUT, *,
     if log is not None and not callable(log):
         raise InputError("log: expected a function of one string, or None")
     mlp = _as_model(model)
+    from crown_cli.network import MLP
+
     # as verification.runner.Loader.verifier builds it for `crown verify`
-    weights, biases = mlp.verify_layers()
-    verifier = Verifier(weights, biases, mlp.activation, mlp.alpha, **options)
+    if isinstance(mlp, MLP):
+        weights, biases = mlp.verify_layers()
+        verifier = Verifier(weights, biases, mlp.activation, mlp.alpha, **options)
+    else:  # a graph: the attack and the crown stage (no alpha-crown, no branch and bound yet)
+        from crown_cli.verification.graph_pipeline import GraphVerifier
+
+        verifier = GraphVerifier(mlp, **options)
     prop = _property(spec, verifier.n_inputs, verifier.n_outputs)
     return verifier.verify(prop, max(0.0, float(timeout) - (time.perf_counter() - t0)), log=log)
-
-
-def _stages(method, choices) -> tuple:
-    parts = method.split(",") if isinstance(method, str) else method
-    try:
-        parts = [str(p).strip().lower() for p in parts]
-    except TypeError:
-        raise InputError(f"method: expected a string or a sequence of stages, got "
-                         f"{method!r}") from None
-    out = []
-    for part in parts:
-        if part not in choices:
-            raise InputError(f"method: unknown stage '{part}' (choose from {', '.join(choices)})")
-        if part not in out:
-            out.append(part)
-    if not out:
-        raise InputError(f"method: no stage given (choose from {', '.join(choices)})")
-    return tuple(out)
-
-
-def _property(spec, n_inputs: int, n_outputs: int):
-    """The spec as a parsed Property of a network with these sizes."""
-    from crown_cli.io.vnnlib import Property, parse_vnnlib
-
-    if isinstance(spec, (str, os.PathLike)):
-        # the CLI's Loader.property
-        return parse_vnnlib(os.fspath(spec), n_inputs, n_outputs)
-    if isinstance(spec, Property):
-        from crown_cli.verification.pipeline import check_sizes
-
-        check_sizes(spec, n_inputs, n_outputs, "spec")
-        return spec
-    if isinstance(spec, tuple):
-        cases, single = [spec], True
-    elif isinstance(spec, list):
-        cases, single = spec, False
-        if not cases:
-            raise InputError("spec: an empty list of cases")
-    else:
-        raise InputError(f"spec: expected a VNN-LIB path, a tuple (lo, hi, A, b), a list of "
-                         f"them or a Property, got {type(spec).__name__}")
-    out = [_case(c, "spec" if single else f"spec case {k}", n_inputs, n_outputs)
-           for k, c in enumerate(cases)]
-    return Property(n_inputs, n_outputs, out)
-
-
-def _case(case, where: str, n_inputs: int, n_outputs: int):
-    """(lo, hi, A, b) checked and converted to a vnnlib Case."""
-    import numpy as np
-
-    from crown_cli.io.vnnlib import Case
-
-    if not isinstance(case, tuple) or len(case) != 4:
-        raise InputError(f"{where}: expected a tuple (lo, hi, A, b), got "
-                         + (f"a tuple of {len(case)} items" if isinstance(case, tuple)
-                            else type(case).__name__))
-    lo = _as_input(case[0], n_inputs, f"{where}: lo")
-    hi = _as_input(case[1], n_inputs, f"{where}: hi")
-    bad = np.flatnonzero(lo > hi)
-    if bad.size:
-        i = int(bad[0])
-        raise InputError(f"{where}: lo > hi at input {i} ({float(lo[i])!r} > {float(hi[i])!r})")
-    try:
-        A = np.asarray(case[2], dtype=np.float64)
-        b = np.asarray(case[3], dtype=np.float64)
-    except (TypeError, ValueError):
-        raise InputError(f"{where}: A and b must be arrays of numbers") from None
-    if A.ndim == 1:
-        A = A[None, :]
-    if A.ndim != 2 or A.shape[1] != n_outputs:
-        raise InputError(f"{where}: A has shape {A.shape}; expected (m, {n_outputs}) "
-                         f"for a network with {n_outputs} outputs")
-    b = b.reshape(-1) if b.ndim <= 1 else b
-    if b.shape != (A.shape[0],):
-        raise InputError(f"{where}: b has shape {np.shape(case[3])}; expected "
-                         f"({A.shape[0]},), one value per row of A")
-    if not (np.all(np.isfinite(A)) and np.all(np.isfinite(b))):
-        raise InputError(f"{where}: A and b must be finite (no NaN or infinite values)")
-    return Case(lo, hi, np.ascontiguousarray(A), np.ascontiguousarray(b))

@@ -11,7 +11,8 @@ import click
 
 from crown_cli import __version__
 from crown_cli.commands.certify import certify
-from crown_cli.commands.common import EXIT_BROKEN_PIPE, _handle_errors, _stdout_to_devnull
+from crown_cli.commands.common import (EXIT_BROKEN_PIPE, _handle_errors, _stdout_to_devnull,
+                                      check_memory_budget, memory_budget_option)
 from crown_cli.commands.verify import verify
 from crown_cli.errors import InputError
 
@@ -31,14 +32,16 @@ cli.add_command(verify)
               help="Model file: NPZ, HDF5 (W0.., b0..), Keras model.save() HDF5 or .keras, or .onnx.")
 @click.option("--activation", default=None, metavar="NAME",
               help="Override the activation read from the model file.")
+@memory_budget_option
 @_handle_errors
-def inspect(model_path, activation):
+def inspect(model_path, activation, memory_budget):
     """Print a model's layers, activation, parameter count and input size (for a graph: its
     nodes, shapes, parameters and the ONNX operators folded into them)."""
     from crown_cli.io.networks import load_network
     from crown_cli.network import MLP
 
-    mlp = load_network(model_path, activation)
+    check_memory_budget(memory_budget)
+    mlp = load_network(model_path, activation, memory_budget=memory_budget)
     if not isinstance(mlp, MLP):
         _inspect_graph(model_path, mlp)
         return

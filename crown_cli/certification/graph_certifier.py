@@ -46,8 +46,9 @@ def depth(graph) -> int:
 
 def channel_first(graph) -> Optional[tuple]:
     """(C, H, W) when the graph has one input of shape (1, C, H, W) with C > 1 (its flat
-    order is not crown's (H, W, C) image order), else None."""
-    if len(graph.inputs) != 1:
+    order is not crown's (H, W, C) image order), else None (also for a Keras graph, whose
+    image input (1, H, W, C) is crown's order)."""
+    if len(graph.inputs) != 1 or getattr(graph, "channels_last", False):
         return None
     shape = tuple(graph.nodes[graph.inputs[0]].shape)
     if len(shape) != 4 or shape[1] == 1:

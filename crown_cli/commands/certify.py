@@ -6,7 +6,8 @@ import click
 import numpy as np
 
 from crown_cli.certification.runner import choose_kernels
-from crown_cli.commands.common import MAX_RADIUS, _deprecated, _handle_errors, _run_job, _split
+from crown_cli.commands.common import (MAX_RADIUS, _deprecated, _handle_errors, _run_job, _split,
+                                      check_memory_budget, memory_budget_option)
 from crown_cli.errors import InputError
 
 
@@ -92,13 +93,14 @@ from crown_cli.errors import InputError
                    "only) or auto (numpy for short jobs on such networks, else numba).")
 @click.option("--verbose", "-v", is_flag=True, help="A log line per row on stderr.")
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar and no summary line.")
+@memory_budget_option
 @_handle_errors
 @_deprecated("--seed", "--target-seed", "seed", type=int)
 def certify(model_path, images_path, labels_path, num_images, start, norm, method, alpha_iters,
             alpha_lr, timeout,
             target_spec, seed, activation, search, precision, rtol, eps0, max_eps, attack,
             attack_steps, attack_restarts, attack_seed, output, out_format, overwrite, resume,
-            shard, kernels, verbose, quiet):
+            shard, kernels, verbose, quiet, memory_budget):
     """Certify each image against the chosen targets and write one CSV row per (image, target).
 
     Exit codes: 0 all rows done, 1 internal error, 2 bad input or usage, 3 finished but some
@@ -140,7 +142,8 @@ def certify(model_path, images_path, labels_path, num_images, start, norm, metho
     out_format = format_for(output, out_format)
     click.get_current_context().params["out_format"] = out_format  # recorded in the sidecar
 
-    net = load_network(model_path, activation)
+    check_memory_budget(memory_budget)
+    net = load_network(model_path, activation, memory_budget=memory_budget)
     graph = None if isinstance(net, MLP) else net
     x, y = load_images(images_path, labels_path)
     where = images_path or "default MNIST images"

@@ -121,6 +121,20 @@ def _split(value: str, option: str, choices) -> List[str]:
 MAX_RADIUS = 1e30
 
 
+def memory_budget_option(fn):
+    """``--memory-budget GB`` (GiB, 2**30 bytes) of a command that loads graph networks."""
+    return click.option(
+        "--memory-budget", type=float, default=None, metavar="GB",
+        help="Graph networks: the most memory (GiB) a weight may take as float64 and a CROWN "
+             "bound may hold (rows are back-substituted in chunks that fit); a graph whose "
+             "bound cannot fit is refused before anything is allocated. Default 4.")(fn)
+
+
+def check_memory_budget(value) -> None:
+    if value is not None and not value > 0:
+        raise InputError(f"--memory-budget: must be > 0 (GiB), got {value}")
+
+
 def _run_job(job, run, what: str, output: str, quiet: bool) -> None:
     """Open ``job``'s writer, ``run(write)`` -> summary, finish the sidecar even if the run
     raised, report failed rows and the summary line; exit 3 when rows failed."""

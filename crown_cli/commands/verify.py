@@ -6,12 +6,14 @@ import time
 
 import click
 
-from crown_cli.commands.common import CrownError, _deprecated, _handle_errors, _run_job, _split
+from crown_cli.commands.common import (CrownError, _deprecated, _handle_errors, _run_job, _split,
+                                      check_memory_budget, memory_budget_option)
 from crown_cli.errors import InputError
 
 
 VERIFY_NOT_SETTINGS = {"--model", "--spec", "--instances", "--root", "--output", "--overwrite",
-                       "--resume", "--quiet", "--verbose", "--debug", "--shard", "--format"}
+                       "--resume", "--quiet", "--verbose", "--debug", "--shard", "--format",
+                       "--memory-budget"}
 
 
 @click.command()
@@ -62,12 +64,13 @@ VERIFY_NOT_SETTINGS = {"--model", "--spec", "--instances", "--root", "--output",
 @click.option("--verbose", "-v", is_flag=True, help="A log line per stage and instance, and the branch and "
                    "bound's status (open domains, worst bound, domains/s) every 2 s.")
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar and no summary line.")
+@memory_budget_option
 @_handle_errors
 @_deprecated("--seed", "--attack-seed", "seed", type=click.IntRange(min=0))
 @_deprecated("--method", "--stages", "method")
 def verify(model_path, spec_path, instances_path, root, timeout, method, attack_restarts,
            attack_steps, attack_time, bab, max_domains, seed, output, out_format, overwrite,
-           resume, shard, verbose, quiet):
+           resume, shard, verbose, quiet, memory_budget):
     """Decide VNN-LIB properties: sat (with a counterexample), unsat, unknown or timeout.
 
     Attack first (PGD towards the unsafe outputs inside the input box), then the bound
@@ -90,6 +93,9 @@ def verify(model_path, spec_path, instances_path, root, timeout, method, attack_
     options = dict(stages=tuple(stages), attack_restarts=attack_restarts,
                    attack_steps=attack_steps, seed=seed, attack_time=attack_time, bab=bab,
                    max_domains=max_domains)
+    check_memory_budget(memory_budget)
+    if memory_budget is not None:
+        options["memory_budget"] = memory_budget
     log = (lambda msg: click.echo(msg, err=True)) if verbose else None
     if instances_path is not None:
         if model_path is not None or spec_path is not None:

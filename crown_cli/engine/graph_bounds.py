@@ -56,6 +56,44 @@ _RANGES = {"relu": (0.0, np.inf), "sigmoid": (0.0, 1.0), "tanh": (-1.0, 1.0),
            "arctan": (-1.5707963267948970, 1.5707963267948970), "hard_sigmoid": (0.0, 1.0),
            "softplus": (0.0, np.inf)}
 ROW_BUDGET = 256 * 2 ** 20  # bytes of rows per back-substitution pass (identity rows chunked)
+ROW_COPIES = 4  # per neuron: its two rows of [I; -I] as wide as the widest node, twice
+# The peak memory of a back-substitution pass, as a multiple of its row budget: the rows'
+# temporaries (a convolution's padded transpose, the relaxation's masks, |rows| for the
+# charges). Measured with tracemalloc on scripts/graph_cost.py's net at 32x32: 4.1x at row
+# budgets of 32 and 128 MiB, 8.0x at 8 MiB (the fixed part weighs more when chunks are small).
+ROW_PEAK = 8
+
+
+def row_bytes(graph, upto: Optional[int] = None) -> int:
+    """Bytes a back-substitution pass takes per row of ``[I; -I]`` (one neuron): ROW_COPIES
+    float64 arrays as wide as the widest node (up to node ``upto``)."""
+    nodes = graph.nodes if upto is None else graph.nodes[:upto + 1]
+    return 8 * ROW_COPIES * max(1, max(n.size for n in nodes))
+
+
+def fixed_bytes(graph) -> int:
+    """Bytes a :class:`GraphBounds` holds whatever its rows: interval, magnitude and forward
+    magnitude per node, four lines per activation neuron, and every weight twice as float64
+    (the weight and its absolute value)."""
+    total = sum(n.size for n in graph.nodes)
+    affine = sum(n.size for n in graph.nodes if n.kind == "affine")
+    act = sum(n.size for n in graph.nodes if n.kind in ("activation", "maxpool"))
+    return 8 * (3 * total + affine + 5 * act) + 16 * graph.num_parameters
+
+
+def row_budget_for(graph, budget: float) -> Optional[int]:
+    """The row budget (bytes) of a bound within ``budget`` bytes in all: what the fixed part
+    leaves, divided by :data:`ROW_PEAK`, at most :data:`ROW_BUDGET`; None when not even one
+    neuron's rows fit."""
+    left = (int(budget) - fixed_bytes(graph)) // ROW_PEAK
+    if left < row_bytes(graph):
+        return None
+    return min(ROW_BUDGET, left)
+
+
+def least_bytes(graph) -> int:
+    """The least memory a bound of the graph takes: the fixed part and one neuron's pass."""
+    return fixed_bytes(graph) + ROW_PEAK * row_bytes(graph)
 
 
 def sum_rtol(graph) -> float:
@@ -103,7 +141,8 @@ class GraphBounds:
     """
 
     def __init__(self, graph, x0, eps, qcode, method: str = "crown",
-                 intermediate: str = "crown", ibp: bool = True, row_budget: int = ROW_BUDGET):
+                 intermediate: str = "crown", ibp: bool = True,
+                 row_budget: Optional[int] = None):
         from crown_cli.engine.relaxations import get_relaxation
 
         if intermediate not in ("crown", "interval"):
@@ -111,6 +150,8 @@ class GraphBounds:
         self.g, self.x0, self.eps, self.qcode = graph, np.asarray(x0, np.float64), float(eps), qcode
         self.rtol = sum_rtol(graph)
         self.method_name = method
+        if row_budget is None:  # the graph's own (set by --memory-budget), else the default
+            row_budget = getattr(graph, "row_budget", None) or ROW_BUDGET
         self.row_budget = row_budget
         n = len(graph.nodes)
         self.lo: List[Optional[np.ndarray]] = [None] * n
@@ -210,8 +251,7 @@ class GraphBounds:
             l, u = self.lo[target].copy(), self.hi[target].copy()
         else:
             l, u = np.full(m, -np.inf), np.full(m, np.inf)
-        widest = max(n.size for n in self.g.nodes[:target + 1])
-        chunk = max(1, int(self.row_budget // (8 * 4 * max(widest, 1))))
+        chunk = max(1, int(self.row_budget // row_bytes(self.g, target)))
         for s in range(0, rows.size, chunk):
             idx = rows[s:s + chunk]
             eye = np.zeros((idx.size, m))

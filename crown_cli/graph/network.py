@@ -36,7 +36,8 @@ class Node:
 
 class Graph:
     """Nodes in topological order (every node's inputs come before it); ``inputs`` the ids of
-    the input nodes in order, ``output`` the id of the output node."""
+    the input nodes in order, ``output`` the id of the output node; ``channels_last``: the
+    input's layout (see :func:`crown_cli.certification.graph_certifier.channel_first`)."""
 
     def __init__(self, nodes: List[Node], output: int, source: str = "",
                  output_shapes: Optional[List[Tuple[int, ...]]] = None):
@@ -45,6 +46,12 @@ class Graph:
         self.source = source
         self.inputs = [i for i, n in enumerate(nodes) if n.kind == "input"]
         self.output_shapes = output_shapes or [nodes[output].shape]
+        # True when an image input is channels-last (Keras: (1, H, W, C), crown's image
+        # order); False for ONNX's channel-first (1, C, H, W)
+        self.channels_last = False
+        # bytes of rows per back-substitution pass of its bounds (None: the engine's default;
+        # io.networks.load_network sets it from --memory-budget)
+        self.row_budget = None
         for i, n in enumerate(nodes):
             if any(j >= i or j < 0 for j in n.inputs):
                 raise ValueError(f"graph: node {i} ({n.name}) reads a later node")

@@ -45,6 +45,7 @@ class Builder:
         self.produced: Dict[int, str] = {}  # node id -> the ONNX tensor that is its output
         self.fresh: Optional[int] = None  # the node the current handler created or changed
         self._views: Dict[int, Tuple[Data, int]] = {}
+        self.budget = MEMORY_BUDGET  # bytes a weight may take as float64 (--memory-budget)
 
     # -- errors ----------------------------------------------------------------------------
     def fail(self, node, problem: str):
@@ -176,8 +177,9 @@ def _uses(graph) -> Dict[str, int]:
     return uses
 
 
-def load_graph(path: str) -> Graph:
-    """The :class:`Graph` of an ONNX file, or an InputError naming the problem."""
+def load_graph(path: str, memory_budget: Optional[float] = None) -> Graph:
+    """The :class:`Graph` of an ONNX file, or an InputError naming the problem.
+    ``memory_budget``: bytes a weight may take as float64 (default :data:`MEMORY_BUDGET`)."""
     from crown_cli.graph.onnx_ops import HANDLERS, SUPPORTED
 
     onnx, numpy_helper = _import_onnx(path)
@@ -187,6 +189,8 @@ def load_graph(path: str) -> Graph:
         raise InputError(f"{path}: cannot read ONNX file ({type(exc).__name__}: {exc})") from None
     graph = model.graph
     b = Builder(path, onnx, numpy_helper, _opset(model), _uses(graph))
+    if memory_budget is not None:
+        b.budget = float(memory_budget)
     for init in graph.initializer:
         b.tensors[init.name] = Const(numpy_helper.to_array(init))
     inputs = [i for i in graph.input if i.name not in b.tensors]

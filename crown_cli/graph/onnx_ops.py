@@ -76,7 +76,7 @@ def _neg(b, node, ins, attrs):
 def _dense(b, node, d: Data, W: np.ndarray, left: bool, bias, label: str, tensor=None):
     """``d @ W`` (or ``W @ d`` when ``left``) for a constant W of rank 1 or 2, as a Dense node
     (sparse when W is large and mostly zero, or when it repeats over leading dimensions)."""
-    from crown_cli.graph.onnx_graph import MEMORY_BUDGET, SPARSE_MAX_DENSITY, SPARSE_MIN_SIZE
+    from crown_cli.graph.onnx_graph import SPARSE_MAX_DENSITY, SPARSE_MIN_SIZE
     import scipy.sparse as sp
 
     if W.ndim not in (1, 2):
@@ -96,10 +96,10 @@ def _dense(b, node, d: Data, W: np.ndarray, left: bool, bias, label: str, tensor
     nnz = int(np.count_nonzero(core))
     sparse = rep > 1 or inner > 1 or (core.size >= SPARSE_MIN_SIZE and nnz <= SPARSE_MAX_DENSITY * core.size)
     need = nnz * rep * inner * 16 if sparse else core.size * 8
-    if need > MEMORY_BUDGET:
+    if need > b.budget:
         b.fail(node, f"its weights need {need / 2 ** 30:.1f} GiB as float64 "
                      f"({'sparse' if sparse else 'dense'}, shape {tuple(core.shape)}), over the "
-                     f"budget of {MEMORY_BUDGET / 2 ** 30:.0f} GiB")
+                     f"budget of {b.budget / 2 ** 30:g} GiB (--memory-budget)")
     if sparse:
         M = sp.csr_matrix(core).astype(np.float64)
         if inner > 1:

@@ -371,10 +371,30 @@ def _snake_case(name: str) -> str:
 
 
 def _load_keras_zip(path: str) -> MLP:
+    """A Keras 3 ``model.save('m.keras')`` archive as an MLP (:func:`read_keras_zip`); a
+    functional model must be a chain of layers."""
+    config, layers, keras3, arrays = read_keras_zip(path)
+    cls = config.get("class_name", "")
+    entries = []
+    prev = None
+    for layer, (name, found) in zip(layers, arrays):
+        lcls = layer.get("class_name", "")
+        if lcls == "InputLayer" and cls == "Sequential":
+            continue  # not among a Sequential model's layers in the weights file
+        if lcls == "Dense" and not found:
+            raise InputError(f"{path}: Dense layer '{name}' has no weights in model.weights.h5")
+        _check_chain(layer, prev, name, path)
+        prev = name
+        entries.append((name, lcls, layer.get("config", {}) or {}, found))
+    return _keras_mlp(entries, path, keras3)
+
+
+def read_keras_zip(path: str):
     """A Keras 3 ``model.save('m.keras')`` archive: ``config.json`` (the model's layers),
     ``metadata.json`` and ``model.weights.h5`` (``layers/<key>/vars/0, 1, ...``, the group
     ``vars`` carrying the layer's name; keys are the snake-case class names numbered
-    ``dense, dense_1, ...`` in layer order)."""
+    ``dense, dense_1, ...`` in layer order). Returns (the model's config, its layers, True
+    for Keras 3, per layer (its name, its weight arrays in order))."""
     import io
     import zipfile
 
@@ -411,14 +431,14 @@ def _load_keras_zip(path: str) -> MLP:
                 if vg is not None:
                     by_name[_decode(vg.attrs.get("name", key))] = vg
             used = {}
-            entries = []
-            prev = None
+            out = []
             for layer in layers:
-                lcls = layer.get("class_name", "")
-                conf = layer.get("config", {}) or {}
+                lcls = layer.get("class_name", "") if isinstance(layer, dict) else ""
+                conf = (layer.get("config", {}) or {}) if isinstance(layer, dict) else {}
                 name = conf.get("name") or layer.get("name") or ""
                 if lcls == "InputLayer" and cls == "Sequential":
-                    continue  # not among a Sequential model's layers in the weights file
+                    out.append((name, []))  # not among a Sequential model's weight keys
+                    continue
                 base = _snake_case(lcls)  # the key Keras gives this layer in the weights file
                 used[base] = used.get(base, -1) + 1
                 key = base if used[base] == 0 else f"{base}_{used[base]}"
@@ -429,17 +449,13 @@ def _load_keras_zip(path: str) -> MLP:
                 if vg is not None:
                     idx = sorted(int(k) for k in vg if k.isdigit())
                     arrays = [np.asarray(vg[str(i)][()]) for i in idx]
-                if lcls == "Dense" and not arrays:
-                    raise InputError(f"{path}: Dense layer '{name}' has no weights in model.weights.h5")
-                _check_chain(layer, prev, name, path)
-                prev = name
-                entries.append((name, lcls, conf, arrays))
+                out.append((name, arrays))
     except InputError:
         raise
     except Exception as exc:  # noqa: BLE001 - HDF5 errors of a corrupt weights file
         raise InputError(f"{path}: cannot read model.weights.h5 in the Keras archive "
                          f"({type(exc).__name__}: {exc})") from None
-    return _keras_mlp(entries, path, keras3)
+    return config, layers, keras3, out
 
 
 def _check_chain(layer: dict, prev: Optional[str], name: str, path: str) -> None:

@@ -1,8 +1,7 @@
 """One entry point for every network file: the MLP type where the file is a chain of dense
 layers with one activation (so everything that reads MLPs is unchanged), a graph otherwise.
 
-``crown inspect``, ``crown certify`` and ``crown verify`` use it; the Python API still loads
-MLPs with :func:`crown_cli.io.models.load_model`.
+``crown inspect``, ``crown certify``, ``crown verify`` and the Python API use it.
 """
 from __future__ import annotations
 
@@ -14,34 +13,70 @@ from crown_cli.network import MLP
 if TYPE_CHECKING:
     from crown_cli.graph.network import Graph
 
+GiB = 2 ** 30
 
-def load_network(path: str, activation: Optional[str] = None,
-                 min_outputs: int = 2) -> Union[MLP, "Graph"]:
+
+def load_network(path: str, activation: Optional[str] = None, min_outputs: int = 2,
+                 memory_budget: Optional[float] = None) -> Union[MLP, "Graph"]:
     """An :class:`~crown_cli.network.MLP` (``load_model``'s) for NPZ, HDF5, Keras files and
     ONNX chains of dense layers with one activation; a :class:`crown_cli.graph.network.Graph`
-    for any other ONNX graph the graph loader reads. InputError otherwise (the graph
-    loader's message, which names the operator and node). ``min_outputs``: the MLP loader's
-    (2 for a classifier, 1 for ``verify``); a graph may have any number."""
+    for any other ONNX graph the graph loader reads, and for a Keras model (``.h5`` with a
+    model config, ``.keras``) the MLP loader refuses (convolutions, pooling, branches, ...).
+    InputError otherwise (the graph loader's message, which names the operator or layer).
+    ``min_outputs``: the MLP loader's (2 for a classifier, 1 for ``verify``); a graph may
+    have any number. ``memory_budget`` (GiB, default 4): the most a graph's weight may take as
+    float64, and the memory of its bounds (:func:`check_memory`)."""
     from crown_cli.io.models import load_model
 
+    budget = None if memory_budget is None else float(memory_budget) * GiB
     if not path.lower().endswith(".onnx"):
-        return load_model(path, activation, min_outputs)
-    read_header(path, "model")
-    from crown_cli.graph.onnx_graph import load_graph
+        try:
+            return load_model(path, activation, min_outputs)
+        except InputError as mlp_error:
+            if str(mlp_error).startswith("--activation"):  # the option's value, not the file
+                raise
+            from crown_cli.graph.keras_graph import load_keras_graph
 
-    try:
-        graph = load_graph(path)
-    except InputError as graph_error:  # e.g. a Softmax output, which only the MLP loader reads
+            graph = load_keras_graph(path, budget)
+            if graph is None:  # not a Keras model file: the MLP loader's message
+                raise mlp_error from None
+    else:
+        read_header(path, "model")
+        from crown_cli.graph.onnx_graph import load_graph
+
         try:
-            return load_model(path, activation, min_outputs)
-        except InputError:
-            raise graph_error from None
-    if graph.is_chain():
-        try:
-            return load_model(path, activation, min_outputs)
-        except InputError:
-            pass
+            graph = load_graph(path, budget)
+        except InputError as graph_error:  # e.g. a Softmax output, which only the MLP loader reads
+            try:
+                return load_model(path, activation, min_outputs)
+            except InputError:
+                raise graph_error from None
+        if graph.is_chain():
+            try:
+                return load_model(path, activation, min_outputs)
+            except InputError:
+                pass
     if activation is not None:
         raise InputError(f"{path}: --activation applies to chains of dense layers only; this "
                          "graph has its activation per node")
+    check_memory(graph, memory_budget, path)
     return graph
+
+
+def check_memory(graph, memory_budget: Optional[float], where: str) -> None:
+    """Set ``graph.row_budget`` so that a CROWN bound of the graph stays within
+    ``memory_budget`` GiB (None: the default, 4 GiB), or refuse the graph in one line when
+    even one neuron's rows do not fit (:func:`crown_cli.engine.graph_bounds.row_budget_for`)."""
+    from crown_cli.engine.graph_bounds import least_bytes, row_budget_for
+    from crown_cli.graph.onnx_graph import MEMORY_BUDGET
+
+    budget = MEMORY_BUDGET if memory_budget is None else float(memory_budget) * GiB
+    rows = row_budget_for(graph, budget)
+    if rows is None:
+        need = least_bytes(graph) / GiB
+        widest = max(n.size for n in graph.nodes)
+        raise InputError(f"{where}: a CROWN bound of this graph needs at least {need:.3g} GiB "
+                         f"({len(graph.nodes)} nodes, widest {widest} values, "
+                         f"{graph.num_parameters:,} parameters), over the memory budget of "
+                         f"{budget / GiB:g} GiB (--memory-budget)")
+    graph.row_budget = rows

@@ -108,19 +108,22 @@ class Loader:
         """A :class:`~crown_cli.verification.pipeline.Verifier` for an MLP (a chain of dense
         layers with one activation), a
         :class:`~crown_cli.verification.graph_pipeline.GraphVerifier` for any other graph;
-        any number of outputs."""
+        any number of outputs. ``options['memory_budget']`` (GiB, optional) goes to
+        :func:`~crown_cli.io.networks.load_network`, the rest to the verifier."""
         from crown_cli.io.networks import load_network
         from crown_cli.network import MLP
         from crown_cli.verification.pipeline import Verifier
 
         def make():
-            net = load_network(model_path, min_outputs=1)
+            opts = dict(options)
+            budget = opts.pop("memory_budget", None)  # GiB, for graphs (--memory-budget)
+            net = load_network(model_path, min_outputs=1, memory_budget=budget)
             if not isinstance(net, MLP):
                 from crown_cli.verification.graph_pipeline import GraphVerifier
 
-                return GraphVerifier(net, **options)
+                return GraphVerifier(net, **opts)
             weights, biases = net.verify_layers()
-            return Verifier(weights, biases, net.activation, net.alpha, **options)
+            return Verifier(weights, biases, net.activation, net.alpha, **opts)
 
         return self._cached(self._models, (model_path, tuple(sorted(options.items()))), make)
 

@@ -1,0 +1,403 @@
+"""One handler per Keras layer class for :func:`crown_cli.graph.keras_graph.load_keras_graph`.
+
+The graph is built with the ONNX loader's :class:`~crown_cli.graph.onnx_graph.Builder` (nodes,
+index-map views, folding of scalings) and its ``Conv`` and pooling handlers. A Keras tensor is
+held as a :class:`~crown_cli.graph.tensors.Data` view with a batch axis of 1; an image
+tensor (Keras (1, H, W, C)) in channel-first order (1, C, H, W), every other tensor in Keras'
+own order. ``handler(b, node, layer, ins)`` returns the layer's output view.
+"""
+from __future__ import annotations
+
+from typing import List
+
+import numpy as np
+
+from crown_cli.errors import InputError
+from crown_cli.graph import tensors as T
+from crown_cli.graph.network import Graph
+from crown_cli.graph.onnx_graph import Builder, _pruned
+from crown_cli.graph.ops import ActivationOp, Dense, InputOp, Scale, Sum
+from crown_cli.graph.tensors import Const, Data
+
+# order-preserving output activations: dropped on a model output (the logits are certified)
+DROPPED_OUTPUTS = ("softmax", "sigmoid", "tanh", "arctan")
+IDENTITY_LAYERS = ("Dropout", "SpatialDropout1D", "SpatialDropout2D", "GaussianNoise",
+                   "GaussianDropout", "AlphaDropout", "ActivityRegularization")
+
+
+class KNode:
+    """What the ONNX handlers need of a node: name, op_type (the ONNX operator the handler
+    plays), input (tensor names); ``cls`` the Keras class for messages."""
+
+    def __init__(self, name: str, cls: str, inputs: List[str], op_type: str = ""):
+        self.name, self.cls, self.input, self.op_type = name, cls, inputs, op_type or cls
+
+
+class KerasBuilder(Builder):
+    def __init__(self, path: str, uses, outputs, keras3: bool):
+        super().__init__(path, None, None, 0, uses)
+        self.outputs, self.keras3 = outputs, keras3
+
+    def fail(self, node, problem: str):
+        raise InputError(f"{self.path}: layer '{node.name}' ({node.cls}): {problem}")
+
+
+def to_keras(d: Data) -> Data:
+    """A view in Keras' element order (an image back to channels-last)."""
+    return T.view(d, lambda a: a.transpose(0, 2, 3, 1)) if len(d.shape) == 4 else d
+
+
+def to_inner(d: Data) -> Data:
+    """A view in Keras' element order in the builder's order (an image channel-first)."""
+    return T.view(d, lambda a: a.transpose(0, 3, 1, 2)) if len(d.shape) == 4 else d
+
+
+def _pair(v, what, b, node):
+    v = [v, v] if isinstance(v, (int, float)) else list(v)
+    if len(v) != 2:
+        b.fail(node, f"{what} {v}: expected two values")
+    return [int(a) for a in v]
+
+
+def _channels_last(b, node, conf):
+    fmt = conf.get("data_format") or "channels_last"
+    if fmt != "channels_last":
+        b.fail(node, f"data_format {fmt} is not supported (channels_last only)")
+
+
+def _image(b, node, d):
+    if len(d.shape) != 4:
+        b.fail(node, f"needs an image input (H, W, C), got shape {to_keras(d).shape[1:]}")
+
+
+def _padding(b, node, conf, hw, kernel, strides, dil):
+    """(top, left, bottom, right) of Keras' ``valid`` or ``same`` padding (TensorFlow's:
+    the extra row or column at the bottom / right)."""
+    mode = str(conf.get("padding", "valid")).lower()
+    if mode == "valid":
+        return [0, 0, 0, 0]
+    if mode != "same":
+        b.fail(node, f"padding '{mode}' is not supported (valid, same)")
+    pads = [0, 0, 0, 0]
+    for ax in range(2):
+        out = -(-hw[ax] // strides[ax])
+        total = max((out - 1) * strides[ax] + (kernel[ax] - 1) * dil[ax] + 1 - hw[ax], 0)
+        pads[ax], pads[ax + 2] = total // 2, total - total // 2
+    return pads
+
+
+def _weight(b, node, layer, role, required=True):
+    w = layer.weights.get(role)
+    if w is None and required:
+        b.fail(node, f"no '{role}' weights in the file (found: "
+                     f"{', '.join(layer.weights) or 'none'})")
+    if w is not None:
+        w = np.asarray(w, dtype=np.float64)
+        if not np.all(np.isfinite(w)):
+            b.fail(node, f"'{role}' contains NaN or infinite values")
+    return w
+
+
+def _activation_name(conf):
+    from crown_cli.io.models import _raw_activation
+
+    return _raw_activation(conf)
+
+
+def _activate(b, node, d: Data, act, alpha=None) -> Data:
+    """``act`` applied to d: an activation node, nothing for linear, dropped on an output
+    when it keeps the logits' order."""
+    from crown_cli.io.models import normalize_activation
+
+    if act is None or act == "linear":
+        return d
+    key = str(act).lower()
+    if key in DROPPED_OUTPUTS + ("log_softmax",) and node.name in b.outputs \
+            and b.uses.get(node.name, 0) == 1:
+        nid = b.identity_of(d)
+        if nid is not None:
+            b.nodes[nid].folded.append(f"{key} (output, dropped: logits certified)")
+        return d
+    if key in ("softmax", "log_softmax"):
+        b.fail(node, f"{key} is supported only on a model output (dropped there)")
+    name = normalize_activation(key, f"{b.path}: layer '{node.name}'")
+    if name == "hard_sigmoid" and b.keras3 and alpha is None:
+        alpha = 1.0 / 6.0  # Keras 3: relu6(z + 3) / 6
+    if alpha is not None:
+        from crown_cli.activations import ACTIVATIONS
+
+        low, high, closed = ACTIVATIONS[name].param_range
+        if not ((low <= alpha if closed else low < alpha) and alpha <= high):
+            b.fail(node, f"{name} parameter {alpha:g} is outside the range the bounds hold for")
+    nid = b.node_of(d, node.name)
+    return b.add(node.name, ActivationOp(name, alpha), (nid,), d.shape)
+
+
+# -- layers with weights ---------------------------------------------------------------------
+
+def _conv2d(b, node, layer, ins):
+    from crown_cli.graph.onnx_ops import _conv
+
+    d, conf = ins[0], layer.conf
+    _channels_last(b, node, conf)
+    _image(b, node, d)
+    K = _weight(b, node, layer, "kernel")
+    if K.ndim != 4:
+        b.fail(node, f"kernel of shape {K.shape}, expected (kh, kw, C / groups, filters)")
+    bias = _weight(b, node, layer, "bias", required=False) if conf.get("use_bias", True) else None
+    strides = _pair(conf.get("strides", 1), "strides", b, node)
+    dil = _pair(conf.get("dilation_rate", 1), "dilation_rate", b, node)
+    pads = _padding(b, node, conf, d.shape[2:], K.shape[:2], strides, dil)
+    W = K.transpose(3, 2, 0, 1)  # (kh, kw, C/g, O) -> (O, C/g, kh, kw)
+    attrs = {"strides": strides, "pads": pads, "dilations": dil, "group": int(conf.get("groups", 1))}
+    conv_ins = [d, Const(W)] + ([Const(bias)] if bias is not None else [])
+    out = _conv(b, KNode(node.name, node.cls, node.input, "Conv"), conv_ins, attrs)[0]
+    return _activate(b, node, out, _activation_name(conf))
+
+
+def _dense(b, node, layer, ins):
+    d, conf = ins[0], layer.conf
+    K = _weight(b, node, layer, "kernel")
+    bias = _weight(b, node, layer, "bias", required=False) if conf.get("use_bias", True) else None
+    if K.ndim != 2:
+        b.fail(node, f"kernel of shape {K.shape}, expected (inputs, units)")
+    if len(d.shape) == 4:  # on the channels of an image: a 1x1 convolution
+        from crown_cli.graph.onnx_ops import _conv
+
+        if d.shape[1] != K.shape[0]:
+            b.fail(node, f"kernel of shape {K.shape} does not fit {d.shape[1]} channels")
+        conv_ins = [d, Const(K.T[:, :, None, None])] + ([Const(bias)] if bias is not None else [])
+        out = _conv(b, KNode(node.name, node.cls, node.input, "Conv"), conv_ins, {})[0]
+        return _activate(b, node, out, _activation_name(conf))
+    if len(d.shape) != 2 or d.shape[1] != K.shape[0]:
+        b.fail(node, f"kernel of shape {K.shape} does not fit an input of shape "
+                     f"{to_keras(d).shape[1:]} (Dense on features or image channels only)")
+    W = K.T
+    src = _permuted_source(b, d)
+    if src is None:
+        nid = b.node_of(d, node.name)
+    else:  # the input is a reordering of one node's output (a Flatten): fold it into W
+        nid = src
+        Wp = np.zeros((W.shape[0], b.nodes[src].size))
+        Wp[:, d.idx.reshape(-1)] = W
+        W = Wp
+    out = b.add(node.name, Dense(W, bias), (nid,), (1, K.shape[1]))
+    b.absorb_scale(b.fresh, node.input[0] if src is None or b.identity_of(d) == src else None)
+    return _activate(b, node, out, _activation_name(conf))
+
+
+def _permuted_source(b, d: Data):
+    """The node of which d is a reordering of the whole output, or None."""
+    if len(d.sources) != 1 or d.table.size or d.idx.size != b.nodes[d.sources[0]].size:
+        return None
+    flat = d.idx.reshape(-1)
+    if flat.min() < 0 or np.unique(flat).size != flat.size:
+        return None
+    return d.sources[0]
+
+
+def _batchnorm(b, node, layer, ins):
+    d, conf = ins[0], layer.conf
+    axis = conf.get("axis", -1)
+    axis = axis[0] if isinstance(axis, list) and len(axis) == 1 else axis
+    rank = len(d.shape)
+    if not isinstance(axis, int) or axis % rank != rank - 1:
+        b.fail(node, f"axis {axis}: only the last (channel) axis is supported")
+    C = d.shape[1]
+    mean = _weight(b, node, layer, "moving_mean")
+    var = _weight(b, node, layer, "moving_variance")
+    gamma = _weight(b, node, layer, "gamma", required=False)
+    beta = _weight(b, node, layer, "beta", required=False)
+    gamma = np.ones(C) if gamma is None else gamma
+    beta = np.zeros(C) if beta is None else beta
+    eps = float(conf.get("epsilon", 1e-3))
+    if any(v.shape != (C,) for v in (mean, var, gamma, beta)) or np.any(var + eps <= 0):
+        b.fail(node, f"needs {C} values per weight and moving_variance + epsilon > 0")
+    a = gamma / np.sqrt(var + eps)
+    c = beta - mean * a
+    bshape = (1, C) + (1,) * (rank - 2)
+    return b.scale(node, d, a.reshape(bshape), c.reshape(bshape), node.input[0])
+
+
+# -- weightless layers -----------------------------------------------------------------------
+
+def _pool(b, node, layer, ins):
+    from crown_cli.graph.onnx_ops import _pool as onnx_pool
+
+    d, conf = ins[0], layer.conf
+    _channels_last(b, node, conf)
+    _image(b, node, d)
+    size = _pair(conf.get("pool_size", 2), "pool_size", b, node)
+    strides = conf.get("strides")
+    strides = size if strides is None else _pair(strides, "strides", b, node)
+    pads = _padding(b, node, conf, d.shape[2:], size, strides, [1, 1])
+    op = "MaxPool" if layer.cls == "MaxPooling2D" else "AveragePool"
+    attrs = {"kernel_shape": size, "strides": strides, "pads": pads, "count_include_pad": 0}
+    return onnx_pool(b, KNode(node.name, node.cls, node.input, op), [d], attrs)[0]
+
+
+def _zero_padding(b, node, layer, ins):
+    d, conf = ins[0], layer.conf
+    _channels_last(b, node, conf)
+    _image(b, node, d)
+    p = conf.get("padding", 1)
+    if isinstance(p, int):
+        (t, bt), (left, r) = (p, p), (p, p)
+    elif all(isinstance(v, int) for v in p):
+        (t, bt), (left, r) = (p[0], p[0]), (p[1], p[1])
+    else:
+        (t, bt), (left, r) = p
+    return T.onnx_pad(d, [t, left, bt, r], "constant", 0.0, axes=[2, 3])
+
+
+def _flatten(b, node, layer, ins):
+    _channels_last(b, node, layer.conf)
+    return T.view(to_keras(ins[0]), lambda a: a.reshape(1, -1))
+
+
+def _reshape(b, node, layer, ins):
+    target = [int(v) for v in layer.conf.get("target_shape", [])]
+    try:
+        return to_inner(T.view(to_keras(ins[0]), lambda a: a.reshape([1] + target)))
+    except ValueError:
+        b.fail(node, f"target_shape {target} does not fit the input of shape "
+                     f"{to_keras(ins[0]).shape[1:]}")
+
+
+def _merge_shapes(b, node, ins):
+    if len(ins) < 2 or any(d.shape != ins[0].shape for d in ins):
+        b.fail(node, f"needs two or more inputs of one shape, got "
+                     f"{[to_keras(d).shape[1:] for d in ins]}")
+
+
+def _add(b, node, layer, ins):
+    _merge_shapes(b, node, ins)
+    signs = [1.0, -1.0] if layer.cls == "Subtract" else [1.0] * len(ins)
+    if layer.cls == "Subtract" and len(ins) != 2:
+        b.fail(node, "needs exactly two inputs")
+    ids = [b.node_of(d, node.name) for d in ins]
+    out = b.add(node.name, Sum(signs, ins[0].idx.size), ids, ins[0].shape)
+    if layer.cls == "Average":
+        n = np.full(ins[0].idx.size, 1.0 / len(ins))
+        out = b.add(node.name + "/mean", Scale(n), (b.fresh,), ins[0].shape)
+    return out
+
+
+def _concatenate(b, node, layer, ins):
+    rank = len(ins[0].shape)
+    if len(ins) < 2 or any(len(d.shape) != rank for d in ins):
+        b.fail(node, "needs two or more inputs of one rank")
+    axis = int(layer.conf.get("axis", -1))
+    axis = axis % rank
+    if axis == 0:
+        b.fail(node, "cannot concatenate along the batch axis")
+    inner = {1: 2, 2: 3, 3: 1}[axis] if rank == 4 else axis
+    sources, idxs, table = T.merge(ins, b.sizes())
+    try:
+        return Data(sources, np.concatenate(idxs, axis=inner), table)
+    except ValueError:
+        b.fail(node, f"inputs of shapes {[to_keras(d).shape[1:] for d in ins]} do not "
+                     f"concatenate on axis {axis}")
+
+
+def _act_layer(b, node, layer, ins):
+    from crown_cli.io.models import _activation_from_name, _layer_alpha
+
+    cls, conf = layer.cls, layer.conf
+    if cls == "Activation":
+        return _activate(b, node, ins[0], _activation_name(conf))
+    if cls == "Softmax":
+        return _activate(b, node, ins[0], "softmax")
+    if cls == "Lambda":
+        act = _activation_from_name(node.name)
+        if act is None:
+            b.fail(node, "a Lambda layer is read only as an activation named like arctan_1")
+        return _activate(b, node, ins[0], act)
+    if cls == "ReLU":
+        if conf.get("max_value") is not None or float(conf.get("threshold", 0.0) or 0.0) != 0.0:
+            b.fail(node, "only max_value None and threshold 0 are supported")
+        slope = float(conf.get("negative_slope", 0.0) or 0.0)
+        return _activate(b, node, ins[0], "leaky_relu" if slope else "relu",
+                         slope if slope else None)
+    name = "leaky_relu" if cls == "LeakyReLU" else "elu"
+    return _activate(b, node, ins[0], name, _layer_alpha(cls, conf))
+
+
+def _identity(b, node, layer, ins):
+    return ins[0]
+
+
+HANDLERS = {"Conv2D": _conv2d, "Dense": _dense, "BatchNormalization": _batchnorm,
+            "AveragePooling2D": _pool, "MaxPooling2D": _pool, "ZeroPadding2D": _zero_padding,
+            "Flatten": _flatten, "Reshape": _reshape, "Add": _add, "Subtract": _add,
+            "Average": _add, "Concatenate": _concatenate, "Activation": _act_layer,
+            "Softmax": _act_layer, "Lambda": _act_layer, "ReLU": _act_layer,
+            "LeakyReLU": _act_layer, "ELU": _act_layer,
+            **{c: _identity for c in IDENTITY_LAYERS}}
+SUPPORTED = ", ".join(["InputLayer"] + sorted(HANDLERS))
+
+
+def _tensor(ref) -> str:
+    name, node_idx, tensor_idx = ref
+    return name if (node_idx, tensor_idx) == (0, 0) else f"{name}:{node_idx}:{tensor_idx}"
+
+
+def build(path: str, layers, inputs, outputs, keras3: bool) -> Graph:
+    """The graph of the layers (:func:`crown_cli.graph.keras_graph.read_keras`)."""
+    uses = {}
+    for layer in layers:
+        for ref in layer.inbound:
+            uses[_tensor(ref)] = uses.get(_tensor(ref), 0) + 1
+    out_names = [_tensor(r) for r in outputs]
+    for name in out_names:
+        uses[name] = uses.get(name, 0) + 1
+    b = KerasBuilder(path, uses, set(out_names), keras3)
+    offset = 0
+    for k, (name, shape) in enumerate(inputs):
+        if not shape or any(not isinstance(v, int) or v < 1 for v in shape[1:]):
+            raise InputError(f"{path}: input '{name}' has shape {shape}; a fixed shape "
+                             "(batch, ...) is needed")
+        kshape = (1,) + tuple(shape[1:])
+        size = int(np.prod(kshape))
+        d = b.add(name if name != "__input__" else "input", InputOp(k, offset, size), (), kshape)
+        b.tensors[name] = to_inner(d)
+        offset += size
+    pending = list(layers)
+    while pending:  # in the config's order, a layer once every input it reads exists
+        ready = [layer for layer in pending
+                 if all(_tensor(r) in b.tensors for r in layer.inbound)]
+        if not ready:
+            missing = sorted({_tensor(r) for layer in pending for r in layer.inbound
+                              if _tensor(r) not in b.tensors})
+            raise InputError(f"{path}: layer '{pending[0].name}' reads {missing}, which no "
+                             "layer produces")
+        layer = ready[0]
+        pending.remove(layer)
+        handler = HANDLERS.get(layer.cls)
+        if handler is None:
+            raise InputError(f"{path}: layer '{layer.name}' ({layer.cls or 'unknown class'}) "
+                             f"is not supported; supported: {SUPPORTED}")
+        node = KNode(layer.name, layer.cls, [_tensor(r) for r in layer.inbound])
+        if not layer.inbound:
+            b.fail(node, "reads no tensor")
+        if len(layer.inbound) > 1 and handler not in (_add, _concatenate):
+            b.fail(node, f"reads {len(layer.inbound)} tensors; it takes one")
+        b.fresh = None
+        out = handler(b, node, layer, [b.tensors[n] for n in node.input])
+        b.tensors[layer.name] = out
+        if b.fresh is not None and b.identity_of(out) == b.fresh:
+            b.produced[b.fresh] = layer.name
+    outs = [to_keras(b.tensors[n]) for n in out_names]
+    shapes = [d.shape for d in outs]
+    if len(outs) == 1:
+        out_id = b.node_of(outs[0], "output")
+    else:  # several outputs: one flat vector, in order
+        sources, idxs, table = T.merge(outs, b.sizes())
+        flat = np.concatenate([i.reshape(-1) for i in idxs])
+        out_id = b.node_of(Data(sources, flat, table), "outputs")
+    graph = _pruned(b.nodes, out_id, path, shapes)
+    graph.channels_last = any(len(g.shape) == 4 for g in (graph.nodes[i] for i in graph.inputs))
+    return graph
+
+
+__all__ = ["build", "HANDLERS", "SUPPORTED"]

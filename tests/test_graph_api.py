@@ -1,0 +1,143 @@
+"""The public API on graph networks (crown_cli.load_model / certify / verify): the same radii
+and verdicts as `crown certify` / `crown verify` on small convolutional models, Keras
+(channels-last) and ONNX (channel-first, 3 channels)."""
+from __future__ import annotations
+
+import csv
+import io
+import os
+
+import numpy as np
+import onnx
+import pytest
+from click.testing import CliRunner
+
+import crown_cli
+import keras_models as km
+from crown_cli import InputError
+from crown_cli.cli import cli
+from crown_cli.graph.network import Graph
+from graph_models import G
+
+CIFAR = os.path.join(os.path.dirname(crown_cli.__file__), "data", "cifar10_test_100.npz")
+
+
+def run_cli(*args):
+    return CliRunner().invoke(cli, [str(a) for a in args])
+
+
+def keras_conv(tmp_path):
+    layers, inputs, outputs = km.mnist_conv(np.random.default_rng(0))
+    path = tmp_path / "conv.keras"
+    km.save_keras3(path, layers, inputs, outputs, sequential=True)
+    return str(path)
+
+
+def onnx_cifar_conv(tmp_path):
+    """(1, 3, 32, 32) -> Conv 3->2 5x5 stride 4 -> Relu -> Flatten -> Gemm 10."""
+    g = G(np.random.default_rng(2))
+    x = g.op("Conv", ["x", g.rand(2, 3, 5, 5, scale=0.3), g.rand(2, scale=0.1)], strides=[4, 4])
+    x = g.op("Flatten", [g.op("Relu", [x])])
+    x = g.op("Gemm", [x, g.rand(10, 98, scale=0.3), g.rand(10, scale=0.1)], transB=1)
+    path = str(tmp_path / "cifar_conv.onnx")
+    onnx.save(g.model([("x", (1, 3, 32, 32))], [x]), path)
+    return path
+
+
+def labelled(tmp_path, net, x, name):
+    """An NPZ of images x labelled with the network's predictions (nothing misclassified)."""
+    from crown_cli.certification.graph_certifier import to_graph_layout
+
+    y = np.argmax(net.forward(to_graph_layout(net, x)), axis=1)
+    path = tmp_path / f"{name}.npz"
+    np.savez(path, x=x, y=y)
+    return str(path), y
+
+
+def cli_rows(model, images, *opts):
+    r = run_cli("certify", "--model", model, "--images", images, "-q", *opts)
+    assert r.exit_code == 0, r.output
+    return list(csv.DictReader(io.StringIO(r.output)))
+
+
+@pytest.mark.parametrize("kind", ["keras", "onnx"])
+def test_certify_equals_the_cli_on_a_conv_model(tmp_path, kind):
+    if kind == "keras":
+        model, (x, _) = keras_conv(tmp_path), crown_cli.load_images()
+    else:
+        with np.load(CIFAR) as data:
+            x = (data["x"][:2].reshape(2, -1) / 255.0 - 0.5)
+        model = onnx_cifar_conv(tmp_path)
+    net = crown_cli.load_model(model)
+    assert isinstance(net, Graph)
+    x = x[:2]
+    images, y = labelled(tmp_path, net, x, kind)
+    for norm in ("inf", "2"):
+        rows = cli_rows(model, images, "--norm", norm, "--method", "crown")
+        assert len(rows) == 2
+        for i, row in enumerate(rows):
+            r = crown_cli.certify(net, x[i], label=int(y[i]), norm=norm, method="crown")
+            assert r.status == row["status"] == "certified"
+            assert r.eps == float(row["eps"]) and r.eps > 0
+            assert r.target == int(row["target"]) and r.predicted == int(row["predicted"])
+            assert r.evaluations == int(row["evaluations"])
+    # a path works the same; fast-lin too; methods not on graphs are refused by name
+    assert crown_cli.certify(model, x[0], method="fast-lin").eps == \
+        float(cli_rows(model, images, "--method", "fast-lin", "-n", "1")[0]["eps"])
+    with pytest.raises(InputError, match=r"^method alpha-crown: not available on graph"):
+        crown_cli.certify(net, x[0], method="alpha-crown")
+
+
+def vnnlib(lo, hi, n_out, row, b):
+    out = [f"(declare-const X_{i} Real)" for i in range(len(lo))]
+    out += [f"(declare-const Y_{j} Real)" for j in range(n_out)]
+    out += [f"(assert (>= X_{i} {float(a)!r}))\n(assert (<= X_{i} {float(z)!r}))"
+            for i, (a, z) in enumerate(zip(lo, hi))]
+    terms = " ".join(f"(* {float(c)!r} Y_{j})" for j, c in enumerate(row) if c != 0)
+    out.append(f"(assert (<= (+ {terms}) {float(b)!r}))")
+    return "\n".join(out) + "\n"
+
+
+def test_verify_equals_the_cli_on_a_keras_conv_model(tmp_path):
+    model = keras_conv(tmp_path)
+    net = crown_cli.load_model(model)
+    x, _ = crown_cli.load_images()
+    x0 = x[0]
+    r = crown_cli.certify(net, x0, method="crown")
+    c, t = r.predicted, r.target
+    row = np.zeros(10)
+    row[c], row[t] = 1.0, -1.0  # unsafe: f_c - f_t <= 0, X_i in the Keras input's own order
+    for eps, b, want in ((0.5 * r.eps, 0.0, "unsat"), (0.3, 1e3, "sat")):
+        lo, hi = x0 - eps, x0 + eps
+        spec = tmp_path / f"{want}.vnnlib"
+        spec.write_text(vnnlib(lo, hi, 10, row, b))
+        res = run_cli("verify", "--model", model, "--spec", spec, "--timeout", 30, "-q")
+        assert res.exit_code == 0, res.output
+        assert res.output.splitlines()[0] == want
+        for s in (str(spec), (lo, hi, row, b)):
+            v = crown_cli.verify(net, s, timeout=30)
+            assert v.result == want
+            if want == "sat":
+                assert np.all((lo <= v.x) & (v.x <= hi))
+                y = net.forward(v.x)
+                assert y[c] - y[t] <= b and np.array_equal(v.y, y)
+            else:
+                assert v.stage == "crown" and v.cases_proven == 1
+
+
+def test_load_model_memory_budget(tmp_path):
+    model = keras_conv(tmp_path)
+    for budget, problem in ((1e-6, "weight 'dense/kernel' of shape (48, 10) needs 3.58e-06 GiB"),
+                            (2e-5, "a CROWN bound of this graph needs at least")):
+        with pytest.raises(InputError) as err:
+            crown_cli.load_model(model, memory_budget=budget)
+        msg = str(err.value)
+        assert problem in msg and msg.endswith(f"budget of {budget:g} GiB (memory_budget)")
+        r = run_cli("inspect", "--model", model, "--memory-budget", budget)
+        assert r.exit_code == 2
+        assert r.output.strip() == "crown: error: " + msg.replace("(memory_budget)",
+                                                                  "(--memory-budget)")
+    with pytest.raises(InputError, match=r"^memory_budget: must be > 0"):
+        crown_cli.load_model(model, memory_budget=0)
+    g = crown_cli.load_model(model, memory_budget=0.01)
+    assert 0 < g.row_budget <= 0.01 * 2 ** 30

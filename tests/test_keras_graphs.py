@@ -1,0 +1,197 @@
+"""Keras convolutional and branched models as graphs (crown_cli/graph/keras_graph.py): files
+written in Keras' own layouts by tests/keras_models.py (no Keras needed), the graph's forward
+pass against an independent numpy implementation of the same layers, CROWN bounds and
+`crown certify` radii checked by sampling inside them, refusals, `crown inspect`."""
+from __future__ import annotations
+
+import csv
+import io
+import json
+import zipfile
+from pathlib import Path
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+import keras_models as km
+from crown_cli.cli import cli
+from crown_cli.errors import InputError
+from crown_cli.graph.network import Graph
+from crown_cli.io.networks import load_network
+from crown_cli.network import MLP
+
+FIXTURES = Path(__file__).resolve().parent / "fixtures"
+MODELS = {"branched": km.branched, "mnist_conv": km.mnist_conv, "reshaped": km.reshaped,
+          "merges": km.merges}
+WRITERS = {"h5": km.save_h5, "keras": km.save_keras3}
+
+
+def _write(tmp_path, model, ext, sequential=False, seed=0):
+    layers, inputs, outputs = MODELS[model](np.random.default_rng(seed))
+    path = tmp_path / f"{model}{'_seq' if sequential else ''}.{ext}"
+    WRITERS[ext](path, layers, inputs, outputs, sequential=sequential)
+    return str(path), (layers, inputs, outputs)
+
+
+@pytest.mark.parametrize("ext", ["h5", "keras"])
+@pytest.mark.parametrize("model,sequential", [("branched", False), ("mnist_conv", False),
+                                              ("mnist_conv", True), ("reshaped", False),
+                                              ("reshaped", True), ("merges", False)])
+def test_forward_equals_an_independent_numpy_network(tmp_path, model, sequential, ext):
+    path, (layers, inputs, outputs) = _write(tmp_path, model, ext, sequential)
+    g = load_network(path)
+    assert isinstance(g, Graph)
+    shape = next(iter(inputs.values()))
+    assert g.input_size == sum(int(np.prod(s)) for s in inputs.values())
+    # the graph's input is the Keras input's own (H, W, C) layout
+    assert tuple(g.nodes[g.inputs[0]].shape) == (1,) + tuple(shape)
+    assert g.channels_last == (len(shape) == 3)
+    x = np.random.default_rng(1).normal(size=(6, g.input_size))
+    want = km.reference(layers, inputs, outputs, x, drop_output_act=True)
+    np.testing.assert_allclose(g.forward(x), want, rtol=1e-12, atol=1e-12)
+
+
+def test_an_output_softmax_is_dropped_and_a_hidden_one_refused(tmp_path):
+    path, (layers, inputs, outputs) = _write(tmp_path, "branched", "h5")
+    g = load_network(path)
+    assert any("softmax (output, dropped" in f for n in g.nodes for f in n.folded)
+    layers[-3].config["activation"] = "softmax"  # d1, a hidden Dense
+    km.save_h5(tmp_path / "hidden.h5", layers, inputs, outputs)
+    msg = _bad(tmp_path / "hidden.h5")
+    assert "layer 'd1' (Dense): softmax is supported only on a model output" in msg
+
+
+def test_flatten_takes_keras_channels_last_order(tmp_path):
+    """A Flatten of a 2-channel image feeding a Dense that reads one element: the graph must
+    pick the element Keras' (H, W, C) order puts there."""
+    rng = np.random.default_rng(3)
+    kernel = np.zeros((18, 2))
+    kernel[1, 0] = 1.0  # (h=0, w=0, c=1): the second channel of the first pixel
+    kernel[2, 1] = 1.0  # (h=0, w=1, c=0)
+    layers = [km.L("InputLayer", "x"),
+              km.L("Conv2D", "c", ["x"], filters=2, kernel_size=[1, 1], padding="valid",
+                   activation="linear", use_bias=False, weights={"kernel": np.eye(2)[None, None]}),
+              km.L("Flatten", "f", ["c"]),
+              km.L("Dense", "d", ["f"], units=2, activation="linear", use_bias=False,
+                   weights={"kernel": kernel})]
+    km.save_keras3(tmp_path / "f.keras", layers, {"x": (3, 3, 2)}, ["d"])
+    g = load_network(str(tmp_path / "f.keras"))
+    x = rng.normal(size=18)
+    np.testing.assert_array_equal(g.forward(x), [x[1], x[2]])
+
+
+def test_crown_bounds_hold_on_sampled_inputs(tmp_path):
+    from crown_cli.engine.graph_bounds import GraphBounds
+
+    path, _ = _write(tmp_path, "branched", "keras")
+    g = load_network(path)
+    rng = np.random.default_rng(5)
+    x0 = rng.normal(size=g.input_size)
+    eps = 0.05
+    lo, hi = GraphBounds(g, x0, eps, 0).bounds()
+    xs = x0 + rng.uniform(-eps, eps, size=(3000, g.input_size))
+    xs[:500] = x0 + eps * np.sign(rng.normal(size=(500, g.input_size)))
+    y = g.forward(xs)
+    assert np.all(y >= lo) and np.all(y <= hi)
+    assert np.all(hi - lo < 10.0)  # not vacuous
+
+
+def _images(tmp_path, g, n=3):
+    import crown_cli
+
+    x, _ = crown_cli.load_images()
+    x = x[:n]
+    y = np.argmax(g.forward(x), axis=1)  # the model's own classes: nothing misclassified
+    path = tmp_path / "imgs.npz"
+    np.savez(path, x=x, y=y)
+    return str(path), x
+
+
+def _rows(text):
+    return list(csv.DictReader(io.StringIO(text)))
+
+
+def test_certify_crown_on_a_keras_conv_model_is_sound_by_sampling(tmp_path):
+    path, (layers, inputs, outputs) = _write(tmp_path, "mnist_conv", "keras", sequential=True)
+    g = load_network(path)
+    images, x = _images(tmp_path, g)
+    res = CliRunner().invoke(cli, ["certify", "--model", path, "--images", images, "--method",
+                                   "crown", "-q"])
+    assert res.exit_code == 0, res.output
+    rows = _rows(res.output)
+    assert len(rows) == 3 and {r["status"] for r in rows} == {"certified"}
+    rng = np.random.default_rng(0)
+    for r in rows:
+        i, c, t, eps = int(r["image"]), int(r["predicted"]), int(r["target"]), float(r["eps"])
+        assert eps > 1e-4
+        pts = x[i] + eps * rng.uniform(-1, 1, size=(1500, 784))
+        pts[:500] = x[i] + eps * np.sign(rng.normal(size=(500, 784)))  # corners of the ball
+        logits = g.forward(pts)  # the reference's on some of them (it loops: slow)
+        np.testing.assert_allclose(logits[::100], km.reference(layers, inputs, outputs, pts[::100],
+                                                               drop_output_act=True), atol=1e-12)
+        assert np.all(logits[:, c] > logits[:, t])
+
+
+def test_plain_dense_keras_files_stay_mlps(tmp_path):
+    for name in ("keras/k2_relu_activation_layers.h5", "keras3/relu_784.keras"):
+        assert isinstance(load_network(str(FIXTURES / name)), MLP)
+
+
+def _bad(path, **kw):
+    with pytest.raises(InputError) as info:
+        load_network(str(path), **kw)
+    msg = str(info.value)
+    assert msg.startswith(f"{path}: ") and "\n" not in msg
+    return msg
+
+
+@pytest.mark.parametrize("ext", ["h5", "keras"])
+def test_unknown_layer_is_refused_in_one_line(tmp_path, ext):
+    layers, inputs, outputs = km.mnist_conv(np.random.default_rng(0))
+    layers.insert(2, km.L("Conv3D", "vol", ["conv"], filters=2))
+    layers[3].inputs = ["vol"]
+    path = tmp_path / f"m.{ext}"
+    WRITERS[ext](path, layers, inputs, outputs)
+    msg = _bad(path)
+    assert "layer 'vol' (Conv3D) is not supported; supported: " in msg and "Conv2D" in msg
+
+
+def test_unsupported_settings_name_the_layer(tmp_path):
+    layers, inputs, outputs = km.mnist_conv(np.random.default_rng(0))
+    layers[1].config["data_format"] = "channels_first"
+    km.save_h5(tmp_path / "cf.h5", layers, inputs, outputs)
+    assert "layer 'conv' (Conv2D): data_format channels_first is not supported" in _bad(tmp_path / "cf.h5")
+    layers[1].config["data_format"] = "channels_last"
+    layers[1].config["padding"] = "causal"
+    km.save_h5(tmp_path / "causal.h5", layers, inputs, outputs)
+    assert "padding 'causal' is not supported" in _bad(tmp_path / "causal.h5")
+
+
+def test_a_shared_layer_is_refused(tmp_path):
+    path, _ = _write(tmp_path, "branched", "keras")
+    with zipfile.ZipFile(path) as zf:
+        members = {m: zf.read(m) for m in zf.namelist()}
+    cfg = json.loads(members["config.json"])
+    add = [l for l in cfg["config"]["layers"] if l["name"] == "relu1"][0]
+    add["inbound_nodes"] = add["inbound_nodes"] * 2
+    members["config.json"] = json.dumps(cfg).encode()
+    with zipfile.ZipFile(tmp_path / "shared.keras", "w") as zf:
+        for m, data in members.items():
+            zf.writestr(m, data)
+    assert "layer 'relu1' is called 2 times" in _bad(tmp_path / "shared.keras")
+
+
+def test_inspect_shows_a_keras_graph(tmp_path):
+    path, _ = _write(tmp_path, "branched", "keras")
+    res = CliRunner().invoke(cli, ["inspect", "--model", path])
+    assert res.exit_code == 0, res.output
+    out = res.output
+    assert "graph:       18 nodes" in out and "input size:  98 (1x7x7x2)" in out
+    assert "conv 8 -> 4, kernel 2x2 (groups 2)" in out and "max pool 196 -> 64" in out
+    assert "average pool 3x3" in out and "(folded: softmax (output, dropped" in out
+
+
+def test_activation_option_is_refused_on_a_keras_graph(tmp_path):
+    path, _ = _write(tmp_path, "mnist_conv", "h5")
+    assert "--activation applies to chains of dense layers only" in _bad(path, activation="tanh")
