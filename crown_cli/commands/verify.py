@@ -42,7 +42,8 @@ VERIFY_NOT_SETTINGS = {"--model", "--spec", "--instances", "--root", "--output",
                    "at least 0.5).")
 @click.option("--bab/--no-bab", default=True, show_default=True,
               help="Branch and bound after the bound stages (ReLU and leaky ReLU networks): "
-                   "input splitting up to 16 inputs, ReLU splitting above; not on graph "
+                   "input splitting (up to 64 inputs) and ReLU splitting, raced by measured "
+                   "progress; not on graph "
                    "networks (convolutions, branches) yet.")
 @click.option("--max-domains", type=click.IntRange(min=1), default=200_000, show_default=True,
               metavar="N",
