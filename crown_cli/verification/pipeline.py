@@ -49,9 +49,9 @@ RACE_SLICE, RACE_MAX_SLICE = 0.25, 2.0
 # a 64x wider attack before branch and bound on networks of at most this many inputs
 WIDE_ATTACK_MAX_DIM = 16
 # BLAS on one thread for networks of at most this many neurons per layer (docs/bab.md: its
-# products are too small to share; safenlp's 30-128-2 ran 1.3-3x faster, ACAS Xu and MNIST
-# 256x2 the same)
-ONE_THREAD_WIDTH = 256
+# products are too small to share; safenlp's 30-128-2 ran 1.3-3x faster, ACAS Xu the same or
+# faster; MNIST 256x2 about the same, so the deeper 256-wide ones keep both threads)
+ONE_THREAD_WIDTH = 128
 ATTACK_SHARE = 0.1  # of the timeout for the first attack (before any bound)
 ATTACK_MIN_S = 0.5
 # branch and bound status (open domains, worst open bound, domains/s): at most this often, in
