@@ -97,3 +97,12 @@ def test_a_sat_run_ends_the_race_and_unknown_leaves_the_case_open():
     # one strategy unknown, the other proves the case: unsat
     out, _ = _race([_run([0], "a", "unknown", 5, 0.0), _run([0], "b", "unsat", 9, 0.1)], 1)
     assert out["result"] == "unsat" and out["proven"] == 1
+
+
+def test_the_second_strategy_stays_out_while_the_first_is_about_to_finish():
+    seen = []
+    # "a" proves 10% per step: past half its space at the join time, it finishes alone
+    runs = [_run([0], "a", "unsat", 10, 0.1, pause=0.05, log=seen),
+            _run([0], "b", None, None, 0.0, log=seen)]
+    out, _ = _race(runs, 1, join_after=0.3)
+    assert out["result"] == "unsat" and [s for s, _ in seen] == ["a"]

@@ -23,6 +23,9 @@ import numpy as np
 # is run first (the probe). A strategy behind in rate keeps at least FLOOR of the time.
 PROBE_S = 0.3
 FLOOR = 0.1
+# A later strategy joins after ``join_after`` seconds unless the strategies running have
+# proven this share of their space (then, at their rate, they finish sooner than they began)
+JOIN_UNLESS = 0.5
 
 
 @dataclass
@@ -70,7 +73,8 @@ def race(runs: Sequence[Run], n_cases: int, proven_before: int, margins, deadlin
     ended without deciding (unknown).
 
     Strategies start in the order of their first run; a later one joins once ``join_after``
-    seconds have passed. Each turn gives one run a slice (growing from ``first_slice`` by half
+    seconds have passed, unless the running ones have proven :data:`JOIN_UNLESS` of their
+    space by then (checked again every turn). Each turn gives one run a slice (growing from ``first_slice`` by half
     per turn of its strategy, up to ``max_slice``), round robin within its strategy, the
     strategy picked as the one furthest behind its :func:`shares` (a strategy still in its
     probe first). A case proven by any run is proven; runs whose cases are all proven stop.
@@ -84,6 +88,7 @@ def race(runs: Sequence[Run], n_cases: int, proven_before: int, margins, deadlin
         if r.strategy not in order:
             order.append(r.strategy)
     proven = set()
+    joined = order[:1]
     peak = [0]
     unknown = False
     slice_s = {s: first_slice for s in order}
@@ -133,7 +138,12 @@ def race(runs: Sequence[Run], n_cases: int, proven_before: int, margins, deadlin
         now = time.monotonic()
         if now >= deadline:
             return finish("timeout", margin=open_margin())
-        joined = [s for k, s in enumerate(order) if k == 0 or now - t0 >= join_after]
+        if len(joined) < len(order) and now - t0 >= join_after:
+            # the next strategy joins unless the ones running are about to finish: at their
+            # rate so far (half their space proven or more) they need less time than they had
+            mine = [r.closed for r in runs if r.strategy in joined]
+            if not mine or np.mean(mine) < JOIN_UNLESS:
+                joined.append(order[len(joined)])
         ready = [s for s in joined if any(r.strategy == s for r in live)]
         if not ready:  # only strategies that have not joined yet are left
             ready = [s for s in order if any(r.strategy == s for r in live)][:1]
