@@ -12,6 +12,14 @@ Every case runs in its own subprocess (so its peak RSS is its own) on both cores
     cifar7   CIFAR-shaped 7x[1024] ReLU with seeded random weights (He normal, seed 0), l_inf,
              runner-up of the predicted class, the shipped first CIFAR-10 test images
     mem6     CIFAR-shaped 6x[2048] ReLU, seeded random weights, l_2, 2 images: peak RSS
+    conv     the CIFAR convolutional network models/cifar_base_kw.onnx (VNN-COMP 2021 oval21's
+             cifar_base_kw with its input normalisation in front, so it takes crown's
+             pixel/255 - 0.5 images: scripts/make_oval21_model.py), crown certify's graph path
+             (GraphCertifier, --method crown, float64), l_inf, runner-up target, the first
+             --conv-images correctly classified shipped CIFAR-10 images: s/image, mean eps, peak
+             RSS, and the tracemalloc peak of one more certification (the first image, run
+             after the timed ones, so tracing does not slow them). No --check; with --before a
+             checkout without graph networks prints "no before"
     cli      a warm `crown certify -n 1` of relu3's model, wall-clock, start-up included
     alpha3   relu3 with --method alpha-crown (default settings): s/image, and the mean eps gain
              over crown on the same images (crown's own time is not counted)
@@ -31,6 +39,7 @@ Every case runs in its own subprocess (so its peak RSS is its own) on both cores
              (a domain here does the work of up to 9 of bab-relu's)
 
     python scripts/bench.py [--cases relu3,relu4,...] [--images 20] [--cifar-images 20]
+                            [--conv-images 5]
                             [--bab-boxes 4096] [--bab-seconds 30] [--vnncomp DIR]
                             [--check] [--before DIR]
 
@@ -55,7 +64,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MODELS = os.path.join(ROOT, "models")
 CIFAR = os.path.join(ROOT, "crown_cli", "data", "cifar10_test_100.npz")
 CASES = ("relu3", "relu4", "tanh", "sigmoid", "arctan", "relu3-plain", "cifar7", "mem6", "cli",
-         "alpha3", "bab", "bab-relu", "bab-relu-joint")
+         "alpha3", "bab", "bab-relu", "bab-relu-joint", "conv")
+CONV_MODEL = os.path.join(MODELS, "cifar_base_kw.onnx")
 TARGETS_S = {"relu3": 0.05, "relu4": 0.15, "cifar7": 0.7, "alpha3": 1.0}  # issue 5 targets, s/image
 
 
@@ -175,10 +185,55 @@ def bab_relu_worker(seconds, vnncomp, joint=False):
     print(json.dumps(res))
 
 
+def conv_worker(n_images):
+    """The conv case: crown certify's graph path on the shipped CIFAR convolutional network."""
+    import tracemalloc
+
+    import numpy as np
+
+    pkg = os.path.abspath(os.environ.get("PYTHONPATH") or ROOT)
+    try:
+        gc_mod = _module("crown_cli.certification.graph_certifier")
+        load_graph = _module("crown_cli.graph.onnx_graph").load_graph
+        # an editable install of a newer layout can serve these to an older checkout's process
+        if not os.path.abspath(gc_mod.__file__).startswith(pkg + os.sep):
+            raise ImportError(gc_mod.__file__)
+    except ImportError:
+        print(json.dumps({"case": "conv", "error": "no before: this checkout cannot certify "
+                                                   "convolutional (graph) networks"}))
+        return
+    load_images = _module("crown_cli.io.images").load_images
+    graph = load_graph(CONV_MODEL)
+    x, y = load_images(CIFAR)
+    x = gc_mod.to_graph_layout(graph, x)  # (H, W, C) -> the model's (C, H, W)
+    cert = gc_mod.GraphCertifier(graph, norm="inf", method="crown")
+    z = cert.logits(x)
+    order = np.argsort(z, axis=1)
+    picks = [i for i in range(x.shape[0]) if order[i, -1] == y[i]][:n_images]
+    times, evals, eps = [], [], []
+    for i in picks:  # no warm-up needed: no numba kernels on the graph path
+        r = cert.certify(x[i], int(order[i, -1]), [int(order[i, -2])])
+        times.append(r.time_s)
+        evals.append(r.evaluations)
+        eps.append(r.eps)
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
+    tracemalloc.start()
+    i = picks[0]
+    cert.certify(x[i], int(order[i, -1]), [int(order[i, -2])])
+    traced = tracemalloc.get_traced_memory()[1] / 2.0 ** 20
+    tracemalloc.stop()
+    print(json.dumps({"case": "conv", "images": len(picks), "mean_s": sum(times) / len(times),
+                      "median_s": statistics.median(times), "evaluations": float(np.mean(evals)),
+                      "mean_eps": float(np.mean(eps)), "rss_mb": rss, "traced_mb": traced,
+                      "accuracy": float(np.mean(order[:, -1] == y))}))
+
+
 def worker(case, n_images, check, seconds=30.0, vnncomp=None):
     """Run one case in this process and print one JSON line."""
     import numpy as np
 
+    if case == "conv":
+        return conv_worker(n_images)
     if case == "bab":
         return bab_worker(n_images)
     if case in ("bab-relu", "bab-relu-joint"):
@@ -271,10 +326,11 @@ def warm_cli(pkg):
 def run_case(case, pkg, args, check=False):
     if case == "cli":
         return warm_cli(pkg)
-    n = {"cifar7": args.cifar_images, "mem6": 2, "bab": args.bab_boxes}.get(case, args.images)
+    n = {"cifar7": args.cifar_images, "mem6": 2, "bab": args.bab_boxes,
+         "conv": args.conv_images}.get(case, args.images)
     cmd = [sys.executable, os.path.abspath(__file__), "--worker", case, "--images", str(n),
            "--bab-seconds", str(args.bab_seconds), "--vnncomp", os.path.abspath(args.vnncomp)]
-    if check and case not in ("mem6", "alpha3", "bab"):
+    if check and case not in ("mem6", "alpha3", "bab", "conv"):
         cmd.append("--check")
     out = subprocess.run(cmd, env=dict(os.environ, PYTHONPATH=pkg), capture_output=True, text=True)
     if out.returncode != 0:
@@ -284,7 +340,8 @@ def run_case(case, pkg, args, check=False):
 
 def line(r, relu3=None, plain=None):
     if "error" in r:
-        return f"{r['case']:<11} error: {r['error']}"
+        label = "" if r["error"].startswith("no before") else "error: "
+        return f"{r['case']:<11} {label}{r['error']}"
     if r["case"] == "bab":
         return (f"{'bab':<11} boxes {r['boxes']}  all rows {r['full']:.0f} boxes/s "
                 f"({r['full_cpu']:.0f} per CPU-s)  skip_stable {r['skip']:.0f} boxes/s "
@@ -298,6 +355,12 @@ def line(r, relu3=None, plain=None):
                 f"{r['domains']} domains in {r['time_s']:.1f} s: {r['rate']:.0f} domains/s, "
                 f"worst open bound {r['worst']:.4g} ({r['verdicts'][0]})  peak RSS "
                 f"{r['rss_mb']:.0f} MB")
+    if r["case"] == "conv":
+        return (f"{'conv':<11} cifar_base_kw.onnx (CIFAR-10 accuracy {100 * r['accuracy']:.0f}% on the "
+                f"shipped 100), images {r['images']:3d}  mean {r['mean_s']:.4f} s/image  median "
+                f"{r['median_s']:.4f}  evaluations {r['evaluations']:5.2f}  mean eps "
+                f"{r['mean_eps']:.6g}  peak RSS {r['rss_mb']:.0f} MB  tracemalloc peak of one "
+                f"image {r['traced_mb']:.0f} MiB")
     if r["case"] == "cli":
         return f"{'cli':<11} warm `crown certify -n 1`: best {r['best_s']:.2f} s, median {r['median_s']:.2f} s"
     s = (f"{r['case']:<11} images {r['images']:3d}  mean {r['mean_s']:.4f} s/image  median "
@@ -335,6 +398,7 @@ def main():
     ap.add_argument("--cases", default=",".join(CASES))
     ap.add_argument("--images", type=int, default=20)
     ap.add_argument("--cifar-images", type=int, default=20)
+    ap.add_argument("--conv-images", type=int, default=5)
     ap.add_argument("--bab-boxes", type=int, default=4096)
     ap.add_argument("--bab-seconds", type=float, default=30.0)
     ap.add_argument("--vnncomp", default=os.path.join(ROOT, "..", "shared", "data", "vnncomp2021"),
