@@ -170,7 +170,9 @@ def input_split_steps(weights, biases, activation, alpha, lo, hi, A, b, deadline
         return lb, info["Lam"], s, info
 
     widths = [w.shape[0] for w in net.W[:-1]]
-    inherit = inherit and split == "trial" and net.num_hidden > 0
+    # one hidden layer: a sub-box's interval bounds of it are already within its parent's
+    # (an affine map of the box), so there is nothing to inherit but a few ulps
+    inherit = inherit and split == "trial" and net.num_hidden > 1
 
     def pack(bounds):  # per hidden layer (l, u) -> (N, 2 sum n_k)
         return np.concatenate([v for lu in bounds for v in lu], axis=1)
