@@ -24,6 +24,16 @@ VERDICTS = ("sat", "unsat", "unknown", "timeout")
 ROW_RESULTS = VERDICTS + ("error",)
 
 
+def finish(steps):
+    """Run a search generator (``relu_split_steps``, ``input_split_steps``) to its end;
+    returns its :class:`BabResult`."""
+    while True:
+        try:
+            next(steps)
+        except StopIteration as stop:
+            return stop.value
+
+
 @dataclass
 class BabResult:
     """The end of one branch-and-bound search (input splitting or ReLU splitting)."""

@@ -18,7 +18,7 @@ import numpy as np
 
 from crown_cli.engine.batched import BatchNet, _bound_blocked, _take_info, alpha_row_bound
 from crown_cli.verification.bab.domains import BoxPool
-from crown_cli.verification.outcome import BabResult, violations
+from crown_cli.verification.outcome import BabResult, finish, violations
 
 SPLIT_RULES = ("sensitivity", "trial")
 FLAT = 0.0  # "trial": a split no better than its parent by this share counts as no split
@@ -79,13 +79,8 @@ def input_split(weights, biases, activation, alpha, lo, hi, A, b, deadline: floa
                 progress: Optional[Callable[[int, int, float], None]] = None,
                 **settings) -> BabResult:
     """:func:`input_split_steps` run to its end: the :class:`BabResult`."""
-    gen = input_split_steps(weights, biases, activation, alpha, lo, hi, A, b, deadline,
-                            options, progress, **settings)
-    try:
-        while True:
-            next(gen)
-    except StopIteration as end:
-        return end.value
+    return finish(input_split_steps(weights, biases, activation, alpha, lo, hi, A, b,
+                                    deadline, options, progress, **settings))
 
 
 def input_split_steps(weights, biases, activation, alpha, lo, hi, A, b, deadline: float,

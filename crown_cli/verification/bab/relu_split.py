@@ -57,7 +57,7 @@ from typing import Callable, Optional, Sequence
 
 import numpy as np
 
-from crown_cli.verification.outcome import BabResult, violations
+from crown_cli.verification.outcome import BabResult, finish, violations
 from crown_cli.verification.bab.bounder import Bounder
 from crown_cli.verification.bab.branching import _fsb_choice, branch_scores
 from crown_cli.verification.bab.domains import DomainPool, Domains
@@ -112,15 +112,6 @@ def relu_split(weights: Sequence[np.ndarray], biases: Sequence[np.ndarray], lo, 
     """Decide the case ``x in [lo, hi] and A f(x) <= b`` by ReLU-splitting branch and bound:
     :func:`relu_split_steps` run to its end (see there for the options)."""
     return finish(relu_split_steps(weights, biases, lo, hi, A, b, deadline, **options))
-
-
-def finish(steps):
-    """Run a :func:`relu_split_steps` generator to its end; returns its :class:`BabResult`."""
-    while True:
-        try:
-            next(steps)
-        except StopIteration as stop:
-            return stop.value
 
 
 @dataclass(frozen=True)
