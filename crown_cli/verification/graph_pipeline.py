@@ -151,18 +151,9 @@ class GraphVerifier:
         if found is not None:
             j, x = found
             return done("sat", "attack", None, 0, x=x, y=self.outputs(x), case=j)
-        open_cases, margins, stage = list(range(n)), {}, "attack"
-        for stage in self.stages:
-            still = []
-            for members in _by_box(cases, open_cases):
-                if time.monotonic() >= deadline:
-                    return done("timeout", stage, _worst(margins), n - len(open_cases))
-                still += self._bound_cases(stage, cases, members, margins)
-            open_cases = sorted(still)
-            if log is not None:
-                log(f"{stage}: {n - len(open_cases)} of {n} cases proven")
-            if not open_cases:
-                return done("unsat", stage, _worst(margins), n)
+        ended, open_cases, margins, stage = self._bound_stages(cases, deadline, done, log)
+        if ended is not None:
+            return ended
         for k in range(MORE_ATTACKS):  # no branch and bound: more starts instead
             if time.monotonic() >= deadline:
                 return done("timeout", stage, _worst(margins), n - len(open_cases),
@@ -179,3 +170,4 @@ class GraphVerifier:
 
     # the same per-box bounding as the MLP pipeline's (it calls self.box_lower_bounds)
     _bound_cases = Verifier._bound_cases
+    _bound_stages = Verifier._bound_stages

@@ -164,6 +164,26 @@ class Verifier:
                 return members[found[0]], found[1]
         return None
 
+    def _bound_stages(self, cases, deadline: float, done, log):
+        """The bound stages in turn on every open case (one back-substitution per input
+        box). Returns (the verdict if they decided or the deadline passed, else None; the
+        open cases; each case's best row margin; the last stage run)."""
+        n = len(cases)
+        open_cases, margins, stage = list(range(n)), {}, "attack"
+        for stage in self.stages:
+            still = []
+            for members in _by_box(cases, open_cases):
+                if time.monotonic() >= deadline:
+                    return (done("timeout", stage, _worst(margins), n - len(open_cases)),
+                            open_cases, margins, stage)
+                still += self._bound_cases(stage, cases, members, margins)
+            open_cases = sorted(still)
+            if log is not None:
+                log(f"{stage}: {n - len(open_cases)} of {n} cases proven")
+            if not open_cases:
+                return done("unsat", stage, _worst(margins), n), open_cases, margins, stage
+        return None, open_cases, margins, stage
+
     def _bound_cases(self, stage, cases, members, margins):
         """Bound the cases ``members`` (one input box) in one back-substitution; returns those
         not proven and records each case's best row margin."""
@@ -305,20 +325,9 @@ class Verifier:
         if found is not None:
             j, x = found
             return done("sat", "attack", None, 0, x=x, y=self.outputs(x), case=j)
-        open_cases = list(range(n))
-        margins = {}
-        stage = "attack"
-        for stage in self.stages:
-            still = []
-            for members in _by_box(cases, open_cases):
-                if time.monotonic() >= deadline:
-                    return done("timeout", stage, _worst(margins), n - len(open_cases))
-                still += self._bound_cases(stage, cases, members, margins)
-            open_cases = sorted(still)
-            if log is not None:
-                log(f"{stage}: {n - len(open_cases)} of {n} cases proven")
-            if not open_cases:
-                return done("unsat", stage, _worst(margins), n)
+        ended, open_cases, margins, stage = self._bound_stages(cases, deadline, done, log)
+        if ended is not None:
+            return ended
         if time.monotonic() >= deadline:
             return done("timeout", stage, _worst(margins), n - len(open_cases))
         if self.bab and self.n_inputs <= WIDE_ATTACK_MAX_DIM:
