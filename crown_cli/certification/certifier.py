@@ -52,6 +52,27 @@ def method_names():
         tuple(other_method_names())
 
 
+def margin_rows(c: int, targets: Sequence[int], n_classes: int) -> np.ndarray:
+    """C (r, n_classes) with rows e_c - e_t, one per target t."""
+    C = np.zeros((len(targets), n_classes))
+    for r, t in enumerate(targets):
+        C[r, c] += 1.0
+        C[r, t] -= 1.0
+    return C
+
+
+def first_order_start(J: np.ndarray, g0, norm: str, fraction: float, n_hidden: int,
+                      eps_max: float, eps0: float) -> float:
+    """The search's first radius: ``fraction / n_hidden`` of the first-order distance
+    min_r g0_r / ||J_r||_q to the decision boundary (J: the margins' input gradients, q the
+    dual norm), at most eps_max; ``eps0`` when that is not a positive finite number."""
+    q = {"inf": 1, "2": 2, "1": np.inf}[norm]
+    with np.errstate(divide="ignore", invalid="ignore"):
+        lin = np.min(g0 / np.linalg.norm(J, ord=q, axis=1))
+    eps = lin * fraction / max(1, n_hidden)
+    return float(min(eps, eps_max)) if np.isfinite(eps) and eps > 1e-12 else eps0
+
+
 def parse_norm(norm: str) -> str:
     key = str(norm).strip().lower().lstrip("l").replace("_", "")
     key = {"infinity": "inf", "i": "inf"}.get(key, key)
@@ -198,19 +219,12 @@ class Certifier:
         J = C @ W[-1]
         for k in range(len(zs) - 1, -1, -1):
             J = (J * derivative(self.activation, zs[k], self.alpha)) @ W[k]
-        q = {"inf": 1, "2": 2, "1": np.inf}[self.norm]
-        with np.errstate(divide="ignore", invalid="ignore"):
-            lin = np.min(g0 / np.linalg.norm(J, ord=q, axis=1))
-        eps = lin * self.START_FRACTION / max(1, self.net.num_hidden)
-        return float(min(eps, self.eps_max)) if np.isfinite(eps) and eps > 1e-12 else self.eps0
+        return first_order_start(J, g0, self.norm, self.START_FRACTION, self.net.num_hidden,
+                                 self.eps_max, self.eps0)
 
     def margin_rows(self, c: int, targets: Sequence[int]) -> np.ndarray:
         """C (r, classes) with rows e_c - e_t."""
-        C = np.zeros((len(targets), self.net.W[-1].shape[0]))
-        for r, t in enumerate(targets):
-            C[r, c] += 1.0
-            C[r, t] -= 1.0
-        return C
+        return margin_rows(c, targets, self.net.W[-1].shape[0])
 
     def lower_bound(self, x0: np.ndarray, eps: float, C: np.ndarray, first=None,
                     dtype=np.float64) -> np.ndarray:

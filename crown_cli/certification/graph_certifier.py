@@ -20,7 +20,7 @@ from typing import Optional, Sequence
 import numpy as np
 
 from crown_cli.certification.certifier import (Certificate, Certifier, default_eps0,
-                                               parse_norm)
+                                               first_order_start, margin_rows, parse_norm)
 from crown_cli.engine.input_sets import NORMS
 from crown_cli.engine.radius_search import SEARCHES, certified_radius
 from crown_cli.errors import InputError
@@ -108,11 +108,7 @@ class GraphCertifier:
         return self.graph.forward(x)
 
     def margin_rows(self, c: int, targets: Sequence[int]) -> np.ndarray:
-        C = np.zeros((len(targets), self.graph.output_size))
-        for r, t in enumerate(targets):
-            C[r, c] += 1.0
-            C[r, t] -= 1.0
-        return C
+        return margin_rows(c, targets, self.graph.output_size)
 
     def lower_bound(self, x0: np.ndarray, eps: float, C: np.ndarray) -> np.ndarray:
         """Verified float64 lower bounds of C @ f(x) over the eps-ball around x0, (r,)."""
@@ -128,12 +124,8 @@ class GraphCertifier:
         if not self.auto_eps0 or self.search != "interp":
             return self.eps0
         _, vals = self.graph.forward(x0[None], return_all=True)
-        J = self.graph.vjp(vals, C)
-        q = {"inf": 1, "2": 2, "1": np.inf}[self.norm]
-        with np.errstate(divide="ignore", invalid="ignore"):
-            lin = np.min(g0 / np.linalg.norm(J, ord=q, axis=1))
-        eps = lin * self.START_FRACTION / max(1, self.num_hidden)
-        return float(min(eps, self.eps_max)) if np.isfinite(eps) and eps > 1e-12 else self.eps0
+        return first_order_start(self.graph.vjp(vals, C), g0, self.norm, self.START_FRACTION,
+                                 self.num_hidden, self.eps_max, self.eps0)
 
     def certify(self, x0: np.ndarray, c: int, targets: Sequence[int]) -> Certificate:
         """Largest eps such that f_c > f_t on the whole ball for every t in ``targets``."""
