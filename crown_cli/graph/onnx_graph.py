@@ -25,7 +25,7 @@ from crown_cli.errors import InputError
 from crown_cli.graph.network import Graph, Node
 from crown_cli.graph.ops import IndexMap, InputOp
 from crown_cli.graph.tensors import Const, Data, Value, merge
-from crown_cli.io.onnx_model import _attrs, _import_onnx, _input_shape, _node_name, _opset
+from crown_cli.io.onnx_model import _attrs, _input_shape, _node_name, _opset, read_onnx
 
 # a weight converted to float64 must fit in this many bytes (dense) or its nonzeros (sparse)
 MEMORY_BUDGET = 4 * 2 ** 30
@@ -182,11 +182,7 @@ def load_graph(path: str, memory_budget: Optional[float] = None) -> Graph:
     ``memory_budget``: bytes a weight may take as float64 (default :data:`MEMORY_BUDGET`)."""
     from crown_cli.graph.onnx_ops import HANDLERS, SUPPORTED
 
-    onnx, numpy_helper = _import_onnx(path)
-    try:
-        model = onnx.load(path)
-    except Exception as exc:  # noqa: BLE001 - protobuf decode errors of a corrupt file
-        raise InputError(f"{path}: cannot read ONNX file ({type(exc).__name__}: {exc})") from None
+    onnx, numpy_helper, model = read_onnx(path)
     graph = model.graph
     b = Builder(path, onnx, numpy_helper, _opset(model), _uses(graph))
     if memory_budget is not None:

@@ -163,13 +163,20 @@ def _opset(model) -> int:
     return 1
 
 
-def load_onnx(path: str) -> MLP:
-    """An :class:`~crown_cli.network.MLP` from an ONNX file (not yet validated)."""
+def read_onnx(path: str):
+    """(the onnx module, its numpy_helper, the loaded model) of an ONNX file, or an
+    InputError naming the file (onnx missing, or a file protobuf cannot decode)."""
     onnx, numpy_helper = _import_onnx(path)
     try:
         model = onnx.load(path)
     except Exception as exc:  # noqa: BLE001 - protobuf decode errors of a corrupt file
         raise InputError(f"{path}: cannot read ONNX file ({type(exc).__name__}: {exc})") from None
+    return onnx, numpy_helper, model
+
+
+def load_onnx(path: str) -> MLP:
+    """An :class:`~crown_cli.network.MLP` from an ONNX file (not yet validated)."""
+    onnx, numpy_helper, model = read_onnx(path)
     graph = model.graph
     opset = _opset(model)
     consts: Dict[str, np.ndarray] = {}
