@@ -258,15 +258,6 @@ class Verifier:
                 runs.append(Run(list(part), "ReLU split", start))
         return runs
 
-    def _interleave(self, kind, unit, runs, cases, open_cases, margins, deadline, done, log,
-                    status, first_slice: float = 1.0, max_slice: float = 10.0):
-        """``runs`` ((case indices, start(progress) -> generator)) of one strategy, in turn
-        (:func:`crown_cli.verification.schedule.race`)."""
-        return race([Run(list(m), kind, start) for m, start in runs], len(cases),
-                    len(cases) - len(open_cases), margins, deadline, done, self.outputs, cases,
-                    kinds={kind: unit}, log=log, status=status, first_slice=first_slice,
-                    max_slice=max_slice, worst=_worst)
-
     def _branch_and_bound(self, cases, open_cases, margins, deadline, timeout, done, log,
                           status):
         """Input splitting (networks of at most ``INPUT_SPLIT_MAX_DIM`` inputs) and ReLU
