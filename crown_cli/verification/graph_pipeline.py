@@ -79,6 +79,46 @@ def graph_box_lower_bounds(graph, lo, hi, A, b, method: str = "crown") -> np.nda
     return lb - round_up(b)  # fl(lb - b_up) > 0 exactly when lb > b_up
 
 
+def graph_verifier(graph, **options):
+    """The verifier of a graph: a :class:`LoweredVerifier` (the dense engine, every stage and
+    branch and bound) when the graph has a lowered MLP (:func:`crown_cli.graph.lower.lowered`),
+    else a :class:`GraphVerifier`."""
+    from crown_cli.graph.lower import lowered
+
+    mlp = lowered(graph)
+    return GraphVerifier(graph, **options) if mlp is None else LoweredVerifier(mlp, graph, **options)
+
+
+class LoweredVerifier(Verifier):
+    """:class:`Verifier` on a graph's lowered MLP (the same function, exactly): the attack, the
+    bound stages and branch and bound of the dense engine. A ``sat`` point is also checked by
+    the graph's own float64 forward pass (:func:`violations_of` on :meth:`Graph.forward`); one
+    the graph's pass does not confirm (within rounding of the boundary) ends ``unknown``."""
+
+    def __init__(self, mlp, graph, **options):
+        weights, biases = mlp.verify_layers()
+        super().__init__(weights, biases, mlp.activation, mlp.alpha, **options)
+        self.graph, self.mlp = graph, mlp
+
+    def verify(self, prop, timeout: float, log: Optional[Callable[[str], None]] = None,
+               status: Optional[Callable[[str], None]] = None) -> Verdict:
+        v = super().verify(prop, timeout, log=log, status=status)
+        if v.result != "sat":
+            return v
+        cases = list(prop.cases)
+        order = ([v.case] if v.case is not None else []) + list(range(len(cases)))
+        for j in order:
+            c = cases[j]
+            if violations_of(self.graph.forward, c.lo, c.hi, c.A, c.b, v.x)[0]:
+                v.case, v.y = j, self.graph.forward(v.x)
+                return v
+        if log is not None:
+            log("lowered network: the counterexample is not confirmed by the graph's forward pass")
+        v.result, v.x, v.y, v.case = "unknown", None, None, None
+        v.note = "a counterexample not confirmed by the graph's forward pass"
+        return v
+
+
 class GraphVerifier:
     """:class:`crown_cli.verification.pipeline.Verifier`'s interface for a graph: one network,
     its stages and attack settings; :meth:`verify` per property. ``bab`` and ``max_domains``
