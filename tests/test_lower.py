@@ -323,3 +323,31 @@ def test_load_network_cli_and_api_routes(tmp_path):
     hwc = x0.reshape(2, 5, 4).transpose(1, 2, 0).reshape(-1)  # crown's (H, W, C) image order
     cert = crown_cli.certify(path, hwc, method="alpha-crown")
     assert cert.status == "certified" and cert.predicted == int(np.argmax(net.forward(x0)))
+
+
+def test_check_sat_rows_script(tmp_path):
+    """scripts/check_sat_rows.py confirms a true counterexample of a result row with a float64
+    onnx.reference run of the model and fails a point that does not violate."""
+    import csv
+    import importlib.util
+
+    from conftest import ROOT
+
+    spec_ = importlib.util.spec_from_file_location(
+        "check_sat_rows", os.path.join(ROOT, "scripts", "check_sat_rows.py"))
+    mod = importlib.util.module_from_spec(spec_)
+    spec_.loader.exec_module(mod)
+    model = pool_chain(np.random.default_rng(21))
+    path, g = save_load(tmp_path, "pool", model)
+    x0 = np.random.default_rng(22).uniform(-1, 1, g.input_size)
+    row = np.eye(3)[0]
+    y0 = float(g.forward(x0)[0])
+    with open(os.path.join(str(tmp_path), "p.vnnlib"), "w") as fh:
+        fh.write(spec_text(x0 - 0.01, x0 + 0.01, 3, row, y0 + 1e-6))
+    for x, want in ((x0, 0), (x0 - 1.0, 1)):  # x0 - 1 lies outside the box
+        out = os.path.join(str(tmp_path), "rows.csv")
+        with open(out, "w", newline="") as fh:
+            w = csv.writer(fh)
+            w.writerow(["instance", "onnx", "vnnlib", "verdict", "counterexample"])
+            w.writerow(["pool:p", "pool.onnx", "p.vnnlib", "sat", " ".join(repr(float(v)) for v in x)])
+        assert mod.main([out]) == want
