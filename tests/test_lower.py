@@ -351,3 +351,35 @@ def test_check_sat_rows_script(tmp_path):
             w.writerow(["instance", "onnx", "vnnlib", "verdict", "counterexample"])
             w.writerow(["pool:p", "pool.onnx", "p.vnnlib", "sat", " ".join(repr(float(v)) for v in x)])
         assert mod.main([out]) == want
+
+
+def test_bounder_sparse_weights_give_the_dense_bounds(tmp_path, monkeypatch):
+    """Branch and bound multiplies mostly-zero weights (lowered convolutions) as CSR matrices:
+    the same float32 estimates (to float32 rounding) and float64 bounds (to 1e-12) as the dense
+    products, and their gradients."""
+    from crown_cli.verification.bab import bounder as bmod
+
+    _, g = save_load(tmp_path, "pad", pad_chain(np.random.default_rng(31)))
+    mlp = lowered(g)
+    rng = np.random.default_rng(32)
+    x0 = rng.uniform(-1, 1, g.input_size)
+    A = rng.normal(size=(2, g.output_size))
+    out = {}
+    for mode, size in (("dense", 2 ** 40), ("sparse", 0)):
+        monkeypatch.setattr(bmod, "SPARSE_MIN_SIZE", size)
+        monkeypatch.setattr(bmod, "SPARSE_MAX_DENSITY", 0.9)
+        bd = bmod.Bounder(mlp.weights, mlp.biases, x0 - 0.2, x0 + 0.2, A, np.zeros(2))
+        assert bd.nU > 0
+        assert (mode == "sparse") == any(not isinstance(w, np.ndarray) for w in bd.Wmul)
+        split = rng.integers(-1, 2, size=(3, bd.nU)).astype(np.int8) if mode == "dense" \
+            else out["dense"][0]
+        alpha = np.full((3, 2, bd.nU), 0.5, np.float32)
+        beta = np.full((3, 2, bd.nU), 0.1, np.float32)
+        v64 = bd.evaluate(split, alpha, beta, np.float64)
+        v32, state = bd.evaluate(split, alpha, beta, np.float32, keep=True)
+        gA, gB = bd.gradient(state)
+        out[mode] = (split, v64, v32, gA, gB)
+    d, s = out["dense"], out["sparse"]
+    np.testing.assert_allclose(s[1], d[1], rtol=1e-12, atol=1e-12)
+    for a, b in zip(s[2:], d[2:]):
+        np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-4)
