@@ -4,9 +4,10 @@ The fixtures in tests/fixtures/torch/ were made by scripts/make_torch_fixtures.p
 separate venv (torch 2.13.0 CPU, onnxscript 0.7.2): three small models (a convolutional MNIST
 net with BatchNorm and MaxPool, a residual block with AvgPool and a global average pool, an MLP
 with its input normalisation in ``forward``, ``x.view(x.size(0), -1)``, mixed activations and
-a sigmoid output) and one crown refuses (ReLU6, exported as ``Clip``), each exported by the default exporter (``<name>.onnx``, dynamo, opset 20)
-and by the TorchScript one (``<name>_legacy.onnx``, ``dynamo=False``, opset 17), with
-``<name>.expected.npz``: random inputs ``x`` and torch's float32 outputs ``y`` for them.
+a sigmoid output) and one crown refuses (ReLU6, exported as ``Clip``), each exported by the
+default exporter (``<name>.onnx``, dynamo, opset 20) and by the TorchScript one
+(``<name>_legacy.onnx``, ``dynamo=False``, opset 17), with ``<name>.expected.npz``: random
+inputs ``x`` and torch's float32 outputs ``y`` for them.
 
 Checked: crown's float64 forward equals torch's outputs and onnx.reference; ``crown inspect``
 names what the loader folded; ``crown certify --method crown`` on the MNIST net gives radii
