@@ -121,6 +121,7 @@ class Loader:
             if not isinstance(net, MLP):
                 from crown_cli.verification.graph_pipeline import GraphVerifier
 
+                opts.pop("workers", None)  # no branch and bound on graphs
                 return GraphVerifier(net, **opts)
             weights, biases = net.verify_layers()
             return Verifier(weights, biases, net.activation, net.alpha, **opts)
