@@ -84,8 +84,8 @@ def test_certify_equals_the_cli_on_a_conv_model(tmp_path, kind):
     # a path works the same; fast-lin too; methods not on graphs are refused by name
     assert crown_cli.certify(model, x[0], method="fast-lin").eps == \
         float(cli_rows(model, images, "--method", "fast-lin", "-n", "1")[0]["eps"])
-    with pytest.raises(InputError, match=r"^method alpha-crown: not available on graph"):
-        crown_cli.certify(net, x[0], method="alpha-crown")
+    with pytest.raises(InputError, match=r"^method lp-full: not available on graph"):
+        crown_cli.certify(net, x[0], method="lp-full")
 
 
 def vnnlib(lo, hi, n_out, row, b):

@@ -161,7 +161,7 @@ def test_cli_images_in_the_models_layout(tmp_path):
     r = CliRunner().invoke(cli, ["certify", "--model", path, "--images", images, "--method",
                                  "fast-lin", "-q"])
     assert r.exit_code == 0, r.output
-    for extra in (["--method", "alpha-crown"], ["--attack", "pgd"]):
+    for extra in (["--method", "lp-full"], ["--attack", "pgd"]):
         r = CliRunner().invoke(cli, ["certify", "--model", path, "--images", images] + extra)
         assert r.exit_code == 2
         assert "not available on graph networks yet" in r.output

@@ -1,5 +1,7 @@
 """Deciding VNN-LIB properties on a graph network (:class:`crown_cli.graph.network.Graph`):
-the attack, then CROWN bounds of each case's box; no branch and bound on graphs yet.
+the attack, then CROWN and alpha-CROWN bounds of each case's box (the alpha stage optimises the
+output rows' ReLU slopes: :mod:`crown_cli.engine.graph_alpha`); no branch and bound on graphs
+yet.
 
 The same verdicts and the same rules as :mod:`crown_cli.verification.pipeline`:
 
@@ -32,8 +34,9 @@ from crown_cli.verification.pipeline import (ATTACK_MIN_S, ATTACK_SHARE, BOUND_S
                                              Verifier,
                                              _by_box, _worst, check_sizes)
 
-# Bound stages available on graphs (alpha-CROWN needs slopes per activation node: not yet)
-GRAPH_STAGES = ("crown",)
+# Bound stages available on graphs (alpha-crown: the output rows' ReLU slopes optimised,
+# the intermediate bounds CROWN's: crown_cli.engine.graph_alpha)
+GRAPH_STAGES = ("crown", "alpha-crown")
 # after the bounds, at most this many more attack runs with fresh starts on the open cases
 MORE_ATTACKS = 3
 NO_BAB = "no branch and bound on graphs yet"
@@ -68,14 +71,20 @@ def graph_counterexample(graph, lo, hi, cases, *, restarts: int = 64, steps: int
                    surrogate=relu, dtype=np.float64)
 
 
-def graph_box_lower_bounds(graph, lo, hi, A, b, method: str = "crown") -> np.ndarray:
+def graph_box_lower_bounds(graph, lo, hi, A, b, method: str = "crown", bounds=None) -> np.ndarray:
     """Per row of A: a float64-verified lower bound of ``A_i f(x) - b_i`` over the box
-    [lo, hi] (b rounded up one ulp first). A row > 0 proves every case holding it empty."""
+    [lo, hi] (b rounded up one ulp first). A row > 0 proves every case holding it empty.
+    ``method``: ``crown`` (or another relaxation family) or ``alpha-crown`` (CROWN's
+    intermediate bounds, each row's ReLU slopes optimised: :func:`~crown_cli.engine.
+    graph_alpha.alpha_lower`). ``bounds``: a CROWN :class:`GraphBounds` of this box to reuse."""
+    from crown_cli.engine.graph_alpha import alpha_lower
     from crown_cli.engine.graph_bounds import GraphBounds
 
     A = np.ascontiguousarray(A, dtype=np.float64)
-    gb = GraphBounds(graph, *Box(lo, hi).args(), method=method)
-    lb = gb.lower(graph.output, A)
+    alpha = method == "alpha-crown"
+    gb = bounds if bounds is not None else GraphBounds(
+        graph, *Box(lo, hi).args(), method="crown" if alpha else method)
+    lb = alpha_lower(gb, graph.output, A) if alpha else gb.lower(graph.output, A)
     return lb - round_up(b)  # fl(lb - b_up) > 0 exactly when lb > b_up
 
 
@@ -93,6 +102,7 @@ class GraphVerifier:
         self.attack_restarts, self.attack_steps, self.seed = attack_restarts, attack_steps, seed
         self.attack_time = attack_time
         self.bab = bab
+        self._last_bounds = (None, None)  # (box, its CROWN GraphBounds)
 
     @property
     def n_inputs(self) -> int:
@@ -106,7 +116,17 @@ class GraphVerifier:
         return self.graph.forward(x)
 
     def box_lower_bounds(self, stage: str, lo, hi, A, b) -> np.ndarray:
-        return graph_box_lower_bounds(self.graph, lo, hi, A, b, stage)
+        """The stage's bounds; ``crown`` and ``alpha-crown`` on the same box share one
+        :class:`GraphBounds` (the intermediate bounds, most of the cost)."""
+        from crown_cli.engine.graph_bounds import GraphBounds
+
+        bounds = None
+        if stage in ("crown", "alpha-crown"):
+            key = (np.asarray(lo, np.float64).tobytes(), np.asarray(hi, np.float64).tobytes())
+            if self._last_bounds[0] != key:
+                self._last_bounds = (key, GraphBounds(self.graph, *Box(lo, hi).args()))
+            bounds = self._last_bounds[1]
+        return graph_box_lower_bounds(self.graph, lo, hi, A, b, stage, bounds=bounds)
 
     def _attack(self, cases, groups, deadline: float, budget: float, seed: int):
         stop = min(deadline, time.monotonic() + budget)
