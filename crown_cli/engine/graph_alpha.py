@@ -47,6 +47,9 @@ def free_slopes(gb) -> Dict[int, Tuple[np.ndarray, float]]:
             continue
         p = node.inputs[0]
         unst = (gb.lo[p] < 0.0) & (gb.hi[p] > 0.0)
+        icpt = gb.lines[i].lower_icpt
+        if icpt is not None:  # a free slope keeps the line through 0: only where it is one
+            unst &= np.asarray(icpt) == 0.0
         if unst.any():
             out[i] = (unst, leak)
     return out
