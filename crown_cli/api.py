@@ -317,6 +317,12 @@ def certify(model, x, label: Optional[int] = None, target: Union[str, int] = "ru
     from crown_cli.graph.network import Graph
 
     graph = mlp if isinstance(mlp, Graph) else None
+    image_layout = None
+    if graph is not None:
+        from crown_cli.graph.lower import lowered
+
+        if lowered(graph) is not None:  # the dense engine on its exact dense form
+            image_layout, mlp, graph = graph, lowered(graph), None
     n = mlp.num_classes if graph is None else graph.output_size
     if n < 2:
         raise InputError(f"model: the output has {n} value, need >= 2 classes")
@@ -353,6 +359,10 @@ def certify(model, x, label: Optional[int] = None, target: Union[str, int] = "ru
                                   timeout=float(timeout))
         x0 = to_graph_layout(graph, x0[None, :])[0]  # crown's (H, W, C) image order
     else:
+        if image_layout is not None:  # a lowered graph takes the graph's input layout
+            from crown_cli.certification.graph_certifier import to_graph_layout
+
+            x0 = to_graph_layout(image_layout, x0[None, :])[0]
         # the network and kernels of `crown certify` (cli.certify): an order-preserving output
         # activation is skipped, another one becomes a hidden layer
         weights, biases = mlp.margin_layers()
@@ -462,9 +472,9 @@ def verify(model, spec, timeout: float = VERIFY_TIMEOUT, *,
     if isinstance(mlp, MLP):
         weights, biases = mlp.verify_layers()
         verifier = Verifier(weights, biases, mlp.activation, mlp.alpha, **options)
-    else:  # a graph: the attack and the crown stage (no alpha-crown, no branch and bound yet)
-        from crown_cli.verification.graph_pipeline import GraphVerifier
+    else:  # a graph: its lowered MLP on the dense engine, else the graph engine's stages
+        from crown_cli.verification.graph_pipeline import graph_verifier
 
-        verifier = GraphVerifier(mlp, **options)
+        verifier = graph_verifier(mlp, **options)
     prop = _property(spec, verifier.n_inputs, verifier.n_outputs)
     return verifier.verify(prop, max(0.0, float(timeout) - (time.perf_counter() - t0)), log=log)

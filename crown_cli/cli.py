@@ -73,6 +73,14 @@ def _inspect_graph(model_path, g):
     for line in g.summary():
         click.echo(line)
     click.echo(f"parameters:  {g.num_parameters:,}")
+    from crown_cli.graph.lower import describe, lowered
+
+    mlp = lowered(g)
+    if mlp is not None:
+        click.echo(f"engine:      runs on the dense engine: {describe(mlp)} "
+                   f"({mlp.activation}; every method)")
+    else:
+        click.echo(f"engine:      runs on the graph engine (not lowered: {g.lowering[1]})")
 
 
 @cli.command()

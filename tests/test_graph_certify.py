@@ -128,11 +128,16 @@ def test_certified_balls_hold(tmp_path, kind):
 
 
 def test_cli_images_in_the_models_layout(tmp_path):
-    """crown certify on a 3-channel convolutional ONNX model: the image file's (H, W, C)
-    vectors are fed in the model's (C, H, W) order (the logits onnx.reference gives), rows
-    carry the GraphCertifier's radius; -o and --resume; alpha-crown and --attack pgd are
-    refused in one line naming the method."""
+    """crown certify on a 3-channel convolutional ONNX chain (lowered to the dense engine):
+    the image file's (H, W, C) vectors are fed in the model's (C, H, W) order (the logits
+    onnx.reference gives), rows carry the dense Certifier's radius on the lowered MLP at those
+    vectors; -o and --resume; alpha-crown and --attack pgd run on it. On a graph that is not
+    lowered (a max pool) they are refused in one line naming the method."""
+    from crown_cli.graph.lower import lowered
+
     model, path, g = load(tmp_path, "conv_chain", seed=5)
+    mlp = lowered(g)
+    assert mlp is not None
     rng = np.random.default_rng(6)
     hwc = rng.uniform(-1, 1, size=(3, 7, 6, 3))
     chw = hwc.transpose(0, 3, 1, 2).reshape(3, -1)
@@ -144,28 +149,47 @@ def test_cli_images_in_the_models_layout(tmp_path):
     images = os.path.join(str(tmp_path), "im.npz")
     np.savez(images, x=hwc, y=y)
     out = os.path.join(str(tmp_path), "rows.csv")
-    args = ["certify", "--model", path, "--images", images, "--norm", "inf,2", "-o", out, "-q"]
+    args = ["certify", "--model", path, "--images", images, "--norm", "inf,2", "-o", out, "-q",
+            "--kernels", "numpy"]
     r = CliRunner().invoke(cli, args)
     assert r.exit_code == 0, r.output
     rows = read_rows(out)
     assert len(rows) == 6 and all(row["status"] == "certified" for row in rows)
+    from crown_cli.engine.kernels import using_kernels
+
     for row in rows:
         k = int(row["image"])
         t = int(row["target"])
-        res = GraphCertifier(g, norm=row["norm"]).certify(chw[k], int(y[k]), [t])
+        with using_kernels("numpy"):
+            res = Certifier(mlp.weights, mlp.biases, mlp.activation,
+                            norm=row["norm"]).certify(chw[k], int(y[k]), [t])
         assert float(row["eps"]) == res.eps
-        assert row["precision"] == "float64"
+        # the graph engine's radius agrees to its search tolerance
+        ref = GraphCertifier(g, norm=row["norm"]).certify(chw[k], int(y[k]), [t])
+        assert float(row["eps"]) == pytest.approx(ref.eps, rel=1e-3)
+        assert row["precision"] == "mixed"
     r = CliRunner().invoke(cli, args + ["--resume"])
     assert r.exit_code == 0, r.output
     assert len(read_rows(out)) == 6
-    r = CliRunner().invoke(cli, ["certify", "--model", path, "--images", images, "--method",
-                                 "fast-lin", "-q"])
-    assert r.exit_code == 0, r.output
+    for extra in (["--method", "fast-lin"], ["--method", "alpha-crown"], ["--attack", "pgd"]):
+        r = CliRunner().invoke(cli, ["certify", "--model", path, "--images", images, "-q"] + extra)
+        assert r.exit_code == 0, r.output
+    pool_path = os.path.join(str(tmp_path), "pool.onnx")
+    onnx.save(BUILDERS["conv_maxpool"](np.random.default_rng(5)), pool_path)
+    pool_g = load_graph(pool_path)
+    assert lowered(pool_g) is None
+    pool_images = os.path.join(str(tmp_path), "pool.npz")
+    np.savez(pool_images, x=rng.uniform(-1, 1, size=(2, 6 * 7 * 2)), y=np.zeros(2, int))
+    r = CliRunner().invoke(cli, ["certify", "--model", pool_path, "--images", pool_images,
+                                 "--method", "alpha-crown", "-q"])
+    assert r.exit_code == 0, r.output  # the graph engine's alpha-crown (last stage)
     for extra in (["--method", "lp-full"], ["--attack", "pgd"]):
-        r = CliRunner().invoke(cli, ["certify", "--model", path, "--images", images] + extra)
+        r = CliRunner().invoke(cli, ["certify", "--model", pool_path, "--images", pool_images]
+                               + extra)
         assert r.exit_code == 2
         assert "not available on graph networks yet" in r.output
         assert extra[1] in r.output
+        assert len(r.output.strip().splitlines()) == 1
 
 
 SHIPPED_CONV = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),

@@ -146,6 +146,14 @@ def certify(model_path, images_path, labels_path, num_images, start, norm, metho
     net = load_network(model_path, activation, memory_budget=memory_budget)
     graph = None if isinstance(net, MLP) else net
     x, y = load_images(images_path, labels_path)
+    if graph is not None and graph.lowering is not None and graph.lowering[0] is not None:
+        # a chain of affine segments: its exact dense form runs every method on the dense
+        # engine; its input is the graph's, so the images go to the model's layout
+        from crown_cli.certification.graph_certifier import to_graph_layout
+
+        if x.shape[1] == graph.input_size:
+            x = to_graph_layout(graph, x)
+        net, graph = graph.lowering[0], None
     where = images_path or "default MNIST images"
     n_inputs = net.input_size
     n_classes = net.num_classes if graph is None else graph.output_size

@@ -52,6 +52,8 @@ class Graph:
         # bytes of rows per back-substitution pass of its bounds (None: the engine's default;
         # io.networks.load_network sets it from --memory-budget)
         self.row_budget = None
+        # (MLP or None, reason): crown_cli.graph.lower.lowered's answer, once computed
+        self.lowering = None
         for i, n in enumerate(nodes):
             if any(j >= i or j < 0 for j in n.inputs):
                 raise ValueError(f"graph: node {i} ({n.name}) reads a later node")

@@ -4,7 +4,8 @@ Every value is a batch of flat vectors (N, n): a node's tensor flattened in row-
 of its ONNX shape. An affine operation maps its inputs' values to ``A(x_1, ..., x_k) + b``
 and offers four things:
 
-- ``forward(xs)``: ``A(xs) + b`` for a batch (float64);
+- ``forward(xs)``: ``A(xs) + b`` for a batch (float64); ``linear(xs)``: ``A(xs)``, no bias
+  (:mod:`crown_cli.graph.lower` reads an operation's matrix from it);
 - ``forward_abs(xs)``: ``|A|(xs)``, the same map with every coefficient replaced by its
   absolute value and no bias (for interval radii and rounding allowances; xs >= 0);
 - ``transpose(Lam)``: the rows ``Lam`` (r, m) over the output pulled back to each input,
@@ -74,8 +75,11 @@ class Dense(Affine):
     def sparse(self) -> bool:
         return is_sparse(self.W)
 
+    def linear(self, xs):
+        return _right(xs[0], self.W)
+
     def forward(self, xs):
-        y = _right(xs[0], self.W)
+        y = self.linear(xs)
         return y if self.bias is None else y + self.bias
 
     def forward_abs(self, xs):
@@ -191,8 +195,11 @@ class Conv(Affine):
                 out[:, go] += np.einsum("oc,nchw->nohw", weight[go, :, i, j], patch, optimize=True)
         return out.reshape(N, -1)
 
+    def linear(self, xs):
+        return self._conv(xs[0], self.weight)
+
     def forward(self, xs):
-        y = self._conv(xs[0], self.weight)
+        y = self.linear(xs)
         return y if self.bias is None else y + self.bias
 
     def forward_abs(self, xs):
@@ -288,6 +295,9 @@ class IndexMap(Affine):
         y[:, self.valid] = x[:, self.cols]
         return y
 
+    def linear(self, xs):
+        return self._gather(xs)
+
     def forward(self, xs):
         y = self._gather(xs)
         return y if self.bias is None else y + self.bias
@@ -324,6 +334,9 @@ class Scale(Affine):
         self.bias = None if c is None else np.ascontiguousarray(c, np.float64).reshape(-1)
         self._abs = np.abs(self.a)
 
+    def linear(self, xs):
+        return xs[0] * self.a
+
     def forward(self, xs):
         y = xs[0] * self.a
         return y if self.bias is None else y + self.bias
@@ -355,6 +368,9 @@ class Sum(Affine):
         self.size = int(size)
         self.n_in = [self.size] * len(self.signs)
         self.terms_fwd = len(self.signs)
+
+    def linear(self, xs):
+        return self.forward(xs)
 
     def forward(self, xs):
         y = self.signs[0] * xs[0]

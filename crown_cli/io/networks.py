@@ -25,7 +25,10 @@ def load_network(path: str, activation: Optional[str] = None, min_outputs: int =
     InputError otherwise (the graph loader's message, which names the operator or layer).
     ``min_outputs``: the MLP loader's (2 for a classifier, 1 for ``verify``); a graph may
     have any number. ``memory_budget`` (GiB, default 4): the most a graph's weight may take as
-    float64, and the memory of its bounds (:func:`check_memory`)."""
+    float64, and the memory of its bounds (:func:`check_memory`). A graph that is a chain of
+    affine segments between activations of one type also gets its exact dense form
+    (``graph.lowering``, :func:`crown_cli.graph.lower.lowered`), which ``certify``, ``verify``
+    and the API run on the dense engine."""
     from crown_cli.io.models import load_model
 
     budget = None if memory_budget is None else float(memory_budget) * GiB
@@ -60,6 +63,9 @@ def load_network(path: str, activation: Optional[str] = None, min_outputs: int =
         raise InputError(f"{path}: --activation applies to chains of dense layers only; this "
                          "graph has its activation per node")
     check_memory(graph, memory_budget, path)
+    from crown_cli.graph.lower import lowered
+
+    lowered(graph, budget)  # a chain of affine segments: its MLP, kept in graph.lowering
     return graph
 
 

@@ -89,6 +89,88 @@ def graph_box_lower_bounds(graph, lo, hi, A, b, method: str = "crown", bounds=No
     return lb - round_up(b)  # fl(lb - b_up) > 0 exactly when lb > b_up
 
 
+def graph_verifier(graph, **options):
+    """The verifier of a graph: a :class:`LoweredVerifier` (the dense engine, every stage and
+    branch and bound) when the graph has a lowered MLP (:func:`crown_cli.graph.lower.lowered`),
+    else a :class:`GraphVerifier`."""
+    from crown_cli.graph.lower import lowered
+
+    mlp = lowered(graph)
+    if mlp is None:
+        options.pop("workers", None)  # the graph engine's search runs in one process
+        return GraphVerifier(graph, **options)
+    return LoweredVerifier(mlp, graph, **options)
+
+
+def forward_cost(graph) -> int:
+    """Multiply-adds of one forward pass of the graph's affine operations (a convolution's
+    kernel work, a sparse weight's nonzeros), for choosing the attack's network."""
+    from crown_cli.graph.ops import Conv, Dense
+
+    cost = 0
+    for n in graph.nodes:
+        op = n.op
+        if isinstance(op, Conv):
+            cost += op.size * (op.terms_fwd - 1)
+        elif isinstance(op, Dense):
+            cost += op.W.nnz if op.sparse else op.W.size
+        elif n.kind != "input":
+            cost += n.size
+    return int(cost)
+
+
+class LoweredVerifier(Verifier):
+    """:class:`Verifier` on a graph's lowered MLP (the same function, exactly): the bound
+    stages and branch and bound of the dense engine. The attack runs on whichever form has
+    the cheaper forward pass: the graph's (:func:`graph_counterexample`; a convolution's
+    dense matrix is mostly zeros: verivital's 2x2 convolution is 93k multiply-adds as a
+    convolution, 18M as a 23328 x 784 matrix) or the MLP's. A ``sat`` point is also checked by
+    the graph's own float64 forward pass (:func:`violations_of` on :meth:`Graph.forward`); one
+    the graph's pass does not confirm (within rounding of the boundary) ends ``unknown``."""
+
+    def __init__(self, mlp, graph, **options):
+        weights, biases = mlp.verify_layers()
+        super().__init__(weights, biases, mlp.activation, mlp.alpha, **options)
+        self.graph, self.mlp = graph, mlp
+        dense = sum(int(w.size) for w in self.weights)
+        self.graph_attack = forward_cost(graph) < dense
+
+    def _attack(self, cases, groups, deadline: float, budget: float, seed: int,
+                scale: int = 1):
+        if not self.graph_attack:
+            return Verifier._attack(self, cases, groups, deadline, budget, seed, scale)
+        stop = min(deadline, time.monotonic() + budget)
+        for g, members in enumerate(groups):
+            if time.monotonic() >= stop:
+                break
+            c0 = cases[members[0]]
+            found = graph_counterexample(self.graph, c0.lo, c0.hi,
+                                         [(cases[j].A, cases[j].b) for j in members],
+                                         restarts=scale * self.attack_restarts,
+                                         steps=self.attack_steps, seed=seed + g, deadline=stop)
+            if found is not None:
+                return members[found[0]], found[1]
+        return None
+
+    def verify(self, prop, timeout: float, log: Optional[Callable[[str], None]] = None,
+               status: Optional[Callable[[str], None]] = None) -> Verdict:
+        v = super().verify(prop, timeout, log=log, status=status)
+        if v.result != "sat":
+            return v
+        cases = list(prop.cases)
+        order = ([v.case] if v.case is not None else []) + list(range(len(cases)))
+        for j in order:
+            c = cases[j]
+            if violations_of(self.graph.forward, c.lo, c.hi, c.A, c.b, v.x)[0]:
+                v.case, v.y = j, self.graph.forward(v.x)
+                return v
+        if log is not None:
+            log("lowered network: the counterexample is not confirmed by the graph's forward pass")
+        v.result, v.x, v.y, v.case = "unknown", None, None, None
+        v.note = "a counterexample not confirmed by the graph's forward pass"
+        return v
+
+
 class GraphVerifier:
     """:class:`crown_cli.verification.pipeline.Verifier`'s interface for a graph: one network,
     its stages and attack settings; :meth:`verify` per property. ``bab`` and ``max_domains``:

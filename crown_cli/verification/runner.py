@@ -106,7 +106,8 @@ class Loader:
 
     def verifier(self, model_path: str, **options):
         """A :class:`~crown_cli.verification.pipeline.Verifier` for an MLP (a chain of dense
-        layers with one activation), a
+        layers with one activation) and for a graph lowered to one
+        (:class:`~crown_cli.verification.graph_pipeline.LoweredVerifier`), a
         :class:`~crown_cli.verification.graph_pipeline.GraphVerifier` for any other graph;
         any number of outputs. ``options['memory_budget']`` (GiB, optional) goes to
         :func:`~crown_cli.io.networks.load_network`, the rest to the verifier."""
@@ -118,11 +119,10 @@ class Loader:
             opts = dict(options)
             budget = opts.pop("memory_budget", None)  # GiB, for graphs (--memory-budget)
             net = load_network(model_path, min_outputs=1, memory_budget=budget)
-            if not isinstance(net, MLP):
-                from crown_cli.verification.graph_pipeline import GraphVerifier
+            if not isinstance(net, MLP):  # lowered to the dense engine where it can be
+                from crown_cli.verification.graph_pipeline import graph_verifier
 
-                opts.pop("workers", None)  # no branch and bound on graphs
-                return GraphVerifier(net, **opts)
+                return graph_verifier(net, **opts)
             weights, biases = net.verify_layers()
             return Verifier(weights, biases, net.activation, net.alpha, **opts)
 
