@@ -423,6 +423,7 @@ def test_input_split_two_workers_same_search(d, hidden, n_out, m, seed, monkeypa
             super().send(args)
 
     monkeypatch.setattr(bab, "Helper", Counting)
+    monkeypatch.setattr(bab, "can_fork", lambda: True)  # also where one core is allowed
     ws, bs, lo, hi, A, v_dual, v_at, delta = milp_case(d, hidden, n_out, m, seed)
     b = np.full(m, v_dual - 0.1 * delta)  # unsat, and thousands of boxes to bound
     one = bab.input_split(ws, bs, "relu", None, lo, hi, A, b, time.monotonic() + 600.0,
