@@ -408,7 +408,8 @@ def certify(model, x, label: Optional[int] = None, target: Union[str, int] = "ru
 def verify(model, spec, timeout: float = VERIFY_TIMEOUT, *,
            method: Union[str, tuple, list] = VERIFY_METHODS, attack_restarts: int = 64,
            attack_steps: int = 100, attack_time: Optional[float] = None, bab: bool = True,
-           max_domains: int = 200_000, seed: int = 0, log=None):
+           max_domains: int = 200_000, seed: int = 0, workers: Optional[int] = None,
+           log=None):
     """Decide a property of a network: ``crown verify --model --spec`` in Python.
 
     The property asks: is there an input x in the box [lo, hi] whose outputs y = f(x)
@@ -435,6 +436,8 @@ def verify(model, spec, timeout: float = VERIFY_TIMEOUT, *,
         bab: branch and bound after the bound stages (ReLU and leaky ReLU networks).
         max_domains: cap on the open domains of the branch and bound.
         seed: seed of the attack's random starts.
+        workers: processes for input splitting, 1 or 2 (None: 2 on networks of at most 128
+            neurons per layer when the machine has two cores, else 1; ``--workers``).
         log: None, or a function receiving a text line per stage (``crown verify -v``).
 
     Returns:
@@ -463,6 +466,10 @@ def verify(model, spec, timeout: float = VERIFY_TIMEOUT, *,
                    attack_steps=_integer(attack_steps, "attack_steps", 1),
                    seed=_integer(seed, "seed", 0), attack_time=attack_time, bab=bool(bab),
                    max_domains=_integer(max_domains, "max_domains", 1))
+    if workers is not None:
+        options["workers"] = _integer(workers, "workers", 1)
+        if options["workers"] > 2:
+            raise InputError(f"workers: must be 1 or 2, got {workers}")
     if log is not None and not callable(log):
         raise InputError("log: expected a function of one string, or None")
     mlp = _as_model(model)

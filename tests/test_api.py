@@ -328,6 +328,8 @@ def test_verify_input_errors(tmp_path, spec, message):
     (dict(attack_time=-1), "attack_time: must be >= 0, got -1"),
     (dict(attack_restarts=0), "attack_restarts: must be an integer >= 1, got 0"),
     (dict(max_domains=1.5), "max_domains: must be an integer >= 1, got 1.5"),
+    (dict(workers=0), "workers: must be an integer >= 1, got 0"),
+    (dict(workers=3), "workers: must be 1 or 2, got 3"),
 ])
 def test_verify_option_errors(tmp_path, kwargs, message):
     with pytest.raises(InputError) as err:

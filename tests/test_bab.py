@@ -408,3 +408,33 @@ def test_input_split_nan_bounds_prove_nothing(monkeypatch):
     res = bab.input_split(ws, bs, "relu", None, lo, hi, A, np.array([-1e6]),
                           time.monotonic() + 60.0, max_domains=50)
     assert res.verdict in ("unknown", "timeout")
+
+
+@pytest.mark.parametrize("d,hidden,n_out,m,seed", CASES[3:4])
+def test_input_split_two_workers_same_search(d, hidden, n_out, m, seed, monkeypatch):
+    """Rounds shared with a forked helper process: the same verdicts as the MILP and, when
+    the search runs to its end, the same boxes bounded as one process (each box's fate
+    depends on that box alone, so the order of the rounds changes nothing)."""
+    shared = []
+
+    class Counting(bab.Helper):
+        def send(self, args):
+            shared.append(args[0].shape[0])
+            super().send(args)
+
+    monkeypatch.setattr(bab, "Helper", Counting)
+    monkeypatch.setattr(bab, "can_fork", lambda: True)  # also where one core is allowed
+    ws, bs, lo, hi, A, v_dual, v_at, delta = milp_case(d, hidden, n_out, m, seed)
+    b = np.full(m, v_dual - 0.1 * delta)  # unsat, and thousands of boxes to bound
+    one = bab.input_split(ws, bs, "relu", None, lo, hi, A, b, time.monotonic() + 600.0,
+                          max_domains=100_000, batch=64, workers=1)
+    assert not shared
+    two = bab.input_split(ws, bs, "relu", None, lo, hi, A, b, time.monotonic() + 600.0,
+                          max_domains=100_000, batch=64, workers=2)
+    assert one.verdict == two.verdict == "unsat"
+    assert two.domains == one.domains and two.splits == one.splits
+    assert len(shared) > 3 and max(shared) >= bab.PARALLEL_MIN // 2
+    res = bab.input_split(ws, bs, "relu", None, lo, hi, A, np.full(m, v_at + delta),
+                          time.monotonic() + 600.0, max_domains=100_000, workers=2)
+    assert res.verdict == "sat"
+    assert np.all(A @ mlp_forward(ws, bs, "relu", res.x) <= v_at + delta)

@@ -229,3 +229,33 @@ def test_pool_variants(tmp_path, op, attrs):
     want = reference_outputs(model, x)
     assert gr.output_size == want.shape[1]
     np.testing.assert_allclose(gr.forward(x), want, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("op,attrs,axes,opset", [
+    ("GlobalAveragePool", {}, None, 17),
+    ("GlobalMaxPool", {}, None, 17),
+    ("ReduceMean", dict(keepdims=1), [2, 3], 18),  # PyTorch's AdaptiveAvgPool2d(1), dynamo
+    ("ReduceMean", dict(keepdims=0), [-1, 2], 18),  # x.mean(dim=(2, 3))
+    ("ReduceMean", dict(keepdims=0, axes=[1]), None, 13),  # axes as an attribute
+    ("ReduceMean", dict(keepdims=1), None, 18),  # no axes: all of them
+    ("ReduceMean", dict(keepdims=0, noop_with_empty_axes=1), None, 18),
+])
+def test_global_pools_and_reduce_mean(tmp_path, op, attrs, axes, opset):
+    """The whole-image pools and ReduceMean (what torch.onnx.export writes for
+    AdaptiveAvgPool2d(1) and x.mean(dim)) against onnx.reference; a ReLU before them so that
+    the pooled tensor is a node's output, a Gemm after so that the layout matters."""
+    g = G(np.random.default_rng(0))
+    h = g.op("Relu", ["x"])
+    ins = [h] if axes is None else [h, g.const(np.array(axes), np.int64)]
+    y = g.op(op, ins, **attrs)
+    model = g.model([("x", (1, 3, 4, 5))], [y], opset=opset)
+    gr = load_graph(save(tmp_path, model))
+    x = np.random.default_rng(1).normal(size=(3, 60))
+    want = reference_outputs(model, x)
+    assert gr.output_size == want.shape[1]
+    np.testing.assert_allclose(gr.forward(x), want, rtol=1e-5, atol=1e-6)
+    kinds = [n.kind for n in gr.nodes]
+    if "noop_with_empty_axes" in attrs:
+        assert kinds == ["input", "activation"] and gr.output_size == 60
+    elif op != "GlobalMaxPool":
+        assert kinds == ["input", "activation", "affine"]

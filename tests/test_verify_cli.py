@@ -265,3 +265,20 @@ def test_progress_bar_shows_branch_and_bound_status(tmp_path, bab_spec, monkeypa
     frames = r.stderr.replace("\r", "\n").splitlines()
     assert any("inst" in f and "bab (input split): case 0" in f for f in frames), r.stderr
     assert any("unsat=1" in f for f in frames)
+
+
+def test_workers_share_the_search_and_bad_values_are_refused(bab_spec):
+    """--workers 2 (input splitting's rounds shared with a second process) bounds the same
+    boxes to the same verdict as --workers 1; a count outside 1..2 is refused in one line."""
+    ends = []
+    for workers in ("1", "2"):
+        r = run("verify", "--model", ACASXU, "--spec", bab_spec, "--timeout", 60, "-v",
+                "--workers", workers)
+        assert r.exit_code == 0, r.output
+        assert r.stdout == "unsat\n"
+        ends.append([line for line in r.stderr.splitlines()
+                     if line.startswith("bab (input split): case 0: unsat after ")])
+    assert ends[0] and ends[0] == ends[1]
+    r = run("verify", "--model", ACASXU, "--spec", bab_spec, "--workers", "3")
+    assert r.exit_code == 2
+    assert "--workers" in r.output and "3" in r.output and "Traceback" not in r.output

@@ -3,8 +3,11 @@ search of :class:`crown_cli.certification.certifier.Certifier` with each bound e
 float64 :class:`crown_cli.engine.graph_bounds.GraphBounds` (every rounding charged).
 
 Methods: ``crown``, ``crown-paper`` and ``fast-lin`` (the relaxation family of every
-activation node; fast-lin on ReLU-type activations only). Every other method is refused by
-name (InputError) until it runs on graphs. Every evaluation is float64 (the float32 steering
+activation node; fast-lin on ReLU-type activations only), and ``alpha-crown``: CROWN's
+intermediate bounds with the margin rows' ReLU and leaky ReLU lower slopes optimised
+(:mod:`crown_cli.engine.graph_alpha`; unlike the dense engine's alpha-CROWN the intermediate
+bounds are not optimised, and other activations keep CROWN's lines). Every other method is
+refused by name (InputError) until it runs on graphs. Every evaluation is float64 (the float32 steering
 and stable-neuron reuse of the dense engine's fast path are not there yet), so rows say
 ``precision float64``.
 
@@ -25,7 +28,7 @@ from crown_cli.engine.input_sets import NORMS
 from crown_cli.engine.radius_search import SEARCHES, certified_radius
 from crown_cli.errors import InputError
 
-GRAPH_METHODS = ("crown", "crown-paper", "fast-lin")
+GRAPH_METHODS = ("crown", "crown-paper", "fast-lin", "alpha-crown")
 
 
 def check_graph_method(method: str, where: str = "graph network") -> None:
@@ -81,14 +84,16 @@ class GraphCertifier:
         from crown_cli.engine.relaxations import get_relaxation
 
         check_graph_method(method, graph.source or "graph network")
+        family = "crown" if method == "alpha-crown" else method
         for n in graph.nodes:  # the registry names an activation without this method
             if n.kind == "activation":
-                get_relaxation(n.op.name, method, n.op.alpha)
+                get_relaxation(n.op.name, family, n.op.alpha)
         if search not in SEARCHES:
             raise InputError(f"--search: unknown search '{search}' (choose from {', '.join(SEARCHES)})")
         if not (0 < rtol < 1):
             raise InputError(f"--rtol: must lie in (0, 1), got {rtol}")
         self.graph, self.method, self.search, self.rtol = graph, method, search, rtol
+        self.family = family
         self.norm = parse_norm(norm)
         self.qcode = NORMS[self.norm]
         self.precision = "float64"  # every evaluation: no float32 steering on graphs yet
@@ -112,10 +117,13 @@ class GraphCertifier:
 
     def lower_bound(self, x0: np.ndarray, eps: float, C: np.ndarray) -> np.ndarray:
         """Verified float64 lower bounds of C @ f(x) over the eps-ball around x0, (r,)."""
+        from crown_cli.engine.graph_alpha import alpha_lower
         from crown_cli.engine.graph_bounds import GraphBounds
 
-        gb = GraphBounds(self.graph, x0, float(eps), self.qcode, method=self.method,
+        gb = GraphBounds(self.graph, x0, float(eps), self.qcode, method=self.family,
                          ibp=self.ibp)
+        if self.method == "alpha-crown":
+            return alpha_lower(gb, self.graph.output, C)
         return gb.lower(self.graph.output, C)
 
     def start_radius(self, x0: np.ndarray, C: np.ndarray, g0: np.ndarray) -> float:

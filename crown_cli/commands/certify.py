@@ -35,7 +35,7 @@ from crown_cli.errors import InputError
               help="alpha-crown: most gradient steps per optimisation (default 25; early "
                    "stopping usually ends sooner; 0: CROWN's slopes).")
 @click.option("--alpha-lr", type=float, default=None, metavar="LR",
-              help="alpha-crown: Adam step size on the slopes (default 0.5; 0.1 for the "
+              help="alpha-crown: Adam step size on the slopes (default 0.5; 0.05 for the "
                    "tangent points of tanh, sigmoid, arctan).")
 @click.option("--timeout", type=float, default=600.0, show_default=True, metavar="SECONDS",
               help="Seconds per image and target type for --method exact and lp-full "

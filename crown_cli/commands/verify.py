@@ -49,6 +49,11 @@ VERIFY_NOT_SETTINGS = {"--model", "--spec", "--instances", "--root", "--output",
               metavar="N",
               help="Cap on the open domains of the branch and bound (memory); reaching it "
                    "ends the instance with unknown.")
+@click.option("--workers", type=click.IntRange(1, 2), default=None, metavar="N",
+              help="Processes for input splitting: 2 shares each round with a second "
+                   "process (default: 2 on networks of at most 128 neurons per layer when "
+                   "the machine has two cores, else 1). Use 1 when running several crown "
+                   "processes at once.")
 @click.option("--attack-seed", "seed", type=click.IntRange(min=0), default=0, show_default=True,
               metavar="N", help="Seed of the attack's random starts; was --seed.")
 @click.option("--output", "-o", default="-", show_default=True, metavar="FILE",
@@ -70,7 +75,7 @@ VERIFY_NOT_SETTINGS = {"--model", "--spec", "--instances", "--root", "--output",
 @_deprecated("--seed", "--attack-seed", "seed", type=click.IntRange(min=0))
 @_deprecated("--method", "--stages", "method")
 def verify(model_path, spec_path, instances_path, root, timeout, method, attack_restarts,
-           attack_steps, attack_time, bab, max_domains, seed, output, out_format, overwrite,
+           attack_steps, attack_time, bab, max_domains, workers, seed, output, out_format, overwrite,
            resume, shard, verbose, quiet, memory_budget):
     """Decide VNN-LIB properties: sat (with a counterexample), unsat, unknown or timeout.
 
@@ -94,6 +99,8 @@ def verify(model_path, spec_path, instances_path, root, timeout, method, attack_
     options = dict(stages=tuple(stages), attack_restarts=attack_restarts,
                    attack_steps=attack_steps, seed=seed, attack_time=attack_time, bab=bab,
                    max_domains=max_domains)
+    if workers is not None:
+        options["workers"] = workers
     check_memory_budget(memory_budget)
     if memory_budget is not None:
         options["memory_budget"] = memory_budget

@@ -270,8 +270,11 @@ class GraphBounds:
         low = self.lower(target, np.vstack([C, -C]))
         return low[:C.shape[0]], -low[C.shape[0]:]
 
-    def lower(self, target: int, Lam: np.ndarray) -> np.ndarray:
-        """Verified float64 lower bounds of ``Lam @ value(target)`` (rows (r, size))."""
+    def lower(self, target: int, Lam: np.ndarray, slopes=None) -> np.ndarray:
+        """Verified float64 lower bounds of ``Lam @ value(target)`` (rows (r, size)).
+        ``slopes`` (optional, {activation node: (r, size)}): each row's own lower-line slopes
+        at those nodes in place of the relaxation's (valid lower lines through 0 of the
+        node's ReLU or leaky ReLU neurons: :mod:`crown_cli.engine.graph_alpha`)."""
         g = self.g
         r = Lam.shape[0]
         const, mag, charge = np.zeros(r), np.zeros(r), np.zeros(r)
@@ -296,7 +299,11 @@ class GraphBounds:
                 Lx[:, node.op.offset:node.op.offset + node.op.size] = L
             elif node.kind == "activation":
                 p = node.inputs[0]
-                D, icpt, _, _ = relax(L, self.lines[i])
+                lines = self.lines[i]
+                if slopes is not None and i in slopes:
+                    lines = Lines(lines.cols, slopes[i], lines.upper, lines.upper_icpt,
+                                  lines.lower_icpt)
+                D, icpt, _, _ = relax(L, lines)
                 const = const + icpt.sum(axis=-1)
                 mag = mag + np.abs(icpt).sum(axis=-1)
                 z = self.absval[p]

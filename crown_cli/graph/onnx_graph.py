@@ -3,7 +3,8 @@
 Operators (the handlers of :mod:`crown_cli.graph.onnx_ops`): ``Gemm``, ``MatMul`` by a
 constant, ``Conv`` (2-D), ``BatchNormalization`` (folded into the Conv, Gemm/MatMul or
 scaling that produces its input when nothing else reads that tensor, else a scaling node),
-``AveragePool`` (a sparse dense layer), ``MaxPool`` (its own node), ``Pad``, ``Flatten``,
+``AveragePool``, ``GlobalAveragePool`` and ``ReduceMean`` over constant axes (sparse dense
+layers), ``MaxPool`` and ``GlobalMaxPool`` (a max pool node), ``Pad``, ``Flatten``,
 ``Reshape``, ``Transpose``, ``Squeeze``, ``Unsqueeze``, ``Slice``, ``Split``, ``Gather``,
 ``Concat``, ``Expand`` (element moves: :mod:`crown_cli.graph.tensors`, no node unless needed),
 ``Add``/``Sub`` of two tensors, ``Add``/``Sub``/``Mul``/``Div``/``Neg`` with constants,

@@ -227,7 +227,7 @@ def _pool(b, node, ins, attrs):
         b.fail(node, "storage_order 1 is not supported")
     out, win, padded = pool_windows(d.shape[1:], kernel, strides, pads, dil, ceil)
     nid = b.node_of(d, _label(node))
-    if node.op_type == "MaxPool":
+    if node.op_type in ("MaxPool", "GlobalMaxPool"):
         if np.any(np.all(win < 0, axis=1)):
             b.fail(node, "a window lies entirely in the padding")
         return [b.add(_label(node), MaxPool(win, d.idx.size, "x".join(map(str, kernel))), (nid,),
@@ -242,6 +242,51 @@ def _pool(b, node, ins, attrs):
                       shape=(win.shape[0], d.idx.size))
     label = f"average pool {kernel[0]}x{kernel[1]}"
     return [b.add(_label(node), Dense(M, None, label), (nid,), (1,) + out)]
+
+
+def _global_pool(b, node, ins, attrs):
+    """GlobalAveragePool / GlobalMaxPool: the pool whose window is the whole image."""
+    d = b.data(node, ins[0])
+    if len(d.shape) != 4:
+        b.fail(node, f"needs data of shape (1, C, H, W), got {d.shape}")
+    return _pool(b, node, ins, {"kernel_shape": list(d.shape[2:])})
+
+
+def _reduce_mean(b, node, ins, attrs):
+    """ReduceMean over constant axes (PyTorch's ``x.mean(dim)``, and its export of
+    ``AdaptiveAvgPool2d(1)``): a sparse averaging Dense node."""
+    import scipy.sparse as sp
+
+    x = ins[0]
+    rank = len(x.shape)
+    if len(ins) > 1 and ins[1] is not None:  # opset 18: axes as an input
+        axes = [int(a) for a in np.asarray(b.const(node, ins[1], "axes")).reshape(-1)]
+    else:
+        axes = None if attrs.get("axes") is None else [int(a) for a in attrs["axes"]]
+    keep = bool(int(attrs.get("keepdims", 1)))
+    if not axes:
+        if int(attrs.get("noop_with_empty_axes", 0)):
+            return [x]
+        axes = list(range(rank))
+    axes = sorted({a + rank if a < 0 else a for a in axes})
+    if any(not 0 <= a < rank for a in axes):
+        b.fail(node, f"axes {axes} are out of range for rank {rank}")
+    if isinstance(x, Const):
+        return [Const(np.mean(x.value, axis=tuple(axes), keepdims=keep))]
+    d = b.data(node, x)
+    size = int(np.prod(d.shape, dtype=np.int64))
+    moved = np.moveaxis(np.arange(size).reshape(d.shape), axes,
+                        list(range(rank - len(axes), rank)))
+    k = int(np.prod([d.shape[a] for a in axes], dtype=np.int64))
+    cols = moved.reshape(-1, k)
+    rows = np.repeat(np.arange(cols.shape[0]), k)
+    M = sp.csr_matrix((np.full(cols.size, 1.0 / k), (rows, cols.reshape(-1))),
+                      shape=(cols.shape[0], size))
+    shape = tuple(1 if a in axes else n for a, n in enumerate(d.shape)) if keep else \
+        tuple(n for a, n in enumerate(d.shape) if a not in axes)
+    nid = b.node_of(d, _label(node))
+    label = f"mean over axes {','.join(map(str, axes))}"
+    return [b.add(_label(node), Dense(M, None, label), (nid,), shape)]
 
 
 def _batchnorm(b, node, ins, attrs):
@@ -287,6 +332,7 @@ HANDLERS = {
     "Gather": _moved(_gather), "Expand": _moved(_expand), "Concat": _concat, "Split": _split,
     "Pad": _pad, "Add": _binary, "Sub": _binary, "Mul": _binary, "Div": _binary, "Neg": _neg,
     "MatMul": _matmul, "Gemm": _gemm, "Conv": _conv, "AveragePool": _pool, "MaxPool": _pool,
+    "GlobalAveragePool": _global_pool, "GlobalMaxPool": _global_pool, "ReduceMean": _reduce_mean,
     "BatchNormalization": _batchnorm, "Constant": _constant, "Shape": _shape,
     "ConstantOfShape": _constant_of_shape,
     "Equal": _const_fn(np.equal), "Where": _const_fn(np.where), "Less": _const_fn(np.less),

@@ -1,5 +1,8 @@
 """Deciding VNN-LIB properties on a graph network (:class:`crown_cli.graph.network.Graph`):
-the attack, then CROWN bounds of each case's box; no branch and bound on graphs yet.
+the attack, then CROWN and alpha-CROWN bounds of each case's box (the alpha stage optimises the
+output rows' ReLU slopes: :mod:`crown_cli.engine.graph_alpha`), then on graphs of at most
+``INPUT_SPLIT_MAX_DIM`` inputs branch and bound by input splitting
+(:mod:`crown_cli.verification.bab.graph_input_split`); no ReLU splitting on graphs yet.
 
 The same verdicts and the same rules as :mod:`crown_cli.verification.pipeline`:
 
@@ -9,8 +12,8 @@ The same verdicts and the same rules as :mod:`crown_cli.verification.pipeline`:
 - ``unsat`` only when every case has a row i with a float64-verified lower bound of
   ``A_i f(x)`` over the box (:class:`crown_cli.engine.graph_bounds.GraphBounds`, every rounding
   charged) above ``b_i`` rounded up one ulp;
-- ``unknown`` otherwise (after more attack starts), with a note that branch and bound does not
-  run on graphs yet; ``timeout`` when the deadline passed before the bounds were done.
+- ``unknown`` otherwise (after more attack starts, on graphs of more inputs), with a note that
+  branch and bound does not run there yet; ``timeout`` when the deadline passed first.
 
 The attack is the MLP pipeline's sign-gradient descent
 (:func:`crown_cli.verification.attack.descend`) on the graph's float64 forward pass and its
@@ -28,15 +31,16 @@ from crown_cli.engine.input_sets import Box
 from crown_cli.engine.rounding import round_up
 from crown_cli.verification.attack import _as_case, descend
 from crown_cli.verification.outcome import violations_of
-from crown_cli.verification.pipeline import (ATTACK_MIN_S, ATTACK_SHARE, BOUND_STAGES, Verdict,
-                                             Verifier,
-                                             _by_box, _worst, check_sizes)
+from crown_cli.verification.pipeline import (ATTACK_MIN_S, ATTACK_SHARE, BOUND_STAGES,
+                                             INPUT_SPLIT_MAX_DIM, Verdict, Verifier, _by_box,
+                                             _worst, check_sizes)
 
-# Bound stages available on graphs (alpha-CROWN needs slopes per activation node: not yet)
-GRAPH_STAGES = ("crown",)
+# Bound stages available on graphs (alpha-crown: the output rows' ReLU slopes optimised,
+# the intermediate bounds CROWN's: crown_cli.engine.graph_alpha)
+GRAPH_STAGES = ("crown", "alpha-crown")
 # after the bounds, at most this many more attack runs with fresh starts on the open cases
 MORE_ATTACKS = 3
-NO_BAB = "no branch and bound on graphs yet"
+NO_BAB = "no branch and bound on graphs of more than 64 inputs yet"
 
 
 def graph_counterexample(graph, lo, hi, cases, *, restarts: int = 64, steps: int = 100,
@@ -68,14 +72,20 @@ def graph_counterexample(graph, lo, hi, cases, *, restarts: int = 64, steps: int
                    surrogate=relu, dtype=np.float64)
 
 
-def graph_box_lower_bounds(graph, lo, hi, A, b, method: str = "crown") -> np.ndarray:
+def graph_box_lower_bounds(graph, lo, hi, A, b, method: str = "crown", bounds=None) -> np.ndarray:
     """Per row of A: a float64-verified lower bound of ``A_i f(x) - b_i`` over the box
-    [lo, hi] (b rounded up one ulp first). A row > 0 proves every case holding it empty."""
+    [lo, hi] (b rounded up one ulp first). A row > 0 proves every case holding it empty.
+    ``method``: ``crown`` (or another relaxation family) or ``alpha-crown`` (CROWN's
+    intermediate bounds, each row's ReLU slopes optimised: :func:`~crown_cli.engine.
+    graph_alpha.alpha_lower`). ``bounds``: a CROWN :class:`GraphBounds` of this box to reuse."""
+    from crown_cli.engine.graph_alpha import alpha_lower
     from crown_cli.engine.graph_bounds import GraphBounds
 
     A = np.ascontiguousarray(A, dtype=np.float64)
-    gb = GraphBounds(graph, *Box(lo, hi).args(), method=method)
-    lb = gb.lower(graph.output, A)
+    alpha = method == "alpha-crown"
+    gb = bounds if bounds is not None else GraphBounds(
+        graph, *Box(lo, hi).args(), method="crown" if alpha else method)
+    lb = alpha_lower(gb, graph.output, A) if alpha else gb.lower(graph.output, A)
     return lb - round_up(b)  # fl(lb - b_up) > 0 exactly when lb > b_up
 
 
@@ -86,7 +96,10 @@ def graph_verifier(graph, **options):
     from crown_cli.graph.lower import lowered
 
     mlp = lowered(graph)
-    return GraphVerifier(graph, **options) if mlp is None else LoweredVerifier(mlp, graph, **options)
+    if mlp is None:
+        options.pop("workers", None)  # the graph engine's search runs in one process
+        return GraphVerifier(graph, **options)
+    return LoweredVerifier(mlp, graph, **options)
 
 
 def forward_cost(graph) -> int:
@@ -160,18 +173,20 @@ class LoweredVerifier(Verifier):
 
 class GraphVerifier:
     """:class:`crown_cli.verification.pipeline.Verifier`'s interface for a graph: one network,
-    its stages and attack settings; :meth:`verify` per property. ``bab`` and ``max_domains``
-    are accepted and unused (no branch and bound on graphs yet)."""
+    its stages and attack settings; :meth:`verify` per property. ``bab`` and ``max_domains``:
+    input splitting on graphs of at most ``INPUT_SPLIT_MAX_DIM`` inputs."""
 
     def __init__(self, graph, stages: Sequence[str] = BOUND_STAGES, attack_restarts: int = 64,
                  attack_steps: int = 100, seed: int = 0, attack_time: Optional[float] = None,
                  bab: bool = True, max_domains: int = 200_000):
         self.graph = graph
+        self.max_domains = max_domains
         self.requested = [s for s in stages if s in BOUND_STAGES]
         self.stages = [s for s in self.requested if s in GRAPH_STAGES]
         self.attack_restarts, self.attack_steps, self.seed = attack_restarts, attack_steps, seed
         self.attack_time = attack_time
         self.bab = bab
+        self._last_bounds = (None, None)  # (box, its CROWN GraphBounds)
 
     @property
     def n_inputs(self) -> int:
@@ -185,7 +200,17 @@ class GraphVerifier:
         return self.graph.forward(x)
 
     def box_lower_bounds(self, stage: str, lo, hi, A, b) -> np.ndarray:
-        return graph_box_lower_bounds(self.graph, lo, hi, A, b, stage)
+        """The stage's bounds; ``crown`` and ``alpha-crown`` on the same box share one
+        :class:`GraphBounds` (the intermediate bounds, most of the cost)."""
+        from crown_cli.engine.graph_bounds import GraphBounds
+
+        bounds = None
+        if stage in ("crown", "alpha-crown"):
+            key = (np.asarray(lo, np.float64).tobytes(), np.asarray(hi, np.float64).tobytes())
+            if self._last_bounds[0] != key:
+                self._last_bounds = (key, GraphBounds(self.graph, *Box(lo, hi).args()))
+            bounds = self._last_bounds[1]
+        return graph_box_lower_bounds(self.graph, lo, hi, A, b, stage, bounds=bounds)
 
     def _attack(self, cases, groups, deadline: float, budget: float, seed: int):
         stop = min(deadline, time.monotonic() + budget)
@@ -233,6 +258,8 @@ class GraphVerifier:
         ended, open_cases, margins, stage = self._bound_stages(cases, deadline, done, log)
         if ended is not None:
             return ended
+        if self.bab and self.n_inputs <= INPUT_SPLIT_MAX_DIM:
+            return self._input_split(cases, open_cases, margins, deadline, done, log, status)
         for k in range(MORE_ATTACKS):  # no branch and bound: more starts instead
             if time.monotonic() >= deadline:
                 return done("timeout", stage, _worst(margins), n - len(open_cases),
@@ -246,6 +273,28 @@ class GraphVerifier:
         if log is not None:
             log(f"graph network: {self.note()}; {len(open_cases)} of {n} cases open")
         return done("unknown", stage, _worst(margins), n - len(open_cases), note=self.note())
+
+    def _input_split(self, cases, open_cases, margins, deadline, done, log, status):
+        """Input splitting on the graph engine
+        (:func:`~crown_cli.verification.bab.graph_input_split.graph_input_split_steps`), one
+        search per open case, taking turns (:func:`~crown_cli.verification.schedule.race`)."""
+        from crown_cli.verification.bab.graph_input_split import graph_input_split_steps
+        from crown_cli.verification.pipeline import (RACE_MAX_SLICE, RACE_SLICE,
+                                                     STATUS_EVERY_BAR_S, STATUS_EVERY_LOG_S,
+                                                     BabStatus)
+        from crown_cli.verification.schedule import Run, race
+
+        bab_status = BabStatus(status, STATUS_EVERY_BAR_S) if status is not None else \
+            BabStatus(log, STATUS_EVERY_LOG_S) if log is not None else None
+        runs = [Run([j], "input split",
+                    lambda progress, c=cases[j]: graph_input_split_steps(
+                        self.graph, c.lo, c.hi, c.A, c.b, deadline,
+                        max_domains=self.max_domains, progress=progress))
+                for j in open_cases]
+        return race(runs, len(cases), len(cases) - len(open_cases), margins, deadline, done,
+                    self.outputs, cases, kinds={"input split": "boxes"}, log=log,
+                    status=bab_status, first_slice=RACE_SLICE, max_slice=RACE_MAX_SLICE,
+                    worst=_worst)
 
     # the same per-box bounding as the MLP pipeline's (it calls self.box_lower_bounds)
     _bound_cases = Verifier._bound_cases

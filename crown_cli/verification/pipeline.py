@@ -88,7 +88,7 @@ class Verifier:
                  activation: str, alpha=None, stages: Sequence[str] = BOUND_STAGES,
                  attack_restarts: int = 64, attack_steps: int = 100, seed: int = 0,
                  attack_time: Optional[float] = None, bab: bool = True,
-                 max_domains: int = 200_000):
+                 max_domains: int = 200_000, workers: Optional[int] = None):
         self.weights = [np.asarray(w, dtype=np.float64) for w in weights]
         self.biases = [np.asarray(b, dtype=np.float64) for b in biases]
         self.activation, self.alpha = activation, alpha
@@ -101,6 +101,8 @@ class Verifier:
         self.attack_time = attack_time
         self.bab = bab and ACTIVATIONS[activation].bab
         self.max_domains = max_domains
+        self.workers = workers  # input splitting's processes (None: by network, see verify)
+        self._workers = 1
 
     @property
     def n_inputs(self) -> int:
@@ -209,7 +211,8 @@ class Verifier:
         return [Run([j], "input split",
                     lambda progress, c=cases[j]: input_split_steps(
                         self.weights, self.biases, self.activation, self.alpha, c.lo, c.hi,
-                        c.A, c.b, deadline, max_domains=self.max_domains, progress=progress))
+                        c.A, c.b, deadline, max_domains=self.max_domains, progress=progress,
+                        workers=self._workers))
                 for j in open_cases]
 
     def _relu_split_runs(self, cases, open_cases, margins, deadline) -> List[Run]:
@@ -286,8 +289,11 @@ class Verifier:
         :data:`STATUS_EVERY_BAR_S` seconds, e.g. for a progress bar.
 
         On networks of at most :data:`ONE_THREAD_WIDTH` neurons per layer the BLAS runs on
-        one thread (:func:`crown_cli.engine.threads.blas_threads`)."""
+        one thread (:func:`crown_cli.engine.threads.blas_threads`), and input splitting
+        shares its rounds with a second process when the machine has a second core
+        (``workers`` None; an int sets it: 1 alone, 2 with a helper process)."""
         small = max(w.shape[0] for w in self.weights) <= ONE_THREAD_WIDTH
+        self._workers = self.workers if self.workers is not None else 2 if small else 1
         with blas_threads(1) if small else contextlib.nullcontext():
             return self._verify(prop, timeout, log, status)
 

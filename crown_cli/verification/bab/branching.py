@@ -49,7 +49,6 @@ def _fsb_choice(bd: Bounder, split, alpha, beta, cand, chords=None, prow=None):
     (P,) the children are bounded in that row of each parent only (the row it branches
     for), else by :meth:`Bounder.score` over all rows."""
     P, K = cand.shape
-    m = bd.m
     reps = np.repeat(np.arange(P), K)
     c = cand.reshape(-1)
     valid = c >= 0

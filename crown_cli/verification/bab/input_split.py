@@ -18,6 +18,7 @@ import numpy as np
 
 from crown_cli.engine.batched import BatchNet, _bound_blocked, _take_info, alpha_row_bound
 from crown_cli.verification.bab.domains import BoxPool
+from crown_cli.verification.bab.workers import Helper, HelperLost, can_fork
 from crown_cli.verification.outcome import BabResult, finish, violations
 
 SPLIT_RULES = ("sensitivity", "trial")
@@ -27,6 +28,10 @@ FLAT = 0.0  # "trial": a split no better than its parent by this share counts as
 # between BLOCK_MIN and BLOCK_MAX (docs/bab.md: 204 on ACAS Xu, 2048 on safenlp's 30-128-2)
 BLOCK_ELEMS = 512_000
 BLOCK_MIN, BLOCK_MAX = 32, 2048
+# workers > 1: a round of at least this many boxes is shared with the helper process (a
+# smaller one costs less than the round trip)
+PARALLEL_MIN = 64
+CHUNKS = 6  # a shared round in about this many chunks
 
 
 def auto_block(widths, n_rows: int) -> int:
@@ -37,6 +42,34 @@ def auto_block(widths, n_rows: int) -> int:
     per_box = max([n_rows * max(hidden, default=1)] +
                   [hidden[k] * max(hidden[:k]) for k in range(1, len(hidden))])
     return int(min(BLOCK_MAX, max(BLOCK_MIN, BLOCK_ELEMS // max(per_box, 1))))
+
+
+def shared_round(helper, expand, fields, n: int):
+    """``expand`` over the ``n`` boxes of ``fields`` in chunks, taken in turn by this process
+    and by ``helper`` (a :class:`~crown_cli.verification.bab.workers.Helper` running the same
+    ``expand``): the helper gets a chunk whenever it is free, this process works through the
+    rest, so a helper slowed by other work on its core takes fewer. The outcomes in chunk
+    order (the same whoever ran each), or None when the helper was lost (nothing of this
+    round is kept then)."""
+    size = max(PARALLEL_MIN // 2, -(-n // CHUNKS))
+    parts = [tuple(a[i:i + size] for a in fields) for i in range(0, n, size)]
+    outs = [None] * len(parts)
+    todo = list(range(len(parts)))
+    busy = None
+    try:
+        while todo or busy is not None:
+            if busy is None and todo:
+                busy = todo.pop()  # the helper takes from the end, this process from the front
+                helper.send(parts[busy])
+            if busy is not None and (not todo or helper.poll()):
+                outs[busy] = helper.recv()
+                busy = None
+                continue
+            i = todo.pop(0)
+            outs[i] = expand(*parts[i])
+    except HelperLost:
+        return None
+    return outs
 
 
 def _split(lo, hi, dim):
@@ -72,6 +105,7 @@ class InputSplitOptions:
     alpha_iters: int = 10  # ReLU: Adam steps on the open boxes' best row (0: off)
     widest: float = 4.0  # "trial": the relatively widest dimension as one more candidate
     inherit: bool = True  # "trial": halves intersect their bounds with their parent's
+    workers: int = 1  # "trial": processes sharing each round's boxes (2: one forked helper)
 
 
 def input_split(weights, biases, activation, alpha, lo, hi, A, b, deadline: float,
@@ -131,6 +165,7 @@ def input_split_steps(weights, biases, activation, alpha, lo, hi, A, b, deadline
         o.adaptive
     skip_stable, trial_dims, alpha_iters, widest, inherit = o.skip_stable, o.trial_dims, \
         o.alpha_iters, o.widest, o.inherit
+    workers = max(1, min(2, int(o.workers))) if split == "trial" and can_fork() else 1
     if split not in SPLIT_RULES:
         raise ValueError(f"input_split: unknown split rule '{split}'")
     lo0 = np.asarray(lo, dtype=np.float64).ravel()
@@ -159,7 +194,6 @@ def input_split_steps(weights, biases, activation, alpha, lo, hi, A, b, deadline
         info of batch_lower_bounds."""
         pb = None if PB is None else unpack(PB)
         lb, info = _bound_blocked(net, L, H, A, block, parent_bounds=pb, skip_stable=skip_stable)
-        stats["domains"] += L.shape[0]
         lb = np.where(np.isnan(lb), -np.inf, lb - b_up)  # a NaN bound proves nothing
         s = np.max(lb, axis=1) if lb.shape[1] else np.full(lb.shape[0], -np.inf)
         return lb, info["Lam"], s, info
@@ -205,6 +239,70 @@ def input_split_steps(weights, biases, activation, alpha, lo, hi, A, b, deadline
     def sensitivity(lb, Lam):  # sum over the unproven rows of |Lam_i,j|: (n, d)
         return np.sum(np.abs(Lam) * (lb <= 0.0)[:, :, None], axis=1)
 
+    def expand(L, H, Sb, Gb, Pb, Vb):
+        """One "trial" round on the boxes given (rows): ("sat", x, boxes bounded) when a
+        candidate point violates the property, ("unknown", None, 0) when some box can no
+        longer be split, else ("open", the halves kept as BoxPool fields, boxes bounded)."""
+        ok = _splittable(L, H)
+        if not ok.any(axis=1).all():
+            return "unknown", None, 0
+        n = L.shape[0]
+        # candidate dimensions: the k most sensitive splittable ones (all when k >= d)
+        sens = np.where(ok, Gb * (H - L), -1.0)
+        extra = widest > 0.0 and trial_dims < d
+        k = min(d, trial_dims) + extra
+        cand = np.argsort(-sens, axis=1, kind="stable")[:, :k]  # (n, k)
+        use = np.ones((n, k), bool)  # the candidates bounded
+        if extra:
+            # one more candidate when some dimension is much wider (relative to the
+            # case's box) than every one ranked: that one
+            rel = np.where(ok, (H - L) / span, -1.0)
+            wd = np.argmax(rel, axis=1)
+            top = np.take_along_axis(rel, cand[:, :k - 1], axis=1).max(axis=1)
+            ranked = np.any(cand[:, :k - 1] == wd[:, None], axis=1)
+            use[:, k - 1] = ~ranked & (rel[np.arange(n), wd] >= widest * top)
+            cand[:, k - 1] = np.where(use[:, k - 1], wd, cand[:, 0])
+        cand_ok = np.take_along_axis(ok, cand, axis=1) & use
+        kids_lo, kids_hi = [], []
+        for t in range(k):
+            l1, h1, l2, h2 = _split(L, H, cand[:, t])
+            kids_lo += [l1, l2]
+            kids_hi += [h1, h2]
+        used = np.repeat(use.ravel(), 2)  # per (box, cand, half)
+        KL = np.stack(kids_lo, axis=1).reshape(n * 2 * k, d)[used]  # box-major
+        KH = np.stack(kids_hi, axis=1).reshape(n * 2 * k, d)[used]
+        PK = np.repeat(Pb, 2 * k, axis=0)[used] if inherit else None
+        lb, Lam, s, info = bound(KL, KH, PK)
+        domains = KL.shape[0]
+        live = s <= 0.0
+        if live.any():
+            x = attack(KL[live], KH[live], lb[live], Lam[live])
+            if x is not None:
+                return "sat", x, domains
+        sf = np.full(n * 2 * k, -np.inf)
+        sf[used] = s
+        # A half is never worse than its parent (the parent's bound holds on it).
+        s2 = np.maximum(sf.reshape(n, k, 2), Sb[:, None, None])
+        # the split leaving the least total deficit (a proven half counts 0); the worse
+        # half alone would prefer a dimension that changes nothing over one that proves a half
+        deficit = np.where(cand_ok, np.minimum(s2, 0.0).sum(axis=2), -np.inf)
+        best = np.argmax(deficit, axis=1)
+        # no split improves (all tie with the parent): the most sensitive dimension, else
+        # argmax's first index could halve one dimension forever
+        flat = deficit.max(axis=1) - 2.0 * np.minimum(Sb, 0.0) <= FLAT * np.abs(Sb)
+        best[flat] = 0
+        pick = (np.arange(n)[:, None] * 2 * k + best[:, None] * 2 + np.arange(2)[None]).ravel()
+        pick = (np.cumsum(used) - 1)[pick]  # candidate 0 is always bounded
+        pick = pick[live[pick]]
+        # the halves kept: alpha-CROWN on those still open
+        s = refine(KL, KH, lb, s, info, pick)
+        pick = pick[s[pick] <= 0.0]
+        return "open", dict(lo=KL[pick], hi=KH[pick], score=s[pick],
+                            sens=sensitivity(lb[pick], Lam[pick]),
+                            parent=pack([(l[pick], u[pick]) for l, u in info["bounds"]]) if inherit
+                            else np.zeros((pick.size, 0)),
+                            share=0.5 * np.repeat(Vb, 2 * k)[used][pick]), domains
+
     Lo, Hi = lo0[None].copy(), hi0[None].copy()
     S = np.full(1, -np.inf)
     G = np.zeros((1, d))  # trial: each open box's sensitivity (the fallback split rule)
@@ -212,6 +310,7 @@ def input_split_steps(weights, biases, activation, alpha, lo, hi, A, b, deadline
     V = np.ones(1)  # each open box's share of the case's box (2**-splits)
     if split == "trial":
         lb, Lam, S, info = bound(Lo, Hi)
+        stats["domains"] += 1
         if inherit:
             P = pack(info["bounds"])
         S = refine(Lo, Hi, lb, S, info, np.flatnonzero(S <= 0.0))
@@ -222,99 +321,68 @@ def input_split_steps(weights, biases, activation, alpha, lo, hi, A, b, deadline
         if S[0] > 0.0:
             return result("unsat")
     pool = BoxPool(lo=Lo, hi=Hi, score=S, sens=G, parent=P, share=V)
-    while len(pool):
-        if time.monotonic() >= deadline:
-            return result("timeout", open_scores=pool.view("score"))
-        if len(pool) > max_domains:
-            return result("unknown", open_scores=pool.view("score"), note="domain cap")
-        t = pool.pop_worst(batch)
-        L, H, Sb, Gb, Pb, Vb = t["lo"], t["hi"], t["score"], t["sens"], t["parent"], t["share"]
-        ok = _splittable(L, H)
-        if split == "sensitivity":
-            lb, Lam, s, info = bound(L, H)
-            s = refine(L, H, lb, s, info, np.flatnonzero(s <= 0.0))
-            live = s <= 0.0
-            L, H, lb, Lam, s, ok = L[live], H[live], lb[live], Lam[live], s[live], ok[live]
-            Vb = Vb[live]
-            if not L.shape[0]:
-                continue
-            x = attack(L, H, lb, Lam)
-            if x is not None:
-                return result("sat", x)
-            if not ok.any(axis=1).all():
-                return result("unknown", open_scores=np.r_[pool.view("score"), s],
-                              note="box too small to split")
-            sens = sensitivity(lb, Lam) * (H - L)
-            sens = np.where(ok, sens, -1.0)
-            dim = np.argmax(sens, axis=1)
-            l1, h1, l2, h2 = _split(L, H, dim)
-            stats["splits"] += L.shape[0]
-            pool.push(lo=np.concatenate([l1, l2]), hi=np.concatenate([h1, h2]),
-                      score=np.concatenate([s, s]), sens=np.zeros((2 * s.size, d)),
-                      parent=np.zeros((2 * s.size, 0)), share=np.concatenate([Vb, Vb]) * 0.5)
-        else:
-            if not ok.any(axis=1).all():
-                return result("unknown", open_scores=np.r_[pool.view("score"), Sb],
-                              note="box too small to split")
-            n = L.shape[0]
-            # candidate dimensions: the k most sensitive splittable ones (all when k >= d)
-            sens = np.where(ok, Gb * (H - L), -1.0)
-            extra = widest > 0.0 and trial_dims < d
-            k = min(d, trial_dims) + extra
-            cand = np.argsort(-sens, axis=1, kind="stable")[:, :k]  # (n, k)
-            use = np.ones((n, k), bool)  # the candidates bounded
-            if extra:
-                # one more candidate when some dimension is much wider (relative to the
-                # case's box) than every one ranked: that one
-                rel = np.where(ok, (H - L) / span, -1.0)
-                wd = np.argmax(rel, axis=1)
-                top = np.take_along_axis(rel, cand[:, :k - 1], axis=1).max(axis=1)
-                ranked = np.any(cand[:, :k - 1] == wd[:, None], axis=1)
-                use[:, k - 1] = ~ranked & (rel[np.arange(n), wd] >= widest * top)
-                cand[:, k - 1] = np.where(use[:, k - 1], wd, cand[:, 0])
-            cand_ok = np.take_along_axis(ok, cand, axis=1) & use
-            kids_lo, kids_hi = [], []
-            for t in range(k):
-                l1, h1, l2, h2 = _split(L, H, cand[:, t])
-                kids_lo += [l1, l2]
-                kids_hi += [h1, h2]
-            used = np.repeat(use.ravel(), 2)  # per (box, cand, half)
-            KL = np.stack(kids_lo, axis=1).reshape(n * 2 * k, d)[used]  # box-major
-            KH = np.stack(kids_hi, axis=1).reshape(n * 2 * k, d)[used]
-            PK = np.repeat(Pb, 2 * k, axis=0)[used] if inherit else None
-            lb, Lam, s, info = bound(KL, KH, PK)
-            live = s <= 0.0
-            if live.any():
-                x = attack(KL[live], KH[live], lb[live], Lam[live])
+    helper = None  # the second process (workers > 1), forked at the first large round
+    try:
+        while len(pool):
+            if time.monotonic() >= deadline:
+                return result("timeout", open_scores=pool.view("score"))
+            if len(pool) > max_domains:
+                return result("unknown", open_scores=pool.view("score"), note="domain cap")
+            t = pool.pop_worst(batch * workers if split == "trial" else batch)
+            L, H, Sb, Gb, Pb, Vb = t["lo"], t["hi"], t["score"], t["sens"], t["parent"], t["share"]
+            if split == "sensitivity":
+                ok = _splittable(L, H)
+                lb, Lam, s, info = bound(L, H)
+                stats["domains"] += L.shape[0]
+                s = refine(L, H, lb, s, info, np.flatnonzero(s <= 0.0))
+                live = s <= 0.0
+                L, H, lb, Lam, s, ok = L[live], H[live], lb[live], Lam[live], s[live], ok[live]
+                Vb = Vb[live]
+                if not L.shape[0]:
+                    continue
+                x = attack(L, H, lb, Lam)
                 if x is not None:
                     return result("sat", x)
-            sf = np.full(n * 2 * k, -np.inf)
-            sf[used] = s
-            # A half is never worse than its parent (the parent's bound holds on it).
-            s2 = np.maximum(sf.reshape(n, k, 2), Sb[:, None, None])
-            # the split leaving the least total deficit (a proven half counts 0); the worse
-            # half alone would prefer a dimension that changes nothing over one that proves a half
-            deficit = np.where(cand_ok, np.minimum(s2, 0.0).sum(axis=2), -np.inf)
-            best = np.argmax(deficit, axis=1)
-            # no split improves (all tie with the parent): the most sensitive dimension, else
-            # argmax's first index could halve one dimension forever
-            flat = deficit.max(axis=1) - 2.0 * np.minimum(Sb, 0.0) <= FLAT * np.abs(Sb)
-            best[flat] = 0
-            stats["splits"] += n
-            pick = (np.arange(n)[:, None] * 2 * k + best[:, None] * 2 + np.arange(2)[None]).ravel()
-            pick = (np.cumsum(used) - 1)[pick]  # candidate 0 is always bounded
-            pick = pick[live[pick]]
-            # the halves kept: alpha-CROWN on those still open
-            s = refine(KL, KH, lb, s, info, pick)
-            pick = pick[s[pick] <= 0.0]
-            pool.push(lo=KL[pick], hi=KH[pick], score=s[pick],
-                      sens=sensitivity(lb[pick], Lam[pick]),
-                      parent=pack([(l[pick], u[pick]) for l, u in info["bounds"]]) if inherit
-                      else np.zeros((pick.size, 0)),
-                      share=0.5 * np.repeat(Vb, 2 * k)[used][pick])
-        stats["peak"] = max(stats["peak"], len(pool))
-        if progress is not None:
-            S = pool.view("score")
-            progress(stats["domains"], len(pool), float(S.min()) if S.size else np.inf)
-        yield max(0.0, 1.0 - float(np.sum(pool.view("share"))))
-    return result("unsat")
+                if not ok.any(axis=1).all():
+                    return result("unknown", open_scores=np.r_[pool.view("score"), s],
+                                  note="box too small to split")
+                sens = sensitivity(lb, Lam) * (H - L)
+                sens = np.where(ok, sens, -1.0)
+                dim = np.argmax(sens, axis=1)
+                l1, h1, l2, h2 = _split(L, H, dim)
+                stats["splits"] += L.shape[0]
+                pool.push(lo=np.concatenate([l1, l2]), hi=np.concatenate([h1, h2]),
+                          score=np.concatenate([s, s]), sens=np.zeros((2 * s.size, d)),
+                          parent=np.zeros((2 * s.size, 0)), share=np.concatenate([Vb, Vb]) * 0.5)
+            else:
+                n = L.shape[0]
+                if helper is None and workers > 1 and n >= PARALLEL_MIN:
+                    helper = Helper(expand)
+                fields = (L, H, Sb, Gb, Pb, Vb)
+                if helper is not None and n >= PARALLEL_MIN:
+                    outs = shared_round(helper, expand, fields, n)
+                    if outs is None:  # the second process is gone: alone from now
+                        helper.close()
+                        helper, workers = None, 1
+                        outs = [expand(*fields)]
+                else:
+                    outs = [expand(*fields)]
+                stats["domains"] += sum(o[2] for o in outs)
+                for verdict, x, _ in outs:
+                    if verdict == "sat":
+                        return result("sat", x)
+                if any(o[0] == "unknown" for o in outs):
+                    return result("unknown", open_scores=np.r_[pool.view("score"), Sb],
+                                  note="box too small to split")
+                stats["splits"] += n
+                for _, kept, _ in outs:
+                    pool.push(**kept)
+            stats["peak"] = max(stats["peak"], len(pool))
+            if progress is not None:
+                S = pool.view("score")
+                progress(stats["domains"], len(pool), float(S.min()) if S.size else np.inf)
+            yield max(0.0, 1.0 - float(np.sum(pool.view("share"))))
+        return result("unsat")
+    finally:
+        if helper is not None:
+            helper.close()

@@ -1,0 +1,167 @@
+"""alpha-CROWN's last stage on graphs (crown_cli.engine.graph_alpha): never below CROWN, never
+above the exact minimum (MILP) on small graphs of each kind, equal to the LP of the triangle
+relaxation (its optimum) on a one-hidden-layer chain, and sound under sampling on l_2 and
+l_1 balls too."""
+import os
+
+import numpy as np
+import onnx
+import pytest
+from scipy.optimize import linprog
+
+from crown_cli.engine.graph_alpha import alpha_lower, free_slopes
+from crown_cli.engine.graph_bounds import GraphBounds
+from crown_cli.engine.input_sets import Box
+from crown_cli.graph.onnx_graph import load_graph
+from graph_models import BUILDERS, dense_chain
+from graph_oracles import graph_min
+
+
+def graph_of(tmp_path, kind, seed):
+    model = BUILDERS[kind](np.random.default_rng(seed))
+    path = os.path.join(str(tmp_path), f"{kind}{seed}.onnx")
+    onnx.save(model, path)
+    return load_graph(path)
+
+
+@pytest.mark.parametrize("kind,eps,seed", [("dense", 0.3, 1), ("dense", 0.3, 3),
+                                           ("conv", 0.05, 0), ("conv", 0.05, 1),
+                                           ("conv_maxpool", 0.05, 1)])
+def test_between_crown_and_the_exact_minimum(tmp_path, kind, eps, seed):
+    g = graph_of(tmp_path, kind, seed)
+    rng = np.random.default_rng(seed)
+    x0 = rng.uniform(-1.0, 1.0, g.input_size)
+    lo, hi = x0 - eps, x0 + eps
+    gb = GraphBounds(g, *Box(lo, hi).args())
+    assert free_slopes(gb), "no unstable ReLU: the test would show nothing"
+    rows = rng.standard_normal((3, g.output_size))
+    crown = gb.lower(g.output, rows)
+    alpha = alpha_lower(gb, g.output, rows)
+    assert np.all(alpha >= crown)
+    for r, row in enumerate(rows):
+        exact, _ = graph_min(g, lo, hi, row)
+        assert alpha[r] <= exact + 1e-7 * (1 + abs(exact))
+    assert np.any(alpha > crown + 1e-3 * (1 + np.abs(crown)))  # it does move
+
+
+def _triangle_lp(W1, b1, W2, lo, hi, l, u, row):
+    """min over [lo, hi] of row . (W2 relu(W1 x + b1)) under the triangle relaxation with
+    pre-activation bounds [l, u]: the optimum of last-stage alpha-CROWN."""
+    n, d = W1.shape
+    m = row @ W2
+    A_ub, b_ub, A_eq, b_eq, bounds = [], [], [], [], [(a, b) for a, b in zip(lo, hi)]
+    for j in range(n):
+        e = np.zeros(d + n)
+        if l[j] >= 0:
+            e[d + j], e[:d] = 1.0, -W1[j]
+            A_eq.append(e)
+            b_eq.append(b1[j])
+            bounds.append((None, None))
+        elif u[j] <= 0:
+            bounds.append((0.0, 0.0))
+        else:
+            e[d + j], e[:d] = -1.0, W1[j]  # a >= z
+            A_ub.append(e)
+            b_ub.append(-b1[j])
+            s = u[j] / (u[j] - l[j])
+            e = np.zeros(d + n)
+            e[d + j], e[:d] = 1.0, -s * W1[j]  # a <= s (z - l)
+            A_ub.append(e)
+            b_ub.append(s * (b1[j] - l[j]))
+            bounds.append((0.0, None))
+    res = linprog(np.r_[np.zeros(d), m], A_ub=np.array(A_ub), b_ub=b_ub,
+                  A_eq=np.array(A_eq) if A_eq else None, b_eq=b_eq if A_eq else None,
+                  bounds=bounds)
+    assert res.status == 0
+    return res.fun
+
+
+def test_one_hidden_layer_reaches_the_lp(tmp_path):
+    model = dense_chain(np.random.default_rng(5), sizes=(6, 24, 3))
+    path = os.path.join(str(tmp_path), "one.onnx")
+    onnx.save(model, path)
+    g = load_graph(path)
+    dense = [n for n in g.nodes if n.kind == "affine"]
+    rng = np.random.default_rng(5)
+    lo = rng.uniform(-1.0, 0.0, 6)
+    hi = lo + 0.8
+    gb = GraphBounds(g, *Box(lo, hi).args())
+    assert sum(m.sum() for m, _ in free_slopes(gb).values()) >= 5
+    act = [i for i, n in enumerate(g.nodes) if n.kind == "activation"][0]
+    p = g.nodes[act].inputs[0]
+    W1, b1 = _dense(dense[0])
+    W2, b2 = _dense(dense[1])
+    rows = rng.standard_normal((4, 3))
+    alpha = alpha_lower(gb, g.output, rows, iters=200)
+    for r, row in enumerate(rows):
+        lp = _triangle_lp(W1, b1, W2, lo, hi, gb.lo[p], gb.hi[p], row) + row @ b2
+        assert alpha[r] <= lp + 1e-7 * (1 + abs(lp))
+        assert alpha[r] >= lp - 1e-3 * (1 + abs(lp))
+
+
+def _dense(node):
+    W = node.op.W
+    return (W.toarray() if hasattr(W, "toarray") else W), node.op.bias
+
+
+@pytest.mark.parametrize("qcode,norm", [(0, np.inf), (1, 2), (2, 1)])
+def test_sound_on_balls_under_sampling(tmp_path, qcode, norm):
+    g = graph_of(tmp_path, "residual", 3)
+    rng = np.random.default_rng(7)
+    x0 = rng.uniform(-0.5, 0.5, g.input_size)
+    eps = {0: 0.1, 1: 0.6, 2: 1.5}[qcode]
+    gb = GraphBounds(g, x0, eps, qcode)
+    rows = rng.standard_normal((2, g.output_size))
+    alpha = alpha_lower(gb, g.output, rows)
+    assert np.all(alpha >= gb.lower(g.output, rows))
+    d = g.input_size
+    V = rng.standard_normal((20000, d))
+    if qcode == 2:
+        V = rng.laplace(size=(20000, d))
+    V *= eps * rng.uniform(0, 1, (20000, 1)) / np.linalg.norm(V, ord=norm, axis=1)[:, None]
+    Y = g.forward(x0 + V) @ rows.T
+    assert np.all(Y.min(axis=0) >= alpha - 1e-9)
+
+
+def test_verify_alpha_stage_proves_what_crown_cannot(tmp_path):
+    """A max-pool graph and a threshold between CROWN's bound and alpha's (from the MILP
+    test's case): the crown stage leaves it open, the alpha-crown stage proves it."""
+    from crown_cli.io.vnnlib import parse_vnnlib_text
+    from crown_cli.verification.graph_pipeline import GraphVerifier
+    from test_graph_verify import spec
+
+    g = graph_of(tmp_path, "conv_maxpool", 1)
+    rng = np.random.default_rng(1)
+    x0 = rng.uniform(-1.0, 1.0, g.input_size)
+    lo, hi = x0 - 0.05, x0 + 0.05
+    row = rng.standard_normal((3, g.output_size))[0]
+    gb = GraphBounds(g, *Box(lo, hi).args())
+    crown = gb.lower(g.output, row[None])[0]
+    alpha = alpha_lower(gb, g.output, row[None])[0]
+    assert crown < alpha - 0.1
+    b = 0.5 * (crown + alpha)  # row . y <= b is the unsafe set: empty, and only alpha sees it
+    prop = parse_vnnlib_text(spec(lo, hi, g.output_size, [(row, b)]), "p", g.input_size,
+                             g.output_size)
+    v = GraphVerifier(g, stages=("crown",), attack_restarts=8, attack_steps=20).verify(prop, 60)
+    assert v.result == "unknown"
+    v = GraphVerifier(g, attack_restarts=8, attack_steps=20).verify(prop, 60)
+    assert v.result == "unsat" and v.stage == "alpha-crown", v
+
+
+def test_certify_alpha_crown_on_a_residual_graph(tmp_path):
+    """certify --method alpha-crown on a branched graph (not lowered): a radius at least
+    CROWN's, and no sampled point inside it changes the decision."""
+    from crown_cli.certification.graph_certifier import GraphCertifier
+
+    g = graph_of(tmp_path, "residual", 2)
+    rng = np.random.default_rng(2)
+    for k in range(3):
+        x0 = rng.uniform(-1.0, 1.0, g.input_size)
+        c = int(np.argmax(g.forward(x0)))
+        t = (c + 1) % g.output_size
+        r_crown = GraphCertifier(g, method="crown").certify(x0, c, [t])
+        r_alpha = GraphCertifier(g, method="alpha-crown").certify(x0, c, [t])
+        assert r_alpha.eps >= r_crown.eps * (1 - 1e-3)
+        X = x0 + rng.uniform(-1, 1, (20000, g.input_size)) * r_alpha.eps
+        Y = g.forward(X)
+        assert np.all(Y[:, c] > Y[:, t])
