@@ -477,7 +477,7 @@ def verify(model, spec, timeout: float = VERIFY_TIMEOUT, *,
 
     # as verification.runner.Loader.verifier builds it for `crown verify`
     if isinstance(mlp, MLP):
-        weights, biases = mlp.verify_layers()
+        weights, biases = mlp.vnnlib_layers()  # the property's X_i: the file's order
         verifier = Verifier(weights, biases, mlp.activation, mlp.alpha, **options)
     else:  # a graph: its lowered MLP on the dense engine, else the graph engine's stages
         from crown_cli.verification.graph_pipeline import graph_verifier

@@ -37,6 +37,10 @@ class MLP:
     layer_names: List[str] = field(default_factory=list)
     alpha: Optional[float] = None  # activation parameter (leaky ReLU / ELU / hard sigmoid slope)
     output_activation: Optional[str] = None
+    # for each column of weights[0], the column of the file's own flat input it reads, when
+    # the loader reordered a channel-first image input to crown's (H, W, C) order; None: the
+    # file's order (see vnnlib_layers)
+    input_order: Optional[np.ndarray] = None
 
     @property
     def input_size(self) -> int:
@@ -99,6 +103,17 @@ class MLP:
         if out is None or out in STRICTLY_INCREASING:
             return True
         return out == "leaky_relu" and self.alpha is not None and self.alpha > 0
+
+    def vnnlib_layers(self) -> Tuple[List[np.ndarray], List[np.ndarray]]:
+        """:meth:`verify_layers` taking the file's own flat input order (VNN-LIB's X_i, the
+        order ``onnx.reference`` reads a flattened input in), not crown's image order: the
+        first layer's columns put back where the loader took them from."""
+        ws, bs = self.verify_layers()
+        if self.input_order is not None:
+            w = np.empty_like(ws[0])
+            w[:, self.input_order] = ws[0]
+            ws = [w] + list(ws[1:])
+        return ws, bs
 
     def margin_layers(self) -> Tuple[List[np.ndarray], List[np.ndarray]]:
         """The layers whose outputs' pairwise margins decide the class: the logits when the

@@ -282,3 +282,71 @@ def test_workers_share_the_search_and_bad_values_are_refused(bab_spec):
     r = run("verify", "--model", ACASXU, "--spec", bab_spec, "--workers", "3")
     assert r.exit_code == 2
     assert "--workers" in r.output and "3" in r.output and "Traceback" not in r.output
+
+
+def _channel_first_chain(tmp_path):
+    """A dense ONNX chain on a (1, 3, 2, 2) image input (Flatten, Gemm, Relu, Gemm): the MLP
+    loader reorders its first layer to crown's (H, W, C) image order."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(0)
+    arrays = {"W1": rng.standard_normal((6, 12)), "b1": rng.standard_normal(6),
+              "W2": rng.standard_normal((3, 6)), "b2": rng.standard_normal(3)}
+    nodes = [helper.make_node("Flatten", ["x"], ["f"]),
+             helper.make_node("Gemm", ["f", "W1", "b1"], ["h"], transB=1),
+             helper.make_node("Relu", ["h"], ["r"]),
+             helper.make_node("Gemm", ["r", "W2", "b2"], ["y"], transB=1)]
+    graph = helper.make_graph(
+        nodes, "g", [helper.make_tensor_value_info("x", TensorProto.DOUBLE, [1, 3, 2, 2])],
+        [helper.make_tensor_value_info("y", TensorProto.DOUBLE, [1, 3])],
+        [numpy_helper.from_array(a, n) for n, a in arrays.items()])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    path = os.path.join(str(tmp_path), "chw.onnx")
+    onnx.save(model, path)
+    return model, path
+
+
+def test_verify_reads_x_i_in_the_files_order_on_channel_first_inputs(tmp_path):
+    """VNN-LIB's X_i are the ONNX input flattened in its own (C, H, W) order, whatever order
+    certify's images take: verify's network equals onnx.reference on them, and a sat
+    counterexample (in X_i order) violates the property under onnx.reference."""
+    from onnx.reference import ReferenceEvaluator
+
+    from crown_cli.activations import forward
+    from crown_cli.io.networks import load_network
+    from test_graph_verify import spec
+
+    model, path = _channel_first_chain(tmp_path)
+    ref = ReferenceEvaluator(model)
+    net = load_network(path, min_outputs=1)
+    assert net.input_order is not None  # the loader did reorder for images
+    ws, bs = net.vnnlib_layers()
+    X = np.random.default_rng(1).uniform(-1, 1, (5, 12))
+    for x in X:
+        y = ref.run(None, {"x": x.reshape(1, 3, 2, 2)})[0][0]
+        np.testing.assert_allclose(forward(ws, bs, "relu", x), y, rtol=1e-12, atol=1e-12)
+    x0 = X[0]
+    y0 = ref.run(None, {"x": x0.reshape(1, 3, 2, 2)})[0][0]
+    row = np.array([1.0, -1.0, 0.0])
+    b = float(row @ y0) + 1e-3  # x0 itself violates: sat
+    p = os.path.join(str(tmp_path), "p.vnnlib")
+    with open(p, "w") as fh:
+        fh.write(spec(x0 - 0.01, x0 + 0.01, 3, [(row, b)]))
+    r = run("verify", "--model", path, "--spec", p, "--timeout", 20)
+    assert r.exit_code == 0, r.output
+    assert r.stdout.startswith("sat")
+    xs = np.array([float(line.split()[1].rstrip(")")) for line in r.stdout.splitlines()
+                   if line.strip().lstrip("(").startswith("X_")])
+    assert xs.size == 12
+    y = ref.run(None, {"x": xs.reshape(1, 3, 2, 2)})[0][0]
+    assert row @ y <= b
+    # far below the minimum over the box: unsat, and no sampled point contradicts it
+    lo, hi = x0 - 0.01, x0 + 0.01
+    S = np.random.default_rng(2).uniform(lo, hi, (2000, 12))
+    vals = [row @ ref.run(None, {"x": s.reshape(1, 3, 2, 2)})[0][0] for s in S[:200]]
+    b = float(min(vals)) - 1.0
+    with open(p, "w") as fh:
+        fh.write(spec(lo, hi, 3, [(row, b)]))
+    r = run("verify", "--model", path, "--spec", p, "--timeout", 20)
+    assert r.exit_code == 0 and r.stdout == "unsat\n", r.output

@@ -81,7 +81,8 @@ def validate(mlp: MLP, where: str, min_outputs: int = 2) -> MLP:
         elif len(ws) == 1 and out not in VECTOR_OUTPUTS:
             act = out  # no hidden layers: the only activation is the output's
     alpha = _check_alpha(act, mlp.alpha, where)
-    return MLP(ws, bs, act, mlp.source or where, list(mlp.layer_names), alpha, out)
+    return MLP(ws, bs, act, mlp.source or where, list(mlp.layer_names), alpha, out,
+               input_order=mlp.input_order)
 
 
 def _check_alpha(act: str, alpha, where: str) -> Optional[float]:

@@ -427,8 +427,11 @@ def load_onnx(path: str) -> MLP:
                          "one activation for all hidden layers")
     activation = ACTIVATIONS[hidden[0]] if hidden else (
         output_activation if output_activation in ACTIVATIONS.values() else "relu")
-    weights[0] = _chw_to_hwc(weights[0], dims, path)
-    return MLP(weights, biases, activation, path, names, output_activation=output_activation)
+    order = _hwc_order(dims, weights[0].shape[1], path)
+    if order is not None:
+        weights[0] = np.ascontiguousarray(weights[0][:, order])
+    return MLP(weights, biases, activation, path, names, output_activation=output_activation,
+               input_order=order)
 
 
 def _channel_first(dims, path: str) -> bool:
@@ -447,18 +450,18 @@ def _channel_first(dims, path: str) -> bool:
     return True
 
 
-def _chw_to_hwc(w: np.ndarray, dims, path: str) -> np.ndarray:
-    """First-layer columns reordered from (C, H, W) flattening to crown's (H, W, C)."""
+def _hwc_order(dims, n_in: int, path: str) -> Optional[np.ndarray]:
+    """For a channel-first 4-D input, the graph's column for each column of crown's (H, W, C)
+    image vector (the first layer's columns are taken in this order); None otherwise."""
     if not _channel_first(dims, path):
-        return w
+        return None
     c, h, wd = dims[1], dims[2], dims[3]
-    if None in (h, wd) or w.shape[1] != c * h * wd:
+    if None in (h, wd) or n_in != c * h * wd:
         raise InputError(f"{path}: input shape {dims} does not match the first layer's "
-                         f"{w.shape[1]} inputs")
+                         f"{n_in} inputs")
     # column of pixel (i, j, channel k) in crown's vector is (i * W + j) * C + k
     chw = np.arange(c * h * wd).reshape(c, h, wd)  # graph column of (k, i, j)
-    order = chw.transpose(1, 2, 0).reshape(-1)  # graph column for each crown column
-    return np.ascontiguousarray(w[:, order])
+    return chw.transpose(1, 2, 0).reshape(-1)
 
 
 def graph_feeds(path: str, x: np.ndarray) -> List[Dict[str, np.ndarray]]:

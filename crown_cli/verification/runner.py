@@ -123,7 +123,7 @@ class Loader:
                 from crown_cli.verification.graph_pipeline import graph_verifier
 
                 return graph_verifier(net, **opts)
-            weights, biases = net.verify_layers()
+            weights, biases = net.vnnlib_layers()  # the property's X_i: the file's order
             return Verifier(weights, biases, net.activation, net.alpha, **opts)
 
         return self._cached(self._models, (model_path, tuple(sorted(options.items()))), make)
