@@ -289,11 +289,15 @@ class Verifier:
         :data:`STATUS_EVERY_BAR_S` seconds, e.g. for a progress bar.
 
         On networks of at most :data:`ONE_THREAD_WIDTH` neurons per layer the BLAS runs on
-        one thread (:func:`crown_cli.engine.threads.blas_threads`), and input splitting
-        shares its rounds with a second process when the machine has a second core
-        (``workers`` None; an int sets it: 1 alone, 2 with a helper process)."""
+        one thread (:func:`crown_cli.engine.threads.blas_threads`); on those with one hidden
+        layer input splitting also shares its rounds with a second process when the machine
+        has a second core (``workers`` None; an int sets it: 1 alone, 2 with a helper
+        process). docs/bab.md has the measurements: safenlp's 30-128-2 bounds 1.84x the boxes,
+        ACAS Xu's six layers of 50 gain nothing (most of its instances end in rounds too small
+        to share)."""
         small = max(w.shape[0] for w in self.weights) <= ONE_THREAD_WIDTH
-        self._workers = self.workers if self.workers is not None else 2 if small else 1
+        self._workers = self.workers if self.workers is not None else \
+            2 if small and len(self.weights) == 2 else 1
         with blas_threads(1) if small else contextlib.nullcontext():
             return self._verify(prop, timeout, log, status)
 
