@@ -31,9 +31,8 @@ from crown_cli.engine.input_sets import Box
 from crown_cli.engine.rounding import round_up
 from crown_cli.verification.attack import _as_case, descend
 from crown_cli.verification.outcome import violations_of
-from crown_cli.verification.pipeline import (ATTACK_MIN_S, ATTACK_SHARE, BOUND_STAGES,
-                                             INPUT_SPLIT_MAX_DIM, Verdict, Verifier, _by_box,
-                                             _worst, check_sizes)
+from crown_cli.verification.pipeline import (BOUND_STAGES, INPUT_SPLIT_MAX_DIM, Verdict,
+                                             Verifier, _by_box, _worst)
 
 # Bound stages available on graphs (alpha-crown: the output rows' ReLU slopes optimised,
 # the intermediate bounds CROWN's: crown_cli.engine.graph_alpha)
@@ -234,30 +233,15 @@ class GraphVerifier:
 
     def verify(self, prop, timeout: float, log: Optional[Callable[[str], None]] = None,
                status: Optional[Callable[[str], None]] = None) -> Verdict:
-        """The attack, the bound stages on each case's box, more attack starts on the cases
-        left open; ``unknown`` (with :meth:`note`) when they stay open. ``status`` is
-        accepted for the interface (no branch and bound status to report)."""
-        t0 = time.monotonic()
-        deadline = t0 + timeout
-        check_sizes(prop, self.n_inputs, self.n_outputs, "property")
-        cases = list(prop.cases)
+        """The attack and the bound stages (:meth:`Verifier._opening`), then input splitting
+        on graphs of at most ``INPUT_SPLIT_MAX_DIM`` inputs (``status``/``log`` receive its
+        status, as :meth:`Verifier.verify`'s); on larger graphs more attack starts on the
+        cases left open, and ``unknown`` (with :meth:`note`) when they stay open."""
+        opened = self._opening(prop, timeout, log)
+        if isinstance(opened, Verdict):
+            return opened
+        cases, open_cases, margins, stage, deadline, budget, done = opened
         n = len(cases)
-
-        def done(result, stage, margin, proven, **kw):
-            return Verdict(result, stage, margin, time.monotonic() - t0, cases_proven=proven,
-                           cases=n, **kw)
-
-        if n == 0:  # every case had an empty box
-            return done("unsat", "parse", None, 0)
-        budget = self.attack_time if self.attack_time is not None else max(
-            ATTACK_MIN_S, ATTACK_SHARE * timeout)
-        found = self._attack(cases, _by_box(cases, range(n)), deadline, budget, self.seed)
-        if found is not None:
-            j, x = found
-            return done("sat", "attack", None, 0, x=x, y=self.outputs(x), case=j)
-        ended, open_cases, margins, stage = self._bound_stages(cases, deadline, done, log)
-        if ended is not None:
-            return ended
         if self.bab and self.n_inputs <= INPUT_SPLIT_MAX_DIM:
             return self._input_split(cases, open_cases, margins, deadline, done, log, status)
         for k in range(MORE_ATTACKS):  # no branch and bound: more starts instead
@@ -297,5 +281,6 @@ class GraphVerifier:
                     worst=_worst)
 
     # the same per-box bounding as the MLP pipeline's (it calls self.box_lower_bounds)
+    _opening = Verifier._opening
     _bound_cases = Verifier._bound_cases
     _bound_stages = Verifier._bound_stages

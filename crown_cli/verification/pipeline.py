@@ -301,13 +301,13 @@ class Verifier:
         with blas_threads(1) if small else contextlib.nullcontext():
             return self._verify(prop, timeout, log, status)
 
-    def _verify(self, prop, timeout, log, status) -> Verdict:
+    def _opening(self, prop, timeout, log):
+        """What every verifier does first (this one and the graph verifier): the sizes
+        checked, the attack on every box, the bound stages on every case. Returns the
+        verdict when they decide, else ``(cases, open_cases, margins, stage, deadline,
+        budget, done)`` for the rest: ``done(result, stage, margin, proven, **kw)`` makes the
+        verdict, timed from the start."""
         t0 = time.monotonic()
-        bab_status = None
-        if status is not None:
-            bab_status = BabStatus(status, STATUS_EVERY_BAR_S)
-        elif log is not None:
-            bab_status = BabStatus(log, STATUS_EVERY_LOG_S)
         deadline = t0 + timeout
         check_sizes(prop, self.n_inputs, self.n_outputs, "property")
         cases = list(prop.cases)
@@ -321,14 +321,26 @@ class Verifier:
             return done("unsat", "parse", None, 0)
         budget = self.attack_time if self.attack_time is not None else max(ATTACK_MIN_S,
                                                                             ATTACK_SHARE * timeout)
-        groups = _by_box(cases, range(n))
-        found = self._attack(cases, groups, deadline, budget, self.seed)
+        found = self._attack(cases, _by_box(cases, range(n)), deadline, budget, self.seed)
         if found is not None:
             j, x = found
             return done("sat", "attack", None, 0, x=x, y=self.outputs(x), case=j)
         ended, open_cases, margins, stage = self._bound_stages(cases, deadline, done, log)
         if ended is not None:
             return ended
+        return cases, open_cases, margins, stage, deadline, budget, done
+
+    def _verify(self, prop, timeout, log, status) -> Verdict:
+        bab_status = None
+        if status is not None:
+            bab_status = BabStatus(status, STATUS_EVERY_BAR_S)
+        elif log is not None:
+            bab_status = BabStatus(log, STATUS_EVERY_LOG_S)
+        opened = self._opening(prop, timeout, log)
+        if isinstance(opened, Verdict):
+            return opened
+        cases, open_cases, margins, stage, deadline, budget, done = opened
+        n = len(cases)
         if time.monotonic() >= deadline:
             return done("timeout", stage, _worst(margins), n - len(open_cases))
         if self.bab and self.n_inputs <= WIDE_ATTACK_MAX_DIM:
