@@ -5,9 +5,9 @@ intermediate node kept as CROWN computed them (:class:`~crown_cli.engine.graph_b
 Any slope a in [leak, 1] gives a valid lower line ``a z <= act(z)`` of an unstable neuron
 (z in [l, u], l < 0 < u), so the bound at any slopes is a bound; CROWN's own choice is one
 point of that box. :func:`alpha_lower` ascends the bound over the slopes (projected Adam,
-float64, steering only: nothing it computes is trusted) and returns, per row, the larger of
-CROWN's and the optimised slopes' bound, both computed by :meth:`GraphBounds.lower` with every
-rounding charged: the slopes change which lines are used, never how a bound is verified.
+float64); every iterate's bound is computed by :meth:`GraphBounds.lower` with every rounding
+charged, and it returns per row the best of them (CROWN's is the first): the slopes change
+which lines are used, never how a bound is verified.
 
 The bound of a row at fixed slopes is ``Lam_x . x* + const``, with ``Lam_x`` the row carried
 back to the input and x* its minimiser over the input set; its derivative in the lower slope
@@ -19,13 +19,11 @@ dense ``alpha-crown`` the intermediate bounds are not optimised.
 """
 from __future__ import annotations
 
-from dataclasses import replace
 from typing import Dict, Tuple
 
 import numpy as np
 
 from crown_cli.activations import default_alpha
-from crown_cli.engine.chain import relax
 from crown_cli.engine.input_sets import Box
 from crown_cli.engine.optim import Adam, AdamSettings, BestIterate
 
@@ -74,46 +72,12 @@ def _minimiser(gb, Lx):
 
 
 def _steer_pass(gb, target, Lam, slopes):
-    """One float64 back-substitution (no rounding charges) with the rows' own lower slopes
-    at the free nodes: the bound of each row at its minimiser, and what the gradient needs
-    (the minimiser and, per visited node, the rows that reached it and their lines)."""
-    g = gb.g
-    r = Lam.shape[0]
-    const = np.zeros(r)
-    pending = {target: Lam}
-    Lx = np.zeros((r, g.input_size))
+    """The rows' verified bounds at their own lower slopes on the free nodes
+    (:meth:`GraphBounds.lower`), each row's minimiser over the input set, and the tape of
+    the back-substitution (per visited node the rows that reached it and their lines)."""
     tape = {}
-    for i in range(target, -1, -1):
-        L = pending.pop(i, None)
-        if L is None:
-            continue
-        node = g.nodes[i]
-        if node.kind == "input":
-            Lx[:, node.op.offset:node.op.offset + node.op.size] = L
-            tape[i] = None
-            continue
-        if node.kind == "activation":
-            lines = gb.lines[i] if i not in slopes else replace(gb.lines[i], lower=slopes[i])
-            D, icpt, pos, slope = relax(L, lines)
-            lo_i = 0.0 if lines.lower_icpt is None else lines.lower_icpt
-            up_i = 0.0 if lines.upper_icpt is None else lines.upper_icpt
-            tape[i] = (L, pos, slope, np.where(pos, lo_i, up_i))
-            const = const + icpt.sum(axis=-1)
-            parts = [D]
-        elif node.kind == "maxpool":
-            D, dconst, _, _ = gb.pools[i].back(L)
-            const = const + dconst
-            tape[i] = L
-            parts = [D]
-        else:
-            if node.op.bias is not None:
-                const = const + L @ node.op.bias
-            tape[i] = None
-            parts = node.op.transpose(L)
-        for j, P in zip(node.inputs, parts):
-            pending[j] = P if j not in pending else pending[j] + P
-    x = _minimiser(gb, Lx)
-    return np.sum(Lx * x, axis=1) + const, x, tape
+    val = gb.lower(target, Lam, slopes=slopes, tape=tape)
+    return val, _minimiser(gb, tape.pop("Lx")), tape
 
 
 def _relaxed_forward(gb, target, x, tape):
@@ -168,5 +132,4 @@ def alpha_lower(gb, target: int, Lam: np.ndarray, iters: int = ITERS, lr: float 
             grad = np.where(unst[None] & pos, L * z, 0.0)
             step = opt[i].propose(slopes[i], grad, it + 1, lr)
             slopes[i] = np.where(unst[None] & np.isfinite(step), step, slopes[i])
-    chosen = dict(zip(keys, best.params))
-    return np.fmax(crown, gb.lower(target, Lam, slopes=chosen))
+    return np.fmax(crown, best.best)  # each the verified bound at the slopes kept

@@ -270,11 +270,15 @@ class GraphBounds:
         low = self.lower(target, np.vstack([C, -C]))
         return low[:C.shape[0]], -low[C.shape[0]:]
 
-    def lower(self, target: int, Lam: np.ndarray, slopes=None) -> np.ndarray:
+    def lower(self, target: int, Lam: np.ndarray, slopes=None, tape=None) -> np.ndarray:
         """Verified float64 lower bounds of ``Lam @ value(target)`` (rows (r, size)).
         ``slopes`` (optional, {activation node: (r, size)}): each row's own lower-line slopes
         at those nodes in place of the relaxation's (valid lower lines through 0 of the
-        node's ReLU or leaky ReLU neurons: :mod:`crown_cli.engine.graph_alpha`)."""
+        node's ReLU or leaky ReLU neurons: :mod:`crown_cli.engine.graph_alpha`).
+        ``tape`` (optional dict) receives what a gradient in the slopes needs: per visited
+        node i, for an activation (rows reaching it, the side each took (>= 0: lower line),
+        the slope and intercept of the line taken), for a max pool the rows reaching it, else
+        None; under ``"Lx"`` the rows carried back to the input."""
         g = self.g
         r = Lam.shape[0]
         const, mag, charge = np.zeros(r), np.zeros(r), np.zeros(r)
@@ -295,6 +299,8 @@ class GraphBounds:
             if L is None:
                 continue
             node = g.nodes[i]
+            if tape is not None:
+                tape[i] = L if node.kind == "maxpool" else None  # activations: below
             if node.kind == "input":
                 Lx[:, node.op.offset:node.op.offset + node.op.size] = L
             elif node.kind == "activation":
@@ -303,7 +309,11 @@ class GraphBounds:
                 if slopes is not None and i in slopes:
                     lines = Lines(lines.cols, slopes[i], lines.upper, lines.upper_icpt,
                                   lines.lower_icpt)
-                D, icpt, _, _ = relax(L, lines)
+                D, icpt, pos, slope = relax(L, lines)
+                if tape is not None:
+                    lo_i = 0.0 if lines.lower_icpt is None else lines.lower_icpt
+                    up_i = 0.0 if lines.upper_icpt is None else lines.upper_icpt
+                    tape[i] = (L, pos, slope, np.where(pos, lo_i, up_i))
                 const = const + icpt.sum(axis=-1)
                 mag = mag + np.abs(icpt).sum(axis=-1)
                 z = self.absval[p]
@@ -329,6 +339,8 @@ class GraphBounds:
                               + TINY64 * T * ain)
                 for j, P in zip(node.inputs, op.transpose(L)):
                     give(j, P)
+        if tape is not None:
+            tape["Lx"] = Lx
         lin, nrm, xm = input_terms(Lx, self.x0, self.qcode)
         eps = self.eps
         return widen(lin - eps * nrm + const, xm + eps * nrm + mag, -1.0, self.rtol,
