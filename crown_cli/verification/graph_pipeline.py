@@ -134,22 +134,10 @@ class LoweredVerifier(Verifier):
         dense = sum(int(w.size) for w in self.weights)
         self.graph_attack = forward_cost(graph) < dense
 
-    def _attack(self, cases, groups, deadline: float, budget: float, seed: int,
-                scale: int = 1):
+    def _box_attack(self, lo, hi, problems, restarts: int, seed: int, deadline: float):
         if not self.graph_attack:
-            return Verifier._attack(self, cases, groups, deadline, budget, seed, scale)
-        stop = min(deadline, time.monotonic() + budget)
-        for g, members in enumerate(groups):
-            if time.monotonic() >= stop:
-                break
-            c0 = cases[members[0]]
-            found = graph_counterexample(self.graph, c0.lo, c0.hi,
-                                         [(cases[j].A, cases[j].b) for j in members],
-                                         restarts=scale * self.attack_restarts,
-                                         steps=self.attack_steps, seed=seed + g, deadline=stop)
-            if found is not None:
-                return members[found[0]], found[1]
-        return None
+            return Verifier._box_attack(self, lo, hi, problems, restarts, seed, deadline)
+        return GraphVerifier._box_attack(self, lo, hi, problems, restarts, seed, deadline)
 
     def verify(self, prop, timeout: float, log: Optional[Callable[[str], None]] = None,
                status: Optional[Callable[[str], None]] = None) -> Verdict:
@@ -211,19 +199,11 @@ class GraphVerifier:
             bounds = self._last_bounds[1]
         return graph_box_lower_bounds(self.graph, lo, hi, A, b, stage, bounds=bounds)
 
-    def _attack(self, cases, groups, deadline: float, budget: float, seed: int):
-        stop = min(deadline, time.monotonic() + budget)
-        for g, members in enumerate(groups):
-            if time.monotonic() >= stop:
-                break
-            c0 = cases[members[0]]
-            found = graph_counterexample(self.graph, c0.lo, c0.hi,
-                                         [(cases[j].A, cases[j].b) for j in members],
-                                         restarts=self.attack_restarts,
-                                         steps=self.attack_steps, seed=seed + g, deadline=stop)
-            if found is not None:
-                return members[found[0]], found[1]
-        return None
+    def _box_attack(self, lo, hi, problems, restarts: int, seed: int, deadline: float):
+        """:meth:`Verifier._box_attack` on the graph's forward pass
+        (:func:`graph_counterexample`)."""
+        return graph_counterexample(self.graph, lo, hi, problems, restarts=restarts,
+                                    steps=self.attack_steps, seed=seed, deadline=deadline)
 
     def note(self) -> str:
         """What this verifier leaves out on graphs, for the verdict log."""
@@ -282,5 +262,6 @@ class GraphVerifier:
 
     # the same per-box bounding as the MLP pipeline's (it calls self.box_lower_bounds)
     _opening = Verifier._opening
+    _attack = Verifier._attack
     _bound_cases = Verifier._bound_cases
     _bound_stages = Verifier._bound_stages

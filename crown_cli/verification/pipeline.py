@@ -148,23 +148,26 @@ class Verifier:
     def _attack(self, cases, groups, deadline: float, budget: float, seed: int,
                 scale: int = 1):
         """(case index, x) of a verified counterexample, or None. One descent per input box
-        on all its cases at once."""
-        from crown_cli.verification.attack import find_counterexample_any
-
+        on all its cases at once (:meth:`_box_attack`), ``scale`` times the restarts."""
         stop = min(deadline, time.monotonic() + budget)
         for g, members in enumerate(groups):
             if time.monotonic() >= stop:
                 break
             c0 = cases[members[0]]
-            found = find_counterexample_any(self.weights, self.biases, self.activation,
-                                            self.alpha, c0.lo, c0.hi,
-                                            [(cases[j].A, cases[j].b) for j in members],
-                                            restarts=scale * self.attack_restarts,
-                                            steps=self.attack_steps,
-                                            seed=seed + g, deadline=stop)
+            found = self._box_attack(c0.lo, c0.hi, [(cases[j].A, cases[j].b) for j in members],
+                                     scale * self.attack_restarts, seed + g, stop)
             if found is not None:
                 return members[found[0]], found[1]
         return None
+
+    def _box_attack(self, lo, hi, problems, restarts: int, seed: int, deadline: float):
+        """(j, x): a verified x in [lo, hi] violating case j of ``problems`` [(A, b), ...],
+        or None: the MLP's descent."""
+        from crown_cli.verification.attack import find_counterexample_any
+
+        return find_counterexample_any(self.weights, self.biases, self.activation, self.alpha,
+                                       lo, hi, problems, restarts=restarts,
+                                       steps=self.attack_steps, seed=seed, deadline=deadline)
 
     def _bound_stages(self, cases, deadline: float, done, log):
         """The bound stages in turn on every open case (one back-substitution per input

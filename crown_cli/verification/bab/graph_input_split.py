@@ -1,4 +1,5 @@
-"""Input-splitting branch and bound on a graph network (few inputs): :func:`graph_input_split_steps`.
+"""Input-splitting branch and bound on a graph network (few inputs):
+:func:`graph_input_split_steps`.
 
 The graph engine bounds one box at a time (:class:`~crown_cli.engine.graph_bounds.GraphBounds`,
 then :func:`~crown_cli.engine.graph_alpha.alpha_lower` on the case's rows), so this is the
