@@ -41,15 +41,20 @@ def test_verdicts_against_milp(tmp_path, seed):
     assert row @ g.forward(res.x) <= m + 0.01 * spread
 
 
-def test_mixed_activations_against_sampling(tmp_path):
+def sampled_case(tmp_path):
+    """The branched graph of mixed activations, a box, a row, and the row's smallest value
+    and spread over 400,000 samples of the box."""
     g = graph_of(tmp_path, "residual", 4)
     rng = np.random.default_rng(4)
     lo = rng.uniform(-1.0, 0.0, g.input_size)
     hi = lo + 1.0
     row = rng.standard_normal(g.output_size)
-    X = rng.uniform(lo, hi, (400_000, g.input_size))
-    v = g.forward(X) @ row
-    m, spread = float(v.min()), float(v.max() - v.min())
+    v = g.forward(rng.uniform(lo, hi, (400_000, g.input_size))) @ row
+    return g, lo, hi, row, float(v.min()), float(v.max() - v.min())
+
+
+def test_mixed_activations_against_sampling(tmp_path):
+    g, lo, hi, row, m, spread = sampled_case(tmp_path)
     deadline = time.monotonic() + 120
     res = graph_input_split(g, lo, hi, row[None], [m - 0.02 * spread], deadline)
     assert res.verdict == "unsat", res
@@ -65,14 +70,8 @@ def test_graph_verifier_splits_what_the_bounds_leave_open(tmp_path):
     from crown_cli.verification.graph_pipeline import GraphVerifier
     from test_graph_verify import spec
 
-    g = graph_of(tmp_path, "residual", 4)
-    rng = np.random.default_rng(4)
-    lo = rng.uniform(-1.0, 0.0, g.input_size)
-    hi = lo + 1.0
-    row = rng.standard_normal(g.output_size)
-    X = rng.uniform(lo, hi, (400_000, g.input_size))
-    v = g.forward(X) @ row
-    b = float(v.min()) - 0.02 * float(v.max() - v.min())
+    g, lo, hi, row, m, spread = sampled_case(tmp_path)
+    b = m - 0.02 * spread
     prop = parse_vnnlib_text(spec(lo, hi, g.output_size, [(row, b)]), "p", g.input_size,
                              g.output_size)
     opts = dict(attack_restarts=8, attack_steps=20)
