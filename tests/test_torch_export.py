@@ -34,6 +34,7 @@ from crown_cli.errors import InputError
 from crown_cli.graph.network import Graph
 from crown_cli.io.networks import load_network
 from crown_cli.verification.graph_pipeline import graph_counterexample
+from test_verify import box_property
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures" / "torch"
 NAMES = ["mnist_conv", "residual", "normalised"]
@@ -198,19 +199,9 @@ def test_certify_mnist_conv_is_sound_by_sampling_and_attack(tmp_path):
         assert float(b["eps"]) == pytest.approx(float(a["eps"]), rel=1e-4)
 
 
-def _vnnlib(lo, hi, n_out, c, t):
-    """x in [lo, hi]; unsafe: Y_t >= Y_c."""
-    out = [f"(declare-const X_{i} Real)" for i in range(len(lo))]
-    out += [f"(declare-const Y_{j} Real)" for j in range(n_out)]
-    for i, (a, z) in enumerate(zip(lo, hi)):
-        out += [f"(assert (>= X_{i} {float(a)!r}))", f"(assert (<= X_{i} {float(z)!r}))"]
-    out.append(f"(assert (>= Y_{t} Y_{c}))")
-    return "\n".join(out) + "\n"
-
-
 def _verify(tmp_path, path, lo, hi, n_out, c, t, tag):
     spec = tmp_path / f"{tag}.vnnlib"
-    spec.write_text(_vnnlib(lo, hi, n_out, c, t))
+    spec.write_text(box_property(lo, hi, c, t, 0.0, n_out))  # unsafe: Y_c - Y_t <= 0
     res = CliRunner().invoke(cli, ["verify", "--model", path, "--spec", str(spec),
                                    "--timeout", "30"])
     assert res.exit_code == 0, res.output
