@@ -57,50 +57,46 @@ def graph_input_split_steps(graph, lo, hi, A, b, deadline: float, max_domains: i
                          splits=stats["splits"], note=note)
 
     def score(L, H):
-        """The box's best row bound minus b (> 0: closed), or a counterexample."""
+        """The box's best row bound minus b (> 0: closed)."""
         gb = GraphBounds(graph, *Box(L, H).args())
         lb = alpha_lower(gb, graph.output, A) if alpha else gb.lower(graph.output, A)
         stats["domains"] += 1
         lb = np.where(np.isnan(lb), -np.inf, lb - b_up)
         return float(np.max(lb))
 
-    def sensitivity(L, H):
-        """|d (A f) / dx| at the centre, summed over the rows, times the box's width."""
+    def probe(L, H):
+        """(a counterexample among the box's centre and each row's descent corner, or None;
+        the rows' gradients at the centre (rows, d), kept for the box's split)."""
         c = 0.5 * L + 0.5 * H
         _, vals = graph.forward(c[None], return_all=True)
         G = graph.vjp(vals, A)  # rows of A at the one centre point
-        return np.abs(G).sum(axis=0) * (H - L)
-
-    def attack(L, H):
-        pts = [0.5 * L + 0.5 * H]
-        c = pts[0]
-        _, vals = graph.forward(c[None], return_all=True)
-        for g in graph.vjp(vals, A):
-            pts.append(np.where(g > 0.0, L, H))  # each row's descent corner
-        X = np.clip(np.array(pts), lo0, hi0)
+        X = np.clip(np.array([c] + [np.where(g > 0.0, L, H) for g in G]), lo0, hi0)
         hit = violations_of(graph.forward, lo0, hi0, A, b, X)
-        return X[np.argmax(hit)].copy() if hit.any() else None
+        return (X[np.argmax(hit)].copy() if hit.any() else None), G
 
-    x = attack(lo0, hi0)
+    x, G = probe(lo0, hi0)
     if x is not None:
         return result("sat", x)
     s = score(lo0, hi0)
     if s > 0.0:
         return result("unsat")
-    heap = [(s, 0, lo0, hi0, 1.0)]  # (score, tie-break, lo, hi, share of the whole box)
+    # (score, tie-break, lo, hi, share of the whole box, the rows' gradients at its centre)
+    heap = [(s, 0, lo0, hi0, 1.0, G)]
     count, proven = 1, 0.0
     while heap:
         if time.monotonic() >= deadline:
             return result("timeout", heap=heap)
         if len(heap) > max_domains:
             return result("unknown", heap=heap, note="domain cap")
-        s, _, L, H, share = heapq.heappop(heap)
+        s, _, L, H, share, G = heapq.heappop(heap)
         mid = 0.5 * L + 0.5 * H
         ok = (mid > L) & (mid < H)
         if not ok.any():
-            heapq.heappush(heap, (s, count, L, H, share))
+            count += 1  # a fresh tie-break: heap entries never compare their arrays
+            heapq.heappush(heap, (s, count, L, H, share, G))
             return result("unknown", heap=heap, note="box too small to split")
-        sens = np.where(ok, sensitivity(L, H), -1.0)
+        # |d (A f) / dx| at the centre, summed over the rows, times the box's width
+        sens = np.where(ok, np.abs(G).sum(axis=0) * (H - L), -1.0)
         if not np.any(sens > 0.0):  # flat: the widest splittable dimension
             sens = np.where(ok, H - L, -1.0)
         d = int(np.argmax(sens))
@@ -111,7 +107,7 @@ def graph_input_split_steps(graph, lo, hi, A, b, deadline: float, max_domains: i
                 H2[d] = mid[d]
             else:
                 L2[d] = mid[d]
-            x = attack(L2, H2)
+            x, G2 = probe(L2, H2)
             if x is not None:
                 return result("sat", x)
             s2 = max(score(L2, H2), s)  # the parent's bound holds on the half too
@@ -119,7 +115,7 @@ def graph_input_split_steps(graph, lo, hi, A, b, deadline: float, max_domains: i
                 proven += 0.5 * share
             else:
                 count += 1
-                heapq.heappush(heap, (s2, count, L2, H2, 0.5 * share))
+                heapq.heappush(heap, (s2, count, L2, H2, 0.5 * share, G2))
         stats["peak"] = max(stats["peak"], len(heap))
         if progress is not None:
             progress(stats["domains"], len(heap), heap[0][0] if heap else np.inf)
