@@ -101,8 +101,11 @@ class Verifier:
         self.attack_time = attack_time
         self.bab = bab and ACTIVATIONS[activation].bab
         self.max_domains = max_domains
-        self.workers = workers  # input splitting's processes (None: by network, see verify)
-        self._workers = 1
+        # small networks: the BLAS on one thread, and (one hidden layer) input splitting in
+        # two processes unless ``workers`` says otherwise (see verify)
+        self.small = max(w.shape[0] for w in self.weights) <= ONE_THREAD_WIDTH
+        self.workers = workers if workers is not None else \
+            2 if self.small and len(self.weights) == 2 else 1
 
     @property
     def n_inputs(self) -> int:
@@ -215,7 +218,7 @@ class Verifier:
                     lambda progress, c=cases[j]: input_split_steps(
                         self.weights, self.biases, self.activation, self.alpha, c.lo, c.hi,
                         c.A, c.b, deadline, max_domains=self.max_domains, progress=progress,
-                        workers=self._workers))
+                        workers=self.workers))
                 for j in open_cases]
 
     def _relu_split_runs(self, cases, open_cases, margins, deadline) -> List[Run]:
@@ -298,10 +301,7 @@ class Verifier:
         process). docs/bab.md has the measurements: safenlp's 30-128-2 bounds 1.84x the boxes,
         ACAS Xu's six layers of 50 gain nothing (most of its instances end in rounds too small
         to share)."""
-        small = max(w.shape[0] for w in self.weights) <= ONE_THREAD_WIDTH
-        self._workers = self.workers if self.workers is not None else \
-            2 if small and len(self.weights) == 2 else 1
-        with blas_threads(1) if small else contextlib.nullcontext():
+        with blas_threads(1) if self.small else contextlib.nullcontext():
             return self._verify(prop, timeout, log, status)
 
     def _opening(self, prop, timeout, log):
