@@ -39,7 +39,7 @@ from crown_cli.verification.pipeline import (BOUND_STAGES, INPUT_SPLIT_MAX_DIM, 
 GRAPH_STAGES = ("crown", "alpha-crown")
 # after the bounds, at most this many more attack runs with fresh starts on the open cases
 MORE_ATTACKS = 3
-NO_BAB = "no branch and bound on graphs of more than 64 inputs yet"
+NO_BAB = f"no branch and bound on graphs of more than {INPUT_SPLIT_MAX_DIM} inputs yet"
 
 
 def graph_counterexample(graph, lo, hi, cases, *, restarts: int = 64, steps: int = 100,
@@ -128,7 +128,7 @@ class LoweredVerifier(Verifier):
     the graph's pass does not confirm (within rounding of the boundary) ends ``unknown``."""
 
     def __init__(self, mlp, graph, **options):
-        weights, biases = mlp.verify_layers()
+        weights, biases = mlp.vnnlib_layers()
         super().__init__(weights, biases, mlp.activation, mlp.alpha, **options)
         self.graph, self.mlp = graph, mlp
         dense = sum(int(w.size) for w in self.weights)
@@ -243,13 +243,9 @@ class GraphVerifier:
         (:func:`~crown_cli.verification.bab.graph_input_split.graph_input_split_steps`), one
         search per open case, taking turns (:func:`~crown_cli.verification.schedule.race`)."""
         from crown_cli.verification.bab.graph_input_split import graph_input_split_steps
-        from crown_cli.verification.pipeline import (RACE_MAX_SLICE, RACE_SLICE,
-                                                     STATUS_EVERY_BAR_S, STATUS_EVERY_LOG_S,
-                                                     BabStatus)
+        from crown_cli.verification.pipeline import RACE_MAX_SLICE, RACE_SLICE, bab_status_for
         from crown_cli.verification.schedule import Run, race
 
-        bab_status = BabStatus(status, STATUS_EVERY_BAR_S) if status is not None else \
-            BabStatus(log, STATUS_EVERY_LOG_S) if log is not None else None
         runs = [Run([j], "input split",
                     lambda progress, c=cases[j]: graph_input_split_steps(
                         self.graph, c.lo, c.hi, c.A, c.b, deadline,
@@ -257,7 +253,7 @@ class GraphVerifier:
                 for j in open_cases]
         return race(runs, len(cases), len(cases) - len(open_cases), margins, deadline, done,
                     self.outputs, cases, kinds={"input split": "boxes"}, log=log,
-                    status=bab_status, first_slice=RACE_SLICE, max_slice=RACE_MAX_SLICE,
+                    status=bab_status_for(status, log), first_slice=RACE_SLICE, max_slice=RACE_MAX_SLICE,
                     worst=_worst)
 
     # the same per-box bounding as the MLP pipeline's (it calls self.box_lower_bounds)

@@ -334,11 +334,7 @@ class Verifier:
         return cases, open_cases, margins, stage, deadline, budget, done
 
     def _verify(self, prop, timeout, log, status) -> Verdict:
-        bab_status = None
-        if status is not None:
-            bab_status = BabStatus(status, STATUS_EVERY_BAR_S)
-        elif log is not None:
-            bab_status = BabStatus(log, STATUS_EVERY_LOG_S)
+        bab_status = bab_status_for(status, log)
         opened = self._opening(prop, timeout, log)
         if isinstance(opened, Verdict):
             return opened
@@ -370,6 +366,17 @@ class Verifier:
 
 
 JOINT_LAYERS = 3  # hidden layers from which verify's ReLU splitting decides cases jointly
+
+
+def bab_status_for(status, log) -> Optional["BabStatus"]:
+    """The branch and bound's status line: to ``status`` (a progress bar) every
+    :data:`STATUS_EVERY_BAR_S` seconds, else to ``log`` every :data:`STATUS_EVERY_LOG_S`;
+    None when neither is given."""
+    if status is not None:
+        return BabStatus(status, STATUS_EVERY_BAR_S)
+    if log is not None:
+        return BabStatus(log, STATUS_EVERY_LOG_S)
+    return None
 
 
 class BabStatus:
