@@ -1,0 +1,153 @@
+"""Input splitting with convex-hull bounds, for ReLU networks of one hidden layer:
+:func:`hull_split_steps`.
+
+The same search as :mod:`crown_cli.verification.bab.input_split` (open sub-boxes, worst
+first, halved along one input dimension), with a tighter and costlier bound per sub-box:
+each hidden neuron's convex hull over the sub-box
+(:mod:`crown_cli.engine.hull`), its lines optimised per sub-box and started from the
+parent's, the bound verified in float64. On a network of one hidden layer the neurons' inputs
+are the box's own coordinates, where the hull is much tighter than CROWN's triangle (docs/bab.md
+has the measurements), so far fewer sub-boxes are needed.
+
+Arrays in, result out: no files and no printing here.
+"""
+from __future__ import annotations
+
+import time
+from typing import Callable, Optional
+
+import numpy as np
+
+from crown_cli.engine import hull
+from crown_cli.verification.bab.domains import BoxPool
+from crown_cli.verification.outcome import BabResult, finish, violations
+
+ROOT_STEPS, ROOT_LR = 200, 0.1  # the whole box: lines from CROWN's
+KID_STEPS, KID_LR = 50, 0.1  # a half: lines from its parent's
+DECAY = 0.98
+BATCH = 32  # open sub-boxes split per round
+MAX_OPEN = 20_000  # open sub-boxes held (each keeps its lines: rows x n x d float32)
+
+
+def applies(weights, activation: str, n_inputs: int, max_dim: int) -> bool:
+    """Whether :func:`hull_split_steps` can run: a ReLU network of one hidden layer with at
+    most ``max_dim`` inputs."""
+    return activation == "relu" and len(weights) == 2 and n_inputs <= max_dim
+
+
+def hull_split(weights, biases, lo, hi, A, b, deadline: float, **options) -> BabResult:
+    """:func:`hull_split_steps` run to its end."""
+    return finish(hull_split_steps(weights, biases, lo, hi, A, b, deadline, **options))
+
+
+def hull_split_steps(weights, biases, lo, hi, A, b, deadline: float,
+                     max_domains: int = MAX_OPEN, batch: int = BATCH,
+                     progress: Optional[Callable[[int, int, float], None]] = None):
+    """As a generator (yields the share of the box proven after every round, returns the
+    :class:`BabResult`): decide whether some x in [lo, hi] has ``A f(x) <= b`` (all rows) for
+    the ReLU network ``f(x) = W2 relu(W1 x + b1) + b2``.
+
+    ``unsat``: every sub-box has some row i whose proven lower bound of ``A_i f(x) - b_i``
+    (:func:`crown_cli.engine.hull.hull_bounds`) is above 0. ``sat``: a point of [lo, hi]
+    (checked exactly) whose float64 forward pass satisfies every row (the candidates: each
+    sub-box's centre and the corner minimising each row's linear bound). ``unknown``: more
+    than ``max_domains`` open sub-boxes, or one that can no longer be split. ``timeout``:
+    ``deadline`` (time.monotonic()) passed.
+
+    A sub-box is split at the midpoint of the input that causes most of its best row's loss
+    at the bound's minimiser (:func:`crown_cli.engine.hull.split_scores`); its halves start
+    from its lines."""
+    W1, W2 = (np.asarray(w, dtype=np.float64) for w in weights)
+    b1, b2 = (np.asarray(v, dtype=np.float64) for v in biases)
+    lo0 = np.asarray(lo, dtype=np.float64).ravel()
+    hi0 = np.asarray(hi, dtype=np.float64).ravel()
+    A = np.atleast_2d(np.asarray(A, dtype=np.float64))
+    bb = np.asarray(b, dtype=np.float64).ravel()
+    v, c, v_err, c_err = hull.margin_rows(W2, b2, A, bb)
+    R, (n, d) = A.shape[0], W1.shape
+    stats = {"domains": 0, "peak": 1, "splits": 0}
+
+    def result(res, x=None, scores=None, note=""):
+        worst = float(np.min(scores)) if scores is not None and scores.size else np.nan
+        return BabResult(res, x, stats["domains"], stats["peak"], worst,
+                         splits=stats["splits"], note=note)
+
+    def bound(L, H, S, Cm, steps, lr):
+        """Boxes (N, d), lines (N, R, n), (N, R, n, d): optimised lines, proven bounds per row
+        (N, R), the best row's linear coefficients (N, d), the candidate points."""
+        N = L.shape[0]
+        Lr, Hr = np.repeat(L, R, axis=0), np.repeat(H, R, axis=0)
+        vr, cr = np.tile(v, (N, 1)), np.tile(c, N)
+        s0, C0 = S.reshape(N * R, n).astype(np.float64), Cm.reshape(N * R, n, d).astype(np.float64)
+        # neurons stable on the box take their exact lines; the others keep what they had
+        l, u = hull.pre_bounds(W1, b1, Lr, Hr)
+        fixed = (l >= 0.0) | (u <= 0.0)
+        si, Ci = hull.initial(W1, b1, vr, Lr, Hr)
+        s0 = np.where(fixed, si, s0)
+        C0 = np.where(fixed[:, :, None], Ci, C0)
+        s1, T1, _, xs = hull.hull_optimise(W1, b1, vr, cr, Lr, Hr, s0, C0, steps, lr,
+                                           decay=DECAY, fixed=fixed)
+        C1 = T1 * W1[None]
+        lb = hull.hull_bounds(W1, b1, vr, cr, np.tile(v_err, (N, 1)), np.tile(c_err, N),
+                              Lr, Hr, s1, C1).reshape(N, R)
+        best = np.argmax(lb, axis=1)
+        pick = np.arange(N) * R + best
+        G = hull.split_scores(W1, b1, vr[pick], cr[pick], L, H, s1[pick], T1[pick], xs[pick])
+        pts = np.concatenate([0.5 * (L + H), xs.reshape(N, R, d).reshape(N * R, d)])
+        return (s1.reshape(N, R, n).astype(np.float32), T1.reshape(N, R, n, d).astype(np.float32),
+                lb, G, pts)
+
+    def attack(pts):
+        X = np.clip(pts, lo0, hi0)
+        hit = violations([W1, W2], [b1, b2], "relu", None, lo0, hi0, A, bb, X)
+        return X[np.argmax(hit)].copy() if hit.any() else None
+
+    L0, H0 = lo0[None], hi0[None]
+    vr0 = np.tile(v, (1, 1))
+    s_init, C_init = hull.initial(W1, b1, vr0, np.repeat(L0, R, 0), np.repeat(H0, R, 0))
+    S, Cm, lb, G, pts = bound(L0, H0, s_init.reshape(1, R, n), C_init.reshape(1, R, n, d),
+                              ROOT_STEPS, ROOT_LR)
+    stats["domains"] += 1
+    x = attack(pts)
+    if x is not None:
+        return result("sat", x)
+    score = lb.max(axis=1)
+    if score[0] > 0.0:
+        return result("unsat")
+    pool = BoxPool(lo=L0.copy(), hi=H0.copy(), score=score, grad=G, s=S, C=Cm, share=np.ones(1))
+    while len(pool):
+        if time.monotonic() >= deadline:
+            return result("timeout", scores=pool.view("score"))
+        if len(pool) > max_domains:
+            return result("unknown", scores=pool.view("score"), note="domain cap")
+        t = pool.pop_worst(batch)
+        L, H, Sb, Gb, Vb = t["lo"], t["hi"], t["score"], t["grad"], t["share"]
+        ok = (L < 0.5 * (L + H)) & (0.5 * (L + H) < H)
+        if not ok.any(axis=1).all():
+            return result("unknown", scores=np.r_[pool.view("score"), Sb],
+                          note="box too small to split")
+        dim = np.argmax(np.where(ok, Gb, -1.0), axis=1)
+        k = L.shape[0]
+        mid = 0.5 * (L[np.arange(k), dim] + H[np.arange(k), dim])
+        L1, H1, L2, H2 = L.copy(), H.copy(), L.copy(), H.copy()
+        H1[np.arange(k), dim] = mid
+        L2[np.arange(k), dim] = mid
+        KL, KH = np.concatenate([L1, L2]), np.concatenate([H1, H2])
+        S2, C2, lb, G, pts = bound(KL, KH, np.concatenate([t["s"], t["s"]]),
+                                   np.concatenate([t["C"], t["C"]]), KID_STEPS, KID_LR)
+        stats["domains"] += KL.shape[0]
+        stats["splits"] += k
+        x = attack(pts)
+        if x is not None:
+            return result("sat", x)
+        # a half is never worse than its parent (the parent's bound holds on it)
+        score = np.maximum(lb.max(axis=1), np.concatenate([Sb, Sb]))
+        live = score <= 0.0
+        pool.push(lo=KL[live], hi=KH[live], score=score[live], grad=G[live], s=S2[live],
+                  C=C2[live], share=0.5 * np.concatenate([Vb, Vb])[live])
+        stats["peak"] = max(stats["peak"], len(pool))
+        if progress is not None:
+            sc = pool.view("score")
+            progress(stats["domains"], len(pool), float(sc.min()) if sc.size else np.inf)
+        yield max(0.0, 1.0 - float(np.sum(pool.view("share"))))
+    return result("unsat")
