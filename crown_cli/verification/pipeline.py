@@ -30,6 +30,7 @@ from crown_cli.engine.rounding import round_up
 from crown_cli.engine.threads import blas_threads
 from crown_cli.errors import InputError
 from crown_cli.engine.relaxations import get_relaxation
+from crown_cli.verification.bab.hull_split import applies as hull_applies
 from crown_cli.verification.schedule import Run, race
 
 # Bound stages, cheap to strong; a stage is used when the activation has that method.
@@ -221,6 +222,17 @@ class Verifier:
                         workers=self.workers))
                 for j in open_cases]
 
+    def _hull_split_runs(self, cases, open_cases, deadline) -> List[Run]:
+        """One convex-hull input-splitting search
+        (:func:`crown_cli.verification.bab.hull_split.hull_split_steps`) per open case."""
+        from crown_cli.verification.bab.hull_split import hull_split_steps
+
+        return [Run([j], "hull split",
+                    lambda progress, c=cases[j]: hull_split_steps(
+                        self.weights, self.biases, c.lo, c.hi, c.A, c.b, deadline,
+                        progress=progress))
+                for j in open_cases]
+
     def _relu_split_runs(self, cases, open_cases, margins, deadline) -> List[Run]:
         """ReLU-splitting searches
         (:func:`crown_cli.verification.bab.relu_split.relu_split_steps`), the hidden layers'
@@ -269,11 +281,14 @@ class Verifier:
 
     def _branch_and_bound(self, cases, open_cases, margins, deadline, timeout, done, log,
                           status):
-        """Input splitting (networks of at most ``INPUT_SPLIT_MAX_DIM`` inputs) and ReLU
-        splitting (networks with hidden layers) on the open cases, raced
-        (:func:`crown_cli.verification.schedule.race`): input splitting first, ReLU splitting
+        """Input splitting (networks of at most ``INPUT_SPLIT_MAX_DIM`` inputs; on ReLU
+        networks of one hidden layer, first with convex-hull bounds) and ReLU splitting
+        (networks with hidden layers) on the open cases, raced
+        (:func:`crown_cli.verification.schedule.race`): the first strategy alone, the others
         from ``JOIN_SHARE`` of the timeout on, then the time by measured progress."""
         runs = []
+        if hull_applies(self.weights, self.activation, self.n_inputs, INPUT_SPLIT_MAX_DIM):
+            runs += self._hull_split_runs(cases, open_cases, deadline)
         if self.n_inputs <= INPUT_SPLIT_MAX_DIM:
             runs += self._input_split_runs(cases, open_cases, deadline)
         if len(self.weights) > 1:
@@ -281,7 +296,8 @@ class Verifier:
         if not runs:  # no hidden layer and too many inputs to split: input splitting
             runs = self._input_split_runs(cases, open_cases, deadline)
         return race(runs, len(cases), len(cases) - len(open_cases), margins, deadline, done,
-                    self.outputs, cases, kinds={"input split": "boxes", "ReLU split": "domains"},
+                    self.outputs, cases, kinds={"hull split": "boxes", "input split": "boxes",
+                           "ReLU split": "domains"},
                     log=log, status=status, first_slice=RACE_SLICE, max_slice=RACE_MAX_SLICE,
                     join_after=max(JOIN_MIN_S, JOIN_SHARE * timeout), worst=_worst)
 
