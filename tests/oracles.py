@@ -766,3 +766,38 @@ def _distortion_direct(weights, biases, x0, c, t, eps_hi, time_limit, tighten):
     m = float(margins(weights, biases, "relu", x, c, [t]))
     dual = _dual_bound(res) if status == "optimal" else np.nan
     return MilpResult(value, x, status, dual, eps_hi, m, 1, res.message)
+
+
+def ideal_relu_lp(W1, b1, v, c, lo, hi) -> float:
+    """The LP bound of ``min over [lo, hi] of sum_j v_j relu(W1_j x + b1_j) + c`` with every
+    neuron replaced by its exact convex hull over the box (Balas' disjunctive formulation: x
+    splits into x0 + x1 with x1 in lam [lo, hi] where the neuron is on, x0 in (1 - lam)
+    [lo, hi] where it is off, the neuron's value W1_j x1 + b1_j lam), an independent oracle
+    for :mod:`crown_cli.engine.hull`: it never uses the affine upper lines."""
+    n, d = W1.shape
+    B = _Builder()
+    x = B.add_vars(lo, hi)
+    terms = []
+    for j in range(n):
+        y = B.add_vars(-np.inf, np.inf)[0]
+        x1 = B.add_vars(np.full(d, -np.inf), np.full(d, np.inf))
+        lam = B.add_vars(0.0, 1.0)[0]
+        for i in range(d):
+            B.add_row([x1[i], lam], [1.0, -lo[i]], 0.0, np.inf)  # x1 >= lam lo
+            B.add_row([x1[i], lam], [1.0, -hi[i]], -np.inf, 0.0)  # x1 <= lam hi
+            # x0 = x - x1 in (1 - lam) [lo, hi]
+            B.add_row([x[i], x1[i], lam], [1.0, -1.0, lo[i]], lo[i], np.inf)
+            B.add_row([x[i], x1[i], lam], [1.0, -1.0, hi[i]], -np.inf, hi[i])
+        # on: W1 x1 + b1 lam >= 0; off: W1 (x - x1) + b1 (1 - lam) <= 0; y = W1 x1 + b1 lam
+        B.add_row(np.r_[x1, lam], np.r_[W1[j], b1[j]], 0.0, np.inf)
+        B.add_row(np.r_[x, x1, lam], np.r_[W1[j], -W1[j], -b1[j]], -np.inf, -b1[j])
+        B.add_row(np.r_[y, x1, lam], np.r_[1.0, -W1[j], -b1[j]], 0.0, 0.0)
+        terms.append((y, v[j]))
+    cost = np.zeros(B.nvar)
+    for y, vj in terms:
+        cost[y] = vj
+    A_ub, b_ub, A_eq, b_eq, bounds = B.lp_form()
+    res = linprog(cost, A_ub=A_ub, b_ub=b_ub, A_eq=A_eq, b_eq=b_eq, bounds=bounds,
+                  method="highs")
+    assert res.status == 0, res.message
+    return float(res.fun) + float(c)

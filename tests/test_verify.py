@@ -393,3 +393,28 @@ def test_interleaving_reports_the_peak_of_open_domains_on_timeout():
     # two endless searches with 3 open domains each: the peak counts both
     (result, proven, kw), _ = _interleave([("timeout", None), ("timeout", None)], timeout=1.0)
     assert result == "timeout" and kw["peak_domains"] == 6
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_one_hidden_layer_decided_by_hull_split_as_the_milp(seed):
+    """A ReLU network of one hidden layer: branch and bound starts with convex-hull input
+    splitting, which decides just-true and just-false properties as the MILP does."""
+    ws, bs = random_network([6, 24, 3], 10 + seed)
+    rng = np.random.default_rng(seed)
+    x0, eps = rng.normal(size=6), 0.4
+    c = int(np.argmax(forward(ws, bs, "relu", x0)))
+    t = (c + 1) % 3
+    res = exact_margin_min(ws, bs, x0, c, t, eps, "inf", time_limit=60.0)
+    assert res.status == "optimal"
+    gap = 1e-3 * (1.0 + abs(res.value))
+    lo, hi = x0 - eps, x0 + eps
+    lines = []
+    v = Verifier(ws, bs, "relu", attack_time=0.0, stages=())
+    prop = parse_vnnlib_text(box_property(lo, hi, c, t, res.value - gap, 3), "true", 6, 3)
+    out = v.verify(prop, timeout=30.0, log=lines.append)
+    assert out.result == "unsat" and out.stage == "bab"
+    assert any(line.startswith("bab (hull split)") for line in lines), lines
+    prop = parse_vnnlib_text(box_property(lo, hi, c, t, res.value + gap, 3), "false", 6, 3)
+    out = v.verify(prop, timeout=30.0)
+    assert out.result == "sat" and out.stage == "bab"
+    check_sat(ws, bs, prop, out)

@@ -1,0 +1,257 @@
+"""Convex-hull bounds of one-hidden-layer ReLU networks (crown_cli.engine.hull) and the
+input-splitting search on them (crown_cli.verification.bab.hull_split): every choice of lines
+sound (sampling, exact rational arithmetic), the optimised bound against the hull's LP (an
+independent disjunctive formulation), verdicts against an exact MILP."""
+import time
+from fractions import Fraction as F
+
+import numpy as np
+import pytest
+
+from crown_cli.engine import hull
+from crown_cli.verification.bab import hull_split as hs
+from oracles import ideal_relu_lp, mlp_forward, random_mlp
+from test_bab import exact_min_max_rows
+
+
+def one_layer(d, n, seed, scale=1.0):
+    ws, bs = random_mlp([d, n, 3], seed, scale=scale)
+    rng = np.random.default_rng(500 + seed)
+    lo = rng.uniform(-1.0, 0.0, d)
+    hi = lo + rng.uniform(0.2, 1.0, d)
+    A = rng.standard_normal((2, 3))
+    b = rng.standard_normal(2)
+    return ws, bs, lo, hi, A, b
+
+
+def row_problem(ws, bs, A, b, lo, hi, i=0):
+    """The rows' (v, c, errors) and the box as batches of one, row i."""
+    v, c, ve, ce = hull.margin_rows(ws[1], bs[1], A, b)
+    return (v[i:i + 1], c[i:i + 1], ve[i:i + 1], ce[i:i + 1], lo[None], hi[None])
+
+
+def margin(ws, bs, A, b, X, i=0):
+    return mlp_forward(ws, bs, "relu", X) @ A[i] - b[i]
+
+
+def box_points(lo, hi, rng, n=4000):
+    d = lo.size
+    X = lo + (hi - lo) * rng.random((n, d))
+    corners = lo + (hi - lo) * rng.integers(0, 2, (2 ** min(d, 10), d))
+    return np.concatenate([X, corners])
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_any_lines_give_a_bound_below_the_margin_on_samples(seed):
+    """Random slopes in [0, 1] and random upper lines C (not only theta * W1, not only in
+    [0, 1]): the bound lies below the margin at every sampled point and corner."""
+    rng = np.random.default_rng(seed)
+    ws, bs, lo, hi, A, b = one_layer(3 + seed % 3, 10, seed)
+    v, c, ve, ce, L, H = row_problem(ws, bs, A, b, lo, hi, seed % 2)
+    X = box_points(lo, hi, rng)
+    m = margin(ws, bs, A, b, X, seed % 2)
+    n, d = ws[0].shape
+    for trial in range(20):
+        s = rng.random((1, n))
+        C = rng.normal(scale=[0.0, 0.5, 3.0][trial % 3], size=(1, n, d)) + \
+            (trial % 2) * rng.random((1, n, 1)) * ws[0][None]
+        lb = hull.hull_bounds(ws[0], bs[0], v, c, ve, ce, L, H, s, C)[0]
+        assert np.isfinite(lb)
+        assert lb <= m.min(), (trial, lb, m.min())
+
+
+def exact_bound(W1, b1, v, c, lo, hi, s, C):
+    """The exact (rational) minimum over the box of the linear lower bound that the float
+    lines s, C define: what hull_bounds must not exceed."""
+    n, d = W1.shape
+    Wf = [[F(float(w)) for w in row] for row in W1]
+    bf = [F(float(x)) for x in b1]
+    L = [F(float(x)) for x in lo]
+    H = [F(float(x)) for x in hi]
+    G = [F(0)] * d
+    K = F(float(c))
+    for j in range(n):
+        vj = F(float(v[j]))
+        if v[j] >= 0.0:
+            # the float product v_j s_j is the slope used, as in the code
+            p = F(float(v[j] * min(max(s[j], 0.0), 1.0)))
+            G = [g + p * w for g, w in zip(G, Wf[j])]
+            K += p * bf[j]
+        else:
+            Cj = [F(float(x)) for x in C[j]]
+            m1 = sum(max(-x * l_, -x * h) for x, l_, h in zip(Cj, L, H))
+            m2 = sum(max((w - x) * l_, (w - x) * h) for w, x, l_, h in zip(Wf[j], Cj, L, H)) \
+                + bf[j]
+            e = max(m1, m2)
+            G = [g + vj * x for g, x in zip(G, Cj)]
+            K += vj * e
+    return sum(min(g * l_, g * h) for g, l_, h in zip(G, L, H)) + K
+
+
+def test_bound_below_the_exact_value_of_its_own_lines():
+    """hull_bounds charges every float64 sum: below the exact rational minimum of the same
+    lines' linear bound, on weights of mixed magnitudes whose products cancel, and not far
+    below it (the charge is a rounding allowance, not a slack). The uncharged float64 value
+    passes the exact one on some of these cases, so the charge is needed."""
+    rng = np.random.default_rng(40)
+    d, n = 4, 8
+    above = 0
+    for trial in range(60):
+        W1 = rng.normal(size=(n, d)) * 10.0 ** rng.integers(-3, 6, (n, d))
+        b1 = rng.normal(size=n) * 10.0 ** rng.integers(-3, 6, n)
+        lo = rng.uniform(-1.0, 0.0, d)
+        hi = lo + rng.uniform(1e-3, 1.0, d)
+        v = rng.normal(size=n) * 10.0 ** rng.integers(-2, 3, n)
+        v[0] = -abs(v[0])
+        c = float(rng.normal() * 1e4)
+        s = rng.random(n)
+        C = rng.random((n, d)) * W1 * (1 + 1e-9 * rng.normal(size=(n, d)))
+        args = (W1, b1, v[None], np.array([c]))
+        lb = hull.hull_bounds(*args, np.zeros((1, n)), np.zeros(1), lo[None], hi[None],
+                              s[None], C[None])[0]
+        plain = hull.hull_value_and_grad(*args, lo[None], hi[None], s[None], C[None])[0][0]
+        ex = exact_bound(W1, b1, v, c, lo, hi, s, C)
+        assert F(float(lb)) <= ex, trial
+        above += F(float(plain)) > ex
+        mag = float(np.abs(v) @ (np.abs(W1) @ np.maximum(np.abs(lo), np.abs(hi)) + np.abs(b1)))
+        assert float(ex) - lb <= 1e-10 * (mag + abs(c))
+    assert above > 0
+
+
+def test_margin_rows_charge_their_own_rounding():
+    """v = A W2 and c = A b2 - b in float64 differ from the exact ones by at most their
+    stated errors (rational arithmetic, cancelling rows)."""
+    rng = np.random.default_rng(3)
+    W2 = rng.normal(size=(3, 6)) * 1e8
+    W2[1] = W2[0] * (1 + 1e-12)
+    b2 = rng.normal(size=3) * 1e8
+    A = np.array([[1.0, -1.0, 1e-8], [0.3, 0.7, -1.0]])
+    b = np.array([0.1, -0.2])
+    v, c, ve, ce = hull.margin_rows(W2, b2, A, b)
+    for i in range(2):
+        for j in range(6):
+            ex = sum(F(float(A[i, k])) * F(float(W2[k, j])) for k in range(3))
+            assert abs(F(float(v[i, j])) - ex) <= F(float(ve[i, j]))
+        ex = sum(F(float(A[i, k])) * F(float(b2[k])) for k in range(3)) - F(float(b[i]))
+        assert abs(F(float(c[i])) - ex) <= F(float(ce[i]))
+
+
+def test_nan_lines_prove_nothing():
+    ws, bs, lo, hi, A, b = one_layer(3, 6, 1)
+    v, c, ve, ce, L, H = row_problem(ws, bs, A, b, lo, hi)
+    s, T = hull.initial(ws[0], bs[0], v, L, H)
+    C = T * ws[0][None]
+    C[0, 0, 0] = np.nan
+    assert hull.hull_bounds(ws[0], bs[0], v, c, ve, ce, L, H, s, C)[0] == -np.inf
+
+
+def test_gradient_matches_finite_differences():
+    rng = np.random.default_rng(8)
+    ws, bs, lo, hi, A, b = one_layer(4, 10, 8)
+    v, c, ve, ce, L, H = row_problem(ws, bs, A, b, lo, hi)
+    n, d = ws[0].shape
+    s = rng.uniform(0.1, 0.9, (1, n))
+    C = rng.uniform(0.1, 0.9, (1, n, d)) * ws[0][None]
+    val, gs, gC, _ = hull.hull_value_and_grad(ws[0], bs[0], v, c, L, H, s, C)
+    h = 1e-7
+    for j in range(n):
+        if v[0, j] >= 0:
+            s2 = s.copy()
+            s2[0, j] += h
+            s1 = s.copy()
+            s1[0, j] -= h
+            fd = (hull.hull_value_and_grad(ws[0], bs[0], v, c, L, H, s2, C)[0]
+                  - hull.hull_value_and_grad(ws[0], bs[0], v, c, L, H, s1, C)[0]) / (2 * h)
+            assert abs(fd[0] - gs[0, j]) <= 1e-5 * (1 + abs(fd[0]))
+        else:
+            for i in range(d):
+                C2 = C.copy()
+                C2[0, j, i] += h
+                C1 = C.copy()
+                C1[0, j, i] -= h
+                fd = (hull.hull_value_and_grad(ws[0], bs[0], v, c, L, H, s, C2)[0]
+                      - hull.hull_value_and_grad(ws[0], bs[0], v, c, L, H, s, C1)[0]) / (2 * h)
+                assert abs(fd[0] - gC[0, j, i]) <= 1e-5 * (1 + abs(fd[0]))
+    assert np.any(v < 0) and np.any(v >= 0)
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_optimised_bound_reaches_the_hull_lp(seed):
+    """The optimised lines reach the LP over the neurons' convex hulls (an independent
+    disjunctive formulation) to 1% of the margin's scale, never pass it (each choice of lines
+    is a feasible dual), improve on CROWN's lines, and the hull LP lies below the MILP's
+    exact minimum."""
+    ws, bs, lo, hi, A, b = one_layer(3 + seed % 3, 12, 20 + seed)
+    v, c, ve, ce, L, H = row_problem(ws, bs, A, b, lo, hi)
+    s0, T0 = hull.initial(ws[0], bs[0], v, L, H)
+    crown_lines = hull.hull_bounds(ws[0], bs[0], v, c, ve, ce, L, H, s0, T0 * ws[0][None])[0]
+    s, T, val, _ = hull.hull_optimise(ws[0], bs[0], v, c, L, H, s0, T0, 400, 0.1)
+    lb = hull.hull_bounds(ws[0], bs[0], v, c, ve, ce, L, H, s, T * ws[0][None])[0]
+    lp = ideal_relu_lp(ws[0], bs[0], v[0], c[0], lo, hi)
+    exact, _ = exact_min_max_rows(ws, bs, lo, hi, A[:1], time_limit=60.0)
+    exact -= b[0]
+    scale = float(np.abs(v[0]) @ (np.abs(ws[0]) @ np.maximum(np.abs(lo), np.abs(hi)) + np.abs(bs[0])))
+    assert lb <= lp + 1e-7 * scale
+    assert lb >= lp - 0.01 * scale, (lb, lp)
+    assert lb >= crown_lines - 1e-12 * scale
+    assert lp <= exact + 1e-6 * scale
+
+
+CASES = [(3, 12, 3, 1, 0), (4, 16, 4, 2, 1), (6, 20, 3, 2, 3), (8, 24, 3, 1, 4),
+         (12, 32, 2, 1, 5)]
+
+
+def hull_case(d, n, n_out, m, seed):
+    rng = np.random.default_rng(100 + seed)
+    ws, bs = random_mlp([d, n, n_out], seed)
+    lo = rng.uniform(-1.0, 0.0, d)
+    hi = lo + rng.uniform(0.2, 1.0, d)
+    A = rng.standard_normal((m, n_out))
+    v_dual, x_star = exact_min_max_rows(ws, bs, lo, hi, A)
+    v_at = float(np.max(A @ mlp_forward(ws, bs, "relu", x_star)))
+    return ws, bs, lo, hi, A, v_dual, v_at, 0.02 * (1.0 + abs(v_at))
+
+
+@pytest.mark.parametrize("d,n,n_out,m,seed", CASES)
+def test_hull_split_against_milp(d, n, n_out, m, seed):
+    ws, bs, lo, hi, A, v_dual, v_at, delta = hull_case(d, n, n_out, m, seed)
+    deadline = time.monotonic() + 600.0  # a safety net only; the verdicts are asserted
+    res = hs.hull_split(ws, bs, lo, hi, A, np.full(m, v_dual - delta), deadline)
+    assert res.verdict == "unsat", res
+    assert res.x is None and res.domains >= 1
+    b = np.full(m, v_at + delta)
+    res = hs.hull_split(ws, bs, lo, hi, A, b, deadline)
+    assert res.verdict == "sat", res
+    assert np.all(res.x >= lo) and np.all(res.x <= hi)
+    assert np.all(A @ mlp_forward(ws, bs, "relu", res.x) <= b)
+
+
+def test_hull_split_never_contradicts_on_tight_thresholds():
+    """Thresholds right at the exact minimum: any verdict but the contradicting one."""
+    for d, n, n_out, m, seed in CASES[:3]:
+        ws, bs, lo, hi, A, v_dual, v_at, _ = hull_case(d, n, n_out, m, seed)
+        res = hs.hull_split(ws, bs, lo, hi, A, np.full(m, v_at + 1e-9),
+                            time.monotonic() + 5.0)
+        assert res.verdict != "unsat", res  # the MILP's point violates
+        res = hs.hull_split(ws, bs, lo, hi, A, np.full(m, v_dual - 1e-9),
+                            time.monotonic() + 5.0)
+        assert res.verdict != "sat" or np.all(A @ mlp_forward(ws, bs, "relu", res.x)
+                                              <= v_dual - 1e-9)
+
+
+def test_hull_split_deadline_and_cap():
+    ws, bs, lo, hi, A, v_dual, v_at, delta = hull_case(*CASES[2])
+    b = np.full(A.shape[0], v_dual - 1e-3)
+    res = hs.hull_split(ws, bs, lo, hi, A, b, time.monotonic() - 1.0)
+    assert res.verdict == "timeout" and res.worst_bound < 0.0
+    res = hs.hull_split(ws, bs, lo, hi, A, b, time.monotonic() + 60.0, max_domains=0)
+    assert res.verdict == "unknown" and res.note == "domain cap"
+
+
+def test_applies_only_to_one_hidden_relu_layer_and_few_inputs():
+    ws, _ = random_mlp([5, 8, 2], 0)
+    assert hs.applies(ws, "relu", 5, 64)
+    assert not hs.applies(ws, "leaky_relu", 5, 64)
+    assert not hs.applies(ws, "relu", 65, 64)
+    ws3, _ = random_mlp([5, 8, 8, 2], 0)
+    assert not hs.applies(ws3, "relu", 5, 64)
