@@ -32,7 +32,7 @@ __all__ = ["Certification", "InputError", "certify", "load_images", "load_model"
 CERTIFY_TIMEOUT = 600.0
 DEFAULT_SEED = 1215  # crown_cli.certification.targets.DEFAULT_SEED, kept here for the signature
 VERIFY_TIMEOUT = 60.0
-VERIFY_METHODS = "crown,alpha-crown"  # `crown verify --stages` default
+VERIFY_METHODS = "crown,alpha-crown,hull"  # `crown verify --stages` default
 
 
 @dataclass(frozen=True)
@@ -429,8 +429,9 @@ def verify(model, spec, timeout: float = VERIFY_TIMEOUT, *,
         timeout: seconds for the whole decision (loading a model path included).
 
     Keyword-only options, as ``crown verify``'s (same defaults):
-        method: the bound stages after the attack, ``"crown,alpha-crown"`` (a
-            comma-separated string or a sequence).
+        method: the bound stages after the attack, ``"crown,alpha-crown,hull"`` (a
+            comma-separated string or a sequence; ``hull`` runs on ReLU networks of one
+            hidden layer only).
         attack_restarts, attack_steps: PGD starting points per case, steps per run.
         attack_time: seconds for each attack stage (None: 10% of the timeout, >= 0.5).
         bab: branch and bound after the bound stages (ReLU and leaky ReLU networks).

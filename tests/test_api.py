@@ -324,7 +324,7 @@ def test_verify_input_errors(tmp_path, spec, message):
 @pytest.mark.parametrize("kwargs, message", [
     (dict(timeout=0), "timeout: must be > 0, got 0"),
     (dict(method="crown,deeppoly"), "method: unknown stage 'deeppoly' (choose from crown, "
-                                    "alpha-crown)"),
+                                    "alpha-crown, hull)"),
     (dict(attack_time=-1), "attack_time: must be >= 0, got -1"),
     (dict(attack_restarts=0), "attack_restarts: must be an integer >= 1, got 0"),
     (dict(max_domains=1.5), "max_domains: must be an integer >= 1, got 1.5"),

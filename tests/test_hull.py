@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from crown_cli.engine import hull
+from crown_cli.engine.kernels import using_kernels
 from crown_cli.verification.bab import hull_split as hs
 from oracles import ideal_relu_lp, mlp_forward, random_mlp
 from test_bab import exact_min_max_rows
@@ -22,6 +23,10 @@ def one_layer(d, n, seed, scale=1.0):
     A = rng.standard_normal((2, 3))
     b = rng.standard_normal(2)
     return ws, bs, lo, hi, A, b
+
+
+def net_of(ws, bs):
+    return hull.HullNet(ws[0], bs[0])
 
 
 def row_problem(ws, bs, A, b, lo, hi, i=0):
@@ -43,19 +48,22 @@ def box_points(lo, hi, rng, n=4000):
 
 @pytest.mark.parametrize("seed", range(6))
 def test_any_lines_give_a_bound_below_the_margin_on_samples(seed):
-    """Random slopes in [0, 1] and random upper lines C (not only theta * W1, not only in
-    [0, 1]): the bound lies below the margin at every sampled point and corner."""
+    """Random slopes in [0, 1] and random upper lines (theta in and outside [0, 1]): the
+    bound lies below the margin at every sampled point and corner."""
     rng = np.random.default_rng(seed)
     ws, bs, lo, hi, A, b = one_layer(3 + seed % 3, 10, seed)
     v, c, ve, ce, L, H = row_problem(ws, bs, A, b, lo, hi, seed % 2)
     X = box_points(lo, hi, rng)
     m = margin(ws, bs, A, b, X, seed % 2)
+    net = net_of(ws, bs)
     n, d = ws[0].shape
     for trial in range(20):
         s = rng.random((1, n))
-        C = rng.normal(scale=[0.0, 0.5, 3.0][trial % 3], size=(1, n, d)) + \
-            (trial % 2) * rng.random((1, n, 1)) * ws[0][None]
-        lb = hull.hull_bounds(ws[0], bs[0], v, c, ve, ce, L, H, s, C)[0]
+        # theta anywhere (the upper lines theta * W1 are valid for any theta), not only in
+        # [0, 1] where the optimiser keeps it
+        theta = rng.normal(scale=[0.0, 0.5, 3.0][trial % 3], size=(1, net.nnz)) + \
+            (trial % 2) * rng.random((1, net.nnz))
+        lb = hull.hull_bounds(net, v, c, ve, ce, L, H, s, theta)[0]
         assert np.isfinite(lb)
         assert lb <= m.min(), (trial, lb, m.min())
 
@@ -105,11 +113,13 @@ def test_bound_below_the_exact_value_of_its_own_lines():
         v[0] = -abs(v[0])
         c = float(rng.normal() * 1e4)
         s = rng.random(n)
-        C = rng.random((n, d)) * W1 * (1 + 1e-9 * rng.normal(size=(n, d)))
-        args = (W1, b1, v[None], np.array([c]))
+        theta = rng.random(n * d) * (1 + 1e-9 * rng.normal(size=n * d))
+        net = hull.HullNet(W1, b1)
+        C = (theta * net.w).reshape(n, d)  # every entry nonzero: the dense layout
+        args = (net, v[None], np.array([c]))
         lb = hull.hull_bounds(*args, np.zeros((1, n)), np.zeros(1), lo[None], hi[None],
-                              s[None], C[None])[0]
-        plain = hull.hull_value_and_grad(*args, lo[None], hi[None], s[None], C[None])[0][0]
+                              s[None], theta[None])[0]
+        plain = hull.hull_value_and_grad(*args, lo[None], hi[None], s[None], theta[None])[0][0]
         ex = exact_bound(W1, b1, v, c, lo, hi, s, C)
         assert F(float(lb)) <= ex, trial
         above += F(float(plain)) > ex
@@ -139,40 +149,98 @@ def test_margin_rows_charge_their_own_rounding():
 def test_nan_lines_prove_nothing():
     ws, bs, lo, hi, A, b = one_layer(3, 6, 1)
     v, c, ve, ce, L, H = row_problem(ws, bs, A, b, lo, hi)
-    s, T = hull.initial(ws[0], bs[0], v, L, H)
-    C = T * ws[0][None]
-    C[0, 0, 0] = np.nan
-    assert hull.hull_bounds(ws[0], bs[0], v, c, ve, ce, L, H, s, C)[0] == -np.inf
+    net = net_of(ws, bs)
+    s, T = hull.initial(net, v, L, H)
+    T[0, 0] = np.nan
+    assert hull.hull_bounds(net, v, c, ve, ce, L, H, s, T)[0] == -np.inf
 
 
-def test_gradient_matches_finite_differences():
+@pytest.mark.parametrize("backend", ["numba", "numpy"])
+def test_gradient_matches_finite_differences(backend):
     rng = np.random.default_rng(8)
     ws, bs, lo, hi, A, b = one_layer(4, 10, 8)
     v, c, ve, ce, L, H = row_problem(ws, bs, A, b, lo, hi)
-    n, d = ws[0].shape
+    net = net_of(ws, bs)
+    n = ws[0].shape[0]
     s = rng.uniform(0.1, 0.9, (1, n))
-    C = rng.uniform(0.1, 0.9, (1, n, d)) * ws[0][None]
-    val, gs, gC, _ = hull.hull_value_and_grad(ws[0], bs[0], v, c, L, H, s, C)
-    h = 1e-7
-    for j in range(n):
-        if v[0, j] >= 0:
-            s2 = s.copy()
-            s2[0, j] += h
-            s1 = s.copy()
-            s1[0, j] -= h
-            fd = (hull.hull_value_and_grad(ws[0], bs[0], v, c, L, H, s2, C)[0]
-                  - hull.hull_value_and_grad(ws[0], bs[0], v, c, L, H, s1, C)[0]) / (2 * h)
-            assert abs(fd[0] - gs[0, j]) <= 1e-5 * (1 + abs(fd[0]))
-        else:
-            for i in range(d):
-                C2 = C.copy()
-                C2[0, j, i] += h
-                C1 = C.copy()
-                C1[0, j, i] -= h
-                fd = (hull.hull_value_and_grad(ws[0], bs[0], v, c, L, H, s, C2)[0]
-                      - hull.hull_value_and_grad(ws[0], bs[0], v, c, L, H, s, C1)[0]) / (2 * h)
-                assert abs(fd[0] - gC[0, j, i]) <= 1e-5 * (1 + abs(fd[0]))
+    T = rng.uniform(0.1, 0.9, (1, net.nnz))
+
+    def value(s_, T_):
+        return hull.hull_value_and_grad(net, v, c, L, H, s_, T_)[0][0]
+
+    with using_kernels(backend):
+        _, gs, gt, _ = hull.hull_value_and_grad(net, v, c, L, H, s, T)
+        h = 1e-7
+        for j in range(n):
+            e = np.zeros_like(s)
+            e[0, j] = h
+            fd = (value(s + e, T) - value(s - e, T)) / (2 * h)
+            assert abs(fd - gs[0, j]) <= 1e-5 * (1 + abs(fd)), ("s", j)
+        for k in range(net.nnz):
+            e = np.zeros_like(T)
+            e[0, k] = h
+            fd = (value(s, T + e) - value(s, T - e)) / (2 * h)
+            assert abs(fd - gt[0, k]) <= 1e-5 * (1 + abs(fd)), ("theta", k)
     assert np.any(v < 0) and np.any(v >= 0)
+
+
+@pytest.mark.parametrize("density", [1.0, 0.15])
+def test_numba_kernel_equals_its_numpy_twin(density):
+    """The optimiser's kernel against the numpy code, on a dense layer and on a mostly-zero
+    one (the sparse layout), over a batch of boxes and rows."""
+    rng = np.random.default_rng(9)
+    d, n, N = 7, 30, 5
+    W1 = rng.normal(size=(n, d)) * (rng.random((n, d)) < density)
+    b1 = rng.normal(size=n)
+    net = hull.HullNet(W1, b1)
+    assert net.dense == (density == 1.0)
+    v = rng.normal(size=(N, n))
+    c = rng.normal(size=N)
+    L = rng.uniform(-1, 0, (N, d))
+    H = L + rng.uniform(0, 1, (N, d))
+    s = rng.random((N, n))
+    T = rng.random((N, net.nnz))
+    with using_kernels("numba"):
+        a = hull.hull_value_and_grad(net, v, c, L, H, s, T)
+    with using_kernels("numpy"):
+        z = hull.hull_value_and_grad(net, v, c, L, H, s, T)
+    for x, y in zip(a, z):
+        np.testing.assert_allclose(x, y, rtol=1e-12, atol=1e-12)
+
+
+def test_sparse_layout_equals_dense():
+    """A mostly-zero W1 kept as its nonzeros gives the same value, gradient and proven bound
+    at the same lines as the same W1 with every entry kept."""
+    rng = np.random.default_rng(10)
+    d, n, N = 9, 40, 3
+    W1 = rng.normal(size=(n, d)) * (rng.random((n, d)) < 0.2)
+    b1 = rng.normal(size=n)
+    sparse = hull.HullNet(W1, b1)
+    old = hull.HullNet.DENSE
+    try:
+        hull.HullNet.DENSE = 0.0
+        dense = hull.HullNet(W1, b1)
+    finally:
+        hull.HullNet.DENSE = old
+    assert dense.dense and not sparse.dense
+    v = rng.normal(size=(N, n))
+    c = rng.normal(size=N)
+    L = rng.uniform(-1, 0, (N, d))
+    H = L + rng.uniform(0, 1, (N, d))
+    s = rng.random((N, n))
+    Td = rng.random((N, n * d))
+    Ts = Td[:, (W1 != 0).ravel()]
+    zero = np.zeros((N, n)), np.zeros(N)
+    np.testing.assert_allclose(hull.hull_bounds(sparse, v, c, *zero, L, H, s, Ts),
+                               hull.hull_bounds(dense, v, c, *zero, L, H, s, Td), rtol=1e-12)
+    for backend in ("numba", "numpy"):
+        with using_kernels(backend):
+            a = hull.hull_value_and_grad(sparse, v, c, L, H, s, Ts)
+            z = hull.hull_value_and_grad(dense, v, c, L, H, s, Td)
+        for k, (x, y) in enumerate(zip(a, z)):
+            if k == 2:
+                y = y[:, (W1 != 0).ravel()]
+            np.testing.assert_allclose(x, y, rtol=1e-12, atol=1e-12)
 
 
 @pytest.mark.parametrize("seed", range(5))
@@ -183,10 +251,11 @@ def test_optimised_bound_reaches_the_hull_lp(seed):
     exact minimum."""
     ws, bs, lo, hi, A, b = one_layer(3 + seed % 3, 12, 20 + seed)
     v, c, ve, ce, L, H = row_problem(ws, bs, A, b, lo, hi)
-    s0, T0 = hull.initial(ws[0], bs[0], v, L, H)
-    crown_lines = hull.hull_bounds(ws[0], bs[0], v, c, ve, ce, L, H, s0, T0 * ws[0][None])[0]
-    s, T, val, _ = hull.hull_optimise(ws[0], bs[0], v, c, L, H, s0, T0, 400, 0.1)
-    lb = hull.hull_bounds(ws[0], bs[0], v, c, ve, ce, L, H, s, T * ws[0][None])[0]
+    net = net_of(ws, bs)
+    s0, T0 = hull.initial(net, v, L, H)
+    crown_lines = hull.hull_bounds(net, v, c, ve, ce, L, H, s0, T0)[0]
+    s, T, val, _ = hull.hull_optimise(net, v, c, L, H, s0, T0, 400, 0.1)
+    lb = hull.hull_bounds(net, v, c, ve, ce, L, H, s, T)[0]
     lp = ideal_relu_lp(ws[0], bs[0], v[0], c[0], lo, hi)
     exact, _ = exact_min_max_rows(ws, bs, lo, hi, A[:1], time_limit=60.0)
     exact -= b[0]

@@ -418,3 +418,32 @@ def test_one_hidden_layer_decided_by_hull_split_as_the_milp(seed):
     out = v.verify(prop, timeout=30.0)
     assert out.result == "sat" and out.stage == "bab"
     check_sat(ws, bs, prop, out)
+
+
+def test_hull_stage_on_one_hidden_layer_with_many_inputs():
+    """80 inputs (no input splitting): the hull stage proves a property alpha-CROWN cannot,
+    its bound lies below the MILP's exact minimum, and a verifier without it says unknown."""
+    ws, bs = random_network([80, 30, 3], 4)
+    rng = np.random.default_rng(4)
+    x0, eps = rng.normal(size=80), 0.05
+    c = int(np.argmax(forward(ws, bs, "relu", x0)))
+    t = (c + 1) % 3
+    lo, hi = x0 - eps, x0 + eps
+    A = np.eye(3)[[c]] - np.eye(3)[[t]]  # y_c - y_t
+    v = Verifier(ws, bs, "relu", attack_time=0.0, bab=False)
+    assert v.stages == ["crown", "alpha-crown", "hull"]
+    alpha = v.box_lower_bounds("alpha-crown", lo, hi, A, np.zeros(1))[0]
+    hullb = v.box_lower_bounds("hull", lo, hi, A, np.zeros(1))[0]
+    exact = exact_margin_min(ws, bs, x0, c, t, eps, "inf", time_limit=60.0)
+    assert exact.status == "optimal"
+    assert alpha < hullb <= exact.value + 1e-9
+    b = 0.5 * (hullb + alpha)  # y_c - y_t <= b is unsafe: alpha's bound below b, the hull's above
+    prop = parse_vnnlib_text(box_property(lo, hi, c, t, b, 3), "mid", 80, 3)
+    lines = []
+    out = v.verify(prop, timeout=30.0, log=lines.append)
+    assert out.result == "unsat" and out.stage == "hull", (out, lines)
+    out = Verifier(ws, bs, "relu", attack_time=0.0, bab=False,
+                   stages=("crown", "alpha-crown")).verify(prop, timeout=30.0)
+    assert out.result == "unknown"
+    assert Verifier(random_network([5, 8, 8, 2], 0)[0], random_network([5, 8, 8, 2], 0)[1],
+                    "relu").stages == ["crown", "alpha-crown"]

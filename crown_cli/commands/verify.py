@@ -28,11 +28,12 @@ VERIFY_NOT_SETTINGS = {"--model", "--spec", "--instances", "--root", "--output",
 @click.option("--timeout", type=float, default=None, metavar="SECONDS",
               help="Seconds for --model/--spec (default 300); with --instances a cap on each "
                    "instance's own timeout.")
-@click.option("--stages", "method", default="crown,alpha-crown", show_default=True,
+@click.option("--stages", "method", default="crown,alpha-crown,hull", show_default=True,
               metavar="LIST",
               help="Bound stages after the attack, cheap to strong (comma-separated); "
                    "alpha-crown on ReLU, leaky ReLU, tanh, sigmoid and arctan networks; "
-                   "was --method.")
+                   "hull (each neuron's convex hull over the box) on ReLU networks of one "
+                   "hidden layer; was --method.")
 @click.option("--attack-restarts", type=click.IntRange(min=1), default=64, show_default=True,
               metavar="N", help="PGD starting points per case of the property.")
 @click.option("--attack-steps", type=click.IntRange(min=1), default=100, show_default=True,

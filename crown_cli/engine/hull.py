@@ -1,5 +1,5 @@
 """Lower bounds of a one-hidden-layer ReLU network's margin over a box with each neuron's
-convex hull over that box: :func:`hull_bounds`, :func:`hull_optimise`.
+convex hull over that box: :class:`HullNet`, :func:`hull_bounds`, :func:`hull_optimise`.
 
 The margin of a network ``f(x) = W2 relu(W1 x + b1) + b2`` along a row ``(a, beta)`` of a
 property is ``m(x) = a . f(x) - beta = sum_j v_j relu(z_j(x)) + c`` with ``v = a W2``,
@@ -11,23 +11,28 @@ property is ``m(x) = a . f(x) - beta = sum_j v_j relu(z_j(x)) + c`` with ``v = a
   above ``relu(z_j(x))`` on the box: ``relu(z_j(x)) <= C_j . x + e_j`` with ``C_j`` free in
   R^d and ``e_j = max(max_box(-C_j . x), max_box((W1_j - C_j) . x) + b1_j)`` (a function
   lies above ``max(0, z)`` iff it lies above both). CROWN's chord is the member
-  ``C_j = u/(u - l) W1_j``; the others may lean on each input differently, and together they
-  describe the neuron's convex hull over the box (the "ideal" single-neuron relaxation of
-  Anderson et al. 2020), which is tighter than the triangle relaxation whenever the
-  neuron's inputs are the box's own coordinates: on VNN-COMP 2024 safenlp's 30-128-2
-  network the triangle relaxation's LP bound -1.28 of hyperrectangle_369 becomes -0.049.
+  ``C_j = u/(u - l) W1_j``; the others lean on each input differently, ``C_j = theta_j *
+  W1_j`` with ``theta_j`` in [0, 1]^d, and together they describe the neuron's convex hull
+  over the box (the "ideal" single-neuron relaxation of Anderson et al. 2020), which is
+  tighter than the triangle relaxation whenever the neuron's inputs are the box's own
+  coordinates.
 
-The bound is then ``min_box (G . x) + K``, in closed form. Every choice of ``(s, C)`` gives a
-sound bound; :func:`hull_optimise` picks them by projected Adam ascent on the bound (a
-concave function of them), and :func:`hull_bounds` evaluates a choice in float64 with the
-rounding of every sum charged (so the value is a proven lower bound whatever the optimiser
-did). Arrays in, arrays out.
+The bound is then ``min_box (G . x) + K``, in closed form. Every choice of lines gives a sound
+bound; :func:`hull_optimise` picks them by projected Adam ascent on the bound (a concave
+function of them), and :func:`hull_bounds` evaluates a choice in float64 with the rounding
+of every sum charged (so the value is a proven lower bound whatever the optimiser did).
+``theta`` lives on W1's nonzero entries only (a convolution's few per neuron), so its size is
+W1's number of nonzeros. Arrays in, arrays out: boxes ``L, H`` (N, d), one row per box
+``v`` (N, n), ``c`` (N,), lines ``s`` (N, n) and ``theta`` (N, nnz).
 """
 from __future__ import annotations
 
 from typing import Tuple
 
 import numpy as np
+import scipy.sparse as sp
+
+from crown_cli.engine.kernels import hull_kernels
 
 U = 2.0 ** -53
 
@@ -39,113 +44,193 @@ def _gamma(n: int) -> float:
     return 2.0 * k / (1.0 - k)
 
 
+class HullNet:
+    """The hidden layer ``W1`` (n, d), ``b1`` as entries (row ``r``, column ``q``, value
+    ``w``, in row order) with sums over them: ``rowsum(X)`` (N, entries) -> (N, n),
+    ``colsum(X)`` -> (N, d). A mostly-zero W1 (a lowered convolution) keeps only its nonzeros
+    and sums them as sparse products; a denser one keeps every entry (zeros add nothing) and
+    sums by reshaping, which is faster."""
+
+    DENSE = 0.25  # every entry kept when at least this share is nonzero
+
+    def __init__(self, W1, b1):
+        W1 = np.asarray(W1, dtype=np.float64)
+        self.b1 = np.asarray(b1, dtype=np.float64)
+        self.n, self.d = W1.shape
+        self.dense = np.count_nonzero(W1) >= self.DENSE * W1.size
+        if self.dense:
+            self.Wd = W1
+            self.r = np.repeat(np.arange(self.n), self.d)
+            self.q = np.tile(np.arange(self.d), self.n)
+            self.w = W1.ravel().copy()
+            self.absW = np.abs(W1)
+            self.row_len, self.col_len = self.d, self.n
+        else:
+            W = sp.csr_matrix(W1)
+            W.sort_indices()
+            self.W = W
+            self.r = np.repeat(np.arange(self.n), np.diff(W.indptr))
+            self.q = W.indices.astype(np.int64)
+            self.w = W.data.copy()
+            nnz = self.w.size
+            ones = np.ones(nnz)
+            self._rows = sp.csr_matrix((ones, (np.arange(nnz), self.r)), shape=(nnz, self.n))
+            self._cols = sp.csr_matrix((ones, (np.arange(nnz), self.q)), shape=(nnz, self.d))
+            self.absW = abs(W)
+            self.row_len = int(np.max(np.diff(W.indptr))) if self.n else 0
+            self.col_len = int(np.max(np.bincount(self.q, minlength=self.d))) if nnz else 0
+        self.nnz = self.w.size
+        self.ptr = np.searchsorted(self.r, np.arange(self.n + 1)).astype(np.int64)
+
+    def rowsum(self, X):
+        if self.dense:
+            return X.reshape(X.shape[0], self.n, self.d).sum(axis=2)
+        return np.asarray(X @ self._rows)
+
+    def colsum(self, X):
+        if self.dense:
+            return X.reshape(X.shape[0], self.n, self.d).sum(axis=1)
+        return np.asarray(X @ self._cols)
+
+    def apply(self, X):
+        """``X W1^T + b1`` for X (N, d)."""
+        if self.dense:
+            return X @ self.Wd.T + self.b1
+        return np.asarray(self.W @ X.T).T + self.b1
+
+    def abs_apply(self, X):
+        """``X |W1|^T`` for X (N, d)."""
+        if self.dense:
+            return X @ self.absW.T
+        return np.asarray(self.absW @ X.T).T
+
+
 def margin_rows(W2, b2, A, b):
     """The property's rows as (v, c, v_err, c_err): ``v = A W2`` (R, n), ``c = A b2 - b`` (R,),
     with bounds of their float64 rounding errors."""
     W2 = np.asarray(W2, dtype=np.float64)
     A = np.atleast_2d(np.asarray(A, dtype=np.float64))
+    bb = np.asarray(b, dtype=np.float64).ravel()
+    b2 = np.asarray(b2, dtype=np.float64)
     v = A @ W2
-    c = A @ np.asarray(b2, dtype=np.float64) - np.asarray(b, dtype=np.float64).ravel()
+    c = A @ b2 - bb
     m = W2.shape[0]
     v_err = _gamma(m) * (np.abs(A) @ np.abs(W2))
-    c_err = _gamma(m + 1) * (np.abs(A) @ np.abs(b2) + np.abs(np.asarray(b, np.float64).ravel()))
+    c_err = _gamma(m + 1) * (np.abs(A) @ np.abs(b2) + np.abs(bb))
     return v, c, v_err, c_err
 
 
-def pre_bounds(W1, b1, L, H):
+def pre_bounds(net: HullNet, L, H):
     """Interval bounds (l, u) of ``W1 x + b1`` over each box (N, d): (N, n) each, not charged
     for rounding (they only pick the starting lines and the neurons left fixed)."""
     mid, rad = 0.5 * (L + H), 0.5 * (H - L)
-    c = mid @ W1.T + b1
-    r = rad @ np.abs(W1).T
+    c = net.apply(mid)
+    r = net.abs_apply(rad)
     return c - r, c + r
 
 
-def initial(W1, b1, v, L, H) -> Tuple[np.ndarray, np.ndarray]:
-    """CROWN's lines as a starting point: (s (N, n), theta (N, n, d)) for boxes L, H (N, d)
-    and row coefficients v (N, n); the upper lines are ``C = theta * W1`` (the chord:
-    theta = u / (u - l) on every input)."""
-    l, u = pre_bounds(W1, b1, L, H)
+def initial(net: HullNet, v, L, H) -> Tuple[np.ndarray, np.ndarray]:
+    """CROWN's lines as a starting point: (s (N, n), theta (N, nnz)); the chord gives every
+    input of a neuron the share u / (u - l)."""
+    l, u = pre_bounds(net, L, H)
     unstable = (l < 0.0) & (u > 0.0)
     s = np.where(l >= 0.0, 1.0, np.where(unstable & (u > -l), 1.0, 0.0))
     chord = np.where(unstable, u / np.where(unstable, u - l, 1.0), np.where(l >= 0.0, 1.0, 0.0))
-    theta = np.broadcast_to(chord[:, :, None], chord.shape + (W1.shape[1],)).copy()
-    return s, theta
+    return s, chord[:, net.r]
 
 
-def _parts(W1, b1, v, c, L, H, s, C):
-    """The float64 bound pieces of every box: G (N, d), K (N,), e (N, n), M1, M2, D."""
+def stable(net: HullNet, L, H):
+    """(N, n) bool: neurons whose sign is fixed on the box (their lines are exact)."""
+    l, u = pre_bounds(net, L, H)
+    return (l >= 0.0) | (u <= 0.0)
+
+
+def _parts(net: HullNet, v, c, L, H, s, theta):
+    """The float64 bound pieces of every box."""
+    w, q = net.w, net.q
     pos = v >= 0.0
-    D = W1[None] - C
-    Lb, Hb = L[:, None, :], H[:, None, :]
-    M1 = np.where(C > 0.0, -C * Lb, -C * Hb).sum(axis=2)
-    M2 = np.where(D > 0.0, D * Hb, D * Lb).sum(axis=2) + b1
+    Ck = theta * w
+    Dk = w - Ck
+    Lq, Hq = L[:, q], H[:, q]
+    M1 = net.rowsum(np.where(Ck > 0.0, -Ck * Lq, -Ck * Hq))
+    M2 = net.rowsum(np.where(Dk > 0.0, Dk * Hq, Dk * Lq)) + net.b1
     e = np.maximum(M1, M2)
     ps = np.where(pos, v * np.clip(s, 0.0, 1.0), 0.0)
     neg = np.where(pos, 0.0, v)
-    G = ps @ W1 + np.einsum("bn,bnd->bd", neg, C)
-    K = c + ps @ b1 + np.sum(neg * e, axis=1)
-    return G, K, e, M1, M2, D, ps, neg
+    G = net.colsum(ps[:, net.r] * w + neg[:, net.r] * Ck)
+    K = c + ps @ net.b1 + np.sum(neg * e, axis=1)
+    return dict(G=G, K=K, e=e, M1=M1, M2=M2, Ck=Ck, Dk=Dk, ps=ps, neg=neg, Lq=Lq, Hq=Hq)
 
 
-def hull_bounds(W1, b1, v, c, v_err, c_err, L, H, s, C) -> np.ndarray:
-    """Proven lower bounds (N,) of ``sum_j v_j relu(W1_j x + b1_j) + c`` over each box
-    ``[L_k, H_k]`` for the true (unrounded) rows of which ``v, c`` (N, n), (N,) are the float64
-    values within ``v_err, c_err``, at the lines ``s`` (N, n; clipped to [0, 1]) and ``C``
-    (N, n, d). Every float64 sum is charged its rounding; NaN anywhere gives -inf."""
-    W1 = np.asarray(W1, dtype=np.float64)
-    b1 = np.asarray(b1, dtype=np.float64)
-    n, d = W1.shape
-    G, K, e, _, _, _, ps, neg = _parts(W1, b1, v, c, L, H, s, C)
+def hull_bounds(net: HullNet, v, c, v_err, c_err, L, H, s, theta) -> np.ndarray:
+    """Proven lower bounds (N,) of ``sum_j v_j relu(W1_j x + b1_j) + c`` over each box for the
+    true (unrounded) rows of which ``v, c`` are the float64 values within ``v_err, c_err``,
+    at the lines ``s`` (clipped to [0, 1]) and ``theta`` (any values: the upper lines
+    ``theta * w`` are valid whatever they are). Every float64 sum is charged its rounding;
+    NaN anywhere gives -inf."""
+    P = _parts(net, v, c, L, H, s, theta)
+    Ck, ps, neg = P["Ck"], P["ps"], P["neg"]
     Mx = np.maximum(np.abs(L), np.abs(H))  # |x_i| on the box
-    # e_j rounded up: its two sums over d products (plus the subtraction W1 - C)
-    e_mag = np.einsum("bnd,bd->bn", 2.0 * np.abs(C) + np.abs(W1)[None], Mx) + np.abs(b1)
-    e = e + _gamma(d + 2) * e_mag
-    K = c + ps @ b1 + np.sum(neg * e, axis=1)
-    # G's error per coordinate and K's, then the final sum's
-    G_err = _gamma(n + 2) * (np.abs(ps) @ np.abs(W1) + np.einsum("bn,bnd->bd", np.abs(neg),
-                                                                  np.abs(C)))
-    K_err = _gamma(n + 2) * (np.abs(c) + np.abs(ps) @ np.abs(b1) + np.sum(np.abs(neg * e), 1))
+    # e_j rounded up: its two sums over a row's entries (plus the subtraction w - C)
+    e_mag = net.rowsum((2.0 * np.abs(Ck) + np.abs(net.w)) * Mx[:, net.q]) + np.abs(net.b1)
+    e = P["e"] + _gamma(net.row_len + 2) * e_mag
+    K = c + ps @ net.b1 + np.sum(neg * e, axis=1)
+    G = P["G"]
+    G_err = _gamma(net.col_len + 2) * net.colsum(np.abs(ps[:, net.r] * net.w)
+                                                 + np.abs(neg[:, net.r] * Ck))
+    K_err = _gamma(net.n + 2) * (np.abs(c) + np.abs(ps) @ np.abs(net.b1)
+                                 + np.sum(np.abs(neg * e), axis=1))
     terms = np.minimum(G * L, G * H)
     val = terms.sum(axis=1) + K
-    fin_err = _gamma(d + 1) * (np.abs(terms).sum(axis=1) + np.abs(K))
+    fin_err = _gamma(net.d + 1) * (np.abs(terms).sum(axis=1) + np.abs(K))
     # the rows' own rounding: |v_true - v| <= v_err times relu(z) <= max(u, 0)
-    ubar = Mx @ np.abs(W1).T + np.abs(b1)
-    ubar = ubar * (1.0 + _gamma(d + 1))
+    ubar = net.abs_apply(Mx) + np.abs(net.b1)
+    ubar = ubar * (1.0 + _gamma(net.row_len + 1))
     row_err = np.sum(v_err * ubar, axis=1) + c_err
     charge = (G_err * Mx).sum(axis=1) + K_err + fin_err + row_err
     out = val - charge * (1.0 + 2.0 ** -20)
     return np.where(np.isnan(out), -np.inf, out)
 
 
-def hull_value_and_grad(W1, b1, v, c, L, H, s, C):
-    """The float64 bound (N,) (rounding not charged) and its (sub)gradient in s and C, and
-    the minimising corners x* (N, d) of its linear form."""
-    G, K, e, M1, M2, D, ps, neg = _parts(W1, b1, v, c, L, H, s, C)
+def hull_value_and_grad(net: HullNet, v, c, L, H, s, theta):
+    """The float64 bound (N,) (rounding not charged), its (sub)gradient in s (N, n) and theta
+    (N, nnz), and the minimising corners x* (N, d) of its linear form. Runs the numba kernel
+    (:mod:`crown_cli.engine.kernels.hull`) unless the numpy kernels are chosen; this numpy
+    code is its twin."""
+    k = hull_kernels()
+    if k is not None:
+        f = np.ascontiguousarray
+        return k.value_and_grad(net.ptr, net.q, net.w, net.b1, f(v, dtype=np.float64),
+                                f(c, dtype=np.float64), f(L, dtype=np.float64),
+                                f(H, dtype=np.float64), f(s, dtype=np.float64),
+                                f(theta, dtype=np.float64))
+    return _value_and_grad_numpy(net, v, c, L, H, s, theta)
+
+
+def _value_and_grad_numpy(net: HullNet, v, c, L, H, s, theta):
+    """The numpy twin of the kernel (see :func:`hull_value_and_grad`)."""
+    P = _parts(net, v, c, L, H, s, theta)
+    G, K, Ck, Dk, Lq, Hq = P["G"], P["K"], P["Ck"], P["Dk"], P["Lq"], P["Hq"]
     xs = np.where(G > 0.0, L, H)
     val = np.sum(G * xs, axis=1) + K
-    pos = v >= 0.0
-    gs = np.where(pos, v * (xs @ W1.T + b1), 0.0)
-    Lb, Hb = L[:, None, :], H[:, None, :]
-    dM1 = np.where(C > 0.0, -Lb, -Hb)
-    dM2 = np.where(D > 0.0, -Hb, -Lb)
-    gC = neg[:, :, None] * (xs[:, None, :] + np.where((M1 >= M2)[:, :, None], dM1, dM2))
-    return val, gs, gC, xs
+    gs = np.where(v >= 0.0, v * net.apply(xs), 0.0)
+    first = (P["M1"] >= P["M2"])[:, net.r]
+    dM = np.where(first, np.where(Ck > 0.0, -Lq, -Hq), np.where(Dk > 0.0, -Hq, -Lq))
+    gt = P["neg"][:, net.r] * (xs[:, net.q] + dM) * net.w
+    return val, gs, gt, xs
 
 
-def hull_optimise(W1, b1, v, c, L, H, s, theta, steps: int, lr: float, decay: float = 0.98,
-                  fixed=None):
-    """Projected Adam ascent on the bound from the lines (s, theta) (both in [0, 1]; the upper
-    lines ``C = theta * W1``: each input's share of the neuron's weight, the chord giving
-    every input the same share) for ``steps`` steps. Returns the best (s, theta) seen per
-    box, its float64 value (rounding not charged) and that point's x*. ``fixed`` (N, n)
-    bool: neurons whose lines stay as given (the stable ones when None)."""
-    W1 = np.asarray(W1, dtype=np.float64)
+def hull_optimise(net: HullNet, v, c, L, H, s, theta, steps: int, lr: float,
+                  decay: float = 0.98, fixed=None, stop_above=None):
+    """Projected Adam ascent on the bound from the lines (s, theta), both kept in [0, 1], for
+    ``steps`` steps. Returns the best (s, theta) seen per box, its float64 value (rounding not
+    charged) and that point's x*. ``fixed`` (N, n) bool: neurons whose lines stay as given
+    (the stable ones when None). ``stop_above``: stop once every box's value passes it."""
     s, theta = s.copy(), theta.copy()
     if fixed is None:
-        l, u = pre_bounds(W1, b1, L, H)
-        fixed = (l >= 0.0) | (u <= 0.0)
+        fixed = stable(net, L, H)
     free = ~fixed
+    free_t = free[:, net.r]
     best_s, best_t = s.copy(), theta.copy()
     best = np.full(L.shape[0], -np.inf)
     best_x = 0.5 * (L + H)
@@ -153,15 +238,15 @@ def hull_optimise(W1, b1, v, c, L, H, s, theta, steps: int, lr: float, decay: fl
     mt, vt = np.zeros_like(theta), np.zeros_like(theta)
     b1m, b2m, eps = 0.9, 0.999, 1e-12
     for t in range(1, steps + 1):
-        val, gs, gC, xs = hull_value_and_grad(W1, b1, v, c, L, H, s, theta * W1[None])
+        val, gs, gt, xs = hull_value_and_grad(net, v, c, L, H, s, theta)
         up = val > best
         if up.any():
             best[up] = val[up]
             best_s[up], best_t[up], best_x[up] = s[up], theta[up], xs[up]
-        if t == steps:
+        if t == steps or (stop_above is not None and np.all(best > stop_above)):
             break
         gs = np.where(free, gs, 0.0)
-        gt = np.where(free[:, :, None], gC * W1[None], 0.0)
+        gt = np.where(free_t, gt, 0.0)
         ms = b1m * ms + (1 - b1m) * gs
         vs = b2m * vs + (1 - b2m) * gs * gs
         mt = b1m * mt + (1 - b1m) * gt
@@ -173,17 +258,31 @@ def hull_optimise(W1, b1, v, c, L, H, s, theta, steps: int, lr: float, decay: fl
     return best_s, best_t, best, best_x
 
 
-def split_scores(W1, b1, v, c, L, H, s, theta, xs) -> np.ndarray:
+def split_scores(net: HullNet, v, c, L, H, s, theta, xs) -> np.ndarray:
     """Per box (N, d): how much of the bound's loss at its minimiser ``xs`` each input's width
     causes. Each neuron with ``v_j < 0`` loses ``|v_j| (C_j . x + e_j - relu(z_j(x)))`` there
     (its upper line's height above the ReLU), shared among the inputs in proportion to
     ``|W1_ji| (H_i - L_i)``, the input's part in the neuron's range over the box: the input
     to halve is the one that owes the most."""
-    C = theta * W1[None]
-    _, _, e, _, _, _, _, neg = _parts(W1, b1, v, c, L, H, s, C)
-    z = xs @ W1.T + b1
-    gap = np.maximum(-neg * (np.einsum("bnd,bd->bn", C, xs) + e - np.maximum(z, 0.0)), 0.0)
-    share = np.abs(W1)[None] * (H - L)[:, None, :]  # (N, n, d)
-    total = share.sum(axis=2, keepdims=True)
-    share = share / np.where(total > 0.0, total, 1.0)
-    return np.einsum("bn,bnd->bd", gap, share)
+    P = _parts(net, v, c, L, H, s, theta)
+    z = net.apply(xs)
+    lin = net.rowsum(P["Ck"] * xs[:, net.q])
+    gap = np.maximum(-P["neg"] * (lin + P["e"] - np.maximum(z, 0.0)), 0.0)
+    share = np.abs(net.w) * (H - L)[:, net.q]  # (N, nnz)
+    total = net.rowsum(share)
+    share = share / np.where(total > 0.0, total, 1.0)[:, net.r]
+    return net.colsum(gap[:, net.r] * share)
+
+
+def lower_bounds(W1, b1, W2, b2, lo, hi, A, b, steps: int = 200, lr: float = 0.1,
+                 net: HullNet = None) -> np.ndarray:
+    """Proven lower bounds (R,) of ``A_i f(x) - b_i`` over the box [lo, hi] for each row of A,
+    with the lines optimised per row (stopping early once every row's bound is positive)."""
+    net = net if net is not None else HullNet(W1, b1)
+    v, c, v_err, c_err = margin_rows(W2, b2, A, b)
+    R = v.shape[0]
+    L = np.repeat(np.asarray(lo, dtype=np.float64).ravel()[None], R, axis=0)
+    H = np.repeat(np.asarray(hi, dtype=np.float64).ravel()[None], R, axis=0)
+    s, theta = initial(net, v, L, H)
+    s, theta, _, _ = hull_optimise(net, v, c, L, H, s, theta, steps, lr, stop_above=0.0)
+    return hull_bounds(net, v, c, v_err, c_err, L, H, s, theta)

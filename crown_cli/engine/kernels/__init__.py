@@ -71,3 +71,8 @@ def relu_split_kernels():
 def batched_kernels():
     """The numba kernel of the batched engine's slope scaling (:mod:`.batched`), or None."""
     return _numba_module("batched")
+
+
+def hull_kernels():
+    """The numba kernel of the convex-hull bound's optimiser (:mod:`.hull`), or None."""
+    return _numba_module("hull")

@@ -26,13 +26,19 @@ ROOT_STEPS, ROOT_LR = 200, 0.1  # the whole box: lines from CROWN's
 KID_STEPS, KID_LR = 50, 0.1  # a half: lines from its parent's
 DECAY = 0.98
 BATCH = 32  # open sub-boxes split per round
-MAX_OPEN = 20_000  # open sub-boxes held (each keeps its lines: rows x n x d float32)
+MAX_OPEN = 20_000  # open sub-boxes held (each keeps its lines: rows x (n + nnz(W1)) float32)
 
 
 def applies(weights, activation: str, n_inputs: int, max_dim: int) -> bool:
     """Whether :func:`hull_split_steps` can run: a ReLU network of one hidden layer with at
     most ``max_dim`` inputs."""
     return activation == "relu" and len(weights) == 2 and n_inputs <= max_dim
+
+
+def stage_applies(weights, activation: str) -> bool:
+    """Whether the ``hull`` bound stage of ``crown verify`` runs: a ReLU network of one
+    hidden layer (any number of inputs)."""
+    return activation == "relu" and len(weights) == 2
 
 
 def hull_split(weights, biases, lo, hi, A, b, deadline: float, **options) -> BabResult:
@@ -59,12 +65,13 @@ def hull_split_steps(weights, biases, lo, hi, A, b, deadline: float,
     from its lines."""
     W1, W2 = (np.asarray(w, dtype=np.float64) for w in weights)
     b1, b2 = (np.asarray(v, dtype=np.float64) for v in biases)
+    net = hull.HullNet(W1, b1)
     lo0 = np.asarray(lo, dtype=np.float64).ravel()
     hi0 = np.asarray(hi, dtype=np.float64).ravel()
     A = np.atleast_2d(np.asarray(A, dtype=np.float64))
     bb = np.asarray(b, dtype=np.float64).ravel()
     v, c, v_err, c_err = hull.margin_rows(W2, b2, A, bb)
-    R, (n, d) = A.shape[0], W1.shape
+    R, n, nnz = A.shape[0], net.n, net.nnz
     stats = {"domains": 0, "peak": 1, "splits": 0}
 
     def result(res, x=None, scores=None, note=""):
@@ -72,29 +79,26 @@ def hull_split_steps(weights, biases, lo, hi, A, b, deadline: float,
         return BabResult(res, x, stats["domains"], stats["peak"], worst,
                          splits=stats["splits"], note=note)
 
-    def bound(L, H, S, Cm, steps, lr):
-        """Boxes (N, d), lines (N, R, n), (N, R, n, d): optimised lines, proven bounds per row
-        (N, R), the best row's linear coefficients (N, d), the candidate points."""
+    def bound(L, H, S, T, steps, lr):
+        """Boxes (N, d), lines (N, R, n), (N, R, nnz): optimised lines, proven bounds per row
+        (N, R), the split scores of the best row (N, d), the candidate points."""
         N = L.shape[0]
         Lr, Hr = np.repeat(L, R, axis=0), np.repeat(H, R, axis=0)
         vr, cr = np.tile(v, (N, 1)), np.tile(c, N)
-        s0, C0 = S.reshape(N * R, n).astype(np.float64), Cm.reshape(N * R, n, d).astype(np.float64)
+        s0, t0 = S.reshape(N * R, n).astype(np.float64), T.reshape(N * R, nnz).astype(np.float64)
         # neurons stable on the box take their exact lines; the others keep what they had
-        l, u = hull.pre_bounds(W1, b1, Lr, Hr)
-        fixed = (l >= 0.0) | (u <= 0.0)
-        si, Ci = hull.initial(W1, b1, vr, Lr, Hr)
+        fixed = hull.stable(net, Lr, Hr)
+        si, ti = hull.initial(net, vr, Lr, Hr)
         s0 = np.where(fixed, si, s0)
-        C0 = np.where(fixed[:, :, None], Ci, C0)
-        s1, T1, _, xs = hull.hull_optimise(W1, b1, vr, cr, Lr, Hr, s0, C0, steps, lr,
+        t0 = np.where(fixed[:, net.r], ti, t0)
+        s1, T1, _, xs = hull.hull_optimise(net, vr, cr, Lr, Hr, s0, t0, steps, lr,
                                            decay=DECAY, fixed=fixed)
-        C1 = T1 * W1[None]
-        lb = hull.hull_bounds(W1, b1, vr, cr, np.tile(v_err, (N, 1)), np.tile(c_err, N),
-                              Lr, Hr, s1, C1).reshape(N, R)
-        best = np.argmax(lb, axis=1)
-        pick = np.arange(N) * R + best
-        G = hull.split_scores(W1, b1, vr[pick], cr[pick], L, H, s1[pick], T1[pick], xs[pick])
-        pts = np.concatenate([0.5 * (L + H), xs.reshape(N, R, d).reshape(N * R, d)])
-        return (s1.reshape(N, R, n).astype(np.float32), T1.reshape(N, R, n, d).astype(np.float32),
+        lb = hull.hull_bounds(net, vr, cr, np.tile(v_err, (N, 1)), np.tile(c_err, N),
+                              Lr, Hr, s1, T1).reshape(N, R)
+        pick = np.arange(N) * R + np.argmax(lb, axis=1)
+        G = hull.split_scores(net, vr[pick], cr[pick], L, H, s1[pick], T1[pick], xs[pick])
+        pts = np.concatenate([0.5 * (L + H), xs])
+        return (s1.reshape(N, R, n).astype(np.float32), T1.reshape(N, R, nnz).astype(np.float32),
                 lb, G, pts)
 
     def attack(pts):
@@ -103,9 +107,8 @@ def hull_split_steps(weights, biases, lo, hi, A, b, deadline: float,
         return X[np.argmax(hit)].copy() if hit.any() else None
 
     L0, H0 = lo0[None], hi0[None]
-    vr0 = np.tile(v, (1, 1))
-    s_init, C_init = hull.initial(W1, b1, vr0, np.repeat(L0, R, 0), np.repeat(H0, R, 0))
-    S, Cm, lb, G, pts = bound(L0, H0, s_init.reshape(1, R, n), C_init.reshape(1, R, n, d),
+    s_init, t_init = hull.initial(net, v, np.repeat(L0, R, 0), np.repeat(H0, R, 0))
+    S, T, lb, G, pts = bound(L0, H0, s_init.reshape(1, R, n), t_init.reshape(1, R, nnz),
                               ROOT_STEPS, ROOT_LR)
     stats["domains"] += 1
     x = attack(pts)
@@ -114,7 +117,7 @@ def hull_split_steps(weights, biases, lo, hi, A, b, deadline: float,
     score = lb.max(axis=1)
     if score[0] > 0.0:
         return result("unsat")
-    pool = BoxPool(lo=L0.copy(), hi=H0.copy(), score=score, grad=G, s=S, C=Cm, share=np.ones(1))
+    pool = BoxPool(lo=L0.copy(), hi=H0.copy(), score=score, grad=G, s=S, theta=T, share=np.ones(1))
     while len(pool):
         if time.monotonic() >= deadline:
             return result("timeout", scores=pool.view("score"))
@@ -133,8 +136,8 @@ def hull_split_steps(weights, biases, lo, hi, A, b, deadline: float,
         H1[np.arange(k), dim] = mid
         L2[np.arange(k), dim] = mid
         KL, KH = np.concatenate([L1, L2]), np.concatenate([H1, H2])
-        S2, C2, lb, G, pts = bound(KL, KH, np.concatenate([t["s"], t["s"]]),
-                                   np.concatenate([t["C"], t["C"]]), KID_STEPS, KID_LR)
+        S2, T2, lb, G, pts = bound(KL, KH, np.concatenate([t["s"], t["s"]]),
+                                   np.concatenate([t["theta"], t["theta"]]), KID_STEPS, KID_LR)
         stats["domains"] += KL.shape[0]
         stats["splits"] += k
         x = attack(pts)
@@ -144,7 +147,7 @@ def hull_split_steps(weights, biases, lo, hi, A, b, deadline: float,
         score = np.maximum(lb.max(axis=1), np.concatenate([Sb, Sb]))
         live = score <= 0.0
         pool.push(lo=KL[live], hi=KH[live], score=score[live], grad=G[live], s=S2[live],
-                  C=C2[live], share=0.5 * np.concatenate([Vb, Vb])[live])
+                  theta=T2[live], share=0.5 * np.concatenate([Vb, Vb])[live])
         stats["peak"] = max(stats["peak"], len(pool))
         if progress is not None:
             sc = pool.view("score")
