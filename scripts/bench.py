@@ -38,6 +38,12 @@ Every case runs in its own subprocess (so its peak RSS is its own) on both cores
              still open on it, for --bab-seconds: domains/second and the worst open bound
              (a domain here does the work of up to 9 of bab-relu's)
 
+    hull     convex-hull input splitting (verification/bab/hull_split.py) on the 9 instances
+             of VNN-COMP 2024 safenlp (medical) that input splitting left open at 20 s
+             (--vnncomp's sibling vnncomp2024/safenlp_medical): per instance the boxes and
+             seconds to its verdict (20 s each at most), and their sum; with --before a
+             checkout without it prints "no before"
+
     python scripts/bench.py [--cases relu3,relu4,...] [--images 20] [--cifar-images 20]
                             [--conv-images 5]
                             [--bab-boxes 4096] [--bab-seconds 30] [--vnncomp DIR]
@@ -64,7 +70,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MODELS = os.path.join(ROOT, "models")
 CIFAR = os.path.join(ROOT, "crown_cli", "data", "cifar10_test_100.npz")
 CASES = ("relu3", "relu4", "tanh", "sigmoid", "arctan", "relu3-plain", "cifar7", "mem6", "cli",
-         "alpha3", "bab", "bab-relu", "bab-relu-joint", "conv")
+         "alpha3", "bab", "bab-relu", "bab-relu-joint", "conv", "hull")
 CONV_MODEL = os.path.join(MODELS, "cifar_base_kw.onnx")
 TARGETS_S = {"relu3": 0.05, "relu4": 0.15, "cifar7": 0.7, "alpha3": 1.0}  # issue 5 targets, s/image
 
@@ -228,6 +234,47 @@ def conv_worker(n_images):
                       "accuracy": float(np.mean(order[:, -1] == y))}))
 
 
+HULL_ROWS = (2, 11, 67, 106, 109, 127, 131, 169, 249)  # safenlp's 9 former timeouts
+
+
+def hull_worker(vnncomp):
+    """The hull case: hull_split to a verdict on safenlp's 9 hardest instances."""
+    import csv
+
+    pkg = os.environ.get("PYTHONPATH", ROOT).split(os.pathsep)[0]
+    try:
+        hs = _module("crown_cli.verification.bab.hull_split")
+        if not os.path.abspath(hs.__file__).startswith(os.path.abspath(pkg) + os.sep):
+            raise ImportError(hs.__file__)
+    except ImportError:
+        print(json.dumps({"case": "hull", "error": "no before: this checkout has no convex-hull "
+                                                   "input splitting"}))
+        return
+    load_onnx = _module("crown_cli.io.onnx_model").load_onnx
+    parse_vnnlib = _module("crown_cli.io.vnnlib").parse_vnnlib
+    folder = os.path.join(os.path.dirname(vnncomp), "vnncomp2024", "safenlp_medical")
+    listing = os.path.join(folder, "instances.csv")
+    if not os.path.isfile(listing):
+        print(json.dumps({"case": "hull", "error": f"{listing}: not found (--vnncomp)"}))
+        return
+    rows = list(csv.reader(open(listing)))
+    res = {"case": "hull", "instances": [], "time_s": 0.0}
+    for k, r in enumerate(HULL_ROWS):
+        net = load_onnx(os.path.join(folder, rows[r][0]))
+        prop = parse_vnnlib(os.path.join(folder, rows[r][1]), net.input_size, net.num_classes)
+        c = prop.cases[0]
+        if k == 0:  # warm-up: the numba kernel's load
+            hs.hull_split(net.weights, net.biases, c.lo, c.hi, c.A, c.b, time.monotonic() + 20)
+        t = time.perf_counter()
+        out = hs.hull_split(net.weights, net.biases, c.lo, c.hi, c.A, c.b,
+                            time.monotonic() + 20.0)
+        dt = time.perf_counter() - t
+        res["instances"].append([os.path.basename(rows[r][1])[:-7], out.verdict, out.domains, dt])
+        res["time_s"] += dt
+    res["rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
+    print(json.dumps(res))
+
+
 def worker(case, n_images, check, seconds=30.0, vnncomp=None):
     """Run one case in this process and print one JSON line."""
     import numpy as np
@@ -236,6 +283,8 @@ def worker(case, n_images, check, seconds=30.0, vnncomp=None):
         return conv_worker(n_images)
     if case == "bab":
         return bab_worker(n_images)
+    if case == "hull":
+        return hull_worker(vnncomp)
     if case in ("bab-relu", "bab-relu-joint"):
         return bab_relu_worker(seconds, vnncomp, joint=case == "bab-relu-joint")
 
@@ -361,6 +410,10 @@ def line(r, relu3=None, plain=None):
                 f"{r['median_s']:.4f}  evaluations {r['evaluations']:5.2f}  mean eps "
                 f"{r['mean_eps']:.6g}  peak RSS {r['rss_mb']:.0f} MB  tracemalloc peak of one "
                 f"image {r['traced_mb']:.0f} MiB")
+    if r["case"] == "hull":
+        each = ", ".join(f"{n} {v} {b} boxes {t:.2f} s" for n, v, b, t in r["instances"])
+        return (f"{'hull':<11} safenlp's 9 hardest: {r['time_s']:.2f} s in all ({each})  "
+                f"peak RSS {r['rss_mb']:.0f} MB")
     if r["case"] == "cli":
         return f"{'cli':<11} warm `crown certify -n 1`: best {r['best_s']:.2f} s, median {r['median_s']:.2f} s"
     s = (f"{r['case']:<11} images {r['images']:3d}  mean {r['mean_s']:.4f} s/image  median "
@@ -390,6 +443,8 @@ def unit_time(r):
         return 1.0 / r["skip"]
     if r["case"] in ("bab-relu", "bab-relu-joint"):
         return 1.0 / r["rate"]
+    if r["case"] == "hull":
+        return r["time_s"]
     return r["mean_s"]
 
 
