@@ -29,16 +29,16 @@ BATCH = 32  # open sub-boxes split per round
 MAX_OPEN = 20_000  # open sub-boxes held (each keeps its lines: rows x (n + nnz(W1)) float32)
 
 
-def applies(weights, activation: str, n_inputs: int, max_dim: int) -> bool:
-    """Whether :func:`hull_split_steps` can run: a ReLU network of one hidden layer with at
-    most ``max_dim`` inputs."""
-    return activation == "relu" and len(weights) == 2 and n_inputs <= max_dim
-
-
 def stage_applies(weights, activation: str) -> bool:
-    """Whether the ``hull`` bound stage of ``crown verify`` runs: a ReLU network of one
-    hidden layer (any number of inputs)."""
+    """Whether the hull bound (:mod:`crown_cli.engine.hull`) holds for the network: ReLU with
+    one hidden layer (any number of inputs): ``crown verify``'s ``hull`` stage."""
     return activation == "relu" and len(weights) == 2
+
+
+def applies(weights, activation: str, n_inputs: int, max_dim: int) -> bool:
+    """Whether :func:`hull_split_steps` runs in ``crown verify``'s branch and bound: the hull
+    bound holds and the input has at most ``max_dim`` dimensions to split."""
+    return stage_applies(weights, activation) and n_inputs <= max_dim
 
 
 def hull_split(weights, biases, lo, hi, A, b, deadline: float, **options) -> BabResult:
