@@ -324,3 +324,22 @@ def test_applies_only_to_one_hidden_relu_layer_and_few_inputs():
     assert not hs.applies(ws, "relu", 65, 64)
     ws3, _ = random_mlp([5, 8, 8, 2], 0)
     assert not hs.applies(ws3, "relu", 5, 64)
+
+
+def test_lower_bounds_in_row_chunks_and_with_a_past_deadline(monkeypatch):
+    """Rows are independent: bounding them one chunk each gives the same bounds; a deadline
+    already passed stops after the first step with bounds that are still sound (CROWN's
+    lines at least)."""
+    ws, bs, lo, hi, A, b = one_layer(5, 16, 3)
+    A = np.concatenate([A, -A])
+    b = np.zeros(4)
+    whole = hull.lower_bounds(ws[0], bs[0], ws[1], bs[1], lo, hi, A, b, steps=80)
+    monkeypatch.setattr(hull, "CHUNK_ENTRIES", 1)
+    chunked = hull.lower_bounds(ws[0], bs[0], ws[1], bs[1], lo, hi, A, b, steps=80)
+    np.testing.assert_array_equal(whole, chunked)
+    early = hull.lower_bounds(ws[0], bs[0], ws[1], bs[1], lo, hi, A, b, steps=80,
+                              deadline=time.monotonic() - 1.0)
+    X = box_points(lo, hi, np.random.default_rng(0))
+    Y = mlp_forward(ws, bs, "relu", X) @ A.T
+    assert np.all(early <= Y.min(axis=0))
+    assert np.all(early <= whole + 1e-12)

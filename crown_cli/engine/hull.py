@@ -27,6 +27,7 @@ W1's number of nonzeros. Arrays in, arrays out: boxes ``L, H`` (N, d), one row p
 """
 from __future__ import annotations
 
+import time
 from typing import Tuple
 
 import numpy as np
@@ -221,11 +222,12 @@ def _value_and_grad_numpy(net: HullNet, v, c, L, H, s, theta):
 
 
 def hull_optimise(net: HullNet, v, c, L, H, s, theta, steps: int, lr: float,
-                  decay: float = 0.98, fixed=None, stop_above=None):
+                  decay: float = 0.98, fixed=None, stop_above=None, deadline=None):
     """Projected Adam ascent on the bound from the lines (s, theta), both kept in [0, 1], for
     ``steps`` steps. Returns the best (s, theta) seen per box, its float64 value (rounding not
     charged) and that point's x*. ``fixed`` (N, n) bool: neurons whose lines stay as given
-    (the stable ones when None). ``stop_above``: stop once every box's value passes it."""
+    (the stable ones when None). ``stop_above``: stop once every box's value passes it;
+    ``deadline`` (time.monotonic()): stop when it has passed."""
     s, theta = s.copy(), theta.copy()
     if fixed is None:
         fixed = stable(net, L, H)
@@ -243,7 +245,8 @@ def hull_optimise(net: HullNet, v, c, L, H, s, theta, steps: int, lr: float,
         if up.any():
             best[up] = val[up]
             best_s[up], best_t[up], best_x[up] = s[up], theta[up], xs[up]
-        if t == steps or (stop_above is not None and np.all(best > stop_above)):
+        if t == steps or (stop_above is not None and np.all(best > stop_above)) or \
+                (deadline is not None and time.monotonic() >= deadline):
             break
         gs = np.where(free, gs, 0.0)
         gt = np.where(free_t, gt, 0.0)
@@ -274,15 +277,27 @@ def split_scores(net: HullNet, v, c, L, H, s, theta, xs) -> np.ndarray:
     return net.colsum(gap[:, net.r] * share)
 
 
+CHUNK_ENTRIES = 4_000_000  # rows x entries optimised at once (each array ~32 MB)
+
+
 def lower_bounds(W1, b1, W2, b2, lo, hi, A, b, steps: int = 200, lr: float = 0.1,
-                 net: HullNet = None) -> np.ndarray:
+                 net: HullNet = None, deadline=None) -> np.ndarray:
     """Proven lower bounds (R,) of ``A_i f(x) - b_i`` over the box [lo, hi] for each row of A,
-    with the lines optimised per row (stopping early once every row's bound is positive)."""
+    with the lines optimised per row (stopping early once every row's bound is positive, or
+    at ``deadline``, time.monotonic()), rows in chunks of at most ``CHUNK_ENTRIES`` lines."""
     net = net if net is not None else HullNet(W1, b1)
     v, c, v_err, c_err = margin_rows(W2, b2, A, b)
     R = v.shape[0]
-    L = np.repeat(np.asarray(lo, dtype=np.float64).ravel()[None], R, axis=0)
-    H = np.repeat(np.asarray(hi, dtype=np.float64).ravel()[None], R, axis=0)
-    s, theta = initial(net, v, L, H)
-    s, theta, _, _ = hull_optimise(net, v, c, L, H, s, theta, steps, lr, stop_above=0.0)
-    return hull_bounds(net, v, c, v_err, c_err, L, H, s, theta)
+    lo = np.asarray(lo, dtype=np.float64).ravel()
+    hi = np.asarray(hi, dtype=np.float64).ravel()
+    out = np.empty(R)
+    step = max(1, CHUNK_ENTRIES // max(1, net.nnz))
+    for a in range(0, R, step):
+        k = slice(a, min(R, a + step))
+        N = k.stop - k.start
+        L, H = np.repeat(lo[None], N, axis=0), np.repeat(hi[None], N, axis=0)
+        s, theta = initial(net, v[k], L, H)
+        s, theta, _, _ = hull_optimise(net, v[k], c[k], L, H, s, theta, steps, lr,
+                                       stop_above=0.0, deadline=deadline)
+        out[k] = hull_bounds(net, v[k], c[k], v_err[k], c_err[k], L, H, s, theta)
+    return out

@@ -42,6 +42,9 @@ BOUND_STAGES = ("crown", "alpha-crown", "hull")
 # on verivital's avgpool network (one hidden layer of 23328 after lowering) 200 steps prove
 # the three eps-0.04 instances that ReLU splitting left open at 300 s (docs/bab.md)
 HULL_STEPS = 200
+# ... within this share of the time left when the stage starts (a large dense layer costs
+# ~0.25 s per step for 9 rows: 784-1024 on one core)
+HULL_SHARE = 0.25
 ALPHA_ITERS = 50  # one box per case: more steps than certify's search spends (its step sizes)
 # Complete stage after the bounds (docs/bab.md, "Which branch and bound"): input splitting
 # competes on networks of at most INPUT_SPLIT_MAX_DIM inputs (ACAS Xu: 5, safenlp: 30; on
@@ -105,6 +108,7 @@ class Verifier:
         self.relax = {s: get_relaxation(activation, "crown" if s == "alpha-crown" else s, alpha)
                       for s in self.stages if s != "hull"}
         self._hull_net = None  # the hull stage's view of the hidden layer, built once
+        self._deadline = None  # the running verify's deadline (the hull stage's time cap)
         self.attack_restarts, self.attack_steps, self.seed = attack_restarts, attack_steps, seed
         self.attack_time = attack_time
         self.bab = bab and ACTIVATIONS[activation].bab
@@ -166,9 +170,13 @@ class Verifier:
 
         if self._hull_net is None:
             self._hull_net = hull.HullNet(self.weights[0], self.biases[0])
+        stop = None
+        if self._deadline is not None:
+            now = time.monotonic()
+            stop = now + HULL_SHARE * max(0.0, self._deadline - now)
         return hull.lower_bounds(self.weights[0], self.biases[0], self.weights[1],
                                  self.biases[1], lo, hi, A, b, steps=HULL_STEPS,
-                                 net=self._hull_net)
+                                 net=self._hull_net, deadline=stop)
 
     def _attack(self, cases, groups, deadline: float, budget: float, seed: int,
                 scale: int = 1):
@@ -200,6 +208,7 @@ class Verifier:
         open cases; each case's best row margin; the last stage run)."""
         n = len(cases)
         open_cases, margins, stage = list(range(n)), {}, "attack"
+        self._deadline = deadline
         for stage in self.stages:
             still = []
             for members in _by_box(cases, open_cases):
