@@ -332,7 +332,7 @@ def test_lower_bounds_in_row_chunks_and_with_a_past_deadline(monkeypatch):
     lines at least)."""
     ws, bs, lo, hi, A, b = one_layer(5, 16, 3)
     A = np.concatenate([A, -A])
-    b = np.zeros(4)
+    b = np.full(4, 100.0)  # no row gets proven, so no chunk stops early
     whole = hull.lower_bounds(ws[0], bs[0], ws[1], bs[1], lo, hi, A, b, steps=80)
     monkeypatch.setattr(hull, "CHUNK_ENTRIES", 1)
     chunked = hull.lower_bounds(ws[0], bs[0], ws[1], bs[1], lo, hi, A, b, steps=80)
