@@ -327,7 +327,8 @@ def test_applies_only_to_one_hidden_relu_layer_and_few_inputs():
 
 
 def test_lower_bounds_in_row_chunks_and_with_a_past_deadline(monkeypatch):
-    """Rows are independent: bounding them one chunk each gives the same bounds; a deadline
+    """Rows are independent: bounding them one chunk each gives the same bounds (to the
+    BLAS's rounding); a deadline
     already passed stops after the first step with bounds that are still sound (CROWN's
     lines at least)."""
     ws, bs, lo, hi, A, b = one_layer(5, 16, 3)
@@ -336,7 +337,9 @@ def test_lower_bounds_in_row_chunks_and_with_a_past_deadline(monkeypatch):
     whole = hull.lower_bounds(ws[0], bs[0], ws[1], bs[1], lo, hi, A, b, steps=80)
     monkeypatch.setattr(hull, "CHUNK_ENTRIES", 1)
     chunked = hull.lower_bounds(ws[0], bs[0], ws[1], bs[1], lo, hi, A, b, steps=80)
-    np.testing.assert_array_equal(whole, chunked)
+    # the same optimisation per row (up to the BLAS's rounding, which the nonsmooth ascent
+    # amplifies a little): a row mapped to the wrong chunk would be off by far more
+    np.testing.assert_allclose(whole, chunked, rtol=0, atol=0.01)
     early = hull.lower_bounds(ws[0], bs[0], ws[1], bs[1], lo, hi, A, b, steps=80,
                               deadline=time.monotonic() - 1.0)
     X = box_points(lo, hi, np.random.default_rng(0))
