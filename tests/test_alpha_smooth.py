@@ -142,6 +142,51 @@ def test_steering_kernel_matches_numpy(act, dtype):
     assert np.allclose(tsum, (Lu.astype(np.float64) * Bn).sum(axis=1), **tol)
 
 
+def _backward_numpy(rl, gSu, wLu, aux):
+    """SmoothRelax.backward in plain numpy (as it was before the kernel)."""
+    free, dS, dB, pu, A, Dt, F2 = aux
+    ga = np.where(free, gSu * dS + wLu * dB, 0.0)
+    E = ((gSu - wLu * Dt) * F2).astype(np.float64)
+    A64 = A.astype(np.float64)
+    low = A64 <= 0.5
+    c0 = np.where(low, 1.0 - 2.0 * A64, 0.0)
+    cm = np.where(low, 2.0 * A64, 2.0 - 2.0 * A64)
+    c1 = np.where(low, 0.0, 2.0 * A64 - 1.0)
+    de, gl, gu = rl.dends, 0.0, 0.0
+    for side, rows in ((pu, (2, 3, 9, 6, 7, 11)), (~pu, (0, 1, 8, 4, 5, 10))):
+        Es = np.where(side, E, 0.0)
+        E0, Em, E1 = (Es * c0).sum(axis=0), (Es * cm).sum(axis=0), (Es * c1).sum(axis=0)
+        gl = gl + E0 * de[rows[0]] + E1 * de[rows[1]] + Em * de[rows[2]]
+        gu = gu + E0 * de[rows[3]] + E1 * de[rows[4]] + Em * de[rows[5]]
+    fixed = ~free & rl.chord
+    gs = np.where(fixed, gSu, 0.0).sum(axis=0, dtype=np.float64)
+    gb = np.where(fixed, wLu, 0.0).sum(axis=0, dtype=np.float64)
+    return ga, gl + gs * rl.ds_dl + gb * rl.db_dl, gu + gs * rl.ds_du + gb * rl.db_du
+
+
+@pytest.mark.parametrize("act", ACTS)
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_backward_kernel_matches_numpy(act, dtype):
+    """SmoothRelax.backward (sigmoid_family.steer_tangent_backward) against its numpy form,
+    on intervals of every regime (free lines on both sides, fixed chords)."""
+    rng = np.random.default_rng(31)
+    l, u = make_intervals(5)
+    ok = np.isfinite(l) & np.isfinite(u) & (np.abs(l) < 50) & (np.abs(u) < 50)
+    l, u = l[ok], u[ok]
+    rl = _relax(act, l, u)
+    Lu = rng.standard_normal((7, l.size)).astype(dtype)
+    Lu[:, ::5] = 0.0
+    A = rng.random(Lu.shape).astype(dtype)
+    _, _, aux, _, _ = rl.lines(Lu, A, dtype, False)
+    gSu = rng.standard_normal(Lu.shape).astype(dtype)
+    wLu = (rng.uniform(0.5, 1.5, (Lu.shape[0], 1)) * Lu).astype(dtype)
+    got, want = rl.backward(gSu, wLu, aux), _backward_numpy(rl, gSu, wLu, aux)
+    assert aux[0].any() and (~aux[0] & rl.chord).any() and got[0].dtype == dtype
+    tol = dict(rtol=1e-5, atol=1e-5) if dtype == np.float32 else dict(rtol=1e-11, atol=1e-12)
+    for x, y in zip(got, want):
+        assert np.allclose(x, y, **tol)
+
+
 @pytest.mark.parametrize("act", ACTS)
 def test_default_variables_give_crowns_lines(act):
     l, u = make_intervals(3)
