@@ -360,6 +360,33 @@ def test_at_least_crown_per_image_on_784_20_20_10(act):
     assert np.mean(gains) > 0.0, gains
 
 
+@pytest.mark.parametrize("act", ACTS)
+def test_radius_search_optimises_jointly_and_outlasts_the_dip(act):
+    """The certifier's alpha-crown on a smooth network: every variable for the margin's
+    bound (joint), and an early stop patient enough for the objective's dip (at least
+    ALPHA_PATIENCE_SMOOTH steps), on small and large networks; ReLU keeps its rule.
+    Its radius is at least crown's also with the early stop forced at once (patience 1)."""
+    from crown_cli.certification import certifier as cm
+
+    weights, biases = random_mlp([784, 20, 20, 10], 3 + ACTS.index(act))
+    ca = Certifier(weights, biases, act, method="alpha-crown")
+    x, _ = load_images(None)
+    assert ca._alpha_bounds(x[0], np.eye(10)[:1] - np.eye(10)[1:2]).joint
+    assert ca._alpha_stopping() == (max(cm.ALPHA_PATIENCE, cm.ALPHA_PATIENCE_SMOOTH),
+                                    cm.ALPHA_TOL)
+    big = random_mlp([10, 1025, 3], 1)
+    assert Certifier(*big, act, method="alpha-crown")._alpha_stopping() == \
+        (max(cm.ALPHA_PATIENCE_LARGE, cm.ALPHA_PATIENCE_SMOOTH), cm.ALPHA_TOL_LARGE)
+    assert Certifier(*big, "relu", method="alpha-crown")._alpha_stopping() == \
+        (cm.ALPHA_PATIENCE_LARGE, cm.ALPHA_TOL_LARGE)
+    assert cm.ALPHA_PATIENCE_SMOOTH > cm.ALPHA_PATIENCE_LARGE
+    c, t = _runner_up(weights, biases, act, x[1])
+    r = Certifier(weights, biases, act).certify(x[1], c, [t])
+    ca._alpha_stopping = lambda: (1, 1e3)
+    a = ca.certify(x[1], c, [t])
+    assert r.status == a.status == "certified" and a.eps >= r.eps
+
+
 def _margins(weights, biases, act, X, c, targets):
     f = forward(weights, biases, act, np.atleast_2d(X))
     return f[:, [c]] - f[:, targets]

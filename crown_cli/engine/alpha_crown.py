@@ -386,8 +386,9 @@ class AlphaBounds:
         self.smooth = activation if activation in ACTIVATIONS and ACTIVATIONS[activation].smooth \
             else None
         # smooth activations: each intermediate bound for itself by default (both are
-        # implemented: SmoothRelax.backward differentiates the lines in (l, u); the
-        # measurement that chose it is in docs/methods.md, "Where the defaults come from")
+        # implemented: SmoothRelax.backward differentiates the lines in (l, u)); the radius
+        # search (Certifier) asks for joint, which measured better with enough steps: see
+        # docs/methods.md, "Where the defaults come from"
         self.joint = (self.smooth is None) if joint is None else joint
         # the sound evaluation takes each intermediate bound as the tighter of alpha-CROWN's
         # and CROWN's (ReLU: a tighter interval only tightens the chord). Not for the smooth
