@@ -6,12 +6,14 @@
   ``act(d) - act'(d) d`` holds to rounding, i.e. the ranges themselves are valid, and the
   sound line is that tangent up to its rounding slack;
 - at CROWN's tangent points the lines are CROWN's and the bound is crown.margin_lower_bound;
-- the gradient with respect to the tangent-point variables against central finite
-  differences (float64, every norm and a box; the joint objective, whose gradient reaches
-  the intermediate variables through (l, u); multi-layer chains; d bound / d l, d u);
+- the steering kernels (lines and their reverse pass) against numpy; the gradient with
+  respect to the tangent-point variables against central finite differences (float64, every
+  norm and a box; the joint objective, whose gradient reaches the intermediate variables
+  through (l, u); multi-layer chains; d bound / d l, d u);
 - alpha-crown's radius is at least CROWN's per image (random 784-20-20-10 networks on MNIST
-  images) and above it on average; sampling and PGD find no flipping point in the certified
-  balls and no margin below the verified bounds.
+  images) and above it on average, also with the early stop forced at once; the radius
+  search optimises jointly with the smooth activations' patience; sampling and PGD find no
+  flipping point in the certified balls and no margin below the verified bounds.
 """
 from __future__ import annotations
 
