@@ -6,12 +6,14 @@
   ``act(d) - act'(d) d`` holds to rounding, i.e. the ranges themselves are valid, and the
   sound line is that tangent up to its rounding slack;
 - at CROWN's tangent points the lines are CROWN's and the bound is crown.margin_lower_bound;
-- the gradient with respect to the tangent-point variables against central finite
-  differences (float64, every norm and a box; the joint objective, whose gradient reaches
-  the intermediate variables through (l, u); multi-layer chains; d bound / d l, d u);
+- the steering kernels (lines and their reverse pass) against numpy; the gradient with
+  respect to the tangent-point variables against central finite differences (float64, every
+  norm and a box; the joint objective, whose gradient reaches the intermediate variables
+  through (l, u); multi-layer chains; d bound / d l, d u);
 - alpha-crown's radius is at least CROWN's per image (random 784-20-20-10 networks on MNIST
-  images) and above it on average; sampling and PGD find no flipping point in the certified
-  balls and no margin below the verified bounds.
+  images) and above it on average, also with the early stop forced at once; the radius
+  search optimises jointly with the smooth activations' patience; sampling and PGD find no
+  flipping point in the certified balls and no margin below the verified bounds.
 """
 from __future__ import annotations
 
@@ -140,6 +142,51 @@ def test_steering_kernel_matches_numpy(act, dtype):
     for x, y in ((S, Sn), (B, Bn), (dS, dSn), (dB, dBn)):
         assert np.allclose(x, y, **tol)
     assert np.allclose(tsum, (Lu.astype(np.float64) * Bn).sum(axis=1), **tol)
+
+
+def _backward_numpy(rl, gSu, wLu, aux):
+    """SmoothRelax.backward in plain numpy (as it was before the kernel)."""
+    free, dS, dB, pu, A, Dt, F2 = aux
+    ga = np.where(free, gSu * dS + wLu * dB, 0.0)
+    E = ((gSu - wLu * Dt) * F2).astype(np.float64)
+    A64 = A.astype(np.float64)
+    low = A64 <= 0.5
+    c0 = np.where(low, 1.0 - 2.0 * A64, 0.0)
+    cm = np.where(low, 2.0 * A64, 2.0 - 2.0 * A64)
+    c1 = np.where(low, 0.0, 2.0 * A64 - 1.0)
+    de, gl, gu = rl.dends, 0.0, 0.0
+    for side, rows in ((pu, (2, 3, 9, 6, 7, 11)), (~pu, (0, 1, 8, 4, 5, 10))):
+        Es = np.where(side, E, 0.0)
+        E0, Em, E1 = (Es * c0).sum(axis=0), (Es * cm).sum(axis=0), (Es * c1).sum(axis=0)
+        gl = gl + E0 * de[rows[0]] + E1 * de[rows[1]] + Em * de[rows[2]]
+        gu = gu + E0 * de[rows[3]] + E1 * de[rows[4]] + Em * de[rows[5]]
+    fixed = ~free & rl.chord
+    gs = np.where(fixed, gSu, 0.0).sum(axis=0, dtype=np.float64)
+    gb = np.where(fixed, wLu, 0.0).sum(axis=0, dtype=np.float64)
+    return ga, gl + gs * rl.ds_dl + gb * rl.db_dl, gu + gs * rl.ds_du + gb * rl.db_du
+
+
+@pytest.mark.parametrize("act", ACTS)
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_backward_kernel_matches_numpy(act, dtype):
+    """SmoothRelax.backward (sigmoid_family.steer_tangent_backward) against its numpy form,
+    on intervals of every regime (free lines on both sides, fixed chords)."""
+    rng = np.random.default_rng(31)
+    l, u = make_intervals(5)
+    ok = np.isfinite(l) & np.isfinite(u) & (np.abs(l) < 50) & (np.abs(u) < 50)
+    l, u = l[ok], u[ok]
+    rl = _relax(act, l, u)
+    Lu = rng.standard_normal((7, l.size)).astype(dtype)
+    Lu[:, ::5] = 0.0
+    A = rng.random(Lu.shape).astype(dtype)
+    _, _, aux, _, _ = rl.lines(Lu, A, dtype, False)
+    gSu = rng.standard_normal(Lu.shape).astype(dtype)
+    wLu = (rng.uniform(0.5, 1.5, (Lu.shape[0], 1)) * Lu).astype(dtype)
+    got, want = rl.backward(gSu, wLu, aux), _backward_numpy(rl, gSu, wLu, aux)
+    assert aux[0].any() and (~aux[0] & rl.chord).any() and got[0].dtype == dtype
+    tol = dict(rtol=1e-5, atol=1e-5) if dtype == np.float32 else dict(rtol=1e-11, atol=1e-12)
+    for x, y in zip(got, want):
+        assert np.allclose(x, y, **tol)
 
 
 @pytest.mark.parametrize("act", ACTS)
@@ -313,6 +360,33 @@ def test_at_least_crown_per_image_on_784_20_20_10(act):
         assert a.eps >= r.eps and a.lower_bound > 0, (i, a, r)
         gains.append(a.eps / r.eps - 1.0)
     assert np.mean(gains) > 0.0, gains
+
+
+@pytest.mark.parametrize("act", ACTS)
+def test_radius_search_optimises_jointly_and_outlasts_the_dip(act):
+    """The certifier's alpha-crown on a smooth network: every variable for the margin's
+    bound (joint), and an early stop patient enough for the objective's dip (at least
+    ALPHA_PATIENCE_SMOOTH steps), on small and large networks; ReLU keeps its rule.
+    Its radius is at least crown's also with the early stop forced at once (patience 1)."""
+    from crown_cli.certification import certifier as cm
+
+    weights, biases = random_mlp([784, 20, 20, 10], 3 + ACTS.index(act))
+    ca = Certifier(weights, biases, act, method="alpha-crown")
+    x, _ = load_images(None)
+    assert ca._alpha_bounds(x[0], np.eye(10)[:1] - np.eye(10)[1:2]).joint
+    assert ca._alpha_stopping() == (max(cm.ALPHA_PATIENCE, cm.ALPHA_PATIENCE_SMOOTH),
+                                    cm.ALPHA_TOL)
+    big = random_mlp([10, 1025, 3], 1)
+    assert Certifier(*big, act, method="alpha-crown")._alpha_stopping() == \
+        (max(cm.ALPHA_PATIENCE_LARGE, cm.ALPHA_PATIENCE_SMOOTH), cm.ALPHA_TOL_LARGE)
+    assert Certifier(*big, "relu", method="alpha-crown")._alpha_stopping() == \
+        (cm.ALPHA_PATIENCE_LARGE, cm.ALPHA_TOL_LARGE)
+    assert cm.ALPHA_PATIENCE_SMOOTH > cm.ALPHA_PATIENCE_LARGE
+    c, t = _runner_up(weights, biases, act, x[1])
+    r = Certifier(weights, biases, act).certify(x[1], c, [t])
+    ca._alpha_stopping = lambda: (1, 1e3)
+    a = ca.certify(x[1], c, [t])
+    assert r.status == a.status == "certified" and a.eps >= r.eps
 
 
 def _margins(weights, biases, act, X, c, targets):

@@ -42,6 +42,9 @@ ALPHA_SMALL = 1024
 # tanh / sigmoid / arctan: the bound is smooth in the tangent points with interior optima (a
 # ReLU's is linear in each slope, optima at the ends), where lr 0.5 oscillates
 ALPHA_LR_SMOOTH = 0.05
+# and their objective rises, dips for several steps (Adam overshooting) and rises again: an
+# early stop must outlast the dip (patience at least this many steps)
+ALPHA_PATIENCE_SMOOTH = 10
 ALPHA_METHODS = ("alpha-crown",)
 # free lower slopes (ReLU-type) or free tangent points (S-shaped): crown_cli/engine/alpha_crown.py
 
@@ -309,22 +312,29 @@ class Certifier:
     ALPHA_REOPT = 0.01
     ALPHA_NEXT = 0.5  # the next round optimises this fraction of the gain so far above it
     # tanh / sigmoid / arctan (free tangent points): one round, started higher
-    ALPHA_START_SMOOTH = 1.05
+    ALPHA_START_SMOOTH = 1.03
     ALPHA_ROUNDS_SMOOTH = 1
 
     def _alpha_stopping(self):
-        """(patience, tol) of the slope optimiser's early stop (see ALPHA_SMALL)."""
+        """(patience, tol) of the slope optimiser's early stop (see ALPHA_SMALL and
+        ALPHA_PATIENCE_SMOOTH)."""
         if sum(w.shape[0] for w in self.net.W[:-1]) <= ALPHA_SMALL:
-            return ALPHA_PATIENCE, ALPHA_TOL
-        return ALPHA_PATIENCE_LARGE, ALPHA_TOL_LARGE
+            patience, tol = ALPHA_PATIENCE, ALPHA_TOL
+        else:
+            patience, tol = ALPHA_PATIENCE_LARGE, ALPHA_TOL_LARGE
+        if ACTIVATIONS[self.activation].smooth:
+            patience = max(patience, ALPHA_PATIENCE_SMOOTH)
+        return patience, tol
 
     def _alpha_bounds(self, x0, C, first=None):
         from crown_cli.engine.alpha_crown import AlphaBounds
 
         leak = self.alpha if self.activation == "leaky_relu" else 0.0
+        # joint: every variable for the margin's bound (the smooth activations' default in
+        # AlphaBounds is each intermediate bound for itself)
         return AlphaBounds(self.net, self.relax_fn, leak, x0, self.qcode, C,
                            first_layer_center(self.net, x0) if first is None else first,
-                           act_bound=self._act_bound, activation=self.activation)
+                           act_bound=self._act_bound, activation=self.activation, joint=True)
 
     def _alpha_search(self, x0, C, first, g0, crown: SearchResult) -> SearchResult:
         """alpha-CROWN radius, searched upward from CROWN's verified radius.

@@ -158,6 +158,7 @@ class SmoothRelax:
         self.kind = activation
         self._code = {"tanh": sf.TANH, "sigmoid": sf.SIGMOID, "arctan": sf.ARCTAN}[activation]
         self._sound, self._steer = sf.sound_tangent_lines, sf.steer_tangent_lines
+        self._back = sf.steer_tangent_backward
         aU, bU, aL, bL = relax_fn(l, u)
         self.aU, self.bU, self.aL, self.bL = aU, bU, aL, bL
         n = l.shape[0]
@@ -235,24 +236,16 @@ class SmoothRelax:
         -d act''(d) dd; a fixed chord by its derivatives. (A degenerate interval's midpoint
         lines are not differentiated.)"""
         free, dS, dB, pu, A, Dt, F2 = aux
-        ga = np.where(free, gSu * dS + wLu * dB, 0.0)
-        E = ((gSu - wLu * Dt) * F2).astype(np.float64)  # 0 where not free (F2 = 0)
-        A64 = A.astype(np.float64)
-        low = A64 <= 0.5
-        c0 = np.where(low, 1.0 - 2.0 * A64, 0.0)
-        cm = np.where(low, 2.0 * A64, 2.0 - 2.0 * A64)
-        c1 = np.where(low, 0.0, 2.0 * A64 - 1.0)
+        ga, sm = self._back(gSu, wLu, free, dS, dB, pu, A, Dt, F2, self.chord)
         de = self.dends
+        # rows of dends per side: (a0 dl, a1 dl, am dl, a0 du, a1 du, am du); sm per side:
+        # (E c0, E cm, E c1), lower side (pu) first
         gl = gu = 0.0
-        # rows of dends per side: (a0 dl, a1 dl, am dl, a0 du, a1 du, am du)
-        for side, rows in ((pu, (2, 3, 9, 6, 7, 11)), (~pu, (0, 1, 8, 4, 5, 10))):
-            Es = np.where(side, E, 0.0)
-            E0, Em, E1 = (Es * c0).sum(axis=0), (Es * cm).sum(axis=0), (Es * c1).sum(axis=0)
+        for s, rows in ((0, (2, 3, 9, 6, 7, 11)), (3, (0, 1, 8, 4, 5, 10))):
+            E0, Em, E1 = sm[s], sm[s + 1], sm[s + 2]
             gl = gl + E0 * de[rows[0]] + E1 * de[rows[1]] + Em * de[rows[2]]
             gu = gu + E0 * de[rows[3]] + E1 * de[rows[4]] + Em * de[rows[5]]
-        fixed = ~free & self.chord
-        gs = np.where(fixed, gSu, 0.0).sum(axis=0, dtype=np.float64)
-        gb = np.where(fixed, wLu, 0.0).sum(axis=0, dtype=np.float64)
+        gs, gb = sm[6], sm[7]
         return ga, gl + gs * self.ds_dl + gb * self.db_dl, gu + gs * self.ds_du + gb * self.db_du
 
 
@@ -393,8 +386,9 @@ class AlphaBounds:
         self.smooth = activation if activation in ACTIVATIONS and ACTIVATIONS[activation].smooth \
             else None
         # smooth activations: each intermediate bound for itself by default (both are
-        # implemented: SmoothRelax.backward differentiates the lines in (l, u); the
-        # measurement that chose it is in docs/methods.md, "Where the defaults come from")
+        # implemented: SmoothRelax.backward differentiates the lines in (l, u)); the radius
+        # search (Certifier) asks for joint, which measured better with enough steps: see
+        # docs/methods.md, "Where the defaults come from"
         self.joint = (self.smooth is None) if joint is None else joint
         # the sound evaluation takes each intermediate bound as the tighter of alpha-CROWN's
         # and CROWN's (ReLU: a tighter interval only tightens the chord). Not for the smooth
@@ -444,10 +438,11 @@ class AlphaBounds:
         if rl.unst.size == 0:
             return None, None
         S = self.store[key]
-        if sel is None:
-            idx = (rows[:, None], rl.unst[None, :])
-        else:
-            idx = (slice(None), rows[:, None], rl.unst[None, :])
+        # rows and unst are sorted and distinct, so all of them is every row / column: then
+        # slices (a view, where fancy indexing copies; tanh / sigmoid / arctan take every one)
+        r = slice(None) if rows.size == S.shape[-2] else rows[:, None]
+        c = slice(None) if rl.unst.size == S.shape[-1] else rl.unst[None, :]
+        idx = (r, c) if sel is None else (slice(None), r, c)
         A = S[idx]
         bad = np.isnan(A)
         if bad.any():

@@ -582,3 +582,37 @@ def steer_tangent_lines(kind, Lu, A, a0L, amL, a1L, freeL, aL, bL, a0U, amU, a1U
             acc += float(x) * b
         c[i] = acc
     return S, B, dS, dB, free, c, Dt, F2
+
+
+@njit(cache=True)
+def steer_tangent_backward(gS, wL, free, dS, dB, lower, A, Dt, F2, chord):
+    """The reverse pass of :func:`steer_tangent_lines` for ``SmoothRelax.backward``, from the
+    gradients with respect to the rows' slopes ``gS`` and intercepts ``wL`` (r, n). Returns
+    (ga, sums): the gradient in the variables (gS dS + wL dB where free, else 0; gS's dtype),
+    and float64 column sums (8, n): for the free elements on the lower side (rows 0-2) and
+    on the upper side (rows 3-5) those of E c0, E cm, E c1, with E = (gS - wL d) act''(d)
+    and (c0, cm, c1) the weights of the range's points in d (:func:`theta_point`: 1 - 2
+    theta, 2 theta, 0 up to theta = 1/2, then 0, 2 - 2 theta, 2 theta - 1); for the fixed
+    chords (not free, ``chord[j]``) those of gS (row 6) and wL (row 7)."""
+    r, n = gS.shape
+    ga = np.zeros_like(gS)
+    sums = np.zeros((8, n))
+    for i in range(r):
+        for j in range(n):
+            g = gS[i, j]
+            w = wL[i, j]
+            if free[i, j]:
+                ga[i, j] = g * dS[i, j] + w * dB[i, j]
+                e = (float(g) - float(w) * float(Dt[i, j])) * float(F2[i, j])
+                a = float(A[i, j])
+                s = 0 if lower[i, j] else 3
+                if a <= 0.5:
+                    sums[s, j] += e * (1.0 - 2.0 * a)
+                    sums[s + 1, j] += e * (2.0 * a)
+                else:
+                    sums[s + 1, j] += e * (2.0 - 2.0 * a)
+                    sums[s + 2, j] += e * (2.0 * a - 1.0)
+            elif chord[j]:
+                sums[6, j] += float(g)
+                sums[7, j] += float(w)
+    return ga, sums
