@@ -447,3 +447,18 @@ def test_hull_stage_on_one_hidden_layer_with_many_inputs():
     assert out.result == "unknown"
     assert Verifier(random_network([5, 8, 8, 2], 0)[0], random_network([5, 8, 8, 2], 0)[1],
                     "relu").stages == ["crown", "alpha-crown"]
+
+
+def test_stages_that_do_not_apply_are_logged_as_skipped():
+    ws, bs = random_network([4, 8, 8, 2], 1)
+    lines = []
+    v = Verifier(ws, bs, "relu", stages=("crown", "hull"), bab=False, attack_time=0.0)
+    assert v.stages == ["crown"]
+    prop = parse_vnnlib_text(box_property(-np.ones(4), np.ones(4), 0, 1, -1e6, 2), "p", 4, 2)
+    v.verify(prop, timeout=5.0, log=lines.append)
+    assert "hull: skipped (ReLU networks of one hidden layer only)" in lines
+    ws, bs = random_network([4, 8, 2], 1)
+    lines = []
+    v = Verifier(ws, bs, "elu", stages=("crown", "alpha-crown"), bab=False, attack_time=0.0)
+    v.verify(prop, timeout=5.0, log=lines.append)
+    assert "alpha-crown: skipped (not defined for elu networks)" in lines

@@ -102,9 +102,14 @@ class Verifier:
         self.biases = [np.asarray(b, dtype=np.float64) for b in biases]
         self.activation, self.alpha = activation, alpha
         self.net = Network(self.weights, self.biases)
-        self.stages = [s for s in stages if s in BOUND_STAGES
-                       and (s != "alpha-crown" or ACTIVATIONS[activation].alpha_crown)
-                       and (s != "hull" or hull_stage_applies(self.weights, activation))]
+        why_not = {"alpha-crown": None if ACTIVATIONS[activation].alpha_crown else
+                   f"not defined for {activation} networks",
+                   "hull": None if hull_stage_applies(self.weights, activation) else
+                   "ReLU networks of one hidden layer only"}
+        self.stages = [s for s in stages if s in BOUND_STAGES and why_not.get(s) is None]
+        # stages asked for that do not apply to this network, with the reason (logged)
+        self.skipped = [(s, why_not[s]) for s in stages if s in BOUND_STAGES
+                        and why_not.get(s) is not None]
         self.relax = {s: get_relaxation(activation, "crown" if s == "alpha-crown" else s, alpha)
                       for s in self.stages if s != "hull"}
         self._hull_net = None  # the hull stage's view of the hidden layer, built once
@@ -209,6 +214,9 @@ class Verifier:
         n = len(cases)
         open_cases, margins, stage = list(range(n)), {}, "attack"
         self._deadline = deadline
+        if log is not None:
+            for stage, why in getattr(self, "skipped", ()):
+                log(f"{stage}: skipped ({why})")
         for stage in self.stages:
             still = []
             for members in _by_box(cases, open_cases):

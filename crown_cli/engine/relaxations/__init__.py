@@ -120,5 +120,7 @@ def get_relaxation(activation: str, method: str, alpha=None):
         raise InputError(
             f"--method {method} is defined for ReLU-type networks only, not '{activation}'"
         )
+    if alpha is None:  # the activation's own default parameter (ELU's 1.0, ...), as forward
+        alpha = ACTIVATIONS[activation].default_param
     return RELAXATIONS[activation](method, alpha)
 
