@@ -346,3 +346,19 @@ def test_lower_bounds_in_row_chunks_and_with_a_past_deadline(monkeypatch):
     Y = mlp_forward(ws, bs, "relu", X) @ A.T
     assert np.all(early <= Y.min(axis=0))
     assert np.all(early <= whole + 1e-12)
+
+
+def test_hull_split_caps_its_open_boxes_by_memory(monkeypatch):
+    """The open boxes' stored lines stay within MAX_MEMORY: a cap that small ends the search
+    with unknown (domain cap) instead of growing."""
+    ws, bs, lo, hi, A, v_dual, v_at, delta = hull_case(*CASES[4])
+    per_box = 4 * A.shape[0] * (ws[0].shape[0] + ws[0].size)
+    monkeypatch.setattr(hs, "MAX_MEMORY", 3 * per_box)
+    res = hs.hull_split(ws, bs, lo, hi, A, np.full(A.shape[0], v_dual - 1e-6),
+                        time.monotonic() + 60.0)
+    assert res.verdict == "unknown" and res.note == "domain cap", res
+    assert res.peak_open <= 3 + 2 * hs.BATCH
+    monkeypatch.setattr(hs, "MAX_MEMORY", 2.0 ** 31)  # the default: decided
+    res = hs.hull_split(ws, bs, lo, hi, A, np.full(A.shape[0], v_dual - 1e-6),
+                        time.monotonic() + 60.0)
+    assert res.verdict == "unsat", res

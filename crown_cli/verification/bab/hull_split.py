@@ -27,6 +27,7 @@ KID_STEPS, KID_LR = 50, 0.1  # a half: lines from its parent's
 DECAY = 0.98
 BATCH = 32  # open sub-boxes split per round
 MAX_OPEN = 20_000  # open sub-boxes held (each keeps its lines: rows x (n + nnz(W1)) float32)
+MAX_MEMORY = 2.0 ** 31  # ... and fewer when their lines would take more bytes than this
 
 
 def stage_applies(weights, activation: str) -> bool:
@@ -47,7 +48,7 @@ def hull_split(weights, biases, lo, hi, A, b, deadline: float, **options) -> Bab
 
 
 def hull_split_steps(weights, biases, lo, hi, A, b, deadline: float,
-                     max_domains: int = MAX_OPEN, batch: int = BATCH,
+                     max_domains: Optional[int] = None, batch: int = BATCH,
                      progress: Optional[Callable[[int, int, float], None]] = None):
     """As a generator (yields the share of the box proven after every round, returns the
     :class:`BabResult`): decide whether some x in [lo, hi] has ``A f(x) <= b`` (all rows) for
@@ -57,7 +58,8 @@ def hull_split_steps(weights, biases, lo, hi, A, b, deadline: float,
     (:func:`crown_cli.engine.hull.hull_bounds`) is above 0. ``sat``: a point of [lo, hi]
     (checked exactly) whose float64 forward pass satisfies every row (the candidates: each
     sub-box's centre and the corner minimising each row's linear bound). ``unknown``: more
-    than ``max_domains`` open sub-boxes, or one that can no longer be split. ``timeout``:
+    than ``max_domains`` open sub-boxes (default: ``MAX_OPEN``, fewer when their stored lines
+    would pass ``MAX_MEMORY`` bytes), or one that can no longer be split. ``timeout``:
     ``deadline`` (time.monotonic()) passed.
 
     A sub-box is split at the midpoint of the input that causes most of its best row's loss
@@ -72,6 +74,8 @@ def hull_split_steps(weights, biases, lo, hi, A, b, deadline: float,
     bb = np.asarray(b, dtype=np.float64).ravel()
     v, c, v_err, c_err = hull.margin_rows(W2, b2, A, bb)
     R, n, nnz = A.shape[0], net.n, net.nnz
+    if max_domains is None:
+        max_domains = max(1, min(MAX_OPEN, int(MAX_MEMORY // (4 * R * (n + nnz)))))
     stats = {"domains": 0, "peak": 1, "splits": 0}
 
     def result(res, x=None, scores=None, note=""):
