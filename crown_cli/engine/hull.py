@@ -108,7 +108,9 @@ class HullNet:
 
 def margin_rows(W2, b2, A, b):
     """The property's rows as (v, c, v_err, c_err): ``v = A W2`` (R, n), ``c = A b2 - b`` (R,),
-    with bounds of their float64 rounding errors."""
+    with bounds of their float64 rounding errors; ``c_err`` also covers one ulp of ``b``
+    (a VNN-LIB decimal rounded to nearest lies within it, as the other stages' ``b`` rounded
+    up one ulp)."""
     W2 = np.asarray(W2, dtype=np.float64)
     A = np.atleast_2d(np.asarray(A, dtype=np.float64))
     bb = np.asarray(b, dtype=np.float64).ravel()
@@ -117,7 +119,7 @@ def margin_rows(W2, b2, A, b):
     c = A @ b2 - bb
     m = W2.shape[0]
     v_err = _gamma(m) * (np.abs(A) @ np.abs(W2))
-    c_err = _gamma(m + 1) * (np.abs(A) @ np.abs(b2) + np.abs(bb))
+    c_err = _gamma(m + 1) * (np.abs(A) @ np.abs(b2) + np.abs(bb)) + np.spacing(np.abs(bb))
     return v, c, v_err, c_err
 
 
