@@ -112,6 +112,17 @@ def _module(*names):
                 raise
 
 
+def _checkout_module(name):
+    """The module ``name`` of the checkout this worker runs (its PYTHONPATH): ImportError when
+    that checkout has none, also when an editable install of a newer layout serves it from
+    elsewhere (so --before on an older checkout says "no before")."""
+    pkg = os.path.abspath((os.environ.get("PYTHONPATH") or ROOT).split(os.pathsep)[0])
+    mod = _module(name)
+    if not os.path.abspath(mod.__file__).startswith(pkg + os.sep):
+        raise ImportError(mod.__file__)
+    return mod
+
+
 def bab_worker(n_boxes):
     """The bab case: batched bounds per second on a random ACAS-shaped net."""
     import numpy as np
@@ -197,13 +208,9 @@ def conv_worker(n_images):
 
     import numpy as np
 
-    pkg = os.path.abspath(os.environ.get("PYTHONPATH") or ROOT)
     try:
-        gc_mod = _module("crown_cli.certification.graph_certifier")
+        gc_mod = _checkout_module("crown_cli.certification.graph_certifier")
         load_graph = _module("crown_cli.graph.onnx_graph").load_graph
-        # an editable install of a newer layout can serve these to an older checkout's process
-        if not os.path.abspath(gc_mod.__file__).startswith(pkg + os.sep):
-            raise ImportError(gc_mod.__file__)
     except ImportError:
         print(json.dumps({"case": "conv", "error": "no before: this checkout cannot certify "
                                                    "convolutional (graph) networks"}))
@@ -241,11 +248,8 @@ def hull_worker(vnncomp):
     """The hull case: hull_split to a verdict on safenlp's 9 hardest instances."""
     import csv
 
-    pkg = os.environ.get("PYTHONPATH", ROOT).split(os.pathsep)[0]
     try:
-        hs = _module("crown_cli.verification.bab.hull_split")
-        if not os.path.abspath(hs.__file__).startswith(os.path.abspath(pkg) + os.sep):
-            raise ImportError(hs.__file__)
+        hs = _checkout_module("crown_cli.verification.bab.hull_split")
     except ImportError:
         print(json.dumps({"case": "hull", "error": "no before: this checkout has no convex-hull "
                                                    "input splitting"}))

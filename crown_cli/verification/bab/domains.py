@@ -111,6 +111,16 @@ class BoxPool:
             self.arrays[name][self.n:self.n + k] = v
         self.n += k
 
+    def round_end(self, stats, progress=None) -> float:
+        """After a round of an input-splitting search: record the peak of open boxes in
+        ``stats["peak"]``, report ``progress(domains, open, worst score)``, and return the
+        share of the case's box proven (1 - the open boxes' ``share``)."""
+        stats["peak"] = max(stats["peak"], self.n)
+        if progress is not None:
+            sc = self.view("score")
+            progress(stats["domains"], self.n, float(sc.min()) if sc.size else np.inf)
+        return max(0.0, 1.0 - float(np.sum(self.view("share"))))
+
     def view(self, name):
         """The live rows of a field (a view: valid until the next push or pop)."""
         return self.arrays[name][:self.n]

@@ -152,9 +152,5 @@ def hull_split_steps(weights, biases, lo, hi, A, b, deadline: float,
         live = score <= 0.0
         pool.push(lo=KL[live], hi=KH[live], score=score[live], grad=G[live], s=S2[live],
                   theta=T2[live], share=0.5 * np.concatenate([Vb, Vb])[live])
-        stats["peak"] = max(stats["peak"], len(pool))
-        if progress is not None:
-            sc = pool.view("score")
-            progress(stats["domains"], len(pool), float(sc.min()) if sc.size else np.inf)
-        yield max(0.0, 1.0 - float(np.sum(pool.view("share"))))
+        yield pool.round_end(stats, progress)
     return result("unsat")

@@ -377,11 +377,7 @@ def input_split_steps(weights, biases, activation, alpha, lo, hi, A, b, deadline
                 stats["splits"] += n
                 for _, kept, _ in outs:
                     pool.push(**kept)
-            stats["peak"] = max(stats["peak"], len(pool))
-            if progress is not None:
-                S = pool.view("score")
-                progress(stats["domains"], len(pool), float(S.min()) if S.size else np.inf)
-            yield max(0.0, 1.0 - float(np.sum(pool.view("share"))))
+            yield pool.round_end(stats, progress)
         return result("unsat")
     finally:
         if helper is not None:
