@@ -38,12 +38,10 @@ from crown_cli.verification.schedule import Run, race
 BOUND_STAGES = ("crown", "alpha-crown", "hull")
 # alpha-crown (crown_cli.engine.alpha_crown): optimised lower slopes (ReLU, leaky ReLU) or tangent points
 # (tanh, sigmoid, arctan)
-# the hull stage's Adam steps on the whole box (it stops early once every row is positive):
-# on verivital's avgpool network (one hidden layer of 23328 after lowering) 200 steps prove
-# the three eps-0.04 instances that ReLU splitting left open at 300 s (docs/bab.md)
+# the hull stage's Adam steps on the whole box (it stops early once every row is positive),
+# within this share of the time left when the stage starts (a large dense hidden layer makes
+# each step costly); docs/bab.md has the measurements
 HULL_STEPS = 200
-# ... within this share of the time left when the stage starts (a large dense layer costs
-# ~0.25 s per step for 9 rows: 784-1024 on one core)
 HULL_SHARE = 0.25
 ALPHA_ITERS = 50  # one box per case: more steps than certify's search spends (its step sizes)
 # Complete stage after the bounds (docs/bab.md, "Which branch and bound"): input splitting
