@@ -362,3 +362,22 @@ def test_hull_split_caps_its_open_boxes_by_memory(monkeypatch):
     res = hs.hull_split(ws, bs, lo, hi, A, np.full(A.shape[0], v_dual - 1e-6),
                         time.monotonic() + 60.0)
     assert res.verdict == "unsat", res
+
+
+def test_optimiser_steps_numba_equal_numpy():
+    """A few optimiser steps with the fused kernels (value and gradient, Adam) against the
+    numpy code: the same lines and values (the ascent is nonsmooth, so only a few steps,
+    before rounding differences could pick other subgradients)."""
+    rng = np.random.default_rng(12)
+    ws, bs, lo, hi, A, b = one_layer(6, 20, 12)
+    v, c, ve, ce, L, H = row_problem(ws, bs, A, b, lo, hi)
+    net = net_of(ws, bs)
+    s0, T0 = hull.initial(net, v, L, H)
+    T0 = np.clip(T0 + 0.05 * rng.normal(size=T0.shape), 0.0, 1.0)
+    out = {}
+    for backend in ("numba", "numpy"):
+        with using_kernels(backend):
+            out[backend] = hull.hull_optimise(net, v, c, L, H, s0, T0, 4, 0.1)
+    for x, y in zip(out["numba"], out["numpy"]):
+        np.testing.assert_allclose(x, y, rtol=1e-9, atol=1e-12)
+    assert not np.array_equal(out["numba"][1], T0)  # the steps moved the lines

@@ -230,11 +230,13 @@ def hull_optimise(net: HullNet, v, c, L, H, s, theta, steps: int, lr: float,
     charged) and that point's x*. ``fixed`` (N, n) bool: neurons whose lines stay as given
     (the stable ones when None). ``stop_above``: stop once every box's value passes it;
     ``deadline`` (time.monotonic()): stop when it has passed."""
-    s, theta = s.copy(), theta.copy()
+    k = hull_kernels()
+    s = np.array(s, dtype=np.float64, order="C")  # copies: updated in place below
+    theta = np.array(theta, dtype=np.float64, order="C")
     if fixed is None:
         fixed = stable(net, L, H)
-    free = ~fixed
-    free_t = free[:, net.r]
+    free = np.ascontiguousarray(~fixed)
+    free_t = np.ascontiguousarray(free[:, net.r])
     best_s, best_t = s.copy(), theta.copy()
     best = np.full(L.shape[0], -np.inf)
     best_x = 0.5 * (L + H)
@@ -250,13 +252,17 @@ def hull_optimise(net: HullNet, v, c, L, H, s, theta, steps: int, lr: float,
         if t == steps or (stop_above is not None and np.all(best > stop_above)) or \
                 (deadline is not None and time.monotonic() >= deadline):
             break
+        step = lr * decay ** (t - 1)
+        if k is not None:  # the fused kernel, in place (s and theta are this loop's copies)
+            k.adam_step(s, gs, ms, vs, free, t, step, 0.0, 1.0)
+            k.adam_step(theta, gt, mt, vt, free_t, t, step, 0.0, 1.0)
+            continue
         gs = np.where(free, gs, 0.0)
         gt = np.where(free_t, gt, 0.0)
         ms = b1m * ms + (1 - b1m) * gs
         vs = b2m * vs + (1 - b2m) * gs * gs
         mt = b1m * mt + (1 - b1m) * gt
         vt = b2m * vt + (1 - b2m) * gt * gt
-        step = lr * decay ** (t - 1)
         c1, c2 = 1 - b1m ** t, 1 - b2m ** t
         s = np.clip(s + step * (ms / c1) / (np.sqrt(vs / c2) + eps), 0.0, 1.0)
         theta = np.clip(theta + step * (mt / c1) / (np.sqrt(vt / c2) + eps), 0.0, 1.0)

@@ -71,3 +71,23 @@ def value_and_grad(ptr, q, w, b1, v, c, L, H, s, theta):
                         dm = -H[i, col] if dk > 0.0 else -L[i, col]
                     gt[i, k] = vj * (xs[i, col] + dm) * w[k]
     return val, gs, gt, xs
+
+
+@njit(cache=True)
+def adam_step(p, g, m, v, free, t, step, lo, hi):
+    """One projected Adam ascent step in place on p (N, K) with gradient g, moments m, v, only
+    where ``free`` (N, K), p kept in [lo, hi]: the numpy twin is in
+    :func:`crown_cli.engine.hull.hull_optimise`."""
+    b1, b2, eps = 0.9, 0.999, 1e-12
+    c1 = 1.0 - b1 ** t
+    c2 = 1.0 - b2 ** t
+    N, K = p.shape
+    for i in range(N):
+        for k in range(K):
+            gk = g[i, k] if free[i, k] else 0.0
+            mk = b1 * m[i, k] + (1.0 - b1) * gk
+            vk = b2 * v[i, k] + (1.0 - b2) * gk * gk
+            m[i, k] = mk
+            v[i, k] = vk
+            x = p[i, k] + step * (mk / c1) / (np.sqrt(vk / c2) + eps)
+            p[i, k] = min(max(x, lo), hi)
