@@ -34,15 +34,16 @@ import numpy as np
 import scipy.sparse as sp
 
 from crown_cli.engine.kernels import hull_kernels
+from crown_cli.engine.optim import Adam, AdamSettings, BestIterate
+from crown_cli.engine.rounding import gamma_n
 
 U = 2.0 ** -53
 
 
 def _gamma(n: int) -> float:
-    """A generous bound of the relative error of a float64 sum of n products (twice the
-    textbook gamma_n of n + 4 operations)."""
-    k = (n + 4) * U
-    return 2.0 * k / (1.0 - k)
+    """A generous bound of the relative error of a float64 sum of n products: twice
+    :func:`crown_cli.engine.rounding.gamma_n` of n + 4 operations."""
+    return 2.0 * gamma_n(n + 4, U)
 
 
 class HullNet:
@@ -223,13 +224,17 @@ def _value_and_grad_numpy(net: HullNet, v, c, L, H, s, theta):
     return val, gs, gt, xs
 
 
+ADAM = AdamSettings(eps=1e-12)  # the fused kernel (kernels/hull.py: adam_step) takes these
+
+
 def hull_optimise(net: HullNet, v, c, L, H, s, theta, steps: int, lr: float,
                   decay: float = 0.98, fixed=None, stop_above=None, deadline=None):
     """Projected Adam ascent on the bound from the lines (s, theta), both kept in [0, 1], for
-    ``steps`` steps. Returns the best (s, theta) seen per box, its float64 value (rounding not
-    charged) and that point's x*. ``fixed`` (N, n) bool: neurons whose lines stay as given
-    (the stable ones when None). ``stop_above``: stop once every box's value passes it;
-    ``deadline`` (time.monotonic()): stop when it has passed."""
+    ``steps`` steps (:mod:`crown_cli.engine.optim`, or its fused twin in the numba kernels).
+    Returns the best (s, theta) seen per box, its float64 value (rounding not charged) and
+    that point's x*. ``fixed`` (N, n) bool: neurons whose lines stay as given (the stable
+    ones when None). ``stop_above``: stop once every box's value passes it; ``deadline``
+    (time.monotonic()): stop when it has passed."""
     k = hull_kernels()
     s = np.array(s, dtype=np.float64, order="C")  # copies: updated in place below
     theta = np.array(theta, dtype=np.float64, order="C")
@@ -237,36 +242,23 @@ def hull_optimise(net: HullNet, v, c, L, H, s, theta, steps: int, lr: float,
         fixed = stable(net, L, H)
     free = np.ascontiguousarray(~fixed)
     free_t = np.ascontiguousarray(free[:, net.r])
-    best_s, best_t = s.copy(), theta.copy()
-    best = np.full(L.shape[0], -np.inf)
-    best_x = 0.5 * (L + H)
-    ms, vs = np.zeros_like(s), np.zeros_like(s)
-    mt, vt = np.zeros_like(theta), np.zeros_like(theta)
-    b1m, b2m, eps = 0.9, 0.999, 1e-12
+    track = BestIterate(L.shape[0], s, theta, 0.5 * (L + H))
+    opt_s, opt_t = Adam(s, ADAM, 0.0, 1.0), Adam(theta, ADAM, 0.0, 1.0)
     for t in range(1, steps + 1):
         val, gs, gt, xs = hull_value_and_grad(net, v, c, L, H, s, theta)
-        up = val > best
-        if up.any():
-            best[up] = val[up]
-            best_s[up], best_t[up], best_x[up] = s[up], theta[up], xs[up]
-        if t == steps or (stop_above is not None and np.all(best > stop_above)) or \
+        track.offer(val, s, theta, xs)
+        if t == steps or (stop_above is not None and np.all(track.best > stop_above)) or \
                 (deadline is not None and time.monotonic() >= deadline):
             break
         step = lr * decay ** (t - 1)
-        if k is not None:  # the fused kernel, in place (s and theta are this loop's copies)
-            k.adam_step(s, gs, ms, vs, free, t, step, 0.0, 1.0)
-            k.adam_step(theta, gt, mt, vt, free_t, t, step, 0.0, 1.0)
-            continue
-        gs = np.where(free, gs, 0.0)
-        gt = np.where(free_t, gt, 0.0)
-        ms = b1m * ms + (1 - b1m) * gs
-        vs = b2m * vs + (1 - b2m) * gs * gs
-        mt = b1m * mt + (1 - b1m) * gt
-        vt = b2m * vt + (1 - b2m) * gt * gt
-        c1, c2 = 1 - b1m ** t, 1 - b2m ** t
-        s = np.clip(s + step * (ms / c1) / (np.sqrt(vs / c2) + eps), 0.0, 1.0)
-        theta = np.clip(theta + step * (mt / c1) / (np.sqrt(vt / c2) + eps), 0.0, 1.0)
-    return best_s, best_t, best, best_x
+        if k is not None:  # the fused twin of Adam.ascend, in place
+            k.adam_step(s, gs, opt_s.m, opt_s.v, free, t, step, 0.0, 1.0)
+            k.adam_step(theta, gt, opt_t.m, opt_t.v, free_t, t, step, 0.0, 1.0)
+        else:
+            opt_s.ascend(s, np.where(free, gs, 0.0), t, step)
+            opt_t.ascend(theta, np.where(free_t, gt, 0.0), t, step)
+    best_s, best_t, best_x = track.params
+    return best_s, best_t, track.best, best_x
 
 
 def split_scores(net: HullNet, v, c, L, H, s, theta, xs) -> np.ndarray:

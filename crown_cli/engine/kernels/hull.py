@@ -76,8 +76,9 @@ def value_and_grad(ptr, q, w, b1, v, c, L, H, s, theta):
 @njit(cache=True)
 def adam_step(p, g, m, v, free, t, step, lo, hi):
     """One projected Adam ascent step in place on p (N, K) with gradient g, moments m, v, only
-    where ``free`` (N, K), p kept in [lo, hi]: the numpy twin is in
-    :func:`crown_cli.engine.hull.hull_optimise`."""
+    where ``free`` (N, K), p kept in [lo, hi]: the fused twin of
+    :meth:`crown_cli.engine.optim.Adam.ascend` with ``crown_cli.engine.hull.ADAM``'s
+    settings (the numpy path of :func:`crown_cli.engine.hull.hull_optimise`)."""
     b1, b2, eps = 0.9, 0.999, 1e-12
     c1 = 1.0 - b1 ** t
     c2 = 1.0 - b2 ** t
