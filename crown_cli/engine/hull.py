@@ -133,19 +133,21 @@ def pre_bounds(net: HullNet, L, H):
     return c - r, c + r
 
 
-def initial(net: HullNet, v, L, H) -> Tuple[np.ndarray, np.ndarray]:
+def initial(net: HullNet, v, L, H, pre=None) -> Tuple[np.ndarray, np.ndarray]:
     """CROWN's lines as a starting point: (s (N, n), theta (N, nnz)); the chord gives every
-    input of a neuron the share u / (u - l)."""
-    l, u = pre_bounds(net, L, H)
+    input of a neuron the share u / (u - l). ``pre``: :func:`pre_bounds` of the boxes when
+    the caller has them."""
+    l, u = pre_bounds(net, L, H) if pre is None else pre
     unstable = (l < 0.0) & (u > 0.0)
     s = np.where(l >= 0.0, 1.0, np.where(unstable & (u > -l), 1.0, 0.0))
     chord = np.where(unstable, u / np.where(unstable, u - l, 1.0), np.where(l >= 0.0, 1.0, 0.0))
     return s, chord[:, net.r]
 
 
-def stable(net: HullNet, L, H):
-    """(N, n) bool: neurons whose sign is fixed on the box (their lines are exact)."""
-    l, u = pre_bounds(net, L, H)
+def stable(net: HullNet, L, H, pre=None):
+    """(N, n) bool: neurons whose sign is fixed on the box (their lines are exact); ``pre``
+    as for :func:`initial`."""
+    l, u = pre_bounds(net, L, H) if pre is None else pre
     return (l >= 0.0) | (u <= 0.0)
 
 
@@ -296,8 +298,10 @@ def lower_bounds(W1, b1, W2, b2, lo, hi, A, b, steps: int = 200, lr: float = 0.1
         k = slice(a, min(R, a + step))
         N = k.stop - k.start
         L, H = np.repeat(lo[None], N, axis=0), np.repeat(hi[None], N, axis=0)
-        s, theta = initial(net, v[k], L, H)
+        pre = pre_bounds(net, L, H)
+        s, theta = initial(net, v[k], L, H, pre)
         s, theta, _, _ = hull_optimise(net, v[k], c[k], L, H, s, theta, steps, lr,
-                                       stop_above=0.0, deadline=deadline)
+                                       fixed=stable(net, L, H, pre), stop_above=0.0,
+                                       deadline=deadline)
         out[k] = hull_bounds(net, v[k], c[k], v_err[k], c_err[k], L, H, s, theta)
     return out

@@ -84,17 +84,19 @@ def hull_split_steps(weights, biases, lo, hi, A, b, deadline: float,
                          splits=stats["splits"], note=note)
 
     def bound(L, H, S, T, steps, lr):
-        """Boxes (N, d), lines (N, R, n), (N, R, nnz): optimised lines, proven bounds per row
-        (N, R), the split scores of the best row (N, d), the candidate points."""
+        """Boxes (N, d), lines (N, R, n), (N, R, nnz) to start from (None: CROWN's):
+        optimised lines, proven bounds per row (N, R), the split scores of the best row
+        (N, d), the candidate points."""
         N = L.shape[0]
         Lr, Hr = np.repeat(L, R, axis=0), np.repeat(H, R, axis=0)
         vr, cr = np.tile(v, (N, 1)), np.tile(c, N)
-        s0, t0 = S.reshape(N * R, n).astype(np.float64), T.reshape(N * R, nnz).astype(np.float64)
-        # neurons stable on the box take their exact lines; the others keep what they had
-        fixed = hull.stable(net, Lr, Hr)
-        si, ti = hull.initial(net, vr, Lr, Hr)
-        s0 = np.where(fixed, si, s0)
-        t0 = np.where(fixed[:, net.r], ti, t0)
+        pre = hull.pre_bounds(net, Lr, Hr)
+        fixed = hull.stable(net, Lr, Hr, pre)
+        s0, t0 = hull.initial(net, vr, Lr, Hr, pre)
+        if S is not None:
+            # neurons stable on the box take their exact lines; the others keep what they had
+            s0 = np.where(fixed, s0, S.reshape(N * R, n))
+            t0 = np.where(fixed[:, net.r], t0, T.reshape(N * R, nnz))
         s1, T1, _, xs = hull.hull_optimise(net, vr, cr, Lr, Hr, s0, t0, steps, lr,
                                            decay=DECAY, fixed=fixed)
         lb = hull.hull_bounds(net, vr, cr, np.tile(v_err, (N, 1)), np.tile(c_err, N),
@@ -111,9 +113,7 @@ def hull_split_steps(weights, biases, lo, hi, A, b, deadline: float,
         return X[np.argmax(hit)].copy() if hit.any() else None
 
     L0, H0 = lo0[None], hi0[None]
-    s_init, t_init = hull.initial(net, v, np.repeat(L0, R, 0), np.repeat(H0, R, 0))
-    S, T, lb, G, pts = bound(L0, H0, s_init.reshape(1, R, n), t_init.reshape(1, R, nnz),
-                              ROOT_STEPS, ROOT_LR)
+    S, T, lb, G, pts = bound(L0, H0, None, None, ROOT_STEPS, ROOT_LR)
     stats["domains"] += 1
     x = attack(pts)
     if x is not None:
