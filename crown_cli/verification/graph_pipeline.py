@@ -186,9 +186,10 @@ class GraphVerifier:
     def outputs(self, x: np.ndarray) -> np.ndarray:
         return self.graph.forward(x)
 
-    def box_lower_bounds(self, stage: str, lo, hi, A, b) -> np.ndarray:
+    def box_lower_bounds(self, stage: str, lo, hi, A, b, deadline=None) -> np.ndarray:
         """The stage's bounds; ``crown`` and ``alpha-crown`` on the same box share one
-        :class:`GraphBounds` (the intermediate bounds, most of the cost)."""
+        :class:`GraphBounds` (the intermediate bounds, most of the cost). ``deadline``: as
+        :meth:`Verifier.box_lower_bounds` takes it (no graph stage is capped by it)."""
         from crown_cli.engine.graph_bounds import GraphBounds
 
         bounds = None

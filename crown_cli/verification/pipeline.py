@@ -111,7 +111,6 @@ class Verifier:
         self.relax = {s: get_relaxation(activation, "crown" if s == "alpha-crown" else s, alpha)
                       for s in self.stages if s != "hull"}
         self._hull_net = None  # the hull stage's view of the hidden layer, built once
-        self._deadline = None  # the running verify's deadline (the hull stage's time cap)
         self.attack_restarts, self.attack_steps, self.seed = attack_restarts, attack_steps, seed
         self.attack_time = attack_time
         self.bab = bab and ACTIVATIONS[activation].bab
@@ -135,13 +134,14 @@ class Verifier:
 
     # ------------------------------------------------------------------ stages
 
-    def box_lower_bounds(self, stage: str, lo, hi, A, b) -> np.ndarray:
+    def box_lower_bounds(self, stage: str, lo, hi, A, b, deadline=None) -> np.ndarray:
         """Per row of A: a float64-verified lower bound of ``A_i f(x) - b_i`` over [lo, hi]
-        (b rounded up one ulp first). A row > 0 proves every case holding it empty."""
+        (b rounded up one ulp first). A row > 0 proves every case holding it empty.
+        ``deadline`` (time.monotonic()): the verify's, which caps the hull stage's time."""
         box = Box(lo, hi)
         A = np.ascontiguousarray(A, dtype=np.float64)
         if stage == "hull":
-            return self._hull_lower_bound(lo, hi, A, b)
+            return self._hull_lower_bound(lo, hi, A, b, deadline)
         if stage == "alpha-crown":
             lb = self._alpha_lower_bound(box, A)
         else:
@@ -165,7 +165,7 @@ class Verifier:
         ab.optimise(eps, ALPHA_ITERS, lr, patience=3)
         return ab.evaluate(eps, verify=True)
 
-    def _hull_lower_bound(self, lo, hi, A, b) -> np.ndarray:
+    def _hull_lower_bound(self, lo, hi, A, b, deadline=None) -> np.ndarray:
         """Each neuron's convex hull over the box (:mod:`crown_cli.engine.hull`; ReLU networks
         of one hidden layer): per row the float64-verified lower bound of ``A_i f(x) - b_i``,
         the lines optimised per row."""
@@ -174,9 +174,9 @@ class Verifier:
         if self._hull_net is None:
             self._hull_net = hull.HullNet(self.weights[0], self.biases[0])
         stop = None
-        if self._deadline is not None:
+        if deadline is not None:
             now = time.monotonic()
-            stop = now + HULL_SHARE * max(0.0, self._deadline - now)
+            stop = now + HULL_SHARE * max(0.0, deadline - now)
         return hull.lower_bounds(self.weights[0], self.biases[0], self.weights[1],
                                  self.biases[1], lo, hi, A, b, steps=HULL_STEPS,
                                  net=self._hull_net, deadline=stop)
@@ -211,7 +211,6 @@ class Verifier:
         open cases; each case's best row margin; the last stage run)."""
         n = len(cases)
         open_cases, margins, stage = list(range(n)), {}, "attack"
-        self._deadline = deadline
         if log is not None:
             for stage, why in getattr(self, "skipped", ()):
                 log(f"{stage}: skipped ({why})")
@@ -221,7 +220,7 @@ class Verifier:
                 if time.monotonic() >= deadline:
                     return (done("timeout", stage, _worst(margins), n - len(open_cases)),
                             open_cases, margins, stage)
-                still += self._bound_cases(stage, cases, members, margins)
+                still += self._bound_cases(stage, cases, members, margins, deadline)
             open_cases = sorted(still)
             if log is not None:
                 log(f"{stage}: {n - len(open_cases)} of {n} cases proven")
@@ -229,13 +228,14 @@ class Verifier:
                 return done("unsat", stage, _worst(margins), n), open_cases, margins, stage
         return None, open_cases, margins, stage
 
-    def _bound_cases(self, stage, cases, members, margins):
+    def _bound_cases(self, stage, cases, members, margins, deadline=None):
         """Bound the cases ``members`` (one input box) in one back-substitution; returns those
         not proven and records each case's best row margin."""
         c0 = cases[members[0]]
         A = np.concatenate([cases[j].A for j in members])
         b = np.concatenate([cases[j].b for j in members])
-        diff = self.box_lower_bounds(stage, c0.lo, c0.hi, A, b) if A.shape[0] else np.zeros(0)
+        diff = self.box_lower_bounds(stage, c0.lo, c0.hi, A, b, deadline) if A.shape[0] \
+            else np.zeros(0)
         still, at = [], 0
         for j in members:
             m = cases[j].A.shape[0]
