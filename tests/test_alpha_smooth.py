@@ -123,17 +123,25 @@ def test_ranges_are_valid_tangent_families(act):
     assert checked > 1000
 
 
-@pytest.mark.parametrize("act", ACTS)
-@pytest.mark.parametrize("dtype", [np.float32, np.float64])
-def test_steering_kernel_matches_numpy(act, dtype):
-    rng = np.random.default_rng(30)
+def _kernel_case(act, dtype, seed):
+    """For the kernel-vs-numpy checks: (rng, the relaxation of finite intervals of every
+    regime, row coefficients Lu (7, n) in dtype with every fifth column 0 (0 picks the lower
+    line), tangent-point variables A in [0, 1))."""
+    rng = np.random.default_rng(seed)
     l, u = make_intervals(5)
     ok = np.isfinite(l) & np.isfinite(u) & (np.abs(l) < 50) & (np.abs(u) < 50)
     l, u = l[ok], u[ok]
     rl = _relax(act, l, u)
     Lu = rng.standard_normal((7, l.size)).astype(dtype)
-    Lu[:, ::5] = 0.0  # 0 picks the lower line
+    Lu[:, ::5] = 0.0
     A = rng.random(Lu.shape).astype(dtype)
+    return rng, rl, Lu, A
+
+
+@pytest.mark.parametrize("act", ACTS)
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_steering_kernel_matches_numpy(act, dtype):
+    rng, rl, Lu, A = _kernel_case(act, dtype, 30)
     S, B, (free, dS, dB, *_), tsum, _ = rl.lines(Lu, A, dtype, False)
     Sn, Bn, (fn, dSn, dBn) = rl.lines_numpy(Lu, A, dtype)
     assert S.dtype == dtype and free.any() and (~free).any()
@@ -171,14 +179,7 @@ def _backward_numpy(rl, gSu, wLu, aux):
 def test_backward_kernel_matches_numpy(act, dtype):
     """SmoothRelax.backward (sigmoid_family.steer_tangent_backward) against its numpy form,
     on intervals of every regime (free lines on both sides, fixed chords)."""
-    rng = np.random.default_rng(31)
-    l, u = make_intervals(5)
-    ok = np.isfinite(l) & np.isfinite(u) & (np.abs(l) < 50) & (np.abs(u) < 50)
-    l, u = l[ok], u[ok]
-    rl = _relax(act, l, u)
-    Lu = rng.standard_normal((7, l.size)).astype(dtype)
-    Lu[:, ::5] = 0.0
-    A = rng.random(Lu.shape).astype(dtype)
+    rng, rl, Lu, A = _kernel_case(act, dtype, 31)
     _, _, aux, _, _ = rl.lines(Lu, A, dtype, False)
     gSu = rng.standard_normal(Lu.shape).astype(dtype)
     wLu = (rng.uniform(0.5, 1.5, (Lu.shape[0], 1)) * Lu).astype(dtype)

@@ -47,20 +47,26 @@ def check_sat(ws, bs, prop, verdict):
     assert np.all(case.A @ y <= case.b)
 
 
+def milp_case(sizes, net_seed, seed, eps):
+    """A random ReLU network, a point x0 (around which the l_inf ball of radius eps is the
+    box), its predicted class c, the next class t, and the exact minimum of y_c - y_t over the
+    box (HiGHS MILP, asserted optimal)."""
+    ws, bs = random_network(sizes, net_seed)
+    x0 = np.random.default_rng(seed).normal(size=sizes[0])
+    c = int(np.argmax(forward(ws, bs, "relu", x0)))
+    t = (c + 1) % sizes[-1]
+    res = exact_margin_min(ws, bs, x0, c, t, eps, "inf", time_limit=60.0)
+    assert res.status == "optimal"
+    return ws, bs, x0, c, t, res.value
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("seed", range(6))
 def test_verdicts_never_contradict_the_milp(seed):
     """Properties built just true / just false around the exact minimum (HiGHS MILP): branch
     and bound gives the MILP's verdict; clearly true ones CROWN proves already."""
-    ws, bs = random_network([4, 12, 12, 3], seed)
-    rng = np.random.default_rng(seed)
-    x0, eps = rng.normal(size=4), 0.3
-    logits = forward(ws, bs, "relu", x0)
-    c = int(np.argmax(logits))
-    t = (c + 1) % 3
-    res = exact_margin_min(ws, bs, x0, c, t, eps, "inf", time_limit=60.0)
-    assert res.status == "optimal"
-    m = res.value
+    eps = 0.3
+    ws, bs, x0, c, t, m = milp_case([4, 12, 12, 3], seed, seed, eps)
     gap = 1e-3 * (1.0 + abs(m))
     v = Verifier(ws, bs, "relu", attack_restarts=32, attack_steps=60, seed=seed)
     lo, hi = x0 - eps, x0 + eps
@@ -200,14 +206,8 @@ def test_alpha_stage_between_crown_and_exact(seed):
 def test_wide_inputs_relu_split_matches_the_milp(seed):
     """More than 16 inputs: the complete stage splits ReLUs. Just-true properties (exact
     MILP minimum minus a gap) come out unsat, just-false ones sat (rechecked)."""
-    ws, bs = random_network([20, 16, 16, 3], 40 + seed)
-    rng = np.random.default_rng(seed)
-    x0, eps = rng.normal(size=20), 0.15
-    c = int(np.argmax(forward(ws, bs, "relu", x0)))
-    t = (c + 1) % 3
-    res = exact_margin_min(ws, bs, x0, c, t, eps, "inf", time_limit=60.0)
-    assert res.status == "optimal"
-    m = res.value
+    eps = 0.15
+    ws, bs, x0, c, t, m = milp_case([20, 16, 16, 3], 40 + seed, seed, eps)
     gap = 1e-3 * (1.0 + abs(m))
     lo, hi = x0 - eps, x0 + eps
     v = Verifier(ws, bs, "relu", attack_time=0.0, seed=seed)
@@ -399,22 +399,17 @@ def test_interleaving_reports_the_peak_of_open_domains_on_timeout():
 def test_one_hidden_layer_decided_by_hull_split_as_the_milp(seed):
     """A ReLU network of one hidden layer: branch and bound starts with convex-hull input
     splitting, which decides just-true and just-false properties as the MILP does."""
-    ws, bs = random_network([6, 24, 3], 10 + seed)
-    rng = np.random.default_rng(seed)
-    x0, eps = rng.normal(size=6), 0.4
-    c = int(np.argmax(forward(ws, bs, "relu", x0)))
-    t = (c + 1) % 3
-    res = exact_margin_min(ws, bs, x0, c, t, eps, "inf", time_limit=60.0)
-    assert res.status == "optimal"
-    gap = 1e-3 * (1.0 + abs(res.value))
+    eps = 0.4
+    ws, bs, x0, c, t, m = milp_case([6, 24, 3], 10 + seed, seed, eps)
+    gap = 1e-3 * (1.0 + abs(m))
     lo, hi = x0 - eps, x0 + eps
     lines = []
     v = Verifier(ws, bs, "relu", attack_time=0.0, stages=())
-    prop = parse_vnnlib_text(box_property(lo, hi, c, t, res.value - gap, 3), "true", 6, 3)
+    prop = parse_vnnlib_text(box_property(lo, hi, c, t, m - gap, 3), "true", 6, 3)
     out = v.verify(prop, timeout=30.0, log=lines.append)
     assert out.result == "unsat" and out.stage == "bab"
     assert any(line.startswith("bab (hull split)") for line in lines), lines
-    prop = parse_vnnlib_text(box_property(lo, hi, c, t, res.value + gap, 3), "false", 6, 3)
+    prop = parse_vnnlib_text(box_property(lo, hi, c, t, m + gap, 3), "false", 6, 3)
     out = v.verify(prop, timeout=30.0)
     assert out.result == "sat" and out.stage == "bab"
     check_sat(ws, bs, prop, out)
@@ -423,20 +418,15 @@ def test_one_hidden_layer_decided_by_hull_split_as_the_milp(seed):
 def test_hull_stage_on_one_hidden_layer_with_many_inputs():
     """80 inputs (no input splitting): the hull stage proves a property alpha-CROWN cannot,
     its bound lies below the MILP's exact minimum, and a verifier without it says unknown."""
-    ws, bs = random_network([80, 30, 3], 4)
-    rng = np.random.default_rng(4)
-    x0, eps = rng.normal(size=80), 0.05
-    c = int(np.argmax(forward(ws, bs, "relu", x0)))
-    t = (c + 1) % 3
+    eps = 0.05
+    ws, bs, x0, c, t, exact = milp_case([80, 30, 3], 4, 4, eps)
     lo, hi = x0 - eps, x0 + eps
     A = np.eye(3)[[c]] - np.eye(3)[[t]]  # y_c - y_t
     v = Verifier(ws, bs, "relu", attack_time=0.0, bab=False)
     assert v.stages == ["crown", "alpha-crown", "hull"]
     alpha = v.box_lower_bounds("alpha-crown", lo, hi, A, np.zeros(1))[0]
     hullb = v.box_lower_bounds("hull", lo, hi, A, np.zeros(1))[0]
-    exact = exact_margin_min(ws, bs, x0, c, t, eps, "inf", time_limit=60.0)
-    assert exact.status == "optimal"
-    assert alpha < hullb <= exact.value + 1e-9
+    assert alpha < hullb <= exact + 1e-9
     b = 0.5 * (hullb + alpha)  # y_c - y_t <= b is unsafe: alpha's bound below b, the hull's above
     prop = parse_vnnlib_text(box_property(lo, hi, c, t, b, 3), "mid", 80, 3)
     lines = []
