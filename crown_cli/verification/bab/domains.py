@@ -86,6 +86,24 @@ class DomainPool:
         return self.heap[0][0] if self.heap else np.inf
 
 
+def halve(lo, hi, dim):
+    """Children of each box (rows) halved along dim[j]: (lo1, hi1, lo2, hi2). The midpoint
+    0.5 lo + 0.5 hi lies in [lo, hi], so the two halves cover the box exactly."""
+    rows = np.arange(lo.shape[0])
+    mid = 0.5 * lo[rows, dim] + 0.5 * hi[rows, dim]
+    hi1 = hi.copy()
+    hi1[rows, dim] = mid
+    lo2 = lo.copy()
+    lo2[rows, dim] = mid
+    return lo, hi1, lo2, hi
+
+
+def splittable(lo, hi):
+    """Dimensions whose midpoint differs from both ends (a split makes progress)."""
+    mid = 0.5 * lo + 0.5 * hi
+    return (mid > lo) & (mid < hi)
+
+
 class BoxPool:
     """The open sub-boxes of an input-splitting search: named arrays with one row per box,
     preallocated and grown by doubling, rows ``0 .. n-1`` live. Taking the worst boxes moves

@@ -19,7 +19,7 @@ from typing import Callable, Optional
 import numpy as np
 
 from crown_cli.engine import hull
-from crown_cli.verification.bab.domains import BoxPool
+from crown_cli.verification.bab.domains import BoxPool, halve, splittable
 from crown_cli.verification.outcome import BabResult, finish, violations
 
 ROOT_STEPS, ROOT_LR = 200, 0.1  # the whole box: lines from CROWN's
@@ -129,16 +129,12 @@ def hull_split_steps(weights, biases, lo, hi, A, b, deadline: float,
             return result("unknown", scores=pool.view("score"), note="domain cap")
         t = pool.pop_worst(batch)
         L, H, Sb, Gb, Vb = t["lo"], t["hi"], t["score"], t["grad"], t["share"]
-        ok = (L < 0.5 * (L + H)) & (0.5 * (L + H) < H)
+        ok = splittable(L, H)
         if not ok.any(axis=1).all():
             return result("unknown", scores=np.r_[pool.view("score"), Sb],
                           note="box too small to split")
-        dim = np.argmax(np.where(ok, Gb, -1.0), axis=1)
         k = L.shape[0]
-        mid = 0.5 * (L[np.arange(k), dim] + H[np.arange(k), dim])
-        L1, H1, L2, H2 = L.copy(), H.copy(), L.copy(), H.copy()
-        H1[np.arange(k), dim] = mid
-        L2[np.arange(k), dim] = mid
+        L1, H1, L2, H2 = halve(L, H, np.argmax(np.where(ok, Gb, -1.0), axis=1))
         KL, KH = np.concatenate([L1, L2]), np.concatenate([H1, H2])
         S2, T2, lb, G, pts = bound(KL, KH, np.concatenate([t["s"], t["s"]]),
                                    np.concatenate([t["theta"], t["theta"]]), KID_STEPS, KID_LR)

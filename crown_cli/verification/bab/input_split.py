@@ -17,7 +17,7 @@ from typing import Callable, Optional
 import numpy as np
 
 from crown_cli.engine.batched import BatchNet, _bound_blocked, _take_info, alpha_row_bound
-from crown_cli.verification.bab.domains import BoxPool
+from crown_cli.verification.bab.domains import BoxPool, halve, splittable
 from crown_cli.verification.bab.workers import Helper, HelperLost, can_fork
 from crown_cli.verification.outcome import BabResult, finish, violations
 
@@ -70,24 +70,6 @@ def shared_round(helper, expand, fields, n: int):
     except HelperLost:
         return None
     return outs
-
-
-def _split(lo, hi, dim):
-    """Children of each box (rows) halved along dim[j]: (lo1, hi1, lo2, hi2). The midpoint
-    0.5 lo + 0.5 hi lies in [lo, hi], so the two halves cover the box exactly."""
-    rows = np.arange(lo.shape[0])
-    mid = 0.5 * lo[rows, dim] + 0.5 * hi[rows, dim]
-    hi1 = hi.copy()
-    hi1[rows, dim] = mid
-    lo2 = lo.copy()
-    lo2[rows, dim] = mid
-    return lo, hi1, lo2, hi
-
-
-def _splittable(lo, hi):
-    """Dimensions whose midpoint differs from both ends (a split makes progress)."""
-    mid = 0.5 * lo + 0.5 * hi
-    return (mid > lo) & (mid < hi)
 
 
 @dataclass(frozen=True)
@@ -243,7 +225,7 @@ def input_split_steps(weights, biases, activation, alpha, lo, hi, A, b, deadline
         """One "trial" round on the boxes given (rows): ("sat", x, boxes bounded) when a
         candidate point violates the property, ("unknown", None, 0) when some box can no
         longer be split, else ("open", the halves kept as BoxPool fields, boxes bounded)."""
-        ok = _splittable(L, H)
+        ok = splittable(L, H)
         if not ok.any(axis=1).all():
             return "unknown", None, 0
         n = L.shape[0]
@@ -265,7 +247,7 @@ def input_split_steps(weights, biases, activation, alpha, lo, hi, A, b, deadline
         cand_ok = np.take_along_axis(ok, cand, axis=1) & use
         kids_lo, kids_hi = [], []
         for t in range(k):
-            l1, h1, l2, h2 = _split(L, H, cand[:, t])
+            l1, h1, l2, h2 = halve(L, H, cand[:, t])
             kids_lo += [l1, l2]
             kids_hi += [h1, h2]
         used = np.repeat(use.ravel(), 2)  # per (box, cand, half)
@@ -331,7 +313,7 @@ def input_split_steps(weights, biases, activation, alpha, lo, hi, A, b, deadline
             t = pool.pop_worst(batch * workers if split == "trial" else batch)
             L, H, Sb, Gb, Pb, Vb = t["lo"], t["hi"], t["score"], t["sens"], t["parent"], t["share"]
             if split == "sensitivity":
-                ok = _splittable(L, H)
+                ok = splittable(L, H)
                 lb, Lam, s, info = bound(L, H)
                 stats["domains"] += L.shape[0]
                 s = refine(L, H, lb, s, info, np.flatnonzero(s <= 0.0))
@@ -349,7 +331,7 @@ def input_split_steps(weights, biases, activation, alpha, lo, hi, A, b, deadline
                 sens = sensitivity(lb, Lam) * (H - L)
                 sens = np.where(ok, sens, -1.0)
                 dim = np.argmax(sens, axis=1)
-                l1, h1, l2, h2 = _split(L, H, dim)
+                l1, h1, l2, h2 = halve(L, H, dim)
                 stats["splits"] += L.shape[0]
                 pool.push(lo=np.concatenate([l1, l2]), hi=np.concatenate([h1, h2]),
                           score=np.concatenate([s, s]), sens=np.zeros((2 * s.size, d)),
