@@ -31,7 +31,6 @@ import time
 from typing import Tuple
 
 import numpy as np
-import scipy.sparse as sp
 
 from crown_cli.engine.kernels import hull_kernels
 from crown_cli.engine.optim import Adam, AdamSettings, BestIterate
@@ -68,6 +67,8 @@ class HullNet:
             self.absW = np.abs(W1)
             self.row_len, self.col_len = self.d, self.n
         else:
+            import scipy.sparse as sp  # here: verify's start-up does not pay for it
+
             W = sp.csr_matrix(W1)
             W.sort_indices()
             self.W = W
