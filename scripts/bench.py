@@ -263,8 +263,11 @@ def hull_worker(vnncomp):
         return
     rows = list(csv.reader(open(listing)))
     res = {"case": "hull", "instances": [], "time_s": 0.0}
+    nets = {}  # the list's instances share one network file: loaded once
     for k, r in enumerate(HULL_ROWS):
-        net = load_onnx(os.path.join(folder, rows[r][0]))
+        if rows[r][0] not in nets:
+            nets[rows[r][0]] = load_onnx(os.path.join(folder, rows[r][0]))
+        net = nets[rows[r][0]]
         prop = parse_vnnlib(os.path.join(folder, rows[r][1]), net.input_size, net.num_classes)
         c = prop.cases[0]
         if k == 0:  # warm-up: the numba kernel's load
