@@ -356,7 +356,7 @@ def test_check_sat_rows_script(tmp_path):
 def test_bounder_sparse_weights_give_the_dense_bounds(tmp_path, monkeypatch):
     """Branch and bound multiplies mostly-zero weights (lowered convolutions) as CSR matrices:
     the same float32 estimates (to float32 rounding) and float64 bounds (to 1e-12) as the dense
-    products, and their gradients."""
+    products, their gradients, and the same per-domain hidden-layer bounds."""
     from crown_cli.verification.bab import bounder as bmod
 
     _, g = save_load(tmp_path, "pad", pad_chain(np.random.default_rng(31)))
@@ -378,8 +378,14 @@ def test_bounder_sparse_weights_give_the_dense_bounds(tmp_path, monkeypatch):
         v64 = bd.evaluate(split, alpha, beta, np.float64)
         v32, state = bd.evaluate(split, alpha, beta, np.float32, keep=True)
         gA, gB = bd.gradient(state)
-        out[mode] = (split, v64, v32, gA, gB)
+        # per-domain hidden-layer bounds: their steps through the layers are CSR too
+        rl, ru = bd.root_domain_bounds()
+        t = bd.tighten(split, np.tile(rl, (3, 1)), np.tile(ru, (3, 1)), np.zeros(3, np.int64))
+        assert (mode == "sparse") == any(not isinstance(w, np.ndarray) for w in bd._Wstep)
+        out[mode] = (split, v64, t[1], t[2], v32, gA, gB)
     d, s = out["dense"], out["sparse"]
-    np.testing.assert_allclose(s[1], d[1], rtol=1e-12, atol=1e-12)
-    for a, b in zip(s[2:], d[2:]):
+    for a, b in zip(s[1:4], d[1:4]):
+        np.testing.assert_allclose(a, b, rtol=1e-12, atol=1e-12)
+    assert np.any(d[2] > rl) and np.any(d[3] < ru)  # the splits narrowed some bounds
+    for a, b in zip(s[4:], d[4:]):
         np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-4)

@@ -49,6 +49,13 @@ class DomainBounds:
         self._Wstep = [np.ascontiguousarray(self.weights[0][keep[0]])] + [
             np.ascontiguousarray(self.weights[j][keep[j]][:, keep[j - 1]])
             for j in range(1, self.L)]
+        from crown_cli.verification.bab.bounder import sparse_enough
+
+        for j, w in enumerate(self._Wstep):  # a lowered convolution: the zeros skipped
+            if sparse_enough(w):
+                import scipy.sparse as sps
+
+                self._Wstep[j] = sps.csr_matrix(w)
         self._bk = [self.biases[j][kp] for j, kp in enumerate(keep)]
         self._ssk = [self.stable_slope[j][kp] for j, kp in enumerate(keep)]
         self._vk = [self.rw[j][0][kp] for j, kp in enumerate(keep)]
