@@ -44,8 +44,9 @@ VERIFY_NOT_SETTINGS = {"--model", "--spec", "--instances", "--root", "--output",
 @click.option("--bab/--no-bab", default=True, show_default=True,
               help="Branch and bound after the bound stages (ReLU and leaky ReLU networks): "
                    "input splitting (up to 64 inputs) and ReLU splitting, raced by measured "
-                   "progress; not on graph "
-                   "networks (convolutions, branches) yet.")
+                   "progress. On a graph lowered to dense layers (a chain of convolutions, "
+                   "pools, dense layers) the same; on other graphs input splitting only, "
+                   "up to 64 inputs.")
 @click.option("--max-domains", type=click.IntRange(min=1), default=200_000, show_default=True,
               metavar="N",
               help="Cap on the open domains of the branch and bound (memory); reaching it "
@@ -83,9 +84,11 @@ def verify(model_path, spec_path, instances_path, root, timeout, method, attack_
     Attack first (PGD towards the unsafe outputs inside the input box), then the bound
     stages on every case of the property. unsat only when every case is proven empty by a
     float64-verified bound; sat only with an input a float64 forward pass confirms. The
-    property's X values are the network's inputs as they are (no image scaling); on a graph
-    network (convolutions, branches) the attack and the crown stage run, no branch and bound
-    yet.
+    property's X values are the network's inputs as they are (no image scaling). A graph
+    network that lowers to dense layers (a chain of convolutions, pools and dense layers
+    between activations of one type) runs all of this on its exact dense form; on other
+    graphs (max pools, branches, several activation types) the attack, the crown and
+    alpha-crown stages, and branch and bound by input splitting up to 64 inputs.
 
     Exit codes: 0 a verdict was written (any of sat, unsat, unknown, timeout), 1 internal
     error, 2 bad input or usage, 3 an instance ended in an error, 130 interrupted (Ctrl-C).
