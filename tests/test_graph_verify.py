@@ -10,11 +10,14 @@ import pytest
 from click.testing import CliRunner
 
 from crown_cli.cli import cli
+from crown_cli.engine.graph_bounds import graph_bounds
+from crown_cli.engine.input_sets import Box
 from crown_cli.graph.network import Graph
 from crown_cli.graph.onnx_graph import load_graph
 from crown_cli.io.networks import load_network
 from crown_cli.io.vnnlib import parse_vnnlib_text
 from crown_cli.network import MLP
+from crown_cli.verification.bab.graph_relu_split import exact_when_split
 from crown_cli.verification.graph_pipeline import NO_BAB, GraphVerifier, graph_counterexample
 from crown_cli.verification.outcome import violations_of
 from graph_models import BUILDERS, G
@@ -90,8 +93,10 @@ def test_vjp_matches_finite_differences(tmp_path):
 @pytest.mark.parametrize("kind", ["conv", "conv_maxpool", "normalised", "dense"])
 def test_verdicts_agree_with_milp(tmp_path, kind):
     """Per model: the exact minimum m of a random output row over a box (MILP); b far below
-    m (by twice the range over the box) is unsat and must be proven; b just below m must not be sat; b above m (a violating
-    region exists) must be sat with a confirmed counterexample, never unsat."""
+    m (by twice the range over the box) is unsat and must be proven; b just below m (1e-6
+    relative) must be proven by branch and bound on graphs of ReLUs without max pools, and
+    must not be sat on the others; b above m (a violating region exists) must be sat with a
+    confirmed counterexample, never unsat."""
     model, g = model_and_graph(tmp_path, kind, seed=3)
     assert all(n.kind != "activation" or n.op.name == "relu" for n in g.nodes)
     rng = np.random.default_rng(4)
@@ -106,9 +111,12 @@ def test_verdicts_agree_with_milp(tmp_path, kind):
     v = decide(g, lo, hi, row, m - 2.0 * spread)  # the max pool's upper line is loose
     assert v.result == "unsat", (kind, v)
     v = decide(g, lo, hi, row, m - 1e-6 * (1 + abs(m)))
-    assert v.result in ("unsat", "unknown")
-    if v.result == "unknown":
-        assert NO_BAB in v.note
+    if exact_when_split(g):  # ReLU splitting is complete there: just true is proven
+        assert v.result == "unsat", (kind, v)
+    else:  # a max pool's lines stay loose on fully split domains
+        assert v.result in ("unsat", "unknown")
+        if v.result == "unknown":
+            assert "every unstable neuron split stayed open" in v.note
     b = m + 0.3 * spread
     v = decide(g, lo, hi, row, b)
     assert v.result == "sat", (kind, v)
@@ -238,15 +246,47 @@ def test_cli_graph_instances(tmp_path):
     x = np.array([float(t) for t in rows[1]["counterexample"].split()])
     assert row @ g.forward(x) <= specs["sat"]
     assert np.all((x >= np.nextafter(lo, -1e9)) & (x <= np.nextafter(hi, 1e9)))
-    # no bound proves it, no attack can violate it (b exactly at the true minimum's side):
-    # unknown, and the summary line says why
+    # b just below the true minimum (MILP): proven by ReLU splitting (84 inputs)
     m, _ = graph_min(g, lo, hi, row)
     p = os.path.join(str(tmp_path), "tight.vnnlib")
     with open(p, "w") as fh:
         fh.write(spec(lo, hi, g.output_size, [(row, m - 1e-7 * (1 + abs(m)))]))
-    r = CliRunner().invoke(cli, ["verify", "--model", path, "--spec", p, "--timeout", "5",
+    r = CliRunner().invoke(cli, ["verify", "--model", path, "--spec", p, "--timeout", "20",
                                  "--attack-time", "0.2"])
     assert r.exit_code == 0, r.output
-    assert r.stdout in ("unsat\n", "unknown\n")
-    if r.stdout == "unknown\n":
-        assert NO_BAB in r.stderr
+    assert r.stdout == "unsat\n"
+    # tanh neurons and one ReLU node, 84 inputs: ReLU splitting splits the ReLU neurons
+    # (the tanh ones keep CROWN's lines) and proves a b that the crown stage cannot
+    model, g = model_and_graph(tmp_path, "conv_tanh", seed=11)
+    path = save(tmp_path, "conv_tanh", model)
+    lo, hi = x0 - 0.3, x0 + 0.3  # a wide box: the bounds are far from the minimum
+    X = lo + rng.uniform(size=(2000, g.input_size)) * (hi - lo)
+    low = float((g.forward(X) @ row).min())
+    crown = float(graph_bounds(g, *Box(lo, hi).args(), C=row[None])[0][0])
+    with open(p, "w") as fh:  # above CROWN's bound, well below the sampled minimum
+        fh.write(spec(lo, hi, g.output_size, [(row, crown + 0.2 * (low - crown))]))
+    r = CliRunner().invoke(cli, ["verify", "--model", path, "--spec", p, "--timeout", "5",
+                                 "--attack-time", "0.2", "--stages", "crown"])
+    assert r.exit_code == 0, r.output
+    assert r.stdout == "unsat\n"
+    assert "bab" in r.stderr
+
+
+def test_graph_without_relu_nodes_says_why_it_stays_open(tmp_path):
+    """A graph of more than 64 inputs and no ReLU node has no branch and bound: an open case
+    ends unknown, with the reason in the verdict's note."""
+    from graph_models import dense_chain
+
+    g = load_graph(save(tmp_path, "tanh70", dense_chain(np.random.default_rng(2), (70, 8, 3),
+                                                        act="Tanh")))
+    rng = np.random.default_rng(3)
+    x0 = rng.uniform(-1, 1, g.input_size)
+    lo, hi = x0 - 0.3, x0 + 0.3
+    row = rng.normal(size=g.output_size)
+    X = lo + rng.uniform(size=(2000, g.input_size)) * (hi - lo)
+    low = float((g.forward(X) @ row).min())
+    crown = float(graph_bounds(g, *Box(lo, hi).args(), C=row[None])[0][0])
+    assert crown < low
+    v = decide(g, lo, hi, row, crown + 0.2 * (low - crown), timeout=5.0, stages=("crown",))
+    assert v.result == "unknown", v
+    assert NO_BAB in v.note

@@ -270,16 +270,23 @@ class GraphBounds:
         low = self.lower(target, np.vstack([C, -C]))
         return low[:C.shape[0]], -low[C.shape[0]:]
 
-    def lower(self, target: int, Lam: np.ndarray, slopes=None, tape=None) -> np.ndarray:
+    def lower(self, target: int, Lam: np.ndarray, slopes=None, tape=None,
+              lines=None) -> np.ndarray:
         """Verified float64 lower bounds of ``Lam @ value(target)`` (rows (r, size)).
         ``slopes`` (optional, {activation node: (r, size)}): each row's own lower-line slopes
         at those nodes in place of the relaxation's (valid lower lines through 0 of the
         node's ReLU or leaky ReLU neurons: :mod:`crown_cli.engine.graph_alpha`).
+        ``lines`` (optional, {activation node: :class:`Lines` over all its neurons, arrays
+        (r, size) or broadcastable}): each row's own lines at those nodes, in place of the
+        relaxation's and of ``slopes``, with ``extra`` (r, size) added to the coefficients of
+        the node's input (ReLU splitting's split multipliers,
+        :mod:`crown_cli.verification.bab.graph_relu_split`). They must be valid wherever the
+        caller claims the bound (e.g. on a subdomain); the arithmetic is charged as always.
         ``tape`` (optional dict) receives what a gradient in the slopes needs: per visited
         node i, for an activation (rows reaching it, the side each took (>= 0: lower line),
         the slope and intercept of the line taken), for a max pool the rows reaching it, else
         None; under ``"Lx"`` the rows carried back to the input."""
-        g = self.g
+        g, own = self.g, lines
         r = Lam.shape[0]
         const, mag, charge = np.zeros(r), np.zeros(r), np.zeros(r)
         pending: Dict[int, np.ndarray] = {target: np.ascontiguousarray(Lam, dtype=np.float64)}
@@ -306,10 +313,15 @@ class GraphBounds:
             elif node.kind == "activation":
                 p = node.inputs[0]
                 lines = self.lines[i]
-                if slopes is not None and i in slopes:
+                if own is not None and i in own:
+                    lines = own[i]
+                elif slopes is not None and i in slopes:
                     lines = Lines(lines.cols, slopes[i], lines.upper, lines.upper_icpt,
                                   lines.lower_icpt)
                 D, icpt, pos, slope = relax(L, lines)
+                if lines.extra is not None:  # D = fl(fl(L slope) + extra): two roundings
+                    charge = charge + 2.0 * U64 * ((np.abs(L * slope) + np.abs(lines.extra))
+                                                   @ self.absval[p])
                 if tape is not None:
                     lo_i = 0.0 if lines.lower_icpt is None else lines.lower_icpt
                     up_i = 0.0 if lines.upper_icpt is None else lines.upper_icpt

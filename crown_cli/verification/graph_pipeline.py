@@ -2,7 +2,8 @@
 the attack, then CROWN and alpha-CROWN bounds of each case's box (the alpha stage optimises the
 output rows' ReLU slopes: :mod:`crown_cli.engine.graph_alpha`), then on graphs of at most
 ``INPUT_SPLIT_MAX_DIM`` inputs branch and bound by input splitting
-(:mod:`crown_cli.verification.bab.graph_input_split`); no ReLU splitting on graphs yet.
+(:mod:`crown_cli.verification.bab.graph_input_split`) and on graphs with ReLU nodes by ReLU
+splitting (:mod:`crown_cli.verification.bab.graph_relu_split`), raced.
 
 The same verdicts and the same rules as :mod:`crown_cli.verification.pipeline`:
 
@@ -12,8 +13,9 @@ The same verdicts and the same rules as :mod:`crown_cli.verification.pipeline`:
 - ``unsat`` only when every case has a row i with a float64-verified lower bound of
   ``A_i f(x)`` over the box (:class:`crown_cli.engine.graph_bounds.GraphBounds`, every rounding
   charged) above ``b_i`` rounded up one ulp;
-- ``unknown`` otherwise (after more attack starts, on graphs of more inputs), with a note that
-  branch and bound does not run there yet; ``timeout`` when the deadline passed first.
+- ``unknown`` otherwise (on graphs of more inputs and no ReLU node after more attack starts,
+  with a note that branch and bound does not run there; after a search that could not
+  decide, with its reason); ``timeout`` when the deadline passed first.
 
 The attack is the MLP pipeline's sign-gradient descent
 (:func:`crown_cli.verification.attack.descend`) on the graph's float64 forward pass and its
@@ -30,6 +32,7 @@ import numpy as np
 from crown_cli.engine.input_sets import Box
 from crown_cli.engine.rounding import round_up
 from crown_cli.verification.attack import _as_case, descend
+from crown_cli.verification.bab.graph_relu_split import splittable_nodes
 from crown_cli.verification.outcome import violations_of
 from crown_cli.verification.pipeline import (BOUND_STAGES, INPUT_SPLIT_MAX_DIM, Verdict,
                                              Verifier, _by_box, _worst)
@@ -39,7 +42,8 @@ from crown_cli.verification.pipeline import (BOUND_STAGES, INPUT_SPLIT_MAX_DIM, 
 GRAPH_STAGES = ("crown", "alpha-crown")
 # after the bounds, at most this many more attack runs with fresh starts on the open cases
 MORE_ATTACKS = 3
-NO_BAB = f"no branch and bound on graphs of more than {INPUT_SPLIT_MAX_DIM} inputs yet"
+NO_BAB = (f"no branch and bound on graphs of more than {INPUT_SPLIT_MAX_DIM} inputs without "
+          "ReLU nodes")
 
 
 def graph_counterexample(graph, lo, hi, cases, *, restarts: int = 64, steps: int = 100,
@@ -210,7 +214,8 @@ class GraphVerifier:
         """What this verifier leaves out on graphs, for the verdict log."""
         # (hull is a stage of one-hidden-layer MLPs only, skipped silently as on the others)
         skipped = [s for s in self.requested if s not in GRAPH_STAGES and s != "hull"]
-        parts = [NO_BAB] + [f"{s} not on graphs yet" for s in skipped]
+        parts = [NO_BAB if self.bab else "branch and bound off (--no-bab)"] + [
+            f"{s} not on graphs yet" for s in skipped]
         return "; ".join(parts)
 
     def verify(self, prop, timeout: float, log: Optional[Callable[[str], None]] = None,
@@ -224,8 +229,10 @@ class GraphVerifier:
             return opened
         cases, open_cases, margins, stage, deadline, budget, done = opened
         n = len(cases)
-        if self.bab and self.n_inputs <= INPUT_SPLIT_MAX_DIM:
-            return self._input_split(cases, open_cases, margins, deadline, done, log, status)
+        if self.bab and (self.n_inputs <= INPUT_SPLIT_MAX_DIM
+                         or splittable_nodes(self.graph)):
+            return self._branch_and_bound(cases, open_cases, margins, deadline, timeout,
+                                          done, log, status)
         for k in range(MORE_ATTACKS):  # no branch and bound: more starts instead
             if time.monotonic() >= deadline:
                 return done("timeout", stage, _worst(margins), n - len(open_cases),
@@ -240,22 +247,38 @@ class GraphVerifier:
             log(f"graph network: {self.note()}; {len(open_cases)} of {n} cases open")
         return done("unknown", stage, _worst(margins), n - len(open_cases), note=self.note())
 
-    def _input_split(self, cases, open_cases, margins, deadline, done, log, status):
-        """Input splitting on the graph engine
-        (:func:`~crown_cli.verification.bab.graph_input_split.graph_input_split_steps`), one
-        search per open case, taking turns (:func:`~crown_cli.verification.schedule.race`)."""
+    def _branch_and_bound(self, cases, open_cases, margins, deadline, timeout, done, log,
+                          status):
+        """Branch and bound on the graph engine, one search per open case, raced by measured
+        progress (:func:`~crown_cli.verification.schedule.race`) as on MLPs: input splitting
+        (:func:`~crown_cli.verification.bab.graph_input_split.graph_input_split_steps`) on
+        graphs of at most ``INPUT_SPLIT_MAX_DIM`` inputs, ReLU splitting
+        (:func:`~crown_cli.verification.bab.graph_relu_split.graph_relu_split_steps`) on
+        graphs with ReLU nodes."""
         from crown_cli.verification.bab.graph_input_split import graph_input_split_steps
-        from crown_cli.verification.pipeline import RACE_MAX_SLICE, RACE_SLICE, bab_status_for
+        from crown_cli.verification.bab.graph_relu_split import graph_relu_split_steps
+        from crown_cli.verification.pipeline import (JOIN_MIN_S, JOIN_SHARE, RACE_MAX_SLICE,
+                                                     RACE_SLICE, bab_status_for)
         from crown_cli.verification.schedule import Run, race
 
-        runs = [Run([j], "input split",
-                    lambda progress, c=cases[j]: graph_input_split_steps(
-                        self.graph, c.lo, c.hi, c.A, c.b, deadline,
-                        max_domains=self.max_domains, progress=progress))
-                for j in open_cases]
+        runs = []
+        if self.n_inputs <= INPUT_SPLIT_MAX_DIM:
+            runs += [Run([j], "input split",
+                         lambda progress, c=cases[j]: graph_input_split_steps(
+                             self.graph, c.lo, c.hi, c.A, c.b, deadline,
+                             max_domains=self.max_domains, progress=progress))
+                     for j in open_cases]
+        if splittable_nodes(self.graph):
+            runs += [Run([j], "ReLU split",
+                         lambda progress, c=cases[j]: graph_relu_split_steps(
+                             self.graph, c.lo, c.hi, c.A, c.b, deadline,
+                             max_domains=self.max_domains, progress=progress))
+                     for j in sorted(open_cases, key=lambda j: -margins.get(j, -np.inf))]
         return race(runs, len(cases), len(cases) - len(open_cases), margins, deadline, done,
-                    self.outputs, cases, kinds={"input split": "boxes"}, log=log,
-                    status=bab_status_for(status, log), first_slice=RACE_SLICE, max_slice=RACE_MAX_SLICE,
+                    self.outputs, cases, kinds={"input split": "boxes",
+                                                "ReLU split": "domains"}, log=log,
+                    status=bab_status_for(status, log), first_slice=RACE_SLICE,
+                    max_slice=RACE_MAX_SLICE, join_after=max(JOIN_MIN_S, JOIN_SHARE * timeout),
                     worst=_worst)
 
     # the same per-box bounding as the MLP pipeline's (it calls self.box_lower_bounds)

@@ -91,6 +91,7 @@ def race(runs: Sequence[Run], n_cases: int, proven_before: int, margins, deadlin
     joined = order[:1]
     peak = [0]
     unknown = False
+    notes = []  # why searches ended unknown (BabResult.note), for the verdict
     slice_s = {s: first_slice for s in order}
     turn = {s: 0 for s in order}
 
@@ -202,7 +203,10 @@ def race(runs: Sequence[Run], n_cases: int, proven_before: int, margins, deadlin
         else:
             r.stat[2] = res.worst_bound
             unknown = True
+            if res.note and f"{s}: {res.note}" not in notes:
+                notes.append(f"{s}: {res.note}")
     covered = set(j for r in runs for j in r.members)
     if unknown and not covered <= proven:
-        return finish("unknown", margin=open_margin())
+        return finish("unknown", margin=open_margin(), **({"note": "; ".join(notes)}
+                                                         if notes else {}))
     return finish("unsat")

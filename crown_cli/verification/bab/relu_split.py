@@ -432,17 +432,25 @@ def relu_split_steps(weights: Sequence[np.ndarray], biases: Sequence[np.ndarray]
 
 def _leaf_lp(bd: Bounder, split_row, rows=None):
     """A fully split domain and one case (its ``rows`` of A, default all), by linear
-    programming (scipy HiGHS). Returns ("sat", x) with x a candidate point (the caller checks
-    it in float64), ("beta", row, beta) with the LP's multipliers of the sign constraints for
-    row ``row`` (an index into A; the caller proves with a float64 evaluation; any beta >= 0
-    is valid), or ("open", None)."""
-    from scipy.optimize import linprog
-
+    programming (scipy HiGHS): :func:`affine_leaf_lp` on the network's affine form there
+    (:meth:`Bounder.affine`)."""
     rows = np.arange(bd.m) if rows is None else np.asarray(rows)
     G, H, C, e = bd.affine(split_row)
-    AG, AH = bd.A[rows] @ G, bd.A[rows] @ H - bd.b[rows]
-    d, m = G.shape[1], rows.size
-    bounds = list(zip(bd.box.lo, bd.box.hi))
+    return affine_leaf_lp(bd.A[rows] @ G, bd.A[rows] @ H - bd.b[rows], C, e, bd.box.lo,
+                          bd.box.hi, rows)
+
+
+def affine_leaf_lp(AG, AH, C, e, lo, hi, rows):
+    """A case on a fully split domain, where the rows are ``AG x + AH`` (minus b) and the
+    domain is ``{x in [lo, hi]: C x <= e}``, by linear programming (scipy HiGHS). Returns
+    ("sat", x) with x a candidate point (the caller checks it in float64), ("beta", row,
+    beta) with the LP's multipliers of the sign constraints for row ``rows[i]`` (the caller
+    proves with a float64 evaluation; any beta >= 0 is valid), or ("open", None)."""
+    from scipy.optimize import linprog
+
+    d, m = AG.shape[1], AG.shape[0]
+    bounds = list(zip(lo, hi))
+    c_box, r_box = 0.5 * (np.asarray(lo) + np.asarray(hi)), 0.5 * (np.asarray(hi) - np.asarray(lo))
     # feasibility of the case on the domain: min t with A_i f(x) - b_i <= t
     c = np.zeros(d + 1)
     c[-1] = 1.0
@@ -459,7 +467,7 @@ def _leaf_lp(bd: Bounder, split_row, rows=None):
         if r1.status != 0 or not r1.fun > 0.0:
             return ("open", None)
         y = np.maximum(-r1.ineqlin.marginals, 0.0)
-        spread = np.abs(AG[0]) @ bd.r + abs(AG[0] @ bd.c + AH[0]) + 1.0
+        spread = np.abs(AG[0]) @ r_box + abs(AG[0] @ c_box + AH[0]) + 1.0
         return ("beta", int(rows[0]), y * (2.0 * spread / r1.fun))
     if res.status == 0 and res.x[-1] <= 0.0:
         return ("sat", res.x[:d])

@@ -1,0 +1,328 @@
+"""ReLU-splitting branch and bound on a graph network that does not lower to dense layers
+(max pools, residual connections, branches, several activation types):
+:func:`graph_relu_split_steps`.
+
+The graph engine's counterpart of :mod:`crown_cli.verification.bab.relu_split`, smaller:
+
+- The root: every node's bounds over the box (:class:`~crown_cli.engine.graph_bounds.GraphBounds`,
+  CROWN intersected with interval arithmetic). The ReLU neurons unstable there are the only
+  ones split; every domain keeps the root's node bounds (valid on each subdomain).
+- A domain is a set of decisions, neuron -> active (z >= 0) or inactive (z <= 0). Its rows
+  (the case's rows of ``A f(x) - b``) are bounded by one back-substitution with per-row lines
+  (:meth:`GraphBounds.lower` with ``lines``): a split-active neuron is the identity, a
+  split-inactive one 0 (exact on the domain), an open unstable one the root's chord above and
+  a free lower slope alpha in [0, 1] below; other nodes (max pools, smooth activations) keep
+  the root's lines. The splits enter by multipliers beta >= 0 (beta-CROWN, Wang et al.,
+  NeurIPS 2021): the row bounds ``margin + sum_j beta_j s_j z_j`` with ``s_j z_j <= 0`` on the
+  domain (s = -1 active, +1 inactive), a lower bound of the margin there for every beta >= 0.
+- alpha and beta are optimised by projected Adam (:mod:`crown_cli.engine.optim`) on the
+  verified float64 bound itself, with the gradient of :mod:`crown_cli.engine.graph_alpha`
+  (a row's bound is linear in each coefficient: its derivative is the coefficient's node
+  value under the lines the row took, at the row's minimiser over the box), warm-started
+  from the parent; the best iterate per row is kept. Every bound that closes a domain is a
+  float64 evaluation with every rounding charged, whatever the optimiser did.
+- A child's score is the larger of its bound and its parent's (the parent's holds on it).
+- Branching: the open neuron whose relaxation loses most at the domain's rows (BaBSR-like:
+  a negative coefficient times the chord's intercept, a positive one times the gap of the
+  lower line at the neuron's smaller side).
+- ``sat``: the minimisers of the domains' rows are checked by the graph's float64 forward pass.
+  A domain with every unstable neuron split is affine on a graph of ReLUs without max pools:
+  a linear program (scipy HiGHS) gives a candidate point or multipliers that a float64
+  bound checks. One that stays open (a max pool's lines stay loose) is set aside; the search
+  goes on (it may still find a counterexample) and ends ``unknown`` instead of ``unsat``.
+
+Arrays in, result out: no files and no printing.
+"""
+from __future__ import annotations
+
+import heapq
+import time
+from typing import Dict, List, Tuple
+
+import numpy as np
+
+from crown_cli.engine.chain import Lines
+from crown_cli.engine.graph_alpha import _minimiser, _relaxed_forward
+from crown_cli.engine.graph_bounds import GraphBounds
+from crown_cli.engine.input_sets import Box
+from crown_cli.engine.optim import Adam, AdamSettings, BestIterate
+from crown_cli.verification.outcome import BabResult, finish, violations_of
+
+MAX_OPEN = 100_000
+STEER = AdamSettings(eps=1e-12)
+
+
+def splittable_nodes(graph) -> List[int]:
+    """The activation nodes whose neurons can be split: ReLU."""
+    return [i for i, n in enumerate(graph.nodes)
+            if n.kind == "activation" and n.op.name == "relu"]
+
+
+class _Space:
+    """The root's unstable ReLU neurons, numbered 0..nU-1 node by node, and the per-row lines
+    of a batch of domains."""
+
+    def __init__(self, gb: GraphBounds):
+        self.gb = gb
+        self.nodes: List[Tuple[int, np.ndarray, int]] = []  # (node, neurons, offset)
+        off = 0
+        for i in splittable_nodes(gb.g):
+            p = gb.g.nodes[i].inputs[0]
+            idx = np.flatnonzero((gb.lo[p] < 0.0) & (gb.hi[p] > 0.0))
+            if idx.size:
+                self.nodes.append((i, idx, off))
+                off += idx.size
+        self.nU = off
+        self.l = np.concatenate([self.gb.lo[gb.g.nodes[i].inputs[0]][idx]
+                                 for i, idx, _ in self.nodes]) if off else np.zeros(0)
+        self.u = np.concatenate([self.gb.hi[gb.g.nodes[i].inputs[0]][idx]
+                                 for i, idx, _ in self.nodes]) if off else np.zeros(0)
+
+    def lines(self, split, alpha, beta) -> Dict[int, Lines]:
+        """Per splittable node, the rows' lines: ``split`` (R, nU) int8 per row, ``alpha``,
+        ``beta`` (R, nU)."""
+        out = {}
+        R = split.shape[0]
+        for i, idx, off in self.nodes:
+            base = self.gb.lines[i]
+            n = self.gb.g.nodes[i].size
+            sp = split[:, off:off + idx.size]
+            lower = np.broadcast_to(np.asarray(base.lower, np.float64), (R, n)).copy()
+            upper = np.broadcast_to(np.asarray(base.upper, np.float64), (R, n)).copy()
+            ui = np.zeros((R, n)) if base.upper_icpt is None else \
+                np.broadcast_to(np.asarray(base.upper_icpt, np.float64), (R, n)).copy()
+            fixed = np.where(sp > 0, 1.0, 0.0)
+            lower[:, idx] = np.where(sp == 0, alpha[:, off:off + idx.size], fixed)
+            upper[:, idx] = np.where(sp == 0, upper[:, idx], fixed)
+            ui[:, idx] = np.where(sp == 0, ui[:, idx], 0.0)
+            extra = np.zeros((R, n))
+            extra[:, idx] = -sp * beta[:, off:off + idx.size]
+            out[i] = Lines(base.cols, lower, upper, upper_icpt=ui, extra=extra)
+        return out
+
+    def initial_alpha(self) -> np.ndarray:
+        """CROWN's lower slopes of the unstable neurons (nU,)."""
+        if self.nU == 0:
+            return np.zeros(0)
+        return np.concatenate([np.asarray(np.broadcast_to(self.gb.lines[i].lower,
+                                                          (self.gb.g.nodes[i].size,)))[idx]
+                               for i, idx, _ in self.nodes]).astype(np.float64)
+
+
+def _bound(space: _Space, A, b_up, split, alpha, beta, iters: int, lr: float):
+    """Optimise and bound a batch: ``split`` (N, nU), ``alpha``, ``beta`` (N, m, nU) (updated
+    in place to the best iterate). Returns (bounds (N, m) float64 verified, minimisers
+    (N * m, d), branching scores (N, nU))."""
+    gb, g = space.gb, space.gb.g
+    N, m, nU = alpha.shape
+    R = N * m
+    Lam = np.tile(A, (N, 1))
+    sp = np.repeat(split, m, axis=0)
+    al, be = alpha.reshape(R, nU).copy(), beta.reshape(R, nU).copy()
+    free = sp == 0
+    best = BestIterate(R, al, be)
+    best_x = np.zeros((R, g.input_size))
+    best_tape = [None]
+    oa, ob = Adam(al, STEER, lo=0.0, hi=1.0), Adam(be, STEER, lo=0.0)
+    for it in range(iters + 1):
+        tape = {}
+        val = gb.lower(g.output, Lam, tape=tape, lines=space.lines(sp, al, be)) - np.tile(b_up, N)
+        x = _minimiser(gb, tape.pop("Lx"))
+        imp = best.offer(np.where(np.isfinite(val), val, -np.inf), al, be)
+        best_x[imp] = x[imp]
+        if best_tape[0] is None:
+            best_tape[0] = tape
+        if it == iters or space.nU == 0:
+            break
+        vals = _relaxed_forward(gb, g.output, x, tape)
+        ga, gbeta = np.zeros((R, nU)), np.zeros((R, nU))
+        for i, idx, off in space.nodes:
+            if i not in tape:
+                continue
+            L, pos = tape[i][0][:, idx], tape[i][1][:, idx]
+            z = vals[g.nodes[i].inputs[0]][:, idx]
+            s = sp[:, off:off + idx.size]
+            ga[:, off:off + idx.size] = np.where(pos & free[:, off:off + idx.size], L * z, 0.0)
+            gbeta[:, off:off + idx.size] = np.where(s != 0, -s * z, 0.0)
+        al = oa.propose(al, ga, it + 1, lr)
+        be = ob.propose(be, gbeta, it + 1, lr)
+        al = np.where(free, np.nan_to_num(al, nan=0.0), 0.0)
+        be = np.where(free, 0.0, np.nan_to_num(be, nan=0.0))
+    alpha[...] = best.params[0].reshape(N, m, nU)
+    beta[...] = best.params[1].reshape(N, m, nU)
+    # branching scores from the first pass's coefficients (CROWN-like lines of the domain)
+    scores = np.zeros((R, nU))
+    tape = best_tape[0]
+    for i, idx, off in space.nodes:
+        if i not in tape:
+            continue
+        L = tape[i][0][:, idx]
+        l, u = space.l[off:off + idx.size], space.u[off:off + idx.size]
+        t = -u * l / (u - l)  # the chord's intercept
+        scores[:, off:off + idx.size] = (np.maximum(-L, 0.0) * t
+                                         + np.maximum(L, 0.0) * np.minimum(u, -l) * 0.5)
+    scores = np.where(sp == 0, scores, -np.inf).reshape(N, m, nU).max(axis=1)
+    return best.best.reshape(N, m), best_x, scores
+
+
+def exact_when_split(graph) -> bool:
+    """True when a domain with every unstable neuron split is affine: ReLU activations only,
+    no max pool (whose lines stay loose)."""
+    return all(n.kind != "maxpool" for n in graph.nodes) and all(
+        n.op.name == "relu" for n in graph.nodes if n.kind == "activation")
+
+
+def _leaf(space: _Space, A, b, b_up, split_row, check):
+    """A fully split open domain of an :func:`exact_when_split` graph: a counterexample x,
+    True (proven), or False. The graph is affine on the domain; its affine form (the lines'
+    forward pass at 0 and the unit vectors) gives a linear program
+    (:func:`~crown_cli.verification.bab.relu_split.affine_leaf_lp`) whose multipliers of the
+    sign constraints are checked as beta by a float64 bound."""
+    from crown_cli.verification.bab.relu_split import affine_leaf_lp
+
+    gb, g = space.gb, space.gb.g
+    m, nU, d = A.shape[0], space.nU, g.input_size
+    sp = split_row[None].astype(np.int8)
+    tape = {}
+    gb.lower(g.output, A[:1], tape=tape, lines=space.lines(sp, np.zeros((1, nU)),
+                                                           np.zeros((1, nU))))
+    tape.pop("Lx")
+    X = np.vstack([np.zeros(d), np.eye(d)])
+    vals = _relaxed_forward(gb, g.output, X, tape)
+    F0 = vals[g.output][0]
+    J = vals[g.output][1:] - F0  # (d, outputs)
+    C, e = [], []
+    for i, idx, off in space.nodes:
+        z = vals[g.nodes[i].inputs[0]][:, idx]
+        s = split_row[off:off + idx.size].astype(np.float64)
+        C.append(-s[:, None] * (z[1:] - z[0]).T)  # s z >= 0 <=> -s (Jz x + z0) <= 0
+        e.append(s * z[0])
+    C, e = np.concatenate(C), np.concatenate(e)
+    out = affine_leaf_lp(A @ J.T, A @ F0 - b, C, e, gb.qcode.lo, gb.qcode.hi, np.arange(m))
+    if out[0] == "sat":
+        return check(out[1][None, :])
+    if out[0] != "beta":
+        return False
+    for scale in (1.0, 1.0 + 1e-6, 1.01):
+        be = np.zeros((m, nU))
+        be[out[1]] = scale * out[2]
+        val = gb.lower(g.output, A, lines=space.lines(np.repeat(sp, m, axis=0),
+                                                       np.zeros((m, nU)), be)) - b_up
+        if np.any(val > 0.0):
+            return True
+    return False
+
+
+def graph_relu_split(graph, lo, hi, A, b, deadline: float, **options) -> BabResult:
+    """:func:`graph_relu_split_steps` run to its end."""
+    return finish(graph_relu_split_steps(graph, lo, hi, A, b, deadline, **options))
+
+
+def graph_relu_split_steps(graph, lo, hi, A, b, deadline: float, max_domains: int = MAX_OPEN,
+                           batch: int = 16, iters: int = 10, root_iters: int = 30,
+                           lr: float = 0.1, progress=None):
+    """As a generator (yields the share of the domain tree proven after every batch, returns
+    the :class:`BabResult`): is there an x in [lo, hi] with ``A f(x) <= b`` (every row)?
+
+    ``unsat``: every domain has a row whose verified bound is above its b (rounded up one
+    ulp); ``sat``: a point the graph's float64 forward pass confirms; ``unknown``: more than
+    ``max_domains`` open domains, or an open domain with every unstable neuron split;
+    ``timeout``: ``deadline`` (``time.monotonic()``) passed. ``batch``: parents split per
+    round; ``iters`` (``root_iters`` at the root): Adam steps on alpha and beta per domain.
+    ``progress(domains, open, worst)`` after every round."""
+    lo0 = np.asarray(lo, dtype=np.float64).ravel()
+    hi0 = np.asarray(hi, dtype=np.float64).ravel()
+    A = np.atleast_2d(np.asarray(A, dtype=np.float64))
+    b = np.asarray(b, dtype=np.float64).ravel()
+    b_up = np.nextafter(b, np.inf)
+    m = A.shape[0]
+    t0 = time.monotonic()
+    stats = {"domains": 0, "peak": 1, "batches": 0, "proven": 0}
+
+    def result(verdict, x=None, heap=(), note=""):
+        worst = min((h[0] for h in heap), default=np.nan)
+        return BabResult(verdict, x, stats["domains"], stats["peak"], worst,
+                         time.monotonic() - t0, stats["batches"], stats["proven"], note=note)
+
+    def check(X):
+        X = np.clip(X, lo0, hi0)
+        hit = violations_of(graph.forward, lo0, hi0, A, b, X)
+        return X[np.argmax(hit)].copy() if hit.any() else None
+
+    x = check(0.5 * lo0[None] + 0.5 * hi0[None])
+    if x is not None:
+        return result("sat", x)
+    if m == 0:
+        return result("sat", 0.5 * lo0 + 0.5 * hi0)
+    gb = GraphBounds(graph, *Box(lo0, hi0).args())
+    space = _Space(gb)
+    nU = space.nU
+    split = np.zeros((1, nU), np.int8)
+    alpha = np.broadcast_to(space.initial_alpha(), (1, m, nU)).copy()
+    beta = np.zeros((1, m, nU))
+    val, X, sc = _bound(space, A, b_up, split, alpha, beta, root_iters, lr)
+    stats["domains"] += 1
+    score = float(val.max())
+    if score > 0.0:
+        stats["proven"] += 1
+        return result("unsat")
+    x = check(X)
+    if x is not None:
+        return result("sat", x)
+    # (score, tie-break, split, alpha, beta, branching scores, depth)
+    heap = [(score, 0, split[0], alpha[0], beta[0], sc[0], 0)]
+    count, closed = 1, 0.0
+    exact, stuck = exact_when_split(graph), []
+    while heap:
+        if time.monotonic() >= deadline:
+            return result("timeout", heap=heap)
+        if len(heap) > max_domains:
+            return result("unknown", heap=heap, note="domain cap")
+        par = [heapq.heappop(heap) for _ in range(min(batch, len(heap)))]
+        leaves = [p for p in par if not np.isfinite(p[5]).any()]
+        if leaves:  # every unstable neuron split and still open
+            par = [p for p in par if np.isfinite(p[5]).any()]
+            for p in leaves:
+                out = _leaf(space, A, b, b_up, p[2], check) if exact else False
+                if isinstance(out, np.ndarray):
+                    return result("sat", out)
+                if out:
+                    stats["proven"] += 1
+                    closed += 0.5 ** p[6]
+                else:
+                    stuck.append(p)
+            if not par:
+                continue
+        P = len(par)
+        choice = np.array([int(np.argmax(p[5])) for p in par])
+        cs = np.concatenate([np.stack([p[2] for p in par])] * 2)
+        ar = np.arange(P)
+        cs[ar, choice] = 1
+        cs[P + ar, choice] = -1
+        ca = np.concatenate([np.stack([p[3] for p in par])] * 2)
+        cb = np.concatenate([np.stack([p[4] for p in par])] * 2)
+        val, X, sc = _bound(space, A, b_up, cs, ca, cb, iters, lr)
+        stats["domains"] += 2 * P
+        stats["batches"] += 1
+        x = check(X)
+        if x is not None:
+            return result("sat", x)
+        parent = np.array([p[0] for p in par] * 2)
+        depth = np.array([p[6] for p in par] * 2) + 1
+        s = np.maximum(val.max(axis=1), parent)
+        for k in range(2 * P):
+            if s[k] > 0.0:
+                stats["proven"] += 1
+                closed += 0.5 ** depth[k]
+            else:
+                count += 1
+                heapq.heappush(heap, (float(s[k]), count, cs[k], ca[k], cb[k], sc[k],
+                                      int(depth[k])))
+        stats["peak"] = max(stats["peak"], len(heap))
+        if progress is not None:
+            progress(stats["domains"], len(heap), heap[0][0] if heap else np.inf)
+        yield min(1.0, closed)
+    if stuck:  # searched to the end, but some fully split domain could not be decided
+        return result("unknown", heap=stuck, note=f"{len(stuck)} domain(s) with every "
+                      "unstable neuron split stayed open")
+    return result("unsat")

@@ -1,0 +1,192 @@
+"""ReLU splitting on graph networks (crown_cli.verification.bab.graph_relu_split): subdomain
+bounds below the sampled minimum over each subdomain (any slopes, any multipliers), the
+multipliers' and slopes' gradient against finite differences, fully split domains decided
+exactly (LP multipliers checked by a float64 bound), verdicts equal to an exact MILP of the
+graph, and the search's own ends (a max pool leaves fully split domains open: unknown, not
+unsat)."""
+import os
+import time
+
+import numpy as np
+import onnx
+import pytest
+
+from crown_cli.engine.graph_alpha import _minimiser, _relaxed_forward
+from crown_cli.engine.graph_bounds import GraphBounds
+from crown_cli.engine.input_sets import Box
+from crown_cli.graph.onnx_graph import load_graph
+from crown_cli.verification.bab import graph_relu_split as grs
+from graph_models import BUILDERS
+from graph_oracles import graph_min
+
+
+def graph_of(tmp_path, kind, seed):
+    path = os.path.join(str(tmp_path), f"{kind}{seed}.onnx")
+    onnx.save(BUILDERS[kind](np.random.default_rng(seed)), path)
+    return load_graph(path)
+
+
+def setup(tmp_path, kind, seed, eps=0.1):
+    g = graph_of(tmp_path, kind, seed)
+    rng = np.random.default_rng(seed + 100)
+    x0 = rng.uniform(-1, 1, g.input_size)
+    lo, hi = x0 - eps, x0 + eps
+    gb = GraphBounds(g, *Box(lo, hi).args())
+    return g, gb, grs._Space(gb), lo, hi, rng
+
+
+def signs_at(g, space, x):
+    """The sign (+1 / -1) of every unstable neuron at the point x: a split met by x."""
+    _, vals = g.forward(x[None], return_all=True)
+    return np.concatenate([np.where(vals[g.nodes[i].inputs[0]][0, idx] >= 0.0, 1, -1)
+                           for i, idx, _ in space.nodes]).astype(np.int8)
+
+
+def in_domain(g, space, X, split):
+    """The sampled points meeting every split decision, and their values."""
+    _, vals = g.forward(X, return_all=True)
+    ok = np.ones(X.shape[0], bool)
+    for i, idx, off in space.nodes:
+        z = vals[g.nodes[i].inputs[0]][:, idx]
+        s = split[off:off + idx.size]
+        ok &= np.all(np.where(s > 0, z >= 0.0, np.where(s < 0, z <= 0.0, True)), axis=1)
+    return ok
+
+
+@pytest.mark.parametrize("kind", ["conv", "conv_maxpool", "dense", "conv_tanh"])
+def test_subdomain_bounds_hold_for_any_slopes_and_multipliers(tmp_path, kind):
+    g, gb, space, lo, hi, rng = setup(tmp_path, kind, 1, eps=0.1 if kind != "dense" else 0.4)
+    assert space.nU >= 3
+    rows = rng.normal(size=(2, g.output_size))
+    X = lo + rng.uniform(size=(20000, g.input_size)) * (hi - lo)
+    X[:2000] = np.where(rng.integers(0, 2, size=(2000, g.input_size)) == 1, hi, lo)
+    Y = g.forward(X)
+    tested = 0
+    for trial in range(30):  # splits met by a sampled point, on a random share of neurons
+        split = signs_at(g, space, X[rng.integers(X.shape[0])])
+        split[rng.uniform(size=space.nU) < rng.uniform(0.2, 0.9)] = 0
+        ok = in_domain(g, space, X, split)
+        if ok.sum() < 20:
+            continue
+        R = rows.shape[0]
+        alpha = rng.uniform(0, 1, (R, space.nU))
+        beta = rng.exponential(1.0, (R, space.nU)) * (split != 0)
+        lines = space.lines(np.repeat(split[None], R, axis=0), alpha, beta)
+        lb = gb.lower(g.output, rows, lines=lines)
+        sampled = (Y[ok] @ rows.T).min(axis=0)
+        assert np.all(lb <= sampled), (trial, lb, sampled)
+        tested += 1
+    assert tested >= 5
+
+
+def test_multiplier_and_slope_gradient_matches_finite_differences(tmp_path):
+    """The bound is piecewise linear in alpha and beta; at a generic point its derivative is
+    the one _bound ascends (a coefficient times its node's value under the row's lines at the
+    row's minimiser)."""
+    g, gb, space, lo, hi, rng = setup(tmp_path, "conv", 2)
+    row = rng.normal(size=(1, g.output_size))
+    split = np.zeros(space.nU, np.int8)
+    split[: space.nU // 2] = rng.choice([-1, 1], space.nU // 2)
+    alpha = rng.uniform(0.2, 0.8, (1, space.nU))
+    beta = rng.uniform(0.1, 1.0, (1, space.nU)) * (split != 0)
+    sp = split[None]
+
+    def value(a, b):
+        return float(gb.lower(g.output, row, lines=space.lines(sp, a, b))[0])
+
+    tape = {}
+    gb.lower(g.output, row, tape=tape, lines=space.lines(sp, alpha, beta))
+    x = _minimiser(gb, tape.pop("Lx"))
+    vals = _relaxed_forward(gb, g.output, x, tape)
+    checked = 0
+    for i, idx, off in space.nodes:
+        L, pos = tape[i][0][0, idx], tape[i][1][0, idx]
+        z = vals[g.nodes[i].inputs[0]][0, idx]
+        for k in range(idx.size):
+            j = off + k
+            h = 1e-6
+            if split[j] != 0:
+                want = -split[j] * z[k]
+                b2 = beta.copy()
+                b2[0, j] += h
+                b1 = beta.copy()
+                b1[0, j] -= h
+                got = (value(alpha, b2) - value(alpha, b1)) / (2 * h)
+            elif pos[k]:
+                want = L[k] * z[k]
+                a2 = alpha.copy()
+                a2[0, j] += h
+                a1 = alpha.copy()
+                a1[0, j] -= h
+                got = (value(a2, beta) - value(a1, beta)) / (2 * h)
+            else:
+                continue
+            assert got == pytest.approx(want, abs=1e-5 * (1 + abs(want))), (j, got, want)
+            checked += 1
+    assert checked >= 5
+
+
+@pytest.mark.parametrize("kind,seed", [("conv", 3), ("conv", 7), ("dense", 3), ("dense", 7),
+                                       ("normalised", 3)])
+def test_verdicts_equal_the_milp_on_both_sides_of_the_minimum(tmp_path, kind, seed):
+    """b 0.1% (relative) below the exact minimum: unsat; 0.1% above: sat, with a point the
+    float64 forward pass confirms."""
+    g = graph_of(tmp_path, kind, seed)
+    assert grs.exact_when_split(g)
+    rng = np.random.default_rng(seed + 1)
+    x0 = rng.uniform(-1, 1, g.input_size)
+    eps = 0.2 if kind == "dense" else 0.05
+    lo, hi = x0 - eps, x0 + eps
+    row = rng.normal(size=g.output_size)
+    m, _ = graph_min(g, lo, hi, row)
+    for delta, want in ((-1e-3, "unsat"), (1e-3, "sat")):
+        b = m + delta * (1 + abs(m))
+        r = grs.graph_relu_split(g, lo, hi, row[None], np.array([b]), time.monotonic() + 60)
+        assert r.verdict == want, (kind, seed, delta, r)
+        if want == "sat":
+            assert np.all((r.x >= lo) & (r.x <= hi)) and row @ g.forward(r.x) <= b
+
+
+def test_fully_split_domains_are_decided_by_the_lp(tmp_path):
+    """Leaves (every unstable neuron split) of a small dense graph: the LP's multipliers prove
+    each when b is below the exact minimum over the whole box (MILP), and never prove a leaf
+    with a sampled point below b."""
+    g, gb, space, lo, hi, rng = setup(tmp_path, "dense", 3, eps=0.4)
+    row = rng.normal(size=(1, g.output_size))
+    m, _ = graph_min(g, lo, hi, row[0])
+    X = lo + rng.uniform(size=(40000, g.input_size)) * (hi - lo)
+    Y = g.forward(X) @ row[0]
+    seen = 0
+    for trial in range(40):
+        split = signs_at(g, space, X[rng.integers(X.shape[0])])
+        ok = in_domain(g, space, X, split)
+        if ok.sum() < 50:
+            continue
+        low = float(Y[ok].min())
+        below, above = np.array([m - 1e-3 * (1 + abs(m))]), np.array([low + 0.05])
+        checked = []
+        out = grs._leaf(space, row, below, np.nextafter(below, np.inf), split,
+                        lambda X: checked.append(X) or None)
+        assert out is True, trial
+        out = grs._leaf(space, row, above, np.nextafter(above, np.inf), split, lambda X: X[0])
+        assert out is not True, trial
+        seen += 1
+    assert seen >= 3
+
+
+def test_max_pool_graph_ends_unknown_not_unsat_when_leaves_stay_open(tmp_path):
+    """On a max pool graph a fully split domain keeps the pool's loose lines: when b is just
+    below the exact minimum, the search ends unsat (proven anyway) or unknown with the reason,
+    never sat."""
+    g = graph_of(tmp_path, "conv_maxpool", 3)
+    assert not grs.exact_when_split(g)
+    rng = np.random.default_rng(4)
+    x0 = rng.uniform(-1, 1, g.input_size)
+    lo, hi = x0 - 0.05, x0 + 0.05
+    row = rng.normal(size=g.output_size)
+    m, _ = graph_min(g, lo, hi, row)
+    r = grs.graph_relu_split(g, lo, hi, row[None], np.array([m - 1e-3 * (1 + abs(m))]),
+                             time.monotonic() + 8)
+    assert r.verdict in ("unsat", "unknown", "timeout")
+    if r.verdict == "unknown":
+        assert "every unstable neuron split stayed open" in r.note
