@@ -45,8 +45,8 @@ VERIFY_NOT_SETTINGS = {"--model", "--spec", "--instances", "--root", "--output",
               help="Branch and bound after the bound stages (ReLU and leaky ReLU networks): "
                    "input splitting (up to 64 inputs) and ReLU splitting, raced by measured "
                    "progress. On a graph lowered to dense layers (a chain of convolutions, "
-                   "pools, dense layers) the same; on other graphs input splitting only, "
-                   "up to 64 inputs.")
+                   "pools, dense layers) the same; on other graphs input splitting (up to 64 "
+                   "inputs) and ReLU splitting of the ReLU nodes.")
 @click.option("--max-domains", type=click.IntRange(min=1), default=200_000, show_default=True,
               metavar="N",
               help="Cap on the open domains of the branch and bound (memory); reaching it "
@@ -88,7 +88,8 @@ def verify(model_path, spec_path, instances_path, root, timeout, method, attack_
     network that lowers to dense layers (a chain of convolutions, pools and dense layers
     between activations of one type) runs all of this on its exact dense form; on other
     graphs (max pools, branches, several activation types) the attack, the crown and
-    alpha-crown stages, and branch and bound by input splitting up to 64 inputs.
+    alpha-crown stages, and branch and bound: input splitting up to 64 inputs, ReLU
+    splitting on graphs with ReLU nodes.
 
     Exit codes: 0 a verdict was written (any of sat, unsat, unknown, timeout), 1 internal
     error, 2 bad input or usage, 3 an instance ended in an error, 130 interrupted (Ctrl-C).

@@ -112,7 +112,8 @@ class _Space:
 def _bound(space: _Space, A, b_up, split, alpha, beta, iters: int, lr: float):
     """Optimise and bound a batch: ``split`` (N, nU), ``alpha``, ``beta`` (N, m, nU) (updated
     in place to the best iterate). Returns (bounds (N, m) float64 verified, minimisers
-    (N * m, d), branching scores (N, nU))."""
+    (N * m, d), the neuron to split next per domain (N,), -1 when none is open, and the
+    coefficient each row gives that neuron's activation at the best iterate (N, m))."""
     gb, g = space.gb, space.gb.g
     N, m, nU = alpha.shape
     R = N * m
@@ -122,7 +123,6 @@ def _bound(space: _Space, A, b_up, split, alpha, beta, iters: int, lr: float):
     free = sp == 0
     best = BestIterate(R, al, be)
     best_x = np.zeros((R, g.input_size))
-    best_tape = [None]
     oa, ob = Adam(al, STEER, lo=0.0, hi=1.0), Adam(be, STEER, lo=0.0)
     for it in range(iters + 1):
         tape = {}
@@ -130,8 +130,6 @@ def _bound(space: _Space, A, b_up, split, alpha, beta, iters: int, lr: float):
         x = _minimiser(gb, tape.pop("Lx"))
         imp = best.offer(np.where(np.isfinite(val), val, -np.inf), al, be)
         best_x[imp] = x[imp]
-        if best_tape[0] is None:
-            best_tape[0] = tape
         if it == iters or space.nU == 0:
             break
         vals = _relaxed_forward(gb, g.output, x, tape)
@@ -148,21 +146,48 @@ def _bound(space: _Space, A, b_up, split, alpha, beta, iters: int, lr: float):
         be = ob.propose(be, gbeta, it + 1, lr)
         al = np.where(free, np.nan_to_num(al, nan=0.0), 0.0)
         be = np.where(free, 0.0, np.nan_to_num(be, nan=0.0))
-    alpha[...] = best.params[0].reshape(N, m, nU)
-    beta[...] = best.params[1].reshape(N, m, nU)
-    # branching scores from the first pass's coefficients (CROWN-like lines of the domain)
-    scores = np.zeros((R, nU))
-    tape = best_tape[0]
+    al, be = best.params
+    alpha[...] = al.reshape(N, m, nU)
+    beta[...] = be.reshape(N, m, nU)
+    # the coefficients at the best iterate: branching scores (BaBSR-like: what each open
+    # neuron's relaxation loses, a negative coefficient times the chord's intercept, a
+    # positive one times half the smaller side) and the chosen neuron's coefficients
+    Lall = np.zeros((R, nU))
+    if iters > 0 and space.nU:
+        tape = {}
+        gb.lower(g.output, Lam, tape=tape, lines=space.lines(sp, al, be))
     for i, idx, off in space.nodes:
-        if i not in tape:
-            continue
-        L = tape[i][0][:, idx]
-        l, u = space.l[off:off + idx.size], space.u[off:off + idx.size]
-        t = -u * l / (u - l)  # the chord's intercept
-        scores[:, off:off + idx.size] = (np.maximum(-L, 0.0) * t
-                                         + np.maximum(L, 0.0) * np.minimum(u, -l) * 0.5)
+        if i in tape:
+            Lall[:, off:off + idx.size] = tape[i][0][:, idx]
+    t = -space.u * space.l / (space.u - space.l)  # the chords' intercepts
+    scores = np.maximum(-Lall, 0.0) * t + np.maximum(Lall, 0.0) * np.minimum(space.u, -space.l) * 0.5
     scores = np.where(sp == 0, scores, -np.inf).reshape(N, m, nU).max(axis=1)
-    return best.best.reshape(N, m), best_x, scores
+    if nU == 0:
+        return best.best.reshape(N, m), best_x, np.full(N, -1), np.zeros((N, m))
+    choice = np.where(np.isfinite(scores).any(axis=1), np.argmax(scores, axis=1), -1)
+    Lc = Lall.reshape(N, m, nU)[np.arange(N), :, np.maximum(choice, 0)]
+    return best.best.reshape(N, m), best_x, choice, Lc
+
+
+def _children(split, alpha, beta, choice, Lc):
+    """The two children of each parent (first all active, then all inactive), warm-started
+    from the parent's slopes and multipliers; the new split's multiplier is set so that the
+    child's first bound is its parent's (the neuron's lower line a z, taken where its
+    coefficient L >= 0, is what the child's exact line plus the multiplier term gives: active
+    ``z - beta z`` with beta = L (1 - a), inactive ``0 + beta z`` with beta = L a; where L < 0
+    the exact line alone is at least the parent's chord on the domain)."""
+    P = split.shape[0]
+    ar = np.arange(P)
+    cs = np.concatenate([split, split])
+    cs[ar, choice] = 1
+    cs[P + ar, choice] = -1
+    ca = np.concatenate([alpha, alpha])
+    cb = np.concatenate([beta, beta])
+    a = alpha[ar, :, choice]  # (P, m)
+    pos = np.maximum(Lc, 0.0)
+    cb[ar, :, choice] = pos * (1.0 - a)
+    cb[P + ar, :, choice] = pos * a
+    return cs, ca, cb
 
 
 def exact_when_split(graph) -> bool:
@@ -197,7 +222,8 @@ def _leaf(space: _Space, A, b, b_up, split_row, check):
         s = split_row[off:off + idx.size].astype(np.float64)
         C.append(-s[:, None] * (z[1:] - z[0]).T)  # s z >= 0 <=> -s (Jz x + z0) <= 0
         e.append(s * z[0])
-    C, e = np.concatenate(C), np.concatenate(e)
+    C = np.concatenate(C) if C else np.zeros((0, d))
+    e = np.concatenate(e) if e else np.zeros(0)
     out = affine_leaf_lp(A @ J.T, A @ F0 - b, C, e, gb.qcode.lo, gb.qcode.hi, np.arange(m))
     if out[0] == "sat":
         return check(out[1][None, :])
@@ -260,7 +286,7 @@ def graph_relu_split_steps(graph, lo, hi, A, b, deadline: float, max_domains: in
     split = np.zeros((1, nU), np.int8)
     alpha = np.broadcast_to(space.initial_alpha(), (1, m, nU)).copy()
     beta = np.zeros((1, m, nU))
-    val, X, sc = _bound(space, A, b_up, split, alpha, beta, root_iters, lr)
+    val, X, choice, Lc = _bound(space, A, b_up, split, alpha, beta, root_iters, lr)
     stats["domains"] += 1
     score = float(val.max())
     if score > 0.0:
@@ -269,8 +295,8 @@ def graph_relu_split_steps(graph, lo, hi, A, b, deadline: float, max_domains: in
     x = check(X)
     if x is not None:
         return result("sat", x)
-    # (score, tie-break, split, alpha, beta, branching scores, depth)
-    heap = [(score, 0, split[0], alpha[0], beta[0], sc[0], 0)]
+    # (score, tie-break, split, alpha, beta, neuron to split, its coefficients, depth)
+    heap = [(score, 0, split[0], alpha[0], beta[0], int(choice[0]), Lc[0], 0)]
     count, closed = 1, 0.0
     exact, stuck = exact_when_split(graph), []
     while heap:
@@ -279,36 +305,32 @@ def graph_relu_split_steps(graph, lo, hi, A, b, deadline: float, max_domains: in
         if len(heap) > max_domains:
             return result("unknown", heap=heap, note="domain cap")
         par = [heapq.heappop(heap) for _ in range(min(batch, len(heap)))]
-        leaves = [p for p in par if not np.isfinite(p[5]).any()]
+        leaves = [p for p in par if p[5] < 0]
         if leaves:  # every unstable neuron split and still open
-            par = [p for p in par if np.isfinite(p[5]).any()]
+            par = [p for p in par if p[5] >= 0]
             for p in leaves:
                 out = _leaf(space, A, b, b_up, p[2], check) if exact else False
                 if isinstance(out, np.ndarray):
                     return result("sat", out)
                 if out:
                     stats["proven"] += 1
-                    closed += 0.5 ** p[6]
+                    closed += 0.5 ** p[7]
                 else:
                     stuck.append(p)
             if not par:
                 continue
         P = len(par)
-        choice = np.array([int(np.argmax(p[5])) for p in par])
-        cs = np.concatenate([np.stack([p[2] for p in par])] * 2)
-        ar = np.arange(P)
-        cs[ar, choice] = 1
-        cs[P + ar, choice] = -1
-        ca = np.concatenate([np.stack([p[3] for p in par])] * 2)
-        cb = np.concatenate([np.stack([p[4] for p in par])] * 2)
-        val, X, sc = _bound(space, A, b_up, cs, ca, cb, iters, lr)
+        cs, ca, cb = _children(np.stack([p[2] for p in par]), np.stack([p[3] for p in par]),
+                               np.stack([p[4] for p in par]), np.array([p[5] for p in par]),
+                               np.stack([p[6] for p in par]))
+        val, X, choice, Lc = _bound(space, A, b_up, cs, ca, cb, iters, lr)
         stats["domains"] += 2 * P
         stats["batches"] += 1
         x = check(X)
         if x is not None:
             return result("sat", x)
         parent = np.array([p[0] for p in par] * 2)
-        depth = np.array([p[6] for p in par] * 2) + 1
+        depth = np.array([p[7] for p in par] * 2) + 1
         s = np.maximum(val.max(axis=1), parent)
         for k in range(2 * P):
             if s[k] > 0.0:
@@ -316,8 +338,8 @@ def graph_relu_split_steps(graph, lo, hi, A, b, deadline: float, max_domains: in
                 closed += 0.5 ** depth[k]
             else:
                 count += 1
-                heapq.heappush(heap, (float(s[k]), count, cs[k], ca[k], cb[k], sc[k],
-                                      int(depth[k])))
+                heapq.heappush(heap, (float(s[k]), count, cs[k], ca[k], cb[k], int(choice[k]),
+                                      Lc[k], int(depth[k])))
         stats["peak"] = max(stats["peak"], len(heap))
         if progress is not None:
             progress(stats["domains"], len(heap), heap[0][0] if heap else np.inf)
