@@ -190,3 +190,19 @@ def test_max_pool_graph_ends_unknown_not_unsat_when_leaves_stay_open(tmp_path):
     assert r.verdict in ("unsat", "unknown", "timeout")
     if r.verdict == "unknown":
         assert "every unstable neuron split stayed open" in r.note
+
+
+def test_open_domains_are_capped_by_memory(tmp_path, monkeypatch):
+    """The open domains' stored state is capped (MAX_MEMORY): a search that would hold more
+    ends unknown ("domain cap"), not out of memory."""
+    g = graph_of(tmp_path, "conv", 3)
+    rng = np.random.default_rng(4)
+    x0 = rng.uniform(-1, 1, g.input_size)
+    lo, hi = x0 - 0.05, x0 + 0.05
+    row = rng.normal(size=g.output_size)
+    m, _ = graph_min(g, lo, hi, row)
+    b = np.array([m - 1e-3 * (1 + abs(m))])
+    monkeypatch.setattr(grs, "MAX_MEMORY", 2.0 ** 11)  # room for a couple of domains
+    r = grs.graph_relu_split(g, lo, hi, row[None], b, time.monotonic() + 30)
+    assert r.verdict == "unknown" and r.note == "domain cap", r
+    assert r.peak_open <= 2 * 16 + 2  # the cap, plus one batch of children

@@ -49,6 +49,7 @@ from crown_cli.engine.optim import Adam, AdamSettings, BestIterate
 from crown_cli.verification.outcome import BabResult, finish, violations_of
 
 MAX_OPEN = 100_000
+MAX_MEMORY = 2.0 ** 31  # bytes the open domains' slopes and multipliers may take
 STEER = AdamSettings(eps=1e-12)
 
 
@@ -252,7 +253,8 @@ def graph_relu_split_steps(graph, lo, hi, A, b, deadline: float, max_domains: in
 
     ``unsat``: every domain has a row whose verified bound is above its b (rounded up one
     ulp); ``sat``: a point the graph's float64 forward pass confirms; ``unknown``: more than
-    ``max_domains`` open domains, or an open domain with every unstable neuron split;
+    ``max_domains`` open domains (lowered so that their stored state stays within
+    :data:`MAX_MEMORY`), or a fully split domain that stays open;
     ``timeout``: ``deadline`` (``time.monotonic()``) passed. ``batch``: parents split per
     round; ``iters`` (``root_iters`` at the root): Adam steps on alpha and beta per domain.
     ``progress(domains, open, worst)`` after every round."""
@@ -283,6 +285,9 @@ def graph_relu_split_steps(graph, lo, hi, A, b, deadline: float, max_domains: in
     gb = GraphBounds(graph, *Box(lo0, hi0).args())
     space = _Space(gb)
     nU = space.nU
+    # the open domains' stored state (split, slopes, multipliers, coefficients) within
+    # MAX_MEMORY: reaching the lowered cap ends the search unknown ("domain cap")
+    max_domains = int(min(max_domains, MAX_MEMORY // (nU * (1 + 16 * m) + 16 * m + 256)))
     split = np.zeros((1, nU), np.int8)
     alpha = np.broadcast_to(space.initial_alpha(), (1, m, nU)).copy()
     beta = np.zeros((1, m, nU))
