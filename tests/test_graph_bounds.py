@@ -285,3 +285,40 @@ def test_acasxu_graph_equals_dense_engine():
     xs = np.random.default_rng(0).uniform(box.lo, box.hi, size=(2000, 5))
     assert np.all(g.forward(xs) @ C.T >= got)
     np.testing.assert_allclose(g.forward(xs), mlp.forward(xs), rtol=1e-12, atol=1e-12)
+
+
+def test_split_multipliers_rounding_charged_against_exact_arithmetic():
+    """GraphBounds.lower with per-row lines whose ``extra`` (ReLU splitting's multiplier
+    terms) nearly cancels the rows' coefficients: all-active ReLUs at inputs of order 1e5
+    given the lines ``0.7 z`` (any lines: the bound is of the rows through them), the extra
+    close to minus the rows' coefficients there, a small box. The bound of the rows plus
+    ``extra . z`` lies below the exact rational minimum over the box on every row. (The
+    product's rounding here is within the dense node's charge, which is computed from the
+    rows' magnitude before the cancellation; the extra's own charge is a margin on top.)"""
+    from fractions import Fraction as F
+
+    from crown_cli.engine.chain import Lines
+    from crown_cli.engine.graph_bounds import GraphBounds
+
+    for seed in range(30):
+        rng = np.random.default_rng(seed)
+        W1 = rng.uniform(0.5, 2.0, size=(6, 3))
+        W2 = rng.normal(size=(6, 6))
+        C = rng.normal(size=(3, 6))
+        x0 = rng.uniform(1e5, 2e5, 3)
+        nodes = [Node("x", InputOp(0, 0, 3), (), (1, 3)), Node("d1", Dense(W1, None), (0,), (1, 6)),
+                 Node("r", ActivationOp("relu"), (1,), (1, 6)), Node("d2", Dense(W2, None), (2,), (1, 6))]
+        eps = 1e-6  # a small box: the rounding, not the box, decides the bound
+        gb = GraphBounds(Graph(nodes, 3), x0, eps, 0)
+        extra = -(C @ W2) * 0.7 * (1.0 + 1e-9 * rng.normal(size=(3, 6)))
+        s7 = np.full((3, 6), 0.7)
+        lines = {2: Lines(np.arange(6), s7, s7, upper_icpt=np.zeros((3, 6)), extra=extra)}
+        lo = gb.lower(3, C, lines=lines)
+        W1f = [[F(v) for v in r] for r in W1]
+        for k, row in enumerate(C):
+            coef = [sum(F(row[i]) * F(W2[i][j]) for i in range(6)) * F(0.7) + F(extra[k][j])
+                    for j in range(6)]
+            lam = [sum(coef[j] * W1f[j][t] for j in range(6)) for t in range(3)]
+            val = sum(lv * F(x) for lv, x in zip(lam, x0))
+            spread = sum(abs(lv) for lv in lam) * F(eps)
+            assert F(lo[k]) <= val - spread, (seed, k)
