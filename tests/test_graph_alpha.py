@@ -125,7 +125,8 @@ def test_sound_on_balls_under_sampling(tmp_path, qcode, norm):
 
 def test_verify_alpha_stage_proves_what_crown_cannot(tmp_path):
     """A max-pool graph and a threshold between CROWN's bound and alpha's (from the MILP
-    test's case): the crown stage leaves it open, the alpha-crown stage proves it."""
+    test's case): the crown stage leaves it open (without branch and bound), the alpha-crown
+    stage proves it, and so does ReLU splitting after the crown stage."""
     from crown_cli.io.vnnlib import parse_vnnlib_text
     from crown_cli.verification.graph_pipeline import GraphVerifier
     from test_graph_verify import spec
@@ -142,8 +143,12 @@ def test_verify_alpha_stage_proves_what_crown_cannot(tmp_path):
     b = 0.5 * (crown + alpha)  # row . y <= b is the unsafe set: empty, and only alpha sees it
     prop = parse_vnnlib_text(spec(lo, hi, g.output_size, [(row, b)]), "p", g.input_size,
                              g.output_size)
-    v = GraphVerifier(g, stages=("crown",), attack_restarts=8, attack_steps=20).verify(prop, 60)
+    v = GraphVerifier(g, stages=("crown",), attack_restarts=8, attack_steps=20,
+                      bab=False).verify(prop, 60)
     assert v.result == "unknown"
+    # ReLU splitting after the crown stage proves it too
+    v = GraphVerifier(g, stages=("crown",), attack_restarts=8, attack_steps=20).verify(prop, 60)
+    assert v.result == "unsat" and v.stage == "bab", v
     v = GraphVerifier(g, attack_restarts=8, attack_steps=20).verify(prop, 60)
     assert v.result == "unsat" and v.stage == "alpha-crown", v
 

@@ -165,7 +165,8 @@ class LoweredVerifier(Verifier):
 class GraphVerifier:
     """:class:`crown_cli.verification.pipeline.Verifier`'s interface for a graph: one network,
     its stages and attack settings; :meth:`verify` per property. ``bab`` and ``max_domains``:
-    input splitting on graphs of at most ``INPUT_SPLIT_MAX_DIM`` inputs."""
+    input splitting on graphs of at most ``INPUT_SPLIT_MAX_DIM`` inputs, ReLU splitting on
+    graphs with ReLU nodes."""
 
     def __init__(self, graph, stages: Sequence[str] = BOUND_STAGES, attack_restarts: int = 64,
                  attack_steps: int = 100, seed: int = 0, attack_time: Optional[float] = None,
