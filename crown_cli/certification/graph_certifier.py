@@ -22,6 +22,7 @@ from typing import Optional, Sequence
 
 import numpy as np
 
+from crown_cli.certification.attack import DEFAULT_RESTARTS, DEFAULT_STEPS, PGDAttack
 from crown_cli.certification.certifier import (Certificate, Certifier, default_eps0,
                                                first_order_start, margin_rows, parse_norm)
 from crown_cli.engine.input_sets import NORMS
@@ -148,3 +149,33 @@ class GraphCertifier:
                                power=max(2.0, self.POWER_PER_LAYER * self.num_hidden))
         return Certificate(res.eps, res.lower_bound, g0, res.evaluations, res.status,
                            time.perf_counter() - t0)
+
+
+
+class GraphPGDAttack(PGDAttack):
+    """``certify --attack pgd`` on a graph network: :class:`PGDAttack`'s minimum-distortion
+    search with the graph's float64 forward pass (every reported point is verified by it)
+    and its input gradient (:meth:`Graph.vjp`, the margin row of the target attaining the
+    minimum) in place of the MLP's."""
+
+    def __init__(self, graph, norm: str = "inf", steps: Optional[int] = None,
+                 restarts: Optional[int] = None, eps_max: float = 1e4):
+        # the MLP attack's option checks and search settings, with no layers of its own
+        super().__init__([], [], "relu", norm=norm, steps=steps or DEFAULT_STEPS,
+                         restarts=restarts or DEFAULT_RESTARTS, eps_max=eps_max)
+        self.graph = graph
+
+    def margins(self, X: np.ndarray, c: int, targets: np.ndarray) -> np.ndarray:
+        f = self.graph.forward(np.asarray(X, dtype=np.float64))
+        return f[:, [c]] - f[:, targets]
+
+    def margin_and_grad(self, X: np.ndarray, c: int, targets: np.ndarray):
+        self.grad_evals += X.shape[0]
+        f, vals = self.graph.forward(np.asarray(X, dtype=np.float64), return_all=True)
+        M = f[:, [c]] - f[:, targets]
+        j = np.argmin(M, axis=1)
+        rows = np.arange(X.shape[0])
+        G = np.zeros((X.shape[0], f.shape[1]))
+        G[:, c] = 1.0
+        G[rows, targets[j]] -= 1.0
+        return M[rows, j], self.graph.vjp(vals, G)

@@ -169,8 +169,6 @@ def certify(model_path, images_path, labels_path, num_images, start, norm, metho
             check_graph_method(m, model_path)
         if n_classes < 2:
             raise InputError(f"{model_path}: the output has {n_classes} value, need >= 2 classes")
-        if attack != "none":
-            raise InputError(f"--attack {attack}: not available on graph networks yet ({model_path})")
         x = to_graph_layout(graph, x)  # crown's (H, W, C) images in the model's own layout
     if start >= x.shape[0]:
         raise InputError(f"--start: {start} is past the last image ({x.shape[0]} images in {where})")
@@ -195,9 +193,18 @@ def certify(model_path, images_path, labels_path, num_images, start, norm, metho
         certifiers = [GraphCertifier(graph, norm=n, method=m, search=search, rtol=rtol, eps0=eps0,
                                      eps_max=max_eps, timeout=timeout)
                       for n in norms for m in methods]
+        graph_attacks = None
+        if attack == "pgd":
+            from crown_cli.certification.graph_certifier import GraphPGDAttack
+
+            graph_attacks = {n: GraphPGDAttack(graph, n, attack_steps, attack_restarts, max_eps)
+                             for n in norms}
+        elif attack_steps is not None or attack_restarts is not None:
+            raise InputError("--attack-steps/--attack-restarts: need --attack pgd")
         return _run_job(job, lambda write: certify_images(
             certifiers, x, y, indices, target_types, seed, _logged(write, verbose),
-            progress=not quiet and not verbose, skip=job.skip,
+            progress=not quiet and not verbose, skip=job.skip, attacks=graph_attacks,
+            attack_seed=attack_seed,
             warn=lambda msg: click.echo(msg, err=True)), "row", output, quiet)
     mlp = net
     # rows a resumed file already holds are skipped: they cost no certification
