@@ -107,6 +107,21 @@ def residual(rng, act="Relu"):
     return g.model([("x", (1, 4))], [out])
 
 
+def relu_residual(rng, n_in=70):
+    """ReLUs only, branched: Gemm -> Relu (a); a residual block Relu(Gemm(a)) + a; a Relu
+    layer on that, concatenated with a slice of a; Gemm to 3 outputs. More than 64 inputs."""
+    g = G(rng)
+    a = g.op("Relu", [g.op("Gemm", ["x", g.rand(12, n_in), g.rand(12)], transB=1)])
+    b = g.op("Relu", [g.op("Gemm", [a, g.rand(12, 12), g.rand(12)], transB=1)])
+    s = g.op("Add", [b, a])
+    c = g.op("Relu", [g.op("Gemm", [s, g.rand(8, 12), g.rand(8)], transB=1)])
+    part = g.op("Slice", [a, g.const([0, 3], np.int64), g.const([1, 9], np.int64),
+                          g.const([0, 1], np.int64)])
+    cat = g.op("Concat", [c, part], axis=1)
+    out = g.op("Gemm", [cat, g.rand(3, 14), g.rand(3)], transB=1)
+    return g.model([("x", (1, n_in))], [out])
+
+
 def shapes_net(rng):
     """PyTorch-style shape arithmetic (Shape, Gather, Unsqueeze, Concat, Reshape), Transpose,
     Squeeze/Unsqueeze, Split, Gather with constant indices, Pad, Identity, Dropout, Sub with
@@ -171,6 +186,7 @@ def normalised(rng):
 
 
 BUILDERS = {"dense": dense_chain, "conv": conv_net, "residual": residual, "shapes": shapes_net,
+            "relu_residual": relu_residual,
             "two_inputs": two_inputs, "broadcast": broadcast_net, "normalised": normalised,
             "conv_maxpool": lambda rng: conv_net(rng, pool="MaxPool"),
             "conv_tanh": lambda rng: conv_net(rng, act="Tanh", bn=False)}

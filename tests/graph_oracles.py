@@ -10,7 +10,7 @@ def dense_of(op, n_in):
     """The matrices [A_1, ..., A_k] (m, n_j) and bias (m,) of an affine operation."""
     mats = []
     for j, n in enumerate(n_in):
-        eye = [np.zeros((n_, n_)) for n_ in n_in]
+        eye = [np.zeros((n, n_)) for n_ in n_in]  # n points: unit vectors of input j
         eye[j] = np.eye(n)
         zero = op.forward([np.zeros((1, n_)) for n_ in n_in])[0]
         mats.append((op.forward(eye) - zero).T)

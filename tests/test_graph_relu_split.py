@@ -127,7 +127,8 @@ def test_multiplier_and_slope_gradient_matches_finite_differences(tmp_path):
 
 
 @pytest.mark.parametrize("kind,seed", [("conv", 3), ("conv", 7), ("dense", 3), ("dense", 7),
-                                       ("normalised", 3)])
+                                       ("normalised", 3), ("relu_residual", 3),
+                                       ("relu_residual", 5)])
 def test_verdicts_equal_the_milp_on_both_sides_of_the_minimum(tmp_path, kind, seed):
     """b 0.1% (relative) below the exact minimum: unsat; 0.1% above: sat, with a point the
     float64 forward pass confirms."""
@@ -135,7 +136,7 @@ def test_verdicts_equal_the_milp_on_both_sides_of_the_minimum(tmp_path, kind, se
     assert grs.exact_when_split(g)
     rng = np.random.default_rng(seed + 1)
     x0 = rng.uniform(-1, 1, g.input_size)
-    eps = 0.2 if kind == "dense" else 0.05
+    eps = {"dense": 0.2, "relu_residual": 0.1}.get(kind, 0.05)
     lo, hi = x0 - eps, x0 + eps
     row = rng.normal(size=g.output_size)
     m, _ = graph_min(g, lo, hi, row)
