@@ -256,6 +256,7 @@ class GraphVerifier:
         graphs of at most ``INPUT_SPLIT_MAX_DIM`` inputs, ReLU splitting
         (:func:`~crown_cli.verification.bab.graph_relu_split.graph_relu_split_steps`) on
         graphs with ReLU nodes."""
+        from crown_cli.engine.graph_bounds import GraphBounds
         from crown_cli.verification.bab.graph_input_split import graph_input_split_steps
         from crown_cli.verification.bab.graph_relu_split import graph_relu_split_steps
         from crown_cli.verification.pipeline import (JOIN_MIN_S, JOIN_SHARE, RACE_MAX_SLICE,
@@ -270,10 +271,18 @@ class GraphVerifier:
                              max_domains=self.max_domains, progress=progress))
                      for j in open_cases]
         if splittable_nodes(self.graph):
+            def box_bounds(c):  # one GraphBounds per box, shared by its cases' searches
+                key = (np.asarray(c.lo, np.float64).tobytes(),
+                       np.asarray(c.hi, np.float64).tobytes())
+                if self._last_bounds[0] != key:
+                    self._last_bounds = (key, GraphBounds(self.graph, *Box(c.lo, c.hi).args()))
+                return self._last_bounds[1]
+
             runs += [Run([j], "ReLU split",
                          lambda progress, c=cases[j]: graph_relu_split_steps(
                              self.graph, c.lo, c.hi, c.A, c.b, deadline,
-                             max_domains=self.max_domains, progress=progress))
+                             max_domains=self.max_domains, progress=progress,
+                             bounds=box_bounds(c)))
                      for j in sorted(open_cases, key=lambda j: -margins.get(j, -np.inf))]
         return race(runs, len(cases), len(cases) - len(open_cases), margins, deadline, done,
                     self.outputs, cases, kinds={"input split": "boxes",

@@ -247,7 +247,7 @@ def graph_relu_split(graph, lo, hi, A, b, deadline: float, **options) -> BabResu
 
 def graph_relu_split_steps(graph, lo, hi, A, b, deadline: float, max_domains: int = MAX_OPEN,
                            batch: int = 16, iters: int = 10, root_iters: int = 30,
-                           lr: float = 0.1, progress=None):
+                           lr: float = 0.1, progress=None, bounds=None):
     """As a generator (yields the share of the domain tree proven after every batch, returns
     the :class:`BabResult`): is there an x in [lo, hi] with ``A f(x) <= b`` (every row)?
 
@@ -257,7 +257,8 @@ def graph_relu_split_steps(graph, lo, hi, A, b, deadline: float, max_domains: in
     :data:`MAX_MEMORY`), or a fully split domain that stays open;
     ``timeout``: ``deadline`` (``time.monotonic()``) passed. ``batch``: parents split per
     round; ``iters`` (``root_iters`` at the root): Adam steps on alpha and beta per domain.
-    ``progress(domains, open, worst)`` after every round."""
+    ``progress(domains, open, worst)`` after every round. ``bounds``: the box's
+    :class:`GraphBounds` when the caller has it (e.g. from the bound stages)."""
     lo0 = np.asarray(lo, dtype=np.float64).ravel()
     hi0 = np.asarray(hi, dtype=np.float64).ravel()
     A = np.atleast_2d(np.asarray(A, dtype=np.float64))
@@ -282,7 +283,7 @@ def graph_relu_split_steps(graph, lo, hi, A, b, deadline: float, max_domains: in
         return result("sat", x)
     if m == 0:
         return result("sat", 0.5 * lo0 + 0.5 * hi0)
-    gb = GraphBounds(graph, *Box(lo0, hi0).args())
+    gb = GraphBounds(graph, *Box(lo0, hi0).args()) if bounds is None else bounds
     space = _Space(gb)
     nU = space.nU
     # the open domains' stored state (split, slopes, multipliers, coefficients) within
