@@ -196,10 +196,10 @@ def test_max_pool_graph_ends_unknown_not_unsat_when_leaves_stay_open(tmp_path):
 def test_open_domains_are_capped_by_memory(tmp_path, monkeypatch):
     """The open domains' stored state is capped (MAX_MEMORY): a search that would hold more
     ends unknown ("domain cap"), not out of memory."""
-    g = graph_of(tmp_path, "conv", 3)
-    rng = np.random.default_rng(4)
+    g = graph_of(tmp_path, "relu_residual", 7)  # thousands of domains without the cap
+    rng = np.random.default_rng(8)
     x0 = rng.uniform(-1, 1, g.input_size)
-    lo, hi = x0 - 0.05, x0 + 0.05
+    lo, hi = x0 - 0.1, x0 + 0.1
     row = rng.normal(size=g.output_size)
     m, _ = graph_min(g, lo, hi, row)
     b = np.array([m - 1e-3 * (1 + abs(m))])

@@ -22,9 +22,10 @@ The graph engine's counterpart of :mod:`crown_cli.verification.bab.relu_split`, 
   from the parent; the best iterate per row is kept. Every bound that closes a domain is a
   float64 evaluation with every rounding charged, whatever the optimiser did.
 - A child's score is the larger of its bound and its parent's (the parent's holds on it).
-- Branching: the open neuron whose relaxation loses most at the domain's rows (BaBSR-like:
-  a negative coefficient times the chord's intercept, a positive one times the gap of the
-  lower line at the neuron's smaller side).
+- Branching: the open neuron whose upper line costs the domain's rows most (BaBSR: a
+  negative coefficient times the chord's intercept; ties broken by |coefficient| times the
+  neuron's width). Scoring positive coefficients by their lower line's gap as well took 10
+  to 65 times more domains on the residual test graph.
 - ``sat``: the minimisers of the domains' rows are checked by the graph's float64 forward pass.
   A domain with every unstable neuron split is affine on a graph of ReLUs without max pools:
   a linear program (scipy HiGHS) gives a candidate point or multipliers that a float64
@@ -150,9 +151,10 @@ def _bound(space: _Space, A, b_up, split, alpha, beta, iters: int, lr: float):
     al, be = best.params
     alpha[...] = al.reshape(N, m, nU)
     beta[...] = be.reshape(N, m, nU)
-    # the coefficients at the best iterate: branching scores (BaBSR-like: what each open
-    # neuron's relaxation loses, a negative coefficient times the chord's intercept, a
-    # positive one times half the smaller side) and the chosen neuron's coefficients
+    # the coefficients at the best iterate: branching scores (BaBSR: what each open neuron's
+    # upper line costs, a negative coefficient times the chord's intercept; ties, e.g. rows
+    # reaching a layer with positive coefficients only, broken by |coefficient| times the
+    # neuron's width) and the chosen neuron's coefficients
     Lall = np.zeros((R, nU))
     if iters > 0 and space.nU:
         tape = {}
@@ -161,7 +163,7 @@ def _bound(space: _Space, A, b_up, split, alpha, beta, iters: int, lr: float):
         if i in tape:
             Lall[:, off:off + idx.size] = tape[i][0][:, idx]
     t = -space.u * space.l / (space.u - space.l)  # the chords' intercepts
-    scores = np.maximum(-Lall, 0.0) * t + np.maximum(Lall, 0.0) * np.minimum(space.u, -space.l) * 0.5
+    scores = np.maximum(-Lall, 0.0) * t + 1e-3 * np.abs(Lall) * (space.u - space.l)
     scores = np.where(sp == 0, scores, -np.inf).reshape(N, m, nU).max(axis=1)
     if nU == 0:
         return best.best.reshape(N, m), best_x, np.full(N, -1), np.zeros((N, m))
