@@ -195,15 +195,18 @@ class GraphVerifier:
         """The stage's bounds; ``crown`` and ``alpha-crown`` on the same box share one
         :class:`GraphBounds` (the intermediate bounds, most of the cost). ``deadline``: as
         :meth:`Verifier.box_lower_bounds` takes it (no graph stage is capped by it)."""
+        bounds = self._box_bounds(lo, hi) if stage in ("crown", "alpha-crown") else None
+        return graph_box_lower_bounds(self.graph, lo, hi, A, b, stage, bounds=bounds)
+
+    def _box_bounds(self, lo, hi):
+        """The CROWN :class:`GraphBounds` of the box, kept for the last box asked: the crown
+        and alpha-crown stages and ReLU splitting's searches on the box share it."""
         from crown_cli.engine.graph_bounds import GraphBounds
 
-        bounds = None
-        if stage in ("crown", "alpha-crown"):
-            key = (np.asarray(lo, np.float64).tobytes(), np.asarray(hi, np.float64).tobytes())
-            if self._last_bounds[0] != key:
-                self._last_bounds = (key, GraphBounds(self.graph, *Box(lo, hi).args()))
-            bounds = self._last_bounds[1]
-        return graph_box_lower_bounds(self.graph, lo, hi, A, b, stage, bounds=bounds)
+        key = (np.asarray(lo, np.float64).tobytes(), np.asarray(hi, np.float64).tobytes())
+        if self._last_bounds[0] != key:
+            self._last_bounds = (key, GraphBounds(self.graph, *Box(lo, hi).args()))
+        return self._last_bounds[1]
 
     def _box_attack(self, lo, hi, problems, restarts: int, seed: int, deadline: float):
         """:meth:`Verifier._box_attack` on the graph's forward pass
@@ -256,7 +259,6 @@ class GraphVerifier:
         graphs of at most ``INPUT_SPLIT_MAX_DIM`` inputs, ReLU splitting
         (:func:`~crown_cli.verification.bab.graph_relu_split.graph_relu_split_steps`) on
         graphs with ReLU nodes."""
-        from crown_cli.engine.graph_bounds import GraphBounds
         from crown_cli.verification.bab.graph_input_split import graph_input_split_steps
         from crown_cli.verification.bab.graph_relu_split import graph_relu_split_steps
         from crown_cli.verification.pipeline import (JOIN_MIN_S, JOIN_SHARE, RACE_MAX_SLICE,
@@ -271,18 +273,11 @@ class GraphVerifier:
                              max_domains=self.max_domains, progress=progress))
                      for j in open_cases]
         if splittable_nodes(self.graph):
-            def box_bounds(c):  # one GraphBounds per box, shared by its cases' searches
-                key = (np.asarray(c.lo, np.float64).tobytes(),
-                       np.asarray(c.hi, np.float64).tobytes())
-                if self._last_bounds[0] != key:
-                    self._last_bounds = (key, GraphBounds(self.graph, *Box(c.lo, c.hi).args()))
-                return self._last_bounds[1]
-
             runs += [Run([j], "ReLU split",
                          lambda progress, c=cases[j]: graph_relu_split_steps(
                              self.graph, c.lo, c.hi, c.A, c.b, deadline,
                              max_domains=self.max_domains, progress=progress,
-                             bounds=box_bounds(c)))
+                             bounds=self._box_bounds(c.lo, c.hi)))
                      for j in sorted(open_cases, key=lambda j: -margins.get(j, -np.inf))]
         return race(runs, len(cases), len(cases) - len(open_cases), margins, deadline, done,
                     self.outputs, cases, kinds={"input split": "boxes",
