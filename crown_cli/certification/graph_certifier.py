@@ -151,7 +151,6 @@ class GraphCertifier:
                            time.perf_counter() - t0)
 
 
-
 class GraphPGDAttack(PGDAttack):
     """``certify --attack pgd`` on a graph network: :class:`PGDAttack`'s minimum-distortion
     search with the graph's float64 forward pass (every reported point is verified by it)

@@ -187,55 +187,48 @@ def certify(model_path, images_path, labels_path, num_images, start, norm, metho
     job = OutputJob(option_values(click.get_current_context()), output, out_format, overwrite,
                     resume, model_path, net if graph is None else _GraphInfo(graph), images_path,
                     x, y, indices)
+    if attack == "none" and (attack_steps is not None or attack_restarts is not None):
+        raise InputError("--attack-steps/--attack-restarts: need --attack pgd")
     if graph is not None:
-        from crown_cli.certification.graph_certifier import GraphCertifier
+        from crown_cli.certification.graph_certifier import GraphCertifier, GraphPGDAttack
 
         certifiers = [GraphCertifier(graph, norm=n, method=m, search=search, rtol=rtol, eps0=eps0,
                                      eps_max=max_eps, timeout=timeout)
                       for n in norms for m in methods]
-        graph_attacks = None
+        attacks = None if attack != "pgd" else {
+            n: GraphPGDAttack(graph, n, attack_steps, attack_restarts, max_eps) for n in norms}
+    else:
+        mlp = net
+        # rows a resumed file already holds are skipped: they cost no certification
+        runs = len(indices) * len(target_types) * len(norms) * len(methods) - job.rows_present()
+        # an order-preserving output activation is skipped (the logits' margins decide the
+        # class); another one (a ReLU on the logits) becomes a hidden layer the engine bounds
+        weights, biases = mlp.margin_layers()
+        kernels = choose_kernels(kernels, mlp.activation, [w.shape for w in weights], runs)
+        # the engine's switch is process-wide: restore it when this command ends
+        click.get_current_context().with_resource(using_kernels(kernels))
+
+        certifiers = [
+            Certifier(weights, biases, mlp.activation, norm=n, method=m, search=search,
+                      rtol=rtol, eps0=eps0, eps_max=max_eps, precision=precision,
+                      alpha=mlp.alpha, timeout=timeout,
+                      **(alpha_opts if m == "alpha-crown" else {}))
+            for n in norms for m in methods
+        ]
+        attacks = None
         if attack == "pgd":
-            from crown_cli.certification.graph_certifier import GraphPGDAttack
+            from crown_cli.certification.attack import DEFAULT_RESTARTS, DEFAULT_STEPS, PGDAttack
 
-            graph_attacks = {n: GraphPGDAttack(graph, n, attack_steps, attack_restarts, max_eps)
-                             for n in norms}
-        elif attack_steps is not None or attack_restarts is not None:
-            raise InputError("--attack-steps/--attack-restarts: need --attack pgd")
-        return _run_job(job, lambda write: certify_images(
-            certifiers, x, y, indices, target_types, seed, _logged(write, verbose),
-            progress=not quiet and not verbose, skip=job.skip, attacks=graph_attacks,
-            attack_seed=attack_seed,
-            warn=lambda msg: click.echo(msg, err=True)), "row", output, quiet)
-    mlp = net
-    # rows a resumed file already holds are skipped: they cost no certification
-    runs = len(indices) * len(target_types) * len(norms) * len(methods) - job.rows_present()
-    # an order-preserving output activation is skipped (the logits' margins decide the class);
-    # another one (a ReLU on the logits) becomes a hidden layer the engine bounds
-    weights, biases = mlp.margin_layers()
-    kernels = choose_kernels(kernels, mlp.activation, [w.shape for w in weights], runs)
-    # the engine's switch is process-wide: restore it when this command ends
-    click.get_current_context().with_resource(using_kernels(kernels))
-
-    certifiers = [
-        Certifier(weights, biases, mlp.activation, norm=n, method=m, search=search,
-                  rtol=rtol, eps0=eps0, eps_max=max_eps, precision=precision, alpha=mlp.alpha,
-                  timeout=timeout, **(alpha_opts if m == "alpha-crown" else {}))
-        for n in norms for m in methods
-    ]
-    attacks = None
-    if attack == "pgd":
-        from crown_cli.certification.attack import DEFAULT_RESTARTS, DEFAULT_STEPS, PGDAttack
-
-        attacks = {n: PGDAttack(weights, biases, mlp.activation, norm=n, alpha=mlp.alpha,
-                                steps=attack_steps or DEFAULT_STEPS,
-                                restarts=attack_restarts or DEFAULT_RESTARTS, eps_max=max_eps)
-                   for n in norms}
-    elif attack_steps is not None or attack_restarts is not None:
-        raise InputError("--attack-steps/--attack-restarts: need --attack pgd")
+            attacks = {n: PGDAttack(weights, biases, mlp.activation, norm=n, alpha=mlp.alpha,
+                                    steps=attack_steps or DEFAULT_STEPS,
+                                    restarts=attack_restarts or DEFAULT_RESTARTS,
+                                    eps_max=max_eps)
+                       for n in norms}
     _run_job(job, lambda write: certify_images(
-        certifiers, x, y, indices, target_types, seed, _logged(write, verbose), progress=not quiet and not verbose,
-        skip=job.skip, attacks=attacks, attack_seed=attack_seed,
-        warn=lambda msg: click.echo(msg, err=True)), "row", output, quiet)
+        certifiers, x, y, indices, target_types, seed, _logged(write, verbose),
+        progress=not quiet and not verbose, skip=job.skip, attacks=attacks,
+        attack_seed=attack_seed, warn=lambda msg: click.echo(msg, err=True)),
+        "row", output, quiet)
 
 
 def _logged(write, verbose):
