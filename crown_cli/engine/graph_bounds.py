@@ -286,7 +286,7 @@ class GraphBounds:
         node i, for an activation (rows reaching it, the side each took (>= 0: lower line),
         the slope and intercept of the line taken), for a max pool the rows reaching it, else
         None; under ``"Lx"`` the rows carried back to the input."""
-        g, own = self.g, lines
+        g = self.g
         r = Lam.shape[0]
         const, mag, charge = np.zeros(r), np.zeros(r), np.zeros(r)
         pending: Dict[int, np.ndarray] = {target: np.ascontiguousarray(Lam, dtype=np.float64)}
@@ -312,19 +312,18 @@ class GraphBounds:
                 Lx[:, node.op.offset:node.op.offset + node.op.size] = L
             elif node.kind == "activation":
                 p = node.inputs[0]
-                lines = self.lines[i]
-                if own is not None and i in own:
-                    lines = own[i]
+                ln = self.lines[i]
+                if lines is not None and i in lines:
+                    ln = lines[i]
                 elif slopes is not None and i in slopes:
-                    lines = Lines(lines.cols, slopes[i], lines.upper, lines.upper_icpt,
-                                  lines.lower_icpt)
-                D, icpt, pos, slope = relax(L, lines)
-                if lines.extra is not None:  # D = fl(fl(L slope) + extra): two roundings
-                    charge = charge + 2.0 * U64 * ((np.abs(L * slope) + np.abs(lines.extra))
+                    ln = Lines(ln.cols, slopes[i], ln.upper, ln.upper_icpt, ln.lower_icpt)
+                D, icpt, pos, slope = relax(L, ln)
+                if ln.extra is not None:  # D = fl(fl(L slope) + extra): two roundings
+                    charge = charge + 2.0 * U64 * ((np.abs(L * slope) + np.abs(ln.extra))
                                                    @ self.absval[p])
                 if tape is not None:
-                    lo_i = 0.0 if lines.lower_icpt is None else lines.lower_icpt
-                    up_i = 0.0 if lines.upper_icpt is None else lines.upper_icpt
+                    lo_i = 0.0 if ln.lower_icpt is None else ln.lower_icpt
+                    up_i = 0.0 if ln.upper_icpt is None else ln.upper_icpt
                     tape[i] = (L, pos, slope, np.where(pos, lo_i, up_i))
                 const = const + icpt.sum(axis=-1)
                 mag = mag + np.abs(icpt).sum(axis=-1)
