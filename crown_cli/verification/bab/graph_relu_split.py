@@ -151,22 +151,23 @@ def _bound(space: _Space, A, b_up, split, alpha, beta, iters: int, lr: float):
     al, be = best.params
     alpha[...] = al.reshape(N, m, nU)
     beta[...] = be.reshape(N, m, nU)
+    if nU == 0:
+        return best.best.reshape(N, m), best_x, np.full(N, -1), np.zeros((N, m))
     # the coefficients at the best iterate: branching scores (BaBSR: what each open neuron's
     # upper line costs, a negative coefficient times the chord's intercept; ties, e.g. rows
     # reaching a layer with positive coefficients only, broken by |coefficient| times the
-    # neuron's width) and the chosen neuron's coefficients
-    Lall = np.zeros((R, nU))
-    if iters > 0 and space.nU:
+    # neuron's width) and the chosen neuron's coefficients; the last pass's tape is that
+    # iterate's when every row's best came from it
+    if not imp.all():
         tape = {}
         gb.lower(g.output, Lam, tape=tape, lines=space.lines(sp, al, be))
+    Lall = np.zeros((R, nU))
     for i, idx, off in space.nodes:
         if i in tape:
             Lall[:, off:off + idx.size] = tape[i][0][:, idx]
     t = -space.u * space.l / (space.u - space.l)  # the chords' intercepts
     scores = np.maximum(-Lall, 0.0) * t + 1e-3 * np.abs(Lall) * (space.u - space.l)
     scores = np.where(sp == 0, scores, -np.inf).reshape(N, m, nU).max(axis=1)
-    if nU == 0:
-        return best.best.reshape(N, m), best_x, np.full(N, -1), np.zeros((N, m))
     choice = np.where(np.isfinite(scores).any(axis=1), np.argmax(scores, axis=1), -1)
     Lc = Lall.reshape(N, m, nU)[np.arange(N), :, np.maximum(choice, 0)]
     return best.best.reshape(N, m), best_x, choice, Lc
