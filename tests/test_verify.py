@@ -452,3 +452,8 @@ def test_stages_that_do_not_apply_are_logged_as_skipped():
     v = Verifier(ws, bs, "elu", stages=("crown", "alpha-crown"), bab=False, attack_time=0.0)
     v.verify(prop, timeout=5.0, log=lines.append)
     assert "alpha-crown: skipped (not defined for elu networks)" in lines
+    # a skipped stage is not reported as the one that ran last: only the attack ran here
+    ws, bs = random_network([4, 8, 8, 2], 1)
+    out = Verifier(ws, bs, "relu", stages=("hull",), bab=False, attack_time=0.0).verify(
+        prop, timeout=5.0, log=lines.append)
+    assert out.result == "unknown" and out.stage == "attack", out

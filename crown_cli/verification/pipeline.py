@@ -212,8 +212,8 @@ class Verifier:
         n = len(cases)
         open_cases, margins, stage = list(range(n)), {}, "attack"
         if log is not None:
-            for stage, why in getattr(self, "skipped", ()):
-                log(f"{stage}: skipped ({why})")
+            for name, why in getattr(self, "skipped", ()):
+                log(f"{name}: skipped ({why})")
         for stage in self.stages:
             still = []
             for members in _by_box(cases, open_cases):
