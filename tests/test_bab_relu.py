@@ -720,3 +720,74 @@ def test_interm_warm_out_of_range_is_refused(warm):
     with pytest.raises(ValueError, match="interm_warm must lie in"):
         bab_relu.relu_split(w, b, lo, hi, np.array([[1.0, 0.0, -1.0]]), np.zeros(1),
                             time.monotonic() + 5, interm_warm=warm)
+
+
+@pytest.mark.parametrize("opt", [0, 3])
+def test_tighten_max_width_skips_wide_layers_and_stays_sound(opt):
+    """``max_width``: a hidden layer wider than it keeps the bounds given (its split
+    neurons only take their sign); the narrower later layer is still recomputed, tighter
+    than the root's on some domain, and contains the exact range over each subdomain
+    (MILP), with CROWN (``opt`` 0) or optimised rows."""
+    w, b, x0, lo, hi = _case(27, sizes=(5, 8, 14, 8, 3), eps=0.3)
+    bd = _slopes_bounder(w, b, lo, hi, np.zeros((0, 3)), np.zeros(0), "relu", "root",
+                         np.random.default_rng(27))
+    split = _split_domains(bd, w, b, lo, hi, np.random.default_rng(28), 4, layers=(0, 1))
+    rl, ru = bd.root_domain_bounds()
+    B = split.shape[0]
+    args = (split, np.tile(rl, (B, 1)), np.tile(ru, (B, 1)), np.full(B, -1))
+    s2, dl, du, empty = (bd.tighten(*args, max_width=10) if opt == 0 else
+                         bd.tighten_opt(*args, iters=opt, max_width=10))
+    assert not empty.any()
+    wide = bd.layer_of == 1
+    assert w[1].shape[0] == 14 and wide.any()
+    signed_l = np.where(split > 0, np.maximum(rl, 0.0), rl)
+    signed_u = np.where(split < 0, np.minimum(ru, 0.0), ru)
+    np.testing.assert_array_equal(dl[:, wide], signed_l[:, wide])
+    np.testing.assert_array_equal(du[:, wide], signed_u[:, wide])
+    last = bd.layer_of == 2
+    assert np.sum((ru - du)[:, last]) + np.sum((dl - rl)[:, last]) > 1e-3
+    assert np.all(dl >= rl) and np.all(du <= ru)
+    for d in range(B):
+        signs = [np.zeros(wk.shape[0], int) for wk in w[:-1]]
+        for q in range(bd.nU):
+            k = bd.layer_of[q]
+            signs[k][bd.ucols[k][q - bd.offsets[k]]] = split[d, q]
+        for q in np.flatnonzero(last):
+            j = bd.ucols[2][q - bd.offsets[2]]
+            lo_ex, hi_ex = _subdomain_range(w, b, lo, hi, bd.bounds, signs, 2, j)
+            tol = 1e-7 * (1.0 + abs(lo_ex) + abs(hi_ex))
+            assert dl[d, q] <= lo_ex + tol and du[d, q] >= hi_ex - tol
+
+
+def test_wide_network_defaults_against_exact_milp(monkeypatch):
+    """On a network with a hidden layer wider than ``INTERM_MAX_WIDTH`` (lowered here to 10)
+    the search recomputes per domain only the narrower layers, by CROWN (no optimised
+    rows), and still decides: unsat just below the exact minimum, sat just above."""
+    monkeypatch.setattr(bab_relu, "INTERM_MAX_WIDTH", 10)
+    seen = []
+    tighten = bab_relu.Bounder.tighten
+
+    def spy(self, *a, **k):
+        seen.append(k.get("max_width"))
+        return tighten(self, *a, **k)
+
+    def no_opt(self, *a, **k):
+        raise AssertionError("tighten_opt runs by default on a wide network")
+
+    monkeypatch.setattr(bab_relu.Bounder, "tighten", spy)
+    monkeypatch.setattr(bab_relu.Bounder, "tighten_opt", no_opt)
+    w, b, x0, lo, hi = _case(2, sizes=(4, 8, 14, 8, 3), eps=0.3)
+    c, t = 0, 1
+    res = _exact(w, b, x0, 0.3, c, t)
+    A = np.zeros((1, 3))
+    A[0, c], A[0, t] = 1.0, -1.0
+    gap = 0.01 * (1.0 + abs(res.value))
+    r = bab_relu.relu_split(w, b, lo, hi, A, np.array([res.dual_bound - gap]),
+                            time.monotonic() + 60, batch=16)
+    assert r.verdict == "unsat" and r.domains > 1
+    assert seen and set(seen) == {10}
+    r = bab_relu.relu_split(w, b, lo, hi, A, np.array([res.value + gap]),
+                            time.monotonic() + 60, batch=16, attack_restarts=0)
+    assert r.verdict == "sat"
+    y = mlp_forward(w, b, "relu", r.x)
+    assert np.all(r.x >= lo) and np.all(r.x <= hi) and y[c] - y[t] <= res.value + gap

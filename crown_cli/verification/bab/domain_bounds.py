@@ -112,7 +112,8 @@ class DomainBounds:
                         self.net.fp_rtol)
         return out.reshape(n, rows)
 
-    def tighten(self, split, dl, du, start, max_bytes: float = 2.0 ** 26, deadline=None):
+    def tighten(self, split, dl, du, start, max_bytes: float = 2.0 ** 26, deadline=None,
+                max_width=None):
         """Per-domain bounds of the unstable neurons after new splits.
 
         ``split`` (B, nU) int8, ``dl``, ``du`` (B, nU) float64 bounds valid on each domain
@@ -126,7 +127,8 @@ class DomainBounds:
         some l > u, i.e. no point of the box meets their split constraints. ``max_bytes``
         caps the temporaries (domains are processed in chunks). Past ``deadline`` (a
         ``time.monotonic()`` instant) the remaining chunks are skipped: their bounds stay the
-        ones given (valid, only looser)."""
+        ones given (valid, only looser). ``max_width``: only hidden layers of at most this
+        many neurons are recomputed (the others keep the bounds given)."""
         self._interm_setup()
         widest = max([self.box.lo.size] + [kp.size for kp in self._keep])
 
@@ -144,15 +146,15 @@ class DomainBounds:
                 dl[rr, cc] = np.maximum(dl[rr, cc], low[:, :R])
                 du[rr, cc] = np.minimum(du[rr, cc], -low[:, R:])
 
-        return self._tighten_layers(split, dl, du, start, layer)
+        return self._tighten_layers(split, dl, du, start, layer, max_width)
 
-    def _tighten_layers(self, split, dl, du, start, layer):
+    def _tighten_layers(self, split, dl, du, start, layer, max_width=None):
         """The frame of :meth:`tighten` and :meth:`tighten_opt`: split neurons' bounds take
         their sign, then for each hidden layer k >= 1 ``layer(k, doms, split, dl, du)``
         narrows (in place) the bounds of layer k's unstable neurons on the domains ``doms``
         (those with ``start < k``, not yet empty), after which the neurons proven stable
-        become implied splits and domains with crossing bounds are marked empty. Returns
-        (split, dl, du, empty)."""
+        become implied splits and domains with crossing bounds are marked empty; layers
+        wider than ``max_width`` (if given) are skipped. Returns (split, dl, du, empty)."""
         split, dl, du = split.copy(), np.array(dl, np.float64), np.array(du, np.float64)
         dl = np.where(split > 0, np.maximum(dl, 0.0), dl)
         du = np.where(split < 0, np.minimum(du, 0.0), du)
@@ -160,7 +162,7 @@ class DomainBounds:
         start = np.asarray(start)
         for k in range(1, self.L):
             o0, o1 = self.offsets[k], self.offsets[k + 1]
-            if o1 == o0:
+            if o1 == o0 or (max_width is not None and self.weights[k].shape[0] > max_width):
                 continue
             doms = np.flatnonzero((start < k) & ~empty)
             if doms.size == 0:
@@ -190,7 +192,7 @@ class DomainBounds:
 
     def tighten_opt(self, split, dl, du, start, iters: int = 3, lr_alpha: float = 0.3,
                     lr_beta: float = 0.3, max_bytes: float = 2.0 ** 27, deadline=None,
-                    warm: float = 0.0):
+                    warm: float = 0.0, max_width=None):
         """:meth:`tighten` with optimised multipliers (beta-CROWN for the hidden layers): the
         bounds of every layer k after ``start[d]`` come from ``iters`` projected Adam steps
         on each row ``z_kj`` / ``-z_kj`` (:meth:`_sub`) over its lower slopes (from
@@ -205,7 +207,8 @@ class DomainBounds:
         starts from this Bounder's running start of layer k instead (slopes, and beta per
         split sign), which after every chunk moves by ``warm`` towards the mean of what
         the chunk's entries of that row ended with (:func:`_blend`); any start is sound,
-        only the float64 bound counts. Returns (split, dl, du, empty) as :meth:`tighten`."""
+        only the float64 bound counts. ``max_width`` and the return value (split, dl, du,
+        empty) as :meth:`tighten`."""
 
         def layer(k, doms, split, dl, du):
             o0, o1 = self.offsets[k], self.offsets[k + 1]
@@ -253,7 +256,7 @@ class DomainBounds:
                 dup, cup = dom[~lower], o0 + rows[~lower] - R
                 du[dup, cup] = np.minimum(du[dup, cup], -low[~lower])
 
-        return self._tighten_layers(split, dl, du, start, layer)
+        return self._tighten_layers(split, dl, du, start, layer, max_width)
 
 
 def _blend(tab, rows, X, mask, w):

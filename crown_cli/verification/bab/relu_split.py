@@ -22,7 +22,9 @@ ReLUs (Wang et al., "Beta-CROWN", NeurIPS 2021; implemented from the paper's ide
   domain's lie inside them). On 3 or more hidden layers (``interm_iters``) the recomputed
   bounds are themselves optimised (:meth:`Bounder.tighten_opt`): each row z_j / -z_j with
   its own lower slopes and multipliers of the split constraints in the layers before it, a
-  few Adam steps, then the float64 bound at the best iterate.
+  few Adam steps, then the float64 bound at the best iterate. On networks with a hidden
+  layer wider than ``INTERM_MAX_WIDTH`` only the layers of at most that width are
+  recomputed (``interm_max_width``), by CROWN, with branching anywhere.
 - On a subdomain the final rows ``A_i f(x) - b_i`` are bounded by one back-substitution
   per (domain, row): a split-active neuron is the identity, split-inactive is the inactive
   slope (0 for ReLU), an unstable unsplit neuron has the chord of the domain's bounds above
@@ -114,10 +116,12 @@ def relu_split(weights: Sequence[np.ndarray], biases: Sequence[np.ndarray], lo, 
     return finish(relu_split_steps(weights, biases, lo, hi, A, b, deadline, **options))
 
 
-# per-domain hidden-layer bounds (interm) by default only on networks whose hidden layers
-# have at most this many neurons: on oval21's cifar_base_kw (3072-2048-1024-100-10, one open
-# case of img4631, 60 s) they bounded 511 domains (worst bound -0.107) against 17,517
-# (-0.069) without
+# on networks with a hidden layer wider than this, per-domain hidden-layer bounds (interm)
+# are by default recomputed only for the layers of at most this many neurons, by CROWN
+# (interm_iters 0), with branching anywhere (layer_window 0): on oval21's lowered CIFAR
+# networks that reached far better worst bounds than no per-domain bounds, while the
+# settings of narrower networks (optimised rows, shallowest-layer branching) were far worse
+# there (docs/bab.md)
 INTERM_MAX_WIDTH = 1024
 
 
@@ -154,6 +158,10 @@ class ReluSplitOptions:
     # branch only on neurons of this many shallowest layers with open neurons (0: anywhere);
     # default 1 with interm on 3+ hidden layers, else 0
     layer_window: Optional[int] = None
+    # with interm: recompute only the hidden layers of at most this many neurons (None: all);
+    # default INTERM_MAX_WIDTH on networks with a wider hidden layer (they then also default
+    # to interm_iters 0 and layer_window 0), else None
+    interm_max_width: Optional[int] = None
 
 
 def relu_split_steps(weights: Sequence[np.ndarray], biases: Sequence[np.ndarray], lo, hi, A,
@@ -187,7 +195,7 @@ def relu_split_steps(weights: Sequence[np.ndarray], biases: Sequence[np.ndarray]
     attack_restarts, attack_steps = o.attack_restarts, o.attack_steps
     interm, interm_iters, layer_window = o.interm, o.interm_iters, o.layer_window
     interm_min_splits, interm_warm = o.interm_min_splits, o.interm_warm
-    tighten_root, max_memory = o.tighten_root, o.max_memory
+    tighten_root, max_memory, max_width = o.tighten_root, o.max_memory, o.interm_max_width
     t0 = time.monotonic()
     if not 0.0 <= interm_warm <= 1.0:
         raise ValueError(f"interm_warm must lie in [0, 1], not {interm_warm}")
@@ -197,16 +205,22 @@ def relu_split_steps(weights: Sequence[np.ndarray], biases: Sequence[np.ndarray]
     bd = Bounder(weights, biases, lo, hi, A, b, activation, leak, layer_bounds, groups,
                  layer_slopes)
     m, nU = bd.m, bd.nU
-    if interm is None:  # too costly per domain on wide layers (docs/bab.md)
-        interm = bd.L >= 2 and max(w.shape[0] for w in weights[:-1]) <= INTERM_MAX_WIDTH
+    # wide: a hidden layer too wide to recompute per domain at a useful rate (docs/bab.md)
+    wide = any(w.shape[0] > INTERM_MAX_WIDTH for w in weights[:-1])
+    if max_width is None and wide:
+        max_width = INTERM_MAX_WIDTH
+    # only layers 1.. are ever recomputed (layer 0's bounds depend on the box alone)
+    some = any(max_width is None or w.shape[0] <= max_width for w in weights[1:-1])
+    if interm is None:
+        interm = bd.L >= 2 and some
     interm = bool(interm) and bd.L > 1 and nU > 0
     if interm_iters is None:
-        interm_iters = 3 if interm and bd.L >= 3 else 0
+        interm_iters = 3 if interm and bd.L >= 3 and not wide else 0
     if fsb_k is None:
         fsb_k = 20 if interm else 3
     K = max(1, min(int(fsb_k), nU)) if branching == "fsb" else 1
     window = int(layer_window) if layer_window is not None else \
-        (1 if interm and bd.L >= 3 else 0)
+        (1 if interm and bd.L >= 3 and not wide else 0)
     per_domain = nU * (1 + 8 * m + (16 if interm else 0)) + 8 * (K + 4)
     max_domains = int(min(max_domains, max_memory // per_domain))
     if branching not in ("babsr", "fsb"):
@@ -393,10 +407,10 @@ def relu_split_steps(weights: Sequence[np.ndarray], biases: Sequence[np.ndarray]
                 if opt:
                     out = bd.tighten_opt(cs[sel], cdl[sel], cdu[sel], start[sel],
                                          interm_iters, deadline=deadline,
-                                         warm=interm_warm)
+                                         warm=interm_warm, max_width=max_width)
                 else:
                     out = bd.tighten(cs[sel], cdl[sel], cdu[sel], start[sel],
-                                     deadline=deadline)
+                                     deadline=deadline, max_width=max_width)
                 cs[sel], cdl[sel], cdu[sel], empty[sel] = out
             stats["t_interm"] += time.monotonic() - ti
             if empty.any():  # no point of the box meets the splits: proven
