@@ -322,3 +322,37 @@ def test_split_multipliers_rounding_charged_against_exact_arithmetic():
             val = sum(lv * F(x) for lv, x in zip(lam, x0))
             spread = sum(abs(lv) for lv in lam) * F(eps)
             assert F(lo[k]) <= val - spread, (seed, k)
+
+
+@pytest.mark.parametrize("total", [1.0, 0.97, 1.05])
+def test_maxpool_weighted_lines_hold_everywhere(total):
+    """Weighted lower lines ``y >= sum_k w_k x_k`` (random weights on each window, summing to
+    ``total``: off the simplex the deficit is charged as ``delta * max|y|``) hold on the
+    box's vertices and on random points; dominated windows stay exact; with one-hot weights
+    on k* the bound equals the unweighted one up to the charges."""
+    from crown_cli.engine.graph_bounds import PoolLines
+
+    rng = np.random.default_rng(3)
+    win = np.array([[0, 1, 2], [2, 3, -1], [1, 3, 0], [0, 2, 3], [0, 2, -1]])
+    lo, hi = np.array([-0.5, 1.0, -1.0, -2.0]), np.array([0.5, 2.0, 0.9, 3.0])
+    pl = PoolLines(win, lo, hi)
+    L = rng.standard_normal((6, 5))
+    L[:, 4] = np.abs(L[:, 4])
+    w = rng.uniform(0.0, 1.0, (6,) + win.shape) * (win >= 0)[None]
+    w *= total / w.sum(axis=-1, keepdims=True)
+    D, c, m, T, ch = pl.back(L, w, np.maximum(np.abs(lo), np.abs(hi)))
+    assert T == 4 and np.all(ch > 0.0)  # input 0 (and 2) sits in 4 windows
+    grid = np.stack(np.meshgrid(*[[a, b] for a, b in zip(lo, hi)]), -1).reshape(-1, 4)
+    X = np.concatenate([grid, lo + (hi - lo) * rng.uniform(size=(20000, 4))])
+    X[-5000:, 2] = X[-5000:, 0]  # the last window's inputs equal: where a sum off 1 shows
+    y = np.max(np.where(win[None] >= 0, X[:, np.maximum(win, 0)], -np.inf), axis=2)
+    gap = (y @ L.T) - (X @ D.T + c)
+    assert gap.min() >= -ch.max() - 1e-12
+    if total != 1.0:  # without the deficit term the line fails somewhere
+        use = (L >= 0) | pl.exact
+        raw = np.where(use, 0.0, L * pl.hi).sum(axis=1)
+        assert ((y @ L.T) - (X @ D.T + raw)).min() < -1e-6
+    D1, c1, _, _, _ = pl.back(L, pl.one_hot(6), np.maximum(np.abs(lo), np.abs(hi)))
+    D2, c2, _, _ = pl.back(L)
+    np.testing.assert_allclose(D1, D2, atol=1e-15)
+    np.testing.assert_allclose(c1, c2, atol=1e-12)

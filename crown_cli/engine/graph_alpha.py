@@ -16,6 +16,11 @@ row reached that neuron with and ``z_j(x*)`` the neuron's input under the lines 
 chose below it (a forward pass of the relaxed network at x*). That is the dense engine's
 last-layer steering (:func:`crown_cli.engine.batched.alpha_row_bound`) on a graph; unlike the
 dense ``alpha-crown`` the intermediate bounds are not optimised.
+
+A max pool's lower line ``y >= x_k*`` is likewise one point of a family: any weights w >= 0
+summing to 1 over a window give ``y >= sum_k w_k x_k``; each row's weights start at CROWN's
+(1 on k*) and ascend along ``L_j x_k(x*)`` by exponentiated-gradient steps, which stay on
+the simplex.
 """
 from __future__ import annotations
 
@@ -29,6 +34,9 @@ from crown_cli.engine.optim import Adam, AdamSettings, BestIterate
 
 STEER = AdamSettings(eps=1e-12)
 ITERS, LR = 20, 0.1
+# max pool weights: mirror ascent (Adam's per-coordinate steps spread a window's weight over
+# all its inputs at once and lowered the bound on verivital's Convnet_maxpool)
+POOL_LR, POOL_FLOOR = 3.0, 1e-6
 
 
 def free_slopes(gb) -> Dict[int, Tuple[np.ndarray, float]]:
@@ -71,19 +79,38 @@ def _minimiser(gb, Lx):
     return x
 
 
-def _steer_pass(gb, target, Lam, slopes):
-    """The rows' verified bounds at their own lower slopes on the free nodes
-    (:meth:`GraphBounds.lower`), each row's minimiser over the input set, and the tape of
-    the back-substitution (per visited node the rows that reached it and their lines)."""
+def free_pools(gb, target: int) -> Dict[int, object]:
+    """The max pool nodes up to ``target`` with a window no input dominates (their lower
+    line ``y >= sum_k w_k x_k`` has free weights on the simplex): node -> its PoolLines."""
+    return {i: pl for i, pl in gb.pools.items()
+            if i <= target and np.any(~pl.exact & (np.sum(pl.windows >= 0, axis=1) > 1))}
+
+
+def simplex_ascent(w: np.ndarray, grad: np.ndarray, valid: np.ndarray,
+                   lr: float = POOL_LR) -> np.ndarray:
+    """One exponentiated-gradient (mirror) ascent step of weights on the simplex of each
+    window's valid entries: ``w_k exp(lr g_k / max|g|)``, renormalised (a weight at 0 restarts
+    from ``POOL_FLOOR``). Any result is a valid lower line; only the verified bound counts."""
+    sc = np.max(np.abs(grad), axis=-1, keepdims=True)
+    g = np.divide(grad, sc, out=np.zeros_like(grad), where=sc > 0.0)
+    v = np.where(valid, np.maximum(w, POOL_FLOOR) * np.exp(lr * g), 0.0)
+    return v / v.sum(axis=-1, keepdims=True)
+
+
+def _steer_pass(gb, target, Lam, slopes, pool_weights=None):
+    """The rows' verified bounds at their own lower slopes on the free nodes (and pool
+    weights) (:meth:`GraphBounds.lower`), each row's minimiser over the input set, and the
+    tape of the back-substitution (per visited node the rows that reached it and their
+    lines)."""
     tape = {}
-    val = gb.lower(target, Lam, slopes=slopes, tape=tape)
+    val = gb.lower(target, Lam, slopes=slopes, tape=tape, pool_weights=pool_weights)
     return val, _minimiser(gb, tape.pop("Lx")), tape
 
 
-def _relaxed_forward(gb, target, x, tape):
+def _relaxed_forward(gb, target, x, tape, pool_weights=None):
     """Every visited node's value at the rows' minimisers x (r, d) through the lines each
     row chose (affine nodes exactly, activations by their chosen line, a max pool by its
-    lower input or its upper constant)."""
+    lower input (or the rows' weighted sum of its window) or its upper constant)."""
     g = gb.g
     vals = [None] * (target + 1)
     for i in range(target + 1):
@@ -98,7 +125,13 @@ def _relaxed_forward(gb, target, x, tape):
         elif node.kind == "maxpool":
             pool, L = gb.pools[i], tape[i]
             use = (L >= 0.0) | pool.exact
-            vals[i] = np.where(use, vals[node.inputs[0]][:, pool.src], pool.hi)
+            xin = vals[node.inputs[0]]
+            if pool_weights is not None and i in pool_weights:
+                w = pool.effective(pool_weights[i])
+                low = np.sum(w * xin[:, np.maximum(pool.windows, 0)], axis=-1)
+            else:
+                low = xin[:, pool.src]
+            vals[i] = np.where(use, low, pool.hi)
         else:
             vals[i] = node.op.forward([vals[j] for j in node.inputs])
     return vals
@@ -106,23 +139,36 @@ def _relaxed_forward(gb, target, x, tape):
 
 def alpha_lower(gb, target: int, Lam: np.ndarray, iters: int = ITERS, lr: float = LR):
     """Verified float64 lower bounds of ``Lam @ value(target)`` (rows (r, size)), each the
-    larger of CROWN's and the bound at the lower slopes optimised for that row."""
+    larger of CROWN's and the bound at the lower slopes (and max pool lower-line weights,
+    on the simplex of each window) optimised for that row."""
     Lam = np.ascontiguousarray(Lam, dtype=np.float64)
     crown = gb.lower(target, Lam)
     free = {i: v for i, v in free_slopes(gb).items() if i <= target}
-    if not free or iters <= 0:
+    pools = free_pools(gb, target)
+    if not (free or pools) or iters <= 0:
         return crown
     r = Lam.shape[0]
     slopes = {i: np.repeat(gb.lines[i].lower[None], r, axis=0) for i in free}
-    keys = sorted(free)
-    best = BestIterate(r, *[slopes[i] for i in keys])
+    weights = {i: pl.one_hot(r) for i, pl in pools.items()}
+    keys, pkeys = sorted(free), sorted(pools)
+    best = BestIterate(r, *[slopes[i] for i in keys], *[weights[i] for i in pkeys])
     opt = {i: Adam(slopes[i], STEER, lo=free[i][1], hi=1.0) for i in keys}
     for it in range(iters + 1):
-        val, x, tape = _steer_pass(gb, target, Lam, slopes)
-        best.offer(np.where(np.isfinite(val), val, -np.inf), *[slopes[i] for i in keys])
+        val, x, tape = _steer_pass(gb, target, Lam, slopes, weights or None)
+        best.offer(np.where(np.isfinite(val), val, -np.inf), *[slopes[i] for i in keys],
+                   *[weights[i] for i in pkeys])
         if it == iters:
             break
-        vals = _relaxed_forward(gb, target, x, tape)
+        vals = _relaxed_forward(gb, target, x, tape, weights or None)
+        for i in pkeys:  # d bound / d w_jk = L_j x_k(x*) on the rows using the lower line
+            if i not in tape:
+                continue
+            pl, L = pools[i], tape[i]
+            xin = vals[gb.g.nodes[i].inputs[0]][:, np.maximum(pl.windows, 0)]
+            on = ((L >= 0.0) & ~pl.exact[None])[:, :, None]
+            grad = np.where(on, L[:, :, None] * xin, 0.0)
+            step = simplex_ascent(weights[i], grad, (pl.windows >= 0)[None])
+            weights[i] = np.where(on & np.isfinite(step), step, weights[i])
         for i in keys:
             if i not in tape:
                 continue

@@ -271,7 +271,7 @@ class GraphBounds:
         return low[:C.shape[0]], -low[C.shape[0]:]
 
     def lower(self, target: int, Lam: np.ndarray, slopes=None, tape=None,
-              lines=None) -> np.ndarray:
+              lines=None, pool_weights=None) -> np.ndarray:
         """Verified float64 lower bounds of ``Lam @ value(target)`` (rows (r, size)).
         ``slopes`` (optional, {activation node: (r, size)}): each row's own lower-line slopes
         at those nodes in place of the relaxation's (valid lower lines through 0 of the
@@ -282,6 +282,8 @@ class GraphBounds:
         the node's input (ReLU splitting's split multipliers,
         :mod:`crown_cli.verification.bab.graph_relu_split`). They must be valid wherever the
         caller claims the bound (e.g. on a subdomain); the arithmetic is charged as always.
+        ``pool_weights`` (optional, {max pool node: (r, m, K)}): each row's lower lines of
+        that pool, ``y >= sum_k w_k x_k`` per window (:meth:`PoolLines.back`).
         ``tape`` (optional dict) receives what a gradient in the slopes needs: per visited
         node i, for an activation (rows reaching it, the side each took (>= 0: lower line),
         the slope and intercept of the line taken), for a max pool the rows reaching it, else
@@ -329,6 +331,11 @@ class GraphBounds:
                 mag = mag + np.abs(icpt).sum(axis=-1)
                 z = self.absval[p]
                 charge = charge + 2.0 * U64 * (np.abs(D) @ z) + TINY64 * (z.sum() + z.size)
+                give(p, D)
+            elif node.kind == "maxpool" and pool_weights is not None and i in pool_weights:
+                p = node.inputs[0]
+                D, dconst, dmag, _, ch = self.pools[i].back(L, pool_weights[i], self.absval[p])
+                const, mag, charge = const + dconst, mag + dmag, charge + ch
                 give(p, D)
             elif node.kind == "maxpool":
                 p = node.inputs[0]
@@ -381,18 +388,61 @@ class PoolLines:
         n_in = lo.size
         self.P = sp.csr_matrix((np.ones(rows.size), (self.src, rows)), shape=(n_in, rows.size))
         self.terms = int(np.bincount(self.src, minlength=n_in).max(initial=0))
+        self.windows, self.best = windows, best
+        # for weighted lower lines: window entry (j, k) -> its input (padding dropped)
+        m, K = windows.shape
+        flat = np.flatnonzero(~pad.reshape(-1))
+        self.Pw = sp.csr_matrix((np.ones(flat.size), (w0.reshape(-1)[flat], flat)),
+                                shape=(n_in, m * K))
+        self.terms_w = int(np.bincount(w0.reshape(-1)[flat], minlength=n_in).max(initial=0))
+        self.ymax = np.maximum(np.abs(self.lo), np.abs(self.hi))  # |y| <= ymax
 
     def absval_of(self, absval_in):
         return absval_in[self.src]
 
-    def back(self, L):
+    def one_hot(self, r: int) -> np.ndarray:
+        """Weights (r, m, K) of the default lower line: 1 on each window's input k*."""
+        w = np.zeros((r,) + self.windows.shape)
+        w[:, np.arange(self.windows.shape[0]), self.best] = 1.0
+        return w
+
+    def effective(self, weights) -> np.ndarray:
+        """The weights a weighted lower line uses: ``weights`` (r, m, K) clipped at 0, 0 on
+        padding, and 1 on k* where k* dominates its window (y = x_k* there)."""
+        w = np.where(self.exact[None, :, None], self.one_hot(1), weights)
+        return np.where(self.windows[None] >= 0, np.maximum(w, 0.0), 0.0)
+
+    def back(self, L, weights=None, absval_in=None):
         """The rows L (r, m) over the output through the lines: (rows over the input,
-        constant, its magnitude, most coefficients summed per input)."""
+        constant, its magnitude, most coefficients summed per input). ``weights`` (r, m, K),
+        optional: per row and window a lower line ``y >= sum_k w_k x_k`` instead of
+        ``y >= x_k*`` (w >= 0 on the window's inputs, summing to 1 up to rounding; where k*
+        dominates the window the weights are not used). Returns then a fifth value: the
+        rounding charge of the weighted sums, given ``absval_in`` (bounds of the inputs'
+        magnitudes; the caller adds it)."""
         use = (L >= 0.0) | self.exact
-        Lu = np.where(use, L, 0.0)
         c = np.where(use, 0.0, L * self.hi)
-        return (np.ascontiguousarray((self.P @ Lu.T).T), c.sum(axis=-1), np.abs(c).sum(axis=-1),
-                self.terms)
+        if weights is None:
+            Lu = np.where(use, L, 0.0)
+            return (np.ascontiguousarray((self.P @ Lu.T).T), c.sum(axis=-1),
+                    np.abs(c).sum(axis=-1), self.terms)
+        r, (m, K) = L.shape[0], self.windows.shape
+        w = self.effective(weights)
+        # sum_k w_k x_k <= S y with S = sum_k w_k (exact) > 0, and |S - 1| <= delta: the
+        # line y >= sum_k w_k x_k - delta ymax holds for the weights as they are
+        s = w.sum(axis=-1)
+        delta = (np.abs(s - 1.0) + gamma_n(K + 1, U64) * s) * (1.0 + 4.0 * U64)
+        delta = np.where(self.exact[None], 0.0, delta)
+        Lu = np.where(use, L, 0.0)
+        C = (Lu[:, :, None] * w).reshape(r, m * K)
+        c = c - Lu * delta * self.ymax
+        D = np.ascontiguousarray((self.Pw @ C.T).T)
+        valid = self.windows >= 0
+        aw = np.where(valid, absval_in[np.maximum(self.windows, 0)], 0.0).reshape(-1)
+        # each input's coefficient: up to terms_w rounded products summed
+        charge = (gamma_n(self.terms_w + 1, U64) * (np.abs(C) @ aw)
+                  + TINY64 * self.terms_w * float(absval_in.sum()))
+        return D, c.sum(axis=-1), np.abs(c).sum(axis=-1), self.terms_w, charge
 
 
 def graph_bounds(graph, x0, eps, qcode, C=None, **options):
