@@ -207,3 +207,43 @@ def test_open_domains_are_capped_by_memory(tmp_path, monkeypatch):
     r = grs.graph_relu_split(g, lo, hi, row[None], b, time.monotonic() + 30)
     assert r.verdict == "unknown" and r.note == "domain cap", r
     assert r.peak_open <= 2 * 16 + 2  # the cap, plus one batch of children
+
+
+def test_maxpool_as_relus_is_the_same_function_and_makes_splitting_complete(tmp_path):
+    """The rewrite of max pools as ReLU trees: equal forward passes (windows of 1 to 5 inputs,
+    with padding), a graph whose fully split domains are affine, the input graph itself
+    when it has no max pool; and ReLU splitting on it proves a case 1e-3 of the range below
+    the exact minimum (MILP) that the search on the pooled graph leaves unknown or open."""
+    from crown_cli.graph.network import Graph, Node
+    from crown_cli.graph.ops import Dense, InputOp
+    from crown_cli.graph.pooling import MaxPool, maxpool_as_relus
+
+    rng = np.random.default_rng(0)
+    win = np.array([[0, 1, 2, 3, 4], [2, -1, 5, -1, -1], [6, -1, -1, -1, -1],
+                    [7, 1, 3, -1, 0], [4, 5, 6, 7, -1]])
+    nodes = [Node("x", InputOp(0, 0, 6), (), (1, 6)),
+             Node("d", Dense(rng.normal(size=(8, 6)), rng.normal(size=8)), (0,), (1, 8)),
+             Node("p", MaxPool(win, 8), (1,), (1, 5)),
+             Node("o", Dense(rng.normal(size=(3, 5))), (2,), (1, 3))]
+    g = Graph(nodes, 3)
+    r = maxpool_as_relus(g)
+    X = rng.uniform(-2, 2, (2000, 6))
+    np.testing.assert_allclose(r.forward(X), g.forward(X), rtol=1e-12, atol=1e-12)
+    assert grs.exact_when_split(r) and not grs.exact_when_split(g)
+    assert maxpool_as_relus(g, max_relus=11) is not g  # 4 + 1 + 0 + 3 + 3 ReLUs
+    assert maxpool_as_relus(g, max_relus=10) is g
+    conv = graph_of(tmp_path, "conv", 1)
+    assert maxpool_as_relus(conv) is conv
+    g = graph_of(tmp_path, "conv_maxpool", 2)
+    r = maxpool_as_relus(g)
+    rng = np.random.default_rng(102)
+    x0 = rng.uniform(-1, 1, g.input_size)
+    lo, hi = x0 - 0.02, x0 + 0.02
+    row = rng.normal(size=g.output_size)
+    m, _ = graph_min(g, lo, hi, row)
+    spread = float(row @ g.forward(x0)) - m
+    b = np.array([m - 1e-3 * spread])
+    res = grs.graph_relu_split(r, lo, hi, row[None], b, time.monotonic() + 30)
+    assert res.verdict == "unsat", res
+    old = grs.graph_relu_split(g, lo, hi, row[None], b, time.monotonic() + 3)
+    assert old.verdict in ("unknown", "timeout"), old

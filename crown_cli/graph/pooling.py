@@ -59,3 +59,67 @@ def pool_windows(in_shape: Tuple[int, int, int], kernel, strides, pads, dilation
     win = np.where(inside[None], flat[None] + ch, -1)
     padded = ((r >= -pt) & (r < H + pb) & (c >= -pl) & (c < W + pr)).sum(axis=(2, 3))
     return (C, OH, OW), win.reshape(C * OH * OW, kh * kw), np.tile(padded.reshape(-1), C)
+
+
+def maxpool_as_relus(graph, max_relus=None):
+    """An equivalent graph whose max pools are trees of ReLUs (``max(a, b) = b + relu(a -
+    b)``, exact in real arithmetic), or ``graph`` itself when it has no max pool or the trees
+    would need more than ``max_relus`` ReLUs (a window of K inputs needs K - 1). Each level
+    of a pool's tree halves its windows' candidates: a sparse ``Dense`` of the pairs'
+    differences, a ReLU, a sparse ``Dense`` of the pairs' second members, their ``Sum`` (an
+    odd candidate is carried with a zero difference). On such a graph ReLU splitting is
+    complete: a fully split domain is affine (:mod:`crown_cli.verification.bab.graph_relu_split`)."""
+    import scipy.sparse as sp
+
+    from crown_cli.graph.network import Graph, Node
+    from crown_cli.graph.ops import ActivationOp, Dense, Sum
+
+    pools = [n for n in graph.nodes if n.kind == "maxpool"]
+    need = sum(int(np.sum(np.maximum(np.sum(n.op.windows >= 0, axis=1) - 1, 0))) for n in pools)
+    if not pools or (max_relus is not None and need > max_relus):
+        return graph
+    nodes, remap = [], {}
+
+    def add(name, op, ins, shape):
+        nodes.append(Node(name, op, tuple(ins), tuple(shape)))
+        return len(nodes) - 1
+
+    for i, n in enumerate(graph.nodes):
+        ins = [remap[j] for j in n.inputs]
+        if n.kind != "maxpool":
+            remap[i] = add(n.name, n.op, ins, n.shape)
+            nodes[-1].folded = list(n.folded)
+            continue
+        win = n.op.windows
+        cand = [list(w[w >= 0]) for w in win]
+        cur, size, level = ins[0], n.op.n_in[0], 0
+        while level == 0 or any(len(c) > 1 for c in cand):
+            a, bb, nxt = [], [], []
+            for c in cand:
+                nc = []
+                for t in range(0, len(c) - 1, 2):
+                    a.append(c[t])
+                    bb.append(c[t + 1])
+                    nc.append(len(bb) - 1)
+                if len(c) % 2:
+                    a.append(-1)
+                    bb.append(c[-1])
+                    nc.append(len(bb) - 1)
+                nxt.append(nc)
+            p, a, bb = len(bb), np.array(a), np.array(bb)
+            pair = np.flatnonzero(a >= 0)
+            diff = sp.csr_matrix((np.r_[np.ones(pair.size), -np.ones(pair.size)],
+                                  (np.r_[pair, pair], np.r_[a[pair], bb[pair]])), shape=(p, size))
+            second = sp.csr_matrix((np.ones(p), (np.arange(p), bb)), shape=(p, size))
+            last = all(len(c) == 1 for c in nxt)
+            shape = n.shape if last else (1, p)
+            tag = f"{n.name}/max{level}"
+            d = add(tag + "/diff", Dense(diff, label="max pool as ReLUs"), [cur], (1, p))
+            r = add(tag + "/relu", ActivationOp("relu"), [d], (1, p))
+            s = add(tag + "/second", Dense(second, label="max pool as ReLUs"), [cur], (1, p))
+            cur = add(tag, Sum([1.0, 1.0], p), [s, r], shape)
+            cand, size, level = nxt, p, level + 1
+        remap[i] = cur
+    out = Graph(nodes, remap[graph.output], graph.source, graph.output_shapes)
+    out.channels_last, out.row_budget = graph.channels_last, graph.row_budget
+    return out
