@@ -293,3 +293,36 @@ def test_graph_without_relu_nodes_says_why_it_stays_open(tmp_path):
     v = decide(g, lo, hi, row, crown + 0.2 * (low - crown), timeout=5.0, stages=("crown",))
     assert v.result == "unknown", v
     assert NO_BAB in v.note
+
+
+def test_relu_splitting_bounds_each_box_once_per_graph(tmp_path, monkeypatch):
+    """Three cases on one box of the max-pool graph, all left to branch and bound: one CROWN
+    GraphBounds of the graph (the bound stage) and one of its ReLU-tree form (shared by the
+    three ReLU-splitting searches), and the property is proven."""
+    import dataclasses
+
+    import crown_cli.engine.graph_bounds as gbm
+
+    model, g = model_and_graph(tmp_path, "conv_maxpool", seed=3)
+    rng = np.random.default_rng(4)
+    x0 = rng.uniform(-1, 1, g.input_size)
+    lo, hi = x0 - 0.02, x0 + 0.02
+    cases = []
+    for _ in range(3):
+        row = rng.normal(size=g.output_size)
+        b = graph_min(g, lo, hi, row)[0] - 1e-3
+        cases += parse_vnnlib_text(spec(lo, hi, g.output_size, [(row, b)]), "p",
+                                   g.input_size, g.output_size).cases
+    prop = dataclasses.replace(parse_vnnlib_text(spec(lo, hi, g.output_size, [(row, b)]), "p",
+                                                 g.input_size, g.output_size), cases=cases)
+    built = []
+    init = gbm.GraphBounds.__init__
+
+    def counted(self, graph, *a, **k):
+        built.append(graph)
+        init(self, graph, *a, **k)
+
+    monkeypatch.setattr(gbm.GraphBounds, "__init__", counted)
+    v = GraphVerifier(g, stages=("crown",)).verify(prop, 20.0)
+    assert v.result == "unsat" and v.stage == "bab", v
+    assert len(built) == 2 and built[0] is g and built[1] is not g

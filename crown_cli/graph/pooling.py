@@ -68,7 +68,8 @@ def maxpool_as_relus(graph, max_relus=None):
     of a pool's tree halves its windows' candidates: a sparse ``Dense`` of the pairs'
     differences, a ReLU, a sparse ``Dense`` of the pairs' second members, their ``Sum`` (an
     odd candidate is carried with a zero difference). On such a graph ReLU splitting is
-    complete: a fully split domain is affine (:mod:`crown_cli.verification.bab.graph_relu_split`)."""
+    complete: a fully split domain is affine
+    (:mod:`crown_cli.verification.bab.graph_relu_split`)."""
     import scipy.sparse as sp
 
     from crown_cli.graph.network import Graph, Node

@@ -186,7 +186,10 @@ class GraphVerifier:
         self.attack_restarts, self.attack_steps, self.seed = attack_restarts, attack_steps, seed
         self.attack_time = attack_time
         self.bab = bab
-        self._last_bounds = (None, None)  # (box, its CROWN GraphBounds)
+        # per graph bounded (this one; ReLU splitting's, :meth:`_split_graph`), keyed by id:
+        # (the last box, its CROWN GraphBounds)
+        self._last_bounds = {}
+        self._relu_graph = None  # :meth:`_split_graph`, once built
 
     @property
     def n_inputs(self) -> int:
@@ -206,15 +209,18 @@ class GraphVerifier:
         bounds = self._box_bounds(lo, hi) if stage in ("crown", "alpha-crown") else None
         return graph_box_lower_bounds(self.graph, lo, hi, A, b, stage, bounds=bounds)
 
-    def _box_bounds(self, lo, hi):
-        """The CROWN :class:`GraphBounds` of the box, kept for the last box asked: the crown
-        and alpha-crown stages and ReLU splitting's searches on the box share it."""
+    def _box_bounds(self, lo, hi, graph=None):
+        """The CROWN :class:`GraphBounds` of the box on ``graph`` (default: this verifier's),
+        kept for the last box asked per graph: the crown and alpha-crown stages and ReLU
+        splitting's searches of the box's cases share it."""
         from crown_cli.engine.graph_bounds import GraphBounds
 
+        graph = self.graph if graph is None else graph
         key = (np.asarray(lo, np.float64).tobytes(), np.asarray(hi, np.float64).tobytes())
-        if self._last_bounds[0] != key:
-            self._last_bounds = (key, GraphBounds(self.graph, *Box(lo, hi).args()))
-        return self._last_bounds[1]
+        last = self._last_bounds.get(id(graph))
+        if last is None or last[0] != key:
+            last = self._last_bounds[id(graph)] = (key, GraphBounds(graph, *Box(lo, hi).args()))
+        return last[1]
 
     def _box_attack(self, lo, hi, problems, restarts: int, seed: int, deadline: float):
         """:meth:`Verifier._box_attack` on the graph's forward pass
@@ -264,7 +270,7 @@ class GraphVerifier:
         of ReLUs (:func:`~crown_cli.graph.pooling.maxpool_as_relus`, the same function) when
         that takes at most ``POOL_RELUS_MAX`` ReLUs, so that fully split domains are affine
         and the search is complete. Cached."""
-        if getattr(self, "_relu_graph", None) is None:
+        if self._relu_graph is None:
             from crown_cli.graph.pooling import maxpool_as_relus
 
             self._relu_graph = maxpool_as_relus(self.graph, POOL_RELUS_MAX)
@@ -297,8 +303,7 @@ class GraphVerifier:
                          lambda progress, c=cases[j]: graph_relu_split_steps(
                              sg, c.lo, c.hi, c.A, c.b, deadline,
                              max_domains=self.max_domains, progress=progress,
-                             bounds=self._box_bounds(c.lo, c.hi) if sg is self.graph
-                             else None))
+                             bounds=self._box_bounds(c.lo, c.hi, sg)))
                      for j in sorted(open_cases, key=lambda j: -margins.get(j, -np.inf))]
         return race(runs, len(cases), len(cases) - len(open_cases), margins, deadline, done,
                     self.outputs, cases, kinds={"input split": "boxes",
