@@ -356,7 +356,8 @@ def certify(model, x, label: Optional[int] = None, target: Union[str, int] = "ru
         with _options():
             cert = GraphCertifier(graph, norm=norm, method=method, search=search,
                                   rtol=float(rtol), eps0=eps0, eps_max=float(max_eps),
-                                  timeout=float(timeout))
+                                  timeout=float(timeout), alpha_iters=alpha_iters,
+                                  alpha_lr=alpha_lr)
         x0 = to_graph_layout(graph, x0[None, :])[0]  # crown's (H, W, C) image order
     else:
         if image_layout is not None:  # a lowered graph takes the graph's input layout

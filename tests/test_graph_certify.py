@@ -263,3 +263,38 @@ def test_shipped_cifar_conv_model_against_dense_references():
     assert graph_lb == pytest.approx(dense_lb, abs=1e-9 * scale)
     # the engines charge every float64 rounding error, the twin none: below it, by little
     assert 0 <= twin[0] - graph_lb <= 1e-7 * scale
+
+
+def test_alpha_crown_on_graphs_takes_its_iterations_and_stays_sound(tmp_path):
+    """alpha-crown on a graph the dense engine cannot take (a residual ReLU network):
+    ``alpha_iters=0`` is CROWN's radius exactly; the default (slopes of the intermediate
+    bounds and of the margin rows optimised) certifies at least CROWN's radius, more on some
+    image; no attack finds a counterexample inside its l_inf ball."""
+    from crown_cli.graph.lower import lowered
+
+    path = os.path.join(str(tmp_path), "res.onnx")
+    onnx.save(BUILDERS["relu_residual"](np.random.default_rng(0)), path)
+    g = load_graph(path)
+    assert lowered(g) is None
+    rng = np.random.default_rng(1)
+    X = rng.uniform(-1, 1, size=(4, g.input_size))
+    y = np.argmax(g.forward(X), axis=1)
+    crown = GraphCertifier(g, method="crown")
+    off = GraphCertifier(g, method="alpha-crown", alpha_iters=0)
+    alpha = GraphCertifier(g, method="alpha-crown")
+    gained = 0
+    for k in range(X.shape[0]):
+        t = int(np.argsort(g.forward(X[k]))[-2])
+        c = crown.certify(X[k], int(y[k]), [t]).eps
+        assert off.certify(X[k], int(y[k]), [t]).eps == c
+        a = alpha.certify(X[k], int(y[k]), [t]).eps
+        assert a >= c * (1 - 2e-4)  # both within the search's rtol of their own radius
+        gained += a > c * 1.01
+        A = np.zeros((1, g.output_size))
+        A[0, int(y[k])], A[0, t] = 1.0, -1.0  # unsafe: f_y - f_t <= 0
+        found = graph_counterexample(g, X[k] - a, X[k] + a, [(A, np.zeros(1))],
+                                     restarts=32, steps=200, seed=k)
+        assert found is None
+    assert gained, "alpha-crown never beat crown: the test would show nothing"
+    with pytest.raises(crown_cli.InputError, match="alpha-iters"):
+        GraphCertifier(g, method="alpha-crown", alpha_iters=-1)

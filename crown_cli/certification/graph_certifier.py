@@ -3,10 +3,10 @@ search of :class:`crown_cli.certification.certifier.Certifier` with each bound e
 float64 :class:`crown_cli.engine.graph_bounds.GraphBounds` (every rounding charged).
 
 Methods: ``crown``, ``crown-paper`` and ``fast-lin`` (the relaxation family of every
-activation node; fast-lin on ReLU-type activations only), and ``alpha-crown``: CROWN's
-intermediate bounds with the margin rows' ReLU and leaky ReLU lower slopes optimised
-(:mod:`crown_cli.engine.graph_alpha`; unlike the dense engine's alpha-CROWN the intermediate
-bounds are not optimised, and other activations keep CROWN's lines). Every other method is
+activation node; fast-lin on ReLU-type activations only), and ``alpha-crown``: the ReLU and
+leaky ReLU lower slopes (and max pool lower lines) optimised for the margin rows and, as in
+the dense engine's alpha-CROWN, for every unstable intermediate neuron's bounds
+(:mod:`crown_cli.engine.graph_alpha`; other activations keep CROWN's lines). Every other method is
 refused by name (InputError) until it runs on graphs. Every evaluation is float64 (the float32 steering
 and stable-neuron reuse of the dense engine's fast path are not there yet), so rows say
 ``precision float64``.
@@ -81,7 +81,8 @@ class GraphCertifier:
 
     def __init__(self, graph, norm: str = "inf", method: str = "crown", search: str = "interp",
                  rtol: float = 1e-4, eps0: Optional[float] = None, eps_max: float = 1e4,
-                 precision: str = "float64", timeout: Optional[float] = None, ibp: bool = True):
+                 precision: str = "float64", timeout: Optional[float] = None, ibp: bool = True,
+                 alpha_iters: Optional[int] = None, alpha_lr: Optional[float] = None):
         from crown_cli.engine.relaxations import get_relaxation
 
         check_graph_method(method, graph.source or "graph network")
@@ -95,6 +96,14 @@ class GraphCertifier:
             raise InputError(f"--rtol: must lie in (0, 1), got {rtol}")
         self.graph, self.method, self.search, self.rtol = graph, method, search, rtol
         self.family = family
+        # alpha-crown: steps and step size of every optimisation (intermediate bounds and
+        # margin rows); None: the graph engine's own (engine.graph_alpha.ITERS, LR)
+        if alpha_iters is not None and not (isinstance(alpha_iters, (int, np.integer))
+                                            and alpha_iters >= 0):
+            raise InputError(f"--alpha-iters: must be an integer >= 0, got {alpha_iters}")
+        if alpha_lr is not None and not (np.isfinite(alpha_lr) and alpha_lr > 0):
+            raise InputError(f"--alpha-lr: must be > 0, got {alpha_lr}")
+        self.alpha_iters, self.alpha_lr = alpha_iters, alpha_lr
         self.norm = parse_norm(norm)
         self.qcode = NORMS[self.norm]
         self.precision = "float64"  # every evaluation: no float32 steering on graphs yet
@@ -121,10 +130,16 @@ class GraphCertifier:
         from crown_cli.engine.graph_alpha import alpha_lower
         from crown_cli.engine.graph_bounds import GraphBounds
 
+        from crown_cli.engine.graph_alpha import ITERS, LR
+
+        alpha = self.method == "alpha-crown"
+        iters = ITERS if self.alpha_iters is None else self.alpha_iters
+        lr = LR if self.alpha_lr is None else self.alpha_lr
         gb = GraphBounds(self.graph, x0, float(eps), self.qcode, method=self.family,
-                         ibp=self.ibp)
-        if self.method == "alpha-crown":
-            return alpha_lower(gb, self.graph.output, C)
+                         ibp=self.ibp, intermediate="alpha" if alpha and iters else "crown",
+                         alpha_iters=iters, alpha_lr=lr)
+        if alpha:
+            return alpha_lower(gb, self.graph.output, C, iters, lr)
         return gb.lower(self.graph.output, C)
 
     def start_radius(self, x0: np.ndarray, C: np.ndarray, g0: np.ndarray) -> float:

@@ -33,10 +33,11 @@ from crown_cli.errors import InputError
                    "lp-full or exact (comma-separated list allowed).")
 @click.option("--alpha-iters", type=int, default=None, metavar="N",
               help="alpha-crown: most gradient steps per optimisation (default 25; early "
-                   "stopping usually ends sooner; 0: CROWN's slopes).")
+                   "stopping usually ends sooner; 0: CROWN's slopes). Graph networks: 20 "
+                   "steps, no early stopping.")
 @click.option("--alpha-lr", type=float, default=None, metavar="LR",
               help="alpha-crown: Adam step size on the slopes (default 0.5; 0.05 for the "
-                   "tangent points of tanh, sigmoid, arctan).")
+                   "tangent points of tanh, sigmoid, arctan; 0.1 on graph networks).")
 @click.option("--timeout", type=float, default=600.0, show_default=True, metavar="SECONDS",
               help="Seconds per image and target type for --method exact and lp-full "
                    "(status 'timeout', no eps).")
@@ -193,7 +194,8 @@ def certify(model_path, images_path, labels_path, num_images, start, norm, metho
         from crown_cli.certification.graph_certifier import GraphCertifier, GraphPGDAttack
 
         certifiers = [GraphCertifier(graph, norm=n, method=m, search=search, rtol=rtol, eps0=eps0,
-                                     eps_max=max_eps, timeout=timeout)
+                                     eps_max=max_eps, timeout=timeout, alpha_iters=alpha_iters,
+                                     alpha_lr=alpha_lr)
                       for n in norms for m in methods]
         attacks = None if attack != "pgd" else {
             n: GraphPGDAttack(graph, n, attack_steps, attack_restarts, max_eps) for n in norms}

@@ -1,6 +1,7 @@
-"""alpha-CROWN's last stage on a graph network: the lower slopes of the unstable ReLU (and
-leaky ReLU, slope <= 1) neurons optimised for each bounded row, the bounds of every
-intermediate node kept as CROWN computed them (:class:`~crown_cli.engine.graph_bounds.GraphBounds`).
+"""alpha-CROWN on a graph network: the lower slopes of the unstable ReLU (and leaky ReLU,
+slope <= 1) neurons optimised for each bounded row, over the intermediate bounds a
+:class:`~crown_cli.engine.graph_bounds.GraphBounds` holds (CROWN's, or themselves optimised
+this way with ``intermediate="alpha"``).
 
 Any slope a in [leak, 1] gives a valid lower line ``a z <= act(z)`` of an unstable neuron
 (z in [l, u], l < 0 < u), so the bound at any slopes is a bound; CROWN's own choice is one
@@ -14,8 +15,9 @@ back to the input and x* its minimiser over the input set; its derivative in the
 of neuron j of an activation node is ``L_j z_j(x*)`` where ``L_j >= 0`` is the coefficient the
 row reached that neuron with and ``z_j(x*)`` the neuron's input under the lines the row
 chose below it (a forward pass of the relaxed network at x*). That is the dense engine's
-last-layer steering (:func:`crown_cli.engine.batched.alpha_row_bound`) on a graph; unlike the
-dense ``alpha-crown`` the intermediate bounds are not optimised.
+last-layer steering (:func:`crown_cli.engine.batched.alpha_row_bound`) on a graph. The
+intermediate bounds are optimised the same way when the :class:`GraphBounds` is built with
+``intermediate="alpha"`` (each unstable neuron's rows ``z_j`` and ``-z_j``).
 
 A max pool's lower line ``y >= x_k*`` is likewise one point of a family: any weights w >= 0
 summing to 1 over a window give ``y >= sum_k w_k x_k``; each row's weights start at CROWN's
@@ -24,7 +26,7 @@ the simplex.
 """
 from __future__ import annotations
 
-from typing import Dict, Tuple
+from typing import Dict, Optional, Tuple
 
 import numpy as np
 
@@ -39,12 +41,14 @@ ITERS, LR = 20, 0.1
 POOL_LR, POOL_FLOOR = 3.0, 1e-6
 
 
-def free_slopes(gb) -> Dict[int, Tuple[np.ndarray, float]]:
-    """Per activation node with free lower slopes: (mask of its unstable neurons, the least
-    slope, leak), for ReLU and leaky ReLU with slope <= 1 (above 1 the free line is the
-    upper one; those keep CROWN's lines)."""
+def free_slopes(gb, upto: Optional[int] = None) -> Dict[int, Tuple[np.ndarray, float]]:
+    """Per activation node (up to node ``upto``) with free lower slopes: (mask of its
+    unstable neurons, the least slope, leak), for ReLU and leaky ReLU with slope <= 1 (above
+    1 the free line is the upper one; those keep CROWN's lines)."""
     out = {}
     for i, node in enumerate(gb.g.nodes):
+        if upto is not None and i > upto:
+            break
         if node.kind != "activation" or node.op.name not in ("relu", "leaky_relu"):
             continue
         leak = 0.0 if node.op.name == "relu" else float(
@@ -143,7 +147,7 @@ def alpha_lower(gb, target: int, Lam: np.ndarray, iters: int = ITERS, lr: float 
     on the simplex of each window) optimised for that row."""
     Lam = np.ascontiguousarray(Lam, dtype=np.float64)
     crown = gb.lower(target, Lam)
-    free = {i: v for i, v in free_slopes(gb).items() if i <= target}
+    free = free_slopes(gb, target)
     pools = free_pools(gb, target)
     if not (free or pools) or iters <= 0:
         return crown

@@ -19,7 +19,10 @@ target down to the inputs, a node's rows are the sum of what its consumers sent 
 
 Every activation's pre-activation gets bounds first, in topological order: interval
 arithmetic over the graph, tightened by CROWN (rows ``[I; -I]`` back-substituted from that
-node) unless ``intermediate="interval"``.
+node) unless ``intermediate="interval"``; with ``intermediate="alpha"`` the neurons CROWN leaves
+unstable are then tightened by alpha-CROWN (:func:`crown_cli.engine.graph_alpha.alpha_lower`
+on their rows, the lower slopes of the nodes below optimised per row), as the dense engine's
+alpha-CROWN does layer by layer.
 
 Rounding (float64, unit u = 2**-53; :mod:`crown_cli.engine.rounding` has the dense chain's
 version of the same argument). The computed bound is the exact bound of the computed rows, so
@@ -136,17 +139,21 @@ class GraphBounds:
     qcode 0 for l_inf, 1 for l_2, 2 for l_1; or ``Box.args()``). ``method``: the relaxation
     family (``crown``, ``crown-paper``, ``fast-lin``). ``intermediate``: ``crown`` (CROWN
     bounds of every activation's input, intersected with interval arithmetic when ``ibp``)
-    or ``interval``. After construction ``lo[i]``, ``hi[i]`` enclose node i's value on the
+    or ``interval``, or ``alpha`` (CROWN's, then each unstable neuron's bounds optimised over the
+    lower slopes and max pool weights below it: ``alpha_iters`` steps of size ``alpha_lr``,
+    default :data:`~crown_cli.engine.graph_alpha.ITERS` and ``LR``). After construction ``lo[i]``, ``hi[i]`` enclose node i's value on the
     set.
     """
 
     def __init__(self, graph, x0, eps, qcode, method: str = "crown",
                  intermediate: str = "crown", ibp: bool = True,
-                 row_budget: Optional[int] = None):
+                 row_budget: Optional[int] = None, alpha_iters: Optional[int] = None,
+                 alpha_lr: Optional[float] = None):
         from crown_cli.engine.relaxations import get_relaxation
 
-        if intermediate not in ("crown", "interval"):
-            raise ValueError(f"intermediate must be 'crown' or 'interval', not {intermediate!r}")
+        if intermediate not in ("crown", "interval", "alpha"):
+            raise ValueError("intermediate must be 'crown', 'interval' or 'alpha', not "
+                             f"{intermediate!r}")
         self.g, self.x0, self.eps, self.qcode = graph, np.asarray(x0, np.float64), float(eps), qcode
         self.rtol = sum_rtol(graph)
         self.method_name = method
@@ -166,12 +173,14 @@ class GraphBounds:
                 self._set(i, *self._input_interval(node.op))
             elif node.kind in ("activation", "maxpool"):
                 p = node.inputs[0]
-                if intermediate == "crown" and p not in refined and not (ibp and self._exact(p)):
+                if intermediate != "interval" and p not in refined and not (ibp and self._exact(p)):
                     rows = self._rows_to_refine(p) if ibp else None
                     l, u = self.node_bounds(p, rows)
                     if ibp:
                         l, u = np.maximum(l, self.lo[p]), np.minimum(u, self.hi[p])
                     self._set(p, l, u)
+                    if intermediate == "alpha":
+                        self._set(p, *self._alpha_bounds(p, alpha_iters, alpha_lr))
                     refined.add(p)
                 if node.kind == "activation":
                     self._set(i, *self._activation(i, node, get_relaxation))
@@ -183,6 +192,29 @@ class GraphBounds:
                 self._set(i, *affine_interval(node.op, [self.lo[j] for j in ins],
                                               [self.hi[j] for j in ins]))
                 self.absfwd[i] = node.op.forward_abs([self.absval[j][None] for j in ins])[0]
+
+    def _alpha_bounds(self, p, iters, lr):
+        """Node p's bounds with the neurons CROWN left unstable (all neurons when a reader is
+        not a sign-stable activation) tightened by :func:`~crown_cli.engine.graph_alpha.
+        alpha_lower` on their rows ``[I; -I]``, in chunks: each row keeps per node below p
+        its lines and values (about 3 floats per neuron)."""
+        from crown_cli.engine.graph_alpha import ITERS, LR, alpha_lower, free_pools, free_slopes
+
+        l, u = self.lo[p].copy(), self.hi[p].copy()
+        rows = self._rows_to_refine(p)
+        rows = np.arange(l.size) if rows is None else rows[(l[rows] < 0.0) & (u[rows] > 0.0)]
+        if rows.size == 0 or not (free_slopes(self, p) or free_pools(self, p)):
+            return l, u
+        per_row = 24 * sum(n.size for n in self.g.nodes[:p + 1]) + row_bytes(self.g, p)
+        chunk = max(1, int(self.row_budget // per_row) // 2)
+        for s in range(0, rows.size, chunk):
+            idx = rows[s:s + chunk]
+            eye = np.zeros((idx.size, l.size))
+            eye[np.arange(idx.size), idx] = 1.0
+            low = alpha_lower(self, p, np.vstack([eye, -eye]), ITERS if iters is None else iters,
+                              LR if lr is None else lr)
+            l[idx], u[idx] = np.fmax(l[idx], low[:idx.size]), np.fmin(u[idx], -low[idx.size:])
+        return l, u
 
     def _rows_to_refine(self, p):
         """The neurons of node p whose CROWN bounds can change a relaxation: when only

@@ -1,6 +1,7 @@
 """Deciding VNN-LIB properties on a graph network (:class:`crown_cli.graph.network.Graph`):
-the attack, then CROWN and alpha-CROWN bounds of each case's box (the alpha stage optimises the
-output rows' ReLU slopes: :mod:`crown_cli.engine.graph_alpha`), then on graphs of at most
+the attack, then CROWN and alpha-CROWN bounds of each case's box (the alpha stage optimises
+ReLU slopes and max pool lower lines for the intermediate bounds and the output rows:
+:mod:`crown_cli.engine.graph_alpha`), then on graphs of at most
 ``INPUT_SPLIT_MAX_DIM`` inputs branch and bound by input splitting
 (:mod:`crown_cli.verification.bab.graph_input_split`) and on graphs with ReLU nodes by ReLU
 splitting (:mod:`crown_cli.verification.bab.graph_relu_split`), raced.
@@ -37,8 +38,9 @@ from crown_cli.verification.outcome import violations_of
 from crown_cli.verification.pipeline import (BOUND_STAGES, INPUT_SPLIT_MAX_DIM, Verdict,
                                              Verifier, _by_box, _worst)
 
-# Bound stages available on graphs (alpha-crown: the output rows' ReLU slopes and max pool
-# lower lines optimised, the intermediate bounds CROWN's: crown_cli.engine.graph_alpha)
+# Bound stages available on graphs (alpha-crown: ReLU slopes and max pool lower lines
+# optimised for the output rows and for every unstable intermediate neuron's bounds:
+# crown_cli.engine.graph_alpha)
 GRAPH_STAGES = ("crown", "alpha-crown")
 # after the bounds, at most this many more attack runs with fresh starts on the open cases
 MORE_ATTACKS = 3
@@ -86,16 +88,19 @@ def graph_counterexample(graph, lo, hi, cases, *, restarts: int = 64, steps: int
 def graph_box_lower_bounds(graph, lo, hi, A, b, method: str = "crown", bounds=None) -> np.ndarray:
     """Per row of A: a float64-verified lower bound of ``A_i f(x) - b_i`` over the box
     [lo, hi] (b rounded up one ulp first). A row > 0 proves every case holding it empty.
-    ``method``: ``crown`` (or another relaxation family) or ``alpha-crown`` (CROWN's
-    intermediate bounds, each row's ReLU slopes optimised: :func:`~crown_cli.engine.
-    graph_alpha.alpha_lower`). ``bounds``: a CROWN :class:`GraphBounds` of this box to reuse."""
+    ``method``: ``crown`` (or another relaxation family) or ``alpha-crown`` (each row's ReLU
+    slopes optimised, :func:`~crown_cli.engine.graph_alpha.alpha_lower`, over intermediate
+    bounds optimised the same way: ``GraphBounds(intermediate="alpha")``). ``bounds``: a
+    :class:`GraphBounds` of this box to reuse (for ``alpha-crown`` preferably one built with
+    ``intermediate="alpha"``)."""
     from crown_cli.engine.graph_alpha import alpha_lower
     from crown_cli.engine.graph_bounds import GraphBounds
 
     A = np.ascontiguousarray(A, dtype=np.float64)
     alpha = method == "alpha-crown"
     gb = bounds if bounds is not None else GraphBounds(
-        graph, *Box(lo, hi).args(), method="crown" if alpha else method)
+        graph, *Box(lo, hi).args(), method="crown" if alpha else method,
+        intermediate="alpha" if alpha else "crown")
     lb = alpha_lower(gb, graph.output, A) if alpha else gb.lower(graph.output, A)
     return lb - round_up(b)  # fl(lb - b_up) > 0 exactly when lb > b_up
 
@@ -186,8 +191,8 @@ class GraphVerifier:
         self.attack_restarts, self.attack_steps, self.seed = attack_restarts, attack_steps, seed
         self.attack_time = attack_time
         self.bab = bab
-        # per graph bounded (this one; ReLU splitting's, :meth:`_split_graph`), keyed by id:
-        # (the last box, its CROWN GraphBounds)
+        # per graph bounded (this one; ReLU splitting's, :meth:`_split_graph`) and kind of
+        # intermediate bounds, keyed by (id, alpha): (the last box, its GraphBounds)
         self._last_bounds = {}
         self._relu_graph = None  # :meth:`_split_graph`, once built
 
@@ -203,23 +208,27 @@ class GraphVerifier:
         return self.graph.forward(x)
 
     def box_lower_bounds(self, stage: str, lo, hi, A, b, deadline=None) -> np.ndarray:
-        """The stage's bounds; ``crown`` and ``alpha-crown`` on the same box share one
-        :class:`GraphBounds` (the intermediate bounds, most of the cost). ``deadline``: as
-        :meth:`Verifier.box_lower_bounds` takes it (no graph stage is capped by it)."""
-        bounds = self._box_bounds(lo, hi) if stage in ("crown", "alpha-crown") else None
+        """The stage's bounds, on the box's :class:`GraphBounds` (:meth:`_box_bounds`: CROWN's
+        intermediate bounds for ``crown``, alpha-CROWN's for ``alpha-crown``). ``deadline``:
+        as :meth:`Verifier.box_lower_bounds` takes it (no graph stage is capped by it)."""
+        bounds = None
+        if stage in ("crown", "alpha-crown"):
+            bounds = self._box_bounds(lo, hi, alpha=stage == "alpha-crown")
         return graph_box_lower_bounds(self.graph, lo, hi, A, b, stage, bounds=bounds)
 
-    def _box_bounds(self, lo, hi, graph=None):
-        """The CROWN :class:`GraphBounds` of the box on ``graph`` (default: this verifier's),
-        kept for the last box asked per graph: the crown and alpha-crown stages and ReLU
-        splitting's searches of the box's cases share it."""
+    def _box_bounds(self, lo, hi, graph=None, alpha: bool = False):
+        """The :class:`GraphBounds` of the box on ``graph`` (default: this verifier's), with
+        CROWN's intermediate bounds or (``alpha``) alpha-CROWN's, kept for the last box asked
+        per graph and kind: the bound stages and ReLU splitting's searches of the box's cases
+        share them."""
         from crown_cli.engine.graph_bounds import GraphBounds
 
         graph = self.graph if graph is None else graph
         key = (np.asarray(lo, np.float64).tobytes(), np.asarray(hi, np.float64).tobytes())
-        last = self._last_bounds.get(id(graph))
+        last = self._last_bounds.get((id(graph), alpha))
         if last is None or last[0] != key:
-            last = self._last_bounds[id(graph)] = (key, GraphBounds(graph, *Box(lo, hi).args()))
+            last = self._last_bounds[(id(graph), alpha)] = (key, GraphBounds(
+                graph, *Box(lo, hi).args(), intermediate="alpha" if alpha else "crown"))
         return last[1]
 
     def _box_attack(self, lo, hi, problems, restarts: int, seed: int, deadline: float):
@@ -298,12 +307,13 @@ class GraphVerifier:
                              max_domains=self.max_domains, progress=progress))
                      for j in open_cases]
         sg = self._split_graph()
+        alpha = "alpha-crown" in self.stages  # the root's bounds: the tightest stage's
         if splittable_nodes(sg):
             runs += [Run([j], "ReLU split",
                          lambda progress, c=cases[j]: graph_relu_split_steps(
                              sg, c.lo, c.hi, c.A, c.b, deadline,
                              max_domains=self.max_domains, progress=progress,
-                             bounds=self._box_bounds(c.lo, c.hi, sg)))
+                             bounds=self._box_bounds(c.lo, c.hi, sg, alpha)))
                      for j in sorted(open_cases, key=lambda j: -margins.get(j, -np.inf))]
         return race(runs, len(cases), len(cases) - len(open_cases), margins, deadline, done,
                     self.outputs, cases, kinds={"input split": "boxes",
