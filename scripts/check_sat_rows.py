@@ -7,10 +7,11 @@ Usage (from the repository root; needs the ``onnx`` package)::
 
 For each row whose verdict is ``sat``: the counterexample (the row's ``counterexample``
 column, X values in VNN-LIB order) must lie inside the input box of some case of the row's
-VNN-LIB property (exactly, as parsed by crown), and the model's outputs at it, computed by
+VNN-LIB property (the real box of its decimals: ``Case.exact()``, the floats inside it), and
+the model's outputs at it, computed by
 ``onnx.reference.ReferenceEvaluator`` on a float64 copy of the model (every float32
 initializer, constant and tensor type widened to float64), must satisfy every row
-``A y <= b`` of that case. One line per sat row (``ok`` or ``FAILED``), then a summary; exit
+``A y <= b`` of that case (b rounded down where the decimal is no float). One line per sat row (``ok`` or ``FAILED``), then a summary; exit
 code 1 when a row failed. ``--root``: the directory the instance paths are relative to
 (default: the result file's ``.json`` sidecar's instance list directory, else the CSV's).
 """
@@ -86,8 +87,10 @@ def main(argv=None) -> int:
         x = np.array([float(v) for v in r["counterexample"].split()])
         y = outputs(models[onnx_path], x)
         prop = parse_vnnlib(os.path.join(root, r["vnnlib"]), x.size, y.size)
+        # the exact set: the floats inside the real box, right-hand sides rounded down
         hits = [j for j, c in enumerate(prop.cases)
-                if np.all((x >= c.lo) & (x <= c.hi)) and np.all(c.A @ y <= c.b)]
+                if np.all((x >= c.exact()[0]) & (x <= c.exact()[1]))
+                and np.all(c.A @ y <= c.exact()[2])]
         ok = bool(hits)
         failed += not ok
         worst = min(float(np.max(c.A @ y - c.b)) for c in prop.cases)

@@ -1,8 +1,10 @@
 """Counterexample search inside a box for VNN-LIB cases: found points are real, proved-safe cases
 yield nothing, the check refuses points outside the box."""
+import os
 import time
 
 import numpy as np
+import onnx
 import pytest
 
 from conftest import random_network
@@ -165,3 +167,64 @@ def test_surrogate_slopes_reach_a_violation_behind_a_dead_neuron(monkeypatch, se
     monkeypatch.setattr(va, "SURROGATE_LEAKS", (0.0,))
     assert find_counterexample(ws, bs, "relu", None, lo, hi, A, b, restarts=16, steps=50,
                                seed=seed) is None
+
+
+def _identity_relu_models(tmp_path):
+    """y = relu(x) on one input: as a Gemm-Relu-Gemm chain (lowered to the dense engine) and
+    as a graph with a branch (the graph engine)."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    one = lambda n: numpy_helper.from_array(np.array([[1.0]], np.float32), n)  # noqa: E731
+    zero = lambda n: numpy_helper.from_array(np.array([0.0], np.float32), n)  # noqa: E731
+    chain = [helper.make_node("Gemm", ["x", "W1", "B1"], ["h"], transB=1),
+             helper.make_node("Relu", ["h"], ["r"]),
+             helper.make_node("Gemm", ["r", "W2", "B2"], ["y"], transB=1)]
+    branch = [helper.make_node("Relu", ["x"], ["r"]),
+              helper.make_node("Mul", ["x", "c"], ["a"]),
+              helper.make_node("Sub", ["a", "a"], ["z"]),
+              helper.make_node("Add", ["r", "z"], ["y"])]
+    paths = []
+    for name, nodes, inits in (
+            ("chain", chain, [one("W1"), zero("B1"), one("W2"), zero("B2")]),
+            ("branch", branch, [numpy_helper.from_array(np.array([0.5], np.float32), "c")])):
+        g = helper.make_graph(nodes, name,
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 1])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 1])],
+                              initializer=inits)
+        m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+        m.ir_version = 8
+        path = os.path.join(str(tmp_path), f"{name}.onnx")
+        onnx.save(m, path)
+        paths.append(path)
+    return paths
+
+
+def test_sat_points_lie_in_the_exact_decimal_box(tmp_path):
+    """The searches run on the box widened by one ulp where a VNN-LIB bound is inexact; a
+    ``sat`` point must lie in the real box (and meet the exact right-hand side). y = relu(x),
+    x in [0.1, 0.3]: ``Y_0 <= 0.09999999999999999`` holds for every real x there (y >= 0.1),
+    though the widened box's lower corner (the float below 0.1) violates it; ``Y_0 <= 0.2``
+    is violated, and the point reported is inside [0.1, 0.3] exactly."""
+    from fractions import Fraction
+
+    import crown_cli
+    from crown_cli.graph.lower import lowered
+    from crown_cli.graph.onnx_graph import load_graph
+
+    head = "(declare-const X_0 Real)\n(declare-const Y_0 Real)\n" \
+           "(assert (>= X_0 0.1))\n(assert (<= X_0 0.3))\n"
+    holds = os.path.join(str(tmp_path), "holds.vnnlib")
+    with open(holds, "w") as fh:
+        fh.write(head + "(assert (<= Y_0 0.09999999999999999))\n")
+    violated = os.path.join(str(tmp_path), "violated.vnnlib")
+    with open(violated, "w") as fh:
+        fh.write(head + "(assert (<= Y_0 0.2))\n")
+    chain, branch = _identity_relu_models(tmp_path)
+    assert lowered(load_graph(chain)) is not None and lowered(load_graph(branch)) is None
+    for path in (chain, branch):
+        v = crown_cli.verify(path, holds, timeout=5, workers=1)
+        assert v.result in ("unsat", "unknown", "timeout"), (path, v.result, v.x)
+        v = crown_cli.verify(path, violated, timeout=5, workers=1)
+        assert v.result == "sat", (path, v.result)
+        assert Fraction("0.1") <= Fraction(float(v.x[0])) <= Fraction("0.3")
+        assert Fraction(float(v.y[0])) <= Fraction("0.2")

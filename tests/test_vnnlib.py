@@ -120,6 +120,30 @@ def test_inexact_box_bounds_are_widened_by_one_ulp():
     assert p.cases[0].lo[0] == 0.125 and p.cases[0].hi[0] == 0.625
 
 
+def test_exact_sets_round_inward_to_the_largest_float_box_inside():
+    """Case.exact(): each inexact box bound rounded inward to the float nearest it inside the
+    real interval (the next float out lies outside), right-hand sides rounded down to the
+    largest float <= the exact value; exact literals are unchanged (and the case keeps no
+    copies); an interval holding no float gives lo_in > hi_in."""
+    rng = np.random.default_rng(0)
+    for _ in range(200):
+        a, b = sorted(rng.uniform(-3, 3, 2))
+        la, lb, lc = f"{a:.17g}1", f"{b:.17g}3", f"{rng.uniform(-2, 2):.19g}"
+        p = one_input(f"(assert (>= X_0 {la})) (assert (<= X_0 {lb})) "
+                      f"(assert (<= (- Y_0) {lc}))", 1)
+        c = p.cases[0]
+        lo, hi, rhs = c.exact()
+        A, B, C = Fraction(la), Fraction(lb), Fraction(lc)
+        assert Fraction(lo[0]) >= A and Fraction(float(np.nextafter(lo[0], -np.inf))) < A
+        assert Fraction(hi[0]) <= B and Fraction(float(np.nextafter(hi[0], np.inf))) > B
+        assert Fraction(rhs[0]) <= C and Fraction(float(np.nextafter(rhs[0], np.inf))) > C
+        assert c.lo[0] <= lo[0] and hi[0] <= c.hi[0]  # inside the widened box
+    c = one_input("(assert (>= X_0 0.125)) (assert (<= X_0 0.625)) (assert (<= Y_0 0.5))", 1).cases[0]
+    assert c.lo_in is None and c.b_in is None and c.exact()[0][0] == 0.125
+    lo, hi, _ = one_input("(assert (= X_0 0.1))").cases[0].exact()
+    assert lo[0] > hi[0]  # 0.1 is no float: the real set {0.1} holds none
+
+
 def test_output_constants_are_rounded_to_nearest():
     p = one_input(unit_box(1) + "(assert (>= Y_0 0.1)) (assert (<= (* 3 Y_0) (+ Y_1 0.7)))", 2)
     c = p.cases[0]

@@ -34,6 +34,13 @@ which may lie up to half an ulp inside the real interval; when it is not exactly
 the bound is moved outward by one ulp (``np.nextafter``) so the float box contains the real
 one and ``unsat`` over it is sound. Output rows ``A``, ``b`` are rounded to nearest, not widened:
 that error (half an ulp of each entry) is left to the verifier's margin.
+
+A counterexample must lie in the real set, not the widened one: each case also keeps
+``lo_in``, ``hi_in`` (each bound rounded inward: the floats inside the real interval; where
+the interval holds no float, ``lo_in > hi_in`` and no float point is in the set) and ``b_in``
+(each right-hand side rounded down, so ``A y <= b_in`` implies ``A y <= b`` for the exact
+b; A's own rounding is not covered), which :func:`crown_cli.verification.outcome.confirm_sat`
+checks a ``sat`` point against.
 """
 from __future__ import annotations
 
@@ -60,10 +67,22 @@ _COMPARE = {"<=", ">=", "<", ">", "="}
 class Case:
     """One DNF term: an x in [lo, hi] with ``A @ f(x) <= b`` (every row) is a violation."""
 
-    lo: np.ndarray  # (n_inputs,) float64
+    lo: np.ndarray  # (n_inputs,) float64, rounded outward: contains the real box
     hi: np.ndarray
     A: np.ndarray  # (m, n_outputs) float64; m may be 0 (every x in the box violates)
     b: np.ndarray  # (m,)
+    # the exact set's floats (rounded inward; None: lo, hi, b are exact): a counterexample's
+    # box and right-hand sides (outcome.confirm_sat)
+    lo_in: Optional[np.ndarray] = None
+    hi_in: Optional[np.ndarray] = None
+    b_in: Optional[np.ndarray] = None
+
+    def exact(self) -> Tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(lo, hi, b) of the points that are counterexamples for sure: the floats inside
+        the real box, and the right-hand sides rounded down."""
+        return (self.lo if self.lo_in is None else self.lo_in,
+                self.hi if self.hi_in is None else self.hi_in,
+                self.b if self.b_in is None else self.b_in)
 
 
 @dataclass
@@ -111,6 +130,7 @@ class _Parser:
         self.kind: List[int] = []
         self.var: List[int] = []
         self.val: List[float] = []
+        self.val_in: List[float] = []  # the same bounds rounded inward
         self.rows: Dict[int, Tuple[Dict[int, Fraction], Fraction]] = {}
         self._num_cache: Dict[str, Fraction] = {}
         self._bound_cache: Dict[Tuple[str, bool], float] = {}
@@ -221,23 +241,29 @@ class _Parser:
         raise self.error(k, f"unsupported operator '{op}'")
 
     # atoms
-    def bound(self, value: Fraction, upward: bool, key=None) -> float:
-        """value rounded to float64, moved one ulp outward (up for an upper bound) if inexact."""
+    def bound(self, value: Fraction, upward: bool, key=None) -> Tuple[float, float]:
+        """(outer, inner): value rounded to float64, moved one ulp outward (up for an upper
+        bound) if inexact; and the float nearest it on the inside (the largest float <= value
+        for an upper bound)."""
         if key is not None:
             f = self._bound_cache.get((key, upward))
             if f is not None:
                 return f
         f = float(value)
+        out = inner = f
         if Fraction(f) != value:
-            f = float(np.nextafter(f, np.inf if upward else -np.inf))
+            out = float(np.nextafter(f, np.inf if upward else -np.inf))
+            if (Fraction(f) > value) == upward:  # the nearest float lies outside
+                inner = float(np.nextafter(f, -np.inf if upward else np.inf))
         if key is not None:
-            self._bound_cache[(key, upward)] = f
-        return f
+            self._bound_cache[(key, upward)] = (out, inner)
+        return out, inner
 
-    def new_bound(self, i: int, upper: bool, value: float) -> int:
+    def new_bound(self, i: int, upper: bool, value: Tuple[float, float]) -> int:
         self.kind.append(1 if upper else 0)
         self.var.append(i)
-        self.val.append(value)
+        self.val.append(value[0])
+        self.val_in.append(value[1])
         return len(self.kind) - 1
 
     def add_atom(self, k, coefs, const) -> int:
@@ -259,6 +285,7 @@ class _Parser:
         self.kind.append(2)
         self.var.append(-1)
         self.val.append(0.0)
+        self.val_in.append(0.0)
         self.rows[ident] = ({v[1]: c for v, c in coefs.items()}, -const)
         return ident
 
@@ -431,7 +458,7 @@ class _Parser:
             f"upper bound {float(hi[i]):.10g}): no input can violate the property, so it holds trivially (unsat)")
 
     # DNF terms -> cases
-    def _apply(self, ids, lo, hi, row_ids):
+    def _apply(self, ids, lo, hi, row_ids, lo_in, hi_in):
         if not ids:
             return
         ids = np.asarray(ids, dtype=np.int64)
@@ -439,15 +466,19 @@ class _Parser:
         low, up = ids[kind == 0], ids[kind == 1]
         np.maximum.at(lo, self._var[low], self._val[low])
         np.minimum.at(hi, self._var[up], self._val[up])
+        np.maximum.at(lo_in, self._var[low], self._val_in[low])
+        np.minimum.at(hi_in, self._var[up], self._val_in[up])
         row_ids.extend(ids[kind == 2].tolist())
 
     def cases(self, common, terms, n_in, n_out) -> List[Case]:
         self._kind = np.asarray(self.kind, dtype=np.int8)
         self._var = np.asarray(self.var, dtype=np.int64)
         self._val = np.asarray(self.val, dtype=np.float64)
+        self._val_in = np.asarray(self.val_in, dtype=np.float64)
         lo0, hi0 = np.full(n_in, -np.inf), np.full(n_in, np.inf)
+        lo0_in, hi0_in = lo0.copy(), hi0.copy()
         rows0: List[int] = []
-        self._apply(common, lo0, hi0, rows0)
+        self._apply(common, lo0, hi0, rows0, lo0_in, hi0_in)
         if np.any(lo0 > hi0):
             self._empty_box(lo0, hi0, True)
             return []
@@ -456,7 +487,8 @@ class _Parser:
         row_cache: Dict[int, Tuple[np.ndarray, float]] = {}
         for t in terms:
             lo, hi, rows = lo0.copy(), hi0.copy(), list(rows0)
-            self._apply(t, lo, hi, rows)
+            lo_in, hi_in = lo0_in.copy(), hi0_in.copy()
+            self._apply(t, lo, hi, rows, lo_in, hi_in)
             if np.any(lo > hi):
                 dropped = (lo, hi)
                 continue  # empty box: this case cannot be violated
@@ -468,16 +500,20 @@ class _Parser:
                     raise self.error(self.declared.get(f"X_{i}", 0),
                                      f"input X_{i} has no {side} bound{which}")
             A = np.zeros((len(rows), n_out))
-            b = np.zeros(len(rows))
+            b, b_in = np.zeros(len(rows)), np.zeros(len(rows))
             for r, ident in enumerate(rows):
                 if ident not in row_cache:
                     coefs, rhs = self.rows[ident]
                     a = np.zeros(n_out)
                     for j, c in coefs.items():
                         a[j] = float(c)
-                    row_cache[ident] = (a, float(rhs))
-                A[r], b[r] = row_cache[ident]
-            out.append(Case(lo, hi, A, b))
+                    f = float(rhs)
+                    row_cache[ident] = (a, f, f if Fraction(f) <= rhs
+                                        else float(np.nextafter(f, -np.inf)))
+                A[r], b[r], b_in[r] = row_cache[ident]
+            exact = (np.array_equal(lo, lo_in) and np.array_equal(hi, hi_in)
+                     and np.array_equal(b, b_in))
+            out.append(Case(lo, hi, A, b) if exact else Case(lo, hi, A, b, lo_in, hi_in, b_in))
         if not out and dropped is not None:
             self._empty_box(*dropped, every_case=False)
         return out

@@ -34,7 +34,7 @@ from crown_cli.engine.input_sets import Box
 from crown_cli.engine.rounding import round_up
 from crown_cli.verification.attack import _as_case, descend
 from crown_cli.verification.bab.graph_relu_split import splittable_nodes
-from crown_cli.verification.outcome import violations_of
+from crown_cli.verification.outcome import confirm_sat, violations_of
 from crown_cli.verification.pipeline import (BOUND_STAGES, INPUT_SPLIT_MAX_DIM, Verdict,
                                              Verifier, _by_box, _worst)
 
@@ -158,20 +158,15 @@ class LoweredVerifier(Verifier):
 
     def verify(self, prop, timeout: float, log: Optional[Callable[[str], None]] = None,
                status: Optional[Callable[[str], None]] = None) -> Verdict:
-        v = super().verify(prop, timeout, log=log, status=status)
+        v = super().verify(prop, timeout, log=log, status=status)  # confirmed on the MLP
         if v.result != "sat":
             return v
-        cases = list(prop.cases)
-        order = ([v.case] if v.case is not None else []) + list(range(len(cases)))
-        for j in order:
-            c = cases[j]
-            if violations_of(self.graph.forward, c.lo, c.hi, c.A, c.b, v.x)[0]:
-                v.case, v.y = j, self.graph.forward(v.x)
-                return v
-        if log is not None:
-            log("lowered network: the counterexample is not confirmed by the graph's forward pass")
-        v.result, v.x, v.y, v.case = "unknown", None, None, None
-        v.note = "a counterexample not confirmed by the graph's forward pass"
+        v = confirm_sat(v, prop.cases, self.graph.forward)
+        if v.result != "sat":
+            if log is not None:
+                log("lowered network: the counterexample is not confirmed by the graph's "
+                    "forward pass")
+            v.note = "a counterexample not confirmed by the graph's forward pass"
         return v
 
 
@@ -250,7 +245,12 @@ class GraphVerifier:
         """The attack and the bound stages (:meth:`Verifier._opening`), then input splitting
         on graphs of at most ``INPUT_SPLIT_MAX_DIM`` inputs (``status``/``log`` receive its
         status, as :meth:`Verifier.verify`'s); on larger graphs more attack starts on the
-        cases left open, and ``unknown`` (with :meth:`note`) when they stay open."""
+        cases left open, and ``unknown`` (with :meth:`note`) when they stay open. A ``sat``
+        point is confirmed in the property's exact set (:func:`confirm_sat`)."""
+        return confirm_sat(self._verify(prop, timeout, log, status), prop.cases,
+                           self.graph.forward, log)
+
+    def _verify(self, prop, timeout, log, status) -> Verdict:
         opened = self._opening(prop, timeout, log)
         if isinstance(opened, Verdict):
             return opened

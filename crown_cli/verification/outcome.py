@@ -8,6 +8,12 @@ when it is finite, lies in the box exactly, and a float64 forward pass
 (attack, input splitting, ReLU splitting) hands its candidates to this function and nothing
 else. The check is float64 arithmetic, not exact: a point with ``A_i f(x) - b_i`` within
 rounding of 0 may be accepted or refused.
+
+The searches run on a case's float box, which contains the real box of the VNN-LIB decimals
+(rounded outward by one ulp where inexact). Before a ``sat`` verdict leaves a verifier,
+:func:`confirm_sat` checks its point against the exact set (``Case.exact``: the floats inside
+the real box, the right-hand sides rounded down), clipping it into the box first; a point it
+cannot confirm turns the verdict into ``unknown``.
 """
 from __future__ import annotations
 
@@ -84,3 +90,32 @@ def violations_of(outputs: Callable[[np.ndarray], np.ndarray], lo, hi, A, b, X,
     else:
         ok[rows] = np.logical_and.reduceat(R, gstart, axis=1).any(axis=1)
     return ok
+
+
+def confirm_sat(v, cases, outputs: Callable[[np.ndarray], np.ndarray], log=None):
+    """A ``sat`` verdict ``v`` (any object with ``result``, ``x``, ``y``, ``case``, ``note``)
+    kept only if its point, clipped into the exact set of its case (or of another case:
+    :meth:`crown_cli.io.vnnlib.Case.exact`), violates that case by the float64 forward pass
+    ``outputs``; then ``x``, ``y`` and ``case`` are the confirmed ones. Else the verdict becomes
+    ``unknown`` (with a note): the point lay on the ulp a box bound was widened by, and the
+    real set may hold no counterexample there. Other verdicts pass unchanged."""
+    if v.result != "sat" or v.x is None:
+        return v
+    cases = list(cases)
+    order = ([v.case] if v.case is not None else []) + [
+        j for j in range(len(cases)) if j != v.case]
+    for j in order:
+        c = cases[j]
+        lo, hi, b = c.exact() if hasattr(c, "exact") else (c.lo, c.hi, c.b)
+        if np.any(lo > hi):
+            continue  # no float lies in this case's real box
+        x = np.clip(np.asarray(v.x, dtype=np.float64), lo, hi)
+        if violations_of(outputs, lo, hi, c.A, b, x)[0]:
+            v.x, v.y, v.case = x, np.asarray(outputs(x[None]), dtype=np.float64)[0], j
+            return v
+    if log is not None:
+        log("the counterexample lies outside the property's exact input set (on a bound "
+            "widened by one ulp) or misses its exact output rows: not confirmed")
+    v.result, v.x, v.y, v.case = "unknown", None, None, None
+    v.note = "a counterexample not confirmed in the exact set of the property"
+    return v

@@ -32,6 +32,7 @@ from crown_cli.errors import InputError
 from crown_cli.engine.relaxations import get_relaxation
 from crown_cli.verification.bab.hull_split import applies as hull_applies
 from crown_cli.verification.bab.hull_split import stage_applies as hull_stage_applies
+from crown_cli.verification.outcome import confirm_sat
 from crown_cli.verification.schedule import Run, race
 
 # Bound stages, cheap to strong; a stage is used when the activation has that method.
@@ -354,7 +355,8 @@ class Verifier:
         ACAS Xu's six layers of 50 gain nothing (most of its instances end in rounds too small
         to share)."""
         with blas_threads(1) if self.small else contextlib.nullcontext():
-            return self._verify(prop, timeout, log, status)
+            v = self._verify(prop, timeout, log, status)
+        return confirm_sat(v, prop.cases, self.outputs, log)
 
     def _opening(self, prop, timeout, log):
         """What every verifier does first (this one and the graph verifier): the sizes
