@@ -20,7 +20,7 @@ from crown_cli.network import MLP
 from crown_cli.verification.bab.graph_relu_split import exact_when_split
 from crown_cli.verification.graph_pipeline import NO_BAB, GraphVerifier, graph_counterexample
 from crown_cli.verification.outcome import violations_of
-from graph_models import BUILDERS, G
+from graph_models import BUILDERS, G, dense_chain
 from graph_oracles import graph_min, onnx_outputs
 
 
@@ -326,3 +326,21 @@ def test_relu_splitting_bounds_each_box_once_per_graph(tmp_path, monkeypatch):
     v = GraphVerifier(g, stages=("crown",)).verify(prop, 20.0)
     assert v.result == "unsat" and v.stage == "bab", v
     assert len(built) == 2 and built[0] is g and built[1] is not g
+
+
+def test_alpha_bounds_reuse_crowns_when_nothing_is_free(tmp_path):
+    """The alpha-crown stage's bounds are CROWN's object itself when no activation reads a
+    node with free slopes below it (one ReLU layer), and their own, tighter, otherwise."""
+    from crown_cli.verification.graph_pipeline import alpha_can_tighten
+
+    one = dense_chain(np.random.default_rng(0), sizes=(5, 8, 3))
+    deep = dense_chain(np.random.default_rng(0), sizes=(5, 8, 8, 3))
+    for model, reuse in ((one, True), (deep, False)):
+        path = os.path.join(str(tmp_path), "m.onnx")
+        onnx.save(model, path)
+        v = GraphVerifier(load_graph(path))
+        lo, hi = -np.ones(5), np.ones(5)
+        crown, alpha = v._box_bounds(lo, hi), v._box_bounds(lo, hi, alpha=True)
+        assert alpha_can_tighten(crown) is not reuse
+        assert (alpha is crown) is reuse
+        assert v._box_bounds(lo, hi, alpha=True) is alpha  # cached

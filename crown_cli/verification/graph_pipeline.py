@@ -105,6 +105,20 @@ def graph_box_lower_bounds(graph, lo, hi, A, b, method: str = "crown", bounds=No
     return lb - round_up(b)  # fl(lb - b_up) > 0 exactly when lb > b_up
 
 
+def alpha_can_tighten(gb) -> bool:
+    """Whether ``GraphBounds(intermediate="alpha")`` can differ from the CROWN bounds ``gb``:
+    some activation or max pool reads a node with free lower slopes or pool weights below it
+    (on verivital's Convnet_maxpool, one ReLU layer, nothing does)."""
+    from crown_cli.engine.graph_alpha import free_pools, free_slopes
+
+    for node in gb.g.nodes:
+        if node.kind in ("activation", "maxpool"):
+            p = node.inputs[0]
+            if free_slopes(gb, p) or free_pools(gb, p):
+                return True
+    return False
+
+
 def graph_verifier(graph, **options):
     """The verifier of a graph: a :class:`LoweredVerifier` (the dense engine, every stage and
     branch and bound) when the graph has a lowered MLP (:func:`crown_cli.graph.lower.lowered`),
@@ -222,8 +236,13 @@ class GraphVerifier:
         key = (np.asarray(lo, np.float64).tobytes(), np.asarray(hi, np.float64).tobytes())
         last = self._last_bounds.get((id(graph), alpha))
         if last is None or last[0] != key:
-            last = self._last_bounds[(id(graph), alpha)] = (key, GraphBounds(
-                graph, *Box(lo, hi).args(), intermediate="alpha" if alpha else "crown"))
+            if alpha:
+                crown = self._box_bounds(lo, hi, graph)
+                gb = GraphBounds(graph, *Box(lo, hi).args(), intermediate="alpha") \
+                    if alpha_can_tighten(crown) else crown
+            else:
+                gb = GraphBounds(graph, *Box(lo, hi).args())
+            last = self._last_bounds[(id(graph), alpha)] = (key, gb)
         return last[1]
 
     def _box_attack(self, lo, hi, problems, restarts: int, seed: int, deadline: float):
