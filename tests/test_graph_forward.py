@@ -231,6 +231,61 @@ def test_pool_variants(tmp_path, op, attrs):
     np.testing.assert_allclose(gr.forward(x), want, rtol=1e-5, atol=1e-5)
 
 
+def _pool_loop(x, kind, k, s, p, d, inc):
+    """A pool of x (C, H, W) by the ONNX/PyTorch definition, one window at a time, with
+    ceil_mode: output size ceil((n + pads - d (k - 1) - 1) / s) + 1, less one when the last
+    window would start past the input and its leading padding; padding and positions past the
+    padded input never enter a max or a sum; count_include_pad divides by the window's part
+    inside the padded input."""
+    C, H, W = x.shape
+
+    def size(n, kk, ss, pb, pe, dd):
+        o = -(-(n + pb + pe - dd * (kk - 1) - 1) // ss) + 1
+        return o - 1 if (o - 1) * ss >= n + pb else o
+
+    OH, OW = size(H, k[0], s[0], p[0], p[2], d[0]), size(W, k[1], s[1], p[1], p[3], d[1])
+    y = np.empty((C, OH, OW))
+    for i in range(OH):
+        for j in range(OW):
+            hs, ws = i * s[0] - p[0], j * s[1] - p[1]
+            cells = [(hs + a * d[0], ws + b * d[1]) for a in range(k[0]) for b in range(k[1])]
+            vals = [x[:, r, c] for r, c in cells if 0 <= r < H and 0 <= c < W]
+            if kind == "MaxPool":
+                y[:, i, j] = np.max(vals, axis=0)
+            else:
+                div = ((min(hs + k[0], H + p[2]) - hs) * (min(ws + k[1], W + p[3]) - ws)
+                       if inc else len(vals))
+                y[:, i, j] = np.sum(vals, axis=0) / div
+    return y
+
+
+def test_ceil_mode_pools_with_asymmetric_pads_equal_a_window_loop(tmp_path):
+    """ceil_mode pools with asymmetric pads, strides, dilations and both count_include_pad
+    equal :func:`_pool_loop` (onnx.reference 1.23 is no oracle here: it reads asymmetric pool
+    pads in another order and sizes some ceil_mode outputs differently)."""
+    rng = np.random.default_rng(0)
+    for t in range(120):
+        C, H, W = 2, int(rng.integers(3, 9)), int(rng.integers(3, 9))
+        kind = "MaxPool" if t % 2 else "AveragePool"
+        k = [int(rng.integers(1, 4)), int(rng.integers(1, 4))]
+        s = [int(rng.integers(1, 4)), int(rng.integers(1, 4))]
+        p = [int(rng.integers(0, k[i % 2])) for i in range(4)]
+        d = [int(rng.integers(1, 3)), int(rng.integers(1, 3))] if kind == "MaxPool" else [1, 1]
+        inc = int(rng.integers(0, 2))
+        attrs = dict(kernel_shape=k, pads=p, strides=s, ceil_mode=1)
+        if kind == "MaxPool":
+            attrs["dilations"] = d
+        else:
+            attrs["count_include_pad"] = inc
+        g = G(rng)
+        y = g.op(kind, ["x"], **attrs)
+        gr = load_graph(save(tmp_path, g.model([("x", (1, C, H, W))], [y])))
+        x = rng.normal(size=(C, H, W))
+        want = _pool_loop(x, kind, k, s, p, d, inc).reshape(-1)
+        assert gr.output_size == want.size, (kind, k, s, p, d, (H, W))
+        np.testing.assert_allclose(gr.forward(x.reshape(1, -1))[0], want, rtol=0, atol=1e-12)
+
+
 @pytest.mark.parametrize("op,attrs,axes,opset", [
     ("GlobalAveragePool", {}, None, 17),
     ("GlobalMaxPool", {}, None, 17),
