@@ -65,6 +65,9 @@ ROW_COPIES = 4  # per neuron: its two rows of [I; -I] as wide as the widest node
 # charges). Measured with tracemalloc on scripts/graph_cost.py's net at 32x32: 4.1x at row
 # budgets of 32 and 128 MiB, 8.0x at 8 MiB (the fixed part weighs more when chunks are small).
 ROW_PEAK = 8
+# intermediate="alpha": the optimisation of each node's rows stops early after this many steps
+# without gaining 1e-3 of the rows' summed bound (graph_alpha.alpha_lower's patience)
+INTERMEDIATE_PATIENCE = 2
 
 
 def row_bytes(graph, upto: Optional[int] = None) -> int:
@@ -212,7 +215,7 @@ class GraphBounds:
             eye = np.zeros((idx.size, l.size))
             eye[np.arange(idx.size), idx] = 1.0
             low = alpha_lower(self, p, np.vstack([eye, -eye]), ITERS if iters is None else iters,
-                              LR if lr is None else lr)
+                              LR if lr is None else lr, patience=INTERMEDIATE_PATIENCE)
             l[idx], u[idx] = np.fmax(l[idx], low[:idx.size]), np.fmin(u[idx], -low[idx.size:])
         return l, u
 
