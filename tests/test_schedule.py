@@ -106,3 +106,27 @@ def test_the_second_strategy_stays_out_while_the_first_is_about_to_finish():
             _run([0], "b", None, None, 0.0, log=seen)]
     out, _ = _race(runs, 1, join_after=0.3)
     assert out["result"] == "unsat" and [s for s, _ in seen] == ["a"]
+
+
+def test_a_stalled_first_strategy_lets_the_second_join_after_its_projected_finish():
+    """The first strategy proves 60% of its space at once and then nothing: past half its
+    space at the join time, it is projected to finish by elapsed / 0.6; once twice that has
+    passed the second joins and decides the case."""
+    seen = []
+
+    def stalls(progress):
+        def gen():
+            seen.append(("a", time.monotonic()))
+            i = 0
+            while True:
+                i += 1
+                time.sleep(0.002)
+                progress(i, 2, -0.5)
+                yield 0.6
+        return gen()
+
+    runs = [Run([0], "a", stalls), _run([0], "b", "unsat", 5, 0.2, log=seen)]
+    out, t = _race(runs, 1, timeout=5.0, join_after=0.3)
+    started = dict(seen)
+    assert out["result"] == "unsat" and "b" in started
+    assert 2 * 0.3 / 0.6 - 0.05 <= started["b"] - started["a"] < 3.0

@@ -24,7 +24,11 @@ import numpy as np
 PROBE_S = 0.3
 FLOOR = 0.1
 # A later strategy joins after ``join_after`` seconds unless the strategies running have
-# proven this share of their space (then, at their rate, they finish sooner than they began)
+# proven this share of their space (then, at their rate, they finish sooner than they began);
+# that exemption ends at twice the finish it projected (elapsed / share, at the first check;
+# the factor is slack for a rate that slows): a search that proved most of its space fast and stalls on the rest (a graph's input
+# splitting stuck at one corner while ReLU splitting decides the case in 0.1 s) does not keep
+# the others out for good
 JOIN_UNLESS = 0.5
 
 
@@ -74,7 +78,8 @@ def race(runs: Sequence[Run], n_cases: int, proven_before: int, margins, deadlin
 
     Strategies start in the order of their first run; a later one joins once ``join_after``
     seconds have passed, unless the running ones have proven :data:`JOIN_UNLESS` of their
-    space by then (checked again every turn). Each turn gives one run a slice (growing from ``first_slice`` by half
+    space by then (checked again every turn) and twice the finish that projects (elapsed
+    time over the share, at the rate so far) has not passed. Each turn gives one run a slice (growing from ``first_slice`` by half
     per turn of its strategy, up to ``max_slice``), round robin within its strategy, the
     strategy picked as the one furthest behind its :func:`shares` (a strategy still in its
     probe first). A case proven by any run is proven; runs whose cases are all proven stop.
@@ -94,6 +99,7 @@ def race(runs: Sequence[Run], n_cases: int, proven_before: int, margins, deadlin
     notes = []  # why searches ended unknown (BabResult.note), for the verdict
     slice_s = {s: first_slice for s in order}
     turn = {s: 0 for s in order}
+    exempt_until = None  # the projected finish that keeps the next strategy out
 
     def label(members):
         return ",".join(str(j) for j in members)
@@ -143,8 +149,11 @@ def race(runs: Sequence[Run], n_cases: int, proven_before: int, margins, deadlin
             # the next strategy joins unless the ones running are about to finish: at their
             # rate so far (half their space proven or more) they need less time than they had
             mine = [r.closed for r in runs if r.strategy in joined]
-            if not mine or np.mean(mine) < JOIN_UNLESS:
+            if mine and np.mean(mine) >= JOIN_UNLESS and exempt_until is None:
+                exempt_until = t0 + 2.0 * (now - t0) / np.mean(mine)
+            if not mine or np.mean(mine) < JOIN_UNLESS or now >= exempt_until:
                 joined.append(order[len(joined)])
+                exempt_until = None
         ready = [s for s in joined if any(r.strategy == s for r in live)]
         if not ready:  # only strategies that have not joined yet are left
             ready = [s for s in order if any(r.strategy == s for r in live)][:1]
