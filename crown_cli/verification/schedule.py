@@ -24,12 +24,13 @@ import numpy as np
 PROBE_S = 0.3
 FLOOR = 0.1
 # A later strategy joins after ``join_after`` seconds unless the strategies running have
-# proven this share of their space (then, at their rate, they finish sooner than they began);
-# that exemption ends at twice the finish it projected (elapsed / share, at the first check;
-# the factor is slack for a rate that slows): a search that proved most of its space fast and stalls on the rest (a graph's input
-# splitting stuck at one corner while ReLU splitting decides the case in 0.1 s) does not keep
-# the others out for good
+# proven this share of their space (then, at their rate, they finish sooner than they began).
+# That exemption ends at JOIN_SLACK times the finish it projected (elapsed / share, at the
+# first check; the slack is for a rate that slows): a search that proved most of its space
+# fast and stalls on the rest (a graph's input splitting stuck at one corner while ReLU
+# splitting decides the case in 0.1 s) does not keep the others out for good
 JOIN_UNLESS = 0.5
+JOIN_SLACK = 2.0
 
 
 @dataclass
@@ -78,10 +79,10 @@ def race(runs: Sequence[Run], n_cases: int, proven_before: int, margins, deadlin
 
     Strategies start in the order of their first run; a later one joins once ``join_after``
     seconds have passed, unless the running ones have proven :data:`JOIN_UNLESS` of their
-    space by then (checked again every turn) and twice the finish that projects (elapsed
-    time over the share, at the rate so far) has not passed. Each turn gives one run a slice (growing from ``first_slice`` by half
-    per turn of its strategy, up to ``max_slice``), round robin within its strategy, the
-    strategy picked as the one furthest behind its :func:`shares` (a strategy still in its
+    space by then (checked again every turn) and :data:`JOIN_SLACK` times the finish that
+    projects (elapsed time over the share, at the rate so far) has not passed. Each turn
+    gives one run a slice (growing from ``first_slice`` by half per turn of its strategy, up
+    to ``max_slice``), round robin within its strategy, the strategy picked as the one furthest behind its :func:`shares` (a strategy still in its
     probe first). A case proven by any run is proven; runs whose cases are all proven stop.
 
     ``done(result, stage, margin, proven, **kw)`` builds the verdict; ``outputs(x)`` the
@@ -149,9 +150,10 @@ def race(runs: Sequence[Run], n_cases: int, proven_before: int, margins, deadlin
             # the next strategy joins unless the ones running are about to finish: at their
             # rate so far (half their space proven or more) they need less time than they had
             mine = [r.closed for r in runs if r.strategy in joined]
-            if mine and np.mean(mine) >= JOIN_UNLESS and exempt_until is None:
-                exempt_until = t0 + 2.0 * (now - t0) / np.mean(mine)
-            if not mine or np.mean(mine) < JOIN_UNLESS or now >= exempt_until:
+            closed = float(np.mean(mine)) if mine else 0.0
+            if closed >= JOIN_UNLESS and exempt_until is None:
+                exempt_until = t0 + JOIN_SLACK * (now - t0) / closed
+            if closed < JOIN_UNLESS or now >= exempt_until:
                 joined.append(order[len(joined)])
                 exempt_until = None
         ready = [s for s in joined if any(r.strategy == s for r in live)]
