@@ -90,6 +90,12 @@ def free_pools(gb, target: int) -> Dict[int, object]:
             if i <= target and np.any(~pl.exact & (np.sum(pl.windows >= 0, axis=1) > 1))}
 
 
+def free_below(gb, p: int) -> bool:
+    """Whether alpha-CROWN can tighten the bounds of node p over CROWN's: some node up to p
+    has free lower slopes (:func:`free_slopes`) or free max pool weights (:func:`free_pools`)."""
+    return bool(free_slopes(gb, p) or free_pools(gb, p))
+
+
 def simplex_ascent(w: np.ndarray, grad: np.ndarray, valid: np.ndarray,
                    lr: float = POOL_LR) -> np.ndarray:
     """One exponentiated-gradient (mirror) ascent step of weights on the simplex of each

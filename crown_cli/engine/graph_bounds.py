@@ -111,6 +111,13 @@ def sum_rtol(graph) -> float:
     return max(FP_RTOL, n * 2.0 ** -52)
 
 
+def _unit_rows(idx, m):
+    """Rows ``[I; -I]`` of the neurons ``idx`` of an m-neuron node: (2 len(idx), m)."""
+    eye = np.zeros((idx.size, m))
+    eye[np.arange(idx.size), idx] = 1.0
+    return np.vstack([eye, -eye])
+
+
 def _outward(lo, hi, err):
     """[lo - err, hi + err] with the rounding of these operations covered (4u of the
     magnitudes, then one ulp)."""
@@ -201,20 +208,18 @@ class GraphBounds:
         not a sign-stable activation) tightened by :func:`~crown_cli.engine.graph_alpha.
         alpha_lower` on their rows ``[I; -I]``, in chunks: each row keeps per node below p
         its lines and values (about 3 floats per neuron)."""
-        from crown_cli.engine.graph_alpha import ITERS, LR, alpha_lower, free_pools, free_slopes
+        from crown_cli.engine.graph_alpha import ITERS, LR, alpha_lower, free_below
 
         l, u = self.lo[p].copy(), self.hi[p].copy()
         rows = self._rows_to_refine(p)
         rows = np.arange(l.size) if rows is None else rows[(l[rows] < 0.0) & (u[rows] > 0.0)]
-        if rows.size == 0 or not (free_slopes(self, p) or free_pools(self, p)):
+        if rows.size == 0 or not free_below(self, p):
             return l, u
         per_row = 24 * sum(n.size for n in self.g.nodes[:p + 1]) + row_bytes(self.g, p)
         chunk = max(1, int(self.row_budget // per_row) // 2)
         for s in range(0, rows.size, chunk):
             idx = rows[s:s + chunk]
-            eye = np.zeros((idx.size, l.size))
-            eye[np.arange(idx.size), idx] = 1.0
-            low = alpha_lower(self, p, np.vstack([eye, -eye]), ITERS if iters is None else iters,
+            low = alpha_lower(self, p, _unit_rows(idx, l.size), ITERS if iters is None else iters,
                               LR if lr is None else lr, patience=INTERMEDIATE_PATIENCE)
             l[idx], u[idx] = np.fmax(l[idx], low[:idx.size]), np.fmin(u[idx], -low[idx.size:])
         return l, u
@@ -289,9 +294,7 @@ class GraphBounds:
         chunk = max(1, int(self.row_budget // row_bytes(self.g, target)))
         for s in range(0, rows.size, chunk):
             idx = rows[s:s + chunk]
-            eye = np.zeros((idx.size, m))
-            eye[np.arange(idx.size), idx] = 1.0
-            low = self.lower(target, np.vstack([eye, -eye]))
+            low = self.lower(target, _unit_rows(idx, m))
             l[idx], u[idx] = low[:idx.size], -low[idx.size:]
         return l, u
 

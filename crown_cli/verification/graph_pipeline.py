@@ -109,14 +109,10 @@ def alpha_can_tighten(gb) -> bool:
     """Whether ``GraphBounds(intermediate="alpha")`` can differ from the CROWN bounds ``gb``:
     some activation or max pool reads a node with free lower slopes or pool weights below it
     (on verivital's Convnet_maxpool, one ReLU layer, nothing does)."""
-    from crown_cli.engine.graph_alpha import free_pools, free_slopes
+    from crown_cli.engine.graph_alpha import free_below
 
-    for node in gb.g.nodes:
-        if node.kind in ("activation", "maxpool"):
-            p = node.inputs[0]
-            if free_slopes(gb, p) or free_pools(gb, p):
-                return True
-    return False
+    return any(free_below(gb, n.inputs[0]) for n in gb.g.nodes
+               if n.kind in ("activation", "maxpool"))
 
 
 def graph_verifier(graph, **options):
