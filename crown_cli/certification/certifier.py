@@ -101,6 +101,16 @@ class Certificate:
     time_s: float
 
 
+def check_alpha_options(alpha_iters, alpha_lr) -> None:
+    """``--alpha-iters`` an integer >= 0 and ``--alpha-lr`` > 0 (either may be None: its
+    default), else :class:`InputError`."""
+    if alpha_iters is not None and not (isinstance(alpha_iters, (int, np.integer))
+                                        and alpha_iters >= 0):
+        raise InputError(f"--alpha-iters: must be an integer >= 0, got {alpha_iters}")
+    if alpha_lr is not None and not (np.isfinite(alpha_lr) and alpha_lr > 0):
+        raise InputError(f"--alpha-lr: must be > 0, got {alpha_lr}")
+
+
 class Certifier:
     """CROWN certification of one network under one norm and method."""
 
@@ -150,12 +160,9 @@ class Certifier:
         else:
             self.relax_fn = get_relaxation(activation, method, alpha)
         self.timeout = timeout
-        if not (isinstance(alpha_iters, (int, np.integer)) and alpha_iters >= 0):
-            raise InputError(f"--alpha-iters: must be an integer >= 0, got {alpha_iters}")
         if alpha_lr is None:
             alpha_lr = ALPHA_LR_SMOOTH if ACTIVATIONS[activation].smooth else ALPHA_LR
-        if not (np.isfinite(alpha_lr) and alpha_lr > 0):
-            raise InputError(f"--alpha-lr: must be > 0, got {alpha_lr}")
+        check_alpha_options(alpha_iters, alpha_lr)
         self.alpha_iters, self.alpha_lr = int(alpha_iters), float(alpha_lr)
         self.interval_free = get_interval_free(activation, alpha)
         self.alpha = alpha

@@ -23,8 +23,9 @@ from typing import Optional, Sequence
 import numpy as np
 
 from crown_cli.certification.attack import DEFAULT_RESTARTS, DEFAULT_STEPS, PGDAttack
-from crown_cli.certification.certifier import (Certificate, Certifier, default_eps0,
-                                               first_order_start, margin_rows, parse_norm)
+from crown_cli.certification.certifier import (Certificate, Certifier, check_alpha_options,
+                                               default_eps0, first_order_start, margin_rows,
+                                               parse_norm)
 from crown_cli.engine.input_sets import NORMS
 from crown_cli.engine.radius_search import SEARCHES, certified_radius
 from crown_cli.errors import InputError
@@ -98,12 +99,11 @@ class GraphCertifier:
         self.family = family
         # alpha-crown: steps and step size of every optimisation (intermediate bounds and
         # margin rows); None: the graph engine's own (engine.graph_alpha.ITERS, LR)
-        if alpha_iters is not None and not (isinstance(alpha_iters, (int, np.integer))
-                                            and alpha_iters >= 0):
-            raise InputError(f"--alpha-iters: must be an integer >= 0, got {alpha_iters}")
-        if alpha_lr is not None and not (np.isfinite(alpha_lr) and alpha_lr > 0):
-            raise InputError(f"--alpha-lr: must be > 0, got {alpha_lr}")
-        self.alpha_iters, self.alpha_lr = alpha_iters, alpha_lr
+        from crown_cli.engine.graph_alpha import ITERS, LR
+
+        check_alpha_options(alpha_iters, alpha_lr)
+        self.alpha_iters = ITERS if alpha_iters is None else int(alpha_iters)
+        self.alpha_lr = LR if alpha_lr is None else float(alpha_lr)
         self.norm = parse_norm(norm)
         self.qcode = NORMS[self.norm]
         self.precision = "float64"  # every evaluation: no float32 steering on graphs yet
@@ -130,11 +130,8 @@ class GraphCertifier:
         from crown_cli.engine.graph_alpha import alpha_lower
         from crown_cli.engine.graph_bounds import GraphBounds
 
-        from crown_cli.engine.graph_alpha import ITERS, LR
-
         alpha = self.method == "alpha-crown"
-        iters = ITERS if self.alpha_iters is None else self.alpha_iters
-        lr = LR if self.alpha_lr is None else self.alpha_lr
+        iters, lr = self.alpha_iters, self.alpha_lr
         gb = GraphBounds(self.graph, x0, float(eps), self.qcode, method=self.family,
                          ibp=self.ibp, intermediate="alpha" if alpha and iters else "crown",
                          alpha_iters=iters, alpha_lr=lr)
