@@ -450,7 +450,8 @@ def verify(model, spec, timeout: float = VERIFY_TIMEOUT, *,
         ``stage``, ``margin``, ``cases``, ``cases_proven``, ``domains``, ``peak_domains``,
         ``time_s``. ``sat`` only with an x in the box whose float64 forward pass satisfies
         ``A y <= b`` (for a VNN-LIB file: x among the floats inside the real box of its
-        decimals, b rounded down: :meth:`crown_cli.io.vnnlib.Case.exact`); ``unsat`` only when a float64-verified bound proves every case empty.
+        decimals, b rounded down: :meth:`crown_cli.io.vnnlib.Case.exact`); ``unsat`` only
+        when a float64-verified bound proves every case empty.
 
     Raises:
         InputError: a bad model or spec file, spec shapes that do not match the network,

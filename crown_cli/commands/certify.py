@@ -34,7 +34,8 @@ from crown_cli.errors import InputError
 @click.option("--alpha-iters", type=int, default=None, metavar="N",
               help="alpha-crown: most gradient steps per optimisation (default 25; early "
                    "stopping usually ends sooner; 0: CROWN's slopes). Graph networks: 20 "
-                   "steps, no early stopping.")
+                   "(the intermediate bounds' optimisations stop early, the margin rows' "
+                   "do not).")
 @click.option("--alpha-lr", type=float, default=None, metavar="LR",
               help="alpha-crown: Adam step size on the slopes (default 0.5; 0.05 for the "
                    "tangent points of tanh, sigmoid, arctan; 0.1 on graph networks).")
