@@ -133,7 +133,7 @@ class _Parser:
         self.val_in: List[float] = []  # the same bounds rounded inward
         self.rows: Dict[int, Tuple[Dict[int, Fraction], Fraction]] = {}
         self._num_cache: Dict[str, Fraction] = {}
-        self._bound_cache: Dict[Tuple[str, bool], float] = {}
+        self._bound_cache: Dict[Tuple[str, bool], Tuple[float, float]] = {}  # (outer, inner)
 
     # positions and errors
     def line(self, k: int) -> int:
@@ -484,7 +484,7 @@ class _Parser:
             return []
         out = []
         dropped = None
-        row_cache: Dict[int, Tuple[np.ndarray, float]] = {}
+        row_cache: Dict[int, Tuple[np.ndarray, float, float]] = {}
         for t in terms:
             lo, hi, rows = lo0.copy(), hi0.copy(), list(rows0)
             lo_in, hi_in = lo0_in.copy(), hi0_in.copy()
@@ -507,9 +507,8 @@ class _Parser:
                     a = np.zeros(n_out)
                     for j, c in coefs.items():
                         a[j] = float(c)
-                    f = float(rhs)
-                    row_cache[ident] = (a, f, f if Fraction(f) <= rhs
-                                        else float(np.nextafter(f, -np.inf)))
+                    # b rounded to nearest; b_in the largest float <= b (an upper bound's inner)
+                    row_cache[ident] = (a, float(rhs), self.bound(rhs, True)[1])
                 A[r], b[r], b_in[r] = row_cache[ident]
             exact = (np.array_equal(lo, lo_in) and np.array_equal(hi, hi_in)
                      and np.array_equal(b, b_in))
