@@ -171,30 +171,20 @@ def test_surrogate_slopes_reach_a_violation_behind_a_dead_neuron(monkeypatch, se
 
 def _identity_relu_models(tmp_path):
     """y = relu(x) on one input: as a Gemm-Relu-Gemm chain (lowered to the dense engine) and
-    as a graph with a branch (the graph engine)."""
-    from onnx import TensorProto, helper, numpy_helper
+    as a graph with a branch, relu(x) + (0.5 x - 0.5 x) (the graph engine)."""
+    from graph_models import G
 
-    one = lambda n: numpy_helper.from_array(np.array([[1.0]], np.float32), n)  # noqa: E731
-    zero = lambda n: numpy_helper.from_array(np.array([0.0], np.float32), n)  # noqa: E731
-    chain = [helper.make_node("Gemm", ["x", "W1", "B1"], ["h"], transB=1),
-             helper.make_node("Relu", ["h"], ["r"]),
-             helper.make_node("Gemm", ["r", "W2", "B2"], ["y"], transB=1)]
-    branch = [helper.make_node("Relu", ["x"], ["r"]),
-              helper.make_node("Mul", ["x", "c"], ["a"]),
-              helper.make_node("Sub", ["a", "a"], ["z"]),
-              helper.make_node("Add", ["r", "z"], ["y"])]
     paths = []
-    for name, nodes, inits in (
-            ("chain", chain, [one("W1"), zero("B1"), one("W2"), zero("B2")]),
-            ("branch", branch, [numpy_helper.from_array(np.array([0.5], np.float32), "c")])):
-        g = helper.make_graph(nodes, name,
-                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 1])],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 1])],
-                              initializer=inits)
-        m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
-        m.ir_version = 8
+    for name in ("chain", "branch"):
+        g = G(np.random.default_rng(0))
+        if name == "chain":
+            h = g.op("Gemm", ["x", g.const([[1.0]]), g.const([0.0])], transB=1)
+            y = g.op("Gemm", [g.op("Relu", [h]), g.const([[1.0]]), g.const([0.0])], transB=1)
+        else:
+            a = g.op("Mul", ["x", g.const([0.5])])
+            y = g.op("Add", [g.op("Relu", ["x"]), g.op("Sub", [a, a])])
         path = os.path.join(str(tmp_path), f"{name}.onnx")
-        onnx.save(m, path)
+        onnx.save(g.model([("x", (1, 1))], [y]), path)
         paths.append(path)
     return paths
 
