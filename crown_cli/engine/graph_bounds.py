@@ -53,6 +53,7 @@ import numpy as np
 from crown_cli.engine.chain import Lines, relax
 from crown_cli.engine.input_sets import Box, input_terms
 from crown_cli.engine.rounding import ERR_SAFETY, FP_RTOL, TINY64, U64, gamma_n, widen
+from crown_cli.graph.ops import Conv
 
 # Ranges every value of the activation lies in (intersected with the lines' interval)
 _RANGES = {"relu": (0.0, np.inf), "sigmoid": (0.0, 1.0), "tanh": (-1.0, 1.0),
@@ -326,20 +327,28 @@ class GraphBounds:
         node i, for an activation (rows reaching it, the side each took (>= 0: lower line),
         the slope and intercept of the line taken), for a max pool the rows reaching it, else
         None; under ``"Lx"`` the rows carried back to the input."""
+        from crown_cli.engine.kernels import graph_kernels
+
         g = self.g
         r = Lam.shape[0]
         const, mag, charge = np.zeros(r), np.zeros(r), np.zeros(r)
         pending: Dict[int, np.ndarray] = {target: np.ascontiguousarray(Lam, dtype=np.float64)}
         Lx = np.zeros((r, g.input_size))
+        fused = graph_kernels()  # None under the numpy kernels: the twin below runs
 
         def give(j, P):
             nonlocal charge
-            if j in pending:
+            if j not in pending:
+                pending[j] = P
+            elif fused is not None:  # S += P in place, charge += |S| absval (x 2u below)
+                S, sums = np.ascontiguousarray(pending[j]), np.zeros(r)
+                fused.add_rows(S, np.ascontiguousarray(P), self.absval[j], sums)
+                charge = charge + 2.0 * U64 * sums
+                pending[j] = S
+            else:
                 S = pending[j] + P
                 charge = charge + 2.0 * U64 * (np.abs(S) @ self.absval[j])
                 pending[j] = S
-            else:
-                pending[j] = P
 
         for i in range(target, -1, -1):
             L = pending.pop(i, None)
@@ -350,6 +359,18 @@ class GraphBounds:
                 tape[i] = L if node.kind == "maxpool" else None  # activations: below
             if node.kind == "input":
                 Lx[:, node.op.offset:node.op.offset + node.op.size] = L
+            elif (node.kind == "activation" and fused is not None and tape is None
+                  and not (lines is not None and i in lines)
+                  and not (slopes is not None and i in slopes)):
+                p = node.inputs[0]  # the relaxation's own lines: one fused pass
+                ln, z = self.lines[i], self.absval[p]
+                L = np.ascontiguousarray(L)
+                D, sums = np.empty_like(L), np.empty((r, 3))
+                fused.activation_step(L, ln.lower, ln.upper, ln.lower_icpt, ln.upper_icpt, z,
+                                      D, sums)
+                const, mag = const + sums[:, 0], mag + sums[:, 1]
+                charge = charge + 2.0 * U64 * sums[:, 2] + TINY64 * (z.sum() + z.size)
+                give(p, D)
             elif node.kind == "activation":
                 p = node.inputs[0]
                 ln = self.lines[i]
@@ -385,6 +406,26 @@ class GraphBounds:
                 give(p, D)
             else:
                 op = node.op
+                if fused is not None and (op.bias is not None or op.terms):
+                    # L @ b, |L| @ |b| and |L| @ absfwd in one pass (a convolution's in the
+                    # pass of its transpose)
+                    if isinstance(op, Conv):
+                        P, sums = op.transpose_terms(fused, L, self.absfwd[i])
+                        moved = [P]
+                    else:
+                        sums = np.empty((r, 3))
+                        b = np.zeros(node.size) if op.bias is None else op.bias
+                        fused.affine_terms(np.ascontiguousarray(L), b, np.abs(b),
+                                           self.absfwd[i], sums)
+                        moved = op.transpose(L)
+                    const, mag = const + sums[:, 0], mag + sums[:, 1]
+                    if op.terms:
+                        T = op.terms
+                        ain = sum(float(self.absval[j].sum()) for j in node.inputs)
+                        charge = charge + gamma_n(T + 1, U64) * sums[:, 2] + TINY64 * T * ain
+                    for j, P in zip(node.inputs, moved):
+                        give(j, P)
+                    continue
                 if op.bias is not None:
                     const = const + L @ op.bias
                     mag = mag + np.abs(L) @ np.abs(op.bias)

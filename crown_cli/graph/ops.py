@@ -208,7 +208,28 @@ class Conv(Affine):
         return self._conv(xs[0], self._abs)
 
     def transpose(self, Lam):
-        """The transposed convolution of the rows Lam (r, O * OH * OW)."""
+        """The transposed convolution of the rows Lam (r, O * OH * OW): the numba kernel of
+        :mod:`crown_cli.engine.kernels.graph_steps` (which skips zero coefficients), or under
+        the numpy kernels its twin :meth:`_transpose_numpy`."""
+        from crown_cli.engine.kernels import graph_kernels
+
+        kernels = graph_kernels()
+        if kernels is None:
+            return self._transpose_numpy(Lam)
+        return [self.transpose_terms(kernels, Lam)[0]]
+
+    def transpose_terms(self, kernels, Lam, absfwd=None):
+        """:meth:`transpose` by the numba kernel, with per row ``(Lam @ bias, |Lam| @ |bias|,
+        |Lam| @ absfwd)`` (r, 3) from the same pass."""
+        r = Lam.shape[0]
+        G, sums = kernels.transpose_rows(Lam.reshape((r,) + self.out_shape), self.weight,
+                                         self.strides, self.dilations, self.pads, self.group,
+                                         self.in_shape, self.channel_bias, absfwd)
+        return G.reshape(r, -1), sums
+
+    def _transpose_numpy(self, Lam):
+        """:meth:`transpose` offset by offset: per kernel offset one product over channels
+        added into a strided window (numpy; the numba kernel's twin)."""
         r = Lam.shape[0]
         C, H, W = self.in_shape
         pt, pl, pb, pr = self.pads

@@ -76,3 +76,8 @@ def batched_kernels():
 def hull_kernels():
     """The numba kernel of the convex-hull bound's optimiser (:mod:`.hull`), or None."""
     return _numba_module("hull")
+
+
+def graph_kernels():
+    """The numba kernels of the graph back-substitution's steps (:mod:`.graph_steps`), or None."""
+    return _numba_module("graph_steps")

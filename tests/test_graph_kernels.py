@@ -1,0 +1,98 @@
+"""The numba kernels of the graph back-substitution (crown_cli/engine/kernels/graph_steps.py)
+against their numpy twins: a convolution's transpose (every stride, padding, dilation and
+group layout, sparse and dense rows), the per-row sums fused into it, and whole CROWN bounds
+of convolutional and residual graphs under both kernel sets."""
+import numpy as np
+import pytest
+
+from crown_cli.engine.graph_bounds import GraphBounds
+from crown_cli.engine.kernels import graph_kernels, using_kernels
+from crown_cli.graph.network import Graph, Node
+from crown_cli.graph.ops import ActivationOp, Conv, Dense, InputOp, Sum
+
+LAYOUTS = [  # weight shape, input shape, strides, pads (t, l, b, r), dilations, group
+    ((4, 2, 3, 3), (2, 7, 6), (1, 1), (1, 1, 1, 1), (1, 1), 1),
+    ((4, 2, 3, 3), (2, 7, 6), (2, 1), (1, 0, 0, 2), (1, 1), 1),
+    ((6, 1, 2, 3), (3, 8, 9), (2, 3), (0, 1, 1, 0), (2, 1), 3),
+    ((4, 3, 1, 1), (3, 5, 5), (1, 1), (0, 0, 0, 0), (1, 1), 1),
+    ((2, 2, 4, 2), (4, 9, 6), (3, 2), (2, 2, 2, 2), (1, 2), 2),
+]
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("density", [0.02, 0.3, 1.0])
+def test_conv_transpose_kernel_equals_numpy_twin(layout, density):
+    wshape, in_shape, strides, pads, dil, group = layout
+    rng = np.random.default_rng(len(LAYOUTS) * int(100 * density) + wshape[0])
+    conv = Conv(rng.normal(size=wshape), rng.normal(size=wshape[0]), in_shape, strides, pads,
+                dil, group)
+    L = rng.normal(size=(7, conv.size)) * (rng.uniform(size=(7, conv.size)) < density)
+    want = conv._transpose_numpy(L)[0]
+    got = conv.transpose(L)[0]
+    np.testing.assert_allclose(got, want, rtol=1e-13, atol=1e-13 * np.abs(want).max())
+    # the transpose is the adjoint of the forward map: <L, A x> = <A^T L, x>
+    x = rng.normal(size=(1, conv.n_in[0]))
+    np.testing.assert_allclose(L @ conv.linear([x])[0], got @ x[0], rtol=1e-10)
+    absfwd = rng.uniform(size=conv.size)
+    _, sums = conv.transpose_terms(graph_kernels(), L, absfwd)
+    np.testing.assert_allclose(sums[:, 0], L @ conv.bias, rtol=1e-12)
+    np.testing.assert_allclose(sums[:, 1], np.abs(L) @ np.abs(conv.bias), rtol=1e-12)
+    np.testing.assert_allclose(sums[:, 2], np.abs(L) @ absfwd, rtol=1e-12)
+
+
+def resnet(rng, c=4, s=8):
+    """A small residual network: conv (stride 2) -> relu -> [conv -> relu -> conv] + skip
+    -> relu -> dense -> relu -> dense."""
+    def conv(o, i, shape, stride=1):
+        return Conv(rng.normal(0, np.sqrt(2 / (9 * i)), (o, i, 3, 3)), rng.normal(0, 0.1, o),
+                    shape, (stride, stride), (1, 1, 1, 1))
+
+    c1 = conv(c, 3, (3, s, s), 2)
+    sh = c1.out_shape
+    a, b = conv(c, c, sh), conv(c, c, sh)
+    n = c1.size
+    nodes = [Node("x", InputOp(0, 0, 3 * s * s), (), (1, 3, s, s)),
+             Node("c1", c1, (0,), (1,) + sh), Node("r1", ActivationOp("relu"), (1,), (1,) + sh),
+             Node("a", a, (2,), (1,) + sh), Node("ra", ActivationOp("relu"), (3,), (1,) + sh),
+             Node("b", b, (4,), (1,) + sh), Node("s", Sum([1.0, 1.0], n), (5, 2), (1,) + sh),
+             Node("rs", ActivationOp("relu"), (6,), (1,) + sh),
+             Node("f1", Dense(rng.normal(0, np.sqrt(2 / n), (16, n)), rng.normal(0, 0.1, 16)),
+                  (7,), (1, 16)),
+             Node("r3", ActivationOp("relu"), (8,), (1, 16)),
+             Node("f2", Dense(rng.normal(0, 0.25, (5, 16)), rng.normal(0, 0.1, 5)), (9,), (1, 5))]
+    return Graph(nodes, 10)
+
+
+@pytest.mark.parametrize("qcode, eps", [(0, 0.05), (1, 0.5), (2, 1.0)])
+def test_graph_bounds_kernels_equal_numpy_and_hold(qcode, eps):
+    """CROWN bounds of a residual conv net, every intermediate node and the output: the numba
+    kernels' equal the numpy twin's to rounding, and sampled points of the ball lie inside."""
+    rng = np.random.default_rng(qcode)
+    g = resnet(rng)
+    x0 = rng.uniform(0, 1, g.input_size)
+    with using_kernels("numpy"):
+        ref = GraphBounds(g, x0, eps, qcode)
+        ref_out = ref.bounds()
+    with using_kernels("numba"):
+        gb = GraphBounds(g, x0, eps, qcode)
+        out = gb.bounds()
+    unstable = 0
+    for i, n in enumerate(g.nodes):
+        np.testing.assert_allclose(gb.lo[i], ref.lo[i], rtol=1e-9, atol=1e-12)
+        np.testing.assert_allclose(gb.hi[i], ref.hi[i], rtol=1e-9, atol=1e-12)
+        if n.kind == "activation":
+            p = n.inputs[0]
+            unstable += int(np.sum((gb.lo[p] < 0) & (gb.hi[p] > 0)))
+    assert unstable > 10  # the rows of the intermediate bounds went through every kernel
+    for a, b in zip(out, ref_out):
+        np.testing.assert_allclose(a, b, rtol=1e-9, atol=1e-12)
+    d = rng.normal(size=(4000, g.input_size))
+    if qcode == 0:  # half at corners of the box, half inside
+        d = rng.uniform(-eps, eps, d.shape)
+        d[:2000] = np.sign(d[:2000]) * eps
+    else:
+        p = 2 if qcode == 1 else 1
+        d *= eps / np.linalg.norm(d, ord=p, axis=1, keepdims=True) * rng.uniform(size=(4000, 1))
+    y = g.forward(x0[None] + d)
+    assert np.all(y >= out[0] - 1e-12) and np.all(y <= out[1] + 1e-12)
+    assert np.all(out[1] - out[0] > 0)
