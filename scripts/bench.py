@@ -20,6 +20,15 @@ Every case runs in its own subprocess (so its peak RSS is its own) on both cores
              RSS, and the tracemalloc peak of one more certification (the first image, run
              after the timed ones, so tracing does not slow them). No --check; with --before a
              checkout without graph networks prints "no before"
+    resnet   a small CIFAR ResNet the project builds itself (scripts/resnet_model.py: two
+             residual blocks, 73k parameters, seeded random weights), crown certify's graph
+             path (GraphCertifier, --method crown), l_inf, runner-up of the predicted class,
+             the first --conv-images shipped CIFAR-10 images: s/image and evaluations, and
+             seconds per CROWN bound of the margin at the certified eps (best of 2, float64).
+             With --lirpa DIR (an auto_LiRPA checkout; needs torch) auto_LiRPA's CROWN on the
+             same network in float64, in its own process: seconds per bound at the same eps,
+             the ratio, and whether its bound agrees with the radius (its margin bound > 0
+             at eps (1 - 1e-3) and < 0 at eps (1 + 1e-3)); peak RSS of each process
     cli      a warm `crown certify -n 1` of relu3's model, wall-clock, start-up included
     alpha3   relu3 with --method alpha-crown (default settings): s/image, and the mean eps gain
              over crown on the same images (crown's own time is not counted)
@@ -45,7 +54,7 @@ Every case runs in its own subprocess (so its peak RSS is its own) on both cores
              checkout without it prints "no before"
 
     python scripts/bench.py [--cases relu3,relu4,...] [--images 20] [--cifar-images 20]
-                            [--conv-images 5]
+                            [--conv-images 5] [--lirpa DIR]
                             [--bab-boxes 4096] [--bab-seconds 30] [--vnncomp DIR]
                             [--check] [--before DIR]
 
@@ -70,7 +79,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MODELS = os.path.join(ROOT, "models")
 CIFAR = os.path.join(ROOT, "crown_cli", "data", "cifar10_test_100.npz")
 CASES = ("relu3", "relu4", "tanh", "sigmoid", "arctan", "relu3-plain", "cifar7", "mem6", "cli",
-         "alpha3", "bab", "bab-relu", "bab-relu-joint", "conv", "hull")
+         "alpha3", "bab", "bab-relu", "bab-relu-joint", "conv", "resnet", "hull")
 CONV_MODEL = os.path.join(MODELS, "cifar_base_kw.onnx")
 TARGETS_S = {"relu3": 0.05, "relu4": 0.15, "cifar7": 0.7, "alpha3": 1.0}  # issue 5 targets, s/image
 
@@ -241,6 +250,97 @@ def conv_worker(n_images):
                       "accuracy": float(np.mean(order[:, -1] == y))}))
 
 
+def _resnet():
+    sys.path.insert(0, os.path.join(ROOT, "scripts"))
+    import resnet_model
+
+    return resnet_model
+
+
+def _resnet_picks(z, n_images):
+    """The first images with the predicted class and its runner-up (random weights: whatever
+    class the network predicts)."""
+    import numpy as np
+
+    order = np.argsort(z, axis=1)
+    return [(i, int(order[i, -1]), int(order[i, -2])) for i in range(min(n_images, z.shape[0]))]
+
+
+def resnet_worker(n_images):
+    """The resnet case, crown's side: certify, then one margin bound at each radius."""
+    import numpy as np
+
+    try:
+        gc_mod = _checkout_module("crown_cli.certification.graph_certifier")
+        GraphBounds = _checkout_module("crown_cli.engine.graph_bounds").GraphBounds
+    except ImportError:
+        print(json.dumps({"case": "resnet", "error": "no before: this checkout cannot certify "
+                                                     "graph networks"}))
+        return
+    graph = _resnet().graph(_resnet().parameters())
+    x, _ = _module("crown_cli.io.images").load_images(CIFAR)
+    x = gc_mod.to_graph_layout(graph, x)
+    cert = gc_mod.GraphCertifier(graph, norm="inf", method="crown")
+    picks = _resnet_picks(cert.logits(x), n_images)
+    i, c, t = picks[0]
+    cert.certify(x[i], c, [t])  # warm-up: the numba kernels' cache
+    times, evals, eps, per_bound = [], [], [], []
+    for i, c, t in picks:
+        r = cert.certify(x[i], c, [t])
+        times.append(r.time_s)
+        evals.append(r.evaluations)
+        eps.append(float(r.eps))
+        row = np.zeros((1, 10))
+        row[0, c], row[0, t] = 1.0, -1.0
+        best = np.inf
+        for _ in range(2):
+            t0 = time.perf_counter()
+            GraphBounds(graph, x[i], r.eps, 0).bounds(row)
+            best = min(best, time.perf_counter() - t0)
+        per_bound.append(best)
+    print(json.dumps({"case": "resnet", "images": len(picks), "mean_s": sum(times) / len(times),
+                      "median_s": statistics.median(times), "evaluations": float(np.mean(evals)),
+                      "mean_eps": float(np.mean(eps)), "eps": eps, "bound_s": per_bound,
+                      "rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0}))
+
+
+def resnet_lirpa_worker(n_images, lirpa, eps_list):
+    """The resnet case, auto_LiRPA's side (float64 CROWN) at crown's radii."""
+    import numpy as np
+
+    sys.path.insert(0, os.path.abspath(lirpa))
+    import torch
+    from auto_LiRPA import BoundedModule, BoundedTensor
+    from auto_LiRPA.perturbations import PerturbationLpNorm
+
+    torch.set_default_dtype(torch.float64)
+    model = _resnet().torch_module(_resnet().parameters())
+    x, _ = _module("crown_cli.io.images").load_images(CIFAR)
+    x = np.ascontiguousarray(x.reshape(-1, 32, 32, 3).transpose(0, 3, 1, 2))
+    with torch.no_grad():
+        z = model(torch.tensor(x)).numpy()
+    picks = _resnet_picks(z, n_images)
+    bm = BoundedModule(model, torch.zeros((1, 3, 32, 32)), device="cpu")
+
+    def margin(i, c, t, eps):
+        C = torch.zeros((1, 1, 10))
+        C[0, 0, c], C[0, 0, t] = 1.0, -1.0
+        xt = BoundedTensor(torch.tensor(x[i:i + 1]),
+                           PerturbationLpNorm(norm=np.inf, eps=float(eps)))
+        t0 = time.perf_counter()
+        lb, _ = bm.compute_bounds(x=(xt,), C=C, method="CROWN", bound_upper=False)
+        return float(lb.item()), time.perf_counter() - t0
+
+    margin(*picks[0], eps_list[0])  # warm-up
+    per_bound, agree = [], []
+    for (i, c, t), eps in zip(picks, eps_list):
+        per_bound.append(min(margin(i, c, t, eps)[1] for _ in range(2)))
+        agree.append(margin(i, c, t, eps * (1 - 1e-3))[0] > 0 > margin(i, c, t, eps * (1 + 1e-3))[0])
+    print(json.dumps({"case": "resnet-lirpa", "bound_s": per_bound, "agree": agree,
+                      "threads": torch.get_num_threads(),
+                      "rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0}))
+
+
 HULL_ROWS = (2, 11, 67, 106, 109, 127, 131, 169, 249)  # safenlp's 9 former timeouts
 
 
@@ -288,6 +388,10 @@ def worker(case, n_images, check, seconds=30.0, vnncomp=None):
 
     if case == "conv":
         return conv_worker(n_images)
+    if case == "resnet":
+        return resnet_worker(n_images)
+    if case == "resnet-lirpa":
+        return resnet_lirpa_worker(n_images, vnncomp, json.loads(os.environ["BENCH_EPS"]))
     if case == "bab":
         return bab_worker(n_images)
     if case == "hull":
@@ -379,16 +483,29 @@ def warm_cli(pkg):
     return {"case": "cli", "best_s": min(runs), "median_s": statistics.median(runs)}
 
 
-def run_case(case, pkg, args, check=False):
+def run_case(case, pkg, args, check=False, eps=None):
     if case == "cli":
         return warm_cli(pkg)
+    if case == "resnet" and args.lirpa:
+        ours = run_case("resnet-crown", pkg, args)
+        if "error" in ours:
+            return ours
+        lirpa = run_case("resnet-lirpa", pkg, args, eps=ours["eps"])
+        ours["lirpa"] = lirpa
+        return ours
+    case = "resnet" if case == "resnet-crown" else case
     n = {"cifar7": args.cifar_images, "mem6": 2, "bab": args.bab_boxes,
-         "conv": args.conv_images}.get(case, args.images)
+         "conv": args.conv_images, "resnet": args.conv_images,
+         "resnet-lirpa": args.conv_images}.get(case, args.images)
     cmd = [sys.executable, os.path.abspath(__file__), "--worker", case, "--images", str(n),
            "--bab-seconds", str(args.bab_seconds), "--vnncomp", os.path.abspath(args.vnncomp)]
-    if check and case not in ("mem6", "alpha3", "bab", "conv"):
+    if check and case not in ("mem6", "alpha3", "bab", "conv", "resnet", "resnet-lirpa"):
         cmd.append("--check")
-    out = subprocess.run(cmd, env=dict(os.environ, PYTHONPATH=pkg), capture_output=True, text=True)
+    env = dict(os.environ, PYTHONPATH=pkg)
+    if case == "resnet-lirpa":  # the lirpa worker takes its checkout where others take --vnncomp
+        cmd[cmd.index("--vnncomp") + 1] = os.path.abspath(args.lirpa)
+        env["BENCH_EPS"] = json.dumps(eps)
+    out = subprocess.run(cmd, env=env, capture_output=True, text=True)
     if out.returncode != 0:
         return {"case": case, "error": out.stderr.strip().splitlines()[-1] if out.stderr else "failed"}
     return json.loads(out.stdout.strip().splitlines()[-1])
@@ -417,6 +534,23 @@ def line(r, relu3=None, plain=None):
                 f"{r['median_s']:.4f}  evaluations {r['evaluations']:5.2f}  mean eps "
                 f"{r['mean_eps']:.6g}  peak RSS {r['rss_mb']:.0f} MB  tracemalloc peak of one "
                 f"image {r['traced_mb']:.0f} MiB")
+    if r["case"] == "resnet":
+        s = (f"{'resnet':<11} scripts/resnet_model.py, images {r['images']:3d}  mean "
+             f"{r['mean_s']:.4f} s/image  median {r['median_s']:.4f}  evaluations "
+             f"{r['evaluations']:5.2f}  mean eps {r['mean_eps']:.6g}  one CROWN bound "
+             f"{sum(r['bound_s']) / len(r['bound_s']):.3f} s  peak RSS {r['rss_mb']:.0f} MB")
+        lp = r.get("lirpa")
+        if lp is not None and "error" in lp:
+            s += f"\n{'':<11} auto_LiRPA: error: {lp['error']}"
+        elif lp is not None:
+            ratios = [b / a for a, b in zip(r["bound_s"], lp["bound_s"])]
+            s += (f"\n{'':<11} auto_LiRPA CROWN (float64, {lp['threads']} threads): "
+                  f"{sum(lp['bound_s']) / len(lp['bound_s']):.3f} s per bound, crown "
+                  f"{min(ratios):.1f}-{max(ratios):.1f}x faster (per image: "
+                  f"{', '.join(f'{q:.1f}' for q in ratios)}); radius within 1e-3 of its "
+                  f"bound's on {sum(lp['agree'])} of {len(lp['agree'])} images; peak RSS "
+                  f"{lp['rss_mb']:.0f} MB")
+        return s
     if r["case"] == "hull":
         each = ", ".join(f"{n} {v} {b} boxes {t:.2f} s" for n, v, b, t in r["instances"])
         return (f"{'hull':<11} safenlp's 9 hardest: {r['time_s']:.2f} s in all ({each})  "
@@ -465,6 +599,8 @@ def main():
     ap.add_argument("--bab-seconds", type=float, default=30.0)
     ap.add_argument("--vnncomp", default=os.path.join(ROOT, "..", "shared", "data", "vnncomp2021"),
                     help="VNN-COMP 2021 benchmark folder (bab-relu)")
+    ap.add_argument("--lirpa", default=None,
+                    help="auto_LiRPA checkout: compare the resnet case with its CROWN")
     ap.add_argument("--check", action="store_true", help="compare eps with plain float64 bisection")
     ap.add_argument("--before", default=None, help="checkout whose crown_cli is the 'before'")
     ap.add_argument("--worker", default=None, help=argparse.SUPPRESS)
