@@ -1,6 +1,7 @@
 """Branch and bound by ReLU splitting (crown_cli.verification.bab.relu_split): the batched bound and its gradient,
 soundness of subdomain bounds on sampled points, and verdicts against an exact MILP."""
 import time
+from fractions import Fraction
 
 import numpy as np
 import pytest
@@ -306,6 +307,106 @@ def test_float64_bound_charges_product_rounding_on_cancelling_networks():
         coef, c = exact_chain(net, relax, [[F(float(v)) for v in w[0]]], [F(0)], -1)[0]
         b_up = float(np.nextafter(0.0, 1.0))
         assert S.covers(val + b_up, coef, c, -1), seed
+
+
+def _exact_split_bound(bd, split, alpha, beta, pos):
+    """The exact rational value of the bound :meth:`Bounder.evaluate` computes for one
+    (domain, row) of a batch of one row (``split`` (nU,), ``alpha``, ``beta`` (nU,)): the
+    same lines (root chords above, alpha below, split neurons fixed, stable slopes), the same
+    multipliers beta, each unstable coefficient on the side the code took (``pos``, per
+    hidden layer, from the float64 tape), back-substituted in fractions from the exact
+    margin row ``A W[-1]`` and minimised over the box."""
+    F = Fraction
+    Ws = [[[F(float(v)) for v in row] for row in w] for w in bd.weights]
+    bs = [[F(float(v)) for v in v_] for v_ in bd.biases]
+    A = [F(float(v)) for v in bd.A[0]]
+    lam = [sum((a * r[j] for a, r in zip(A, Ws[-1])), F(0)) for j in range(len(Ws[-1][0]))]
+    const = sum((a * v for a, v in zip(A, bs[-1])), F(0)) - F(float(bd.b_up[0]))
+    cs, ct = bd.root_chords()
+    leak = F(bd.leak)
+    for k in range(bd.L - 1, -1, -1):
+        o0 = bd.offsets[k]
+        where = {int(c): o0 + i for i, c in enumerate(bd.ucols[k])}
+        D = []
+        for j, v in enumerate(lam):
+            q = where.get(j)
+            if q is None:
+                D.append(v * F(float(bd.stable_slope[k][j])))
+            elif split[q] != 0:
+                D.append(v * (F(1) if split[q] > 0 else leak) - int(split[q]) * F(float(beta[q])))
+            elif pos[k][q - o0]:
+                D.append(v * F(float(alpha[q])))
+            else:
+                D.append(v * F(float(cs[q])))
+                const += v * F(float(ct[q]))
+        const += sum((d * c for d, c in zip(D, bs[k])), F(0))
+        lam = [sum((d * r[i] for d, r in zip(D, Ws[k])), F(0)) for i in range(len(Ws[k][0]))]
+    return const + sum((min(v * F(float(l)), v * F(float(h)))
+                        for v, l, h in zip(lam, bd.box.lo, bd.box.hi)), F(0))
+
+
+def _cancel_betas(bd, split, alpha, beta):
+    """beta of every split-inactive neuron whose computed coefficient Lu is < 0 set to
+    -fl(Lu * leak), layer by last layer (a layer's Lu depends on the later layers' beta only):
+    the split step's sum fl(fl(Lu * leak) + beta) is then exactly 0 while the exact one is
+    the product's rounding error."""
+    beta = beta.copy()
+    for k in range(bd.L - 1, -1, -1):
+        _, (tape, _, _, _) = bd.evaluate(split[None], alpha[None, None], beta[None, None],
+                                         np.float64, keep=True)
+        Lu = tape[k][0][0, bd.ucols[k]]
+        o0, o1 = bd.offsets[k], bd.offsets[k + 1]
+        cancel = (split[o0:o1] < 0) & (Lu < 0.0)
+        beta[o0:o1] = np.where(cancel, -(Lu * bd.leak), beta[o0:o1])
+    return beta
+
+
+def _split_case_holds(bd, split, alpha, beta):
+    val, (tape, _, _, _) = bd.evaluate(split[None], alpha[None, None], beta[None, None],
+                                       np.float64, keep=True)
+    pos = [t[1][0] for t in tape]
+    exact = _exact_split_bound(bd, split, alpha, beta, pos)
+    return Fraction(float(val[0, 0])) <= exact, float(val[0, 0]), exact
+
+
+def test_leaky_split_multiplier_cancellation_is_charged():
+    """A split-inactive leaky ReLU neuron's coefficient is D = fl(fl(Lu * leak) + beta)
+    (chain.relax): when beta cancels the product, D is 0 (nothing proportional to |D| is
+    charged) while the exact coefficient Lu * leak + beta is the product's rounding error,
+    up to u |Lu| leak. Here (leak 0.9, one output row 0.737... whose product with the last
+    weight rounds too) the exact bound of the same lines and multipliers is -2.06e-16, and
+    the only other charge (the margin row's rounding, gamma_1 |A| |W| Z) is 1.34e-16: the
+    float64 bound must charge the product's rounding, u |fl(Lu leak)| Z, to stay below."""
+    F = Fraction
+    leak, c, w = 0.9, 0.7376249627272775, -1.637272040936716
+    bd = bab_relu.Bounder([np.array([[1.0]]), np.array([[w]])], [np.zeros(1), np.zeros(1)],
+                          np.array([-1.0]), np.array([0.5]), np.array([[c]]), np.zeros(1),
+                          activation="leaky_relu", leak=leak)
+    assert bd.nU == 1
+    split, alpha = np.array([-1], np.int8), np.array([0.5])
+    lam = bd.Lam_top[0, 0]
+    beta = np.array([-(lam * leak)])
+    assert lam * leak + beta[0] == 0.0  # the computed coefficient cancels exactly
+    kappa = F(c) * F(w) * F(leak) + F(float(beta[0]))  # the exact one
+    assert kappa > F(float(bd.lam_err[0]))  # beyond the margin row's charge (z = -1)
+    ok, val, exact = _split_case_holds(bd, split, alpha, beta)
+    assert exact == -kappa - F(float(bd.b_up[0]))  # b_up: 0 rounded up one ulp
+    assert ok, (val, float(exact))
+    # one hidden layer more (leak 0.9 and the default 0.2), random splits, every
+    # split-inactive neuron with Lu < 0 cancelled; the oracle is the bound's own function
+    # (within the final sums' allowance, ~1e-9 here)
+    for leak in (0.9, 0.2):
+        for seed in range(4):
+            w_, b_ = random_mlp([3, 5, 4, 1], seed=seed)
+            lo, hi = -np.ones(3), np.ones(3)
+            bd = bab_relu.Bounder(w_, b_, lo, hi, np.array([[0.7376249627272775]]),
+                                  np.zeros(1), activation="leaky_relu", leak=leak)
+            rng = np.random.default_rng(seed)
+            split = rng.choice(np.array([-1, -1, 0, 1], np.int8), bd.nU)
+            alpha = rng.uniform(leak, 1.0, bd.nU)
+            beta = _cancel_betas(bd, split, alpha, rng.uniform(0.0, 1.0, bd.nU) * (split != 0))
+            ok, val, exact = _split_case_holds(bd, split, alpha, beta)
+            assert ok and val > float(exact) - 1e-8, (leak, seed, val, float(exact))
 
 
 # ------------------------------------------------------------------ per-domain bounds

@@ -247,3 +247,34 @@ def test_maxpool_as_relus_is_the_same_function_and_makes_splitting_complete(tmp_
     assert res.verdict == "unsat", res
     old = grs.graph_relu_split(g, lo, hi, row[None], b, time.monotonic() + 3)
     assert old.verdict in ("unknown", "timeout"), old
+
+
+def test_split_multiplier_cancelling_a_rounded_product_is_charged():
+    """``GraphBounds.lower`` with lines whose ``extra`` (split multipliers) cancels the
+    rounded product: a leaky ReLU neuron (slope 0.9) split inactive, row -1.2000079... on it,
+    beta = -fl(row * 0.9), so D = fl(fl(row * 0.9) + beta) is exactly 0 and no charge
+    proportional to |D| covers the product's rounding, which is the whole exact coefficient
+    (0.89 u |row * 0.9|, rounded away from 0: the exact bound over z in [-1, 0.5] is
+    -1.07e-16). The bound (-4.8e-16) must lie below the exact value of the same lines and
+    multiplier: only the ``extra`` branch's charge, 2u (|L slope| + |extra|) Z, puts it there
+    (without it the bound is -1e-300)."""
+    from fractions import Fraction as F
+
+    from crown_cli.engine.chain import Lines
+    from crown_cli.graph.network import Graph, Node
+    from crown_cli.graph.ops import ActivationOp, Dense, InputOp
+
+    leak, lam = 0.9, -1.2000079374165198
+    nodes = [Node("x", InputOp(0, 0, 1), (), (1, 1)),
+             Node("d", Dense(np.array([[1.0]]), None), (0,), (1, 1)),
+             Node("r", ActivationOp("leaky_relu", leak), (1,), (1, 1))]
+    g = Graph(nodes, 2)
+    gb = GraphBounds(g, *Box(np.array([-1.0]), np.array([0.5])).args())
+    beta = -(lam * leak)
+    assert lam * leak + beta == 0.0
+    kappa = F(lam) * F(leak) + F(beta)  # the exact coefficient of z: > 0, so min at z = -1
+    assert kappa > 0
+    lines = {2: Lines(np.array([0]), np.array([[leak]]), np.array([[leak]]),
+                      extra=np.array([[beta]]))}
+    lb = gb.lower(2, np.array([[lam]]), lines=lines)[0]
+    assert F(float(lb)) <= -kappa, (lb, float(-kappa))

@@ -10,6 +10,7 @@ part. The search that uses it is :mod:`crown_cli.verification.bab.relu_split`.
 """
 from __future__ import annotations
 
+import math
 
 import numpy as np
 
@@ -172,6 +173,12 @@ class Bounder(DomainBounds):
             Wa = self.net.abs_row_sums(k) * (float(np.max(a_prev)) if a_prev.size else 0.0)
             self.rw.append(rounding_weights(self.net, k, a_prev, l, u, Wa, unit=U64))
             a_prev = np.maximum(np.abs(l), np.abs(u))
+        # split-inactive neurons' products Lu * leak round unless leak is 0 or a power of two:
+        # their |z| bound over the box (see evaluate), per unstable column
+        self.split_z = None
+        if self.leak != 0.0 and math.frexp(self.leak)[0] != 0.5:
+            self.split_z = [np.maximum(np.abs(l), np.abs(u))[c]
+                            for (l, u), c in zip(self.bounds, self.ucols)]
         absA = np.abs(self.A)
         self.lam_err = margin_rows_rounding(
             self.A.shape[1], absA @ (self.net.abs_weights(self.L) @ a_prev),
@@ -299,6 +306,17 @@ class Bounder(DomainBounds):
                 continue
             sl, su, tt, bc = self._layer_parts(k, sp, al, be, dt, ch)
             D, icpt, pos, slope = relax(Lam, Lines(cols, sl, su, tt, stable=ss, extra=bc))
+            if f64 and self.split_z is not None:
+                # a split-inactive neuron's D = fl(fl(Lu leak) + beta) rounds twice: the
+                # sum by at most u |D| (in the step's 2u |D| Z charge), the product by
+                # u |fl(Lu leak)|, which beta can cancel (D ~ 0, |Lu leak| large) and which
+                # nothing proportional to |D| then covers: charged here against |z| <= Z
+                # over the box (the multiplier's term is bounded over the whole box)
+                o0, o1 = self.offsets[k], self.offsets[k + 1]
+                twice = (sp[:, o0:o1] < 0) & (bc != 0.0)
+                if twice.any():
+                    P = np.where(twice, np.abs(Lam[:, cols] * self.leak), 0.0)
+                    rows.charge = rows.charge + U64 * (P @ self.split_z[k])
             if charge is not None:
                 hook = (lambda absD, k=k: np.asarray(charge(k, absD), dtype=np.float64)
                         / FP_RTOL)
