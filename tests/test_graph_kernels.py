@@ -96,3 +96,18 @@ def test_graph_bounds_kernels_equal_numpy_and_hold(qcode, eps):
     y = g.forward(x0[None] + d)
     assert np.all(y >= out[0] - 1e-12) and np.all(y <= out[1] + 1e-12)
     assert np.all(out[1] - out[0] > 0)
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_conv_forward_kernel_equals_numpy_twin(layout):
+    wshape, in_shape, strides, pads, dil, group = layout
+    rng = np.random.default_rng(wshape[0] + 7)
+    w = rng.normal(size=wshape)
+    w[0, 0, 0, 0] = 0.0  # the kernel skips zero weights
+    conv = Conv(w, rng.normal(size=wshape[0]), in_shape, strides, pads, dil, group)
+    X = rng.normal(size=(5, conv.n_in[0]))
+    want = conv._conv_numpy(X, conv.weight)
+    got = conv.linear([X])
+    np.testing.assert_allclose(got, want, rtol=1e-13, atol=1e-13 * np.abs(want).max())
+    np.testing.assert_allclose(conv.forward_abs([np.abs(X)]), conv._conv_numpy(np.abs(X), np.abs(w)),
+                               rtol=1e-13)

@@ -51,6 +51,7 @@ from typing import Dict, List, Optional
 import numpy as np
 
 from crown_cli.engine.chain import Lines, relax
+from crown_cli.engine.deadline import check_deadline
 from crown_cli.engine.input_sets import Box, input_terms
 from crown_cli.engine.rounding import ERR_SAFETY, FP_RTOL, TINY64, U64, gamma_n, widen
 from crown_cli.graph.ops import Conv
@@ -153,14 +154,18 @@ class GraphBounds:
     or ``interval``, or ``alpha`` (CROWN's, then each unstable neuron's bounds optimised
     over the lower slopes and max pool weights below it: at most ``alpha_iters`` steps of
     size ``alpha_lr``, default :data:`~crown_cli.engine.graph_alpha.ITERS` and ``LR``).
-    After construction ``lo[i]``, ``hi[i]`` enclose node i's value on the set.
+    ``deadline`` (``time.monotonic()``, None: none): the construction and every later
+    :meth:`lower` raise :class:`~crown_cli.engine.deadline.DeadlineExceeded` at their next
+    node past it. After construction ``lo[i]``, ``hi[i]`` enclose node i's value on the set.
     """
 
     def __init__(self, graph, x0, eps, qcode, method: str = "crown",
                  intermediate: str = "crown", ibp: bool = True,
                  row_budget: Optional[int] = None, alpha_iters: Optional[int] = None,
-                 alpha_lr: Optional[float] = None):
+                 alpha_lr: Optional[float] = None, deadline: Optional[float] = None):
         from crown_cli.engine.relaxations import get_relaxation
+
+        self.deadline = deadline
 
         if intermediate not in ("crown", "interval", "alpha"):
             raise ValueError("intermediate must be 'crown', 'interval' or 'alpha', not "
@@ -180,6 +185,7 @@ class GraphBounds:
         self.pools: Dict[int, PoolLines] = {}
         refined = set()
         for i, node in enumerate(graph.nodes):
+            check_deadline(deadline)
             if node.kind == "input":
                 self._set(i, *self._input_interval(node.op))
             elif node.kind in ("activation", "maxpool"):
@@ -354,6 +360,7 @@ class GraphBounds:
             L = pending.pop(i, None)
             if L is None:
                 continue
+            check_deadline(self.deadline)
             node = g.nodes[i]
             if tape is not None:
                 tape[i] = L if node.kind == "maxpool" else None  # activations: below

@@ -133,8 +133,9 @@ class Conv(Affine):
     """2-D convolution (cross-correlation, as ONNX's Conv) of an input (C, H, W) with weights
     (O, C / group, kh, kw), strides, pads (top, left, bottom, right), dilations, groups.
 
-    The forward map and its transpose loop over the kh * kw kernel offsets; each offset is a
-    product over channels (BLAS) added into a strided window, so neither forms patches of the
+    The forward map and its transpose are numba kernels (the transpose skips zero
+    coefficients); their numpy twins loop over the kh * kw kernel offsets, each offset a
+    product over channels added into a strided window. Neither forms the patches of the
     whole layer nor its dense matrix."""
 
     def __init__(self, weight, bias, in_shape, strides=(1, 1), pads=(0, 0, 0, 0),
@@ -182,6 +183,19 @@ class Conv(Affine):
             yield slice(g * Og, (g + 1) * Og), slice(g * Cg, (g + 1) * Cg)
 
     def _conv(self, x, weight):
+        """The convolution of the batch x (N, C * H * W) with ``weight``, no bias: the numba
+        kernel of :mod:`crown_cli.engine.kernels.graph_steps`, or under the numpy kernels
+        its twin :meth:`_conv_numpy`."""
+        from crown_cli.engine.kernels import graph_kernels
+
+        kernels = graph_kernels()
+        if kernels is None:
+            return self._conv_numpy(x, weight)
+        return kernels.forward_rows(x.reshape((x.shape[0],) + self.in_shape), weight,
+                                    self.strides, self.dilations, self.pads, self.group,
+                                    self.out_shape)
+
+    def _conv_numpy(self, x, weight):
         N = x.shape[0]
         C, H, W = self.in_shape
         pt, pl, pb, pr = self.pads

@@ -30,6 +30,7 @@ from typing import Callable, Optional, Sequence
 
 import numpy as np
 
+from crown_cli.engine.deadline import DeadlineExceeded
 from crown_cli.engine.input_sets import Box
 from crown_cli.engine.rounding import round_up
 from crown_cli.verification.attack import _as_case, descend
@@ -85,14 +86,16 @@ def graph_counterexample(graph, lo, hi, cases, *, restarts: int = 64, steps: int
                    surrogate=relu, dtype=np.float64)
 
 
-def graph_box_lower_bounds(graph, lo, hi, A, b, method: str = "crown", bounds=None) -> np.ndarray:
+def graph_box_lower_bounds(graph, lo, hi, A, b, method: str = "crown", bounds=None,
+                           deadline=None) -> np.ndarray:
     """Per row of A: a float64-verified lower bound of ``A_i f(x) - b_i`` over the box
     [lo, hi] (b rounded up one ulp first). A row > 0 proves every case holding it empty.
     ``method``: ``crown`` (or another relaxation family) or ``alpha-crown`` (each row's ReLU
     slopes optimised, :func:`~crown_cli.engine.graph_alpha.alpha_lower`, over intermediate
     bounds optimised the same way: ``GraphBounds(intermediate="alpha")``). ``bounds``: a
     :class:`GraphBounds` of this box to reuse (for ``alpha-crown`` preferably one built with
-    ``intermediate="alpha"``)."""
+    ``intermediate="alpha"``). ``deadline``: as :class:`GraphBounds` takes it (raises
+    :class:`~crown_cli.engine.deadline.DeadlineExceeded` past it)."""
     from crown_cli.engine.graph_alpha import alpha_lower
     from crown_cli.engine.graph_bounds import GraphBounds
 
@@ -100,7 +103,7 @@ def graph_box_lower_bounds(graph, lo, hi, A, b, method: str = "crown", bounds=No
     alpha = method == "alpha-crown"
     gb = bounds if bounds is not None else GraphBounds(
         graph, *Box(lo, hi).args(), method="crown" if alpha else method,
-        intermediate="alpha" if alpha else "crown")
+        intermediate="alpha" if alpha else "crown", deadline=deadline)
     lb = alpha_lower(gb, graph.output, A) if alpha else gb.lower(graph.output, A)
     return lb - round_up(b)  # fl(lb - b_up) > 0 exactly when lb > b_up
 
@@ -215,17 +218,23 @@ class GraphVerifier:
     def box_lower_bounds(self, stage: str, lo, hi, A, b, deadline=None) -> np.ndarray:
         """The stage's bounds, on the box's :class:`GraphBounds` (:meth:`_box_bounds`: CROWN's
         intermediate bounds for ``crown``, alpha-CROWN's for ``alpha-crown``). ``deadline``:
-        as :meth:`Verifier.box_lower_bounds` takes it (no graph stage is capped by it)."""
-        bounds = None
-        if stage in ("crown", "alpha-crown"):
-            bounds = self._box_bounds(lo, hi, alpha=stage == "alpha-crown")
-        return graph_box_lower_bounds(self.graph, lo, hi, A, b, stage, bounds=bounds)
+        as :meth:`Verifier.box_lower_bounds` takes it: past it the bound stops at its next
+        node and every row is -inf (not proven; the stage loop then ends in ``timeout``)."""
+        try:
+            bounds = None
+            if stage in ("crown", "alpha-crown"):
+                bounds = self._box_bounds(lo, hi, alpha=stage == "alpha-crown", deadline=deadline)
+            return graph_box_lower_bounds(self.graph, lo, hi, A, b, stage, bounds=bounds,
+                                          deadline=deadline)
+        except DeadlineExceeded:
+            return np.full(np.shape(A)[0], -np.inf)
 
-    def _box_bounds(self, lo, hi, graph=None, alpha: bool = False):
+    def _box_bounds(self, lo, hi, graph=None, alpha: bool = False, deadline=None):
         """The :class:`GraphBounds` of the box on ``graph`` (default: this verifier's), with
         CROWN's intermediate bounds or (``alpha``) alpha-CROWN's, kept for the last box asked
         per graph and kind: the bound stages and ReLU splitting's searches of the box's cases
-        share them."""
+        share them. ``deadline``: the construction's, and that of every later
+        :meth:`GraphBounds.lower` on them (a kept one takes the caller's)."""
         from crown_cli.engine.graph_bounds import GraphBounds
 
         graph = self.graph if graph is None else graph
@@ -233,12 +242,13 @@ class GraphVerifier:
         last = self._last_bounds.get((id(graph), alpha))
         if last is None or last[0] != key:
             if alpha:
-                crown = self._box_bounds(lo, hi, graph)
-                gb = GraphBounds(graph, *Box(lo, hi).args(), intermediate="alpha") \
-                    if alpha_can_tighten(crown) else crown
+                crown = self._box_bounds(lo, hi, graph, deadline=deadline)
+                gb = GraphBounds(graph, *Box(lo, hi).args(), intermediate="alpha",
+                                 deadline=deadline) if alpha_can_tighten(crown) else crown
             else:
-                gb = GraphBounds(graph, *Box(lo, hi).args())
+                gb = GraphBounds(graph, *Box(lo, hi).args(), deadline=deadline)
             last = self._last_bounds[(id(graph), alpha)] = (key, gb)
+        last[1].deadline = deadline
         return last[1]
 
     def _box_attack(self, lo, hi, problems, restarts: int, seed: int, deadline: float):
@@ -271,6 +281,8 @@ class GraphVerifier:
             return opened
         cases, open_cases, margins, stage, deadline, budget, done = opened
         n = len(cases)
+        if time.monotonic() >= deadline:
+            return done("timeout", stage, _worst(margins), n - len(open_cases))
         if self.bab and (self.n_inputs <= INPUT_SPLIT_MAX_DIM
                          or splittable_nodes(self._split_graph())):
             return self._branch_and_bound(cases, open_cases, margins, deadline, timeout,
@@ -331,14 +343,17 @@ class GraphVerifier:
                          lambda progress, c=cases[j]: graph_relu_split_steps(
                              sg, c.lo, c.hi, c.A, c.b, deadline,
                              max_domains=self.max_domains, progress=progress,
-                             bounds=self._box_bounds(c.lo, c.hi, sg, alpha)))
+                             bounds=self._box_bounds(c.lo, c.hi, sg, alpha, deadline)))
                      for j in sorted(open_cases, key=lambda j: -margins.get(j, -np.inf))]
-        return race(runs, len(cases), len(cases) - len(open_cases), margins, deadline, done,
-                    self.outputs, cases, kinds={"input split": "boxes",
-                                                "ReLU split": "domains"}, log=log,
-                    status=bab_status_for(status, log), first_slice=RACE_SLICE,
-                    max_slice=RACE_MAX_SLICE, join_after=max(JOIN_MIN_S, JOIN_SHARE * timeout),
-                    worst=_worst)
+        try:
+            return race(runs, len(cases), len(cases) - len(open_cases), margins, deadline,
+                        done, self.outputs, cases, kinds={"input split": "boxes",
+                                                          "ReLU split": "domains"}, log=log,
+                        status=bab_status_for(status, log), first_slice=RACE_SLICE,
+                        max_slice=RACE_MAX_SLICE,
+                        join_after=max(JOIN_MIN_S, JOIN_SHARE * timeout), worst=_worst)
+        except DeadlineExceeded:  # a bound inside a search (its root's, a domain's) ran out
+            return done("timeout", "bab", _worst(margins), len(cases) - len(open_cases))
 
     # the same per-box bounding as the MLP pipeline's (it calls self.box_lower_bounds)
     _opening = Verifier._opening

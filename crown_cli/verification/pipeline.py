@@ -242,7 +242,8 @@ class Verifier:
             m = cases[j].A.shape[0]
             d = diff[at:at + m]
             at += m
-            margins[j] = float(np.max(d)) if m else -np.inf
+            # the best row margin any stage reached (a stage cut by the deadline gives -inf)
+            margins[j] = max(float(np.max(d)) if m else -np.inf, margins.get(j, -np.inf))
             if not np.any(d > 0.0):
                 still.append(j)
         return still

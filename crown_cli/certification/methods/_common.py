@@ -8,12 +8,12 @@ absolute values of the terms they came from, one operation at a time (a product 
 """
 from __future__ import annotations
 
-import time
 from typing import Optional, Tuple
 
 import numpy as np
 
 from crown_cli.activations import apply_activation
+from crown_cli.engine.deadline import DeadlineExceeded, check_deadline  # noqa: F401 (re-exported)
 from crown_cli.engine.rounding import FP_ATOL, FP_RTOL
 
 # dual exponent of each input norm: the l_p ball's support function is eps * ||.||_q
@@ -86,11 +86,3 @@ def center_margins(weights, biases, activation: str, alpha, C: np.ndarray,
     return g, low
 
 
-class DeadlineExceeded(Exception):
-    """A bound method ran past its ``--timeout`` (time.monotonic() deadline)."""
-
-
-def check_deadline(deadline) -> None:
-    """Raise :class:`DeadlineExceeded` if ``deadline`` (or None: no limit) has passed."""
-    if deadline is not None and time.monotonic() > deadline:
-        raise DeadlineExceeded()

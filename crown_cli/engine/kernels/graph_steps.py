@@ -1,6 +1,10 @@
-"""numba kernels of a 2-D convolution's transpose (:meth:`crown_cli.graph.ops.Conv.transpose`),
-the step every back-substitution through a convolution takes. Their numpy twin is the
-offset-by-offset product of ``Conv._transpose_numpy`` (same products, sums in another order).
+"""numba kernels of the graph engine's steps: a 2-D convolution and its transpose
+(:meth:`crown_cli.graph.ops.Conv.transpose`, the step every back-substitution through a
+convolution takes; :meth:`~crown_cli.graph.ops.Conv.linear` on a batch), an activation's
+relaxation applied to rows, and the per-row sums :meth:`crown_cli.engine.graph_bounds.
+GraphBounds.lower` charges. Their numpy twins: ``Conv._conv_numpy`` and
+``Conv._transpose_numpy`` (offset-by-offset products, the same products summed in another
+order) and the numpy path of ``GraphBounds.lower``.
 
 Rows carried down a convolutional network are sparse: a row over an intermediate neuron
 touches only that neuron's receptive field, so the kernel visits each nonzero coefficient
@@ -148,3 +152,47 @@ def add_rows(S, P, absval, charge):
             S[row, k] = s
             ch += abs(s) * absval[k]
         charge[row] += ch
+
+
+@njit(cache=True, parallel=True)
+def conv_forward(X, weight, strides, dilations, pads, group, Y):
+    """``Y`` (N, O, OH, OW) = the convolution (no bias) of the batch ``X`` (N, C, H, W) with
+    ``weight`` (O, C / group, kh, kw); ``pads``: top, left (the rest of the padding is
+    implied by Y's size). Each output sums its Cg * kh * kw products in some order."""
+    N, O, OH, OW = Y.shape
+    _, Cg, kh, kw = weight.shape
+    H, W = X.shape[2], X.shape[3]
+    Og = O // group
+    sh, sw = strides[0], strides[1]
+    dh, dw = dilations[0], dilations[1]
+    pt, pl = pads[0], pads[1]
+    for n in prange(N):
+        for o in range(O):
+            c0 = (o // Og) * Cg
+            for y in range(OH):
+                for x in range(OW):
+                    Y[n, o, y, x] = 0.0
+            for c in range(Cg):
+                for i in range(kh):
+                    for j in range(kw):
+                        w = weight[o, c, i, j]
+                        if w == 0.0:
+                            continue
+                        # the x with 0 <= x * sw + j * dw - pl < W
+                        off = j * dw - pl
+                        xa = 0 if off >= 0 else (-off + sw - 1) // sw
+                        xb = min(OW, (W - 1 - off) // sw + 1) if W - 1 - off >= 0 else 0
+                        for y in range(OH):
+                            yy = y * sh + i * dh - pt
+                            if yy < 0 or yy >= H:
+                                continue
+                            for x in range(xa, xb):
+                                Y[n, o, y, x] += w * X[n, c0 + c, yy, x * sw + off]
+
+
+def forward_rows(X, weight, strides, dilations, pads, group, out_shape):
+    """The convolution (N, O * OH * OW) of the batch ``X`` (N, C, H, W), without bias."""
+    Y = np.empty((X.shape[0],) + tuple(out_shape))
+    conv_forward(np.ascontiguousarray(X), weight, np.asarray(strides, np.int64),
+                 np.asarray(dilations, np.int64), np.asarray(pads[:2], np.int64), int(group), Y)
+    return Y.reshape(X.shape[0], -1)

@@ -58,7 +58,7 @@ def graph_input_split_steps(graph, lo, hi, A, b, deadline: float, max_domains: i
 
     def score(L, H):
         """The box's best row bound minus b (> 0: closed)."""
-        gb = GraphBounds(graph, *Box(L, H).args())
+        gb = GraphBounds(graph, *Box(L, H).args(), deadline=deadline)
         lb = alpha_lower(gb, graph.output, A) if alpha else gb.lower(graph.output, A)
         stats["domains"] += 1
         lb = np.where(np.isnan(lb), -np.inf, lb - b_up)
