@@ -33,11 +33,14 @@ def test_conv_transpose_kernel_equals_numpy_twin(layout, density):
     # the transpose is the adjoint of the forward map: <L, A x> = <A^T L, x>
     x = rng.normal(size=(1, conv.n_in[0]))
     np.testing.assert_allclose(L @ conv.linear([x])[0], got @ x[0], rtol=1e-10)
-    absfwd = rng.uniform(size=conv.size)
-    _, sums = conv.transpose_terms(graph_kernels(), L, absfwd)
-    np.testing.assert_allclose(sums[:, 0], L @ conv.bias, rtol=1e-12)
-    np.testing.assert_allclose(sums[:, 1], np.abs(L) @ np.abs(conv.bias), rtol=1e-12)
-    np.testing.assert_allclose(sums[:, 2], np.abs(L) @ absfwd, rtol=1e-12)
+    # rows held transposed on their live elements (the fast path's form)
+    from crown_cli.engine.graph_rows import _transpose
+
+    live = np.flatnonzero(np.any(L != 0.0, axis=0))
+    (idx, Gt), = _transpose(conv, (live, np.ascontiguousarray(L[:, live].T)), graph_kernels())
+    full = np.zeros((conv.n_in[0], 7))
+    full[np.arange(conv.n_in[0]) if idx is None else idx] = Gt
+    np.testing.assert_allclose(full.T, want, rtol=1e-13, atol=1e-13 * np.abs(want).max())
 
 
 def resnet(rng, c=4, s=8):
@@ -111,3 +114,24 @@ def test_conv_forward_kernel_equals_numpy_twin(layout):
     np.testing.assert_allclose(got, want, rtol=1e-13, atol=1e-13 * np.abs(want).max())
     np.testing.assert_allclose(conv.forward_abs([np.abs(X)]), conv._conv_numpy(np.abs(X), np.abs(w)),
                                rtol=1e-13)
+
+
+@pytest.mark.parametrize("kind", ["conv", "residual", "relu_residual", "shapes", "broadcast",
+                                  "normalised", "two_inputs", "conv_maxpool", "conv_tanh"])
+def test_graph_bounds_kernels_equal_numpy_on_every_operator(tmp_path, kind):
+    """The fast path (rows held transposed, numba) against the numpy path on the test graphs
+    of every operator kind: every node's bounds and the output's."""
+    from test_graph_bounds import _graph
+
+    g = _graph(tmp_path, kind, seed=2)
+    x0 = np.random.default_rng(3).uniform(-1, 1, g.input_size)
+    with using_kernels("numpy"):
+        ref = GraphBounds(g, x0, 0.1, 0)
+        ref_out = ref.bounds()
+    gb = GraphBounds(g, x0, 0.1, 0)
+    for i in range(len(g.nodes)):
+        np.testing.assert_allclose(gb.lo[i], ref.lo[i], rtol=1e-9, atol=1e-12)
+        np.testing.assert_allclose(gb.hi[i], ref.hi[i], rtol=1e-9, atol=1e-12)
+    for a, b in zip(gb.bounds(), ref_out):
+        np.testing.assert_allclose(a, b, rtol=1e-9, atol=1e-12)
+

@@ -54,7 +54,6 @@ from crown_cli.engine.chain import Lines, relax
 from crown_cli.engine.deadline import check_deadline
 from crown_cli.engine.input_sets import Box, input_terms
 from crown_cli.engine.rounding import ERR_SAFETY, FP_RTOL, TINY64, U64, gamma_n, widen
-from crown_cli.graph.ops import Conv
 
 # Ranges every value of the activation lies in (intersected with the lines' interval)
 _RANGES = {"relu": (0.0, np.inf), "sigmoid": (0.0, 1.0), "tanh": (-1.0, 1.0),
@@ -111,6 +110,27 @@ def sum_rtol(graph) -> float:
     widest = max(n.size for n in graph.nodes)
     n = max(graph.input_size, 2 * widest + len(graph.nodes) + 5) + 3
     return max(FP_RTOL, n * 2.0 ** -52)
+
+
+TILES = 2  # an image-shaped node's neurons are bounded in up to TILES x TILES spatial groups
+
+
+def _tiles(rows, shape):
+    """The neurons ``rows`` of a node in groups whose rows back-substitute together: on an
+    image-shaped node (1, C, H, W) under the numba kernels, one group per tile of a
+    TILES x TILES grid over (H, W) (every channel), so that each group's rows stay on a small
+    window of each node below (:mod:`crown_cli.engine.graph_rows`); else one group."""
+    from crown_cli.engine.kernels import graph_kernels
+
+    if len(shape) != 4 or graph_kernels() is None or rows.size == 0:
+        return [rows]
+    H, W = int(shape[2]), int(shape[3])
+    th, tw = -(-H // TILES), -(-W // TILES)
+    pos = rows % (H * W)
+    tile = (pos // W) // th * TILES + (pos % W) // tw
+    order = np.argsort(tile, kind="stable")
+    cuts = np.flatnonzero(np.diff(tile[order])) + 1
+    return np.split(rows[order], cuts)
 
 
 def _unit_rows(idx, m):
@@ -299,10 +319,11 @@ class GraphBounds:
         else:
             l, u = np.full(m, -np.inf), np.full(m, np.inf)
         chunk = max(1, int(self.row_budget // row_bytes(self.g, target)))
-        for s in range(0, rows.size, chunk):
-            idx = rows[s:s + chunk]
-            low = self.lower(target, _unit_rows(idx, m))
-            l[idx], u[idx] = low[:idx.size], -low[idx.size:]
+        for group in _tiles(rows, self.g.nodes[target].shape):
+            for s in range(0, group.size, chunk):
+                idx = group[s:s + chunk]
+                low = self.lower(target, _unit_rows(idx, m))
+                l[idx], u[idx] = low[:idx.size], -low[idx.size:]
         return l, u
 
     def bounds(self, C=None, target: Optional[int] = None):
@@ -335,26 +356,37 @@ class GraphBounds:
         None; under ``"Lx"`` the rows carried back to the input."""
         from crown_cli.engine.kernels import graph_kernels
 
+        fused = graph_kernels()  # None under the numpy kernels: the twin below runs
+        if fused is not None and slopes is None and tape is None and lines is None \
+                and pool_weights is None:
+            from crown_cli.engine.graph_rows import fused_rows
+
+            Lx, const, mag, charge = fused_rows(self, target, Lam, fused)
+        else:
+            Lx, const, mag, charge = self._rows(target, Lam, slopes, tape, lines, pool_weights)
+        lin, nrm, xm = input_terms(Lx, self.x0, self.qcode)
+        eps = self.eps
+        return widen(lin - eps * nrm + const, xm + eps * nrm + mag, -1.0, self.rtol,
+                     ERR_SAFETY * charge)
+
+    def _rows(self, target, Lam, slopes, tape, lines, pool_weights):
+        """:meth:`lower`'s back-substitution in numpy, any lines (the twin of
+        :func:`crown_cli.engine.graph_rows.fused_rows`): (rows over the input, constant,
+        magnitude, charge) per row."""
         g = self.g
         r = Lam.shape[0]
         const, mag, charge = np.zeros(r), np.zeros(r), np.zeros(r)
         pending: Dict[int, np.ndarray] = {target: np.ascontiguousarray(Lam, dtype=np.float64)}
         Lx = np.zeros((r, g.input_size))
-        fused = graph_kernels()  # None under the numpy kernels: the twin below runs
 
         def give(j, P):
             nonlocal charge
-            if j not in pending:
-                pending[j] = P
-            elif fused is not None:  # S += P in place, charge += |S| absval (x 2u below)
-                S, sums = np.ascontiguousarray(pending[j]), np.zeros(r)
-                fused.add_rows(S, np.ascontiguousarray(P), self.absval[j], sums)
-                charge = charge + 2.0 * U64 * sums
-                pending[j] = S
-            else:
+            if j in pending:
                 S = pending[j] + P
                 charge = charge + 2.0 * U64 * (np.abs(S) @ self.absval[j])
                 pending[j] = S
+            else:
+                pending[j] = P
 
         for i in range(target, -1, -1):
             L = pending.pop(i, None)
@@ -366,18 +398,6 @@ class GraphBounds:
                 tape[i] = L if node.kind == "maxpool" else None  # activations: below
             if node.kind == "input":
                 Lx[:, node.op.offset:node.op.offset + node.op.size] = L
-            elif (node.kind == "activation" and fused is not None and tape is None
-                  and not (lines is not None and i in lines)
-                  and not (slopes is not None and i in slopes)):
-                p = node.inputs[0]  # the relaxation's own lines: one fused pass
-                ln, z = self.lines[i], self.absval[p]
-                L = np.ascontiguousarray(L)
-                D, sums = np.empty_like(L), np.empty((r, 3))
-                fused.activation_step(L, ln.lower, ln.upper, ln.lower_icpt, ln.upper_icpt, z,
-                                      D, sums)
-                const, mag = const + sums[:, 0], mag + sums[:, 1]
-                charge = charge + 2.0 * U64 * sums[:, 2] + TINY64 * (z.sum() + z.size)
-                give(p, D)
             elif node.kind == "activation":
                 p = node.inputs[0]
                 ln = self.lines[i]
@@ -413,26 +433,6 @@ class GraphBounds:
                 give(p, D)
             else:
                 op = node.op
-                if fused is not None and (op.bias is not None or op.terms):
-                    # L @ b, |L| @ |b| and |L| @ absfwd in one pass (a convolution's in the
-                    # pass of its transpose)
-                    if isinstance(op, Conv):
-                        P, sums = op.transpose_terms(fused, L, self.absfwd[i])
-                        moved = [P]
-                    else:
-                        sums = np.empty((r, 3))
-                        b = np.zeros(node.size) if op.bias is None else op.bias
-                        fused.affine_terms(np.ascontiguousarray(L), b, np.abs(b),
-                                           self.absfwd[i], sums)
-                        moved = op.transpose(L)
-                    const, mag = const + sums[:, 0], mag + sums[:, 1]
-                    if op.terms:
-                        T = op.terms
-                        ain = sum(float(self.absval[j].sum()) for j in node.inputs)
-                        charge = charge + gamma_n(T + 1, U64) * sums[:, 2] + TINY64 * T * ain
-                    for j, P in zip(node.inputs, moved):
-                        give(j, P)
-                    continue
                 if op.bias is not None:
                     const = const + L @ op.bias
                     mag = mag + np.abs(L) @ np.abs(op.bias)
@@ -445,10 +445,7 @@ class GraphBounds:
                     give(j, P)
         if tape is not None:
             tape["Lx"] = Lx
-        lin, nrm, xm = input_terms(Lx, self.x0, self.qcode)
-        eps = self.eps
-        return widen(lin - eps * nrm + const, xm + eps * nrm + mag, -1.0, self.rtol,
-                     ERR_SAFETY * charge)
+        return Lx, const, mag, charge
 
 
 class PoolLines:

@@ -230,16 +230,10 @@ class Conv(Affine):
         kernels = graph_kernels()
         if kernels is None:
             return self._transpose_numpy(Lam)
-        return [self.transpose_terms(kernels, Lam)[0]]
-
-    def transpose_terms(self, kernels, Lam, absfwd=None):
-        """:meth:`transpose` by the numba kernel, with per row ``(Lam @ bias, |Lam| @ |bias|,
-        |Lam| @ absfwd)`` (r, 3) from the same pass."""
         r = Lam.shape[0]
-        G, sums = kernels.transpose_rows(Lam.reshape((r,) + self.out_shape), self.weight,
-                                         self.strides, self.dilations, self.pads, self.group,
-                                         self.in_shape, self.channel_bias, absfwd)
-        return G.reshape(r, -1), sums
+        G = kernels.transpose_rows(Lam.reshape((r,) + self.out_shape), self.weight, self.strides,
+                                   self.dilations, self.pads, self.group, self.in_shape)
+        return [G.reshape(r, -1)]
 
     def _transpose_numpy(self, Lam):
         """:meth:`transpose` offset by offset: per kernel offset one product over channels

@@ -27,12 +27,11 @@ if "NUMBA_THREADING_LAYER" not in os.environ:
 
 
 @njit(cache=True, parallel=True)
-def conv_transpose(L, weight, strides, dilations, pads, group, bias, absfwd, G, out):
+def conv_transpose(L, weight, strides, dilations, pads, group, G):
     """Add the transposed convolution of the rows ``L`` (r, O, OH, OW) with ``weight``
     (O, C / group, kh, kw) into ``G`` (r, C, H, W), the input without its padding (``pads``:
-    top, left; a product that lands on padding is dropped). With ``out`` (r, 3), in the same
-    pass per row: ``L @ bias`` (``bias`` (O,) per output channel), ``|L| @ |bias|`` and
-    ``|L| @ absfwd`` (``absfwd`` (O, OH, OW)), as :func:`affine_terms`."""
+    top, left; a product that lands on padding is dropped), skipping zero coefficients.
+    Each input element sums at most (O / group) * kh * kw products."""
     r, O, OH, OW = L.shape
     _, Cg, kh, kw = weight.shape
     H, W = G.shape[2], G.shape[3]
@@ -41,22 +40,13 @@ def conv_transpose(L, weight, strides, dilations, pads, group, bias, absfwd, G, 
     dh, dw = dilations[0], dilations[1]
     pt, pl = pads[0], pads[1]
     for row in prange(r):
-        c_sum = 0.0
-        a_sum = 0.0
-        w_sum = 0.0
         for o in range(O):
             c0 = (o // Og) * Cg
-            b = bias[o]
-            ab = abs(b)
             for y in range(OH):
                 for x in range(OW):
                     v = L[row, o, y, x]
                     if v == 0.0:
                         continue
-                    av = abs(v)
-                    c_sum += v * b
-                    a_sum += av * ab
-                    w_sum += av * absfwd[o, y, x]
                     for c in range(Cg):
                         for i in range(kh):
                             yy = y * sh + i * dh - pt
@@ -67,91 +57,15 @@ def conv_transpose(L, weight, strides, dilations, pads, group, bias, absfwd, G, 
                                 if xx < 0 or xx >= W:
                                     continue
                                 G[row, c0 + c, yy, xx] += weight[o, c, i, j] * v
-        out[row, 0] = c_sum
-        out[row, 1] = a_sum
-        out[row, 2] = w_sum
 
 
-def transpose_rows(L, weight, strides, dilations, pads, group, in_shape, bias=None, absfwd=None):
-    """The transposed convolution (r, C, H, W) of ``L`` (r, O, OH, OW), and the per-row sums
-    (r, 3) of :func:`conv_transpose` (zeros where ``bias``/``absfwd`` are None)."""
-    r, O = L.shape[:2]
-    G = np.zeros((r,) + tuple(in_shape))
-    out = np.empty((r, 3))
-    bias = np.zeros(O) if bias is None else bias
-    absfwd = np.zeros(L.shape[1:]) if absfwd is None else absfwd.reshape(L.shape[1:])
+def transpose_rows(L, weight, strides, dilations, pads, group, in_shape):
+    """The transposed convolution (r, C, H, W) of the rows ``L`` (r, O, OH, OW)."""
+    G = np.zeros((L.shape[0],) + tuple(in_shape))
     conv_transpose(np.ascontiguousarray(L), weight, np.asarray(strides, np.int64),
                    np.asarray(dilations, np.int64), np.asarray(pads[:2], np.int64), int(group),
-                   bias, absfwd, G, out)
-    return G, out
-
-
-@njit(cache=True, parallel=True)
-def activation_step(L, lower, upper, lower_icpt, upper_icpt, absval, D, out):
-    """One activation node's step of a graph back-substitution, fused: for the rows ``L``
-    (r, n), ``D = L * slope`` (the lower line's where L >= 0, the upper line's elsewhere);
-    per row ``out[row] = (sum of the intercept terms, sum of their magnitudes,
-    sum |D| * absval)``. Twin: :func:`crown_cli.engine.chain.relax` and the sums in
-    :meth:`crown_cli.engine.graph_bounds.GraphBounds.lower`."""
-    r, n = L.shape
-    for row in prange(r):
-        c = 0.0
-        m = 0.0
-        ch = 0.0
-        for k in range(n):
-            v = L[row, k]
-            if v == 0.0:
-                D[row, k] = 0.0
-                continue
-            if v >= 0.0:
-                d = v * lower[k]
-                t = v * lower_icpt[k]
-            else:
-                d = v * upper[k]
-                t = v * upper_icpt[k]
-            D[row, k] = d
-            c += t
-            m += abs(t)
-            ch += abs(d) * absval[k]
-        out[row, 0] = c
-        out[row, 1] = m
-        out[row, 2] = ch
-
-
-@njit(cache=True, parallel=True)
-def affine_terms(L, bias, absbias, absfwd, out):
-    """Per row of ``L`` (r, m): ``out[row] = (L @ bias, |L| @ |bias|, |L| @ absfwd)`` in one
-    pass (an affine node's constant, its magnitude and the product rounding's weight)."""
-    r, m = L.shape
-    for row in prange(r):
-        c = 0.0
-        a = 0.0
-        w = 0.0
-        for k in range(m):
-            v = L[row, k]
-            if v == 0.0:
-                continue
-            av = abs(v)
-            c += v * bias[k]
-            a += av * absbias[k]
-            w += av * absfwd[k]
-        out[row, 0] = c
-        out[row, 1] = a
-        out[row, 2] = w
-
-
-@njit(cache=True, parallel=True)
-def add_rows(S, P, absval, charge):
-    """``S += P`` in place and ``charge[row] += sum |S| * absval`` (a node receiving rows
-    from a second consumer)."""
-    r, n = S.shape
-    for row in prange(r):
-        ch = 0.0
-        for k in range(n):
-            s = S[row, k] + P[row, k]
-            S[row, k] = s
-            ch += abs(s) * absval[k]
-        charge[row] += ch
+                   G)
+    return G
 
 
 @njit(cache=True, parallel=True)
@@ -196,3 +110,141 @@ def forward_rows(X, weight, strides, dilations, pads, group, out_shape):
     conv_forward(np.ascontiguousarray(X), weight, np.asarray(strides, np.int64),
                  np.asarray(dilations, np.int64), np.asarray(pads[:2], np.int64), int(group), Y)
     return Y.reshape(X.shape[0], -1)
+
+
+# -- rows held transposed: the fast path's layout (crown_cli/engine/graph_rows.py) ------------
+# Lt (k, r): one column per row, so that every step is a loop over a node's elements whose body
+# runs along the r rows (contiguous, vectorised). Where a step sums per row, blocks of
+# ROW_BLOCK rows are spread over the threads.
+ROW_BLOCK = 64
+
+
+@njit(cache=True, parallel=True)
+def conv_transpose_t(Lt, src, in_idx, weight, in_shape, out_shape, strides, dilations, pads,
+                     group, Gt):
+    """The transposed convolution of rows held transposed on the live output elements:
+    ``Lt`` (k, r) holds output element e's rows at ``Lt[src[e]]`` (``src`` (O * OH * OW,),
+    -1 where every row is 0). ``Gt[q]`` (r,) = the rows over input element ``in_idx[q]``
+    (flat (C, H, W) index), which gathers its at most (O / group) * kh * kw products.
+    ``weight`` (O, C / group, kh, kw); ``pads``: top, left."""
+    r = Gt.shape[1]
+    _, Cg, kh, kw = weight.shape
+    C, H, W = in_shape[0], in_shape[1], in_shape[2]
+    O, OH, OW = out_shape[0], out_shape[1], out_shape[2]
+    Og = O // group
+    sh, sw = strides[0], strides[1]
+    dh, dw = dilations[0], dilations[1]
+    pt, pl = pads[0], pads[1]
+    for q in prange(in_idx.shape[0]):
+        e = in_idx[q]
+        c = e // (H * W)
+        yy = (e // W) % H
+        xx = e % W
+        g = c // Cg
+        cc = c % Cg
+        out = Gt[q]
+        for k in range(r):
+            out[k] = 0.0
+        for i in range(kh):
+            ty = yy + pt - i * dh
+            if ty < 0 or ty % sh != 0 or ty // sh >= OH:
+                continue
+            y = ty // sh
+            for j in range(kw):
+                tx = xx + pl - j * dw
+                if tx < 0 or tx % sw != 0 or tx // sw >= OW:
+                    continue
+                x = tx // sw
+                for o in range(g * Og, (g + 1) * Og):
+                    s = src[(o * OH + y) * OW + x]
+                    if s < 0:
+                        continue
+                    w = weight[o, cc, i, j]
+                    row = Lt[s]
+                    for k in range(r):
+                        out[k] += w * row[k]
+
+
+@njit(cache=True, parallel=True)
+def affine_terms_t(Lt, bias, absbias, absfwd, out):
+    """Per row of the rows held transposed, Lt (m, r): ``out[row] = (L @ bias, |L| @ |bias|,
+    |L| @ absfwd)`` (an affine node's constant, its magnitude and the product rounding's
+    weight)."""
+    m, r = Lt.shape
+    nb = (r + ROW_BLOCK - 1) // ROW_BLOCK
+    for blk in prange(nb):
+        a0 = blk * ROW_BLOCK
+        a1 = min(r, a0 + ROW_BLOCK)
+        c = np.zeros(a1 - a0)
+        a = np.zeros(a1 - a0)
+        w = np.zeros(a1 - a0)
+        for k in range(m):
+            bk = bias[k]
+            ak = absbias[k]
+            fk = absfwd[k]
+            for q in range(a0, a1):
+                v = Lt[k, q]
+                av = abs(v)
+                c[q - a0] += v * bk
+                a[q - a0] += av * ak
+                w[q - a0] += av * fk
+        for q in range(a0, a1):
+            out[q, 0] = c[q - a0]
+            out[q, 1] = a[q - a0]
+            out[q, 2] = w[q - a0]
+
+
+@njit(cache=True, parallel=True)
+def activation_step_t(Lt, lower, upper, lower_icpt, upper_icpt, absval, Dt, out):
+    """One activation node's step on rows held transposed, Lt (n, r): ``Dt = Lt * slope``
+    (the lower line's where the coefficient is >= 0, the upper line's elsewhere); per row
+    ``out[row] = (sum of the intercept terms, sum of their magnitudes, sum |D| * absval)``.
+    Twin: :func:`crown_cli.engine.chain.relax` and the sums of ``GraphBounds._rows``."""
+    n, r = Lt.shape
+    nb = (r + ROW_BLOCK - 1) // ROW_BLOCK
+    for blk in prange(nb):
+        a0 = blk * ROW_BLOCK
+        a1 = min(r, a0 + ROW_BLOCK)
+        c = np.zeros(a1 - a0)
+        m = np.zeros(a1 - a0)
+        ch = np.zeros(a1 - a0)
+        for k in range(n):
+            sl, su = lower[k], upper[k]
+            tl, tu = lower_icpt[k], upper_icpt[k]
+            z = absval[k]
+            for q in range(a0, a1):
+                v = Lt[k, q]
+                if v >= 0.0:
+                    d = v * sl
+                    t = v * tl
+                else:
+                    d = v * su
+                    t = v * tu
+                Dt[k, q] = d
+                c[q - a0] += t
+                m[q - a0] += abs(t)
+                ch[q - a0] += abs(d) * z
+        for q in range(a0, a1):
+            out[q, 0] = c[q - a0]
+            out[q, 1] = m[q - a0]
+            out[q, 2] = ch[q - a0]
+
+
+@njit(cache=True, parallel=True)
+def add_rows_t(St, Pt, absval, charge):
+    """``St += Pt`` (rows held transposed, (n, r)) in place and ``charge[q] += sum_k
+    |St[k, q]| absval[k]`` (a node receiving rows from a second consumer)."""
+    n, r = St.shape
+    nb = (r + ROW_BLOCK - 1) // ROW_BLOCK
+    for blk in prange(nb):
+        a0 = blk * ROW_BLOCK
+        a1 = min(r, a0 + ROW_BLOCK)
+        ch = np.zeros(a1 - a0)
+        for k in range(n):
+            z = absval[k]
+            for q in range(a0, a1):
+                v = St[k, q] + Pt[k, q]
+                St[k, q] = v
+                ch[q - a0] += abs(v) * z
+        for q in range(a0, a1):
+            charge[q] += ch[q - a0]
