@@ -31,6 +31,7 @@ from typing import Dict, Optional, Tuple
 import numpy as np
 
 from crown_cli.activations import default_alpha
+from crown_cli.engine.deadline import check_deadline
 from crown_cli.engine.input_sets import Box
 from crown_cli.engine.optim import Adam, AdamSettings, BestIterate
 
@@ -126,6 +127,7 @@ def _relaxed_forward(gb, target, x, tape, pool_weights=None):
     for i in range(target + 1):
         if i not in tape:
             continue
+        check_deadline(gb.deadline)
         node = g.nodes[i]
         if node.kind == "input":
             vals[i] = x[:, node.op.offset:node.op.offset + node.op.size]
@@ -168,6 +170,7 @@ def alpha_lower(gb, target: int, Lam: np.ndarray, iters: int = ITERS, lr: float 
     opt = {i: Adam(slopes[i], STEER, lo=free[i][1], hi=1.0) for i in keys}
     top, stale, scale = -np.inf, 0, None
     for it in range(iters + 1):
+        check_deadline(gb.deadline)
         val, x, tape = _steer_pass(gb, target, Lam, slopes, weights or None)
         best.offer(np.where(np.isfinite(val), val, -np.inf), *[slopes[i] for i in keys],
                    *[weights[i] for i in pkeys])
