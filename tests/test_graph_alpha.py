@@ -256,3 +256,32 @@ def test_optimised_intermediate_bounds_hold_the_exact_ranges(tmp_path, kind, see
     _, vals = g.forward(X, return_all=True)
     for i, v in enumerate(vals):
         assert np.all(v >= opt.lo[i] - 1e-9) and np.all(v <= opt.hi[i] + 1e-9)
+
+
+def test_alpha_stage_skips_intermediate_optimisation_when_the_rows_suffice(tmp_path, monkeypatch):
+    """The alpha-crown stage on a graph first optimises the rows' slopes over CROWN's
+    intermediate bounds; a property that proves there stops there: the intermediate bounds'
+    optimisation (minutes on a CIFAR ResNet), which this graph admits, never runs."""
+    from crown_cli.io.vnnlib import parse_vnnlib_text
+    from crown_cli.verification.graph_pipeline import GraphVerifier, alpha_can_tighten
+    from test_graph_verify import spec
+
+    g = graph_of(tmp_path, "conv_maxpool", 1)
+    rng = np.random.default_rng(1)
+    x0 = rng.uniform(-1.0, 1.0, g.input_size)
+    lo, hi = x0 - 0.05, x0 + 0.05
+    row = rng.standard_normal((3, g.output_size))[0]
+    gb = GraphBounds(g, *Box(lo, hi).args())
+    crown = gb.lower(g.output, row[None])[0]
+    last = alpha_lower(gb, g.output, row[None])[0]
+    assert crown < last - 0.1
+    assert alpha_can_tighten(gb)
+    calls = []
+    real = GraphBounds._alpha_bounds
+    monkeypatch.setattr(GraphBounds, "_alpha_bounds",
+                        lambda self, *a: calls.append(1) or real(self, *a))
+    b = 0.5 * (crown + last)
+    prop = parse_vnnlib_text(spec(lo, hi, g.output_size, [(row, b)]), "p", g.input_size,
+                             g.output_size)
+    v = GraphVerifier(g, attack_restarts=8, attack_steps=20).verify(prop, 60)
+    assert v.result == "unsat" and v.stage == "alpha-crown" and not calls, (v, calls)
