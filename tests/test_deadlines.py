@@ -58,3 +58,20 @@ def test_graph_verify_ends_at_its_timeout(timeout):
     elapsed = time.monotonic() - t0
     assert v.result == "timeout", v
     assert elapsed <= timeout + 1.5, elapsed
+
+
+def test_dense_alpha_stage_stops_past_its_deadline():
+    """The MLP verifier's alpha-crown stage checks the deadline before each optimisation
+    step: past it every row is -inf (not proven), before it the rows are proven as usual."""
+    from crown_cli.verification.pipeline import Verifier
+    from oracles import random_mlp
+
+    ws, bs = random_mlp([8, 30, 30, 3], 4)
+    v = Verifier(ws, bs, "relu")
+    lo, hi = -0.01 * np.ones(8), 0.01 * np.ones(8)
+    y0 = v.outputs(np.zeros((1, 8)))[0]
+    A = -np.eye(3)[:1]
+    b = np.array([-y0[0] - 10.0])  # unsafe: y_0 >= y0_0 + 10, far outside the reach
+    assert v.box_lower_bounds("alpha-crown", lo, hi, A, b, time.monotonic() + 600.0)[0] > 0.0
+    got = v.box_lower_bounds("alpha-crown", lo, hi, A, b, time.monotonic() - 1.0)
+    assert got[0] == -np.inf

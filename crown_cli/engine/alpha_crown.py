@@ -33,6 +33,7 @@ from typing import Callable, List, Optional
 import numpy as np
 
 from crown_cli.activations import ACTIVATIONS
+from crown_cli.engine.deadline import check_deadline
 from crown_cli.engine.optim import AdamSettings, KeyedAdam
 from crown_cli.engine.backsub import Network, _mm, back_substitute, first_layer_center, hidden_layer_bounds
 from crown_cli.engine.chain import Rows
@@ -574,16 +575,18 @@ class AlphaBounds:
             self.adam.step(key, store, g3, idx, lr, rl.lo, rl.hi)
 
     def optimise(self, eps, iters: int, lr: float, patience: int = 2, tol: float = 1e-3,
-                 scale=None):
+                 scale=None, deadline=None):
         """Projected Adam ascent of the sum of the margin bounds at eps (float32), from the
         stored slopes: at most ``iters`` gradient steps, fewer once the objective has gained
         less than ``tol * scale`` (default scale: the first objective's size; the search
         passes the margin at x0) in ``patience`` consecutive steps. Returns (last objective,
         steps taken, the bounds at the final slopes if the last evaluation was made at them
-        (early stop) else None)."""
+        (early stop) else None). ``deadline`` (``time.monotonic()``): checked before each
+        step (:class:`~crown_cli.engine.deadline.DeadlineExceeded`)."""
         best, stale, steps, obj = -np.inf, 0, 0, None
         val = None
         for _ in range(iters):
+            check_deadline(deadline)
             val, grads = self.evaluate(eps, np.float32, grad=True)
             obj = float(np.sum(val))
             if scale is None:

@@ -25,6 +25,7 @@ import numpy as np
 
 from crown_cli.activations import ACTIVATIONS, forward
 from crown_cli.engine.backsub import Network, margin_lower_bound
+from crown_cli.engine.deadline import DeadlineExceeded
 from crown_cli.engine.input_sets import Box
 from crown_cli.engine.rounding import round_up
 from crown_cli.engine.threads import blas_threads
@@ -138,19 +139,23 @@ class Verifier:
     def box_lower_bounds(self, stage: str, lo, hi, A, b, deadline=None) -> np.ndarray:
         """Per row of A: a float64-verified lower bound of ``A_i f(x) - b_i`` over [lo, hi]
         (b rounded up one ulp first). A row > 0 proves every case holding it empty.
-        ``deadline`` (time.monotonic()): the verify's, which caps the hull stage's time."""
+        ``deadline`` (time.monotonic()): the verify's, which caps the hull stage's time and
+        alpha-CROWN's steps (past it every row is -inf: not proven)."""
         box = Box(lo, hi)
         A = np.ascontiguousarray(A, dtype=np.float64)
         if stage == "hull":
             return self._hull_lower_bound(lo, hi, A, b, deadline)
         if stage == "alpha-crown":
-            lb = self._alpha_lower_bound(box, A)
+            try:
+                lb = self._alpha_lower_bound(box, A, deadline)
+            except DeadlineExceeded:
+                return np.full(A.shape[0], -np.inf)
         else:
             lb = margin_lower_bound(self.net, *box.args(), self.relax[stage], A)
         # fl(lb - b_up) > 0 exactly when lb > b_up: a rounded difference keeps its sign
         return lb - round_up(b)
 
-    def _alpha_lower_bound(self, box: Box, A: np.ndarray) -> np.ndarray:
+    def _alpha_lower_bound(self, box: Box, A: np.ndarray, deadline=None) -> np.ndarray:
         """alpha-CROWN over the box: slopes (or, for tanh/sigmoid/arctan, tangent points)
         optimised for the sum of the rows' bounds, then the float64-verified bound at them
         (each row the larger of alpha-CROWN's and CROWN's, both sound)."""
@@ -163,7 +168,7 @@ class Verifier:
         ab = AlphaBounds(self.net, self.relax["alpha-crown"], leak, x0, qcode, A,
                          first_layer_center(self.net, x0), activation=self.activation)
         lr = ALPHA_LR_SMOOTH if ACTIVATIONS[self.activation].smooth else ALPHA_LR
-        ab.optimise(eps, ALPHA_ITERS, lr, patience=3)
+        ab.optimise(eps, ALPHA_ITERS, lr, patience=3, deadline=deadline)
         return ab.evaluate(eps, verify=True)
 
     def _hull_lower_bound(self, lo, hi, A, b, deadline=None) -> np.ndarray:
