@@ -68,6 +68,22 @@ def save(model, path):
     return path
 
 
+# ------------------------------------------------------------------------ 1: one output
+
+
+def test_onnx_with_one_output_is_refused_before_any_file(tmp_path):
+    """A 4-8-1 ONNX chain is lowered to an MLP with one output; it was certified until an
+    IndexError, leaving a header-only CSV and a sidecar."""
+    model = save(dense_chain(np.random.default_rng(0), sizes=(4, 8, 1)), tmp_path / "one.onnx")
+    images = tmp_path / "img.npz"
+    np.savez(images, x=np.random.default_rng(1).uniform(-0.5, 0.5, (3, 4)), y=np.zeros(3, int))
+    out = tmp_path / "r.csv"
+    res = run("certify", "--model", model, "--images", images, "-o", out)
+    assert res.exit_code == 2, res.output
+    assert f"{model}: the output has 1 value, need >= 2 classes" in error_line(res)
+    assert not out.exists() and not (tmp_path / "r.csv.json").exists()
+
+
 # ------------------------------------------------------------------------ 2: memory budget
 
 
@@ -177,6 +193,60 @@ def test_load_model_turns_any_memory_error_into_input_error(monkeypatch):
                        match=re.escape(f"{SMALL}: not enough memory to load the model "
                                        "(Unable to allocate 40 GiB)")):
         crown_cli.load_model(SMALL)
+
+
+# ------------------------------------------------------------------------ 5: CIFAR images
+
+
+def test_cifar_model_on_the_default_images_points_at_the_shipped_cifar_images(tmp_path):
+    import crown_cli
+
+    shipped = os.path.join(os.path.dirname(crown_cli.__file__), "data", "cifar10_test_100.npz")
+    res = run("certify", "--model", CIFAR_MODEL, "-n", 1, "-o", tmp_path / "r.csv")
+    assert res.exit_code == 2
+    line = error_line(res)
+    assert ("default MNIST images: images have 784 values each but the model "
+            f"{CIFAR_MODEL} expects 3072 inputs; for 32x32x3 inputs, the shipped CIFAR-10 "
+            "images: --images ") in line
+    named = line.rsplit("--images ", 1)[1]
+    assert os.path.samefile(named, shipped)
+    assert not (tmp_path / "r.csv").exists()
+
+
+# ------------------------------------------------------------------------ 6: input scaling
+
+
+def _shifted_model(tmp_path):
+    """mnist_2x20.h5 as if trained on [0, 1] inputs: f'(u) = f(u - 0.5)."""
+    from crown_cli.io.models import load_model, save_npz
+
+    mlp = load_model(SMALL)
+    mlp.biases[0] = mlp.biases[0] - mlp.weights[0] @ np.full(mlp.input_size, 0.5)
+    path = tmp_path / "unit_scale.npz"
+    save_npz(str(path), mlp.weights, mlp.biases, mlp.activation)
+    return path, mlp
+
+
+def test_all_images_misclassified_hints_at_the_input_scaling(tmp_path, mnist100):
+    from crown_cli.io.models import load_model
+
+    path, mlp = _shifted_model(tmp_path)
+    x, y = mnist100
+    # images the shifted model gets wrong and the original right (forward passes, not crown's)
+    right = np.argmax(load_model(SMALL).forward(x), axis=1) == y
+    wrong = np.flatnonzero(right & (np.argmax(mlp.forward(x), axis=1) != y))[:5]
+    assert wrong.size == 5
+    images = tmp_path / "wrong.npz"
+    np.savez(images, x=x[wrong], y=y[wrong])
+    res = run("certify", "--model", path, "--images", images)
+    assert res.exit_code == 0, res.output
+    assert ("crown: warning: all 5 images are misclassified; check the input scaling: these "
+            f"images lie in [{x[wrong].min():.3g}, {x[wrong].max():.3g}] (crown scales pixels "
+            "to pixel / 255 - 0.5); a model trained on [0, 1]") in res.stderr
+    # in the model's own scale the same images are classified: no hint
+    np.savez(images, x=x[wrong] + 0.5, y=y[wrong])
+    res = run("certify", "--model", path, "--images", images, "--overwrite")
+    assert res.exit_code == 0 and "input scaling" not in res.stderr
 
 
 # ------------------------------------------------------------------------ 9, 10: ONNX messages
