@@ -20,7 +20,9 @@ from crown_cli.errors import InputError
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="crown")
 def cli():
-    """Certified robustness lower bounds for MLP classifiers (CROWN, NeurIPS 2018)."""
+    """Certified robustness of neural-network classifiers with CROWN (NeurIPS 2018): MLPs and
+    feed-forward graphs (convolutions, pooling, branches) from NPZ, HDF5, Keras or ONNX files.
+    certify: certified radii per image; verify: VNN-LIB properties; report, merge, inspect."""
 
 
 cli.add_command(certify)

@@ -249,6 +249,18 @@ def test_all_images_misclassified_hints_at_the_input_scaling(tmp_path, mnist100)
     assert res.exit_code == 0 and "input scaling" not in res.stderr
 
 
+# ------------------------------------------------------------------------ 7: help texts
+
+
+def test_help_texts_say_what_the_tool_does():
+    top = run("--help").output
+    assert "MLP classifiers" not in top and "neural-network classifiers" in top
+    assert "per (image, norm, method, target)" in " ".join(run("certify", "--help").output.split())
+    pyproject = open(os.path.join(ROOT, "pyproject.toml"), encoding="utf-8").read()
+    description = re.search(r'^description = "(.*)"$', pyproject, re.M).group(1)
+    assert "MLP classifiers" not in description and "neural-network classifiers" in description
+
+
 # ------------------------------------------------------------------------ 9, 10: ONNX messages
 
 

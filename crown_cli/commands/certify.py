@@ -103,7 +103,8 @@ def certify(model_path, images_path, labels_path, num_images, start, norm, metho
             target_spec, seed, activation, search, precision, rtol, eps0, max_eps, attack,
             attack_steps, attack_restarts, attack_seed, output, out_format, overwrite, resume,
             shard, kernels, verbose, quiet, memory_budget):
-    """Certify each image against the chosen targets and write one CSV row per (image, target).
+    """Certify each image against the chosen targets and write one result row (CSV or JSON
+    Lines) per (image, norm, method, target).
 
     Exit codes: 0 all rows done, 1 internal error, 2 bad input or usage, 3 finished but some
     rows have status error or timeout (counting rows already in a resumed file), 130
