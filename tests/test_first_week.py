@@ -319,5 +319,36 @@ def test_a_failing_unnamed_node_is_named_by_its_position(tmp_path):
     assert (f"{path}: Mul node #1: Mul of two data tensors is not affine" in error_line(res))
 
 
+# ------------------------------------------------------------------------ 11: report format
+
+
+@pytest.fixture(scope="module")
+def result_csv(tmp_path_factory):
+    out = tmp_path_factory.mktemp("rep") / "r.csv"
+    assert run("certify", "--model", SMALL, "-n", 2, "-o", out, "-q").exit_code == 0
+    return out
+
+
+def test_report_output_format_follows_the_extension(result_csv, tmp_path):
+    res = run("report", result_csv, "-o", tmp_path / "x.jsonl")
+    assert res.exit_code == 2
+    assert (f"{tmp_path / 'x.jsonl'}: crown report writes one table (markdown, latex, csv or "
+            "json), not JSON Lines") in error_line(res)
+    assert not (tmp_path / "x.jsonl").exists()
+    res = run("report", result_csv, "-o", tmp_path / "x.csv", "--format", "latex")
+    assert res.exit_code == 2
+    assert (f"{tmp_path / 'x.csv'}: --format latex but the name ends in .csv"
+            in error_line(res))
+    assert not (tmp_path / "x.csv").exists()
+    for name, check in (("x.csv", lambda t: t.splitlines()[0].startswith("network,")),
+                        ("x.json", lambda t: "rows" in json.loads(t)),
+                        ("x.tex", lambda t: "\\begin{tabular}" in t),
+                        ("x.md", lambda t: t.startswith("|")),
+                        ("x.txt", lambda t: t.startswith("|"))):
+        res = run("report", result_csv, "-o", tmp_path / name)
+        assert res.exit_code == 0, res.output
+        assert check((tmp_path / name).read_text()), name
+
+
 if __name__ == "__main__":  # pragma: no cover
     sys.exit(pytest.main([__file__, "-q"]))
