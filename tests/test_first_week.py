@@ -261,6 +261,35 @@ def test_help_texts_say_what_the_tool_does():
     assert "MLP classifiers" not in description and "neural-network classifiers" in description
 
 
+# ------------------------------------------------------------------------ 8: resume summary
+
+
+def test_summary_after_resume_averages_the_whole_file(tmp_path, monkeypatch):
+    from crown_cli.io import result_files
+
+    real = result_files.RowWriter.write
+    calls = []
+
+    def write(self, row):
+        calls.append(row)
+        if len(calls) == 3:
+            raise KeyboardInterrupt
+        real(self, row)
+
+    monkeypatch.setattr(result_files.RowWriter, "write", write)
+    out = tmp_path / "r.csv"
+    assert run("certify", "--model", SMALL, "-n", 5, "-o", out).exit_code == 130
+    monkeypatch.setattr(result_files.RowWriter, "write", real)
+    res = run("certify", "--model", SMALL, "-n", 5, "-o", out, "--resume")
+    assert res.exit_code == 0, res.output
+    rows = list(csv.DictReader(open(out)))
+    eps = [float(r["eps"]) for r in rows if r["eps"]]
+    assert len(rows) == 5 and rows[0]["eps"] and rows[1]["eps"]  # the first run's rows count
+    assert (f"mean certified eps l_inf crown {np.mean(eps):.5g} over {len(eps)} rows"
+            in res.stderr), res.stderr
+    assert "3 rows for 5 images" in res.stderr and "2 rows already there (resumed)" in res.stderr
+
+
 # ------------------------------------------------------------------------ 9, 10: ONNX messages
 
 
@@ -348,6 +377,92 @@ def test_report_output_format_follows_the_extension(result_csv, tmp_path):
         res = run("report", result_csv, "-o", tmp_path / name)
         assert res.exit_code == 0, res.output
         assert check((tmp_path / name).read_text()), name
+
+
+# ------------------------------------------------------------------------ 12: untargeted floor
+
+
+class _StubCertifier:
+    """A certifier whose targeted searches stop short of the untargeted radius."""
+
+    norm, method, search, precision, rtol = "inf", "alpha-crown", "interp", "mixed", 1e-4
+
+    def __init__(self, radii):
+        self.radii = radii  # number of targets -> radius
+        self.calls = []
+
+    def warm_up(self):
+        pass
+
+    def logits(self, x):
+        z = np.zeros((len(x), 10))
+        z[:, 3], z[:, 5] = 2.0, 1.0  # predicted 3, runner-up 5, least 0
+        return z
+
+    def certify(self, x0, c, targets):
+        from crown_cli.certification.certifier import Certificate
+
+        self.calls.append(len(targets))
+        eps = self.radii[len(targets)]
+        return Certificate(eps, len(targets) / 1000, 1.0, 4, "certified", 0.01)
+
+
+def test_targeted_radius_is_at_least_the_untargeted_one():
+    from crown_cli.certification.runner import certify_images
+
+    cert = _StubCertifier({9: 0.013102260, 1: 0.013098582})
+    rows = []
+    summary = certify_images([cert], np.zeros((1, 4)), np.array([3]), [0],
+                             ["runner-up", "least", "untargeted"], 1215, rows.append,
+                             progress=False)
+    assert [r["target_type"] for r in rows] == ["runner-up", "least", "untargeted"]
+    assert cert.calls == [9, 1, 1]  # the untargeted search first
+    assert [r["eps"] for r in rows] == [0.013102260] * 3
+    assert rows[0]["lower_bound"] == rows[2]["lower_bound"] == 0.009
+    assert rows[0]["margin"] == 1.0 and rows[0]["status"] == "certified"
+    assert summary.eps_by[("inf", "alpha-crown")] == [0.013102260] * 3
+    # a targeted radius above the untargeted one stays as it is
+    cert = _StubCertifier({9: 0.01, 1: 0.02})
+    rows = []
+    certify_images([cert], np.zeros((1, 4)), np.array([3]), [0], ["untargeted", "runner-up"],
+                   1215, rows.append, progress=False)
+    assert [r["eps"] for r in rows] == [0.01, 0.02]
+
+
+def test_untargeted_floor_from_a_resumed_file():
+    """The untargeted row already in the file (text values) is the floor of a targeted row
+    this run computes."""
+    from crown_cli.certification.runner import certify_images, row_key
+
+    cert = _StubCertifier({9: 0.5, 1: 0.0131})
+    there = {("0", "untargeted", "", "inf", "alpha-crown"):
+             {"eps": "0.0132", "lower_bound": "0.009", "status": "certified"}}
+    rows = []
+    summary = certify_images([cert], np.zeros((1, 4)), np.array([3]), [0],
+                             ["runner-up", "untargeted"], 1215, rows.append, progress=False,
+                             skip=lambda key: there.get(key))
+    assert cert.calls == [1] and len(rows) == 1
+    assert row_key(rows[0])[1] == "runner-up" and rows[0]["eps"] == 0.0132
+    assert summary.skipped == 1 and summary.eps_by[("inf", "alpha-crown")] == [0.0132, 0.0132]
+
+
+def test_targeted_rows_never_below_untargeted_with_alpha_crown():
+    res = run("certify", "--model", SMALL, "-n", 6, "--method", "alpha-crown",
+              "--target", "runner-up,least,untargeted", "--alpha-iters", 5, "-q")
+    assert res.exit_code == 0, res.output
+    rows = list(csv.DictReader(io.StringIO(res.stdout)))
+    by_image = {}
+    for r in rows:
+        if r["eps"]:
+            by_image.setdefault(r["image"], {})[r["target_type"]] = float(r["eps"])
+    assert by_image
+    for radii in by_image.values():
+        assert all(e >= radii["untargeted"] for e in radii.values()), radii
+
+
+def test_docs_say_why_targeted_rows_may_equal_the_untargeted_radius():
+    doc = open(os.path.join(ROOT, "docs", "cli.md"), encoding="utf-8").read()
+    assert "at least the untargeted row's" in " ".join(doc.split())
 
 
 if __name__ == "__main__":  # pragma: no cover
