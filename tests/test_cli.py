@@ -249,6 +249,7 @@ def test_auto_kernels_rule():
     assert choose_kernels("numpy", "relu", relu3, 10000) == "numpy"
 
 
+@pytest.mark.slow
 def test_killed_run_keeps_every_finished_row(tmp_path):
     out = tmp_path / "r.csv"
     env = dict(os.environ, PYTHONPATH=ROOT)

@@ -195,6 +195,47 @@ def test_load_model_turns_any_memory_error_into_input_error(monkeypatch):
         crown_cli.load_model(SMALL)
 
 
+# ------------------------------------------------------------------------ 3: test tiers
+
+
+def _pyproject_addopts():
+    text = open(os.path.join(ROOT, "pyproject.toml"), encoding="utf-8").read()
+    return re.search(r"^addopts = (.*)$", text, re.M).group(1)
+
+
+def test_default_test_command_leaves_out_the_slow_tier_and_ci_runs_both():
+    assert "-m 'not slow'" in _pyproject_addopts()
+    readme = open(README, encoding="utf-8").read()
+    assert "python -m pytest -q\n" in readme
+    ci = open(os.path.join(ROOT, ".ci", "run"), encoding="utf-8").read().splitlines()
+    runs = [line for line in ci if "pytest" in line]
+    assert runs == ["python3 -m pytest -q", "python3 -m pytest -q -m slow"]
+    doc = open(TESTING_DOC, encoding="utf-8").read()
+    assert "python -m pytest -q -m slow" in doc and "python -m pytest -q -m 'slow or not slow'" in doc
+    # the tiers' measured times, and what the slow one holds, are in the doc
+    tiers = doc.split("## Test tiers", 1)[1].split("\n## ", 1)[0]
+    assert re.search(r"default tier.*\d+ min", tiers, re.S | re.I)
+    assert re.search(r"slow tier.*\d+ min", tiers, re.S | re.I)
+
+
+def test_the_soundness_backbone_keeps_fast_tests_in_the_default_tier():
+    """The slow tier takes only the larger cases: each file of the soundness backbone (MILP
+    oracles, attacks in certified balls, exact arithmetic, golden files) keeps tests in the
+    default tier, as pytest itself selects them."""
+    import subprocess
+
+    files = ["test_exact.py", "test_soundness.py", "test_attack.py", "test_golden.py",
+             "test_fp64_rounding.py", "test_methods.py", "test_bab_relu.py", "test_verify.py",
+             "test_graph_verify.py", "test_graph_relu_split.py", "test_lower.py",
+             "test_alpha.py", "test_hull.py"]
+    out = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q",
+                          "-p", "no:cacheprovider", *[os.path.join("tests", f) for f in files]],
+                         cwd=ROOT, capture_output=True, text=True, check=True).stdout
+    default = {line.split("::")[0] for line in out.splitlines() if "::" in line}
+    assert default == {f"tests/{f}" for f in files}, out[-500:]
+    assert re.search(r"\d+/\d+ tests collected \(\d+ deselected\)", out), out[-500:]
+
+
 # ------------------------------------------------------------------------ 5: CIFAR images
 
 

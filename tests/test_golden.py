@@ -11,7 +11,7 @@ import shutil
 import pytest
 from click.testing import CliRunner
 
-from conftest import HERE, model_path
+from conftest import HERE, model_path, slow_if
 from crown_cli.cli import cli
 
 GOLDEN_DIR = os.path.join(HERE, "golden")
@@ -50,7 +50,8 @@ def _recomputed_lower_bound(row, x, certifiers, floored=False):
     return float(cert.lower_bound(x[i], float(row["eps"]), cert.margin_rows(c, targets)).min())
 
 
-@pytest.mark.parametrize("name", sorted(CASES))
+# the 20-neuron networks in the default tier, the 1024-neuron ones in the slow tier
+@pytest.mark.parametrize("name", [slow_if("1024" in n, n) for n in sorted(CASES)])
 def test_golden(name, tmp_path, regen_golden, mnist100):
     out = tmp_path / f"{name}.csv"
     # float64 throughout: float32 products could round differently on another CPU's BLAS kernels
