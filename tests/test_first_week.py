@@ -236,6 +236,16 @@ def test_the_soundness_backbone_keeps_fast_tests_in_the_default_tier():
     assert re.search(r"\d+/\d+ tests collected \(\d+ deselected\)", out), out[-500:]
 
 
+# ------------------------------------------------------------------------ 4: onnxscript
+
+
+def test_readme_says_the_pytorch_route_needs_onnxscript():
+    readme = open(README, encoding="utf-8").read()
+    line = next(line for line in readme.splitlines() if "torch.onnx.export" in line
+                and "onnxscript" in line)
+    assert "pip install onnxscript" in line
+
+
 # ------------------------------------------------------------------------ 5: CIFAR images
 
 
