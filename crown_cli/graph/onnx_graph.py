@@ -252,7 +252,8 @@ def load_graph(path: str, memory_budget: Optional[float] = None) -> Graph:
         try:
             outs = handler(b, node, ins, _attrs(onnx, node))
         except MemoryError as exc:  # a size no handler checked beforehand
-            b.fail(node, f"out of memory computing it ({str(exc) or 'what it makes does not fit in the free memory'})")
+            b.fail(node, "out of memory computing it ("
+                         f"{str(exc) or 'what it makes does not fit in the free memory'})")
         given = [v.shape for v in ins if v is not None]
         for name, v in zip(node.output, outs):
             # what no handler checked beforehand, before a later node multiplies it

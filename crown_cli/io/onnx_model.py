@@ -58,7 +58,7 @@ def _node_name(node, index: Optional[int] = None) -> str:
     its position in the graph's node list (``#3``: ``graph.node[3]``, counted from 0)."""
     if node.name:
         return f"{node.op_type} node '{node.name}'"
-    return f"{node.op_type} node #{index}" if index is not None else f"{node.op_type} node (unnamed)"
+    return f"{node.op_type} node " + (f"#{index}" if index is not None else "(unnamed)")
 
 
 def unsupported(path: str, node, index: int) -> InputError:
@@ -345,8 +345,8 @@ def load_onnx(path: str, budget: Optional[float] = None) -> MLP:
             consts[node.output[0]] = numpy_helper.to_array(attrs["value"])
             continue
         if current not in node.input:
-            raise InputError(f"{path}: {_node_name(node, position)} does not continue the chain from "
-                             f"'{current}' (branching graphs are not supported)")
+            raise InputError(f"{path}: {_node_name(node, position)} does not continue the chain "
+                             f"from '{current}' (branching graphs are not supported)")
         if len(node.output) != 1 and op != "Identity":
             fail(node, "nodes with several outputs are not supported")
         label = node.name or f"{op.lower()}_{len(weights)}"
