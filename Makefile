@@ -1,7 +1,8 @@
 # Data, models, tests and benchmarks for crown_cli. Run from the repository root.
 #   make data     - bundled sample crown_cli/data/mnist_test_100.npz from the MNIST test set
 #   make models   - train the MNIST MLPs in models/ (numpy only; ~10 minutes on 2 cores)
-#   make test     - run the test suite
+#   make test     - run the test suite's default tier (the README's command)
+#   make test-slow - run its slow tier (docs/testing.md)
 #   make bench    - run the benchmark script
 
 PYTHON ?= python3
@@ -17,7 +18,7 @@ TRAIN_SMALL = OPENBLAS_NUM_THREADS=1 $(TRAIN) --hidden 20 --epochs 20 --lr-decay
 # --lr for sigmoid, which reaches only ~96.2% test accuracy with 1e-3 but ~97.7% with 3e-3.
 TRAIN_3X1024 = $(TRAIN) --layers 3 --hidden 1024 --epochs 10 --lr-decay 0.7
 
-.PHONY: data models test bench
+.PHONY: data models test test-slow bench
 
 data:
 	$(PYTHON) scripts/make_data.py --mnist-dir $(MNIST_DIR)
@@ -33,6 +34,9 @@ models:
 
 test:
 	$(PYTHON) -m pytest -q
+
+test-slow:
+	$(PYTHON) -m pytest -q -m slow
 
 bench:
 	$(PYTHON) scripts/bench.py

@@ -1,4 +1,4 @@
-"""crown-cli: certified robustness lower bounds for MLP classifiers with CROWN.
+"""crown-cli: certified robustness of neural-network classifiers with CROWN.
 
 The public, stable Python API (docs/api.md): :func:`load_model`, :func:`load_images`,
 :func:`certify`, :func:`verify`, :class:`Certification` and :class:`InputError`. The rest of

@@ -20,7 +20,9 @@ from crown_cli.errors import InputError
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="crown")
 def cli():
-    """Certified robustness lower bounds for MLP classifiers (CROWN, NeurIPS 2018)."""
+    """Certified robustness of neural-network classifiers with CROWN (NeurIPS 2018): MLPs and
+    feed-forward graphs (convolutions, pooling, branches) from NPZ, HDF5, Keras or ONNX files.
+    certify: certified radii per image; verify: VNN-LIB properties; report, merge, inspect."""
 
 
 cli.add_command(certify)
@@ -122,10 +124,11 @@ def merge(parts, output, overwrite, verbose, quiet):
 
 @cli.command()
 @click.argument("results", nargs=-1, required=True, metavar="FILE...")
-@click.option("--format", "fmt", default="markdown", show_default=True,
+@click.option("--format", "fmt", default=None,
               type=click.Choice(["markdown", "latex", "csv", "json"]),
               help="Format of the --output: a markdown or LaTeX table, or CSV / JSON with the "
-                   "numbers unrounded (for scripts).")
+                   "numbers unrounded (for scripts). Default: from the --output name's "
+                   "extension (.md, .tex, .csv, .json), else markdown.")
 @click.option("--columns", default=None, metavar="LIST",
               help="Only these table columns, in this order (comma-separated names as in the "
                    "header, case and punctuation ignored: network,norm,crown,crown-s-image).")
@@ -139,9 +142,10 @@ def merge(parts, output, overwrite, verbose, quiet):
 @_handle_errors
 def report(results, fmt, columns, plot_path, output, overwrite, verbose, quiet):
     """Average crown certify result files (CSV or JSON Lines) into the paper's table layout."""
-    from crown_cli.io.report import RENDERERS, aggregate, plot_report, read_results
+    from crown_cli.io.report import RENDERERS, aggregate, plot_report, read_results, table_format
     from crown_cli.io.result_files import check_output
 
+    fmt = table_format(output, fmt)
     check_output(output, overwrite, resumable=False)
     if plot_path:
         check_output(plot_path, overwrite, resumable=False, what="plot file")

@@ -11,7 +11,8 @@ sys.path.insert(0, HERE)  # the tests' shared helpers (reference_crown, oracles)
 
 def pytest_addoption(parser):
     parser.addoption("--regen-golden", action="store_true", default=False,
-                     help="Rewrite tests/golden/*.csv from the current code instead of comparing.")
+                     help="Rewrite tests/golden/*.csv from the current code instead of comparing "
+                          "(add -m 'slow or not slow': mnist_3x1024's is in the slow tier).")
 
 
 @pytest.fixture
@@ -25,6 +26,12 @@ def mnist100():
     from crown_cli.io.images import load_images
 
     return load_images(None)
+
+
+def slow_if(condition, *values, id=None):
+    """One parametrize case, in the slow tier (``-m slow``; docs/testing.md) when
+    ``condition``: the larger cases of a check whose smaller ones stay in the default tier."""
+    return pytest.param(*values, marks=[pytest.mark.slow] if condition else [], id=id)
 
 
 def model_path(name):

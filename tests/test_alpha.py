@@ -256,6 +256,7 @@ def test_at_least_crown_on_mnist_3x20(norm):
     assert np.mean(gains) > 0.0  # it does gain somewhere
 
 
+@pytest.mark.slow
 def test_at_least_crown_on_mnist_3x1024():
     weights, biases, act = _model("mnist_3x1024.h5")
     x, _ = _images()

@@ -27,6 +27,7 @@ from typing import Optional
 import numpy as np
 import pytest
 
+from conftest import slow_if
 from crown_cli.certification.certifier import Certifier
 from oracles import (
     MilpResult,
@@ -206,16 +207,17 @@ def test_lower_bound_at_most_exact_min_margin(case):
     check_lower_bounds(inst, radii, _case_id(case))
 
 
-@pytest.mark.parametrize("case", [c for c in TRAINED_CASES if c[2] == "runner-up"],
-                         ids=_case_id)
+# the default tier keeps mnist_2x20's cases, the slow tier adds mnist_3x20's
+@pytest.mark.parametrize("case", [slow_if(c[0] == "mnist_3x20.h5", c) for c in TRAINED_CASES
+                                  if c[2] == "runner-up"], ids=_case_id)
 def test_trained_model_certified_radius_at_most_exact_distortion(case):
     # the models may be retrained: a hard instance must not fail the test, only weaken it
     check_against_exact_distortion(trained_instance(case, True), _case_id(case),
                                    require_optimal=False)
 
 
-@pytest.mark.parametrize("case", [c for c in TRAINED_CASES if c[2] == "third" and c[1] < 3],
-                         ids=_case_id)
+@pytest.mark.parametrize("case", [slow_if(c[0] == "mnist_3x20.h5", c) for c in TRAINED_CASES
+                                  if c[2] == "third" and c[1] < 3], ids=_case_id)
 def test_trained_model_lower_bound_at_most_exact_min_margin(case):
     """Third-ranked target, at 1.25 x CROWN's certified radius (no distortion MILP here)."""
     inst = trained_instance(case, False)
@@ -234,7 +236,8 @@ def _summary(group):
     return crown, fast, exact
 
 
-@pytest.mark.parametrize("group", ["trained", "mnist-random", "small"])
+# "trained" solves every trained case's MILP (the slow tier's too)
+@pytest.mark.parametrize("group", [slow_if(True, "trained"), "mnist-random", "small"])
 def test_crown_at_least_fastlin_on_average(group):
     """The paper's claim (Sections 3.2, 4): CROWN-Ada certifies larger radii than Fast-Lin."""
     crown, fast, exact = _summary(group)

@@ -177,6 +177,7 @@ def test_eps0_changes_only_the_evaluations():
 # ------------------------------------------------------------------------------ Ctrl-C
 
 
+@pytest.mark.slow
 def test_ctrl_c_exits_130_with_a_resume_hint_and_a_true_sidecar(tmp_path):
     out = tmp_path / "r.csv"
     env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))

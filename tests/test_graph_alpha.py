@@ -9,6 +9,7 @@ import onnx
 import pytest
 from scipy.optimize import linprog
 
+from conftest import slow_if
 from crown_cli.engine.graph_alpha import alpha_lower, free_slopes
 from crown_cli.engine.graph_bounds import GraphBounds
 from crown_cli.engine.input_sets import Box
@@ -216,7 +217,8 @@ def test_maxpool_weights_alone_tighten_and_stay_sound(tmp_path, monkeypatch):
     assert np.all((g.forward(X) @ rows.T).min(axis=0) >= alpha - 1e-9)
 
 
-@pytest.mark.parametrize("kind,seed,eps", [("relu_residual", 0, 0.05), ("conv", 0, 0.2)])
+@pytest.mark.parametrize("kind,seed,eps", [("relu_residual", 0, 0.05),
+                                           slow_if(True, "conv", 0, 0.2)])
 def test_optimised_intermediate_bounds_hold_the_exact_ranges(tmp_path, kind, seed, eps):
     """``GraphBounds(intermediate="alpha")``: every intermediate neuron CROWN leaves unstable
     gets bounds from alpha-CROWN rows. They contain the neuron's exact range (MILP on the

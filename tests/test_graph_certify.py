@@ -217,6 +217,7 @@ SHIPPED_CONV = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__fi
                             "models", "cifar_base_kw.onnx")
 
 
+@pytest.mark.slow
 def test_shipped_cifar_conv_model_against_dense_references():
     """models/cifar_base_kw.onnx (scripts/bench.py's conv case: oval21's CIFAR network with its
     normalisation in front) on the shipped CIFAR-10 images. The images as crown loads them

@@ -144,7 +144,8 @@ def _fails(tmp_path, model, *words):
 def test_refusals_name_operator_and_node(tmp_path):
     g = G(np.random.default_rng(0))
     y = g.op("LRN", ["x"], size=3)
-    _fails(tmp_path, g.model([("x", (1, 3, 4, 4))], [y]), "unsupported operator LRN", "node 'LRN2'")
+    _fails(tmp_path, g.model([("x", (1, 3, 4, 4))], [y]),
+           "LRN node 'LRN2': unsupported operator LRN")
     g = G(np.random.default_rng(0))
     h = g.op("Relu", ["x"])
     y = g.op("Mul", [h, "x"])

@@ -295,6 +295,7 @@ def test_hull_split_against_milp(d, n, n_out, m, seed):
     assert np.all(A @ mlp_forward(ws, bs, "relu", res.x) <= b)
 
 
+@pytest.mark.slow
 def test_hull_split_never_contradicts_on_tight_thresholds():
     """Thresholds right at the exact minimum: any verdict but the contradicting one."""
     for d, n, n_out, m, seed in CASES[:3]:

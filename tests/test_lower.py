@@ -13,6 +13,7 @@ import pytest
 import scipy.sparse as sp
 from click.testing import CliRunner
 
+from conftest import slow_if
 from crown_cli.cli import cli
 from crown_cli.graph.lower import NotExact, compose, lower, lowered, power_of_two
 from crown_cli.graph.network import Graph
@@ -247,7 +248,7 @@ def spec_text(lo, hi, n_out, row, b):
     return "\n".join(out) + "\n"
 
 
-@pytest.mark.parametrize("kind,seed", [("pool", 3), ("pad", 3)])
+@pytest.mark.parametrize("kind,seed", [("pool", 3), slow_if(True, "pad", 3)])
 def test_verdicts_equal_milp(tmp_path, kind, seed):
     """On lowered conv graphs the full pipeline (alpha-CROWN, branch and bound) decides
     what the exact MILP of the graph says: b just below the minimum is unsat, b above it sat

@@ -74,7 +74,7 @@ def certify_images(
     seed: int,
     emit: Callable[[Dict[str, object]], None],
     progress: bool = True,
-    skip: Optional[Callable[[Tuple[str, ...]], bool]] = None,
+    skip: Optional[Callable[[Tuple[str, ...]], Optional[Dict[str, object]]]] = None,
     attacks: Optional[Mapping[str, PGDAttack]] = None,
     attack_seed: int = 0,
     warn: Optional[Callable[[str], None]] = None,
@@ -82,9 +82,15 @@ def certify_images(
     """Certify x[i] for i in ``indices`` (ascending) with every certifier and target type.
 
     The random-target stream is replayed from image 0, so image i gets the same random target
-    whatever ``--start`` is. Each finished row goes to ``emit`` at once. Rows whose
-    :func:`row_key` satisfies ``skip`` (already written, ``--resume``) are not computed again.
-    A certification that raises gives a row with status ``error`` and the run goes on.
+    whatever ``--start`` is. The rows of an image and certifier go to ``emit`` as soon as
+    they are done, in the order of ``target_types``. A row for whose :func:`row_key` ``skip``
+    returns a row (already written, ``--resume``) is not computed again; its radius counts in
+    the summary's means, which so cover the whole file. A certification that raises gives a
+    row with status ``error`` and the run goes on.
+
+    With ``untargeted`` among ``target_types``, the untargeted row is computed first and each
+    targeted row of the same image, norm and method gets at least its radius
+    (:func:`_raise_to_floor`; not for ``exact``, whose distortions are no certificates).
 
     ``attacks`` (norm -> PGDAttack) adds the attack's distortion to every certified row; the
     attack runs once per (image, norm, target type) and is shared by the methods. A certified
@@ -99,6 +105,8 @@ def certify_images(
     summary = Summary()
     for cert in certifiers:  # kernel loading is start-up, not the first image's time
         cert.warm_up()
+    # the untargeted row first: its radius is a floor for the targeted ones (_raise_to_floor)
+    order = sorted(target_types, key=lambda t: t != "untargeted")
     bar = _progress(len(indices), progress)
     try:
         for i in indices:
@@ -110,13 +118,19 @@ def certify_images(
             misclassified = c != label
             summary.misclassified += misclassified
             for cert in certifiers:
-                for ttype in target_types:
+                rows: Dict[str, Dict[str, object]] = {}
+                floor = None  # the untargeted row of this image, norm and method
+                for ttype in order:
                     target = sel[ttype]
                     row = dict(base, target="" if ttype == "untargeted" else target,
                                target_type=ttype, norm=cert.norm, method=cert.method,
                                search=cert.search, precision=cert.precision, rtol=cert.rtol)
-                    if skip is not None and skip(row_key(row)):
+                    there = skip(row_key(row)) if skip is not None else None
+                    if there:  # already in the resumed file: counted, not computed
                         summary.skipped += 1
+                        _count_eps(summary, cert, _parsed(there))
+                        if ttype == "untargeted":
+                            floor = _parsed(there)
                         continue
                     if misclassified:
                         row.update(status="misclassified", time_s=0.0, evaluations=0)
@@ -137,22 +151,22 @@ def certify_images(
                             row.update(eps=res.eps, time_s=round(res.time_s, 6),
                                        evaluations=res.evaluations, status=res.status,
                                        margin=res.margin, lower_bound=res.lower_bound)
+                            if ttype == "untargeted":
+                                floor = row
+                            elif floor is not None and cert.method != "exact":
+                                _raise_to_floor(row, floor)
                             if attacks and cert.norm in attacks:
                                 _add_attack(row, attacks[cert.norm], attack_cache, attack_seed,
                                             x[i], i, c, ttype, targets, warn)
-                            if res.eps is not None:  # None: timed out
-                                if cert.method == "exact":
-                                    summary.exact_eps.append(res.eps)
-                                    summary.exact_by.setdefault(cert.norm, []).append(res.eps)
-                                else:
-                                    summary.certified_eps.append(res.eps)
-                                    summary.eps_by.setdefault((cert.norm, cert.method),
-                                                              []).append(res.eps)
+                            _count_eps(summary, cert, row)
                             summary.times.append(res.time_s)
                             summary.evaluations.append(res.evaluations)
                     summary.failed += row.get("status") in FAILED_STATUSES
-                    emit(row)
-                    summary.rows += 1
+                    rows[ttype] = row
+                for ttype in target_types:  # in the order asked for
+                    if ttype in rows:
+                        emit(rows[ttype])
+                        summary.rows += 1
             if bar is not None:
                 bar.update(1)
                 if summary.certified_eps:
@@ -161,6 +175,46 @@ def certify_images(
         if bar is not None:
             bar.close()
     return summary
+
+
+# statuses whose eps is a certified radius (the untargeted floor of _raise_to_floor)
+CERTIFIED_STATUSES = ("certified", "capped")
+
+
+def _raise_to_floor(row: Dict[str, object], floor: Dict[str, object]) -> None:
+    """A targeted row's radius at least the untargeted row's (same image, norm, method): the
+    untargeted certificate holds for every target, so a targeted search that stopped below it
+    (alpha-CROWN's optimisation differs per objective and radius) takes its radius, its
+    status and its margin lower bound (the minimum over all targets, so also a lower bound
+    of this target's margin there)."""
+    eps = floor.get("eps")
+    if floor.get("status") not in CERTIFIED_STATUSES or eps is None or row.get("eps") is None:
+        return
+    if row.get("status") in CERTIFIED_STATUSES + ("not-certified",) and eps > row["eps"]:
+        row.update(eps=eps, status=floor["status"], lower_bound=floor.get("lower_bound"))
+
+
+def _parsed(row: Dict[str, object]) -> Dict[str, object]:
+    """A row read back from a result file (text values) with eps and lower_bound as floats
+    (None when empty)."""
+    out = dict(row)
+    for key in ("eps", "lower_bound"):
+        v = out.get(key)
+        out[key] = None if v is None or v == "" else float(v)
+    return out
+
+
+def _count_eps(summary: Summary, cert, row: Dict[str, object]) -> None:
+    """Add a row's radius (or exact distortion) to the summary's means."""
+    eps = row.get("eps")
+    if eps is None:  # misclassified, error, timed out
+        return
+    if cert.method == "exact":
+        summary.exact_eps.append(eps)
+        summary.exact_by.setdefault(cert.norm, []).append(eps)
+    else:
+        summary.certified_eps.append(eps)
+        summary.eps_by.setdefault((cert.norm, cert.method), []).append(eps)
 
 
 def _add_attack(row, attack, cache, seed, x0, i, c, ttype, targets, warn) -> None:

@@ -103,7 +103,8 @@ def certify(model_path, images_path, labels_path, num_images, start, norm, metho
             target_spec, seed, activation, search, precision, rtol, eps0, max_eps, attack,
             attack_steps, attack_restarts, attack_seed, output, out_format, overwrite, resume,
             shard, kernels, verbose, quiet, memory_budget):
-    """Certify each image against the chosen targets and write one CSV row per (image, target).
+    """Certify each image against the chosen targets and write one result row (CSV or JSON
+    Lines) per (image, norm, method, target).
 
     Exit codes: 0 all rows done, 1 internal error, 2 bad input or usage, 3 finished but some
     rows have status error or timeout (counting rows already in a resumed file), 130
@@ -159,18 +160,20 @@ def certify(model_path, images_path, labels_path, num_images, start, norm, metho
     where = images_path or "default MNIST images"
     n_inputs = net.input_size
     n_classes = net.num_classes if graph is None else graph.output_size
+    if n_classes < 2:  # an ONNX chain lowered to one output, or a graph with one output
+        raise InputError(f"{model_path}: the output has {n_classes} value, need >= 2 classes")
     if x.shape[1] != n_inputs:
+        from crown_cli.io.images import shipped_images_hint
+
         raise InputError(
             f"{where}: images have {x.shape[1]} values each but the model {model_path} "
-            f"expects {n_inputs} inputs"
+            f"expects {n_inputs} inputs" + ("" if images_path else shipped_images_hint(n_inputs))
         )
     if graph is not None:
         from crown_cli.certification.graph_certifier import check_graph_method, to_graph_layout
 
         for m in methods:
             check_graph_method(m, model_path)
-        if n_classes < 2:
-            raise InputError(f"{model_path}: the output has {n_classes} value, need >= 2 classes")
         x = to_graph_layout(graph, x)  # crown's (H, W, C) images in the model's own layout
     if start >= x.shape[0]:
         raise InputError(f"--start: {start} is past the last image ({x.shape[0]} images in {where})")
@@ -227,11 +230,29 @@ def certify(model_path, images_path, labels_path, num_images, start, norm, metho
                                     restarts=attack_restarts or DEFAULT_RESTARTS,
                                     eps_max=max_eps)
                        for n in norms}
-    _run_job(job, lambda write: certify_images(
-        certifiers, x, y, indices, target_types, seed, _logged(write, verbose),
-        progress=not quiet and not verbose, skip=job.skip, attacks=attacks,
-        attack_seed=attack_seed, warn=lambda msg: click.echo(msg, err=True)),
-        "row", output, quiet)
+    def run(write):
+        summary = certify_images(
+            certifiers, x, y, indices, target_types, seed, _logged(write, verbose),
+            progress=not quiet and not verbose, skip=job.skip, attacks=attacks,
+            attack_seed=attack_seed, warn=lambda msg: click.echo(msg, err=True))
+        note = misclassified_note(summary, x[indices] if len(indices) else x[:0])
+        if note:
+            click.echo(f"crown: warning: {note}", err=True)
+        return summary
+
+    _run_job(job, run, "row", output, quiet)
+
+
+def misclassified_note(summary, x) -> str:
+    """A hint at the input scaling when every image of a run (at least 2) is misclassified:
+    the usual cause is a model trained on other input values than the images' (crown's are
+    pixel / 255 - 0.5); "" otherwise."""
+    if summary.images < 2 or summary.misclassified < summary.images:
+        return ""
+    return (f"all {summary.images} images are misclassified; check the input scaling: these "
+            f"images lie in [{x.min():.3g}, {x.max():.3g}] (crown scales pixels to pixel / 255 "
+            f"- 0.5); a model trained on [0, 1] or on normalised inputs needs images in its own "
+            f"scale (a float NPZ, --images) or its normalisation in the graph (docs/formats.md)")
 
 
 def _logged(write, verbose):

@@ -26,13 +26,34 @@ from crown_cli.errors import InputError
 from crown_cli.graph.network import Graph, Node
 from crown_cli.graph.ops import IndexMap, InputOp
 from crown_cli.graph.tensors import Const, Data, Value, merge
-from crown_cli.io.onnx_model import _attrs, _input_shape, _node_name, _opset, read_onnx
+from crown_cli.io.onnx_model import (MEMORY_BUDGET, _attrs, _input_shape, _node_name, _opset,
+                                     read_onnx, unsupported)
 
-# a weight converted to float64 must fit in this many bytes (dense) or its nonzeros (sparse)
-MEMORY_BUDGET = 4 * 2 ** 30
+# MEMORY_BUDGET: a weight converted to float64 must fit in this many bytes (dense) or its
+# nonzeros (sparse); so must every constant or data view the loader computes (Builder.room)
 # a dense weight of at least this many elements with at most this density is kept sparse
 SPARSE_MIN_SIZE = 2 ** 20
 SPARSE_MAX_DENSITY = 0.1
+
+
+def _count(shape) -> int:
+    count = 1
+    for d in shape:
+        count *= int(d)  # Python ints: no overflow
+    return count
+
+
+def over_budget(shape, budget: float, what: str) -> str:
+    """Why a tensor of ``shape`` cannot be allocated within ``budget`` bytes as float64 (or
+    has a negative dimension); "" when it can."""
+    shape = tuple(int(d) for d in shape)
+    if any(d < 0 for d in shape):
+        return f"{what} would have the negative shape {shape}"
+    count = _count(shape)
+    if 8 * count <= budget:
+        return ""
+    return (f"{what} of shape {shape} would take {8 * count / 2 ** 30:.3g} GiB as float64, "
+            f"over the memory budget of {budget / 2 ** 30:g} GiB (--memory-budget)")
 
 
 class Builder:
@@ -47,10 +68,23 @@ class Builder:
         self.fresh: Optional[int] = None  # the node the current handler created or changed
         self._views: Dict[int, Tuple[Data, int]] = {}
         self.budget = MEMORY_BUDGET  # bytes a weight may take as float64 (--memory-budget)
+        self.position = 0  # of the node being read, in the ONNX graph's node list
 
     # -- errors ----------------------------------------------------------------------------
     def fail(self, node, problem: str):
-        raise InputError(f"{self.path}: {_node_name(node)}: {problem}")
+        raise InputError(f"{self.path}: {_node_name(node, self.position)}: {problem}")
+
+    def room(self, node, shape, what: str = "the result", given=()) -> None:
+        """Refuse, before it is allocated, a tensor of ``shape`` (a constant, or the index
+        array of a data view: 8 bytes per element either way) over the memory budget; not
+        when it is no larger than one of the tensors of shapes ``given`` it is made from (a
+        weight the file holds, which may fit as a sparse layer, moved or scaled)."""
+        size = _count(shape)
+        if any(size <= _count(g) for g in given):
+            return
+        problem = over_budget(shape, self.budget, what)
+        if problem:
+            self.fail(node, problem)
 
     # -- nodes -----------------------------------------------------------------------------
     def add(self, name: str, op, inputs, shape, folded=None) -> Data:
@@ -181,10 +215,18 @@ def _uses(graph) -> Dict[str, int]:
 def load_graph(path: str, memory_budget: Optional[float] = None) -> Graph:
     """The :class:`Graph` of an ONNX file, or an InputError naming the problem.
     ``memory_budget``: bytes a weight may take as float64 (default :data:`MEMORY_BUDGET`)."""
-    from crown_cli.graph.onnx_ops import HANDLERS, SUPPORTED
+    from crown_cli.graph.onnx_ops import HANDLERS
 
-    onnx, numpy_helper, model = read_onnx(path)
+    onnx, numpy_helper, model = read_onnx(path, memory_budget)
     graph = model.graph
+    handlers = []
+    # operators first: an LSTM's input (sequence, batch, features) is refused for its
+    # operator, not for a "batch dimension" that is its sequence length
+    for k, node in enumerate(graph.node):
+        handler = HANDLERS.get(node.op_type) if node.domain in ("", "ai.onnx") else None
+        if handler is None:
+            raise unsupported(path, node, k)
+        handlers.append(handler)
     b = Builder(path, onnx, numpy_helper, _opset(model), _uses(graph))
     if memory_budget is not None:
         b.budget = float(memory_budget)
@@ -199,19 +241,23 @@ def load_graph(path: str, memory_budget: Optional[float] = None) -> Graph:
         size = int(np.prod(shape, dtype=np.int64))
         b.tensors[vi.name] = b.add(vi.name, InputOp(k, offset, size), (), shape)
         offset += size
-    for node in graph.node:
-        handler = HANDLERS.get(node.op_type) if node.domain in ("", "ai.onnx") else None
-        if handler is None:
-            raise InputError(f"{path}: unsupported operator {node.op_type} (node "
-                             f"'{node.name or '(unnamed)'}'); supported: {SUPPORTED}")
+    for k, (node, handler) in enumerate(zip(graph.node, handlers)):
+        b.position = k
         ins = []
         for name in node.input:
             if name and name not in b.tensors:
                 b.fail(node, f"its input '{name}' is not produced by any earlier node")
             ins.append(b.tensors[name] if name else None)
         b.fresh = None
-        outs = handler(b, node, ins, _attrs(onnx, node))
+        try:
+            outs = handler(b, node, ins, _attrs(onnx, node))
+        except MemoryError as exc:  # a size no handler checked beforehand
+            b.fail(node, "out of memory computing it ("
+                         f"{str(exc) or 'what it makes does not fit in the free memory'})")
+        given = [v.shape for v in ins if v is not None]
         for name, v in zip(node.output, outs):
+            # what no handler checked beforehand, before a later node multiplies it
+            b.room(node, v.shape, f"its output '{name}'", given)
             if name:
                 b.tensors[name] = v
                 if isinstance(v, Data) and b.fresh is not None and b.identity_of(v) == b.fresh:

@@ -101,6 +101,12 @@ def _gather(b, node, ins, attrs, x):
 
 def _expand(b, node, ins, attrs, x):
     shape = b.const(node, ins[1], "the shape")
+    try:
+        out = np.broadcast_shapes(x.shape, tuple(_ints(shape)))
+    except ValueError:
+        out = None  # onnx_expand's own message
+    if out is not None:
+        b.room(node, out, given=[x.shape])
     return lambda a: T.onnx_expand(a, shape)
 
 
@@ -165,6 +171,13 @@ def _pad(b, node, ins, attrs):
         axes = _ints(b.const(node, ins[3], "axes")) if len(ins) > 3 and ins[3] is not None else None
     if any(int(p) < 0 for p in pads):
         b.fail(node, "negative pads (cropping) are not supported")
+    rank = len(x.shape)
+    along = list(range(rank)) if axes is None else [a + rank if a < 0 else a for a in axes]
+    if len(pads) == 2 * len(along) and all(0 <= a < rank for a in along):
+        out = list(x.shape)
+        for k, a in enumerate(along):
+            out[a] += int(pads[k]) + int(pads[k + len(along)])
+        b.room(node, out, given=[x.shape])  # before np.pad allocates it
     try:
         return [T.onnx_pad(x, pads, mode, value, axes)]
     except ValueError as exc:
@@ -192,10 +205,28 @@ def _shape(b, node, ins, attrs):
 def _constant_of_shape(b, node, ins, attrs):
     v = attrs.get("value")
     fill = b.numpy_helper.to_array(v).reshape(-1) if v is not None else np.zeros(1, np.float32)
-    return [Const(np.full(_ints(b.const(node, ins[0], "the shape")), fill[0], dtype=fill.dtype))]
+    shape = _ints(b.const(node, ins[0], "the shape"))
+    b.room(node, shape, "the constant")  # from the shape alone, before it is filled
+    return [Const(np.full(shape, fill[0], dtype=fill.dtype))]
+
+
+def _range(b, node, ins, attrs):
+    start, limit, delta = [b.const(node, v, "every input").reshape(-1)[0] for v in ins[:3]]
+    if delta == 0:
+        b.fail(node, "delta is 0")
+    b.room(node, (max(int(np.ceil((limit - start) / delta)), 0),), "the range")
+    return [Const(np.arange(start, limit, delta))]
 
 
 def _const_fn(fn):
+    """A handler computing ``fn`` of constant inputs that broadcast against each other."""
     def handler(b, node, ins, attrs):
-        return [Const(fn(*[b.const(node, v, "every input") for v in ins if v is not None]))]
+        values = [b.const(node, v, "every input") for v in ins if v is not None]
+        try:
+            shape = np.broadcast_shapes(*[v.shape for v in values])
+        except ValueError:
+            shape = None  # fn's own error
+        if shape is not None:
+            b.room(node, shape, given=[v.shape for v in values])
+        return [Const(fn(*values))]
     return handler

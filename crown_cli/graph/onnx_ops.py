@@ -11,7 +11,8 @@ from crown_cli.activations import ACTIVATIONS
 from crown_cli.graph import tensors as T
 from crown_cli.graph.onnx_moves import (_cast, _concat, _const_fn, _constant,
                                         _constant_of_shape, _expand, _flatten, _gather,
-                                        _identity, _moved, _pad, _reshape, _shape, _slice,
+                                        _identity, _moved, _pad, _range, _reshape, _shape,
+                                        _slice,
                                         _split, _squeeze, _transpose, _unsqueeze)
 from crown_cli.graph.ops import ActivationOp, Conv, Dense, Sum
 from crown_cli.graph.pooling import MaxPool, pool_windows
@@ -27,6 +28,11 @@ def _label(node) -> str:
 def _binary(b, node, ins, attrs):
     op = node.op_type
     x, y = ins
+    try:
+        shape = np.broadcast_shapes(x.shape, y.shape)
+    except ValueError:
+        b.fail(node, f"inputs of shapes {x.shape} and {y.shape} do not broadcast")
+    b.room(node, shape, given=[x.shape, y.shape])
     if isinstance(x, Const) and isinstance(y, Const):
         fn = {"Add": np.add, "Sub": np.subtract, "Mul": np.multiply}.get(op)
         if fn is not None:
@@ -34,10 +40,6 @@ def _binary(b, node, ins, attrs):
         if x.value.dtype.kind in "iu" and y.value.dtype.kind in "iu":
             return [Const((np.trunc(x.value / y.value)).astype(x.value.dtype))]
         return [Const(x.value / y.value)]
-    try:
-        shape = np.broadcast_shapes(x.shape, y.shape)
-    except ValueError:
-        b.fail(node, f"inputs of shapes {x.shape} and {y.shape} do not broadcast")
     bc = lambda v: T.view(v, lambda a: T.onnx_expand(a, shape))  # noqa: E731
     if isinstance(x, Data) and isinstance(y, Data):
         if op not in ("Add", "Sub"):
@@ -337,7 +339,7 @@ HANDLERS = {
     "ConstantOfShape": _constant_of_shape,
     "Equal": _const_fn(np.equal), "Where": _const_fn(np.where), "Less": _const_fn(np.less),
     "Greater": _const_fn(np.greater), "Not": _const_fn(np.logical_not),
-    "Range": _const_fn(lambda s, e, d: np.arange(s, e, d)), "Floor": _const_fn(np.floor),
+    "Range": _range, "Floor": _const_fn(np.floor),
     "Ceil": _const_fn(np.ceil), "Sqrt": _const_fn(np.sqrt), "Abs": _const_fn(np.abs),
     "Min": _const_fn(np.minimum), "Max": _const_fn(np.maximum),
     **{op: _activation for op in _ACT},

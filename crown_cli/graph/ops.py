@@ -417,7 +417,14 @@ class Sum(Affine):
         return [Lam if s == 1.0 else -Lam for s in self.signs]
 
     def describe(self) -> str:
-        return " ".join("+" if s > 0 else "-" for s in self.signs) + f" sum of {len(self.signs)}"
+        # "sum of 2 inputs (a - b)": the inputs named a, b, ... in the node's order
+        n = len(self.signs)
+        if n > 4:
+            return f"sum of {n} inputs ({sum(s < 0 for s in self.signs)} subtracted)"
+        terms = ("-" if self.signs[0] < 0 else "") + "a"
+        for k in range(1, n):
+            terms += (" + " if self.signs[k] > 0 else " - ") + "abcd"[k]
+        return f"sum of {n} inputs ({terms})"
 
 
 def _split(g, sizes) -> List[np.ndarray]:

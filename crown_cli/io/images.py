@@ -14,7 +14,22 @@ import numpy as np
 
 from crown_cli.errors import InputError, read_header
 
-DEFAULT_IMAGES = os.path.join(os.path.dirname(os.path.dirname(__file__)), "data", "mnist_test_100.npz")
+DATA_DIR = os.path.join(os.path.dirname(os.path.dirname(__file__)), "data")
+DEFAULT_IMAGES = os.path.join(DATA_DIR, "mnist_test_100.npz")
+# the first 100 CIFAR-10 test images (32x32x3), shipped for models/cifar_base_kw.onnx
+SHIPPED_CIFAR = os.path.join(DATA_DIR, "cifar10_test_100.npz")
+CIFAR_INPUTS = 32 * 32 * 3
+
+
+def shipped_images_hint(n_inputs: int) -> str:
+    """For a model run on the default (MNIST) images: a pointer to the shipped images of its
+    input size ("" when there are none)."""
+    if n_inputs != CIFAR_INPUTS:
+        return ""
+    path = os.path.relpath(SHIPPED_CIFAR)
+    if path.startswith(os.pardir):
+        path = SHIPPED_CIFAR
+    return f"; for 32x32x3 inputs, the shipped CIFAR-10 images: --images {path}"
 
 IDX_DTYPES = {0x08: np.uint8, 0x09: np.int8, 0x0B: ">i2", 0x0C: ">i4", 0x0D: ">f4", 0x0E: ">f8"}
 

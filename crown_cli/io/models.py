@@ -103,16 +103,18 @@ def _check_alpha(act: str, alpha, where: str) -> Optional[float]:
 # --------------------------------------------------------------------------- loading
 
 
-def load_model(path: str, activation: Optional[str] = None, min_outputs: int = 2) -> MLP:
+def load_model(path: str, activation: Optional[str] = None, min_outputs: int = 2,
+               memory_budget: Optional[float] = None) -> MLP:
     """Load an MLP from NPZ, plain HDF5, Keras HDF5, a Keras 3 ``.keras`` archive or ONNX
     (``.onnx``, needs the onnx extra);
-    ``activation`` overrides the file's; ``min_outputs`` as :func:`validate`."""
+    ``activation`` overrides the file's; ``min_outputs`` as :func:`validate`;
+    ``memory_budget`` (bytes, ONNX only): as :func:`crown_cli.io.onnx_model.read_onnx`."""
     path = os.fspath(path)
     magic = read_header(path, "model", 8)
     if path.lower().endswith(".onnx"):
         from crown_cli.io.onnx_model import load_onnx
 
-        mlp = load_onnx(path)
+        mlp = load_onnx(path, memory_budget)
     elif magic.startswith(b"PK"):
         mlp = _load_keras_zip(path) if _is_keras_zip(path) else _load_npz(path)
     elif magic == b"\x89HDF\r\n\x1a\n":

@@ -28,7 +28,17 @@ def load_network(path: str, activation: Optional[str] = None, min_outputs: int =
     float64, and the memory of its bounds (:func:`check_memory`). A graph that is a chain of
     affine segments between activations of one type also gets its exact dense form
     (``graph.lowering``, :func:`crown_cli.graph.lower.lowered`), which ``certify``, ``verify``
-    and the API run on the dense engine."""
+    and the API run on the dense engine. Running out of memory while reading the file is an
+    InputError naming it too."""
+    try:
+        return _load_network(path, activation, min_outputs, memory_budget)
+    except MemoryError as exc:  # a file whose arrays do not fit: bad input, not a crash
+        raise InputError(f"{path}: not enough memory to load the model ("
+                         f"{str(exc) or 'its arrays do not fit in the free memory'})") from None
+
+
+def _load_network(path: str, activation: Optional[str], min_outputs: int,
+                  memory_budget: Optional[float]) -> Union[MLP, "Graph"]:
     from crown_cli.io.models import load_model
 
     budget = None if memory_budget is None else float(memory_budget) * GiB
@@ -51,12 +61,12 @@ def load_network(path: str, activation: Optional[str] = None, min_outputs: int =
             graph = load_graph(path, budget)
         except InputError as graph_error:  # e.g. a Softmax output, which only the MLP loader reads
             try:
-                return load_model(path, activation, min_outputs)
+                return load_model(path, activation, min_outputs, budget)
             except InputError:
                 raise graph_error from None
         if graph.is_chain():
             try:
-                return load_model(path, activation, min_outputs)
+                return load_model(path, activation, min_outputs, budget)
             except InputError:
                 pass
     if activation is not None:

@@ -25,20 +25,23 @@ model takes crown's row-major (height, width, channel) image vectors.
 """
 from __future__ import annotations
 
-from typing import Dict, List, Optional, Tuple
+import os
+from typing import Dict, Iterator, List, Optional, Tuple
 
 import numpy as np
 
 from crown_cli.errors import InputError
 from crown_cli.network import MLP
 
+GiB = 2 ** 30
+# a weight (or a constant the graph loader computes) converted to float64 must fit in this many
+# bytes; --memory-budget sets it (crown_cli.graph.onnx_graph uses the same default)
+MEMORY_BUDGET = 4 * GiB
+
 ACTIVATIONS = {"Relu": "relu", "Tanh": "tanh", "Sigmoid": "sigmoid"}
 VECTOR_OUTPUTS = {"Softmax": "softmax", "LogSoftmax": "log_softmax"}
 ELEMENTWISE = ("Add", "Sub", "Mul", "Div")
 SHAPE_OPS = ("Identity", "Flatten", "Reshape", "Transpose", "Squeeze", "Unsqueeze")
-SUPPORTED = ("Gemm, MatMul, Add, Sub, Mul, Div, Relu, Tanh, Sigmoid, Flatten, Reshape, Transpose, "
-             "Squeeze, Unsqueeze, Identity, Constant, a final Softmax/LogSoftmax")
-
 
 def _import_onnx(path: str):
     try:
@@ -50,8 +53,19 @@ def _import_onnx(path: str):
     return onnx, numpy_helper
 
 
-def _node_name(node) -> str:
-    return f"{node.op_type} node '{node.name or '(unnamed)'}'"
+def _node_name(node, index: Optional[int] = None) -> str:
+    """How a message names an ONNX node: its operator and name, or for a node without a name
+    its position in the graph's node list (``#3``: ``graph.node[3]``, counted from 0)."""
+    if node.name:
+        return f"{node.op_type} node '{node.name}'"
+    return f"{node.op_type} node " + (f"#{index}" if index is not None else "(unnamed)")
+
+
+def unsupported(path: str, node, index: int) -> InputError:
+    """The one-line refusal of a node whose operator no loader reads."""
+    op = node.op_type if node.domain in ("", "ai.onnx") else f"{node.domain}.{node.op_type}"
+    return InputError(f"{path}: {_node_name(node, index)}: unsupported operator {op} "
+                      "(docs/formats.md lists the supported operators)")
 
 
 def _attrs(onnx, node) -> Dict[str, object]:
@@ -163,20 +177,82 @@ def _opset(model) -> int:
     return 1
 
 
-def read_onnx(path: str):
+def read_onnx(path: str, budget: Optional[float] = None):
     """(the onnx module, its numpy_helper, the loaded model) of an ONNX file, or an
-    InputError naming the file (onnx missing, or a file protobuf cannot decode)."""
+    InputError naming the file (onnx missing, a file protobuf cannot decode, a tensor in an
+    external data file over ``budget`` bytes as float64 (default :data:`MEMORY_BUDGET`),
+    checked before it is read, or no memory left to read it)."""
     onnx, numpy_helper = _import_onnx(path)
+    budget = MEMORY_BUDGET if budget is None else float(budget)
     try:
-        model = onnx.load(path)
+        model = onnx.load(path, load_external_data=False)
+        _check_external_sizes(path, onnx, model, budget)
+        from onnx.external_data_helper import load_external_data_for_model
+
+        load_external_data_for_model(model, os.path.dirname(path))
+    except InputError:
+        raise
+    except MemoryError as exc:  # its message is often empty
+        raise InputError(f"{path}: cannot read ONNX file (out of memory: "
+                         f"{str(exc) or 'its tensors do not fit in the free memory'})") from None
     except Exception as exc:  # noqa: BLE001 - protobuf decode errors of a corrupt file
         raise InputError(f"{path}: cannot read ONNX file ({type(exc).__name__}: {exc})") from None
     return onnx, numpy_helper, model
 
 
-def load_onnx(path: str) -> MLP:
-    """An :class:`~crown_cli.network.MLP` from an ONNX file (not yet validated)."""
-    onnx, numpy_helper, model = read_onnx(path)
+def _tensors(onnx, graph) -> Iterator:
+    """Every TensorProto of ``graph``: initializers, and tensor attributes of its nodes (and
+    of their subgraphs)."""
+    A = onnx.AttributeProto
+    yield from graph.initializer
+    for node in graph.node:
+        for a in node.attribute:
+            if a.type == A.TENSOR:
+                yield a.t
+            elif a.type == A.TENSORS:
+                yield from a.tensors
+            elif a.type == A.GRAPH:
+                yield from _tensors(onnx, a.g)
+            elif a.type == A.GRAPHS:
+                for g in a.graphs:
+                    yield from _tensors(onnx, g)
+
+
+def _check_external_sizes(path: str, onnx, model, budget: float) -> None:
+    """Refuse, before anything is read, a tensor stored in an external data file whose bytes
+    (as its shape and type say, or as many as onnx would read) exceed ``budget``. (Within it,
+    a weight is held to the budget again as float64, dense or sparse, where it is used.)"""
+    from onnx.external_data_helper import ExternalDataInfo, uses_external_data
+
+    for t in _tensors(onnx, model.graph):
+        if not uses_external_data(t):
+            continue
+        info = ExternalDataInfo(t)
+        try:
+            itemsize = np.dtype(onnx.helper.tensor_dtype_to_np_dtype(t.data_type)).itemsize
+        except (KeyError, TypeError, ValueError):
+            itemsize = 1
+        stored = itemsize
+        for d in t.dims:
+            stored *= int(d)  # Python ints: no overflow
+        length = info.length
+        if length is None:  # onnx reads from the offset to the end of the file
+            where = os.path.join(os.path.dirname(path), info.location)
+            try:
+                length = max(os.path.getsize(where) - (info.offset or 0), 0)
+            except OSError:
+                length = 0  # a missing file: onnx's own message
+        need = max(stored, length)
+        if need > budget:
+            raise InputError(f"{path}: tensor '{t.name}' (shape {list(t.dims)}, external data "
+                             f"in {info.location}) needs {need / GiB:.3g} GiB to read, over the "
+                             f"memory budget of {budget / GiB:g} GiB (--memory-budget)")
+
+
+def load_onnx(path: str, budget: Optional[float] = None) -> MLP:
+    """An :class:`~crown_cli.network.MLP` from an ONNX file (not yet validated); ``budget``
+    as :func:`read_onnx`."""
+    onnx, numpy_helper, model = read_onnx(path, budget)
     graph = model.graph
     opset = _opset(model)
     consts: Dict[str, np.ndarray] = {}
@@ -199,8 +275,10 @@ def load_onnx(path: str) -> MLP:
     vector_out: Optional[str] = None  # a Softmax/LogSoftmax node seen
     dense_nodes = 0  # MatMul and Gemm nodes seen
 
+    position = 0  # of the node being read, in graph.node
+
     def fail(node, problem: str):
-        raise InputError(f"{path}: {_node_name(node)}: {problem}")
+        raise InputError(f"{path}: {_node_name(node, position)}: {problem}")
 
     def const(name: str, node) -> np.ndarray:
         if name not in consts:
@@ -256,9 +334,9 @@ def load_onnx(path: str) -> MLP:
         weights.append(w)
         biases.append(b)
         names.append((seg.dense or seg.affine_ops)[0])
-        acts.append((kind, _node_name(node)))
+        acts.append((kind, _node_name(node, position)))
 
-    for node in graph.node:
+    for position, node in enumerate(graph.node):
         op = node.op_type
         if op == "Constant":
             attrs = _attrs(onnx, node)
@@ -267,8 +345,8 @@ def load_onnx(path: str) -> MLP:
             consts[node.output[0]] = numpy_helper.to_array(attrs["value"])
             continue
         if current not in node.input:
-            raise InputError(f"{path}: {_node_name(node)} does not continue the chain from "
-                             f"'{current}' (branching graphs are not supported)")
+            raise InputError(f"{path}: {_node_name(node, position)} does not continue the chain "
+                             f"from '{current}' (branching graphs are not supported)")
         if len(node.output) != 1 and op != "Identity":
             fail(node, "nodes with several outputs are not supported")
         label = node.name or f"{op.lower()}_{len(weights)}"
@@ -396,8 +474,7 @@ def load_onnx(path: str) -> MLP:
             seg = _Affine(seg.shape)
             vector_out = op
         else:
-            raise InputError(f"{path}: unsupported operator {op} (node '{node.name or '(unnamed)'}'); "
-                             f"supported: {SUPPORTED}")
+            raise unsupported(path, node, position)
         current = node.output[0]
 
     if current != graph.output[0].name:

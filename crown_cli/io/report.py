@@ -522,6 +522,28 @@ def render_json(report: Report, columns: Optional[Sequence[str]] = None) -> str:
 RENDERERS = {"markdown": render_markdown, "latex": render_latex, "csv": render_csv,
              "json": render_json}
 
+# the table format an --output name implies
+TABLE_EXTENSIONS = {".md": "markdown", ".markdown": "markdown", ".tex": "latex", ".csv": "csv",
+                    ".json": "json"}
+
+
+def table_format(output: str, fmt: Optional[str]) -> str:
+    """The format of ``crown report``'s table: ``fmt`` (--format) when given, else from the
+    --output name's extension (.md, .tex, .csv, .json; anything else and stdout: markdown).
+    InputError for a --format that contradicts the extension, and for a .jsonl name (a
+    result-file format; a report is one table)."""
+    ext = os.path.splitext(output)[1].lower() if output != "-" else ""
+    if ext == ".jsonl":
+        raise InputError(f"{output}: crown report writes one table (markdown, latex, csv or "
+                         "json), not JSON Lines; name the file *.json for --format json")
+    implied = TABLE_EXTENSIONS.get(ext)
+    if fmt is None:
+        return implied or "markdown"
+    if implied is not None and implied != fmt:
+        raise InputError(f"{output}: --format {fmt} but the name ends in {ext}; drop --format "
+                         f"or give the file an extension of {fmt}")
+    return fmt
+
 
 def plot_report(report: Report, path: str) -> None:
     """Certified eps per image for every method beside the attack's distortion, one panel per

@@ -372,7 +372,7 @@ class ResultJob:
         if self.sidecar is not None and os.path.isdir(self.sidecar):
             raise InputError(f"{self.sidecar}: is a directory; the provenance sidecar of "
                              f"{output} goes there")
-        self.done: set = set()
+        self.done: Dict[tuple, Dict[str, object]] = {}  # key -> the row a resumed file holds
         self.rows_before = self.failed_before = 0
         # rows written, failed rows among them and rows skipped by this run, counted as they
         # happen (a run stopped by Ctrl-C has no summary, but its sidecar must be true)
@@ -408,7 +408,7 @@ class ResultJob:
             dup = duplicate_key(rows, self.kind)
             if dup is not None:
                 raise InputError(f"{self.output}: row {dup} appears twice; cannot --resume it")
-            self.done = {self.kind.key(r) for r in rows}
+            self.done = {self.kind.key(r): r for r in rows}
             self.rows_before, self.failed_before = len(rows), count_failed(rows, self.kind)
         if self.sidecar is not None:  # before the rows: a result file never lacks its sidecar
             self.run = pv.new_run(self.rows_before)
@@ -418,9 +418,11 @@ class ResultJob:
         return RowWriter(self.output, self.fmt, overwrite=self.overwrite, append=self.append,
                          columns=self.kind.columns)
 
-    def skip(self, key) -> bool:
-        found = key in self.done
-        self.skipped += found
+    def skip(self, key) -> Optional[Dict[str, object]]:
+        """The row with this key that the resumed file already holds (as read: text values),
+        or None (the row is to be computed)."""
+        found = self.done.get(key)
+        self.skipped += found is not None
         return found
 
     def counting(self, write: Callable[[Dict[str, object]], None]):
