@@ -198,23 +198,6 @@ def _as_model(model):
                      f"path, got {type(model).__name__}")
 
 
-def _as_input(x, d: int, name: str = "x"):
-    """x as a contiguous float64 vector of d finite values, or an InputError."""
-    import numpy as np
-
-    try:
-        arr = np.asarray(x, dtype=np.float64)
-    except (TypeError, ValueError):
-        raise InputError(f"{name}: expected an array of numbers") from None
-    if arr.size != d:
-        raise InputError(f"{name}: has {arr.size} values (shape {arr.shape}) but the model "
-                         f"expects {d} inputs")
-    arr = np.ascontiguousarray(arr.reshape(-1))
-    if not np.all(np.isfinite(arr)):
-        raise InputError(f"{name}: contains NaN or infinite values")
-    return arr
-
-
 # ------------------------------------------------------------------------------ certify
 
 def certify(model, x, label: Optional[int] = None, target: Union[str, int] = "runner-up",
@@ -326,7 +309,9 @@ def certify(model, x, label: Optional[int] = None, target: Union[str, int] = "ru
     n = mlp.num_classes if graph is None else graph.output_size
     if n < 2:
         raise InputError(f"model: the output has {n} value, need >= 2 classes")
-    x0 = _as_input(x, mlp.input_size)
+    from crown_cli.api_specs import as_input
+
+    x0 = as_input(x, mlp.input_size)
     if label is not None:
         if isinstance(label, bool) or not isinstance(label, Integral) or not 0 <= label < n:
             raise InputError(f"label: {label!r} is not a class of the model (0..{n - 1})")

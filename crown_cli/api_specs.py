@@ -1,5 +1,6 @@
-"""The Python API's spec arguments (:func:`crown_cli.verify`): its stages, and a property
-given as a VNN-LIB path, a tuple (lo, hi, A, b), a list of them or a parsed Property."""
+"""The Python API's argument checks: an input vector (:func:`as_input`), and
+:func:`crown_cli.verify`'s spec arguments (its stages, and a property given as a VNN-LIB path,
+a tuple (lo, hi, A, b), a list of them or a parsed Property)."""
 from __future__ import annotations
 
 import os
@@ -7,10 +8,21 @@ import os
 from crown_cli.errors import InputError
 
 
-def _as_input(x, d, name):
-    from crown_cli.api import _as_input as as_input
+def as_input(x, d: int, name: str = "x"):
+    """x as a contiguous float64 vector of d finite values, or an InputError."""
+    import numpy as np
 
-    return as_input(x, d, name)
+    try:
+        arr = np.asarray(x, dtype=np.float64)
+    except (TypeError, ValueError):
+        raise InputError(f"{name}: expected an array of numbers") from None
+    if arr.size != d:
+        raise InputError(f"{name}: has {arr.size} values (shape {arr.shape}) but the model "
+                         f"expects {d} inputs")
+    arr = np.ascontiguousarray(arr.reshape(-1))
+    if not np.all(np.isfinite(arr)):
+        raise InputError(f"{name}: contains NaN or infinite values")
+    return arr
 
 
 def _stages(method, choices) -> tuple:
@@ -67,8 +79,8 @@ def _case(case, where: str, n_inputs: int, n_outputs: int):
         raise InputError(f"{where}: expected a tuple (lo, hi, A, b), got "
                          + (f"a tuple of {len(case)} items" if isinstance(case, tuple)
                             else type(case).__name__))
-    lo = _as_input(case[0], n_inputs, f"{where}: lo")
-    hi = _as_input(case[1], n_inputs, f"{where}: hi")
+    lo = as_input(case[0], n_inputs, f"{where}: lo")
+    hi = as_input(case[1], n_inputs, f"{where}: hi")
     bad = np.flatnonzero(lo > hi)
     if bad.size:
         i = int(bad[0])

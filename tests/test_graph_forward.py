@@ -12,7 +12,7 @@ import onnx
 from onnx.reference import ReferenceEvaluator
 
 from crown_cli.errors import InputError
-from crown_cli.graph import onnx_graph
+from crown_cli.graph import onnx_graph, onnx_ops
 from crown_cli.graph.onnx_graph import load_graph
 from crown_cli.graph.ops import Conv, Dense, IndexMap, Scale, Sum
 
@@ -167,7 +167,7 @@ def test_large_mostly_zero_weights_stay_sparse(tmp_path, monkeypatch):
     g = G(rng)
     y = g.op("MatMul", [g.op("Mul", ["x", g.const(np.full(300, 2.0))]), g.const(W)])
     model = g.model([("x", (1, 300))], [y])
-    monkeypatch.setattr(onnx_graph, "SPARSE_MIN_SIZE", 10_000)
+    monkeypatch.setattr(onnx_ops, "SPARSE_MIN_SIZE", 10_000)
     gr = load_graph(save(tmp_path, model))
     dense = [n.op for n in gr.nodes if isinstance(n.op, Dense)]
     assert len(dense) == 1 and dense[0].sparse and dense[0].W.nnz <= 500

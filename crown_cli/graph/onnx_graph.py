@@ -24,6 +24,7 @@ import numpy as np
 
 from crown_cli.errors import InputError
 from crown_cli.graph.network import Graph, Node
+from crown_cli.graph.onnx_ops import HANDLERS
 from crown_cli.graph.ops import IndexMap, InputOp
 from crown_cli.graph.tensors import Const, Data, Value, merge
 from crown_cli.io.onnx_model import (MEMORY_BUDGET, _attrs, _input_shape, _node_name, _opset,
@@ -31,10 +32,6 @@ from crown_cli.io.onnx_model import (MEMORY_BUDGET, _attrs, _input_shape, _node_
 
 # MEMORY_BUDGET: a weight converted to float64 must fit in this many bytes (dense) or its
 # nonzeros (sparse); so must every constant or data view the loader computes (Builder.room)
-# a dense weight of at least this many elements with at most this density is kept sparse
-SPARSE_MIN_SIZE = 2 ** 20
-SPARSE_MAX_DENSITY = 0.1
-
 
 def _count(shape) -> int:
     count = 1
@@ -215,8 +212,6 @@ def _uses(graph) -> Dict[str, int]:
 def load_graph(path: str, memory_budget: Optional[float] = None) -> Graph:
     """The :class:`Graph` of an ONNX file, or an InputError naming the problem.
     ``memory_budget``: bytes a weight may take as float64 (default :data:`MEMORY_BUDGET`)."""
-    from crown_cli.graph.onnx_ops import HANDLERS
-
     onnx, numpy_helper, model = read_onnx(path, memory_budget)
     graph = model.graph
     handlers = []

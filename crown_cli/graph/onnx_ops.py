@@ -18,6 +18,10 @@ from crown_cli.graph.ops import ActivationOp, Conv, Dense, Sum
 from crown_cli.graph.pooling import MaxPool, pool_windows
 from crown_cli.graph.tensors import Const, Data
 
+# a dense weight of at least this many elements with at most this density is kept sparse
+SPARSE_MIN_SIZE = 2 ** 20
+SPARSE_MAX_DENSITY = 0.1
+
 
 def _label(node) -> str:
     return node.name or node.op_type
@@ -78,7 +82,6 @@ def _neg(b, node, ins, attrs):
 def _dense(b, node, d: Data, W: np.ndarray, left: bool, bias, label: str, tensor=None):
     """``d @ W`` (or ``W @ d`` when ``left``) for a constant W of rank 1 or 2, as a Dense node
     (sparse when W is large and mostly zero, or when it repeats over leading dimensions)."""
-    from crown_cli.graph.onnx_graph import SPARSE_MAX_DENSITY, SPARSE_MIN_SIZE
     import scipy.sparse as sp
 
     if W.ndim not in (1, 2):

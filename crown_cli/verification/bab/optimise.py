@@ -6,21 +6,20 @@ float64.
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING
 
 import numpy as np
 
 from crown_cli.engine.optim import Adam, AdamSettings, BestIterate
 
-if TYPE_CHECKING:
-    from crown_cli.verification.bab.bounder import Bounder
+# ``bd`` below is a :class:`crown_cli.verification.bab.bounder.Bounder` (not imported: the
+# bounder imports this module through its per-domain bounds)
 
 
 # Adam's settings for the slopes and multipliers (the step size folded with the bias corrections)
 ADAM = AdamSettings(folded=True)
 
 
-def _optimise_rows(bd: Bounder, split, alpha0, rows, chords, iters, lr_alpha, lr_beta,
+def _optimise_rows(bd, split, alpha0, rows, chords, iters, lr_alpha, lr_beta,
                    deadline=None, beta0=None):
     """Projected Adam ascent of single-row bounds: entry i is row ``rows[i]`` of ``bd`` on
     the domain ``split[i]`` with upper lines ``chords`` (each (N, nU)), from slopes
@@ -51,7 +50,7 @@ def _optimise_rows(bd: Bounder, split, alpha0, rows, chords, iters, lr_alpha, lr
             np.maximum(best_b.astype(np.float64), 0.0))
 
 
-def optimise(bd: Bounder, split, alpha, beta, iters=20, lr_alpha=0.1, lr_beta=0.05,
+def optimise(bd, split, alpha, beta, iters=20, lr_alpha=0.1, lr_beta=0.05,
              stop=True, chords=None, deadline=None):
     """Projected Adam ascent of the float32 bounds over alpha, beta (B, m, nU) float32, in
     place; keeps per (domain, row) the best iterate. A domain leaves the batch once its
@@ -89,7 +88,7 @@ def optimise(bd: Bounder, split, alpha, beta, iters=20, lr_alpha=0.1, lr_beta=0.
     return np.maximum(best.best, val), state
 
 
-def optimise_open(bd: Bounder, split, alpha, beta, done, iters=20, lr_alpha=0.1,
+def optimise_open(bd, split, alpha, beta, done, iters=20, lr_alpha=0.1,
                   lr_beta=0.05, chords=None, deadline=None):
     """:func:`optimise` for searches over several cases (``bd.gstart``): only the rows of
     cases not yet proven on a domain (``done`` (B, G) bool, float64-proven on an ancestor)
