@@ -108,10 +108,11 @@ def test_conv_forward_kernel_equals_numpy_twin(layout):
     w = rng.normal(size=wshape)
     w[0, 0, 0, 0] = 0.0  # the kernel skips zero weights
     conv = Conv(w, rng.normal(size=wshape[0]), in_shape, strides, pads, dil, group)
-    X = rng.normal(size=(5, conv.n_in[0]))
-    want = conv._conv_numpy(X, conv.weight)
-    got = conv.linear([X])
-    np.testing.assert_allclose(got, want, rtol=1e-13, atol=1e-13 * np.abs(want).max())
+    for n in (5, 40):  # a small batch as it is, a large one held transposed
+        X = rng.normal(size=(n, conv.n_in[0]))
+        want = conv._conv_numpy(X, conv.weight)
+        got = conv.linear([X])
+        np.testing.assert_allclose(got, want, rtol=1e-13, atol=1e-13 * np.abs(want).max())
     np.testing.assert_allclose(conv.forward_abs([np.abs(X)]), conv._conv_numpy(np.abs(X), np.abs(w)),
                                rtol=1e-13)
 

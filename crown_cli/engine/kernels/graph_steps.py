@@ -104,12 +104,57 @@ def conv_forward(X, weight, strides, dilations, pads, group, Y):
                                 Y[n, o, y, x] += w * X[n, c0 + c, yy, x * sw + off]
 
 
+@njit(cache=True, parallel=True)
+def conv_forward_t(Xt, weight, strides, dilations, pads, group, Yt):
+    """:func:`conv_forward` of a batch held transposed: ``Yt`` (O, OH, OW, N) from ``Xt``
+    (C, H, W, N), each output element's products summed along the batch (vectorised)."""
+    O, OH, OW, N = Yt.shape
+    _, Cg, kh, kw = weight.shape
+    H, W = Xt.shape[1], Xt.shape[2]
+    Og = O // group
+    sh, sw = strides[0], strides[1]
+    dh, dw = dilations[0], dilations[1]
+    pt, pl = pads[0], pads[1]
+    for oy in prange(O * OH):
+        o = oy // OH
+        y = oy % OH
+        c0 = (o // Og) * Cg
+        for x in range(OW):
+            out = Yt[o, y, x]
+            for k in range(N):
+                out[k] = 0.0
+            for c in range(Cg):
+                for i in range(kh):
+                    yy = y * sh + i * dh - pt
+                    if yy < 0 or yy >= H:
+                        continue
+                    for j in range(kw):
+                        xx = x * sw + j * dw - pl
+                        if xx < 0 or xx >= W:
+                            continue
+                        w = weight[o, c, i, j]
+                        if w == 0.0:
+                            continue
+                        src = Xt[c0 + c, yy, xx]
+                        for k in range(N):
+                            out[k] += w * src[k]
+
+
+BATCH_LAST = 16  # batches of at least this many run with the batch held transposed
+
+
 def forward_rows(X, weight, strides, dilations, pads, group, out_shape):
     """The convolution (N, O * OH * OW) of the batch ``X`` (N, C, H, W), without bias."""
-    Y = np.empty((X.shape[0],) + tuple(out_shape))
-    conv_forward(np.ascontiguousarray(X), weight, np.asarray(strides, np.int64),
-                 np.asarray(dilations, np.int64), np.asarray(pads[:2], np.int64), int(group), Y)
-    return Y.reshape(X.shape[0], -1)
+    N = X.shape[0]
+    args = (weight, np.asarray(strides, np.int64), np.asarray(dilations, np.int64),
+            np.asarray(pads[:2], np.int64), int(group))
+    if N >= BATCH_LAST:
+        Yt = np.empty(tuple(out_shape) + (N,))
+        conv_forward_t(np.ascontiguousarray(np.moveaxis(X, 0, -1)), *args, Yt)
+        return np.ascontiguousarray(Yt.reshape(-1, N).T)
+    Y = np.empty((N,) + tuple(out_shape))
+    conv_forward(np.ascontiguousarray(X), *args, Y)
+    return Y.reshape(N, -1)
 
 
 # -- rows held transposed: the fast path's layout (crown_cli/engine/graph_rows.py) ------------
