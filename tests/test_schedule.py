@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from crown_cli.verification.outcome import BabResult
-from crown_cli.verification.schedule import FLOOR, Run, race, shares
+from crown_cli.verification.schedule import FLOOR, RaceSettings, Run, race, shares
 
 
 def _run(members, strategy, verdict, steps, rate, pause=0.002, log=None):
@@ -39,7 +39,7 @@ def _race(runs, n_cases, timeout=5.0, **kw):
     opts.update(kw)
     t0 = time.monotonic()
     out = race(runs, n_cases, 0, {}, t0 + timeout, done, lambda x: np.zeros(2), cases,
-               kinds={"a": "boxes", "b": "domains"}, worst=lambda m: None, **opts)
+               RaceSettings(kinds={"a": "boxes", "b": "domains"}, worst=lambda m: None, **opts))
     return out, time.monotonic() - t0
 
 

@@ -12,7 +12,7 @@ from crown_cli.activations import forward
 from crown_cli.engine.relaxations import get_relaxation
 from crown_cli.verification.outcome import BabResult
 from crown_cli.verification.pipeline import BabStatus, Verifier, format_result
-from crown_cli.verification.schedule import Run, race
+from crown_cli.verification.schedule import RaceSettings, Run, race
 from crown_cli.io.vnnlib import parse_vnnlib_text
 from oracles import exact_margin_min
 
@@ -315,8 +315,9 @@ def _interleave(specs, timeout=5.0, status=None):
 
     t0 = time.monotonic()
     out = race([Run(m, "ReLU split", start) for m, start in runs], len(cases), 0, {},
-               t0 + timeout, done, v.outputs, cases, kinds={"ReLU split": "domains"},
-               status=status, first_slice=0.01, max_slice=0.05, worst=lambda m: None)
+               t0 + timeout, done, v.outputs, cases,
+               RaceSettings(kinds={"ReLU split": "domains"}, status=status, first_slice=0.01,
+                            max_slice=0.05, worst=lambda m: None))
     return out, time.monotonic() - t0
 
 

@@ -337,7 +337,7 @@ class GraphVerifier:
         from crown_cli.verification.bab.graph_relu_split import graph_relu_split_steps
         from crown_cli.verification.pipeline import (JOIN_MIN_S, JOIN_SHARE, RACE_MAX_SLICE,
                                                      RACE_SLICE, bab_status_for)
-        from crown_cli.verification.schedule import Run, race
+        from crown_cli.verification.schedule import RaceSettings, Run, race
 
         runs = []
         if self.n_inputs <= INPUT_SPLIT_MAX_DIM:
@@ -358,13 +358,13 @@ class GraphVerifier:
                              max_domains=self.max_domains, progress=progress,
                              bounds=self._box_bounds(c.lo, c.hi, sg, alpha, deadline)))
                      for j in sorted(open_cases, key=lambda j: -margins.get(j, -np.inf))]
+        settings = RaceSettings(kinds={"input split": "boxes", "ReLU split": "domains"},
+                                log=log, status=bab_status_for(status, log),
+                                first_slice=RACE_SLICE, max_slice=RACE_MAX_SLICE,
+                                join_after=max(JOIN_MIN_S, JOIN_SHARE * timeout), worst=_worst)
         try:
             return race(runs, len(cases), len(cases) - len(open_cases), margins, deadline,
-                        done, self.outputs, cases, kinds={"input split": "boxes",
-                                                          "ReLU split": "domains"}, log=log,
-                        status=bab_status_for(status, log), first_slice=RACE_SLICE,
-                        max_slice=RACE_MAX_SLICE,
-                        join_after=max(JOIN_MIN_S, JOIN_SHARE * timeout), worst=_worst)
+                        done, self.outputs, cases, settings)
         except DeadlineExceeded:  # a bound inside a search (its root's, a domain's) ran out
             return done("timeout", "bab", _worst(margins), len(cases) - len(open_cases))
 

@@ -34,7 +34,7 @@ from crown_cli.engine.relaxations import get_relaxation
 from crown_cli.verification.bab.hull_split import applies as hull_applies
 from crown_cli.verification.bab.hull_split import stage_applies as hull_stage_applies
 from crown_cli.verification.outcome import confirm_sat
-from crown_cli.verification.schedule import Run, race
+from crown_cli.verification.schedule import RaceSettings, Run, race
 
 # Bound stages, cheap to strong; a stage is used when the activation has that method.
 BOUND_STAGES = ("crown", "alpha-crown", "hull")
@@ -338,11 +338,12 @@ class Verifier:
             runs += self._relu_split_runs(cases, open_cases, margins, deadline)
         if not runs:  # no hidden layer and too many inputs to split: input splitting
             runs = self._input_split_runs(cases, open_cases, deadline)
+        settings = RaceSettings(
+            kinds={"hull split": "boxes", "input split": "boxes", "ReLU split": "domains"},
+            log=log, status=status, first_slice=RACE_SLICE, max_slice=RACE_MAX_SLICE,
+            join_after=max(JOIN_MIN_S, JOIN_SHARE * timeout), worst=_worst)
         return race(runs, len(cases), len(cases) - len(open_cases), margins, deadline, done,
-                    self.outputs, cases, kinds={"hull split": "boxes", "input split": "boxes",
-                           "ReLU split": "domains"},
-                    log=log, status=status, first_slice=RACE_SLICE, max_slice=RACE_MAX_SLICE,
-                    join_after=max(JOIN_MIN_S, JOIN_SHARE * timeout), worst=_worst)
+                    self.outputs, cases, settings)
 
     def verify(self, prop, timeout: float, log: Optional[Callable[[str], None]] = None,
                status: Optional[Callable[[str], None]] = None) -> Verdict:

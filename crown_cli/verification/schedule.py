@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Callable, Dict, List, Sequence
+from typing import Callable, Dict, List, Optional, Sequence
 
 import numpy as np
 
@@ -69,117 +69,165 @@ def shares(runs: Sequence[Run], order: Sequence[str]) -> Dict[str, float]:
     return {s: v / norm for s, v in out.items()}
 
 
+@dataclass
+class RaceSettings:
+    """How :func:`race` shares the time and what it reports: ``kinds`` the log's unit per
+    strategy ("boxes", "domains"); ``log(text)``, ``status`` (``begin``/``update``) receive
+    the progress; each turn's slice grows from ``first_slice`` by half per turn of its
+    strategy up to ``max_slice``; a later strategy joins after ``join_after`` seconds (see
+    :func:`race`); ``worst(margins)``: the bound stages' worst margin (reported when no run
+    has a bound)."""
+
+    kinds: Dict[str, str]
+    log: Optional[Callable] = None
+    status: object = None
+    first_slice: float = 1.0
+    max_slice: float = 10.0
+    join_after: float = 0.0
+    worst: Optional[Callable] = None
+
+
 def race(runs: Sequence[Run], n_cases: int, proven_before: int, margins, deadline: float,
-         done, outputs, cases, *, kinds: Dict[str, str], log=None, status=None,
-         first_slice: float = 1.0, max_slice: float = 10.0, join_after: float = 0.0,
-         worst=None):
+         done, outputs, cases, settings: RaceSettings):
     """Run ``runs`` until every case they cover is proven (unsat), one finds a verified
     counterexample (sat), the deadline passes (timeout), or every run still needed has
     ended without deciding (unknown).
 
-    Strategies start in the order of their first run; a later one joins once ``join_after``
-    seconds have passed, unless the running ones have proven :data:`JOIN_UNLESS` of their
-    space by then (checked again every turn) and :data:`JOIN_SLACK` times the finish that
-    projects (elapsed time over the share, at the rate so far) has not passed. Each turn
-    gives one run a slice (growing from ``first_slice`` by half per turn of its strategy, up
-    to ``max_slice``), round robin within its strategy, the strategy picked as the one furthest behind its :func:`shares` (a strategy still in its
-    probe first). A case proven by any run is proven; runs whose cases are all proven stop.
+    Strategies start in the order of their first run; a later one joins once
+    ``settings.join_after`` seconds have passed, unless the running ones have proven
+    :data:`JOIN_UNLESS` of their space by then (checked again every turn) and
+    :data:`JOIN_SLACK` times the finish that projects (elapsed time over the share, at the
+    rate so far) has not passed. Each turn gives one run a slice (:class:`RaceSettings`),
+    round robin within its strategy, the strategy picked as the one furthest behind its
+    :func:`shares` (a strategy still in its probe first). A case proven by any run is
+    proven; runs whose cases are all proven stop.
 
     ``done(result, stage, margin, proven, **kw)`` builds the verdict; ``outputs(x)`` the
-    float64 outputs; ``kinds``: the log's unit per strategy ("boxes", "domains");
-    ``worst(margins)``: the bound stages' worst margin (reported when no run has a bound)."""
-    t0 = time.monotonic()
-    order = []
-    for r in runs:
-        if r.strategy not in order:
-            order.append(r.strategy)
-    proven = set()
-    joined = order[:1]
-    peak = [0]
-    unknown = False
-    notes = []  # why searches ended unknown (BabResult.note), for the verdict
-    slice_s = {s: first_slice for s in order}
-    turn = {s: 0 for s in order}
-    exempt_until = None  # the projected finish that keeps the next strategy out
+    float64 outputs; ``cases`` the property's cases (a sat point's case is the one it
+    violates)."""
+    return _Race(runs, n_cases, proven_before, margins, deadline, done, outputs, cases,
+                 settings).run()
 
-    def label(members):
-        return ",".join(str(j) for j in members)
 
-    def n_proven():
-        return proven_before + len(proven)
+class _Race:
+    """The state of one :func:`race`: what is proven, the strategies joined, the slices."""
 
-    def totals():
-        return sum(r.stat[0] for r in runs)
+    def __init__(self, runs, n_cases, proven_before, margins, deadline, done, outputs, cases,
+                 settings: RaceSettings):
+        self.runs, self.n_cases, self.proven_before = runs, n_cases, proven_before
+        self.margins, self.deadline, self.done = margins, deadline, done
+        self.outputs, self.cases, self.o = outputs, cases, settings
+        self.t0 = time.monotonic()
+        self.order = []
+        for r in runs:
+            if r.strategy not in self.order:
+                self.order.append(r.strategy)
+        self.proven = set()
+        self.joined = self.order[:1]
+        self.peak = 0
+        self.unknown = False
+        self.notes = []  # why searches ended unknown (BabResult.note), for the verdict
+        self.slice_s = {s: settings.first_slice for s in self.order}
+        self.turn = {s: 0 for s in self.order}
+        self.exempt_until = None  # the projected finish that keeps the next strategy out
 
-    def progress_for(r: Run):
+    # -- reporting -------------------------------------------------------------------------
+    def n_proven(self):
+        return self.proven_before + len(self.proven)
+
+    def totals(self):
+        return sum(r.stat[0] for r in self.runs)
+
+    def progress_for(self, r: Run):
         def update(domains, open_, worst_):
             r.stat = [domains, open_, worst_]
-            going = [v.stat for v in runs if not v.over]
-            peak[0] = max(peak[0], sum(v[1] for v in going))
-            if status is not None:
-                status.update(domains, sum(v[1] for v in going), min(v[2] for v in going))
+            going = [v.stat for v in self.runs if not v.over]
+            self.peak = max(self.peak, sum(v[1] for v in going))
+            if self.o.status is not None:
+                self.o.status.update(domains, sum(v[1] for v in going),
+                                     min(v[2] for v in going))
         return update
 
-    def open_margin():
+    def open_margin(self):
         """Over the open cases, the worst of each case's best bound among its runs (runs of
         several strategies bound the same case), else the bound stages' worst margin."""
         per_case = {}
-        for r in runs:
+        for r in self.runs:
             if np.isfinite(r.stat[2]):
                 for j in r.members:
-                    if j not in proven:
+                    if j not in self.proven:
                         per_case[j] = max(per_case.get(j, -np.inf), r.stat[2])
-        return min(per_case.values()) if per_case else worst(margins)
+        return min(per_case.values()) if per_case else self.o.worst(self.margins)
 
-    def finish(result, **kw):
-        return done(result, "bab", kw.pop("margin", None), n_proven(), domains=totals(),
-                    peak_domains=peak[0], **kw)
+    def finish(self, result, **kw):
+        return self.done(result, "bab", kw.pop("margin", None), self.n_proven(),
+                         domains=self.totals(), peak_domains=self.peak, **kw)
 
-    while True:
-        for r in runs:  # runs whose cases another run proved
-            if not r.over and all(j in proven for j in r.members):
-                r.over = True
-                r.stat[1] = 0
-        live = [r for r in runs if not r.over]
-        if not live:
-            break
+    # -- the turns ---------------------------------------------------------------------------
+    def run(self):
+        while True:
+            for r in self.runs:  # runs whose cases another run proved
+                if not r.over and all(j in self.proven for j in r.members):
+                    r.over = True
+                    r.stat[1] = 0
+            live = [r for r in self.runs if not r.over]
+            if not live:
+                break
+            if time.monotonic() >= self.deadline:
+                return self.finish("timeout", margin=self.open_margin())
+            s, probing = self.pick(live)
+            mine = [r for r in live if r.strategy == s]
+            r = mine[self.turn[s] % len(mine)]
+            self.turn[s] += 1
+            res = self.give_slice(r, s, probing)
+            if res is None:
+                continue
+            verdict = self.settle(r, s, res)
+            if verdict is not None:
+                return verdict
+        covered = set(j for r in self.runs for j in r.members)
+        if self.unknown and not covered <= self.proven:
+            return self.finish("unknown", margin=self.open_margin(),
+                               **({"note": "; ".join(self.notes)} if self.notes else {}))
+        return self.finish("unsat")
+
+    def pick(self, live):
+        """The strategy to run next (a later one joins first when its time has come), and
+        whether it is still in its probe."""
         now = time.monotonic()
-        if now >= deadline:
-            return finish("timeout", margin=open_margin())
-        if len(joined) < len(order) and now - t0 >= join_after:
+        if len(self.joined) < len(self.order) and now - self.t0 >= self.o.join_after:
             # the next strategy joins unless the ones running are about to finish: at their
             # rate so far (half their space proven or more) they need less time than they had
-            mine = [r.closed for r in runs if r.strategy in joined]
+            mine = [r.closed for r in self.runs if r.strategy in self.joined]
             closed = float(np.mean(mine)) if mine else 0.0
-            if closed >= JOIN_UNLESS and exempt_until is None:
-                exempt_until = t0 + JOIN_SLACK * (now - t0) / closed
-            if closed < JOIN_UNLESS or now >= exempt_until:
-                joined.append(order[len(joined)])
-                exempt_until = None
-        ready = [s for s in joined if any(r.strategy == s for r in live)]
+            if closed >= JOIN_UNLESS and self.exempt_until is None:
+                self.exempt_until = self.t0 + JOIN_SLACK * (now - self.t0) / closed
+            if closed < JOIN_UNLESS or now >= self.exempt_until:
+                self.joined.append(self.order[len(self.joined)])
+                self.exempt_until = None
+        ready = [s for s in self.joined if any(r.strategy == s for r in live)]
         if not ready:  # only strategies that have not joined yet are left
-            ready = [s for s in order if any(r.strategy == s for r in live)][:1]
-        spent = {s: sum(r.spent for r in runs if r.strategy == s) for s in ready}
+            ready = [s for s in self.order if any(r.strategy == s for r in live)][:1]
+        spent = {s: sum(r.spent for r in self.runs if r.strategy == s) for s in ready}
         probing = [s for s in ready if spent[s] < PROBE_S] if len(ready) > 1 else []
         if probing:
-            s = probing[0]
-        else:
-            share = shares([r for r in runs if r.strategy in ready], ready)
-            total = sum(spent.values())
-            s = max(ready, key=lambda k: share[k] * total - spent[k])
-        mine = [r for r in live if r.strategy == s]
-        r = mine[turn[s] % len(mine)]
-        turn[s] += 1
-        if status is not None:
-            status.begin(s, kinds.get(s, "domains"), label(r.members), n_proven(), n_cases,
-                         totals() - r.stat[0])
+            return probing[0], True
+        share = shares([r for r in self.runs if r.strategy in ready], ready)
+        total = sum(spent.values())
+        return max(ready, key=lambda k: share[k] * total - spent[k]), False
+
+    def give_slice(self, r: Run, s: str, probing: bool):
+        """Run ``r`` for its slice; its result when it ended, else None."""
+        if self.o.status is not None:
+            self.o.status.begin(s, self.o.kinds.get(s, "domains"), _label(r.members),
+                                self.n_proven(), self.n_cases, self.totals() - r.stat[0])
         t1 = time.monotonic()
-        stop = min(deadline, t1 + (PROBE_S if s in probing else slice_s[s]))
-        if s not in probing:
-            slice_s[s] = min(max_slice, 1.5 * slice_s[s])
+        stop = min(self.deadline, t1 + (PROBE_S if probing else self.slice_s[s]))
+        if not probing:
+            self.slice_s[s] = min(self.o.max_slice, 1.5 * self.slice_s[s])
         res = None
         if r.gen is None:
-            r.gen = r.start(progress_for(r))
+            r.gen = r.start(self.progress_for(r))
         try:
             while time.monotonic() < stop:
                 share_ = next(r.gen)
@@ -188,36 +236,38 @@ def race(runs: Sequence[Run], n_cases: int, proven_before: int, margins, deadlin
         except StopIteration as end:
             res = end.value
         r.spent += time.monotonic() - t1
-        if res is None:
-            continue
+        return res
+
+    def settle(self, r: Run, s: str, res):
+        """Take an ended run's result; the verdict when it decides the race, else None."""
         r.over = True
         r.stat = [res.domains, 0, np.inf]
-        peak[0] = max(peak[0], res.peak_open)
-        if log is not None:
-            log(f"bab ({s}): case {label(r.members)}: {res.verdict} after {res.domains} "
-                f"{kinds.get(s, 'domains')} (peak {res.peak_open} open)")
+        self.peak = max(self.peak, res.peak_open)
+        if self.o.log is not None:
+            self.o.log(f"bab ({s}): case {_label(r.members)}: {res.verdict} after "
+                       f"{res.domains} {self.o.kinds.get(s, 'domains')} (peak "
+                       f"{res.peak_open} open)")
         if res.verdict == "sat":
-            y = outputs(res.x)
-            hit = [j for j in r.members if np.all(cases[j].A @ y <= cases[j].b)]
-            return finish("sat", margin=worst(margins), x=res.x, y=y,
-                          case=hit[0] if hit else r.members[0])
+            y = self.outputs(res.x)
+            hit = [j for j in r.members if np.all(self.cases[j].A @ y <= self.cases[j].b)]
+            return self.finish("sat", margin=self.o.worst(self.margins), x=res.x, y=y,
+                               case=hit[0] if hit else r.members[0])
         if res.verdict == "unsat":
             r.closed = 1.0
             for j in r.members:
-                if j not in proven:
-                    margins[j] = max(0.0, res.worst_bound) \
+                if j not in self.proven:
+                    self.margins[j] = max(0.0, res.worst_bound) \
                         if np.isfinite(res.worst_bound) else 0.0
-                    proven.add(j)
-        elif res.verdict == "timeout":
-            r.stat[2] = res.worst_bound
-            return finish("timeout", margin=open_margin())
-        else:
-            r.stat[2] = res.worst_bound
-            unknown = True
-            if res.note and f"{s}: {res.note}" not in notes:
-                notes.append(f"{s}: {res.note}")
-    covered = set(j for r in runs for j in r.members)
-    if unknown and not covered <= proven:
-        return finish("unknown", margin=open_margin(), **({"note": "; ".join(notes)}
-                                                         if notes else {}))
-    return finish("unsat")
+                    self.proven.add(j)
+            return None
+        r.stat[2] = res.worst_bound
+        if res.verdict == "timeout":
+            return self.finish("timeout", margin=self.open_margin())
+        self.unknown = True
+        if res.note and f"{s}: {res.note}" not in self.notes:
+            self.notes.append(f"{s}: {res.note}")
+        return None
+
+
+def _label(members):
+    return ",".join(str(j) for j in members)
