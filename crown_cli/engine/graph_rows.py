@@ -176,9 +176,8 @@ def _transpose(op, rows: Rows, kernels):
         Gt = np.empty((targets.size, r))
         kernels.conv_transpose_t(Lt, src, targets, op.weight, np.asarray(op.in_shape, np.int64),
                                  np.asarray(op.out_shape, np.int64),
-                                 np.asarray(op.strides, np.int64),
-                                 np.asarray(op.dilations, np.int64),
-                                 np.asarray(op.pads[:2], np.int64), int(op.group), Gt)
+                                 *kernels.conv_args(op.strides, op.dilations, op.pads, op.group),
+                                 Gt)
         return [(in_idx, Gt)]
     if isinstance(op, Dense) and not op.sparse:  # W^T Lt: one BLAS product
         W = op.W if idx is None else op.W[idx]

@@ -62,52 +62,16 @@ def conv_transpose(L, weight, strides, dilations, pads, group, G):
 def transpose_rows(L, weight, strides, dilations, pads, group, in_shape):
     """The transposed convolution (r, C, H, W) of the rows ``L`` (r, O, OH, OW)."""
     G = np.zeros((L.shape[0],) + tuple(in_shape))
-    conv_transpose(np.ascontiguousarray(L), weight, np.asarray(strides, np.int64),
-                   np.asarray(dilations, np.int64), np.asarray(pads[:2], np.int64), int(group),
+    conv_transpose(np.ascontiguousarray(L), weight, *conv_args(strides, dilations, pads, group),
                    G)
     return G
 
 
 @njit(cache=True, parallel=True)
-def conv_forward(X, weight, strides, dilations, pads, group, Y):
-    """``Y`` (N, O, OH, OW) = the convolution (no bias) of the batch ``X`` (N, C, H, W) with
-    ``weight`` (O, C / group, kh, kw); ``pads``: top, left (the rest of the padding is
-    implied by Y's size). Each output sums its Cg * kh * kw products in some order."""
-    N, O, OH, OW = Y.shape
-    _, Cg, kh, kw = weight.shape
-    H, W = X.shape[2], X.shape[3]
-    Og = O // group
-    sh, sw = strides[0], strides[1]
-    dh, dw = dilations[0], dilations[1]
-    pt, pl = pads[0], pads[1]
-    for n in prange(N):
-        for o in range(O):
-            c0 = (o // Og) * Cg
-            for y in range(OH):
-                for x in range(OW):
-                    Y[n, o, y, x] = 0.0
-            for c in range(Cg):
-                for i in range(kh):
-                    for j in range(kw):
-                        w = weight[o, c, i, j]
-                        if w == 0.0:
-                            continue
-                        # the x with 0 <= x * sw + j * dw - pl < W
-                        off = j * dw - pl
-                        xa = 0 if off >= 0 else (-off + sw - 1) // sw
-                        xb = min(OW, (W - 1 - off) // sw + 1) if W - 1 - off >= 0 else 0
-                        for y in range(OH):
-                            yy = y * sh + i * dh - pt
-                            if yy < 0 or yy >= H:
-                                continue
-                            for x in range(xa, xb):
-                                Y[n, o, y, x] += w * X[n, c0 + c, yy, x * sw + off]
-
-
-@njit(cache=True, parallel=True)
 def conv_forward_t(Xt, weight, strides, dilations, pads, group, Yt):
-    """:func:`conv_forward` of a batch held transposed: ``Yt`` (O, OH, OW, N) from ``Xt``
-    (C, H, W, N), each output element's products summed along the batch (vectorised)."""
+    """``Yt`` (O, OH, OW, N) = the convolution (no bias) of the batch held transposed ``Xt``
+    (C, H, W, N) with ``weight`` (O, C / group, kh, kw); ``pads``: top, left. Each output
+    sums its at most Cg * kh * kw products, the loop along the batch (vectorised)."""
     O, OH, OW, N = Yt.shape
     _, Cg, kh, kw = weight.shape
     H, W = Xt.shape[1], Xt.shape[2]
@@ -140,21 +104,21 @@ def conv_forward_t(Xt, weight, strides, dilations, pads, group, Yt):
                             out[k] += w * src[k]
 
 
-BATCH_LAST = 16  # batches of at least this many run with the batch held transposed
+def conv_args(strides, dilations, pads, group):
+    """A convolution's geometry as the kernels take it: strides, dilations, (top, left) pads
+    as int64 arrays, and the group count."""
+    return (np.asarray(strides, np.int64), np.asarray(dilations, np.int64),
+            np.asarray(pads[:2], np.int64), int(group))
 
 
 def forward_rows(X, weight, strides, dilations, pads, group, out_shape):
-    """The convolution (N, O * OH * OW) of the batch ``X`` (N, C, H, W), without bias."""
+    """The convolution (N, O * OH * OW) of the batch ``X`` (N, C, H, W), without bias (the
+    batch held transposed inside: :func:`conv_forward_t`)."""
     N = X.shape[0]
-    args = (weight, np.asarray(strides, np.int64), np.asarray(dilations, np.int64),
-            np.asarray(pads[:2], np.int64), int(group))
-    if N >= BATCH_LAST:
-        Yt = np.empty(tuple(out_shape) + (N,))
-        conv_forward_t(np.ascontiguousarray(np.moveaxis(X, 0, -1)), *args, Yt)
-        return np.ascontiguousarray(Yt.reshape(-1, N).T)
-    Y = np.empty((N,) + tuple(out_shape))
-    conv_forward(np.ascontiguousarray(X), *args, Y)
-    return Y.reshape(N, -1)
+    Yt = np.empty(tuple(out_shape) + (N,))
+    conv_forward_t(np.ascontiguousarray(np.moveaxis(X, 0, -1)), weight,
+                   *conv_args(strides, dilations, pads, group), Yt)
+    return np.ascontiguousarray(Yt.reshape(-1, N).T)
 
 
 # -- rows held transposed: the fast path's layout (crown_cli/engine/graph_rows.py) ------------
