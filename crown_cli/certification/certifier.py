@@ -20,7 +20,7 @@ from crown_cli.engine.input_sets import NORMS
 from crown_cli.engine.kernels import kernels_backend
 from crown_cli.errors import InputError
 from crown_cli.certification.methods import bind_method, names as other_method_names
-from crown_cli.certification.methods._common import DeadlineExceeded
+from crown_cli.engine.deadline import DeadlineExceeded
 from crown_cli.engine.relaxations import get_interval_free, get_relaxation
 from crown_cli.engine.radius_search import SEARCHES, SearchResult, certified_radius, refine_bracket
 from crown_cli.engine.stability import StableFromFloat32

@@ -6,7 +6,7 @@ Two kinds of method:
   ``fn(x0, eps, C, deadline=None) -> (r,) array`` (lower bounds of ``C @ f(x)`` over the l_p
   ball of radius eps around x0), searched for the certified radius by
   :func:`crown_cli.engine.radius_search.certified_radius` exactly like CROWN's bound. A slow one may take
-  a keyword ``deadline`` and raise :class:`crown_cli.certification.methods._common.DeadlineExceeded` once
+  a keyword ``deadline`` and raise :class:`crown_cli.engine.deadline.DeadlineExceeded` once
   time.monotonic() passes it (``--timeout``; the row gets status ``timeout``; lp-full does).
   (fast-lip, lp-full.)
 - ``radius``: the radius directly. ``bind(...)`` returns

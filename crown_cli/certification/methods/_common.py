@@ -13,7 +13,6 @@ from typing import Optional, Tuple
 import numpy as np
 
 from crown_cli.activations import apply_activation
-from crown_cli.engine.deadline import DeadlineExceeded, check_deadline  # noqa: F401 (re-exported)
 from crown_cli.engine.rounding import FP_ATOL, FP_RTOL
 
 # dual exponent of each input norm: the l_p ball's support function is eps * ||.||_q

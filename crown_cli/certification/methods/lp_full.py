@@ -38,7 +38,7 @@ from scipy.optimize import linprog
 from crown_cli.engine.backsub import Network, hidden_layer_bounds, margin_lower_bound
 from crown_cli.engine.rounding import FP_ATOL, FP_RTOL
 from crown_cli.engine.input_sets import NORMS
-from crown_cli.certification.methods._common import check_deadline
+from crown_cli.engine.deadline import check_deadline
 from crown_cli.engine.relaxations import get_relaxation
 
 NORMS_SUPPORTED = ("inf", "1")
