@@ -52,7 +52,9 @@ import numpy as np
 
 from crown_cli.engine.chain import Lines, relax
 from crown_cli.engine.deadline import check_deadline
+from crown_cli.engine.graph_rows import fused_rows
 from crown_cli.engine.input_sets import Box, input_terms
+from crown_cli.engine.kernels import graph_kernels
 from crown_cli.engine.rounding import ERR_SAFETY, FP_RTOL, TINY64, U64, gamma_n, widen
 
 # Ranges every value of the activation lies in (intersected with the lines' interval)
@@ -354,13 +356,9 @@ class GraphBounds:
         node i, for an activation (rows reaching it, the side each took (>= 0: lower line),
         the slope and intercept of the line taken), for a max pool the rows reaching it, else
         None; under ``"Lx"`` the rows carried back to the input."""
-        from crown_cli.engine.kernels import graph_kernels
-
         fused = graph_kernels()  # None under the numpy kernels: the twin below runs
         if fused is not None and slopes is None and tape is None and lines is None \
                 and pool_weights is None:
-            from crown_cli.engine.graph_rows import fused_rows
-
             Lx, const, mag, charge = fused_rows(self, target, Lam, fused)
         else:
             Lx, const, mag, charge = self._rows(target, Lam, slopes, tape, lines, pool_weights)
@@ -416,7 +414,7 @@ class GraphBounds:
                 const = const + icpt.sum(axis=-1)
                 mag = mag + np.abs(icpt).sum(axis=-1)
                 z = self.absval[p]
-                charge = charge + 2.0 * U64 * (np.abs(D) @ z) + TINY64 * (z.sum() + z.size)
+                charge = charge + self.activation_charge(np.abs(D) @ z, z)
                 give(p, D)
             elif node.kind == "maxpool" and pool_weights is not None and i in pool_weights:
                 p = node.inputs[0]
@@ -424,28 +422,47 @@ class GraphBounds:
                 const, mag, charge = const + dconst, mag + dmag, charge + ch
                 give(p, D)
             elif node.kind == "maxpool":
-                p = node.inputs[0]
-                D, dconst, dmag, T = self.pools[i].back(L)
-                const, mag = const + dconst, mag + dmag
-                if T > 1:  # windows overlap: sums of up to T coefficients per input
-                    charge = (charge + gamma_n(T + 1, U64) * (np.abs(L) @ self.pools[i].absval_of(self.absval[p]))
-                              + TINY64 * T * float(self.absval[p].sum()))
-                give(p, D)
+                D, dconst, dmag, dcharge = self.pool_step(i, L)
+                const, mag, charge = const + dconst, mag + dmag, charge + dcharge
+                give(node.inputs[0], D)
             else:
                 op = node.op
                 if op.bias is not None:
                     const = const + L @ op.bias
                     mag = mag + np.abs(L) @ np.abs(op.bias)
-                if op.terms:
-                    T = op.terms
-                    ain = sum(float(self.absval[j].sum()) for j in node.inputs)
-                    charge = (charge + gamma_n(T + 1, U64) * (np.abs(L) @ self.absfwd[i])
-                              + TINY64 * T * ain)
+                charge = charge + self.affine_charge(i, np.abs(L) @ self.absfwd[i])
                 for j, P in zip(node.inputs, op.transpose(L)):
                     give(j, P)
         if tape is not None:
             tape["Lx"] = Lx
         return Lx, const, mag, charge
+
+    # -- the charges both paths take (this numpy path and graph_rows.fused_rows) ------------
+    @staticmethod
+    def activation_charge(dz, z):
+        """An activation step's rounding charge: ``D = fl(L * slope)`` errs by u |D|, charged
+        against the input's magnitudes z as ``2u |D| @ z`` (``dz``, per row) plus underflow."""
+        return 2.0 * U64 * dz + TINY64 * (z.sum() + z.size)
+
+    def affine_charge(self, i, wsum):
+        """Affine node i's transpose rounding: T products per sum err by gamma_{T+1} of their
+        magnitudes, ``wsum`` = |L| @ absfwd per row, plus underflow (0 when exact)."""
+        T = self.g.nodes[i].op.terms
+        if not T:
+            return 0.0
+        ain = sum(float(self.absval[j].sum()) for j in self.g.nodes[i].inputs)
+        return gamma_n(T + 1, U64) * wsum + TINY64 * T * ain
+
+    def pool_step(self, i, L):
+        """Max pool node i's default lines applied to the rows L (r, m): (rows over its input,
+        constant, magnitude, rounding charge) per row."""
+        p = self.g.nodes[i].inputs[0]
+        D, dconst, dmag, T = self.pools[i].back(L)
+        charge = 0.0
+        if T > 1:  # windows overlap: sums of up to T coefficients per input
+            charge = (gamma_n(T + 1, U64) * (np.abs(L) @ self.pools[i].absval_of(self.absval[p]))
+                      + TINY64 * T * float(self.absval[p].sum()))
+        return D, dconst, dmag, charge
 
 
 class PoolLines:

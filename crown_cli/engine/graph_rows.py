@@ -16,9 +16,10 @@ runs along the r rows (contiguous, vectorised):
 - a dense layer is one BLAS product; other nodes (element moves, scales, pools) take the
   whole rows and run their numpy steps.
 
-The arithmetic and the rounding charges are those of ``GraphBounds._rows`` (the numpy path,
-this path's twin): the same products, the sums in another order, which no charge depends on;
-a dead element contributes 0 to every sum and charge.
+The arithmetic is that of ``GraphBounds._rows`` (the numpy path, this path's twin): the same
+products, the sums in another order, which no charge depends on; the charges are the same
+methods of ``GraphBounds`` (``activation_charge``, ``affine_charge``, ``pool_step``); a dead
+element contributes 0 to every sum and charge.
 """
 from __future__ import annotations
 
@@ -27,7 +28,7 @@ from typing import Dict, Optional, Tuple
 import numpy as np
 
 from crown_cli.engine.deadline import check_deadline
-from crown_cli.engine.rounding import TINY64, U64, gamma_n
+from crown_cli.engine.rounding import U64
 from crown_cli.graph.ops import Conv, Dense, Sum
 
 Rows = Tuple[Optional[np.ndarray], np.ndarray]  # (live element indices or None, Lt (k, r))
@@ -129,17 +130,12 @@ def fused_rows(gb, target: int, Lam: np.ndarray, kernels):
                                       _take(ln.upper, idx), _take(ln.lower_icpt, idx),
                                       _take(ln.upper_icpt, idx), z, Dt, sums)
             const, mag = const + sums[:, 0], mag + sums[:, 1]
-            charge = charge + 2.0 * U64 * sums[:, 2] + TINY64 * (z.sum() + z.size)
+            charge = charge + gb.activation_charge(sums[:, 2], z)
             give(p, (idx, Dt))
         elif node.kind == "maxpool":
-            p = node.inputs[0]
-            L = _full(rows, node.size).T
-            D, dconst, dmag, T = gb.pools[i].back(L)
-            const, mag = const + dconst, mag + dmag
-            if T > 1:
-                charge = (charge + gamma_n(T + 1, U64) * (np.abs(L) @ gb.pools[i].absval_of(
-                    gb.absval[p])) + TINY64 * T * float(gb.absval[p].sum()))
-            give(p, (None, np.ascontiguousarray(D.T)))
+            D, dconst, dmag, dcharge = gb.pool_step(i, _full(rows, node.size).T)
+            const, mag, charge = const + dconst, mag + dmag, charge + dcharge
+            give(node.inputs[0], (None, np.ascontiguousarray(D.T)))
         elif isinstance(node.op, Sum):  # a negation at most, exact
             for j, s in zip(node.inputs, node.op.signs):
                 give(j, (idx, Lt if s == 1.0 else -Lt))
@@ -151,10 +147,7 @@ def fused_rows(gb, target: int, Lam: np.ndarray, kernels):
             kernels.affine_terms_t(Lt, _take(b, idx), _take(np.abs(b), idx),
                                    _take(gb.absfwd[i], idx), sums)
             const, mag = const + sums[:, 0], mag + sums[:, 1]
-            if op.terms:
-                T = op.terms
-                ain = sum(float(gb.absval[j].sum()) for j in node.inputs)
-                charge = charge + gamma_n(T + 1, U64) * sums[:, 2] + TINY64 * T * ain
+            charge = charge + gb.affine_charge(i, sums[:, 2])
             for j, moved in zip(node.inputs, _transpose(op, (idx, Lt), kernels)):
                 give(j, moved)
     return Lx, const, mag, charge
