@@ -43,3 +43,21 @@ def random_network(sizes, seed, bias_scale=0.1):
     ws = [rng.normal(size=(sizes[i + 1], sizes[i])) / np.sqrt(sizes[i]) for i in range(len(sizes) - 1)]
     bs = [bias_scale * rng.normal(size=sizes[i + 1]) for i in range(len(sizes) - 1)]
     return ws, bs
+
+
+def interrupt_row_writes(monkeypatch, at: int = 3):
+    """Make the ``at``-th row write of a result file raise KeyboardInterrupt (Ctrl-C in the
+    middle of a run); returns the real ``RowWriter.write`` to put back."""
+    from crown_cli.io import result_files
+
+    real = result_files.RowWriter.write
+    calls = []
+
+    def write(self, row):
+        calls.append(row)
+        if len(calls) == at:
+            raise KeyboardInterrupt
+        real(self, row)
+
+    monkeypatch.setattr(result_files.RowWriter, "write", write)
+    return real

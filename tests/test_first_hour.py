@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
-from conftest import ROOT, model_path
+from conftest import ROOT, interrupt_row_writes, model_path
 from crown_cli.cli import cli
 
 SMALL = model_path("mnist_2x20.h5")
@@ -217,16 +217,7 @@ def test_ctrl_c_in_a_cli_runner_run(tmp_path, monkeypatch):
     """The same path without a subprocess: the second row's write is interrupted."""
     from crown_cli.io import result_files
 
-    real = result_files.RowWriter.write
-    calls = []
-
-    def write(self, row):
-        calls.append(row)
-        if len(calls) == 3:
-            raise KeyboardInterrupt
-        real(self, row)
-
-    monkeypatch.setattr(result_files.RowWriter, "write", write)
+    real = interrupt_row_writes(monkeypatch)
     out = tmp_path / "r.csv"
     res = certify("-n", 5, "-o", out, "--overwrite")
     assert res.exit_code == 130

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
-from conftest import ROOT, model_path
+from conftest import ROOT, interrupt_row_writes, model_path
 from crown_cli.cli import cli
 
 onnx = pytest.importorskip("onnx")
@@ -319,16 +319,7 @@ def test_help_texts_say_what_the_tool_does():
 def test_summary_after_resume_averages_the_whole_file(tmp_path, monkeypatch):
     from crown_cli.io import result_files
 
-    real = result_files.RowWriter.write
-    calls = []
-
-    def write(self, row):
-        calls.append(row)
-        if len(calls) == 3:
-            raise KeyboardInterrupt
-        real(self, row)
-
-    monkeypatch.setattr(result_files.RowWriter, "write", write)
+    real = interrupt_row_writes(monkeypatch)
     out = tmp_path / "r.csv"
     assert run("certify", "--model", SMALL, "-n", 5, "-o", out).exit_code == 130
     monkeypatch.setattr(result_files.RowWriter, "write", real)

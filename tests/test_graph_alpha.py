@@ -124,12 +124,10 @@ def test_sound_on_balls_under_sampling(tmp_path, qcode, norm):
     assert np.all(Y.min(axis=0) >= alpha - 1e-9)
 
 
-def test_verify_alpha_stage_proves_what_crown_cannot(tmp_path):
-    """A max-pool graph and a threshold between CROWN's bound and alpha's (from the MILP
-    test's case): the crown stage leaves it open (without branch and bound), the alpha-crown
-    stage proves it, and so does ReLU splitting after the crown stage."""
+def _crown_alpha_gap(tmp_path):
+    """A max-pool graph and a property whose threshold lies between CROWN's bound and alpha's
+    (from the MILP test's case): (graph, its CROWN bounds on the box, the property)."""
     from crown_cli.io.vnnlib import parse_vnnlib_text
-    from crown_cli.verification.graph_pipeline import GraphVerifier
     from test_graph_verify import spec
 
     g = graph_of(tmp_path, "conv_maxpool", 1)
@@ -144,6 +142,15 @@ def test_verify_alpha_stage_proves_what_crown_cannot(tmp_path):
     b = 0.5 * (crown + alpha)  # row . y <= b is the unsafe set: empty, and only alpha sees it
     prop = parse_vnnlib_text(spec(lo, hi, g.output_size, [(row, b)]), "p", g.input_size,
                              g.output_size)
+    return g, gb, prop
+
+
+def test_verify_alpha_stage_proves_what_crown_cannot(tmp_path):
+    """The crown stage leaves the gap's property open (without branch and bound), the
+    alpha-crown stage proves it, and so does ReLU splitting after the crown stage."""
+    from crown_cli.verification.graph_pipeline import GraphVerifier
+
+    g, _, prop = _crown_alpha_gap(tmp_path)
     v = GraphVerifier(g, stages=("crown",), attack_restarts=8, attack_steps=20,
                       bab=False).verify(prop, 60)
     assert v.result == "unknown"
@@ -264,26 +271,13 @@ def test_alpha_stage_skips_intermediate_optimisation_when_the_rows_suffice(tmp_p
     """The alpha-crown stage on a graph first optimises the rows' slopes over CROWN's
     intermediate bounds; a property that proves there stops there: the intermediate bounds'
     optimisation (minutes on a CIFAR ResNet), which this graph admits, never runs."""
-    from crown_cli.io.vnnlib import parse_vnnlib_text
     from crown_cli.verification.graph_pipeline import GraphVerifier, alpha_can_tighten
-    from test_graph_verify import spec
 
-    g = graph_of(tmp_path, "conv_maxpool", 1)
-    rng = np.random.default_rng(1)
-    x0 = rng.uniform(-1.0, 1.0, g.input_size)
-    lo, hi = x0 - 0.05, x0 + 0.05
-    row = rng.standard_normal((3, g.output_size))[0]
-    gb = GraphBounds(g, *Box(lo, hi).args())
-    crown = gb.lower(g.output, row[None])[0]
-    last = alpha_lower(gb, g.output, row[None])[0]
-    assert crown < last - 0.1
+    g, gb, prop = _crown_alpha_gap(tmp_path)  # the rows' alpha over CROWN's bounds proves it
     assert alpha_can_tighten(gb)
     calls = []
     real = GraphBounds._alpha_bounds
     monkeypatch.setattr(GraphBounds, "_alpha_bounds",
                         lambda self, *a: calls.append(1) or real(self, *a))
-    b = 0.5 * (crown + last)
-    prop = parse_vnnlib_text(spec(lo, hi, g.output_size, [(row, b)]), "p", g.input_size,
-                             g.output_size)
     v = GraphVerifier(g, attack_restarts=8, attack_steps=20).verify(prop, 60)
     assert v.result == "unsat" and v.stage == "alpha-crown" and not calls, (v, calls)
