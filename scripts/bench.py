@@ -231,23 +231,33 @@ def conv_worker(n_images):
     cert = gc_mod.GraphCertifier(graph, norm="inf", method="crown")
     z = cert.logits(x)
     order = np.argsort(z, axis=1)
-    picks = [i for i in range(x.shape[0]) if order[i, -1] == y[i]][:n_images]
-    times, evals, eps = [], [], []
-    for i in picks:  # no warm-up needed: no numba kernels on the graph path
-        r = cert.certify(x[i], int(order[i, -1]), [int(order[i, -2])])
-        times.append(r.time_s)
-        evals.append(r.evaluations)
-        eps.append(r.eps)
+    picks = [(i, int(order[i, -1]), int(order[i, -2])) for i in range(x.shape[0])
+             if order[i, -1] == y[i]][:n_images]
+    times, evals, eps = _certify_picks(cert, x, picks)
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
     tracemalloc.start()
-    i = picks[0]
-    cert.certify(x[i], int(order[i, -1]), [int(order[i, -2])])
+    i, c, t = picks[0]
+    cert.certify(x[i], c, [t])
     traced = tracemalloc.get_traced_memory()[1] / 2.0 ** 20
     tracemalloc.stop()
     print(json.dumps({"case": "conv", "images": len(picks), "mean_s": sum(times) / len(times),
                       "median_s": statistics.median(times), "evaluations": float(np.mean(evals)),
                       "mean_eps": float(np.mean(eps)), "rss_mb": rss, "traced_mb": traced,
                       "accuracy": float(np.mean(order[:, -1] == y))}))
+
+
+def _certify_picks(cert, x, picks):
+    """Each pick (image, class, target) certified, after one warm-up certification (the
+    numba kernels' cache): per pick its time, evaluations and eps."""
+    i, c, t = picks[0]
+    cert.certify(x[i], c, [t])
+    times, evals, eps = [], [], []
+    for i, c, t in picks:
+        r = cert.certify(x[i], c, [t])
+        times.append(r.time_s)
+        evals.append(r.evaluations)
+        eps.append(float(r.eps))
+    return times, evals, eps
 
 
 def _resnet():
@@ -282,20 +292,15 @@ def resnet_worker(n_images):
     x = gc_mod.to_graph_layout(graph, x)
     cert = gc_mod.GraphCertifier(graph, norm="inf", method="crown")
     picks = _resnet_picks(cert.logits(x), n_images)
-    i, c, t = picks[0]
-    cert.certify(x[i], c, [t])  # warm-up: the numba kernels' cache
-    times, evals, eps, per_bound = [], [], [], []
-    for i, c, t in picks:
-        r = cert.certify(x[i], c, [t])
-        times.append(r.time_s)
-        evals.append(r.evaluations)
-        eps.append(float(r.eps))
+    times, evals, eps = _certify_picks(cert, x, picks)
+    per_bound = []
+    for (i, c, t), e in zip(picks, eps):
         row = np.zeros((1, 10))
         row[0, c], row[0, t] = 1.0, -1.0
         best = np.inf
         for _ in range(2):
             t0 = time.perf_counter()
-            GraphBounds(graph, x[i], r.eps, 0).bounds(row)
+            GraphBounds(graph, x[i], e, 0).bounds(row)
             best = min(best, time.perf_counter() - t0)
         per_bound.append(best)
     print(json.dumps({"case": "resnet", "images": len(picks), "mean_s": sum(times) / len(times),
