@@ -120,10 +120,8 @@ TILES = 2  # an image-shaped node's neurons are bounded in up to TILES x TILES s
 def _tiles(rows, shape):
     """The neurons ``rows`` of a node in groups whose rows back-substitute together: on an
     image-shaped node (1, C, H, W) under the numba kernels, one group per tile of a
-    TILES x TILES grid over (H, W) (every channel), so that each group's rows stay on a small
-    window of each node below (:mod:`crown_cli.engine.graph_rows`); else one group."""
-    from crown_cli.engine.kernels import graph_kernels
-
+    TILES x TILES grid over (H, W) (every channel), so that each group's rows stay on few live
+    elements of each node below (:mod:`crown_cli.engine.graph_rows`); else one group."""
     if len(shape) != 4 or graph_kernels() is None or rows.size == 0:
         return [rows]
     H, W = int(shape[2]), int(shape[3])
