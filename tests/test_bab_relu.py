@@ -23,6 +23,11 @@ def _case(seed, sizes=(6, 20, 20, 3), eps=0.3):
     return w, b, x0, x0 - eps, x0 + eps
 
 
+def _bounder(*args, **kw):
+    """The Bounder of ``ReluSplitProblem(*args, **kw)``."""
+    return bab_relu.Bounder(bab_relu.ReluSplitProblem(*args, **kw))
+
+
 def _random_params(bd, rng, B, leak=0.0):
     split = rng.integers(-1, 2, (B, bd.nU)).astype(np.int8)
     alpha = rng.uniform(leak, 1.0, (B, bd.m, bd.nU))
@@ -34,7 +39,7 @@ def _random_params(bd, rng, B, leak=0.0):
 def test_gradient_matches_finite_differences(activation):
     w, b, x0, lo, hi = _case(1)
     A = np.array([[1.0, -1.0, 0.0], [0.5, 0.0, -1.0]])
-    bd = bab_relu.Bounder(w, b, lo, hi, A, np.zeros(2), activation=activation)
+    bd = _bounder(w, b, lo, hi, A, np.zeros(2), activation=activation)
     assert bd.nU > 5
     rng = np.random.default_rng(2)
     leak = bd.leak
@@ -63,7 +68,7 @@ def test_gradient_matches_finite_differences(activation):
 def test_float32_gradient_close_to_float64():
     w, b, x0, lo, hi = _case(3)
     A = np.array([[1.0, 0.0, -1.0]])
-    bd = bab_relu.Bounder(w, b, lo, hi, A, np.zeros(1))
+    bd = _bounder(w, b, lo, hi, A, np.zeros(1))
     split, alpha, beta = _random_params(bd, np.random.default_rng(4), 4)
     v64, s64 = bd.evaluate(split, alpha, beta, np.float64, keep=True)
     v32, s32 = bd.evaluate(split, alpha.astype(np.float32), beta.astype(np.float32),
@@ -78,7 +83,7 @@ def test_root_bound_equals_crown(seed):
     w, b, x0, lo, hi = _case(seed, sizes=(8, 30, 30, 20, 4), eps=0.2)
     A = np.array([[1.0, -1.0, 0.0, 0.0], [0.0, 1.0, 0.0, -1.0], [-0.5, 0.0, 2.0, 0.0]])
     bvec = np.array([0.1, -0.2, 0.3])
-    bd = bab_relu.Bounder(w, b, lo, hi, A, bvec)
+    bd = _bounder(w, b, lo, hi, A, bvec)
     assert bd.nU > 10
     split = np.zeros((2, bd.nU), np.int8)
     alpha = np.broadcast_to(bd.initial_alpha().astype(np.float64), (2, 3, bd.nU)).copy()
@@ -97,7 +102,7 @@ def test_subdomain_bounds_sound_on_samples(activation):
     w, b, x0, lo, hi = _case(7, eps=0.4)
     A = np.array([[1.0, -1.0, 0.0], [0.0, -1.0, 1.0]])
     bvec = np.array([0.05, -0.1])
-    bd = bab_relu.Bounder(w, b, lo, hi, A, bvec, activation=activation)
+    bd = _bounder(w, b, lo, hi, A, bvec, activation=activation)
     rng = np.random.default_rng(8)
     X = lo + (hi - lo) * rng.uniform(size=(20000, lo.size))
     # pre-activations of the unstable neurons at every sample
@@ -134,7 +139,7 @@ def test_subdomain_bounds_sound_on_samples(activation):
 def test_charge_hook_lowers_bound():
     w, b, x0, lo, hi = _case(2)
     A = np.array([[1.0, -1.0, 0.0]])
-    bd = bab_relu.Bounder(w, b, lo, hi, A, np.zeros(1))
+    bd = _bounder(w, b, lo, hi, A, np.zeros(1))
     split, alpha, beta = _random_params(bd, np.random.default_rng(3), 2)
     seen = []
 
@@ -231,7 +236,7 @@ def test_no_hidden_layer_and_no_rows():
 @pytest.mark.parametrize("activation", ["relu", "leaky_relu"])
 def test_root_layer_bounds_sound_and_tighter(activation):
     w, b, x0, lo, hi = _case(4, sizes=(6, 30, 30, 30, 3), eps=0.4)
-    crown_b = bab_relu.Bounder(w, b, lo, hi, np.zeros((0, 3)), np.zeros(0), activation).bounds
+    crown_b = _bounder(w, b, lo, hi, np.zeros((0, 3)), np.zeros(0), activation).bounds
     tight = bab_relu.root_layer_bounds(w, b, lo, hi, activation)
     rng = np.random.default_rng(5)
     X = lo + (hi - lo) * rng.uniform(size=(20000, lo.size))
@@ -251,7 +256,7 @@ def test_root_layer_bounds_sound_and_tighter(activation):
 def test_float32_kernels_match_numpy_path(activation):
     w, b, x0, lo, hi = _case(6, sizes=(6, 20, 20, 20, 3), eps=0.3)
     A = np.array([[1.0, -1.0, 0.0], [0.0, 1.0, -1.0]])
-    bd = bab_relu.Bounder(w, b, lo, hi, A, np.zeros(2), activation=activation)
+    bd = _bounder(w, b, lo, hi, A, np.zeros(2), activation=activation)
     split, alpha, beta = _random_params(bd, np.random.default_rng(9), 5, bd.leak)
     alpha, beta = alpha.astype(np.float32), beta.astype(np.float32)
     v1, s1 = bd.evaluate(split, alpha, beta, np.float32, keep=True)
@@ -295,7 +300,7 @@ def test_float64_bound_charges_product_rounding_on_cancelling_networks():
     for seed in range(6):
         W, b, x0, eps, w = cancelling_network(seed)
         lo, hi = x0 - eps, x0 + 0.5 * eps
-        bd = bab_relu.Bounder(W, b, lo, hi, np.array([[1.0]]), np.array([0.0]))
+        bd = _bounder(W, b, lo, hi, np.array([[1.0]]), np.array([0.0]))
         B = 1
         split = np.zeros((B, bd.nU), np.int8)
         alpha = np.zeros((B, 1, bd.nU))
@@ -380,7 +385,7 @@ def test_leaky_split_multiplier_cancellation_is_charged():
     float64 bound must charge the product's rounding, u |fl(Lu leak)| Z, to stay below."""
     F = Fraction
     leak, c, w = 0.9, 0.7376249627272775, -1.637272040936716
-    bd = bab_relu.Bounder([np.array([[1.0]]), np.array([[w]])], [np.zeros(1), np.zeros(1)],
+    bd = _bounder([np.array([[1.0]]), np.array([[w]])], [np.zeros(1), np.zeros(1)],
                           np.array([-1.0]), np.array([0.5]), np.array([[c]]), np.zeros(1),
                           activation="leaky_relu", leak=leak)
     assert bd.nU == 1
@@ -400,7 +405,7 @@ def test_leaky_split_multiplier_cancellation_is_charged():
         for seed in range(4):
             w_, b_ = random_mlp([3, 5, 4, 1], seed=seed)
             lo, hi = -np.ones(3), np.ones(3)
-            bd = bab_relu.Bounder(w_, b_, lo, hi, np.array([[0.7376249627272775]]),
+            bd = _bounder(w_, b_, lo, hi, np.array([[0.7376249627272775]]),
                                   np.zeros(1), activation="leaky_relu", leak=leak)
             rng = np.random.default_rng(seed)
             split = rng.choice(np.array([-1, -1, 0, 1], np.int8), bd.nU)
@@ -505,14 +510,14 @@ def _slopes_bounder(w, b, lo, hi, A, bvec, activation, slopes, rng):
     """A Bounder whose per-domain bounds use no root slopes (adaptive), the root's optimised
     ones (with the root's bounds), or random ones in [leak, 1] of the same layout."""
     if slopes is None:
-        return bab_relu.Bounder(w, b, lo, hi, A, bvec, activation)
+        return _bounder(w, b, lo, hi, A, bvec, activation)
     bounds, sl = bab_relu.root_layer_bounds(w, b, lo, hi, activation, slopes=True)
     assert any(e is not None for e in sl)
     if slopes == "random":
         leak = 0.0 if activation == "relu" else 0.2
         sl = [None if e is None else (e[0], rng.uniform(leak, 1.0, e[1].shape)) for e in sl]
-    bd = bab_relu.Bounder(w, b, lo, hi, A, bvec, activation, layer_bounds=bounds,
-                          interm_slopes=sl)
+    bd = _bounder(w, b, lo, hi, A, bvec, activation, layer_bounds=bounds,
+                          layer_slopes=sl)
     assert any(x is not None for x in bd.islopes)
     return bd
 
@@ -523,11 +528,11 @@ def test_interm_slopes_must_match_the_layer_bounds():
     w, b, x0, lo, hi = _case(24, sizes=(5, 10, 10, 10, 3), eps=0.3)
     bounds, sl = bab_relu.root_layer_bounds(w, b, lo, hi, slopes=True)
     _, other = bab_relu.root_layer_bounds(w, b, lo - 0.2, hi + 0.2, slopes=True)
-    with pytest.raises(ValueError, match="interm_slopes: layer [12] does not match"):
-        bab_relu.Bounder(w, b, lo, hi, np.zeros((0, 3)), np.zeros(0), layer_bounds=bounds,
-                         interm_slopes=other)
-    bd = bab_relu.Bounder(w, b, lo, hi, np.zeros((0, 3)), np.zeros(0), layer_bounds=bounds,
-                          interm_slopes=sl)
+    with pytest.raises(ValueError, match="layer_slopes: layer [12] does not match"):
+        _bounder(w, b, lo, hi, np.zeros((0, 3)), np.zeros(0), layer_bounds=bounds,
+                         layer_slopes=other)
+    bd = _bounder(w, b, lo, hi, np.zeros((0, 3)), np.zeros(0), layer_bounds=bounds,
+                          layer_slopes=sl)
     k = next(k for k, e in enumerate(sl) if e is not None)
     assert bd.islopes[k].shape == (2 * bd.ucols[k].size, bd.offsets[k])
     assert np.all((bd.islopes[k] >= 0.0) & (bd.islopes[k] <= 1.0))
@@ -714,7 +719,7 @@ def test_optimise_takes_no_step_after_the_deadline(monkeypatch):
     its first evaluation."""
     w, b, x0, lo, hi = _case(3)
     A = np.array([[1.0, 0.0, -1.0]])
-    bd = bab_relu.Bounder(w, b, lo, hi, A, np.zeros(1))
+    bd = _bounder(w, b, lo, hi, A, np.zeros(1))
     calls = {"evaluate": 0, "gradient": 0}
     evaluate, gradient = bd.evaluate, bd.gradient
 
@@ -778,7 +783,7 @@ def test_cases_decided_jointly_match_the_milp(seed):
 def test_case_groups_score_and_unsafe_set():
     w, b, x0, lo, hi = _case(3)
     A = np.array([[1.0, -1.0, 0.0], [1.0, 0.0, -1.0], [0.0, 1.0, -1.0]])
-    bd = bab_relu.Bounder(w, b, lo, hi, A, np.zeros(3), groups=[0, 0, 1])
+    bd = _bounder(w, b, lo, hi, A, np.zeros(3), groups=[0, 0, 1])
     v = np.array([[-1.0, 2.0, -3.0], [1.0, -1.0, 0.5], [np.nan, 1.0, 1.0]])
     # case 0 (rows 0, 1) needs one row > 0, case 1 (row 2) its row; the worst case counts
     # a NaN row bound never proves (a numerical failure: no proof even beside a good row)
@@ -793,7 +798,7 @@ def test_case_groups_score_and_unsafe_set():
                      bd.gstart)
     np.testing.assert_array_equal(got, [True, False, True])
     with pytest.raises(ValueError, match="groups"):
-        bab_relu.Bounder(w, b, lo, hi, A, np.zeros(3), groups=[0, 1, 0])
+        _bounder(w, b, lo, hi, A, np.zeros(3), groups=[0, 1, 0])
 
 
 def test_blend_matches_a_loop():

@@ -370,7 +370,8 @@ def test_bounder_sparse_weights_give_the_dense_bounds(tmp_path, monkeypatch):
     for mode, size in (("dense", 2 ** 40), ("sparse", 0)):
         monkeypatch.setattr(dmod, "SPARSE_MIN_SIZE", size)
         monkeypatch.setattr(dmod, "SPARSE_MAX_DENSITY", 0.9)
-        bd = bmod.Bounder(mlp.weights, mlp.biases, x0 - 0.2, x0 + 0.2, A, np.zeros(2))
+        bd = bmod.Bounder(bmod.ReluSplitProblem(mlp.weights, mlp.biases, x0 - 0.2, x0 + 0.2, A,
+                                                  np.zeros(2)))
         assert bd.nU > 0
         assert (mode == "sparse") == any(not isinstance(w, np.ndarray) for w in bd.Wmul)
         split = rng.integers(-1, 2, size=(3, bd.nU)).astype(np.int8) if mode == "dense" \

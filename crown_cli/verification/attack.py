@@ -17,6 +17,7 @@ not exact: a point with ``A_i f(x) - b_i`` within rounding of 0 may be accepted 
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 from typing import Optional, Sequence
 
 import numpy as np
@@ -79,33 +80,44 @@ def _starts(lo, hi, n, rng):
     return np.clip(X, lo, hi)
 
 
+@dataclass(frozen=True)
+class AttackSettings:
+    """The settings of a counterexample search: ``restarts`` starting points run as one batch
+    for ``steps`` sign-gradient steps each, drawn from ``seed``."""
+
+    restarts: int = DEFAULT_RESTARTS
+    steps: int = DEFAULT_STEPS
+    seed: int = 0
+
+
 def find_counterexample(weights: Sequence[np.ndarray], biases: Sequence[np.ndarray],
                         activation: str, alpha, lo, hi, A, b, *,
-                        restarts: int = DEFAULT_RESTARTS, steps: int = DEFAULT_STEPS,
-                        seed: int = 0, deadline: Optional[float] = None) -> Optional[np.ndarray]:
+                        deadline: Optional[float] = None, **settings) -> Optional[np.ndarray]:
     """A verified x in [lo, hi] with ``A f(x) <= b`` (every row), or None if none was found.
 
-    ``restarts`` starting points run as one batch for ``steps`` sign-gradient steps each;
-    ``deadline`` is a ``time.monotonic()`` instant after which the search stops (checked once
-    per step). None never proves anything: the property may still be violated.
+    ``settings``: the fields of :class:`AttackSettings` (keywords); ``deadline`` is a
+    ``time.monotonic()`` instant after which the search stops (checked once per step). None
+    never proves anything: the property may still be violated.
     """
     found = find_counterexample_any(weights, biases, activation, alpha, lo, hi, [(A, b)],
-                                    restarts=restarts, steps=steps, seed=seed, deadline=deadline)
+                                    deadline=deadline, **settings)
     return None if found is None else found[1]
 
 
 def find_counterexample_any(weights: Sequence[np.ndarray], biases: Sequence[np.ndarray],
                             activation: str, alpha, lo, hi, cases, *,
-                            restarts: int = DEFAULT_RESTARTS, steps: int = DEFAULT_STEPS,
-                            seed: int = 0, deadline: Optional[float] = None):
+                            deadline: Optional[float] = None, **settings):
     """(j, x): a verified x in [lo, hi] with ``A_j f(x) <= b_j`` for one of the output
-    conjunctions ``cases`` = [(A_j, b_j), ...] sharing this box, or None.
+    conjunctions ``cases`` = [(A_j, b_j), ...] sharing this box, or None. ``settings``: the
+    fields of :class:`AttackSettings` (keywords).
 
     One batch of starts descends on ``min_j max_i (A_j f(x) - b_j)_i``: the gradient is that
     of the row attaining the max in the case attaining the min, so each start heads for the
     case it is nearest to violating (one run instead of one per case: mnistfc's properties
     have nine single-row cases on one box).
     """
+    o = AttackSettings(**settings)
+    restarts, steps, seed = o.restarts, o.steps, o.seed
     if activation not in ACTIVATIONS:
         raise InputError(f"no gradient for activation '{activation}'")
     if restarts < 1 or steps < 0:

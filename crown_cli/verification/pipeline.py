@@ -286,7 +286,8 @@ class Verifier:
         branches for its own case). The root's optimised slopes serve every domain's
         recomputed hidden-layer bounds. docs/bab.md has the measurements behind both
         choices."""
-        from crown_cli.verification.bab.relu_split import relu_split_steps, root_layer_bounds
+        from crown_cli.verification.bab.relu_split import (ReluSplitProblem, relu_split_steps,
+                                                           root_layer_bounds)
 
         leak = None if self.activation == "relu" else self.alpha
         joint = len(self.weights) - 1 >= JOINT_LAYERS
@@ -314,11 +315,11 @@ class Verifier:
                 def start(progress, c0=c0, A=A, b=b, groups=groups, root_bounds=root_bounds,
                           seed=self.seed + part[0]):
                     lb, ls = root_bounds()
-                    return relu_split_steps(
-                        self.weights, self.biases, c0.lo, c0.hi, A, b, deadline,
-                        max_domains=self.max_domains, activation=self.activation, leak=leak,
-                        layer_bounds=lb, layer_slopes=ls, groups=groups, seed=seed,
-                        attack_restarts=0, progress=progress)
+                    problem = ReluSplitProblem(self.weights, self.biases, c0.lo, c0.hi, A, b,
+                                               self.activation, leak, layer_bounds=lb,
+                                               groups=groups, layer_slopes=ls)
+                    return relu_split_steps(problem, deadline, max_domains=self.max_domains,
+                                            seed=seed, attack_restarts=0, progress=progress)
                 runs.append(Run(list(part), "ReLU split", start))
         return runs
 

@@ -22,6 +22,7 @@ from crown_cli.engine.kernels import relu_split_kernels as _kern
 from crown_cli.engine.relaxations import get_relaxation
 from crown_cli.engine.rounding import FP_RTOL, U64, margin_rows_rounding, round_up, rounding_weights
 from crown_cli.verification.bab.domain_bounds import DomainBounds, sparse_enough
+from crown_cli.verification.bab.domains import ReluSplitProblem
 
 
 class _Relax:
@@ -38,6 +39,7 @@ class Bounder(DomainBounds):
     order; a batch gives per domain ``split`` (B, nU) int8 in {-1, 0, +1} and per (domain,
     row) ``alpha``, ``beta`` (B, m, nU).
 
+    The :class:`ReluSplitProblem` gives the network, the box and the rows. Its
     ``layer_bounds``: the hidden layers' (l, u), valid on the box (default: CROWN's, from
     ``crown.hidden_layer_bounds``; :func:`root_layer_bounds` gives tighter ones).
 
@@ -45,14 +47,29 @@ class Bounder(DomainBounds):
     unsafe set is the union over cases of ``{A_g f(x) <= b_g}`` (each a conjunction): a domain
     is proven when every case has a row whose lower bound is above 0 (:meth:`score` > 0).
 
-    ``interm_slopes``: lower slopes for the per-domain hidden-layer bounds of :meth:`tighten`,
+    ``layer_slopes``: lower slopes for the per-domain hidden-layer bounds of :meth:`tighten`,
     as :func:`root_layer_bounds` returns them with ``slopes`` (given with its bounds): each
     layer's neuron keeps the slopes optimised for it at the root instead of CROWN's adaptive
     ones (any slope in [leak, 1] is a valid lower bound of an unstable neuron).
     """
 
-    def __init__(self, weights, biases, lo, hi, A, b, activation="relu", leak=None,
-                 layer_bounds=None, groups=None, interm_slopes=None):
+    def __init__(self, problem: ReluSplitProblem):
+        self._network(problem.weights, problem.biases, problem.activation, problem.leak)
+        self.box = Box(problem.lo, problem.hi)
+        self._rows(problem.A, problem.b, problem.groups)
+        relax = self._root_bounds(problem.layer_bounds)
+        self._unstable(relax)
+        self._root_slopes(problem.layer_slopes)
+        self._subs = {}  # per hidden layer k: :meth:`_sub`'s Bounder
+        self._warm = {}  # per hidden layer k: tighten_opt's running start (alpha, beta)
+        self.layer_of = np.zeros(self.nU, dtype=np.int64)
+        for k in range(self.L):
+            self.layer_of[self.offsets[k]:self.offsets[k + 1]] = k
+        self._products()
+        self._rounding_charges()
+
+    def _network(self, weights, biases, activation, leak):
+        """The weights (float64), the activation and its slope (0 for ReLU)."""
         if activation not in supporting("bab"):
             raise ValueError(f"relu_split: activation must be one of {', '.join(supporting('bab'))}")
         self.weights = [np.ascontiguousarray(w, dtype=np.float64) for w in weights]
@@ -67,7 +84,9 @@ class Bounder(DomainBounds):
             raise ValueError("relu_split: leaky ReLU slope must lie in [0, 1]")
         self.leak = leak
         self.net = Network(self.weights, self.biases)
-        self.box = Box(lo, hi)
+
+    def _rows(self, A, b, groups):
+        """The rows ``A f(x) - b_up`` and the case of each."""
         self.A = np.atleast_2d(np.asarray(A, dtype=np.float64))
         self.b = np.asarray(b, dtype=np.float64).reshape(-1)
         self.b_up = round_up(self.b)
@@ -79,7 +98,11 @@ class Bounder(DomainBounds):
         self.group_of = g
         self.gstart = np.flatnonzero(np.r_[True, g[1:] != g[:-1]]) if self.m else \
             np.zeros(0, np.int64)
-        relax_fn = get_relaxation(activation, "crown", None if activation == "relu" else leak)
+
+    def _root_bounds(self, layer_bounds):
+        """The hidden layers' root bounds (given, else CROWN's); returns their relaxations."""
+        relax_fn = get_relaxation(self.activation, "crown",
+                                  None if self.activation == "relu" else self.leak)
         self.relax_fn = relax_fn
         self.L = self.net.num_hidden
         if layer_bounds is not None:
@@ -92,8 +115,12 @@ class Bounder(DomainBounds):
             self.bounds, relax = [], []
         if len(self.bounds) != self.L:
             raise ValueError("layer_bounds: one (l, u) per hidden layer")
-        # per hidden layer: slope of stable neurons (0 on unstable ones), unstable columns,
-        # their chord slope/intercept and CROWN's lower slope (the initial alpha)
+        return relax
+
+    def _unstable(self, relax):
+        """Per hidden layer: slope of stable neurons (0 on unstable ones), unstable columns,
+        their chord slope/intercept and CROWN's lower slope (the initial alpha); the global
+        numbering of the unstable neurons (``offsets``, ``nU``)."""
         self.stable_slope, self.ucols, self.chord_s, self.chord_t, self.alpha0 = [], [], [], [], []
         self.offsets = [0]
         for (l, u), r in zip(self.bounds, relax):
@@ -107,25 +134,25 @@ class Bounder(DomainBounds):
             self.alpha0.append(r.aL[cols].copy())
             self.offsets.append(self.offsets[-1] + cols.size)
         self.nU = self.offsets[-1]
-        # per hidden layer k >= 1: (2 R_k, offsets[k]) lower slopes of the rows z_j, -z_j of
-        # its unstable neurons over the unstable neurons before it, or None (adaptive)
+
+    def _root_slopes(self, layer_slopes):
+        """Per hidden layer k >= 1: (2 R_k, offsets[k]) lower slopes of the rows z_j, -z_j of
+        its unstable neurons over the unstable neurons before it, or None (adaptive)."""
         self.islopes = [None] * self.L
-        for k, entry in enumerate(interm_slopes or ()):
+        for k, entry in enumerate(layer_slopes or ()):
             if entry is None or k == 0 or k >= self.L or self.ucols[k].size == 0:
                 continue
             neur, a = np.asarray(entry[0]), np.asarray(entry[1], np.float64)
             pos = np.searchsorted(neur, self.ucols[k])
             if (a.shape != (2 * neur.size, self.offsets[k]) or np.any(pos >= neur.size)
                     or np.any(neur[np.minimum(pos, neur.size - 1)] != self.ucols[k])):
-                raise ValueError(f"interm_slopes: layer {k} does not match the layer bounds")
+                raise ValueError(f"layer_slopes: layer {k} does not match the layer bounds")
             self.islopes[k] = np.ascontiguousarray(
-                np.clip(np.concatenate([a[pos], a[neur.size + pos]]), leak, 1.0))
-        self._subs = {}  # per hidden layer k: :meth:`_sub`'s Bounder
-        self._warm = {}  # per hidden layer k: tighten_opt's running start (alpha, beta)
-        self.layer_of = np.zeros(self.nU, dtype=np.int64)
-        for k in range(self.L):
-            self.layer_of[self.offsets[k]:self.offsets[k + 1]] = k
-        # float32 copies for the optimisation
+                np.clip(np.concatenate([a[pos], a[neur.size + pos]]), self.leak, 1.0))
+
+    def _products(self):
+        """The weights as the products take them: float32 copies for the optimisation,
+        mostly-zero ones as CSR matrices, the last layer folded into the rows."""
         self.W32 = [w.astype(np.float32) for w in self.weights]
         self.WT32 = [np.ascontiguousarray(w.T.astype(np.float32)) for w in self.weights]
         self.b32 = [v.astype(np.float32) for v in self.biases]
@@ -149,6 +176,9 @@ class Bounder(DomainBounds):
         self.c = self.box.center
         self.r = self.box.radius
         self.c32, self.r32 = self.c.astype(np.float32), self.r.astype(np.float32)
+
+    def _rounding_charges(self):
+        """The float64 rounding charges of the products (see :meth:`evaluate`)."""
         # float64 rounding charges, as crown.back_substitute applies them: per hidden layer k
         # the weights (v_k, t_k) of the step through it (rounding_weights, unit 2**-53)
         # from the layer's root interval (a split only narrows it on its subdomain) and the

@@ -11,12 +11,14 @@ prove stable is fixed like a split; a domain whose bounds cross is empty, hence 
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 
 import numpy as np
 
 from crown_cli.engine.chain import Lines, Rows, relax
 from crown_cli.engine.input_sets import box_lower
 from crown_cli.engine.kernels import relu_split_kernels as _kern
+from crown_cli.verification.bab.domains import ReluSplitProblem
 from crown_cli.verification.bab.optimise import _optimise_rows
 
 
@@ -31,6 +33,17 @@ def sparse_enough(w) -> bool:
     """Whether the rows multiply ``w`` faster as a CSR matrix (:data:`SPARSE_MIN_SIZE`,
     :data:`SPARSE_MAX_DENSITY`)."""
     return w.size >= SPARSE_MIN_SIZE and np.count_nonzero(w) <= SPARSE_MAX_DENSITY * w.size
+
+
+@dataclass(frozen=True)
+class TightenSettings:
+    """The settings of :meth:`DomainBounds.tighten_opt`."""
+
+    iters: int = 3  # projected Adam steps per row
+    lr_alpha: float = 0.3  # step sizes of the slopes and of the split multipliers
+    lr_beta: float = 0.3
+    max_bytes: float = 2.0 ** 27  # the rows optimised at once keep their state within this
+    warm: float = 0.0  # in (0, 1]: rows start from a running mean moved by this much
 
 
 class DomainBounds:
@@ -77,7 +90,7 @@ class DomainBounds:
         for the domains ``dd`` (n,) and layer k's R unstable neurons, over each domain (box
         and split constraints): CROWN back-substitution through layers k-1..0 with the split
         neurons fixed (identity / inactive slope), the others relaxed by the domain's bounds
-        (chord above; below the row's root-optimised slope of ``interm_slopes``, else CROWN's
+        (chord above; below the row's root-optimised slope of ``layer_slopes``, else CROWN's
         adaptive one), widened like :meth:`evaluate` (final-sum allowance and per-step product
         rounding)."""
         n, R = dd.size, self.ucols[k].size
@@ -197,18 +210,18 @@ class DomainBounds:
             cols = self.ucols[k]
             E = np.zeros((cols.size, self.weights[k].shape[0]))
             E[np.arange(cols.size), cols] = 1.0
-            cache[k] = type(self)(self.weights[:k + 1], self.biases[:k + 1], self.box.lo,
-                               self.box.hi, np.vstack([E, -E]), np.zeros(2 * cols.size),
-                               self.activation, self.leak, self.bounds[:k])
+            cache[k] = type(self)(ReluSplitProblem(
+                self.weights[:k + 1], self.biases[:k + 1], self.box.lo, self.box.hi,
+                np.vstack([E, -E]), np.zeros(2 * cols.size), self.activation, self.leak,
+                self.bounds[:k]))
         return cache[k]
 
-    def tighten_opt(self, split, dl, du, start, iters: int = 3, lr_alpha: float = 0.3,
-                    lr_beta: float = 0.3, max_bytes: float = 2.0 ** 27, deadline=None,
-                    warm: float = 0.0, max_width=None):
-        """:meth:`tighten` with optimised multipliers (beta-CROWN for the hidden layers): the
+    def tighten_opt(self, split, dl, du, start, deadline=None, max_width=None, **settings):
+        """:meth:`tighten` with optimised multipliers (beta-CROWN for the hidden layers), its
+        ``settings`` the fields of :class:`TightenSettings` (keywords): the
         bounds of every layer k after ``start[d]`` come from ``iters`` projected Adam steps
         on each row ``z_kj`` / ``-z_kj`` (:meth:`_sub`) over its lower slopes (from
-        ``interm_slopes``, else CROWN's) and multipliers beta >= 0 of the domain's split
+        ``layer_slopes``, else CROWN's) and multipliers beta >= 0 of the domain's split
         constraints ``s_i z_i >= 0`` in the layers before k. On deep domains these
         constraints narrow later layers far more than the split neurons' exact relaxation
         alone. Each bound is the float64 evaluation at the best iterate (sound on the
@@ -221,6 +234,8 @@ class DomainBounds:
         the chunk's entries of that row ended with (:func:`_blend`); any start is sound,
         only the float64 bound counts. ``max_width`` and the return value (split, dl, du,
         empty) as :meth:`tighten`."""
+        o = TightenSettings(**settings)
+        iters, lr_alpha, lr_beta, warm = o.iters, o.lr_alpha, o.lr_beta, o.warm
 
         def layer(k, doms, split, dl, du):
             o0, o1 = self.offsets[k], self.offsets[k + 1]
@@ -228,7 +243,7 @@ class DomainBounds:
             widest = max([self.box.lo.size] + [w.shape[0] for w in self.weights[:k]])
             # per row: alpha, beta, their moments and float64 copies, the tape
             per = 16 * 4 * max(o0, 1) + 8 * 3 * widest
-            chunk = max(1, int(max_bytes // per))
+            chunk = max(1, int(o.max_bytes // per))
             a0 = self.islopes[k] if self.islopes[k] is not None else \
                 np.broadcast_to(sb.initial_alpha(), (2 * R, o0))
             sg = split[doms, o0:o1].astype(np.int64)

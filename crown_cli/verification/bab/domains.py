@@ -1,12 +1,38 @@
-"""The domains of a ReLU-splitting search: a batch of them (:class:`Domains`) and the open
-ones (:class:`DomainPool`: preallocated arrays with a heap on the score, worst bound first).
+"""What a ReLU-splitting search decides (:class:`ReluSplitProblem`) and its domains: a batch
+of them (:class:`Domains`) and the open ones (:class:`DomainPool`: preallocated arrays with a
+heap on the score, worst bound first).
 """
 from __future__ import annotations
 
 import heapq
 from dataclasses import dataclass
+from typing import Optional, Sequence
 
 import numpy as np
+
+
+@dataclass(frozen=True, eq=False)
+class ReluSplitProblem:
+    """Some x in the box [lo, hi] with ``A f(x) <= b``? On the network of ``weights``,
+    ``biases`` with ReLU, or leaky ReLU of slope ``leak`` (None: the default), after every
+    layer but the last. ``groups`` (m,): the case of each row, rows of a case adjacent
+    (default: one case); the unsafe set is the union over cases of ``{A_g f(x) <= b_g}``.
+    ``layer_bounds``: the hidden layers' (l, u) valid on the box (default: CROWN's);
+    ``layer_slopes``: lower slopes for the per-domain hidden-layer bounds, as
+    :func:`~crown_cli.verification.bab.relu_split.root_layer_bounds` returns them with
+    ``slopes`` (given with its bounds)."""
+
+    weights: Sequence[np.ndarray]
+    biases: Sequence[np.ndarray]
+    lo: np.ndarray
+    hi: np.ndarray
+    A: np.ndarray
+    b: np.ndarray
+    activation: str = "relu"
+    leak: Optional[float] = None
+    layer_bounds: Optional[Sequence] = None
+    groups: Optional[np.ndarray] = None
+    layer_slopes: Optional[Sequence] = None
 
 
 @dataclass

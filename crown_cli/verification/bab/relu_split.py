@@ -62,7 +62,7 @@ import numpy as np
 from crown_cli.verification.outcome import BabResult, finish, violations
 from crown_cli.verification.bab.bounder import Bounder
 from crown_cli.verification.bab.branching import _fsb_choice, branch_scores
-from crown_cli.verification.bab.domains import DomainPool, Domains
+from crown_cli.verification.bab.domains import DomainPool, Domains, ReluSplitProblem
 from crown_cli.verification.bab.optimise import optimise, optimise_open
 
 
@@ -76,9 +76,9 @@ def root_layer_bounds(weights, biases, lo, hi, activation="relu", leak=None, ite
     optimised lower slopes, per layer k None or (neurons (R,), alpha (2R, n) float64 in
     [leak, 1]): rows z_j then -z_j of those neurons, columns the unstable neurons of the
     layers before k (numbered as in a :class:`Bounder` given these bounds), for
-    ``Bounder(interm_slopes=...)``."""
-    bd = Bounder(weights, biases, lo, hi, np.zeros((0, weights[-1].shape[0])), np.zeros(0),
-                 activation, leak)
+    ``ReluSplitProblem(layer_slopes=...)``."""
+    bd = Bounder(ReluSplitProblem(weights, biases, lo, hi, np.zeros((0, weights[-1].shape[0])),
+                                  np.zeros(0), activation, leak))
     bounds = [(l.copy(), u.copy()) for l, u in bd.bounds]
     found = [None] * bd.L
     for k in range(1, bd.L):
@@ -92,8 +92,9 @@ def root_layer_bounds(weights, biases, lo, hi, activation="relu", leak=None, ite
         A = np.zeros((2 * rows.size, n))
         A[np.arange(rows.size), rows] = 1.0
         A[rows.size + np.arange(rows.size), rows] = -1.0
-        sub = Bounder(weights[:k + 1], biases[:k + 1], lo, hi, A, np.zeros(2 * rows.size),
-                      activation, leak, layer_bounds=bounds[:k])
+        sub = Bounder(ReluSplitProblem(weights[:k + 1], biases[:k + 1], lo, hi, A,
+                                       np.zeros(2 * rows.size), activation, leak,
+                                       layer_bounds=bounds[:k]))
         split = np.zeros((1, sub.nU), np.int8)
         alpha = np.broadcast_to(sub.initial_alpha(), (1, sub.m, sub.nU)).copy()
         beta = np.zeros_like(alpha)
@@ -112,8 +113,16 @@ def root_layer_bounds(weights, biases, lo, hi, activation="relu", leak=None, ite
 def relu_split(weights: Sequence[np.ndarray], biases: Sequence[np.ndarray], lo, hi, A, b,
                deadline: float, **options) -> BabResult:
     """Decide the case ``x in [lo, hi] and A f(x) <= b`` by ReLU-splitting branch and bound:
-    :func:`relu_split_steps` run to its end (see there for the options)."""
-    return finish(relu_split_steps(weights, biases, lo, hi, A, b, deadline, **options))
+    :func:`relu_split_steps` run to its end. ``options``: the other fields of the
+    :class:`ReluSplitProblem` (``activation``, ``leak``, ``layer_bounds``, ``groups``,
+    ``layer_slopes``), and the keywords of :func:`relu_split_steps`."""
+    given = {k: options.pop(k) for k in PROBLEM_FIELDS if k in options}
+    problem = ReluSplitProblem(weights, biases, lo, hi, A, b, **given)
+    return finish(relu_split_steps(problem, deadline, **options))
+
+
+# the fields of a ReluSplitProblem beyond the network's arrays, the box and the rows
+PROBLEM_FIELDS = ("activation", "leak", "layer_bounds", "groups", "layer_slopes")
 
 
 # on networks with a hidden layer wider than this, per-domain hidden-layer bounds (interm)
@@ -164,107 +173,282 @@ class ReluSplitOptions:
     interm_max_width: Optional[int] = None
 
 
-def relu_split_steps(weights: Sequence[np.ndarray], biases: Sequence[np.ndarray], lo, hi, A,
-                     b, deadline: float, options: Optional[ReluSplitOptions] = None, *,
-                     activation: str = "relu", leak=None, layer_bounds=None, layer_slopes=None,
-                     groups=None, charge=None, log: Optional[Callable[[str], None]] = None,
+def relu_split_steps(problem: ReluSplitProblem, deadline: float,
+                     options: Optional[ReluSplitOptions] = None, *, charge=None,
+                     log: Optional[Callable[[str], None]] = None,
                      progress: Optional[Callable[[int, int, float], None]] = None,
                      **settings) -> BabResult:
-    """Decide the case ``x in [lo, hi] and A f(x) <= b`` by ReLU-splitting branch and bound,
-    as a generator: it yields the share of the domain tree proven so far (a domain after d
-    branching decisions counts 2**-d) after every batch of domains, so a caller can run
-    several cases in turn (:func:`finish` runs one to its end), and returns the
-    :class:`BabResult`.
+    """Decide the ``problem``'s cases (some ``x in [lo, hi]`` with ``A f(x) <= b``) by
+    ReLU-splitting branch and bound, as a generator: it yields the share of the domain tree
+    proven so far (a domain after d branching decisions counts 2**-d) after every batch of
+    domains, so a caller can run several cases in turn (:func:`finish` runs one to its end),
+    and returns the :class:`BabResult`.
 
+    ``problem``: the network (ReLU, or leaky ReLU with slope ``leak``), the box, the rows,
+    and optionally the hidden layers' root bounds and slopes of :func:`root_layer_bounds`
+    (e.g. computed once for several cases on one box) and ``groups``, several cases at once
+    (:class:`Bounder`): every domain is bounded in all their rows (the per-domain
+    hidden-layer bounds, most of the cost on deep networks, serve them all) and is proven
+    when every case is; a counterexample may violate any one.
     ``deadline``: a ``time.monotonic()`` instant (then ``timeout``). ``options``: the
     search's :class:`ReluSplitOptions`; ``settings`` (keyword arguments named like its
-    fields) override them. ``activation``, ``leak``: ReLU or leaky ReLU with that slope.
-    ``layer_bounds``, ``layer_slopes``: the hidden layers' root bounds and slopes of
-    :func:`root_layer_bounds` (e.g. computed once for several cases on one box).
-    ``groups``: several cases at once (:class:`Bounder`): every domain is bounded in all
-    their rows (the per-domain hidden-layer bounds, most of the cost on deep networks, serve
-    them all) and is proven when every case is; a counterexample may violate any one.
-    ``charge``: see :meth:`Bounder.evaluate`. ``log``: progress strings.
-    ``progress(domains, open, worst)``: called after every batch with the domains bounded so
-    far, the open domains and the worst open domain's score (the float32 estimate of its
-    best row's bound minus b).
+    fields) override them. ``charge``: see :meth:`Bounder.evaluate`. ``log``: progress
+    strings. ``progress(domains, open, worst)``: called after every batch with the domains
+    bounded so far, the open domains and the worst open domain's score (the float32
+    estimate of its best row's bound minus b).
     """
-    o = replace(options or ReluSplitOptions(), **settings)
-    max_domains, batch, iters, root_iters = o.max_domains, o.batch, o.iters, o.root_iters
-    branching, fsb_k, seed = o.branching, o.fsb_k, o.seed
-    attack_restarts, attack_steps = o.attack_restarts, o.attack_steps
-    interm, interm_iters, layer_window = o.interm, o.interm_iters, o.layer_window
-    interm_min_splits, interm_warm = o.interm_min_splits, o.interm_warm
-    tighten_root, max_memory, max_width = o.tighten_root, o.max_memory, o.interm_max_width
-    t0 = time.monotonic()
-    if not 0.0 <= interm_warm <= 1.0:
-        raise ValueError(f"interm_warm must lie in [0, 1], not {interm_warm}")
-    if layer_bounds is None and tighten_root and len(weights) > 2:
-        layer_bounds, layer_slopes = root_layer_bounds(weights, biases, lo, hi, activation,
-                                                       leak, deadline=deadline, slopes=True)
-    bd = Bounder(weights, biases, lo, hi, A, b, activation, leak, layer_bounds, groups,
-                 layer_slopes)
-    m, nU = bd.m, bd.nU
-    # wide: a hidden layer too wide to recompute per domain at a useful rate (docs/bab.md)
-    wide = any(w.shape[0] > INTERM_MAX_WIDTH for w in weights[:-1])
-    if max_width is None and wide:
-        max_width = INTERM_MAX_WIDTH
-    # only layers 1.. are ever recomputed (layer 0's bounds depend on the box alone)
-    some = any(max_width is None or w.shape[0] <= max_width for w in weights[1:-1])
-    if interm is None:
-        interm = bd.L >= 2 and some
-    interm = bool(interm) and bd.L > 1 and nU > 0
-    if interm_iters is None:
-        interm_iters = 3 if interm and bd.L >= 3 and not wide else 0
-    if fsb_k is None:
-        fsb_k = 20 if interm else 3
-    K = max(1, min(int(fsb_k), nU)) if branching == "fsb" else 1
-    window = int(layer_window) if layer_window is not None else \
-        (1 if interm and bd.L >= 3 and not wide else 0)
-    per_domain = nU * (1 + 8 * m + (16 if interm else 0)) + 8 * (K + 4)
-    max_domains = int(min(max_domains, max_memory // per_domain))
-    if branching not in ("babsr", "fsb"):
-        raise ValueError("branching must be 'babsr' or 'fsb'")
-    # closed: the share of the box's domain tree proven (a domain of d decisions: 2**-d)
-    stats = dict(domains=0, peak=1, batches=0, proven=0, t_interm=0.0, empty=0, closed=0.0)
+    search = _Search(problem, deadline, replace(options or ReluSplitOptions(), **settings),
+                     charge, log, progress)
+    return (yield from search.run())
 
-    def result(verdict, x=None, worst=np.nan):
-        return BabResult(verdict, x, stats["domains"], stats["peak"], float(worst),
-                         time.monotonic() - t0, stats["batches"], stats["proven"])
 
-    def violated(X):
+class _Search:
+    """One ReLU-splitting search: its :class:`Bounder`, its settings resolved for the
+    network, its counters and its open domains. :meth:`run` is the search."""
+
+    def __init__(self, problem: ReluSplitProblem, deadline, o: ReluSplitOptions, charge, log,
+                 progress):
+        self.t0 = time.monotonic()
+        if not 0.0 <= o.interm_warm <= 1.0:
+            raise ValueError(f"interm_warm must lie in [0, 1], not {o.interm_warm}")
+        p = problem
+        if p.layer_bounds is None and o.tighten_root and len(p.weights) > 2:
+            bounds, slopes = root_layer_bounds(p.weights, p.biases, p.lo, p.hi, p.activation,
+                                               p.leak, deadline=deadline, slopes=True)
+            p = replace(p, layer_bounds=bounds, layer_slopes=slopes)
+        self.bd = Bounder(p)
+        self.o, self.deadline, self.charge, self.log, self.progress = o, deadline, charge, \
+            log, progress
+        self._resolve(o, p.weights)
+        # closed: the share of the box's domain tree proven (a domain of d decisions: 2**-d)
+        self.stats = dict(domains=0, peak=1, batches=0, proven=0, t_interm=0.0, empty=0,
+                          closed=0.0)
+        self.stuck = 0  # domains with nothing left to split and no proof
+        self.pool = None  # the open domains, from the root on
+
+    def _resolve(self, o: ReluSplitOptions, weights):
+        """The settings left to the network (None in ``o``) decided, and the domain cap."""
+        bd = self.bd
+        m, nU = bd.m, bd.nU
+        # wide: a hidden layer too wide to recompute per domain at a useful rate (docs/bab.md)
+        wide = any(w.shape[0] > INTERM_MAX_WIDTH for w in weights[:-1])
+        max_width = o.interm_max_width
+        if max_width is None and wide:
+            max_width = INTERM_MAX_WIDTH
+        # only layers 1.. are ever recomputed (layer 0's bounds depend on the box alone)
+        some = any(max_width is None or w.shape[0] <= max_width for w in weights[1:-1])
+        interm = o.interm
+        if interm is None:
+            interm = bd.L >= 2 and some
+        interm = bool(interm) and bd.L > 1 and nU > 0
+        interm_iters = o.interm_iters
+        if interm_iters is None:
+            interm_iters = 3 if interm and bd.L >= 3 and not wide else 0
+        fsb_k = o.fsb_k
+        if fsb_k is None:
+            fsb_k = 20 if interm else 3
+        K = max(1, min(int(fsb_k), nU)) if o.branching == "fsb" else 1
+        window = int(o.layer_window) if o.layer_window is not None else \
+            (1 if interm and bd.L >= 3 and not wide else 0)
+        per_domain = nU * (1 + 8 * m + (16 if interm else 0)) + 8 * (K + 4)
+        self.max_domains = int(min(o.max_domains, o.max_memory // per_domain))
+        if o.branching not in ("babsr", "fsb"):
+            raise ValueError("branching must be 'babsr' or 'fsb'")
+        self.max_width, self.interm, self.interm_iters = max_width, interm, interm_iters
+        self.K, self.window = K, window
+
+    def run(self):
+        """The search: the root, then batches of the worst open domains' children, until
+        none is open (``unsat``), a counterexample (``sat``), the deadline or the cap."""
+        bd, stats = self.bd, self.stats
+        if bd.m == 0:  # no output constraint: every point of the box violates
+            return self.result("sat", bd.box.center.copy())
+        x = self.violated(bd.box.center[None, :])
+        if x is not None:
+            return self.result("sat", x)
+        decided = self._root()
+        if decided is not None:
+            return decided
+        pool = self.pool
+        while len(pool):
+            if time.monotonic() >= self.deadline:
+                return self.result("timeout", worst=pool.worst())
+            if len(pool) > self.max_domains:
+                return self.result("unknown", worst=pool.worst())
+            kids, choice = self._branch(pool.pop(max(1, self.o.batch // 2)))
+            chords = None
+            if self.interm:
+                kids = self._tighten(kids, choice)
+                if kids.split.shape[0] == 0:
+                    continue
+                chords = bd.chords(kids.dl, kids.du)
+            xv = self._bound(kids, self.o.iters, chords)
+            if xv is not None:
+                return self.result("sat", xv)
+            stats["peak"] = max(stats["peak"], len(pool))
+            if self.progress is not None:
+                self.progress(stats["domains"], len(pool), float(pool.worst()))
+            yield min(1.0, stats["closed"])
+            self._log_batch()
+        if self.stuck:
+            return self.result("unknown", worst=np.nan)
+        return self.result("unsat", worst=np.inf)
+
+    def result(self, verdict, x=None, worst=np.nan):
+        s = self.stats
+        return BabResult(verdict, x, s["domains"], s["peak"], float(worst),
+                         time.monotonic() - self.t0, s["batches"], s["proven"])
+
+    def violated(self, X):
         """The first row of X (N, d), clipped into the box, that is a counterexample, or None."""
+        bd = self.bd
         X = np.clip(X, bd.box.lo, bd.box.hi)
         ok = violations(bd.weights, bd.biases, bd.activation,
                         None if bd.activation == "relu" else bd.leak, bd.box.lo, bd.box.hi,
                         bd.A, bd.b, X, bd.gstart)
         return X[int(np.argmax(ok))].copy() if ok.any() else None
 
-    if m == 0:  # no output constraint: every point of the box violates
-        return result("sat", bd.box.center.copy())
-    x = violated(bd.box.center[None, :])
-    if x is not None:
-        return result("sat", x)
+    def _root(self):
+        """The root domain bounded (``root_iters`` steps), then the attack: the search's
+        result when that decides, else None with the root in the pool."""
+        bd, o = self.bd, self.o
+        m, nU = bd.m, bd.nU
+        split = np.zeros((1, nU), np.int8)
+        alpha = np.broadcast_to(bd.initial_alpha(), (1, m, nU)).copy()
+        beta = np.zeros((1, m, nU), np.float32)
+        done = np.zeros((1, max(1, bd.gstart.size)), bool)
+        score, proven, row, state, xv = self.assess(split, alpha, beta, done, o.root_iters)
+        if xv is not None:
+            return self.result("sat", xv)
+        if proven[0]:
+            self.stats["proven"] += 1
+            return self.result("unsat", worst=score[0])
+        if self.log is not None:
+            self.log(f"root: bound {score[0]:.5g}, {nU} unstable neurons")
+        if o.attack_restarts > 0:
+            xa = self._attack()
+            if xa is not None:
+                return self.result("sat", xa[1])
+        self.pool = DomainPool(nU, m, self.K, bounds=self.interm, cases=done.shape[1])
+        if self.interm:
+            rl, ru = bd.root_domain_bounds()
+            dl, du = rl[None, :].copy(), ru[None, :].copy()
+        else:
+            dl = du = np.zeros((1, 0))
+        root = Domains(split, alpha, beta, None, None, dl, du, done, np.zeros(1, np.int64))
+        xv = self.enqueue(score, proven, row, state, root)
+        if xv is not None:
+            return self.result("sat", xv)
+        return None
 
-    def verify64(split, alpha, beta, chords=None):
+    def _attack(self):
+        """The PGD attack on the box (:func:`find_counterexample_any`): (case, x) or None."""
+        from crown_cli.verification.attack import find_counterexample_any
+
+        bd, o = self.bd, self.o
+        return find_counterexample_any(
+            bd.weights, bd.biases, bd.activation, None if bd.activation == "relu" else bd.leak,
+            bd.box.lo, bd.box.hi, [(bd.A[g0:g1], bd.b[g0:g1]) for g0, g1 in bd.case_rows()],
+            restarts=o.attack_restarts, steps=o.attack_steps, seed=o.seed,
+            deadline=self.deadline)
+
+    def _branch(self, par: Domains):
+        """Each parent's two children on its branching neuron (filtered smart branching
+        among its candidates, else its first candidate): first all the active children (+1),
+        then the inactive ones (-1). Returns them (no candidates yet) and the neurons."""
+        bd = self.bd
+        P = par.split.shape[0]
+        if self.K > 1:
+            choice = _fsb_choice(bd, par.split, par.alpha, par.beta, par.cand,
+                                 bd.chords(par.dl, par.du) if self.interm else None,
+                                 par.row if bd.gstart.size > 1 else None)
+        else:
+            choice = par.cand[:, 0]
+        cs = np.concatenate([par.split, par.split])
+        ar = np.arange(P)
+        cs[ar, choice] = 1
+        cs[P + ar, choice] = -1
+        # a case proven on the parent is on its children
+        kids = Domains(cs, np.concatenate([par.alpha, par.alpha]),
+                       np.concatenate([par.beta, par.beta]), None, None,
+                       np.concatenate([par.dl, par.dl]), np.concatenate([par.du, par.du]),
+                       np.concatenate([par.done, par.done]),
+                       np.concatenate([par.depth, par.depth]) + 1)
+        return kids, choice
+
+    def _tighten(self, kids: Domains, choice):
+        """The children's hidden-layer bounds recomputed from the layer of their new split on
+        (:meth:`Bounder.tighten_opt` on those of at least ``interm_min_splits`` decisions
+        with ``interm_iters`` > 0, else :meth:`Bounder.tighten`), in place; the children
+        whose bounds cross are proven (empty) and dropped. Returns the children left."""
+        bd, o, stats = self.bd, self.o, self.stats
+        ti = time.monotonic()
+        cs, cdl, cdu = kids.split, kids.dl, kids.du
+        start = np.tile(bd.layer_of[choice], 2)
+        deep = kids.depth >= o.interm_min_splits if self.interm_iters > 0 else \
+            np.zeros(cs.shape[0], bool)
+        empty = np.zeros(cs.shape[0], bool)
+        for sel, opt in ((np.flatnonzero(~deep), False), (np.flatnonzero(deep), True)):
+            if sel.size == 0:
+                continue
+            if opt:
+                out = bd.tighten_opt(cs[sel], cdl[sel], cdu[sel], start[sel],
+                                     deadline=self.deadline, max_width=self.max_width,
+                                     iters=self.interm_iters, warm=o.interm_warm)
+            else:
+                out = bd.tighten(cs[sel], cdl[sel], cdu[sel], start[sel],
+                                 deadline=self.deadline, max_width=self.max_width)
+            cs[sel], cdl[sel], cdu[sel], empty[sel] = out
+        stats["t_interm"] += time.monotonic() - ti
+        if not empty.any():
+            return kids
+        # no point of the box meets the splits: proven
+        stats["proven"] += int(empty.sum())
+        stats["empty"] += int(empty.sum())
+        stats["closed"] += float(np.sum(0.5 ** kids.depth[empty]))
+        stats["domains"] += int(empty.sum())
+        keep = ~empty
+        return Domains(cs[keep], kids.alpha[keep], kids.beta[keep], None, None, cdl[keep],
+                       cdu[keep], kids.done[keep], kids.depth[keep])
+
+    def _bound(self, kids: Domains, iters, chords):
+        """The children optimised, checked and pushed into the pool (the open ones): a
+        counterexample found on the way, or None."""
+        score, proven, row, state, xv = self.assess(kids.split, kids.alpha, kids.beta,
+                                                    kids.done, iters, chords)
+        if xv is not None:
+            return xv
+        return self.enqueue(score, proven, row, state, kids)
+
+    def _log_batch(self):
+        s = self.stats
+        if self.log is not None and s["batches"] % 20 == 0:
+            self.log(f"batch {s['batches']}: {s['domains']} domains, {len(self.pool)} open, "
+                     f"worst {self.pool.worst():.4g}, {time.monotonic() - self.t0:.1f}s"
+                     + (f" ({s['t_interm']:.1f}s interm, {s['empty']} empty)"
+                        if self.interm else ""))
+
+    def verify64(self, split, alpha, beta, chords=None):
+        bd = self.bd
         a = np.clip(alpha.astype(np.float64), bd.leak, 1.0)
         be = np.maximum(beta.astype(np.float64), 0.0)
-        return bd.evaluate(split, a, be, np.float64, charge=charge, chords=chords)
+        return bd.evaluate(split, a, be, np.float64, charge=self.charge, chords=chords)
 
-    def assess(split, alpha, beta, done, n_iters, chords=None):
+    def assess(self, split, alpha, beta, done, n_iters, chords=None):
         """Optimise and classify a batch; ``done`` (B, G): the cases proven on each domain
         (updated in place by the float64 checks). Returns (score float64 per domain: the
         worst open case's best row, proven mask, row, state) and the attack's counterexample
         if any."""
+        bd, stats = self.bd, self.stats
         est, state, row = optimise_open(bd, split, alpha, beta, done, n_iters, chords=chords,
-                                        deadline=deadline)
+                                        deadline=self.deadline)
         stats["domains"] += split.shape[0]
         stats["batches"] += 1
         gmax = np.maximum.reduceat(est, bd.gstart, axis=1)
         cand = np.flatnonzero(np.any((gmax > 0.0) & ~done, axis=1))
         if cand.size:
-            v64 = verify64(split[cand], alpha[cand], beta[cand],
-                           None if chords is None else (chords[0][cand], chords[1][cand]))
+            v64 = self.verify64(split[cand], alpha[cand], beta[cand],
+                                None if chords is None else (chords[0][cand], chords[1][cand]))
             g64 = np.maximum.reduceat(v64, bd.gstart, axis=1)
             done[cand] |= g64 > 0.0
             # a case the float32 estimate put above 0 keeps its float64 bound
@@ -276,172 +460,77 @@ def relu_split_steps(weights: Sequence[np.ndarray], biases: Sequence[np.ndarray]
         openi = np.flatnonzero(~proven)
         if openi.size:
             Xc = bd.corners(state).reshape(split.shape[0], -1, bd.box.lo.size)[openi]
-            xv = violated(Xc.reshape(-1, bd.box.lo.size))
+            xv = self.violated(Xc.reshape(-1, bd.box.lo.size))
             if xv is not None:
                 return score, proven, row, state, xv
         return score, proven, row, state, None
 
-    split = np.zeros((1, nU), np.int8)
-    alpha = np.broadcast_to(bd.initial_alpha(), (1, m, nU)).copy()
-    beta = np.zeros((1, m, nU), np.float32)
-    done = np.zeros((1, max(1, bd.gstart.size)), bool)
-    score, proven, row, state, xv = assess(split, alpha, beta, done, root_iters)
-    if xv is not None:
-        return result("sat", xv)
-    if proven[0]:
-        stats["proven"] += 1
-        return result("unsat", worst=score[0])
-    if log is not None:
-        log(f"root: bound {score[0]:.5g}, {nU} unstable neurons")
-    if attack_restarts > 0:
-        from crown_cli.verification.attack import find_counterexample_any
-
-        xa = find_counterexample_any(bd.weights, bd.biases, bd.activation,
-                                     None if bd.activation == "relu" else bd.leak, bd.box.lo,
-                                     bd.box.hi, [(bd.A[g0:g1], bd.b[g0:g1])
-                                                 for g0, g1 in bd.case_rows()],
-                                     restarts=attack_restarts, steps=attack_steps, seed=seed,
-                                     deadline=deadline)
-        if xa is not None:
-            return result("sat", xa[1])
-    pool = DomainPool(nU, m, K, bounds=interm, cases=done.shape[1])
-    stuck = 0  # domains with nothing left to split and no proof
-    if interm:
-        rl, ru = bd.root_domain_bounds()
-        dl, du = rl[None, :].copy(), ru[None, :].copy()
-    else:
-        dl = du = np.zeros((1, 0))
-
-    def enqueue(score, proven, row, state, split, alpha, beta, dl, du, done, depth):
-        nonlocal stuck
+    def enqueue(self, score, proven, row, state, d: Domains):
+        """Count the proven domains of the batch ``d``, push the open ones with their
+        branching candidates; an open domain with none (fully split) is settled by
+        :meth:`_leaf`. A counterexample found there, or None."""
+        stats = self.stats
         openi = np.flatnonzero(~proven)
         stats["proven"] += int(proven.sum())
-        stats["closed"] += float(np.sum(0.5 ** depth[proven]))
+        stats["closed"] += float(np.sum(0.5 ** d.depth[proven]))
         if openi.size == 0:
-            return
-        sc = branch_scores(bd, state, split, alpha, row,
-                           dl if interm else None, du if interm else None)[openi]
-        if window:  # only the shallowest `window` layers with open neurons
-            fin = np.isfinite(sc)
-            first = np.where(fin.any(axis=1), bd.layer_of[np.argmax(fin, axis=1)], bd.L)
-            sc[bd.layer_of[None, :] >= first[:, None] + window] = -np.inf
-        top = np.argsort(-sc, axis=1)[:, :K]
-        topv = np.take_along_axis(sc, top, axis=1)
-        top[~np.isfinite(topv)] = -1
+            return None
+        top = self._candidates(state, d, row, openi)
         keep = top[:, 0] >= 0
         for i in np.flatnonzero(~keep):
             j = openi[i]
-            out = _leaf(j, split, alpha, beta, done[j],
-                        bd.chords(dl[j:j + 1], du[j:j + 1]) if interm else None)
+            out = self._leaf(j, d.split, d.alpha, d.beta, d.done[j],
+                             self.bd.chords(d.dl[j:j + 1], d.du[j:j + 1]) if self.interm
+                             else None)
             if isinstance(out, np.ndarray):
                 return out
             if out:
                 stats["proven"] += 1
-                stats["closed"] += 0.5 ** float(depth[j])
+                stats["closed"] += 0.5 ** float(d.depth[j])
             else:
-                stuck += 1
+                self.stuck += 1
         sel = openi[keep]
         if sel.size:
-            pool.push(score[sel], Domains(split[sel], alpha[sel], beta[sel], top[keep], row[sel],
-                                          dl[sel], du[sel], done[sel], depth[sel]))
+            self.pool.push(score[sel], Domains(d.split[sel], d.alpha[sel], d.beta[sel],
+                                               top[keep], row[sel], d.dl[sel], d.du[sel],
+                                               d.done[sel], d.depth[sel]))
+        return None
 
-    def _leaf(i, split, alpha, beta, done, chords=None):
+    def _candidates(self, state, d: Domains, row, openi):
+        """The open domains' ``K`` best branching candidates by BaBSR score (-1: none left);
+        with ``layer_window`` only from the shallowest layers with open neurons."""
+        bd = self.bd
+        sc = branch_scores(bd, state, d.split, d.alpha, row,
+                           d.dl if self.interm else None, d.du if self.interm else None)[openi]
+        if self.window:  # only the shallowest `window` layers with open neurons
+            fin = np.isfinite(sc)
+            first = np.where(fin.any(axis=1), bd.layer_of[np.argmax(fin, axis=1)], bd.L)
+            sc[bd.layer_of[None, :] >= first[:, None] + self.window] = -np.inf
+        top = np.argsort(-sc, axis=1)[:, :self.K]
+        topv = np.take_along_axis(sc, top, axis=1)
+        top[~np.isfinite(topv)] = -1
+        return top
+
+    def _leaf(self, i, split, alpha, beta, done, chords=None):
         """A fully split open domain: a counterexample x, True (proven), or False. Every case
         not yet proven (``done`` (G,)) by linear programming; proven when each has
         multipliers (beta) a float64 evaluation confirms."""
-        be = np.zeros((1, m, nU))
+        bd = self.bd
+        be = np.zeros((1, bd.m, bd.nU))
         for g, (g0, g1) in enumerate(bd.case_rows()):
             if done[g]:
                 continue
             out = _leaf_lp(bd, split[i], np.arange(g0, g1))
             if out[0] == "sat":
-                return violated(out[1][None, :])
+                return self.violated(out[1][None, :])
             if out[0] != "beta":
                 return False
             be[0, out[1]] = out[2]
         for scale in (1.0, 1.0 + 1e-6, 1.01):
-            v = verify64(split[i:i + 1], alpha[i:i + 1], scale * be, chords)
+            v = self.verify64(split[i:i + 1], alpha[i:i + 1], scale * be, chords)
             if np.all((np.maximum.reduceat(v, bd.gstart, axis=1)[0] > 0.0) | done):
                 return True
         return False
-
-    xv = enqueue(score, proven, row, state, split, alpha, beta, dl, du, done,
-                 np.zeros(1, np.int64))
-    if xv is not None:
-        return result("sat", xv)
-    while len(pool):
-        if time.monotonic() >= deadline:
-            return result("timeout", worst=pool.worst())
-        if len(pool) > max_domains:
-            return result("unknown", worst=pool.worst())
-        par = pool.pop(max(1, batch // 2))
-        psplit, palpha, pbeta, pcand, prow = par.split, par.alpha, par.beta, par.cand, par.row
-        pdl, pdu, pdone, pdepth = par.dl, par.du, par.done, par.depth
-        P = psplit.shape[0]
-        if K > 1:
-            choice = _fsb_choice(bd, psplit, palpha, pbeta, pcand,
-                                 bd.chords(pdl, pdu) if interm else None,
-                                 prow if bd.gstart.size > 1 else None)
-        else:
-            choice = pcand[:, 0]
-        # children: first half active (+1), second half inactive (-1)
-        cs = np.concatenate([psplit, psplit])
-        ar = np.arange(P)
-        cs[ar, choice] = 1
-        cs[P + ar, choice] = -1
-        ca = np.concatenate([palpha, palpha])
-        cb = np.concatenate([pbeta, pbeta])
-        cdl, cdu = np.concatenate([pdl, pdl]), np.concatenate([pdu, pdu])
-        cdone = np.concatenate([pdone, pdone])  # a case proven on the parent is on its children
-        cdepth = np.concatenate([pdepth, pdepth]) + 1
-        chords = None
-        if interm:
-            ti = time.monotonic()
-            start = np.tile(bd.layer_of[choice], 2)
-            deep = cdepth >= interm_min_splits if interm_iters > 0 else \
-                np.zeros(cs.shape[0], bool)
-            empty = np.zeros(cs.shape[0], bool)
-            for sel, opt in ((np.flatnonzero(~deep), False), (np.flatnonzero(deep), True)):
-                if sel.size == 0:
-                    continue
-                if opt:
-                    out = bd.tighten_opt(cs[sel], cdl[sel], cdu[sel], start[sel],
-                                         interm_iters, deadline=deadline,
-                                         warm=interm_warm, max_width=max_width)
-                else:
-                    out = bd.tighten(cs[sel], cdl[sel], cdu[sel], start[sel],
-                                     deadline=deadline, max_width=max_width)
-                cs[sel], cdl[sel], cdu[sel], empty[sel] = out
-            stats["t_interm"] += time.monotonic() - ti
-            if empty.any():  # no point of the box meets the splits: proven
-                stats["proven"] += int(empty.sum())
-                stats["empty"] += int(empty.sum())
-                stats["closed"] += float(np.sum(0.5 ** cdepth[empty]))
-                stats["domains"] += int(empty.sum())
-                keep = ~empty
-                cs, ca, cb, cdl, cdu = cs[keep], ca[keep], cb[keep], cdl[keep], cdu[keep]
-                cdone, cdepth = cdone[keep], cdepth[keep]
-                if cs.shape[0] == 0:
-                    continue
-            chords = bd.chords(cdl, cdu)
-        score, proven, row, state, xv = assess(cs, ca, cb, cdone, iters, chords)
-        if xv is not None:
-            return result("sat", xv)
-        xv = enqueue(score, proven, row, state, cs, ca, cb, cdl, cdu, cdone, cdepth)
-        if xv is not None:
-            return result("sat", xv)
-        stats["peak"] = max(stats["peak"], len(pool))
-        if progress is not None:
-            progress(stats["domains"], len(pool), float(pool.worst()))
-        yield min(1.0, stats["closed"])
-        if log is not None and stats["batches"] % 20 == 0:
-            log(f"batch {stats['batches']}: {stats['domains']} domains, {len(pool)} open, "
-                f"worst {pool.worst():.4g}, {time.monotonic() - t0:.1f}s"
-                + (f" ({stats['t_interm']:.1f}s interm, {stats['empty']} empty)"
-                   if interm else ""))
-    if stuck:
-        return result("unknown", worst=np.nan)
-    return result("unsat", worst=np.inf)
 
 
 def _leaf_lp(bd: Bounder, split_row, rows=None):
