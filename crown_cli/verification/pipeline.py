@@ -256,12 +256,13 @@ class Verifier:
     def _input_split_runs(self, cases, open_cases, deadline) -> List[Run]:
         """One input-splitting search
         (:func:`crown_cli.verification.bab.input_split.input_split_steps`) per open case."""
-        from crown_cli.verification.bab.input_split import input_split_steps
+        from crown_cli.verification.bab.input_split import InputSplitProblem, input_split_steps
 
         return [Run([j], "input split",
                     lambda progress, c=cases[j]: input_split_steps(
-                        self.weights, self.biases, self.activation, self.alpha, c.lo, c.hi,
-                        c.A, c.b, deadline, max_domains=self.max_domains, progress=progress,
+                        InputSplitProblem(self.weights, self.biases, self.activation,
+                                          self.alpha, c.lo, c.hi, c.A, c.b),
+                        deadline, max_domains=self.max_domains, progress=progress,
                         workers=self.workers))
                 for j in open_cases]
 

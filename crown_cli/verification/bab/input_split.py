@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, replace
-from typing import Callable, Optional
+from typing import Callable, Optional, Sequence
 
 import numpy as np
 
@@ -90,21 +90,38 @@ class InputSplitOptions:
     workers: int = 1  # "trial": processes sharing each round's boxes (2: one forked helper)
 
 
+@dataclass(frozen=True, eq=False)
+class InputSplitProblem:
+    """Some x in the box [lo, hi] with ``A f(x) <= b`` (every row)? f: the network of
+    ``weights``, ``biases`` with ``activation`` (its parameter ``alpha``, None: the default)
+    after every layer but the last."""
+
+    weights: Sequence[np.ndarray]
+    biases: Sequence[np.ndarray]
+    activation: str
+    alpha: Optional[float]
+    lo: np.ndarray
+    hi: np.ndarray
+    A: np.ndarray
+    b: np.ndarray
+
+
 def input_split(weights, biases, activation, alpha, lo, hi, A, b, deadline: float,
-                options: Optional[InputSplitOptions] = None,
-                progress: Optional[Callable[[int, int, float], None]] = None,
                 **settings) -> BabResult:
-    """:func:`input_split_steps` run to its end: the :class:`BabResult`."""
-    return finish(input_split_steps(weights, biases, activation, alpha, lo, hi, A, b,
-                                    deadline, options, progress, **settings))
+    """:func:`input_split_steps` on the :class:`InputSplitProblem` of the first eight
+    arguments, run to its end: the :class:`BabResult`. ``settings``: the keywords of
+    :func:`input_split_steps`."""
+    problem = InputSplitProblem(weights, biases, activation, alpha, lo, hi, A, b)
+    return finish(input_split_steps(problem, deadline, **settings))
 
 
-def input_split_steps(weights, biases, activation, alpha, lo, hi, A, b, deadline: float,
+def input_split_steps(problem: InputSplitProblem, deadline: float,
                       options: Optional[InputSplitOptions] = None,
                       progress: Optional[Callable[[int, int, float], None]] = None,
                       **settings):
     """As a generator (it yields the share of the box proven so far, a float in [0, 1], after
-    every round, and returns the :class:`BabResult`): decide whether some x in [lo, hi] has ``A f(x) <= b`` (all rows) by input splitting.
+    every round, and returns the :class:`BabResult`): decide the ``problem``, whether some x
+    in [lo, hi] has ``A f(x) <= b`` (all rows), by input splitting.
 
     ``unsat``: every sub-box has some row i with a float64-verified lower bound of
     ``A_i f(x)`` (CROWN's, or alpha-CROWN's on the last layer) above ``b_i`` rounded up one
@@ -142,86 +159,214 @@ def input_split_steps(weights, biases, activation, alpha, lo, hi, A, b, deadline
     the :class:`InputSplitOptions`; ``settings`` (keywords named like its fields) override
     them.
     """
-    o = replace(options or InputSplitOptions(), **settings)
-    max_domains, batch, split, block, adaptive = o.max_domains, o.batch, o.split, o.block, \
-        o.adaptive
-    skip_stable, trial_dims, alpha_iters, widest, inherit = o.skip_stable, o.trial_dims, \
-        o.alpha_iters, o.widest, o.inherit
-    workers = max(1, min(2, int(o.workers))) if split == "trial" and can_fork() else 1
-    if split not in SPLIT_RULES:
-        raise ValueError(f"input_split: unknown split rule '{split}'")
-    lo0 = np.asarray(lo, dtype=np.float64).ravel()
-    hi0 = np.asarray(hi, dtype=np.float64).ravel()
-    A = np.atleast_2d(np.asarray(A, dtype=np.float64))
-    b = np.asarray(b, dtype=np.float64).ravel()
-    b_up = np.nextafter(b, np.inf)
-    weights = [np.asarray(w, dtype=np.float64) for w in weights]
-    biases = [np.asarray(v, dtype=np.float64) for v in biases]
-    net = BatchNet(weights, biases, activation, alpha, adaptive)
-    if block is None:
-        block = auto_block([weights[0].shape[1]] + [w.shape[0] for w in weights], A.shape[0])
-    d = lo0.size
-    span = np.where(hi0 > lo0, hi0 - lo0, 1.0)
-    stats = {"domains": 0, "peak": 1, "splits": 0}
+    search = _BoxSearch(problem, replace(options or InputSplitOptions(), **settings))
+    return (yield from search.run(deadline, progress))
 
-    def result(res, x=None, open_scores=None, note=""):
+
+class _BoxSearch:
+    """One input-splitting search: the problem's arrays in float64, the settings, the
+    counters; :meth:`run` is the search, :meth:`expand` one "trial" round on some boxes
+    (run by this process or by the forked helper)."""
+
+    def __init__(self, p: InputSplitProblem, o: InputSplitOptions):
+        self.o = o
+        self.workers = max(1, min(2, int(o.workers))) if o.split == "trial" and can_fork() \
+            else 1
+        if o.split not in SPLIT_RULES:
+            raise ValueError(f"input_split: unknown split rule '{o.split}'")
+        self.lo0 = np.asarray(p.lo, dtype=np.float64).ravel()
+        self.hi0 = np.asarray(p.hi, dtype=np.float64).ravel()
+        self.A = np.atleast_2d(np.asarray(p.A, dtype=np.float64))
+        self.b = np.asarray(p.b, dtype=np.float64).ravel()
+        self.b_up = np.nextafter(self.b, np.inf)
+        self.weights = [np.asarray(w, dtype=np.float64) for w in p.weights]
+        self.biases = [np.asarray(v, dtype=np.float64) for v in p.biases]
+        self.activation, self.alpha = p.activation, p.alpha
+        self.net = net = BatchNet(self.weights, self.biases, p.activation, p.alpha, o.adaptive)
+        self.block = o.block if o.block is not None else auto_block(
+            [self.weights[0].shape[1]] + [w.shape[0] for w in self.weights], self.A.shape[0])
+        self.d = self.lo0.size
+        self.span = np.where(self.hi0 > self.lo0, self.hi0 - self.lo0, 1.0)
+        self.stats = {"domains": 0, "peak": 1, "splits": 0}
+        self.widths = [w.shape[0] for w in net.W[:-1]]
+        # one hidden layer: a sub-box's interval bounds of it are already within its parent's
+        # (an affine map of the box), so there is nothing to inherit but a few ulps
+        self.inherit = o.inherit and o.split == "trial" and net.num_hidden > 1
+        self.use_alpha = o.alpha_iters > 0 and p.activation == "relu" and \
+            net.num_hidden > 0 and self.A.shape[0]
+        self.helper = None  # the second process (workers > 1), forked at the first large round
+
+    def run(self, deadline, progress):
+        """Rounds on the worst open boxes until none is open (``unsat``), a counterexample,
+        the deadline or the domain cap."""
+        o = self.o
+        pool = self._start()
+        if isinstance(pool, BabResult):
+            return pool
+        try:
+            while len(pool):
+                if time.monotonic() >= deadline:
+                    return self.result("timeout", open_scores=pool.view("score"))
+                if len(pool) > o.max_domains:
+                    return self.result("unknown", open_scores=pool.view("score"),
+                                       note="domain cap")
+                t = pool.pop_worst(o.batch * self.workers if o.split == "trial" else o.batch)
+                if o.split == "sensitivity":
+                    live = self._bound_round(t)
+                    if live is None:  # every box of the round proven
+                        continue
+                    out = self._split_sensitive(pool, *live)
+                else:
+                    out = self._trial_round(pool, t)
+                if out is not None:
+                    return out
+                yield pool.round_end(self.stats, progress)
+            return self.result("unsat")
+        finally:
+            if self.helper is not None:
+                self.helper.close()
+
+    def result(self, res, x=None, open_scores=None, note=""):
         worst = np.nan
         if open_scores is not None and open_scores.size:
             worst = float(np.min(open_scores))
-        return BabResult(res, x, stats["domains"], stats["peak"], worst, splits=stats["splits"],
-                         note=note)
+        return BabResult(res, x, self.stats["domains"], self.stats["peak"], worst,
+                         splits=self.stats["splits"], note=note)
 
-    def bound(L, H, PB=None):
+    def bound(self, L, H, PB=None):
         """Per box: the rows' bounds lb - b_up, the rows' input coefficients, the score, the
         info of batch_lower_bounds."""
-        pb = None if PB is None else unpack(PB)
-        lb, info = _bound_blocked(net, L, H, A, block, parent_bounds=pb, skip_stable=skip_stable)
-        lb = np.where(np.isnan(lb), -np.inf, lb - b_up)  # a NaN bound proves nothing
+        pb = None if PB is None else self.unpack(PB)
+        lb, info = _bound_blocked(self.net, L, H, self.A, self.block, parent_bounds=pb,
+                                  skip_stable=self.o.skip_stable)
+        lb = np.where(np.isnan(lb), -np.inf, lb - self.b_up)  # a NaN bound proves nothing
         s = np.max(lb, axis=1) if lb.shape[1] else np.full(lb.shape[0], -np.inf)
         return lb, info["Lam"], s, info
 
-    widths = [w.shape[0] for w in net.W[:-1]]
-    # one hidden layer: a sub-box's interval bounds of it are already within its parent's
-    # (an affine map of the box), so there is nothing to inherit but a few ulps
-    inherit = inherit and split == "trial" and net.num_hidden > 1
-
+    @staticmethod
     def pack(bounds):  # per hidden layer (l, u) -> (N, 2 sum n_k)
         return np.concatenate([v for lu in bounds for v in lu], axis=1)
 
-    def unpack(P):
+    def unpack(self, P):
         out, at = [], 0
-        for n_k in widths:
+        for n_k in self.widths:
             out.append((P[:, at:at + n_k], P[:, at + n_k:at + 2 * n_k]))
             at += 2 * n_k
         return out
 
-    use_alpha = alpha_iters > 0 and activation == "relu" and net.num_hidden > 0 and A.shape[0]
-
-    def refine(L, H, lb, s, info, idx):
+    def refine(self, L, H, lb, s, info, idx):
         """alpha-CROWN on the best row of the boxes idx (unproven): their scores raised."""
-        if not use_alpha or not idx.size:
+        if not self.use_alpha or not idx.size:
             return s
         rows = np.argmax(lb[idx], axis=1)
-        la, _, _ = alpha_row_bound(net, _take_info(info, idx), L[idx], H[idx], A, rows,
-                                iters=alpha_iters)
+        la, _, _ = alpha_row_bound(self.net, _take_info(info, idx), L[idx], H[idx], self.A,
+                                   rows, iters=self.o.alpha_iters)
         s = s.copy()
-        s[idx] = np.fmax(s[idx], la - b_up[rows])  # a NaN bound proves nothing
+        s[idx] = np.fmax(s[idx], la - self.b_up[rows])  # a NaN bound proves nothing
         return s
 
-    def attack(L, H, lb, Lam):
+    def attack(self, L, H, lb, Lam):
         """Candidate points of the boxes: centres and each row's minimising corner."""
         pts = [0.5 * L + 0.5 * H]
-        for i in range(A.shape[0]):
+        for i in range(self.A.shape[0]):
             pts.append(np.where(Lam[:, i, :] > 0.0, L, H))
-        X = np.clip(np.concatenate(pts), lo0, hi0)
-        hit = violations(weights, biases, activation, alpha, lo0, hi0, A, b, X)
+        X = np.clip(np.concatenate(pts), self.lo0, self.hi0)
+        hit = violations(self.weights, self.biases, self.activation, self.alpha, self.lo0,
+                         self.hi0, self.A, self.b, X)
         return X[np.argmax(hit)].copy() if hit.any() else None
 
-    # open boxes; in "trial" mode they carry their own bound (score = own), else the parent's
+    @staticmethod
     def sensitivity(lb, Lam):  # sum over the unproven rows of |Lam_i,j|: (n, d)
         return np.sum(np.abs(Lam) * (lb <= 0.0)[:, :, None], axis=1)
 
-    def expand(L, H, Sb, Gb, Pb, Vb):
+    def _start(self):
+        """The open boxes at the start, a :class:`BoxPool` of the case's box (with "trial"
+        bounded first, so that open boxes carry their own score; else their parent's), or
+        the result when that bound decides."""
+        d = self.d
+        Lo, Hi = self.lo0[None].copy(), self.hi0[None].copy()
+        S = np.full(1, -np.inf)
+        G = np.zeros((1, d))  # trial: each open box's sensitivity (the fallback split rule)
+        P = np.zeros((1, 0))  # inherit: each open box's hidden bounds (packed)
+        V = np.ones(1)  # each open box's share of the case's box (2**-splits)
+        if self.o.split == "trial":
+            lb, Lam, S, info = self.bound(Lo, Hi)
+            self.stats["domains"] += 1
+            if self.inherit:
+                P = self.pack(info["bounds"])
+            S = self.refine(Lo, Hi, lb, S, info, np.flatnonzero(S <= 0.0))
+            G = self.sensitivity(lb, Lam)
+            x = self.attack(Lo, Hi, lb, Lam)
+            if x is not None:
+                return self.result("sat", x)
+            if S[0] > 0.0:
+                return self.result("unsat")
+        return BoxPool(lo=Lo, hi=Hi, score=S, sens=G, parent=P, share=V)
+
+    def _bound_round(self, t):
+        """"sensitivity": the round's boxes bounded; those left open (boxes, bounds, input
+        coefficients, scores, splittable dimensions, shares), or None when none is."""
+        L, H, Vb = t["lo"], t["hi"], t["share"]
+        ok = splittable(L, H)
+        lb, Lam, s, info = self.bound(L, H)
+        self.stats["domains"] += L.shape[0]
+        s = self.refine(L, H, lb, s, info, np.flatnonzero(s <= 0.0))
+        live = s <= 0.0
+        L, H, lb, Lam, s, ok = L[live], H[live], lb[live], Lam[live], s[live], ok[live]
+        Vb = Vb[live]
+        if not L.shape[0]:
+            return None
+        return L, H, lb, Lam, s, ok, Vb
+
+    def _split_sensitive(self, pool, L, H, lb, Lam, s, ok, Vb):
+        """"sensitivity": the open boxes tried for counterexamples, then halved along their
+        most sensitive splittable dimension into the pool. The result when that decides."""
+        d = self.d
+        x = self.attack(L, H, lb, Lam)
+        if x is not None:
+            return self.result("sat", x)
+        if not ok.any(axis=1).all():
+            return self.result("unknown", open_scores=np.r_[pool.view("score"), s],
+                               note="box too small to split")
+        sens = self.sensitivity(lb, Lam) * (H - L)
+        sens = np.where(ok, sens, -1.0)
+        dim = np.argmax(sens, axis=1)
+        l1, h1, l2, h2 = halve(L, H, dim)
+        self.stats["splits"] += L.shape[0]
+        pool.push(lo=np.concatenate([l1, l2]), hi=np.concatenate([h1, h2]),
+                  score=np.concatenate([s, s]), sens=np.zeros((2 * s.size, d)),
+                  parent=np.zeros((2 * s.size, 0)), share=np.concatenate([Vb, Vb]) * 0.5)
+        return None
+
+    def _trial_round(self, pool, t):
+        """"trial": :meth:`expand` on the round's boxes (shared with the helper process on a
+        large round), the halves kept pushed into the pool. The result when that decides."""
+        L, H, Sb, Gb, Pb, Vb = t["lo"], t["hi"], t["score"], t["sens"], t["parent"], t["share"]
+        n = L.shape[0]
+        if self.helper is None and self.workers > 1 and n >= PARALLEL_MIN:
+            self.helper = Helper(self.expand)
+        fields = (L, H, Sb, Gb, Pb, Vb)
+        if self.helper is not None and n >= PARALLEL_MIN:
+            outs = shared_round(self.helper, self.expand, fields, n)
+            if outs is None:  # the second process is gone: alone from now
+                self.helper.close()
+                self.helper, self.workers = None, 1
+                outs = [self.expand(*fields)]
+        else:
+            outs = [self.expand(*fields)]
+        self.stats["domains"] += sum(o[2] for o in outs)
+        for verdict, x, _ in outs:
+            if verdict == "sat":
+                return self.result("sat", x)
+        if any(o[0] == "unknown" for o in outs):
+            return self.result("unknown", open_scores=np.r_[pool.view("score"), Sb],
+                               note="box too small to split")
+        self.stats["splits"] += n
+        for _, kept, _ in outs:
+            pool.push(**kept)
+        return None
+
+    def expand(self, L, H, Sb, Gb, Pb, Vb):
         """One "trial" round on the boxes given (rows): ("sat", x, boxes bounded) when a
         candidate point violates the property, ("unknown", None, 0) when some box can no
         longer be split, else ("open", the halves kept as BoxPool fields, boxes bounded)."""
@@ -229,22 +374,55 @@ def input_split_steps(weights, biases, activation, alpha, lo, hi, A, b, deadline
         if not ok.any(axis=1).all():
             return "unknown", None, 0
         n = L.shape[0]
-        # candidate dimensions: the k most sensitive splittable ones (all when k >= d)
+        cand, use = self._trial_dims(L, H, Gb, ok)
+        k = cand.shape[1]
+        cand_ok = np.take_along_axis(ok, cand, axis=1) & use
+        KL, KH, used = self._halves(L, H, cand, use)
+        PK = np.repeat(Pb, 2 * k, axis=0)[used] if self.inherit else None
+        lb, Lam, s, info = self.bound(KL, KH, PK)
+        domains = KL.shape[0]
+        live = s <= 0.0
+        if live.any():
+            x = self.attack(KL[live], KH[live], lb[live], Lam[live])
+            if x is not None:
+                return "sat", x, domains
+        pick = self._kept(s, used, live, Sb, cand_ok)
+        # the halves kept: alpha-CROWN on those still open
+        s = self.refine(KL, KH, lb, s, info, pick)
+        pick = pick[s[pick] <= 0.0]
+        return "open", dict(lo=KL[pick], hi=KH[pick], score=s[pick],
+                            sens=self.sensitivity(lb[pick], Lam[pick]),
+                            parent=self.pack([(l[pick], u[pick]) for l, u in info["bounds"]])
+                            if self.inherit else np.zeros((pick.size, 0)),
+                            share=0.5 * np.repeat(Vb, 2 * k)[used][pick]), domains
+
+    def _trial_dims(self, L, H, Gb, ok):
+        """Per box the candidate dimensions (n, k): the k most sensitive splittable ones (all
+        when k >= d), and the relatively widest one when it is much wider than each of them;
+        and which candidates are bounded (n, k)."""
+        o, d = self.o, self.d
+        n = L.shape[0]
         sens = np.where(ok, Gb * (H - L), -1.0)
-        extra = widest > 0.0 and trial_dims < d
-        k = min(d, trial_dims) + extra
+        extra = o.widest > 0.0 and o.trial_dims < d
+        k = min(d, o.trial_dims) + extra
         cand = np.argsort(-sens, axis=1, kind="stable")[:, :k]  # (n, k)
         use = np.ones((n, k), bool)  # the candidates bounded
         if extra:
             # one more candidate when some dimension is much wider (relative to the
             # case's box) than every one ranked: that one
-            rel = np.where(ok, (H - L) / span, -1.0)
+            rel = np.where(ok, (H - L) / self.span, -1.0)
             wd = np.argmax(rel, axis=1)
             top = np.take_along_axis(rel, cand[:, :k - 1], axis=1).max(axis=1)
             ranked = np.any(cand[:, :k - 1] == wd[:, None], axis=1)
-            use[:, k - 1] = ~ranked & (rel[np.arange(n), wd] >= widest * top)
+            use[:, k - 1] = ~ranked & (rel[np.arange(n), wd] >= o.widest * top)
             cand[:, k - 1] = np.where(use[:, k - 1], wd, cand[:, 0])
-        cand_ok = np.take_along_axis(ok, cand, axis=1) & use
+        return cand, use
+
+    def _halves(self, L, H, cand, use):
+        """Both halves of each box along each of its candidates bounded (box-major, then
+        candidate, then half), and the mask of those (per box, candidate and half)."""
+        n, k = cand.shape
+        d = self.d
         kids_lo, kids_hi = [], []
         for t in range(k):
             l1, h1, l2, h2 = halve(L, H, cand[:, t])
@@ -253,20 +431,19 @@ def input_split_steps(weights, biases, activation, alpha, lo, hi, A, b, deadline
         used = np.repeat(use.ravel(), 2)  # per (box, cand, half)
         KL = np.stack(kids_lo, axis=1).reshape(n * 2 * k, d)[used]  # box-major
         KH = np.stack(kids_hi, axis=1).reshape(n * 2 * k, d)[used]
-        PK = np.repeat(Pb, 2 * k, axis=0)[used] if inherit else None
-        lb, Lam, s, info = bound(KL, KH, PK)
-        domains = KL.shape[0]
-        live = s <= 0.0
-        if live.any():
-            x = attack(KL[live], KH[live], lb[live], Lam[live])
-            if x is not None:
-                return "sat", x, domains
+        return KL, KH, used
+
+    @staticmethod
+    def _kept(s, used, live, Sb, cand_ok):
+        """The halves kept (indices into the bounded ones, open only): per box the split
+        leaving the least total deficit (a proven half counts 0; the worse half alone would
+        prefer a dimension that changes nothing over one that proves a half), or the first
+        candidate when no split improves on the parent's score ``Sb``."""
+        n, k = cand_ok.shape
         sf = np.full(n * 2 * k, -np.inf)
         sf[used] = s
         # A half is never worse than its parent (the parent's bound holds on it).
         s2 = np.maximum(sf.reshape(n, k, 2), Sb[:, None, None])
-        # the split leaving the least total deficit (a proven half counts 0); the worse
-        # half alone would prefer a dimension that changes nothing over one that proves a half
         deficit = np.where(cand_ok, np.minimum(s2, 0.0).sum(axis=2), -np.inf)
         best = np.argmax(deficit, axis=1)
         # no split improves (all tie with the parent): the most sensitive dimension, else
@@ -275,92 +452,4 @@ def input_split_steps(weights, biases, activation, alpha, lo, hi, A, b, deadline
         best[flat] = 0
         pick = (np.arange(n)[:, None] * 2 * k + best[:, None] * 2 + np.arange(2)[None]).ravel()
         pick = (np.cumsum(used) - 1)[pick]  # candidate 0 is always bounded
-        pick = pick[live[pick]]
-        # the halves kept: alpha-CROWN on those still open
-        s = refine(KL, KH, lb, s, info, pick)
-        pick = pick[s[pick] <= 0.0]
-        return "open", dict(lo=KL[pick], hi=KH[pick], score=s[pick],
-                            sens=sensitivity(lb[pick], Lam[pick]),
-                            parent=pack([(l[pick], u[pick]) for l, u in info["bounds"]]) if inherit
-                            else np.zeros((pick.size, 0)),
-                            share=0.5 * np.repeat(Vb, 2 * k)[used][pick]), domains
-
-    Lo, Hi = lo0[None].copy(), hi0[None].copy()
-    S = np.full(1, -np.inf)
-    G = np.zeros((1, d))  # trial: each open box's sensitivity (the fallback split rule)
-    P = np.zeros((1, 0))  # inherit: each open box's hidden bounds (packed)
-    V = np.ones(1)  # each open box's share of the case's box (2**-splits)
-    if split == "trial":
-        lb, Lam, S, info = bound(Lo, Hi)
-        stats["domains"] += 1
-        if inherit:
-            P = pack(info["bounds"])
-        S = refine(Lo, Hi, lb, S, info, np.flatnonzero(S <= 0.0))
-        G = sensitivity(lb, Lam)
-        x = attack(Lo, Hi, lb, Lam)
-        if x is not None:
-            return result("sat", x)
-        if S[0] > 0.0:
-            return result("unsat")
-    pool = BoxPool(lo=Lo, hi=Hi, score=S, sens=G, parent=P, share=V)
-    helper = None  # the second process (workers > 1), forked at the first large round
-    try:
-        while len(pool):
-            if time.monotonic() >= deadline:
-                return result("timeout", open_scores=pool.view("score"))
-            if len(pool) > max_domains:
-                return result("unknown", open_scores=pool.view("score"), note="domain cap")
-            t = pool.pop_worst(batch * workers if split == "trial" else batch)
-            L, H, Sb, Gb, Pb, Vb = t["lo"], t["hi"], t["score"], t["sens"], t["parent"], t["share"]
-            if split == "sensitivity":
-                ok = splittable(L, H)
-                lb, Lam, s, info = bound(L, H)
-                stats["domains"] += L.shape[0]
-                s = refine(L, H, lb, s, info, np.flatnonzero(s <= 0.0))
-                live = s <= 0.0
-                L, H, lb, Lam, s, ok = L[live], H[live], lb[live], Lam[live], s[live], ok[live]
-                Vb = Vb[live]
-                if not L.shape[0]:
-                    continue
-                x = attack(L, H, lb, Lam)
-                if x is not None:
-                    return result("sat", x)
-                if not ok.any(axis=1).all():
-                    return result("unknown", open_scores=np.r_[pool.view("score"), s],
-                                  note="box too small to split")
-                sens = sensitivity(lb, Lam) * (H - L)
-                sens = np.where(ok, sens, -1.0)
-                dim = np.argmax(sens, axis=1)
-                l1, h1, l2, h2 = halve(L, H, dim)
-                stats["splits"] += L.shape[0]
-                pool.push(lo=np.concatenate([l1, l2]), hi=np.concatenate([h1, h2]),
-                          score=np.concatenate([s, s]), sens=np.zeros((2 * s.size, d)),
-                          parent=np.zeros((2 * s.size, 0)), share=np.concatenate([Vb, Vb]) * 0.5)
-            else:
-                n = L.shape[0]
-                if helper is None and workers > 1 and n >= PARALLEL_MIN:
-                    helper = Helper(expand)
-                fields = (L, H, Sb, Gb, Pb, Vb)
-                if helper is not None and n >= PARALLEL_MIN:
-                    outs = shared_round(helper, expand, fields, n)
-                    if outs is None:  # the second process is gone: alone from now
-                        helper.close()
-                        helper, workers = None, 1
-                        outs = [expand(*fields)]
-                else:
-                    outs = [expand(*fields)]
-                stats["domains"] += sum(o[2] for o in outs)
-                for verdict, x, _ in outs:
-                    if verdict == "sat":
-                        return result("sat", x)
-                if any(o[0] == "unknown" for o in outs):
-                    return result("unknown", open_scores=np.r_[pool.view("score"), Sb],
-                                  note="box too small to split")
-                stats["splits"] += n
-                for _, kept, _ in outs:
-                    pool.push(**kept)
-            yield pool.round_end(stats, progress)
-        return result("unsat")
-    finally:
-        if helper is not None:
-            helper.close()
+        return pick[live[pick]]
