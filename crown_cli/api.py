@@ -20,7 +20,7 @@ import os
 import re
 import time
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from numbers import Integral, Real
 from typing import Optional, Union
 
@@ -256,56 +256,10 @@ def certify(model, x, label: Optional[int] = None, target: Union[str, int] = "ru
             target or option value, a method the network does not support, or a model file
             that cannot be read. The message is one line naming the parameter.
     """
-    from crown_cli.certification.certifier import (ALPHA_ITERS, PRECISIONS, Certifier,
-                                                   method_names, parse_norm)
-    from crown_cli.engine.radius_search import SEARCHES
-    from crown_cli.certification.targets import (TARGET_TYPES, TargetSelector,
-                                                 check_random_possible, parse_target_types)
-    from crown_cli.certification.runner import choose_kernels
-    from crown_cli.engine.kernels import KERNELS, using_kernels
-
     mlp = _as_model(model)
-    # option checks as `crown certify` makes them, in its order
-    with _options():
-        norm = parse_norm(norm)
-    methods = method_names()
-    if not isinstance(method, str) or method.strip().lower() not in methods:
-        raise InputError(f"method: unknown method {method!r} (choose from {', '.join(methods)})")
-    method = method.strip().lower()
-    if method != "alpha-crown" and (alpha_iters is not None or alpha_lr is not None):
-        raise InputError("alpha_iters/alpha_lr: need method alpha-crown")
-    if alpha_iters is not None:
-        alpha_iters = _integer(alpha_iters, "alpha_iters", 0)
-    if alpha_lr is not None and not (math.isfinite(_number(alpha_lr, "alpha_lr")) and alpha_lr > 0):
-        raise InputError(f"alpha_lr: must be > 0, got {alpha_lr}")
-    if not _number(timeout, "timeout") > 0:
-        raise InputError(f"timeout: must be > 0, got {timeout}")
-    if not (0 < _number(rtol, "rtol") < 1):
-        raise InputError(f"rtol: must lie in (0, 1), got {rtol}")
-    if eps0 is not None and not _number(eps0, "eps0") > 0:
-        raise InputError(f"eps0: must be > 0, got {eps0}")
-    if not _number(max_eps, "max_eps") > 0:
-        raise InputError(f"max_eps: must be > 0, got {max_eps}")
-    if search not in SEARCHES:
-        raise InputError(f"search: unknown search {search!r} (choose from {', '.join(SEARCHES)})")
-    if precision not in PRECISIONS:
-        raise InputError(f"precision: unknown precision {precision!r} (choose from "
-                         f"{', '.join(PRECISIONS)})")
-    if kernels not in ("auto",) + KERNELS:
-        raise InputError(f"kernels: unknown kernels {kernels!r} (choose from auto, "
-                         f"{', '.join(KERNELS)})")
-    if isinstance(seed, bool) or not isinstance(seed, Integral):
-        raise InputError(f"seed: must be an integer, got {seed!r}")
-
-    from crown_cli.graph.network import Graph
-
-    graph = mlp if isinstance(mlp, Graph) else None
-    image_layout = None
-    if graph is not None:
-        from crown_cli.graph.lower import lowered
-
-        if lowered(graph) is not None:  # the dense engine on its exact dense form
-            image_layout, mlp, graph = graph, lowered(graph), None
+    o = _checked(_CertifyOptions(norm, method, search, precision, rtol, eps0, max_eps, timeout,
+                                 alpha_iters, alpha_lr, seed, kernels))
+    graph, image_layout, mlp = _engine_form(mlp)
     n = mlp.num_classes if graph is None else graph.output_size
     if n < 2:
         raise InputError(f"model: the output has {n} value, need >= 2 classes")
@@ -316,6 +270,102 @@ def certify(model, x, label: Optional[int] = None, target: Union[str, int] = "ru
         if isinstance(label, bool) or not isinstance(label, Integral) or not 0 <= label < n:
             raise InputError(f"label: {label!r} is not a class of the model (0..{n - 1})")
         label = int(label)
+    target_type, target_class = _target(target, n)
+    if graph is not None:  # as `crown certify` on a graph: GraphCertifier, float64 bounds
+        from contextlib import nullcontext
+
+        cert, x0 = _graph_certifier(graph, x0, o)
+        backend, context = "numpy", nullcontext()
+    else:
+        cert, x0, backend = _mlp_certifier(mlp, image_layout, x0, o)
+        from crown_cli.engine.kernels import using_kernels
+
+        context = using_kernels(backend)
+    with context:
+        return _certify_one(cert, x0, label, target_type, target_class, o, backend)
+
+
+@dataclass(frozen=True)
+class _CertifyOptions:
+    """:func:`certify`'s options (its arguments of the same names; ``max_eps`` is the
+    certifiers' ``eps_max``)."""
+
+    norm: Union[str, int, float]
+    method: str
+    search: str
+    precision: str
+    rtol: float
+    eps0: Optional[float]
+    max_eps: float
+    timeout: float
+    alpha_iters: Optional[int]
+    alpha_lr: Optional[float]
+    seed: int
+    kernels: str
+
+
+def _checked(o: _CertifyOptions) -> _CertifyOptions:
+    """The options checked as `crown certify` checks them, in its order; the norm and method
+    normalised, ``alpha_iters`` an int."""
+    from crown_cli.certification.certifier import PRECISIONS, method_names, parse_norm
+    from crown_cli.engine.radius_search import SEARCHES
+    from crown_cli.engine.kernels import KERNELS
+
+    with _options():
+        norm = parse_norm(o.norm)
+    methods = method_names()
+    method, alpha_iters, alpha_lr = o.method, o.alpha_iters, o.alpha_lr
+    if not isinstance(method, str) or method.strip().lower() not in methods:
+        raise InputError(f"method: unknown method {method!r} (choose from {', '.join(methods)})")
+    method = method.strip().lower()
+    if method != "alpha-crown" and (alpha_iters is not None or alpha_lr is not None):
+        raise InputError("alpha_iters/alpha_lr: need method alpha-crown")
+    if alpha_iters is not None:
+        alpha_iters = _integer(alpha_iters, "alpha_iters", 0)
+    if alpha_lr is not None and not (math.isfinite(_number(alpha_lr, "alpha_lr")) and alpha_lr > 0):
+        raise InputError(f"alpha_lr: must be > 0, got {alpha_lr}")
+    if not _number(o.timeout, "timeout") > 0:
+        raise InputError(f"timeout: must be > 0, got {o.timeout}")
+    if not (0 < _number(o.rtol, "rtol") < 1):
+        raise InputError(f"rtol: must lie in (0, 1), got {o.rtol}")
+    if o.eps0 is not None and not _number(o.eps0, "eps0") > 0:
+        raise InputError(f"eps0: must be > 0, got {o.eps0}")
+    if not _number(o.max_eps, "max_eps") > 0:
+        raise InputError(f"max_eps: must be > 0, got {o.max_eps}")
+    if o.search not in SEARCHES:
+        raise InputError(f"search: unknown search {o.search!r} (choose from "
+                         f"{', '.join(SEARCHES)})")
+    if o.precision not in PRECISIONS:
+        raise InputError(f"precision: unknown precision {o.precision!r} (choose from "
+                         f"{', '.join(PRECISIONS)})")
+    if o.kernels not in ("auto",) + KERNELS:
+        raise InputError(f"kernels: unknown kernels {o.kernels!r} (choose from auto, "
+                         f"{', '.join(KERNELS)})")
+    if isinstance(o.seed, bool) or not isinstance(o.seed, Integral):
+        raise InputError(f"seed: must be an integer, got {o.seed!r}")
+    return replace(o, norm=norm, method=method, alpha_iters=alpha_iters)
+
+
+def _engine_form(mlp):
+    """(graph, image_layout, mlp): a graph with a lowered form is certified on that MLP, in
+    the graph's input layout (``image_layout``); another graph on the graph engine."""
+    from crown_cli.graph.network import Graph
+
+    graph = mlp if isinstance(mlp, Graph) else None
+    image_layout = None
+    if graph is not None:
+        from crown_cli.graph.lower import lowered
+
+        if lowered(graph) is not None:  # the dense engine on its exact dense form
+            image_layout, mlp, graph = graph, lowered(graph), None
+    return graph, image_layout, mlp
+
+
+def _target(target, n: int):
+    """(target_type, target class or None) of ``target`` on a network of ``n`` classes."""
+    from crown_cli.certification.targets import (TARGET_TYPES, check_random_possible,
+                                                 parse_target_types)
+
     if isinstance(target, str):
         with _options():
             types = parse_target_types(target)
@@ -323,66 +373,77 @@ def certify(model, x, label: Optional[int] = None, target: Union[str, int] = "ru
                 raise InputError(f"--target: one target per call, got '{target}'")
             target_type = types[0]
             check_random_possible(n, types)
-        target_class = None
-    elif isinstance(target, Integral) and not isinstance(target, bool):
+        return target_type, None
+    if isinstance(target, Integral) and not isinstance(target, bool):
         if not 0 <= target < n:
             raise InputError(f"target: {target} is not a class of the model (0..{n - 1})")
-        target_type, target_class = "class", int(target)
+        return "class", int(target)
+    raise InputError(f"target: expected one of {', '.join(TARGET_TYPES)} or a class "
+                     f"index, got {target!r}")
+
+
+def _graph_certifier(graph, x0, o: _CertifyOptions):
+    """`crown certify`'s certifier on a graph and the image in the graph's layout."""
+    from crown_cli.certification.graph_certifier import GraphCertifier, to_graph_layout
+
+    with _options():
+        cert = GraphCertifier(graph, norm=o.norm, method=o.method, search=o.search,
+                              rtol=float(o.rtol), eps0=o.eps0, eps_max=float(o.max_eps),
+                              timeout=float(o.timeout), alpha_iters=o.alpha_iters,
+                              alpha_lr=o.alpha_lr)
+    return cert, to_graph_layout(graph, x0[None, :])[0]  # crown's (H, W, C) image order
+
+
+def _mlp_certifier(mlp, image_layout, x0, o: _CertifyOptions):
+    """`crown certify`'s certifier on an MLP (cli.certify: an order-preserving output
+    activation skipped, another one a hidden layer), the image (in a lowered graph's input
+    layout) and the kernels chosen."""
+    from crown_cli.certification.certifier import ALPHA_ITERS, Certifier
+    from crown_cli.certification.runner import choose_kernels
+    from crown_cli.engine.kernels import using_kernels
+
+    if image_layout is not None:  # a lowered graph takes the graph's input layout
+        from crown_cli.certification.graph_certifier import to_graph_layout
+
+        x0 = to_graph_layout(image_layout, x0[None, :])[0]
+    weights, biases = mlp.margin_layers()
+    with _options():
+        backend = choose_kernels(o.kernels, mlp.activation, [w.shape for w in weights], 1)
+    alpha_opts = {}
+    if o.method == "alpha-crown":
+        alpha_opts = {"alpha_iters": ALPHA_ITERS if o.alpha_iters is None else o.alpha_iters,
+                      "alpha_lr": o.alpha_lr}
+    with using_kernels(backend), _options():
+        cert = Certifier(weights, biases, mlp.activation, norm=o.norm, method=o.method,
+                         search=o.search, rtol=float(o.rtol), eps0=o.eps0,
+                         eps_max=float(o.max_eps), precision=o.precision, alpha=mlp.alpha,
+                         timeout=float(o.timeout), **alpha_opts)
+    return cert, x0, backend
+
+
+def _certify_one(cert, x0, label, target_type: str, target_class, o: _CertifyOptions,
+                 backend: str) -> Certification:
+    """The targets chosen as `crown certify` chooses them (runner.certify_images), then the
+    certificate."""
+    from crown_cli.certification.targets import TargetSelector
+
+    sel = TargetSelector(int(o.seed)).select(cert.logits(x0[None, :])[0])
+    c = int(sel["predicted"])
+    if target_type == "class":
+        if target_class == c:
+            raise InputError(f"target: {target_class} is the predicted class; choose "
+                             "another class")
+        chosen = target_class
     else:
-        raise InputError(f"target: expected one of {', '.join(TARGET_TYPES)} or a class "
-                         f"index, got {target!r}")
-
-    if graph is not None:  # as `crown certify` on a graph: GraphCertifier, float64 bounds
-        from contextlib import nullcontext
-
-        from crown_cli.certification.graph_certifier import GraphCertifier, to_graph_layout
-
-        backend, context = "numpy", nullcontext()
-        with _options():
-            cert = GraphCertifier(graph, norm=norm, method=method, search=search,
-                                  rtol=float(rtol), eps0=eps0, eps_max=float(max_eps),
-                                  timeout=float(timeout), alpha_iters=alpha_iters,
-                                  alpha_lr=alpha_lr)
-        x0 = to_graph_layout(graph, x0[None, :])[0]  # crown's (H, W, C) image order
-    else:
-        if image_layout is not None:  # a lowered graph takes the graph's input layout
-            from crown_cli.certification.graph_certifier import to_graph_layout
-
-            x0 = to_graph_layout(image_layout, x0[None, :])[0]
-        # the network and kernels of `crown certify` (cli.certify): an order-preserving output
-        # activation is skipped, another one becomes a hidden layer
-        weights, biases = mlp.margin_layers()
-        with _options():
-            backend = choose_kernels(kernels, mlp.activation, [w.shape for w in weights], 1)
-        alpha_opts = {}
-        if method == "alpha-crown":
-            alpha_opts = {"alpha_iters": ALPHA_ITERS if alpha_iters is None else alpha_iters,
-                          "alpha_lr": alpha_lr}
-        context = using_kernels(backend)
-        with using_kernels(backend), _options():
-            cert = Certifier(weights, biases, mlp.activation, norm=norm, method=method,
-                             search=search, rtol=float(rtol), eps0=eps0, eps_max=float(max_eps),
-                             precision=precision, alpha=mlp.alpha, timeout=float(timeout),
-                             **alpha_opts)
-    with context:
-        # the targets as crown certify chooses them (runner.certify_images)
-        sel = TargetSelector(int(seed)).select(cert.logits(x0[None, :])[0])
-        c = int(sel["predicted"])
-        if target_type == "class":
-            if target_class == c:
-                raise InputError(f"target: {target_class} is the predicted class; choose "
-                                 "another class")
-            chosen = target_class
-        else:
-            chosen = sel[target_type]
-        record = dict(label=label, predicted=c,
-                      target=None if target_type == "untargeted" else int(chosen),
-                      target_type=target_type, norm=cert.norm, method=method, kernels=backend)
-        if label is not None and c != label:
-            return Certification(eps=None, status="misclassified", lower_bound=None,
-                                 margin=None, evaluations=0, time_s=0.0, **record)
-        targets = list(chosen) if isinstance(chosen, list) else [int(chosen)]
-        res = cert.certify(x0, c, targets)
+        chosen = sel[target_type]
+    record = dict(label=label, predicted=c,
+                  target=None if target_type == "untargeted" else int(chosen),
+                  target_type=target_type, norm=cert.norm, method=o.method, kernels=backend)
+    if label is not None and c != label:
+        return Certification(eps=None, status="misclassified", lower_bound=None,
+                             margin=None, evaluations=0, time_s=0.0, **record)
+    targets = list(chosen) if isinstance(chosen, list) else [int(chosen)]
+    res = cert.certify(x0, c, targets)
     return Certification(eps=None if res.eps is None else float(res.eps), status=res.status,
                          lower_bound=None if res.lower_bound is None else float(res.lower_bound),
                          margin=float(res.margin), evaluations=int(res.evaluations),

@@ -90,14 +90,28 @@ def check_sizes(prop, n_inputs: int, n_outputs: int, where: str) -> None:
                          f"outputs but the network has {n_inputs} and {n_outputs}")
 
 
+@dataclass(frozen=True)
+class VerifyOptions:
+    """The settings of a :class:`Verifier` (``crown verify``'s options)."""
+
+    stages: Sequence[str] = BOUND_STAGES  # bound stages asked for (those that apply run)
+    attack_restarts: int = 64  # PGD starting points per case
+    attack_steps: int = 100  # steps per run
+    seed: int = 0  # of the attack's random starts
+    attack_time: Optional[float] = None  # seconds per attack stage (None: a share of the timeout)
+    bab: bool = True  # branch and bound after the bound stages
+    max_domains: int = 200_000  # cap on the open domains of branch and bound
+    workers: Optional[int] = None  # input splitting's processes (None: by the network's size)
+
+
 class Verifier:
-    """One network, the stages to run, and the attack settings; :meth:`verify` per property."""
+    """One network, the stages to run, and the attack settings; :meth:`verify` per property.
+    ``settings``: the fields of :class:`VerifyOptions` (keywords)."""
 
     def __init__(self, weights: Sequence[np.ndarray], biases: Sequence[np.ndarray],
-                 activation: str, alpha=None, stages: Sequence[str] = BOUND_STAGES,
-                 attack_restarts: int = 64, attack_steps: int = 100, seed: int = 0,
-                 attack_time: Optional[float] = None, bab: bool = True,
-                 max_domains: int = 200_000, workers: Optional[int] = None):
+                 activation: str, alpha=None, **settings):
+        o = VerifyOptions(**settings)
+        stages = o.stages
         self.weights = [np.asarray(w, dtype=np.float64) for w in weights]
         self.biases = [np.asarray(b, dtype=np.float64) for b in biases]
         self.activation, self.alpha = activation, alpha
@@ -113,14 +127,15 @@ class Verifier:
         self.relax = {s: get_relaxation(activation, "crown" if s == "alpha-crown" else s, alpha)
                       for s in self.stages if s != "hull"}
         self._hull_net = None  # the hull stage's view of the hidden layer, built once
-        self.attack_restarts, self.attack_steps, self.seed = attack_restarts, attack_steps, seed
-        self.attack_time = attack_time
-        self.bab = bab and ACTIVATIONS[activation].bab
-        self.max_domains = max_domains
+        self.attack_restarts, self.attack_steps, self.seed = o.attack_restarts, o.attack_steps, \
+            o.seed
+        self.attack_time = o.attack_time
+        self.bab = o.bab and ACTIVATIONS[activation].bab
+        self.max_domains = o.max_domains
         # small networks: the BLAS on one thread, and (one hidden layer) input splitting in
         # two processes unless ``workers`` says otherwise (see verify)
         self.small = max(w.shape[0] for w in self.weights) <= ONE_THREAD_WIDTH
-        self.workers = workers if workers is not None else \
+        self.workers = o.workers if o.workers is not None else \
             2 if self.small and len(self.weights) == 2 else 1
 
     @property
