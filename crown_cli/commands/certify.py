@@ -2,6 +2,9 @@
 (image, norm, method, target)."""
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import Optional
+
 import click
 import numpy as np
 
@@ -98,11 +101,7 @@ from crown_cli.errors import InputError
 @memory_budget_option
 @_handle_errors
 @_deprecated("--seed", "--target-seed", "seed", type=int)
-def certify(model_path, images_path, labels_path, num_images, start, norm, method, alpha_iters,
-            alpha_lr, timeout,
-            target_spec, seed, activation, search, precision, rtol, eps0, max_eps, attack,
-            attack_steps, attack_restarts, attack_seed, output, out_format, overwrite, resume,
-            shard, kernels, verbose, quiet, memory_budget):
+def certify(**options):
     """Certify each image against the chosen targets and write one result row (CSV or JSON
     Lines) per (image, norm, method, target).
 
@@ -112,43 +111,125 @@ def certify(model_path, images_path, labels_path, num_images, start, norm, metho
     """
     from crown_cli.io.result_files import OutputJob, format_for, parse_shard, shard_indices
     from crown_cli.io.provenance import option_values
-    from crown_cli.certification.certifier import Certifier, method_names, parse_norm
-    from crown_cli.engine.kernels import using_kernels
-    from crown_cli.io.images import labels_source, load_images
-    from crown_cli.io.networks import load_network
-    from crown_cli.network import MLP
     from crown_cli.certification.runner import certify_images
-    from crown_cli.certification.targets import check_random_possible, parse_target_types
 
-    norms = [parse_norm(n) for n in _split(norm, "--norm", ("inf", "2", "1", "l1", "l2", "linf"))]
-    methods = _split(method, "--method", method_names())
+    a = CertifyArgs(**options)
+    norms, methods, target_types = _checked(a)
+    out_format = format_for(a.output, a.out_format)
+    click.get_current_context().params["out_format"] = out_format  # recorded in the sidecar
+    net, graph, x, y, where = _network_and_images(a, methods, target_types)
+    start, num_images = a.start, a.num_images
+    stop = x.shape[0] if num_images is None else min(x.shape[0], start + num_images)
+    if num_images is not None and start + num_images > x.shape[0]:
+        click.echo(f"crown: note: --num-images {num_images}: {where} holds {x.shape[0]} images, "
+                   f"so images {start}..{x.shape[0] - 1} ({x.shape[0] - start}) are certified",
+                   err=True)
+    indices = shard_indices(range(start, stop), parse_shard(a.shard))
+    job = OutputJob(option_values(click.get_current_context()), a.output, out_format,
+                    a.overwrite, a.resume, a.model_path,
+                    net if graph is None else _GraphInfo(graph), a.images_path, x, y, indices)
+    if a.attack == "none" and (a.attack_steps is not None or a.attack_restarts is not None):
+        raise InputError("--attack-steps/--attack-restarts: need --attack pgd")
+    if graph is not None:
+        certifiers, attacks = _graph_certifiers(a, graph, norms, methods)
+    else:
+        # rows a resumed file already holds are skipped: they cost no certification
+        runs = len(indices) * len(target_types) * len(norms) * len(methods) - job.rows_present()
+        certifiers, attacks = _mlp_certifiers(a, net, norms, methods, runs)
+
+    def run(write):
+        summary = certify_images(
+            certifiers, x, y, indices, target_types, a.seed, _logged(write, a.verbose),
+            progress=not a.quiet and not a.verbose, skip=job.skip, attacks=attacks,
+            attack_seed=a.attack_seed, warn=lambda msg: click.echo(msg, err=True))
+        note = misclassified_note(summary, x[indices] if len(indices) else x[:0])
+        if note:
+            click.echo(f"crown: warning: {note}", err=True)
+        return summary
+
+    _run_job(job, run, "row", a.output, a.quiet)
+
+
+@dataclass(frozen=True)
+class CertifyArgs:
+    """``crown certify``'s options as click hands them over: one field per option, named as
+    its parameter in the decorators above."""
+
+    model_path: str
+    images_path: Optional[str]
+    labels_path: Optional[str]
+    num_images: Optional[int]
+    start: int
+    norm: str
+    method: str
+    alpha_iters: Optional[int]
+    alpha_lr: Optional[float]
+    timeout: float
+    target_spec: str
+    seed: int
+    activation: Optional[str]
+    search: str
+    precision: str
+    rtol: float
+    eps0: Optional[float]
+    max_eps: float
+    attack: str
+    attack_steps: Optional[int]
+    attack_restarts: Optional[int]
+    attack_seed: int
+    output: str
+    out_format: Optional[str]
+    overwrite: bool
+    resume: bool
+    shard: Optional[str]
+    kernels: str
+    verbose: bool
+    quiet: bool
+    memory_budget: Optional[float]
+
+
+def _checked(a: CertifyArgs):
+    """The options' checks that need no file, in the order the CLI has always made them:
+    (norms, methods, target types)."""
+    from crown_cli.certification.certifier import method_names, parse_norm
+    from crown_cli.certification.targets import parse_target_types
+
+    norms = [parse_norm(n) for n in _split(a.norm, "--norm", ("inf", "2", "1", "l1", "l2",
+                                                               "linf"))]
+    methods = _split(a.method, "--method", method_names())
+    alpha_iters, alpha_lr = a.alpha_iters, a.alpha_lr
     if "alpha-crown" not in methods and (alpha_iters is not None or alpha_lr is not None):
         raise InputError("--alpha-iters/--alpha-lr: need --method alpha-crown")
     if alpha_iters is not None and alpha_iters < 0:
         raise InputError(f"--alpha-iters: must be >= 0, got {alpha_iters}")
     if alpha_lr is not None and not (np.isfinite(alpha_lr) and alpha_lr > 0):
         raise InputError(f"--alpha-lr: must be > 0, got {alpha_lr}")
-    from crown_cli.certification.certifier import ALPHA_ITERS
-
-    # --alpha-lr unset: the Certifier's default for the network's activation
-    alpha_opts = {"alpha_iters": ALPHA_ITERS if alpha_iters is None else alpha_iters,
-                  "alpha_lr": alpha_lr}
-    if not timeout > 0:
-        raise InputError(f"--timeout: must be > 0, got {timeout}")
-    target_types = parse_target_types(target_spec)
+    if not a.timeout > 0:
+        raise InputError(f"--timeout: must be > 0, got {a.timeout}")
+    target_types = parse_target_types(a.target_spec)
+    rtol, max_eps, eps0 = a.rtol, a.max_eps, a.eps0
     if not rtol > 0 or not rtol < 1:
         raise InputError(f"--rtol: must lie in (0, 1), got {rtol}")
     if not (max_eps > 0 and max_eps <= MAX_RADIUS):
         raise InputError(f"--max-eps: must be > 0 and at most {MAX_RADIUS:g}, got {max_eps}")
     if eps0 is not None and not (eps0 > 0 and eps0 <= max_eps):
         raise InputError(f"--eps0: must be > 0 and at most --max-eps ({max_eps:g}), got {eps0}")
-    out_format = format_for(output, out_format)
-    click.get_current_context().params["out_format"] = out_format  # recorded in the sidecar
+    return norms, methods, target_types
 
-    check_memory_budget(memory_budget)
-    net = load_network(model_path, activation, memory_budget=memory_budget)
+
+def _network_and_images(a: CertifyArgs, methods, target_types):
+    """The network (an MLP, a graph's exact dense form, or the graph) and the images in its
+    input layout, checked against each other: (net, graph or None, x, y, where)."""
+    from crown_cli.certification.targets import check_random_possible
+    from crown_cli.io.images import labels_source, load_images
+    from crown_cli.io.networks import load_network
+    from crown_cli.network import MLP
+
+    model_path, images_path = a.model_path, a.images_path
+    check_memory_budget(a.memory_budget)
+    net = load_network(model_path, a.activation, memory_budget=a.memory_budget)
     graph = None if isinstance(net, MLP) else net
-    x, y = load_images(images_path, labels_path)
+    x, y = load_images(images_path, a.labels_path)
     if graph is not None and graph.lowering is not None and graph.lowering[0] is not None:
         # a chain of affine segments: its exact dense form runs every method on the dense
         # engine; its input is the graph's, so the images go to the model's layout
@@ -175,72 +256,65 @@ def certify(model_path, images_path, labels_path, num_images, start, norm, metho
         for m in methods:
             check_graph_method(m, model_path)
         x = to_graph_layout(graph, x)  # crown's (H, W, C) images in the model's own layout
-    if start >= x.shape[0]:
-        raise InputError(f"--start: {start} is past the last image ({x.shape[0]} images in {where})")
+    if a.start >= x.shape[0]:
+        raise InputError(f"--start: {a.start} is past the last image ({x.shape[0]} images in "
+                         f"{where})")
     bad = np.flatnonzero((y < 0) | (y >= n_classes))
     if bad.size:
-        raise InputError(f"{labels_source(images_path, labels_path)}: label {y[bad[0]]} of image "
-                         f"{bad[0]} is outside 0..{n_classes - 1} (the model "
+        raise InputError(f"{labels_source(images_path, a.labels_path)}: label {y[bad[0]]} of "
+                         f"image {bad[0]} is outside 0..{n_classes - 1} (the model "
                          f"{model_path} has {n_classes} classes)")
     check_random_possible(n_classes, target_types)
-    stop = x.shape[0] if num_images is None else min(x.shape[0], start + num_images)
-    if num_images is not None and start + num_images > x.shape[0]:
-        click.echo(f"crown: note: --num-images {num_images}: {where} holds {x.shape[0]} images, "
-                   f"so images {start}..{x.shape[0] - 1} ({x.shape[0] - start}) are certified",
-                   err=True)
-    indices = shard_indices(range(start, stop), parse_shard(shard))
-    job = OutputJob(option_values(click.get_current_context()), output, out_format, overwrite,
-                    resume, model_path, net if graph is None else _GraphInfo(graph), images_path,
-                    x, y, indices)
-    if attack == "none" and (attack_steps is not None or attack_restarts is not None):
-        raise InputError("--attack-steps/--attack-restarts: need --attack pgd")
-    if graph is not None:
-        from crown_cli.certification.graph_certifier import GraphCertifier, GraphPGDAttack
+    return net, graph, x, y, where
 
-        certifiers = [GraphCertifier(graph, norm=n, method=m, search=search, rtol=rtol, eps0=eps0,
-                                     eps_max=max_eps, timeout=timeout, alpha_iters=alpha_iters,
-                                     alpha_lr=alpha_lr)
-                      for n in norms for m in methods]
-        attacks = None if attack != "pgd" else {
-            n: GraphPGDAttack(graph, n, attack_steps, attack_restarts, max_eps) for n in norms}
-    else:
-        mlp = net
-        # rows a resumed file already holds are skipped: they cost no certification
-        runs = len(indices) * len(target_types) * len(norms) * len(methods) - job.rows_present()
-        # an order-preserving output activation is skipped (the logits' margins decide the
-        # class); another one (a ReLU on the logits) becomes a hidden layer the engine bounds
-        weights, biases = mlp.margin_layers()
-        kernels = choose_kernels(kernels, mlp.activation, [w.shape for w in weights], runs)
-        # the engine's switch is process-wide: restore it when this command ends
-        click.get_current_context().with_resource(using_kernels(kernels))
 
-        certifiers = [
-            Certifier(weights, biases, mlp.activation, norm=n, method=m, search=search,
-                      rtol=rtol, eps0=eps0, eps_max=max_eps, precision=precision,
-                      alpha=mlp.alpha, timeout=timeout,
-                      **(alpha_opts if m == "alpha-crown" else {}))
-            for n in norms for m in methods
-        ]
-        attacks = None
-        if attack == "pgd":
-            from crown_cli.certification.attack import DEFAULT_RESTARTS, DEFAULT_STEPS, PGDAttack
+def _graph_certifiers(a: CertifyArgs, graph, norms, methods):
+    """A certifier per (norm, method) on the graph engine, and the PGD attacks per norm
+    (``--attack pgd``, else None)."""
+    from crown_cli.certification.graph_certifier import GraphCertifier, GraphPGDAttack
 
-            attacks = {n: PGDAttack(weights, biases, mlp.activation, norm=n, alpha=mlp.alpha,
-                                    steps=attack_steps or DEFAULT_STEPS,
-                                    restarts=attack_restarts or DEFAULT_RESTARTS,
-                                    eps_max=max_eps)
-                       for n in norms}
-    def run(write):
-        summary = certify_images(
-            certifiers, x, y, indices, target_types, seed, _logged(write, verbose),
-            progress=not quiet and not verbose, skip=job.skip, attacks=attacks,
-            attack_seed=attack_seed, warn=lambda msg: click.echo(msg, err=True))
-        note = misclassified_note(summary, x[indices] if len(indices) else x[:0])
-        if note:
-            click.echo(f"crown: warning: {note}", err=True)
-        return summary
+    certifiers = [GraphCertifier(graph, norm=n, method=m, search=a.search, rtol=a.rtol,
+                                 eps0=a.eps0, eps_max=a.max_eps, timeout=a.timeout,
+                                 alpha_iters=a.alpha_iters, alpha_lr=a.alpha_lr)
+                  for n in norms for m in methods]
+    attacks = None if a.attack != "pgd" else {
+        n: GraphPGDAttack(graph, n, a.attack_steps, a.attack_restarts, a.max_eps) for n in norms}
+    return certifiers, attacks
 
-    _run_job(job, run, "row", output, quiet)
+
+def _mlp_certifiers(a: CertifyArgs, mlp, norms, methods, runs: int):
+    """A certifier per (norm, method) on the dense engine, its kernels chosen for ``runs``
+    certifications (and switched on until the command ends), and the PGD attacks per norm
+    (``--attack pgd``, else None)."""
+    from crown_cli.certification.certifier import ALPHA_ITERS, Certifier
+    from crown_cli.engine.kernels import using_kernels
+
+    # --alpha-lr unset: the Certifier's default for the network's activation
+    alpha_opts = {"alpha_iters": ALPHA_ITERS if a.alpha_iters is None else a.alpha_iters,
+                  "alpha_lr": a.alpha_lr}
+    # an order-preserving output activation is skipped (the logits' margins decide the
+    # class); another one (a ReLU on the logits) becomes a hidden layer the engine bounds
+    weights, biases = mlp.margin_layers()
+    kernels = choose_kernels(a.kernels, mlp.activation, [w.shape for w in weights], runs)
+    # the engine's switch is process-wide: restore it when this command ends
+    click.get_current_context().with_resource(using_kernels(kernels))
+    certifiers = [
+        Certifier(weights, biases, mlp.activation, norm=n, method=m, search=a.search,
+                  rtol=a.rtol, eps0=a.eps0, eps_max=a.max_eps, precision=a.precision,
+                  alpha=mlp.alpha, timeout=a.timeout,
+                  **(alpha_opts if m == "alpha-crown" else {}))
+        for n in norms for m in methods
+    ]
+    attacks = None
+    if a.attack == "pgd":
+        from crown_cli.certification.attack import DEFAULT_RESTARTS, DEFAULT_STEPS, PGDAttack
+
+        attacks = {n: PGDAttack(weights, biases, mlp.activation, norm=n, alpha=mlp.alpha,
+                                steps=a.attack_steps or DEFAULT_STEPS,
+                                restarts=a.attack_restarts or DEFAULT_RESTARTS,
+                                eps_max=a.max_eps)
+                   for n in norms}
+    return certifiers, attacks
 
 
 def misclassified_note(summary, x) -> str:

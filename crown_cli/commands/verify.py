@@ -3,6 +3,8 @@ benchmark's instance list (``--instances``)."""
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
+from typing import Optional
 
 import click
 
@@ -76,9 +78,7 @@ VERIFY_NOT_SETTINGS = {"--model", "--spec", "--instances", "--root", "--output",
 @_handle_errors
 @_deprecated("--seed", "--attack-seed", "seed", type=click.IntRange(min=0))
 @_deprecated("--method", "--stages", "method")
-def verify(model_path, spec_path, instances_path, root, timeout, method, attack_restarts,
-           attack_steps, attack_time, bab, max_domains, workers, seed, output, out_format, overwrite,
-           resume, shard, verbose, quiet, memory_budget):
+def verify(**given):
     """Decide VNN-LIB properties: sat (with a counterexample), unsat, unknown or timeout.
 
     Attack first (PGD towards the unsafe outputs inside the input box), then the bound
@@ -96,36 +96,65 @@ def verify(model_path, spec_path, instances_path, root, timeout, method, attack_
     """
     from crown_cli.verification.pipeline import BOUND_STAGES
 
-    stages = _split(method, "--stages", BOUND_STAGES)
+    a = VerifyArgs(**given)
+    stages = _split(a.method, "--stages", BOUND_STAGES)
+    timeout, attack_time, memory_budget = a.timeout, a.attack_time, a.memory_budget
     if timeout is not None and not timeout > 0:
         raise InputError(f"--timeout: must be > 0, got {timeout}")
     if attack_time is not None and not attack_time >= 0:
         raise InputError(f"--attack-time: must be >= 0, got {attack_time}")
-    options = dict(stages=tuple(stages), attack_restarts=attack_restarts,
-                   attack_steps=attack_steps, seed=seed, attack_time=attack_time, bab=bab,
-                   max_domains=max_domains)
-    if workers is not None:
-        options["workers"] = workers
+    options = dict(stages=tuple(stages), attack_restarts=a.attack_restarts,
+                   attack_steps=a.attack_steps, seed=a.seed, attack_time=attack_time, bab=a.bab,
+                   max_domains=a.max_domains)
+    if a.workers is not None:
+        options["workers"] = a.workers
     check_memory_budget(memory_budget)
     if memory_budget is not None:
         options["memory_budget"] = memory_budget
-    log = (lambda msg: click.echo(msg, err=True)) if verbose else None
-    if instances_path is not None:
-        if model_path is not None or spec_path is not None:
+    log = (lambda msg: click.echo(msg, err=True)) if a.verbose else None
+    if a.instances_path is not None:
+        if a.model_path is not None or a.spec_path is not None:
             raise InputError("--instances: cannot be combined with --model/--spec")
-        return _verify_instances(instances_path, root, timeout, options, output, out_format,
-                                 overwrite, resume, shard, quiet, log)
-    if model_path is None or spec_path is None:
+        return _verify_instances(a, options, log)
+    if a.model_path is None or a.spec_path is None:
         raise InputError("verify: give --model and --spec, or --instances")
-    for opt, val in (("--root", root), ("--resume", resume or None), ("--shard", shard),
-                     ("--format", out_format)):
+    for opt, val in (("--root", a.root), ("--resume", a.resume or None), ("--shard", a.shard),
+                     ("--format", a.out_format)):
         if val is not None:
             raise InputError(f"{opt}: only with --instances")
-    _verify_one(model_path, spec_path, 300.0 if timeout is None else timeout, options, output,
-                overwrite, quiet, log)
+    _verify_one(a, 300.0 if timeout is None else timeout, options, log)
 
 
-def _verify_one(model_path, spec_path, timeout, options, output, overwrite, quiet, log):
+@dataclass(frozen=True)
+class VerifyArgs:
+    """``crown verify``'s options as click hands them over: one field per option, named as
+    its parameter in the decorators above."""
+
+    model_path: Optional[str]
+    spec_path: Optional[str]
+    instances_path: Optional[str]
+    root: Optional[str]
+    timeout: Optional[float]
+    method: str
+    attack_restarts: int
+    attack_steps: int
+    attack_time: Optional[float]
+    bab: bool
+    max_domains: int
+    workers: Optional[int]
+    seed: int
+    output: str
+    out_format: Optional[str]
+    overwrite: bool
+    resume: bool
+    shard: Optional[str]
+    verbose: bool
+    quiet: bool
+    memory_budget: Optional[float]
+
+
+def _verify_one(a: VerifyArgs, timeout, options, log):
+    """``--model`` and ``--spec``: the verdict in the competition's result format."""
     import os
 
     from crown_cli.verification.pipeline import format_result
@@ -133,7 +162,8 @@ def _verify_one(model_path, spec_path, timeout, options, output, overwrite, quie
 
     from crown_cli.io.result_files import check_output
 
-    check_output(output, overwrite, resumable=False)
+    model_path, spec_path, output, quiet = a.model_path, a.spec_path, a.output, a.quiet
+    check_output(output, a.overwrite, resumable=False)
     t0 = time.perf_counter()
     loader = Loader()
     v = loader.verifier(model_path, **options)
@@ -180,16 +210,17 @@ def _verify_one(model_path, spec_path, timeout, options, output, overwrite, quie
                    err=True)
 
 
-def _verify_instances(instances_path, root, timeout, options, output, out_format, overwrite,
-                      resume, shard, quiet, log):
+def _verify_instances(a: VerifyArgs, options, log):
+    """``--instances``: a result row per instance of the list (or of its ``--shard``)."""
     from crown_cli.io import provenance as pv
     from crown_cli.io.result_files import (VERIFY_ROWS, ResultJob, format_for, parse_shard,
                                            shard_indices)
     from crown_cli.verification.runner import instances_sha256, read_instances, run_instances
 
-    out_format = format_for(output, out_format)
+    instances_path, output, shard, quiet = a.instances_path, a.output, a.shard, a.quiet
+    out_format = format_for(output, a.out_format)
     click.get_current_context().params["out_format"] = out_format  # recorded in the sidecar
-    instances = read_instances(instances_path, root)
+    instances = read_instances(instances_path, a.root)
     chosen = shard_indices(range(len(instances)), parse_shard(shard))
     todo = [instances[i] for i in chosen]
     opts = pv.option_values(click.get_current_context())
@@ -206,9 +237,9 @@ def _verify_instances(instances_path, root, timeout, options, output, out_format
         coverage = {"options": {"--shard": shard}, "images": len(chosen),
                     "first_image": chosen[0] if chosen else None,
                     "last_image": chosen[-1] if chosen else None}
-    job = ResultJob(opts, output, out_format, overwrite, resume, settings, inputs, coverage,
+    job = ResultJob(opts, output, out_format, a.overwrite, a.resume, settings, inputs, coverage,
                     VERIFY_ROWS)
     _run_job(job, lambda write: run_instances(
-        todo, write, job.skip, VERIFY_ROWS.key, timeout_cap=timeout, progress=not quiet,
+        todo, write, job.skip, VERIFY_ROWS.key, timeout_cap=a.timeout, progress=not quiet,
         verifier_options=options, log=log,
         warn=lambda msg: click.echo(f"crown: warning: {msg}", err=True)), "instance", output, quiet)
