@@ -65,6 +65,16 @@ def row_key(row: Dict[str, object]) -> Tuple[str, str, str, str, str]:
     return tuple(format_value(row.get(k)) for k in ("image", "target_type", "target", "norm", "method"))
 
 
+@dataclass(frozen=True)
+class AttackRuns:
+    """``--attack pgd``: the PGD attack per norm, the seed of its random starts, and where a
+    certified radius above the attack's distortion is reported (an unsound certificate)."""
+
+    by_norm: Mapping[str, "PGDAttack"]
+    seed: int = 0
+    warn: Optional[Callable[[str], None]] = None
+
+
 def certify_images(
     certifiers: Sequence[Certifier],
     x: np.ndarray,
@@ -75,9 +85,7 @@ def certify_images(
     emit: Callable[[Dict[str, object]], None],
     progress: bool = True,
     skip: Optional[Callable[[Tuple[str, ...]], Optional[Dict[str, object]]]] = None,
-    attacks: Optional[Mapping[str, PGDAttack]] = None,
-    attack_seed: int = 0,
-    warn: Optional[Callable[[str], None]] = None,
+    attacks: Optional[AttackRuns] = None,
 ) -> Summary:
     """Certify x[i] for i in ``indices`` (ascending) with every certifier and target type.
 
@@ -92,11 +100,10 @@ def certify_images(
     targeted row of the same image, norm and method gets at least its radius
     (:func:`_raise_to_floor`; not for ``exact``, whose distortions are no certificates).
 
-    ``attacks`` (norm -> PGDAttack) adds the attack's distortion to every certified row; the
+    ``attacks`` adds the attack's distortion to every certified row of a norm it has; the
     attack runs once per (image, norm, target type) and is shared by the methods. A certified
-    eps above it is reported through ``warn`` (it would mean an unsound certificate).
+    eps above it is reported through ``attacks.warn`` (it would mean an unsound certificate).
     """
-    attack_cache: Dict[tuple, object] = {}
     indices = list(indices)
     first = certifiers[0]
     logits = first.logits(x[: indices[-1] + 1]) if indices else np.zeros((0, 0))
@@ -105,6 +112,7 @@ def certify_images(
     summary = Summary()
     for cert in certifiers:  # kernel loading is start-up, not the first image's time
         cert.warm_up()
+    rows = _Rows(x, summary, skip, attacks)
     # the untargeted row first: its radius is a floor for the targeted ones (_raise_to_floor)
     order = sorted(target_types, key=lambda t: t != "untargeted")
     bar = _progress(len(indices), progress)
@@ -118,54 +126,10 @@ def certify_images(
             misclassified = c != label
             summary.misclassified += misclassified
             for cert in certifiers:
-                rows: Dict[str, Dict[str, object]] = {}
-                floor = None  # the untargeted row of this image, norm and method
-                for ttype in order:
-                    target = sel[ttype]
-                    row = dict(base, target="" if ttype == "untargeted" else target,
-                               target_type=ttype, norm=cert.norm, method=cert.method,
-                               search=cert.search, precision=cert.precision, rtol=cert.rtol)
-                    there = skip(row_key(row)) if skip is not None else None
-                    if there:  # already in the resumed file: counted, not computed
-                        summary.skipped += 1
-                        _count_eps(summary, cert, _parsed(there))
-                        if ttype == "untargeted":
-                            floor = _parsed(there)
-                        continue
-                    if misclassified:
-                        row.update(status="misclassified", time_s=0.0, evaluations=0)
-                    else:
-                        targets = target if isinstance(target, list) else [target]
-                        t_row = time.perf_counter()
-                        try:
-                            res = cert.certify(x[i], c, targets)
-                        except Exception as exc:  # noqa: BLE001 - recorded, the batch goes on
-                            if interrupted(exc):
-                                raise KeyboardInterrupt from exc
-                            row.update(status="error", evaluations=0,
-                                       time_s=round(time.perf_counter() - t_row, 6))
-                            summary.errors.append(
-                                f"image {i}, target {row['target_type']} {row['target']}, "
-                                f"norm {cert.norm}, method {cert.method}: {type(exc).__name__}: {exc}")
-                        else:
-                            row.update(eps=res.eps, time_s=round(res.time_s, 6),
-                                       evaluations=res.evaluations, status=res.status,
-                                       margin=res.margin, lower_bound=res.lower_bound)
-                            if ttype == "untargeted":
-                                floor = row
-                            elif floor is not None and cert.method != "exact":
-                                _raise_to_floor(row, floor)
-                            if attacks and cert.norm in attacks:
-                                _add_attack(row, attacks[cert.norm], attack_cache, attack_seed,
-                                            x[i], i, c, ttype, targets, warn)
-                            _count_eps(summary, cert, row)
-                            summary.times.append(res.time_s)
-                            summary.evaluations.append(res.evaluations)
-                    summary.failed += row.get("status") in FAILED_STATUSES
-                    rows[ttype] = row
+                done = rows.of(cert, base, sel, order, misclassified)
                 for ttype in target_types:  # in the order asked for
-                    if ttype in rows:
-                        emit(rows[ttype])
+                    if ttype in done:
+                        emit(done[ttype])
                         summary.rows += 1
             if bar is not None:
                 bar.update(1)
@@ -175,6 +139,74 @@ def certify_images(
         if bar is not None:
             bar.close()
     return summary
+
+
+class _Rows:
+    """The rows of one image and certifier: resumed from the file, misclassified, or
+    certified (with the untargeted floor and the attack), each counted in the summary."""
+
+    def __init__(self, x, summary: Summary, skip, attacks: Optional[AttackRuns]):
+        self.x, self.summary, self.skip, self.attacks = x, summary, skip, attacks
+        self.attack_cache: Dict[tuple, object] = {}
+
+    def of(self, cert, base, sel, order, misclassified) -> Dict[str, Dict[str, object]]:
+        """The rows of the image ``base`` with ``cert`` for the target types ``order``
+        (untargeted first), by target type (a row the resumed file holds is left out)."""
+        summary = self.summary
+        rows: Dict[str, Dict[str, object]] = {}
+        floor = None  # the untargeted row of this image, norm and method
+        for ttype in order:
+            target = sel[ttype]
+            row = dict(base, target="" if ttype == "untargeted" else target,
+                       target_type=ttype, norm=cert.norm, method=cert.method,
+                       search=cert.search, precision=cert.precision, rtol=cert.rtol)
+            there = self.skip(row_key(row)) if self.skip is not None else None
+            if there:  # already in the resumed file: counted, not computed
+                summary.skipped += 1
+                _count_eps(summary, cert, _parsed(there))
+                if ttype == "untargeted":
+                    floor = _parsed(there)
+                continue
+            if misclassified:
+                row.update(status="misclassified", time_s=0.0, evaluations=0)
+            else:
+                floor = self._certify(row, cert, ttype, target, floor)
+            summary.failed += row.get("status") in FAILED_STATUSES
+            rows[ttype] = row
+        return rows
+
+    def _certify(self, row, cert, ttype, target, floor):
+        """Fill ``row`` with its certificate (or the error it raised); returns the untargeted
+        floor from here on."""
+        summary, i, c = self.summary, row["image"], row["predicted"]
+        targets = target if isinstance(target, list) else [target]
+        t_row = time.perf_counter()
+        try:
+            res = cert.certify(self.x[i], c, targets)
+        except Exception as exc:  # noqa: BLE001 - recorded, the batch goes on
+            if interrupted(exc):
+                raise KeyboardInterrupt from exc
+            row.update(status="error", evaluations=0,
+                       time_s=round(time.perf_counter() - t_row, 6))
+            summary.errors.append(
+                f"image {i}, target {row['target_type']} {row['target']}, "
+                f"norm {cert.norm}, method {cert.method}: {type(exc).__name__}: {exc}")
+            return floor
+        row.update(eps=res.eps, time_s=round(res.time_s, 6),
+                   evaluations=res.evaluations, status=res.status,
+                   margin=res.margin, lower_bound=res.lower_bound)
+        if ttype == "untargeted":
+            floor = row
+        elif floor is not None and cert.method != "exact":
+            _raise_to_floor(row, floor)
+        attacks = self.attacks
+        if attacks is not None and attacks.by_norm and cert.norm in attacks.by_norm:
+            _add_attack(row, attacks.by_norm[cert.norm], self.attack_cache, attacks.seed,
+                        self.x[i], i, c, ttype, targets, attacks.warn)
+        _count_eps(summary, cert, row)
+        summary.times.append(res.time_s)
+        summary.evaluations.append(res.evaluations)
+        return floor
 
 
 # statuses whose eps is a certified radius (the untargeted floor of _raise_to_floor)

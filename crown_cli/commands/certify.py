@@ -111,7 +111,7 @@ def certify(**options):
     """
     from crown_cli.io.result_files import OutputJob, format_for, parse_shard, shard_indices
     from crown_cli.io.provenance import option_values
-    from crown_cli.certification.runner import certify_images
+    from crown_cli.certification.runner import AttackRuns, certify_images
 
     a = CertifyArgs(**options)
     norms, methods, target_types = _checked(a)
@@ -140,8 +140,9 @@ def certify(**options):
     def run(write):
         summary = certify_images(
             certifiers, x, y, indices, target_types, a.seed, _logged(write, a.verbose),
-            progress=not a.quiet and not a.verbose, skip=job.skip, attacks=attacks,
-            attack_seed=a.attack_seed, warn=lambda msg: click.echo(msg, err=True))
+            progress=not a.quiet and not a.verbose, skip=job.skip,
+            attacks=None if attacks is None else AttackRuns(
+                attacks, a.attack_seed, lambda msg: click.echo(msg, err=True)))
         note = misclassified_note(summary, x[indices] if len(indices) else x[:0])
         if note:
             click.echo(f"crown: warning: {note}", err=True)
