@@ -84,3 +84,97 @@ def test_no_import_circle():
 
 def test_the_circle_finder_finds_a_circle():
     assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+
+
+# The size rule (issue 35): no function of more than MAX_LINES lines (def to last line, its
+# docstring included) or MAX_PARAMS parameters (self and cls not counted, *args and **kwargs
+# counted). Its exceptions, each with its reason:
+MAX_LINES, MAX_PARAMS = 150, 10
+ALLOWED = {
+    # the public API (docs/api.md): keyword options of a documented function stay as they are
+    "crown_cli/api.py:certify",
+    "crown_cli/api.py:verify",
+    # numba kernels take their arrays one by one (numba has no cheap struct of arrays)
+    "crown_cli/engine/kernels/batched.py:scale",
+    "crown_cli/engine/kernels/graph_steps.py:conv_transpose_t",
+    "crown_cli/engine/kernels/relu_split.py:back32",
+    "crown_cli/engine/kernels/relu_split.py:interm_step64",
+    # being rewritten by the lead (back-substitution internals); its constructor's keywords
+    # are GraphBounds' callers' interface
+    "crown_cli/engine/graph_bounds.py:GraphBounds.__init__",
+    # being deleted in another branch (the ONNX loader moves to crown_cli.graph)
+    "crown_cli/io/onnx_model.py:load_onnx",
+    # issue 35: still to split
+    "crown_cli/certification/attack.py:PGDAttack.__init__",
+    "crown_cli/certification/certifier.py:Certifier.__init__",
+    "crown_cli/certification/graph_certifier.py:GraphCertifier.__init__",
+    "crown_cli/certification/methods/exact.py:min_distortion",
+    "crown_cli/certification/methods/quad.py:linear_certificate",
+    "crown_cli/certification/methods/quad.py:minimize_qp",
+    "crown_cli/engine/alpha_crown.py:chain",
+    "crown_cli/engine/alpha_crown.py:AlphaBounds.__init__",
+    "crown_cli/engine/backsub.py:back_substitute",
+    "crown_cli/engine/backsub.py:margin_lower_bound",
+    "crown_cli/engine/batched.py:_lower",
+    "crown_cli/engine/batched.py:batch_lower_bounds",
+    "crown_cli/engine/hull.py:hull_optimise",
+    "crown_cli/engine/hull.py:lower_bounds",
+    "crown_cli/engine/relaxations/sigmoid_family.py:steer_tangent_lines",
+    "crown_cli/io/result_files.py:OutputJob.__init__",
+    "crown_cli/verification/bab/graph_relu_split.py:graph_relu_split_steps",
+}
+
+
+def _functions(tree):
+    """(qualified name, node) of every function and method, nested ones too."""
+    out = []
+
+    def visit(node, prefix):
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                out.append((prefix + child.name, child))
+                visit(child, prefix + child.name + ".")
+            elif isinstance(child, ast.ClassDef):
+                visit(child, prefix + child.name + ".")
+            else:
+                visit(child, prefix)
+
+    visit(tree, "")
+    return out
+
+
+def _too_big(source: str, where: str):
+    """'where:name (N lines, P parameters)' of each function of ``source`` over the rule."""
+    found = []
+    for name, fn in _functions(ast.parse(source)):
+        a = fn.args
+        params = [p.arg for p in a.posonlyargs + a.args + a.kwonlyargs
+                  if p.arg not in ("self", "cls")]
+        n_params = len(params) + (a.vararg is not None) + (a.kwarg is not None)
+        n_lines = fn.end_lineno - fn.lineno + 1
+        if n_lines > MAX_LINES or n_params > MAX_PARAMS:
+            found.append(f"{where}:{name} ({n_lines} lines, {n_params} parameters)")
+    return found
+
+
+def test_no_function_too_long_or_with_too_many_parameters():
+    """Split a long function into named steps; pass settings as a type (a frozen dataclass,
+    as ReluSplitOptions) instead of a long parameter list."""
+    over = []
+    for path in sorted(_modules().values()):
+        rel = os.path.relpath(path, os.path.dirname(ROOT)).replace(os.sep, "/")
+        over += _too_big(open(path, encoding="utf-8").read(), rel)
+    assert [f for f in over if f.split(" (")[0] not in ALLOWED] == []
+    # an exception that no longer applies leaves the list
+    assert ALLOWED <= {f.split(" (")[0] for f in over}
+
+
+def test_the_size_rule_finds_long_functions_and_long_parameter_lists():
+    body = "\n".join(f"    x{i} = {i}" for i in range(MAX_LINES))
+    source = (f"def long():\n{body}\n\n"
+              "class C:\n    def wide(self, a, b, c, d, e, f, g, h, i, *rest, **kw):\n"
+              "        def inner(a, b, c, d, e, f, g, h, i, j):\n            pass\n\n"
+              "def short(a, b):\n    return a + b\n")
+    assert _too_big(source, "m.py") == [
+        f"m.py:long ({MAX_LINES + 1} lines, 0 parameters)",
+        "m.py:C.wide (3 lines, 11 parameters)"]
