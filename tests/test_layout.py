@@ -121,7 +121,6 @@ ALLOWED = {
     "crown_cli/engine/hull.py:lower_bounds",
     "crown_cli/engine/relaxations/sigmoid_family.py:steer_tangent_lines",
     "crown_cli/io/result_files.py:OutputJob.__init__",
-    "crown_cli/verification/bab/graph_relu_split.py:graph_relu_split_steps",
 }
 
 

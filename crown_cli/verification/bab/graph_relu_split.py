@@ -38,7 +38,8 @@ from __future__ import annotations
 
 import heapq
 import time
-from typing import Dict, List, Tuple
+from dataclasses import dataclass, replace
+from typing import Dict, List, Optional, Tuple
 
 import numpy as np
 
@@ -243,14 +244,25 @@ def _leaf(space: _Space, A, b, b_up, split_row, check):
     return False
 
 
+@dataclass(frozen=True)
+class GraphReluSplitOptions:
+    """The settings of a graph ReLU-splitting search (:func:`graph_relu_split_steps`)."""
+
+    max_domains: int = MAX_OPEN  # more open domains: unknown (lowered to fit MAX_MEMORY)
+    batch: int = 16  # parents split per round
+    iters: int = 10  # Adam steps on alpha and beta per domain
+    root_iters: int = 30  # ... at the root
+    lr: float = 0.1  # Adam's step size
+
+
 def graph_relu_split(graph, lo, hi, A, b, deadline: float, **options) -> BabResult:
     """:func:`graph_relu_split_steps` run to its end."""
     return finish(graph_relu_split_steps(graph, lo, hi, A, b, deadline, **options))
 
 
-def graph_relu_split_steps(graph, lo, hi, A, b, deadline: float, max_domains: int = MAX_OPEN,
-                           batch: int = 16, iters: int = 10, root_iters: int = 30,
-                           lr: float = 0.1, progress=None, bounds=None):
+def graph_relu_split_steps(graph, lo, hi, A, b, deadline: float,
+                           options: Optional[GraphReluSplitOptions] = None, *, progress=None,
+                           bounds=None, **settings):
     """As a generator (yields the share of the domain tree proven after every batch, returns
     the :class:`BabResult`): is there an x in [lo, hi] with ``A f(x) <= b`` (every row)?
 
@@ -258,102 +270,150 @@ def graph_relu_split_steps(graph, lo, hi, A, b, deadline: float, max_domains: in
     ulp); ``sat``: a point the graph's float64 forward pass confirms; ``unknown``: more than
     ``max_domains`` open domains (lowered so that their stored state stays within
     :data:`MAX_MEMORY`), or a fully split domain that stays open;
-    ``timeout``: ``deadline`` (``time.monotonic()``) passed. ``batch``: parents split per
-    round; ``iters`` (``root_iters`` at the root): Adam steps on alpha and beta per domain.
+    ``timeout``: ``deadline`` (``time.monotonic()``) passed. ``options``: the
+    :class:`GraphReluSplitOptions` (``batch``: parents split per round; ``iters``
+    (``root_iters`` at the root): Adam steps on alpha and beta per domain); ``settings``
+    (keywords named like its fields) override them.
     ``progress(domains, open, worst)`` after every round. ``bounds``: the box's
     :class:`GraphBounds` when the caller has it (e.g. from the bound stages)."""
-    lo0 = np.asarray(lo, dtype=np.float64).ravel()
-    hi0 = np.asarray(hi, dtype=np.float64).ravel()
-    A = np.atleast_2d(np.asarray(A, dtype=np.float64))
-    b = np.asarray(b, dtype=np.float64).ravel()
-    b_up = np.nextafter(b, np.inf)
-    m = A.shape[0]
-    t0 = time.monotonic()
-    stats = {"domains": 0, "peak": 1, "batches": 0, "proven": 0}
+    search = _GraphSearch(graph, lo, hi, A, b, replace(options or GraphReluSplitOptions(),
+                                                       **settings))
+    return (yield from search.run(deadline, progress, bounds))
 
-    def result(verdict, x=None, heap=(), note=""):
+
+class _GraphSearch:
+    """One graph ReLU-splitting search: the case in float64, its settings and counters, the
+    open domains (a heap of (score, tie-break, split, alpha, beta, neuron to split, its
+    coefficients, depth)); :meth:`run` is the search."""
+
+    def __init__(self, graph, lo, hi, A, b, o: GraphReluSplitOptions):
+        self.graph, self.o = graph, o
+        self.lo0 = np.asarray(lo, dtype=np.float64).ravel()
+        self.hi0 = np.asarray(hi, dtype=np.float64).ravel()
+        self.A = np.atleast_2d(np.asarray(A, dtype=np.float64))
+        self.b = np.asarray(b, dtype=np.float64).ravel()
+        self.b_up = np.nextafter(self.b, np.inf)
+        self.m = self.A.shape[0]
+        self.t0 = time.monotonic()
+        self.stats = {"domains": 0, "peak": 1, "batches": 0, "proven": 0}
+        self.count, self.closed = 1, 0.0  # heap entries pushed; share of the tree proven
+        self.stuck = []  # fully split domains left open
+
+    def result(self, verdict, x=None, heap=(), note=""):
+        s = self.stats
         worst = min((h[0] for h in heap), default=np.nan)
-        return BabResult(verdict, x, stats["domains"], stats["peak"], worst,
-                         time.monotonic() - t0, stats["batches"], stats["proven"], note=note)
+        return BabResult(verdict, x, s["domains"], s["peak"], worst,
+                         time.monotonic() - self.t0, s["batches"], s["proven"], note=note)
 
-    def check(X):
-        X = np.clip(X, lo0, hi0)
-        hit = violations_of(graph.forward, lo0, hi0, A, b, X)
+    def check(self, X):
+        X = np.clip(X, self.lo0, self.hi0)
+        hit = violations_of(self.graph.forward, self.lo0, self.hi0, self.A, self.b, X)
         return X[np.argmax(hit)].copy() if hit.any() else None
 
-    x = check(0.5 * lo0[None] + 0.5 * hi0[None])
-    if x is not None:
-        return result("sat", x)
-    if m == 0:
-        return result("sat", 0.5 * lo0 + 0.5 * hi0)
-    gb = GraphBounds(graph, *Box(lo0, hi0).args()) if bounds is None else bounds
-    space = _Space(gb)
-    nU = space.nU
-    # the open domains' stored state (split, slopes, multipliers, coefficients) within
-    # MAX_MEMORY: reaching the lowered cap ends the search unknown ("domain cap")
-    max_domains = int(min(max_domains, MAX_MEMORY // (nU * (1 + 16 * m) + 16 * m + 256)))
-    split = np.zeros((1, nU), np.int8)
-    alpha = np.broadcast_to(space.initial_alpha(), (1, m, nU)).copy()
-    beta = np.zeros((1, m, nU))
-    val, X, choice, Lc = _bound(space, A, b_up, split, alpha, beta, root_iters, lr)
-    stats["domains"] += 1
-    score = float(val.max())
-    if score > 0.0:
-        stats["proven"] += 1
-        return result("unsat")
-    x = check(X)
-    if x is not None:
-        return result("sat", x)
-    # (score, tie-break, split, alpha, beta, neuron to split, its coefficients, depth)
-    heap = [(score, 0, split[0], alpha[0], beta[0], int(choice[0]), Lc[0], 0)]
-    count, closed = 1, 0.0
-    exact, stuck = exact_when_split(graph), []
-    while heap:
-        if time.monotonic() >= deadline:
-            return result("timeout", heap=heap)
-        if len(heap) > max_domains:
-            return result("unknown", heap=heap, note="domain cap")
-        par = [heapq.heappop(heap) for _ in range(min(batch, len(heap)))]
-        leaves = [p for p in par if p[5] < 0]
-        if leaves:  # every unstable neuron split and still open
-            par = [p for p in par if p[5] >= 0]
-            for p in leaves:
-                out = _leaf(space, A, b, b_up, p[2], check) if exact else False
-                if isinstance(out, np.ndarray):
-                    return result("sat", out)
-                if out:
-                    stats["proven"] += 1
-                    closed += 0.5 ** p[7]
-                else:
-                    stuck.append(p)
+    def run(self, deadline, progress, bounds):
+        """The root, then rounds on the worst open domains until none is open, a
+        counterexample, the deadline or the domain cap."""
+        heap = self._root(bounds)
+        if isinstance(heap, BabResult):
+            return heap
+        stats = self.stats
+        while heap:
+            if time.monotonic() >= deadline:
+                return self.result("timeout", heap=heap)
+            if len(heap) > self.max_domains:
+                return self.result("unknown", heap=heap, note="domain cap")
+            par = [heapq.heappop(heap) for _ in range(min(self.o.batch, len(heap)))]
+            par = self._settle_leaves(par)
+            if isinstance(par, np.ndarray):
+                return self.result("sat", par)
             if not par:
                 continue
-        P = len(par)
+            x = self._round(par, heap)
+            if x is not None:
+                return self.result("sat", x)
+            stats["peak"] = max(stats["peak"], len(heap))
+            if progress is not None:
+                progress(stats["domains"], len(heap), heap[0][0] if heap else np.inf)
+            yield min(1.0, self.closed)
+        if self.stuck:  # searched to the end, but some fully split domain could not be decided
+            return self.result("unknown", heap=self.stuck, note=f"{len(self.stuck)} domain(s) "
+                               "with every unstable neuron split stayed open")
+        return self.result("unsat")
+
+    def _root(self, bounds):
+        """The box bounded (``root_iters`` steps): the result when that decides, else the
+        heap of open domains (the root)."""
+        lo0, hi0, A, m = self.lo0, self.hi0, self.A, self.m
+        x = self.check(0.5 * lo0[None] + 0.5 * hi0[None])
+        if x is not None:
+            return self.result("sat", x)
+        if m == 0:
+            return self.result("sat", 0.5 * lo0 + 0.5 * hi0)
+        gb = GraphBounds(self.graph, *Box(lo0, hi0).args()) if bounds is None else bounds
+        self.space = space = _Space(gb)
+        nU = space.nU
+        # the open domains' stored state (split, slopes, multipliers, coefficients) within
+        # MAX_MEMORY: reaching the lowered cap ends the search unknown ("domain cap")
+        self.max_domains = int(min(self.o.max_domains,
+                                   MAX_MEMORY // (nU * (1 + 16 * m) + 16 * m + 256)))
+        split = np.zeros((1, nU), np.int8)
+        alpha = np.broadcast_to(space.initial_alpha(), (1, m, nU)).copy()
+        beta = np.zeros((1, m, nU))
+        val, X, choice, Lc = _bound(space, A, self.b_up, split, alpha, beta, self.o.root_iters,
+                                    self.o.lr)
+        self.stats["domains"] += 1
+        score = float(val.max())
+        if score > 0.0:
+            self.stats["proven"] += 1
+            return self.result("unsat")
+        x = self.check(X)
+        if x is not None:
+            return self.result("sat", x)
+        self.exact = exact_when_split(self.graph)
+        return [(score, 0, split[0], alpha[0], beta[0], int(choice[0]), Lc[0], 0)]
+
+    def _settle_leaves(self, par):
+        """The parents with every unstable neuron split (still open) decided by
+        :func:`_leaf` (exact graphs), else set aside; returns the other parents, or a
+        counterexample."""
+        leaves = [p for p in par if p[5] < 0]
+        if not leaves:
+            return par
+        for p in leaves:
+            out = _leaf(self.space, self.A, self.b, self.b_up, p[2], self.check) \
+                if self.exact else False
+            if isinstance(out, np.ndarray):
+                return out
+            if out:
+                self.stats["proven"] += 1
+                self.closed += 0.5 ** p[7]
+            else:
+                self.stuck.append(p)
+        return [p for p in par if p[5] >= 0]
+
+    def _round(self, par, heap):
+        """The parents' children bounded, the open ones pushed: a counterexample found at
+        their minimisers, or None."""
+        stats, P = self.stats, len(par)
         cs, ca, cb = _children(np.stack([p[2] for p in par]), np.stack([p[3] for p in par]),
                                np.stack([p[4] for p in par]), np.array([p[5] for p in par]),
                                np.stack([p[6] for p in par]))
-        val, X, choice, Lc = _bound(space, A, b_up, cs, ca, cb, iters, lr)
+        val, X, choice, Lc = _bound(self.space, self.A, self.b_up, cs, ca, cb, self.o.iters,
+                                    self.o.lr)
         stats["domains"] += 2 * P
         stats["batches"] += 1
-        x = check(X)
+        x = self.check(X)
         if x is not None:
-            return result("sat", x)
+            return x
         parent = np.array([p[0] for p in par] * 2)
         depth = np.array([p[7] for p in par] * 2) + 1
         s = np.maximum(val.max(axis=1), parent)
         for k in range(2 * P):
             if s[k] > 0.0:
                 stats["proven"] += 1
-                closed += 0.5 ** depth[k]
+                self.closed += 0.5 ** depth[k]
             else:
-                count += 1
-                heapq.heappush(heap, (float(s[k]), count, cs[k], ca[k], cb[k], int(choice[k]),
-                                      Lc[k], int(depth[k])))
-        stats["peak"] = max(stats["peak"], len(heap))
-        if progress is not None:
-            progress(stats["domains"], len(heap), heap[0][0] if heap else np.inf)
-        yield min(1.0, closed)
-    if stuck:  # searched to the end, but some fully split domain could not be decided
-        return result("unknown", heap=stuck, note=f"{len(stuck)} domain(s) with every "
-                      "unstable neuron split stayed open")
-    return result("unsat")
+                self.count += 1
+                heapq.heappush(heap, (float(s[k]), self.count, cs[k], ca[k], cb[k],
+                                      int(choice[k]), Lc[k], int(depth[k])))
+        return None
