@@ -206,7 +206,8 @@ def _old_and_new(net, relax, w, S):
         a_prev = input_abs_bound(x0, eps, q) if i == 0 else relax[i - 1].abs_bound()
         steps.append(rounding_weights(net, i, a_prev, rl.l, rl.u, unit=U64)[0])
     zero = np.zeros(1)
-    old_l, old_u, _, _ = crown.back_substitute(net, relax, w, zero, x0, eps, q, err=steps)
+    old_l, old_u, _, _ = crown.back_substitute(net, relax, w, zero, x0, eps, q,
+                                                 charges=crown.Charges(steps=steps))
     new_l, new_u = crown.back_substitute(net, relax, w, zero, x0, eps, q)
     return old_l[0], old_u[0], new_l[0], new_u[0]
 

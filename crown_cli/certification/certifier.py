@@ -250,8 +250,8 @@ class Certifier:
             patience, tol = self._alpha_stopping()
             ab.optimise(float(eps), self.alpha_iters, self.alpha_lr, patience=patience, tol=tol)
             return ab.evaluate(float(eps), verify=True)
-        return margin_lower_bound(self.net, x0, float(eps), self.qcode, self.relax_fn, C, first,
-                                  dtype)
+        return margin_lower_bound(self.net, x0, float(eps), self.qcode, self.relax_fn, C,
+                                  first=first, dtype=dtype)
 
     def certify(self, x0: np.ndarray, c: int, targets: Sequence[int]) -> Certificate:
         """Largest eps such that f_c > f_t on the whole ball for every t in ``targets``."""
@@ -280,8 +280,9 @@ class Certifier:
                 else:
                     known = self._known_from_larger_ball(done, eps, x0)
                 lb, bounds = margin_lower_bound(self.net, x0, float(eps), self.qcode, self.relax_fn,
-                                                C, first, dtype, known, return_bounds=True,
-                                                errors=errors, act_bound=self._act_bound)
+                                                C, first=first, dtype=dtype, known=known,
+                                                return_bounds=True, errors=errors,
+                                                act_bound=self._act_bound)
                 fresh = [np.ones(l.shape, bool) if known is None or callable(known) else ~known[k][0]
                          for k, (l, _) in enumerate(bounds)]
                 done[dtype].append((eps, bounds, fresh, errors))

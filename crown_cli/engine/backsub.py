@@ -14,7 +14,8 @@ final sums' relative allowance); float32 results only steer a search.
 from __future__ import annotations
 
 from collections import OrderedDict
-from typing import Callable, List, Sequence, Tuple
+from dataclasses import dataclass
+from typing import Callable, List, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -138,6 +139,20 @@ class Network:
         return self._first_norms[qcode]
 
 
+@dataclass(frozen=True)
+class Charges:
+    """Rounding :func:`back_substitute` is told of besides what it charges by itself.
+
+    ``steps``: per hidden layer i the weight vector of :func:`rounding_weights` for the step
+    through it (float32: unit 2**-24): the chain's rounding bound comes back as two more items
+    (eL, eU) per row, NOT applied. ``lam_err`` (per row, >= 0): the rounding the caller made
+    forming ``Lam`` and ``const`` (:func:`product_rounding`), charged with the float64 steps'.
+    """
+
+    steps: Optional[list] = None
+    lam_err: Optional[np.ndarray] = None
+
+
 def back_substitute(
     net: Network,
     relax: List[Relaxation],
@@ -148,8 +163,7 @@ def back_substitute(
     qcode: int,
     want_upper: bool = True,
     dtype=np.float64,
-    err=None,
-    lam_err=None,
+    charges: Optional[Charges] = None,
 ):
     """Bounds over the ball of ``Lam @ a_h + const`` where a_h = act(z_h), h = len(relax) - 1.
 
@@ -158,23 +172,25 @@ def back_substitute(
     With ``dtype=float32`` the matrix products run in single precision: faster, but the
     result is only an estimate (used to steer the search, never reported).
 
-    In float64 (and ``err`` None) the result is rigorous: besides the allowance of the final
-    sums (``net.fp_rtol`` of their magnitude), each step's product rounding is charged a
+    In float64 (and no ``charges.steps``) the result is rigorous: besides the allowance of the
+    final sums (``net.fp_rtol`` of their magnitude), each step's product rounding is charged a
     posteriori, ``|D| @ v_i`` for the scaled matrix D it multiplied by W[i], with v_i the
     :func:`rounding_weights` of unit 2**-53 for the interval each relaxation was built from
     (``Relaxation.l``, ``.u``) and the previous layer's |a| bound (the input layer's from
-    (x0, eps, qcode)). ``lam_err`` (optional, per row, >= 0) adds the rounding the caller made
-    forming ``Lam`` and ``const`` (see :func:`product_rounding`).
+    (x0, eps, qcode)). ``charges.lam_err`` (optional, per row, >= 0) adds the rounding the
+    caller made forming ``Lam`` and ``const`` (see :func:`product_rounding`).
 
-    ``err`` asks for a bound on the rounding of the chain, returned as two more items
-    (eL, eU) per row, which are then NOT applied: ``lower - eL`` and ``upper + eU`` bound
-    ``Lam @ a_h + const`` on the ball wherever the relaxations hold and the magnitudes
-    ``err`` was built from do. ``err[i]`` is the weight vector of :func:`rounding_weights`
-    for the step through hidden layer i (float32: unit 2**-24): that step's rounding moves the
-    bound by at most ``|D| @ err[i]`` for the scaled matrix D it multiplies by W[i]. Each step
-    is charged where it happens, against the true activations, so the bound does not compound
-    through the later steps.
+    ``charges.steps`` (``err`` below) asks for a bound on the rounding of the chain, returned
+    as two more items (eL, eU) per row, which are then NOT applied: ``lower - eL`` and
+    ``upper + eU`` bound ``Lam @ a_h + const`` on the ball wherever the relaxations hold and
+    the magnitudes ``err`` was built from do. ``err[i]`` is the weight vector of
+    :func:`rounding_weights` for the step through hidden layer i (float32: unit 2**-24): that
+    step's rounding moves the bound by at most ``|D| @ err[i]`` for the scaled matrix D it
+    multiplies by W[i]. Each step is charged where it happens, against the true activations,
+    so the bound does not compound through the later steps.
     """
+    err = None if charges is None else charges.steps
+    lam_err = None if charges is None else charges.lam_err
     W, b = net.weights(dtype), net.b
     LU = LL = np.ascontiguousarray(Lam, dtype=dtype)
     cU = const.astype(np.float64).copy()
@@ -347,7 +363,8 @@ def hidden_layer_bounds(
             rows = np.flatnonzero(~mask)
             if rows.size:
                 lr, ur, eL, eU = back_substitute(net, relax, net.take(k, dtype, rows), net.b[k][rows],
-                                                 x0, eps, qcode, dtype=dtype, err=steps)
+                                                 x0, eps, qcode, dtype=dtype,
+                                                 charges=Charges(steps=steps))
                 if l is None:
                     l, u = lr, ur
                 else:
@@ -405,33 +422,22 @@ def _row_bounds(net, relax, k, rows, hint, x0, eps, qcode, dtype):
     return l, u
 
 
-def margin_lower_bound(
-    net: Network,
-    x0: np.ndarray,
-    eps: float,
-    qcode: int,
-    relax_fn: Callable,
-    C: np.ndarray,
-    first=None,
-    dtype=np.float64,
-    known=None,
-    return_bounds: bool = False,
-    errors=None,
-    act_bound=None,
-):
+def margin_lower_bound(net: Network, x0: np.ndarray, eps: float, qcode: int,
+                       relax_fn: Callable, C: np.ndarray, *, return_bounds: bool = False,
+                       **evaluation):
     """Lower bounds over the eps-ball of the margins ``C @ logits(x)``, shape (r,).
 
     C (r, classes) holds rows e_c - e_t; the margin is folded into the last layer so its
     rows are back-substituted directly (paper, Section 3.1 footnote). With ``return_bounds``
-    the hidden layers' (l, u) come back too. ``errors``, ``act_bound``: see
-    :func:`hidden_layer_bounds`.
+    the hidden layers' (l, u) come back too. ``evaluation``: the keywords of
+    :func:`hidden_layer_bounds` (``first``, ``dtype``, ``known``, ``errors``, ``act_bound``).
     """
-    bounds, relax = hidden_layer_bounds(net, x0, eps, qcode, relax_fn, first, dtype, known,
-                                        errors, act_bound)
+    dtype = evaluation.get("dtype", np.float64)
+    bounds, relax = hidden_layer_bounds(net, x0, eps, qcode, relax_fn, **evaluation)
     Lam = C @ net.W[-1]
     const = C @ net.b[-1]
     lam_err = (product_rounding(net, C, relax, x0, eps, qcode)
                if np.dtype(dtype) == np.float64 else None)
     lower, _ = back_substitute(net, relax, Lam, const, x0, eps, qcode, want_upper=False,
-                               dtype=dtype, lam_err=lam_err)
+                               dtype=dtype, charges=Charges(lam_err=lam_err))
     return (lower, bounds) if return_bounds else lower

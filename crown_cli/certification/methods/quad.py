@@ -68,7 +68,7 @@ from typing import Sequence
 
 import numpy as np
 
-from crown_cli.engine.backsub import (Network, back_substitute, hidden_layer_bounds,
+from crown_cli.engine.backsub import (Charges, Network, back_substitute, hidden_layer_bounds,
                                       product_rounding)
 from crown_cli.engine.rounding import FP_ATOL, FP_RTOL
 from crown_cli.engine.input_sets import NORMS, dual_norms
@@ -295,7 +295,8 @@ class QuadBound:
         Lam = C @ net.W[1]
         cst = C @ net.b[1]
         crown, _ = back_substitute(net, relax, Lam, cst, x0, eps, self.qcode, want_upper=False,
-                                   lam_err=product_rounding(net, C, relax, x0, eps, self.qcode))
+                                   charges=Charges(lam_err=product_rounding(net, C, relax, x0,
+                                                                            eps, self.qcode)))
         a, b, c = quadratic_terms(Lam, l, u, self.quad)
         rows = np.flatnonzero((a > 0.0).any(axis=1))
         out = crown.copy()
