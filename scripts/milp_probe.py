@@ -24,14 +24,14 @@ import numpy as np
 from scipy.optimize import Bounds, LinearConstraint, milp
 from scipy.sparse import lil_matrix
 
-from crown_cli.engine.batched import batch_lower_bounds
+from crown_cli.engine.batched import BatchNet, batch_lower_bounds
 from crown_cli.io.onnx_model import load_onnx
 from crown_cli.io.vnnlib import parse_vnnlib
 
 
 def margin_milp(weights, biases, lo, hi, a_row, b0, time_limit):
     """min over [lo, hi] of a_row . f(x) - b0 for a ReLU MLP f, by HiGHS's MILP."""
-    _, info = batch_lower_bounds(weights, biases, lo[None], hi[None], a_row[None])
+    _, info = batch_lower_bounds(BatchNet(weights, biases), lo[None], hi[None], a_row[None])
     bounds = [(l[0], u[0]) for l, u in info["bounds"]]
     d = lo.size
     sizes = [w.shape[0] for w in weights[:-1]]

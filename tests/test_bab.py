@@ -30,7 +30,7 @@ def test_batch_equals_engine_per_box(activation, alpha, seed):
     ws, bs = random_mlp([d, 16, 12, 16, 5], seed)
     lo, hi = random_boxes(rng, 9, d)
     A = rng.standard_normal((3, 5))
-    lb, info = batched.batch_lower_bounds(ws, bs, lo, hi, A, activation, alpha)
+    lb, info = batched.batch_lower_bounds(batched.BatchNet(ws, bs, activation, alpha), lo, hi, A)
     assert lb.shape == (9, 3) and info["Lam"].shape == (9, 3, d)
     net = crown.Network(ws, bs)
     relax = get_relaxation(activation, "crown", alpha)
@@ -51,8 +51,8 @@ def test_batch_sound_on_samples_and_linear_bound(activation, alpha, skip_stable)
     lo, hi = random_boxes(rng, 12, 5)
     hi[6:] = lo[6:] + 0.02 * (hi[6:] - lo[6:])  # small boxes: most neurons stable
     A = rng.standard_normal((4, 4))
-    lb, info = batched.batch_lower_bounds(ws, bs, lo, hi, A, activation, alpha,
-                                      skip_stable=skip_stable)
+    lb, info = batched.batch_lower_bounds(batched.BatchNet(ws, bs, activation, alpha), lo, hi, A,
+                                          skip_stable=skip_stable)
     if skip_stable:  # the hidden bounds hold too, and every layer's rows are sampled
         X = np.concatenate([rng.uniform(lo[j], hi[j], (500, 5)) for j in range(12)])
         owner = np.repeat(np.arange(12), 500)
@@ -80,8 +80,8 @@ def test_batch_is_independent_of_batch_composition():
     ws, bs = random_mlp([4, 10, 10, 3], 7)
     lo, hi = random_boxes(rng, 6, 4)
     A = np.array([[1.0, -1.0, 0.0], [0.0, 1.0, -1.0]])
-    lb, _ = batched.batch_lower_bounds(ws, bs, lo, hi, A)
-    lb2, _ = batched.batch_lower_bounds(ws, bs, lo[3:4], hi[3:4], A)
+    lb, _ = batched.batch_lower_bounds(batched.BatchNet(ws, bs), lo, hi, A)
+    lb2, _ = batched.batch_lower_bounds(batched.BatchNet(ws, bs), lo[3:4], hi[3:4], A)
     np.testing.assert_allclose(lb[3], lb2[0], rtol=1e-12)
 
 
@@ -93,8 +93,8 @@ def test_skip_stable_sound_and_rarely_looser():
     lo, hi = random_boxes(rng, 40, 5, degenerate=False)
     hi = lo + 0.05 * (hi - lo)
     A = np.array([[1.0, -1.0, 0.0], [0.0, 1.0, -1.0]])
-    full, _ = batched.batch_lower_bounds(ws, bs, lo, hi, A)
-    skip, _ = batched.batch_lower_bounds(ws, bs, lo, hi, A, skip_stable=True)
+    full, _ = batched.batch_lower_bounds(batched.BatchNet(ws, bs), lo, hi, A)
+    skip, _ = batched.batch_lower_bounds(batched.BatchNet(ws, bs), lo, hi, A, skip_stable=True)
     assert np.mean(skip >= full - 1e-9 * (1 + np.abs(full))) > 0.9
     for j in range(40):
         X = rng.uniform(lo[j], hi[j], (300, 5))
@@ -106,10 +106,11 @@ def test_parent_bounds_only_tighten():
     ws, bs = random_mlp([3, 12, 12, 12, 2], 8)
     lo, hi = random_boxes(rng, 5, 3, degenerate=False)
     A = np.array([[1.0, -1.0]])
-    lb, info = batched.batch_lower_bounds(ws, bs, lo, hi, A)
+    lb, info = batched.batch_lower_bounds(batched.BatchNet(ws, bs), lo, hi, A)
     mid = 0.5 * lo + 0.5 * hi
-    lbc, infoc = batched.batch_lower_bounds(ws, bs, lo, mid, A, parent_bounds=info["bounds"])
-    lbn, _ = batched.batch_lower_bounds(ws, bs, lo, mid, A)
+    lbc, infoc = batched.batch_lower_bounds(batched.BatchNet(ws, bs), lo, mid, A,
+                                            parent_bounds=info["bounds"])
+    lbn, _ = batched.batch_lower_bounds(batched.BatchNet(ws, bs), lo, mid, A)
     for (pl, pu), (cl, cu) in zip(info["bounds"], infoc["bounds"]):
         assert np.all(cl >= pl) and np.all(cu <= pu)
     X = rng.uniform(lo[0], mid[0], (2000, 3))
@@ -151,7 +152,7 @@ def test_alpha_row_bound_between_crown_lp_and_samples(seed):
     hi = lo + 0.3 * (hi - lo)
     A = rng.standard_normal((3, 4))
     net = batched.BatchNet(ws, bs)
-    lb, info = batched.batch_lower_bounds(None, None, lo, hi, A, net=net, skip_stable=True)
+    lb, info = batched.batch_lower_bounds(net, lo, hi, A, skip_stable=True)
     gains, lps = [], []
     for i in range(A.shape[0]):
         rows = np.full(10, i)
@@ -186,7 +187,7 @@ def test_alpha_row_bound_covers_the_exact_value_of_its_own_slopes():
     hi = lo + rng.uniform(0.05, 0.4, (6, 5))
     A = rng.normal(size=(2, 3))
     net = batched.BatchNet(W, b)
-    _, info = batched.batch_lower_bounds(None, None, lo, hi, A, net=net)
+    _, info = batched.batch_lower_bounds(net, lo, hi, A)
     fractional = 0
     for i in range(2):
         la, _, relax = batched.alpha_row_bound(net, info, lo, hi, A, np.full(6, i), iters=15)
@@ -357,9 +358,11 @@ def test_numba_and_numpy_scaling_agree():
     A = rng.standard_normal((2, 3))
     for activation, alpha in (("relu", None), ("leaky_relu", 0.3)):
         with using_kernels("numba"):
-            a, ia = batched.batch_lower_bounds(ws, bs, lo, hi, A, activation, alpha)
+            a, ia = batched.batch_lower_bounds(batched.BatchNet(ws, bs, activation, alpha), lo,
+                                               hi, A)
         with using_kernels("numpy"):
-            b, ib = batched.batch_lower_bounds(ws, bs, lo, hi, A, activation, alpha)
+            b, ib = batched.batch_lower_bounds(batched.BatchNet(ws, bs, activation, alpha), lo,
+                                               hi, A)
         np.testing.assert_allclose(a, b, rtol=1e-12, atol=1e-12)
         np.testing.assert_allclose(ia["Lam"], ib["Lam"], rtol=1e-12, atol=1e-12)
 
@@ -379,7 +382,7 @@ def test_batched_bounds_charge_product_rounding_on_cancelling_networks():
         W, b, x0, eps, w = cancelling_network(seed)
         los = np.array([x0 - eps, x0 - 0.5 * eps, x0])
         his = np.array([x0 + 0.5 * eps, x0 + eps, x0 + eps])
-        lb, _ = batched.batch_lower_bounds(W, b, los, his, np.array([[1.0]]))
+        lb, _ = batched.batch_lower_bounds(batched.BatchNet(W, b), los, his, np.array([[1.0]]))
         for j in range(3):
             S = InputSet(x0, box=Box(los[j], his[j]))
             net = crown.Network(W, b)

@@ -113,8 +113,6 @@ ALLOWED = {
     "crown_cli/certification/methods/quad.py:minimize_qp",
     "crown_cli/engine/alpha_crown.py:chain",
     "crown_cli/engine/alpha_crown.py:AlphaBounds.__init__",
-    "crown_cli/engine/batched.py:_lower",
-    "crown_cli/engine/batched.py:batch_lower_bounds",
     "crown_cli/engine/hull.py:hull_optimise",
     "crown_cli/engine/hull.py:lower_bounds",
     "crown_cli/engine/relaxations/sigmoid_family.py:steer_tangent_lines",

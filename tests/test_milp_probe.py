@@ -6,7 +6,7 @@ import os
 import numpy as np
 
 from conftest import ROOT
-from crown_cli.engine.batched import batch_lower_bounds
+from crown_cli.engine.batched import BatchNet, batch_lower_bounds
 from oracles import mlp_forward, random_mlp
 
 
@@ -28,7 +28,7 @@ def test_milp_minimum_between_crown_and_samples():
         hi = lo + rng.uniform(0.3, 1.0, d)
         a = rng.standard_normal(sizes[-1])
         value, dual, _, _, _ = probe.margin_milp(ws, bs, lo, hi, a, 0.25, 60.0)
-        lb, _ = batch_lower_bounds(ws, bs, lo[None], hi[None], a[None])
+        lb, _ = batch_lower_bounds(BatchNet(ws, bs), lo[None], hi[None], a[None])
         X = rng.uniform(lo, hi, (200_000 if d == 2 else 20_000, d))
         sampled = float(np.min(mlp_forward(ws, bs, "relu", X) @ a)) - 0.25
         assert lb[0, 0] - 0.25 <= value + 1e-7

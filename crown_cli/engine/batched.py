@@ -110,17 +110,18 @@ def _act_abs(net, l, u):
     return np.maximum(np.abs(l), np.abs(u)) * net.act_scale
 
 
-def _lower(Ws, bs, absbs, relax, zero_bL, Lam, const, c, rad, steps, rtol, lam_err=None):
+def _lower(net, relax, Lam, const, c, rad, steps, lam_err=None):
     """Lower bound over the boxes (c +/- rad) of ``Lam @ a_h + const``, h = len(relax) - 1,
     and the final rows over the input. Lam (N, r, n_h), const (N, r). ``steps[i]`` = (v, t)
     of :func:`_step_weights`: each step's product rounding ``|D| @ v_i`` is charged to the
     bound (as ``crown.back_substitute`` does), with ``lam_err`` (N, r) for the rounding made
-    forming Lam and const, and ``rtol`` of the final sums' magnitude."""
+    forming Lam and const, and the net's ``fp_rtol`` of the final sums' magnitude."""
     acc = Rows(Lam, const.copy(), np.abs(const),
                np.zeros(const.shape) if lam_err is None else lam_err.copy())
     for i in range(len(relax) - 1, -1, -1):
-        _step(acc, relax[i], Ws[i], bs[i], absbs[i], zero_bL, *steps[i])
-    return box_lower(acc.Lam, acc.const, acc.mag, acc.charge, c, rad, rtol), acc.Lam, acc.const
+        _step(acc, relax[i], net.W[i], net.b[i], net.absb[i], net.zero_bL, *steps[i])
+    return box_lower(acc.Lam, acc.const, acc.mag, acc.charge, c, rad, net.fp_rtol), acc.Lam, \
+        acc.const
 
 
 def _interval_step(net, k, l, u):
@@ -167,13 +168,12 @@ class BatchNet:
         return len(self.W) - 1
 
 
-def batch_lower_bounds(weights, biases, lo, hi, A, activation="relu", alpha=None,
-                       adaptive=True, net: Optional[BatchNet] = None, parent_bounds=None,
+def batch_lower_bounds(net: BatchNet, lo, hi, A, parent_bounds=None,
                        skip_stable: bool = False):
     """CROWN lower bounds of ``A @ f(x)`` over each box ``[lo[j], hi[j]]``.
 
-    weights[k] (n_{k+1}, n_k), biases[k] (n_{k+1},) of a ReLU (or leaky ReLU, negative slope
-    ``alpha``) MLP; lo, hi (N, d); A (m, n_out). Returns ``(lb (N, m), info)`` with info:
+    ``net``: the :class:`BatchNet` of a ReLU (or leaky ReLU) MLP; lo, hi (N, d); A (m, n_out).
+    Returns ``(lb (N, m), info)`` with info:
 
     - ``"Lam"`` (N, m, d): the final linear coefficients over the input of each row's bound
       (the bound is ``Lam x + const`` minimised over the box, attained at the corner
@@ -200,65 +200,88 @@ def batch_lower_bounds(weights, biases, lo, hi, A, activation="relu", alpha=None
     Floating point: see the module docstring; every step passes through :func:`_step`, where
     the slope-scaled matrix D is formed before the product with W_i.
     """
-    if net is None:
-        net = BatchNet(weights, biases, activation, alpha, adaptive)
     lo = np.atleast_2d(np.asarray(lo, dtype=np.float64))
     hi = np.atleast_2d(np.asarray(hi, dtype=np.float64))
     A = np.atleast_2d(np.asarray(A, dtype=np.float64))
-    N = lo.shape[0]
     c, rad = centre_radius(lo, hi)
     skip_stable = skip_stable and net.act is not None
     bounds, relax, steps = [], [], []
     if net.num_hidden:
-        center = c @ net.WT[0] + net.b[0]
-        cmag = np.abs(c) @ net.absW0T + net.absb[0]
-        n1 = rad @ net.absW0T
-        mag = cmag + n1
-        l = widen(center - n1, mag, -1.0, net.fp_rtol)
-        u = widen(center + n1, mag, 1.0, net.fp_rtol)
+        l, u = _first_layer(net, c, rad)
         if parent_bounds is not None:
             l, u = np.maximum(l, parent_bounds[0][0]), np.minimum(u, parent_bounds[0][1])
         bounds.append((l, u))
         relax.append(net.relax(l, u))
         steps.append(_step_weights(net, 0, np.abs(c) + rad, l, u))
     for k in range(1, net.num_hidden):
-        n = net.W[k].shape[0]
         if skip_stable:
             l, u = _interval_step(net, k, *bounds[-1])
             if parent_bounds is not None:
                 l, u = np.maximum(l, parent_bounds[k][0]), np.minimum(u, parent_bounds[k][1])
-            unstable = (l < 0.0) & (u > 0.0)
-            R = int(unstable.sum(axis=1).max()) if N else 0
-            if R > FULL_ROWS * n:  # gathering rows per box would not pay: all rows
-                Lam = np.broadcast_to(net.pm[k][None], (N,) + net.pm[k].shape)
-                const = np.broadcast_to(net.pmb[k][None], (N, 2 * n))
-                low, _, _ = _lower(net.W, net.b, net.absb, relax, net.zero_bL, Lam, const, c,
-                                   rad, steps, net.fp_rtol)
-                l, u = np.maximum(l, low[:, :n]), np.minimum(u, -low[:, n:])
-            elif R:
-                # per box the rows still unstable first (padded with others: any row's CROWN
-                # bound is valid, so padding only recomputes a stable row)
-                idx = np.argsort(~unstable, axis=1, kind="stable")[:, :R]
-                Wr = net.W[k][idx]  # (N, R, n_{k-1})
-                Lam = np.concatenate([Wr, -Wr], axis=1)
-                br = net.b[k][idx]
-                const = np.concatenate([br, -br], axis=1)
-                low, _, _ = _lower(net.W, net.b, net.absb, relax, net.zero_bL, Lam, const, c,
-                                   rad, steps, net.fp_rtol)
-                rows = np.arange(N)[:, None]
-                l[rows, idx] = np.maximum(l[rows, idx], low[:, :R])
-                u[rows, idx] = np.minimum(u[rows, idx], -low[:, R:])
+            l, u = _crown_on_unstable(net, k, l, u, (relax, steps, c, rad))
         else:
-            Lam = np.broadcast_to(net.pm[k][None], (N,) + net.pm[k].shape)
-            const = np.broadcast_to(net.pmb[k][None], (N, 2 * n))
-            low, _, _ = _lower(net.W, net.b, net.absb, relax, net.zero_bL, Lam, const, c, rad,
-                               steps, net.fp_rtol)
+            n = net.W[k].shape[0]
+            low, _, _ = _lower(net, relax, *_both_sides(net, k, c.shape[0]), c, rad, steps)
             l, u = low[:, :n], -low[:, n:]
             if parent_bounds is not None:
                 l, u = np.maximum(l, parent_bounds[k][0]), np.minimum(u, parent_bounds[k][1])
         bounds.append((l, u))
         relax.append(net.relax(l, u))
         steps.append(_step_weights(net, k, _act_abs(net, *bounds[-2]), l, u))
+    return _margin_rows(net, A, bounds, (relax, steps, c, rad))
+
+
+def _first_layer(net: BatchNet, c, rad):
+    """Hidden layer 0's bounds over the boxes c +/- rad (exact up to the widening)."""
+    center = c @ net.WT[0] + net.b[0]
+    cmag = np.abs(c) @ net.absW0T + net.absb[0]
+    n1 = rad @ net.absW0T
+    mag = cmag + n1
+    l = widen(center - n1, mag, -1.0, net.fp_rtol)
+    u = widen(center + n1, mag, 1.0, net.fp_rtol)
+    return l, u
+
+
+def _both_sides(net: BatchNet, k: int, N: int):
+    """Hidden layer k's rows [W_k; -W_k] and constants for each of N boxes."""
+    n = net.W[k].shape[0]
+    Lam = np.broadcast_to(net.pm[k][None], (N,) + net.pm[k].shape)
+    const = np.broadcast_to(net.pmb[k][None], (N, 2 * n))
+    return Lam, const
+
+
+def _crown_on_unstable(net: BatchNet, k: int, l, u, below):
+    """``skip_stable``: hidden layer k's interval bounds (l, u) (N, n_k) intersected with
+    CROWN's on the rows they leave unstable (in place, or new arrays when every row is
+    bounded); ``below``: the layers below (relaxations, rounding weights, box centres and
+    radii)."""
+    relax, steps, c, rad = below
+    N, n = l.shape
+    unstable = (l < 0.0) & (u > 0.0)
+    R = int(unstable.sum(axis=1).max()) if N else 0
+    if R > FULL_ROWS * n:  # gathering rows per box would not pay: all rows
+        low, _, _ = _lower(net, relax, *_both_sides(net, k, N), c, rad, steps)
+        return np.maximum(l, low[:, :n]), np.minimum(u, -low[:, n:])
+    if R:
+        # per box the rows still unstable first (padded with others: any row's CROWN
+        # bound is valid, so padding only recomputes a stable row)
+        idx = np.argsort(~unstable, axis=1, kind="stable")[:, :R]
+        Wr = net.W[k][idx]  # (N, R, n_{k-1})
+        Lam = np.concatenate([Wr, -Wr], axis=1)
+        br = net.b[k][idx]
+        const = np.concatenate([br, -br], axis=1)
+        low, _, _ = _lower(net, relax, Lam, const, c, rad, steps)
+        rows = np.arange(N)[:, None]
+        l[rows, idx] = np.maximum(l[rows, idx], low[:, :R])
+        u[rows, idx] = np.minimum(u[rows, idx], -low[:, R:])
+    return l, u
+
+
+def _margin_rows(net: BatchNet, A, bounds, below):
+    """The rows ``A @ f(x)`` bounded through every hidden layer: (lb, info) of
+    :func:`batch_lower_bounds`."""
+    relax, steps, c, rad = below
+    N = c.shape[0]
     Lam = A @ net.W[-1]
     const = A @ net.b[-1]
     # the rounding of A @ W[-1] and A @ b[-1] as they act on the last layer (as
@@ -267,10 +290,9 @@ def batch_lower_bounds(weights, biases, lo, hi, A, activation="relu", alpha=None
     absA = np.abs(A)
     lam_err = margin_rows_rounding(A.shape[1], (a_h @ net.absWT[-1]) @ absA.T,
                                    (absA @ net.absb[-1])[None, :])
-    lb, LamX, cst = _lower(net.W, net.b, net.absb, relax, net.zero_bL,
-                           np.broadcast_to(Lam[None], (N,) + Lam.shape),
+    lb, LamX, cst = _lower(net, relax, np.broadcast_to(Lam[None], (N,) + Lam.shape),
                            np.broadcast_to(const[None], (N, A.shape[0])), c, rad, steps,
-                           net.fp_rtol, lam_err)
+                           lam_err)
     return lb, {"Lam": LamX, "const": cst, "bounds": bounds,
                 "state": (relax, steps, a_h, c, rad)}
 
@@ -339,8 +361,8 @@ def alpha_row_bound(net, info, lo, hi, A, rows, iters: int = 10, lr: float = 0.3
     absa = np.abs(a)
     lam_err = margin_rows_rounding(A.shape[1], np.sum((a_h @ net.absWT[-1]) * absa, axis=1),
                                    absa @ net.absb[-1])
-    lb, LamX, _ = _lower(net.W, net.b, net.absb, relax2, net.zero_bL, lam_h[:, None, :],
-                            const_h[:, None], c, rad, steps, net.fp_rtol, lam_err[:, None])
+    lb, LamX, _ = _lower(net, relax2, lam_h[:, None, :], const_h[:, None], c, rad, steps,
+                         lam_err[:, None])
     return lb[:, 0], LamX[:, 0], relax2
 
 
@@ -365,13 +387,13 @@ def _bound_blocked(net, lo, hi, A, block, parent_bounds=None, skip_stable=True):
     blocks' infos concatenated."""
     N = lo.shape[0]
     if N <= block:
-        return batch_lower_bounds(None, None, lo, hi, A, net=net, parent_bounds=parent_bounds,
+        return batch_lower_bounds(net, lo, hi, A, parent_bounds=parent_bounds,
                                   skip_stable=skip_stable)
     lbs, infos = [], []
     for s in range(0, N, block):
         sl = slice(s, min(N, s + block))
         pb = None if parent_bounds is None else [(l[sl], u[sl]) for l, u in parent_bounds]
-        lb, info = batch_lower_bounds(None, None, lo[sl], hi[sl], A, net=net, parent_bounds=pb,
+        lb, info = batch_lower_bounds(net, lo[sl], hi[sl], A, parent_bounds=pb,
                                       skip_stable=skip_stable)
         lbs.append(lb)
         infos.append(info)
