@@ -111,36 +111,59 @@ def check_alpha_options(alpha_iters, alpha_lr) -> None:
         raise InputError(f"--alpha-lr: must be > 0, got {alpha_lr}")
 
 
+@dataclass(frozen=True)
+class CertifySettings:
+    """A certifier's settings: ``crown certify``'s options of the same names (``eps_max`` is
+    ``--max-eps``). ``alpha_iters``, ``alpha_lr`` (alpha-crown): None for the certifier's
+    defaults."""
+
+    norm: str = "inf"
+    method: str = "crown"
+    search: str = "interp"
+    rtol: float = 1e-4
+    eps0: Optional[float] = None
+    eps_max: float = 1e4
+    precision: str = "mixed"
+    timeout: Optional[float] = None
+    alpha_iters: Optional[int] = None
+    alpha_lr: Optional[float] = None
+
+
 class Certifier:
-    """CROWN certification of one network under one norm and method."""
+    """CROWN certification of one network under one norm and method. ``alpha``: the
+    activation's parameter (None: its default); ``settings``: the fields of
+    :class:`CertifySettings` (keywords; ``alpha_iters`` defaults to ``ALPHA_ITERS``)."""
 
     F32_RTOL = 0.5
     START_FRACTION = 0.5  # start_radius: this / (hidden layers) of the first-order distance
     POWER_PER_LAYER = 1.0  # the search's power law for the first step down, per hidden layer
 
-    def __init__(
-        self,
-        weights: Sequence[np.ndarray],
-        biases: Sequence[np.ndarray],
-        activation: str,
-        norm: str = "inf",
-        method: str = "crown",
-        search: str = "interp",
-        rtol: float = 1e-4,
-        eps0: Optional[float] = None,
-        eps_max: float = 1e4,
-        precision: str = "mixed",
-        alpha=None,
-        timeout: Optional[float] = None,
-        alpha_iters: int = ALPHA_ITERS,
-        alpha_lr: Optional[float] = None,
-    ):
+    def __init__(self, weights: Sequence[np.ndarray], biases: Sequence[np.ndarray],
+                 activation: str, alpha=None, **settings):
+        o = CertifySettings(**settings)
         self.net = Network(weights, biases)
-        self.norm = parse_norm(norm)
+        self.norm = parse_norm(o.norm)
         self.qcode = NORMS[self.norm]
-        self.method = method
+        self.method = o.method
         if alpha is None and activation in ACTIVATIONS:
             alpha = default_alpha(activation)
+        self._bind_method(weights, biases, activation, alpha)
+        self.timeout = o.timeout
+        alpha_iters = ALPHA_ITERS if o.alpha_iters is None else o.alpha_iters
+        alpha_lr = o.alpha_lr
+        if alpha_lr is None:
+            alpha_lr = ALPHA_LR_SMOOTH if ACTIVATIONS[activation].smooth else ALPHA_LR
+        check_alpha_options(alpha_iters, alpha_lr)
+        self.alpha_iters, self.alpha_lr = int(alpha_iters), float(alpha_lr)
+        self.interval_free = get_interval_free(activation, alpha)
+        self.alpha = alpha
+        self._search_settings(o)
+        self.activation = activation
+
+    def _bind_method(self, weights, biases, activation: str, alpha) -> None:
+        """The method's bounds: CROWN-Quad's (``quad``), another method's function
+        (``other``), or a relaxation of the activation (``relax_fn``)."""
+        method = self.method
         self.quad = None
         self.other = None  # (kind, fn) of a method from crown_cli.certification.methods
         if method == "crown-quad":  # 2-layer ReLU only; bounds from crown_cli.certification.methods.quad
@@ -159,13 +182,10 @@ class Certifier:
             self.relax_fn = None
         else:
             self.relax_fn = get_relaxation(activation, method, alpha)
-        self.timeout = timeout
-        if alpha_lr is None:
-            alpha_lr = ALPHA_LR_SMOOTH if ACTIVATIONS[activation].smooth else ALPHA_LR
-        check_alpha_options(alpha_iters, alpha_lr)
-        self.alpha_iters, self.alpha_lr = int(alpha_iters), float(alpha_lr)
-        self.interval_free = get_interval_free(activation, alpha)
-        self.alpha = alpha
+
+    def _search_settings(self, o: CertifySettings) -> None:
+        """The radius search's settings, checked: search, rtol, precision, eps0, eps_max."""
+        search, rtol, precision, eps0 = o.search, o.rtol, o.precision, o.eps0
         if search not in SEARCHES:
             raise InputError(f"--search: unknown search '{search}' (choose from {', '.join(SEARCHES)})")
         if not (0 < rtol < 1):
@@ -181,8 +201,7 @@ class Certifier:
         self.eps0 = default_eps0(self.norm, self.net.W[0].shape[1]) if eps0 is None else float(eps0)
         if not self.eps0 > 0:
             raise InputError(f"--eps0: must be > 0, got {eps0}")
-        self.eps_max = max(float(eps_max), self.eps0)
-        self.activation = activation
+        self.eps_max = max(float(o.eps_max), self.eps0)
 
     def warm_up(self) -> None:
         """Load the compiled kernels this certifier uses, so the first image's time is its own.

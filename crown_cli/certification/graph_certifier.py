@@ -23,9 +23,9 @@ from typing import Optional, Sequence
 import numpy as np
 
 from crown_cli.certification.attack import DEFAULT_RESTARTS, DEFAULT_STEPS, PGDAttack
-from crown_cli.certification.certifier import (Certificate, Certifier, check_alpha_options,
-                                               default_eps0, first_order_start, margin_rows,
-                                               parse_norm)
+from crown_cli.certification.certifier import (Certificate, Certifier, CertifySettings,
+                                               check_alpha_options, default_eps0,
+                                               first_order_start, margin_rows, parse_norm)
 from crown_cli.engine.input_sets import NORMS
 from crown_cli.engine.radius_search import SEARCHES, certified_radius
 from crown_cli.errors import InputError
@@ -73,19 +73,19 @@ def to_graph_layout(graph, x: np.ndarray) -> np.ndarray:
 
 class GraphCertifier:
     """One graph network, one norm and method: :meth:`certify` per image (in the graph's
-    input layout), predicted class and targets, as :class:`Certifier`. ``ibp``: intersect
+    input layout), predicted class and targets, as :class:`Certifier`, its ``settings`` the
+    fields of :class:`CertifySettings` (``precision`` has no effect). ``ibp``: intersect
     CROWN's intermediate bounds with interval arithmetic, refining only the neurons it
     leaves unstable (sound; ``False``: CROWN's bounds of every neuron, as the dense engine)."""
 
     START_FRACTION = Certifier.START_FRACTION
     POWER_PER_LAYER = Certifier.POWER_PER_LAYER
 
-    def __init__(self, graph, norm: str = "inf", method: str = "crown", search: str = "interp",
-                 rtol: float = 1e-4, eps0: Optional[float] = None, eps_max: float = 1e4,
-                 precision: str = "float64", timeout: Optional[float] = None, ibp: bool = True,
-                 alpha_iters: Optional[int] = None, alpha_lr: Optional[float] = None):
+    def __init__(self, graph, ibp: bool = True, **settings):
         from crown_cli.engine.relaxations import get_relaxation
 
+        o = CertifySettings(**settings)
+        method, search, rtol, eps0 = o.method, o.search, o.rtol, o.eps0
         check_graph_method(method, graph.source or "graph network")
         family = "crown" if method == "alpha-crown" else method
         for n in graph.nodes:  # the registry names an activation without this method
@@ -101,20 +101,20 @@ class GraphCertifier:
         # margin rows); None: the graph engine's own (engine.graph_alpha.ITERS, LR)
         from crown_cli.engine.graph_alpha import ITERS, LR
 
-        check_alpha_options(alpha_iters, alpha_lr)
-        self.alpha_iters = ITERS if alpha_iters is None else int(alpha_iters)
-        self.alpha_lr = LR if alpha_lr is None else float(alpha_lr)
-        self.norm = parse_norm(norm)
+        check_alpha_options(o.alpha_iters, o.alpha_lr)
+        self.alpha_iters = ITERS if o.alpha_iters is None else int(o.alpha_iters)
+        self.alpha_lr = LR if o.alpha_lr is None else float(o.alpha_lr)
+        self.norm = parse_norm(o.norm)
         self.qcode = NORMS[self.norm]
         self.precision = "float64"  # every evaluation: no float32 steering on graphs yet
         self.auto_eps0 = eps0 is None
         self.eps0 = default_eps0(self.norm, graph.input_size) if eps0 is None else float(eps0)
         if not self.eps0 > 0:
             raise InputError(f"--eps0: must be > 0, got {eps0}")
-        self.eps_max = max(float(eps_max), self.eps0)
+        self.eps_max = max(float(o.eps_max), self.eps0)
         self.ibp = ibp
         self.num_hidden = depth(graph)
-        self.timeout = timeout
+        self.timeout = o.timeout
 
     def warm_up(self) -> None:
         """Nothing to load (no numba kernels on this path)."""
