@@ -167,20 +167,31 @@ class AttackResult:
     time_s: float
 
 
-class PGDAttack:
-    """PGD minimum-distortion search for one network and norm.
+@dataclass(frozen=True)
+class PGDSettings:
+    """The settings of a :class:`PGDAttack`: ``steps`` gradient steps per PGD run;
+    ``restarts`` starting points per radius; ``eps_max`` the radius at which the search gives
+    up; ``ladder`` radii attacked together in one run; ``rounds`` refining runs after the
+    first success; ``l1_coords`` coordinates moved by an l_1 step (1, the exact steepest
+    step, found the smallest l_1 distortions on mnist_3x1024.h5: about 18% below 8
+    coordinates)."""
 
-    steps: gradient steps per PGD run; restarts: starting points per radius; eps_max: the
-    radius at which the search gives up; ladder: radii attacked together in one run; rounds:
-    refining runs after the first success; l1_coords: coordinates moved by an l_1 step (1,
-    the exact steepest step, found the smallest l_1 distortions on mnist_3x1024.h5: about 18%
-    below 8 coordinates).
-    """
+    steps: int = DEFAULT_STEPS
+    restarts: int = DEFAULT_RESTARTS
+    eps_max: float = 1e4
+    ladder: int = 8
+    rounds: int = 2
+    l1_coords: int = 1
+
+
+class PGDAttack:
+    """PGD minimum-distortion search for one network and norm; ``settings``: the fields of
+    :class:`PGDSettings` (keywords)."""
 
     def __init__(self, weights: Sequence[np.ndarray], biases: Sequence[np.ndarray],
-                 activation: str, norm: str = "inf", alpha=None, steps: int = DEFAULT_STEPS,
-                 restarts: int = DEFAULT_RESTARTS, eps_max: float = 1e4, ladder: int = 8,
-                 rounds: int = 2, l1_coords: int = 1):
+                 activation: str, norm: str = "inf", alpha=None, **settings):
+        o = PGDSettings(**settings)
+        steps, restarts = o.steps, o.restarts
         if activation not in ACTIVATIONS:
             raise InputError(f"--attack: no gradient for activation '{activation}'")
         if norm not in NORMS:
@@ -201,10 +212,10 @@ class PGDAttack:
         self.norm = norm
         self.steps = int(steps)
         self.restarts = int(restarts)
-        self.eps_max = float(eps_max)
-        self.ladder = int(ladder)
-        self.rounds = int(rounds)
-        self.l1_coords = max(1, int(l1_coords))
+        self.eps_max = float(o.eps_max)
+        self.ladder = int(o.ladder)
+        self.rounds = int(o.rounds)
+        self.l1_coords = max(1, int(o.l1_coords))
 
     # -- network -------------------------------------------------------------------------------
 
