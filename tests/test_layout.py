@@ -106,8 +106,6 @@ ALLOWED = {
     "crown_cli/io/onnx_model.py:load_onnx",
     # issue 35: still to split
     "crown_cli/certification/methods/exact.py:min_distortion",
-    "crown_cli/certification/methods/quad.py:linear_certificate",
-    "crown_cli/certification/methods/quad.py:minimize_qp",
     "crown_cli/engine/alpha_crown.py:chain",
     "crown_cli/engine/alpha_crown.py:AlphaBounds.__init__",
     "crown_cli/engine/hull.py:hull_optimise",

@@ -9,8 +9,9 @@ from crown_cli.certification.certifier import Certifier
 from crown_cli.cli import cli
 from crown_cli.engine.backsub import Network, margin_lower_bound
 from crown_cli.engine.input_sets import NORMS
-from crown_cli.certification.methods.quad import (QuadBound, crown_quad_lower_bound, linear_certificate,
-                                    minimize_qp, project, quadratic_terms)
+from crown_cli.certification.methods.quad import (FirstLayer, MarginRows, QuadBound, Quadratic,
+                                                  crown_quad_lower_bound, linear_certificate,
+                                                  minimize_qp, project, quadratic_terms)
 from crown_cli.io.models import load_model, save_npz
 from crown_cli.engine.relaxations import get_relaxation
 from oracles import (exact_margin_min, margins, mlp_forward, pgd_attack, project_l1, random_mlp,
@@ -87,8 +88,8 @@ def test_linear_certificate_sound_for_any_slopes():
         true_min = np.array([margins(weights, biases, "relu", pts, c, [t]).min() for t in targets])
         for k in range(20):
             S = 3.0 * RNG(k).standard_normal(Lam.shape)
-            lb = linear_certificate(S, Lam, np.abs(Lam), cst, np.abs(cst), W1, np.abs(W1), b1, l, u,
-                                    x0, eps, NORMS[norm])
+            lb = linear_certificate(S, MarginRows(Lam, np.abs(Lam), cst, np.abs(cst)),
+                                    FirstLayer(W1, np.abs(W1), b1), l, u, x0, eps, NORMS[norm])
             assert np.all(lb <= true_min)
 
 
@@ -136,9 +137,10 @@ def test_qp_with_known_minimum(norm):
     qmin = np.sum(a * xmin ** 2 + b * xmin)
     size = {"inf": np.abs, "2": np.linalg.norm, "1": lambda v: np.abs(v).sum()}[norm](xstar - x0)
     assert np.max(size) > eps  # the unconstrained minimiser is outside: the ball matters
-    S, upper, lower, it = minimize_qp(a[None, :], b[None, :], np.zeros((1, d)), np.zeros(1),
-                                      np.eye(d), np.zeros(d), x0, eps, norm, qp_rtol=1e-9,
-                                      max_iter=2000)
+    S, upper, lower, it = minimize_qp(Quadratic(a[None, :], b[None, :], np.zeros((1, d)),
+                                                np.zeros(1)),
+                                      FirstLayer(np.eye(d), np.eye(d), np.zeros(d)), x0, eps,
+                                      norm, qp_rtol=1e-9, max_iter=2000)
     assert lower[0] <= qmin + 1e-9 * abs(qmin)  # the Frank-Wolfe bound is a lower bound ...
     assert upper[0] >= qmin - 1e-9 * abs(qmin)  # ... the objective at the iterate an upper one
     assert upper[0] - lower[0] <= 1e-6 * abs(qmin)  # and they meet at convergence
@@ -154,9 +156,10 @@ def test_frank_wolfe_bound_below_minimum_before_convergence():
     xmin = np.clip(-b / (2 * a), x0 - eps, x0 + eps)
     qmin = np.sum(a * xmin ** 2 + b * xmin)
     for iters in (1, 2, 3):
-        _, upper, lower, _ = minimize_qp(a[None, :], b[None, :], np.zeros((1, d)), np.zeros(1),
-                                         np.eye(d), np.zeros(d), x0, eps, "inf", qp_rtol=0.0,
-                                         max_iter=iters)
+        _, upper, lower, _ = minimize_qp(Quadratic(a[None, :], b[None, :], np.zeros((1, d)),
+                                                   np.zeros(1)),
+                                         FirstLayer(np.eye(d), np.eye(d), np.zeros(d)), x0, eps,
+                                         "inf", qp_rtol=0.0, max_iter=iters)
         assert lower[0] <= qmin <= upper[0]
 
 
@@ -174,7 +177,8 @@ def test_qp_matches_scipy_on_the_relaxation():
     a, b, cc = quadratic_terms(Lam, l, u, "all")
     rows = np.flatnonzero((a > 0).any(axis=1))
     assert rows.size
-    _, upper, lower, _ = minimize_qp(a[rows], b[rows], cc[rows], cst[rows], W1, b1, x0, eps, "inf",
+    _, upper, lower, _ = minimize_qp(Quadratic(a[rows], b[rows], cc[rows], cst[rows]),
+                                     FirstLayer(W1, np.abs(W1), b1), x0, eps, "inf",
                                      qp_rtol=1e-10, max_iter=5000)
     for k, j in enumerate(rows):
         def q(x, j=j):

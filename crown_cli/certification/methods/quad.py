@@ -64,6 +64,7 @@ the objective is already below the CROWN bound (the quadratic bound cannot win t
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Sequence
 
 import numpy as np
@@ -166,17 +167,50 @@ def quadratic_terms(Lam: np.ndarray, l: np.ndarray, u: np.ndarray, quad: str = "
     return a, b, c
 
 
-def linear_certificate(S, Lam, Lam_mag, cst, cst_mag, W1, W1_abs, b1, l, u, x0, eps, qcode,
+@dataclass(frozen=True, eq=False)
+class FirstLayer:
+    """The hidden layer ``z = W x + b`` of a 2-layer network, with ``W_abs`` = |W|."""
+
+    W: np.ndarray
+    W_abs: np.ndarray
+    b: np.ndarray
+
+
+@dataclass(frozen=True, eq=False)
+class MarginRows:
+    """Rows ``Lam relu(z) + cst`` over the hidden layer, with bounds ``Lam_mag``, ``cst_mag``
+    of |Lam|, |cst| that have the rounding of their own computation in mind (e.g. |C| @ |W2|)."""
+
+    Lam: np.ndarray
+    Lam_mag: np.ndarray
+    cst: np.ndarray
+    cst_mag: np.ndarray
+
+
+@dataclass(frozen=True, eq=False)
+class Quadratic:
+    """Per row j the convex objective ``q_j(x) = sum_i (a z_i^2 + b z_i + c)_ji + cst_j`` of
+    the hidden layer's z (:func:`quadratic_terms`)."""
+
+    a: np.ndarray
+    b: np.ndarray
+    c: np.ndarray
+    cst: np.ndarray
+
+
+def linear_certificate(S, rows: MarginRows, layer: FirstLayer, l, u, x0, eps, qcode,
                        rtol=FP_RTOL):
     """Sound lower bound of ``Lam relu(W1 x + b1) + cst`` over the ball, one per row, given slopes.
 
     S (r, n) are arbitrary slopes; for each (j, i) the intercept is the tightest w with
     ``S_ji z + w <= Lam_ji relu(z)`` on [l_i, u_i] (checked at l, u and 0, the kinks of the
     piecewise-linear difference), widened down. The resulting linear function of x is
-    minimised over the ball in closed form. ``Lam_mag``/``cst_mag`` bound |Lam|/|cst| with
-    the rounding of their own computation in mind (e.g. |C| @ |W2|). ``rtol``: the relative
-    allowance (the network's ``fp_rtol``: FP_RTOL unless it is too large for it).
+    minimised over the ball in closed form. ``rows``: Lam, cst and their magnitudes;
+    ``layer``: W1, |W1|, b1. ``rtol``: the relative allowance (the network's ``fp_rtol``:
+    FP_RTOL unless it is too large for it).
     """
+    Lam, Lam_mag, cst, cst_mag = rows.Lam, rows.Lam_mag, rows.cst, rows.cst_mag
+    W1, W1_abs, b1 = layer.W, layer.W_abs, layer.b
     rl, ru = np.maximum(l, 0.0), np.maximum(u, 0.0)
     w = np.minimum(Lam * rl - S * l, Lam * ru - S * u)
     straddle = (l <= 0.0) & (u >= 0.0)
@@ -194,17 +228,20 @@ def linear_certificate(S, Lam, Lam_mag, cst, cst_mag, W1, W1_abs, b1, l, u, x0, 
     return np.where(np.isfinite(lb), lb, -np.inf)
 
 
-def minimize_qp(a, b, c, cst, W1, b1, x0, eps, norm, stop_below=None, qp_rtol=1e-4,
-                max_iter=300):
+def minimize_qp(q: Quadratic, layer: FirstLayer, x0, eps, norm, stop_below=None,
+                qp_rtol=1e-4, max_iter=300):
     """Projected gradient descent with Armijo backtracking on the rows' convex objectives.
 
-    Row j minimises ``q_j(x) = sum_i (a z_i^2 + b z_i + c)_ji + cst_j``, z = W1 x + b1, over
-    the ball. Returns (S, upper, lower_est, iterations): the slopes ``2 a zhat + b`` at the
-    iterate with the best Frank-Wolfe bound, the lowest objective seen (an upper estimate of
-    the minimum), that Frank-Wolfe bound (an unverified estimate of a lower bound) and the
-    iteration count. A row stops when objective - bound <= qp_rtol * scale, or when its
-    objective drops below ``stop_below`` (then the quadratic bound cannot beat that value).
+    Row j minimises ``q_j(x) = sum_i (a z_i^2 + b z_i + c)_ji + cst_j``, z = W1 x + b1 (of
+    ``layer``), over the ball. Returns (S, upper, lower_est, iterations): the slopes
+    ``2 a zhat + b`` at the iterate with the best Frank-Wolfe bound, the lowest objective seen
+    (an upper estimate of the minimum), that Frank-Wolfe bound (an unverified estimate of a
+    lower bound) and the iteration count. A row stops when objective - bound <= qp_rtol *
+    scale, or when its objective drops below ``stop_below`` (then the quadratic bound cannot
+    beat that value).
     """
+    a, b, c, cst = q.a, q.b, q.c, q.cst
+    W1, b1 = layer.W, layer.b
     r, d = a.shape[0], x0.shape[0]
     D = np.zeros((r, d))  # offsets x - x0
     z0 = W1 @ x0 + b1
@@ -281,8 +318,7 @@ class QuadBound:
         self.qp_rtol = qp_rtol
         self.max_iter = max_iter
         self.relax_fn = get_relaxation("relu", "crown")
-        self.W1, self.b1 = self.net.W[0], self.net.b[0]
-        self.W1_abs = np.abs(self.W1)
+        self.layer = FirstLayer(self.net.W[0], np.abs(self.net.W[0]), self.net.b[0])
         self.last_info = {}
 
     def lower_bound(self, x0: np.ndarray, eps: float, C: np.ndarray, first=None) -> np.ndarray:
@@ -303,12 +339,13 @@ class QuadBound:
         info = {"crown": crown, "quad": np.full(C.shape[0], -np.inf), "iterations": 0,
                 "qp_upper": np.full(C.shape[0], np.nan)}
         if rows.size:
-            S, upper, _, it = minimize_qp(a[rows], b[rows], c[rows], cst[rows], self.W1, self.b1,
-                                          x0, eps, self.norm, stop_below=crown[rows],
-                                          qp_rtol=self.qp_rtol, max_iter=self.max_iter)
-            q = linear_certificate(S, Lam[rows], np.abs(C[rows]) @ np.abs(net.W[1]), cst[rows],
-                                   np.abs(C[rows]) @ np.abs(net.b[1]), self.W1, self.W1_abs,
-                                   self.b1, l, u, x0, eps, self.qcode, net.fp_rtol)
+            S, upper, _, it = minimize_qp(Quadratic(a[rows], b[rows], c[rows], cst[rows]),
+                                          self.layer, x0, eps, self.norm,
+                                          stop_below=crown[rows], qp_rtol=self.qp_rtol,
+                                          max_iter=self.max_iter)
+            q = linear_certificate(S, MarginRows(Lam[rows], np.abs(C[rows]) @ np.abs(net.W[1]),
+                                                 cst[rows], np.abs(C[rows]) @ np.abs(net.b[1])),
+                                   self.layer, l, u, x0, eps, self.qcode, net.fp_rtol)
             out[rows] = np.maximum(crown[rows], q)
             info["quad"][rows] = q
             info["qp_upper"][rows] = upper
