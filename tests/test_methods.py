@@ -142,7 +142,7 @@ def test_exact_matches_the_independent_milp_oracle():
         weights, biases, x0 = _instance(source, key)
         order = _order(weights, biases, x0)
         for t in order[1:1 + n_targets]:
-            ours = min_distortion(weights, biases, x0, order[0], [t], "inf", timeout=60)
+            ours = min_distortion(Network(weights, biases), x0, order[0], [t], "inf", timeout=60)
             oracle = exact_min_linf_distortion(weights, biases, x0, order[0], t, time_limit=60)
             assert ours.status == "optimal" and oracle.status == "optimal", (ours, oracle)
             assert abs(ours.eps - oracle.value) <= 1e-5 * oracle.value, (source, key, t, ours,
@@ -159,7 +159,7 @@ def test_exact_l1_against_the_oracle_margin_milp():
         weights, biases, x0 = _instance("random", key)
         order = _order(weights, biases, x0)
         c, t = order[0], order[1]
-        ours = min_distortion(weights, biases, x0, c, [t], "1", timeout=60)
+        ours = min_distortion(Network(weights, biases), x0, c, [t], "1", timeout=60)
         assert ours.status == "optimal"
         inside = exact_margin_min(weights, biases, x0, c, t, ours.eps * (1 - 1e-4), norm="1")
         assert inside.status == "optimal" and inside.dual_bound > -1e-7, (key, inside)
@@ -171,8 +171,9 @@ def test_exact_untargeted_is_the_minimum_over_targets():
     weights, biases, x0 = _instance("random", RANDOM[0])
     order = _order(weights, biases, x0)
     targets = order[1:4]
-    each = [min_distortion(weights, biases, x0, order[0], [t], "inf").eps for t in targets]
-    allt = min_distortion(weights, biases, x0, order[0], targets, "inf")
+    net = Network(weights, biases)
+    each = [min_distortion(net, x0, order[0], [t], "inf").eps for t in targets]
+    allt = min_distortion(net, x0, order[0], targets, "inf")
     assert allt.status == "optimal"
     assert abs(allt.eps - min(each)) <= 1e-6 * min(each)
 
@@ -432,7 +433,7 @@ def test_exact_agrees_with_the_single_milp_formulation(norm):
     weights, biases, x0 = _instance("random", RANDOM[2])
     order = _order(weights, biases, x0)
     c, t = order[0], order[1]
-    ours = min_distortion(weights, biases, x0, c, [t], norm)
+    ours = min_distortion(Network(weights, biases), x0, c, [t], norm)
     net = Network(weights, biases)
     radius = 2.0 * ours.eps
     res, _ = _solve_direct(net, x0, c, t, norm, radius, lp_full_bounds(net, x0, radius, norm)[0],

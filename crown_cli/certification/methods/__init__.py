@@ -182,8 +182,8 @@ def _bind_exact(weights, biases, activation, alpha, norm):
     def fn(x0, c, targets, C, g0, eps0, eps_max, timeout):
         if not g0 > 0:
             return RadiusOutcome(0.0, None, 0, "optimal")
-        res = min_distortion(net.W, net.b, x0, c, targets, norm, timeout=timeout,
-                             eps_start=eps0, eps_max=eps_max, net=net)
+        res = min_distortion(net, x0, c, targets, norm, timeout=timeout, eps_start=eps0,
+                             eps_max=eps_max)
         return RadiusOutcome(res.eps, None, res.solves, res.status)
 
     return fn

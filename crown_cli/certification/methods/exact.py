@@ -386,16 +386,15 @@ class _Target:
                 return "optimal", self.U, r
 
 
-def min_distortion(weights, biases, x0, c: int, targets: Sequence[int], norm: str,
+def min_distortion(net: Network, x0, c: int, targets: Sequence[int], norm: str,
                    timeout: Optional[float] = None, eps_start: float = 0.01,
-                   eps_max: float = 1e4, net: Optional[Network] = None,
-                   rtol: float = RTOL) -> ExactResult:
-    """Minimum l_p distortion (p = 'inf' or '1') making some t in ``targets`` reach f_c."""
+                   eps_max: float = 1e4, rtol: float = RTOL) -> ExactResult:
+    """Minimum l_p distortion (p = 'inf' or '1') making some t in ``targets`` reach f_c, on
+    the network ``net`` (``Network(weights, biases)``)."""
     if norm not in NORMS_SUPPORTED:
         raise ValueError(f"exact supports norms {NORMS_SUPPORTED}, not {norm!r}")
     t_start = time.perf_counter()
     deadline = np.inf if timeout is None else t_start + float(timeout)
-    net = Network(weights, biases) if net is None else net
     x0 = np.ascontiguousarray(x0, dtype=np.float64)
     jobs = [_Target(net, x0, c, t, norm, deadline) for t in targets]
     best, best_x, lower, solves = np.inf, None, np.nan, 0
