@@ -110,7 +110,6 @@ ALLOWED = {
     "crown_cli/engine/hull.py:hull_optimise",
     "crown_cli/engine/hull.py:lower_bounds",
     "crown_cli/engine/relaxations/sigmoid_family.py:steer_tangent_lines",
-    "crown_cli/io/result_files.py:OutputJob.__init__",
 }
 
 

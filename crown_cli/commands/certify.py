@@ -109,7 +109,8 @@ def certify(**options):
     rows have status error or timeout (counting rows already in a resumed file), 130
     interrupted (Ctrl-C; the rows written are kept, --resume continues).
     """
-    from crown_cli.io.result_files import OutputJob, format_for, parse_shard, shard_indices
+    from crown_cli.io.result_files import (OutputFile, OutputJob, format_for, parse_shard,
+                                           shard_indices)
     from crown_cli.io.provenance import option_values
     from crown_cli.certification.runner import AttackRuns, certify_images
 
@@ -125,8 +126,8 @@ def certify(**options):
                    f"so images {start}..{x.shape[0] - 1} ({x.shape[0] - start}) are certified",
                    err=True)
     indices = shard_indices(range(start, stop), parse_shard(a.shard))
-    job = OutputJob(option_values(click.get_current_context()), a.output, out_format,
-                    a.overwrite, a.resume, a.model_path,
+    job = OutputJob(option_values(click.get_current_context()),
+                    OutputFile(a.output, out_format, a.overwrite, a.resume), a.model_path,
                     net if graph is None else _GraphInfo(graph), a.images_path, x, y, indices)
     if a.attack == "none" and (a.attack_steps is not None or a.attack_restarts is not None):
         raise InputError("--attack-steps/--attack-restarts: need --attack pgd")

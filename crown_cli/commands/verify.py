@@ -213,8 +213,8 @@ def _verify_one(a: VerifyArgs, timeout, options, log):
 def _verify_instances(a: VerifyArgs, options, log):
     """``--instances``: a result row per instance of the list (or of its ``--shard``)."""
     from crown_cli.io import provenance as pv
-    from crown_cli.io.result_files import (VERIFY_ROWS, ResultJob, format_for, parse_shard,
-                                           shard_indices)
+    from crown_cli.io.result_files import (VERIFY_ROWS, OutputFile, ResultJob, format_for,
+                                           parse_shard, shard_indices)
     from crown_cli.verification.runner import instances_sha256, read_instances, run_instances
 
     instances_path, output, shard, quiet = a.instances_path, a.output, a.shard, a.quiet
@@ -237,8 +237,8 @@ def _verify_instances(a: VerifyArgs, options, log):
         coverage = {"options": {"--shard": shard}, "images": len(chosen),
                     "first_image": chosen[0] if chosen else None,
                     "last_image": chosen[-1] if chosen else None}
-    job = ResultJob(opts, output, out_format, a.overwrite, a.resume, settings, inputs, coverage,
-                    VERIFY_ROWS)
+    job = ResultJob(opts, OutputFile(output, out_format, a.overwrite, a.resume), settings,
+                    inputs, coverage, VERIFY_ROWS)
     _run_job(job, lambda write: run_instances(
         todo, write, job.skip, VERIFY_ROWS.key, timeout_cap=a.timeout, progress=not quiet,
         verifier_options=options, log=log,

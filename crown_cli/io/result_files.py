@@ -342,8 +342,20 @@ def data_sha256(x, y) -> str:
     return h.hexdigest()
 
 
+@dataclass(frozen=True)
+class OutputFile:
+    """Where a run's rows go: ``path`` ('-': stdout) in format ``fmt``, and whether an existing
+    file is replaced (``--overwrite``) or continued (``--resume``)."""
+
+    path: str
+    fmt: str
+    overwrite: bool = False
+    resume: bool = False
+
+
 class ResultJob:
-    """The output side of one run writing result rows: resume checks, sidecar, bookkeeping.
+    """The output side of one run writing result rows (to ``out``): resume checks, sidecar,
+    bookkeeping.
 
     ``settings`` are the result-affecting settings (hashes of the inputs included): a resumed
     file must have been made with the same; ``inputs`` is recorded in the sidecar as it is.
@@ -352,10 +364,12 @@ class ResultJob:
     the writer and writes the sidecar; :meth:`finish` rewrites the sidecar with the end time.
     """
 
-    def __init__(self, options: Dict[str, object], output: str, fmt: str, overwrite: bool,
-                 resume: bool, settings: Dict[str, object], inputs: Dict[str, object],
-                 coverage: Dict[str, object], kind: RowKind = CERTIFY_ROWS):
+    def __init__(self, options: Dict[str, object], out: OutputFile, settings: Dict[str, object],
+                 inputs: Dict[str, object], coverage: Dict[str, object],
+                 kind: RowKind = CERTIFY_ROWS):
         from crown_cli.io import provenance as pv
+
+        output, fmt, overwrite, resume = out.path, out.fmt, out.overwrite, out.resume
 
         if fmt not in FORMATS:
             raise InputError(f"--format: unknown format '{fmt}' (choose from {', '.join(FORMATS)})")
@@ -458,13 +472,12 @@ class ResultJob:
 class OutputJob(ResultJob):
     """The output side of one ``crown certify`` run (see :class:`ResultJob`)."""
 
-    def __init__(self, options: Dict[str, object], output: str, fmt: str, overwrite: bool,
-                 resume: bool, model_path: str, mlp, images_path: Optional[str], x, y,
-                 indices: Sequence[int]):
+    def __init__(self, options: Dict[str, object], out: OutputFile, model_path: str, mlp,
+                 images_path: Optional[str], x, y, indices: Sequence[int]):
         from crown_cli.io import provenance as pv
 
         settings, inputs, coverage = {}, {}, {}
-        if output != "-" and fmt in FORMATS:
+        if out.path != "-" and out.fmt in FORMATS:
             model_sha = pv.file_sha256(model_path)
             settings = pv.settings_of(options, model_sha, data_sha256(x, y), None,
                                       mlp.activation, mlp.alpha)
@@ -473,8 +486,7 @@ class OutputJob(ResultJob):
             inputs = {"model": {"path": os.path.abspath(model_path), "sha256": model_sha},
                       "images": {"path": os.path.abspath(images_path) if images_path
                                  else "shipped MNIST", "count": int(len(y))}}
-        super().__init__(options, output, fmt, overwrite, resume, settings, inputs, coverage,
-                         CERTIFY_ROWS)
+        super().__init__(options, out, settings, inputs, coverage, CERTIFY_ROWS)
 
 
 # --------------------------------------------------------------------------- merge
