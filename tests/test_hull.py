@@ -254,7 +254,7 @@ def test_optimised_bound_reaches_the_hull_lp(seed):
     net = net_of(ws, bs)
     s0, T0 = hull.initial(net, v, L, H)
     crown_lines = hull.hull_bounds(net, v, c, ve, ce, L, H, s0, T0)[0]
-    s, T, val, _ = hull.hull_optimise(net, v, c, L, H, s0, T0, 400, 0.1)
+    s, T, val, _ = hull.hull_optimise(net, v, c, L, H, s0, T0, hull.Ascent(400, 0.1))
     lb = hull.hull_bounds(net, v, c, ve, ce, L, H, s, T)[0]
     lp = ideal_relu_lp(ws[0], bs[0], v[0], c[0], lo, hi)
     exact, _ = exact_min_max_rows(ws, bs, lo, hi, A[:1], time_limit=60.0)
@@ -335,13 +335,13 @@ def test_lower_bounds_in_row_chunks_and_with_a_past_deadline(monkeypatch):
     ws, bs, lo, hi, A, b = one_layer(5, 16, 3)
     A = np.concatenate([A, -A])
     b = np.full(4, 100.0)  # no row gets proven, so no chunk stops early
-    whole = hull.lower_bounds(ws[0], bs[0], ws[1], bs[1], lo, hi, A, b, steps=80)
+    whole = hull.lower_bounds(net_of(ws, bs), ws[1], bs[1], lo, hi, A, b, steps=80)
     monkeypatch.setattr(hull, "CHUNK_ENTRIES", 1)
-    chunked = hull.lower_bounds(ws[0], bs[0], ws[1], bs[1], lo, hi, A, b, steps=80)
+    chunked = hull.lower_bounds(net_of(ws, bs), ws[1], bs[1], lo, hi, A, b, steps=80)
     # the same optimisation per row (up to the BLAS's rounding, which the nonsmooth ascent
     # amplifies a little): a row mapped to the wrong chunk would be off by far more
     np.testing.assert_allclose(whole, chunked, rtol=0, atol=0.01)
-    early = hull.lower_bounds(ws[0], bs[0], ws[1], bs[1], lo, hi, A, b, steps=80,
+    early = hull.lower_bounds(net_of(ws, bs), ws[1], bs[1], lo, hi, A, b, steps=80,
                               deadline=time.monotonic() - 1.0)
     X = box_points(lo, hi, np.random.default_rng(0))
     Y = mlp_forward(ws, bs, "relu", X) @ A.T
@@ -378,7 +378,7 @@ def test_optimiser_steps_numba_equal_numpy():
     out = {}
     for backend in ("numba", "numpy"):
         with using_kernels(backend):
-            out[backend] = hull.hull_optimise(net, v, c, L, H, s0, T0, 4, 0.1)
+            out[backend] = hull.hull_optimise(net, v, c, L, H, s0, T0, hull.Ascent(4, 0.1))
     for x, y in zip(out["numba"], out["numpy"]):
         np.testing.assert_allclose(x, y, rtol=1e-9, atol=1e-12)
     assert not np.array_equal(out["numba"][1], T0)  # the steps moved the lines

@@ -107,8 +107,6 @@ ALLOWED = {
     # issue 35: still to split
     "crown_cli/engine/alpha_crown.py:chain",
     "crown_cli/engine/alpha_crown.py:AlphaBounds.__init__",
-    "crown_cli/engine/hull.py:hull_optimise",
-    "crown_cli/engine/hull.py:lower_bounds",
     "crown_cli/engine/relaxations/sigmoid_family.py:steer_tangent_lines",
 }
 

@@ -28,7 +28,8 @@ W1's number of nonzeros. Arrays in, arrays out: boxes ``L, H`` (N, d), one row p
 from __future__ import annotations
 
 import time
-from typing import Tuple
+from dataclasses import dataclass
+from typing import Optional, Tuple
 
 import numpy as np
 
@@ -230,14 +231,27 @@ def _value_and_grad_numpy(net: HullNet, v, c, L, H, s, theta):
 ADAM = AdamSettings(eps=1e-12)  # the fused kernel (kernels/hull.py: adam_step) takes these
 
 
-def hull_optimise(net: HullNet, v, c, L, H, s, theta, steps: int, lr: float,
-                  decay: float = 0.98, fixed=None, stop_above=None, deadline=None):
+@dataclass(frozen=True)
+class Ascent:
+    """The settings of :func:`hull_optimise`: ``steps`` steps, the step size ``lr`` times
+    ``decay`` per step; stop once every box's value passes ``stop_above``, or when
+    ``deadline`` (time.monotonic()) has passed."""
+
+    steps: int
+    lr: float
+    decay: float = 0.98
+    stop_above: Optional[float] = None
+    deadline: Optional[float] = None
+
+
+def hull_optimise(net: HullNet, v, c, L, H, s, theta, ascent: Ascent, fixed=None):
     """Projected Adam ascent on the bound from the lines (s, theta), both kept in [0, 1], for
-    ``steps`` steps (:mod:`crown_cli.engine.optim`, or its fused twin in the numba kernels).
-    Returns the best (s, theta) seen per box, its float64 value (rounding not charged) and
-    that point's x*. ``fixed`` (N, n) bool: neurons whose lines stay as given (the stable
-    ones when None). ``stop_above``: stop once every box's value passes it; ``deadline``
-    (time.monotonic()): stop when it has passed."""
+    ``ascent.steps`` steps (:mod:`crown_cli.engine.optim`, or its fused twin in the numba
+    kernels). Returns the best (s, theta) seen per box, its float64 value (rounding not
+    charged) and that point's x*. ``fixed`` (N, n) bool: neurons whose lines stay as given
+    (the stable ones when None)."""
+    steps, lr, decay = ascent.steps, ascent.lr, ascent.decay
+    stop_above, deadline = ascent.stop_above, ascent.deadline
     k = hull_kernels()
     s = np.array(s, dtype=np.float64, order="C")  # copies: updated in place below
     theta = np.array(theta, dtype=np.float64, order="C")
@@ -283,12 +297,12 @@ def split_scores(net: HullNet, v, c, L, H, s, theta, xs) -> np.ndarray:
 CHUNK_ENTRIES = 4_000_000  # rows x entries optimised at once (each array ~32 MB)
 
 
-def lower_bounds(W1, b1, W2, b2, lo, hi, A, b, steps: int = 200, lr: float = 0.1,
-                 net: HullNet = None, deadline=None) -> np.ndarray:
-    """Proven lower bounds (R,) of ``A_i f(x) - b_i`` over the box [lo, hi] for each row of A,
+def lower_bounds(net: HullNet, W2, b2, lo, hi, A, b, steps: int = 200, lr: float = 0.1,
+                 deadline=None) -> np.ndarray:
+    """Proven lower bounds (R,) of ``A_i f(x) - b_i`` over the box [lo, hi] for each row of A
+    on the network of hidden layer ``net`` (``HullNet(W1, b1)``) and output layer (W2, b2),
     with the lines optimised per row (stopping early once every row's bound is positive, or
     at ``deadline``, time.monotonic()), rows in chunks of at most ``CHUNK_ENTRIES`` lines."""
-    net = net if net is not None else HullNet(W1, b1)
     v, c, v_err, c_err = margin_rows(W2, b2, A, b)
     R = v.shape[0]
     lo = np.asarray(lo, dtype=np.float64).ravel()
@@ -301,8 +315,8 @@ def lower_bounds(W1, b1, W2, b2, lo, hi, A, b, steps: int = 200, lr: float = 0.1
         L, H = np.repeat(lo[None], N, axis=0), np.repeat(hi[None], N, axis=0)
         pre = pre_bounds(net, L, H)
         s, theta = initial(net, v[k], L, H, pre)
-        s, theta, _, _ = hull_optimise(net, v[k], c[k], L, H, s, theta, steps, lr,
-                                       fixed=stable(net, L, H, pre), stop_above=0.0,
-                                       deadline=deadline)
+        s, theta, _, _ = hull_optimise(net, v[k], c[k], L, H, s, theta,
+                                       Ascent(steps, lr, stop_above=0.0, deadline=deadline),
+                                       fixed=stable(net, L, H, pre))
         out[k] = hull_bounds(net, v[k], c[k], v_err[k], c_err[k], L, H, s, theta)
     return out

@@ -198,9 +198,8 @@ class Verifier:
         if deadline is not None:
             now = time.monotonic()
             stop = now + HULL_SHARE * max(0.0, deadline - now)
-        return hull.lower_bounds(self.weights[0], self.biases[0], self.weights[1],
-                                 self.biases[1], lo, hi, A, b, steps=HULL_STEPS,
-                                 net=self._hull_net, deadline=stop)
+        return hull.lower_bounds(self._hull_net, self.weights[1], self.biases[1], lo, hi, A, b,
+                                 steps=HULL_STEPS, deadline=stop)
 
     def _attack(self, cases, groups, deadline: float, budget: float, seed: int,
                 scale: int = 1):

@@ -97,8 +97,8 @@ def hull_split_steps(weights, biases, lo, hi, A, b, deadline: float,
             # neurons stable on the box take their exact lines; the others keep what they had
             s0 = np.where(fixed, s0, S.reshape(N * R, n))
             t0 = np.where(fixed[:, net.r], t0, T.reshape(N * R, nnz))
-        s1, T1, _, xs = hull.hull_optimise(net, vr, cr, Lr, Hr, s0, t0, steps, lr,
-                                           decay=DECAY, fixed=fixed)
+        s1, T1, _, xs = hull.hull_optimise(net, vr, cr, Lr, Hr, s0, t0,
+                                           hull.Ascent(steps, lr, decay=DECAY), fixed=fixed)
         lb = hull.hull_bounds(net, vr, cr, np.tile(v_err, (N, 1)), np.tile(c_err, N),
                               Lr, Hr, s1, T1).reshape(N, R)
         pick = np.arange(N) * R + np.argmax(lb, axis=1)
