@@ -130,7 +130,8 @@ def test_chain_gradient_with_respect_to_bounds_matches_finite_differences():
     rl = LayerRelax(l, u, rf, 0.0)
     assert rl.unst.size >= 3
     A = rng.random((C.shape[0], rl.unst.size))
-    lower, tape = chain(net, [rl], Lam, C @ biases[1], [A], x0, eps, 0, np.float64, tape=True)
+    lower, tape = chain(net, [rl], Lam, C @ biases[1], [A], x0, eps, 0, dtype=np.float64,
+                        tape=True)
     _, gl, gu = chain_backward(net, [rl], tape, np.ones(C.shape[0]))
     for j in rl.unst[:3]:
         for arr, g in ((l, gl[0]), (u, gu[0])):
@@ -138,7 +139,7 @@ def test_chain_gradient_with_respect_to_bounds_matches_finite_differences():
             for d in (1e-6, -1e-6):
                 arr[j] += d
                 vals.append(chain(net, [LayerRelax(l, u, rf, 0.0)], Lam, C @ biases[1], [A], x0,
-                                  eps, 0, np.float64)[0].sum())
+                                  eps, 0, dtype=np.float64)[0].sum())
                 arr[j] -= d
             fd = (vals[0] - vals[1]) / 2e-6
             assert abs(fd - g[j]) <= 1e-4 * (1.0 + abs(fd)), (j, fd, g[j])
@@ -387,6 +388,6 @@ def test_float32_slopes_are_clipped_into_the_valid_range_in_float64():
     assert rl.unst.size
     low = np.full((C.shape[0], rl.unst.size), np.float32(leak))
     args = (net, [rl], C @ weights[1], C @ biases[1])
-    got = chain(*args, [low], x0, eps, 0, np.float64)[0]
-    exact = chain(*args, [np.full(low.shape, leak)], x0, eps, 0, np.float64)[0]
+    got = chain(*args, [low], x0, eps, 0, dtype=np.float64)[0]
+    exact = chain(*args, [np.full(low.shape, leak)], x0, eps, 0, dtype=np.float64)[0]
     assert np.array_equal(got, exact)

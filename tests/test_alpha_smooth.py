@@ -274,7 +274,7 @@ def test_gradient_with_respect_to_bounds_matches_finite_differences(act):
     A = rng.uniform(0.05, 0.95, (Lam.shape[0], 14))
     rl = _relax(act, l, u)
     assert rl.freeU.any() and rl.freeL.any() and (rl.freeU & rl.freeL).any()
-    _, tape = chain(net, [rl], Lam, const, [A], x0, eps, 0, np.float64, tape=True)
+    _, tape = chain(net, [rl], Lam, const, [A], x0, eps, 0, dtype=np.float64, tape=True)
     _, gl, gu = chain_backward(net, [rl], tape, np.ones(Lam.shape[0]))
     nonzero = 0
     for j in range(14):
@@ -283,7 +283,7 @@ def test_gradient_with_respect_to_bounds_matches_finite_differences(act):
             for d in (1e-6, -1e-6):
                 arr[j] += d
                 vals.append(chain(net, [_relax(act, l, u)], Lam, const, [A], x0, eps, 0,
-                                  np.float64)[0].sum())
+                                  dtype=np.float64)[0].sum())
                 arr[j] -= d
             fd = (vals[0] - vals[1]) / 2e-6
             assert abs(fd - g[j]) <= 1e-4 * (1.0 + abs(fd)), (j, fd, g[j], l[j], u[j])
@@ -305,7 +305,8 @@ def test_chain_gradient_through_layers_matches_finite_differences(act):
     const = np.concatenate([biases[2], -biases[2]])
     alphas = [rng.random((Lam.shape[0], 10)), rng.random((Lam.shape[0], 9))]
     w = rng.uniform(0.5, 1.5, Lam.shape[0])
-    _, tape = chain(net, relax, Lam, const, alphas, x0, eps, 0, np.float64, tape=True)
+    _, tape = chain(net, relax, Lam, const, alphas, x0, eps, 0, dtype=np.float64,
+                    tape=True)
     ga, _, _ = chain_backward(net, relax, tape, w)
     h, nonzero = 1e-6, 0
     for i in (0, 1):
@@ -315,7 +316,7 @@ def test_chain_gradient_through_layers_matches_finite_differences(act):
             for d in (h, -h):
                 alphas[i][r, j] += d
                 vals.append(float(w @ chain(net, relax, Lam, const, alphas, x0, eps, 0,
-                                            np.float64)[0]))
+                                            dtype=np.float64)[0]))
                 alphas[i][r, j] -= d
             fd = (vals[0] - vals[1]) / (2 * h)
             assert abs(fd - ga[i][r, j]) <= 1e-5 * (1.0 + abs(fd)), (i, r, j, fd, ga[i][r, j])

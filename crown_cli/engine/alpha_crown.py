@@ -28,6 +28,7 @@ a batch of domains is a batch of row blocks with their own (l, u) and slopes.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Callable, List, Optional
 
 import numpy as np
@@ -273,11 +274,22 @@ def _norm_subgradient(A, qcode, eps):
     return G
 
 
+@dataclass(frozen=True)
+class ChainSettings:
+    """How :func:`chain` runs: its precision ``dtype``, whether it records the ``tape`` of
+    :func:`chain_backward`, and (sound float64) the ``rounding`` weights it charges."""
+
+    dtype: type = np.float32
+    tape: bool = False
+    rounding: Optional[list] = None
+
+
 def chain(net: Network, relax: List[LayerRelax], Lam, const, alphas, x0, eps, qcode,
-          dtype=np.float32, tape: bool = False, rounding=None):
+          **settings):
     """Lower bounds of ``Lam @ a_m + const`` (a_m: hidden layer m = len(relax) - 1) over the
     input set, with the free slopes ``alphas[i]`` (r, len(relax[i].unst)) for hidden layer i
-    (None: CROWN's). Returns (lower (r,), tape or None).
+    (None: CROWN's). Returns (lower (r,), tape or None). ``settings``: the fields of
+    :class:`ChainSettings` (keywords).
 
     In float64 with ``rounding`` (a list of per-layer weight vectors v_i, see
     :func:`crown.rounding_weights`), the bound is widened like crown.back_substitute (magnitude
@@ -287,6 +299,8 @@ def chain(net: Network, relax: List[LayerRelax], Lam, const, alphas, x0, eps, qc
     Stable neurons have one slope for both sides, so the rows are scaled column-wise; only the
     unstable columns pick a side by the sign of the coefficient (and carry an intercept).
     """
+    o = ChainSettings(**settings)
+    dtype, tape, rounding = o.dtype, o.tape, o.rounding
     r = Lam.shape[0]
     sound = rounding is not None
     c = np.asarray(const, dtype=np.float64).copy()
@@ -362,6 +376,17 @@ def chain_backward(net: Network, relax: List[LayerRelax], tape: Tape, w):
     return galphas, gl, gu
 
 
+@dataclass(frozen=True)
+class AlphaOptions:
+    """The options of an :class:`AlphaBounds`: ``act_bound(lo, hi)`` a bound of |act(z)| on
+    [lo, hi] (None: from the activation), ``store_dtype`` of the stored slopes, ``joint``
+    (every variable optimised for the margin's bound; None: for ReLU-type activations)."""
+
+    act_bound: Optional[Callable] = None
+    store_dtype: type = np.float32
+    joint: Optional[bool] = None
+
+
 class AlphaBounds:
     """alpha-CROWN bounds of the margins ``C @ f(x)`` for one image, slopes kept across radii.
 
@@ -381,9 +406,12 @@ class AlphaBounds:
     LR_DECAY = 0.98  # the step size shrinks by this per step of one optimise call
 
     def __init__(self, net: Network, relax_fn: Callable, leak: float, x0, qcode, C, first=None,
-                 act_bound=None, store_dtype=np.float32, joint=None, activation=None):
+                 activation=None, **options):
         # activation: "tanh", "sigmoid" or "arctan" for free tangent points (SmoothRelax);
-        # otherwise ReLU / leaky ReLU (slope leak) with free slopes (LayerRelax)
+        # otherwise ReLU / leaky ReLU (slope leak) with free slopes (LayerRelax); options:
+        # the fields of AlphaOptions
+        o = AlphaOptions(**options)
+        act_bound, store_dtype, joint = o.act_bound, o.store_dtype, o.joint
         self.smooth = activation if activation in ACTIVATIONS and ACTIVATIONS[activation].smooth \
             else None
         # smooth activations: each intermediate bound for itself by default (both are
@@ -503,7 +531,7 @@ class AlphaBounds:
                     A, idx = self._gather((k, i), rows, relax[i], sel=True)
                     alphas.append(A)
                     idxs.append(idx)
-                lo, tape = chain(net, relax, Lam, const, alphas, x0, eps, qcode, dtype,
+                lo, tape = chain(net, relax, Lam, const, alphas, x0, eps, qcode, dtype=dtype,
                                  tape=grad, rounding=rnd)
                 n = rows.size
                 la, ua = lo[:n], -lo[n:]
@@ -530,8 +558,8 @@ class AlphaBounds:
             A, idx = self._gather(("m", i), allrows, relax[i])
             alphas.append(A)
             idxs.append(idx)
-        lower, tape = chain(net, relax, self.lam_m, self.const_m, alphas, x0, eps, qcode, dtype,
-                            tape=grad, rounding=rnd)
+        lower, tape = chain(net, relax, self.lam_m, self.const_m, alphas, x0, eps, qcode,
+                            dtype=dtype, tape=grad, rounding=rnd)
         if verify:
             crown_lb, _ = back_substitute(net, crelax, self.lam_m, self.const_m, x0, eps, qcode,
                                           want_upper=False)
