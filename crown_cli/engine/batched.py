@@ -29,7 +29,6 @@ Arrays in, arrays out: no files and no printing here.
 """
 from __future__ import annotations
 
-from typing import Optional
 
 import numpy as np
 
