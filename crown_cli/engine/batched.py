@@ -29,7 +29,6 @@ Arrays in, arrays out: no files and no printing here.
 """
 from __future__ import annotations
 
-
 import numpy as np
 
 from crown_cli.activations import default_alpha, supporting
