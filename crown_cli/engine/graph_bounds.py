@@ -52,7 +52,7 @@ import numpy as np
 
 from crown_cli.engine.chain import Lines, relax
 from crown_cli.engine.deadline import check_deadline
-from crown_cli.engine.graph_rows import fused_rows
+from crown_cli.engine.graph_rows import fused_rows, unit_windows
 from crown_cli.engine.input_sets import Box, input_terms
 from crown_cli.engine.kernels import graph_kernels
 from crown_cli.engine.rounding import ERR_SAFETY, FP_RTOL, TINY64, U64, gamma_n, widen
@@ -319,10 +319,15 @@ class GraphBounds:
         else:
             l, u = np.full(m, -np.inf), np.full(m, np.inf)
         chunk = max(1, int(self.row_budget // row_bytes(self.g, target)))
+        fused = graph_kernels()
         for group in _tiles(rows, self.g.nodes[target].shape):
             for s in range(0, group.size, chunk):
                 idx = group[s:s + chunk]
-                low = self.lower(target, _unit_rows(idx, m))
+                win = None if fused is None else unit_windows(self.g.nodes[target], idx)
+                if win is None:
+                    low = self.lower(target, _unit_rows(idx, m))
+                else:  # the fast path, its rows on windows from the start
+                    low = self._concretise(*fused_rows(self, target, win, fused))
                 l[idx], u[idx] = low[:idx.size], -low[idx.size:]
         return l, u
 
@@ -360,6 +365,11 @@ class GraphBounds:
             Lx, const, mag, charge = fused_rows(self, target, Lam, fused)
         else:
             Lx, const, mag, charge = self._rows(target, Lam, slopes, tape, lines, pool_weights)
+        return self._concretise(Lx, const, mag, charge)
+
+    def _concretise(self, Lx, const, mag, charge):
+        """Verified lower bounds of the rows ``Lx`` over the flat input plus ``const``, over
+        the input set, widened by the rounding allowance and the charges."""
         lin, nrm, xm = input_terms(Lx, self.x0, self.qcode)
         eps = self.eps
         return widen(lin - eps * nrm + const, xm + eps * nrm + mag, -1.0, self.rtol,
