@@ -332,17 +332,19 @@ def certify(model, x, label: Optional[int] = None, target: Union[str, int] = "ru
         raise InputError(f"target: expected one of {', '.join(TARGET_TYPES)} or a class "
                          f"index, got {target!r}")
 
-    if graph is not None:  # as `crown certify` on a graph: GraphCertifier, float64 bounds
+    if graph is not None:  # as `crown certify` on a graph: GraphCertifier
         from contextlib import nullcontext
 
         from crown_cli.certification.graph_certifier import GraphCertifier, to_graph_layout
+        from crown_cli.engine.kernels import graph_kernels
 
-        backend, context = "numpy", nullcontext()
+        backend = "numpy" if graph_kernels() is None else "numba"
+        context = nullcontext()
         with _options():
             cert = GraphCertifier(graph, norm=norm, method=method, search=search,
                                   rtol=float(rtol), eps0=eps0, eps_max=float(max_eps),
                                   timeout=float(timeout), alpha_iters=alpha_iters,
-                                  alpha_lr=alpha_lr)
+                                  alpha_lr=alpha_lr, precision=precision)
         x0 = to_graph_layout(graph, x0[None, :])[0]  # crown's (H, W, C) image order
     else:
         if image_layout is not None:  # a lowered graph takes the graph's input layout

@@ -34,10 +34,13 @@ def test_conv_transpose_kernel_equals_numpy_twin(layout, density):
     x = rng.normal(size=(1, conv.n_in[0]))
     np.testing.assert_allclose(L @ conv.linear([x])[0], got @ x[0], rtol=1e-10)
     # rows held transposed on their live elements (the fast path's form)
+    from types import SimpleNamespace
+
     from crown_cli.engine.graph_rows import _transpose
 
     live = np.flatnonzero(np.any(L != 0.0, axis=0))
-    (idx, Gt), = _transpose(conv, (live, np.ascontiguousarray(L[:, live].T)), graph_kernels())
+    gb = SimpleNamespace(g=SimpleNamespace(nodes=[SimpleNamespace(op=conv)]))
+    (idx, Gt), = _transpose(gb, 0, (live, np.ascontiguousarray(L[:, live].T)), graph_kernels())
     full = np.zeros((conv.n_in[0], 7))
     full[np.arange(conv.n_in[0]) if idx is None else idx] = Gt
     np.testing.assert_allclose(full.T, want, rtol=1e-13, atol=1e-13 * np.abs(want).max())

@@ -199,7 +199,7 @@ def certify(model_path, images_path, labels_path, num_images, start, norm, metho
 
         certifiers = [GraphCertifier(graph, norm=n, method=m, search=search, rtol=rtol, eps0=eps0,
                                      eps_max=max_eps, timeout=timeout, alpha_iters=alpha_iters,
-                                     alpha_lr=alpha_lr)
+                                     alpha_lr=alpha_lr, precision=precision)
                       for n in norms for m in methods]
         attacks = None if attack != "pgd" else {
             n: GraphPGDAttack(graph, n, attack_steps, attack_restarts, max_eps) for n in norms}
