@@ -27,8 +27,8 @@ from crown_cli.graph.network import Graph, Node
 from crown_cli.graph.onnx_ops import HANDLERS
 from crown_cli.graph.ops import IndexMap, InputOp
 from crown_cli.graph.tensors import Const, Data, Value, merge
-from crown_cli.io.onnx_model import (MEMORY_BUDGET, _attrs, _input_shape, _node_name, _opset,
-                                     read_onnx, unsupported)
+from crown_cli.graph.onnx_file import (MEMORY_BUDGET, attributes, input_shape, node_name, opset,
+                                       read_onnx, unsupported)
 
 # MEMORY_BUDGET: a weight converted to float64 must fit in this many bytes (dense) or its
 # nonzeros (sparse); so must every constant or data view the loader computes (Builder.room)
@@ -69,7 +69,7 @@ class Builder:
 
     # -- errors ----------------------------------------------------------------------------
     def fail(self, node, problem: str):
-        raise InputError(f"{self.path}: {_node_name(node, self.position)}: {problem}")
+        raise InputError(f"{self.path}: {node_name(node, self.position)}: {problem}")
 
     def room(self, node, shape, what: str = "the result", given=()) -> None:
         """Refuse, before it is allocated, a tensor of ``shape`` (a constant, or the index
@@ -222,7 +222,7 @@ def load_graph(path: str, memory_budget: Optional[float] = None) -> Graph:
         if handler is None:
             raise unsupported(path, node, k)
         handlers.append(handler)
-    b = Builder(path, onnx, numpy_helper, _opset(model), _uses(graph))
+    b = Builder(path, onnx, numpy_helper, opset(model), _uses(graph))
     if memory_budget is not None:
         b.budget = float(memory_budget)
     for init in graph.initializer:
@@ -232,7 +232,7 @@ def load_graph(path: str, memory_budget: Optional[float] = None) -> Graph:
         raise InputError(f"{path}: the graph has no data input")
     offset = 0
     for k, vi in enumerate(inputs):
-        _, shape = _input_shape(path, vi)
+        _, shape = input_shape(path, vi)
         size = int(np.prod(shape, dtype=np.int64))
         b.tensors[vi.name] = b.add(vi.name, InputOp(k, offset, size), (), shape)
         offset += size
@@ -245,7 +245,7 @@ def load_graph(path: str, memory_budget: Optional[float] = None) -> Graph:
             ins.append(b.tensors[name] if name else None)
         b.fresh = None
         try:
-            outs = handler(b, node, ins, _attrs(onnx, node))
+            outs = handler(b, node, ins, attributes(onnx, node))
         except MemoryError as exc:  # a size no handler checked beforehand
             b.fail(node, "out of memory computing it ("
                          f"{str(exc) or 'what it makes does not fit in the free memory'})")

@@ -84,7 +84,7 @@ def check_memory(graph, memory_budget: Optional[float], where: str) -> None:
     ``memory_budget`` GiB (None: the default, 4 GiB), or refuse the graph in one line when
     even one neuron's rows do not fit (:func:`crown_cli.engine.graph_bounds.row_budget_for`)."""
     from crown_cli.engine.graph_bounds import least_bytes, row_budget_for
-    from crown_cli.graph.onnx_graph import MEMORY_BUDGET
+    from crown_cli.graph.onnx_file import MEMORY_BUDGET
 
     budget = MEMORY_BUDGET if memory_budget is None else float(memory_budget) * GiB
     rows = row_budget_for(graph, budget)

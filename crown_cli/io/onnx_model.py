@@ -25,52 +25,23 @@ model takes crown's row-major (height, width, channel) image vectors.
 """
 from __future__ import annotations
 
-import os
-from typing import Dict, Iterator, List, Optional, Tuple
+from typing import Dict, List, Optional, Tuple
 
 import numpy as np
 
 from crown_cli.errors import InputError
+from crown_cli.graph.onnx_file import attributes as _attrs
+from crown_cli.graph.onnx_file import import_onnx as _import_onnx
+from crown_cli.graph.onnx_file import input_shape as _input_shape
+from crown_cli.graph.onnx_file import node_name as _node_name
+from crown_cli.graph.onnx_file import opset as _opset
+from crown_cli.graph.onnx_file import read_onnx, unsupported
 from crown_cli.network import MLP
-
-GiB = 2 ** 30
-# a weight (or a constant the graph loader computes) converted to float64 must fit in this many
-# bytes; --memory-budget sets it (crown_cli.graph.onnx_graph uses the same default)
-MEMORY_BUDGET = 4 * GiB
 
 ACTIVATIONS = {"Relu": "relu", "Tanh": "tanh", "Sigmoid": "sigmoid"}
 VECTOR_OUTPUTS = {"Softmax": "softmax", "LogSoftmax": "log_softmax"}
 ELEMENTWISE = ("Add", "Sub", "Mul", "Div")
 SHAPE_OPS = ("Identity", "Flatten", "Reshape", "Transpose", "Squeeze", "Unsqueeze")
-
-def _import_onnx(path: str):
-    try:
-        import onnx
-        from onnx import numpy_helper
-    except ImportError:
-        raise InputError(f"{path}: reading ONNX models needs the onnx package; install it with "
-                         "pip install 'crown-cli[onnx]'") from None
-    return onnx, numpy_helper
-
-
-def _node_name(node, index: Optional[int] = None) -> str:
-    """How a message names an ONNX node: its operator and name, or for a node without a name
-    its position in the graph's node list (``#3``: ``graph.node[3]``, counted from 0)."""
-    if node.name:
-        return f"{node.op_type} node '{node.name}'"
-    return f"{node.op_type} node " + (f"#{index}" if index is not None else "(unnamed)")
-
-
-def unsupported(path: str, node, index: int) -> InputError:
-    """The one-line refusal of a node whose operator no loader reads."""
-    op = node.op_type if node.domain in ("", "ai.onnx") else f"{node.domain}.{node.op_type}"
-    return InputError(f"{path}: {_node_name(node, index)}: unsupported operator {op} "
-                      "(docs/formats.md lists the supported operators)")
-
-
-def _attrs(onnx, node) -> Dict[str, object]:
-    return {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
-
 
 class _Affine:
     """The current tensor as an affine function of the segment's input h (n values):
@@ -148,105 +119,6 @@ class _Affine:
         if self.lin is None:
             return np.diag(self.diag.reshape(-1)), self.off.reshape(-1).copy()
         return np.ascontiguousarray(self.lin.reshape(self.n, -1).T), self.off.reshape(-1).copy()
-
-
-def _input_shape(path: str, value_info) -> Tuple[List[Optional[int]], Tuple[int, ...]]:
-    """The input's dims (None when symbolic) and the shape traced (batch dimension 1)."""
-    tt = value_info.type.tensor_type
-    if not tt.HasField("shape"):
-        raise InputError(f"{path}: the graph input '{value_info.name}' has no shape")
-    dims = [d.dim_value if d.HasField("dim_value") else None for d in tt.shape.dim]
-    if not dims:
-        raise InputError(f"{path}: the graph input '{value_info.name}' is a scalar")
-    shape = list(dims)
-    if len(dims) >= 2:
-        if dims[0] not in (None, 1):
-            raise InputError(f"{path}: the graph input '{value_info.name}' has batch dimension "
-                             f"{dims[0]}; only 1 or a symbolic batch is supported")
-        shape[0] = 1
-    if any(d is None or d < 1 for d in shape):
-        raise InputError(f"{path}: the graph input '{value_info.name}' has shape {dims}; only the "
-                         "batch dimension may be symbolic")
-    return dims, tuple(int(d) for d in shape)
-
-
-def _opset(model) -> int:
-    for imp in model.opset_import:
-        if imp.domain in ("", "ai.onnx"):
-            return int(imp.version)
-    return 1
-
-
-def read_onnx(path: str, budget: Optional[float] = None):
-    """(the onnx module, its numpy_helper, the loaded model) of an ONNX file, or an
-    InputError naming the file (onnx missing, a file protobuf cannot decode, a tensor in an
-    external data file over ``budget`` bytes as float64 (default :data:`MEMORY_BUDGET`),
-    checked before it is read, or no memory left to read it)."""
-    onnx, numpy_helper = _import_onnx(path)
-    budget = MEMORY_BUDGET if budget is None else float(budget)
-    try:
-        model = onnx.load(path, load_external_data=False)
-        _check_external_sizes(path, onnx, model, budget)
-        from onnx.external_data_helper import load_external_data_for_model
-
-        load_external_data_for_model(model, os.path.dirname(path))
-    except InputError:
-        raise
-    except MemoryError as exc:  # its message is often empty
-        raise InputError(f"{path}: cannot read ONNX file (out of memory: "
-                         f"{str(exc) or 'its tensors do not fit in the free memory'})") from None
-    except Exception as exc:  # noqa: BLE001 - protobuf decode errors of a corrupt file
-        raise InputError(f"{path}: cannot read ONNX file ({type(exc).__name__}: {exc})") from None
-    return onnx, numpy_helper, model
-
-
-def _tensors(onnx, graph) -> Iterator:
-    """Every TensorProto of ``graph``: initializers, and tensor attributes of its nodes (and
-    of their subgraphs)."""
-    A = onnx.AttributeProto
-    yield from graph.initializer
-    for node in graph.node:
-        for a in node.attribute:
-            if a.type == A.TENSOR:
-                yield a.t
-            elif a.type == A.TENSORS:
-                yield from a.tensors
-            elif a.type == A.GRAPH:
-                yield from _tensors(onnx, a.g)
-            elif a.type == A.GRAPHS:
-                for g in a.graphs:
-                    yield from _tensors(onnx, g)
-
-
-def _check_external_sizes(path: str, onnx, model, budget: float) -> None:
-    """Refuse, before anything is read, a tensor stored in an external data file whose bytes
-    (as its shape and type say, or as many as onnx would read) exceed ``budget``. (Within it,
-    a weight is held to the budget again as float64, dense or sparse, where it is used.)"""
-    from onnx.external_data_helper import ExternalDataInfo, uses_external_data
-
-    for t in _tensors(onnx, model.graph):
-        if not uses_external_data(t):
-            continue
-        info = ExternalDataInfo(t)
-        try:
-            itemsize = np.dtype(onnx.helper.tensor_dtype_to_np_dtype(t.data_type)).itemsize
-        except (KeyError, TypeError, ValueError):
-            itemsize = 1
-        stored = itemsize
-        for d in t.dims:
-            stored *= int(d)  # Python ints: no overflow
-        length = info.length
-        if length is None:  # onnx reads from the offset to the end of the file
-            where = os.path.join(os.path.dirname(path), info.location)
-            try:
-                length = max(os.path.getsize(where) - (info.offset or 0), 0)
-            except OSError:
-                length = 0  # a missing file: onnx's own message
-        need = max(stored, length)
-        if need > budget:
-            raise InputError(f"{path}: tensor '{t.name}' (shape {list(t.dims)}, external data "
-                             f"in {info.location}) needs {need / GiB:.3g} GiB to read, over the "
-                             f"memory budget of {budget / GiB:g} GiB (--memory-budget)")
 
 
 def load_onnx(path: str, budget: Optional[float] = None) -> MLP:
