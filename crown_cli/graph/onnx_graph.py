@@ -255,8 +255,13 @@ def load_graph(path: str, memory_budget: Optional[float] = None) -> Graph:
             b.room(node, v.shape, f"its output '{name}'", given)
             if name:
                 b.tensors[name] = v
-                if isinstance(v, Data) and b.fresh is not None and b.identity_of(v) == b.fresh:
-                    b.produced[b.fresh] = name
+                s = b.identity_of(v) if isinstance(v, Data) else None
+                # a node's whole output, or its only reader's reshape of it (a Flatten between
+                # a normalisation and the first Gemm): scalings fold across it
+                if s is not None and (s == b.fresh if b.fresh is not None else
+                                      b.produced.get(s) == node.input[0]
+                                      and b.uses.get(node.input[0], 0) == 1):
+                    b.produced[s] = name
         for name in list(node.output)[len(outs):]:
             if name and b.uses.get(name):
                 b.fail(node, f"its output '{name}' is not supported")
