@@ -188,7 +188,7 @@ def test_load_network_keeps_mlps_and_inspect_shows_graphs(tmp_path):
 
     chain = save(tmp_path, BUILDERS["dense"](np.random.default_rng(0)), "chain")
     assert isinstance(load_network(chain), MLP)
-    g = G(np.random.default_rng(0))  # a Softmax output: only the MLP loader reads it
+    g = G(np.random.default_rng(0))  # a Softmax output: the MLP's output activation
     y = g.op("Softmax", [g.op("Gemm", ["x", g.rand(3, 4)], transB=1)], axis=-1)
     assert isinstance(load_network(save(tmp_path, g.model([("x", (1, 4))], [y]), "sm")), MLP)
     conv = save(tmp_path, BUILDERS["conv"](np.random.default_rng(0)), "conv")

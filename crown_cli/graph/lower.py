@@ -104,7 +104,8 @@ def lower(graph, memory_budget: Optional[float] = None):
             return None, f"segment {k} has non-finite coefficients"
         weights.append(W)
         biases.append(b)
-        names.append("+".join(graph.nodes[i].name for i in seg) or "identity")
+        dense = [i for i in seg if isinstance(graph.nodes[i].op, Dense)]
+        names.append(graph.nodes[(dense or seg)[0]].name if seg else "identity")
     name, alpha = next(iter(kinds)) if kinds else ("relu", None)
     return MLP(weights, biases, activation=name, source=graph.source, layer_names=names,
                alpha=alpha, output_activation=name if ends_in_activation else None), None

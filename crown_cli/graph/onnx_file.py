@@ -1,6 +1,6 @@
 """Reading an ONNX file (the optional ``onnx`` package, ``crown-cli[onnx]``): the model within
-the memory budget, its nodes' names and attributes, its inputs' shapes and the one-line
-refusal of an unknown operator.
+the memory budget, its nodes' names and attributes, its inputs' shapes, the one-line refusal
+of an unknown operator, and the layout of an image input (crown's (H, W, C) image order).
 
 :func:`crown_cli.graph.onnx_graph.load_graph` is the one reader of ONNX graphs; this module is
 what it needs of the file itself.
@@ -146,3 +146,46 @@ def _check_external_sizes(path: str, onnx, model, budget: float) -> None:
             raise InputError(f"{path}: tensor '{t.name}' (shape {list(t.dims)}, external data "
                              f"in {info.location}) needs {need / GiB:.3g} GiB to read, over the "
                              f"memory budget of {budget / GiB:g} GiB (--memory-budget)")
+
+
+def hwc_order(shape, path: str) -> Optional[np.ndarray]:
+    """For a channel-first image input (1, C, H, W), C > 1, the position in the file's flat
+    input of each element of crown's row-major (H, W, C) image vector; None when the flat
+    input is already in crown's order (not 4-D, one channel, or channel-last (1, H, W, C)).
+
+    The channel axis is the one of size 3 or 4 (the other end's is not); InputError when
+    that does not tell it.
+    """
+    if len(shape) != 4 or 1 in (shape[1], shape[3]):
+        return None
+    if shape[3] in (3, 4) and shape[1] not in (3, 4):
+        return None  # (N, H, W, C): flattening already matches crown's order
+    if not (shape[1] in (3, 4) and shape[3] not in (3, 4)):
+        raise InputError(f"{path}: cannot tell the channel axis of input shape {list(shape)} "
+                         "(expected (N, C, H, W) or (N, H, W, C) with 1, 3 or 4 channels)")
+    c, h, w = shape[1], shape[2], shape[3]
+    # crown's element (i, j, channel k) is at (i * W + j) * C + k; the file's at (k, i, j)
+    return np.arange(c * h * w).reshape(c, h, w).transpose(1, 2, 0).reshape(-1)
+
+
+def graph_feeds(path: str, x: np.ndarray,
+                input_order: Optional[np.ndarray] = None) -> List[Dict[str, np.ndarray]]:
+    """Input vectors ``x`` (N, n) as feeds {input name: tensor} of the ONNX graph, one per
+    vector (batch dimension 1), in the graph's dtype: for comparing with an ONNX runtime.
+    ``x`` is in the file's flat order, or with ``input_order`` (an MLP's
+    :attr:`~crown_cli.network.MLP.input_order`) element j of a vector is the file's element
+    ``input_order[j]``."""
+    onnx, _ = import_onnx(path)
+    model = onnx.load(path)
+    consts = {i.name for i in model.graph.initializer}
+    inp = [i for i in model.graph.input if i.name not in consts][0]
+    _, shape = input_shape(path, inp)
+    dtype = onnx.helper.tensor_dtype_to_np_dtype(inp.type.tensor_type.elem_type)
+    feeds = []
+    for row in np.asarray(x):
+        if input_order is not None:
+            flat = np.empty_like(row)
+            flat[input_order] = row
+            row = flat
+        feeds.append({inp.name: np.asarray(row, dtype=dtype).reshape(shape)})
+    return feeds
