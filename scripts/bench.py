@@ -165,7 +165,10 @@ def bab_relu_worker(seconds, vnncomp, joint=False):
 
     split_mod = _module("crown_cli.bab_relu", "crown_cli.verification.bab.relu_split")
     relu_split, root_layer_bounds = split_mod.relu_split, split_mod.root_layer_bounds
-    load_model = _module("crown_cli.model_io", "crown_cli.io.models").load_model
+    # ONNX files: io.networks.load_network since the one ONNX reader; model_io / io.models
+    # before
+    io_mod = _module("crown_cli.model_io", "crown_cli.io.networks", "crown_cli.io.models")
+    load_model = getattr(io_mod, "load_network", None) or io_mod.load_model
     parse_vnnlib = _module("crown_cli.vnnlib", "crown_cli.io.vnnlib").parse_vnnlib
 
     folder = os.path.join(vnncomp, "mnistfc")
@@ -398,7 +401,7 @@ def hull_worker(vnncomp):
         print(json.dumps({"case": "hull", "error": "no before: this checkout has no convex-hull "
                                                    "input splitting"}))
         return
-    load_onnx = _module("crown_cli.io.onnx_model").load_onnx
+    load_network = _module("crown_cli.io.networks").load_network  # safenlp's MLP
     parse_vnnlib = _module("crown_cli.io.vnnlib").parse_vnnlib
     folder = os.path.join(os.path.dirname(vnncomp), "vnncomp2024", "safenlp_medical")
     listing = os.path.join(folder, "instances.csv")
@@ -410,7 +413,7 @@ def hull_worker(vnncomp):
     nets = {}  # the list's instances share one network file: loaded once
     for k, r in enumerate(HULL_ROWS):
         if rows[r][0] not in nets:
-            nets[rows[r][0]] = load_onnx(os.path.join(folder, rows[r][0]))
+            nets[rows[r][0]] = load_network(os.path.join(folder, rows[r][0]))
         net = nets[rows[r][0]]
         prop = parse_vnnlib(os.path.join(folder, rows[r][1]), net.input_size, net.num_classes)
         c = prop.cases[0]
