@@ -271,11 +271,14 @@ def certify(model, x, label: Optional[int] = None, target: Union[str, int] = "ru
             raise InputError(f"label: {label!r} is not a class of the model (0..{n - 1})")
         label = int(label)
     target_type, target_class = _target(target, n)
-    if graph is not None:  # as `crown certify` on a graph: GraphCertifier, float64 bounds
+    if graph is not None:  # as `crown certify` on a graph: GraphCertifier
         from contextlib import nullcontext
 
+        from crown_cli.engine.kernels import graph_kernels
+
+        backend = "numpy" if graph_kernels() is None else "numba"
+        context = nullcontext()
         cert, x0 = _graph_certifier(graph, x0, o)
-        backend, context = "numpy", nullcontext()
     else:
         cert, x0, backend = _mlp_certifier(mlp, image_layout, x0, o)
         from crown_cli.engine.kernels import using_kernels
@@ -390,7 +393,7 @@ def _graph_certifier(graph, x0, o: _CertifyOptions):
         cert = GraphCertifier(graph, norm=o.norm, method=o.method, search=o.search,
                               rtol=float(o.rtol), eps0=o.eps0, eps_max=float(o.max_eps),
                               timeout=float(o.timeout), alpha_iters=o.alpha_iters,
-                              alpha_lr=o.alpha_lr)
+                              alpha_lr=o.alpha_lr, precision=o.precision)
     return cert, to_graph_layout(graph, x0[None, :])[0]  # crown's (H, W, C) image order
 
 

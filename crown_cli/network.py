@@ -1,7 +1,7 @@
 """The network type every loader returns: a fully connected MLP in the engine's convention.
 
-Kept apart from the loaders so that ``io.models`` (NPZ, HDF5, Keras) and ``io.onnx_model``
-do not depend on each other.
+Kept apart from the loaders so that ``io.models`` (NPZ, HDF5, Keras) and ``graph.lower``
+(whose exact dense form of a chain-shaped graph is one) do not depend on each other.
 """
 from __future__ import annotations
 
@@ -38,8 +38,8 @@ class MLP:
     alpha: Optional[float] = None  # activation parameter (leaky ReLU / ELU / hard sigmoid slope)
     output_activation: Optional[str] = None
     # for each column of weights[0], the column of the file's own flat input it reads, when
-    # the loader reordered a channel-first image input to crown's (H, W, C) order; None: the
-    # file's order (see vnnlib_layers)
+    # the loader reordered a channel-first image input to crown's (H, W, C) order
+    # (io.networks.dense_chain); None: the file's order (see vnnlib_layers)
     input_order: Optional[np.ndarray] = None
 
     @property

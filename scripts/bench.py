@@ -28,7 +28,10 @@ Every case runs in its own subprocess (so its peak RSS is its own) on both cores
              With --lirpa DIR (an auto_LiRPA checkout; needs torch) auto_LiRPA's CROWN on the
              same network in float64, in its own process: seconds per bound at the same eps,
              the ratio, and whether its bound agrees with the radius (its margin bound > 0
-             at eps (1 - 1e-3) and < 0 at eps (1 + 1e-3)); peak RSS of each process
+             at eps (1 - 1e-3) and < 0 at eps (1 + 1e-3)); peak RSS of each process. Then
+             alpha-CROWN of the first image's margin at its eps, float64, 20 iterations on
+             both sides (crown: GraphBounds(intermediate="alpha") and alpha_lower; auto_LiRPA:
+             CROWN-Optimized, each with its own step size): seconds and bounds
     cli      a warm `crown certify -n 1` of relu3's model, wall-clock, start-up included
     alpha3   relu3 with --method alpha-crown (default settings): s/image, and the mean eps gain
              over crown on the same images (crown's own time is not counted)
@@ -162,7 +165,10 @@ def bab_relu_worker(seconds, vnncomp, joint=False):
 
     split_mod = _module("crown_cli.bab_relu", "crown_cli.verification.bab.relu_split")
     relu_split, root_layer_bounds = split_mod.relu_split, split_mod.root_layer_bounds
-    load_model = _module("crown_cli.model_io", "crown_cli.io.models").load_model
+    # ONNX files: io.networks.load_network since the one ONNX reader; model_io / io.models
+    # before
+    io_mod = _module("crown_cli.model_io", "crown_cli.io.networks", "crown_cli.io.models")
+    load_model = getattr(io_mod, "load_network", None) or io_mod.load_model
     parse_vnnlib = _module("crown_cli.vnnlib", "crown_cli.io.vnnlib").parse_vnnlib
 
     folder = os.path.join(vnncomp, "mnistfc")
@@ -303,10 +309,37 @@ def resnet_worker(n_images):
             GraphBounds(graph, x[i], e, 0).bounds(row)
             best = min(best, time.perf_counter() - t0)
         per_bound.append(best)
+    alpha = _resnet_alpha(graph, x, picks[0], eps[0])
     print(json.dumps({"case": "resnet", "images": len(picks), "mean_s": sum(times) / len(times),
                       "median_s": statistics.median(times), "evaluations": float(np.mean(evals)),
                       "mean_eps": float(np.mean(eps)), "eps": eps, "bound_s": per_bound,
+                      "alpha": alpha,
                       "rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0}))
+
+
+ALPHA_ITERS = 20  # the resnet case's alpha-CROWN comparison: iterations on both sides
+
+
+def _resnet_alpha(graph, x, pick, eps):
+    """crown's alpha-CROWN (float64) of the first image's margin at its certified eps: every
+    unstable intermediate neuron's and the margin row's slopes optimised ALPHA_ITERS steps
+    (the graph engine's step size); None on a checkout without it."""
+    import numpy as np
+
+    try:
+        GraphBounds = _checkout_module("crown_cli.engine.graph_bounds").GraphBounds
+        graph_alpha = _checkout_module("crown_cli.engine.graph_alpha")
+        alpha_lower, lr = graph_alpha.alpha_lower, graph_alpha.LR
+    except (ImportError, AttributeError):
+        return None
+    i, c, t = pick
+    row = np.zeros((1, 10))
+    row[0, c], row[0, t] = 1.0, -1.0
+    crown = float(GraphBounds(graph, x[i], eps, 0).lower(graph.output, row)[0])
+    t0 = time.perf_counter()
+    gb = GraphBounds(graph, x[i], eps, 0, intermediate="alpha", alpha_iters=ALPHA_ITERS)
+    lb = float(alpha_lower(gb, graph.output, row, ALPHA_ITERS, lr)[0])
+    return {"s": time.perf_counter() - t0, "bound": lb, "crown_bound": crown}
 
 
 def resnet_lirpa_worker(n_images, lirpa, eps_list):
@@ -341,7 +374,16 @@ def resnet_lirpa_worker(n_images, lirpa, eps_list):
     for (i, c, t), eps in zip(picks, eps_list):
         per_bound.append(min(margin(i, c, t, eps)[1] for _ in range(2)))
         agree.append(margin(i, c, t, eps * (1 - 1e-3))[0] > 0 > margin(i, c, t, eps * (1 + 1e-3))[0])
+    i, c, t = picks[0]  # alpha-CROWN at the first image's eps, ALPHA_ITERS iterations
+    C = torch.zeros((1, 1, 10))
+    C[0, 0, c], C[0, 0, t] = 1.0, -1.0
+    xt = BoundedTensor(torch.tensor(x[i:i + 1]), PerturbationLpNorm(norm=np.inf, eps=eps_list[0]))
+    bm.set_bound_opts({"optimize_bound_args": {"iteration": ALPHA_ITERS}})
+    t0 = time.perf_counter()
+    lb, _ = bm.compute_bounds(x=(xt,), C=C, method="CROWN-Optimized", bound_upper=False)
+    alpha = {"s": time.perf_counter() - t0, "bound": float(lb.item())}
     print(json.dumps({"case": "resnet-lirpa", "bound_s": per_bound, "agree": agree,
+                      "alpha": alpha,
                       "threads": torch.get_num_threads(),
                       "rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0}))
 
@@ -359,7 +401,7 @@ def hull_worker(vnncomp):
         print(json.dumps({"case": "hull", "error": "no before: this checkout has no convex-hull "
                                                    "input splitting"}))
         return
-    load_onnx = _module("crown_cli.io.onnx_model").load_onnx
+    load_network = _module("crown_cli.io.networks").load_network  # safenlp's MLP
     parse_vnnlib = _module("crown_cli.io.vnnlib").parse_vnnlib
     folder = os.path.join(os.path.dirname(vnncomp), "vnncomp2024", "safenlp_medical")
     listing = os.path.join(folder, "instances.csv")
@@ -371,7 +413,7 @@ def hull_worker(vnncomp):
     nets = {}  # the list's instances share one network file: loaded once
     for k, r in enumerate(HULL_ROWS):
         if rows[r][0] not in nets:
-            nets[rows[r][0]] = load_onnx(os.path.join(folder, rows[r][0]))
+            nets[rows[r][0]] = load_network(os.path.join(folder, rows[r][0]))
         net = nets[rows[r][0]]
         prop = parse_vnnlib(os.path.join(folder, rows[r][1]), net.input_size, net.num_classes)
         c = prop.cases[0]
@@ -555,6 +597,14 @@ def line(r, relu3=None, plain=None):
                   f"{', '.join(f'{q:.1f}' for q in ratios)}); radius within 1e-3 of its "
                   f"bound's on {sum(lp['agree'])} of {len(lp['agree'])} images; peak RSS "
                   f"{lp['rss_mb']:.0f} MB")
+        a = r.get("alpha")
+        if a is not None:
+            s += (f"\n{'':<11} alpha-CROWN ({ALPHA_ITERS} iterations, first image at its eps): "
+                  f"{a['s']:.2f} s, margin bound {a['bound']:.5g} (CROWN {a['crown_bound']:.5g})")
+            la = (lp or {}).get("alpha")
+            if la is not None:
+                s += (f"; auto_LiRPA CROWN-Optimized {la['s']:.2f} s, bound {la['bound']:.5g}: "
+                      f"crown {la['s'] / a['s']:.1f}x faster")
         return s
     if r["case"] == "hull":
         each = ", ".join(f"{n} {v} {b} boxes {t:.2f} s" for n, v, b, t in r["instances"])

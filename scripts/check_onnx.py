@@ -5,13 +5,14 @@ Usage (from the repository root; needs the ``onnx`` package)::
     python scripts/check_onnx.py DIR_OR_FILE [DIR_OR_FILE ...] [--inputs N] [--seed S]
 
 For each ``.onnx`` file found (recursively) it loads the model with
-``crown_cli.io.models.load_model``, draws ``N`` random input vectors (uniform in [-1, 1]),
-evaluates them with ``MLP.forward`` (float64) and with ``onnx.reference.ReferenceEvaluator``
-on the graph itself (one input per run, in the graph's dtype), and prints one line per file:
-``ok`` with the layer sizes, activation(s) and the largest difference, ``MISMATCH`` when the
-outputs differ by more than rtol 1e-5 (atol 1e-5 times the largest output magnitude, at least
-1e-5: the files compute in float32), or ``REFUSED`` with the loader's message. A summary line
-follows; the exit code is 1 if any file failed, 2 if none was found.
+``crown_cli.io.networks.load_network`` (an MLP for a chain of dense layers, else a graph),
+draws ``N`` random input vectors (uniform in [-1, 1]), evaluates them with the network's
+``forward`` (float64) and with ``onnx.reference.ReferenceEvaluator`` on the graph itself (one
+input per run, in the graph's dtype), and prints one line per file: ``ok`` with the layer sizes
+and activation (an MLP) or the node count (a graph) and the largest difference, ``MISMATCH``
+when the outputs differ by more than rtol 1e-5 (atol 1e-5 times the largest output magnitude,
+at least 1e-5: the files compute in float32), or ``REFUSED`` with the loader's message. A
+summary line follows; the exit code is 1 if any file failed, 2 if none was found.
 """
 from __future__ import annotations
 
@@ -43,23 +44,29 @@ def check_file(path, n_inputs, seed):
     from onnx.reference import ReferenceEvaluator
 
     from crown_cli.errors import InputError
-    from crown_cli.io.models import load_model
-    from crown_cli.io.onnx_model import graph_feeds
+    from crown_cli.graph.onnx_file import graph_feeds
+    from crown_cli.io.networks import load_network
+    from crown_cli.network import MLP
 
     try:
-        mlp = load_model(path)
+        net = load_network(path, min_outputs=1)
     except InputError as exc:
         return "REFUSED", str(exc)
-    x = np.random.default_rng(seed).uniform(-1.0, 1.0, size=(n_inputs, mlp.input_size))
+    x = np.random.default_rng(seed).uniform(-1.0, 1.0, size=(n_inputs, net.input_size))
     ref = ReferenceEvaluator(onnx.load(path))
-    expected = np.stack([np.asarray(ref.run(None, feed)[0], dtype=np.float64).reshape(-1)
-                         for feed in graph_feeds(path, x)])
-    mine = mlp.forward(x)
-    diff = float(np.max(np.abs(mine - expected)))
+    order = net.input_order if isinstance(net, MLP) else None
+    expected = np.stack([np.concatenate([np.asarray(y, dtype=np.float64).reshape(-1)
+                                         for y in ref.run(None, feed)])
+                         for feed in graph_feeds(path, x, order)])
+    mine = net.forward(x)
+    diff = float(np.max(np.abs(mine - expected))) if mine.shape == expected.shape else np.inf
     atol = RTOL * max(1.0, float(np.max(np.abs(expected))))
-    out = f" -> {mlp.output_activation}" if mlp.output_activation else ""
-    detail = (f"{'-'.join(map(str, mlp.sizes))} {mlp.activation}{out}, max |diff| {diff:.2e} "
-              f"over {n_inputs} inputs")
+    if isinstance(net, MLP):
+        out = f" -> {net.output_activation}" if net.output_activation else ""
+        what = f"{'-'.join(map(str, net.sizes))} {net.activation}{out}"
+    else:
+        what = f"graph of {len(net.nodes)} nodes"
+    detail = f"{what}, max |diff| {diff:.2e} over {n_inputs} inputs"
     ok = mine.shape == expected.shape and np.allclose(mine, expected, rtol=RTOL, atol=atol)
     return ("ok" if ok else "MISMATCH"), detail
 

@@ -25,7 +25,7 @@ from scipy.optimize import Bounds, LinearConstraint, milp
 from scipy.sparse import lil_matrix
 
 from crown_cli.engine.batched import BatchNet, batch_lower_bounds
-from crown_cli.io.onnx_model import load_onnx
+from crown_cli.io.networks import load_network
 from crown_cli.io.vnnlib import parse_vnnlib
 
 
@@ -89,7 +89,7 @@ def main():
     table = list(csv.reader(open(args.instances)))
     for r in args.rows:
         onnx_path, spec, _ = table[r][:3]
-        net = load_onnx(os.path.join(base, onnx_path))
+        net = load_network(os.path.join(base, onnx_path), min_outputs=1)
         prop = parse_vnnlib(os.path.join(base, spec), net.input_size, net.num_classes)
         case = prop.cases[0]
         A = np.atleast_2d(case.A)

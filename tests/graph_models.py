@@ -52,7 +52,7 @@ def dense_chain(rng, sizes=(5, 8, 7, 3), act="Relu"):
 
 def conv_net(rng, act="Relu", bn=True, pool="AveragePool"):
     """Conv (stride, pads, dilation, groups) -> BatchNorm (folded) -> act -> pool -> Conv ->
-    BN after a Relu (not foldable) -> flatten -> Gemm."""
+    BN after a Relu (folded into the Gemm, across the Flatten) -> flatten -> Gemm."""
     g = G(rng)
     x = g.op("Conv", ["x", g.rand(4, 2, 3, 3), g.rand(4)], strides=[1, 2], pads=[1, 0, 1, 1],
              dilations=[1, 1])

@@ -269,12 +269,12 @@ def test_conv_pool_rounding_charged_against_exact_arithmetic():
 
 def test_acasxu_graph_equals_dense_engine():
     """A published network (VNN-COMP 2021 ACAS Xu, the test fixture) read as a graph bounds
-    like the MLP the existing loader reads, through the dense engine."""
-    from crown_cli.io.models import load_model
+    like the MLP load_network makes of it, through the dense engine."""
+    from crown_cli.io.networks import load_network
 
     path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "fixtures",
                         "ACASXU_run2a_1_1_batch_2000.onnx")
-    g, mlp = load_graph(path), load_model(path)
+    g, mlp = load_graph(path), load_network(path)
     assert g.is_chain() and len(g.activations()) == 6
     box = Box(np.array([0.6, -0.5, -0.5, 0.45, -0.5]), np.array([0.68, 0.5, 0.5, 0.5, -0.45]))
     C = np.eye(5)[[0, 0, 0, 0]] - np.eye(5)[[1, 2, 3, 4]]

@@ -78,7 +78,7 @@ def test_radius_equals_dense_engine(tmp_path, kind, norm, method):
     ws, bs, act = as_mlp(g)
     assert depth(g) == len(ws) - 1
     dense = Certifier(ws, bs, act, norm=norm, method=method, precision="float64")
-    exact = GraphCertifier(g, norm=norm, method=method, ibp=False)
+    exact = GraphCertifier(g, norm=norm, method=method, ibp=False, precision="float64")
     default = GraphCertifier(g, norm=norm, method=method)
     rng = np.random.default_rng(1)
     for _ in range(2):
@@ -280,7 +280,7 @@ def test_alpha_crown_on_graphs_takes_its_iterations_and_stays_sound(tmp_path):
     rng = np.random.default_rng(1)
     X = rng.uniform(-1, 1, size=(4, g.input_size))
     y = np.argmax(g.forward(X), axis=1)
-    crown = GraphCertifier(g, method="crown")
+    crown = GraphCertifier(g, method="crown", precision="float64")  # as alpha-crown searches
     off = GraphCertifier(g, method="alpha-crown", alpha_iters=0)
     alpha = GraphCertifier(g, method="alpha-crown")
     gained = 0
@@ -299,3 +299,31 @@ def test_alpha_crown_on_graphs_takes_its_iterations_and_stays_sound(tmp_path):
     assert gained, "alpha-crown never beat crown: the test would show nothing"
     with pytest.raises(crown_cli.InputError, match="alpha-iters"):
         GraphCertifier(g, method="alpha-crown", alpha_iters=-1)
+
+
+@pytest.mark.parametrize("kind", sorted(MODELS))
+@pytest.mark.parametrize("norm", ["inf", "2"])
+def test_mixed_precision_radius_is_float64_verified(tmp_path, kind, norm):
+    """The default search steers with float32 bounds (GraphBounds dtype=float32) and returns
+    only a radius whose float64 bound is > 0: the radius is certified by a float64 bound of
+    its own, within the search's rtol of the float64 search's, and the float32 steering bound
+    is close to the float64 one."""
+    from crown_cli.engine.graph_bounds import GraphBounds
+
+    _, _, g = load(tmp_path, kind)
+    mixed = GraphCertifier(g, norm=norm, rtol=1e-4)
+    plain = GraphCertifier(g, norm=norm, rtol=1e-4, precision="float64")
+    assert mixed.precision == "mixed" and plain.precision == "float64"
+    rng = np.random.default_rng(4)
+    x0 = rng.uniform(-1, 1, g.input_size)
+    y = g.forward(x0)
+    c, t = int(np.argmax(y)), int(np.argsort(y)[-2])
+    got, want = mixed.certify(x0, c, [t]), plain.certify(x0, c, [t])
+    assert got.status == want.status == "certified"
+    assert got.eps == pytest.approx(want.eps, rel=3e-4)
+    C = mixed.margin_rows(c, [t])
+    assert mixed.lower_bound(x0, got.eps, C)[0] > 0.0  # float64, every rounding charged
+    qcode = {"inf": 0, "2": 1}[norm]
+    b32 = GraphBounds(g, x0, got.eps, qcode, dtype=np.float32).lower(g.output, C)
+    b64 = GraphBounds(g, x0, got.eps, qcode).lower(g.output, C)
+    assert b32[0] == pytest.approx(b64[0], rel=1e-3, abs=1e-5)

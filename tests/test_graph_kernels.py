@@ -34,10 +34,13 @@ def test_conv_transpose_kernel_equals_numpy_twin(layout, density):
     x = rng.normal(size=(1, conv.n_in[0]))
     np.testing.assert_allclose(L @ conv.linear([x])[0], got @ x[0], rtol=1e-10)
     # rows held transposed on their live elements (the fast path's form)
+    from types import SimpleNamespace
+
     from crown_cli.engine.graph_rows import _transpose
 
     live = np.flatnonzero(np.any(L != 0.0, axis=0))
-    (idx, Gt), = _transpose(conv, (live, np.ascontiguousarray(L[:, live].T)), graph_kernels())
+    gb = SimpleNamespace(g=SimpleNamespace(nodes=[SimpleNamespace(op=conv)]))
+    (idx, Gt), = _transpose(gb, 0, (live, np.ascontiguousarray(L[:, live].T)), graph_kernels())
     full = np.zeros((conv.n_in[0], 7))
     full[np.arange(conv.n_in[0]) if idx is None else idx] = Gt
     np.testing.assert_allclose(full.T, want, rtol=1e-13, atol=1e-13 * np.abs(want).max())
@@ -136,3 +139,97 @@ def test_graph_bounds_kernels_equal_numpy_on_every_operator(tmp_path, kind):
     for a, b in zip(gb.bounds(), ref_out):
         np.testing.assert_allclose(a, b, rtol=1e-9, atol=1e-12)
 
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_window_conv_transpose_equals_numpy_twin(layout):
+    """Rows on windows of their own (the fast path's form for an intermediate bound's rows,
+    graph_rows.Win) through a convolution's transpose: scattered onto the whole input, the
+    numpy transpose of the same rows, for every stride, padding, dilation and group layout;
+    windows reaching past every border of the output included."""
+    from crown_cli.engine.graph_rows import Win, _unwin
+
+    wshape, in_shape, strides, pads, dil, group = layout
+    rng = np.random.default_rng(wshape[0] + 11)
+    conv = Conv(rng.normal(size=wshape), rng.normal(size=wshape[0]), in_shape, strides, pads,
+                dil, group)
+    O, OH, OW = conv.out_shape
+    kernels = graph_kernels()
+    for h, w in ((1, 1), (2, 3), (OH + 2, OW + 1)):
+        r = 9
+        oy, ox = rng.integers(-h, OH, r), rng.integers(-w, OW, r)
+        Pt = rng.normal(size=(O, h, w, r))
+        # what the rows are over the whole output: the windows' coefficients inside it
+        L = np.zeros((r, O, OH, OW))
+        for q in range(r):
+            for a in range(h):
+                for b in range(w):
+                    y, x = oy[q] + a, ox[q] + b
+                    if 0 <= y < OH and 0 <= x < OW:
+                        L[q, :, y, x] = Pt[:, a, b, q]
+                    else:
+                        Pt[:, a, b, q] = 0.0  # the windows' rule: 0 outside the node
+        want = conv._transpose_numpy(L.reshape(r, -1))[0]
+        (sh, sw), (dh, dw) = conv.strides, conv.dilations
+        kh, kw = wshape[2:]
+        h2, w2 = (h - 1) * sh + (kh - 1) * dh + 1, (w - 1) * sw + (kw - 1) * dw + 1
+        iy, ix = oy * sh - conv.pads[0], ox * sw - conv.pads[1]
+        Gt = np.empty((in_shape[0], h2, w2, r))
+        st, di, _, gr = kernels.conv_args(conv.strides, conv.dilations, conv.pads, conv.group)
+        kernels.win_conv_transpose_t(Pt, iy, ix, conv.weight, st, di, gr,
+                                     np.asarray(in_shape[1:], np.int64), Gt)
+
+        C, H, W = in_shape  # the windows' rule holds for the result: 0 outside the input
+        ys, xs = iy[:, None] + np.arange(h2), ix[:, None] + np.arange(w2)  # (r, h2), (r, w2)
+        outside = ((ys < 0) | (ys >= H))[:, :, None] | ((xs < 0) | (xs >= W))[:, None, :]
+        assert np.all(np.transpose(Gt, (3, 1, 2, 0))[outside] == 0.0)
+
+        class _Node:
+            shape = (1,) + tuple(in_shape)
+
+        idx, Lt = _unwin(Win(iy, ix, Gt), _Node, kernels)
+        got = np.zeros((conv.n_in[0], r))
+        got[np.arange(conv.n_in[0]) if idx is None else idx] = Lt
+        np.testing.assert_allclose(got.T, want, rtol=1e-13, atol=1e-13 * np.abs(want).max())
+
+
+def test_graph_bounds_on_windows_equal_numpy(monkeypatch):
+    """A residual network on an image large enough that the intermediate bounds' rows go
+    through convolutions, activations and the residual sum on windows of their own (each
+    branch's window merged at the sum): every node's bounds equal the numpy twin's, and
+    sampled points lie inside."""
+    import crown_cli.engine.graph_rows as graph_rows
+
+    calls = {"conv": 0, "merge": 0}
+    merge = graph_rows._win_sum
+
+    def counted_merge(a, b):
+        out = merge(a, b)
+        calls["merge"] += out is not None and a.Pt.shape != b.Pt.shape
+        return out
+
+    monkeypatch.setattr(graph_rows, "_win_sum", counted_merge)
+    kernels = graph_kernels()
+    conv_t = kernels.win_conv_transpose_t
+
+    def counted_conv(*args):
+        calls["conv"] += 1
+        return conv_t(*args)
+
+    monkeypatch.setattr(kernels, "win_conv_transpose_t", counted_conv)
+    rng = np.random.default_rng(5)
+    g = resnet(rng, c=3, s=28)
+    x0 = rng.uniform(0, 1, g.input_size)
+    with using_kernels("numpy"):
+        ref = GraphBounds(g, x0, 0.02, 0)
+        ref_out = ref.bounds()
+    gb = GraphBounds(g, x0, 0.02, 0)
+    assert calls["conv"] > 0 and calls["merge"] > 0
+    for i in range(len(g.nodes)):
+        np.testing.assert_allclose(gb.lo[i], ref.lo[i], rtol=1e-9, atol=1e-12)
+        np.testing.assert_allclose(gb.hi[i], ref.hi[i], rtol=1e-9, atol=1e-12)
+    out = gb.bounds()
+    for a, b in zip(out, ref_out):
+        np.testing.assert_allclose(a, b, rtol=1e-9, atol=1e-12)
+    y = g.forward(x0[None] + rng.uniform(-0.02, 0.02, (2000, g.input_size)))
+    assert np.all(y >= out[0] - 1e-12) and np.all(y <= out[1] + 1e-12)

@@ -103,8 +103,6 @@ ALLOWED = {
     # being rewritten by the lead (back-substitution internals); its constructor's keywords
     # are GraphBounds' callers' interface
     "crown_cli/engine/graph_bounds.py:GraphBounds.__init__",
-    # being deleted in another branch (the ONNX loader moves to crown_cli.graph)
-    "crown_cli/io/onnx_model.py:load_onnx",
 }
 
 

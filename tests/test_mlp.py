@@ -3,18 +3,9 @@ import numpy as np
 import pytest
 
 from conftest import random_network
-from crown_cli.io import models as model_io
-from crown_cli.io import onnx_model as onnx_io
 from crown_cli.errors import InputError
 from crown_cli.network import MLP
 from crown_cli.io.models import validate
-
-
-def test_model_io_and_onnx_io_do_not_import_each_other():
-    import inspect
-
-    assert model_io.MLP is MLP and onnx_io.MLP is MLP
-    assert "model_io" not in inspect.getsource(onnx_io)
 
 
 def _net(out=None, act="relu", sizes=(5, 4, 3), seed=0):

@@ -16,8 +16,11 @@ from onnx.reference import ReferenceEvaluator
 from conftest import random_network
 from crown_cli.cli import cli
 from crown_cli.errors import InputError
+from crown_cli.graph.network import Graph
 from crown_cli.io.models import load_model, save_npz
+from crown_cli.io.networks import load_network
 from crown_cli.io.results import read_rows
+from crown_cli.network import MLP
 
 
 def _init(name, array):
@@ -68,7 +71,7 @@ def test_onnx_gives_the_same_eps_as_the_npz_of_the_same_weights(tmp_path, mnist1
     bs = [b.astype(np.float32) for b in bs]
     gemm_mlp(tmp_path / "m.onnx", ws, bs, act="Relu", in_shape=["N", 1, 28, 28], flatten=True)
     save_npz(tmp_path / "m.npz", ws, bs, "relu")
-    a, b = load_model(tmp_path / "m.onnx"), load_model(tmp_path / "m.npz")
+    a, b = load_network(str(tmp_path / "m.onnx")), load_model(tmp_path / "m.npz")
     for wa, wb in zip(a.weights + a.biases, b.weights + b.biases):
         assert np.array_equal(wa, wb)
     x = rng.uniform(-0.5, 0.5, size=(5, 784))
@@ -117,7 +120,7 @@ def _matmul_add_model(path, ws, bs, act, bias_first=False):
 def test_matmul_add_reshape_and_softmax(tmp_path, act, expected, bias_first):
     ws, bs = random_network([6, 5, 4, 3], seed=11)
     model = _matmul_add_model(tmp_path / "m.onnx", ws, bs, act, bias_first)
-    mlp = load_model(tmp_path / "m.onnx")
+    mlp = load_network(str(tmp_path / "m.onnx"))
     assert mlp.activation == expected and mlp.sizes == [6, 5, 4, 3]
     for w, w0 in zip(mlp.weights, ws):
         assert np.array_equal(w, w0)
@@ -142,7 +145,7 @@ def test_gemm_attributes_alpha_beta_transb_and_broadcast_bias(tmp_path):
     ]
     inits = [_init("B0", B0), _init("C0", C0), _init("B1", B1), _init("C1", C1)]
     model = write_onnx(tmp_path / "g.onnx", nodes, inits, ["N", 4], out_dim=3, elem=TensorProto.DOUBLE)
-    mlp = load_model(tmp_path / "g.onnx")
+    mlp = load_network(str(tmp_path / "g.onnx"))
     assert mlp.activation == "tanh" and mlp.layer_names == ["g0", "g1"]
     x = rng.normal(size=(6, 4))
     assert np.allclose(mlp.forward(x), reference_logits(model, x), rtol=1e-12, atol=1e-13)
@@ -153,16 +156,53 @@ def test_channel_first_input_is_reordered_to_crowns_hwc_vectors(tmp_path):
     ws, bs = random_network([12, 6, 4], seed=1)
     model = gemm_mlp(tmp_path / "c.onnx", ws, bs, in_shape=["N", 3, 2, 2], flatten=True,
                      dtype=np.float64)
-    mlp = load_model(tmp_path / "c.onnx")
+    mlp = load_network(str(tmp_path / "c.onnx"))
     img = np.random.default_rng(4).normal(size=(5, 2, 2, 3))  # (N, H, W, C) as crown reads images
     ref = reference_logits(model, img.transpose(0, 3, 1, 2))
     assert np.allclose(mlp.forward(img.reshape(5, -1)), ref, rtol=1e-12, atol=1e-13)
 
 
+def test_certify_and_verify_on_a_channel_first_onnx_mlp(tmp_path):
+    """certify reads crown's (H, W, C) image vectors: the same rows as the NPZ of the same
+    network whose first layer takes them; verify's layers take the file's (C, H, W) order
+    (VNN-LIB's X_i)."""
+    ws, bs = random_network([12, 8, 4], seed=2)
+    gemm_mlp(tmp_path / "c.onnx", ws, bs, in_shape=["N", 3, 2, 2], flatten=True,
+             dtype=np.float64)
+    chw = np.arange(12).reshape(3, 2, 2)  # the file's element of channel k, pixel (i, j)
+    hwc = chw.transpose(1, 2, 0).reshape(-1)
+    save_npz(tmp_path / "c.npz", [ws[0][:, hwc], ws[1]], bs, "relu")
+    mlp = load_network(str(tmp_path / "c.onnx"))
+    assert np.array_equal(mlp.input_order, hwc)
+    assert np.array_equal(mlp.vnnlib_layers()[0][0], ws[0])
+    x = np.random.default_rng(7).uniform(-0.5, 0.5, size=(5, 12))
+    np.savez(tmp_path / "imgs.npz", x=x, y=np.argmax(mlp.forward(x), axis=1))
+    rows = {}
+    for name in ("c.onnx", "c.npz"):
+        res = CliRunner().invoke(cli, ["certify", "--model", str(tmp_path / name), "-q",
+                                       "--images", str(tmp_path / "imgs.npz"), "--norm", "inf,2",
+                                       "-o", str(tmp_path / f"{name}.csv")])
+        assert res.exit_code == 0, res.output
+        rows[name] = read_rows(tmp_path / f"{name}.csv")
+    keys = ("image", "target", "norm", "status", "eps", "lower_bound", "margin")
+    assert sum(r["status"] == "certified" for r in rows["c.npz"]) >= 5
+    assert [[r[k] for k in keys] for r in rows["c.onnx"]] == \
+        [[r[k] for k in keys] for r in rows["c.npz"]]
+
+
+def test_activation_option_on_an_onnx_chain(tmp_path):
+    ws, bs = random_network([4, 6, 3], seed=3)
+    gemm_mlp(tmp_path / "m.onnx", ws, bs, dtype=np.float64)
+    mlp = load_network(str(tmp_path / "m.onnx"), activation="tanh")
+    assert isinstance(mlp, MLP) and mlp.activation == "tanh" and np.array_equal(mlp.weights[0], ws[0])
+    with pytest.raises(InputError, match="^--activation: unknown activation 'nope'"):
+        load_network(str(tmp_path / "m.onnx"), activation="nope")
+
+
 def _bad(path, nodes, inits, in_shape=("N", 4), out_dim=3):
     write_onnx(path, nodes, inits, list(in_shape), out_dim=out_dim, elem=TensorProto.DOUBLE)
     with pytest.raises(InputError) as info:
-        load_model(path)
+        load_network(str(path))
     return str(info.value)
 
 
@@ -170,14 +210,16 @@ def test_unsupported_operator_is_named(tmp_path):
     rng = np.random.default_rng(0)
     inits = [_init("B0", rng.normal(size=(5, 4))), _init("B1", rng.normal(size=(3, 5)))]
     nodes = [helper.make_node("Gemm", ["x", "B0"], ["z0"], name="g0", transB=1),
-             helper.make_node("Elu", ["z0"], ["a0"], name="my_elu"),
+             helper.make_node("Erf", ["z0"], ["a0"], name="my_erf"),
              helper.make_node("Gemm", ["a0", "B1"], ["logits"], name="g1", transB=1)]
     msg = _bad(tmp_path / "u.onnx", nodes, inits)
-    assert msg == (f"{tmp_path / 'u.onnx'}: Elu node 'my_elu': unsupported operator Elu "
+    assert msg == (f"{tmp_path / 'u.onnx'}: Erf node 'my_erf': unsupported operator Erf "
                    "(docs/formats.md lists the supported operators)")
 
 
-def test_mixed_activations_are_refused_and_two_linear_layers_are_composed(tmp_path):
+def test_mixed_activations_and_two_linear_layers_in_a_row_run_on_the_graph_engine(tmp_path):
+    """Not chains the dense engine takes exactly: a graph (the one MLP loader of old folded
+    two Gemms in a row into one layer in float64; composing them is not exact)."""
     rng = np.random.default_rng(0)
     inits = [_init("B0", rng.normal(size=(5, 4))), _init("B1", rng.normal(size=(5, 5))),
              _init("B2", rng.normal(size=(3, 5)))]
@@ -186,17 +228,20 @@ def test_mixed_activations_are_refused_and_two_linear_layers_are_composed(tmp_pa
              helper.make_node("Gemm", ["a0", "B1"], ["z1"], name="g1", transB=1),
              helper.make_node("Tanh", ["z1"], ["a1"], name="t"),
              helper.make_node("Gemm", ["a1", "B2"], ["logits"], name="g2", transB=1)]
-    assert "mixed hidden activations Relu, Tanh" in _bad(tmp_path / "m.onnx", nodes, inits)
-    # two linear layers in a row are one affine map: folded into one layer
+    model = write_onnx(tmp_path / "m.onnx", nodes, inits, ["N", 4], out_dim=3, elem=TensorProto.DOUBLE)
+    g = load_network(str(tmp_path / "m.onnx"))
+    assert isinstance(g, Graph) and g.lowering == (None, "activations of several types (relu, tanh)")
+    x = rng.normal(size=(6, 4))
+    assert np.allclose(g.forward(x), reference_logits(model, x), rtol=1e-12, atol=1e-12)
     nodes = [helper.make_node("Gemm", ["x", "B0"], ["z0"], name="g0", transB=1),
              helper.make_node("Gemm", ["z0", "B1"], ["z1"], name="g1", transB=1),
              helper.make_node("Relu", ["z1"], ["a1"], name="r"),
              helper.make_node("Gemm", ["a1", "B2"], ["logits"], name="g2", transB=1)]
     model = write_onnx(tmp_path / "l.onnx", nodes, inits, ["N", 4], out_dim=3, elem=TensorProto.DOUBLE)
-    mlp = load_model(tmp_path / "l.onnx")
-    assert mlp.sizes == [4, 5, 3] and mlp.layer_names == ["g0", "g2"]
-    x = rng.normal(size=(6, 4))
-    assert np.allclose(mlp.forward(x), reference_logits(model, x), rtol=1e-12, atol=1e-12)
+    g = load_network(str(tmp_path / "l.onnx"))
+    assert isinstance(g, Graph) and g.lowering[0] is None
+    assert g.lowering[1].startswith("composing g0+g1 is not exact")
+    assert np.allclose(g.forward(x), reference_logits(model, x), rtol=1e-12, atol=1e-12)
 
 
 def test_flatten_between_layers_is_a_reshape(tmp_path):
@@ -208,17 +253,22 @@ def test_flatten_between_layers_is_a_reshape(tmp_path):
              helper.make_node("Gemm", ["f0", "B1"], ["logits"], name="g1", transB=1)]
     model = write_onnx(tmp_path / "f.onnx", nodes, inits, ["N", 4], out_dim=3, elem=TensorProto.DOUBLE)
     x = rng.normal(size=(6, 4))
-    assert np.allclose(load_model(tmp_path / "f.onnx").forward(x), reference_logits(model, x),
+    assert np.allclose(load_network(str(tmp_path / "f.onnx")).forward(x), reference_logits(model, x),
                        rtol=1e-12, atol=1e-12)
 
 
-def test_branching_graph_is_refused(tmp_path):
+def test_a_branching_graph_loads_as_a_graph(tmp_path):
     rng = np.random.default_rng(0)
     inits = [_init("B0", rng.normal(size=(3, 4))), _init("B1", rng.normal(size=(3, 4)))]
     nodes = [helper.make_node("Gemm", ["x", "B0"], ["z0"], name="g0", transB=1),
              helper.make_node("Gemm", ["x", "B1"], ["z1"], name="g1", transB=1),
              helper.make_node("Add", ["z0", "z1"], ["logits"], name="sum")]
-    assert "Gemm node 'g1' does not continue the chain from 'z0'" in _bad(tmp_path / "b.onnx", nodes, inits)
+    model = write_onnx(tmp_path / "b.onnx", nodes, inits, ["N", 4], out_dim=3,
+                       elem=TensorProto.DOUBLE)
+    g = load_network(str(tmp_path / "b.onnx"))
+    assert isinstance(g, Graph) and not g.is_chain()
+    x = rng.normal(size=(6, 4))
+    assert np.allclose(g.forward(x), reference_logits(model, x), rtol=1e-12, atol=1e-12)
 
 
 def test_missing_onnx_package_gives_the_install_hint(tmp_path, monkeypatch):
@@ -234,4 +284,4 @@ def test_missing_onnx_package_gives_the_install_hint(tmp_path, monkeypatch):
 def test_corrupt_onnx_file(tmp_path):
     (tmp_path / "bad.onnx").write_bytes(b"\x08\x07garbage not protobuf \xff\xff")
     with pytest.raises(InputError, match="bad.onnx: cannot read ONNX file"):
-        load_model(tmp_path / "bad.onnx")
+        load_network(str(tmp_path / "bad.onnx"))

@@ -16,9 +16,13 @@ from onnx.reference import ReferenceEvaluator
 
 from crown_cli.cli import cli
 from crown_cli.errors import InputError
-from crown_cli.io.models import load_model
-from crown_cli.io.onnx_model import graph_feeds
+from crown_cli.graph.network import Graph
+from crown_cli.graph.onnx_file import graph_feeds
+from crown_cli.graph.onnx_graph import load_graph
+from crown_cli.graph.ops import Dense
+from crown_cli.io.networks import load_network
 from crown_cli.io.results import read_rows
+from crown_cli.network import MLP
 
 FIXTURES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "fixtures")
 ACASXU = os.path.join(FIXTURES, "ACASXU_run2a_1_1_batch_2000.onnx")
@@ -50,12 +54,14 @@ def save(path, nodes, inits, in_shape, opset=17):
 
 
 def assert_matches_reference(path, n=6, seed=0, scale=1.0):
-    """Loads ``path``, compares forward on n random inputs with the reference evaluator."""
-    mlp = load_model(path)
+    """Loads ``path`` (an MLP), compares forward on n random inputs with the reference
+    evaluator."""
+    mlp = load_network(path)
+    assert isinstance(mlp, MLP)
     x = np.random.default_rng(seed).uniform(-scale, scale, size=(n, mlp.input_size))
     ref = ReferenceEvaluator(onnx.load(path))
     expected = np.stack([np.asarray(ref.run(None, feed)[0], dtype=np.float64).reshape(-1)
-                         for feed in graph_feeds(path, x)])
+                         for feed in graph_feeds(path, x, mlp.input_order)])
     got = mlp.forward(x)
     assert got.shape == expected.shape
     np.testing.assert_allclose(got, expected, rtol=RTOL, atol=RTOL * np.abs(expected).max())
@@ -82,7 +88,7 @@ def test_acasxu_network_loads_and_matches_the_reference():
 
 
 def test_acasxu_certify_runs(tmp_path):
-    mlp = load_model(ACASXU)
+    mlp = load_network(ACASXU)
     x = np.random.default_rng(1).uniform(-0.3, 0.3, size=(3, 5))
     np.savez(tmp_path / "pts.npz", x=x, y=np.argmax(mlp.forward(x), axis=1))
     out = tmp_path / "r.csv"
@@ -176,6 +182,35 @@ def test_normalisation_before_the_first_layer_is_folded(tmp_path):
                        rtol=1e-6)
 
 
+def test_a_normalised_chain_loads_as_the_graphs_float64_fold(tmp_path):
+    """One ONNX reader: the MLP of a chain is the exact dense form of the graph load_graph
+    reads, whose loader folds (x - mean) / std into the first Gemm in float64: the same
+    weights, bit for bit, as that composition computed here."""
+    mean, std = f32([[0.5, -0.25, 1.0]]), f32([2.0, 0.5, 3.0])
+    w0, w1, b0 = rand((6, 6), 6), rand((3, 6), 7), f32(np.linspace(-0.3, 0.2, 6))
+    nodes = [helper.make_node("Sub", ["x", "mean"], ["c"], name="centre"),
+             helper.make_node("Div", ["c", "std"], ["n"], name="scale"),
+             helper.make_node("Flatten", ["n"], ["f"], name="flatten"),
+             helper.make_node("Gemm", ["f", "W0", "b0"], ["z"], name="dense0", transB=1),
+             helper.make_node("Relu", ["z"], ["a"], name="relu"),
+             helper.make_node("Gemm", ["a", "W1"], ["y"], name="dense1", transB=1)]
+    inits = [init("mean", mean), init("std", std), init("W0", w0), init("b0", b0), init("W1", w1)]
+    path = save(tmp_path / "n.onnx", nodes, inits, [1, 1, 2, 3])
+    mlp = assert_matches_reference(path)
+    a = np.tile(1.0 / std.astype(np.float64), 2)
+    c = a * -np.tile(mean[0].astype(np.float64), 2)
+    W0 = w0.astype(np.float64)
+    assert np.array_equal(mlp.weights[0], W0 * a[None, :])
+    assert np.array_equal(mlp.biases[0], W0 @ c + b0.astype(np.float64))
+    assert np.array_equal(mlp.weights[1], w1.astype(np.float64)) and not mlp.biases[1].any()
+    g = load_graph(path)  # the graph engine's nodes hold the same arrays
+    dense = [n.op for n in g.nodes if isinstance(n.op, Dense)]
+    assert [n.kind for n in g.nodes] == ["input", "affine", "activation", "affine"]
+    for k, op in enumerate(dense):
+        assert np.array_equal(mlp.weights[k], op.W)
+    assert np.array_equal(mlp.biases[0], dense[0].bias)
+
+
 def test_constant_minus_x_is_a_negation_and_scaling_after_a_layer_is_folded(tmp_path):
     w0, w1 = rand((5, 4), 8), rand((3, 5), 9)
     nodes = [helper.make_node("Sub", ["k", "x"], ["nx"], name="c_minus_x"),
@@ -219,7 +254,7 @@ def test_certify_bounds_a_relu_on_the_logits_as_a_layer(tmp_path):
              helper.make_node("Relu", ["z1"], ["y"], name="relu_logits")]
     path = save(tmp_path / "r.onnx", nodes, [init("W0", w0), init("W1", w1), init("b1", f32([1, 1, 1]))],
                 ["N", 4])
-    mlp = load_model(path)
+    mlp = load_network(path)
     rng = np.random.default_rng(5)
     x = rng.normal(size=(6, 4))
     out = mlp.forward(x)
@@ -289,7 +324,7 @@ def test_a_final_softmax_after_a_reshape(tmp_path):
 def refused(tmp_path, nodes, inits, in_shape=("N", 4)):
     path = save(tmp_path / "bad.onnx", nodes, inits, list(in_shape))
     with pytest.raises(InputError) as info:
-        load_model(path)
+        load_network(path)
     msg = str(info.value)
     assert msg.startswith(f"{path}: ") and "\n" not in msg
     return msg[len(path) + 2:]
@@ -309,23 +344,27 @@ def test_constant_divided_by_x_is_not_affine(tmp_path):
     nodes = _two_layers(middle=[helper.make_node("Div", ["one", "z0"], ["q"], name="inverse"),
                                 helper.make_node("Relu", ["q"], ["a"], name="relu")])
     msg = refused(tmp_path, nodes, W_INITS + [init("one", f32(1.0))])
-    assert msg == ("Div node 'inverse': 'one' / x is not affine in the data; only x / constant "
-                   "is supported")
+    assert msg == ("Div node 'inverse': constant / data is not affine in the data; only data / "
+                   "constant is")
 
 
 def test_an_unsupported_operator_is_named(tmp_path):
-    nodes = _two_layers(middle=[helper.make_node("Abs", ["z0"], ["a"], name="absolute")])
+    nodes = _two_layers(middle=[helper.make_node("Erf", ["z0"], ["a"], name="error_function")])
     msg = refused(tmp_path, nodes, W_INITS)
-    assert msg == ("Abs node 'absolute': unsupported operator Abs (docs/formats.md lists the "
-                   "supported operators)")
+    assert msg == ("Erf node 'error_function': unsupported operator Erf (docs/formats.md lists "
+                   "the supported operators)")
+    nodes = _two_layers(middle=[helper.make_node("Abs", ["z0"], ["a"], name="absolute")])
+    msg = refused(tmp_path, nodes, W_INITS)  # read on constants only (shape arithmetic)
+    assert msg == ("Abs node 'absolute': every input must be a constant (initializer, Constant "
+                   "node or shape arithmetic)")
 
 
-def test_an_activation_before_any_layer_is_refused(tmp_path):
+def test_an_activation_on_the_input_is_an_identity_first_layer(tmp_path):
     nodes = _two_layers(before=[helper.make_node("Relu", ["x"], ["rx"], name="input_relu")],
                         middle=[helper.make_node("Relu", ["z0"], ["a"], name="relu")])
-    msg = refused(tmp_path, nodes, W_INITS)
-    assert msg == ("Relu node 'input_relu': an activation must follow a layer (Gemm, MatMul or an "
-                   "elementwise affine operation)")
+    mlp = assert_matches_reference(save(tmp_path / "in.onnx", nodes, W_INITS, ["N", 4]))
+    assert mlp.sizes == [4, 4, 5, 3] and np.array_equal(mlp.weights[0], np.eye(4))
+    assert mlp.layer_names == ["identity", "dense0", "dense1"]
 
 
 def test_softmax_between_layers_is_refused(tmp_path):
@@ -334,11 +373,29 @@ def test_softmax_between_layers_is_refused(tmp_path):
     assert msg == "Gemm node 'dense1': Softmax is supported only at the output"
 
 
+def test_a_softmax_only_on_the_logits_of_a_dense_chain_over_all_outputs(tmp_path):
+    layers = [helper.make_node("Gemm", ["x", "W0"], ["z0"], name="dense0", transB=1),
+              helper.make_node("Relu", ["z0"], ["a"], name="relu"),
+              helper.make_node("Gemm", ["a", "W1"], ["z1"], name="dense1", transB=1)]
+    nodes = layers + [helper.make_node("Softmax", ["z1"], ["y"], name="sm", axis=0)]
+    msg = refused(tmp_path, nodes, W_INITS, in_shape=(1, 4))
+    assert msg == "Softmax node 'sm': axis 0 does not run over all 3 outputs of shape (1, 3)"
+    # after a Tanh on the logits: no MLP takes both, and the graph engine takes no softmax
+    nodes = layers + [helper.make_node("Tanh", ["z1"], ["t"], name="tanh"),
+                      helper.make_node("LogSoftmax", ["t"], ["y"], name="lsm")]
+    msg = refused(tmp_path, nodes, W_INITS)
+    assert msg == ("LogSoftmax node 'lsm': log_softmax is supported only on the logits of a "
+                   "chain of dense layers with one activation")
+    nodes = layers + [helper.make_node("LogSoftmax", ["z1"], ["y"], name="lsm")]
+    mlp = assert_matches_reference(save(tmp_path / "lsm.onnx", nodes, W_INITS, ["N", 4]))
+    assert mlp.output_activation == "log_softmax" and mlp.sizes == [4, 5, 3]
+
+
 def test_data_times_data_is_refused(tmp_path):
     nodes = _two_layers(middle=[helper.make_node("Mul", ["z0", "z0"], ["sq"], name="square"),
                                 helper.make_node("Relu", ["sq"], ["a"], name="relu")])
     msg = refused(tmp_path, nodes, W_INITS)
-    assert msg == "Mul node 'square': expected the data and one constant as its two inputs"
+    assert msg == "Mul node 'square': Mul of two data tensors is not affine; only Add and Sub are"
 
 
 def test_a_batch_dimension_above_one_is_refused(tmp_path):
@@ -347,8 +404,17 @@ def test_a_batch_dimension_above_one_is_refused(tmp_path):
     assert msg == "the graph input 'x' has batch dimension 2; only 1 or a symbolic batch is supported"
 
 
-def test_a_constant_that_broadcasts_the_data_larger_is_refused(tmp_path):
+def test_a_constant_that_broadcasts_the_data_larger_makes_a_graph(tmp_path):
+    """Three copies of the data, each through the layers: not an MLP, a graph of 3 x 3
+    outputs (VNN-LIB's Y_0..Y_8)."""
     nodes = _two_layers(before=[helper.make_node("Add", ["x", "big"], ["xb"], name="grow")],
                         middle=[helper.make_node("Relu", ["z0"], ["a"], name="relu")])
-    msg = refused(tmp_path, nodes, W_INITS + [init("big", f32(np.zeros((3, 4))))], in_shape=(1, 4))
-    assert msg == "Add node 'grow': constant of shape (3, 4) would broadcast the data's shape (1, 4) to (3, 4)"
+    big = f32(np.arange(12).reshape(3, 4) / 10)
+    path = save(tmp_path / "big.onnx", nodes, W_INITS + [init("big", big)], [1, 4])
+    g = load_network(path)
+    assert isinstance(g, Graph) and g.output_size == 9
+    x = np.random.default_rng(0).uniform(-1, 1, size=(3, 4))
+    ref = ReferenceEvaluator(onnx.load(path))
+    expected = np.stack([np.asarray(ref.run(None, feed)[0], np.float64).reshape(-1)
+                         for feed in graph_feeds(path, x)])
+    np.testing.assert_allclose(g.forward(x), expected, rtol=RTOL, atol=RTOL)

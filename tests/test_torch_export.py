@@ -59,7 +59,8 @@ INSPECT = {
                  "mean over axes 2,3 96 -> 6"],
     "residual_legacy": ["/bn1/BatchNormalization scale 96", "sum of 2 inputs (a + b)",
                         "/gap/GlobalAveragePool average pool 4x4 96 -> 6"],
-    "normalised": ["(folded: node_div)", "activations: leaky_relu, sigmoid, tanh"],
+    "normalised": ["node_linear          dense 48 -> 12", "(folded: node_sub, node_div)",
+                   "activations: leaky_relu, sigmoid, tanh"],
     "normalised_legacy": ["(folded: /Div)", "activations: leaky_relu, sigmoid, tanh"],
 }
 

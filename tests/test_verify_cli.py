@@ -9,7 +9,7 @@ import pytest
 from click.testing import CliRunner
 
 from crown_cli.cli import cli
-from crown_cli.io.models import load_model
+from crown_cli.io.networks import load_network
 from crown_cli.io.results import read_rows
 
 FIXTURES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "fixtures")
@@ -34,7 +34,7 @@ def spec_text(lo, hi, rows):
 
 @pytest.fixture(scope="module")
 def acas():
-    return load_model(ACASXU)
+    return load_network(ACASXU)
 
 
 @pytest.fixture
@@ -69,7 +69,7 @@ def reference_outputs(x):
     from onnx.reference import ReferenceEvaluator
 
     import onnx
-    from crown_cli.io.onnx_model import graph_feeds
+    from crown_cli.graph.onnx_file import graph_feeds
 
     ev = ReferenceEvaluator(onnx.load(ACASXU))
     return np.asarray(ev.run(None, graph_feeds(ACASXU, x[None, :])[0])[0], dtype=np.float64).ravel()

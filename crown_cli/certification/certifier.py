@@ -22,7 +22,8 @@ from crown_cli.errors import InputError
 from crown_cli.certification.methods import bind_method, names as other_method_names
 from crown_cli.engine.deadline import DeadlineExceeded
 from crown_cli.engine.relaxations import get_interval_free, get_relaxation
-from crown_cli.engine.radius_search import SEARCHES, SearchResult, certified_radius, refine_bracket
+from crown_cli.engine.radius_search import (SEARCHES, SearchResult, certified_radius,
+                                            mixed_search, refine_bracket)
 from crown_cli.engine.stability import StableFromFloat32
 
 # The paper's starting radii (reference-setup.md): MNIST-sized and CIFAR-sized inputs.
@@ -495,48 +496,6 @@ class Certifier:
                                 stop_at_estimate=stop_at_estimate)
 
     def _mixed_search(self, bound, g0, eps0) -> SearchResult:
-        """Search with float32 products, then verify the answer in float64.
-
-        The float32 search runs to rtol/2 and stops at an accurate root estimate without
-        closing the bracket around it (``stop_at_estimate``): float32 evaluates the radius just
-        above the estimate (closing the bracket), then float64 verifies the one just below it
-        (one evaluation fewer than float32 closing it and float64 verifying; in this order the
-        verification reuses the neurons float32 proved stable on the nearest larger ball).
-        Otherwise float32 closes the bracket on the side the estimate missed; float64 then verifies the largest
-        radius float32 certified, or one step of rtol/2 below it; failing those a float64
-        search starts from there. Only a radius whose float64 lower bound is > 0 is returned.
-        """
-        exact = bound(np.float64)
-        fast = self._search(bound(np.float32), g0, eps0, self.F32_RTOL * self.rtol,
-                            stop_at_estimate=self.search == "interp")
-        if fast.eps == 0.0:  # nothing certified even in float32: confirm with a float64 search
-            res = self._search(exact, g0, eps0, self.rtol)
-            return SearchResult(res.eps, res.lower_bound, fast.evaluations + res.evaluations,
-                                res.status, res.upper)
-        evals = fast.evaluations
-        if fast.candidate is not None:
-            # the probe first: its neurons, proven stable just above the candidate, spare
-            # float64 most of its rows (StableFromFloat32 takes the nearest larger ball)
-            w = bound(np.float32)(fast.probe)
-            evals += 1
-            if w > 0:  # the root lies above the probe: float32 closes the bracket up there
-                more = refine_bracket(bound(np.float32), g0, fast.probe, w, fast.upper,
-                                      fast.upper_value, self.F32_RTOL * self.rtol)
-            else:
-                v = exact(fast.candidate)
-                evals += 1
-                if v > 0:  # certified, and the probe closed the bracket
-                    return SearchResult(fast.candidate, v, evals, fast.status, fast.probe)
-                # the estimate was too high after all: close the float32 bracket below it
-                more = refine_bracket(bound(np.float32), g0, fast.eps, fast.lower_bound,
-                                      fast.candidate, v, self.F32_RTOL * self.rtol)
-            evals += more.evaluations
-            fast = SearchResult(more.eps, more.lower_bound, evals, fast.status, more.upper)
-        for eps in (fast.eps, fast.eps * (1.0 - 0.5 * self.rtol)):
-            v = exact(eps)
-            evals += 1
-            if v > 0:
-                return SearchResult(eps, v, evals, fast.status if eps == fast.eps else "certified",
-                                    fast.upper)
-        res = self._search(exact, g0, eps, self.rtol)
-        return SearchResult(res.eps, res.lower_bound, evals + res.evaluations, res.status, res.upper)
+        """:func:`~crown_cli.engine.radius_search.mixed_search` with this certifier's search."""
+        return mixed_search(bound, self._search, g0, eps0, self.rtol, self.F32_RTOL,
+                            self.search == "interp")

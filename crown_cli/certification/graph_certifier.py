@@ -7,9 +7,12 @@ activation node; fast-lin on ReLU-type activations only), and ``alpha-crown``: t
 leaky ReLU lower slopes (and max pool lower lines) optimised for the margin rows and, as in
 the dense engine's alpha-CROWN, for every unstable intermediate neuron's bounds
 (:mod:`crown_cli.engine.graph_alpha`; other activations keep CROWN's lines). Every other method is
-refused by name (InputError) until it runs on graphs. Every evaluation is float64 (the float32 steering
-and stable-neuron reuse of the dense engine's fast path are not there yet), so rows say
-``precision float64``.
+refused by name (InputError) until it runs on graphs. With ``precision="mixed"`` (the default,
+as the dense engine's) the search of ``crown``, ``crown-paper`` and ``fast-lin`` steers with
+float32 bounds (:class:`~crown_cli.engine.graph_bounds.GraphBounds` ``dtype=float32``) and
+verifies its answer in float64 (:func:`~crown_cli.engine.radius_search.mixed_search`, the
+dense certifier's); ``alpha-crown`` and ``precision="float64"`` evaluate in float64 only.
+The dense engine's stable-neuron reuse is not there yet.
 
 Images: crown's image vectors are row-major (height, width, channel); :func:`to_graph_layout`
 puts them in the graph's own input layout (an ONNX input (1, C, H, W) is channel-first), a
@@ -27,7 +30,7 @@ from crown_cli.certification.certifier import (Certificate, Certifier, CertifySe
                                                check_alpha_options, default_eps0,
                                                first_order_start, margin_rows, parse_norm)
 from crown_cli.engine.input_sets import NORMS
-from crown_cli.engine.radius_search import SEARCHES, certified_radius
+from crown_cli.engine.radius_search import SEARCHES, certified_radius, mixed_search
 from crown_cli.errors import InputError
 
 GRAPH_METHODS = ("crown", "crown-paper", "fast-lin", "alpha-crown")
@@ -74,12 +77,13 @@ def to_graph_layout(graph, x: np.ndarray) -> np.ndarray:
 class GraphCertifier:
     """One graph network, one norm and method: :meth:`certify` per image (in the graph's
     input layout), predicted class and targets, as :class:`Certifier`, its ``settings`` the
-    fields of :class:`CertifySettings` (``precision`` has no effect). ``ibp``: intersect
+    fields of :class:`CertifySettings`. ``ibp``: intersect
     CROWN's intermediate bounds with interval arithmetic, refining only the neurons it
     leaves unstable (sound; ``False``: CROWN's bounds of every neuron, as the dense engine)."""
 
     START_FRACTION = Certifier.START_FRACTION
     POWER_PER_LAYER = Certifier.POWER_PER_LAYER
+    F32_RTOL = Certifier.F32_RTOL
 
     def __init__(self, graph, ibp: bool = True, **settings):
         from crown_cli.engine.relaxations import get_relaxation
@@ -106,7 +110,10 @@ class GraphCertifier:
         self.alpha_lr = LR if o.alpha_lr is None else float(o.alpha_lr)
         self.norm = parse_norm(o.norm)
         self.qcode = NORMS[self.norm]
-        self.precision = "float64"  # every evaluation: no float32 steering on graphs yet
+        precision = o.precision
+        if precision not in ("mixed", "float64"):
+            raise InputError(f"--precision: must be 'mixed' or 'float64', got {precision!r}")
+        self.precision = "float64" if method == "alpha-crown" else precision
         self.auto_eps0 = eps0 is None
         self.eps0 = default_eps0(self.norm, graph.input_size) if eps0 is None else float(eps0)
         if not self.eps0 > 0:
@@ -117,7 +124,7 @@ class GraphCertifier:
         self.timeout = o.timeout
 
     def warm_up(self) -> None:
-        """Nothing to load (no numba kernels on this path)."""
+        """Nothing to do: the graph kernels load from numba's cache at their first call."""
 
     def logits(self, x: np.ndarray) -> np.ndarray:
         return self.graph.forward(x)
@@ -125,8 +132,10 @@ class GraphCertifier:
     def margin_rows(self, c: int, targets: Sequence[int]) -> np.ndarray:
         return margin_rows(c, targets, self.graph.output_size)
 
-    def lower_bound(self, x0: np.ndarray, eps: float, C: np.ndarray) -> np.ndarray:
-        """Verified float64 lower bounds of C @ f(x) over the eps-ball around x0, (r,)."""
+    def lower_bound(self, x0: np.ndarray, eps: float, C: np.ndarray,
+                    dtype=np.float64) -> np.ndarray:
+        """Verified float64 lower bounds of C @ f(x) over the eps-ball around x0, (r,)
+        (``dtype`` float32: a steering estimate, not verified)."""
         from crown_cli.engine.graph_alpha import alpha_lower
         from crown_cli.engine.graph_bounds import GraphBounds
 
@@ -134,7 +143,7 @@ class GraphCertifier:
         iters, lr = self.alpha_iters, self.alpha_lr
         gb = GraphBounds(self.graph, x0, float(eps), self.qcode, method=self.family,
                          ibp=self.ibp, intermediate="alpha" if alpha and iters else "crown",
-                         alpha_iters=iters, alpha_lr=lr)
+                         alpha_iters=iters, alpha_lr=lr, dtype=dtype)
         if alpha:
             return alpha_lower(gb, self.graph.output, C, iters, lr)
         return gb.lower(self.graph.output, C)
@@ -156,11 +165,23 @@ class GraphCertifier:
         margins = C @ self.logits(x0)
         g0 = float(np.min(margins))
         eps0 = self.start_radius(x0, C, margins) if g0 > 0 else self.eps0
-        res = certified_radius(lambda eps: float(np.min(self.lower_bound(x0, eps, C))), g0, eps0,
-                               rtol=self.rtol, eps_max=self.eps_max, method=self.search,
-                               power=max(2.0, self.POWER_PER_LAYER * self.num_hidden))
+        def bound(dtype):
+            return lambda eps: float(np.min(self.lower_bound(x0, eps, C, dtype)))
+
+        if self.precision == "float64":
+            res = self._search(bound(np.float64), g0, eps0, self.rtol)
+        else:
+            res = mixed_search(bound, self._search, g0, eps0, self.rtol, self.F32_RTOL,
+                               self.search == "interp")
         return Certificate(res.eps, res.lower_bound, g0, res.evaluations, res.status,
                            time.perf_counter() - t0)
+
+
+    def _search(self, fn, g0, eps0, rtol, stop_at_estimate=False):
+        return certified_radius(fn, g0, eps0, rtol=rtol, eps_max=self.eps_max,
+                                method=self.search,
+                                power=max(2.0, self.POWER_PER_LAYER * self.num_hidden),
+                                stop_at_estimate=stop_at_estimate)
 
 
 class GraphPGDAttack(PGDAttack):

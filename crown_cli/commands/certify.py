@@ -277,7 +277,8 @@ def _graph_certifiers(a: CertifyArgs, graph, norms, methods):
 
     certifiers = [GraphCertifier(graph, norm=n, method=m, search=a.search, rtol=a.rtol,
                                  eps0=a.eps0, eps_max=a.max_eps, timeout=a.timeout,
-                                 alpha_iters=a.alpha_iters, alpha_lr=a.alpha_lr)
+                                 alpha_iters=a.alpha_iters, alpha_lr=a.alpha_lr,
+                                 precision=a.precision)
                   for n in norms for m in methods]
     attacks = None if a.attack != "pgd" else {
         n: GraphPGDAttack(graph, n, a.attack_steps, a.attack_restarts, a.max_eps) for n in norms}

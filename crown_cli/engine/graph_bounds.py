@@ -52,7 +52,7 @@ import numpy as np
 
 from crown_cli.engine.chain import Lines, relax
 from crown_cli.engine.deadline import check_deadline
-from crown_cli.engine.graph_rows import fused_rows
+from crown_cli.engine.graph_rows import fused_rows, unit_windows
 from crown_cli.engine.input_sets import Box, input_terms
 from crown_cli.engine.kernels import graph_kernels
 from crown_cli.engine.rounding import ERR_SAFETY, FP_RTOL, TINY64, U64, gamma_n, widen
@@ -177,15 +177,20 @@ class GraphBounds:
     ``deadline`` (``time.monotonic()``, None: none): the construction and every later
     :meth:`lower` raise :class:`~crown_cli.engine.deadline.DeadlineExceeded` at their next
     node past it. After construction ``lo[i]``, ``hi[i]`` enclose node i's value on the set.
+    ``dtype`` float32: the fast path's rows and products in float32 (the interval arithmetic,
+    the numpy path and the sums stay float64): a steering bound, **not verified** (a
+    search's answer is checked by a float64 bound).
     """
 
     def __init__(self, graph, x0, eps, qcode, method: str = "crown",
                  intermediate: str = "crown", ibp: bool = True,
                  row_budget: Optional[int] = None, alpha_iters: Optional[int] = None,
-                 alpha_lr: Optional[float] = None, deadline: Optional[float] = None):
+                 alpha_lr: Optional[float] = None, deadline: Optional[float] = None,
+                 dtype=np.float64):
         from crown_cli.engine.relaxations import get_relaxation
 
         self.deadline = deadline
+        self.dtype = np.dtype(dtype).type
 
         if intermediate not in ("crown", "interval", "alpha"):
             raise ValueError("intermediate must be 'crown', 'interval' or 'alpha', not "
@@ -319,10 +324,16 @@ class GraphBounds:
         else:
             l, u = np.full(m, -np.inf), np.full(m, np.inf)
         chunk = max(1, int(self.row_budget // row_bytes(self.g, target)))
+        fused = graph_kernels()
         for group in _tiles(rows, self.g.nodes[target].shape):
             for s in range(0, group.size, chunk):
                 idx = group[s:s + chunk]
-                low = self.lower(target, _unit_rows(idx, m))
+                win = None if fused is None else unit_windows(self.g.nodes[target], idx,
+                                                              self.dtype)
+                if win is None:
+                    low = self.lower(target, _unit_rows(idx, m))
+                else:  # the fast path, its rows on windows from the start
+                    low = self._concretise(*fused_rows(self, target, win, fused, self.dtype))
                 l[idx], u[idx] = low[:idx.size], -low[idx.size:]
         return l, u
 
@@ -357,9 +368,14 @@ class GraphBounds:
         fused = graph_kernels()  # None under the numpy kernels: the twin below runs
         if fused is not None and slopes is None and tape is None and lines is None \
                 and pool_weights is None:
-            Lx, const, mag, charge = fused_rows(self, target, Lam, fused)
+            Lx, const, mag, charge = fused_rows(self, target, Lam, fused, self.dtype)
         else:
             Lx, const, mag, charge = self._rows(target, Lam, slopes, tape, lines, pool_weights)
+        return self._concretise(Lx, const, mag, charge)
+
+    def _concretise(self, Lx, const, mag, charge):
+        """Verified lower bounds of the rows ``Lx`` over the flat input plus ``const``, over
+        the input set, widened by the rounding allowance and the charges."""
         lin, nrm, xm = input_terms(Lx, self.x0, self.qcode)
         eps = self.eps
         return widen(lin - eps * nrm + const, xm + eps * nrm + mag, -1.0, self.rtol,

@@ -16,6 +16,14 @@ runs along the r rows (contiguous, vectorised):
 - a dense layer is one BLAS product; other nodes (element moves, scales, pools) take the
   whole rows and run their numpy steps.
 
+Rows that start on single neurons of an image-shaped node (an intermediate bound's
+``[I; -I]``) are first held on windows of their own (:class:`Win`): each row's coefficients
+on a (C, h, w) window at its own place, which a convolution's transpose grows by the kernel
+and a residual sum merges. A window is the row's receptive field, where a chunk's live
+elements are the union of its rows' fields; rows leave their windows for the live elements
+once a window would cover :data:`WIN_SHARE` of that union, and at every node that is not a
+convolution, an activation or a sum of image-shaped values.
+
 The arithmetic is that of ``GraphBounds._rows`` (the numpy path, this path's twin): the same
 products, the sums in another order, which no charge depends on; the charges are the same
 methods of ``GraphBounds`` (``activation_charge``, ``affine_charge``, ``pool_step``); a dead
@@ -23,7 +31,7 @@ element contributes 0 to every sum and charge.
 """
 from __future__ import annotations
 
-from typing import Dict, Optional, Tuple
+from typing import Dict, NamedTuple, Optional, Tuple, Union
 
 import numpy as np
 
@@ -32,13 +40,24 @@ from crown_cli.engine.rounding import U64
 from crown_cli.graph.ops import Conv, Dense, Sum
 
 Rows = Tuple[Optional[np.ndarray], np.ndarray]  # (live element indices or None, Lt (k, r))
+# rows leave their windows when a window would cover this share of the chunk's bounding box
+WIN_SHARE = 0.75
+
+
+class Win(NamedTuple):
+    """Rows on windows of an image-shaped node (C, H, W): ``Pt`` (C, h, w, r), row q's
+    window at (oy[q], ox[q]) in the node's (H, W) coordinates (it may reach past the border,
+    where every coefficient is 0)."""
+    oy: np.ndarray
+    ox: np.ndarray
+    Pt: np.ndarray
 
 
 def _full(rows: Rows, n: int) -> np.ndarray:
     idx, Lt = rows
     if idx is None:
         return Lt
-    out = np.zeros((n, Lt.shape[1]))
+    out = np.zeros((n, Lt.shape[1]), Lt.dtype)
     out[idx] = Lt
     return out
 
@@ -54,7 +73,7 @@ def _on(rows: Rows, idx, n: int) -> np.ndarray:
         return _full(rows, n)
     if own is not None and own.size == idx.size:
         return Lt  # the same set (idx is a superset of own)
-    out = np.zeros((idx.size, Lt.shape[1]))
+    out = np.zeros((idx.size, Lt.shape[1]), Lt.dtype)
     out[np.searchsorted(idx, own)] = Lt
     return out
 
@@ -84,33 +103,128 @@ def _conv_live(op: Conv, idx):
     return (np.arange(C)[:, None] * (H * W) + spatial[None, :]).reshape(-1)
 
 
-def fused_rows(gb, target: int, Lam: np.ndarray, kernels):
-    """The rows ``Lam`` (r, size) over node ``target`` carried to the input with the
-    relaxation's own lines: (rows over the flat input (r, d), constant, magnitude, charge)
-    per row, as ``GraphBounds._rows`` accumulates them."""
-    g = gb.g
-    r = Lam.shape[0]
-    const, mag, charge = np.zeros(r), np.zeros(r), np.zeros(r)
-    Lx = np.zeros((r, g.input_size))
-    Lam = np.asarray(Lam, np.float64)
-    live = np.flatnonzero(np.any(Lam != 0.0, axis=0))
-    idx0 = None if live.size > 0.75 * Lam.shape[1] else live
-    pending: Dict[int, Rows] = {target: (idx0, np.ascontiguousarray(
-        (Lam if idx0 is None else Lam[:, idx0]).T))}
+def _image(node) -> Optional[Tuple[int, int, int]]:
+    """(C, H, W) of an image-shaped node (ONNX shape (1, C, H, W)), else None."""
+    sh = node.shape
+    return (int(sh[1]), int(sh[2]), int(sh[3])) if len(sh) == 4 and sh[0] == 1 else None
 
-    def give(j, rows: Rows):
-        nonlocal charge
+
+def unit_windows(node, idx, dtype=np.float64) -> Optional[Win]:
+    """The rows ``[I; -I]`` of the neurons ``idx`` of an image-shaped node on 1 x 1 windows
+    (None for a node of another shape)."""
+    chw = _image(node)
+    if chw is None:
+        return None
+    C, H, W = chw
+    k = idx.size
+    Pt = np.zeros((C, 1, 1, 2 * k), dtype)
+    c, pos = idx // (H * W), idx % (H * W)
+    Pt[c, 0, 0, np.arange(k)] = 1.0
+    Pt[c, 0, 0, k + np.arange(k)] = -1.0
+    y, x = np.tile(pos // W, 2), np.tile(pos % W, 2)
+    return Win(y, x, Pt)
+
+
+def _unwin(win: Win, node, kernels) -> Rows:
+    """Rows on windows as rows on their live elements (every channel of each position some
+    row's window covers)."""
+    C, H, W = _image(node)
+    h, w = win.Pt.shape[1:3]
+    hit = np.zeros((H, W), bool)
+    for y, x in set(zip(win.oy.tolist(), win.ox.tolist())):
+        hit[max(0, y):max(0, y + h), max(0, x):max(0, x + w)] = True
+    spatial = np.flatnonzero(hit.reshape(-1))
+    if spatial.size > 0.75 * H * W:
+        idx, where = None, np.arange(C * H * W)
+    else:
+        idx = (np.arange(C)[:, None] * (H * W) + spatial[None, :]).reshape(-1)
+        where = np.full(C * H * W, -1, np.int64)
+        where[idx] = np.arange(idx.size)
+    Lt = np.zeros((C * H * W if idx is None else idx.size, win.Pt.shape[3]), win.Pt.dtype)
+    kernels.win_scatter_t(win.Pt, win.oy, win.ox, where, H, W, Lt)
+    return idx, Lt
+
+
+def _fits(oy, ox, h, w, H, W) -> bool:
+    """Whether windows of h x w at (oy, ox) cover less than :data:`WIN_SHARE` of their
+    bounding box inside the (H, W) image (and hold no more than whole rows would, which
+    the memory budget counts)."""
+    bh = min(H, int(oy.max()) + h) - max(0, int(oy.min()))
+    bw = min(W, int(ox.max()) + w) - max(0, int(ox.min()))
+    return min(h, H) * min(w, W) < WIN_SHARE * bh * bw and h * w <= H * W
+
+
+def _win_sum(a: Win, b: Win) -> Optional[Win]:
+    """``a + b`` on one window per row (the union of theirs); None when the two do not lie
+    alike in every row."""
+    dy, dx = b.oy - a.oy, b.ox - a.ox  # b's windows relative to a's
+    if np.any(dy != dy[0]) or np.any(dx != dx[0]):
+        return None
+    dy, dx = int(dy[0]), int(dx[0])
+    C, ha, wa, r = a.Pt.shape
+    hb, wb = b.Pt.shape[1:3]
+    y0, x0 = min(0, dy), min(0, dx)  # the union's origin, relative to a's
+    h, w = max(ha, dy + hb) - y0, max(wa, dx + wb) - x0
+    St = np.zeros((C, h, w, r), a.Pt.dtype)
+    St[:, -y0:-y0 + ha, -x0:-x0 + wa] = a.Pt
+    St[:, dy - y0:dy - y0 + hb, dx - x0:dx - x0 + wb] += b.Pt
+    return Win(a.oy + y0, a.ox + x0, St)
+
+
+def _typed(gb, key, make, dtype):
+    """``make()`` as ``dtype``: itself for float64, else a copy kept on ``gb`` per key (the
+    lines, magnitudes and weights of a float32 pass, made once per bound)."""
+    if dtype == np.float64:
+        return make()
+    cache = gb.__dict__.setdefault("_typed", {})
+    if key not in cache:
+        cache[key] = np.ascontiguousarray(make(), dtype)
+    return cache[key]
+
+
+def fused_rows(gb, target: int, Lam, kernels, dtype=np.float64):
+    """The rows ``Lam`` (r, size) over node ``target`` (or rows on windows, :class:`Win`)
+    carried to the input with the relaxation's own lines: (rows over the flat input (r, d),
+    constant, magnitude, charge) per row, as ``GraphBounds._rows`` accumulates them.
+    ``dtype`` float32 (the rows of :class:`Win` given their own): the rows and every product
+    in float32, the sums in float64 (a steering pass: the charges do not cover float32)."""
+    g = gb.g
+    if isinstance(Lam, Win):
+        first = Lam
+    else:
+        Lam = np.asarray(Lam, dtype)
+        live = np.flatnonzero(np.any(Lam != 0, axis=0))
+        idx0 = None if live.size > 0.75 * Lam.shape[1] else live
+        first = (idx0, np.ascontiguousarray((Lam if idx0 is None else Lam[:, idx0]).T))
+    r = first.Pt.shape[3] if isinstance(first, Win) else first[1].shape[1]
+    acc = np.zeros((3, r))  # constant, magnitude, charge
+    Lx = np.zeros((r, g.input_size))
+    pending: Dict[int, Union[Rows, Win]] = {target: first}
+
+    def give(j, rows):
         if j not in pending:
             pending[j] = rows
             return
-        n = g.nodes[j].size
         a, b = pending[j], rows
+        if isinstance(a, Win) and isinstance(b, Win):
+            S = _win_sum(a, b)
+            if S is not None:
+                C, H, W = _image(g.nodes[j])
+                z = _typed(gb, ("absval", j), lambda: gb.absval[j], S.Pt.dtype).reshape(C, H, W)
+                sums = np.empty((r, 3))
+                kernels.win_sums_t(S.Pt, S.oy, S.ox, z, z, z, sums)
+                acc[2] += 2.0 * U64 * sums[:, 2]
+                pending[j] = S
+                return
+        n = g.nodes[j].size
+        a = _unwin(a, g.nodes[j], kernels) if isinstance(a, Win) else a
+        b = _unwin(b, g.nodes[j], kernels) if isinstance(b, Win) else b
         idx = None if a[0] is None or b[0] is None else np.union1d(a[0], b[0])
         St = np.array(_on(a, idx, n), order="C")  # added into in place: our own copy
         sums = np.zeros(r)
-        kernels.add_rows_t(St, np.ascontiguousarray(_on(b, idx, n)), _take(gb.absval[j], idx),
-                           sums)
-        charge = charge + 2.0 * U64 * sums
+        z = _typed(gb, ("absval", j), lambda: gb.absval[j], St.dtype)
+        kernels.add_rows_t(St, np.ascontiguousarray(_on(b, idx, n)), _take(z, idx), sums)
+        acc[2] += 2.0 * U64 * sums
         pending[j] = (idx, St)
 
     for i in range(target, -1, -1):
@@ -119,44 +233,138 @@ def fused_rows(gb, target: int, Lam: np.ndarray, kernels):
             continue
         check_deadline(gb.deadline)
         node = g.nodes[i]
-        idx, Lt = rows
-        if node.kind == "input":
-            Lx[:, node.op.offset:node.op.offset + node.op.size] = _full(rows, node.size).T
-        elif node.kind == "activation":
-            p = node.inputs[0]
-            ln, z = gb.lines[i], _take(gb.absval[p], idx)
-            Dt, sums = np.empty_like(Lt), np.empty((r, 3))
-            kernels.activation_step_t(np.ascontiguousarray(Lt), _take(ln.lower, idx),
-                                      _take(ln.upper, idx), _take(ln.lower_icpt, idx),
-                                      _take(ln.upper_icpt, idx), z, Dt, sums)
-            const, mag = const + sums[:, 0], mag + sums[:, 1]
-            charge = charge + gb.activation_charge(sums[:, 2], z)
-            give(p, (idx, Dt))
-        elif node.kind == "maxpool":
-            D, dconst, dmag, dcharge = gb.pool_step(i, _full(rows, node.size).T)
-            const, mag, charge = const + dconst, mag + dmag, charge + dcharge
-            give(node.inputs[0], (None, np.ascontiguousarray(D.T)))
-        elif isinstance(node.op, Sum):  # a negation at most, exact
-            for j, s in zip(node.inputs, node.op.signs):
-                give(j, (idx, Lt if s == 1.0 else -Lt))
-        else:
-            op = node.op
-            Lt = np.ascontiguousarray(Lt)
-            sums = np.empty((r, 3))
-            b = np.zeros(node.size) if op.bias is None else op.bias
-            kernels.affine_terms_t(Lt, _take(b, idx), _take(np.abs(b), idx),
-                                   _take(gb.absfwd[i], idx), sums)
-            const, mag = const + sums[:, 0], mag + sums[:, 1]
-            charge = charge + gb.affine_charge(i, sums[:, 2])
-            for j, moved in zip(node.inputs, _transpose(op, (idx, Lt), kernels)):
-                give(j, moved)
-    return Lx, const, mag, charge
+        if isinstance(rows, Win):
+            if _win_step(gb, i, rows, give, acc, kernels):
+                continue
+            rows = _unwin(rows, node, kernels)
+        _live_step(gb, i, rows, give, acc, Lx, kernels)
+    return Lx, acc[0], acc[1], acc[2]
 
 
-def _transpose(op, rows: Rows, kernels):
-    """The rows pulled back through the affine ``op``: one (idx, Lt) per input."""
+def _bias(gb, i, dtype):
+    """Affine node i's bias and its magnitude (zeros without one) as ``dtype``, kept on
+    ``gb``."""
+    cache = gb.__dict__.setdefault("_bias_cache", {})
+    if (i, dtype) not in cache:
+        op = gb.g.nodes[i].op
+        b = np.zeros(gb.g.nodes[i].size) if op.bias is None else op.bias
+        cache[i, dtype] = (np.asarray(b, dtype), np.asarray(np.abs(b), dtype))
+    return cache[i, dtype]
+
+
+def _lines(gb, i, p, dtype):
+    """Activation node i's lines and its input p's magnitudes, as ``dtype``."""
+    ln = gb.lines[i]
+    return [_typed(gb, (name, i), lambda a=getattr(ln, name): a, dtype)
+            for name in ("lower", "upper", "lower_icpt", "upper_icpt")] + \
+        [_typed(gb, ("absval", p), lambda: gb.absval[p], dtype)]
+
+
+def _weight(gb, i, dtype):
+    op = gb.g.nodes[i].op
+    return _typed(gb, ("weight", i), lambda: op.weight if isinstance(op, Conv) else op.W, dtype)
+
+
+def _win_step(gb, i, win: Win, give, acc, kernels) -> bool:
+    """Node i's step on rows held on windows; False (nothing done) where the node takes
+    rows on live elements (:func:`_live_step`)."""
+    g = gb.g
+    node = g.nodes[i]
+    C, H, W = _image(node)
+    r, dt = win.Pt.shape[3], win.Pt.dtype
+    shape = (C, H, W)
+    if node.kind == "activation":
+        p = node.inputs[0]
+        if _image(g.nodes[p]) != shape:
+            return False
+        arrays = _lines(gb, i, p, dt)
+        Dt, sums = np.empty_like(win.Pt), np.empty((r, 3))
+        kernels.win_activation_t(win.Pt, win.oy, win.ox, *[a.reshape(shape) for a in arrays],
+                                 Dt, sums)
+        acc[0] += sums[:, 0]
+        acc[1] += sums[:, 1]
+        acc[2] += gb.activation_charge(sums[:, 2], gb.absval[p])
+        give(p, Win(win.oy, win.ox, Dt))
+        return True
+    if isinstance(node.op, Sum):
+        if any(_image(g.nodes[j]) != shape for j in node.inputs):
+            return False
+        for j, s in zip(node.inputs, node.op.signs):  # a negation at most, exact
+            give(j, win if s == 1.0 else Win(win.oy, win.ox, -win.Pt))
+        return True
+    op = node.op
+    if not isinstance(op, Conv) or _image(g.nodes[node.inputs[0]]) != op.in_shape:
+        return False
+    (sh, sw), (dh, dw) = op.strides, op.dilations
+    kh, kw = op.weight.shape[2:]
+    _, h, w, _ = win.Pt.shape
+    h2, w2 = (h - 1) * sh + (kh - 1) * dh + 1, (w - 1) * sw + (kw - 1) * dw + 1
+    oy, ox = win.oy * sh - op.pads[0], win.ox * sw - op.pads[1]
+    _, IH, IW = op.in_shape
+    if not _fits(oy, ox, h2, w2, IH, IW):
+        return False
+    b, absb = _bias(gb, i, dt)
+    sums = np.empty((r, 3))
+    absfwd = _typed(gb, ("absfwd", i), lambda: gb.absfwd[i], dt)
+    kernels.win_sums_t(win.Pt, win.oy, win.ox, b.reshape(shape), absb.reshape(shape),
+                       absfwd.reshape(shape), sums)
+    acc[0] += sums[:, 0]
+    acc[1] += sums[:, 1]
+    acc[2] += gb.affine_charge(i, sums[:, 2])
+    Gt = np.empty((op.in_shape[0], h2, w2, r), dt)
+    strides, dilations, _, group = kernels.conv_args(op.strides, op.dilations, op.pads,
+                                                     op.group)
+    kernels.win_conv_transpose_t(win.Pt, oy, ox, _weight(gb, i, dt), strides, dilations, group,
+                                 np.asarray((IH, IW), np.int64), Gt)
+    give(node.inputs[0], Win(oy, ox, Gt))
+    return True
+
+
+def _live_step(gb, i, rows: Rows, give, acc, Lx, kernels) -> None:
+    """Node i's step on rows held on live elements."""
+    g = gb.g
+    node = g.nodes[i]
     idx, Lt = rows
-    r = Lt.shape[1]
+    r, dt = Lt.shape[1], Lt.dtype
+    if node.kind == "input":
+        Lx[:, node.op.offset:node.op.offset + node.op.size] = _full(rows, node.size).T
+    elif node.kind == "activation":
+        p = node.inputs[0]
+        arrays = [_take(a, idx) for a in _lines(gb, i, p, dt)]
+        Dt, sums = np.empty_like(Lt), np.empty((r, 3))
+        kernels.activation_step_t(np.ascontiguousarray(Lt), *arrays, Dt, sums)
+        acc[0] += sums[:, 0]
+        acc[1] += sums[:, 1]
+        acc[2] += gb.activation_charge(sums[:, 2], _take(gb.absval[p], idx))
+        give(p, (idx, Dt))
+    elif node.kind == "maxpool":
+        D, dconst, dmag, dcharge = gb.pool_step(i, _full(rows, node.size).T)
+        acc[0] += dconst
+        acc[1] += dmag
+        acc[2] += dcharge
+        give(node.inputs[0], (None, np.ascontiguousarray(D.T, dt)))
+    elif isinstance(node.op, Sum):  # a negation at most, exact
+        for j, s in zip(node.inputs, node.op.signs):
+            give(j, (idx, Lt if s == 1.0 else -Lt))
+    else:
+        op = node.op
+        Lt = np.ascontiguousarray(Lt)
+        sums = np.empty((r, 3))
+        b, absb = _bias(gb, i, dt)
+        absfwd = _typed(gb, ("absfwd", i), lambda: gb.absfwd[i], dt)
+        kernels.affine_terms_t(Lt, _take(b, idx), _take(absb, idx), _take(absfwd, idx), sums)
+        acc[0] += sums[:, 0]
+        acc[1] += sums[:, 1]
+        acc[2] += gb.affine_charge(i, sums[:, 2])
+        for j, moved in zip(node.inputs, _transpose(gb, i, (idx, Lt), kernels)):
+            give(j, moved)
+
+
+def _transpose(gb, i, rows: Rows, kernels):
+    """The rows pulled back through affine node i: one (idx, Lt) per input."""
+    op = gb.g.nodes[i].op
+    idx, Lt = rows
+    r, dt = Lt.shape[1], Lt.dtype
     if isinstance(op, Conv):
         n_out = op.size
         src = np.full(n_out, -1, np.int64)
@@ -166,14 +374,15 @@ def _transpose(op, rows: Rows, kernels):
             src[idx] = np.arange(idx.size)
         in_idx = _conv_live(op, idx)
         targets = np.arange(op.n_in[0]) if in_idx is None else in_idx
-        Gt = np.empty((targets.size, r))
-        kernels.conv_transpose_t(Lt, src, targets, op.weight, np.asarray(op.in_shape, np.int64),
+        Gt = np.empty((targets.size, r), dt)
+        kernels.conv_transpose_t(Lt, src, targets, _weight(gb, i, dt),
+                                 np.asarray(op.in_shape, np.int64),
                                  np.asarray(op.out_shape, np.int64),
                                  *kernels.conv_args(op.strides, op.dilations, op.pads, op.group),
                                  Gt)
         return [(in_idx, Gt)]
     if isinstance(op, Dense) and not op.sparse:  # W^T Lt: one BLAS product
-        W = op.W if idx is None else op.W[idx]
-        return [(None, W.T @ Lt)]
+        W = _weight(gb, i, dt)
+        return [(None, (W if idx is None else W[idx]).T @ Lt)]
     L = np.ascontiguousarray(_full(rows, op.size).T)
-    return [(None, np.ascontiguousarray(P.T)) for P in op.transpose(L)]
+    return [(None, np.ascontiguousarray(P.T, dt)) for P in op.transpose(L)]

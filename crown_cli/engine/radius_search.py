@@ -31,6 +31,8 @@ import math
 from dataclasses import dataclass
 from typing import Callable, List, Optional, Tuple
 
+import numpy as np
+
 SEARCHES = ("interp", "bisect")
 UP_FACTOR = 1.05  # the smallest first step up from a certified start (squared after each miss)
 PAIR_STEP = 20.0  # near the root the estimate error is ~ its last change squared: probe both sides once it moved by <= PAIR_STEP tol
@@ -320,3 +322,55 @@ def _interpolate(f, lo, flo, hi, fhi, rtol, max_evals, stop_at_estimate=False):
                 break  # the estimate was too high: re-estimate before probing again
         widths.append(hi - lo)
     return lo, flo, hi, None
+
+
+def mixed_search(bound, search, g0: float, eps0: float, rtol: float, f32_rtol: float,
+                 estimate: bool) -> SearchResult:
+    """Search with float32 bounds, then verify the answer in float64 (``bound(dtype)`` gives
+    the margin's lower bound as a function of eps; ``search(fn, g0, eps0, rtol,
+    stop_at_estimate=...)`` is the certifier's radius search).
+
+    The float32 search runs to ``f32_rtol * rtol`` and, with ``estimate`` (the interpolating
+    search), stops at an accurate root estimate without closing the bracket around it:
+    float32 evaluates the radius just above the estimate (closing the bracket), then float64
+    verifies the one just below it (one evaluation fewer than float32 closing it and float64
+    verifying; in this order a dense verification reuses the neurons float32 proved stable on
+    the nearest larger ball). Otherwise float32 closes the bracket on the side the estimate
+    missed; float64 then verifies the largest radius float32 certified, or one step of
+    rtol/2 below it; failing those a float64 search starts from there. Only a radius whose
+    float64 lower bound is > 0 is returned.
+    """
+    exact = bound(np.float64)
+    tol = f32_rtol * rtol
+    fast = search(bound(np.float32), g0, eps0, tol, stop_at_estimate=estimate)
+    if fast.eps == 0.0:  # nothing certified even in float32: confirm with a float64 search
+        res = search(exact, g0, eps0, rtol)
+        return SearchResult(res.eps, res.lower_bound, fast.evaluations + res.evaluations,
+                            res.status, res.upper)
+    evals = fast.evaluations
+    if fast.candidate is not None:
+        # the probe first: on a dense network its neurons, proven stable just above the
+        # candidate, spare float64 most of its rows (StableFromFloat32: the nearest larger ball)
+        w = bound(np.float32)(fast.probe)
+        evals += 1
+        if w > 0:  # the root lies above the probe: float32 closes the bracket up there
+            more = refine_bracket(bound(np.float32), g0, fast.probe, w, fast.upper,
+                                  fast.upper_value, tol)
+        else:
+            v = exact(fast.candidate)
+            evals += 1
+            if v > 0:  # certified, and the probe closed the bracket
+                return SearchResult(fast.candidate, v, evals, fast.status, fast.probe)
+            # the estimate was too high after all: close the float32 bracket below it
+            more = refine_bracket(bound(np.float32), g0, fast.eps, fast.lower_bound,
+                                  fast.candidate, v, tol)
+        evals += more.evaluations
+        fast = SearchResult(more.eps, more.lower_bound, evals, fast.status, more.upper)
+    for eps in (fast.eps, fast.eps * (1.0 - 0.5 * rtol)):
+        v = exact(eps)
+        evals += 1
+        if v > 0:
+            return SearchResult(eps, v, evals, fast.status if eps == fast.eps else "certified",
+                                fast.upper)
+    res = search(exact, g0, eps, rtol)
+    return SearchResult(res.eps, res.lower_bound, evals + res.evaluations, res.status, res.upper)

@@ -7,7 +7,7 @@ no branches, no max pool), the activation nodes all of one type and parameter. T
 nodes between two activations (a *segment*: Conv, Gemm, an average pool, index maps such as
 Flatten or Pad, scalings) are one linear map, written as a dense matrix; the weights of all
 segments together must take at most :data:`BUDGET_SHARE` of the memory budget as float64
-(``--memory-budget``, default :data:`crown_cli.graph.onnx_graph.MEMORY_BUDGET`). Otherwise
+(``--memory-budget``, default :data:`crown_cli.graph.onnx_file.MEMORY_BUDGET`). Otherwise
 :func:`lower` returns None with the reason, and the graph stays on the graph engine.
 
 **Exactness (the lowering is sound because it changes no number).** The MLP computes exactly
@@ -63,7 +63,7 @@ def lower(graph, memory_budget: Optional[float] = None):
     graph's, or ``(None, reason)`` when the graph is not a chain of affine segments between
     activations of one type, a composition is not proven exact, or the dense weights pass
     :data:`BUDGET_SHARE` of ``memory_budget`` (bytes; None: the default budget)."""
-    from crown_cli.graph.onnx_graph import MEMORY_BUDGET
+    from crown_cli.graph.onnx_file import MEMORY_BUDGET
     from crown_cli.network import MLP
 
     budget = MEMORY_BUDGET if memory_budget is None else float(memory_budget)
@@ -104,7 +104,8 @@ def lower(graph, memory_budget: Optional[float] = None):
             return None, f"segment {k} has non-finite coefficients"
         weights.append(W)
         biases.append(b)
-        names.append("+".join(graph.nodes[i].name for i in seg) or "identity")
+        dense = [i for i in seg if isinstance(graph.nodes[i].op, Dense)]
+        names.append(graph.nodes[(dense or seg)[0]].name if seg else "identity")
     name, alpha = next(iter(kinds)) if kinds else ("relu", None)
     return MLP(weights, biases, activation=name, source=graph.source, layer_names=names,
                alpha=alpha, output_activation=name if ends_in_activation else None), None

@@ -54,6 +54,10 @@ class Graph:
         self.row_budget = None
         # (MLP or None, reason): crown_cli.graph.lower.lowered's answer, once computed
         self.lowering = None
+        # ("softmax" or "log_softmax", the ONNX node): an order-preserving function of the
+        # whole output applied after it (the MLP of a chain keeps it as its output activation;
+        # the graph engine does not bound it)
+        self.vector_output: Optional[Tuple[str, str]] = None
         for i, n in enumerate(nodes):
             if any(j >= i or j < 0 for j in n.inputs):
                 raise ValueError(f"graph: node {i} ({n.name}) reads a later node")
@@ -153,7 +157,8 @@ class Graph:
 
     def is_chain(self) -> bool:
         """True for a chain from one input through dense layers, elementwise scalings, index
-        maps and activations of one type (what the MLP loader reads), without sparse weights."""
+        maps and activations of one type, without sparse weights: an ONNX graph that loads as
+        an MLP when it is lowered (:func:`crown_cli.io.networks.dense_chain`)."""
         from crown_cli.graph.ops import Dense, IndexMap, Scale
 
         if len(self.inputs) != 1:

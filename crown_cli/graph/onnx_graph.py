@@ -8,10 +8,12 @@ layers), ``MaxPool`` and ``GlobalMaxPool`` (a max pool node), ``Pad``, ``Flatten
 ``Reshape``, ``Transpose``, ``Squeeze``, ``Unsqueeze``, ``Slice``, ``Split``, ``Gather``,
 ``Concat``, ``Expand`` (element moves: :mod:`crown_cli.graph.tensors`, no node unless needed),
 ``Add``/``Sub`` of two tensors, ``Add``/``Sub``/``Mul``/``Div``/``Neg`` with constants,
-``Dropout``, ``Identity``, ``Cast``, the activations of :mod:`crown_cli.activations`, and the
-shape arithmetic of PyTorch exports on constants (``Shape``, ``Constant``,
-``ConstantOfShape``, ``Gather``, ``Unsqueeze``, ``Concat``, ``Equal``, ``Where``, ...),
-folded at load time. Anything else: one InputError naming the operator and the node.
+``Dropout``, ``Identity``, ``Cast``, the activations of :mod:`crown_cli.activations`,
+``Softmax``/``LogSoftmax`` over all values of the graph's one output, followed by reshapes
+only (``Graph.vector_output``; the graph's output is the logits), and the shape arithmetic
+of PyTorch exports on constants (``Shape``, ``Constant``, ``ConstantOfShape``, ``Gather``,
+``Unsqueeze``, ``Concat``, ``Equal``, ``Where``, ...), folded at load time. Anything else:
+one InputError naming the operator and the node.
 
 Inputs are the graph inputs that are not initializers, in order; the batch dimension (first
 of rank >= 2) must be 1 or symbolic. Values are float64; weights are converted once.
@@ -24,11 +26,11 @@ import numpy as np
 
 from crown_cli.errors import InputError
 from crown_cli.graph.network import Graph, Node
-from crown_cli.graph.onnx_ops import HANDLERS
+from crown_cli.graph.onnx_ops import HANDLERS, SHAPE_OPS, VECTOR_OUTPUTS
 from crown_cli.graph.ops import IndexMap, InputOp
 from crown_cli.graph.tensors import Const, Data, Value, merge
-from crown_cli.io.onnx_model import (MEMORY_BUDGET, _attrs, _input_shape, _node_name, _opset,
-                                     read_onnx, unsupported)
+from crown_cli.graph.onnx_file import (MEMORY_BUDGET, attributes, input_shape, node_name, opset,
+                                       read_onnx, unsupported)
 
 # MEMORY_BUDGET: a weight converted to float64 must fit in this many bytes (dense) or its
 # nonzeros (sparse); so must every constant or data view the loader computes (Builder.room)
@@ -66,10 +68,13 @@ class Builder:
         self._views: Dict[int, Tuple[Data, int]] = {}
         self.budget = MEMORY_BUDGET  # bytes a weight may take as float64 (--memory-budget)
         self.position = 0  # of the node being read, in the ONNX graph's node list
+        # (node, position) of a Softmax/LogSoftmax, and the tensors that are its result
+        self.vector_out: Optional[Tuple[object, int]] = None
+        self.after_vector_out: set = set()
 
     # -- errors ----------------------------------------------------------------------------
     def fail(self, node, problem: str):
-        raise InputError(f"{self.path}: {_node_name(node, self.position)}: {problem}")
+        raise InputError(f"{self.path}: {node_name(node, self.position)}: {problem}")
 
     def room(self, node, shape, what: str = "the result", given=()) -> None:
         """Refuse, before it is allocated, a tensor of ``shape`` (a constant, or the index
@@ -222,7 +227,7 @@ def load_graph(path: str, memory_budget: Optional[float] = None) -> Graph:
         if handler is None:
             raise unsupported(path, node, k)
         handlers.append(handler)
-    b = Builder(path, onnx, numpy_helper, _opset(model), _uses(graph))
+    b = Builder(path, onnx, numpy_helper, opset(model), _uses(graph))
     if memory_budget is not None:
         b.budget = float(memory_budget)
     for init in graph.initializer:
@@ -232,7 +237,7 @@ def load_graph(path: str, memory_budget: Optional[float] = None) -> Graph:
         raise InputError(f"{path}: the graph has no data input")
     offset = 0
     for k, vi in enumerate(inputs):
-        _, shape = _input_shape(path, vi)
+        _, shape = input_shape(path, vi)
         size = int(np.prod(shape, dtype=np.int64))
         b.tensors[vi.name] = b.add(vi.name, InputOp(k, offset, size), (), shape)
         offset += size
@@ -244,8 +249,13 @@ def load_graph(path: str, memory_budget: Optional[float] = None) -> Graph:
                 b.fail(node, f"its input '{name}' is not produced by any earlier node")
             ins.append(b.tensors[name] if name else None)
         b.fresh = None
+        after = any(name in b.after_vector_out for name in node.input)
+        if after and node.op_type not in SHAPE_OPS:
+            b.fail(node, f"{b.vector_out[0].op_type} is supported only at the output")
+        if after or node.op_type in VECTOR_OUTPUTS:
+            b.after_vector_out.update(node.output)
         try:
-            outs = handler(b, node, ins, _attrs(onnx, node))
+            outs = handler(b, node, ins, attributes(onnx, node))
         except MemoryError as exc:  # a size no handler checked beforehand
             b.fail(node, "out of memory computing it ("
                          f"{str(exc) or 'what it makes does not fit in the free memory'})")
@@ -255,8 +265,13 @@ def load_graph(path: str, memory_budget: Optional[float] = None) -> Graph:
             b.room(node, v.shape, f"its output '{name}'", given)
             if name:
                 b.tensors[name] = v
-                if isinstance(v, Data) and b.fresh is not None and b.identity_of(v) == b.fresh:
-                    b.produced[b.fresh] = name
+                s = b.identity_of(v) if isinstance(v, Data) else None
+                # a node's whole output, or its only reader's reshape of it (a Flatten between
+                # a normalisation and the first Gemm): scalings fold across it
+                if s is not None and (s == b.fresh if b.fresh is not None else
+                                      b.produced.get(s) == node.input[0]
+                                      and b.uses.get(node.input[0], 0) == 1):
+                    b.produced[s] = name
         for name in list(node.output)[len(outs):]:
             if name and b.uses.get(name):
                 b.fail(node, f"its output '{name}' is not supported")
@@ -273,7 +288,14 @@ def load_graph(path: str, memory_budget: Optional[float] = None) -> Graph:
         sources, idxs, table = merge(outs, b.sizes())
         flat = np.concatenate([i.reshape(-1) for i in idxs])
         out_id = b.node_of(Data(sources, flat, table), "outputs")
-    return _pruned(b.nodes, out_id, path, [v.shape for v in outs])
+    g = _pruned(b.nodes, out_id, path, [v.shape for v in outs])
+    if any(out.name in b.after_vector_out for out in graph.output):
+        node, k = b.vector_out
+        if len(outs) > 1:
+            raise InputError(f"{path}: {node_name(node, k)}: {node.op_type} is supported only "
+                             "on a graph's one output")
+        g.vector_output = (VECTOR_OUTPUTS[node.op_type], node_name(node, k))
+    return g
 
 
 def _pruned(nodes: List[Node], out_id: int, path: str, shapes) -> Graph:

@@ -330,6 +330,31 @@ def _activation(b, node, ins, attrs):
     return [b.add(_label(node), ActivationOp(name, alpha), (nid,), d.shape)]
 
 
+# order-preserving functions of the whole output: only at the graph's output (load_graph
+# refuses anything but a reshape of their result), where they become Graph.vector_output
+VECTOR_OUTPUTS = {"Softmax": "softmax", "LogSoftmax": "log_softmax"}
+SHAPE_OPS = ("Identity", "Flatten", "Reshape", "Transpose", "Squeeze", "Unsqueeze")
+
+
+def _vector_output(b, node, ins, attrs):
+    """Softmax / LogSoftmax over all of the data's values: the data itself (the logits);
+    the loader records the node (``b.vector_out``)."""
+    d = b.data(node, ins[0])
+    rank, n = len(d.shape), int(np.prod(d.shape, dtype=np.int64))
+    axis = int(attrs.get("axis", -1 if b.opset >= 13 else 1))
+    axis += rank if axis < 0 else 0
+    along = 0
+    if 0 <= axis < rank:
+        along = d.shape[axis] if b.opset >= 13 else int(np.prod(d.shape[axis:], dtype=np.int64))
+    if along != n:
+        b.fail(node, f"axis {attrs.get('axis', 'default')} does not run over all {n} outputs "
+                     f"of shape {d.shape}")
+    if b.vector_out is not None:
+        b.fail(node, f"{b.vector_out[0].op_type} is supported only at the output")
+    b.vector_out = (node, b.position)
+    return [d]
+
+
 HANDLERS = {
     "Identity": _identity, "Dropout": _identity, "Cast": _cast,
     "Reshape": _moved(_reshape), "Flatten": _moved(_flatten), "Transpose": _moved(_transpose),
@@ -345,7 +370,7 @@ HANDLERS = {
     "Range": _range, "Floor": _const_fn(np.floor),
     "Ceil": _const_fn(np.ceil), "Sqrt": _const_fn(np.sqrt), "Abs": _const_fn(np.abs),
     "Min": _const_fn(np.minimum), "Max": _const_fn(np.maximum),
-    **{op: _activation for op in _ACT},
+    **{op: _activation for op in _ACT}, **{op: _vector_output for op in VECTOR_OUTPUTS},
 }
 
 SUPPORTED = ", ".join(sorted(HANDLERS))

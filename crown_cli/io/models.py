@@ -103,24 +103,26 @@ def _check_alpha(act: str, alpha, where: str) -> Optional[float]:
 # --------------------------------------------------------------------------- loading
 
 
-def load_model(path: str, activation: Optional[str] = None, min_outputs: int = 2,
-               memory_budget: Optional[float] = None) -> MLP:
-    """Load an MLP from NPZ, plain HDF5, Keras HDF5, a Keras 3 ``.keras`` archive or ONNX
-    (``.onnx``, needs the onnx extra);
-    ``activation`` overrides the file's; ``min_outputs`` as :func:`validate`;
-    ``memory_budget`` (bytes, ONNX only): as :func:`crown_cli.io.onnx_model.read_onnx`."""
+def load_model(path: str, activation: Optional[str] = None, min_outputs: int = 2) -> MLP:
+    """Load an MLP from NPZ, plain HDF5, Keras HDF5 or a Keras 3 ``.keras`` archive (ONNX
+    files: :func:`crown_cli.io.networks.load_network`); ``activation`` and ``min_outputs``
+    as :func:`checked`."""
     path = os.fspath(path)
     magic = read_header(path, "model", 8)
     if path.lower().endswith(".onnx"):
-        from crown_cli.io.onnx_model import load_onnx
-
-        mlp = load_onnx(path, memory_budget)
-    elif magic.startswith(b"PK"):
+        raise InputError(f"{path}: an ONNX file; crown_cli.io.networks.load_network reads it")
+    if magic.startswith(b"PK"):
         mlp = _load_keras_zip(path) if _is_keras_zip(path) else _load_npz(path)
     elif magic == b"\x89HDF\r\n\x1a\n":
         mlp = _load_hdf5(path)
     else:
         raise InputError(f"{path}: not an NPZ or HDF5 file (unrecognised header; ONNX models need the .onnx suffix)")
+    return checked(mlp, path, activation, min_outputs)
+
+
+def checked(mlp: MLP, path: str, activation: Optional[str] = None, min_outputs: int = 2) -> MLP:
+    """A loaded MLP with its activation overridden by ``activation`` (``--activation``),
+    checked by :func:`validate` (``min_outputs`` as there)."""
     if activation is not None:
         new = normalize_activation(activation, "--activation")
         if new != mlp.activation:

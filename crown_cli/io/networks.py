@@ -7,6 +7,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Optional, Union
 
+import numpy as np
+
 from crown_cli.errors import InputError, read_header
 from crown_cli.network import MLP
 
@@ -18,9 +20,10 @@ GiB = 2 ** 30
 
 def load_network(path: str, activation: Optional[str] = None, min_outputs: int = 2,
                  memory_budget: Optional[float] = None) -> Union[MLP, "Graph"]:
-    """An :class:`~crown_cli.network.MLP` (``load_model``'s) for NPZ, HDF5, Keras files and
-    ONNX chains of dense layers with one activation; a :class:`crown_cli.graph.network.Graph`
-    for any other ONNX graph the graph loader reads, and for a Keras model (``.h5`` with a
+    """An :class:`~crown_cli.network.MLP` (``load_model``'s) for NPZ, HDF5, Keras files, and
+    for an ONNX graph that is a chain of dense layers with one activation (:func:`dense_chain`);
+    a :class:`crown_cli.graph.network.Graph` for any other ONNX graph (every ONNX file is read
+    by :func:`crown_cli.graph.onnx_graph.load_graph`), and for a Keras model (``.h5`` with a
     model config, ``.keras``) the MLP loader refuses (convolutions, pooling, branches, ...).
     InputError otherwise (the graph loader's message, which names the operator or layer).
     ``min_outputs``: the MLP loader's (2 for a classifier, 1 for ``verify``); a graph may
@@ -39,7 +42,7 @@ def load_network(path: str, activation: Optional[str] = None, min_outputs: int =
 
 def _load_network(path: str, activation: Optional[str], min_outputs: int,
                   memory_budget: Optional[float]) -> Union[MLP, "Graph"]:
-    from crown_cli.io.models import load_model
+    from crown_cli.io.models import checked, load_model
 
     budget = None if memory_budget is None else float(memory_budget) * GiB
     if not path.lower().endswith(".onnx"):
@@ -57,18 +60,18 @@ def _load_network(path: str, activation: Optional[str], min_outputs: int,
         read_header(path, "model")
         from crown_cli.graph.onnx_graph import load_graph
 
-        try:
-            graph = load_graph(path, budget)
-        except InputError as graph_error:  # e.g. a Softmax output, which only the MLP loader reads
+        graph = load_graph(path, budget)
+        mlp = dense_chain(graph, budget)
+        if mlp is not None:
             try:
-                return load_model(path, activation, min_outputs, budget)
-            except InputError:
-                raise graph_error from None
-        if graph.is_chain():
-            try:
-                return load_model(path, activation, min_outputs, budget)
-            except InputError:
-                pass
+                return checked(mlp, path, activation, min_outputs)
+            except InputError as exc:  # e.g. one output for a classifier: as any graph
+                if str(exc).startswith("--activation"):
+                    raise
+        if graph.vector_output is not None:
+            kind, where = graph.vector_output
+            raise InputError(f"{path}: {where}: {kind} is supported only on the logits of a "
+                             "chain of dense layers with one activation")
     if activation is not None:
         raise InputError(f"{path}: --activation applies to chains of dense layers only; this "
                          "graph has its activation per node")
@@ -79,12 +82,45 @@ def _load_network(path: str, activation: Optional[str], min_outputs: int,
     return graph
 
 
+def dense_chain(graph, budget: Optional[float] = None) -> Optional[MLP]:
+    """The MLP of an ONNX graph that is a chain of dense layers with one activation
+    (:meth:`Graph.is_chain`), as the dense engine runs it: its exact lowering
+    (:func:`crown_cli.graph.lower.lowered`; ``budget`` in bytes) with the first layer's
+    columns in crown's (H, W, C) image order for a channel-first image input
+    (``MLP.input_order``; :func:`crown_cli.graph.onnx_file.hwc_order`), a final
+    Softmax/LogSoftmax as its output activation, and a layer of an unnamed node named by its
+    operator and position (``gemm_0``). None when the graph is no such chain, is not lowered
+    or its input layout is ambiguous."""
+    from crown_cli.graph.lower import lowered
+    from crown_cli.graph.onnx_file import hwc_order
+    from crown_cli.graph.onnx_ops import HANDLERS
+
+    if not graph.is_chain() or lowered(graph, budget) is None:
+        return None
+    low = graph.lowering[0]
+    out = low.output_activation
+    if graph.vector_output is not None:
+        if out is not None:  # an activation, then the softmax
+            return None
+        out = graph.vector_output[0]
+    try:
+        order = hwc_order(graph.nodes[graph.inputs[0]].shape, graph.source)
+    except InputError:
+        return None
+    weights = list(low.weights)
+    if order is not None:
+        weights[0] = np.ascontiguousarray(weights[0][:, order])
+    names = [f"{n.lower()}_{k}" if n in HANDLERS else n for k, n in enumerate(low.layer_names)]
+    return MLP(weights, list(low.biases), low.activation, low.source, names, low.alpha, out,
+               input_order=order)
+
+
 def check_memory(graph, memory_budget: Optional[float], where: str) -> None:
     """Set ``graph.row_budget`` so that a CROWN bound of the graph stays within
     ``memory_budget`` GiB (None: the default, 4 GiB), or refuse the graph in one line when
     even one neuron's rows do not fit (:func:`crown_cli.engine.graph_bounds.row_budget_for`)."""
     from crown_cli.engine.graph_bounds import least_bytes, row_budget_for
-    from crown_cli.graph.onnx_graph import MEMORY_BUDGET
+    from crown_cli.graph.onnx_file import MEMORY_BUDGET
 
     budget = MEMORY_BUDGET if memory_budget is None else float(memory_budget) * GiB
     rows = row_budget_for(graph, budget)

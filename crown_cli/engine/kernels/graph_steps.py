@@ -257,3 +257,152 @@ def add_rows_t(St, Pt, absval, charge):
                 ch[q - a0] += abs(v) * z
         for q in range(a0, a1):
             charge[q] += ch[q - a0]
+
+
+# -- rows on per-row windows (crown_cli/engine/graph_rows.py, ``Win``) -------------------------
+# A row over an image-shaped node (C, H, W) that touches only a small part of the image is held
+# on its own window: Pt (C, h, w, r), row q's window at (oy[q], ox[q]) in the node's (H, W)
+# coordinates (it may reach past the border; every coefficient there is 0). All rows of a
+# chunk have windows of one size; a convolution's transpose of windows does not depend on
+# where they lie, so it runs along the r rows; the steps that read a node's values (lines,
+# bias, magnitudes) gather them at each row's own position.
+
+
+@njit(cache=True, parallel=True)
+def win_conv_transpose_t(Pt, oy, ox, weight, strides, dilations, group, in_hw, Gt):
+    """``Gt`` (C, h2, w2, r) = the transposed convolution of the windows ``Pt`` (O, h, w, r),
+    ``Gt``'s window of row q at (oy[q], ox[q]) in the input's (H, W) = ``in_hw`` coordinates
+    (its output window's origin times the stride, less the padding); coefficients that land
+    outside the input (on padding) are 0. Each sum gathers at most (O / group) kh kw
+    products."""
+    O, h, w, r = Pt.shape
+    _, Cg, kh, kw = weight.shape
+    C, h2, w2 = Gt.shape[0], Gt.shape[1], Gt.shape[2]
+    H, W = in_hw[0], in_hw[1]
+    Og = O // group
+    sh, sw = strides[0], strides[1]
+    dh, dw = dilations[0], dilations[1]
+    for ca in prange(C * h2):
+        c = ca // h2
+        a = ca % h2
+        g = c // Cg
+        cc = c % Cg
+        for b in range(w2):
+            out = Gt[c, a, b]
+            for k in range(r):
+                out[k] = 0.0
+            for i in range(kh):
+                ty = a - i * dh
+                if ty < 0 or ty % sh != 0 or ty // sh >= h:
+                    continue
+                y = ty // sh
+                for j in range(kw):
+                    tx = b - j * dw
+                    if tx < 0 or tx % sw != 0 or tx // sw >= w:
+                        continue
+                    x = tx // sw
+                    for o in range(g * Og, (g + 1) * Og):
+                        wv = weight[o, cc, i, j]
+                        if wv == 0.0:
+                            continue
+                        src = Pt[o, y, x]
+                        for k in range(r):
+                            out[k] += wv * src[k]
+            for k in range(r):
+                yy = oy[k] + a
+                xx = ox[k] + b
+                if yy < 0 or yy >= H or xx < 0 or xx >= W:
+                    out[k] = 0.0
+
+
+@njit(cache=True, parallel=True)
+def win_activation_t(Pt, oy, ox, lower, upper, lower_icpt, upper_icpt, absval, Dt, out):
+    """:func:`activation_step_t` on windows: ``Pt`` (C, h, w, r) at (oy, ox), the lines and
+    ``absval`` as (C, H, W) arrays read at each row's own positions; ``Dt`` the rows' new
+    windows (same place), ``out[q]`` = (intercept sum, its magnitude, sum |D| absval)."""
+    C, h, w, r = Pt.shape
+    H, W = lower.shape[1], lower.shape[2]
+    nb = (r + ROW_BLOCK - 1) // ROW_BLOCK
+    for blk in prange(nb):
+        a0 = blk * ROW_BLOCK
+        a1 = min(r, a0 + ROW_BLOCK)
+        cs = np.zeros(a1 - a0)
+        ms = np.zeros(a1 - a0)
+        ch = np.zeros(a1 - a0)
+        for c in range(C):
+            for a in range(h):
+                for b in range(w):
+                    for q in range(a0, a1):
+                        yy = oy[q] + a
+                        xx = ox[q] + b
+                        v = Pt[c, a, b, q]
+                        if v == 0.0 or yy < 0 or yy >= H or xx < 0 or xx >= W:
+                            Dt[c, a, b, q] = 0.0
+                            continue
+                        if v >= 0.0:
+                            d = v * lower[c, yy, xx]
+                            t = v * lower_icpt[c, yy, xx]
+                        else:
+                            d = v * upper[c, yy, xx]
+                            t = v * upper_icpt[c, yy, xx]
+                        Dt[c, a, b, q] = d
+                        cs[q - a0] += t
+                        ms[q - a0] += abs(t)
+                        ch[q - a0] += abs(d) * absval[c, yy, xx]
+        for q in range(a0, a1):
+            out[q, 0] = cs[q - a0]
+            out[q, 1] = ms[q - a0]
+            out[q, 2] = ch[q - a0]
+
+
+@njit(cache=True, parallel=True)
+def win_sums_t(Pt, oy, ox, v0, v1, v2, out):
+    """Per row of the windows ``Pt`` (C, h, w, r) at (oy, ox): ``out[q] = (sum P v0,
+    sum |P| v1, sum |P| v2)`` with the (C, H, W) arrays read at the row's own positions (an
+    affine node's constant, magnitude and rounding weight: ``v0`` its bias, ``v1`` |bias|,
+    ``v2`` its forward magnitude; or a sum's charge: ``v2`` the node's absval)."""
+    C, h, w, r = Pt.shape
+    H, W = v0.shape[1], v0.shape[2]
+    nb = (r + ROW_BLOCK - 1) // ROW_BLOCK
+    for blk in prange(nb):
+        a0 = blk * ROW_BLOCK
+        a1 = min(r, a0 + ROW_BLOCK)
+        s0 = np.zeros(a1 - a0)
+        s1 = np.zeros(a1 - a0)
+        s2 = np.zeros(a1 - a0)
+        for c in range(C):
+            for a in range(h):
+                for b in range(w):
+                    for q in range(a0, a1):
+                        v = Pt[c, a, b, q]
+                        if v == 0.0:
+                            continue
+                        yy = oy[q] + a
+                        xx = ox[q] + b
+                        if yy < 0 or yy >= H or xx < 0 or xx >= W:
+                            continue
+                        av = abs(v)
+                        s0[q - a0] += v * v0[c, yy, xx]
+                        s1[q - a0] += av * v1[c, yy, xx]
+                        s2[q - a0] += av * v2[c, yy, xx]
+        for q in range(a0, a1):
+            out[q, 0] = s0[q - a0]
+            out[q, 1] = s1[q - a0]
+            out[q, 2] = s2[q - a0]
+
+
+@njit(cache=True, parallel=True)
+def win_scatter_t(Pt, oy, ox, where, H, W, Lt):
+    """The windows ``Pt`` (C, h, w, r) at (oy, ox) written into rows held transposed on live
+    elements: element e (flat (C, H, W) index) of row q goes to ``Lt[where[e], q]`` (``Lt``
+    zero where no window reaches, which the caller provides; ``where`` covers every element
+    a window reaches inside the image)."""
+    C, h, w, r = Pt.shape
+    for c in prange(C):
+        for a in range(h):
+            for b in range(w):
+                for q in range(r):
+                    yy = oy[q] + a
+                    xx = ox[q] + b
+                    if yy >= 0 and yy < H and xx >= 0 and xx < W:
+                        Lt[where[(c * H + yy) * W + xx], q] = Pt[c, a, b, q]
