@@ -130,14 +130,63 @@ class CertifySettings:
     alpha_lr: Optional[float] = None
 
 
-class Certifier:
-    """CROWN certification of one network under one norm and method. ``alpha``: the
-    activation's parameter (None: its default); ``settings``: the fields of
-    :class:`CertifySettings` (keywords; ``alpha_iters`` defaults to ``ALPHA_ITERS``)."""
+class RadiusSearch:
+    """What every certifier shares, whatever bounds its network: the radius search's
+    settings (checked once, :meth:`_search_settings`), the margin rows and the search itself
+    (:meth:`_radius`: float64, or float32 steering with a float64 proof). A certifier sets
+    ``norm``, ``num_hidden`` (the search's power law) and ``n_classes`` and gives the
+    bounds; :class:`Certifier` (dense chains) and
+    :class:`~crown_cli.certification.graph_certifier.GraphCertifier` (graphs) are the two."""
 
     F32_RTOL = 0.5
     START_FRACTION = 0.5  # start_radius: this / (hidden layers) of the first-order distance
     POWER_PER_LAYER = 1.0  # the search's power law for the first step down, per hidden layer
+
+    def _search_settings(self, o: CertifySettings, input_size: int,
+                         float64_only: bool = False) -> None:
+        """The radius search's settings, checked: search, rtol, precision (``float64_only``:
+        a method that ignores it), eps0, eps_max."""
+        search, rtol, precision, eps0 = o.search, o.rtol, o.precision, o.eps0
+        if search not in SEARCHES:
+            raise InputError(f"--search: unknown search '{search}' (choose from {', '.join(SEARCHES)})")
+        if not (0 < rtol < 1):
+            raise InputError(f"--rtol: must lie in (0, 1), got {rtol}")
+        self.search = search
+        if precision not in PRECISIONS:
+            raise InputError(f"--precision: unknown precision '{precision}' (choose from {', '.join(PRECISIONS)})")
+        self.precision = "float64" if float64_only else precision
+        self.rtol = rtol
+        # no --eps0: the CROWN search starts from each image's first-order estimate (see
+        # start_radius); the paper's fixed start remains for the other methods
+        self.auto_eps0 = eps0 is None
+        self.eps0 = default_eps0(self.norm, input_size) if eps0 is None else float(eps0)
+        if not self.eps0 > 0:
+            raise InputError(f"--eps0: must be > 0, got {eps0}")
+        self.eps_max = max(float(o.eps_max), self.eps0)
+
+    def margin_rows(self, c: int, targets: Sequence[int]) -> np.ndarray:
+        """C (r, classes) with rows e_c - e_t."""
+        return margin_rows(c, targets, self.n_classes)
+
+    def _search(self, fn, g0, eps0, rtol, stop_at_estimate=False) -> SearchResult:
+        return certified_radius(fn, g0, eps0, rtol=rtol, eps_max=self.eps_max, method=self.search,
+                                power=max(2.0, self.POWER_PER_LAYER * self.num_hidden),
+                                stop_at_estimate=stop_at_estimate)
+
+    def _radius(self, bound, g0: float, eps0: float) -> SearchResult:
+        """The certified radius with ``bound(dtype)``, the margin's lower bound as a
+        function of eps: a float64 search, or (``precision`` mixed) float32 steering and a
+        float64 proof (:func:`~crown_cli.engine.radius_search.mixed_search`)."""
+        if self.precision == "float64":
+            return self._search(bound(np.float64), g0, eps0, self.rtol)
+        return mixed_search(bound, self._search, g0, eps0, self.rtol, self.F32_RTOL,
+                            self.search == "interp")
+
+
+class Certifier(RadiusSearch):
+    """CROWN certification of one network under one norm and method. ``alpha``: the
+    activation's parameter (None: its default); ``settings``: the fields of
+    :class:`CertifySettings` (keywords; ``alpha_iters`` defaults to ``ALPHA_ITERS``)."""
 
     def __init__(self, weights: Sequence[np.ndarray], biases: Sequence[np.ndarray],
                  activation: str, alpha=None, **settings):
@@ -158,7 +207,8 @@ class Certifier:
         self.alpha_iters, self.alpha_lr = int(alpha_iters), float(alpha_lr)
         self.interval_free = get_interval_free(activation, alpha)
         self.alpha = alpha
-        self._search_settings(o)
+        self.num_hidden, self.n_classes = self.net.num_hidden, self.net.W[-1].shape[0]
+        self._search_settings(o, self.net.W[0].shape[1], float64_only=self.other is not None)
         self.activation = activation
 
     def _bind_method(self, weights, biases, activation: str, alpha) -> None:
@@ -183,26 +233,6 @@ class Certifier:
             self.relax_fn = None
         else:
             self.relax_fn = get_relaxation(activation, method, alpha)
-
-    def _search_settings(self, o: CertifySettings) -> None:
-        """The radius search's settings, checked: search, rtol, precision, eps0, eps_max."""
-        search, rtol, precision, eps0 = o.search, o.rtol, o.precision, o.eps0
-        if search not in SEARCHES:
-            raise InputError(f"--search: unknown search '{search}' (choose from {', '.join(SEARCHES)})")
-        if not (0 < rtol < 1):
-            raise InputError(f"--rtol: must lie in (0, 1), got {rtol}")
-        self.search = search
-        if precision not in PRECISIONS:
-            raise InputError(f"--precision: unknown precision '{precision}' (choose from {', '.join(PRECISIONS)})")
-        self.precision = precision if self.other is None else "float64"  # they ignore it
-        self.rtol = rtol
-        # no --eps0: the CROWN search starts from each image's first-order estimate (see
-        # start_radius); the paper's fixed start remains for the other methods
-        self.auto_eps0 = eps0 is None
-        self.eps0 = default_eps0(self.norm, self.net.W[0].shape[1]) if eps0 is None else float(eps0)
-        if not self.eps0 > 0:
-            raise InputError(f"--eps0: must be > 0, got {eps0}")
-        self.eps_max = max(float(o.eps_max), self.eps0)
 
     def warm_up(self) -> None:
         """Load the compiled kernels this certifier uses, so the first image's time is its own.
@@ -251,10 +281,6 @@ class Certifier:
             J = (J * derivative(self.activation, zs[k], self.alpha)) @ W[k]
         return first_order_start(J, g0, self.norm, self.START_FRACTION, self.net.num_hidden,
                                  self.eps_max, self.eps0)
-
-    def margin_rows(self, c: int, targets: Sequence[int]) -> np.ndarray:
-        """C (r, classes) with rows e_c - e_t."""
-        return margin_rows(c, targets, self.net.W[-1].shape[0])
 
     def lower_bound(self, x0: np.ndarray, eps: float, C: np.ndarray, first=None,
                     dtype=np.float64) -> np.ndarray:
@@ -309,8 +335,7 @@ class Certifier:
                 return float(np.min(lb))
             return fn
 
-        res = self._search(bound(np.float64), g0, eps0, self.rtol) \
-            if self.precision == "float64" else self._mixed_search(bound, g0, eps0)
+        res = self._radius(bound, g0, eps0)
         if self.quad is not None:
             res = self._quad_search(x0, C, first, g0, res)
         if self.method in ALPHA_METHODS:
@@ -489,13 +514,3 @@ class Certifier:
             return None
         return StableFromFloat32(self.net, x0, eps, done[np.float32], self.relax_fn,
                                  self.interval_free, self.activation, self.alpha)
-
-    def _search(self, fn, g0, eps0, rtol, stop_at_estimate=False) -> SearchResult:
-        return certified_radius(fn, g0, eps0, rtol=rtol, eps_max=self.eps_max, method=self.search,
-                                power=max(2.0, self.POWER_PER_LAYER * self.net.num_hidden),
-                                stop_at_estimate=stop_at_estimate)
-
-    def _mixed_search(self, bound, g0, eps0) -> SearchResult:
-        """:func:`~crown_cli.engine.radius_search.mixed_search` with this certifier's search."""
-        return mixed_search(bound, self._search, g0, eps0, self.rtol, self.F32_RTOL,
-                            self.search == "interp")

@@ -26,11 +26,10 @@ from typing import Optional, Sequence
 import numpy as np
 
 from crown_cli.certification.attack import DEFAULT_RESTARTS, DEFAULT_STEPS, PGDAttack
-from crown_cli.certification.certifier import (Certificate, Certifier, CertifySettings,
-                                               check_alpha_options, default_eps0,
-                                               first_order_start, margin_rows, parse_norm)
+from crown_cli.certification.certifier import (Certificate, CertifySettings, RadiusSearch,
+                                               check_alpha_options, first_order_start,
+                                               parse_norm)
 from crown_cli.engine.input_sets import NORMS
-from crown_cli.engine.radius_search import SEARCHES, certified_radius, mixed_search
 from crown_cli.errors import InputError
 
 GRAPH_METHODS = ("crown", "crown-paper", "fast-lin", "alpha-crown")
@@ -74,63 +73,40 @@ def to_graph_layout(graph, x: np.ndarray) -> np.ndarray:
     return np.ascontiguousarray(x.reshape(-1, H, W, C).transpose(0, 3, 1, 2).reshape(x.shape[0], -1))
 
 
-class GraphCertifier:
+class GraphCertifier(RadiusSearch):
     """One graph network, one norm and method: :meth:`certify` per image (in the graph's
-    input layout), predicted class and targets, as :class:`Certifier`, its ``settings`` the
-    fields of :class:`CertifySettings`. ``ibp``: intersect
-    CROWN's intermediate bounds with interval arithmetic, refining only the neurons it
-    leaves unstable (sound; ``False``: CROWN's bounds of every neuron, as the dense engine)."""
-
-    START_FRACTION = Certifier.START_FRACTION
-    POWER_PER_LAYER = Certifier.POWER_PER_LAYER
-    F32_RTOL = Certifier.F32_RTOL
+    input layout), predicted class and targets, as :class:`Certifier` (the same radius
+    search, :class:`RadiusSearch`), its ``settings`` the fields of :class:`CertifySettings`.
+    ``ibp``: intersect CROWN's intermediate bounds with interval arithmetic, refining only
+    the neurons it leaves unstable (sound; ``False``: CROWN's bounds of every neuron, as the
+    dense engine)."""
 
     def __init__(self, graph, ibp: bool = True, **settings):
+        from crown_cli.engine.graph_alpha import ITERS, LR
         from crown_cli.engine.relaxations import get_relaxation
 
         o = CertifySettings(**settings)
-        method, search, rtol, eps0 = o.method, o.search, o.rtol, o.eps0
-        check_graph_method(method, graph.source or "graph network")
-        family = "crown" if method == "alpha-crown" else method
+        check_graph_method(o.method, graph.source or "graph network")
+        self.graph, self.method, self.ibp, self.timeout = graph, o.method, ibp, o.timeout
+        self.family = "crown" if o.method == "alpha-crown" else o.method
         for n in graph.nodes:  # the registry names an activation without this method
             if n.kind == "activation":
-                get_relaxation(n.op.name, family, n.op.alpha)
-        if search not in SEARCHES:
-            raise InputError(f"--search: unknown search '{search}' (choose from {', '.join(SEARCHES)})")
-        if not (0 < rtol < 1):
-            raise InputError(f"--rtol: must lie in (0, 1), got {rtol}")
-        self.graph, self.method, self.search, self.rtol = graph, method, search, rtol
-        self.family = family
+                get_relaxation(n.op.name, self.family, n.op.alpha)
         # alpha-crown: steps and step size of every optimisation (intermediate bounds and
         # margin rows); None: the graph engine's own (engine.graph_alpha.ITERS, LR)
-        from crown_cli.engine.graph_alpha import ITERS, LR
-
         check_alpha_options(o.alpha_iters, o.alpha_lr)
         self.alpha_iters = ITERS if o.alpha_iters is None else int(o.alpha_iters)
         self.alpha_lr = LR if o.alpha_lr is None else float(o.alpha_lr)
         self.norm = parse_norm(o.norm)
         self.qcode = NORMS[self.norm]
-        precision = o.precision
-        if precision not in ("mixed", "float64"):
-            raise InputError(f"--precision: must be 'mixed' or 'float64', got {precision!r}")
-        self.precision = "float64" if method == "alpha-crown" else precision
-        self.auto_eps0 = eps0 is None
-        self.eps0 = default_eps0(self.norm, graph.input_size) if eps0 is None else float(eps0)
-        if not self.eps0 > 0:
-            raise InputError(f"--eps0: must be > 0, got {eps0}")
-        self.eps_max = max(float(o.eps_max), self.eps0)
-        self.ibp = ibp
-        self.num_hidden = depth(graph)
-        self.timeout = o.timeout
+        self.num_hidden, self.n_classes = depth(graph), graph.output_size
+        self._search_settings(o, graph.input_size, float64_only=o.method == "alpha-crown")
 
     def warm_up(self) -> None:
         """Nothing to do: the graph kernels load from numba's cache at their first call."""
 
     def logits(self, x: np.ndarray) -> np.ndarray:
         return self.graph.forward(x)
-
-    def margin_rows(self, c: int, targets: Sequence[int]) -> np.ndarray:
-        return margin_rows(c, targets, self.graph.output_size)
 
     def lower_bound(self, x0: np.ndarray, eps: float, C: np.ndarray,
                     dtype=np.float64) -> np.ndarray:
@@ -168,20 +144,9 @@ class GraphCertifier:
         def bound(dtype):
             return lambda eps: float(np.min(self.lower_bound(x0, eps, C, dtype)))
 
-        if self.precision == "float64":
-            res = self._search(bound(np.float64), g0, eps0, self.rtol)
-        else:
-            res = mixed_search(bound, self._search, g0, eps0, self.rtol, self.F32_RTOL,
-                               self.search == "interp")
+        res = self._radius(bound, g0, eps0)
         return Certificate(res.eps, res.lower_bound, g0, res.evaluations, res.status,
                            time.perf_counter() - t0)
-
-
-    def _search(self, fn, g0, eps0, rtol, stop_at_estimate=False):
-        return certified_radius(fn, g0, eps0, rtol=rtol, eps_max=self.eps_max,
-                                method=self.search,
-                                power=max(2.0, self.POWER_PER_LAYER * self.num_hidden),
-                                stop_at_estimate=stop_at_estimate)
 
 
 class GraphPGDAttack(PGDAttack):
