@@ -26,7 +26,7 @@ VNN-LIB's X_i in the graph's order. Arrays in, verdicts out: no files and no pri
 from __future__ import annotations
 
 import time
-from typing import Callable, Optional, Sequence
+from typing import Callable, Optional
 
 import numpy as np
 
@@ -36,8 +36,9 @@ from crown_cli.engine.rounding import round_up
 from crown_cli.verification.attack import _as_case, descend
 from crown_cli.verification.bab.graph_relu_split import splittable_nodes
 from crown_cli.verification.outcome import confirm_sat, violations_of
-from crown_cli.verification.pipeline import (BOUND_STAGES, INPUT_SPLIT_MAX_DIM, Verdict,
-                                             Verifier, _by_box, _worst)
+from crown_cli.verification.pipeline import (BOUND_STAGES, INPUT_SPLIT_MAX_DIM,
+                                             StagedVerifier, Verdict, Verifier, VerifyOptions,
+                                             _by_box, _worst)
 
 # Bound stages available on graphs (alpha-crown: ReLU slopes and max pool lower lines
 # optimised for the output rows and for every unstable intermediate neuron's bounds:
@@ -183,22 +184,21 @@ class LoweredVerifier(Verifier):
         return v
 
 
-class GraphVerifier:
-    """:class:`crown_cli.verification.pipeline.Verifier`'s interface for a graph: one network,
-    its stages and attack settings; :meth:`verify` per property. ``bab`` and ``max_domains``:
-    input splitting on graphs of at most ``INPUT_SPLIT_MAX_DIM`` inputs, ReLU splitting on
-    graphs with ReLU nodes."""
+class GraphVerifier(StagedVerifier):
+    """:class:`crown_cli.verification.pipeline.Verifier`'s interface for a graph (the same
+    opening, :class:`StagedVerifier`): one network, its stages and attack settings (the
+    fields of :class:`VerifyOptions`; ``workers`` does not apply: the graph engine's search
+    runs in one process); :meth:`verify` per property. ``bab`` and ``max_domains``: input
+    splitting on graphs of at most ``INPUT_SPLIT_MAX_DIM`` inputs, ReLU splitting on graphs
+    with ReLU nodes."""
 
-    def __init__(self, graph, stages: Sequence[str] = BOUND_STAGES, attack_restarts: int = 64,
-                 attack_steps: int = 100, seed: int = 0, attack_time: Optional[float] = None,
-                 bab: bool = True, max_domains: int = 200_000):
+    def __init__(self, graph, **settings):
+        o = VerifyOptions(**settings)
         self.graph = graph
-        self.max_domains = max_domains
-        self.requested = [s for s in stages if s in BOUND_STAGES]
+        self._settings(o)
+        self.requested = [s for s in o.stages if s in BOUND_STAGES]
         self.stages = [s for s in self.requested if s in GRAPH_STAGES]
-        self.attack_restarts, self.attack_steps, self.seed = attack_restarts, attack_steps, seed
-        self.attack_time = attack_time
-        self.bab = bab
+        self.bab = o.bab
         # per graph bounded (this one; ReLU splitting's, :meth:`_split_graph`) and kind of
         # intermediate bounds, keyed by (id, alpha): (the last box, its GraphBounds)
         self._last_bounds = {}
@@ -278,15 +278,11 @@ class GraphVerifier:
             f"{s} not on graphs yet" for s in skipped]
         return "; ".join(parts)
 
-    def verify(self, prop, timeout: float, log: Optional[Callable[[str], None]] = None,
-               status: Optional[Callable[[str], None]] = None) -> Verdict:
-        """The attack and the bound stages (:meth:`Verifier._opening`), then input splitting
-        on graphs of at most ``INPUT_SPLIT_MAX_DIM`` inputs (``status``/``log`` receive its
-        status, as :meth:`Verifier.verify`'s); on larger graphs more attack starts on the
-        cases left open, and ``unknown`` (with :meth:`note`) when they stay open. A ``sat``
-        point is confirmed in the property's exact set (:func:`confirm_sat`)."""
-        return confirm_sat(self._verify(prop, timeout, log, status), prop.cases,
-                           self.graph.forward, log)
+    # verify (StagedVerifier's): the attack and the bound stages, then input splitting on
+    # graphs of at most INPUT_SPLIT_MAX_DIM inputs and ReLU splitting on graphs with ReLU
+    # nodes (status/log receive its status, as Verifier.verify's); without branch and bound
+    # more attack starts on the cases left open, and unknown (with note()) when they stay
+    # open; a sat point confirmed in the property's exact set
 
     def _verify(self, prop, timeout, log, status) -> Verdict:
         opened = self._opening(prop, timeout, log)
@@ -368,8 +364,3 @@ class GraphVerifier:
         except DeadlineExceeded:  # a bound inside a search (its root's, a domain's) ran out
             return done("timeout", "bab", _worst(margins), len(cases) - len(open_cases))
 
-    # the same per-box bounding as the MLP pipeline's (it calls self.box_lower_bounds)
-    _opening = Verifier._opening
-    _attack = Verifier._attack
-    _bound_cases = Verifier._bound_cases
-    _bound_stages = Verifier._bound_stages

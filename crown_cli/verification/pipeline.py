@@ -104,7 +104,116 @@ class VerifyOptions:
     workers: Optional[int] = None  # input splitting's processes (None: by the network's size)
 
 
-class Verifier:
+class StagedVerifier:
+    """What every verifier shares, whatever bounds its network: the attack on every input
+    box, the bound stages on every case (each calling the verifier's
+    ``box_lower_bounds``), the opening that runs them, and a ``sat`` point confirmed in the
+    property's exact set. A verifier sets ``stages``, the attack settings and ``bab``, and
+    gives ``n_inputs``, ``n_outputs``, ``outputs``, ``box_lower_bounds``, ``_box_attack``
+    and ``_verify`` (what runs after the opening); :class:`Verifier` (dense chains) and
+    :class:`~crown_cli.verification.graph_pipeline.GraphVerifier` (graphs) are the two."""
+
+    def _settings(self, o: VerifyOptions) -> None:
+        self.attack_restarts, self.attack_steps, self.seed = o.attack_restarts, o.attack_steps, \
+            o.seed
+        self.attack_time = o.attack_time
+        self.max_domains = o.max_domains
+
+    def verify(self, prop, timeout: float, log: Optional[Callable[[str], None]] = None,
+               status: Optional[Callable[[str], None]] = None) -> Verdict:
+        """Run the pipeline on a parsed property within ``timeout`` seconds; a ``sat`` point
+        is confirmed in the property's exact set (:func:`confirm_sat`)."""
+        return confirm_sat(self._verify(prop, timeout, log, status), prop.cases, self.outputs,
+                           log)
+
+    def _attack(self, cases, groups, deadline: float, budget: float, seed: int,
+                scale: int = 1):
+        """(case index, x) of a verified counterexample, or None. One descent per input box
+        on all its cases at once (:meth:`_box_attack`), ``scale`` times the restarts."""
+        stop = min(deadline, time.monotonic() + budget)
+        for g, members in enumerate(groups):
+            if time.monotonic() >= stop:
+                break
+            c0 = cases[members[0]]
+            found = self._box_attack(c0.lo, c0.hi, [(cases[j].A, cases[j].b) for j in members],
+                                     scale * self.attack_restarts, seed + g, stop)
+            if found is not None:
+                return members[found[0]], found[1]
+        return None
+
+    def _bound_stages(self, cases, deadline: float, done, log):
+        """The bound stages in turn on every open case (one back-substitution per input
+        box). Returns (the verdict if they decided or the deadline passed, else None; the
+        open cases; each case's best row margin; the last stage run)."""
+        n = len(cases)
+        open_cases, margins, stage = list(range(n)), {}, "attack"
+        if log is not None:
+            for name, why in getattr(self, "skipped", ()):
+                log(f"{name}: skipped ({why})")
+        for stage in self.stages:
+            still = []
+            for members in _by_box(cases, open_cases):
+                if time.monotonic() >= deadline:
+                    return (done("timeout", stage, _worst(margins), n - len(open_cases)),
+                            open_cases, margins, stage)
+                still += self._bound_cases(stage, cases, members, margins, deadline)
+            open_cases = sorted(still)
+            if log is not None:
+                log(f"{stage}: {n - len(open_cases)} of {n} cases proven")
+            if not open_cases:
+                return done("unsat", stage, _worst(margins), n), open_cases, margins, stage
+        return None, open_cases, margins, stage
+
+    def _bound_cases(self, stage, cases, members, margins, deadline=None):
+        """Bound the cases ``members`` (one input box) in one back-substitution; returns those
+        not proven and records each case's best row margin."""
+        c0 = cases[members[0]]
+        A = np.concatenate([cases[j].A for j in members])
+        b = np.concatenate([cases[j].b for j in members])
+        diff = self.box_lower_bounds(stage, c0.lo, c0.hi, A, b, deadline) if A.shape[0] \
+            else np.zeros(0)
+        still, at = [], 0
+        for j in members:
+            m = cases[j].A.shape[0]
+            d = diff[at:at + m]
+            at += m
+            # the best row margin any stage reached (a stage cut by the deadline gives -inf)
+            margins[j] = max(float(np.max(d)) if m else -np.inf, margins.get(j, -np.inf))
+            if not np.any(d > 0.0):
+                still.append(j)
+        return still
+
+    def _opening(self, prop, timeout, log):
+        """What every verifier does first (this one and the graph verifier): the sizes
+        checked, the attack on every box, the bound stages on every case. Returns the
+        verdict when they decide, else ``(cases, open_cases, margins, stage, deadline,
+        budget, done)`` for the rest: ``done(result, stage, margin, proven, **kw)`` makes the
+        verdict, timed from the start."""
+        t0 = time.monotonic()
+        deadline = t0 + timeout
+        check_sizes(prop, self.n_inputs, self.n_outputs, "property")
+        cases = list(prop.cases)
+        n = len(cases)
+
+        def done(result, stage, margin, proven, **kw):
+            return Verdict(result, stage, margin, time.monotonic() - t0, cases_proven=proven,
+                           cases=n, **kw)
+
+        if n == 0:  # every case had an empty box: nothing can violate the property
+            return done("unsat", "parse", None, 0)
+        budget = self.attack_time if self.attack_time is not None else max(ATTACK_MIN_S,
+                                                                            ATTACK_SHARE * timeout)
+        found = self._attack(cases, _by_box(cases, range(n)), deadline, budget, self.seed)
+        if found is not None:
+            j, x = found
+            return done("sat", "attack", None, 0, x=x, y=self.outputs(x), case=j)
+        ended, open_cases, margins, stage = self._bound_stages(cases, deadline, done, log)
+        if ended is not None:
+            return ended
+        return cases, open_cases, margins, stage, deadline, budget, done
+
+
+class Verifier(StagedVerifier):
     """One network, the stages to run, and the attack settings; :meth:`verify` per property.
     ``settings``: the fields of :class:`VerifyOptions` (keywords)."""
 
@@ -127,11 +236,8 @@ class Verifier:
         self.relax = {s: get_relaxation(activation, "crown" if s == "alpha-crown" else s, alpha)
                       for s in self.stages if s != "hull"}
         self._hull_net = None  # the hull stage's view of the hidden layer, built once
-        self.attack_restarts, self.attack_steps, self.seed = o.attack_restarts, o.attack_steps, \
-            o.seed
-        self.attack_time = o.attack_time
+        self._settings(o)
         self.bab = o.bab and ACTIVATIONS[activation].bab
-        self.max_domains = o.max_domains
         # small networks: the BLAS on one thread, and (one hidden layer) input splitting in
         # two processes unless ``workers`` says otherwise (see verify)
         self.small = max(w.shape[0] for w in self.weights) <= ONE_THREAD_WIDTH
@@ -201,21 +307,6 @@ class Verifier:
         return hull.lower_bounds(self._hull_net, self.weights[1], self.biases[1], lo, hi, A, b,
                                  steps=HULL_STEPS, deadline=stop)
 
-    def _attack(self, cases, groups, deadline: float, budget: float, seed: int,
-                scale: int = 1):
-        """(case index, x) of a verified counterexample, or None. One descent per input box
-        on all its cases at once (:meth:`_box_attack`), ``scale`` times the restarts."""
-        stop = min(deadline, time.monotonic() + budget)
-        for g, members in enumerate(groups):
-            if time.monotonic() >= stop:
-                break
-            c0 = cases[members[0]]
-            found = self._box_attack(c0.lo, c0.hi, [(cases[j].A, cases[j].b) for j in members],
-                                     scale * self.attack_restarts, seed + g, stop)
-            if found is not None:
-                return members[found[0]], found[1]
-        return None
-
     def _box_attack(self, lo, hi, problems, restarts: int, seed: int, deadline: float):
         """(j, x): a verified x in [lo, hi] violating case j of ``problems`` [(A, b), ...],
         or None: the MLP's descent."""
@@ -224,48 +315,6 @@ class Verifier:
         return find_counterexample_any(self.weights, self.biases, self.activation, self.alpha,
                                        lo, hi, problems, restarts=restarts,
                                        steps=self.attack_steps, seed=seed, deadline=deadline)
-
-    def _bound_stages(self, cases, deadline: float, done, log):
-        """The bound stages in turn on every open case (one back-substitution per input
-        box). Returns (the verdict if they decided or the deadline passed, else None; the
-        open cases; each case's best row margin; the last stage run)."""
-        n = len(cases)
-        open_cases, margins, stage = list(range(n)), {}, "attack"
-        if log is not None:
-            for name, why in getattr(self, "skipped", ()):
-                log(f"{name}: skipped ({why})")
-        for stage in self.stages:
-            still = []
-            for members in _by_box(cases, open_cases):
-                if time.monotonic() >= deadline:
-                    return (done("timeout", stage, _worst(margins), n - len(open_cases)),
-                            open_cases, margins, stage)
-                still += self._bound_cases(stage, cases, members, margins, deadline)
-            open_cases = sorted(still)
-            if log is not None:
-                log(f"{stage}: {n - len(open_cases)} of {n} cases proven")
-            if not open_cases:
-                return done("unsat", stage, _worst(margins), n), open_cases, margins, stage
-        return None, open_cases, margins, stage
-
-    def _bound_cases(self, stage, cases, members, margins, deadline=None):
-        """Bound the cases ``members`` (one input box) in one back-substitution; returns those
-        not proven and records each case's best row margin."""
-        c0 = cases[members[0]]
-        A = np.concatenate([cases[j].A for j in members])
-        b = np.concatenate([cases[j].b for j in members])
-        diff = self.box_lower_bounds(stage, c0.lo, c0.hi, A, b, deadline) if A.shape[0] \
-            else np.zeros(0)
-        still, at = [], 0
-        for j in members:
-            m = cases[j].A.shape[0]
-            d = diff[at:at + m]
-            at += m
-            # the best row margin any stage reached (a stage cut by the deadline gives -inf)
-            margins[j] = max(float(np.max(d)) if m else -np.inf, margins.get(j, -np.inf))
-            if not np.any(d > 0.0):
-                still.append(j)
-        return still
 
     def _input_split_runs(self, cases, open_cases, deadline) -> List[Run]:
         """One input-splitting search
@@ -380,35 +429,6 @@ class Verifier:
         with blas_threads(1) if self.small else contextlib.nullcontext():
             v = self._verify(prop, timeout, log, status)
         return confirm_sat(v, prop.cases, self.outputs, log)
-
-    def _opening(self, prop, timeout, log):
-        """What every verifier does first (this one and the graph verifier): the sizes
-        checked, the attack on every box, the bound stages on every case. Returns the
-        verdict when they decide, else ``(cases, open_cases, margins, stage, deadline,
-        budget, done)`` for the rest: ``done(result, stage, margin, proven, **kw)`` makes the
-        verdict, timed from the start."""
-        t0 = time.monotonic()
-        deadline = t0 + timeout
-        check_sizes(prop, self.n_inputs, self.n_outputs, "property")
-        cases = list(prop.cases)
-        n = len(cases)
-
-        def done(result, stage, margin, proven, **kw):
-            return Verdict(result, stage, margin, time.monotonic() - t0, cases_proven=proven,
-                           cases=n, **kw)
-
-        if n == 0:  # every case had an empty box: nothing can violate the property
-            return done("unsat", "parse", None, 0)
-        budget = self.attack_time if self.attack_time is not None else max(ATTACK_MIN_S,
-                                                                            ATTACK_SHARE * timeout)
-        found = self._attack(cases, _by_box(cases, range(n)), deadline, budget, self.seed)
-        if found is not None:
-            j, x = found
-            return done("sat", "attack", None, 0, x=x, y=self.outputs(x), case=j)
-        ended, open_cases, margins, stage = self._bound_stages(cases, deadline, done, log)
-        if ended is not None:
-            return ended
-        return cases, open_cases, margins, stage, deadline, budget, done
 
     def _verify(self, prop, timeout, log, status) -> Verdict:
         bab_status = bab_status_for(status, log)
