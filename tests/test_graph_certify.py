@@ -327,3 +327,34 @@ def test_mixed_precision_radius_is_float64_verified(tmp_path, kind, norm):
     b32 = GraphBounds(g, x0, got.eps, qcode, dtype=np.float32).lower(g.output, C)
     b64 = GraphBounds(g, x0, got.eps, qcode).lower(g.output, C)
     assert b32[0] == pytest.approx(b64[0], rel=1e-3, abs=1e-5)
+
+
+def test_warm_up_loads_every_graph_kernel_in_both_precisions(tmp_path):
+    """GraphCertifier.warm_up (run before the first image's clock starts) calls every kernel
+    of the graph fast path, windows and live elements, in float32 (the steering) and float64
+    (the proof), so that the first image's time holds no kernel compilation or cache load.
+    In a fresh process: this one's other tests have called the kernels already."""
+    import subprocess
+    import sys
+
+    path = os.path.join(str(tmp_path), "conv.onnx")
+    onnx.save(BUILDERS["conv"](np.random.default_rng(0)), path)
+    code = f"""
+from crown_cli.certification.graph_certifier import GraphCertifier
+from crown_cli.engine.kernels import graph_kernels
+from crown_cli.graph.onnx_graph import load_graph
+k = graph_kernels()
+names = ("conv_transpose_t", "activation_step_t", "affine_terms_t", "add_rows_t",
+         "win_conv_transpose_t", "win_activation_t", "win_sums_t", "win_scatter_t")
+assert all(not getattr(k, n).signatures for n in names)
+GraphCertifier(load_graph({path!r})).warm_up()
+for n in names:
+    print(n, sorted({{str(sig[0].dtype) for sig in getattr(k, n).signatures}}))
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=600)
+    assert out.returncode == 0, out.stderr[-2000:]
+    lines = out.stdout.strip().splitlines()
+    assert len(lines) == 8
+    for line in lines:
+        assert line.endswith("['float32', 'float64']"), line
