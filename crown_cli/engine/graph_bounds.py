@@ -348,8 +348,9 @@ class GraphBounds:
         return low[:C.shape[0]], -low[C.shape[0]:]
 
     def lower(self, target: int, Lam: np.ndarray, slopes=None, tape=None,
-              lines=None, pool_weights=None) -> np.ndarray:
-        """Verified float64 lower bounds of ``Lam @ value(target)`` (rows (r, size)).
+              lines=None, pool_weights=None, rows: bool = False) -> np.ndarray:
+        """Verified float64 lower bounds of ``Lam @ value(target)`` (rows (r, size));
+        ``rows``: ``(bounds, the rows carried to the flat input (r, d))``.
         ``slopes`` (optional, {activation node: (r, size)}): each row's own lower-line slopes
         at those nodes in place of the relaxation's (valid lower lines through 0 of the
         node's ReLU or leaky ReLU neurons: :mod:`crown_cli.engine.graph_alpha`).
@@ -371,7 +372,8 @@ class GraphBounds:
             Lx, const, mag, charge = fused_rows(self, target, Lam, fused, self.dtype)
         else:
             Lx, const, mag, charge = self._rows(target, Lam, slopes, tape, lines, pool_weights)
-        return self._concretise(Lx, const, mag, charge)
+        low = self._concretise(Lx, const, mag, charge)
+        return (low, Lx) if rows else low
 
     def _concretise(self, Lx, const, mag, charge):
         """Verified lower bounds of the rows ``Lx`` over the flat input plus ``const``, over

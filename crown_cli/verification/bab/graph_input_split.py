@@ -1,32 +1,73 @@
 """Input-splitting branch and bound on a graph network (few inputs):
 :func:`graph_input_split_steps`.
 
-The graph engine bounds one box at a time (:class:`~crown_cli.engine.graph_bounds.GraphBounds`,
-then :func:`~crown_cli.engine.graph_alpha.alpha_lower` on the case's rows), so this is the
-dense engine's input splitting (:mod:`crown_cli.verification.bab.input_split`) without its
-batches: the open box with the worst bound is taken, bounded, tried at its centre and at the
-minimising corners of its rows' linear bounds, and split in two at the midpoint of the
-dimension along which the graph's output rows change most over the box (the gradient at the
-centre times the box's width, :meth:`Graph.vjp`). A box is closed when some row has a
-float64-verified lower bound of ``A_i f(x)`` above ``b_i`` rounded up one ulp; ``sat`` needs
-a point of the box whose float64 forward pass satisfies every row
-(:func:`crown_cli.verification.outcome.violations_of`).
+The search is the dense engine's (:mod:`crown_cli.verification.bab.input_split`: rounds on
+the worst open boxes, the "trial" split rule, the candidate points, the shares proven); only
+its bounds are the graph engine's (:class:`GraphBoxes`): each box a
+:class:`~crown_cli.engine.graph_bounds.GraphBounds` (CROWN, every rounding charged), its
+rows carried to the input for the split rule and the candidate corners, the open boxes' best
+row tightened by :func:`~crown_cli.engine.graph_alpha.alpha_lower`. A box is closed when some
+row has a float64-verified lower bound of ``A_i f(x)`` above ``b_i`` rounded up one ulp;
+``sat`` needs a point of the box whose float64 forward pass satisfies every row
+(:func:`crown_cli.verification.outcome.violations_of`). The graph engine bounds one box at a
+time, so rounds are smaller (:data:`GRAPH_BATCH` boxes) and run in one process.
 
 Arrays in, result out: no files and no printing.
 """
 from __future__ import annotations
 
-import heapq
-import time
-
 import numpy as np
 
-from crown_cli.engine.graph_alpha import alpha_lower
+from crown_cli.engine.graph_alpha import ITERS, LR, alpha_lower
 from crown_cli.engine.graph_bounds import GraphBounds
 from crown_cli.engine.input_sets import Box
+from crown_cli.verification.bab.input_split import InputSplitOptions, BoxSearch
 from crown_cli.verification.outcome import BabResult, finish, violations_of
 
 MAX_OPEN = 100_000  # more open boxes than this: unknown
+GRAPH_BATCH = 16  # open boxes per round (each bounds its halves along 4 candidate dimensions)
+
+
+class GraphBoxes:
+    """Input splitting's bounds on a graph (:class:`~crown_cli.verification.bab.
+    input_split.DenseBoxes`' methods): per box a :class:`GraphBounds`, the rows' bounds and
+    their coefficients over the input; ``alpha_iters`` steps of alpha-CROWN on an open box's
+    best row (0: none). No hidden bounds are inherited (every box's are its own)."""
+
+    inherit = False
+
+    def __init__(self, graph, lo, hi, A, b, b_up, deadline: float, alpha_iters: int):
+        self.graph, self.A, self.b, self.b_up = graph, A, b, b_up
+        self.lo0, self.hi0 = lo, hi
+        self.deadline, self.alpha_iters = deadline, alpha_iters
+
+    def bound(self, L, H, PB=None):
+        """Per box: the rows' bounds lb - b_up, their input coefficients (n, rows, d), the
+        score, and the boxes' GraphBounds (for :meth:`refine`)."""
+        n, m = L.shape[0], self.A.shape[0]
+        lb, Lam, gbs = np.empty((n, m)), np.empty((n, m, L.shape[1])), []
+        for i in range(n):
+            gb = GraphBounds(self.graph, *Box(L[i], H[i]).args(), deadline=self.deadline)
+            lb[i], Lam[i] = gb.lower(self.graph.output, self.A, rows=True)
+            gbs.append(gb)
+        lb = np.where(np.isnan(lb), -np.inf, lb - self.b_up)  # a NaN bound proves nothing
+        s = np.max(lb, axis=1) if m else np.full(n, -np.inf)
+        return lb, Lam, s, {"bounds": gbs}
+
+    def refine(self, L, H, lb, s, info, idx):
+        """alpha-CROWN on the best row of the boxes idx (unproven): their scores raised."""
+        if not self.alpha_iters or not idx.size:
+            return s
+        s = s.copy()
+        for i, row in zip(idx, np.argmax(lb[idx], axis=1)):
+            la = alpha_lower(info["bounds"][i], self.graph.output, self.A[row][None],
+                             self.alpha_iters, LR)[0]
+            s[i] = np.fmax(s[i], la - self.b_up[row])  # a NaN bound proves nothing
+        return s
+
+    def hits(self, X):
+        """Which points of X (n, d) violate the property (the graph's float64 forward pass)."""
+        return violations_of(self.graph.forward, self.lo0, self.hi0, self.A, self.b, X)
 
 
 def graph_input_split(graph, lo, hi, A, b, deadline: float, **options) -> BabResult:
@@ -36,88 +77,22 @@ def graph_input_split(graph, lo, hi, A, b, deadline: float, **options) -> BabRes
 
 def graph_input_split_steps(graph, lo, hi, A, b, deadline: float, max_domains: int = MAX_OPEN,
                             alpha: bool = True, progress=None):
-    """As a generator (yields the share of the box proven after every box, returns the
+    """As a generator (yields the share of the box proven after every round, returns the
     :class:`BabResult`): is there an x in [lo, hi] with ``A f(x) <= b`` (every row)?
+    :func:`~crown_cli.verification.bab.input_split.input_split_steps`' search ("trial"
+    splits, :data:`GRAPH_BATCH` boxes a round, one process) on :class:`GraphBoxes`.
 
     ``unsat``: every sub-box has a row proven above its b; ``sat``: a checked point;
     ``unknown``: more than ``max_domains`` open boxes, or a box too small to split;
-    ``timeout``: ``deadline`` (time.monotonic()) passed. ``alpha``: bound with
-    :func:`alpha_lower` (else CROWN's rows only). ``progress(domains, open, worst)`` after
-    every box."""
-    lo0 = np.asarray(lo, dtype=np.float64).ravel()
-    hi0 = np.asarray(hi, dtype=np.float64).ravel()
-    A = np.atleast_2d(np.asarray(A, dtype=np.float64))
-    b = np.asarray(b, dtype=np.float64).ravel()
-    b_up = np.nextafter(b, np.inf)
-    stats = {"domains": 0, "peak": 1, "splits": 0}
-
-    def result(verdict, x=None, heap=(), note=""):
-        worst = min((h[0] for h in heap), default=np.nan)
-        return BabResult(verdict, x, stats["domains"], stats["peak"], worst,
-                         splits=stats["splits"], note=note)
-
-    def score(L, H):
-        """The box's best row bound minus b (> 0: closed)."""
-        gb = GraphBounds(graph, *Box(L, H).args(), deadline=deadline)
-        lb = alpha_lower(gb, graph.output, A) if alpha else gb.lower(graph.output, A)
-        stats["domains"] += 1
-        lb = np.where(np.isnan(lb), -np.inf, lb - b_up)
-        return float(np.max(lb))
-
-    def probe(L, H):
-        """(a counterexample among the box's centre and each row's descent corner, or None;
-        the rows' gradients at the centre (rows, d), kept for the box's split)."""
-        c = 0.5 * L + 0.5 * H
-        _, vals = graph.forward(c[None], return_all=True)
-        G = graph.vjp(vals, A)  # rows of A at the one centre point
-        X = np.clip(np.array([c] + [np.where(g > 0.0, L, H) for g in G]), lo0, hi0)
-        hit = violations_of(graph.forward, lo0, hi0, A, b, X)
-        return (X[np.argmax(hit)].copy() if hit.any() else None), G
-
-    x, G = probe(lo0, hi0)
-    if x is not None:
-        return result("sat", x)
-    s = score(lo0, hi0)
-    if s > 0.0:
-        return result("unsat")
-    # (score, tie-break, lo, hi, share of the whole box, the rows' gradients at its centre)
-    heap = [(s, 0, lo0, hi0, 1.0, G)]
-    count, proven = 1, 0.0
-    while heap:
-        if time.monotonic() >= deadline:
-            return result("timeout", heap=heap)
-        if len(heap) > max_domains:
-            return result("unknown", heap=heap, note="domain cap")
-        s, _, L, H, share, G = heapq.heappop(heap)
-        mid = 0.5 * L + 0.5 * H
-        ok = (mid > L) & (mid < H)
-        if not ok.any():
-            count += 1  # a fresh tie-break: heap entries never compare their arrays
-            heapq.heappush(heap, (s, count, L, H, share, G))
-            return result("unknown", heap=heap, note="box too small to split")
-        # |d (A f) / dx| at the centre, summed over the rows, times the box's width
-        sens = np.where(ok, np.abs(G).sum(axis=0) * (H - L), -1.0)
-        if not np.any(sens > 0.0):  # flat: the widest splittable dimension
-            sens = np.where(ok, H - L, -1.0)
-        d = int(np.argmax(sens))
-        stats["splits"] += 1
-        for half in (0, 1):
-            L2, H2 = L.copy(), H.copy()
-            if half == 0:
-                H2[d] = mid[d]
-            else:
-                L2[d] = mid[d]
-            x, G2 = probe(L2, H2)
-            if x is not None:
-                return result("sat", x)
-            s2 = max(score(L2, H2), s)  # the parent's bound holds on the half too
-            if s2 > 0.0:
-                proven += 0.5 * share
-            else:
-                count += 1
-                heapq.heappush(heap, (s2, count, L2, H2, 0.5 * share, G2))
-        stats["peak"] = max(stats["peak"], len(heap))
-        if progress is not None:
-            progress(stats["domains"], len(heap), heap[0][0] if heap else np.inf)
-        yield proven
-    return result("unsat")
+    ``timeout``: ``deadline`` (time.monotonic()) passed (a bound cut by it raises
+    :class:`~crown_cli.engine.deadline.DeadlineExceeded`, which the caller's race counts as
+    the timeout). ``alpha``: the open boxes' best row also by alpha-CROWN. ``progress(domains,
+    open, worst)`` after every round."""
+    o = InputSplitOptions(max_domains=max_domains, batch=GRAPH_BATCH, workers=1,
+                          inherit=False, alpha_iters=ITERS if alpha else 0)
+    search = BoxSearch(lo, hi, A, b, o,
+                        lambda A_, b_up: GraphBoxes(graph, np.asarray(lo, np.float64).ravel(),
+                                                    np.asarray(hi, np.float64).ravel(), A_,
+                                                    np.asarray(b, np.float64).ravel(), b_up,
+                                                    deadline, o.alpha_iters))
+    return (yield from search.run(deadline, progress))

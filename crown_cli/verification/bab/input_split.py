@@ -159,41 +159,99 @@ def input_split_steps(problem: InputSplitProblem, deadline: float,
     the :class:`InputSplitOptions`; ``settings`` (keywords named like its fields) override
     them.
     """
-    search = _BoxSearch(problem, replace(options or InputSplitOptions(), **settings))
+    o = replace(options or InputSplitOptions(), **settings)
+    search = BoxSearch(problem.lo, problem.hi, problem.A, problem.b, o,
+                        lambda A, b_up: DenseBoxes(problem, o, A, b_up))
     return (yield from search.run(deadline, progress))
 
 
-class _BoxSearch:
-    """One input-splitting search: the problem's arrays in float64, the settings, the
-    counters; :meth:`run` is the search, :meth:`expand` one "trial" round on some boxes
-    (run by this process or by the forked helper)."""
+class DenseBoxes:
+    """The bounds input splitting takes of a dense network: its boxes bounded in blocks by
+    the batched engine (:func:`~crown_cli.engine.batched.batch_lower_bounds`), the open
+    boxes' best row by alpha-CROWN (:func:`alpha_row_bound`), candidate points checked by
+    the network's float64 forward pass (:func:`violations`), and (``inherit``) each box's
+    hidden-layer bounds kept for its halves. :class:`BoxSearch` takes any object with these
+    methods (the graph engine's: :class:`~crown_cli.verification.bab.graph_input_split.
+    GraphBoxes`)."""
 
-    def __init__(self, p: InputSplitProblem, o: InputSplitOptions):
-        self.o = o
-        self.workers = max(1, min(2, int(o.workers))) if o.split == "trial" and can_fork() \
-            else 1
-        if o.split not in SPLIT_RULES:
-            raise ValueError(f"input_split: unknown split rule '{o.split}'")
+    def __init__(self, p: InputSplitProblem, o: InputSplitOptions, A, b_up):
+        self.o, self.A, self.b_up = o, A, b_up
         self.lo0 = np.asarray(p.lo, dtype=np.float64).ravel()
         self.hi0 = np.asarray(p.hi, dtype=np.float64).ravel()
-        self.A = np.atleast_2d(np.asarray(p.A, dtype=np.float64))
         self.b = np.asarray(p.b, dtype=np.float64).ravel()
-        self.b_up = np.nextafter(self.b, np.inf)
         self.weights = [np.asarray(w, dtype=np.float64) for w in p.weights]
         self.biases = [np.asarray(v, dtype=np.float64) for v in p.biases]
         self.activation, self.alpha = p.activation, p.alpha
         self.net = net = BatchNet(self.weights, self.biases, p.activation, p.alpha, o.adaptive)
         self.block = o.block if o.block is not None else auto_block(
-            [self.weights[0].shape[1]] + [w.shape[0] for w in self.weights], self.A.shape[0])
-        self.d = self.lo0.size
-        self.span = np.where(self.hi0 > self.lo0, self.hi0 - self.lo0, 1.0)
-        self.stats = {"domains": 0, "peak": 1, "splits": 0}
+            [self.weights[0].shape[1]] + [w.shape[0] for w in self.weights], A.shape[0])
         self.widths = [w.shape[0] for w in net.W[:-1]]
         # one hidden layer: a sub-box's interval bounds of it are already within its parent's
         # (an affine map of the box), so there is nothing to inherit but a few ulps
         self.inherit = o.inherit and o.split == "trial" and net.num_hidden > 1
         self.use_alpha = o.alpha_iters > 0 and p.activation == "relu" and \
-            net.num_hidden > 0 and self.A.shape[0]
+            net.num_hidden > 0 and A.shape[0]
+
+    def bound(self, L, H, PB=None):
+        """Per box: the rows' bounds lb - b_up, the rows' input coefficients, the score, the
+        info of batch_lower_bounds."""
+        pb = None if PB is None else self.unpack(PB)
+        lb, info = _bound_blocked(self.net, L, H, self.A, self.block, parent_bounds=pb,
+                                  skip_stable=self.o.skip_stable)
+        lb = np.where(np.isnan(lb), -np.inf, lb - self.b_up)  # a NaN bound proves nothing
+        s = np.max(lb, axis=1) if lb.shape[1] else np.full(lb.shape[0], -np.inf)
+        return lb, info["Lam"], s, info
+
+    @staticmethod
+    def pack(bounds):  # per hidden layer (l, u) -> (N, 2 sum n_k)
+        return np.concatenate([v for lu in bounds for v in lu], axis=1)
+
+    def unpack(self, P):
+        out, at = [], 0
+        for n_k in self.widths:
+            out.append((P[:, at:at + n_k], P[:, at + n_k:at + 2 * n_k]))
+            at += 2 * n_k
+        return out
+
+    def refine(self, L, H, lb, s, info, idx):
+        """alpha-CROWN on the best row of the boxes idx (unproven): their scores raised."""
+        if not self.use_alpha or not idx.size:
+            return s
+        rows = np.argmax(lb[idx], axis=1)
+        la, _, _ = alpha_row_bound(self.net, _take_info(info, idx), L[idx], H[idx], self.A,
+                                   rows, iters=self.o.alpha_iters)
+        s = s.copy()
+        s[idx] = np.fmax(s[idx], la - self.b_up[rows])  # a NaN bound proves nothing
+        return s
+
+    def hits(self, X):
+        """Which points of X (n, d) violate the property (float64 forward pass)."""
+        return violations(self.weights, self.biases, self.activation, self.alpha, self.lo0,
+                          self.hi0, self.A, self.b, X)
+
+
+class BoxSearch:
+    """One input-splitting search of some x in [lo, hi] with ``A f(x) <= b``: the arrays in
+    float64, the settings, the counters and the bounds (``boxes(A, b_up)`` makes them:
+    :class:`DenseBoxes`, or the graph engine's); :meth:`run` is the search, :meth:`expand`
+    one "trial" round on some boxes (run by this process or by the forked helper)."""
+
+    def __init__(self, lo, hi, A, b, o: InputSplitOptions, boxes):
+        self.o = o
+        self.workers = max(1, min(2, int(o.workers))) if o.split == "trial" and can_fork() \
+            else 1
+        if o.split not in SPLIT_RULES:
+            raise ValueError(f"input_split: unknown split rule '{o.split}'")
+        self.lo0 = np.asarray(lo, dtype=np.float64).ravel()
+        self.hi0 = np.asarray(hi, dtype=np.float64).ravel()
+        self.A = np.atleast_2d(np.asarray(A, dtype=np.float64))
+        self.b = np.asarray(b, dtype=np.float64).ravel()
+        self.b_up = np.nextafter(self.b, np.inf)
+        self.boxes = boxes(self.A, self.b_up)
+        self.d = self.lo0.size
+        self.span = np.where(self.hi0 > self.lo0, self.hi0 - self.lo0, 1.0)
+        self.stats = {"domains": 0, "peak": 1, "splits": 0}
+        self.inherit = self.boxes.inherit
         self.helper = None  # the second process (workers > 1), forked at the first large round
 
     def run(self, deadline, progress):
@@ -234,36 +292,10 @@ class _BoxSearch:
                          splits=self.stats["splits"], note=note)
 
     def bound(self, L, H, PB=None):
-        """Per box: the rows' bounds lb - b_up, the rows' input coefficients, the score, the
-        info of batch_lower_bounds."""
-        pb = None if PB is None else self.unpack(PB)
-        lb, info = _bound_blocked(self.net, L, H, self.A, self.block, parent_bounds=pb,
-                                  skip_stable=self.o.skip_stable)
-        lb = np.where(np.isnan(lb), -np.inf, lb - self.b_up)  # a NaN bound proves nothing
-        s = np.max(lb, axis=1) if lb.shape[1] else np.full(lb.shape[0], -np.inf)
-        return lb, info["Lam"], s, info
-
-    @staticmethod
-    def pack(bounds):  # per hidden layer (l, u) -> (N, 2 sum n_k)
-        return np.concatenate([v for lu in bounds for v in lu], axis=1)
-
-    def unpack(self, P):
-        out, at = [], 0
-        for n_k in self.widths:
-            out.append((P[:, at:at + n_k], P[:, at + n_k:at + 2 * n_k]))
-            at += 2 * n_k
-        return out
+        return self.boxes.bound(L, H, PB)
 
     def refine(self, L, H, lb, s, info, idx):
-        """alpha-CROWN on the best row of the boxes idx (unproven): their scores raised."""
-        if not self.use_alpha or not idx.size:
-            return s
-        rows = np.argmax(lb[idx], axis=1)
-        la, _, _ = alpha_row_bound(self.net, _take_info(info, idx), L[idx], H[idx], self.A,
-                                   rows, iters=self.o.alpha_iters)
-        s = s.copy()
-        s[idx] = np.fmax(s[idx], la - self.b_up[rows])  # a NaN bound proves nothing
-        return s
+        return self.boxes.refine(L, H, lb, s, info, idx)
 
     def attack(self, L, H, lb, Lam):
         """Candidate points of the boxes: centres and each row's minimising corner."""
@@ -271,8 +303,7 @@ class _BoxSearch:
         for i in range(self.A.shape[0]):
             pts.append(np.where(Lam[:, i, :] > 0.0, L, H))
         X = np.clip(np.concatenate(pts), self.lo0, self.hi0)
-        hit = violations(self.weights, self.biases, self.activation, self.alpha, self.lo0,
-                         self.hi0, self.A, self.b, X)
+        hit = self.boxes.hits(X)
         return X[np.argmax(hit)].copy() if hit.any() else None
 
     @staticmethod
@@ -293,7 +324,7 @@ class _BoxSearch:
             lb, Lam, S, info = self.bound(Lo, Hi)
             self.stats["domains"] += 1
             if self.inherit:
-                P = self.pack(info["bounds"])
+                P = self.boxes.pack(info["bounds"])
             S = self.refine(Lo, Hi, lb, S, info, np.flatnonzero(S <= 0.0))
             G = self.sensitivity(lb, Lam)
             x = self.attack(Lo, Hi, lb, Lam)
@@ -392,7 +423,7 @@ class _BoxSearch:
         pick = pick[s[pick] <= 0.0]
         return "open", dict(lo=KL[pick], hi=KH[pick], score=s[pick],
                             sens=self.sensitivity(lb[pick], Lam[pick]),
-                            parent=self.pack([(l[pick], u[pick]) for l, u in info["bounds"]])
+                            parent=self.boxes.pack([(l[pick], u[pick]) for l, u in info["bounds"]])
                             if self.inherit else np.zeros((pick.size, 0)),
                             share=0.5 * np.repeat(Vb, 2 * k)[used][pick]), domains
 
