@@ -347,7 +347,6 @@ def _live_step(gb, i, rows: Rows, give, acc, Lx, kernels) -> None:
         for j, s in zip(node.inputs, node.op.signs):
             give(j, (idx, Lt if s == 1.0 else -Lt))
     else:
-        op = node.op
         Lt = np.ascontiguousarray(Lt)
         sums = np.empty((r, 3))
         b, absb = _bias(gb, i, dt)

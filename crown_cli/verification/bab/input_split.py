@@ -404,7 +404,6 @@ class BoxSearch:
         ok = splittable(L, H)
         if not ok.any(axis=1).all():
             return "unknown", None, 0
-        n = L.shape[0]
         cand, use = self._trial_dims(L, H, Gb, ok)
         k = cand.shape[1]
         cand_ok = np.take_along_axis(ok, cand, axis=1) & use
