@@ -129,9 +129,11 @@ def test_multiplier_and_slope_gradient_matches_finite_differences(tmp_path):
 @pytest.mark.parametrize("kind,seed", [("conv", 3), ("conv", 7), ("dense", 3), ("dense", 7),
                                        ("normalised", 3), ("relu_residual", 3),
                                        ("relu_residual", 5)])
-def test_verdicts_equal_the_milp_on_both_sides_of_the_minimum(tmp_path, kind, seed):
+@pytest.mark.parametrize("fsb_k", [1, 3])
+def test_verdicts_equal_the_milp_on_both_sides_of_the_minimum(tmp_path, kind, seed, fsb_k):
     """b 0.1% (relative) below the exact minimum: unsat; 0.1% above: sat, with a point the
-    float64 forward pass confirms."""
+    float64 forward pass confirms; branching by BaBSR (fsb_k 1) and by filtered smart
+    branching over 3 candidates."""
     g = graph_of(tmp_path, kind, seed)
     assert grs.exact_when_split(g)
     rng = np.random.default_rng(seed + 1)
@@ -142,7 +144,8 @@ def test_verdicts_equal_the_milp_on_both_sides_of_the_minimum(tmp_path, kind, se
     m, _ = graph_min(g, lo, hi, row)
     for delta, want in ((-1e-3, "unsat"), (1e-3, "sat")):
         b = m + delta * (1 + abs(m))
-        r = grs.graph_relu_split(g, lo, hi, row[None], np.array([b]), time.monotonic() + 60)
+        r = grs.graph_relu_split(g, lo, hi, row[None], np.array([b]), time.monotonic() + 60,
+                                 fsb_k=fsb_k)
         assert r.verdict == want, (kind, seed, delta, r)
         if want == "sat":
             assert np.all((r.x >= lo) & (r.x <= hi)) and row @ g.forward(r.x) <= b

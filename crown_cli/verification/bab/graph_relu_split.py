@@ -112,11 +112,14 @@ class _Space:
                                for i, idx, _ in self.nodes]).astype(np.float64)
 
 
-def _bound(space: _Space, A, b_up, split, alpha, beta, iters: int, lr: float):
+def _bound(space: _Space, A, b_up, split, alpha, beta, iters: int, lr: float,
+           fsb_k: int = 1):
     """Optimise and bound a batch: ``split`` (N, nU), ``alpha``, ``beta`` (N, m, nU) (updated
     in place to the best iterate). Returns (bounds (N, m) float64 verified, minimisers
     (N * m, d), the neuron to split next per domain (N,), -1 when none is open, and the
-    coefficient each row gives that neuron's activation at the best iterate (N, m))."""
+    coefficient each row gives that neuron's activation at the best iterate (N, m)).
+    ``fsb_k`` > 1: the neuron by filtered smart branching over that many candidates
+    (:func:`_fsb_choice`), else the best BaBSR score."""
     gb, g = space.gb, space.gb.g
     N, m, nU = alpha.shape
     R = N * m
@@ -170,8 +173,35 @@ def _bound(space: _Space, A, b_up, split, alpha, beta, iters: int, lr: float):
     scores = np.maximum(-Lall, 0.0) * t + 1e-3 * np.abs(Lall) * (space.u - space.l)
     scores = np.where(sp == 0, scores, -np.inf).reshape(N, m, nU).max(axis=1)
     choice = np.where(np.isfinite(scores).any(axis=1), np.argmax(scores, axis=1), -1)
-    Lc = Lall.reshape(N, m, nU)[np.arange(N), :, np.maximum(choice, 0)]
+    Lall = Lall.reshape(N, m, nU)
+    if fsb_k > 1 and np.any(choice >= 0):
+        choice = _fsb_choice(space, A, b_up, split, alpha, beta, scores, Lall, fsb_k, choice)
+    Lc = Lall[np.arange(N), :, np.maximum(choice, 0)]
     return best.best.reshape(N, m), best_x, choice, Lc
+
+
+def _fsb_choice(space: _Space, A, b_up, split, alpha, beta, scores, Lall, k: int, choice):
+    """Filtered smart branching (the dense search's rule): per domain its ``k`` best
+    candidates by the BaBSR score, each candidate's two children bounded once at the
+    domain's slopes and multipliers (the new split's multiplier as :func:`_children` sets
+    it), the candidate with the best worse child taken. Domains with no open neuron keep
+    ``choice`` (-1)."""
+    gb = space.gb
+    N, m, nU = alpha.shape
+    K = min(k, nU)
+    cand = np.argsort(-scores, axis=1, kind="stable")[:, :K]  # (N, K)
+    valid = np.isfinite(np.take_along_axis(scores, cand, axis=1)).ravel()
+    reps, c = np.repeat(np.arange(N), K), cand.ravel()
+    cs, ca, cb = _children(split[reps], alpha[reps], beta[reps], c, Lall[reps, :, c])
+    R = cs.shape[0] * m
+    val = gb.lower(gb.g.output, np.tile(A, (cs.shape[0], 1)),
+                   lines=space.lines(np.repeat(cs, m, axis=0), ca.reshape(R, nU),
+                                     cb.reshape(R, nU))) - np.tile(b_up, cs.shape[0])
+    v = np.where(np.isfinite(val), val, -np.inf).reshape(-1, m).max(axis=1)
+    P = N * K
+    worse = np.where(valid, np.minimum(v[:P], v[P:]), -np.inf).reshape(N, K)
+    best = cand[np.arange(N), np.argmax(worse, axis=1)]
+    return np.where(choice >= 0, best, -1)
 
 
 def _children(split, alpha, beta, choice, Lc):
@@ -253,6 +283,7 @@ class GraphReluSplitOptions:
     iters: int = 10  # Adam steps on alpha and beta per domain
     root_iters: int = 30  # ... at the root
     lr: float = 0.1  # Adam's step size
+    fsb_k: int = 1  # > 1: filtered smart branching over that many BaBSR candidates
 
 
 def graph_relu_split(graph, lo, hi, A, b, deadline: float, **options) -> BabResult:
@@ -360,7 +391,7 @@ class _GraphSearch:
         alpha = np.broadcast_to(space.initial_alpha(), (1, m, nU)).copy()
         beta = np.zeros((1, m, nU))
         val, X, choice, Lc = _bound(space, A, self.b_up, split, alpha, beta, self.o.root_iters,
-                                    self.o.lr)
+                                    self.o.lr, self.o.fsb_k)
         self.stats["domains"] += 1
         score = float(val.max())
         if score > 0.0:
@@ -399,7 +430,7 @@ class _GraphSearch:
                                np.stack([p[4] for p in par]), np.array([p[5] for p in par]),
                                np.stack([p[6] for p in par]))
         val, X, choice, Lc = _bound(self.space, self.A, self.b_up, cs, ca, cb, self.o.iters,
-                                    self.o.lr)
+                                    self.o.lr, self.o.fsb_k)
         stats["domains"] += 2 * P
         stats["batches"] += 1
         x = self.check(X)
