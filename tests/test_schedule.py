@@ -130,3 +130,22 @@ def test_a_stalled_first_strategy_lets_the_second_join_after_its_projected_finis
     started = dict(seen)
     assert out["result"] == "unsat" and "b" in started
     assert 2 * 0.3 / 0.6 - 0.05 <= started["b"] - started["a"] < 3.0
+
+
+def test_a_bound_cut_by_the_deadline_ends_the_race_in_timeout_with_its_domains():
+    """A search whose bound raises DeadlineExceeded (the graph engine's searches do, from
+    inside a GraphBounds) ends the race in ``timeout`` with the domains its runs reported so
+    far, not 0."""
+    from crown_cli.engine.deadline import DeadlineExceeded
+
+    def start(progress):
+        def gen():
+            for i in range(1, 4):
+                progress(10 * i, 3, -0.25)
+                yield 0.0
+            raise DeadlineExceeded("past the deadline")
+        return gen()
+
+    out, _ = _race([Run([0], "a", start)], 1)
+    assert out["result"] == "timeout" and out["stage"] == "bab"
+    assert out["domains"] == 30 and out["margin"] == -0.25

@@ -19,6 +19,8 @@ from typing import Callable, Dict, List, Optional, Sequence
 
 import numpy as np
 
+from crown_cli.engine.deadline import DeadlineExceeded
+
 # Each strategy that has run at least PROBE_S seconds is judged by its rate; before that it
 # is run first (the probe). A strategy behind in rate keeps at least FLOOR of the time.
 PROBE_S = 0.3
@@ -179,7 +181,10 @@ class _Race:
             mine = [r for r in live if r.strategy == s]
             r = mine[self.turn[s] % len(mine)]
             self.turn[s] += 1
-            res = self.give_slice(r, s, probing)
+            try:
+                res = self.give_slice(r, s, probing)
+            except DeadlineExceeded:  # a bound inside the search (its root, a domain) ran out
+                return self.finish("timeout", margin=self.open_margin())
             if res is None:
                 continue
             verdict = self.settle(r, s, res)
