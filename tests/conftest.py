@@ -45,6 +45,16 @@ def random_network(sizes, seed, bias_scale=0.1):
     return ws, bs
 
 
+def error_line(res):
+    """The one stderr line of a refused command (crown's own errors are one line), without a
+    traceback."""
+    lines = res.stderr.strip().splitlines()
+    assert len(lines) == 1, res.stderr
+    assert lines[0].startswith("crown: error: "), lines[0]
+    assert "Traceback" not in res.output
+    return lines[0]
+
+
 def interrupt_row_writes(monkeypatch, at: int = 3):
     """Make the ``at``-th row write of a result file raise KeyboardInterrupt (Ctrl-C in the
     middle of a run); returns the real ``RowWriter.write`` to put back."""

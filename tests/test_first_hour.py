@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
-from conftest import ROOT, interrupt_row_writes, model_path
+from conftest import ROOT, error_line, interrupt_row_writes, model_path
 from crown_cli.cli import cli
 
 SMALL = model_path("mnist_2x20.h5")
@@ -26,15 +26,6 @@ CLI_DOC = os.path.join(ROOT, "docs", "cli.md")
 
 def run(*args, env=None):
     return CliRunner().invoke(cli, [str(a) for a in args], env=env)
-
-
-def error_line(res):
-    """The one stderr line of a refused command (crown's own errors are one line)."""
-    lines = res.stderr.strip().splitlines()
-    assert len(lines) == 1, res.stderr
-    assert lines[0].startswith("crown: error: "), lines[0]
-    assert "Traceback" not in res.output
-    return lines[0]
 
 
 def certify(*args):

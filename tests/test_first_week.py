@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
-from conftest import ROOT, interrupt_row_writes, model_path
+from conftest import ROOT, error_line, interrupt_row_writes, model_path
 from crown_cli.cli import cli
 
 onnx = pytest.importorskip("onnx")
@@ -30,15 +30,6 @@ GiB = 2 ** 30
 
 def run(*args):
     return CliRunner().invoke(cli, [str(a) for a in args])
-
-
-def error_line(res):
-    """The one stderr line of a refused command, without a traceback."""
-    lines = res.stderr.strip().splitlines()
-    assert len(lines) == 1, res.stderr
-    assert lines[0].startswith("crown: error: "), lines[0]
-    assert "Traceback" not in res.output
-    return lines[0]
 
 
 @contextlib.contextmanager
