@@ -161,19 +161,25 @@ def test_matmul_with_the_constant_on_either_side(tmp_path):
     assert mlp.sizes == [8, 5, 4, 3] and mlp.activation == "tanh"
 
 
-def test_normalisation_before_the_first_layer_is_folded(tmp_path):
-    """(x - mean) / std on an image-shaped input (ACAS Xu / VNN style), then Flatten."""
-    mean, std = f32([[0.5, -0.25, 1.0]]), f32([2.0, 0.5, 4.0])
-    w0, w1 = rand((6, 6), 6), rand((3, 6), 7)
+def _normalised_chain(tmp_path, mean, std, w0, b0, w1):
+    """(x - mean) / std on a (1, 1, 2, 3) input, Flatten, Gemm(W0, b0), Relu, Gemm(W1): the
+    ONNX file's path."""
     nodes = [helper.make_node("Sub", ["x", "mean"], ["c"], name="centre"),
              helper.make_node("Div", ["c", "std"], ["n"], name="scale"),
              helper.make_node("Flatten", ["n"], ["f"], name="flatten"),
              helper.make_node("Gemm", ["f", "W0", "b0"], ["z"], name="dense0", transB=1),
              helper.make_node("Relu", ["z"], ["a"], name="relu"),
              helper.make_node("Gemm", ["a", "W1"], ["y"], name="dense1", transB=1)]
-    inits = [init("mean", mean), init("std", std), init("W0", w0), init("b0", f32(np.ones(6) * 0.1)),
-             init("W1", w1)]
-    mlp = assert_matches_reference(save(tmp_path / "n.onnx", nodes, inits, [1, 1, 2, 3]))
+    inits = [init("mean", mean), init("std", std), init("W0", w0), init("b0", b0), init("W1", w1)]
+    return save(tmp_path / "n.onnx", nodes, inits, [1, 1, 2, 3])
+
+
+def test_normalisation_before_the_first_layer_is_folded(tmp_path):
+    """(x - mean) / std on an image-shaped input (ACAS Xu / VNN style), then Flatten."""
+    mean, std = f32([[0.5, -0.25, 1.0]]), f32([2.0, 0.5, 4.0])
+    w0, w1 = rand((6, 6), 6), rand((3, 6), 7)
+    path = _normalised_chain(tmp_path, mean, std, w0, f32(np.ones(6) * 0.1), w1)
+    mlp = assert_matches_reference(path)
     assert mlp.sizes == [6, 6, 3]
     # the fold is the math: W0 / std (per column), b0 - W0 (mean / std)
     cols = np.tile(std.astype(np.float64), 2)
@@ -188,14 +194,7 @@ def test_a_normalised_chain_loads_as_the_graphs_float64_fold(tmp_path):
     weights, bit for bit, as that composition computed here."""
     mean, std = f32([[0.5, -0.25, 1.0]]), f32([2.0, 0.5, 3.0])
     w0, w1, b0 = rand((6, 6), 6), rand((3, 6), 7), f32(np.linspace(-0.3, 0.2, 6))
-    nodes = [helper.make_node("Sub", ["x", "mean"], ["c"], name="centre"),
-             helper.make_node("Div", ["c", "std"], ["n"], name="scale"),
-             helper.make_node("Flatten", ["n"], ["f"], name="flatten"),
-             helper.make_node("Gemm", ["f", "W0", "b0"], ["z"], name="dense0", transB=1),
-             helper.make_node("Relu", ["z"], ["a"], name="relu"),
-             helper.make_node("Gemm", ["a", "W1"], ["y"], name="dense1", transB=1)]
-    inits = [init("mean", mean), init("std", std), init("W0", w0), init("b0", b0), init("W1", w1)]
-    path = save(tmp_path / "n.onnx", nodes, inits, [1, 1, 2, 3])
+    path = _normalised_chain(tmp_path, mean, std, w0, b0, w1)
     mlp = assert_matches_reference(path)
     a = np.tile(1.0 / std.astype(np.float64), 2)
     c = a * -np.tile(mean[0].astype(np.float64), 2)
