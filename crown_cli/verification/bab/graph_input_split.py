@@ -36,21 +36,21 @@ class GraphBoxes:
 
     inherit = False
 
-    def __init__(self, graph, lo, hi, A, b, b_up, deadline: float, alpha_iters: int):
-        self.graph, self.A, self.b, self.b_up = graph, A, b, b_up
-        self.lo0, self.hi0 = lo, hi
+    def __init__(self, graph, search, deadline: float, alpha_iters: int):
+        self.graph, self.search = graph, search  # its arrays: lo0, hi0, A, b, b_up
         self.deadline, self.alpha_iters = deadline, alpha_iters
 
     def bound(self, L, H, PB=None):
         """Per box: the rows' bounds lb - b_up, their input coefficients (n, rows, d), the
         score, and the boxes' GraphBounds (for :meth:`refine`)."""
-        n, m = L.shape[0], self.A.shape[0]
+        q = self.search
+        n, m = L.shape[0], q.A.shape[0]
         lb, Lam, gbs = np.empty((n, m)), np.empty((n, m, L.shape[1])), []
         for i in range(n):
             gb = GraphBounds(self.graph, *Box(L[i], H[i]).args(), deadline=self.deadline)
-            lb[i], Lam[i] = gb.lower(self.graph.output, self.A, rows=True)
+            lb[i], Lam[i] = gb.lower(self.graph.output, q.A, rows=True)
             gbs.append(gb)
-        lb = np.where(np.isnan(lb), -np.inf, lb - self.b_up)  # a NaN bound proves nothing
+        lb = np.where(np.isnan(lb), -np.inf, lb - q.b_up)  # a NaN bound proves nothing
         s = np.max(lb, axis=1) if m else np.full(n, -np.inf)
         return lb, Lam, s, {"bounds": gbs}
 
@@ -58,16 +58,18 @@ class GraphBoxes:
         """alpha-CROWN on the best row of the boxes idx (unproven): their scores raised."""
         if not self.alpha_iters or not idx.size:
             return s
+        q = self.search
         s = s.copy()
         for i, row in zip(idx, np.argmax(lb[idx], axis=1)):
-            la = alpha_lower(info["bounds"][i], self.graph.output, self.A[row][None],
+            la = alpha_lower(info["bounds"][i], self.graph.output, q.A[row][None],
                              self.alpha_iters, LR)[0]
-            s[i] = np.fmax(s[i], la - self.b_up[row])  # a NaN bound proves nothing
+            s[i] = np.fmax(s[i], la - q.b_up[row])  # a NaN bound proves nothing
         return s
 
     def hits(self, X):
         """Which points of X (n, d) violate the property (the graph's float64 forward pass)."""
-        return violations_of(self.graph.forward, self.lo0, self.hi0, self.A, self.b, X)
+        q = self.search
+        return violations_of(self.graph.forward, q.lo0, q.hi0, q.A, q.b, X)
 
 
 def graph_input_split(graph, lo, hi, A, b, deadline: float, **options) -> BabResult:
@@ -91,8 +93,5 @@ def graph_input_split_steps(graph, lo, hi, A, b, deadline: float, max_domains: i
     o = InputSplitOptions(max_domains=max_domains, batch=GRAPH_BATCH, workers=1,
                           inherit=False, alpha_iters=ITERS if alpha else 0)
     search = BoxSearch(lo, hi, A, b, o,
-                        lambda A_, b_up: GraphBoxes(graph, np.asarray(lo, np.float64).ravel(),
-                                                    np.asarray(hi, np.float64).ravel(), A_,
-                                                    np.asarray(b, np.float64).ravel(), b_up,
-                                                    deadline, o.alpha_iters))
+                       lambda q: GraphBoxes(graph, q, deadline, o.alpha_iters))
     return (yield from search.run(deadline, progress))

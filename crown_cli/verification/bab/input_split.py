@@ -161,7 +161,7 @@ def input_split_steps(problem: InputSplitProblem, deadline: float,
     """
     o = replace(options or InputSplitOptions(), **settings)
     search = BoxSearch(problem.lo, problem.hi, problem.A, problem.b, o,
-                        lambda A, b_up: DenseBoxes(problem, o, A, b_up))
+                       lambda q: DenseBoxes(problem, q))
     return (yield from search.run(deadline, progress))
 
 
@@ -174,11 +174,9 @@ class DenseBoxes:
     methods (the graph engine's: :class:`~crown_cli.verification.bab.graph_input_split.
     GraphBoxes`)."""
 
-    def __init__(self, p: InputSplitProblem, o: InputSplitOptions, A, b_up):
-        self.o, self.A, self.b_up = o, A, b_up
-        self.lo0 = np.asarray(p.lo, dtype=np.float64).ravel()
-        self.hi0 = np.asarray(p.hi, dtype=np.float64).ravel()
-        self.b = np.asarray(p.b, dtype=np.float64).ravel()
+    def __init__(self, p: InputSplitProblem, search: "BoxSearch"):
+        o, A = search.o, search.A
+        self.o, self.search = o, search
         self.weights = [np.asarray(w, dtype=np.float64) for w in p.weights]
         self.biases = [np.asarray(v, dtype=np.float64) for v in p.biases]
         self.activation, self.alpha = p.activation, p.alpha
@@ -196,9 +194,9 @@ class DenseBoxes:
         """Per box: the rows' bounds lb - b_up, the rows' input coefficients, the score, the
         info of batch_lower_bounds."""
         pb = None if PB is None else self.unpack(PB)
-        lb, info = _bound_blocked(self.net, L, H, self.A, self.block, parent_bounds=pb,
+        lb, info = _bound_blocked(self.net, L, H, self.search.A, self.block, parent_bounds=pb,
                                   skip_stable=self.o.skip_stable)
-        lb = np.where(np.isnan(lb), -np.inf, lb - self.b_up)  # a NaN bound proves nothing
+        lb = np.where(np.isnan(lb), -np.inf, lb - self.search.b_up)  # NaN proves nothing
         s = np.max(lb, axis=1) if lb.shape[1] else np.full(lb.shape[0], -np.inf)
         return lb, info["Lam"], s, info
 
@@ -218,22 +216,23 @@ class DenseBoxes:
         if not self.use_alpha or not idx.size:
             return s
         rows = np.argmax(lb[idx], axis=1)
-        la, _, _ = alpha_row_bound(self.net, _take_info(info, idx), L[idx], H[idx], self.A,
-                                   rows, iters=self.o.alpha_iters)
+        la, _, _ = alpha_row_bound(self.net, _take_info(info, idx), L[idx], H[idx],
+                                   self.search.A, rows, iters=self.o.alpha_iters)
         s = s.copy()
-        s[idx] = np.fmax(s[idx], la - self.b_up[rows])  # a NaN bound proves nothing
+        s[idx] = np.fmax(s[idx], la - self.search.b_up[rows])  # a NaN bound proves nothing
         return s
 
     def hits(self, X):
         """Which points of X (n, d) violate the property (float64 forward pass)."""
-        return violations(self.weights, self.biases, self.activation, self.alpha, self.lo0,
-                          self.hi0, self.A, self.b, X)
+        q = self.search
+        return violations(self.weights, self.biases, self.activation, self.alpha, q.lo0, q.hi0,
+                          q.A, q.b, X)
 
 
 class BoxSearch:
     """One input-splitting search of some x in [lo, hi] with ``A f(x) <= b``: the arrays in
-    float64, the settings, the counters and the bounds (``boxes(A, b_up)`` makes them:
-    :class:`DenseBoxes`, or the graph engine's); :meth:`run` is the search, :meth:`expand`
+    float64, the settings, the counters and the bounds (``boxes(search)`` makes them from
+    this search's arrays: :class:`DenseBoxes`, or the graph engine's); :meth:`run` is the search, :meth:`expand`
     one "trial" round on some boxes (run by this process or by the forked helper)."""
 
     def __init__(self, lo, hi, A, b, o: InputSplitOptions, boxes):
@@ -247,7 +246,7 @@ class BoxSearch:
         self.A = np.atleast_2d(np.asarray(A, dtype=np.float64))
         self.b = np.asarray(b, dtype=np.float64).ravel()
         self.b_up = np.nextafter(self.b, np.inf)
-        self.boxes = boxes(self.A, self.b_up)
+        self.boxes = boxes(self)
         self.d = self.lo0.size
         self.span = np.where(self.hi0 > self.lo0, self.hi0 - self.lo0, 1.0)
         self.stats = {"domains": 0, "peak": 1, "splits": 0}
