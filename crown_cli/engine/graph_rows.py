@@ -42,6 +42,8 @@ from crown_cli.graph.ops import Conv, Dense, Sum
 Rows = Tuple[Optional[np.ndarray], np.ndarray]  # (live element indices or None, Lt (k, r))
 # rows leave their windows when a window would cover this share of the chunk's bounding box
 WIN_SHARE = 0.75
+# rows on more than this share of a node's elements are held on all of them (idx None)
+LIVE_SHARE = 0.75
 
 
 class Win(NamedTuple):
@@ -98,7 +100,7 @@ def _conv_live(op: Conv, idx):
             ok = (yy >= 0) & (yy < H) & (xx >= 0) & (xx < W)
             hit[yy[ok], xx[ok]] = True
     spatial = np.flatnonzero(hit.reshape(-1))
-    if spatial.size > 0.75 * H * W:
+    if spatial.size > LIVE_SHARE * H * W:
         return None
     return (np.arange(C)[:, None] * (H * W) + spatial[None, :]).reshape(-1)
 
@@ -134,7 +136,7 @@ def _unwin(win: Win, node, kernels) -> Rows:
     for y, x in set(zip(win.oy.tolist(), win.ox.tolist())):
         hit[max(0, y):max(0, y + h), max(0, x):max(0, x + w)] = True
     spatial = np.flatnonzero(hit.reshape(-1))
-    if spatial.size > 0.75 * H * W:
+    if spatial.size > LIVE_SHARE * H * W:
         idx, where = None, np.arange(C * H * W)
     else:
         idx = (np.arange(C)[:, None] * (H * W) + spatial[None, :]).reshape(-1)
@@ -194,7 +196,7 @@ def fused_rows(gb, target: int, Lam, kernels, dtype=np.float64):
     else:
         Lam = np.asarray(Lam, dtype)
         live = np.flatnonzero(np.any(Lam != 0, axis=0))
-        idx0 = None if live.size > 0.75 * Lam.shape[1] else live
+        idx0 = None if live.size > LIVE_SHARE * Lam.shape[1] else live
         first = (idx0, np.ascontiguousarray((Lam if idx0 is None else Lam[:, idx0]).T))
     r = first.Pt.shape[3] if isinstance(first, Win) else first[1].shape[1]
     acc = np.zeros((3, r))  # constant, magnitude, charge
