@@ -99,10 +99,16 @@ def _conv_live(op: Conv, idx):
             xx = x * sw + j * dw - pl
             ok = (yy >= 0) & (yy < H) & (xx >= 0) & (xx < W)
             hit[yy[ok], xx[ok]] = True
+    return _every_channel(hit, C)
+
+
+def _every_channel(hit, C: int):
+    """The elements (flat (C, H, W) indices, sorted) of every channel at the positions
+    ``hit`` (H, W) marks; None when they pass :data:`LIVE_SHARE` of the node."""
     spatial = np.flatnonzero(hit.reshape(-1))
-    if spatial.size > LIVE_SHARE * H * W:
+    if spatial.size > LIVE_SHARE * hit.size:
         return None
-    return (np.arange(C)[:, None] * (H * W) + spatial[None, :]).reshape(-1)
+    return (np.arange(C)[:, None] * hit.size + spatial[None, :]).reshape(-1)
 
 
 def _image(node) -> Optional[Tuple[int, int, int]]:
@@ -135,11 +141,10 @@ def _unwin(win: Win, node, kernels) -> Rows:
     hit = np.zeros((H, W), bool)
     for y, x in set(zip(win.oy.tolist(), win.ox.tolist())):
         hit[max(0, y):max(0, y + h), max(0, x):max(0, x + w)] = True
-    spatial = np.flatnonzero(hit.reshape(-1))
-    if spatial.size > LIVE_SHARE * H * W:
-        idx, where = None, np.arange(C * H * W)
+    idx = _every_channel(hit, C)
+    if idx is None:
+        where = np.arange(C * H * W)
     else:
-        idx = (np.arange(C)[:, None] * (H * W) + spatial[None, :]).reshape(-1)
         where = np.full(C * H * W, -1, np.int64)
         where[idx] = np.arange(idx.size)
     Lt = np.zeros((C * H * W if idx is None else idx.size, win.Pt.shape[3]), win.Pt.dtype)
