@@ -83,23 +83,7 @@ def _on(rows: Rows, idx, n: int) -> np.ndarray:
 def _conv_live(op: Conv, idx):
     """The input elements (flat indices, sorted) a convolution's transpose reaches from the
     output elements ``idx``, every channel of each input position; None: (nearly) all."""
-    if idx is None:
-        return None
-    O, OH, OW = op.out_shape
-    C, H, W = op.in_shape
-    (sh, sw), (dh, dw) = op.strides, op.dilations
-    pt, pl = op.pads[:2]
-    kh, kw = op.weight.shape[2:]
-    pos = idx % (OH * OW)
-    y, x = pos // OW, pos % OW
-    hit = np.zeros((H, W), bool)
-    for i in range(kh):
-        yy = y * sh + i * dh - pt
-        for j in range(kw):
-            xx = x * sw + j * dw - pl
-            ok = (yy >= 0) & (yy < H) & (xx >= 0) & (xx < W)
-            hit[yy[ok], xx[ok]] = True
-    return _every_channel(hit, C)
+    return None if idx is None else _every_channel(op.reach(idx), op.in_shape[0])
 
 
 def _every_channel(hit, C: int):

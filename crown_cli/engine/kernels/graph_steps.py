@@ -7,10 +7,10 @@ GraphBounds.lower` charges. Their numpy twins: ``Conv._conv_numpy`` and
 order) and the numpy path of ``GraphBounds.lower``.
 
 Rows carried down a convolutional network are sparse: a row over an intermediate neuron
-touches only that neuron's receptive field, so the kernel visits each nonzero coefficient
-once and skips the zeros (adding ``0 * w`` changes no sum). A sum gathers at most
-``(O / group) * kh * kw`` products, in whatever order, which is the count the rounding charge
-of :mod:`crown_cli.engine.graph_bounds` assumes.
+touches only that neuron's receptive field, so a transpose runs on the output elements some
+row touches and the input elements they reach (an element no row touches adds ``0 * w`` to
+no sum). A sum gathers at most ``(O / group) * kh * kw`` products, in whatever order, which is
+the count the rounding charge of :mod:`crown_cli.engine.graph_bounds` assumes.
 """
 import os
 
@@ -60,7 +60,8 @@ def conv_transpose(L, weight, strides, dilations, pads, group, G):
 
 
 def transpose_rows(L, weight, strides, dilations, pads, group, in_shape):
-    """The transposed convolution (r, C, H, W) of the rows ``L`` (r, O, OH, OW)."""
+    """The transposed convolution (r, C, H, W) of the rows ``L`` (r, O, OH, OW), row by row
+    (for rows sparse within the elements they touch together)."""
     G = np.zeros((L.shape[0],) + tuple(in_shape))
     conv_transpose(np.ascontiguousarray(L), weight, *conv_args(strides, dilations, pads, group),
                    G)
