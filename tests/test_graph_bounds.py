@@ -150,7 +150,7 @@ def test_crown_tightens_intervals_and_interval_mode(tmp_path):
 def test_maxpool_lines():
     """A window whose largest lower bound passes every other upper bound is exact; else
     y >= x_k* and y <= max u, and the bounds hold on every point of the box's vertices."""
-    from crown_cli.engine.graph_bounds import PoolLines
+    from crown_cli.engine.node_rules import PoolLines
 
     win = np.array([[0, 1, 2], [2, 3, -1], [1, 3, 0]])
     lo, hi = np.array([0.0, 1.0, -1.0, 1.5]), np.array([0.5, 2.0, 0.9, 3.0])
@@ -330,7 +330,7 @@ def test_maxpool_weighted_lines_hold_everywhere(total):
     ``total``: off the simplex the deficit is charged as ``delta * max|y|``) hold on the
     box's vertices and on random points; dominated windows stay exact; with one-hot weights
     on k* the bound equals the unweighted one up to the charges."""
-    from crown_cli.engine.graph_bounds import PoolLines
+    from crown_cli.engine.node_rules import PoolLines
 
     rng = np.random.default_rng(3)
     win = np.array([[0, 1, 2], [2, 3, -1], [1, 3, 0], [0, 2, 3], [0, 2, -1]])
@@ -364,7 +364,7 @@ def test_maxpool_weighted_lines_charge_covers_exact_rounding():
     inputs' magnitudes), on coefficients spread over 12 orders of magnitude."""
     from fractions import Fraction as F
 
-    from crown_cli.engine.graph_bounds import PoolLines
+    from crown_cli.engine.node_rules import PoolLines
 
     rng = np.random.default_rng(11)
     n_in, m, K = 12, 9, 4

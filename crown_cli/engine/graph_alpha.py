@@ -30,7 +30,6 @@ from typing import Dict, Optional, Tuple
 
 import numpy as np
 
-from crown_cli.activations import default_alpha
 from crown_cli.engine.deadline import check_deadline
 from crown_cli.engine.input_sets import Box
 from crown_cli.engine.optim import Adam, AdamSettings, BestIterate
@@ -50,19 +49,9 @@ def free_slopes(gb, upto: Optional[int] = None) -> Dict[int, Tuple[np.ndarray, f
     for i, node in enumerate(gb.g.nodes):
         if upto is not None and i > upto:
             break
-        if node.kind != "activation" or node.op.name not in ("relu", "leaky_relu"):
-            continue
-        leak = 0.0 if node.op.name == "relu" else float(
-            default_alpha("leaky_relu") if node.op.alpha is None else node.op.alpha)
-        if not 0.0 <= leak <= 1.0:
-            continue
-        p = node.inputs[0]
-        unst = (gb.lo[p] < 0.0) & (gb.hi[p] > 0.0)
-        icpt = gb.lines[i].lower_icpt
-        if icpt is not None:  # a free slope keeps the line through 0: only where it is one
-            unst &= np.asarray(icpt) == 0.0
-        if unst.any():
-            out[i] = (unst, leak)
+        free = gb.plan[i].free_slopes(gb, i, node)
+        if free is not None:
+            out[i] = free
     return out
 
 
@@ -128,24 +117,7 @@ def _relaxed_forward(gb, target, x, tape, pool_weights=None):
         if i not in tape:
             continue
         check_deadline(gb.deadline)
-        node = g.nodes[i]
-        if node.kind == "input":
-            vals[i] = x[:, node.op.offset:node.op.offset + node.op.size]
-        elif node.kind == "activation":
-            _, _, slope, icpt = tape[i]
-            vals[i] = slope * vals[node.inputs[0]] + icpt
-        elif node.kind == "maxpool":
-            pool, L = gb.pools[i], tape[i]
-            use = (L >= 0.0) | pool.exact
-            xin = vals[node.inputs[0]]
-            if pool_weights is not None and i in pool_weights:
-                w = pool.effective(pool_weights[i])
-                low = np.sum(w * xin[:, np.maximum(pool.windows, 0)], axis=-1)
-            else:
-                low = xin[:, pool.src]
-            vals[i] = np.where(use, low, pool.hi)
-        else:
-            vals[i] = node.op.forward([vals[j] for j in node.inputs])
+        vals[i] = gb.plan[i].relaxed(gb, i, g.nodes[i], vals, x, tape, pool_weights)
     return vals
 
 

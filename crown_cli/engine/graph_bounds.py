@@ -50,17 +50,13 @@ from typing import Dict, List, Optional
 
 import numpy as np
 
-from crown_cli.engine.chain import Lines, relax
+from crown_cli.engine.chain import Lines
 from crown_cli.engine.deadline import check_deadline
 from crown_cli.engine.graph_rows import fused_rows, unit_windows
 from crown_cli.engine.input_sets import Box, input_terms
 from crown_cli.engine.kernels import graph_kernels
-from crown_cli.engine.rounding import ERR_SAFETY, FP_RTOL, TINY64, U64, gamma_n, widen
-
-# Ranges every value of the activation lies in (intersected with the lines' interval)
-_RANGES = {"relu": (0.0, np.inf), "sigmoid": (0.0, 1.0), "tanh": (-1.0, 1.0),
-           "arctan": (-1.5707963267948970, 1.5707963267948970), "hard_sigmoid": (0.0, 1.0),
-           "softplus": (0.0, np.inf)}
+from crown_cli.engine.node_rules import AffineRule, InputRule, PoolLines, plan
+from crown_cli.engine.rounding import ERR_SAFETY, FP_RTOL, U64, widen
 ROW_BUDGET = 256 * 2 ** 20  # bytes of rows per back-substitution pass (identity rows chunked)
 ROW_COPIES = 4  # per neuron: its two rows of [I; -I] as wide as the widest node, twice
 # The peak memory of a back-substitution pass, as a multiple of its row budget: the rows'
@@ -85,9 +81,8 @@ def fixed_bytes(graph) -> int:
     magnitude per node, four lines per activation neuron, and every weight twice as float64
     (the weight and its absolute value)."""
     total = sum(n.size for n in graph.nodes)
-    affine = sum(n.size for n in graph.nodes if n.kind == "affine")
-    act = sum(n.size for n in graph.nodes if n.kind in ("activation", "maxpool"))
-    return 8 * (3 * total + affine + 5 * act) + 16 * graph.num_parameters
+    held = sum(rule.held * n.size for rule, n in zip(plan(graph), graph.nodes))
+    return 8 * (3 * total + held) + 16 * graph.num_parameters
 
 
 def row_budget_for(graph, budget: float) -> Optional[int]:
@@ -140,29 +135,6 @@ def _unit_rows(idx, m):
     return np.vstack([eye, -eye])
 
 
-def _outward(lo, hi, err):
-    """[lo - err, hi + err] with the rounding of these operations covered (4u of the
-    magnitudes, then one ulp)."""
-    pad = err + 4.0 * U64 * (np.abs(lo) + np.abs(hi) + err)
-    return np.nextafter(lo - pad, -np.inf), np.nextafter(hi + pad, np.inf)
-
-
-def affine_interval(op, los, his):
-    """Rigorous interval of an affine operation's output for inputs in [los[j], his[j]]:
-    centre and radius through :meth:`forward` and :meth:`forward_abs`, widened by
-    gamma_{T+1} of the magnitudes (T = ``op.terms_fwd``) and underflow."""
-    cs = [0.5 * l + 0.5 * h for l, h in zip(los, his)]
-    rs = [np.nextafter(np.maximum(h - c, c - l), np.inf) for c, l, h in zip(cs, los, his)]
-    yc = op.forward([c[None] for c in cs])[0]
-    yr = op.forward_abs([r[None] for r in rs])[0]
-    mag = op.forward_abs([np.abs(c)[None] for c in cs])[0] + yr
-    if op.bias is not None:
-        mag = mag + np.abs(op.bias)
-    T = op.terms_fwd
-    err = ERR_SAFETY * (gamma_n(T + 1, U64) * mag + TINY64 * (T + 1))
-    return _outward(yc - yr, yc + yr, err)
-
-
 class GraphBounds:
     """Bounds of every node of ``graph`` over one input set, and CROWN bounds of linear
     functions of any node's value.
@@ -187,8 +159,6 @@ class GraphBounds:
                  row_budget: Optional[int] = None, alpha_iters: Optional[int] = None,
                  alpha_lr: Optional[float] = None, deadline: Optional[float] = None,
                  dtype=np.float64):
-        from crown_cli.engine.relaxations import get_relaxation
-
         self.deadline = deadline
         self.dtype = np.dtype(dtype).type
 
@@ -208,12 +178,11 @@ class GraphBounds:
         self.absfwd: Dict[int, np.ndarray] = {}
         self.lines: Dict[int, Lines] = {}
         self.pools: Dict[int, PoolLines] = {}
+        self.plan = plan(graph)  # the rules of each node (crown_cli.engine.node_rules)
         refined = set()
         for i, node in enumerate(graph.nodes):
             check_deadline(deadline)
-            if node.kind == "input":
-                self._set(i, *self._input_interval(node.op))
-            elif node.kind in ("activation", "maxpool"):
+            if self.plan[i].refines_input:
                 p = node.inputs[0]
                 if intermediate != "interval" and p not in refined and not (ibp and self._exact(p)):
                     rows = self._rows_to_refine(p) if ibp else None
@@ -224,16 +193,7 @@ class GraphBounds:
                     if intermediate == "alpha":
                         self._set(p, *self._alpha_bounds(p, alpha_iters, alpha_lr))
                     refined.add(p)
-                if node.kind == "activation":
-                    self._set(i, *self._activation(i, node, get_relaxation))
-                else:
-                    self.pools[i] = PoolLines(node.op.windows, self.lo[p], self.hi[p])
-                    self._set(i, self.pools[i].lo, self.pools[i].hi)
-            else:
-                ins = node.inputs
-                self._set(i, *affine_interval(node.op, [self.lo[j] for j in ins],
-                                              [self.hi[j] for j in ins]))
-                self.absfwd[i] = node.op.forward_abs([self.absval[j][None] for j in ins])[0]
+            self._set(i, *self.plan[i].interval(self, i, node))
 
     def _alpha_bounds(self, p, iters, lr):
         """Node p's bounds with the neurons CROWN left unstable (all neurons when a reader is
@@ -260,10 +220,7 @@ class GraphBounds:
         """The neurons of node p whose CROWN bounds can change a relaxation: when only
         sign-stable activations (ReLU, leaky ReLU) read p, those its interval leaves
         unstable (a stable one's lines do not depend on the interval); else None (all)."""
-        from crown_cli.activations import ACTIVATIONS
-
-        readers = [self.g.nodes[c] for c in self.g.consumers[p]]
-        if all(r.kind == "activation" and ACTIVATIONS[r.op.name].sign_stable for r in readers):
+        if all(self.plan[c].sign_stable(self.g.nodes[c]) for c in self.g.consumers[p]):
             return np.flatnonzero((self.lo[p] < 0.0) & (self.hi[p] > 0.0))
         return None
 
@@ -271,45 +228,15 @@ class GraphBounds:
         """True when CROWN cannot tighten node p's interval: an input, an activation (its
         interval is its lines' range on its input's bounds, which is what CROWN would give),
         or one affine operation of the inputs over a box or an l_inf ball."""
-        node = self.g.nodes[p]
-        if node.kind in ("input", "activation"):
+        if self.plan[p].exact_interval:
             return True
         box_like = isinstance(self.qcode, Box) or self.qcode == 0
-        return box_like and node.kind == "affine" and all(
-            self.g.nodes[j].kind == "input" for j in node.inputs)
+        return box_like and isinstance(self.plan[p], AffineRule) and all(
+            isinstance(self.plan[j], InputRule) for j in self.g.nodes[p].inputs)
 
     def _set(self, i, lo, hi):
         self.lo[i], self.hi[i] = lo, hi
         self.absval[i] = np.maximum(np.abs(lo), np.abs(hi))
-
-    def _input_interval(self, op):
-        sl = slice(op.offset, op.offset + op.size)
-        if isinstance(self.qcode, Box):
-            if self.eps != 1.0:
-                raise ValueError("a Box is passed as Box.args(): (centre, 1.0, box)")
-            return self.qcode.lo[sl], self.qcode.hi[sl]
-        x = self.x0[sl]  # |x_k - x0_k| <= ||x - x0||_p <= eps on every l_p ball
-        return _outward(x - self.eps, x + self.eps, 0.0)
-
-    def _activation(self, i, node, get_relaxation):
-        """The relaxation of activation node i from its input's interval, and the interval
-        of its output (the lines' range on [l, u], intersected with the function's range)."""
-        p = node.inputs[0]
-        l, u = np.ascontiguousarray(self.lo[p]), np.ascontiguousarray(self.hi[p])
-        name, alpha = node.op.name, node.op.alpha
-        aU, bU, aL, bL = get_relaxation(name, self.method_name, alpha)(l, u)
-        self.lines[i] = Lines(np.arange(l.size), aL, aU, bU, bL)
-        if name == "relu":  # exact: relu is monotone and max(., 0) does not round
-            return np.maximum(l, 0.0), np.maximum(u, 0.0)
-        z = self.absval[p]
-        lo = np.minimum(aL * l, aL * u) + bL
-        hi = np.maximum(aU * l, aU * u) + bU
-        err = 2.0 * U64 * (np.maximum(np.abs(aL), np.abs(aU)) * z + np.abs(bL) + np.abs(bU)) + TINY64
-        lo, hi = _outward(lo, hi, err)
-        rng = _RANGES.get(name) or ((-alpha, np.inf) if name == "elu" else None)
-        if rng is not None:
-            lo, hi = np.clip(lo, *rng), np.clip(hi, *rng)
-        return lo, hi
 
     # -- bounds ------------------------------------------------------------------------------
     def node_bounds(self, target: int, rows=None):
@@ -386,179 +313,44 @@ class GraphBounds:
     def _rows(self, target, Lam, slopes, tape, lines, pool_weights):
         """:meth:`lower`'s back-substitution in numpy, any lines (the twin of
         :func:`crown_cli.engine.graph_rows.fused_rows`): (rows over the input, constant,
-        magnitude, charge) per row."""
-        g = self.g
-        r = Lam.shape[0]
-        const, mag, charge = np.zeros(r), np.zeros(r), np.zeros(r)
-        pending: Dict[int, np.ndarray] = {target: np.ascontiguousarray(Lam, dtype=np.float64)}
-        Lx = np.zeros((r, g.input_size))
-
-        def give(j, P):
-            nonlocal charge
-            if j in pending:
-                S = pending[j] + P
-                charge = charge + 2.0 * U64 * (np.abs(S) @ self.absval[j])
-                pending[j] = S
-            else:
-                pending[j] = P
-
+        magnitude, charge) per row. Each node's step is its rule's ``back``
+        (:mod:`crown_cli.engine.node_rules`)."""
+        walk = _Walk(self, target, Lam, slopes, tape, lines, pool_weights)
         for i in range(target, -1, -1):
-            L = pending.pop(i, None)
+            L = walk.pending.pop(i, None)
             if L is None:
                 continue
             check_deadline(self.deadline)
-            node = g.nodes[i]
             if tape is not None:
-                tape[i] = L if node.kind == "maxpool" else None  # activations: below
-            if node.kind == "input":
-                Lx[:, node.op.offset:node.op.offset + node.op.size] = L
-            elif node.kind == "activation":
-                p = node.inputs[0]
-                ln = self.lines[i]
-                if lines is not None and i in lines:
-                    ln = lines[i]
-                elif slopes is not None and i in slopes:
-                    ln = Lines(ln.cols, slopes[i], ln.upper, ln.upper_icpt, ln.lower_icpt)
-                D, icpt, pos, slope = relax(L, ln)
-                if ln.extra is not None:  # D = fl(fl(L slope) + extra): two roundings
-                    charge = charge + 2.0 * U64 * ((np.abs(L * slope) + np.abs(ln.extra))
-                                                   @ self.absval[p])
-                if tape is not None:
-                    lo_i = 0.0 if ln.lower_icpt is None else ln.lower_icpt
-                    up_i = 0.0 if ln.upper_icpt is None else ln.upper_icpt
-                    tape[i] = (L, pos, slope, np.where(pos, lo_i, up_i))
-                const = const + icpt.sum(axis=-1)
-                mag = mag + np.abs(icpt).sum(axis=-1)
-                z = self.absval[p]
-                charge = charge + self.activation_charge(np.abs(D) @ z, z)
-                give(p, D)
-            elif node.kind == "maxpool" and pool_weights is not None and i in pool_weights:
-                p = node.inputs[0]
-                D, dconst, dmag, _, ch = self.pools[i].back(L, pool_weights[i], self.absval[p])
-                const, mag, charge = const + dconst, mag + dmag, charge + ch
-                give(p, D)
-            elif node.kind == "maxpool":
-                D, dconst, dmag, dcharge = self.pool_step(i, L)
-                const, mag, charge = const + dconst, mag + dmag, charge + dcharge
-                give(node.inputs[0], D)
-            else:
-                op = node.op
-                if op.bias is not None:
-                    const = const + L @ op.bias
-                    mag = mag + np.abs(L) @ np.abs(op.bias)
-                charge = charge + self.affine_charge(i, np.abs(L) @ self.absfwd[i])
-                for j, P in zip(node.inputs, op.transpose(L)):
-                    give(j, P)
+                tape[i] = None  # an activation's or a max pool's rule records its own
+            self.plan[i].back(self, i, self.g.nodes[i], L, walk)
         if tape is not None:
-            tape["Lx"] = Lx
-        return Lx, const, mag, charge
-
-    # -- the charges both paths take (this numpy path and graph_rows.fused_rows) ------------
-    @staticmethod
-    def activation_charge(dz, z):
-        """An activation step's rounding charge: ``D = fl(L * slope)`` errs by u |D|, charged
-        against the input's magnitudes z as ``2u |D| @ z`` (``dz``, per row) plus underflow."""
-        return 2.0 * U64 * dz + TINY64 * (z.sum() + z.size)
-
-    def affine_charge(self, i, wsum):
-        """Affine node i's transpose rounding: T products per sum err by gamma_{T+1} of their
-        magnitudes, ``wsum`` = |L| @ absfwd per row, plus underflow (0 when exact)."""
-        T = self.g.nodes[i].op.terms
-        if not T:
-            return 0.0
-        ain = sum(float(self.absval[j].sum()) for j in self.g.nodes[i].inputs)
-        return gamma_n(T + 1, U64) * wsum + TINY64 * T * ain
-
-    def pool_step(self, i, L):
-        """Max pool node i's default lines applied to the rows L (r, m): (rows over its input,
-        constant, magnitude, rounding charge) per row."""
-        p = self.g.nodes[i].inputs[0]
-        D, dconst, dmag, T = self.pools[i].back(L)
-        charge = 0.0
-        if T > 1:  # windows overlap: sums of up to T coefficients per input
-            charge = (gamma_n(T + 1, U64) * (np.abs(L) @ self.pools[i].absval_of(self.absval[p]))
-                      + TINY64 * T * float(self.absval[p].sum()))
-        return D, dconst, dmag, charge
+            tape["Lx"] = walk.Lx
+        return walk.Lx, walk.const, walk.mag, walk.charge
 
 
-class PoolLines:
-    """The linear bounds of a max pool on input intervals [lo, hi]: per window, the input
-    k* with the largest lower bound; ``x_k* <= y`` (the lower line), and ``y <= max_k hi_k``
-    (the upper line, a constant), or ``y = x_k*`` where k*'s lower bound is at least every
-    other input's upper bound. ``lo``, ``hi``: the output's exact interval."""
+class _Walk:
+    """One numpy back-substitution's state: per row the constant, its magnitude and the
+    rounding charge; the rows pending at each node, the rows over the flat input; the
+    caller's per-row lines, slopes and pool weights, and the tape."""
 
-    def __init__(self, windows, lo, hi):
-        import scipy.sparse as sp
+    def __init__(self, gb, target, Lam, slopes, tape, lines, pool_weights):
+        r = Lam.shape[0]
+        self.gb = gb
+        self.const, self.mag, self.charge = np.zeros(r), np.zeros(r), np.zeros(r)
+        self.pending: Dict[int, np.ndarray] = {
+            target: np.ascontiguousarray(Lam, dtype=np.float64)}
+        self.Lx = np.zeros((r, gb.g.input_size))
+        self.slopes, self.tape, self.lines, self.pool_weights = slopes, tape, lines, pool_weights
 
-        pad = windows < 0
-        w0 = np.maximum(windows, 0)
-        lw = np.where(pad, -np.inf, lo[w0])
-        hw = np.where(pad, -np.inf, hi[w0])
-        best = np.argmax(lw, axis=1)
-        rows = np.arange(windows.shape[0])
-        self.src = windows[rows, best]
-        self.lo, self.hi = lw[rows, best], hw.max(axis=1)
-        others = hw.copy()
-        others[rows, best] = -np.inf
-        self.exact = self.lo >= others.max(axis=1)  # k* dominates: y = x_k*
-        n_in = lo.size
-        self.P = sp.csr_matrix((np.ones(rows.size), (self.src, rows)), shape=(n_in, rows.size))
-        self.terms = int(np.bincount(self.src, minlength=n_in).max(initial=0))
-        self.windows, self.best = windows, best
-        # for weighted lower lines: window entry (j, k) -> its input (padding dropped)
-        m, K = windows.shape
-        flat = np.flatnonzero(~pad.reshape(-1))
-        self.Pw = sp.csr_matrix((np.ones(flat.size), (w0.reshape(-1)[flat], flat)),
-                                shape=(n_in, m * K))
-        self.terms_w = int(np.bincount(w0.reshape(-1)[flat], minlength=n_in).max(initial=0))
-        self.ymax = np.maximum(np.abs(self.lo), np.abs(self.hi))  # |y| <= ymax
-
-    def absval_of(self, absval_in):
-        return absval_in[self.src]
-
-    def one_hot(self, r: int) -> np.ndarray:
-        """Weights (r, m, K) of the default lower line: 1 on each window's input k*."""
-        w = np.zeros((r,) + self.windows.shape)
-        w[:, np.arange(self.windows.shape[0]), self.best] = 1.0
-        return w
-
-    def effective(self, weights) -> np.ndarray:
-        """The weights a weighted lower line uses: ``weights`` (r, m, K) clipped at 0, 0 on
-        padding, and 1 on k* where k* dominates its window (y = x_k* there)."""
-        w = np.where(self.exact[None, :, None], self.one_hot(1), weights)
-        return np.where(self.windows[None] >= 0, np.maximum(w, 0.0), 0.0)
-
-    def back(self, L, weights=None, absval_in=None):
-        """The rows L (r, m) over the output through the lines: (rows over the input,
-        constant, its magnitude, most coefficients summed per input). ``weights`` (r, m, K),
-        optional: per row and window a lower line ``y >= sum_k w_k x_k`` instead of
-        ``y >= x_k*`` (w >= 0 on the window's inputs, summing to 1 up to rounding; where k*
-        dominates the window the weights are not used). Returns then a fifth value: the
-        rounding charge of the weighted sums, given ``absval_in`` (bounds of the inputs'
-        magnitudes; the caller adds it)."""
-        use = (L >= 0.0) | self.exact
-        c = np.where(use, 0.0, L * self.hi)
-        if weights is None:
-            Lu = np.where(use, L, 0.0)
-            return (np.ascontiguousarray((self.P @ Lu.T).T), c.sum(axis=-1),
-                    np.abs(c).sum(axis=-1), self.terms)
-        r, (m, K) = L.shape[0], self.windows.shape
-        w = self.effective(weights)
-        # sum_k w_k x_k <= S y with S = sum_k w_k (exact) > 0, and |S - 1| <= delta: the
-        # line y >= sum_k w_k x_k - delta ymax holds for the weights as they are
-        s = w.sum(axis=-1)
-        delta = (np.abs(s - 1.0) + gamma_n(K + 1, U64) * s) * (1.0 + 4.0 * U64)
-        delta = np.where(self.exact[None], 0.0, delta)
-        Lu = np.where(use, L, 0.0)
-        C = (Lu[:, :, None] * w).reshape(r, m * K)
-        c = c - Lu * delta * self.ymax
-        D = np.ascontiguousarray((self.Pw @ C.T).T)
-        valid = self.windows >= 0
-        aw = np.where(valid, absval_in[np.maximum(self.windows, 0)], 0.0).reshape(-1)
-        # each input's coefficient: up to terms_w rounded products summed
-        charge = (gamma_n(self.terms_w + 1, U64) * (np.abs(C) @ aw)
-                  + TINY64 * self.terms_w * float(absval_in.sum()))
-        return D, c.sum(axis=-1), np.abs(c).sum(axis=-1), self.terms_w, charge
+    def give(self, j, P):
+        """Rows P for node j, added to what it has (the sum's rounding charged)."""
+        if j in self.pending:
+            S = self.pending[j] + P
+            self.charge = self.charge + 2.0 * U64 * (np.abs(S) @ self.gb.absval[j])
+            self.pending[j] = S
+        else:
+            self.pending[j] = P
 
 
 def graph_bounds(graph, x0, eps, qcode, C=None, **options):

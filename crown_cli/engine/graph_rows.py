@@ -24,10 +24,11 @@ elements are the union of its rows' fields; rows leave their windows for the liv
 once a window would cover :data:`WIN_SHARE` of that union, and at every node that is not a
 convolution, an activation or a sum of image-shaped values.
 
-The arithmetic is that of ``GraphBounds._rows`` (the numpy path, this path's twin): the same
-products, the sums in another order, which no charge depends on; the charges are the same
-methods of ``GraphBounds`` (``activation_charge``, ``affine_charge``, ``pool_step``); a dead
-element contributes 0 to every sum and charge.
+Each node's step is its rule's ``back_t`` (rows on live elements) or ``back_win`` (on
+windows) in :mod:`crown_cli.engine.node_rules`, beside the numpy path's ``back`` (this path's
+twin, ``GraphBounds._rows``): the same products, the sums in another order, which no charge
+depends on; the charges are the same functions; a dead element contributes 0 to every sum
+and charge.
 """
 from __future__ import annotations
 
@@ -37,7 +38,7 @@ import numpy as np
 
 from crown_cli.engine.deadline import check_deadline
 from crown_cli.engine.rounding import U64
-from crown_cli.graph.ops import Conv, Dense, Sum
+from crown_cli.graph.ops import Conv, Dense
 
 Rows = Tuple[Optional[np.ndarray], np.ndarray]  # (live element indices or None, Lt (k, r))
 # rows leave their windows when a window would cover this share of the chunk's bounding box
@@ -218,18 +219,29 @@ def fused_rows(gb, target: int, Lam, kernels, dtype=np.float64):
         acc[2] += 2.0 * U64 * sums
         pending[j] = (idx, St)
 
+    walk = _FastWalk(acc, Lx, give, kernels)
     for i in range(target, -1, -1):
         rows = pending.pop(i, None)
         if rows is None:
             continue
         check_deadline(gb.deadline)
-        node = g.nodes[i]
+        node, rule = g.nodes[i], gb.plan[i]
         if isinstance(rows, Win):
-            if _win_step(gb, i, rows, give, acc, kernels):
+            if rule.back_win(gb, i, node, rows, walk):
                 continue
             rows = _unwin(rows, node, kernels)
-        _live_step(gb, i, rows, give, acc, Lx, kernels)
+        rule.back_t(gb, i, node, rows, walk)
     return Lx, acc[0], acc[1], acc[2]
+
+
+class _FastWalk(NamedTuple):
+    """One fast-path back-substitution's state as the node rules' ``back_t`` and
+    ``back_win`` take it: ``acc`` (3, r) constant, magnitude, charge per row; ``Lx`` the rows
+    over the flat input; ``give(j, rows)``; the numba kernels."""
+    acc: np.ndarray
+    Lx: np.ndarray
+    give: object
+    kernels: object
 
 
 def _bias(gb, i, dtype):
@@ -254,100 +266,6 @@ def _lines(gb, i, p, dtype):
 def _weight(gb, i, dtype):
     op = gb.g.nodes[i].op
     return _typed(gb, ("weight", i), lambda: op.weight if isinstance(op, Conv) else op.W, dtype)
-
-
-def _win_step(gb, i, win: Win, give, acc, kernels) -> bool:
-    """Node i's step on rows held on windows; False (nothing done) where the node takes
-    rows on live elements (:func:`_live_step`)."""
-    g = gb.g
-    node = g.nodes[i]
-    C, H, W = _image(node)
-    r, dt = win.Pt.shape[3], win.Pt.dtype
-    shape = (C, H, W)
-    if node.kind == "activation":
-        p = node.inputs[0]
-        if _image(g.nodes[p]) != shape:
-            return False
-        arrays = _lines(gb, i, p, dt)
-        Dt, sums = np.empty_like(win.Pt), np.empty((r, 3))
-        kernels.win_activation_t(win.Pt, win.oy, win.ox, *[a.reshape(shape) for a in arrays],
-                                 Dt, sums)
-        acc[0] += sums[:, 0]
-        acc[1] += sums[:, 1]
-        acc[2] += gb.activation_charge(sums[:, 2], gb.absval[p])
-        give(p, Win(win.oy, win.ox, Dt))
-        return True
-    if isinstance(node.op, Sum):
-        if any(_image(g.nodes[j]) != shape for j in node.inputs):
-            return False
-        for j, s in zip(node.inputs, node.op.signs):  # a negation at most, exact
-            give(j, win if s == 1.0 else Win(win.oy, win.ox, -win.Pt))
-        return True
-    op = node.op
-    if not isinstance(op, Conv) or _image(g.nodes[node.inputs[0]]) != op.in_shape:
-        return False
-    (sh, sw), (dh, dw) = op.strides, op.dilations
-    kh, kw = op.weight.shape[2:]
-    _, h, w, _ = win.Pt.shape
-    h2, w2 = (h - 1) * sh + (kh - 1) * dh + 1, (w - 1) * sw + (kw - 1) * dw + 1
-    oy, ox = win.oy * sh - op.pads[0], win.ox * sw - op.pads[1]
-    _, IH, IW = op.in_shape
-    if not _fits(oy, ox, h2, w2, IH, IW):
-        return False
-    b, absb = _bias(gb, i, dt)
-    sums = np.empty((r, 3))
-    absfwd = _typed(gb, ("absfwd", i), lambda: gb.absfwd[i], dt)
-    kernels.win_sums_t(win.Pt, win.oy, win.ox, b.reshape(shape), absb.reshape(shape),
-                       absfwd.reshape(shape), sums)
-    acc[0] += sums[:, 0]
-    acc[1] += sums[:, 1]
-    acc[2] += gb.affine_charge(i, sums[:, 2])
-    Gt = np.empty((op.in_shape[0], h2, w2, r), dt)
-    strides, dilations, _, group = kernels.conv_args(op.strides, op.dilations, op.pads,
-                                                     op.group)
-    kernels.win_conv_transpose_t(win.Pt, oy, ox, _weight(gb, i, dt), strides, dilations, group,
-                                 np.asarray((IH, IW), np.int64), Gt)
-    give(node.inputs[0], Win(oy, ox, Gt))
-    return True
-
-
-def _live_step(gb, i, rows: Rows, give, acc, Lx, kernels) -> None:
-    """Node i's step on rows held on live elements."""
-    g = gb.g
-    node = g.nodes[i]
-    idx, Lt = rows
-    r, dt = Lt.shape[1], Lt.dtype
-    if node.kind == "input":
-        Lx[:, node.op.offset:node.op.offset + node.op.size] = _full(rows, node.size).T
-    elif node.kind == "activation":
-        p = node.inputs[0]
-        arrays = [_take(a, idx) for a in _lines(gb, i, p, dt)]
-        Dt, sums = np.empty_like(Lt), np.empty((r, 3))
-        kernels.activation_step_t(np.ascontiguousarray(Lt), *arrays, Dt, sums)
-        acc[0] += sums[:, 0]
-        acc[1] += sums[:, 1]
-        acc[2] += gb.activation_charge(sums[:, 2], _take(gb.absval[p], idx))
-        give(p, (idx, Dt))
-    elif node.kind == "maxpool":
-        D, dconst, dmag, dcharge = gb.pool_step(i, _full(rows, node.size).T)
-        acc[0] += dconst
-        acc[1] += dmag
-        acc[2] += dcharge
-        give(node.inputs[0], (None, np.ascontiguousarray(D.T, dt)))
-    elif isinstance(node.op, Sum):  # a negation at most, exact
-        for j, s in zip(node.inputs, node.op.signs):
-            give(j, (idx, Lt if s == 1.0 else -Lt))
-    else:
-        Lt = np.ascontiguousarray(Lt)
-        sums = np.empty((r, 3))
-        b, absb = _bias(gb, i, dt)
-        absfwd = _typed(gb, ("absfwd", i), lambda: gb.absfwd[i], dt)
-        kernels.affine_terms_t(Lt, _take(b, idx), _take(absb, idx), _take(absfwd, idx), sums)
-        acc[0] += sums[:, 0]
-        acc[1] += sums[:, 1]
-        acc[2] += gb.affine_charge(i, sums[:, 2])
-        for j, moved in zip(node.inputs, _transpose(gb, i, (idx, Lt), kernels)):
-            give(j, moved)
 
 
 def _transpose(gb, i, rows: Rows, kernels):

@@ -111,15 +111,14 @@ class Graph:
     def vjp(self, vals: List[np.ndarray], G: np.ndarray, relu_leak=None) -> np.ndarray:
         """Input gradients (N, input_size): for each of N points, its row of G (N, outputs)
         times the Jacobian of the output at that point. ``vals``: every node's values at the
-        points (:meth:`forward` with ``return_all``). Affine nodes pull the rows back by their
-        ``transpose`` (linear, so row n stays point n's), activations multiply by their
-        derivative at the point, a max pool routes each row to its window's largest input
-        (the first of ties). ``vals`` of one point serve N rows at that point.
+        points (:meth:`forward` with ``return_all``). Each operation's ``vjp`` pulls the rows
+        back: affine nodes by their ``transpose`` (linear, so row n stays point n's),
+        activations multiply by their derivative at the point, a max pool routes each row to
+        its window's largest input (the first of ties). ``vals`` of one point serve N rows
+        at that point.
         ``relu_leak`` (N,): slopes used instead of 0 on the inactive
         side of every ReLU, per point (the attack's surrogate gradient; the forward pass is
         not changed)."""
-        from crown_cli.activations import derivative
-
         G = np.asarray(G, dtype=np.float64)
         N = G.shape[0]
         pending = {self.output: G}
@@ -132,25 +131,7 @@ class Graph:
             if n.kind == "input":
                 dx[:, n.op.offset:n.op.offset + n.op.size] += L
                 continue
-            if n.kind == "activation":
-                z = vals[n.inputs[0]]
-                if n.op.name == "relu" and relu_leak is not None:
-                    d = np.where(z > 0, 1.0, np.asarray(relu_leak, np.float64)[:, None])
-                else:
-                    d = derivative(n.op.name, z, n.op.alpha)
-                parts = [L * d]
-            elif n.kind == "maxpool":
-                x = vals[n.inputs[0]]
-                win = n.op.windows
-                w = np.where(win[None] < 0, -np.inf, x[:, np.maximum(win, 0)])
-                src = win[np.arange(win.shape[0])[None], np.argmax(w, axis=2)]  # (N, m)
-                src = np.broadcast_to(src, L.shape)  # values of one point, several rows
-                P = np.zeros((N, x.shape[1]))
-                np.add.at(P, (np.repeat(np.arange(N), src.shape[1]), src.reshape(-1)),
-                          L.reshape(-1))
-                parts = [P]
-            else:
-                parts = n.op.transpose(L)
+            parts = n.op.vjp(L, [vals[j] for j in n.inputs], relu_leak)
             for j, P in zip(n.inputs, parts):
                 pending[j] = P if j not in pending else pending[j] + P
         return dx

@@ -53,6 +53,11 @@ class Affine:
     def describe(self) -> str:
         return type(self).__name__.lower()
 
+    def vjp(self, L, xs, relu_leak=None):
+        """The rows L (N, size) times the operation's Jacobian, per input (linear: its
+        transpose)."""
+        return self.transpose(L)
+
 
 class Dense(Affine):
     """``y = W x + b``; W an ndarray (m, n) or a scipy.sparse matrix (kept sparse: CSR for the
@@ -500,6 +505,19 @@ class ActivationOp:
         from crown_cli.activations import apply_activation
 
         return apply_activation(self.name, xs[0], self.alpha)
+
+    def vjp(self, L, xs, relu_leak=None):
+        """The rows L (N, size) times the derivative at the points xs[0] (N, size);
+        ``relu_leak`` (N,): a ReLU's slope on its inactive side per point (0: the
+        derivative)."""
+        from crown_cli.activations import derivative
+
+        z = xs[0]
+        if self.name == "relu" and relu_leak is not None:
+            d = np.where(z > 0, 1.0, np.asarray(relu_leak, np.float64)[:, None])
+        else:
+            d = derivative(self.name, z, self.alpha)
+        return [L * d]
 
     def parameters(self) -> int:
         return 0

@@ -10,7 +10,7 @@ import numpy as np
 class MaxPool:
     """Max over windows: ``windows`` (m, K) indices into the input, -1 where a window reaches
     into the padding (ignored). The bound engine relaxes it per window
-    (:class:`crown_cli.engine.graph_bounds.PoolLines`)."""
+    (:class:`crown_cli.engine.node_rules.PoolLines`)."""
 
     kind = "maxpool"
 
@@ -25,6 +25,19 @@ class MaxPool:
         vals = x[:, np.maximum(self.windows, 0)]
         vals[:, self.windows < 0] = -np.inf
         return vals.max(axis=2)
+
+    def vjp(self, L, xs, relu_leak=None):
+        """The rows L (N, size) routed to each window's largest input at the points xs[0]
+        (the first of ties; values of one point serve several rows)."""
+        x = xs[0]
+        N = L.shape[0]
+        win = self.windows
+        w = np.where(win[None] < 0, -np.inf, x[:, np.maximum(win, 0)])
+        src = win[np.arange(win.shape[0])[None], np.argmax(w, axis=2)]  # (N, m)
+        src = np.broadcast_to(src, L.shape)
+        P = np.zeros((N, x.shape[1]))
+        np.add.at(P, (np.repeat(np.arange(N), src.shape[1]), src.reshape(-1)), L.reshape(-1))
+        return [P]
 
     def parameters(self) -> int:
         return 0

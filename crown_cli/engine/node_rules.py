@@ -1,0 +1,500 @@
+"""The bound engine's rules for each kind of node of a graph network, one class per kind.
+
+A node's rules are, in one place: its interval (from its inputs' intervals, rounded
+outward), its back-substitution step with its own float64 rounding charge (on rows as numpy
+arrays: :meth:`GraphBounds._rows <crown_cli.engine.graph_bounds.GraphBounds>`; on rows held
+transposed on live elements or on windows: the fast path of :mod:`crown_cli.engine.graph_rows`),
+its relaxed forward pass (its value under the lines a row took: the gradients of
+:mod:`crown_cli.engine.graph_alpha`) and its free parameters. :func:`plan` gives a graph's
+rules, one per node; the engine visits the nodes and calls them. A new operation of
+:mod:`crown_cli.graph` gets its class here.
+
+- :class:`InputRule`: the input set's interval; rows reaching it become columns of the rows
+  over the flat input.
+- :class:`AffineRule` (every :class:`~crown_cli.graph.ops.Affine`), with :class:`ConvRule` and
+  :class:`SumRule` for what the fast path does on windows: ``y = A(x_1..x_k) + b``;
+  ``const += Lam b`` and each input receives ``Lam A_j`` (the operation's ``transpose``), with
+  gamma_{T+1} of the products' magnitudes charged (T = ``op.terms``).
+- :class:`ActivationRule`: the relaxation's lines (:mod:`crown_cli.engine.relaxations`, chosen
+  per row by sign), ``D = Lam * slope`` charged 2u |D|; free lower slopes on ReLU and leaky
+  ReLU.
+- :class:`PoolRule`: a max pool's lines (:class:`PoolLines`); free weights of the lower line.
+
+The rounding argument is in :mod:`crown_cli.engine.graph_bounds`.
+"""
+from __future__ import annotations
+
+from typing import Optional, Tuple
+
+import numpy as np
+
+from crown_cli.engine.chain import Lines, relax
+from crown_cli.engine.graph_rows import (Win, _bias, _fits, _full, _image, _lines, _take,
+                                         _transpose, _typed, _weight)
+from crown_cli.engine.input_sets import Box
+from crown_cli.engine.rounding import ERR_SAFETY, TINY64, U64, gamma_n
+from crown_cli.graph.ops import ActivationOp, Affine, Conv, InputOp, Sum
+from crown_cli.graph.pooling import MaxPool
+
+# Ranges every value of the activation lies in (intersected with the lines' interval)
+_RANGES = {"relu": (0.0, np.inf), "sigmoid": (0.0, 1.0), "tanh": (-1.0, 1.0),
+           "arctan": (-1.5707963267948970, 1.5707963267948970), "hard_sigmoid": (0.0, 1.0),
+           "softplus": (0.0, np.inf)}
+
+
+def outward(lo, hi, err):
+    """[lo - err, hi + err] with the rounding of these operations covered (4u of the
+    magnitudes, then one ulp)."""
+    pad = err + 4.0 * U64 * (np.abs(lo) + np.abs(hi) + err)
+    return np.nextafter(lo - pad, -np.inf), np.nextafter(hi + pad, np.inf)
+
+
+def affine_interval(op, los, his):
+    """Rigorous interval of an affine operation's output for inputs in [los[j], his[j]]:
+    centre and radius through :meth:`forward` and :meth:`forward_abs`, widened by
+    gamma_{T+1} of the magnitudes (T = ``op.terms_fwd``) and underflow."""
+    cs = [0.5 * l + 0.5 * h for l, h in zip(los, his)]
+    rs = [np.nextafter(np.maximum(h - c, c - l), np.inf) for c, l, h in zip(cs, los, his)]
+    yc = op.forward([c[None] for c in cs])[0]
+    yr = op.forward_abs([r[None] for r in rs])[0]
+    mag = op.forward_abs([np.abs(c)[None] for c in cs])[0] + yr
+    if op.bias is not None:
+        mag = mag + np.abs(op.bias)
+    T = op.terms_fwd
+    err = ERR_SAFETY * (gamma_n(T + 1, U64) * mag + TINY64 * (T + 1))
+    return outward(yc - yr, yc + yr, err)
+
+
+class Rule:
+    """A node kind's rules (stateless: the node and the :class:`GraphBounds` ``gb`` are
+    passed in). ``refines_input``: the node's input gets CROWN bounds before the node's
+    interval is taken; ``exact_interval``: CROWN cannot tighten the node's interval;
+    ``held``: floats the bounds hold per neuron besides its interval and magnitude."""
+
+    refines_input = False
+    exact_interval = False
+    held = 0
+
+    def interval(self, gb, i, node) -> Tuple[np.ndarray, np.ndarray]:
+        raise NotImplementedError
+
+    def back(self, gb, i, node, L, walk) -> None:
+        """The rows ``L`` (r, size) through the node (the numpy path): constants, magnitudes
+        and charges added to ``walk``, rows given to the inputs by ``walk.give``."""
+        raise NotImplementedError
+
+    def back_t(self, gb, i, node, rows, walk) -> None:
+        """The same on rows held transposed on live elements, ``(idx, Lt)`` (the fast path:
+        ``walk.acc`` (3, r) of constant, magnitude, charge; ``walk.kernels``)."""
+        raise NotImplementedError
+
+    def back_win(self, gb, i, node, win: Win, walk) -> bool:
+        """The same on rows held on windows (:class:`~crown_cli.engine.graph_rows.Win`);
+        False (nothing done) where the node takes rows on live elements."""
+        return False
+
+    def relaxed(self, gb, i, node, vals, x, tape, pool_weights):
+        """The node's value at the points x (r, d) under the lines each row took (``tape``),
+        from its inputs' values ``vals``."""
+        raise NotImplementedError
+
+    def sign_stable(self, node) -> bool:
+        """Whether the node is an activation whose lines do not depend on its input's
+        bounds where their sign is fixed (ReLU, leaky ReLU)."""
+        return False
+
+    def free_slopes(self, gb, i, node) -> Optional[Tuple[np.ndarray, float]]:
+        """(mask of the neurons whose lower slope is free, the least slope), or None."""
+        return None
+
+
+class InputRule(Rule):
+    exact_interval = True
+
+    def interval(self, gb, i, node):
+        op = node.op
+        sl = slice(op.offset, op.offset + op.size)
+        if isinstance(gb.qcode, Box):
+            if gb.eps != 1.0:
+                raise ValueError("a Box is passed as Box.args(): (centre, 1.0, box)")
+            return gb.qcode.lo[sl], gb.qcode.hi[sl]
+        x = gb.x0[sl]  # |x_k - x0_k| <= ||x - x0||_p <= eps on every l_p ball
+        return outward(x - gb.eps, x + gb.eps, 0.0)
+
+    def back(self, gb, i, node, L, walk):
+        walk.Lx[:, node.op.offset:node.op.offset + node.op.size] = L
+
+    def back_t(self, gb, i, node, rows, walk):
+        walk.Lx[:, node.op.offset:node.op.offset + node.op.size] = _full(rows, node.size).T
+
+    def relaxed(self, gb, i, node, vals, x, tape, pool_weights):
+        return x[:, node.op.offset:node.op.offset + node.op.size]
+
+
+class AffineRule(Rule):
+    held = 1  # the forward magnitude absfwd
+
+    def interval(self, gb, i, node):
+        ins = node.inputs
+        lo, hi = affine_interval(node.op, [gb.lo[j] for j in ins], [gb.hi[j] for j in ins])
+        gb.absfwd[i] = node.op.forward_abs([gb.absval[j][None] for j in ins])[0]
+        return lo, hi
+
+    @staticmethod
+    def charge(gb, i, wsum):
+        """The transpose's rounding: T products per sum err by gamma_{T+1} of their
+        magnitudes, ``wsum`` = |L| @ absfwd per row, plus underflow (0 when exact)."""
+        node = gb.g.nodes[i]
+        T = node.op.terms
+        if not T:
+            return 0.0
+        ain = sum(float(gb.absval[j].sum()) for j in node.inputs)
+        return gamma_n(T + 1, U64) * wsum + TINY64 * T * ain
+
+    def back(self, gb, i, node, L, walk):
+        op = node.op
+        if op.bias is not None:
+            walk.const = walk.const + L @ op.bias
+            walk.mag = walk.mag + np.abs(L) @ np.abs(op.bias)
+        walk.charge = walk.charge + self.charge(gb, i, np.abs(L) @ gb.absfwd[i])
+        for j, P in zip(node.inputs, op.transpose(L)):
+            walk.give(j, P)
+
+    def back_t(self, gb, i, node, rows, walk):
+        idx, Lt = rows
+        Lt = np.ascontiguousarray(Lt)
+        r, dt = Lt.shape[1], Lt.dtype
+        sums = np.empty((r, 3))
+        b, absb = _bias(gb, i, dt)
+        absfwd = _typed(gb, ("absfwd", i), lambda: gb.absfwd[i], dt)
+        walk.kernels.affine_terms_t(Lt, _take(b, idx), _take(absb, idx), _take(absfwd, idx),
+                                    sums)
+        walk.acc[0] += sums[:, 0]
+        walk.acc[1] += sums[:, 1]
+        walk.acc[2] += self.charge(gb, i, sums[:, 2])
+        for j, moved in zip(node.inputs, _transpose(gb, i, (idx, Lt), walk.kernels)):
+            walk.give(j, moved)
+
+    def relaxed(self, gb, i, node, vals, x, tape, pool_weights):
+        return node.op.forward([vals[j] for j in node.inputs])
+
+
+class SumRule(AffineRule):
+    """A signed sum: its transpose is a negation at most (exact); rows on windows pass on
+    as they are."""
+
+    def back_t(self, gb, i, node, rows, walk):
+        idx, Lt = rows
+        for j, s in zip(node.inputs, node.op.signs):
+            walk.give(j, (idx, Lt if s == 1.0 else -Lt))
+
+    def back_win(self, gb, i, node, win, walk):
+        shape = _image(node)
+        if any(_image(gb.g.nodes[j]) != shape for j in node.inputs):
+            return False
+        for j, s in zip(node.inputs, node.op.signs):
+            walk.give(j, win if s == 1.0 else Win(win.oy, win.ox, -win.Pt))
+        return True
+
+
+class ConvRule(AffineRule):
+    """A convolution: on windows, its transpose grows each row's window by the kernel."""
+
+    def back_win(self, gb, i, node, win, walk):
+        op, kernels = node.op, walk.kernels
+        shape = _image(node)
+        if _image(gb.g.nodes[node.inputs[0]]) != op.in_shape:
+            return False
+        r, dt = win.Pt.shape[3], win.Pt.dtype
+        (sh, sw), (dh, dw) = op.strides, op.dilations
+        kh, kw = op.weight.shape[2:]
+        _, h, w, _ = win.Pt.shape
+        h2, w2 = (h - 1) * sh + (kh - 1) * dh + 1, (w - 1) * sw + (kw - 1) * dw + 1
+        oy, ox = win.oy * sh - op.pads[0], win.ox * sw - op.pads[1]
+        _, IH, IW = op.in_shape
+        if not _fits(oy, ox, h2, w2, IH, IW):
+            return False
+        b, absb = _bias(gb, i, dt)
+        sums = np.empty((r, 3))
+        absfwd = _typed(gb, ("absfwd", i), lambda: gb.absfwd[i], dt)
+        kernels.win_sums_t(win.Pt, win.oy, win.ox, b.reshape(shape), absb.reshape(shape),
+                           absfwd.reshape(shape), sums)
+        walk.acc[0] += sums[:, 0]
+        walk.acc[1] += sums[:, 1]
+        walk.acc[2] += self.charge(gb, i, sums[:, 2])
+        Gt = np.empty((op.in_shape[0], h2, w2, r), dt)
+        strides, dilations, _, group = kernels.conv_args(op.strides, op.dilations, op.pads,
+                                                         op.group)
+        kernels.win_conv_transpose_t(win.Pt, oy, ox, _weight(gb, i, dt), strides, dilations,
+                                     group, np.asarray((IH, IW), np.int64), Gt)
+        walk.give(node.inputs[0], Win(oy, ox, Gt))
+        return True
+
+
+class ActivationRule(Rule):
+    refines_input = True
+    exact_interval = True  # its lines' range on its input's bounds, what CROWN would give
+    held = 5  # four lines and the input's magnitude
+
+    def interval(self, gb, i, node):
+        """The relaxation from the input's interval (kept in ``gb.lines``), and the interval
+        of the output: the lines' range on [l, u], intersected with the function's range."""
+        from crown_cli.engine.relaxations import get_relaxation
+
+        p = node.inputs[0]
+        l, u = np.ascontiguousarray(gb.lo[p]), np.ascontiguousarray(gb.hi[p])
+        name, alpha = node.op.name, node.op.alpha
+        aU, bU, aL, bL = get_relaxation(name, gb.method_name, alpha)(l, u)
+        gb.lines[i] = Lines(np.arange(l.size), aL, aU, bU, bL)
+        if name == "relu":  # exact: relu is monotone and max(., 0) does not round
+            return np.maximum(l, 0.0), np.maximum(u, 0.0)
+        z = gb.absval[p]
+        lo = np.minimum(aL * l, aL * u) + bL
+        hi = np.maximum(aU * l, aU * u) + bU
+        err = 2.0 * U64 * (np.maximum(np.abs(aL), np.abs(aU)) * z + np.abs(bL) + np.abs(bU)) \
+            + TINY64
+        lo, hi = outward(lo, hi, err)
+        rng = _RANGES.get(name) or ((-alpha, np.inf) if name == "elu" else None)
+        if rng is not None:
+            lo, hi = np.clip(lo, *rng), np.clip(hi, *rng)
+        return lo, hi
+
+    @staticmethod
+    def charge(dz, z):
+        """The step's rounding: ``D = fl(L * slope)`` errs by u |D|, charged against the
+        input's magnitudes z as ``2u |D| @ z`` (``dz``, per row) plus underflow."""
+        return 2.0 * U64 * dz + TINY64 * (z.sum() + z.size)
+
+    def back(self, gb, i, node, L, walk):
+        """The relaxation's lines, or the caller's per-row ``walk.lines`` (with ``extra``
+        added to the input's coefficients) or lower ``walk.slopes``."""
+        p = node.inputs[0]
+        ln = gb.lines[i]
+        if walk.lines is not None and i in walk.lines:
+            ln = walk.lines[i]
+        elif walk.slopes is not None and i in walk.slopes:
+            ln = Lines(ln.cols, walk.slopes[i], ln.upper, ln.upper_icpt, ln.lower_icpt)
+        D, icpt, pos, slope = relax(L, ln)
+        if ln.extra is not None:  # D = fl(fl(L slope) + extra): two roundings
+            walk.charge = walk.charge + 2.0 * U64 * ((np.abs(L * slope) + np.abs(ln.extra))
+                                                     @ gb.absval[p])
+        if walk.tape is not None:
+            lo_i = 0.0 if ln.lower_icpt is None else ln.lower_icpt
+            up_i = 0.0 if ln.upper_icpt is None else ln.upper_icpt
+            walk.tape[i] = (L, pos, slope, np.where(pos, lo_i, up_i))
+        walk.const = walk.const + icpt.sum(axis=-1)
+        walk.mag = walk.mag + np.abs(icpt).sum(axis=-1)
+        z = gb.absval[p]
+        walk.charge = walk.charge + self.charge(np.abs(D) @ z, z)
+        walk.give(p, D)
+
+    def back_t(self, gb, i, node, rows, walk):
+        idx, Lt = rows
+        p = node.inputs[0]
+        r, dt = Lt.shape[1], Lt.dtype
+        arrays = [_take(a, idx) for a in _lines(gb, i, p, dt)]
+        Dt, sums = np.empty_like(Lt), np.empty((r, 3))
+        walk.kernels.activation_step_t(np.ascontiguousarray(Lt), *arrays, Dt, sums)
+        walk.acc[0] += sums[:, 0]
+        walk.acc[1] += sums[:, 1]
+        walk.acc[2] += self.charge(sums[:, 2], _take(gb.absval[p], idx))
+        walk.give(p, (idx, Dt))
+
+    def back_win(self, gb, i, node, win, walk):
+        p = node.inputs[0]
+        shape = _image(node)
+        if _image(gb.g.nodes[p]) != shape:
+            return False
+        r, dt = win.Pt.shape[3], win.Pt.dtype
+        arrays = _lines(gb, i, p, dt)
+        Dt, sums = np.empty_like(win.Pt), np.empty((r, 3))
+        walk.kernels.win_activation_t(win.Pt, win.oy, win.ox,
+                                      *[a.reshape(shape) for a in arrays], Dt, sums)
+        walk.acc[0] += sums[:, 0]
+        walk.acc[1] += sums[:, 1]
+        walk.acc[2] += self.charge(sums[:, 2], gb.absval[p])
+        walk.give(p, Win(win.oy, win.ox, Dt))
+        return True
+
+    def relaxed(self, gb, i, node, vals, x, tape, pool_weights):
+        _, _, slope, icpt = tape[i]
+        return slope * vals[node.inputs[0]] + icpt
+
+    def sign_stable(self, node):
+        from crown_cli.activations import ACTIVATIONS
+
+        return ACTIVATIONS[node.op.name].sign_stable
+
+    def free_slopes(self, gb, i, node):
+        """ReLU and leaky ReLU with slope <= 1 (above 1 the free line is the upper one):
+        the unstable neurons whose lower line passes through 0, and the leak."""
+        from crown_cli.activations import default_alpha
+
+        if node.op.name not in ("relu", "leaky_relu"):
+            return None
+        leak = 0.0 if node.op.name == "relu" else float(
+            default_alpha("leaky_relu") if node.op.alpha is None else node.op.alpha)
+        if not 0.0 <= leak <= 1.0:
+            return None
+        p = node.inputs[0]
+        unst = (gb.lo[p] < 0.0) & (gb.hi[p] > 0.0)
+        icpt = gb.lines[i].lower_icpt
+        if icpt is not None:  # a free slope keeps the line through 0: only where it is one
+            unst &= np.asarray(icpt) == 0.0
+        return (unst, leak) if unst.any() else None
+
+
+class PoolRule(Rule):
+    refines_input = True
+    held = 5  # the window's chosen input, its bounds, the dominance mask
+
+    def interval(self, gb, i, node):
+        p = node.inputs[0]
+        gb.pools[i] = PoolLines(node.op.windows, gb.lo[p], gb.hi[p])
+        return gb.pools[i].lo, gb.pools[i].hi
+
+    @staticmethod
+    def step(gb, i, L):
+        """The pool's default lines applied to the rows L (r, m): (rows over its input,
+        constant, magnitude, rounding charge) per row."""
+        p = gb.g.nodes[i].inputs[0]
+        D, dconst, dmag, T = gb.pools[i].back(L)
+        charge = 0.0
+        if T > 1:  # windows overlap: sums of up to T coefficients per input
+            charge = (gamma_n(T + 1, U64) * (np.abs(L) @ gb.pools[i].absval_of(gb.absval[p]))
+                      + TINY64 * T * float(gb.absval[p].sum()))
+        return D, dconst, dmag, charge
+
+    def back(self, gb, i, node, L, walk):
+        """The default lines, or the caller's per-row lower-line weights
+        (``walk.pool_weights``)."""
+        p = node.inputs[0]
+        if walk.tape is not None:
+            walk.tape[i] = L
+        if walk.pool_weights is not None and i in walk.pool_weights:
+            D, dconst, dmag, _, ch = gb.pools[i].back(L, walk.pool_weights[i], gb.absval[p])
+        else:
+            D, dconst, dmag, ch = self.step(gb, i, L)
+        walk.const, walk.mag, walk.charge = walk.const + dconst, walk.mag + dmag, \
+            walk.charge + ch
+        walk.give(p, D)
+
+    def back_t(self, gb, i, node, rows, walk):
+        D, dconst, dmag, dcharge = self.step(gb, i, _full(rows, node.size).T)
+        walk.acc[0] += dconst
+        walk.acc[1] += dmag
+        walk.acc[2] += dcharge
+        walk.give(node.inputs[0], (None, np.ascontiguousarray(D.T, rows[1].dtype)))
+
+    def relaxed(self, gb, i, node, vals, x, tape, pool_weights):
+        """The window's lower input (or the row's weighted sum of the window) where the row
+        took the lower line, else the upper constant."""
+        pool, L = gb.pools[i], tape[i]
+        use = (L >= 0.0) | pool.exact
+        xin = vals[node.inputs[0]]
+        if pool_weights is not None and i in pool_weights:
+            w = pool.effective(pool_weights[i])
+            low = np.sum(w * xin[:, np.maximum(pool.windows, 0)], axis=-1)
+        else:
+            low = xin[:, pool.src]
+        return np.where(use, low, pool.hi)
+
+
+class PoolLines:
+    """The linear bounds of a max pool on input intervals [lo, hi]: per window, the input
+    k* with the largest lower bound; ``x_k* <= y`` (the lower line), and ``y <= max_k hi_k``
+    (the upper line, a constant), or ``y = x_k*`` where k*'s lower bound is at least every
+    other input's upper bound. ``lo``, ``hi``: the output's exact interval."""
+
+    def __init__(self, windows, lo, hi):
+        import scipy.sparse as sp
+
+        pad = windows < 0
+        w0 = np.maximum(windows, 0)
+        lw = np.where(pad, -np.inf, lo[w0])
+        hw = np.where(pad, -np.inf, hi[w0])
+        best = np.argmax(lw, axis=1)
+        rows = np.arange(windows.shape[0])
+        self.src = windows[rows, best]
+        self.lo, self.hi = lw[rows, best], hw.max(axis=1)
+        others = hw.copy()
+        others[rows, best] = -np.inf
+        self.exact = self.lo >= others.max(axis=1)  # k* dominates: y = x_k*
+        n_in = lo.size
+        self.P = sp.csr_matrix((np.ones(rows.size), (self.src, rows)), shape=(n_in, rows.size))
+        self.terms = int(np.bincount(self.src, minlength=n_in).max(initial=0))
+        self.windows, self.best = windows, best
+        # for weighted lower lines: window entry (j, k) -> its input (padding dropped)
+        m, K = windows.shape
+        flat = np.flatnonzero(~pad.reshape(-1))
+        self.Pw = sp.csr_matrix((np.ones(flat.size), (w0.reshape(-1)[flat], flat)),
+                                shape=(n_in, m * K))
+        self.terms_w = int(np.bincount(w0.reshape(-1)[flat], minlength=n_in).max(initial=0))
+        self.ymax = np.maximum(np.abs(self.lo), np.abs(self.hi))  # |y| <= ymax
+
+    def absval_of(self, absval_in):
+        return absval_in[self.src]
+
+    def one_hot(self, r: int) -> np.ndarray:
+        """Weights (r, m, K) of the default lower line: 1 on each window's input k*."""
+        w = np.zeros((r,) + self.windows.shape)
+        w[:, np.arange(self.windows.shape[0]), self.best] = 1.0
+        return w
+
+    def effective(self, weights) -> np.ndarray:
+        """The weights a weighted lower line uses: ``weights`` (r, m, K) clipped at 0, 0 on
+        padding, and 1 on k* where k* dominates its window (y = x_k* there)."""
+        w = np.where(self.exact[None, :, None], self.one_hot(1), weights)
+        return np.where(self.windows[None] >= 0, np.maximum(w, 0.0), 0.0)
+
+    def back(self, L, weights=None, absval_in=None):
+        """The rows L (r, m) over the output through the lines: (rows over the input,
+        constant, its magnitude, most coefficients summed per input). ``weights`` (r, m, K),
+        optional: per row and window a lower line ``y >= sum_k w_k x_k`` instead of
+        ``y >= x_k*`` (w >= 0 on the window's inputs, summing to 1 up to rounding; where k*
+        dominates the window the weights are not used). Returns then a fifth value: the
+        rounding charge of the weighted sums, given ``absval_in`` (bounds of the inputs'
+        magnitudes; the caller adds it)."""
+        use = (L >= 0.0) | self.exact
+        c = np.where(use, 0.0, L * self.hi)
+        if weights is None:
+            Lu = np.where(use, L, 0.0)
+            return (np.ascontiguousarray((self.P @ Lu.T).T), c.sum(axis=-1),
+                    np.abs(c).sum(axis=-1), self.terms)
+        r, (m, K) = L.shape[0], self.windows.shape
+        w = self.effective(weights)
+        # sum_k w_k x_k <= S y with S = sum_k w_k (exact) > 0, and |S - 1| <= delta: the
+        # line y >= sum_k w_k x_k - delta ymax holds for the weights as they are
+        s = w.sum(axis=-1)
+        delta = (np.abs(s - 1.0) + gamma_n(K + 1, U64) * s) * (1.0 + 4.0 * U64)
+        delta = np.where(self.exact[None], 0.0, delta)
+        Lu = np.where(use, L, 0.0)
+        C = (Lu[:, :, None] * w).reshape(r, m * K)
+        c = c - Lu * delta * self.ymax
+        D = np.ascontiguousarray((self.Pw @ C.T).T)
+        valid = self.windows >= 0
+        aw = np.where(valid, absval_in[np.maximum(self.windows, 0)], 0.0).reshape(-1)
+        # each input's coefficient: up to terms_w rounded products summed
+        charge = (gamma_n(self.terms_w + 1, U64) * (np.abs(C) @ aw)
+                  + TINY64 * self.terms_w * float(absval_in.sum()))
+        return D, c.sum(axis=-1), np.abs(c).sum(axis=-1), self.terms_w, charge
+
+
+_RULES = [(InputOp, InputRule()), (ActivationOp, ActivationRule()), (MaxPool, PoolRule()),
+          (Conv, ConvRule()), (Sum, SumRule())]
+_AFFINE = AffineRule()
+
+
+def rule_of(node) -> Rule:
+    """The rules of a node, by its operation's type."""
+    for cls, rule in _RULES:
+        if isinstance(node.op, cls):
+            return rule
+    if isinstance(node.op, Affine):
+        return _AFFINE
+    raise ValueError(f"node {node.name}: no bound rules for {type(node.op).__name__}")
+
+
+def plan(graph):
+    """The rules of every node of ``graph``, in its order."""
+    return [rule_of(n) for n in graph.nodes]
