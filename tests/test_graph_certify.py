@@ -345,7 +345,8 @@ from crown_cli.engine.kernels import graph_kernels
 from crown_cli.graph.onnx_graph import load_graph
 k = graph_kernels()
 names = ("conv_transpose_t", "activation_step_t", "affine_terms_t", "add_rows_t",
-         "win_conv_transpose_t", "win_activation_t", "win_sums_t", "win_scatter_t")
+         "input_terms_t", "win_conv_transpose_t", "win_activation_t", "win_sums_t",
+         "win_scatter_t")
 assert all(not getattr(k, n).signatures for n in names)
 GraphCertifier(load_graph({path!r})).warm_up()
 for n in names:
@@ -355,6 +356,6 @@ for n in names:
                          timeout=600)
     assert out.returncode == 0, out.stderr[-2000:]
     lines = out.stdout.strip().splitlines()
-    assert len(lines) == 8
+    assert len(lines) == 9
     for line in lines:
         assert line.endswith("['float32', 'float64']"), line

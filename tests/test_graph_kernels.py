@@ -233,3 +233,29 @@ def test_graph_bounds_on_windows_equal_numpy(monkeypatch):
         np.testing.assert_allclose(a, b, rtol=1e-9, atol=1e-12)
     y = g.forward(x0[None] + rng.uniform(-0.02, 0.02, (2000, g.input_size)))
     assert np.all(y >= out[0] - 1e-12) and np.all(y <= out[1] + 1e-12)
+
+
+@pytest.mark.parametrize("qcode", [0, 1, 2, "box"])
+@pytest.mark.parametrize("live", [False, True])
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+def test_input_rows_terms_equal_input_terms(qcode, live, dtype):
+    """The fast path's rows over the input stay transposed on their live elements
+    (graph_rows.InputRows): their concretisation's three sums (x0 . a, the dual norm,
+    sum |a_k x0_k|) equal input_sets.input_terms of the full rows (numpy kernels)."""
+    from crown_cli.engine.graph_rows import InputRows
+    from crown_cli.engine.input_sets import Box, input_terms
+
+    rng = np.random.default_rng(11)
+    d, r = 300, 70
+    idx = np.sort(rng.choice(d, 90, replace=False)) if live else None
+    Lt = rng.normal(size=(d if idx is None else idx.size, r)).astype(dtype)
+    x0 = rng.normal(size=d)
+    q = Box(x0 - rng.uniform(0, 1, d), x0 + rng.uniform(0, 1, d)) if qcode == "box" else qcode
+    rows = InputRows(idx, Lt, d)
+    full = rows.full()
+    assert full.shape == (r, d) and full.flags.c_contiguous
+    with using_kernels("numpy"):
+        want = input_terms(full.astype(np.float64), x0, q)
+    got = rows.terms(x0, q, graph_kernels())
+    for g, w in zip(got, want):
+        np.testing.assert_allclose(g, w, rtol=1e-12 if dtype == np.float64 else 1e-6)

@@ -52,7 +52,7 @@ import numpy as np
 
 from crown_cli.engine.chain import Lines
 from crown_cli.engine.deadline import check_deadline
-from crown_cli.engine.graph_rows import fused_rows, unit_windows
+from crown_cli.engine.graph_rows import InputRows, fused_rows, unit_windows
 from crown_cli.engine.input_sets import Box, input_terms
 from crown_cli.engine.kernels import graph_kernels
 from crown_cli.engine.node_rules import AffineRule, InputRule, PoolLines, plan
@@ -300,12 +300,18 @@ class GraphBounds:
         else:
             Lx, const, mag, charge = self._rows(target, Lam, slopes, tape, lines, pool_weights)
         low = self._concretise(Lx, const, mag, charge)
+        if rows and isinstance(Lx, InputRows):
+            Lx = Lx.full()
         return (low, Lx) if rows else low
 
     def _concretise(self, Lx, const, mag, charge):
-        """Verified lower bounds of the rows ``Lx`` over the flat input plus ``const``, over
+        """Verified lower bounds of the rows ``Lx`` over the flat input (an (r, d) array or
+        the fast path's :class:`~crown_cli.engine.graph_rows.InputRows`) plus ``const``, over
         the input set, widened by the rounding allowance and the charges."""
-        lin, nrm, xm = input_terms(Lx, self.x0, self.qcode)
+        if isinstance(Lx, InputRows):
+            lin, nrm, xm = Lx.terms(self.x0, self.qcode, graph_kernels())
+        else:
+            lin, nrm, xm = input_terms(Lx, self.x0, self.qcode)
         eps = self.eps
         return widen(lin - eps * nrm + const, xm + eps * nrm + mag, -1.0, self.rtol,
                      ERR_SAFETY * charge)

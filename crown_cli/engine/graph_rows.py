@@ -190,7 +190,6 @@ def fused_rows(gb, target: int, Lam, kernels, dtype=np.float64):
         first = (idx0, np.ascontiguousarray((Lam if idx0 is None else Lam[:, idx0]).T))
     r = first.Pt.shape[3] if isinstance(first, Win) else first[1].shape[1]
     acc = np.zeros((3, r))  # constant, magnitude, charge
-    Lx = np.zeros((r, g.input_size))
     pending: Dict[int, Union[Rows, Win]] = {target: first}
 
     def give(j, rows):
@@ -219,7 +218,7 @@ def fused_rows(gb, target: int, Lam, kernels, dtype=np.float64):
         acc[2] += 2.0 * U64 * sums
         pending[j] = (idx, St)
 
-    walk = _FastWalk(acc, Lx, give, kernels)
+    walk = _FastWalk(acc, give, kernels, r, g.input_size)
     for i in range(target, -1, -1):
         rows = pending.pop(i, None)
         if rows is None:
@@ -231,17 +230,56 @@ def fused_rows(gb, target: int, Lam, kernels, dtype=np.float64):
                 continue
             rows = _unwin(rows, node, kernels)
         rule.back_t(gb, i, node, rows, walk)
-    return Lx, acc[0], acc[1], acc[2]
+    return walk.rows_over_input(), acc[0], acc[1], acc[2]
 
 
-class _FastWalk(NamedTuple):
+class _FastWalk:
     """One fast-path back-substitution's state as the node rules' ``back_t`` and
-    ``back_win`` take it: ``acc`` (3, r) constant, magnitude, charge per row; ``Lx`` the rows
-    over the flat input; ``give(j, rows)``; the numba kernels."""
-    acc: np.ndarray
-    Lx: np.ndarray
-    give: object
-    kernels: object
+    ``back_win`` take it: ``acc`` (3, r) constant, magnitude, charge per row; ``give(j,
+    rows)``; the numba kernels; the rows over the flat input (:meth:`to_input`)."""
+
+    def __init__(self, acc, give, kernels, r: int, d: int):
+        self.acc, self.give, self.kernels = acc, give, kernels
+        self.r, self.d = r, d
+        self.Lx = None
+
+    def to_input(self, offset: int, rows: Rows, size: int) -> None:
+        """The rows over the input elements ``offset .. offset + size``: a graph of one input
+        keeps them on their live elements (:class:`InputRows`); else they go into place."""
+        if offset == 0 and size == self.d:
+            self.Lx = InputRows(rows[0], rows[1], self.d)
+            return
+        if self.Lx is None:
+            self.Lx = np.zeros((self.r, self.d), rows[1].dtype)
+        self.Lx[:, offset:offset + size] = _full(rows, size).T
+
+    def rows_over_input(self):
+        """The rows over the flat input: an (r, d) array or :class:`InputRows`."""
+        return np.zeros((self.r, self.d)) if self.Lx is None else self.Lx
+
+
+class InputRows(NamedTuple):
+    """Rows over the flat input held transposed on their live elements: ``Lt`` (k, r) the
+    coefficients of the elements ``idx`` (None: all d)."""
+    idx: Optional[np.ndarray]
+    Lt: np.ndarray
+    d: int
+
+    def full(self) -> np.ndarray:
+        """(r, d), C-ordered."""
+        return np.ascontiguousarray(_full((self.idx, self.Lt), self.d).T)
+
+    def terms(self, x0, qcode, kernels):
+        """``input_sets.input_terms`` of the rows: (a . x0, dual norm, sum |a_k x0_k|) per
+        row a, over the live elements only (the others are 0)."""
+        from crown_cli.engine.input_sets import Box
+
+        box = isinstance(qcode, Box)
+        out = np.empty((self.Lt.shape[1], 3))
+        kernels.input_terms_t(np.ascontiguousarray(self.Lt), _take(x0, self.idx),
+                              0 if box else qcode, out)
+        nrm = _take(qcode.radius, self.idx) @ np.abs(self.Lt) if box else out[:, 1]
+        return out[:, 0], nrm, out[:, 2]
 
 
 def _bias(gb, i, dtype):

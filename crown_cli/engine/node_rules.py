@@ -85,7 +85,8 @@ class Rule:
 
     def back_t(self, gb, i, node, rows, walk) -> None:
         """The same on rows held transposed on live elements, ``(idx, Lt)`` (the fast path:
-        ``walk.acc`` (3, r) of constant, magnitude, charge; ``walk.kernels``)."""
+        ``walk.acc`` (3, r) of constant, magnitude, charge; ``walk.kernels``;
+        ``walk.to_input``)."""
         raise NotImplementedError
 
     def back_win(self, gb, i, node, win: Win, walk) -> bool:
@@ -125,7 +126,7 @@ class InputRule(Rule):
         walk.Lx[:, node.op.offset:node.op.offset + node.op.size] = L
 
     def back_t(self, gb, i, node, rows, walk):
-        walk.Lx[:, node.op.offset:node.op.offset + node.op.size] = _full(rows, node.size).T
+        walk.to_input(node.op.offset, rows, node.size)
 
     def relaxed(self, gb, i, node, vals, x, tape, pool_weights):
         return x[:, node.op.offset:node.op.offset + node.op.size]

@@ -205,6 +205,51 @@ def affine_terms_t(Lt, bias, absbias, absfwd, out):
 
 
 @njit(cache=True, parallel=True)
+def input_terms_t(Lt, x0, qcode, out):
+    """The rows held transposed over (some of) the flat input, Lt (n, r), concretised as
+    ``input_sets.input_terms`` does: ``out[row] = (a . x0, ||a||_q (qcode 0: l1, 1: l2,
+    2: l_inf), sum |a_k x0_k|)`` of each row a (x0 (n,) the input's elements the rows are
+    on), the sums along the rows."""
+    n, r = Lt.shape
+    nb = (r + ROW_BLOCK - 1) // ROW_BLOCK
+    for blk in prange(nb):
+        a0 = blk * ROW_BLOCK
+        a1 = min(r, a0 + ROW_BLOCK)
+        lin = np.zeros(a1 - a0)
+        nrm = np.zeros(a1 - a0)
+        mag = np.zeros(a1 - a0)
+        for k in range(n):
+            xk = x0[k]
+            axk = abs(xk)
+            row = Lt[k]
+            if qcode == 0:
+                for q in range(a0, a1):
+                    v = np.float64(row[q])
+                    av = abs(v)
+                    lin[q - a0] += v * xk
+                    mag[q - a0] += av * axk
+                    nrm[q - a0] += av
+            elif qcode == 1:
+                for q in range(a0, a1):
+                    v = np.float64(row[q])
+                    lin[q - a0] += v * xk
+                    mag[q - a0] += abs(v) * axk
+                    nrm[q - a0] += row[q] * row[q]  # squared in the rows' dtype
+            else:
+                for q in range(a0, a1):
+                    v = np.float64(row[q])
+                    av = abs(v)
+                    lin[q - a0] += v * xk
+                    mag[q - a0] += av * axk
+                    if av > nrm[q - a0]:
+                        nrm[q - a0] = av
+        for q in range(a0, a1):
+            out[q, 0] = lin[q - a0]
+            out[q, 1] = np.sqrt(nrm[q - a0]) if qcode == 1 else nrm[q - a0]
+            out[q, 2] = mag[q - a0]
+
+
+@njit(cache=True, parallel=True)
 def activation_step_t(Lt, lower, upper, lower_icpt, upper_icpt, absval, Dt, out):
     """One activation node's step on rows held transposed, Lt (n, r): ``Dt = Lt * slope``
     (the lower line's where the coefficient is >= 0, the upper line's elsewhere); per row
