@@ -179,7 +179,7 @@ def report(results, fmt, columns, plot_path, output, overwrite, verbose, quiet):
 def main():
     try:
         cli(prog_name="crown")
-    except SystemExit as done:
+    except SystemExit:
         # flush here, not at interpreter exit: output still buffered when the reader of a pipe
         # has gone must end quietly like the rest (see _handle_errors)
         try:

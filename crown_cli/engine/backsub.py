@@ -191,7 +191,7 @@ def back_substitute(
     """
     err = None if charges is None else charges.steps
     lam_err = None if charges is None else charges.lam_err
-    W, b = net.weights(dtype), net.b
+    b = net.b
     LU = LL = np.ascontiguousarray(Lam, dtype=dtype)
     cU = const.astype(np.float64).copy()
     cL = cU.copy()

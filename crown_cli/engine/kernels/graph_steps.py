@@ -139,7 +139,7 @@ def conv_transpose_t(Lt, src, in_idx, weight, in_shape, out_shape, strides, dila
     ``weight`` (O, C / group, kh, kw); ``pads``: top, left."""
     r = Gt.shape[1]
     _, Cg, kh, kw = weight.shape
-    C, H, W = in_shape[0], in_shape[1], in_shape[2]
+    H, W = in_shape[1], in_shape[2]
     O, OH, OW = out_shape[0], out_shape[1], out_shape[2]
     Og = O // group
     sh, sw = strides[0], strides[1]
