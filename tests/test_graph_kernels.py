@@ -259,3 +259,52 @@ def test_input_rows_terms_equal_input_terms(qcode, live, dtype):
     got = rows.terms(x0, q, graph_kernels())
     for g, w in zip(got, want):
         np.testing.assert_allclose(g, w, rtol=1e-12 if dtype == np.float64 else 1e-6)
+
+
+@pytest.mark.parametrize("kind", ["residual", "relu_residual", "conv_maxpool", "conv_tanh"])
+def test_rows_with_any_lines_kernels_equal_numpy(tmp_path, kind):
+    """GraphBounds._rows (any lines: per-row lines with split multipliers, per-row slopes,
+    the tape of a gradient) under the numba kernels (row-major kernels affine_terms_rows,
+    add_rows, activation_rows) against the numpy expressions: the constant, magnitude and
+    rounding charge of each row, the rows over the input and every tape entry."""
+    from crown_cli.engine.chain import Lines
+    from test_graph_bounds import _graph
+
+    g = _graph(tmp_path, kind, seed=4)
+    rng = np.random.default_rng(5)
+    x0 = rng.uniform(-1, 1, g.input_size)
+    acts = [i for i, n in enumerate(g.nodes) if n.kind == "activation"]
+    C = rng.normal(size=(6, g.output_size))
+    results = {}
+    for backend in ("numba", "numpy"):
+        with using_kernels(backend):
+            gb = GraphBounds(g, x0, 0.05, 0)
+            lines, slopes = {}, {}
+            for i in acts:
+                n, base = g.nodes[i].size, gb.lines[i]
+                lower = np.broadcast_to(base.lower, (6, n)) * rng.uniform(0.5, 1.0, (6, n))
+                extra = rng.normal(size=(6, n)) * (rng.uniform(size=(6, n)) < 0.3)
+                if i == acts[0]:
+                    lines[i] = Lines(base.cols, lower, base.upper, base.upper_icpt,
+                                     base.lower_icpt, extra=extra)
+                else:
+                    slopes[i] = lower
+            tape = {}
+            Lx, const, mag, charge = gb._rows(g.output, C, slopes, tape, lines, None)
+            results[backend] = ((const, mag, charge), Lx, tape)
+            rng = np.random.default_rng(5)  # the same lines for both
+            rng.uniform(-1, 1, g.input_size)
+            rng.normal(size=(6, g.output_size))
+    (a, ax, at), (b, bx, bt) = results["numba"], results["numpy"]
+    assert np.all(b[1] > 0) and np.all(b[2] > 0)  # magnitudes and charges to compare
+    for u, v in zip(a, b):  # constant, magnitude, rounding charge per row
+        np.testing.assert_allclose(u, v, rtol=1e-9)
+    np.testing.assert_allclose(ax, bx, rtol=1e-12, atol=1e-14)
+    assert at.keys() == bt.keys()
+    for k in at:
+        if isinstance(at[k], tuple):
+            for u, v in zip(at[k], bt[k]):
+                np.testing.assert_allclose(np.broadcast_to(u, np.shape(v)), v, rtol=1e-12,
+                                           atol=1e-14)
+        elif at[k] is not None:
+            np.testing.assert_allclose(at[k], bt[k], rtol=1e-12, atol=1e-14)

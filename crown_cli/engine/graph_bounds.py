@@ -351,12 +351,20 @@ class _Walk:
 
     def give(self, j, P):
         """Rows P for node j, added to what it has (the sum's rounding charged)."""
-        if j in self.pending:
-            S = self.pending[j] + P
-            self.charge = self.charge + 2.0 * U64 * (np.abs(S) @ self.gb.absval[j])
-            self.pending[j] = S
-        else:
+        if j not in self.pending:
             self.pending[j] = P
+            return
+        A = self.pending[j]
+        kernels = graph_kernels()
+        if kernels is not None and A.flags.c_contiguous and P.flags.c_contiguous \
+                and A.dtype == P.dtype == np.float64:
+            S, ch = np.empty_like(A), np.empty(A.shape[0])
+            kernels.add_rows(A, P, self.gb.absval[j], S, ch)
+        else:
+            S = A + P
+            ch = np.abs(S) @ self.gb.absval[j]
+        self.charge = self.charge + 2.0 * U64 * ch
+        self.pending[j] = S
 
 
 def graph_bounds(graph, x0, eps, qcode, C=None, **options):

@@ -32,6 +32,7 @@ from crown_cli.engine.chain import Lines, relax
 from crown_cli.engine.graph_rows import (Win, _bias, _fits, _full, _image, _lines, _take,
                                          _transpose, _typed, _weight)
 from crown_cli.engine.input_sets import Box
+from crown_cli.engine.kernels import graph_kernels
 from crown_cli.engine.rounding import ERR_SAFETY, TINY64, U64, gamma_n
 from crown_cli.graph.ops import ActivationOp, Affine, Conv, InputOp, Sum
 from crown_cli.graph.pooling import MaxPool
@@ -154,10 +155,21 @@ class AffineRule(Rule):
 
     def back(self, gb, i, node, L, walk):
         op = node.op
-        if op.bias is not None:
-            walk.const = walk.const + L @ op.bias
-            walk.mag = walk.mag + np.abs(L) @ np.abs(op.bias)
-        walk.charge = walk.charge + self.charge(gb, i, np.abs(L) @ gb.absfwd[i])
+        kernels = graph_kernels()
+        if kernels is not None and L.flags.c_contiguous and L.dtype == np.float64:
+            b, absb = _bias(gb, i, np.float64)
+            sums = np.empty((L.shape[0], 3))
+            kernels.affine_terms_rows(L, b, absb, gb.absfwd[i], sums)
+            if op.bias is not None:
+                walk.const = walk.const + sums[:, 0]
+                walk.mag = walk.mag + sums[:, 1]
+            wsum = sums[:, 2]
+        else:
+            if op.bias is not None:
+                walk.const = walk.const + L @ op.bias
+                walk.mag = walk.mag + np.abs(L) @ np.abs(op.bias)
+            wsum = np.abs(L) @ gb.absfwd[i]
+        walk.charge = walk.charge + self.charge(gb, i, wsum)
         for j, P in zip(node.inputs, op.transpose(L)):
             walk.give(j, P)
 
@@ -275,6 +287,11 @@ class ActivationRule(Rule):
             ln = walk.lines[i]
         elif walk.slopes is not None and i in walk.slopes:
             ln = Lines(ln.cols, walk.slopes[i], ln.upper, ln.upper_icpt, ln.lower_icpt)
+        kernels = graph_kernels()
+        if kernels is not None and L.dtype == np.float64 and ln.stable is None \
+                and ln.cols.size == L.shape[1]:
+            self._back_kernel(gb, i, p, np.ascontiguousarray(L), ln, walk, kernels)
+            return
         D, icpt, pos, slope = relax(L, ln)
         if ln.extra is not None:  # D = fl(fl(L slope) + extra): two roundings
             walk.charge = walk.charge + 2.0 * U64 * ((np.abs(L * slope) + np.abs(ln.extra))
@@ -287,6 +304,37 @@ class ActivationRule(Rule):
         walk.mag = walk.mag + np.abs(icpt).sum(axis=-1)
         z = gb.absval[p]
         walk.charge = walk.charge + self.charge(np.abs(D) @ z, z)
+        walk.give(p, D)
+
+    def _back_kernel(self, gb, i, p, L, ln, walk, kernels):
+        """:meth:`back` in one pass of the kernel ``activation_rows`` (lines on every column,
+        per row or shared): the same products, the sums in another order."""
+        r, n = L.shape
+
+        def rows2(a):  # (r, n) per row or (1, n) shared; None: 0
+            a = np.zeros(1) if a is None else np.asarray(a, np.float64)
+            if a.size == 1:
+                return np.full((1, n), float(a.reshape(-1)[0]))
+            if a.ndim <= 2 and a.shape[-1] == n and a.size in (n, r * n):
+                return np.ascontiguousarray(a.reshape(-1, n))
+            return np.ascontiguousarray(np.broadcast_to(a, (r, n)))
+
+        keep = walk.tape is not None
+        shape = (r, n) if keep else (1, 1)
+        pos, slope, icv = np.empty(shape, bool), np.empty(shape), np.empty(shape)
+        extra = None if ln.extra is None else rows2(ln.extra)
+        D, sums = np.empty((r, n)), np.empty((r, 4))
+        kernels.activation_rows(L, rows2(ln.lower), rows2(ln.upper), rows2(ln.lower_icpt),
+                                rows2(ln.upper_icpt), np.zeros((1, 1)) if extra is None
+                                else extra, extra is not None, gb.absval[p], D, keep, pos,
+                                slope, icv, sums)
+        if extra is not None:  # D = fl(fl(L slope) + extra): two roundings
+            walk.charge = walk.charge + 2.0 * U64 * sums[:, 3]
+        if keep:
+            walk.tape[i] = (L, pos, slope, icv)
+        walk.const = walk.const + sums[:, 0]
+        walk.mag = walk.mag + sums[:, 1]
+        walk.charge = walk.charge + self.charge(sums[:, 2], gb.absval[p])
         walk.give(p, D)
 
     def back_t(self, gb, i, node, rows, walk):

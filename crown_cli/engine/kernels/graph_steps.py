@@ -305,6 +305,113 @@ def add_rows_t(St, Pt, absval, charge):
             charge[q] += ch[q - a0]
 
 
+# -- rows as numpy arrays, (r, n) row-major: GraphBounds._rows (any lines) under these kernels ----
+# Each row is a loop along its n coefficients, rows spread over the threads; four partial
+# sums per quantity (independent chains; the charges do not depend on the order of a sum).
+
+
+@njit(cache=True, parallel=True)
+def affine_terms_rows(L, bias, absbias, absfwd, out):
+    """Per row of L (r, n): ``out[row] = (L @ bias, |L| @ absbias, |L| @ absfwd)``."""
+    r, n = L.shape
+    for q in prange(r):
+        row = L[q]
+        c = np.zeros(4)
+        a = np.zeros(4)
+        w = np.zeros(4)
+        k = 0
+        while k + 4 <= n:
+            for j in range(4):
+                v = row[k + j]
+                av = abs(v)
+                c[j] += v * bias[k + j]
+                a[j] += av * absbias[k + j]
+                w[j] += av * absfwd[k + j]
+            k += 4
+        while k < n:
+            v = row[k]
+            av = abs(v)
+            c[0] += v * bias[k]
+            a[0] += av * absbias[k]
+            w[0] += av * absfwd[k]
+            k += 1
+        out[q, 0] = (c[0] + c[1]) + (c[2] + c[3])
+        out[q, 1] = (a[0] + a[1]) + (a[2] + a[3])
+        out[q, 2] = (w[0] + w[1]) + (w[2] + w[3])
+
+
+@njit(cache=True, parallel=True)
+def add_rows(A, B, absval, S, charge):
+    """``S = A + B`` (r, n) and ``charge[q] = sum_k |S[q, k]| absval[k]`` (a node receiving
+    rows from a second consumer)."""
+    r, n = A.shape
+    for q in prange(r):
+        s = np.zeros(4)
+        k = 0
+        while k + 4 <= n:
+            for j in range(4):
+                v = A[q, k + j] + B[q, k + j]
+                S[q, k + j] = v
+                s[j] += abs(v) * absval[k + j]
+            k += 4
+        while k < n:
+            v = A[q, k] + B[q, k]
+            S[q, k] = v
+            s[0] += abs(v) * absval[k]
+            k += 1
+        charge[q] = (s[0] + s[1]) + (s[2] + s[3])
+
+
+@njit(cache=True, parallel=True)
+def activation_rows(L, lower, upper, lower_icpt, upper_icpt, extra, has_extra, z, D, keep,
+                    tape_pos, tape_slope, tape_icpt, out):
+    """One activation node's step on rows L (r, n) with lines given per row or shared (each
+    line array (r, n) or (1, n)): ``D = L * slope + extra`` (slope and intercept the lower
+    line's where the coefficient is >= 0, the upper's elsewhere; ``extra`` (r, n) or (1, n)
+    when ``has_extra``); per row ``out[row] = (sum of the intercept terms, their magnitudes,
+    sum |D| z, sum (|L slope| + |extra|) z)``; with ``keep`` the side, slope and intercept
+    each coefficient took into the tape arrays (r, n)."""
+    r, n = L.shape
+    # per-row arrays are read at the row, shared ones (one row) at row 0
+    ml, mu = min(lower.shape[0] - 1, 1), min(upper.shape[0] - 1, 1)
+    ma, mb = min(lower_icpt.shape[0] - 1, 1), min(upper_icpt.shape[0] - 1, 1)
+    me = min(extra.shape[0] - 1, 1)
+    for q in prange(r):
+        ql, qu, qa, qb, qe = q * ml, q * mu, q * ma, q * mb, q * me
+        isum = 0.0
+        iabs = 0.0
+        dz = 0.0
+        ez = 0.0
+        for k in range(n):
+            v = L[q, k]
+            pos = v >= 0.0
+            if pos:
+                s = lower[ql, k]
+                ic = lower_icpt[qa, k]
+            else:
+                s = upper[qu, k]
+                ic = upper_icpt[qb, k]
+            p = v * s
+            d = p
+            if has_extra:
+                e = extra[qe, k]
+                d = p + e
+                ez += (abs(p) + abs(e)) * z[k]
+            D[q, k] = d
+            t = v * ic
+            isum += t
+            iabs += abs(t)
+            dz += abs(d) * z[k]
+            if keep:
+                tape_pos[q, k] = pos
+                tape_slope[q, k] = s
+                tape_icpt[q, k] = ic
+        out[q, 0] = isum
+        out[q, 1] = iabs
+        out[q, 2] = dz
+        out[q, 3] = ez
+
+
 # -- rows on per-row windows (crown_cli/engine/graph_rows.py, ``Win``) -------------------------
 # A row over an image-shaped node (C, H, W) that touches only a small part of the image is held
 # on its own window: Pt (C, h, w, r), row q's window at (oy[q], ox[q]) in the node's (H, W)
