@@ -2,7 +2,8 @@
 reverse topological order, float64, every rounding charged.
 
 Rows ``Lam`` over a node's value are carried down the graph. Visiting the nodes from the
-target down to the inputs, a node's rows are the sum of what its consumers sent it, and:
+target down to the inputs, a node's rows are the sum of what its consumers sent it, and its
+kind's rule (:mod:`crown_cli.engine.node_rules`, one class per kind) takes them through it:
 
 - an affine node ``y = A(x_1..x_k) + b``: ``const += Lam b``, each input j receives
   ``Lam A_j`` (:meth:`transpose` of the operation: a transposed convolution, a scatter-add,
