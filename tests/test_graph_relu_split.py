@@ -1,4 +1,5 @@
-"""ReLU splitting on graph networks (crown_cli.verification.bab.graph_relu_split): subdomain
+"""ReLU splitting on graph networks (the one search of crown_cli.verification.bab.relu_split
+over crown_cli.verification.bab.graph_bounder's GraphBounder): subdomain
 bounds below the sampled minimum over each subdomain (any slopes, any multipliers), the
 multipliers' and slopes' gradient against finite differences, fully split domains decided
 exactly (LP multipliers checked by a float64 bound), verdicts equal to an exact MILP of the
@@ -15,7 +16,8 @@ from crown_cli.engine.graph_alpha import _minimiser, _relaxed_forward
 from crown_cli.engine.graph_bounds import GraphBounds
 from crown_cli.engine.input_sets import Box
 from crown_cli.graph.onnx_graph import load_graph
-from crown_cli.verification.bab import graph_relu_split as grs
+from crown_cli.verification.bab import graph_bounder as grs
+from crown_cli.verification.bab.relu_split import _leaf_lp
 from graph_models import BUILDERS
 from graph_oracles import graph_min
 
@@ -32,21 +34,31 @@ def setup(tmp_path, kind, seed, eps=0.1):
     x0 = rng.uniform(-1, 1, g.input_size)
     lo, hi = x0 - eps, x0 + eps
     gb = GraphBounds(g, *Box(lo, hi).args())
-    return g, gb, grs._Space(gb), lo, hi, rng
+    return g, gb, space_of(g, gb, lo, hi), lo, hi, rng
+
+
+class space_of(grs.GraphBounder):
+    """The bounder of the box with one zero row, with ``nodes`` as (node, neurons, offset)."""
+
+    def __init__(self, g, gb, lo, hi, A=None, b=None):
+        super().__init__(g, gb, lo, hi, np.zeros((1, g.output_size)) if A is None else A,
+                         np.zeros(1) if b is None else b)
+        self.triples = [(i, idx, off) for i, idx, off in
+                        zip(self.nodes, self.ucols, self.offsets)]
 
 
 def signs_at(g, space, x):
     """The sign (+1 / -1) of every unstable neuron at the point x: a split met by x."""
     _, vals = g.forward(x[None], return_all=True)
     return np.concatenate([np.where(vals[g.nodes[i].inputs[0]][0, idx] >= 0.0, 1, -1)
-                           for i, idx, _ in space.nodes]).astype(np.int8)
+                           for i, idx, _ in space.triples]).astype(np.int8)
 
 
 def in_domain(g, space, vals, split):
     """The sampled points meeting every split decision; ``vals``: every node's values at the
     points (``g.forward(X, return_all=True)[1]``, computed once for all splits)."""
     ok = np.ones(vals[g.output].shape[0], bool)
-    for i, idx, off in space.nodes:
+    for i, idx, off in space.triples:
         z = vals[g.nodes[i].inputs[0]][:, idx]
         s = split[off:off + idx.size]
         ok &= np.all(np.where(s > 0, z >= 0.0, np.where(s < 0, z <= 0.0, True)), axis=1)
@@ -81,8 +93,8 @@ def test_subdomain_bounds_hold_for_any_slopes_and_multipliers(tmp_path, kind):
 
 def test_multiplier_and_slope_gradient_matches_finite_differences(tmp_path):
     """The bound is piecewise linear in alpha and beta; at a generic point its derivative is
-    the one _bound ascends (a coefficient times its node's value under the row's lines at the
-    row's minimiser)."""
+    the one GraphBounder.gradient gives (a coefficient times its node's value under the
+    row's lines at the row's minimiser), which is checked to be that formula too."""
     g, gb, space, lo, hi, rng = setup(tmp_path, "conv", 2)
     row = rng.normal(size=(1, g.output_size))
     split = np.zeros(space.nU, np.int8)
@@ -98,8 +110,11 @@ def test_multiplier_and_slope_gradient_matches_finite_differences(tmp_path):
     gb.lower(g.output, row, tape=tape, lines=space.lines(sp, alpha, beta))
     x = _minimiser(gb, tape.pop("Lx"))
     vals = _relaxed_forward(gb, g.output, x, tape)
+    bd = space_of(g, gb, lo, hi, row, np.zeros(1))
+    _, state = bd.evaluate(sp, alpha[:, None], beta[:, None], keep=True)
+    gA, gB = bd.gradient(state)
     checked = 0
-    for i, idx, off in space.nodes:
+    for i, idx, off in space.triples:
         L, pos = tape[i][0][0, idx], tape[i][1][0, idx]
         z = vals[g.nodes[i].inputs[0]][0, idx]
         for k in range(idx.size):
@@ -112,6 +127,7 @@ def test_multiplier_and_slope_gradient_matches_finite_differences(tmp_path):
                 b1 = beta.copy()
                 b1[0, j] -= h
                 got = (value(alpha, b2) - value(alpha, b1)) / (2 * h)
+                assert gB[0, j] == pytest.approx(want, abs=1e-12 * (1 + abs(want)))
             elif pos[k]:
                 want = L[k] * z[k]
                 a2 = alpha.copy()
@@ -119,6 +135,7 @@ def test_multiplier_and_slope_gradient_matches_finite_differences(tmp_path):
                 a1 = alpha.copy()
                 a1[0, j] -= h
                 got = (value(a2, beta) - value(a1, beta)) / (2 * h)
+                assert gA[0, j] == pytest.approx(want, abs=1e-12 * (1 + abs(want)))
             else:
                 continue
             assert got == pytest.approx(want, abs=1e-5 * (1 + abs(want))), (j, got, want)
@@ -129,11 +146,11 @@ def test_multiplier_and_slope_gradient_matches_finite_differences(tmp_path):
 @pytest.mark.parametrize("kind,seed", [("conv", 3), ("conv", 7), ("dense", 3), ("dense", 7),
                                        ("normalised", 3), ("relu_residual", 3),
                                        ("relu_residual", 5)])
-@pytest.mark.parametrize("fsb_k", [1, 3])
-def test_verdicts_equal_the_milp_on_both_sides_of_the_minimum(tmp_path, kind, seed, fsb_k):
+@pytest.mark.parametrize("branching", ["babsr", "fsb"])
+def test_verdicts_equal_the_milp_on_both_sides_of_the_minimum(tmp_path, kind, seed, branching):
     """b 0.1% (relative) below the exact minimum: unsat; 0.1% above: sat, with a point the
-    float64 forward pass confirms; branching by BaBSR (fsb_k 1) and by filtered smart
-    branching over 3 candidates."""
+    float64 forward pass confirms; branching by BaBSR and by filtered smart branching over
+    3 candidates."""
     g = graph_of(tmp_path, kind, seed)
     assert grs.exact_when_split(g)
     rng = np.random.default_rng(seed + 1)
@@ -145,7 +162,7 @@ def test_verdicts_equal_the_milp_on_both_sides_of_the_minimum(tmp_path, kind, se
     for delta, want in ((-1e-3, "unsat"), (1e-3, "sat")):
         b = m + delta * (1 + abs(m))
         r = grs.graph_relu_split(g, lo, hi, row[None], np.array([b]), time.monotonic() + 60,
-                                 fsb_k=fsb_k)
+                                 branching=branching, fsb_k=3)
         assert r.verdict == want, (kind, seed, delta, r)
         if want == "sat":
             assert np.all((r.x >= lo) & (r.x <= hi)) and row @ g.forward(r.x) <= b
@@ -169,14 +186,29 @@ def test_fully_split_domains_are_decided_by_the_lp(tmp_path):
             continue
         low = float(Y[ok].min())
         below, above = np.array([m - 1e-3 * (1 + abs(m))]), np.array([low + 0.05])
-        checked = []
-        out = grs._leaf(space, row, below, np.nextafter(below, np.inf), split,
-                        lambda X: checked.append(X) or None)
-        assert out is True, trial
-        out = grs._leaf(space, row, above, np.nextafter(above, np.inf), split, lambda X: X[0])
-        assert out is not True, trial
+        assert leaf(g, gb, lo, hi, row, below, split) is True, trial
+        assert leaf(g, gb, lo, hi, row, above, split) is not True, trial
         seen += 1
     assert seen >= 3
+
+
+def leaf(g, gb, lo, hi, row, b, split):
+    """The search's leaf rule on the fully split domain ``split``: the LP
+    (:func:`_leaf_lp` on :meth:`GraphBounder.affine`), then its multipliers checked by a
+    float64 bound; a candidate point (True only if proven, else the point or False)."""
+    bd = space_of(g, gb, lo, hi, row, b)
+    out = _leaf_lp(bd, split)
+    if out[0] == "sat":
+        return out[1]
+    if out[0] != "beta":
+        return False
+    for scale in (1.0, 1.0 + 1e-6, 1.01):
+        be = np.zeros((1, 1, bd.nU))
+        be[0, out[1]] = scale * out[2]
+        v = bd.evaluate(split[None], np.zeros((1, 1, bd.nU)), be)
+        if np.all(v > 0.0):
+            return True
+    return False
 
 
 @pytest.mark.slow
@@ -198,8 +230,8 @@ def test_max_pool_graph_ends_unknown_not_unsat_when_leaves_stay_open(tmp_path):
         assert "every unstable neuron split stayed open" in r.note
 
 
-def test_open_domains_are_capped_by_memory(tmp_path, monkeypatch):
-    """The open domains' stored state is capped (MAX_MEMORY): a search that would hold more
+def test_open_domains_are_capped_by_memory(tmp_path):
+    """The open domains' stored state is capped (max_memory): a search that would hold more
     ends unknown ("domain cap"), not out of memory."""
     g = graph_of(tmp_path, "relu_residual", 7)  # thousands of domains without the cap
     rng = np.random.default_rng(8)
@@ -208,10 +240,10 @@ def test_open_domains_are_capped_by_memory(tmp_path, monkeypatch):
     row = rng.normal(size=g.output_size)
     m, _ = graph_min(g, lo, hi, row)
     b = np.array([m - 1e-3 * (1 + abs(m))])
-    monkeypatch.setattr(grs, "MAX_MEMORY", 2.0 ** 11)  # room for a couple of domains
-    r = grs.graph_relu_split(g, lo, hi, row[None], b, time.monotonic() + 30)
+    r = grs.graph_relu_split(g, lo, hi, row[None], b, time.monotonic() + 30,
+                             max_memory=2.0 ** 11)  # room for a couple of domains
     assert r.verdict == "unknown" and r.note == "domain cap", r
-    assert r.peak_open <= 2 * 16 + 2  # the cap, plus one batch of children
+    assert r.peak_open <= 2 + grs.GRAPH_OPTIONS.batch  # the cap, plus one batch of children
 
 
 def test_maxpool_as_relus_is_the_same_function_and_makes_splitting_complete(tmp_path):

@@ -18,7 +18,7 @@ from crown_cli.graph.onnx_graph import load_graph
 from crown_cli.io.networks import load_network
 from crown_cli.io.vnnlib import parse_vnnlib_text
 from crown_cli.network import MLP
-from crown_cli.verification.bab.graph_relu_split import exact_when_split
+from crown_cli.verification.bab.graph_bounder import exact_when_split
 from crown_cli.verification.graph_pipeline import NO_BAB, GraphVerifier, graph_counterexample
 from crown_cli.verification.outcome import violations_of
 from graph_models import BUILDERS, G, dense_chain

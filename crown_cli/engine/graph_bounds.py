@@ -286,7 +286,7 @@ class GraphBounds:
         (r, size) or broadcastable}): each row's own lines at those nodes, in place of the
         relaxation's and of ``slopes``, with ``extra`` (r, size) added to the coefficients of
         the node's input (ReLU splitting's split multipliers,
-        :mod:`crown_cli.verification.bab.graph_relu_split`). They must be valid wherever the
+        :mod:`crown_cli.verification.bab.graph_bounder`). They must be valid wherever the
         caller claims the bound (e.g. on a subdomain); the arithmetic is charged as always.
         ``pool_weights`` (optional, {max pool node: (r, m, K)}): each row's lower lines of
         that pool, ``y >= sum_k w_k x_k`` per window (:meth:`PoolLines.back`).

@@ -82,7 +82,7 @@ def maxpool_as_relus(graph, max_relus=None):
     differences, a ReLU, a sparse ``Dense`` of the pairs' second members, their ``Sum`` (an
     odd candidate is carried with a zero difference). On such a graph ReLU splitting is
     complete: a fully split domain is affine
-    (:mod:`crown_cli.verification.bab.graph_relu_split`)."""
+    (:mod:`crown_cli.verification.bab.graph_bounder`)."""
     import scipy.sparse as sp
 
     from crown_cli.graph.network import Graph, Node

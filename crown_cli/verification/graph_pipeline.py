@@ -4,7 +4,8 @@ ReLU slopes and max pool lower lines for the intermediate bounds and the output 
 :mod:`crown_cli.engine.graph_alpha`), then on graphs of at most
 ``INPUT_SPLIT_MAX_DIM`` inputs branch and bound by input splitting
 (:mod:`crown_cli.verification.bab.graph_input_split`) and on graphs with ReLU nodes by ReLU
-splitting (:mod:`crown_cli.verification.bab.graph_relu_split`), raced.
+splitting (the dense engine's search over :mod:`crown_cli.verification.bab.graph_bounder`),
+raced.
 
 The same verdicts and the same rules as :mod:`crown_cli.verification.pipeline`:
 
@@ -34,7 +35,7 @@ from crown_cli.engine.deadline import DeadlineExceeded
 from crown_cli.engine.input_sets import Box
 from crown_cli.engine.rounding import round_up
 from crown_cli.verification.attack import _as_case, descend
-from crown_cli.verification.bab.graph_relu_split import splittable_nodes
+from crown_cli.verification.bab.graph_bounder import splittable_nodes
 from crown_cli.verification.outcome import confirm_sat, violations_of
 from crown_cli.verification.pipeline import (BOUND_STAGES, INPUT_SPLIT_MAX_DIM,
                                              StagedVerifier, Verdict, Verifier, VerifyOptions,
@@ -327,10 +328,10 @@ class GraphVerifier(StagedVerifier):
         progress (:func:`~crown_cli.verification.schedule.race`) as on MLPs: input splitting
         (:func:`~crown_cli.verification.bab.graph_input_split.graph_input_split_steps`) on
         graphs of at most ``INPUT_SPLIT_MAX_DIM`` inputs, ReLU splitting
-        (:func:`~crown_cli.verification.bab.graph_relu_split.graph_relu_split_steps`) on
+        (:func:`~crown_cli.verification.bab.graph_bounder.graph_relu_split_steps`) on
         graphs with ReLU nodes."""
+        from crown_cli.verification.bab.graph_bounder import graph_relu_split_steps
         from crown_cli.verification.bab.graph_input_split import graph_input_split_steps
-        from crown_cli.verification.bab.graph_relu_split import graph_relu_split_steps
         from crown_cli.verification.pipeline import (JOIN_MIN_S, JOIN_SHARE, RACE_MAX_SLICE,
                                                      RACE_SLICE, bab_status_for)
         from crown_cli.verification.schedule import RaceSettings, Run, race

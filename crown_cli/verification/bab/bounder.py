@@ -20,9 +20,10 @@ from crown_cli.engine.chain import Lines, Rows, relax
 from crown_cli.engine.input_sets import Box, box_lower, input_abs_bound
 from crown_cli.engine.kernels import relu_split_kernels as _kern
 from crown_cli.engine.relaxations import get_relaxation
-from crown_cli.engine.rounding import FP_RTOL, U64, margin_rows_rounding, round_up, rounding_weights
+from crown_cli.engine.rounding import FP_RTOL, U64, margin_rows_rounding, rounding_weights
 from crown_cli.verification.bab.domain_bounds import DomainBounds, sparse_enough
-from crown_cli.verification.bab.domains import ReluSplitProblem
+from crown_cli.verification.bab.domains import CaseRows, ReluSplitProblem
+from crown_cli.verification.outcome import violations
 
 
 class _Relax:
@@ -32,7 +33,7 @@ class _Relax:
         self.aU, self.bU, self.aL, self.bL = aU, bU, aL, bL
 
 
-class Bounder(DomainBounds):
+class Bounder(DomainBounds, CaseRows):
     """Batched bounds of the rows ``A f(x) - b_up`` on ReLU-split subdomains of one box.
 
     Unstable neurons (l < 0 < u at the root) are numbered globally 0..n_unstable-1 in layer
@@ -52,6 +53,9 @@ class Bounder(DomainBounds):
     layer's neuron keeps the slopes optimised for it at the root instead of CROWN's adaptive
     ones (any slope in [leak, 1] is a valid lower bound of an unstable neuron).
     """
+
+    exact = True  # a fully split domain is affine (:meth:`affine`)
+    tightens = True  # per-domain hidden-layer bounds (:meth:`tighten`)
 
     def __init__(self, problem: ReluSplitProblem):
         self._network(problem.weights, problem.biases, problem.activation, problem.leak)
@@ -84,20 +88,6 @@ class Bounder(DomainBounds):
             raise ValueError("relu_split: leaky ReLU slope must lie in [0, 1]")
         self.leak = leak
         self.net = Network(self.weights, self.biases)
-
-    def _rows(self, A, b, groups):
-        """The rows ``A f(x) - b_up`` and the case of each."""
-        self.A = np.atleast_2d(np.asarray(A, dtype=np.float64))
-        self.b = np.asarray(b, dtype=np.float64).reshape(-1)
-        self.b_up = round_up(self.b)
-        self.m = self.A.shape[0]
-        g = np.zeros(self.m, np.int64) if groups is None else np.asarray(groups, np.int64)
-        if g.shape != (self.m,) or (self.m and (g[0] != 0 or np.any(
-                (np.diff(g) != 0) & (np.diff(g) != 1)))):
-            raise ValueError("groups: one case number per row, 0, 1, ... with adjacent rows")
-        self.group_of = g
-        self.gstart = np.flatnonzero(np.r_[True, g[1:] != g[:-1]]) if self.m else \
-            np.zeros(0, np.int64)
 
     def _root_bounds(self, layer_bounds):
         """The hidden layers' root bounds (given, else CROWN's); returns their relaxations."""
@@ -200,24 +190,6 @@ class Bounder(DomainBounds):
         self.lam_err = margin_rows_rounding(
             self.A.shape[1], absA @ (self.net.abs_weights(self.L) @ a_prev),
             absA @ np.abs(self.biases[-1]))
-
-    def score(self, v) -> np.ndarray:
-        """Per domain, from row bounds v (B, m): the worst case's best row, (B,); > 0 proves
-        the domain (NaN never does)."""
-        if self.gstart.size <= 1:
-            return v.max(axis=1)
-        return np.maximum.reduceat(v, self.gstart, axis=1).min(axis=1)
-
-    def score_row(self, v) -> np.ndarray:
-        """Per domain the row :meth:`score` takes (the worst case's best row), (B,)."""
-        if self.gstart.size <= 1:
-            return v.argmax(axis=1)
-        worst = np.maximum.reduceat(v, self.gstart, axis=1).argmin(axis=1)
-        return np.where(self.group_of[None, :] == worst[:, None], v, -np.inf).argmax(axis=1)
-
-    def case_rows(self):
-        """The rows of each case: a list of (first, end) pairs, in case order."""
-        return list(zip(self.gstart.tolist(), self.gstart[1:].tolist() + [self.m]))
 
     def initial_alpha(self) -> np.ndarray:
         """CROWN's lower slopes for every unstable neuron, (nU,) float32."""
@@ -415,3 +387,23 @@ class Bounder(DomainBounds):
         """Per evaluated (domain, row): the box corner minimising its final linear function."""
         Lam_in = state[1]
         return np.where(Lam_in > 0.0, self.box.lo, self.box.hi)
+
+    def violated(self, X):
+        """The first row of X (N, d), clipped into the box, that is a counterexample of some
+        case (a float64 forward pass), or None."""
+        X = np.clip(X, self.box.lo, self.box.hi)
+        ok = violations(self.weights, self.biases, self.activation,
+                        None if self.activation == "relu" else self.leak, self.box.lo,
+                        self.box.hi, self.A, self.b, X, self.gstart)
+        return X[int(np.argmax(ok))].copy() if ok.any() else None
+
+    def attack(self, restarts, steps, seed, deadline):
+        """The PGD attack on the box (:func:`find_counterexample_any`) for the cases: (case,
+        x) or None."""
+        from crown_cli.verification.attack import find_counterexample_any
+
+        return find_counterexample_any(
+            self.weights, self.biases, self.activation,
+            None if self.activation == "relu" else self.leak, self.box.lo, self.box.hi,
+            [(self.A[g0:g1], self.b[g0:g1]) for g0, g1 in self.case_rows()],
+            restarts=restarts, steps=steps, seed=seed, deadline=deadline)

@@ -12,12 +12,16 @@ if TYPE_CHECKING:
     from crown_cli.verification.bab.bounder import Bounder
 
 
-def branch_scores(bd: Bounder, state, split, alpha, rows, dl=None, du=None) -> np.ndarray:
+def branch_scores(bd: Bounder, state, split, alpha, rows, dl=None, du=None,
+                  score: str = "gaps") -> np.ndarray:
     """BaBSR-like estimate per domain and unstable neuron of what splitting it gains, (B, nU)
-    (-inf where already split): |Lam_j| times the largest gap of the side of the relaxation
-    the domain's row uses (chord: its intercept; lower line alpha z: max(-alpha l, (1-alpha) u)),
-    Lam_j the coefficient of the neuron's activation in row ``rows[d]``'s back-substitution.
-    ``dl``, ``du`` (B, nU): the domains' bounds (default: the root's)."""
+    (-inf where already split), Lam_j the coefficient of the neuron's activation in row
+    ``rows[d]``'s back-substitution. ``score`` "gaps": |Lam_j| times the largest gap of the
+    side of the relaxation the domain's row uses (chord: its intercept; lower line alpha z:
+    max(-alpha l, (1-alpha) u)); "chords": what the upper line costs, ``max(-Lam_j, 0)``
+    times the chord's intercept, ties (e.g. rows reaching a node with positive coefficients
+    only) broken by ``1e-3 |Lam_j| (u - l)``. ``dl``, ``du`` (B, nU): the domains' bounds
+    (default: the root's)."""
     tape, ctr = state[0], state[3]
     B = split.shape[0]
     m = bd.m
@@ -37,7 +41,10 @@ def branch_scores(bd: Bounder, state, split, alpha, rows, dl=None, du=None) -> n
         a = alpha[np.arange(B), rows, o0:o1].astype(np.float64)
         gap_low = np.maximum(-(a - bd.leak) * l, (1.0 - a) * u)
         gap_up = ctr[idx, o0:o1].astype(np.float64)
-        sc = np.where(Lu >= 0.0, Lu * gap_low, -Lu * gap_up)
+        if score == "chords":
+            sc = np.maximum(-Lu, 0.0) * gap_up + 1e-3 * np.abs(Lu) * (u - l)
+        else:
+            sc = np.where(Lu >= 0.0, Lu * gap_low, -Lu * gap_up)
         sc[split[:, o0:o1] != 0] = -np.inf
         out[:, o0:o1] = sc
     return out

@@ -1,6 +1,7 @@
-"""What a ReLU-splitting search decides (:class:`ReluSplitProblem`) and its domains: a batch
-of them (:class:`Domains`) and the open ones (:class:`DomainPool`: preallocated arrays with a
-heap on the score, worst bound first).
+"""What a ReLU-splitting search decides (:class:`ReluSplitProblem`; the rows and cases every
+bounder holds, :class:`CaseRows`) and its domains: a batch of them (:class:`Domains`) and the
+open ones (:class:`DomainPool`: preallocated arrays with a heap on the score, worst bound
+first).
 """
 from __future__ import annotations
 
@@ -9,6 +10,8 @@ from dataclasses import dataclass
 from typing import Optional, Sequence
 
 import numpy as np
+
+from crown_cli.engine.rounding import round_up
 
 
 @dataclass(frozen=True, eq=False)
@@ -33,6 +36,46 @@ class ReluSplitProblem:
     layer_bounds: Optional[Sequence] = None
     groups: Optional[np.ndarray] = None
     layer_slopes: Optional[Sequence] = None
+
+
+class CaseRows:
+    """The rows ``A f(x) - b_up`` of a ReLU-splitting bounder (dense :class:`Bounder` or
+    graph :class:`GraphBounder`) and the case of each: ``m`` rows, ``group_of`` (m,),
+    ``gstart`` (the first row of each case). The unsafe set is the union over cases of
+    ``{A_g f(x) <= b_g}``: a domain is proven when every case has a row whose lower bound is
+    above 0 (:meth:`score` > 0)."""
+
+    def _rows(self, A, b, groups):
+        """The rows ``A f(x) - b_up`` and the case of each."""
+        self.A = np.atleast_2d(np.asarray(A, dtype=np.float64))
+        self.b = np.asarray(b, dtype=np.float64).reshape(-1)
+        self.b_up = round_up(self.b)
+        self.m = self.A.shape[0]
+        g = np.zeros(self.m, np.int64) if groups is None else np.asarray(groups, np.int64)
+        if g.shape != (self.m,) or (self.m and (g[0] != 0 or np.any(
+                (np.diff(g) != 0) & (np.diff(g) != 1)))):
+            raise ValueError("groups: one case number per row, 0, 1, ... with adjacent rows")
+        self.group_of = g
+        self.gstart = np.flatnonzero(np.r_[True, g[1:] != g[:-1]]) if self.m else \
+            np.zeros(0, np.int64)
+
+    def score(self, v) -> np.ndarray:
+        """Per domain, from row bounds v (B, m): the worst case's best row, (B,); > 0 proves
+        the domain (NaN never does)."""
+        if self.gstart.size <= 1:
+            return v.max(axis=1)
+        return np.maximum.reduceat(v, self.gstart, axis=1).min(axis=1)
+
+    def score_row(self, v) -> np.ndarray:
+        """Per domain the row :meth:`score` takes (the worst case's best row), (B,)."""
+        if self.gstart.size <= 1:
+            return v.argmax(axis=1)
+        worst = np.maximum.reduceat(v, self.gstart, axis=1).argmin(axis=1)
+        return np.where(self.group_of[None, :] == worst[:, None], v, -np.inf).argmax(axis=1)
+
+    def case_rows(self):
+        """The rows of each case: a list of (first, end) pairs, in case order."""
+        return list(zip(self.gstart.tolist(), self.gstart[1:].tolist() + [self.m]))
 
 
 @dataclass

@@ -2,7 +2,11 @@
 
 A case is ``x in [lo, hi] and A f(x) <= b``; it is empty (``unsat``) when every point of the
 box has some row with ``A_i f(x) > b_i``. :func:`relu_split` decides it by splitting unstable
-ReLUs (Wang et al., "Beta-CROWN", NeurIPS 2021; implemented from the paper's idea):
+ReLUs (Wang et al., "Beta-CROWN", NeurIPS 2021; implemented from the paper's idea). The
+search (:class:`_Search`) takes its bounds from a bounder: :class:`Bounder` on a dense
+chain (below), or on a graph network
+:class:`~crown_cli.verification.bab.graph_bounder.GraphBounder` (the same interface: float64
+throughout, the root's node bounds kept for every domain, no per-domain bounds):
 
 - The pre-activation bounds (l, u) of every hidden layer are computed at the root, by CROWN
   over the whole box (tightened by alpha per layer by :func:`root_layer_bounds` unless
@@ -42,7 +46,8 @@ ReLUs (Wang et al., "Beta-CROWN", NeurIPS 2021; implemented from the paper's ide
   terms), compared with ``b`` rounded up one ulp. Each step's |D| is available to a
   ``charge`` hook adding further per-step rounding allowance.
 - Branching: a BaBSR-like score (|coefficient| of the neuron's activation in the domain's
-  back-substitution times the largest gap of the relaxation side it uses), by default
+  back-substitution times the largest gap of the relaxation side it uses; with ``score``
+  "chords", the graphs' default, what the neuron's upper line costs), by default
   filtered (filtered smart branching: the top-3 candidates' children evaluated in one batch,
   the one with the best worse child taken); with ``layer_window`` the candidates come from
   the domain's shallowest layers with open neurons only.
@@ -59,7 +64,7 @@ from typing import Callable, Optional, Sequence
 
 import numpy as np
 
-from crown_cli.verification.outcome import BabResult, finish, violations
+from crown_cli.verification.outcome import BabResult, finish
 from crown_cli.verification.bab.bounder import Bounder
 from crown_cli.verification.bab.branching import _fsb_choice, branch_scores
 from crown_cli.verification.bab.domains import DomainPool, Domains, ReluSplitProblem
@@ -148,6 +153,10 @@ class ReluSplitOptions:
     # children bounded in one batch, the best worse child taken); fsb_k default 3, 20 with interm
     branching: str = "fsb"
     fsb_k: Optional[int] = None
+    # the BaBSR score (branching.branch_scores): "gaps" (|coefficient| times the gap of the
+    # side of the relaxation used), or "chords" (what the upper line costs; ties by width):
+    # on graphs "gaps" took 10-100x the domains of "chords" (docs/bab.md)
+    score: str = "gaps"
     # a PGD attack (verification.attack) when the root is not proven; 0 restarts: none
     attack_restarts: int = 16
     attack_steps: int = 50
@@ -197,29 +206,31 @@ def relu_split_steps(problem: ReluSplitProblem, deadline: float,
     bounded so far, the open domains and the worst open domain's score (the float32
     estimate of its best row's bound minus b).
     """
-    search = _Search(problem, deadline, replace(options or ReluSplitOptions(), **settings),
-                     charge, log, progress)
+    t0 = time.monotonic()
+    o = replace(options or ReluSplitOptions(), **settings)
+    if not 0.0 <= o.interm_warm <= 1.0:
+        raise ValueError(f"interm_warm must lie in [0, 1], not {o.interm_warm}")
+    p = problem
+    if p.layer_bounds is None and o.tighten_root and len(p.weights) > 2:
+        bounds, slopes = root_layer_bounds(p.weights, p.biases, p.lo, p.hi, p.activation,
+                                           p.leak, deadline=deadline, slopes=True)
+        p = replace(p, layer_bounds=bounds, layer_slopes=slopes)
+    search = _Search(Bounder(p), deadline, o, charge, log, progress, t0)
     return (yield from search.run())
 
 
 class _Search:
-    """One ReLU-splitting search: its :class:`Bounder`, its settings resolved for the
-    network, its counters and its open domains. :meth:`run` is the search."""
+    """One ReLU-splitting search: its bounder (a dense :class:`Bounder`, or a graph's
+    :class:`~crown_cli.verification.bab.graph_bounder.GraphBounder`: the same interface), its
+    settings resolved for the network, its counters and its open domains. :meth:`run` is the
+    search; ``t0``: when it started (its result's time counts from there)."""
 
-    def __init__(self, problem: ReluSplitProblem, deadline, o: ReluSplitOptions, charge, log,
-                 progress):
-        self.t0 = time.monotonic()
-        if not 0.0 <= o.interm_warm <= 1.0:
-            raise ValueError(f"interm_warm must lie in [0, 1], not {o.interm_warm}")
-        p = problem
-        if p.layer_bounds is None and o.tighten_root and len(p.weights) > 2:
-            bounds, slopes = root_layer_bounds(p.weights, p.biases, p.lo, p.hi, p.activation,
-                                               p.leak, deadline=deadline, slopes=True)
-            p = replace(p, layer_bounds=bounds, layer_slopes=slopes)
-        self.bd = Bounder(p)
+    def __init__(self, bd, deadline, o: ReluSplitOptions, charge, log, progress, t0):
+        self.t0 = t0
+        self.bd = bd
         self.o, self.deadline, self.charge, self.log, self.progress = o, deadline, charge, \
             log, progress
-        self._resolve(o, p.weights)
+        self._resolve(o, bd.weights if bd.tightens else [])
         # closed: the share of the box's domain tree proven (a domain of d decisions: 2**-d)
         self.stats = dict(domains=0, peak=1, batches=0, proven=0, t_interm=0.0, empty=0,
                           closed=0.0)
@@ -227,7 +238,9 @@ class _Search:
         self.pool = None  # the open domains, from the root on
 
     def _resolve(self, o: ReluSplitOptions, weights):
-        """The settings left to the network (None in ``o``) decided, and the domain cap."""
+        """The settings left to the network (None in ``o``) decided, and the domain cap. A
+        bounder without per-domain bounds (a graph's) has ``interm`` and ``layer_window``
+        off."""
         bd = self.bd
         m, nU = bd.m, bd.nU
         # wide: a hidden layer too wide to recompute per domain at a useful rate (docs/bab.md)
@@ -240,7 +253,7 @@ class _Search:
         interm = o.interm
         if interm is None:
             interm = bd.L >= 2 and some
-        interm = bool(interm) and bd.L > 1 and nU > 0
+        interm = bool(interm) and bd.L > 1 and nU > 0 and bd.tightens
         interm_iters = o.interm_iters
         if interm_iters is None:
             interm_iters = 3 if interm and bd.L >= 3 and not wide else 0
@@ -248,12 +261,14 @@ class _Search:
         if fsb_k is None:
             fsb_k = 20 if interm else 3
         K = max(1, min(int(fsb_k), nU)) if o.branching == "fsb" else 1
-        window = int(o.layer_window) if o.layer_window is not None else \
+        window = int(o.layer_window) if o.layer_window is not None and bd.tightens else \
             (1 if interm and bd.L >= 3 and not wide else 0)
         per_domain = nU * (1 + 8 * m + (16 if interm else 0)) + 8 * (K + 4)
         self.max_domains = int(min(o.max_domains, o.max_memory // per_domain))
         if o.branching not in ("babsr", "fsb"):
             raise ValueError("branching must be 'babsr' or 'fsb'")
+        if o.score not in ("gaps", "chords"):
+            raise ValueError("score must be 'gaps' or 'chords'")
         self.max_width, self.interm, self.interm_iters = max_width, interm, interm_iters
         self.K, self.window = K, window
 
@@ -274,7 +289,7 @@ class _Search:
             if time.monotonic() >= self.deadline:
                 return self.result("timeout", worst=pool.worst())
             if len(pool) > self.max_domains:
-                return self.result("unknown", worst=pool.worst())
+                return self.result("unknown", worst=pool.worst(), note="domain cap")
             kids, choice = self._branch(pool.pop(max(1, self.o.batch // 2)))
             chords = None
             if self.interm:
@@ -291,22 +306,19 @@ class _Search:
             yield min(1.0, stats["closed"])
             self._log_batch()
         if self.stuck:
-            return self.result("unknown", worst=np.nan)
+            return self.result("unknown", worst=np.nan, note=f"{self.stuck} domain(s) with "
+                               "every unstable neuron split stayed open")
         return self.result("unsat", worst=np.inf)
 
-    def result(self, verdict, x=None, worst=np.nan):
+    def result(self, verdict, x=None, worst=np.nan, note=""):
         s = self.stats
         return BabResult(verdict, x, s["domains"], s["peak"], float(worst),
-                         time.monotonic() - self.t0, s["batches"], s["proven"])
+                         time.monotonic() - self.t0, s["batches"], s["proven"], note=note)
 
     def violated(self, X):
-        """The first row of X (N, d), clipped into the box, that is a counterexample, or None."""
-        bd = self.bd
-        X = np.clip(X, bd.box.lo, bd.box.hi)
-        ok = violations(bd.weights, bd.biases, bd.activation,
-                        None if bd.activation == "relu" else bd.leak, bd.box.lo, bd.box.hi,
-                        bd.A, bd.b, X, bd.gstart)
-        return X[int(np.argmax(ok))].copy() if ok.any() else None
+        """The first row of X (N, d), clipped into the box, that is a counterexample (the
+        bounder's float64 forward pass: :meth:`Bounder.violated`), or None."""
+        return self.bd.violated(X)
 
     def _root(self):
         """The root domain bounded (``root_iters`` steps), then the attack: the search's
@@ -326,7 +338,7 @@ class _Search:
         if self.log is not None:
             self.log(f"root: bound {score[0]:.5g}, {nU} unstable neurons")
         if o.attack_restarts > 0:
-            xa = self._attack()
+            xa = bd.attack(o.attack_restarts, o.attack_steps, o.seed, self.deadline)
             if xa is not None:
                 return self.result("sat", xa[1])
         self.pool = DomainPool(nU, m, self.K, bounds=self.interm, cases=done.shape[1])
@@ -340,17 +352,6 @@ class _Search:
         if xv is not None:
             return self.result("sat", xv)
         return None
-
-    def _attack(self):
-        """The PGD attack on the box (:func:`find_counterexample_any`): (case, x) or None."""
-        from crown_cli.verification.attack import find_counterexample_any
-
-        bd, o = self.bd, self.o
-        return find_counterexample_any(
-            bd.weights, bd.biases, bd.activation, None if bd.activation == "relu" else bd.leak,
-            bd.box.lo, bd.box.hi, [(bd.A[g0:g1], bd.b[g0:g1]) for g0, g1 in bd.case_rows()],
-            restarts=o.attack_restarts, steps=o.attack_steps, seed=o.seed,
-            deadline=self.deadline)
 
     def _branch(self, par: Domains):
         """Each parent's two children on its branching neuron (filtered smart branching
@@ -501,7 +502,8 @@ class _Search:
         with ``layer_window`` only from the shallowest layers with open neurons."""
         bd = self.bd
         sc = branch_scores(bd, state, d.split, d.alpha, row,
-                           d.dl if self.interm else None, d.du if self.interm else None)[openi]
+                           d.dl if self.interm else None, d.du if self.interm else None,
+                           self.o.score)[openi]
         if self.window:  # only the shallowest `window` layers with open neurons
             fin = np.isfinite(sc)
             first = np.where(fin.any(axis=1), bd.layer_of[np.argmax(fin, axis=1)], bd.L)
@@ -514,8 +516,11 @@ class _Search:
     def _leaf(self, i, split, alpha, beta, done, chords=None):
         """A fully split open domain: a counterexample x, True (proven), or False. Every case
         not yet proven (``done`` (G,)) by linear programming; proven when each has
-        multipliers (beta) a float64 evaluation confirms."""
+        multipliers (beta) a float64 evaluation confirms. On a bounder whose fully split
+        domains are not affine (a graph with max pools: ``bd.exact`` False) False."""
         bd = self.bd
+        if not bd.exact:
+            return False
         be = np.zeros((1, bd.m, bd.nU))
         for g, (g0, g1) in enumerate(bd.case_rows()):
             if done[g]:

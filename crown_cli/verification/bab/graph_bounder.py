@@ -1,0 +1,255 @@
+"""ReLU splitting on a graph network that does not lower to dense layers (max pools, residual
+connections, branches, several activation types): :class:`GraphBounder`, the graph engine's
+counterpart of :class:`~crown_cli.verification.bab.bounder.Bounder`, under the one search of
+:mod:`crown_cli.verification.bab.relu_split` (:func:`graph_relu_split_steps`).
+
+- The root: every node's bounds over the box (:class:`~crown_cli.engine.graph_bounds.GraphBounds`,
+  CROWN intersected with interval arithmetic, or the caller's). The ReLU neurons unstable
+  there are the only ones split, numbered node by node (a "layer" of the search is one ReLU
+  node with unstable neurons); every domain keeps the root's node bounds (no per-domain
+  intermediate bounds).
+- A domain's rows (``A f(x) - b``, b rounded up one ulp) are bounded by one
+  back-substitution with per-row lines (:meth:`GraphBounds.lower` with ``lines``): a
+  split-active neuron is the identity, a split-inactive one 0 (exact on the domain), an open
+  unstable one the root's chord above and a free lower slope alpha in [0, 1] below; other
+  nodes (max pools, smooth activations) keep the root's lines. The splits enter by
+  multipliers beta >= 0 (beta-CROWN, Wang et al., NeurIPS 2021) as ``extra`` = -s beta on
+  the neuron's input coefficient: the row bounds ``margin + sum_j beta_j s_j z_j`` with
+  ``s_j z_j <= 0`` on the domain (s = -1 active, +1 inactive), a lower bound of the margin
+  there for every beta >= 0. Every evaluation is float64 with every rounding charged by the
+  engine, so the search's float32 "steering" evaluation is this same verified bound.
+- The gradient in alpha and beta is :mod:`crown_cli.engine.graph_alpha`'s: a row's bound is
+  linear in each coefficient, its derivative the coefficient's node value under the row's
+  lines at the row's minimiser over the box (a forward pass of the relaxed graph).
+- A domain with every unstable neuron split is affine on a graph of ReLUs without max pools
+  (:func:`exact_when_split`): :meth:`GraphBounder.affine` gives its affine form for the
+  search's leaf linear program; on other graphs such a domain stays open (the search ends
+  ``unknown`` instead of ``unsat``).
+
+Arrays in, result out: no files and no printing.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import replace
+from typing import Dict, List, Optional
+
+import numpy as np
+
+from crown_cli.engine.chain import Lines
+from crown_cli.engine.graph_alpha import _minimiser, _relaxed_forward
+from crown_cli.engine.graph_bounds import GraphBounds
+from crown_cli.engine.input_sets import Box
+from crown_cli.verification.bab.domains import CaseRows
+from crown_cli.verification.bab.relu_split import ReluSplitOptions, _Search
+from crown_cli.verification.outcome import BabResult, finish, violations_of
+
+# The graph search's settings where they differ from the dense defaults (docs/bab.md has
+# the measurements): no per-domain intermediate bounds, branching anywhere, the root's node
+# bounds as given, no PGD attack (the graph pipeline attacks before its bound stages)
+GRAPH_OPTIONS = ReluSplitOptions(batch=32, iters=10, root_iters=30, branching="babsr",
+                                 score="chords", interm=False, layer_window=0, tighten_root=False,
+                                 attack_restarts=0)
+
+
+def splittable_nodes(graph) -> List[int]:
+    """The activation nodes whose neurons can be split: ReLU."""
+    return [i for i, n in enumerate(graph.nodes)
+            if n.kind == "activation" and n.op.name == "relu"]
+
+
+def exact_when_split(graph) -> bool:
+    """True when a domain with every unstable neuron split is affine: ReLU activations only,
+    no max pool (whose lines stay loose)."""
+    return all(n.kind != "maxpool" for n in graph.nodes) and all(
+        n.op.name == "relu" for n in graph.nodes if n.kind == "activation")
+
+
+class GraphBounder(CaseRows):
+    """Batched bounds of the rows ``A f(x) - b_up`` on ReLU-split subdomains of one box of a
+    graph, with the interface the search (:class:`~crown_cli.verification.bab.relu_split._Search`),
+    its optimiser and its branching use of a :class:`Bounder`: the unstable neurons numbered
+    0..nU-1 node by node (``offsets``, ``ucols``, ``bounds`` (l, u) of each node's input,
+    ``layer_of``), per domain ``split`` (B, nU) and per (domain, row) ``alpha``, ``beta``
+    (B, m, nU). ``gb``: the box's :class:`GraphBounds`; ``groups``: the case of each row, as
+    :class:`CaseRows` takes them."""
+
+    leak = 0.0
+    tightens = False  # no per-domain intermediate bounds (Bounder.tighten)
+
+    def __init__(self, graph, gb: GraphBounds, lo, hi, A, b, groups=None):
+        self.graph, self.gb = graph, gb
+        self.box = Box(lo, hi)
+        self._rows(A, b, groups)
+        self.exact = exact_when_split(graph)
+        self.nodes, self.ucols, self.bounds, self.offsets = [], [], [], [0]
+        for i in splittable_nodes(graph):
+            p = graph.nodes[i].inputs[0]
+            idx = np.flatnonzero((gb.lo[p] < 0.0) & (gb.hi[p] > 0.0))
+            if idx.size:
+                self.nodes.append(i)
+                self.ucols.append(idx)
+                self.bounds.append((gb.lo[p], gb.hi[p]))
+                self.offsets.append(self.offsets[-1] + idx.size)
+        self.L, self.nU = len(self.nodes), self.offsets[-1]
+        self.layer_of = np.repeat(np.arange(self.L), np.diff(self.offsets))
+        # the root chords' intercepts (the upper lines' costs BaBSR scores)
+        self.chord_t = np.concatenate(
+            [np.broadcast_to(np.asarray(self._root(i).upper_icpt, np.float64),
+                             (graph.nodes[i].size,))[idx]
+             for i, idx in zip(self.nodes, self.ucols)]) if self.nU else np.zeros(0)
+
+    def _root(self, i) -> Lines:
+        return self.gb.lines[i]
+
+    def initial_alpha(self) -> np.ndarray:
+        """CROWN's lower slopes of the unstable neurons, (nU,) float32."""
+        if self.nU == 0:
+            return np.zeros(0, np.float32)
+        return np.concatenate([np.broadcast_to(np.asarray(self._root(i).lower, np.float64),
+                                               (self.graph.nodes[i].size,))[idx]
+                               for i, idx in zip(self.nodes, self.ucols)]).astype(np.float32)
+
+    def lines(self, split, alpha, beta) -> Dict[int, Lines]:
+        """Per ReLU node with unstable neurons, the rows' lines: ``split`` (R, nU) int8 per
+        row, ``alpha``, ``beta`` (R, nU) float64."""
+        out = {}
+        R = split.shape[0]
+        for k, (i, idx) in enumerate(zip(self.nodes, self.ucols)):
+            o0, o1 = self.offsets[k], self.offsets[k + 1]
+            base, n = self._root(i), self.graph.nodes[i].size
+            sp = split[:, o0:o1]
+            lower = np.broadcast_to(np.asarray(base.lower, np.float64), (R, n)).copy()
+            upper = np.broadcast_to(np.asarray(base.upper, np.float64), (R, n)).copy()
+            ui = np.zeros((R, n)) if base.upper_icpt is None else \
+                np.broadcast_to(np.asarray(base.upper_icpt, np.float64), (R, n)).copy()
+            fixed = np.where(sp > 0, 1.0, 0.0)
+            lower[:, idx] = np.where(sp == 0, alpha[:, o0:o1], fixed)
+            upper[:, idx] = np.where(sp == 0, upper[:, idx], fixed)
+            ui[:, idx] = np.where(sp == 0, ui[:, idx], 0.0)
+            extra = np.zeros((R, n))
+            extra[:, idx] = -sp * beta[:, o0:o1]
+            out[i] = Lines(base.cols, lower, upper, upper_icpt=ui, extra=extra)
+        return out
+
+    def evaluate(self, split, alpha, beta, dtype=np.float64, keep=False, charge=None,
+                 chords=None, rows=None):
+        """Verified float64 lower bounds of ``A_i f(x) - b_up_i`` on the subdomains, (B, m)
+        (NaN as -inf), whatever ``dtype`` asks. ``split`` (B, nU) int8; ``alpha``, ``beta``
+        (B, m, nU), used as given (the caller clips them); ``rows`` (B,): only that row of
+        each domain (alpha, beta (B, 1, nU)), (B, 1). ``keep``: also the state of
+        :meth:`gradient`, :meth:`corners` and the branching scores: (per node the tape entry
+        (rows reaching it, side taken, ...), the rows carried to the input (N, d), the
+        per-row splits (N, nU), the root chords' intercepts (N, nU), the engine's tape).
+        No ``charge`` hook and no per-domain ``chords`` (the root's lines hold everywhere)."""
+        if charge is not None or chords is not None:
+            raise ValueError("GraphBounder.evaluate: no charge hook and no per-domain chords")
+        B, m = split.shape[0], (self.m if rows is None else 1)
+        N = B * m
+        sp = np.repeat(split, m, axis=0) if m > 1 else split
+        al = alpha.reshape(N, self.nU).astype(np.float64)
+        be = beta.reshape(N, self.nU).astype(np.float64)
+        if rows is None:
+            Lam, b_up = np.tile(self.A, (B, 1)), np.tile(self.b_up, B)
+        else:
+            Lam, b_up = self.A[rows], self.b_up[rows]
+        tape = {} if keep else None
+        val = self.gb.lower(self.graph.output, Lam, tape=tape, lines=self.lines(sp, al, be))
+        out = np.where(np.isnan(val), -np.inf, val - b_up).reshape(B, m)
+        if not keep:
+            return out
+        Lx = tape.pop("Lx")
+        per = [tape.get(i) or (np.zeros((N, self.graph.nodes[i].size)),)
+               for i in self.nodes]
+        return out, (per, Lx, sp, np.broadcast_to(self.chord_t, (N, self.nU)), tape)
+
+    def gradient(self, state, dtype=None):
+        """d(sum of all bounds)/d alpha and d/d beta, each (N, nU) float64, at the state of
+        :meth:`evaluate`: a coefficient times its node's value under the row's lines at the
+        row's minimiser (only free neurons on the lower side have an alpha gradient, only
+        split ones a beta gradient)."""
+        _, Lx, sp, _, tape = state
+        g = self.graph
+        vals = _relaxed_forward(self.gb, g.output, _minimiser(self.gb, Lx), tape)
+        gA, gB = np.zeros((Lx.shape[0], self.nU)), np.zeros((Lx.shape[0], self.nU))
+        for k, (i, idx) in enumerate(zip(self.nodes, self.ucols)):
+            if tape.get(i) is None:
+                continue
+            o0, o1 = self.offsets[k], self.offsets[k + 1]
+            L, pos = tape[i][0][:, idx], tape[i][1][:, idx]
+            z = vals[g.nodes[i].inputs[0]][:, idx]
+            s = sp[:, o0:o1]
+            gA[:, o0:o1] = np.where(pos & (s == 0), L * z, 0.0)
+            gB[:, o0:o1] = np.where(s != 0, -s * z, 0.0)
+        return np.nan_to_num(gA, posinf=0.0, neginf=0.0), np.nan_to_num(gB, posinf=0.0,
+                                                                          neginf=0.0)
+
+    def corners(self, state) -> np.ndarray:
+        """Per evaluated row: the point of the box minimising its final linear function."""
+        return _minimiser(self.gb, state[1])
+
+    def violated(self, X):
+        """The first row of X (N, d), clipped into the box, that the graph's float64 forward
+        pass confirms as a counterexample of some case, or None."""
+        X = np.clip(X, self.box.lo, self.box.hi)
+        hit = violations_of(self.graph.forward, self.box.lo, self.box.hi, self.A, self.b, X,
+                            self.gstart)
+        return X[int(np.argmax(hit))].copy() if hit.any() else None
+
+    def attack(self, restarts, steps, seed, deadline):
+        """No attack here: the graph pipeline attacks the box before its bound stages."""
+        return None
+
+    def affine(self, split_row):
+        """On a fully split domain of an :func:`exact_when_split` graph the graph is affine:
+        (G, H) with f(x) = G x + H there (the split lines' forward pass at 0 and at the unit
+        vectors), and (C, e) with C x <= e the domain's sign conditions."""
+        g, nU, d = self.graph, self.nU, self.graph.input_size
+        sp = split_row[None].astype(np.int8)
+        tape = {}
+        self.gb.lower(g.output, self.A[:1], tape=tape,
+                      lines=self.lines(sp, np.zeros((1, nU)), np.zeros((1, nU))))
+        tape.pop("Lx")
+        vals = _relaxed_forward(self.gb, g.output, np.vstack([np.zeros(d), np.eye(d)]), tape)
+        F0 = vals[g.output][0]
+        C, e = [], []
+        for k, (i, idx) in enumerate(zip(self.nodes, self.ucols)):
+            z = vals[g.nodes[i].inputs[0]][:, idx]
+            s = split_row[self.offsets[k]:self.offsets[k + 1]].astype(np.float64)
+            C.append(-s[:, None] * (z[1:] - z[0]).T)  # s z >= 0 <=> -s (Jz x + z0) <= 0
+            e.append(s * z[0])
+        C = np.concatenate(C) if C else np.zeros((0, d))
+        e = np.concatenate(e) if e else np.zeros(0)
+        return (vals[g.output][1:] - F0).T, F0, C, e
+
+
+def graph_relu_split(graph, lo, hi, A, b, deadline: float, **options) -> BabResult:
+    """:func:`graph_relu_split_steps` run to its end."""
+    return finish(graph_relu_split_steps(graph, lo, hi, A, b, deadline, **options))
+
+
+def graph_relu_split_steps(graph, lo, hi, A, b, deadline: float,
+                           options: Optional[ReluSplitOptions] = None, *, bounds=None,
+                           groups=None, **settings):
+    """The ReLU-splitting search of :mod:`~crown_cli.verification.bab.relu_split` on a graph,
+    as a generator (yields the share of the domain tree proven after every batch, returns
+    the :class:`BabResult`): is there an x in [lo, hi] with ``A_g f(x) <= b_g`` (every row
+    of some case g; ``groups`` the case of each row, default one case)?
+
+    ``unsat``: every domain has, in every case, a row whose verified bound is above its b
+    (rounded up one ulp); ``sat``: a point the graph's float64 forward pass confirms;
+    ``unknown``: more open domains than ``max_domains`` (lowered so that their stored state
+    stays within ``max_memory``), or a fully split domain that stays open; ``timeout``:
+    ``deadline`` (``time.monotonic()``) passed. ``options``: the
+    :class:`ReluSplitOptions`, default :data:`GRAPH_OPTIONS`; ``settings`` (keywords named
+    like its fields) override them. ``bounds``: the box's :class:`GraphBounds` when the
+    caller has it (e.g. from the bound stages). ``log`` and ``progress`` (keywords among
+    ``settings``): as :func:`~crown_cli.verification.bab.relu_split.relu_split_steps`."""
+    t0 = time.monotonic()
+    log, progress = settings.pop("log", None), settings.pop("progress", None)
+    lo = np.asarray(lo, dtype=np.float64).ravel()
+    hi = np.asarray(hi, dtype=np.float64).ravel()
+    gb = GraphBounds(graph, *Box(lo, hi).args()) if bounds is None else bounds
+    bd = GraphBounder(graph, gb, lo, hi, A, b, groups)
+    o = replace(options or GRAPH_OPTIONS, **settings)
+    return (yield from _Search(bd, deadline, o, None, log, progress, t0).run())
