@@ -324,10 +324,10 @@ class ActivationRule(Rule):
         pos, slope, icv = np.empty(shape, bool), np.empty(shape), np.empty(shape)
         extra = None if ln.extra is None else rows2(ln.extra)
         D, sums = np.empty((r, n)), np.empty((r, 4))
-        kernels.activation_rows(L, rows2(ln.lower), rows2(ln.upper), rows2(ln.lower_icpt),
-                                rows2(ln.upper_icpt), np.zeros((1, 1)) if extra is None
-                                else extra, extra is not None, gb.absval[p], D, keep, pos,
-                                slope, icv, sums)
+        lines = (rows2(ln.lower), rows2(ln.upper), rows2(ln.lower_icpt), rows2(ln.upper_icpt),
+                 np.zeros((1, 1)) if extra is None else extra)
+        kernels.activation_rows(L, lines, extra is not None, gb.absval[p], D, keep,
+                                (pos, slope, icv), sums)
         if extra is not None:  # D = fl(fl(L slope) + extra): two roundings
             walk.charge = walk.charge + 2.0 * U64 * sums[:, 3]
         if keep:

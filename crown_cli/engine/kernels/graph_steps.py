@@ -363,14 +363,16 @@ def add_rows(A, B, absval, S, charge):
 
 
 @njit(cache=True, parallel=True)
-def activation_rows(L, lower, upper, lower_icpt, upper_icpt, extra, has_extra, z, D, keep,
-                    tape_pos, tape_slope, tape_icpt, out):
-    """One activation node's step on rows L (r, n) with lines given per row or shared (each
-    line array (r, n) or (1, n)): ``D = L * slope + extra`` (slope and intercept the lower
-    line's where the coefficient is >= 0, the upper's elsewhere; ``extra`` (r, n) or (1, n)
-    when ``has_extra``); per row ``out[row] = (sum of the intercept terms, their magnitudes,
-    sum |D| z, sum (|L slope| + |extra|) z)``; with ``keep`` the side, slope and intercept
-    each coefficient took into the tape arrays (r, n)."""
+def activation_rows(L, lines, has_extra, z, D, keep, tape, out):
+    """One activation node's step on rows L (r, n) with lines given per row or shared:
+    ``lines`` = (lower, upper, lower_icpt, upper_icpt, extra), each (r, n) or (1, n).
+    ``D = L * slope + extra`` (slope and intercept the lower line's where the coefficient is
+    >= 0, the upper's elsewhere; ``extra`` only when ``has_extra``); per row ``out[row] =
+    (sum of the intercept terms, their magnitudes, sum |D| z, sum (|L slope| + |extra|) z)``;
+    with ``keep`` the side, slope and intercept each coefficient took into ``tape`` = (pos,
+    slope, intercept) arrays (r, n)."""
+    lower, upper, lower_icpt, upper_icpt, extra = lines
+    tape_pos, tape_slope, tape_icpt = tape
     r, n = L.shape
     # per-row arrays are read at the row, shared ones (one row) at row 0
     ml, mu = min(lower.shape[0] - 1, 1), min(upper.shape[0] - 1, 1)
