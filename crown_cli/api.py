@@ -533,7 +533,7 @@ def verify(model, spec, timeout: float = VERIFY_TIMEOUT, *,
         weights, biases = mlp.vnnlib_layers()  # the property's X_i: the file's order
         verifier = Verifier(weights, biases, mlp.activation, mlp.alpha, **options)
     else:  # a graph: its lowered MLP on the dense engine, else the graph engine's stages
-        from crown_cli.verification.graph_pipeline import graph_verifier
+        from crown_cli.verification.graph_verifier import graph_verifier
 
         verifier = graph_verifier(mlp, **options)
     prop = _property(spec, verifier.n_inputs, verifier.n_outputs)

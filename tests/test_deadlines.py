@@ -35,7 +35,7 @@ def test_graph_verify_ends_at_its_timeout(timeout):
     alpha-CROWN stage (whose intermediate bounds alone took minutes here before they
     checked the deadline) end in `timeout` within 1.5 s of it."""
     from crown_cli.io.vnnlib import parse_vnnlib_text
-    from crown_cli.verification.graph_pipeline import GraphVerifier
+    from crown_cli.verification.graph_verifier import GraphVerifier
     from test_graph_verify import spec
 
     g = resnet(np.random.default_rng(3), c=8, s=32)

@@ -148,7 +148,7 @@ def _crown_alpha_gap(tmp_path):
 def test_verify_alpha_stage_proves_what_crown_cannot(tmp_path):
     """The crown stage leaves the gap's property open (without branch and bound), the
     alpha-crown stage proves it, and so does ReLU splitting after the crown stage."""
-    from crown_cli.verification.graph_pipeline import GraphVerifier
+    from crown_cli.verification.graph_verifier import GraphVerifier
 
     g, _, prop = _crown_alpha_gap(tmp_path)
     v = GraphVerifier(g, stages=("crown",), attack_restarts=8, attack_steps=20,
@@ -271,7 +271,7 @@ def test_alpha_stage_skips_intermediate_optimisation_when_the_rows_suffice(tmp_p
     """The alpha-crown stage on a graph first optimises the rows' slopes over CROWN's
     intermediate bounds; a property that proves there stops there: the intermediate bounds'
     optimisation (minutes on a CIFAR ResNet), which this graph admits, never runs."""
-    from crown_cli.verification.graph_pipeline import GraphVerifier, alpha_can_tighten
+    from crown_cli.verification.graph_verifier import GraphVerifier, alpha_can_tighten
 
     g, gb, prop = _crown_alpha_gap(tmp_path)  # the rows' alpha over CROWN's bounds proves it
     assert alpha_can_tighten(gb)

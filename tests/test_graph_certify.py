@@ -17,7 +17,7 @@ from crown_cli.certification.graph_certifier import GraphCertifier, depth, to_gr
 from crown_cli.cli import cli
 from crown_cli.graph.onnx_graph import load_graph
 from crown_cli.io.results import read_rows
-from crown_cli.verification.graph_pipeline import graph_counterexample
+from crown_cli.verification.graph_verifier import graph_counterexample
 from graph_models import BUILDERS, G
 from graph_oracles import dense_of, onnx_outputs
 

@@ -67,7 +67,7 @@ def test_graph_verifier_splits_what_the_bounds_leave_open(tmp_path):
     """A property on a branched graph that the crown and alpha-crown stages leave open (and
     the attack cannot violate) is proven by the branch and bound; --no-bab leaves it open."""
     from crown_cli.io.vnnlib import parse_vnnlib_text
-    from crown_cli.verification.graph_pipeline import GraphVerifier
+    from crown_cli.verification.graph_verifier import GraphVerifier
     from test_graph_verify import spec
 
     g, lo, hi, row, m, spread = sampled_case(tmp_path)

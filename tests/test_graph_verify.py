@@ -1,4 +1,4 @@
-"""`crown verify` on graph networks (crown_cli.verification.graph_pipeline): verdicts against
+"""`crown verify` on graph networks (crown_cli.verification.graph_verifier): verdicts against
 an exact MILP of the graph (ReLU, max pool) or sampling (tanh, sigmoid, softplus, ELU); every
 sat verdict's counterexample re-checked by a float64 forward pass and by onnx.reference;
 Graph.vjp against finite differences; several input tensors, one output, the CLI."""
@@ -19,7 +19,7 @@ from crown_cli.io.networks import load_network
 from crown_cli.io.vnnlib import parse_vnnlib_text
 from crown_cli.network import MLP
 from crown_cli.verification.bab.graph_bounder import exact_when_split
-from crown_cli.verification.graph_pipeline import NO_BAB, GraphVerifier, graph_counterexample
+from crown_cli.verification.graph_verifier import NO_BAB, GraphVerifier, graph_counterexample
 from crown_cli.verification.outcome import violations_of
 from graph_models import BUILDERS, G, dense_chain
 from graph_oracles import graph_min, onnx_outputs
@@ -332,7 +332,7 @@ def test_relu_splitting_bounds_each_box_once_per_graph(tmp_path, monkeypatch):
 def test_alpha_bounds_reuse_crowns_when_nothing_is_free(tmp_path):
     """The alpha-crown stage's bounds are CROWN's object itself when no activation reads a
     node with free slopes below it (one ReLU layer), and their own, tighter, otherwise."""
-    from crown_cli.verification.graph_pipeline import alpha_can_tighten
+    from crown_cli.verification.graph_verifier import alpha_can_tighten
 
     one = dense_chain(np.random.default_rng(0), sizes=(5, 8, 3))
     deep = dense_chain(np.random.default_rng(0), sizes=(5, 8, 8, 3))

@@ -21,7 +21,7 @@ from crown_cli.graph.onnx_graph import load_graph
 from crown_cli.io.networks import load_network
 from crown_cli.io.vnnlib import parse_vnnlib_text
 from crown_cli.network import MLP
-from crown_cli.verification.graph_pipeline import (GraphVerifier, LoweredVerifier,
+from crown_cli.verification.graph_verifier import (GraphVerifier, LoweredVerifier,
                                                    graph_box_lower_bounds, graph_verifier)
 from graph_models import BUILDERS, G
 from graph_oracles import graph_min, onnx_outputs

@@ -33,7 +33,7 @@ from crown_cli.cli import cli
 from crown_cli.errors import InputError
 from crown_cli.graph.network import Graph
 from crown_cli.io.networks import load_network
-from crown_cli.verification.graph_pipeline import graph_counterexample
+from crown_cli.verification.graph_verifier import graph_counterexample
 from test_verify import box_property
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures" / "torch"

@@ -111,7 +111,7 @@ class StagedVerifier:
     property's exact set. A verifier sets ``stages``, the attack settings and ``bab``, and
     gives ``n_inputs``, ``n_outputs``, ``outputs``, ``box_lower_bounds``, ``_box_attack``
     and ``_verify`` (what runs after the opening); :class:`Verifier` (dense chains) and
-    :class:`~crown_cli.verification.graph_pipeline.GraphVerifier` (graphs) are the two."""
+    :class:`~crown_cli.verification.graph_verifier.GraphVerifier` (graphs) are the two."""
 
     def _settings(self, o: VerifyOptions) -> None:
         self.attack_restarts, self.attack_steps, self.seed = o.attack_restarts, o.attack_steps, \

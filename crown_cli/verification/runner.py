@@ -107,8 +107,8 @@ class Loader:
     def verifier(self, model_path: str, **options):
         """A :class:`~crown_cli.verification.pipeline.Verifier` for an MLP (a chain of dense
         layers with one activation) and for a graph lowered to one
-        (:class:`~crown_cli.verification.graph_pipeline.LoweredVerifier`), a
-        :class:`~crown_cli.verification.graph_pipeline.GraphVerifier` for any other graph;
+        (:class:`~crown_cli.verification.graph_verifier.LoweredVerifier`), a
+        :class:`~crown_cli.verification.graph_verifier.GraphVerifier` for any other graph;
         any number of outputs. ``options['memory_budget']`` (GiB, optional) goes to
         :func:`~crown_cli.io.networks.load_network`, the rest to the verifier."""
         from crown_cli.io.networks import load_network
@@ -120,7 +120,7 @@ class Loader:
             budget = opts.pop("memory_budget", None)  # GiB, for graphs (--memory-budget)
             net = load_network(model_path, min_outputs=1, memory_budget=budget)
             if not isinstance(net, MLP):  # lowered to the dense engine where it can be
-                from crown_cli.verification.graph_pipeline import graph_verifier
+                from crown_cli.verification.graph_verifier import graph_verifier
 
                 return graph_verifier(net, **opts)
             weights, biases = net.vnnlib_layers()  # the property's X_i: the file's order
