@@ -291,8 +291,6 @@ class GraphVerifier(StagedVerifier):
             return opened
         cases, open_cases, margins, stage, deadline, budget, done = opened
         n = len(cases)
-        if time.monotonic() >= deadline:
-            return done("timeout", stage, _worst(margins), n - len(open_cases))
         if self.bab and (self.n_inputs <= INPUT_SPLIT_MAX_DIM
                          or splittable_nodes(self._split_graph())):
             return self._branch_and_bound(cases, open_cases, margins, deadline, timeout,

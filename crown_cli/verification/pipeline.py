@@ -186,7 +186,7 @@ class StagedVerifier:
     def _opening(self, prop, timeout, log):
         """What every verifier does first (this one and the graph verifier): the sizes
         checked, the attack on every box, the bound stages on every case. Returns the
-        verdict when they decide, else ``(cases, open_cases, margins, stage, deadline,
+        verdict when they decide (``timeout`` when the deadline has passed), else ``(cases, open_cases, margins, stage, deadline,
         budget, done)`` for the rest: ``done(result, stage, margin, proven, **kw)`` makes the
         verdict, timed from the start."""
         t0 = time.monotonic()
@@ -210,6 +210,8 @@ class StagedVerifier:
         ended, open_cases, margins, stage = self._bound_stages(cases, deadline, done, log)
         if ended is not None:
             return ended
+        if time.monotonic() >= deadline:
+            return done("timeout", stage, _worst(margins), n - len(open_cases))
         return cases, open_cases, margins, stage, deadline, budget, done
 
 
@@ -437,8 +439,6 @@ class Verifier(StagedVerifier):
             return opened
         cases, open_cases, margins, stage, deadline, budget, done = opened
         n = len(cases)
-        if time.monotonic() >= deadline:
-            return done("timeout", stage, _worst(margins), n - len(open_cases))
         if self.bab and self.n_inputs <= WIDE_ATTACK_MAX_DIM:
             # few inputs: a forward pass is cheap, so a 64x wider attack first (ACAS Xu 2_9
             # prop_8, sat: missed by 64 starts and by the branch and bound's box centres and
