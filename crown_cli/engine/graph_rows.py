@@ -310,23 +310,11 @@ def _transpose(gb, i, rows: Rows, kernels):
     """The rows pulled back through affine node i: one (idx, Lt) per input."""
     op = gb.g.nodes[i].op
     idx, Lt = rows
-    r, dt = Lt.shape[1], Lt.dtype
+    dt = Lt.dtype
     if isinstance(op, Conv):
-        n_out = op.size
-        src = np.full(n_out, -1, np.int64)
-        if idx is None:
-            src[:] = np.arange(n_out)
-        else:
-            src[idx] = np.arange(idx.size)
         in_idx = _conv_live(op, idx)
         targets = np.arange(op.n_in[0]) if in_idx is None else in_idx
-        Gt = np.empty((targets.size, r), dt)
-        kernels.conv_transpose_t(Lt, src, targets, _weight(gb, i, dt),
-                                 np.asarray(op.in_shape, np.int64),
-                                 np.asarray(op.out_shape, np.int64),
-                                 *kernels.conv_args(op.strides, op.dilations, op.pads, op.group),
-                                 Gt)
-        return [(in_idx, Gt)]
+        return [(in_idx, op.transpose_t(Lt, idx, targets, _weight(gb, i, dt), kernels))]
     if isinstance(op, Dense) and not op.sparse:  # W^T Lt: one BLAS product
         W = _weight(gb, i, dt)
         return [(None, (W if idx is None else W[idx]).T @ Lt)]

@@ -255,22 +255,33 @@ class Conv(Affine):
                                        self.strides, self.dilations, self.pads, self.group,
                                        self.in_shape)
             return [G.reshape(r, -1)]
-        src = np.full(self.size, -1, np.int64)
-        src[live] = np.arange(live.size)
         hit = self.reach(live)
         spatial = np.flatnonzero(hit.reshape(-1))
         targets = (np.arange(self.in_shape[0])[:, None] * hit.size + spatial[None, :]).reshape(-1)
-        Gt = np.empty((targets.size, r))
-        kernels.conv_transpose_t(np.ascontiguousarray(Lam[:, live].T), src, targets, self.weight,
-                                 np.asarray(self.in_shape, np.int64),
-                                 np.asarray(self.out_shape, np.int64),
-                                 *kernels.conv_args(self.strides, self.dilations, self.pads,
-                                                    self.group), Gt)
+        Gt = self.transpose_t(np.ascontiguousarray(Lam[:, live].T), live, targets,
+                              self.weight, kernels)
         if targets.size == n_in:
             return [np.ascontiguousarray(Gt.T)]
         G = np.zeros((r, n_in))
         G[:, targets] = Gt.T
         return [G]
+
+    def transpose_t(self, Lt, idx, targets, weight, kernels) -> np.ndarray:
+        """The transposed convolution of rows held transposed on the output elements ``idx``
+        (None: all), ``Lt`` (k, r), on the input elements ``targets`` (flat, sorted; every
+        element their products reach): (targets.size, r), by the numba kernel
+        ``conv_transpose_t`` with ``weight`` (this convolution's, in Lt's dtype)."""
+        src = np.full(self.size, -1, np.int64)
+        if idx is None:
+            src[:] = np.arange(self.size)
+        else:
+            src[idx] = np.arange(idx.size)
+        Gt = np.empty((targets.size, Lt.shape[1]), Lt.dtype)
+        kernels.conv_transpose_t(Lt, src, targets, weight, np.asarray(self.in_shape, np.int64),
+                                 np.asarray(self.out_shape, np.int64),
+                                 *kernels.conv_args(self.strides, self.dilations, self.pads,
+                                                    self.group), Gt)
+        return Gt
 
     def reach(self, out_idx) -> np.ndarray:
         """The input positions (H, W) bool that the transpose of rows on the output elements
