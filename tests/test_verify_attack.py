@@ -218,3 +218,35 @@ def test_sat_points_lie_in_the_exact_decimal_box(tmp_path):
         assert v.result == "sat", (path, v.result)
         assert Fraction("0.1") <= Fraction(float(v.x[0])) <= Fraction("0.3")
         assert Fraction(float(v.y[0])) <= Fraction("0.2")
+
+
+def test_sat_at_a_decimal_no_float_holds_is_confirmed_exactly(tmp_path):
+    """X_0 pinned to 0.1, which no float holds: no float point lies in the property's set, so
+    a sat needs the exact point. y = relu(x): ``Y_0 <= 0.2`` is violated at x = 0.1 exactly
+    (sat, and the result file writes X_0 as the decimal 0.1); ``Y_0 >= 0.10000000000000000001``
+    is not (relu(0.1) = 0.1 is below it), though the float nearest 0.1 (0.1000000000000000055...)
+    would violate it: no sat. Checked on the lowered chain and on the graph."""
+    from fractions import Fraction
+
+    import crown_cli
+    from crown_cli.verification.pipeline import format_result
+
+    head = "(declare-const X_0 Real)\n(declare-const Y_0 Real)\n" \
+           "(assert (>= X_0 0.1))\n(assert (<= X_0 0.1))\n"
+    specs = {}
+    for name, out in (("violated", "(assert (<= Y_0 0.2))"),
+                      ("holds", "(assert (>= Y_0 0.10000000000000000001))")):
+        specs[name] = os.path.join(str(tmp_path), f"{name}.vnnlib")
+        with open(specs[name], "w") as fh:
+            fh.write(head + out + "\n")
+    assert Fraction(0.1) >= Fraction("0.10000000000000000001")  # the float would violate
+    for path in _identity_relu_models(tmp_path):
+        v = crown_cli.verify(path, specs["violated"], timeout=5, workers=1)
+        assert v.result == "sat", (path, v.result, v.note)
+        assert v.exact == {0: Fraction("0.1")}
+        text = format_result(v)
+        assert "(X_0 0.1)" in text, text
+        x = Fraction(text.split("(X_0 ")[1].split(")")[0])
+        assert max(x, Fraction(0)) <= Fraction("0.2")  # relu(x*) in exact arithmetic
+        v = crown_cli.verify(path, specs["holds"], timeout=5, workers=1)
+        assert v.result != "sat", (path, v.result, v.x)

@@ -40,7 +40,8 @@ A counterexample must lie in the real set, not the widened one: each case also k
 the interval holds no float, ``lo_in > hi_in`` and no float point is in the set) and ``b_in``
 (each right-hand side rounded down, so ``A y <= b_in`` implies ``A y <= b`` for the exact
 b; A's own rounding is not covered), which :func:`crown_cli.verification.outcome.confirm_sat`
-checks a ``sat`` point against.
+checks a ``sat`` point against; where the interval holds no float, ``Case.pinned`` gives a
+finite decimal inside it, the exact point that function confirms a counterexample at.
 """
 from __future__ import annotations
 
@@ -76,6 +77,11 @@ class Case:
     lo_in: Optional[np.ndarray] = None
     hi_in: Optional[np.ndarray] = None
     b_in: Optional[np.ndarray] = None
+    # the inputs whose real interval holds no float (lo_in > hi_in there), each with a point
+    # of that interval written as a finite decimal (None: every input holds a float, or some
+    # such interval has no finite decimal either): the exact point
+    # outcome.confirm_sat confirms a counterexample at
+    pinned: Optional[Dict[int, Fraction]] = None
 
     def exact(self) -> Tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(lo, hi, b) of the points that are counterexamples for sure: the floats inside
@@ -107,6 +113,29 @@ class Property:
         return list(out.values())
 
 
+def finite_decimal(v: Fraction) -> bool:
+    """Whether ``v`` has a finite decimal expansion (its denominator is 2^a 5^b)."""
+    d = v.denominator
+    for p in (2, 5):
+        while d % p == 0:
+            d //= p
+    return d == 1
+
+
+def decimal_text(v: Fraction) -> str:
+    """The exact decimal expansion of a finite decimal ``v`` (:func:`finite_decimal`)."""
+    if not finite_decimal(v):
+        raise ValueError(f"{v} is not a finite decimal")
+    k = 0
+    while (v * 10 ** k).denominator != 1:
+        k += 1
+    n = v.numerator * 10 ** k // v.denominator
+    sign, digits = ("-" if n < 0 else ""), str(abs(n)).rjust(k + 1, "0")
+    if k == 0:
+        return sign + digits
+    return f"{sign}{digits[:-k]}.{digits[-k:]}"
+
+
 # -- S-expressions ---------------------------------------------------------------------------
 # An atom is its token's text (str); a list is a _List. Positions are token indices (counting
 # comments), turned into line numbers only for error messages.
@@ -131,6 +160,7 @@ class _Parser:
         self.var: List[int] = []
         self.val: List[float] = []
         self.val_in: List[float] = []  # the same bounds rounded inward
+        self.exact: List[Optional[Fraction]] = []  # the same bounds' exact values
         self.rows: Dict[int, Tuple[Dict[int, Fraction], Fraction]] = {}
         self._num_cache: Dict[str, Fraction] = {}
         self._bound_cache: Dict[Tuple[str, bool], Tuple[float, float]] = {}  # (outer, inner)
@@ -259,11 +289,13 @@ class _Parser:
             self._bound_cache[(key, upward)] = (out, inner)
         return out, inner
 
-    def new_bound(self, i: int, upper: bool, value: Tuple[float, float]) -> int:
+    def new_bound(self, i: int, upper: bool, value: Fraction, num=None) -> int:
+        outer, inner = self.bound(value, upper, num)
         self.kind.append(1 if upper else 0)
         self.var.append(i)
-        self.val.append(value[0])
-        self.val_in.append(value[1])
+        self.val.append(outer)
+        self.val_in.append(inner)
+        self.exact.append(value)
         return len(self.kind) - 1
 
     def add_atom(self, k, coefs, const) -> int:
@@ -280,12 +312,13 @@ class _Parser:
             (v,) = xs
             a = coefs[v]
             upper = a > 0  # a X + const <= 0 is X <= -const / a, or X >= for a < 0
-            return self.new_bound(v[1], upper, self.bound(-const / a, upper))
+            return self.new_bound(v[1], upper, -const / a)
         ident = len(self.kind)
         self.kind.append(2)
         self.var.append(-1)
         self.val.append(0.0)
         self.val_in.append(0.0)
+        self.exact.append(None)
         self.rows[ident] = ({v[1]: c for v, c in coefs.items()}, -const)
         return ident
 
@@ -329,10 +362,9 @@ class _Parser:
         if flip:
             upper = not upper
         if op == "=":
-            ids = (self.new_bound(i, False, self.bound(value, False, num)),
-                   self.new_bound(i, True, self.bound(value, True, num)))
+            ids = (self.new_bound(i, False, value, num), self.new_bound(i, True, value, num))
         else:
-            ids = (self.new_bound(i, upper, self.bound(value, upper, num)),)
+            ids = (self.new_bound(i, upper, value, num),)
         return [], [ids]
 
     # formulas: DNF as (common atoms, terms): common AND (OR of the terms)
@@ -470,6 +502,30 @@ class _Parser:
         np.minimum.at(hi_in, self._var[up], self._val_in[up])
         row_ids.extend(ids[kind == 2].tolist())
 
+    def _pinned(self, id_lists, gap) -> Optional[Dict[int, Fraction]]:
+        """For the inputs ``gap`` (a mask: their real interval holds no float), a point of
+        each interval that is a finite decimal: its lower end, else its upper end (None when
+        ``gap`` is empty or some interval has neither)."""
+        if not gap.any():
+            return None
+        want = set(np.flatnonzero(gap).tolist())
+        ends: Dict[int, List[Optional[Fraction]]] = {i: [None, None] for i in want}
+        for ids in id_lists:
+            for a in ids:
+                i, kind = self.var[a], self.kind[a]
+                if kind == 2 or i not in want:
+                    continue
+                e, v = ends[i], self.exact[a]
+                if e[kind] is None or (v > e[kind] if kind == 0 else v < e[kind]):
+                    e[kind] = v
+        out = {}
+        for i, (p, q) in ends.items():
+            point = next((v for v in (p, q) if v is not None and finite_decimal(v)), None)
+            if point is None:
+                return None
+            out[i] = point
+        return out
+
     def cases(self, common, terms, n_in, n_out) -> List[Case]:
         self._kind = np.asarray(self.kind, dtype=np.int8)
         self._var = np.asarray(self.var, dtype=np.int64)
@@ -512,7 +568,8 @@ class _Parser:
                 A[r], b[r], b_in[r] = row_cache[ident]
             exact = (np.array_equal(lo, lo_in) and np.array_equal(hi, hi_in)
                      and np.array_equal(b, b_in))
-            out.append(Case(lo, hi, A, b) if exact else Case(lo, hi, A, b, lo_in, hi_in, b_in))
+            out.append(Case(lo, hi, A, b) if exact else Case(
+                lo, hi, A, b, lo_in, hi_in, b_in, self._pinned((common, t), lo_in > hi_in)))
         if not out and dropped is not None:
             self._empty_box(*dropped, every_case=False)
         return out

@@ -166,6 +166,11 @@ class LoweredVerifier(Verifier):
         dense = sum(int(w.size) for w in self.weights)
         self.graph_attack = forward_cost(graph) < dense
 
+    def _crown_lower(self, lo, hi, A, b) -> np.ndarray:
+        """CROWN on the graph itself (the file's network, not its lowered MLP, whose folded
+        weights are rounded)."""
+        return graph_box_lower_bounds(self.graph, lo, hi, A, b, "crown")
+
     def _box_attack(self, lo, hi, problems, restarts: int, seed: int, deadline: float):
         if not self.graph_attack:
             return Verifier._box_attack(self, lo, hi, problems, restarts, seed, deadline)
@@ -174,8 +179,8 @@ class LoweredVerifier(Verifier):
     def verify(self, prop, timeout: float, log: Optional[Callable[[str], None]] = None,
                status: Optional[Callable[[str], None]] = None) -> Verdict:
         v = super().verify(prop, timeout, log=log, status=status)  # confirmed on the MLP
-        if v.result != "sat":
-            return v
+        if v.result != "sat" or v.exact is not None:
+            return v  # (a pinned point is proven by a bound on the graph: _crown_lower)
         v = confirm_sat(v, prop.cases, self.graph.forward)
         if v.result != "sat":
             if log is not None:
@@ -242,6 +247,9 @@ class GraphVerifier(StagedVerifier):
                                                          bounds=bounds, deadline=deadline))
         except DeadlineExceeded:
             return quick
+
+    def _crown_lower(self, lo, hi, A, b) -> np.ndarray:
+        return graph_box_lower_bounds(self.graph, lo, hi, A, b, "crown")
 
     def _box_bounds(self, lo, hi, graph=None, alpha: bool = False, deadline=None):
         """The :class:`GraphBounds` of the box on ``graph`` (default: this verifier's), with

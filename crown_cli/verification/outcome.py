@@ -13,7 +13,9 @@ The searches run on a case's float box, which contains the real box of the VNN-L
 (rounded outward by one ulp where inexact). Before a ``sat`` verdict leaves a verifier,
 :func:`confirm_sat` checks its point against the exact set (``Case.exact``: the floats inside
 the real box, the right-hand sides rounded down), clipping it into the box first; a point it
-cannot confirm turns the verdict into ``unknown``.
+cannot confirm turns the verdict into ``unknown``. Where the real box holds no float
+(inputs pinned to decimals between two floats), the point is confirmed at the exact decimals
+by a float64-verified bound instead (:func:`_confirm_pinned`).
 """
 from __future__ import annotations
 
@@ -92,13 +94,17 @@ def violations_of(outputs: Callable[[np.ndarray], np.ndarray], lo, hi, A, b, X,
     return ok
 
 
-def confirm_sat(v, cases, outputs: Callable[[np.ndarray], np.ndarray], log=None):
-    """A ``sat`` verdict ``v`` (any object with ``result``, ``x``, ``y``, ``case``, ``note``)
-    kept only if its point, clipped into the exact set of its case (or of another case:
-    :meth:`crown_cli.io.vnnlib.Case.exact`), violates that case by the float64 forward pass
-    ``outputs``; then ``x``, ``y`` and ``case`` are the confirmed ones. Else the verdict becomes
-    ``unknown`` (with a note): the point lay on the ulp a box bound was widened by, and the
-    real set may hold no counterexample there. Other verdicts pass unchanged."""
+def confirm_sat(v, cases, outputs: Callable[[np.ndarray], np.ndarray], log=None,
+                prove: Optional[Callable] = None):
+    """A ``sat`` verdict ``v`` (any object with ``result``, ``x``, ``y``, ``case``, ``note``,
+    ``exact``) kept only if its point, clipped into the exact set of its case (or of another
+    case: :meth:`crown_cli.io.vnnlib.Case.exact`), violates that case by the float64 forward
+    pass ``outputs``; then ``x``, ``y`` and ``case`` are the confirmed ones. A case whose real
+    box holds no float on some inputs (decimals pinned between two floats, ``Case.pinned``)
+    is confirmed at the exact point instead (:func:`_confirm_pinned`, with ``prove``: a
+    float64-verified bound). Else the verdict becomes ``unknown`` (with a note): the point lay
+    on the ulp a box bound was widened by, and the real set may hold no counterexample there.
+    Other verdicts pass unchanged."""
     if v.result != "sat" or v.x is None:
         return v
     cases = list(cases)
@@ -107,11 +113,14 @@ def confirm_sat(v, cases, outputs: Callable[[np.ndarray], np.ndarray], log=None)
     for j in order:
         c = cases[j]
         lo, hi, b = c.exact() if hasattr(c, "exact") else (c.lo, c.hi, c.b)
-        if np.any(lo > hi):
-            continue  # no float lies in this case's real box
+        if np.any(lo > hi):  # no float lies in this case's real box
+            if _confirm_pinned(v, c, j, outputs, prove):
+                return v
+            continue
         x = np.clip(np.asarray(v.x, dtype=np.float64), lo, hi)
         if violations_of(outputs, lo, hi, c.A, b, x)[0]:
             v.x, v.y, v.case = x, np.asarray(outputs(x[None]), dtype=np.float64)[0], j
+            v.exact = None
             return v
     if log is not None:
         log("the counterexample lies outside the property's exact input set (on a bound "
@@ -119,3 +128,38 @@ def confirm_sat(v, cases, outputs: Callable[[np.ndarray], np.ndarray], log=None)
     v.result, v.x, v.y, v.case = "unknown", None, None, None
     v.note = "a counterexample not confirmed in the exact set of the property"
     return v
+
+
+def _confirm_pinned(v, c, j: int, outputs, prove) -> bool:
+    """Confirm ``v.x`` in case ``c`` (index ``j``), whose real box holds no float on the
+    inputs ``c.pinned``: the point x* takes those inputs at their exact decimals and the
+    others at ``v.x`` clipped into the case's float box. No float64 forward pass can evaluate
+    x*, so ``prove(lo, hi, A, b)`` (a float64-verified bound of the network over the box
+    [lo, hi], True when every row ``A f(x) <= b`` holds on all of it) runs on the box that is
+    x* on the other inputs and the two floats around each exact decimal: the real x* lies in
+    it, so the bound shows x* violates the case in exact arithmetic. Then ``v.x`` is x*
+    rounded to nearest, ``v.exact`` the pinned inputs' exact values (what the result file
+    writes), ``v.y`` the float64 outputs at ``v.x``."""
+    if prove is None or getattr(c, "pinned", None) is None:
+        return False
+    from fractions import Fraction
+
+    lo, hi, b = c.exact()
+    gap = lo > hi
+    if set(np.flatnonzero(gap).tolist()) != set(c.pinned):
+        return False
+    x = np.asarray(v.x, dtype=np.float64).copy()
+    x[~gap] = np.clip(x[~gap], lo[~gap], hi[~gap])
+    xlo, xhi = x.copy(), x.copy()
+    for i, p in c.pinned.items():
+        f = float(p)
+        x[i] = f
+        if Fraction(f) < p:
+            xlo[i], xhi[i] = f, np.nextafter(f, np.inf)
+        else:
+            xlo[i], xhi[i] = np.nextafter(f, -np.inf), f
+    if not np.all(np.isfinite(x)) or not prove(xlo, xhi, np.asarray(c.A, np.float64), b):
+        return False
+    v.x, v.y, v.case = x, np.asarray(outputs(x[None]), dtype=np.float64)[0], j
+    v.exact = dict(c.pinned)
+    return True

@@ -30,6 +30,7 @@ from crown_cli.engine.input_sets import Box
 from crown_cli.engine.rounding import round_up
 from crown_cli.engine.threads import blas_threads
 from crown_cli.errors import InputError
+from crown_cli.io.vnnlib import decimal_text
 from crown_cli.engine.relaxations import get_relaxation
 from crown_cli.verification.bab.hull_split import applies as hull_applies
 from crown_cli.verification.bab.hull_split import stage_applies as hull_stage_applies
@@ -82,6 +83,9 @@ class Verdict:
     domains: int = 0  # branch and bound: domains bounded
     peak_domains: int = 0  # branch and bound: most open domains at once
     note: str = ""  # what was left out (graphs: no branch and bound yet), for the log
+    # sat at a point no float can hold (inputs pinned to decimals between two floats): those
+    # inputs' exact values (index -> Fraction); x holds them rounded to nearest
+    exact: Optional[dict] = None
 
 
 def check_sizes(prop, n_inputs: int, n_outputs: int, where: str) -> None:
@@ -124,7 +128,16 @@ class StagedVerifier:
         """Run the pipeline on a parsed property within ``timeout`` seconds; a ``sat`` point
         is confirmed in the property's exact set (:func:`confirm_sat`)."""
         return confirm_sat(self._verify(prop, timeout, log, status), prop.cases, self.outputs,
-                           log)
+                           log, prove=self.proves_violation)
+
+    def proves_violation(self, lo, hi, A, b) -> bool:
+        """Whether a float64-verified bound shows ``A f(x) <= b`` (every row) on all of the
+        box [lo, hi]: a sat point's proof where no float can hold the point
+        (:func:`~crown_cli.verification.outcome.confirm_sat`). CROWN on the rows ``-A``."""
+        A = np.asarray(A, dtype=np.float64)
+        if A.shape[0] == 0:
+            return True
+        return bool(np.all(self._crown_lower(lo, hi, -A, -np.asarray(b, np.float64)) >= 0.0))
 
     def _attack(self, cases, groups, deadline: float, budget: float, seed: int,
                 scale: int = 1):
@@ -278,6 +291,12 @@ class Verifier(StagedVerifier):
         # fl(lb - b_up) > 0 exactly when lb > b_up: a rounded difference keeps its sign
         return lb - round_up(b)
 
+    def _crown_lower(self, lo, hi, A, b) -> np.ndarray:
+        """CROWN's :meth:`box_lower_bounds` whatever stages were asked for."""
+        relax = get_relaxation(self.activation, "crown", self.alpha)
+        return margin_lower_bound(self.net, *Box(lo, hi).args(), relax,
+                                  np.ascontiguousarray(A)) - round_up(b)
+
     def _alpha_lower_bound(self, box: Box, A: np.ndarray, deadline=None) -> np.ndarray:
         """alpha-CROWN over the box: slopes (or, for tanh/sigmoid/arctan, tangent points)
         optimised for the sum of the rows' bounds, then the float64-verified bound at them
@@ -430,7 +449,7 @@ class Verifier(StagedVerifier):
         to share)."""
         with blas_threads(1) if self.small else contextlib.nullcontext():
             v = self._verify(prop, timeout, log, status)
-        return confirm_sat(v, prop.cases, self.outputs, log)
+        return confirm_sat(v, prop.cases, self.outputs, log, prove=self.proves_violation)
 
     def _verify(self, prop, timeout, log, status) -> Verdict:
         bab_status = bab_status_for(status, log)
@@ -529,9 +548,13 @@ def _worst(margins) -> Optional[float]:
 
 def format_result(v: Verdict) -> str:
     """The competition's result file: the verdict line, and for ``sat`` the counterexample
-    ``((X_0 v) ... (Y_0 v) ...)`` with every value written exactly (repr round-trips)."""
+    ``((X_0 v) ... (Y_0 v) ...)`` with every value written exactly (repr round-trips; an
+    input pinned to a decimal no float holds as that decimal, ``Verdict.exact``: the Y values
+    are then the float64 outputs at the nearest floats)."""
     if v.result != "sat":
         return v.result + "\n"
-    items = [f"(X_{i} {float(val)!r})" for i, val in enumerate(v.x)]
+    exact = v.exact or {}
+    items = [f"(X_{i} {decimal_text(exact[i]) if i in exact else repr(float(val))})"
+             for i, val in enumerate(v.x)]
     items += [f"(Y_{i} {float(val)!r})" for i, val in enumerate(v.y)]
     return "sat\n(" + "\n ".join(items) + ")\n"

@@ -135,9 +135,16 @@ class Loader:
                             lambda: parse_vnnlib(spec_path, n_inputs, n_outputs))
 
 
-def counterexample_text(x: Optional[np.ndarray]) -> str:
-    """The X values of a counterexample, space-separated, each exact (repr round-trips)."""
-    return "" if x is None else " ".join(repr(float(v)) for v in x)
+def counterexample_text(x: Optional[np.ndarray], exact: Optional[dict] = None) -> str:
+    """The X values of a counterexample, space-separated, each exact (repr round-trips; an
+    input in ``exact``, pinned to a decimal no float holds, as that decimal)."""
+    if x is None:
+        return ""
+    from crown_cli.io.vnnlib import decimal_text
+
+    exact = exact or {}
+    return " ".join(decimal_text(exact[i]) if i in exact else repr(float(v))
+                    for i, v in enumerate(x))
 
 
 def verify_row(inst: Instance, verdict=None, error: Optional[str] = None,
@@ -150,7 +157,7 @@ def verify_row(inst: Instance, verdict=None, error: Optional[str] = None,
     row.update(verdict=verdict.result, time_s=time_s, stage=verdict.stage,
                margin=verdict.margin, cases=verdict.cases, cases_proven=verdict.cases_proven,
                domains=verdict.domains, peak_domains=verdict.peak_domains,
-               counterexample=counterexample_text(verdict.x))
+               counterexample=counterexample_text(verdict.x, getattr(verdict, "exact", None)))
     return row
 
 
