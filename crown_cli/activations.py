@@ -34,6 +34,11 @@ def _softplus(z):
     return np.logaddexp(0.0, z)  # log(1 + e^z) without overflow
 
 
+def _reciprocal(z):
+    with np.errstate(divide="ignore"):
+        return 1.0 / z
+
+
 def _hard_sigmoid_grad(z, a):
     y = a * z + 0.5
     return np.where((y > 0.0) & (y < 1.0), a, 0.0)
@@ -57,7 +62,9 @@ class Activation:
     ``alpha_crown``: optimised lower slopes (ReLU-type) or tangent points (``smooth``);
     ``smooth``: S-shaped (tanh, sigmoid, arctan): tangent-line relaxations;
     ``bab``: branch and bound in ``crown verify`` (input and ReLU splitting);
-    ``numpy_twin``: a plain-numpy relaxation exists (bounds without importing numba).
+    ``numpy_twin``: a plain-numpy relaxation exists (bounds without importing numba);
+    ``mlp``: an MLP file (NPZ, HDF5, Keras) may name it as its activation (the elementary
+    functions of ONNX graphs, sin to reciprocal, are graph nodes only).
     """
 
     name: str
@@ -72,6 +79,7 @@ class Activation:
     smooth: bool = False
     bab: bool = False
     numpy_twin: bool = False
+    mlp: bool = True
 
 
 _RELU_TYPE = dict(fast_lin=True, sign_stable=True, alpha_crown=True, bab=True, numpy_twin=True)
@@ -96,6 +104,13 @@ ACTIVATIONS: Dict[str, Activation] = {a.name: a for a in (
     # Keras 2: clip(0.2 z + 0.5, 0, 1); Keras 3 uses slope 1/6 (relu6(z + 3) / 6)
     Activation("hard_sigmoid", lambda z, a: np.clip(a * z + 0.5, 0.0, 1.0), _hard_sigmoid_grad,
                default_param=0.2, param_range=(0.0, float("inf"), False)),
+    # elementary functions of the competitions' graphs (ONNX Sin, Cos, Exp, Reciprocal and
+    # division by data): crown_cli.engine.relaxations.elementary
+    Activation("sin", lambda z, a: np.sin(z), lambda z, a: np.cos(z), mlp=False),
+    Activation("cos", lambda z, a: np.cos(z), lambda z, a: -np.sin(z), mlp=False),
+    Activation("exp", lambda z, a: np.exp(z), lambda z, a: np.exp(z), mlp=False),
+    Activation("reciprocal", lambda z, a: _reciprocal(z), lambda z, a: -_reciprocal(z) ** 2,
+               mlp=False),
 )}
 
 

@@ -185,8 +185,31 @@ def normalised(rng):
     return g.model([("x", (1, 2, 4, 5))], [x])
 
 
+def elementary(rng):
+    """sin, cos, exp, products and a quotient of data tensors, a constant subgraph with an
+    activation (folded at load), a ReduceSum: x (1, 4) -> 3 outputs."""
+    g = G(rng)
+
+    def lin(n_out, scale=0.5):
+        return g.op("Gemm", ["x", g.rand(n_out, 4, scale=scale), g.rand(n_out)], transB=1)
+
+    s = g.op("Sin", [lin(5, 1.0)])
+    c = g.op("Cos", [lin(5, 1.0)])
+    p = g.op("Mul", [s, c])
+    e = g.op("Exp", [lin(5, 0.3)])
+    q = g.op("Div", [p, e])
+    r = g.op("Relu", [lin(5)])
+    k = g.op("Relu", [g.rand(1, 5)])  # constants only: folded
+    m = g.op("Mul", [g.op("Add", [q, k]), r])
+    t = g.op("ReduceSum", [g.op("Mul", [m, m]), g.const(np.array([1], np.int64), np.int64)],
+             keepdims=1)
+    h = g.op("Concat", [m, t], axis=1)
+    return g.model([("x", (1, 4))], [g.op("Gemm", [h, g.rand(3, 6), g.rand(3)], transB=1)])
+
+
 BUILDERS = {"dense": dense_chain, "conv": conv_net, "residual": residual, "shapes": shapes_net,
             "relu_residual": relu_residual,
             "two_inputs": two_inputs, "broadcast": broadcast_net, "normalised": normalised,
             "conv_maxpool": lambda rng: conv_net(rng, pool="MaxPool"),
-            "conv_tanh": lambda rng: conv_net(rng, act="Tanh", bn=False)}
+            "conv_tanh": lambda rng: conv_net(rng, act="Tanh", bn=False),
+            "elementary": elementary}

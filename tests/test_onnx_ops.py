@@ -339,12 +339,17 @@ def _two_layers(before=(), middle=(), after=()):
 W_INITS = [init("W0", rand((5, 4), 20)), init("W1", rand((3, 5), 21))]
 
 
-def test_constant_divided_by_x_is_not_affine(tmp_path):
-    nodes = _two_layers(middle=[helper.make_node("Div", ["one", "z0"], ["q"], name="inverse"),
-                                helper.make_node("Relu", ["q"], ["a"], name="relu")])
-    msg = refused(tmp_path, nodes, W_INITS + [init("one", f32(1.0))])
-    assert msg == ("Div node 'inverse': constant / data is not affine in the data; only data / "
-                   "constant is")
+def test_constant_divided_by_x_is_a_graph_node_not_an_mlp(tmp_path):
+    """1 / z (issue 36: a reciprocal node) loads, as a graph: the chain is not lowered to an
+    MLP, whose activations are one type and MLP activations only."""
+    from crown_cli.graph.lower import lowered
+
+    nodes = _two_layers(middle=[helper.make_node("Div", ["one", "z0"], ["q"], name="inverse")])
+    path = save(tmp_path / "inv.onnx", nodes, W_INITS + [init("one", f32(1.0))], ["N", 4])
+    g = load_network(path)
+    assert lowered(g) is None
+    assert g.lowering[1] == "reciprocal is a graph node only (no MLP activation)"
+    assert [n.op.name for n in g.nodes if n.kind == "activation"] == ["reciprocal"]
 
 
 def test_an_unsupported_operator_is_named(tmp_path):
@@ -390,11 +395,19 @@ def test_a_softmax_only_on_the_logits_of_a_dense_chain_over_all_outputs(tmp_path
     assert mlp.output_activation == "log_softmax" and mlp.sizes == [4, 5, 3]
 
 
-def test_data_times_data_is_refused(tmp_path):
+def test_data_times_data_is_a_product_node(tmp_path):
+    """z0 * z0 (issue 36): a product node of the graph, bounds enclosing sampled values."""
+    from crown_cli.engine.graph_bounds import graph_bounds
+    from crown_cli.engine.input_sets import Box
+
     nodes = _two_layers(middle=[helper.make_node("Mul", ["z0", "z0"], ["sq"], name="square"),
                                 helper.make_node("Relu", ["sq"], ["a"], name="relu")])
-    msg = refused(tmp_path, nodes, W_INITS)
-    assert msg == "Mul node 'square': Mul of two data tensors is not affine; only Add and Sub are"
+    g = load_network(save(tmp_path / "sq.onnx", nodes, W_INITS, ["N", 4]))
+    assert [n.kind for n in g.nodes].count("product") == 1
+    x = np.linspace(-1.0, 1.0, 4)
+    lo, hi = graph_bounds(g, *Box(x - 0.2, x + 0.2).args())
+    ys = g.forward(np.random.default_rng(0).uniform(x - 0.2, x + 0.2, size=(400, 4)))
+    assert np.all(ys >= lo) and np.all(ys <= hi)
 
 
 def test_a_batch_dimension_above_one_is_refused(tmp_path):

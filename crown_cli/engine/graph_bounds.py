@@ -47,7 +47,7 @@ rounding of the charges' own non-negative computation) and the ``rtol`` allowanc
 """
 from __future__ import annotations
 
-from typing import Dict, List, Optional
+from typing import Dict, List, Optional, Tuple
 
 import numpy as np
 
@@ -179,12 +179,12 @@ class GraphBounds:
         self.absfwd: Dict[int, np.ndarray] = {}
         self.lines: Dict[int, Lines] = {}
         self.pools: Dict[int, PoolLines] = {}
+        self.planes: Dict[int, Tuple[np.ndarray, ...]] = {}  # products' (a, b, icL, icU)
         self.plan = plan(graph)  # the rules of each node (crown_cli.engine.node_rules)
         refined = set()
         for i, node in enumerate(graph.nodes):
             check_deadline(deadline)
-            if self.plan[i].refines_input:
-                p = node.inputs[0]
+            for p in self.plan[i].refined_inputs(node):
                 if intermediate != "interval" and p not in refined and not (ibp and self._exact(p)):
                     rows = self._rows_to_refine(p) if ibp else None
                     l, u = self.node_bounds(p, rows)
@@ -314,8 +314,10 @@ class GraphBounds:
         else:
             lin, nrm, xm = input_terms(Lx, self.x0, self.qcode)
         eps = self.eps
-        return widen(lin - eps * nrm + const, xm + eps * nrm + mag, -1.0, self.rtol,
-                     ERR_SAFETY * charge)
+        low = widen(lin - eps * nrm + const, xm + eps * nrm + mag, -1.0, self.rtol,
+                    ERR_SAFETY * charge)
+        # nan: an unbounded term (a division by an interval holding 0) met a zero: no bound
+        return np.where(np.isnan(low), -np.inf, low)
 
     def _rows(self, target, Lam, slopes, tape, lines, pool_weights):
         """:meth:`lower`'s back-substitution in numpy, any lines (the twin of

@@ -19,6 +19,7 @@ rules, one per node; the engine visits the nodes and calls them. A new operation
   per row by sign), ``D = Lam * slope`` charged 2u |D|; free lower slopes on ReLU and leaky
   ReLU.
 - :class:`PoolRule`: a max pool's lines (:class:`PoolLines`); free weights of the lower line.
+- :class:`ProductRule`: the product of two data nodes, McCormick's planes averaged.
 
 The rounding argument is in :mod:`crown_cli.engine.graph_bounds`.
 """
@@ -34,7 +35,7 @@ from crown_cli.engine.graph_rows import (Win, _bias, _fits, _full, _image, _line
 from crown_cli.engine.input_sets import Box
 from crown_cli.engine.kernels import graph_kernels
 from crown_cli.engine.rounding import ERR_SAFETY, TINY64, U64, gamma_n
-from crown_cli.graph.ops import ActivationOp, Affine, Conv, InputOp, Sum
+from crown_cli.graph.ops import ActivationOp, Affine, Conv, InputOp, Product, Sum
 from crown_cli.graph.pooling import MaxPool
 
 # Ranges every value of the activation lies in (intersected with the lines' interval)
@@ -78,6 +79,10 @@ class Rule:
 
     def interval(self, gb, i, node) -> Tuple[np.ndarray, np.ndarray]:
         raise NotImplementedError
+
+    def refined_inputs(self, node) -> Tuple[int, ...]:
+        """The inputs that get CROWN bounds before the node's interval is taken."""
+        return tuple(node.inputs[:1]) if self.refines_input else ()
 
     def back(self, gb, i, node, L, walk) -> None:
         """The rows ``L`` (r, size) through the node (the numpy path): constants, magnitudes
@@ -393,6 +398,97 @@ class ActivationRule(Rule):
         return (unst, leak) if unst.any() else None
 
 
+def _abs_dot(D, z):
+    """``|D| @ z`` per row where z may hold +inf (an input without a bound): a 0 coefficient
+    contributes 0 there, not nan."""
+    inf = ~np.isfinite(z)
+    if not inf.any():
+        return np.abs(D) @ z
+    out = np.abs(D) @ np.where(inf, 0.0, z)
+    return np.where(np.any(D[..., inf] != 0.0, axis=-1), np.inf, out)
+
+
+class ProductRule(Rule):
+    """``y = x1 * x2`` of two data nodes (:class:`~crown_cli.graph.ops.Product`). Lines: the
+    average of McCormick's two planes on each side, which share their slopes: ``a = mid(x2)``
+    on x1 and ``b = mid(x1)`` on x2 (the inputs' interval midpoints), with intercepts the min
+    (lower plane) and max (upper plane) of ``x1 x2 - a x1 - b x2`` over the four corners of
+    the inputs' box (a bilinear function takes its extremes there), each rounded outward by
+    its evaluation's error: valid whatever the float slopes are. A row coefficient >= 0 takes
+    the lower plane. ``D_1 = Lam a``, ``D_2 = Lam b`` are charged 2u |D| against each
+    input's magnitudes, as an activation's step. Both inputs get CROWN bounds first."""
+
+    held = 4  # the two slopes and two intercepts
+
+    def refined_inputs(self, node):
+        return tuple(node.inputs)
+
+    def interval(self, gb, i, node):
+        p, q = node.inputs
+        l1, u1, l2, u2 = gb.lo[p], gb.hi[p], gb.lo[q], gb.hi[q]
+        finite = np.isfinite(l1) & np.isfinite(u1) & np.isfinite(l2) & np.isfinite(u2)
+        with np.errstate(invalid="ignore", over="ignore"):
+            a, b = np.where(finite, 0.5 * l2 + 0.5 * u2, 0.0), np.where(finite, 0.5 * l1 + 0.5 * u1, 0.0)
+            prods, gs, errs = [], [], []
+            for x, y in ((l1, l2), (l1, u2), (u1, l2), (u1, u2)):
+                xy = x * y
+                prods.append(xy)
+                gs.append(xy - a * x - b * y)
+                errs.append(4.0 * U64 * (np.abs(xy) + np.abs(a * x) + np.abs(b * y)) + 4.0 * TINY64)
+            P, G, E = np.array(prods), np.array(gs), np.max(errs, axis=0)
+            lo = np.where(finite, P.min(axis=0), -np.inf)
+            hi = np.where(finite, P.max(axis=0), np.inf)
+            icL = np.where(finite, G.min(axis=0) - E, -np.inf)
+            icU = np.where(finite, G.max(axis=0) + E, np.inf)
+        gb.planes[i] = (a, b, icL, icU)
+        return outward(lo, hi, np.where(finite, U64 * np.maximum(np.abs(lo), np.abs(hi))
+                                        + TINY64, 0.0))
+
+    @staticmethod
+    def _intercepts(L, icL, icU):
+        """Each coefficient's intercept term: ``L * icL`` where L >= 0, ``L * icU`` where
+        L < 0, 0 where L is 0 (an infinite intercept a row does not use)."""
+        ic = np.where(L >= 0.0, icL, icU)
+        with np.errstate(invalid="ignore"):
+            return np.where(L != 0.0, L * ic, 0.0), ic
+
+    def back(self, gb, i, node, L, walk):
+        p, q = node.inputs
+        a, b, icL, icU = gb.planes[i]
+        D1, D2 = L * a, L * b
+        icpt, ic = self._intercepts(L, icL, icU)
+        if walk.tape is not None:
+            walk.tape[i] = (L, np.where(L != 0.0, ic, 0.0))
+        walk.const = walk.const + icpt.sum(axis=-1)
+        walk.mag = walk.mag + np.abs(icpt).sum(axis=-1)
+        for j, D in ((p, D1), (q, D2)):
+            z = gb.absval[j]
+            walk.charge = walk.charge + ActivationRule.charge(_abs_dot(D, z), z)
+        walk.give(p, D1)
+        walk.give(q, D2)
+
+    def back_t(self, gb, i, node, rows, walk):
+        idx, Lt = rows
+        p, q = node.inputs
+        a, b, icL, icU = (_take(v, idx)[:, None] for v in gb.planes[i])
+        dt = Lt.dtype
+        D1t, D2t = Lt * a.astype(dt), Lt * b.astype(dt)
+        icpt, _ = self._intercepts(Lt.astype(np.float64), icL, icU)
+        walk.acc[0] += icpt.sum(axis=0)
+        walk.acc[1] += np.abs(icpt).sum(axis=0)
+        for j, Dt in ((p, D1t), (q, D2t)):
+            z = _take(gb.absval[j], idx)
+            walk.acc[2] += ActivationRule.charge(_abs_dot(Dt.astype(np.float64).T, z), z)
+        walk.give(p, (idx, np.ascontiguousarray(D1t)))
+        walk.give(q, (idx, np.ascontiguousarray(D2t)))
+
+    def relaxed(self, gb, i, node, vals, x, tape, pool_weights):
+        a, b, _, _ = gb.planes[i]
+        _, ic = tape[i]
+        p, q = node.inputs
+        return a * vals[p] + b * vals[q] + ic
+
+
 class PoolRule(Rule):
     refines_input = True
     held = 5  # the window's chosen input, its bounds, the dominance mask
@@ -530,7 +626,7 @@ class PoolLines:
 
 
 _RULES = [(InputOp, InputRule()), (ActivationOp, ActivationRule()), (MaxPool, PoolRule()),
-          (Conv, ConvRule()), (Sum, SumRule())]
+          (Conv, ConvRule()), (Sum, SumRule()), (Product, ProductRule())]
 _AFFINE = AffineRule()
 
 

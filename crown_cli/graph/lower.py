@@ -44,6 +44,7 @@ from typing import List, Optional, Tuple
 import numpy as np
 import scipy.sparse as sp
 
+from crown_cli.activations import ACTIVATIONS
 from crown_cli.graph.ops import Dense, IndexMap, Scale
 
 # the lowered weights (float64) may take at most this share of the memory budget: the dense
@@ -75,6 +76,9 @@ def lower(graph, memory_budget: Optional[float] = None):
     if len(kinds) > 1:
         return None, "activations of several types (" + ", ".join(
             sorted({k[0] for k in kinds})) + ")"
+    graph_only = sorted(k[0] for k in kinds if not ACTIVATIONS[k[0]].mlp)
+    if graph_only:
+        return None, f"{graph_only[0]} is a graph node only (no MLP activation)"
     # segments: the affine nodes before the first activation, between two, after the last
     segs: List[List[int]] = [[]]
     for i in order[1:]:

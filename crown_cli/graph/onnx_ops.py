@@ -7,14 +7,14 @@ from __future__ import annotations
 
 import numpy as np
 
-from crown_cli.activations import ACTIVATIONS
+from crown_cli.activations import ACTIVATIONS, apply_activation
 from crown_cli.graph import tensors as T
 from crown_cli.graph.onnx_moves import (_cast, _concat, _const_fn, _constant,
                                         _constant_of_shape, _expand, _flatten, _gather,
                                         _identity, _moved, _pad, _range, _reshape, _shape,
                                         _slice,
                                         _split, _squeeze, _transpose, _unsqueeze)
-from crown_cli.graph.ops import ActivationOp, Conv, Dense, Sum
+from crown_cli.graph.ops import ActivationOp, Conv, Dense, Product, Sum
 from crown_cli.graph.pooling import MaxPool, pool_windows
 from crown_cli.graph.tensors import Const, Data
 
@@ -46,11 +46,15 @@ def _binary(b, node, ins, attrs):
         return [Const(x.value / y.value)]
     bc = lambda v: T.view(v, lambda a: T.onnx_expand(a, shape))  # noqa: E731
     if isinstance(x, Data) and isinstance(y, Data):
-        if op not in ("Add", "Sub"):
-            b.fail(node, f"{op} of two data tensors is not affine; only Add and Sub are")
         ids = [b.node_of(bc(v), _label(node)) for v in (x, y)]
+        n = int(np.prod(shape, dtype=np.int64))
+        if op == "Div":  # x / y = x * (1 / y)
+            b.add(_label(node) + "/reciprocal", ActivationOp("reciprocal"), (ids[1],), shape)
+            ids[1] = len(b.nodes) - 1
+        if op in ("Mul", "Div"):
+            return [b.add(_label(node), Product(n), ids, shape)]
         signs = (1.0, 1.0 if op == "Add" else -1.0)
-        return [b.add(_label(node), Sum(signs, int(np.prod(shape))), ids, shape)]
+        return [b.add(_label(node), Sum(signs, n), ids, shape)]
     data_first = isinstance(x, Data)
     d, k = (x, y) if data_first else (y, x)
     tensor = node.input[0] if data_first else node.input[1]
@@ -65,8 +69,10 @@ def _binary(b, node, ins, attrs):
         return [b.scale(node, d, 1.0, -k, tensor) if data_first else b.scale(node, d, -1.0, k, tensor)]
     if op == "Mul":
         return [b.scale(node, d, k, None, tensor)]
-    if not data_first:
-        b.fail(node, "constant / data is not affine in the data; only data / constant is")
+    if not data_first:  # k / d = k * (1 / d)
+        nid = b.node_of(d, _label(node))
+        r = b.add(_label(node) + "/reciprocal", ActivationOp("reciprocal"), (nid,), d.shape)
+        return [b.scale(node, r, k, None, None)]
     if np.any(k == 0):
         b.fail(node, "divides by zero")
     return [b.scale(node, d, 1.0 / k, None, tensor)]
@@ -258,8 +264,8 @@ def _global_pool(b, node, ins, attrs):
 
 
 def _reduce_mean(b, node, ins, attrs):
-    """ReduceMean over constant axes (PyTorch's ``x.mean(dim)``, and its export of
-    ``AdaptiveAvgPool2d(1)``): a sparse averaging Dense node."""
+    """ReduceMean (ReduceSum) over constant axes (PyTorch's ``x.mean(dim)``, and its export
+    of ``AdaptiveAvgPool2d(1)``): a sparse averaging (summing) Dense node."""
     import scipy.sparse as sp
 
     x = ins[0]
@@ -276,8 +282,10 @@ def _reduce_mean(b, node, ins, attrs):
     axes = sorted({a + rank if a < 0 else a for a in axes})
     if any(not 0 <= a < rank for a in axes):
         b.fail(node, f"axes {axes} are out of range for rank {rank}")
+    mean = node.op_type == "ReduceMean"
     if isinstance(x, Const):
-        return [Const(np.mean(x.value, axis=tuple(axes), keepdims=keep))]
+        fn = np.mean if mean else np.sum
+        return [Const(fn(x.value, axis=tuple(axes), keepdims=keep))]
     d = b.data(node, x)
     size = int(np.prod(d.shape, dtype=np.int64))
     moved = np.moveaxis(np.arange(size).reshape(d.shape), axes,
@@ -285,12 +293,12 @@ def _reduce_mean(b, node, ins, attrs):
     k = int(np.prod([d.shape[a] for a in axes], dtype=np.int64))
     cols = moved.reshape(-1, k)
     rows = np.repeat(np.arange(cols.shape[0]), k)
-    M = sp.csr_matrix((np.full(cols.size, 1.0 / k), (rows, cols.reshape(-1))),
+    M = sp.csr_matrix((np.full(cols.size, 1.0 / k if mean else 1.0), (rows, cols.reshape(-1))),
                       shape=(cols.shape[0], size))
     shape = tuple(1 if a in axes else n for a, n in enumerate(d.shape)) if keep else \
         tuple(n for a, n in enumerate(d.shape) if a not in axes)
     nid = b.node_of(d, _label(node))
-    label = f"mean over axes {','.join(map(str, axes))}"
+    label = f"{'mean' if mean else 'sum'} over axes {','.join(map(str, axes))}"
     return [b.add(_label(node), Dense(M, None, label), (nid,), shape)]
 
 
@@ -310,13 +318,18 @@ def _batchnorm(b, node, ins, attrs):
 
 
 _ACT = {"Relu": "relu", "LeakyRelu": "leaky_relu", "Sigmoid": "sigmoid", "Tanh": "tanh",
-        "Atan": "arctan", "Elu": "elu", "Softplus": "softplus", "HardSigmoid": "hard_sigmoid"}
+        "Atan": "arctan", "Elu": "elu", "Softplus": "softplus", "HardSigmoid": "hard_sigmoid",
+        "Sin": "sin", "Cos": "cos", "Exp": "exp", "Reciprocal": "reciprocal"}
 _ACT_DEFAULT = {"LeakyRelu": 0.01, "Elu": 1.0, "HardSigmoid": 0.2}
 
 
 def _activation(b, node, ins, attrs):
-    d = b.data(node, ins[0])
     name = _ACT[node.op_type]
+    if isinstance(ins[0], Const):  # a subgraph of constants: folded (float64)
+        alpha = attrs.get("alpha", _ACT_DEFAULT.get(node.op_type))
+        value = np.asarray(ins[0].value, np.float64)
+        return [Const(apply_activation(name, value, None if alpha is None else float(alpha)))]
+    d = b.data(node, ins[0])
     alpha = None
     if node.op_type in _ACT_DEFAULT:
         alpha = float(attrs.get("alpha", _ACT_DEFAULT[node.op_type]))
@@ -363,6 +376,7 @@ HANDLERS = {
     "Pad": _pad, "Add": _binary, "Sub": _binary, "Mul": _binary, "Div": _binary, "Neg": _neg,
     "MatMul": _matmul, "Gemm": _gemm, "Conv": _conv, "AveragePool": _pool, "MaxPool": _pool,
     "GlobalAveragePool": _global_pool, "GlobalMaxPool": _global_pool, "ReduceMean": _reduce_mean,
+    "ReduceSum": _reduce_mean,
     "BatchNormalization": _batchnorm, "Constant": _constant, "Shape": _shape,
     "ConstantOfShape": _constant_of_shape,
     "Equal": _const_fn(np.equal), "Where": _const_fn(np.where), "Less": _const_fn(np.less),

@@ -537,6 +537,30 @@ class ActivationOp:
         return self.name + ("" if self.alpha is None else f" (alpha={self.alpha:g})")
 
 
+class Product:
+    """``y = x1 * x2`` elementwise, both inputs data of y's size (ONNX Mul of two data
+    tensors, broadcast by index maps before it; division by data is a product with the
+    reciprocal). Its bounds: :class:`crown_cli.engine.node_rules.ProductRule`."""
+
+    kind = "product"
+
+    def __init__(self, size: int):
+        self.size = int(size)
+        self.n_in = [self.size, self.size]
+
+    def forward(self, xs):
+        return xs[0] * xs[1]
+
+    def vjp(self, L, xs, relu_leak=None):
+        return [L * xs[1], L * xs[0]]
+
+    def parameters(self) -> int:
+        return 0
+
+    def describe(self) -> str:
+        return f"product of two data tensors ({self.size})"
+
+
 class InputOp:
     """Graph input ``index``: the elements ``offset .. offset + size`` of the flat input
     vector (VNN-LIB's X_i, inputs in order, each flattened row-major)."""

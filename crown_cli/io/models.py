@@ -13,14 +13,14 @@ from typing import List, Optional, Sequence
 
 import numpy as np
 
-from crown_cli.activations import ACTIVATIONS
+from crown_cli.activations import ACTIVATIONS, supporting
 from crown_cli.errors import InputError, read_header
 from crown_cli.network import MLP, VECTOR_OUTPUTS
 
 __all__ = ["MLP", "load_model", "save_npz", "save_keras_h5", "normalize_activation", "validate"]
 
 # Activations the loaders accept (crown_cli.activations); the engine decides which it can bound.
-KNOWN_ACTIVATIONS = tuple(ACTIVATIONS)
+KNOWN_ACTIVATIONS = supporting("mlp")
 _ALIASES = {"atan": "arctan", "logistic": "sigmoid", "identity": "linear", "leakyrelu": "leaky_relu",
             "leaky-relu": "leaky_relu", "hard-sigmoid": "hard_sigmoid"}
 

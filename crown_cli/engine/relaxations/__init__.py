@@ -88,6 +88,10 @@ RELAXATIONS = {
     "elu": _elu,
     "softplus": _fixed("extra", "softplus_relaxation"),
     "hard_sigmoid": _hard_sigmoid,
+    "sin": _fixed("elementary", "sin_relaxation"),
+    "cos": _fixed("elementary", "cos_relaxation"),
+    "exp": _fixed("elementary", "exp_relaxation"),
+    "reciprocal": _fixed("elementary", "reciprocal_relaxation"),
 }
 
 # Neurons whose relaxation is the same on every sub-interval of [l, u] (the function is linear

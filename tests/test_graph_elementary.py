@@ -1,0 +1,126 @@
+"""The elementary functions and products of data of the competitions' graphs (issue 36):
+their relaxations hold on dense grids and are not loose, a product's planes give McCormick's
+bound, a division by data whose interval holds 0 gives infinite (not nan) bounds, and
+constant subgraphs fold at load."""
+import os
+
+import numpy as np
+import onnx
+import pytest
+
+from crown_cli.activations import apply_activation
+from crown_cli.engine.graph_bounds import GraphBounds, graph_bounds
+from crown_cli.engine.input_sets import Box
+from crown_cli.engine.relaxations import get_relaxation
+from crown_cli.graph.onnx_graph import load_graph
+from graph_models import G, elementary
+from graph_oracles import onnx_outputs
+
+# |f''| on an interval of width <= 1 around c (a bound for the tightness check)
+CURV = {"sin": lambda l, u: 1.0, "cos": lambda l, u: 1.0, "exp": lambda l, u: np.exp(u),
+        "reciprocal": lambda l, u: 2.0 / min(abs(l), abs(u)) ** 3}
+
+
+def _intervals(name, rng, n=400):
+    c = rng.normal(size=n) * rng.choice([0.1, 1.0, 4.0, 40.0], size=n)
+    w = np.abs(rng.normal(size=n)) * rng.choice([0.0, 1e-9, 0.01, 0.5, 3.0, 10.0], size=n)
+    l, u = c - w, c + w
+    if name == "exp":
+        l, u = np.minimum(l, 20.0), np.minimum(u, 20.0)
+    if name == "reciprocal":  # one side of 0, sometimes very close to it
+        side = np.where(rng.random(n) < 0.5, 1.0, -1.0)
+        a = np.abs(l) * 0.1 + rng.choice([1e-3, 0.1, 1.0], size=n)
+        l, u = np.where(side > 0, a, -(a + 2 * w)), np.where(side > 0, a + 2 * w, -a)
+    return l, u
+
+
+@pytest.mark.parametrize("name", ["sin", "cos", "exp", "reciprocal"])
+def test_relaxation_holds_on_a_dense_grid_and_is_tight(name):
+    rng = np.random.default_rng(["sin", "cos", "exp", "reciprocal"].index(name))
+    l, u = _intervals(name, rng)
+    aU, bU, aL, bL = get_relaxation(name, "crown")(l, u)
+    for i in range(l.size):
+        z = np.linspace(l[i], u[i], 4001)
+        f = apply_activation(name, z)
+        assert np.all(aL[i] * z + bL[i] <= f), (name, l[i], u[i])
+        assert np.all(f <= aU[i] * z + bU[i]), (name, l[i], u[i])
+        w = u[i] - l[i]
+        if w <= 1.0:  # not loose: within the curvature's gap of the function
+            gap = max(np.max(aU[i] * z + bU[i] - f), np.max(f - aL[i] * z - bL[i]))
+            assert gap <= CURV[name](l[i], u[i]) * w * w / 2 + 1e-12 * (1 + np.abs(f).max()), \
+                (name, l[i], u[i], gap)
+
+
+def test_periodic_relaxation_over_a_full_period_is_the_range():
+    l, u = np.array([-3.0, 100.0]), np.array([3.5, 107.0])
+    for name in ("sin", "cos"):
+        aU, bU, aL, bL = get_relaxation(name, "crown")(l, u)
+        np.testing.assert_array_equal(aU, 0.0)
+        np.testing.assert_array_equal(bU, 1.0)
+        np.testing.assert_array_equal(bL, -1.0)
+
+
+def _save(tmp_path, model, name="m"):
+    path = os.path.join(str(tmp_path), f"{name}.onnx")
+    onnx.save(model, path)
+    return path
+
+
+def test_product_bound_is_mccormick(tmp_path):
+    """y = x0 * x1 on a box: the lower bound lies below the true minimum (a corner) by at
+    most the averaged planes' largest gap (u0 - l0)(u1 - l1) / 2 (x0 x1 minus the plane is
+    (x0 - m0)(x1 - m1) + h0 h1 with h the half widths), and above it by nothing; the same
+    for the upper bound."""
+    g = G(np.random.default_rng(0))
+    s0 = g.op("Gather", ["x", g.const(np.array([0]), np.int64)], axis=1)
+    s1 = g.op("Gather", ["x", g.const(np.array([1]), np.int64)], axis=1)
+    graph = load_graph(_save(tmp_path, g.model([("x", (1, 2))], [g.op("Mul", [s0, s1])])))
+    rng = np.random.default_rng(1)
+    for _ in range(50):
+        a = rng.normal(size=2) * 2
+        lo, hi = a - rng.uniform(0, 2, 2), a + rng.uniform(0, 2, 2)
+        corners = [p * q for p in (lo[0], hi[0]) for q in (lo[1], hi[1])]
+        low, up = graph_bounds(graph, *Box(lo, hi).args())
+        gap = (hi[0] - lo[0]) * (hi[1] - lo[1]) / 2
+        tol = 1e-8 * (1.0 + max(abs(c) for c in corners))  # the final sums' allowance
+        assert min(corners) - gap - tol <= low[0] <= min(corners)
+        assert max(corners) <= up[0] <= max(corners) + gap + tol
+
+
+def test_division_by_an_interval_holding_zero_is_unbounded_not_nan(tmp_path):
+    g = G(np.random.default_rng(0))
+    y = g.op("Gemm", ["x", g.rand(2, 3), g.rand(2)], transB=1)
+    out = g.op("Div", [g.op("Relu", [y]), g.op("Gemm", ["x", g.rand(2, 3), g.rand(2)],
+                                                transB=1)])
+    graph = load_graph(_save(tmp_path, g.model([("x", (1, 3))], [out])))
+    gb = GraphBounds(graph, np.zeros(3), 5.0, 0)
+    lo, hi = gb.bounds()
+    assert not np.any(np.isnan(lo)) and not np.any(np.isnan(hi))
+    assert np.all(np.isinf(lo) | np.isinf(hi))
+
+
+def test_constant_over_data_is_a_scaled_reciprocal(tmp_path):
+    g = G(np.random.default_rng(0))
+    y = g.op("Div", [g.const(np.array([1.0, -2.0, 3.0])), g.op("Exp", ["x"])])
+    model = g.model([("x", (1, 3))], [y])
+    graph = load_graph(_save(tmp_path, model))
+    x = np.array([0.3, -1.2, 2.0])
+    np.testing.assert_allclose(graph.forward(x), onnx_outputs(model, x, [(1, 3)]), rtol=1e-6)
+    lo, hi = graph_bounds(graph, *Box(x - 0.1, x + 0.1).args())
+    xs = np.random.default_rng(1).uniform(x - 0.1, x + 0.1, size=(500, 3))
+    ys = graph.forward(xs)
+    assert np.all(ys >= lo) and np.all(ys <= hi)
+
+
+def test_elementary_graph_matches_onnx_and_folds_constants(tmp_path):
+    model = elementary(np.random.default_rng(3))
+    graph = load_graph(_save(tmp_path, model))
+    assert not any(n.kind == "activation" and n.op.name == "relu" and not n.inputs
+                   for n in graph.nodes)
+    kinds = {n.op.name for n in graph.nodes if n.kind == "activation"}
+    assert {"sin", "cos", "exp", "reciprocal", "relu"} <= kinds
+    assert sum(n.kind == "product" for n in graph.nodes) == 4  # 3 Mul + 1 Div
+    rng = np.random.default_rng(4)
+    for x in rng.normal(size=(5, 4)):
+        np.testing.assert_allclose(graph.forward(x), onnx_outputs(model, x, [(1, 4)]),
+                                   rtol=2e-5, atol=2e-5)
