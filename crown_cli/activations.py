@@ -34,6 +34,13 @@ def _softplus(z):
     return np.logaddexp(0.0, z)  # log(1 + e^z) without overflow
 
 
+def _sign_surrogate(z, a):
+    # the straight-through estimator in its identity form: Sign's own derivative is 0 almost
+    # everywhere (no descent direction), and a clipped form (1 where |z| <= 1) would stop the
+    # gradient at Larq's sign(sign(z) + 0.1), whose inner values are -0.9, 0.1 and 1.1
+    return np.ones_like(z, dtype=np.float64)
+
+
 def _hard_sigmoid_grad(z, a):
     y = a * z + 0.5
     return np.where((y > 0.0) & (y < 1.0), a, 0.0)
@@ -58,6 +65,10 @@ class Activation:
     ``smooth``: S-shaped (tanh, sigmoid, arctan): tangent-line relaxations;
     ``bab``: branch and bound in ``crown verify`` (input and ReLU splitting);
     ``numpy_twin``: a plain-numpy relaxation exists (bounds without importing numba).
+    ``surrogate``: for an activation whose derivative is 0 almost everywhere (sign), the
+    gradient the attacks descend on instead (:func:`attack_derivative`); None: ``derivative``.
+    Attacks only nominate points, which the float64 forward pass then confirms, so any
+    surrogate is sound.
     """
 
     name: str
@@ -72,6 +83,7 @@ class Activation:
     smooth: bool = False
     bab: bool = False
     numpy_twin: bool = False
+    surrogate: Optional[Callable[[np.ndarray, Optional[float]], np.ndarray]] = None
 
 
 _RELU_TYPE = dict(fast_lin=True, sign_stable=True, alpha_crown=True, bab=True, numpy_twin=True)
@@ -96,6 +108,10 @@ ACTIVATIONS: Dict[str, Activation] = {a.name: a for a in (
     # Keras 2: clip(0.2 z + 0.5, 0, 1); Keras 3 uses slope 1/6 (relu6(z + 3) / 6)
     Activation("hard_sigmoid", lambda z, a: np.clip(a * z + 0.5, 0.0, 1.0), _hard_sigmoid_grad,
                default_param=0.2, param_range=(0.0, float("inf"), False)),
+    # ONNX Sign: -1, 0, 1 (binarised networks); a jump at 0, so bounds only (engine/relaxations/
+    # sign.py: numpy) and a surrogate gradient for the attacks
+    Activation("sign", lambda z, a: np.sign(z), lambda z, a: np.zeros_like(z, dtype=np.float64),
+               numpy_twin=True, surrogate=_sign_surrogate),
 )}
 
 
@@ -126,6 +142,14 @@ def apply_activation(name: str, z: np.ndarray, alpha=None) -> np.ndarray:
 def derivative(name: str, z: np.ndarray, alpha=None) -> np.ndarray:
     act = get(name)
     return act.derivative(z, act.default_param if alpha is None else alpha)
+
+
+def attack_derivative(name: str, z: np.ndarray, alpha=None) -> np.ndarray:
+    """The gradient factor attacks use: the record's ``surrogate`` if it has one, else its
+    derivative."""
+    act = get(name)
+    fn = act.surrogate or act.derivative
+    return fn(z, act.default_param if alpha is None else alpha)
 
 
 def forward(weights, biases, activation: str, x: np.ndarray, alpha=None) -> np.ndarray:
