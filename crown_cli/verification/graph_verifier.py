@@ -35,6 +35,7 @@ from crown_cli.engine.deadline import DeadlineExceeded
 from crown_cli.engine.input_sets import Box
 from crown_cli.engine.rounding import round_up
 from crown_cli.errors import InputError
+from crown_cli.graph.sign_check import decided_outputs
 from crown_cli.verification.attack import _as_case, descend
 from crown_cli.verification.bab.graph_bounder import splittable_nodes
 from crown_cli.verification.outcome import confirm_sat, violations_of
@@ -82,7 +83,7 @@ def graph_counterexample(graph, lo, hi, cases, *, restarts: int = 64, steps: int
         return graph.vjp(vals, A[j], relu_leak=leaks)
 
     def check(X, A_j, b_j):
-        return violations_of(graph.forward, lo, hi, A_j, b_j, X)
+        return violations_of(lambda Z: decided_outputs(graph, Z), lo, hi, A_j, b_j, X)
 
     relu = any(n.kind == "activation" and n.op.name == "relu" for n in graph.nodes)
     return descend(passes, gradient, check, parsed, restarts, steps, seed, deadline,
@@ -198,7 +199,7 @@ class LoweredVerifier(Verifier):
         v = super().verify(prop, timeout, log=log, status=status)  # confirmed on the MLP
         if v.result != "sat":
             return v
-        v = confirm_sat(v, prop.cases, self.graph.forward)
+        v = confirm_sat(v, prop.cases, lambda Z: decided_outputs(self.graph, Z))
         if v.result != "sat":
             if log is not None:
                 log("lowered network: the counterexample is not confirmed by the graph's "
@@ -243,7 +244,9 @@ class GraphVerifier(StagedVerifier):
         return self.graph.output_size
 
     def outputs(self, x: np.ndarray) -> np.ndarray:
-        return self.graph.forward(x)
+        """The float64 forward pass; NaN at a point where a Sign node's input is not decided
+        (:func:`crown_cli.graph.sign_check.decided_outputs`): no counterexample there."""
+        return decided_outputs(self.graph, x)
 
     def box_lower_bounds(self, stage: str, lo, hi, A, b, deadline=None) -> np.ndarray:
         """The stage's bounds, on the box's :class:`GraphBounds` (:meth:`_box_bounds`: CROWN's

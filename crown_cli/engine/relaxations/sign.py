@@ -20,6 +20,10 @@ Cases (the interval's end-points compared with 0 exactly, so sign(0) = 0 is neve
   so an end of the range is best (as CROWN-Ada's ReLU choice): upper slope 0 if u >= -l else
   2/|l|; lower slope 2/u if u > -l else 0.
 
+A sloped line is taken only where its end-point |l| or u is at least ``MIN_END`` = 2^-500
+(slopes at most 2^501: no overflow in the slope, the intercept or the back-substitution's
+products); nearer 0 the constant of the same family (1 or 0 above, -1 or 0 below) stands in.
+
 Constant lines are exact (no slack: they are the function's own values). A sloped line's
 slope is the rounded quotient; its intercept is the tightest valid one for that rounded slope
 (the sup / inf of sign(t) - a t over [l, u], attained at an end-point or as t -> 0 from one
@@ -29,6 +33,8 @@ side), moved outward by the float64 allowance of the other relaxations (8 ulps o
 import numpy as np
 
 from crown_cli.engine.relaxations.relu_numpy import _slack
+
+MIN_END = 2.0 ** -500
 
 
 def sign_relaxation(l, u):
@@ -44,16 +50,15 @@ def sign_relaxation(l, u):
     neg, pos = l < 0.0, u > 0.0
     # upper slope: the chord through (l, -1), (0, 0) when u = 0 (a = 1/|l|); the line through
     # (l, -1) and (0, 1) when l < 0 < u and u < -l (a = 2/|l|); else none
-    up = neg & ((u == 0.0) | (pos & (u < -l)))
-    with np.errstate(divide="ignore"):
-        aU[up] = np.where(u[up] == 0.0, 1.0, 2.0) / -l[up]
+    up = neg & (l <= -MIN_END) & ((u == 0.0) | (pos & (u < -l)))
+    aU[up] = np.where(u[up] == 0.0, 1.0, 2.0) / -l[up]
     # sup over [l, u] of sign(t) - a t: -1 - a l at t = l, and sign's value just right of 0
     # (1 when u > 0, else 0 at t = 0)
     g = np.maximum(-1.0 - aU[up] * l[up], bU[up])
     bU[up] = g + _slack(aU[up], g, M[up], 1.0)
     # lower slope: the chord through (0, 0), (u, 1) when l = 0 (a = 1/u); the line through
     # (0, -1) and (u, 1) when l < 0 < u and u > -l (a = 2/u)
-    lo = pos & ((l == 0.0) | (neg & (u > -l)))
+    lo = pos & (u >= MIN_END) & ((l == 0.0) | (neg & (u > -l)))
     aL[lo] = np.where(l[lo] == 0.0, 1.0, 2.0) / u[lo]
     g = np.minimum(1.0 - aL[lo] * u[lo], bL[lo])
     bL[lo] = g - _slack(aL[lo], g, M[lo], 1.0)
