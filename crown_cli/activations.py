@@ -39,6 +39,19 @@ def _reciprocal(z):
         return 1.0 / z
 
 
+def _sign_surrogate(z, a):
+    # a straight-through estimator at the scale of the layer: 1 / (1 + (z / s)^2) with s the
+    # mean |z| of the point's layer (per row), so that the neurons nearest their jump carry
+    # the gradient. Sign's own derivative is 0 almost everywhere (no descent direction); the
+    # identity form makes the network linear to the attack (every start heads for one corner),
+    # and a fixed window (1 where |z| <= 1) misses layers far from unit scale (a convolution
+    # of raw pixels) and stops at Larq's sign(sign(z) + 0.1), whose inner values are -0.9,
+    # 0.1 and 1.1
+    z = np.asarray(z, dtype=np.float64)
+    s = np.mean(np.abs(z), axis=-1, keepdims=True) + 1e-300
+    return 1.0 / (1.0 + (z / s) ** 2)
+
+
 def _hard_sigmoid_grad(z, a):
     y = a * z + 0.5
     return np.where((y > 0.0) & (y < 1.0), a, 0.0)
@@ -64,7 +77,11 @@ class Activation:
     ``bab``: branch and bound in ``crown verify`` (input and ReLU splitting);
     ``numpy_twin``: a plain-numpy relaxation exists (bounds without importing numba);
     ``mlp``: an MLP file (NPZ, HDF5, Keras) may name it as its activation (the elementary
-    functions of ONNX graphs, sin to reciprocal, are graph nodes only).
+    functions of ONNX graphs, sin to reciprocal, are graph nodes only);
+    ``surrogate``: for an activation whose derivative is 0 almost everywhere (sign), the
+    gradient the attacks descend on instead (:func:`attack_derivative`); None: ``derivative``.
+    Attacks only nominate points, which the float64 forward pass then confirms, so any
+    surrogate is sound.
     """
 
     name: str
@@ -79,7 +96,9 @@ class Activation:
     smooth: bool = False
     bab: bool = False
     numpy_twin: bool = False
+    numpy_twin: bool = False
     mlp: bool = True
+    surrogate: Optional[Callable[[np.ndarray, Optional[float]], np.ndarray]] = None
 
 
 _RELU_TYPE = dict(fast_lin=True, sign_stable=True, alpha_crown=True, bab=True, numpy_twin=True)
@@ -111,6 +130,10 @@ ACTIVATIONS: Dict[str, Activation] = {a.name: a for a in (
     Activation("exp", lambda z, a: np.exp(z), lambda z, a: np.exp(z), mlp=False),
     Activation("reciprocal", lambda z, a: _reciprocal(z), lambda z, a: -_reciprocal(z) ** 2,
                mlp=False),
+    # ONNX Sign: -1, 0, 1 (binarised networks); a jump at 0, so bounds only (engine/relaxations/
+    # sign.py: numpy) and a surrogate gradient for the attacks
+    Activation("sign", lambda z, a: np.sign(z), lambda z, a: np.zeros_like(z, dtype=np.float64),
+               numpy_twin=True, surrogate=_sign_surrogate),
 )}
 
 
@@ -141,6 +164,14 @@ def apply_activation(name: str, z: np.ndarray, alpha=None) -> np.ndarray:
 def derivative(name: str, z: np.ndarray, alpha=None) -> np.ndarray:
     act = get(name)
     return act.derivative(z, act.default_param if alpha is None else alpha)
+
+
+def attack_derivative(name: str, z: np.ndarray, alpha=None) -> np.ndarray:
+    """The gradient factor attacks use: the record's ``surrogate`` if it has one, else its
+    derivative."""
+    act = get(name)
+    fn = act.surrogate or act.derivative
+    return fn(z, act.default_param if alpha is None else alpha)
 
 
 def forward(weights, biases, activation: str, x: np.ndarray, alpha=None) -> np.ndarray:

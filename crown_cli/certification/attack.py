@@ -30,7 +30,8 @@ from typing import Optional, Sequence
 
 import numpy as np
 
-from crown_cli.activations import ACTIVATIONS, apply_activation, default_alpha, derivative, forward
+from crown_cli.activations import (ACTIVATIONS, apply_activation, attack_derivative, default_alpha,
+                                   forward)
 from crown_cli.errors import InputError
 
 NORMS = ("inf", "2", "1")
@@ -56,7 +57,7 @@ def input_gradient(weights, zs, activation: str, g: np.ndarray, alpha) -> np.nda
     layer's activations, to the inputs: (R, d). ``zs`` from :func:`forward_with_preactivations`."""
     dtype = weights[0].dtype
     for k in range(len(zs) - 1, -1, -1):
-        g = (g * derivative(activation, zs[k], alpha).astype(dtype)) @ weights[k]
+        g = (g * attack_derivative(activation, zs[k], alpha).astype(dtype)) @ weights[k]
     return g
 
 

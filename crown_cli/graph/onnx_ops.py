@@ -343,6 +343,18 @@ def _activation(b, node, ins, attrs):
     return [b.add(_label(node), ActivationOp(name, alpha), (nid,), d.shape)]
 
 
+def _sign(b, node, ins, attrs):
+    """Sign: of a constant (binarised weights) folded to a constant; of data an activation
+    node (relaxation: crown_cli/engine/relaxations/sign.py)."""
+    x = ins[0]
+    if isinstance(x, Const):
+        if x.value.dtype.kind not in "fiub":
+            b.fail(node, f"the input has dtype {x.value.dtype}, expected numbers")
+        return [Const(np.sign(x.value))]
+    nid = b.node_of(x, _label(node))
+    return [b.add(_label(node), ActivationOp("sign"), (nid,), x.shape)]
+
+
 # order-preserving functions of the whole output: only at the graph's output (load_graph
 # refuses anything but a reshape of their result), where they become Graph.vector_output
 VECTOR_OUTPUTS = {"Softmax": "softmax", "LogSoftmax": "log_softmax"}
@@ -383,7 +395,7 @@ HANDLERS = {
     "Greater": _const_fn(np.greater), "Not": _const_fn(np.logical_not),
     "Range": _range, "Floor": _const_fn(np.floor),
     "Ceil": _const_fn(np.ceil), "Sqrt": _const_fn(np.sqrt), "Abs": _const_fn(np.abs),
-    "Min": _const_fn(np.minimum), "Max": _const_fn(np.maximum),
+    "Min": _const_fn(np.minimum), "Max": _const_fn(np.maximum), "Sign": _sign,
     **{op: _activation for op in _ACT}, **{op: _vector_output for op in VECTOR_OUTPUTS},
 }
 

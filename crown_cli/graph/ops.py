@@ -518,10 +518,10 @@ class ActivationOp:
         return apply_activation(self.name, xs[0], self.alpha)
 
     def vjp(self, L, xs, relu_leak=None):
-        """The rows L (N, size) times the derivative at the points xs[0] (N, size);
-        ``relu_leak`` (N,): a ReLU's slope on its inactive side per point (0: the
-        derivative)."""
-        from crown_cli.activations import derivative
+        """The rows L (N, size) times the derivative at the points xs[0] (N, size) (an
+        activation's ``surrogate`` where it has one: sign); ``relu_leak`` (N,): a ReLU's
+        slope on its inactive side per point (0: the derivative)."""
+        from crown_cli.activations import attack_derivative as derivative
 
         z = xs[0]
         if self.name == "relu" and relu_leak is not None:

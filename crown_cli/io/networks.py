@@ -68,10 +68,9 @@ def _load_network(path: str, activation: Optional[str], min_outputs: int,
             except InputError as exc:  # e.g. one output for a classifier: as any graph
                 if str(exc).startswith("--activation"):
                     raise
-        if graph.vector_output is not None:
-            kind, where = graph.vector_output
-            raise InputError(f"{path}: {where}: {kind} is supported only on the logits of a "
-                             "chain of dense layers with one activation")
+        # a graph with a final Softmax/LogSoftmax (Graph.vector_output) keeps its logits as
+        # its output: certify's margins are the logits' (the order is the same); verify takes
+        # only properties that compare two outputs (GraphVerifier.verify, order_only)
     if activation is not None:
         raise InputError(f"{path}: --activation applies to chains of dense layers only; this "
                          "graph has its activation per node")

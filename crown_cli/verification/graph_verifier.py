@@ -34,6 +34,8 @@ import numpy as np
 from crown_cli.engine.deadline import DeadlineExceeded
 from crown_cli.engine.input_sets import Box
 from crown_cli.engine.rounding import round_up
+from crown_cli.errors import InputError
+from crown_cli.graph.sign_check import decided_outputs
 from crown_cli.verification.attack import _as_case, descend
 from crown_cli.verification.bab.graph_bounder import splittable_nodes
 from crown_cli.verification.outcome import confirm_sat, violations_of
@@ -81,7 +83,7 @@ def graph_counterexample(graph, lo, hi, cases, *, restarts: int = 64, steps: int
         return graph.vjp(vals, A[j], relu_leak=leaks)
 
     def check(X, A_j, b_j):
-        return violations_of(graph.forward, lo, hi, A_j, b_j, X)
+        return violations_of(lambda Z: decided_outputs(graph, Z), lo, hi, A_j, b_j, X)
 
     relu = any(n.kind == "activation" and n.op.name == "relu" for n in graph.nodes)
     return descend(passes, gradient, check, parsed, restarts, steps, seed, deadline,
@@ -150,6 +152,27 @@ def forward_cost(graph) -> int:
     return int(cost)
 
 
+def order_only(graph, prop) -> None:
+    """Refuse (InputError naming the file and the node) a property that a graph's final
+    Softmax/LogSoftmax (``Graph.vector_output``, which the graph's output leaves off) could
+    decide differently from the logits: every row of every case must be ``c (y_i - y_j) <= 0``
+    with c > 0. Both functions are strictly increasing in each logit against the others
+    (softmax_i / softmax_j = exp(z_i - z_j), log_softmax_i - log_softmax_j = z_i - z_j), so
+    such a row holds for the outputs exactly when it holds for the logits."""
+    if graph.vector_output is None:
+        return
+    for case in prop.cases:
+        A, b = np.asarray(case.A, np.float64), np.asarray(case.b, np.float64)
+        for row, rhs in zip(A, b):
+            nz = np.flatnonzero(row)
+            if rhs == 0.0 and nz.size == 2 and row[nz[0]] == -row[nz[1]]:
+                continue
+            kind, where = graph.vector_output
+            raise InputError(f"{graph.source}: {where}: {kind} at the output is supported only "
+                             "for properties comparing two outputs (Y_i <= Y_j); this one has "
+                             "another constraint")
+
+
 class LoweredVerifier(Verifier):
     """:class:`Verifier` on a graph's lowered MLP (the same function, exactly): the bound
     stages and branch and bound of the dense engine. The attack runs on whichever form has
@@ -181,7 +204,7 @@ class LoweredVerifier(Verifier):
         v = super().verify(prop, timeout, log=log, status=status)  # confirmed on the MLP
         if v.result != "sat" or v.exact is not None:
             return v  # (a pinned point is proven by a bound on the graph: _crown_lower)
-        v = confirm_sat(v, prop.cases, self.graph.forward)
+        v = confirm_sat(v, prop.cases, lambda Z: decided_outputs(self.graph, Z))
         if v.result != "sat":
             if log is not None:
                 log("lowered network: the counterexample is not confirmed by the graph's "
@@ -210,6 +233,13 @@ class GraphVerifier(StagedVerifier):
         self._last_bounds = {}
         self._relu_graph = None  # :meth:`_split_graph`, once built
 
+    def verify(self, prop, timeout: float, log: Optional[Callable[[str], None]] = None,
+               status: Optional[Callable[[str], None]] = None) -> Verdict:
+        """:meth:`StagedVerifier.verify`, on the logits of a graph with a final softmax for
+        the properties :func:`order_only` lets through."""
+        order_only(self.graph, prop)
+        return super().verify(prop, timeout, log=log, status=status)
+
     @property
     def n_inputs(self) -> int:
         return self.graph.input_size
@@ -219,7 +249,9 @@ class GraphVerifier(StagedVerifier):
         return self.graph.output_size
 
     def outputs(self, x: np.ndarray) -> np.ndarray:
-        return self.graph.forward(x)
+        """The float64 forward pass; NaN at a point where a Sign node's input is not decided
+        (:func:`crown_cli.graph.sign_check.decided_outputs`): no counterexample there."""
+        return decided_outputs(self.graph, x)
 
     def box_lower_bounds(self, stage: str, lo, hi, A, b, deadline=None) -> np.ndarray:
         """The stage's bounds, on the box's :class:`GraphBounds` (:meth:`_box_bounds`: CROWN's

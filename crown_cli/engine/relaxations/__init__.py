@@ -92,6 +92,7 @@ RELAXATIONS = {
     "cos": _fixed("elementary", "cos_relaxation"),
     "exp": _fixed("elementary", "exp_relaxation"),
     "reciprocal": _fixed("elementary", "reciprocal_relaxation"),
+    "sign": _fixed("sign", "sign_relaxation"),  # numpy under either kernels
 }
 
 # Neurons whose relaxation is the same on every sub-interval of [l, u] (the function is linear
@@ -104,6 +105,7 @@ INTERVAL_FREE = {
     # relaxation itself does
     "hard_sigmoid": lambda l, u, alpha: ((alpha * u + 0.5 <= 0.0) | (alpha * l + 0.5 >= 1.0)
                                          | ((alpha * l + 0.5 >= 0.0) & (alpha * u + 0.5 <= 1.0))),
+    "sign": lambda l, u, alpha: (l > 0.0) | (u < 0.0),  # a constant (l = 0: no, sign(0) = 0)
 }
 
 def get_interval_free(activation: str, alpha=None):

@@ -42,6 +42,7 @@ from crown_cli.engine.graph_bounds import GraphBounds
 from crown_cli.engine.input_sets import Box
 from crown_cli.verification.bab.domains import CaseRows
 from crown_cli.verification.bab.relu_split import ReluSplitOptions, _Search
+from crown_cli.graph.sign_check import decided_outputs
 from crown_cli.verification.outcome import BabResult, finish, violations_of
 
 # The graph search's settings where they differ from the dense defaults (docs/bab.md has
@@ -192,7 +193,7 @@ class GraphBounder(CaseRows):
         """The first row of X (N, d), clipped into the box, that the graph's float64 forward
         pass confirms as a counterexample of some case, or None."""
         X = np.clip(X, self.box.lo, self.box.hi)
-        hit = violations_of(self.graph.forward, self.box.lo, self.box.hi, self.A, self.b, X,
+        hit = violations_of(lambda Z: decided_outputs(self.graph, Z), self.box.lo, self.box.hi, self.A, self.b, X,
                             self.gstart)
         return X[int(np.argmax(hit))].copy() if hit.any() else None
 

@@ -22,6 +22,7 @@ from crown_cli.engine.graph_alpha import ITERS, LR, alpha_lower
 from crown_cli.engine.graph_bounds import GraphBounds
 from crown_cli.engine.input_sets import Box
 from crown_cli.verification.bab.input_split import InputSplitOptions, BoxSearch
+from crown_cli.graph.sign_check import decided_outputs
 from crown_cli.verification.outcome import BabResult, finish, violations_of
 
 MAX_OPEN = 100_000  # more open boxes than this: unknown
@@ -69,7 +70,7 @@ class GraphBoxes:
     def hits(self, X):
         """Which points of X (n, d) violate the property (the graph's float64 forward pass)."""
         q = self.search
-        return violations_of(self.graph.forward, q.lo0, q.hi0, q.A, q.b, X)
+        return violations_of(lambda Z: decided_outputs(self.graph, Z), q.lo0, q.hi0, q.A, q.b, X)
 
 
 def graph_input_split(graph, lo, hi, A, b, deadline: float, **options) -> BabResult:
