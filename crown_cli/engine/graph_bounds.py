@@ -57,6 +57,7 @@ from crown_cli.engine.graph_rows import InputRows, fused_rows, unit_windows
 from crown_cli.engine.input_sets import Box, input_terms
 from crown_cli.engine.kernels import graph_kernels
 from crown_cli.engine.node_rules import AffineRule, InputRule, PoolLines, plan
+from crown_cli.graph.ops import IndexMap
 from crown_cli.engine.rounding import ERR_SAFETY, FP_RTOL, U64, widen
 ROW_BUDGET = 256 * 2 ** 20  # bytes of rows per back-substitution pass (identity rows chunked)
 ROW_COPIES = 4  # per neuron: its two rows of [I; -I] as wide as the widest node, twice
@@ -182,19 +183,37 @@ class GraphBounds:
         self.planes: Dict[int, Tuple[np.ndarray, ...]] = {}  # products' (a, b, icL, icU)
         self.plan = plan(graph)  # the rules of each node (crown_cli.engine.node_rules)
         refined = set()
+        how = (intermediate, ibp, alpha_iters, alpha_lr)
         for i, node in enumerate(graph.nodes):
             check_deadline(deadline)
-            for p in self.plan[i].refined_inputs(node):
-                if intermediate != "interval" and p not in refined and not (ibp and self._exact(p)):
-                    rows = self._rows_to_refine(p) if ibp else None
-                    l, u = self.node_bounds(p, rows)
-                    if ibp:
-                        l, u = np.maximum(l, self.lo[p]), np.minimum(u, self.hi[p])
-                    self._set(p, l, u)
-                    if intermediate == "alpha":
-                        self._set(p, *self._alpha_bounds(p, alpha_iters, alpha_lr))
-                    refined.add(p)
+            if intermediate != "interval":
+                for p in self.plan[i].refined_inputs(node):
+                    self._refine(p, refined, how)
             self._set(i, *self.plan[i].interval(self, i, node))
+
+    def _refine(self, p, refined, how):
+        """Node p's CROWN (or alpha-CROWN) bounds in place of its interval. An index map that
+        takes some element more than once (a broadcast: attention's factors) takes its
+        sources' refined bounds through its interval, which copies them exactly, instead of
+        rows of its own (as many as its elements)."""
+        intermediate, ibp, alpha_iters, alpha_lr = how
+        if p in refined or (ibp and self._exact(p)):
+            return
+        node = self.g.nodes[p]
+        if isinstance(node.op, IndexMap) and node.inputs and not node.op.unique:
+            for s in node.inputs:
+                self._refine(s, refined, how)
+            self._set(p, *self.plan[p].interval(self, p, node))
+            refined.add(p)
+            return
+        rows = self._rows_to_refine(p) if ibp else None
+        l, u = self.node_bounds(p, rows)
+        if ibp:
+            l, u = np.maximum(l, self.lo[p]), np.minimum(u, self.hi[p])
+        self._set(p, l, u)
+        if intermediate == "alpha":
+            self._set(p, *self._alpha_bounds(p, alpha_iters, alpha_lr))
+        refined.add(p)
 
     def _alpha_bounds(self, p, iters, lr):
         """Node p's bounds with the neurons CROWN left unstable (all neurons when a reader is

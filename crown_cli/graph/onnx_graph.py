@@ -252,13 +252,14 @@ def load_graph(path: str, memory_budget: Optional[float] = None) -> Graph:
         after = any(name in b.after_vector_out for name in node.input)
         if after and node.op_type not in SHAPE_OPS:
             b.fail(node, f"{b.vector_out[0].op_type} is supported only at the output")
-        if after or node.op_type in VECTOR_OUTPUTS:
-            b.after_vector_out.update(node.output)
         try:
             outs = handler(b, node, ins, attributes(onnx, node))
         except MemoryError as exc:  # a size no handler checked beforehand
             b.fail(node, "out of memory computing it ("
                          f"{str(exc) or 'what it makes does not fit in the free memory'})")
+        # a Softmax inside the graph (not over all values) was built out (onnx_ops)
+        if after or (b.vector_out is not None and b.vector_out[0] is node):
+            b.after_vector_out.update(node.output)
         given = [v.shape for v in ins if v is not None]
         for name, v in zip(node.output, outs):
             # what no handler checked beforehand, before a later node multiplies it

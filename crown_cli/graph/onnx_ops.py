@@ -151,10 +151,82 @@ def _matmul(b, node, ins, attrs):
     if isinstance(x, Const) and isinstance(y, Const):
         return [Const(np.matmul(x.value, y.value))]
     if isinstance(x, Data) and isinstance(y, Data):
-        b.fail(node, "a product of two data tensors is not affine")
+        return [_matmul_data(b, node, x, y)]
     if isinstance(x, Data):
         return [_dense(b, node, x, b.fconst(node, y, "B"), False, None, _label(node), node.input[0])]
     return [_dense(b, node, y, b.fconst(node, x, "A"), True, None, _label(node), node.input[1])]
+
+
+def _sum_rows(b, label: str, nid: int, rows: np.ndarray, shape):
+    """A sparse Dense node summing, for each row of the index array ``rows`` (m, k), the k
+    elements of node ``nid``: its output (m,) has ONNX shape ``shape``."""
+    import scipy.sparse as sp
+
+    m, k = rows.shape
+    size = b.nodes[nid].size
+    M = sp.csr_matrix((np.ones(m * k), (np.repeat(np.arange(m), k), rows.reshape(-1))),
+                      shape=(m, size))
+    return b.add(label, Dense(M, None, f"sum of {k}"), (nid,), shape)
+
+
+def _matmul_data(b, node, x: Data, y: Data) -> Data:
+    """``x @ y`` of two data tensors (rank >= 2, batch dimensions broadcast; attention's
+    Q K^T and its weights times V): every product ``x[.., i, t] * y[.., t, j]`` a product
+    node (index maps bring both factors to shape (.., m, k, n)), then a sum over t."""
+    label = _label(node)
+    if len(x.shape) < 2 or len(y.shape) < 2:
+        b.fail(node, "a product of two data tensors of rank 1 is not supported")
+    (m, k), (k2, n) = x.shape[-2:], y.shape[-2:]
+    if k != k2:
+        b.fail(node, f"inputs of shapes {x.shape} and {y.shape} do not multiply")
+    try:
+        batch = np.broadcast_shapes(x.shape[:-2], y.shape[:-2])
+    except ValueError:
+        b.fail(node, f"inputs of shapes {x.shape} and {y.shape} do not broadcast")
+    big = tuple(batch) + (m, k, n)
+    b.room(node, big, given=[x.shape, y.shape])
+    xs = T.view(x, lambda a: np.ascontiguousarray(np.broadcast_to(a[..., :, :, None], big)))
+    ys = T.view(y, lambda a: np.ascontiguousarray(np.broadcast_to(a[..., None, :, :], big)))
+    ids = [b.node_of(v, label) for v in (xs, ys)]
+    size = int(np.prod(big, dtype=np.int64))
+    b.add(label + "/products", Product(size), ids, big)
+    pid = len(b.nodes) - 1
+    rows = np.moveaxis(np.arange(size).reshape(big), -2, -1).reshape(-1, k)
+    return _sum_rows(b, label, pid, rows, tuple(batch) + (m, n))
+
+
+def _softmax_inside(b, node, d: Data, axis: int, along: int) -> Data:
+    """Softmax along ``axis`` inside a graph (attention weights) in the form
+    ``y_i = 1 / sum_j exp(x_j - x_i)``: the differences (a sparse Dense node, exact
+    coefficients), exp, the sums, the reciprocal. Its bounds never see a product, and
+    ``exp(0) = 1`` on the diagonal keeps each sum at least 1."""
+    import scipy.sparse as sp
+
+    label = _label(node)
+    size = int(np.prod(d.shape, dtype=np.int64))
+    nid = b.node_of(d, label)
+    if b.opset >= 13:
+        rows = np.moveaxis(np.arange(size).reshape(d.shape), axis, -1).reshape(-1, along)
+    else:  # opset < 13: the input coerced to 2-D at axis
+        rows = np.arange(size).reshape(-1, along)
+    R, m = rows.shape
+    b.room(node, (R, m, m), given=[d.shape])
+    i = np.repeat(rows, m, axis=1).reshape(-1)  # (r, i, j) -> element x_i of row r
+    j = np.tile(rows, (1, m)).reshape(-1)  # (r, i, j) -> element x_j
+    off = i != j
+    k = np.flatnonzero(off)
+    M = sp.csr_matrix((np.concatenate([np.ones(k.size), -np.ones(k.size)]),
+                       (np.concatenate([k, k]), np.concatenate([j[off], i[off]]))),
+                      shape=(R * m * m, size))
+    diff = b.add(label + "/differences", Dense(M, None, "x_j - x_i"), (nid,), (R, m, m))
+    e = b.add(label + "/exp", ActivationOp("exp"), (diff.sources[0],), (R, m, m))
+    sums = _sum_rows(b, label + "/sums", e.sources[0], np.arange(R * m * m).reshape(R * m, m),
+                     (R, m))
+    r = b.add(label + "/reciprocal", ActivationOp("reciprocal"), (sums.sources[0],), (R, m))
+    # back to the input's layout: element (row, i) of r is rows[row, i] of the input
+    src = np.empty(size, np.int64)
+    src[rows.reshape(-1)] = np.arange(R * m)
+    return T.view(r, lambda a: a.reshape(-1)[src].reshape(d.shape))
 
 
 def _gemm(b, node, ins, attrs):
@@ -371,6 +443,8 @@ def _vector_output(b, node, ins, attrs):
     along = 0
     if 0 <= axis < rank:
         along = d.shape[axis] if b.opset >= 13 else int(np.prod(d.shape[axis:], dtype=np.int64))
+    if along != n and node.op_type == "Softmax" and 0 <= axis < rank:
+        return [_softmax_inside(b, node, d, axis, along)]
     if along != n:
         b.fail(node, f"axis {attrs.get('axis', 'default')} does not run over all {n} outputs "
                      f"of shape {d.shape}")
