@@ -177,7 +177,7 @@ class Builder:
                 self.nodes[s].op = folded
                 self.nodes[s].folded.append(label)
                 self.fresh = s
-                return Data.of_node(s, self.nodes[s].shape)
+                return Data.of_node(s, shape)  # d's shape: it may be a reshape of node s
         nid = self.node_of(d, label)
         return self.add(label, Scale(a, c), (nid,), shape)
 
