@@ -11,9 +11,9 @@ from crown_cli.activations import ACTIVATIONS
 from crown_cli.graph import tensors as T
 from crown_cli.graph.onnx_moves import (_cast, _concat, _const_fn, _constant,
                                         _constant_of_shape, _expand, _flatten, _gather,
-                                        _identity, _moved, _pad, _range, _reshape, _shape,
-                                        _slice,
-                                        _split, _squeeze, _transpose, _unsqueeze)
+                                        _identity, _moved, _pad, _range, _reshape, _resize,
+                                        _shape, _slice, _split, _squeeze, _transpose,
+                                        _unsqueeze)
 from crown_cli.graph.ops import ActivationOp, Conv, Dense, Sum
 from crown_cli.graph.pooling import MaxPool, pool_windows
 from crown_cli.graph.tensors import Const, Data
@@ -444,7 +444,8 @@ HANDLERS = {
     "Reshape": _moved(_reshape), "Flatten": _moved(_flatten), "Transpose": _moved(_transpose),
     "Squeeze": _moved(_squeeze), "Unsqueeze": _moved(_unsqueeze), "Slice": _moved(_slice),
     "Gather": _moved(_gather), "Expand": _moved(_expand), "Concat": _concat, "Split": _split,
-    "Pad": _pad, "Add": _binary, "Sub": _binary, "Mul": _binary, "Div": _binary, "Neg": _neg,
+    "Pad": _pad, "Upsample": _moved(_resize), "Resize": _moved(_resize),
+    "Add": _binary, "Sub": _binary, "Mul": _binary, "Div": _binary, "Neg": _neg,
     "MatMul": _matmul, "Gemm": _gemm, "Conv": _conv, "ConvTranspose": _conv_transpose,
     "AveragePool": _pool, "MaxPool": _pool,
     "GlobalAveragePool": _global_pool, "GlobalMaxPool": _global_pool, "ReduceMean": _reduce_mean,
