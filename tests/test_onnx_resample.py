@@ -220,3 +220,27 @@ def test_refused_transposed_convolutions_are_named(tmp_path):
     path, *_ = _convt(tmp_path, 2, 3, 2, 2, (2, 2), 1, rng, pads=[2, 2, 2, 2])
     with pytest.raises(InputError, match="ConvTranspose node 'up': pads .* leave no output"):
         load_graph(path)
+
+
+def test_batchnorm_on_a_reshaped_gemm_folds_and_keeps_the_image_shape(tmp_path):
+    """The cgan networks' start: Gemm -> Reshape to an image -> BatchNormalization ->
+    ConvTranspose. The BatchNorm folds into the Gemm across the Reshape, and the
+    ConvTranspose still reads the (1, 2, 2, 2) image (the fold once returned the Gemm's
+    (1, 8))."""
+    rng = np.random.default_rng(4)
+    f = np.float32
+    inits = {"w": rng.normal(size=(8, 3)).astype(f), "b": rng.normal(size=8).astype(f),
+             "shape": np.array([-1, 2, 2, 2], np.int64), "s": rng.uniform(0.5, 1.5, 2).astype(f),
+             "beta": rng.normal(size=2).astype(f), "mean": rng.normal(size=2).astype(f),
+             "var": rng.uniform(0.5, 2, 2).astype(f), "wt": rng.normal(size=(2, 1, 4, 4)).astype(f)}
+    nodes = [helper.make_node("Gemm", ["x", "w", "b"], ["h"], name="fc", transB=1),
+             helper.make_node("Reshape", ["h", "shape"], ["img"], name="rs"),
+             helper.make_node("BatchNormalization", ["img", "s", "beta", "mean", "var"], ["n"],
+                              name="bn"),
+             helper.make_node("ConvTranspose", ["n", "wt"], ["y"], name="up", strides=[2, 2])]
+    path, model = _save(tmp_path, nodes, inits, [1, 3])
+    g = load_graph(path)
+    assert g.nodes[1].folded == ["bn"] and g.output_size == 36
+    x = rng.normal(size=(1, 3))
+    ref = ReferenceEvaluator(model).run(None, {"x": x.astype(np.float32)})[0]
+    np.testing.assert_allclose(g.forward(x)[0], ref.reshape(-1), rtol=1e-5, atol=1e-5)
