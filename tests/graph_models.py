@@ -207,9 +207,29 @@ def elementary(rng):
     return g.model([("x", (1, 4))], [g.op("Gemm", [h, g.rand(3, 6), g.rand(3)], transB=1)])
 
 
+def generator(rng):
+    """A small image generator as the VNN-COMP cgan networks: Gemm -> Reshape to an image ->
+    ConvTranspose (stride 2, uneven pads, output_padding) -> BatchNorm (folded) -> Relu ->
+    Resize nearest x2 along the height -> dilated ConvTranspose -> Relu -> Gemm."""
+    g = G(rng)
+    x = g.op("Gemm", ["x", g.rand(8, 4), g.rand(8)], transB=1)
+    x = g.op("Reshape", [x, g.const([1, 2, 2, 2], np.int64)])
+    x = g.op("ConvTranspose", [x, g.rand(2, 4, 3, 3), g.rand(4)], strides=[2, 2],
+             pads=[1, 0, 0, 1], output_padding=[1, 0])  # (1, 4, 5, 4)
+    x = g.op("BatchNormalization", [x, g.const(rng.uniform(0.5, 1.5, 4)), g.rand(4),
+                                    g.rand(4), g.const(rng.uniform(0.5, 2.0, 4))])
+    x = g.op("Relu", [x])
+    x = g.op("Resize", [x, "", g.const([1, 1, 2, 1])], mode="nearest")  # (1, 4, 10, 4)
+    x = g.op("ConvTranspose", [x, g.rand(4, 2, 2, 2), g.rand(2)], dilations=[2, 1],
+             strides=[1, 2], pads=[1, 1, 1, 0])  # (1, 2, 10, 7)
+    x = g.op("Relu", [x])
+    x = g.op("Gemm", [g.op("Flatten", [x]), g.rand(3, 140, scale=0.1), g.rand(3)], transB=1)
+    return g.model([("x", (1, 4))], [x])
+
+
 BUILDERS = {"dense": dense_chain, "conv": conv_net, "residual": residual, "shapes": shapes_net,
             "relu_residual": relu_residual,
             "two_inputs": two_inputs, "broadcast": broadcast_net, "normalised": normalised,
             "conv_maxpool": lambda rng: conv_net(rng, pool="MaxPool"),
             "conv_tanh": lambda rng: conv_net(rng, act="Tanh", bn=False),
-            "elementary": elementary}
+            "elementary": elementary, "generator": generator}

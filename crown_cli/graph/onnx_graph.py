@@ -1,12 +1,14 @@
 """ONNX files to :class:`crown_cli.graph.network.Graph` (needs the optional ``onnx`` package).
 
 Operators (the handlers of :mod:`crown_cli.graph.onnx_ops`): ``Gemm``, ``MatMul`` by a
-constant, ``Conv`` (2-D), ``BatchNormalization`` (folded into the Conv, Gemm/MatMul or
+constant, ``Conv`` (2-D), ``ConvTranspose`` (2-D: an element move spreading the input, then a
+``Conv``), ``BatchNormalization`` (folded into the Conv, Gemm/MatMul or
 scaling that produces its input when nothing else reads that tensor, else a scaling node),
 ``AveragePool``, ``GlobalAveragePool`` and ``ReduceMean`` over constant axes (sparse dense
 layers), ``MaxPool`` and ``GlobalMaxPool`` (a max pool node), ``Pad``, ``Flatten``,
 ``Reshape``, ``Transpose``, ``Squeeze``, ``Unsqueeze``, ``Slice``, ``Split``, ``Gather``,
-``Concat``, ``Expand`` (element moves: :mod:`crown_cli.graph.tensors`, no node unless needed),
+``Concat``, ``Expand``, ``Upsample`` / ``Resize`` (nearest, whole scales) (element moves:
+:mod:`crown_cli.graph.tensors`, no node unless needed),
 ``Add``/``Sub`` of two tensors, ``Add``/``Sub``/``Mul``/``Div``/``Neg`` with constants,
 ``Dropout``, ``Identity``, ``Cast``, the activations of :mod:`crown_cli.activations`,
 ``Softmax``/``LogSoftmax`` over all values of the graph's one output, followed by reshapes
@@ -177,7 +179,7 @@ class Builder:
                 self.nodes[s].op = folded
                 self.nodes[s].folded.append(label)
                 self.fresh = s
-                return Data.of_node(s, self.nodes[s].shape)
+                return Data.of_node(s, shape)  # d's shape: it may be a reshape of node s
         nid = self.node_of(d, label)
         return self.add(label, Scale(a, c), (nid,), shape)
 

@@ -110,6 +110,86 @@ def _expand(b, node, ins, attrs, x):
     return lambda a: T.onnx_expand(a, shape)
 
 
+def _text(v) -> str:
+    return v.decode() if isinstance(v, bytes) else str(v)
+
+
+# where output coordinate y of an axis of n elements scaled by s (whole) reads, before rounding
+_COORDINATES = {
+    "half_pixel": lambda y, n, s: (y + 0.5) / s - 0.5,
+    "half_pixel_symmetric": lambda y, n, s: (y + 0.5) / s - 0.5,  # the same for whole scales
+    "pytorch_half_pixel": lambda y, n, s: (y + 0.5) / s - 0.5 if n * s > 1 else 0 * y,
+    "align_corners": lambda y, n, s: y * (n - 1) / (n * s - 1) if n * s > 1 else 0 * y,
+    "asymmetric": lambda y, n, s: y / s,
+    "tf_half_pixel_for_nn": lambda y, n, s: (y + 0.5) / s,
+}
+_ROUNDING = {"round_prefer_floor": lambda x: np.ceil(x - 0.5),
+             "round_prefer_ceil": lambda x: np.floor(x + 0.5),
+             "floor": np.floor, "ceil": np.ceil}
+
+
+def _resize_factors(b, node, ins, attrs, rank):
+    """(axes, whole scale per axis, coordinate transformation, nearest_mode) of an Upsample or
+    Resize in mode nearest."""
+    mode = _text(attrs.get("mode", "nearest"))
+    if mode != "nearest":
+        b.fail(node, f"mode '{mode}' is not supported; only nearest (each output element a "
+                     "copy of one input element)")
+    axes = list(range(rank)) if attrs.get("axes") is None else \
+        [_axis(b, node, int(a), rank) for a in attrs["axes"]]
+    if node.op_type == "Upsample" or b.opset < 11:  # Upsample and Resize-10: floor(y / scale)
+        given = attrs.get("scales") if len(ins) < 2 else b.const(node, ins[1], "the scales")
+        scales, sizes, how = given, None, ("asymmetric", "floor")
+    else:
+        scales, sizes = [None if len(ins) <= k or ins[k] is None
+                         or b.const(node, ins[k], "the scales and sizes").size == 0
+                         else ins[k].value for k in (2, 3)]
+        how = (_text(attrs.get("coordinate_transformation_mode", "half_pixel")),
+               _text(attrs.get("nearest_mode", "round_prefer_floor")))
+        if int(attrs.get("antialias", 0)):
+            b.fail(node, "antialias is not supported in mode nearest")
+        if sizes is not None and _text(attrs.get("keep_aspect_ratio_policy", "stretch")) != "stretch":
+            b.fail(node, "only keep_aspect_ratio_policy stretch is supported")
+    if how[0] not in _COORDINATES or how[1] not in _ROUNDING:
+        b.fail(node, f"coordinate_transformation_mode '{how[0]}' with nearest_mode '{how[1]}' "
+                     f"is not supported ({', '.join(_COORDINATES)}; {', '.join(_ROUNDING)})")
+    if scales is None and sizes is None:
+        b.fail(node, "has neither scales nor sizes")
+    return axes, scales, sizes, how
+
+
+def _resize(b, node, ins, attrs, x):
+    """Upsample / Resize in mode nearest by whole factors (scales, or sizes that are multiples
+    of the input's): each output element copies one input element, chosen per axis by ONNX's
+    coordinate transformation and rounding, clamped to the axis."""
+    axes, scales, sizes, how = _resize_factors(b, node, ins, attrs, len(x.shape))
+    dims = [x.shape[a] for a in axes]
+    given = sizes if sizes is not None else scales
+    given = np.asarray(given, np.float64).reshape(-1)
+    if given.size != len(axes):
+        b.fail(node, f"{'sizes' if sizes is not None else 'scales'} {given.tolist()} do not "
+                     f"match the {len(axes)} axes of the input of shape {x.shape}")
+    whole = given / np.maximum(dims, 1) if sizes is not None else given
+    if np.any(whole != np.round(whole)) or np.any(whole < 1) or 0 in dims:
+        b.fail(node, f"{'sizes' if sizes is not None else 'scales'} {given.tolist()} for an "
+                     f"input of shape {x.shape}: only whole scales of at least 1 are supported")
+    out = list(x.shape)
+    for a, s in zip(axes, whole):
+        out[a] *= int(s)
+    b.room(node, out, given=[x.shape])
+    sources = []
+    for n, s in zip(dims, whole.astype(np.int64)):
+        y = np.arange(n * int(s), dtype=np.float64)
+        at = _ROUNDING[how[1]](_COORDINATES[how[0]](y, n, float(s)))
+        sources.append(np.clip(at, 0, n - 1).astype(np.int64))
+
+    def spread(a):
+        for ax, src in zip(axes, sources):
+            a = np.take(a, src, axis=ax)
+        return a
+    return spread
+
+
 def _cast(b, node, ins, attrs):
     x = ins[0]
     if isinstance(x, Const):

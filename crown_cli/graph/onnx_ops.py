@@ -11,9 +11,9 @@ from crown_cli.activations import ACTIVATIONS, apply_activation
 from crown_cli.graph import tensors as T
 from crown_cli.graph.onnx_moves import (_cast, _concat, _const_fn, _constant,
                                         _constant_of_shape, _expand, _flatten, _gather,
-                                        _identity, _moved, _pad, _range, _reshape, _shape,
-                                        _slice,
-                                        _split, _squeeze, _transpose, _unsqueeze)
+                                        _identity, _moved, _pad, _range, _reshape, _resize,
+                                        _shape, _slice, _split, _squeeze, _transpose,
+                                        _unsqueeze)
 from crown_cli.graph.ops import ActivationOp, Conv, Dense, Product, Sum
 from crown_cli.graph.pooling import MaxPool, pool_windows
 from crown_cli.graph.tensors import Const, Data
@@ -299,6 +299,90 @@ def _conv(b, node, ins, attrs):
     return [out]
 
 
+def _convt_pads(b, node, attrs, hw, kernel, strides, dil):
+    """A ConvTranspose's pads (top, left, bottom, right) and output_padding: from ``pads``, or
+    from ``auto_pad`` SAME_UPPER / SAME_LOWER (the output ``strides`` times the input, or
+    ``output_shape``); an ``output_shape`` must agree with the output they give."""
+    outpad = [int(p) for p in attrs.get("output_padding", [0, 0])]
+    auto = attrs.get("auto_pad", b"NOTSET")
+    auto = auto.decode() if isinstance(auto, bytes) else str(auto)
+    if len(strides) != 2 or len(dil) != 2 or len(outpad) != 2 or min(strides + dil) < 1 \
+            or min(outpad) < 0:
+        b.fail(node, f"strides {strides}, dilations {dil} and output_padding {outpad} must be "
+                     "two positive (output_padding: non-negative) numbers each")
+    # the output before padding is taken off, per axis
+    full = [strides[a] * (hw[a] - 1) + outpad[a] + (kernel[a] - 1) * dil[a] + 1 for a in (0, 1)]
+    shape = attrs.get("output_shape")
+    shape = None if shape is None else [int(v) for v in shape][-2:]
+    if auto in ("SAME_UPPER", "SAME_LOWER"):
+        total = [full[a] - (shape[a] if shape else hw[a] * strides[a]) for a in (0, 1)]
+        small = [t // 2 for t in total]
+        big = [t - s for t, s in zip(total, small)]
+        pads = small + big if auto == "SAME_UPPER" else big + small
+    elif auto in ("NOTSET", "VALID"):
+        pads = [0, 0, 0, 0] if auto == "VALID" else [int(p) for p in attrs.get("pads", [0] * 4)]
+        if len(pads) != 4:
+            b.fail(node, f"pads {pads} are not (top, left, bottom, right)")
+        if shape is not None and shape != [full[a] - pads[a] - pads[a + 2] for a in (0, 1)]:
+            b.fail(node, f"output_shape {list(attrs['output_shape'])} differs from the output "
+                         "its pads give; only an output_shape that agrees with them is supported")
+    else:
+        b.fail(node, f"auto_pad {auto} is not supported")
+    return pads, outpad
+
+
+def _conv_transpose(b, node, ins, attrs):
+    """ConvTranspose as an element move and a Conv: the input's pixels spread ``strides``
+    apart with zeros between them (a view with constant-0 entries: no node when the strides
+    are 1), padded by ``dilation * (kernel - 1) - pads`` on each side (``output_padding`` more
+    at the end; a negative amount crops), then a stride-1 Conv with the same dilations and
+    the kernel flipped spatially, its input and output channels swapped within each group.
+    ONNX's weights are (C, O / group, kh, kw); the Conv's are (O, C / group, kh, kw)."""
+    d = b.data(node, ins[0])
+    W = b.fconst(node, ins[1], "the weights")
+    bias = b.fconst(node, ins[2], "the bias") if len(ins) > 2 and ins[2] is not None else None
+    group = int(attrs.get("group", 1))
+    if len(d.shape) != 4 or d.shape[0] != 1:
+        b.fail(node, f"needs data of shape (1, C, H, W), got {d.shape}")
+    C, H, Wd = d.shape[1:]
+    if W.ndim != 4 or group < 1 or C % group or W.shape[0] != C:
+        b.fail(node, f"weights of shape {W.shape} do not fit {C} input channels in {group} "
+                     "groups (only 2-D transposed convolutions are supported)")
+    kernel = list(W.shape[2:])
+    if "kernel_shape" in attrs and list(attrs["kernel_shape"]) != kernel:
+        b.fail(node, f"kernel_shape {list(attrs['kernel_shape'])} differs from the weights' {W.shape}")
+    strides = [int(s) for s in attrs.get("strides", [1, 1])]
+    dil = [int(s) for s in attrs.get("dilations", [1, 1])]
+    pads, outpad = _convt_pads(b, node, attrs, (H, Wd), kernel, strides, dil)
+    before = [dil[a] * (kernel[a] - 1) - pads[a] for a in (0, 1)]
+    after = [dil[a] * (kernel[a] - 1) - pads[a + 2] + outpad[a] for a in (0, 1)]
+    spread = (1, C, (H - 1) * strides[0] + 1, (Wd - 1) * strides[1] + 1)
+    b.room(node, spread, "its spread input", given=[d.shape])
+    idx, table = d.idx, d.table
+    if strides != [1, 1]:
+        idx = np.full(spread, -1 - table.size, np.int64)  # the constant 0 appended below
+        idx[:, :, ::strides[0], ::strides[1]] = d.idx
+        table = np.concatenate([table, [0.0]])
+    crop = tuple(slice(max(-lo, 0), n - max(-hi, 0))
+                 for lo, hi, n in zip(before, after, idx.shape[2:]))
+    idx = idx[(slice(None), slice(None)) + crop]
+    Og = W.shape[1]
+    Cg = C // group
+    weight = W.reshape(group, Cg, Og, *kernel).transpose(0, 2, 1, 3, 4)
+    weight = weight.reshape(group * Og, Cg, *kernel)[:, :, ::-1, ::-1]
+    conv_pads = [max(v, 0) for v in before] + [max(v, 0) for v in after]
+    try:
+        if 0 in idx.shape:
+            raise ValueError(f"pads {pads} leave no output of the {H}x{Wd} input")
+        op = Conv(weight, bias, idx.shape[1:], (1, 1), conv_pads, dil, group)
+    except ValueError as exc:
+        b.fail(node, str(exc))
+    nid = b.node_of(Data(d.sources, idx, table), _label(node))
+    out = b.add(_label(node), op, (nid,), (1,) + op.out_shape)
+    b.absorb_scale(b.fresh, node.input[0])
+    return [out]
+
+
 def _pool(b, node, ins, attrs):
     import scipy.sparse as sp
 
@@ -459,8 +543,10 @@ HANDLERS = {
     "Reshape": _moved(_reshape), "Flatten": _moved(_flatten), "Transpose": _moved(_transpose),
     "Squeeze": _moved(_squeeze), "Unsqueeze": _moved(_unsqueeze), "Slice": _moved(_slice),
     "Gather": _moved(_gather), "Expand": _moved(_expand), "Concat": _concat, "Split": _split,
-    "Pad": _pad, "Add": _binary, "Sub": _binary, "Mul": _binary, "Div": _binary, "Neg": _neg,
-    "MatMul": _matmul, "Gemm": _gemm, "Conv": _conv, "AveragePool": _pool, "MaxPool": _pool,
+    "Pad": _pad, "Upsample": _moved(_resize), "Resize": _moved(_resize),
+    "Add": _binary, "Sub": _binary, "Mul": _binary, "Div": _binary, "Neg": _neg,
+    "MatMul": _matmul, "Gemm": _gemm, "Conv": _conv, "ConvTranspose": _conv_transpose,
+    "AveragePool": _pool, "MaxPool": _pool,
     "GlobalAveragePool": _global_pool, "GlobalMaxPool": _global_pool, "ReduceMean": _reduce_mean,
     "ReduceSum": _reduce_mean,
     "BatchNormalization": _batchnorm, "Constant": _constant, "Shape": _shape,
