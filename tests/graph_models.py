@@ -227,9 +227,21 @@ def generator(rng):
     return g.model([("x", (1, 4))], [x])
 
 
+def attention(rng):
+    """One self-attention head on 4 tokens of 3 features: Q K^T (a MatMul of two data
+    tensors), Softmax along the last axis inside the graph, times V, a residual, a Gemm."""
+    g = G(rng)
+    q, k, v = (g.op("MatMul", ["x", g.rand(3, 3)]) for _ in range(3))
+    s = g.op("MatMul", [q, g.op("Transpose", [k], perm=[0, 2, 1])])
+    a = g.op("Softmax", [s], axis=-1)
+    o = g.op("Add", [g.op("MatMul", [a, v]), "x"])
+    f = g.op("Flatten", [o], axis=1)
+    return g.model([("x", (1, 4, 3))], [g.op("Gemm", [f, g.rand(2, 12), g.rand(2)], transB=1)])
+
+
 BUILDERS = {"dense": dense_chain, "conv": conv_net, "residual": residual, "shapes": shapes_net,
             "relu_residual": relu_residual,
             "two_inputs": two_inputs, "broadcast": broadcast_net, "normalised": normalised,
             "conv_maxpool": lambda rng: conv_net(rng, pool="MaxPool"),
             "conv_tanh": lambda rng: conv_net(rng, act="Tanh", bn=False),
-            "elementary": elementary, "generator": generator}
+            "elementary": elementary, "generator": generator, "attention": attention}

@@ -148,10 +148,10 @@ def test_refusals_name_operator_and_node(tmp_path):
     _fails(tmp_path, g.model([("x", (1, 3, 4, 4))], [y]),
            "LRN node 'LRN2': unsupported operator LRN")
     g = G(np.random.default_rng(0))
-    h = g.op("Relu", ["x"])
-    y = g.op("MatMul", [g.op("Reshape", [h, g.const([3, 1], np.int64)]),
-                        g.op("Reshape", ["x", g.const([1, 3], np.int64)])])
-    _fails(tmp_path, g.model([("x", (1, 3))], [y]), "MatMul node", "not affine")
+    h = g.op("Reshape", [g.op("Relu", ["x"]), g.const([3], np.int64)])
+    y = g.op("MatMul", [h, g.op("Reshape", ["x", g.const([3], np.int64)])])
+    _fails(tmp_path, g.model([("x", (1, 3))], [y]), "MatMul node",
+           "two data tensors of rank 1 is not supported")
     g = G(np.random.default_rng(0))
     y = g.op("Conv", ["x", g.rand(2, 3, 3)])
     _fails(tmp_path, g.model([("x", (1, 3, 5))], [y]), "Conv node", "2-D")

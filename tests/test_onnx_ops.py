@@ -381,9 +381,13 @@ def test_a_softmax_only_on_the_logits_of_a_dense_chain_over_all_outputs(tmp_path
     layers = [helper.make_node("Gemm", ["x", "W0"], ["z0"], name="dense0", transB=1),
               helper.make_node("Relu", ["z0"], ["a"], name="relu"),
               helper.make_node("Gemm", ["a", "W1"], ["z1"], name="dense1", transB=1)]
-    nodes = layers + [helper.make_node("Softmax", ["z1"], ["y"], name="sm", axis=0)]
+    nodes = layers + [helper.make_node("LogSoftmax", ["z1"], ["y"], name="sm", axis=0)]
     msg = refused(tmp_path, nodes, W_INITS, in_shape=(1, 4))
-    assert msg == "Softmax node 'sm': axis 0 does not run over all 3 outputs of shape (1, 3)"
+    assert msg == "LogSoftmax node 'sm': axis 0 does not run over all 3 outputs of shape (1, 3)"
+    # a Softmax along another axis is a softmax inside the graph (here of one value: 1)
+    nodes = layers + [helper.make_node("Softmax", ["z1"], ["y"], name="sm", axis=0)]
+    g = load_network(save(tmp_path / "sm0.onnx", nodes, W_INITS, ["N", 4]))
+    np.testing.assert_allclose(g.forward(np.array([0.3, -1.0, 2.0, 0.5])), 1.0)
     # after a Tanh on the logits: no MLP takes both; a graph whose output leaves the softmax
     # off (verify takes its pairwise properties only: tests/test_sign.py)
     nodes = layers + [helper.make_node("Tanh", ["z1"], ["t"], name="tanh"),
