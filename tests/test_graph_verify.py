@@ -334,13 +334,15 @@ def test_alpha_bounds_reuse_crowns_when_nothing_is_free(tmp_path):
     node with free slopes below it (one ReLU layer), and their own, tighter, otherwise."""
     from crown_cli.verification.graph_verifier import alpha_can_tighten
 
-    one = dense_chain(np.random.default_rng(0), sizes=(5, 8, 3))
-    deep = dense_chain(np.random.default_rng(0), sizes=(5, 8, 8, 3))
+    # 40 inputs: more than graph_forward.FORWARD_MAX_INPUTS (whose graphs take forward
+    # intermediate bounds and no alpha-CROWN ones)
+    one = dense_chain(np.random.default_rng(0), sizes=(40, 8, 3))
+    deep = dense_chain(np.random.default_rng(0), sizes=(40, 8, 8, 3))
     for model, reuse in ((one, True), (deep, False)):
         path = os.path.join(str(tmp_path), "m.onnx")
         onnx.save(model, path)
         v = GraphVerifier(load_graph(path))
-        lo, hi = -np.ones(5), np.ones(5)
+        lo, hi = -np.ones(40) * 0.2, np.ones(40) * 0.2
         crown, alpha = v._box_bounds(lo, hi), v._box_bounds(lo, hi, alpha=True)
         assert alpha_can_tighten(crown) is not reuse
         assert (alpha is crown) is reuse

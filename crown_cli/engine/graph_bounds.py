@@ -164,9 +164,9 @@ class GraphBounds:
         self.deadline = deadline
         self.dtype = np.dtype(dtype).type
 
-        if intermediate not in ("crown", "interval", "alpha"):
-            raise ValueError("intermediate must be 'crown', 'interval' or 'alpha', not "
-                             f"{intermediate!r}")
+        if intermediate not in ("crown", "interval", "alpha", "forward"):
+            raise ValueError("intermediate must be 'crown', 'interval', 'alpha' or 'forward', "
+                             f"not {intermediate!r}")
         self.g, self.x0, self.eps, self.qcode = graph, np.asarray(x0, np.float64), float(eps), qcode
         self.rtol = sum_rtol(graph)
         self.method_name = method
@@ -182,6 +182,9 @@ class GraphBounds:
         self.pools: Dict[int, PoolLines] = {}
         self.planes: Dict[int, Tuple[np.ndarray, ...]] = {}  # products' (a, b, icL, icU)
         self.plan = plan(graph)  # the rules of each node (crown_cli.engine.node_rules)
+        if intermediate == "forward":
+            self._forward_intervals()
+            return
         refined = set()
         how = (intermediate, ibp, alpha_iters, alpha_lr)
         for i, node in enumerate(graph.nodes):
@@ -190,6 +193,21 @@ class GraphBounds:
                 for p in self.plan[i].refined_inputs(node):
                     self._refine(p, refined, how)
             self._set(i, *self.plan[i].interval(self, i, node))
+
+    def _forward_intervals(self):
+        """Every node's interval: its rule's, intersected with its forward linear bounds'
+        range (:mod:`crown_cli.engine.graph_forward`)."""
+        from crown_cli.engine.graph_forward import ForwardPass, supported
+
+        if not supported(self.g):
+            raise ValueError("intermediate='forward': the graph has nodes without a forward "
+                             "rule (max pools)")
+        fw = ForwardPass(self)
+        for i, node in enumerate(self.g.nodes):
+            check_deadline(self.deadline)
+            self._set(i, *self.plan[i].interval(self, i, node))
+            lo, hi = fw.step(i, node)
+            self._set(i, np.fmax(lo, self.lo[i]), np.fmin(hi, self.hi[i]))
 
     def _refine(self, p, refined, how):
         """Node p's CROWN (or alpha-CROWN) bounds in place of its interval. An index map that

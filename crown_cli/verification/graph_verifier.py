@@ -32,6 +32,7 @@ from typing import Callable, Optional
 import numpy as np
 
 from crown_cli.engine.deadline import DeadlineExceeded
+from crown_cli.engine.graph_forward import prefer_forward
 from crown_cli.engine.input_sets import Box
 from crown_cli.engine.rounding import round_up
 from crown_cli.errors import InputError
@@ -231,6 +232,8 @@ class GraphVerifier(StagedVerifier):
         # per graph bounded (this one; ReLU splitting's, :meth:`_split_graph`) and kind of
         # intermediate bounds, keyed by (id, alpha): (the last box, its GraphBounds)
         self._last_bounds = {}
+        # few inputs: intermediate bounds by the forward pass (engine/graph_forward.py)
+        self.intermediate = "forward" if prefer_forward(graph) else "crown"
         self._relu_graph = None  # :meth:`_split_graph`, once built
 
     def verify(self, prop, timeout: float, log: Optional[Callable[[str], None]] = None,
@@ -295,12 +298,15 @@ class GraphVerifier(StagedVerifier):
         key = (np.asarray(lo, np.float64).tobytes(), np.asarray(hi, np.float64).tobytes())
         last = self._last_bounds.get((id(graph), alpha))
         if last is None or last[0] != key:
+            forward = self.intermediate == "forward" and graph is self.graph
             if alpha:
                 crown = self._box_bounds(lo, hi, graph, deadline=deadline)
                 gb = GraphBounds(graph, *Box(lo, hi).args(), intermediate="alpha",
-                                 deadline=deadline) if alpha_can_tighten(crown) else crown
+                                 deadline=deadline) if alpha_can_tighten(crown) and not forward \
+                    else crown
             else:
-                gb = GraphBounds(graph, *Box(lo, hi).args(), deadline=deadline)
+                gb = GraphBounds(graph, *Box(lo, hi).args(), deadline=deadline,
+                                 intermediate="forward" if forward else "crown")
             last = self._last_bounds[(id(graph), alpha)] = (key, gb)
         last[1].deadline = deadline
         return last[1]
