@@ -318,5 +318,7 @@ def _transpose(gb, i, rows: Rows, kernels):
     if isinstance(op, Dense) and not op.sparse:  # W^T Lt: one BLAS product
         W = _weight(gb, i, dt)
         return [(None, (W if idx is None else W[idx]).T @ Lt)]
+    if hasattr(op, "transpose_t") and not isinstance(op, Conv):  # sparse Dense, IndexMap
+        return [(None, P) for P in op.transpose_t(Lt, idx)]
     L = np.ascontiguousarray(_full(rows, op.size).T)
     return [(None, np.ascontiguousarray(P.T, dt)) for P in op.transpose(L)]

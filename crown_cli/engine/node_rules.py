@@ -470,6 +470,30 @@ class ProductRule(Rule):
     def back_t(self, gb, i, node, rows, walk):
         idx, Lt = rows
         p, q = node.inputs
+        a, b, icL, icU = (_take(v, idx) for v in gb.planes[i])
+        z1, z2 = _take(gb.absval[p], idx), _take(gb.absval[q], idx)
+        dt = Lt.dtype
+        if not (np.all(np.isfinite(icL)) and np.all(np.isfinite(icU)) and np.all(np.isfinite(z1))
+                and np.all(np.isfinite(z2))):
+            return self._back_t_unbounded(gb, i, node, rows, walk)
+        Lt = np.ascontiguousarray(Lt)
+        D1t, D2t = Lt * a.astype(dt)[:, None], Lt * b.astype(dt)[:, None]
+        # sums over the elements as products with vectors: the intercept terms
+        # sum_k (icL_k max(L, 0) + icU_k min(L, 0)) = icU . L + (icL - icU) . max(L, 0), their
+        # magnitudes |icU| . |L| + (|icL| - |icU|) . max(L, 0), the charges z |a| . |L|
+        absL, pos = np.abs(Lt), np.maximum(Lt, 0.0)
+        walk.acc[0] += icU @ Lt + (icL - icU) @ pos
+        walk.acc[1] += np.abs(icU) @ absL + (np.abs(icL) - np.abs(icU)) @ pos
+        for z, c in ((z1, a), (z2, b)):
+            walk.acc[2] += ActivationRule.charge((z * np.abs(c)) @ absL, z)
+        walk.give(p, (idx, D1t))
+        walk.give(q, (idx, D2t))
+
+    def _back_t_unbounded(self, gb, i, node, rows, walk):
+        """:meth:`back_t` where an intercept or an input's magnitude is infinite (a factor
+        without a bound): a 0 coefficient contributes 0 there, not nan."""
+        idx, Lt = rows
+        p, q = node.inputs
         a, b, icL, icU = (_take(v, idx)[:, None] for v in gb.planes[i])
         dt = Lt.dtype
         D1t, D2t = Lt * a.astype(dt), Lt * b.astype(dt)

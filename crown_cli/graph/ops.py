@@ -102,6 +102,12 @@ class Dense(Affine):
             return [np.ascontiguousarray((self._WT @ Lam.T).T)]
         return [Lam @ self.W]
 
+    def transpose_t(self, Lt, idx):
+        """The transpose on rows held transposed (a sparse W): ``W^T Lt`` (n_in, r), where
+        ``Lt`` holds the coefficients of the outputs ``idx`` (None: all)."""
+        WT = self._WT if idx is None else self.W[idx].T
+        return [np.ascontiguousarray(WT @ Lt, dtype=Lt.dtype)]
+
     def parameters(self) -> int:
         if self.label:  # a fixed map the loader made (an average pool): nothing learned
             return 0
@@ -409,6 +415,23 @@ class IndexMap(Affine):
         else:
             g = np.ascontiguousarray((self._P @ Lam.T).T)
         return _split(g, self.n_in)
+
+    def transpose_t(self, Lt, idx):
+        """The transpose on rows held transposed: a scatter(-add) of the rows of ``Lt`` (the
+        coefficients of the outputs ``idx``; None: all) onto the inputs' elements, one
+        (n_j, r) array per input."""
+        out = np.arange(self.size) if idx is None else np.asarray(idx)
+        live = self.valid[out]
+        src, rows = self.src[out[live]], Lt[live]
+        G = np.zeros((sum(self.n_in), Lt.shape[1]), Lt.dtype)
+        if self.unique:
+            G[src] = rows
+        else:
+            P = sp.csr_matrix((np.ones(src.size), (src, np.arange(src.size))),
+                              shape=(G.shape[0], src.size))
+            G = np.asarray(P @ rows, dtype=Lt.dtype)
+        cuts = np.cumsum(self.n_in)[:-1]
+        return [np.ascontiguousarray(g) for g in np.split(G, cuts, axis=0)]
 
     def describe(self) -> str:
         kind = "permutation" if self.unique and self.valid.all() and self.size == sum(self.n_in) \
