@@ -375,11 +375,11 @@ def test_unsupported_operator_message_is_short_and_names_an_unnamed_node(tmp_pat
 def test_a_failing_unnamed_node_is_named_by_its_position(tmp_path):
     g = G(np.random.default_rng(0))
     h = g.op("Gemm", ["x", g.rand(5, 4), g.rand(5)], transB=1)
-    g.nodes.append(helper.make_node("Mul", [h, h], ["m"]))  # data times data: not affine
-    path = save(g.model([("x", (1, 4))], ["m"]), tmp_path / "mul.onnx")
+    g.nodes.append(helper.make_node("LRN", [h], ["m"], size=3))  # no such operator here
+    path = save(g.model([("x", (1, 4))], ["m"]), tmp_path / "lrn.onnx")
     res = run("inspect", "--model", path)
     assert res.exit_code == 2
-    assert (f"{path}: Mul node #1: Mul of two data tensors is not affine" in error_line(res))
+    assert (f"{path}: LRN node #1: unsupported operator LRN" in error_line(res))
 
 
 # ------------------------------------------------------------------------ 11: report format
