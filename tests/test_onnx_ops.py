@@ -414,10 +414,20 @@ def test_data_times_data_is_a_product_node(tmp_path):
     assert np.all(ys >= lo) and np.all(ys <= hi)
 
 
-def test_a_batch_dimension_above_one_is_refused(tmp_path):
+def test_a_fixed_batch_dimension_is_a_dimension_like_any_other(tmp_path):
+    """(issue 36, nn4sys' batch of 12) an input of shape (2, 4) is 8 inputs, row-major, as
+    VNN-LIB numbers them; the outputs (2, 3) are 6. A convolution of a batch above 1 is
+    refused by name."""
     nodes = _two_layers(middle=[helper.make_node("Relu", ["z0"], ["a"], name="relu")])
-    msg = refused(tmp_path, nodes, W_INITS, in_shape=(2, 4))
-    assert msg == "the graph input 'x' has batch dimension 2; only 1 or a symbolic batch is supported"
+    path = save(tmp_path / "b2.onnx", nodes, W_INITS, [2, 4])
+    net = load_network(path)
+    x = np.linspace(-1.0, 1.0, 8)
+    want = ReferenceEvaluator(onnx.load(path)).run(None, {"x": x.reshape(2, 4).astype(np.float32)})
+    np.testing.assert_allclose(net.forward(x[None])[0], np.asarray(want[0]).reshape(-1),
+                               rtol=1e-5, atol=1e-6)
+    conv = [helper.make_node("Conv", ["x", "K"], ["y"], name="conv")]
+    msg = refused(tmp_path, conv, [init("K", rand((1, 1, 2, 2), 3))], in_shape=(2, 1, 3, 3))
+    assert msg == "Conv node 'conv': needs data of shape (1, C, H, W), got (2, 1, 3, 3)"
 
 
 def test_a_constant_that_broadcasts_the_data_larger_makes_a_graph(tmp_path):

@@ -50,7 +50,8 @@ def attributes(onnx, node) -> Dict[str, object]:
 
 
 def input_shape(path: str, value_info) -> Tuple[List[Optional[int]], Tuple[int, ...]]:
-    """The input's dims (None when symbolic) and the shape traced (batch dimension 1)."""
+    """The input's dims (None when symbolic) and the shape traced (a symbolic batch
+    dimension as 1)."""
     tt = value_info.type.tensor_type
     if not tt.HasField("shape"):
         raise InputError(f"{path}: the graph input '{value_info.name}' has no shape")
@@ -58,11 +59,8 @@ def input_shape(path: str, value_info) -> Tuple[List[Optional[int]], Tuple[int, 
     if not dims:
         raise InputError(f"{path}: the graph input '{value_info.name}' is a scalar")
     shape = list(dims)
-    if len(dims) >= 2:
-        if dims[0] not in (None, 1):
-            raise InputError(f"{path}: the graph input '{value_info.name}' has batch dimension "
-                             f"{dims[0]}; only 1 or a symbolic batch is supported")
-        shape[0] = 1
+    if len(dims) >= 2 and dims[0] is None:  # a symbolic batch is traced as 1; a fixed one
+        shape[0] = 1  # (nn4sys: 12) is a dimension like any other (VNN-LIB numbers row-major)
     if any(d is None or d < 1 for d in shape):
         raise InputError(f"{path}: the graph input '{value_info.name}' has shape {dims}; only the "
                          "batch dimension may be symbolic")
