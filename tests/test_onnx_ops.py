@@ -444,3 +444,17 @@ def test_a_constant_that_broadcasts_the_data_larger_makes_a_graph(tmp_path):
     expected = np.stack([np.asarray(ref.run(None, feed)[0], np.float64).reshape(-1)
                          for feed in graph_feeds(path, x)])
     np.testing.assert_allclose(g.forward(x), expected, rtol=RTOL, atol=RTOL)
+
+
+@pytest.mark.parametrize("to, passes", [(TensorProto.DOUBLE, True), (TensorProto.FLOAT, True),
+                                        (TensorProto.FLOAT16, False), (TensorProto.INT64, False)])
+def test_casts_of_data_pass_only_when_they_keep_the_values(tmp_path, to, passes):
+    nodes = _two_layers(middle=[helper.make_node("Cast", ["z0"], ["c"], name="cast", to=to),
+                                helper.make_node("Relu", ["c"], ["a"], name="relu")])
+    if passes:
+        assert load_network(save(tmp_path / "c.onnx", nodes, W_INITS, ["N", 4])).sizes == [4, 5, 3]
+        return
+    msg = refused(tmp_path, nodes, W_INITS)
+    name = {TensorProto.FLOAT16: "float16", TensorProto.INT64: "int64"}[to]
+    assert msg == (f"Cast node 'cast': casts data to {name}, which changes its values; only "
+                   "casts to float32 and float64 pass")

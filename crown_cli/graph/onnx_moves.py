@@ -196,9 +196,11 @@ def _cast(b, node, ins, attrs):
         dtype = b.onnx.helper.tensor_dtype_to_np_dtype(int(attrs["to"]))
         return [Const(x.value.astype(dtype))]
     dtype = b.onnx.helper.tensor_dtype_to_np_dtype(int(attrs["to"]))
-    if np.dtype(dtype).kind != "f":
-        b.fail(node, f"casts data to {np.dtype(dtype)}; only floating-point casts of data are "
-                     "supported")
+    # the network is read as real-valued: a cast to float32 or float64 is the identity; one to
+    # an integer or to a narrower float (float16, bfloat16) rounds the data and is refused
+    if np.dtype(dtype).kind != "f" or np.dtype(dtype).itemsize < 4:
+        b.fail(node, f"casts data to {np.dtype(dtype)}, which changes its values; only casts "
+                     "to float32 and float64 pass")
     return [x]
 
 
