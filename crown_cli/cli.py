@@ -30,18 +30,29 @@ cli.add_command(verify)
 
 
 @cli.command()
-@click.option("--model", "model_path", required=True, type=click.Path(dir_okay=True), metavar="FILE",
+@click.option("--model", "model_path", default=None, type=click.Path(dir_okay=True), metavar="FILE",
               help="Model file: NPZ, HDF5 (W0.., b0..), Keras model.save() HDF5 or .keras, or .onnx.")
 @click.option("--activation", default=None, metavar="NAME",
               help="Override the activation read from the model file.")
+@click.option("--operators", is_flag=True,
+              help="List every ONNX operator the graph loader reads and how it is bounded.")
 @memory_budget_option
 @_handle_errors
-def inspect(model_path, activation, memory_budget):
+def inspect(model_path, activation, operators, memory_budget):
     """Print a model's layers, activation, parameter count and input size (for a graph: its
-    nodes, shapes, parameters and the ONNX operators folded into them)."""
+    nodes, shapes, parameters and the ONNX operators folded into them); or, with
+    --operators, the ONNX operators supported."""
     from crown_cli.io.networks import load_network
     from crown_cli.network import MLP
 
+    if operators:
+        from crown_cli.graph.onnx_ops import operator_table
+
+        for op, how in operator_table():
+            click.echo(f"{op:<20} {how}")
+        return
+    if model_path is None:
+        raise click.UsageError("Missing option '--model' (or --operators).")
     check_memory_budget(memory_budget)
     mlp = load_network(model_path, activation, memory_budget=memory_budget)
     if not isinstance(mlp, MLP):

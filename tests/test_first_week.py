@@ -501,3 +501,18 @@ def test_docs_say_why_targeted_rows_may_equal_the_untargeted_radius():
 
 if __name__ == "__main__":  # pragma: no cover
     sys.exit(pytest.main([__file__, "-q"]))
+
+
+def test_inspect_lists_every_onnx_operator():
+    """``crown inspect --operators`` (issue 36): one line per operator the loader reads, with
+    how it is bounded; without --model or --operators a usage error."""
+    from crown_cli.graph.onnx_ops import HANDLERS
+
+    res = run("inspect", "--operators")
+    assert res.exit_code == 0
+    lines = res.output.strip().splitlines()
+    assert [ln.split()[0] for ln in lines] == sorted(HANDLERS)
+    assert all(len(ln.split(None, 1)) == 2 for ln in lines)
+    assert any(ln.startswith("Sin ") and "tangent" in ln for ln in lines)
+    res = run("inspect")
+    assert res.exit_code == 2 and "--operators" in res.output

@@ -560,3 +560,52 @@ HANDLERS = {
 }
 
 SUPPORTED = ", ".join(sorted(HANDLERS))
+
+_AFFINE = "affine in the data (constant operands); bounds exact, rounding charged"
+_MOVE = "element move (an index map: each output one input element or a constant)"
+_HOW = {
+    "Add": "data + constant: a scaling; data + data: a sum node", "Sub": "as Add",
+    "Mul": "data * constant: a scaling; data * data: a product node (McCormick's two planes "
+           "averaged, intercepts over the factors' box)",
+    "Div": "data / constant: a scaling; constant / data and data / data: Reciprocal, then a "
+           "product", "Neg": _AFFINE,
+    "MatMul": "by a constant: a dense layer; of two data tensors: products and a sum (attention)",
+    "Gemm": _AFFINE, "Conv": _AFFINE,
+    "ConvTranspose": "spread by the strides with zeros, padded, a stride-1 Conv (flipped kernel)",
+    "AveragePool": _AFFINE, "GlobalAveragePool": _AFFINE, "ReduceMean": _AFFINE,
+    "ReduceSum": _AFFINE, "BatchNormalization": "a scaling, folded where it can be",
+    "MaxPool": "max pool: lines per window (the lower line's weights optimised by alpha-CROWN)",
+    "GlobalMaxPool": "as MaxPool",
+    "Resize": "nearest, whole scales: " + _MOVE, "Upsample": "as Resize",
+    "Softmax": "on the output: dropped (the logits; properties comparing outputs only); inside "
+               "a graph: 1 / sum_j exp(x_j - x_i)",
+    "LogSoftmax": "on the output only: dropped (the logits)",
+    "Cast": "to float32 / float64: the identity; other casts of data refused",
+    "Sign": "activation: constant where the sign is fixed, else least-area lines over the jump",
+    "Sin": "activation: tangent and chord where convex or concave, else chord-slope lines",
+    "Cos": "as Sin", "Exp": "activation: chord above, midpoint tangent below",
+    "Reciprocal": "activation (one side of 0): chord and midpoint tangent; across 0 no bound",
+    "Relu": "activation: CROWN's adaptive lines; slopes optimised by alpha-CROWN; split by "
+            "branch and bound", "LeakyRelu": "as Relu",
+}
+
+
+def operator_table():
+    """(operator, how it is read and bounded) for every ONNX operator the loader takes."""
+    rows = []
+    for op in sorted(HANDLERS):
+        how = _HOW.get(op)
+        if how is None:
+            handler = HANDLERS[op]
+            if op in _ACT:
+                how = f"activation ({_ACT[op]}): CROWN's lines (engine/relaxations)"
+            elif op in ("Reshape", "Flatten", "Transpose", "Squeeze", "Unsqueeze", "Slice",
+                        "Gather", "Expand", "Concat", "Split", "Pad", "Identity", "Dropout"):
+                how = _MOVE
+            elif op in ("Constant", "ConstantOfShape", "Shape", "Range") or \
+                    getattr(handler, "__qualname__", "").startswith("_const_fn"):
+                how = "constants only (shape arithmetic), folded at load"
+            else:
+                how = _AFFINE
+        rows.append((op, how))
+    return rows
