@@ -258,7 +258,8 @@ class GraphVerifier(StagedVerifier):
 
     def box_lower_bounds(self, stage: str, lo, hi, A, b, deadline=None) -> np.ndarray:
         """The stage's bounds, on the box's :class:`GraphBounds` (:meth:`_box_bounds`: CROWN's
-        intermediate bounds for ``crown``, alpha-CROWN's for ``alpha-crown``). ``deadline``:
+        intermediate bounds for ``crown``, after a first pass on interval ones, alpha-CROWN's
+        for ``alpha-crown``). ``deadline``:
         as :meth:`Verifier.box_lower_bounds` takes it: past it the bound stops at its next
         node and the rows it did not bound are -inf (not proven; the stage loop then ends in
         ``timeout``). ``alpha-crown`` first optimises the rows' slopes over CROWN's
@@ -266,6 +267,18 @@ class GraphVerifier(StagedVerifier):
         bounds too (the larger of the two bounds per row)."""
         quick = np.full(np.shape(A)[0], -np.inf)
         try:
+            if stage == "crown" and self.intermediate == "crown":
+                # interval intermediate bounds first (a fraction of a second where CROWN's take
+                # minutes: vit_2023's ibp_3_3_8 proves 8 of 9 rows so in 0.6 s): enough when
+                # every row is proven
+                from crown_cli.engine.graph_bounds import GraphBounds
+
+                ibp = GraphBounds(self.graph, *Box(lo, hi).args(), intermediate="interval",
+                                  deadline=deadline)
+                quick = graph_box_lower_bounds(self.graph, lo, hi, A, b, stage, bounds=ibp,
+                                               deadline=deadline)
+                if np.all(quick > 0.0):
+                    return quick
             if stage == "alpha-crown":
                 # the rows' own slopes over CROWN's intermediate bounds first (seconds where
                 # optimising the intermediate bounds too takes minutes): enough when every row
