@@ -119,6 +119,23 @@ def test_conv_transpose_is_the_adjoint(params):
     np.testing.assert_allclose(op.transpose(np.eye(op.size))[0], A, atol=1e-12)
 
 
+@pytest.mark.parametrize("params", [
+    dict(strides=(1, 1), pads=(0, 0, 0, 0), dilations=(1, 1), group=1),
+    dict(strides=(2, 1), pads=(1, 2, 0, 1), dilations=(1, 2), group=1),
+    dict(strides=(1, 3), pads=(2, 1, 2, 1), dilations=(2, 1), group=2),
+    dict(strides=(2, 2), pads=(1, 1, 1, 1), dilations=(1, 1), group=4),
+])
+def test_conv_of_a_few_rows_by_blas_equals_the_numpy_twin(params):
+    """Conv._conv_gemm (im2col and a BLAS product: what a convolution of at most GEMM_ROWS
+    rows runs) against the window-by-window numpy twin."""
+    rng = np.random.default_rng(8)
+    g = params["group"]
+    op = Conv(rng.normal(size=(4, 4 // g, 3, 2)), rng.normal(size=4), (4, 7, 6), **params)
+    X = rng.normal(size=(3, op.n_in[0]))
+    np.testing.assert_allclose(op._conv_gemm(X, op.weight), op._conv_numpy(X, op.weight),
+                               rtol=1e-12, atol=1e-12)
+
+
 def test_other_ops_transpose_is_the_adjoint():
     import scipy.sparse as sp
 

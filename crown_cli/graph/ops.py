@@ -209,9 +209,37 @@ class Conv(Affine):
         kernels = graph_kernels()
         if kernels is None:
             return self._conv_numpy(x, weight)
+        O, OH, OW = self.out_shape
+        patches = x.shape[0] * self.in_shape[0] * OH * OW * weight.shape[2] * weight.shape[3]
+        if x.shape[0] <= GEMM_ROWS and 8 * patches <= GEMM_BYTES:
+            return self._conv_gemm(x, weight)
         return kernels.forward_rows(x.reshape((x.shape[0],) + self.in_shape), weight,
                                     self.strides, self.dilations, self.pads, self.group,
                                     self.out_shape)
+
+    def _conv_gemm(self, x, weight):
+        """The convolution of a few rows as one BLAS product per group: the input's windows
+        (N, OH, OW, C, kh, kw) gathered by strides (im2col), times the kernel. The kernel
+        above loops over outputs and kernel positions with the rows innermost, which costs as
+        much for one row as for a dozen (interval bounds, forward bounds)."""
+        N = x.shape[0]
+        C, H, W = self.in_shape
+        pt, pl, pb, pr = self.pads
+        xp = np.zeros((N, C, H + pt + pb, W + pl + pr))
+        xp[:, :, pt:pt + H, pl:pl + W] = x.reshape(N, C, H, W)
+        O, OH, OW = self.out_shape
+        kh, kw = weight.shape[2:]
+        (sh, sw), (dh, dw) = self.strides, self.dilations
+        sN, sC, sH, sW = xp.strides
+        win = np.lib.stride_tricks.as_strided(
+            xp, (N, OH, OW, C, kh, kw), (sN, sH * sh, sW * sw, sC, sH * dh, sW * dw),
+            writeable=False)
+        out = np.empty((N, OH, OW, O))
+        for go, gc in self._groups():
+            cols = np.ascontiguousarray(win[:, :, :, gc]).reshape(N * OH * OW, -1)
+            out[..., go] = (cols @ weight[go].reshape(weight[go].shape[0], -1).T).reshape(
+                N, OH, OW, -1)
+        return np.ascontiguousarray(out.transpose(0, 3, 1, 2)).reshape(N, -1)
 
     def _conv_numpy(self, x, weight):
         N = x.shape[0]
@@ -362,6 +390,11 @@ class Conv(Affine):
         shift = np.einsum("ocij,oc->o", self.weight, cch[grp])
         b = shift if self.channel_bias is None else self.channel_bias + shift
         return Conv(w, b, self.in_shape, self.strides, self.pads, self.dilations, self.group)
+
+
+# a convolution of at most GEMM_ROWS rows whose windows take at most GEMM_BYTES runs as BLAS
+# products (Conv._conv_gemm)
+GEMM_ROWS, GEMM_BYTES = 8, 64 * 2 ** 20
 
 
 class IndexMap(Affine):
