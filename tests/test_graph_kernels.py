@@ -308,3 +308,29 @@ def test_rows_with_any_lines_kernels_equal_numpy(tmp_path, kind):
                                            atol=1e-14)
         elif at[k] is not None:
             np.testing.assert_allclose(at[k], bt[k], rtol=1e-12, atol=1e-14)
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+def test_product_step_kernel_equals_numpy_twin(dtype):
+    """``product_step_t`` (a product node's step on rows held transposed) against the numpy
+    lines of ``ProductRule.back_t``: the rows given to both factors and the per-row sums of
+    intercept terms, their magnitudes and the charge weights."""
+    rng = np.random.default_rng(11)
+    n, r = 37, 150  # more rows than one ROW_BLOCK
+    Lt = (rng.normal(size=(n, r)) * (rng.uniform(size=(n, r)) < 0.7)).astype(dtype)
+    a, b = rng.normal(size=n), rng.normal(size=n)
+    icL, icU = rng.normal(size=n) - 1.0, rng.normal(size=n) + 1.0
+    z1, z2 = rng.uniform(0, 3, n), rng.uniform(0, 3, n)
+    D1, D2, out = np.empty_like(Lt), np.empty_like(Lt), np.empty((r, 3))
+    graph_kernels().product_step_t(Lt, a.astype(dtype), b.astype(dtype), icL, icU, z1, z2,
+                                   D1, D2, out)
+    L64 = Lt.astype(np.float64)
+    a, b = a.astype(dtype), b.astype(dtype)  # the slopes as the rows' type
+    np.testing.assert_array_equal(D1, Lt * a.astype(dtype)[:, None])
+    np.testing.assert_array_equal(D2, Lt * b.astype(dtype)[:, None])
+    pos = np.maximum(L64, 0.0)
+    want = np.stack([icU @ L64 + (icL - icU) @ pos,
+                     np.abs(icU) @ np.abs(L64) + (np.abs(icL) - np.abs(icU)) @ pos,
+                     (np.abs(a.astype(np.float64)) * z1 + np.abs(b.astype(np.float64)) * z2)
+                     @ np.abs(L64)], axis=1)
+    np.testing.assert_allclose(out, want, rtol=1e-12, atol=1e-12)

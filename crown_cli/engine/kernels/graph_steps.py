@@ -286,6 +286,39 @@ def activation_step_t(Lt, lower, upper, lower_icpt, upper_icpt, absval, Dt, out)
 
 
 @njit(cache=True, parallel=True)
+def product_step_t(Lt, a, b, icL, icU, z1, z2, D1t, D2t, out):
+    """One product node's step (x1 * x2, planes ``a x1 + b x2 + ic``) on rows held
+    transposed, Lt (n, r): ``D1t = Lt * a``, ``D2t = Lt * b``; per row ``out[row] = (sum of
+    the intercept terms (icL where the coefficient is >= 0, icU elsewhere), sum of their
+    magnitudes, sum |L| (|a| z1 + |b| z2))``. Twin: ``ProductRule.back_t``'s numpy sums
+    (crown_cli/engine/node_rules.py)."""
+    n, r = Lt.shape
+    nb = (r + ROW_BLOCK - 1) // ROW_BLOCK
+    for blk in prange(nb):
+        a0 = blk * ROW_BLOCK
+        a1 = min(r, a0 + ROW_BLOCK)
+        c = np.zeros(a1 - a0)
+        m = np.zeros(a1 - a0)
+        ch = np.zeros(a1 - a0)
+        for k in range(n):
+            ak, bk = a[k], b[k]
+            tl, tu = icL[k], icU[k]
+            w = abs(ak) * z1[k] + abs(bk) * z2[k]
+            for q in range(a0, a1):
+                v = Lt[k, q]
+                D1t[k, q] = v * ak
+                D2t[k, q] = v * bk
+                t = v * tl if v >= 0.0 else v * tu
+                c[q - a0] += t
+                m[q - a0] += abs(t)
+                ch[q - a0] += abs(v) * w
+        for q in range(a0, a1):
+            out[q, 0] = c[q - a0]
+            out[q, 1] = m[q - a0]
+            out[q, 2] = ch[q - a0]
+
+
+@njit(cache=True, parallel=True)
 def add_rows_t(St, Pt, absval, charge):
     """``St += Pt`` (rows held transposed, (n, r)) in place and ``charge[q] += sum_k
     |St[k, q]| absval[k]`` (a node receiving rows from a second consumer)."""
