@@ -90,13 +90,35 @@ def test_product_bound_is_mccormick(tmp_path):
 def test_division_by_an_interval_holding_zero_is_unbounded_not_nan(tmp_path):
     g = G(np.random.default_rng(0))
     y = g.op("Gemm", ["x", g.rand(2, 3), g.rand(2)], transB=1)
-    out = g.op("Div", [g.op("Relu", [y]), g.op("Gemm", ["x", g.rand(2, 3), g.rand(2)],
-                                                transB=1)])
+    q = g.op("Div", [g.op("Relu", [y]), g.op("Gemm", ["x", g.rand(2, 3), g.rand(2)],
+                                              transB=1)])
+    out = g.op("Gemm", [g.op("Relu", [q]), g.rand(2, 2), g.rand(2)], transB=1)
     graph = load_graph(_save(tmp_path, g.model([("x", (1, 3))], [out])))
-    gb = GraphBounds(graph, np.zeros(3), 5.0, 0)
-    lo, hi = gb.bounds()
-    assert not np.any(np.isnan(lo)) and not np.any(np.isnan(hi))
-    assert np.all(np.isinf(lo) | np.isinf(hi))
+    for mode in ("crown", "interval", "forward"):
+        gb = GraphBounds(graph, np.zeros(3), 5.0, 0, intermediate=mode)
+        lo, hi = gb.bounds()
+        assert not np.any(np.isnan(lo)) and not np.any(np.isnan(hi))
+        assert np.all(np.isinf(lo) | np.isinf(hi))
+        # every node past the unbounded one has an interval, infinite maybe, never nan
+        assert not any(np.isnan(gb.lo[i]).any() or np.isnan(gb.hi[i]).any()
+                       for i in range(len(graph.nodes)))
+
+
+def test_a_quotient_by_exp_keeps_its_denominator_positive(tmp_path):
+    """exp's interval is [e^l, e^u] (rounded out), not the lines' range, which goes below 0 on
+    a wide interval: x / exp(w x) on a wide box stays bounded (its reciprocal's input never
+    holds 0)."""
+    g = G(np.random.default_rng(3))
+    e = g.op("Exp", [g.op("Gemm", ["x", g.const(np.full((2, 2), 2.0)), g.const(np.zeros(2))],
+                            transB=1)])
+    model = g.model([("x", (1, 2))], [g.op("Div", ["x", e])])
+    graph = load_graph(_save(tmp_path, model))
+    box = Box(np.array([-3.0, -2.0]), np.array([2.0, 3.0]))
+    lo, hi = graph_bounds(graph, *box.args())
+    assert np.all(np.isfinite(lo)) and np.all(np.isfinite(hi))
+    xs = np.random.default_rng(4).uniform(box.lo, box.hi, size=(2000, 2))
+    ys = graph.forward(xs)
+    assert np.all(ys >= lo) and np.all(ys <= hi)
 
 
 def test_constant_over_data_is_a_scaled_reciprocal(tmp_path):

@@ -273,6 +273,9 @@ class GraphBounds:
             isinstance(self.plan[j], InputRule) for j in self.g.nodes[p].inputs)
 
     def _set(self, i, lo, hi):
+        # nan (an infinite bound met a zero slope: a node past an unbounded one) is no bound
+        if np.isnan(lo).any() or np.isnan(hi).any():
+            lo, hi = np.where(np.isnan(lo), -np.inf, lo), np.where(np.isnan(hi), np.inf, hi)
         self.lo[i], self.hi[i] = lo, hi
         self.absval[i] = np.maximum(np.abs(lo), np.abs(hi))
 

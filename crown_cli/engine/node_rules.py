@@ -41,7 +41,8 @@ from crown_cli.graph.pooling import MaxPool
 # Ranges every value of the activation lies in (intersected with the lines' interval)
 _RANGES = {"relu": (0.0, np.inf), "sigmoid": (0.0, 1.0), "tanh": (-1.0, 1.0),
            "arctan": (-1.5707963267948970, 1.5707963267948970), "hard_sigmoid": (0.0, 1.0),
-           "softplus": (0.0, np.inf), "sign": (-1.0, 1.0)}
+           "softplus": (0.0, np.inf), "sign": (-1.0, 1.0), "sin": (-1.0, 1.0),
+           "cos": (-1.0, 1.0)}
 
 
 def outward(lo, hi, err):
@@ -249,6 +250,21 @@ class ConvRule(AffineRule):
         return True
 
 
+def _monotone_range(name, l, u, lo, hi):
+    """[lo, hi] intersected with exp's [e^l, e^u], or the reciprocal's [1/u, 1/l] where [l, u]
+    lies on one side of 0, each end-point's value moved out by 4 ulps (numpy's exp and the
+    division err by at most 1): a quotient's denominator then keeps its sign."""
+    with np.errstate(over="ignore", divide="ignore", invalid="ignore"):
+        if name == "exp":
+            a, b = np.exp(l), np.exp(u)
+        else:
+            side = (l > 0.0) | (u < 0.0)
+            a, b = np.where(side, 1.0 / u, -np.inf), np.where(side, 1.0 / l, np.inf)
+        a = a - 4.0 * U64 * np.abs(a) - TINY64
+        b = b + 4.0 * U64 * np.abs(b) + TINY64
+    return np.fmax(lo, a), np.fmin(hi, b)
+
+
 class ActivationRule(Rule):
     refines_input = True
     exact_interval = True  # its lines' range on its input's bounds, what CROWN would give
@@ -275,6 +291,8 @@ class ActivationRule(Rule):
         rng = _RANGES.get(name) or ((-alpha, np.inf) if name == "elu" else None)
         if rng is not None:
             lo, hi = np.clip(lo, *rng), np.clip(hi, *rng)
+        if name in ("exp", "reciprocal"):  # monotone: the end-points' values (4 ulps out)
+            lo, hi = _monotone_range(name, l, u, lo, hi)
         return lo, hi
 
     @staticmethod

@@ -1,0 +1,101 @@
+"""Fuzz the bounds of the graph-only operators (issue 36): random small ONNX graphs mixing
+Gemm, Relu, Sin, Cos, Exp, Sign, products and quotients of data, MatMul of data and a
+Softmax inside the graph; for each, every node's interval (CROWN, forward and interval
+intermediate bounds) must enclose its values at sampled points of a random box and at the
+points a sign-guided search reaches. Prints one line per violation and a summary; exit 1 on
+any violation.
+
+    python scripts/fuzz_graph_ops.py [--graphs 200] [--seed 0]
+"""
+import argparse
+import os
+import sys
+import tempfile
+
+import numpy as np
+import onnx
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests"))
+
+from graph_models import G  # noqa: E402
+
+from crown_cli.engine.graph_bounds import GraphBounds  # noqa: E402
+from crown_cli.engine.input_sets import Box  # noqa: E402
+from crown_cli.graph.onnx_graph import load_graph  # noqa: E402
+
+UNARY = ["Relu", "Sin", "Cos", "Exp", "Sign", "Tanh"]
+
+
+def random_model(rng, d=4):
+    """A random graph on x (1, d): a few layers of Gemm, an elementwise function, and now and
+    then a product or quotient of two branches, an attention-like block, a final Gemm."""
+    g = G(rng)
+    x, width = "x", d
+    for _ in range(rng.integers(1, 4)):
+        w = int(rng.integers(2, 6))
+        h = g.op("Gemm", [x, g.rand(w, width, scale=float(rng.uniform(0.3, 1.5))), g.rand(w)],
+                 transB=1)
+        kind = rng.integers(0, 4)
+        if kind == 0:
+            h = g.op(str(rng.choice(UNARY)), [h])
+        elif kind == 1:  # a product of two branches
+            k = g.op("Gemm", [x, g.rand(w, width), g.rand(w)], transB=1)
+            h = g.op("Mul", [g.op(str(rng.choice(UNARY)), [h]), k])
+        elif kind == 2:  # a quotient by a positive branch
+            k = g.op("Exp", [g.op("Gemm", [x, g.rand(w, width, scale=0.3), g.rand(w)], transB=1)])
+            h = g.op("Div", [h, k])
+        else:  # attention on (w, 1) x (1, w), softmax along the last axis
+            q = g.op("Reshape", [h, g.const([1, w, 1], np.int64)])
+            k = g.op("Reshape", [g.op("Gemm", [x, g.rand(w, width), g.rand(w)], transB=1),
+                                 g.const([1, 1, w], np.int64)])
+            s = g.op("Softmax", [g.op("MatMul", [q, k])], axis=-1)
+            h = g.op("Flatten", [g.op("MatMul", [s, q])], axis=1)
+        x, width = h, w
+    return g.model([("x", (1, d))], [g.op("Gemm", [x, g.rand(2, width), g.rand(2)], transB=1)])
+
+
+def check(graph, box, rng, mode):
+    """Violations of the intervals of ``mode`` intermediate bounds on the box."""
+    gb = GraphBounds(graph, *box.args(), intermediate=mode)
+    xs = rng.uniform(box.lo, box.hi, size=(3000, box.lo.size))
+    xs[:300] = np.where(rng.random((300, box.lo.size)) < 0.5, box.lo, box.hi)
+    _, vals = graph.forward(xs, return_all=True)
+    bad = []
+    for i, v in enumerate(vals):
+        if np.isnan(gb.lo[i]).any() or np.isnan(gb.hi[i]).any():
+            bad.append((graph.nodes[i].name + " (nan bound)", np.nan, np.nan))
+        elif np.any(v < gb.lo[i]) or np.any(v > gb.hi[i]):
+            bad.append((graph.nodes[i].name, float(np.min(v - gb.lo[i])),
+                        float(np.min(gb.hi[i] - v))))
+    lo, hi = gb.bounds()
+    y = vals[graph.output]
+    if np.isnan(lo).any() or np.isnan(hi).any() or np.any(y < lo) or np.any(y > hi):
+        bad.append(("output (CROWN)", float(np.min(y - lo)), float(np.min(hi - y))))
+    return bad
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--graphs", type=int, default=200)
+    ap.add_argument("--seed", type=int, default=0)
+    a = ap.parse_args(argv)
+    rng = np.random.default_rng(a.seed)
+    found = checked = 0
+    with tempfile.TemporaryDirectory() as tmp:
+        for n in range(a.graphs):
+            path = os.path.join(tmp, "g.onnx")
+            onnx.save(random_model(rng), path)
+            graph = load_graph(path)
+            c = rng.normal(size=graph.input_size)
+            box = Box(c - rng.uniform(0.0, 1.0, c.size), c + rng.uniform(0.0, 1.0, c.size))
+            for mode in ("crown", "forward", "interval"):
+                checked += 1
+                for name, below, above in check(graph, box, rng, mode):
+                    found += 1
+                    print(f"graph {n} ({mode}): {name} violated by {min(below, above):.3g}")
+    print(f"{checked} bounds checked on {a.graphs} graphs, {found} violations")
+    return 1 if found else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
