@@ -29,24 +29,16 @@ import math
 import numpy as np
 from numba import njit
 
-from crown_cli.engine.relaxations.sigmoid_family import _clip, _is_degenerate, _slack
+from crown_cli.engine.relaxations.sigmoid_family import (COS, EXP, RECIPROCAL, SIN,
+                                                        _exact_intercept, _is_degenerate,
+                                                        _slack, _value)
 
-SIN = 0
-COS = 1
-EXP = 2
-RECIPROCAL = 3
 TWO_PI = 2.0 * math.pi
 
 
 @njit(cache=True)
 def _f(kind, t):
-    if kind == SIN:
-        return math.sin(t)
-    if kind == COS:
-        return math.cos(t)
-    if kind == EXP:
-        return math.exp(t)
-    return 1.0 / t
+    return _value(kind, 0.0, t)
 
 
 @njit(cache=True)
@@ -102,18 +94,9 @@ def _critical(kind, l, u, k):
 @njit(cache=True)
 def _intercept(kind, l, u, k, upper, S):
     """Tightest sound intercept for slope k above (``upper``) or below f on [l, u], slack
-    included (module docstring); S bounds |f| beyond the points evaluated."""
-    inner = _critical(kind, l, u, k)
-    best = 0.0
-    for j in range(2 + inner.shape[0]):
-        t = l if j == 0 else (u if j == 1 else _clip(inner[j - 2], l, u))
-        f = _f(kind, t)
-        g = f - k * t
-        if j == 0 or (upper and g > best) or ((not upper) and g < best):
-            best = g
-        S = max(S, abs(f))
-    s = _slack(k, best, max(abs(l), abs(u)), S)
-    return best + s if upper else best - s
+    included (module docstring): the extremes over the end-points and :func:`_critical`'s
+    points; S bounds |f| beyond the points evaluated."""
+    return _exact_intercept(kind, 0.0, l, u, k, upper, _critical(kind, l, u, k), S)
 
 
 @njit(cache=True)

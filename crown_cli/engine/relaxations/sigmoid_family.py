@@ -53,6 +53,11 @@ ARCTAN = 2
 ELU = 3
 SOFTPLUS = 4
 HARD_SIGMOID = 5
+# elementary.py's functions, likewise
+SIN = 6
+COS = 7
+EXP = 8
+RECIPROCAL = 9
 
 EPS = 2.0 ** -52  # float64 machine epsilon (spacing of floats at 1.0)
 TINY = 5e-324  # smallest positive subnormal
@@ -184,14 +189,23 @@ def _hsig(t, alpha):
 
 @njit(cache=True)
 def _value(kind, p, t):
-    """Activation ``kind`` at t; p is the alpha of ELU and hard sigmoid (unused otherwise)."""
+    """Activation ``kind`` at t (the sigmoid family, extra.py's and elementary.py's); p is
+    the alpha of ELU and hard sigmoid (unused otherwise)."""
     if kind <= ARCTAN:
         return _act(kind, t)
     if kind == ELU:
         return _elu(t, p)
     if kind == SOFTPLUS:
         return _softplus(t)
-    return _hsig(t, p)
+    if kind == HARD_SIGMOID:
+        return _hsig(t, p)
+    if kind == SIN:
+        return math.sin(t)
+    if kind == COS:
+        return math.cos(t)
+    if kind == EXP:
+        return math.exp(t)
+    return 1.0 / t
 
 
 @njit(cache=True)
