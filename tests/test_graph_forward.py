@@ -103,12 +103,15 @@ def _adjoint(op, rng, r=3):
     assert np.all(op.forward_abs(absx) >= np.abs(y) - 1e-12)
 
 
-@pytest.mark.parametrize("params", [
+CONV_PARAMS = [
     dict(strides=(1, 1), pads=(0, 0, 0, 0), dilations=(1, 1), group=1),
     dict(strides=(2, 1), pads=(1, 2, 0, 1), dilations=(1, 2), group=1),
     dict(strides=(1, 3), pads=(2, 1, 2, 1), dilations=(2, 1), group=2),
     dict(strides=(2, 2), pads=(1, 1, 1, 1), dilations=(1, 1), group=4),
-])
+]
+
+
+@pytest.mark.parametrize("params", CONV_PARAMS)
 def test_conv_transpose_is_the_adjoint(params):
     rng = np.random.default_rng(5)
     g = params["group"]
@@ -119,12 +122,7 @@ def test_conv_transpose_is_the_adjoint(params):
     np.testing.assert_allclose(op.transpose(np.eye(op.size))[0], A, atol=1e-12)
 
 
-@pytest.mark.parametrize("params", [
-    dict(strides=(1, 1), pads=(0, 0, 0, 0), dilations=(1, 1), group=1),
-    dict(strides=(2, 1), pads=(1, 2, 0, 1), dilations=(1, 2), group=1),
-    dict(strides=(1, 3), pads=(2, 1, 2, 1), dilations=(2, 1), group=2),
-    dict(strides=(2, 2), pads=(1, 1, 1, 1), dilations=(1, 1), group=4),
-])
+@pytest.mark.parametrize("params", CONV_PARAMS)
 def test_conv_of_a_few_rows_by_blas_equals_the_numpy_twin(params):
     """Conv._conv_gemm (im2col and a BLAS product: what a convolution of at most GEMM_ROWS
     rows runs) against the window-by-window numpy twin."""

@@ -222,11 +222,8 @@ class Conv(Affine):
         (N, OH, OW, C, kh, kw) gathered by strides (im2col), times the kernel. The kernel
         above loops over outputs and kernel positions with the rows innermost, which costs as
         much for one row as for a dozen (interval bounds, forward bounds)."""
-        N = x.shape[0]
-        C, H, W = self.in_shape
-        pt, pl, pb, pr = self.pads
-        xp = np.zeros((N, C, H + pt + pb, W + pl + pr))
-        xp[:, :, pt:pt + H, pl:pl + W] = x.reshape(N, C, H, W)
+        N, C = x.shape[0], self.in_shape[0]
+        xp = self._padded(x)
         O, OH, OW = self.out_shape
         kh, kw = weight.shape[2:]
         (sh, sw), (dh, dw) = self.strides, self.dilations
@@ -241,12 +238,18 @@ class Conv(Affine):
                 N, OH, OW, -1)
         return np.ascontiguousarray(out.transpose(0, 3, 1, 2)).reshape(N, -1)
 
-    def _conv_numpy(self, x, weight):
+    def _padded(self, x):
+        """The batch x (N, C * H * W) as images (N, C, H', W') with the zero padding."""
         N = x.shape[0]
         C, H, W = self.in_shape
         pt, pl, pb, pr = self.pads
         xp = np.zeros((N, C, H + pt + pb, W + pl + pr))
         xp[:, :, pt:pt + H, pl:pl + W] = x.reshape(N, C, H, W)
+        return xp
+
+    def _conv_numpy(self, x, weight):
+        N = x.shape[0]
+        xp = self._padded(x)
         O, OH, OW = self.out_shape
         out = np.zeros((N, O, OH, OW))
         for i, j, (si, sj) in self._windows():
