@@ -494,27 +494,17 @@ class ProductRule(Rule):
         if not (np.all(np.isfinite(icL)) and np.all(np.isfinite(icU)) and np.all(np.isfinite(z1))
                 and np.all(np.isfinite(z2))):
             return self._back_t_unbounded(gb, i, node, rows, walk)
+        # one numba pass (the fast path runs under the numba kernels only; its numpy twin is
+        # :meth:`back` on the same rows, and tests/test_graph_kernels.py's sums)
         Lt = np.ascontiguousarray(Lt)
-        step = getattr(walk.kernels, "product_step_t", None)
-        if step is not None:  # one pass (the numpy lines below are its twin)
-            D1t, D2t, sums = np.empty_like(Lt), np.empty_like(Lt), np.empty((Lt.shape[1], 3))
-            step(Lt, a.astype(dt), b.astype(dt), icL, icU, z1, z2, D1t, D2t, sums)
-            walk.acc[0] += sums[:, 0]
-            walk.acc[1] += sums[:, 1]
-            walk.acc[2] += 2.0 * U64 * sums[:, 2] + TINY64 * (z1.sum() + z1.size + z2.sum()
-                                                              + z2.size)
-            walk.give(p, (idx, D1t))
-            walk.give(q, (idx, D2t))
-            return
-        D1t, D2t = Lt * a.astype(dt)[:, None], Lt * b.astype(dt)[:, None]
-        # sums over the elements as products with vectors: the intercept terms
-        # sum_k (icL_k max(L, 0) + icU_k min(L, 0)) = icU . L + (icL - icU) . max(L, 0), their
-        # magnitudes |icU| . |L| + (|icL| - |icU|) . max(L, 0), the charges z |a| . |L|
-        absL, pos = np.abs(Lt), np.maximum(Lt, 0.0)
-        walk.acc[0] += icU @ Lt + (icL - icU) @ pos
-        walk.acc[1] += np.abs(icU) @ absL + (np.abs(icL) - np.abs(icU)) @ pos
-        for z, c in ((z1, a), (z2, b)):
-            walk.acc[2] += ActivationRule.charge((z * np.abs(c)) @ absL, z)
+        D1t, D2t, sums = np.empty_like(Lt), np.empty_like(Lt), np.empty((Lt.shape[1], 3))
+        walk.kernels.product_step_t(Lt, a.astype(dt), b.astype(dt), icL, icU, z1, z2, D1t, D2t,
+                                    sums)
+        walk.acc[0] += sums[:, 0]
+        walk.acc[1] += sums[:, 1]
+        # the two factors' steps' charge (ActivationRule.charge): 2u sum |L| (|a| z1 + |b| z2)
+        walk.acc[2] += 2.0 * U64 * sums[:, 2] + TINY64 * (z1.sum() + z1.size + z2.sum()
+                                                          + z2.size)
         walk.give(p, (idx, D1t))
         walk.give(q, (idx, D2t))
 

@@ -290,7 +290,7 @@ def product_step_t(Lt, a, b, icL, icU, z1, z2, D1t, D2t, out):
     """One product node's step (x1 * x2, planes ``a x1 + b x2 + ic``) on rows held
     transposed, Lt (n, r): ``D1t = Lt * a``, ``D2t = Lt * b``; per row ``out[row] = (sum of
     the intercept terms (icL where the coefficient is >= 0, icU elsewhere), sum of their
-    magnitudes, sum |L| (|a| z1 + |b| z2))``. Twin: ``ProductRule.back_t``'s numpy sums
+    magnitudes, sum |L| (|a| z1 + |b| z2))``. Twin: ``ProductRule.back`` (numpy rows)
     (crown_cli/engine/node_rules.py)."""
     n, r = Lt.shape
     nb = (r + ROW_BLOCK - 1) // ROW_BLOCK
