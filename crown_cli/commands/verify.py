@@ -15,7 +15,7 @@ from crown_cli.errors import InputError
 
 VERIFY_NOT_SETTINGS = {"--model", "--spec", "--instances", "--root", "--output", "--overwrite",
                        "--resume", "--quiet", "--verbose", "--debug", "--shard", "--format",
-                       "--memory-budget"}
+                       "--memory-budget", "--proof"}
 
 
 @click.command()
@@ -66,6 +66,10 @@ VERIFY_NOT_SETTINGS = {"--model", "--spec", "--instances", "--root", "--output",
 @click.option("--format", "out_format", default=None, type=click.Choice(["csv", "jsonl"]),
               help="--instances: format of the --output file (default: from its extension, "
                    ".jsonl: jsonl, else csv).")
+@click.option("--proof", "proof_path", default=None, metavar="PATH",
+              help="Write a certificate of each unsat verdict (docs/proofs.md; dense ReLU "
+                   "networks): to this file with --spec, into this directory with "
+                   "--instances (one file per instance). `crown check` checks them.")
 @click.option("--overwrite", is_flag=True, help="Replace an existing --output file.")
 @click.option("--resume", is_flag=True,
               help="--instances: continue an existing --output, skipping instances it holds.")
@@ -108,6 +112,8 @@ def verify(**given):
                    max_domains=a.max_domains)
     if a.workers is not None:
         options["workers"] = a.workers
+    if a.proof_path is not None:
+        options["proof"] = True
     check_memory_budget(memory_budget)
     if memory_budget is not None:
         options["memory_budget"] = memory_budget
@@ -144,6 +150,7 @@ class VerifyArgs:
     workers: Optional[int]
     seed: int
     output: str
+    proof_path: Optional[str]
     out_format: Optional[str]
     overwrite: bool
     resume: bool
@@ -192,6 +199,12 @@ def _verify_one(a: VerifyArgs, timeout, options, log):
         if bar is not None:
             bar.close()
     text = format_result(verdict)
+    if a.proof_path is not None:
+        from crown_cli.verification.proof import write_verdict_proof
+
+        why = write_verdict_proof(verdict, v, model_path, spec_path, a.proof_path)
+        if why:
+            click.echo(f"crown: warning: {why}", err=True)
     if output == "-":
         click.echo(text, nl=False)
     else:
@@ -239,7 +252,11 @@ def _verify_instances(a: VerifyArgs, options, log):
                     "last_image": chosen[-1] if chosen else None}
     job = ResultJob(opts, OutputFile(output, out_format, a.overwrite, a.resume), settings,
                     inputs, coverage, VERIFY_ROWS)
+    if a.proof_path is not None:
+        import os
+
+        os.makedirs(a.proof_path, exist_ok=True)
     _run_job(job, lambda write: run_instances(
         todo, write, job.skip, VERIFY_ROWS.key, timeout_cap=a.timeout, progress=not quiet,
-        verifier_options=options, log=log,
+        verifier_options=options, log=log, proof_dir=a.proof_path,
         warn=lambda msg: click.echo(f"crown: warning: {msg}", err=True)), "instance", output, quiet)

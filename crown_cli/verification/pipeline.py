@@ -86,6 +86,9 @@ class Verdict:
     # sat at a point no float can hold (inputs pinned to decimals between two floats): those
     # inputs' exact values (index -> Fraction); x holds them rounded to nearest
     exact: Optional[dict] = None
+    # unsat with ``proof``: per case the arrays of its certificate tree (docs/proofs.md), or
+    # None where none could be recorded in time (``note`` says so)
+    proof: Optional[list] = None
 
 
 def check_sizes(prop, n_inputs: int, n_outputs: int, where: str) -> None:
@@ -106,6 +109,7 @@ class VerifyOptions:
     bab: bool = True  # branch and bound after the bound stages
     max_domains: int = 200_000  # cap on the open domains of branch and bound
     workers: Optional[int] = None  # input splitting's processes (None: by the network's size)
+    proof: bool = False  # record a certificate of every unsat (dense ReLU chains)
 
 
 class StagedVerifier:
@@ -258,6 +262,8 @@ class Verifier(StagedVerifier):
         self.small = max(w.shape[0] for w in self.weights) <= ONE_THREAD_WIDTH
         self.workers = o.workers if o.workers is not None else \
             2 if self.small and len(self.weights) == 2 else 1
+        self.proof = o.proof and activation == "relu"
+        self._trees = {}  # proof: case index -> its recorded tree's arrays
 
     @property
     def n_inputs(self) -> int:
@@ -341,13 +347,20 @@ class Verifier(StagedVerifier):
         """One input-splitting search
         (:func:`crown_cli.verification.bab.input_split.input_split_steps`) per open case."""
         from crown_cli.verification.bab.input_split import InputSplitProblem, input_split_steps
+        from crown_cli.verification.proof import ProofTree
 
-        return [Run([j], "input split",
-                    lambda progress, c=cases[j]: input_split_steps(
-                        InputSplitProblem(self.weights, self.biases, self.activation,
-                                          self.alpha, c.lo, c.hi, c.A, c.b),
-                        deadline, max_domains=self.max_domains, progress=progress,
-                        workers=self.workers))
+        def start(progress, j):
+            c = cases[j]
+            tree = ProofTree(np.arange(sum(w.shape[0] for w in self.weights[:-1]))) \
+                if self.proof else None
+            steps = input_split_steps(
+                InputSplitProblem(self.weights, self.biases, self.activation, self.alpha, c.lo,
+                                  c.hi, c.A, c.b),
+                deadline, max_domains=self.max_domains, progress=progress,
+                workers=self.workers, proof=tree)
+            return self._recording(steps, tree, [j]) if self.proof else steps
+
+        return [Run([j], "input split", lambda progress, j=j: start(progress, j))
                 for j in open_cases]
 
     def _hull_split_runs(self, cases, open_cases, deadline) -> List[Run]:
@@ -373,6 +386,7 @@ class Verifier(StagedVerifier):
         choices."""
         from crown_cli.verification.bab.relu_split import (ReluSplitProblem, relu_split_steps,
                                                            root_layer_bounds)
+        from crown_cli.verification.proof import ProofTree
 
         leak = None if self.activation == "relu" else self.alpha
         joint = len(self.weights) - 1 >= JOINT_LAYERS
@@ -398,13 +412,16 @@ class Verifier(StagedVerifier):
                                          for g, j in enumerate(part)])
 
                 def start(progress, c0=c0, A=A, b=b, groups=groups, root_bounds=root_bounds,
-                          seed=self.seed + part[0]):
+                          seed=self.seed + part[0], part=part):
                     lb, ls = root_bounds()
                     problem = ReluSplitProblem(self.weights, self.biases, c0.lo, c0.hi, A, b,
                                                self.activation, leak, layer_bounds=lb,
                                                groups=groups, layer_slopes=ls)
-                    return relu_split_steps(problem, deadline, max_domains=self.max_domains,
-                                            seed=seed, attack_restarts=0, progress=progress)
+                    tree = ProofTree() if self.proof else None
+                    steps = relu_split_steps(problem, deadline, max_domains=self.max_domains,
+                                             seed=seed, attack_restarts=0, progress=progress,
+                                             proof=tree)
+                    return self._recording(steps, tree, part) if self.proof else steps
                 runs.append(Run(list(part), "ReLU split", start))
         return runs
 
@@ -416,7 +433,8 @@ class Verifier(StagedVerifier):
         (:func:`crown_cli.verification.schedule.race`): the first strategy alone, the others
         from ``JOIN_SHARE`` of the timeout on, then the time by measured progress."""
         runs = []
-        if hull_applies(self.weights, self.activation, self.n_inputs, INPUT_SPLIT_MAX_DIM):
+        if hull_applies(self.weights, self.activation, self.n_inputs, INPUT_SPLIT_MAX_DIM) \
+                and not self.proof:  # (its bounds are not in the certificate format)
             runs += self._hull_split_runs(cases, open_cases, deadline)
         if self.n_inputs <= INPUT_SPLIT_MAX_DIM:
             runs += self._input_split_runs(cases, open_cases, deadline)
@@ -447,9 +465,64 @@ class Verifier(StagedVerifier):
         process). docs/bab.md has the measurements: safenlp's 30-128-2 bounds 1.84x the boxes,
         ACAS Xu's six layers of 50 gain nothing (most of its instances end in rounds too small
         to share)."""
+        t0 = time.monotonic()
+        self._trees = {}
         with blas_threads(1) if self.small else contextlib.nullcontext():
             v = self._verify(prop, timeout, log, status)
+            if self.proof and v.result == "unsat":
+                v = self._certify(v, list(prop.cases), t0 + timeout, log)
         return confirm_sat(v, prop.cases, self.outputs, log, prove=self.proves_violation)
+
+    def _recording(self, steps, tree, members):
+        """``steps`` (a search's generator) passed through; on ``unsat`` the recorded
+        ``tree``'s arrays kept for the cases ``members`` (tree case g is members[g])."""
+        res = yield from steps
+        if self.proof and res.verdict == "unsat":
+            for g, j in enumerate(members):
+                self._trees[j] = tree.case_arrays(g)
+        return res
+
+    def _certify(self, v: Verdict, cases, deadline: float, log) -> Verdict:
+        """The unsat verdict ``v`` with its certificate trees: the recorded ones, and for
+        the cases a bound stage proved a proof search of its own (input splitting on at most
+        ``INPUT_SPLIT_MAX_DIM`` inputs, else ReLU splitting) within the deadline."""
+        from dataclasses import replace as _replace
+
+        from crown_cli.verification.bab.input_split import input_split_steps, InputSplitProblem
+        from crown_cli.verification.bab.relu_split import ReluSplitProblem, relu_split_steps
+        from crown_cli.verification.outcome import finish
+        from crown_cli.verification.proof import ProofTree
+
+        trees, missing = [], 0
+        n_hidden = sum(w.shape[0] for w in self.weights[:-1])
+        for j, c in enumerate(cases):
+            t = self._trees.get(j)
+            if t is None and time.monotonic() < deadline:
+                if self.n_inputs <= INPUT_SPLIT_MAX_DIM or len(self.weights) == 1:
+                    tree = ProofTree(np.arange(n_hidden))
+                    res = finish(input_split_steps(InputSplitProblem(
+                        self.weights, self.biases, self.activation, self.alpha, c.lo, c.hi,
+                        c.A, c.b), deadline, proof=tree, workers=1))
+                else:
+                    tree = ProofTree()
+                    res = finish(relu_split_steps(ReluSplitProblem(
+                        self.weights, self.biases, c.lo, c.hi, c.A, c.b), deadline,
+                        max_domains=self.max_domains, attack_restarts=0, proof=tree))
+                if res.verdict == "unsat":
+                    t = tree.case_arrays(0)
+            if t is not None:
+                t = dict(t, lo=np.asarray(c.lo, np.float64), hi=np.asarray(c.hi, np.float64),
+                         A=np.asarray(c.A, np.float64), b=np.asarray(c.b, np.float64))
+            else:
+                missing += 1
+            trees.append(t)
+        note = v.note
+        if missing:
+            note = (note + "; " if note else "") + \
+                f"no certificate for {missing} case(s) within the timeout"
+            if log is not None:
+                log(f"proof: {missing} of {len(cases)} case(s) without a certificate")
+        return _replace(v, proof=trees, note=note)
 
     def _verify(self, prop, timeout, log, status) -> Verdict:
         bab_status = bab_status_for(status, log)

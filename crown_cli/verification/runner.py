@@ -184,12 +184,14 @@ def run_instances(instances: Sequence[Instance], write: Callable[[Dict[str, obje
                   timeout_cap: Optional[float] = None, progress: bool = True,
                   verifier_options: Optional[dict] = None,
                   log: Optional[Callable[[str], None]] = None,
-                  warn: Optional[Callable[[str], None]] = None) -> VerifySummary:
+                  warn: Optional[Callable[[str], None]] = None,
+                  proof_dir: Optional[str] = None) -> VerifySummary:
     """Verify each instance in order and hand one row per instance to ``write``.
 
     A bad network or property file fails only its own instance (verdict ``error``, the message
     in the summary's errors); the run goes on. A property's warnings (an empty input box) go
-    to ``warn``, once per instance.
+    to ``warn``, once per instance. ``proof_dir``: the certificate of each unsat verdict is
+    written there (:func:`~crown_cli.verification.proof.proof_name`).
     """
     loader = Loader()
     summary = VerifySummary()
@@ -212,6 +214,13 @@ def run_instances(instances: Sequence[Instance], write: Callable[[Dict[str, obje
                 verdict = v.verify(prop, max(0.0, timeout - (time.perf_counter() - t0)),
                                    log=log, status=bar.status if bar.bar is not None else None)
                 row = verify_row(inst, verdict, time_s=time.perf_counter() - t0, timeout=timeout)
+                if proof_dir is not None:
+                    from crown_cli.verification.proof import proof_name, write_verdict_proof
+
+                    why = write_verdict_proof(verdict, v, inst.path("onnx"), inst.path("vnnlib"),
+                                              os.path.join(proof_dir, proof_name(inst)))
+                    if why and warn is not None:
+                        warn(f"{inst.name}: {why}")
             except InputError as exc:
                 summary.errors.append(f"{inst.name}: {exc}")
                 row = verify_row(inst, None, "input error", time.perf_counter() - t0, timeout)

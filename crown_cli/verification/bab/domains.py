@@ -91,6 +91,7 @@ class Domains:
     du: np.ndarray
     done: np.ndarray  # (B, cases) bool: cases proven in float64 on an ancestor
     depth: np.ndarray  # (B,): branching decisions (not implied splits)
+    node: Optional[np.ndarray] = None  # (B,): the node of a recorded proof tree
 
 
 class DomainPool:
@@ -108,12 +109,13 @@ class DomainPool:
         self.cand = np.zeros((cap, K), np.int64)
         self.row = np.zeros(cap, np.int64)
         self.depth = np.zeros(cap, np.int64)  # branching decisions (not implied splits)
+        self.node = np.zeros(cap, np.int64)
         self.free = list(range(cap - 1, -1, -1))
         self.heap = []
 
     def _grow(self):
         cap = self.split.shape[0]
-        for name in ("split", "alpha", "beta", "cand", "row", "dl", "du", "done", "depth"):
+        for name in ("split", "alpha", "beta", "cand", "row", "dl", "du", "done", "depth", "node"):
             old = getattr(self, name)
             new = np.zeros((2 * cap,) + old.shape[1:], old.dtype)
             new[:cap] = old
@@ -133,6 +135,8 @@ class DomainPool:
         self.row[slots] = d.row
         self.depth[slots] = d.depth
         self.done[slots] = d.done
+        if d.node is not None:
+            self.node[slots] = d.node
         if self.dl.shape[1]:
             self.dl[slots] = d.dl
             self.du[slots] = d.du
@@ -144,7 +148,8 @@ class DomainPool:
         items = [heapq.heappop(self.heap) for _ in range(min(n, len(self.heap)))]
         slots = np.array([s for _, s in items], dtype=np.int64)
         out = Domains(*(getattr(self, f)[slots].copy() for f in
-                        ("split", "alpha", "beta", "cand", "row", "dl", "du", "done", "depth")))
+                        ("split", "alpha", "beta", "cand", "row", "dl", "du", "done", "depth",
+                         "node")))
         self.free.extend(slots.tolist())
         return out
 

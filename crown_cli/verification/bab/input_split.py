@@ -118,7 +118,7 @@ def input_split(weights, biases, activation, alpha, lo, hi, A, b, deadline: floa
 def input_split_steps(problem: InputSplitProblem, deadline: float,
                       options: Optional[InputSplitOptions] = None,
                       progress: Optional[Callable[[int, int, float], None]] = None,
-                      **settings):
+                      proof=None, **settings):
     """As a generator (it yields the share of the box proven so far, a float in [0, 1], after
     every round, and returns the :class:`BabResult`): decide the ``problem``, whether some x
     in [lo, hi] has ``A f(x) <= b`` (all rows), by input splitting.
@@ -157,11 +157,12 @@ def input_split_steps(problem: InputSplitProblem, deadline: float,
     ``progress(domains, open, worst)``: called after every round with the sub-boxes bounded so
     far, the open sub-boxes and the lowest open score (inf when none is open). ``options``:
     the :class:`InputSplitOptions`; ``settings`` (keywords named like its fields) override
-    them.
+    them. ``proof``: a :class:`~crown_cli.verification.proof.ProofTree` that records the
+    boxes' tree and each proven box's row and slopes (one process then).
     """
     o = replace(options or InputSplitOptions(), **settings)
     search = BoxSearch(problem.lo, problem.hi, problem.A, problem.b, o,
-                       lambda q: DenseBoxes(problem, q))
+                       lambda q: DenseBoxes(problem, q), proof=proof)
     return (yield from search.run(deadline, progress))
 
 
@@ -213,11 +214,14 @@ class DenseBoxes:
 
     def refine(self, L, H, lb, s, info, idx):
         """alpha-CROWN on the best row of the boxes idx (unproven): their scores raised."""
+        self.search.slopes = None
         if not self.use_alpha or not idx.size:
             return s
         rows = np.argmax(lb[idx], axis=1)
-        la, _, _ = alpha_row_bound(self.net, _take_info(info, idx), L[idx], H[idx],
-                                   self.search.A, rows, iters=self.o.alpha_iters)
+        la, _, relax = alpha_row_bound(self.net, _take_info(info, idx), L[idx], H[idx],
+                                       self.search.A, rows, iters=self.o.alpha_iters)
+        if self.search.proof is not None:  # the slopes of each box's row, all hidden neurons
+            self.search.slopes = (idx, rows, np.concatenate([r[2] for r in relax], axis=1))
         s = s.copy()
         s[idx] = np.fmax(s[idx], la - self.search.b_up[rows])  # a NaN bound proves nothing
         return s
@@ -235,10 +239,11 @@ class BoxSearch:
     this search's arrays: :class:`DenseBoxes`, or the graph engine's); :meth:`run` is the search, :meth:`expand`
     one "trial" round on some boxes (run by this process or by the forked helper)."""
 
-    def __init__(self, lo, hi, A, b, o: InputSplitOptions, boxes):
+    def __init__(self, lo, hi, A, b, o: InputSplitOptions, boxes, proof=None):
         self.o = o
+        self.proof, self.slopes = proof, None
         self.workers = max(1, min(2, int(o.workers))) if o.split == "trial" and can_fork() \
-            else 1
+            and proof is None else 1
         if o.split not in SPLIT_RULES:
             raise ValueError(f"input_split: unknown split rule '{o.split}'")
         self.lo0 = np.asarray(lo, dtype=np.float64).ravel()
@@ -330,25 +335,42 @@ class BoxSearch:
             if x is not None:
                 return self.result("sat", x)
             if S[0] > 0.0:
+                self._prove(np.zeros(1, np.int64), lb, S, np.zeros(1, np.int64))
                 return self.result("unsat")
-        return BoxPool(lo=Lo, hi=Hi, score=S, sens=G, parent=P, share=V)
+        return BoxPool(lo=Lo, hi=Hi, score=S, sens=G, parent=P, share=V,
+                       node=np.zeros(1, np.int64))
+
+    def _prove(self, nodes, lb, s, pos):
+        """Record (``proof``) the boxes at positions ``pos`` of a bounded batch as proven
+        leaves: the row CROWN proved (lb: the rows' bounds minus b_up), else the row the
+        slopes of :meth:`refine` proved, with those slopes."""
+        if self.proof is None or not pos.size:
+            return
+        ref = {} if self.slopes is None else {int(i): j for j, i in enumerate(self.slopes[0])}
+        for i in pos.tolist():
+            if lb.shape[1] and lb[i].max() > 0.0:
+                self.proof.prove(nodes[i], 0, int(np.argmax(lb[i])))
+            else:
+                j = ref[i]  # proven by the refined row alone
+                self.proof.prove(nodes[i], 0, int(self.slopes[1][j]), alpha=self.slopes[2][j])
 
     def _bound_round(self, t):
         """"sensitivity": the round's boxes bounded; those left open (boxes, bounds, input
-        coefficients, scores, splittable dimensions, shares), or None when none is."""
-        L, H, Vb = t["lo"], t["hi"], t["share"]
+        coefficients, scores, splittable dimensions, shares, nodes), or None when none is."""
+        L, H, Vb, Nb = t["lo"], t["hi"], t["share"], t["node"]
         ok = splittable(L, H)
         lb, Lam, s, info = self.bound(L, H)
         self.stats["domains"] += L.shape[0]
         s = self.refine(L, H, lb, s, info, np.flatnonzero(s <= 0.0))
         live = s <= 0.0
+        self._prove(Nb, lb, s, np.flatnonzero(~live))
         L, H, lb, Lam, s, ok = L[live], H[live], lb[live], Lam[live], s[live], ok[live]
-        Vb = Vb[live]
+        Vb, Nb = Vb[live], Nb[live]
         if not L.shape[0]:
             return None
-        return L, H, lb, Lam, s, ok, Vb
+        return L, H, lb, Lam, s, ok, Vb, Nb
 
-    def _split_sensitive(self, pool, L, H, lb, Lam, s, ok, Vb):
+    def _split_sensitive(self, pool, L, H, lb, Lam, s, ok, Vb, Nb):
         """"sensitivity": the open boxes tried for counterexamples, then halved along their
         most sensitive splittable dimension into the pool. The result when that decides."""
         d = self.d
@@ -363,19 +385,24 @@ class BoxSearch:
         dim = np.argmax(sens, axis=1)
         l1, h1, l2, h2 = halve(L, H, dim)
         self.stats["splits"] += L.shape[0]
+        kids = np.zeros((s.size, 2), np.int64)
+        if self.proof is not None:
+            kids = self.proof.split_input(Nb, dim, h1[np.arange(s.size), dim])
         pool.push(lo=np.concatenate([l1, l2]), hi=np.concatenate([h1, h2]),
                   score=np.concatenate([s, s]), sens=np.zeros((2 * s.size, d)),
-                  parent=np.zeros((2 * s.size, 0)), share=np.concatenate([Vb, Vb]) * 0.5)
+                  parent=np.zeros((2 * s.size, 0)), share=np.concatenate([Vb, Vb]) * 0.5,
+                  node=np.concatenate([kids[:, 0], kids[:, 1]]))
         return None
 
     def _trial_round(self, pool, t):
         """"trial": :meth:`expand` on the round's boxes (shared with the helper process on a
         large round), the halves kept pushed into the pool. The result when that decides."""
         L, H, Sb, Gb, Pb, Vb = t["lo"], t["hi"], t["score"], t["sens"], t["parent"], t["share"]
+        Nb = t["node"]
         n = L.shape[0]
         if self.helper is None and self.workers > 1 and n >= PARALLEL_MIN:
             self.helper = Helper(self.expand)
-        fields = (L, H, Sb, Gb, Pb, Vb)
+        fields = (L, H, Sb, Gb, Pb, Vb, Nb)
         if self.helper is not None and n >= PARALLEL_MIN:
             outs = shared_round(self.helper, self.expand, fields, n)
             if outs is None:  # the second process is gone: alone from now
@@ -396,7 +423,7 @@ class BoxSearch:
             pool.push(**kept)
         return None
 
-    def expand(self, L, H, Sb, Gb, Pb, Vb):
+    def expand(self, L, H, Sb, Gb, Pb, Vb, Nb):
         """One "trial" round on the boxes given (rows): ("sat", x, boxes bounded) when a
         candidate point violates the property, ("unknown", None, 0) when some box can no
         longer be split, else ("open", the halves kept as BoxPool fields, boxes bounded)."""
@@ -415,15 +442,23 @@ class BoxSearch:
             x = self.attack(KL[live], KH[live], lb[live], Lam[live])
             if x is not None:
                 return "sat", x, domains
-        pick = self._kept(s, used, live, Sb, cand_ok)
+        pick, pairs, best = self._kept(s, used, live, Sb, cand_ok)
         # the halves kept: alpha-CROWN on those still open
         s = self.refine(KL, KH, lb, s, info, pick)
         pick = pick[s[pick] <= 0.0]
+        kid_of = np.zeros(KL.shape[0], np.int64)
+        if self.proof is not None:  # the chosen split of each box, its proven halves
+            dims = cand[np.arange(L.shape[0]), best]
+            kids = self.proof.split_input(Nb, dims, KH[pairs[:, 0], dims])
+            kid_of[pairs.ravel()] = kids.ravel()
+            both = pairs.ravel()
+            self._prove(kid_of, lb, s, both[s[both] > 0.0])
         return "open", dict(lo=KL[pick], hi=KH[pick], score=s[pick],
                             sens=self.sensitivity(lb[pick], Lam[pick]),
                             parent=self.boxes.pack([(l[pick], u[pick]) for l, u in info["bounds"]])
                             if self.inherit else np.zeros((pick.size, 0)),
-                            share=0.5 * np.repeat(Vb, 2 * k)[used][pick]), domains
+                            share=0.5 * np.repeat(Vb, 2 * k)[used][pick],
+                            node=kid_of[pick]), domains
 
     def _trial_dims(self, L, H, Gb, ok):
         """Per box the candidate dimensions (n, k): the k most sensitive splittable ones (all
@@ -464,7 +499,8 @@ class BoxSearch:
 
     @staticmethod
     def _kept(s, used, live, Sb, cand_ok):
-        """The halves kept (indices into the bounded ones, open only): per box the split
+        """The halves kept (indices into the bounded ones, open only), both halves of the
+        split chosen per box (n, 2) and its candidate (n,): per box the split
         leaving the least total deficit (a proven half counts 0; the worse half alone would
         prefer a dimension that changes nothing over one that proves a half), or the first
         candidate when no split improves on the parent's score ``Sb``."""
@@ -481,4 +517,4 @@ class BoxSearch:
         best[flat] = 0
         pick = (np.arange(n)[:, None] * 2 * k + best[:, None] * 2 + np.arange(2)[None]).ravel()
         pick = (np.cumsum(used) - 1)[pick]  # candidate 0 is always bounded
-        return pick[live[pick]]
+        return pick[live[pick]], pick.reshape(n, 2), best

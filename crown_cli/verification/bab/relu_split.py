@@ -186,7 +186,7 @@ def relu_split_steps(problem: ReluSplitProblem, deadline: float,
                      options: Optional[ReluSplitOptions] = None, *, charge=None,
                      log: Optional[Callable[[str], None]] = None,
                      progress: Optional[Callable[[int, int, float], None]] = None,
-                     **settings) -> BabResult:
+                     proof=None, **settings) -> BabResult:
     """Decide the ``problem``'s cases (some ``x in [lo, hi]`` with ``A f(x) <= b``) by
     ReLU-splitting branch and bound, as a generator: it yields the share of the domain tree
     proven so far (a domain after d branching decisions counts 2**-d) after every batch of
@@ -204,7 +204,10 @@ def relu_split_steps(problem: ReluSplitProblem, deadline: float,
     fields) override them. ``charge``: see :meth:`Bounder.evaluate`. ``log``: progress
     strings. ``progress(domains, open, worst)``: called after every batch with the domains
     bounded so far, the open domains and the worst open domain's score (the float32
-    estimate of its best row's bound minus b).
+    estimate of its best row's bound minus b). ``proof``: a
+    :class:`~crown_cli.verification.proof.ProofTree` that records the domains' tree and each
+    proven domain's row, slopes and multipliers per case (dense chains; the per-domain bounds
+    then without optimised rows, which a checker could not re-derive).
     """
     t0 = time.monotonic()
     o = replace(options or ReluSplitOptions(), **settings)
@@ -215,7 +218,9 @@ def relu_split_steps(problem: ReluSplitProblem, deadline: float,
         bounds, slopes = root_layer_bounds(p.weights, p.biases, p.lo, p.hi, p.activation,
                                            p.leak, deadline=deadline, slopes=True)
         p = replace(p, layer_bounds=bounds, layer_slopes=slopes)
-    search = _Search(Bounder(p), deadline, o, charge, log, progress, t0)
+    if proof is not None:
+        o = replace(o, interm_iters=0)
+    search = _Search(Bounder(p), deadline, o, charge, log, progress, t0, proof)
     return (yield from search.run())
 
 
@@ -225,9 +230,13 @@ class _Search:
     settings resolved for the network, its counters and its open domains. :meth:`run` is the
     search; ``t0``: when it started (its result's time counts from there)."""
 
-    def __init__(self, bd, deadline, o: ReluSplitOptions, charge, log, progress, t0):
+    def __init__(self, bd, deadline, o: ReluSplitOptions, charge, log, progress, t0,
+                 proof=None):
         self.t0 = t0
         self.bd = bd
+        self.proof = proof
+        if proof is not None:
+            self._proof_columns()
         self.o, self.deadline, self.charge, self.log, self.progress = o, deadline, charge, \
             log, progress
         self._resolve(o, bd.weights if bd.tightens else [])
@@ -271,6 +280,30 @@ class _Search:
             raise ValueError("score must be 'gaps' or 'chords'")
         self.max_width, self.interm, self.interm_iters = max_width, interm, interm_iters
         self.K, self.window = K, window
+
+    def _proof_columns(self):
+        """The recorded tree's columns (the bounder's unstable neurons as flat hidden-neuron
+        indices), its layer slopes, and each unstable neuron's flat index."""
+        bd = self.bd
+        first = np.cumsum([0] + [w.shape[0] for w in bd.weights[:-1]])
+        self.flat = np.concatenate([first[k] + c for k, c in enumerate(bd.ucols)]).astype(
+            np.int64) if bd.L else np.zeros(0, np.int64)
+        self.proof.cols = self.flat
+        for k, sl in enumerate(getattr(bd, "islopes", [])):
+            if sl is not None:
+                self.proof.layer_slopes[k + 1] = (first[k] + bd.ucols[k], sl)
+
+    def _record(self, nodes, split, alpha, beta, v64, newly):
+        """``proof``: the cases ``newly`` (B, G) proven on the domains of ``nodes`` by the
+        float64 bounds ``v64`` (B, m) at these slopes and multipliers (as verify64 used them),
+        recorded with each case's best row."""
+        bd = self.bd
+        for d, g in zip(*np.nonzero(newly)):
+            g0, g1 = bd.case_rows()[g]
+            r = g0 + int(np.argmax(v64[d, g0:g1]))
+            a = np.clip(alpha[d, r].astype(np.float64), bd.leak, 1.0)
+            be = np.where(split[d] != 0, np.maximum(beta[d, r].astype(np.float64), 0.0), 0.0)
+            self.proof.prove(int(nodes[d]), int(g), r - g0, a, be if be.any() else None)
 
     def run(self):
         """The search: the root, then batches of the worst open domains' children, until
@@ -329,7 +362,8 @@ class _Search:
         alpha = np.broadcast_to(bd.initial_alpha(), (1, m, nU)).copy()
         beta = np.zeros((1, m, nU), np.float32)
         done = np.zeros((1, max(1, bd.gstart.size)), bool)
-        score, proven, row, state, xv = self.assess(split, alpha, beta, done, o.root_iters)
+        score, proven, row, state, xv = self.assess(split, alpha, beta, done, o.root_iters,
+                                                    nodes=np.zeros(1, np.int64))
         if xv is not None:
             return self.result("sat", xv)
         if proven[0]:
@@ -347,7 +381,8 @@ class _Search:
             dl, du = rl[None, :].copy(), ru[None, :].copy()
         else:
             dl = du = np.zeros((1, 0))
-        root = Domains(split, alpha, beta, None, None, dl, du, done, np.zeros(1, np.int64))
+        root = Domains(split, alpha, beta, None, None, dl, du, done, np.zeros(1, np.int64),
+                       np.zeros(1, np.int64))
         xv = self.enqueue(score, proven, row, state, root)
         if xv is not None:
             return self.result("sat", xv)
@@ -369,12 +404,17 @@ class _Search:
         ar = np.arange(P)
         cs[ar, choice] = 1
         cs[P + ar, choice] = -1
+        nodes = None
+        if self.proof is not None:  # children (inactive, active): the active ones first here
+            refresh = bd.layer_of[choice] + 2 if self.interm else np.full(P, bd.L + 1)
+            two = self.proof.split_relu(par.node, self.flat[choice], refresh)
+            nodes = np.concatenate([two[:, 1], two[:, 0]])
         # a case proven on the parent is on its children
         kids = Domains(cs, np.concatenate([par.alpha, par.alpha]),
                        np.concatenate([par.beta, par.beta]), None, None,
                        np.concatenate([par.dl, par.dl]), np.concatenate([par.du, par.du]),
                        np.concatenate([par.done, par.done]),
-                       np.concatenate([par.depth, par.depth]) + 1)
+                       np.concatenate([par.depth, par.depth]) + 1, nodes)
         return kids, choice
 
     def _tighten(self, kids: Domains, choice):
@@ -404,19 +444,24 @@ class _Search:
         if not empty.any():
             return kids
         # no point of the box meets the splits: proven
+        if self.proof is not None:
+            for i in np.flatnonzero(empty):
+                j = int(np.argmax(cdl[i] > cdu[i]))
+                self.proof.empty(int(kids.node[i]), int(self.flat[j]))
         stats["proven"] += int(empty.sum())
         stats["empty"] += int(empty.sum())
         stats["closed"] += float(np.sum(0.5 ** kids.depth[empty]))
         stats["domains"] += int(empty.sum())
         keep = ~empty
         return Domains(cs[keep], kids.alpha[keep], kids.beta[keep], None, None, cdl[keep],
-                       cdu[keep], kids.done[keep], kids.depth[keep])
+                       cdu[keep], kids.done[keep], kids.depth[keep],
+                       None if kids.node is None else kids.node[keep])
 
     def _bound(self, kids: Domains, iters, chords):
         """The children optimised, checked and pushed into the pool (the open ones): a
         counterexample found on the way, or None."""
         score, proven, row, state, xv = self.assess(kids.split, kids.alpha, kids.beta,
-                                                    kids.done, iters, chords)
+                                                    kids.done, iters, chords, kids.node)
         if xv is not None:
             return xv
         return self.enqueue(score, proven, row, state, kids)
@@ -435,7 +480,7 @@ class _Search:
         be = np.maximum(beta.astype(np.float64), 0.0)
         return bd.evaluate(split, a, be, np.float64, charge=self.charge, chords=chords)
 
-    def assess(self, split, alpha, beta, done, n_iters, chords=None):
+    def assess(self, split, alpha, beta, done, n_iters, chords=None, nodes=None):
         """Optimise and classify a batch; ``done`` (B, G): the cases proven on each domain
         (updated in place by the float64 checks). Returns (score float64 per domain: the
         worst open case's best row, proven mask, row, state) and the attack's counterexample
@@ -451,6 +496,9 @@ class _Search:
             v64 = self.verify64(split[cand], alpha[cand], beta[cand],
                                 None if chords is None else (chords[0][cand], chords[1][cand]))
             g64 = np.maximum.reduceat(v64, bd.gstart, axis=1)
+            if self.proof is not None:
+                self._record(nodes[cand], split[cand], alpha[cand], beta[cand], v64,
+                             (g64 > 0.0) & ~done[cand])
             done[cand] |= g64 > 0.0
             # a case the float32 estimate put above 0 keeps its float64 bound
             gmax[cand] = np.where(gmax[cand] > 0.0, g64, gmax[cand])
@@ -482,7 +530,7 @@ class _Search:
             j = openi[i]
             out = self._leaf(j, d.split, d.alpha, d.beta, d.done[j],
                              self.bd.chords(d.dl[j:j + 1], d.du[j:j + 1]) if self.interm
-                             else None)
+                             else None, None if d.node is None else int(d.node[j]))
             if isinstance(out, np.ndarray):
                 return out
             if out:
@@ -494,7 +542,8 @@ class _Search:
         if sel.size:
             self.pool.push(score[sel], Domains(d.split[sel], d.alpha[sel], d.beta[sel],
                                                top[keep], row[sel], d.dl[sel], d.du[sel],
-                                               d.done[sel], d.depth[sel]))
+                                               d.done[sel], d.depth[sel],
+                                               None if d.node is None else d.node[sel]))
         return None
 
     def _candidates(self, state, d: Domains, row, openi):
@@ -513,7 +562,7 @@ class _Search:
         top[~np.isfinite(topv)] = -1
         return top
 
-    def _leaf(self, i, split, alpha, beta, done, chords=None):
+    def _leaf(self, i, split, alpha, beta, done, chords=None, node=None):
         """A fully split open domain: a counterexample x, True (proven), or False. Every case
         not yet proven (``done`` (G,)) by linear programming; proven when each has
         multipliers (beta) a float64 evaluation confirms. On a bounder whose fully split
@@ -534,6 +583,9 @@ class _Search:
         for scale in (1.0, 1.0 + 1e-6, 1.01):
             v = self.verify64(split[i:i + 1], alpha[i:i + 1], scale * be, chords)
             if np.all((np.maximum.reduceat(v, bd.gstart, axis=1)[0] > 0.0) | done):
+                if self.proof is not None:
+                    self._record([node], split[i:i + 1], alpha[i:i + 1], scale * be, v,
+                                 ~done[None, :])
                 return True
         return False
 

@@ -1,0 +1,195 @@
+"""Recording the proof of an ``unsat`` case as the searches go, and writing certificates.
+
+A search given a :class:`ProofTree` numbers its domains as tree nodes: the root is node 0,
+an input split or a ReLU split turns an open node into an internal one with two new children,
+and a proven domain becomes a leaf of each case it proves (the row, and the slopes and
+multipliers of its float64 bound), or an empty leaf (a neuron whose bounds cross there).
+:meth:`ProofTree.case_arrays` lays a case's tree out in preorder as docs/proofs.md specifies;
+:func:`save` writes the certificate. Arrays in, arrays out, but for :func:`save`.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+from typing import Dict, List, Optional, Sequence
+
+import numpy as np
+
+FORMAT, VERSION = "crown-proof", 1
+OPEN, LEAF, INPUT, RELU, EMPTY = -1, 0, 1, 2, 3
+
+
+class ProofError(Exception):
+    """A tree that does not prove its case (a bug of the recording, never of the user)."""
+
+
+class ProofTree:
+    """The domain tree of one search over one box (several cases share it in a joint
+    ReLU-splitting search). Nodes are numbered in creation order; ``cols`` are the flat
+    hidden-neuron indices that slopes and multipliers are given over."""
+
+    def __init__(self, cols: Optional[np.ndarray] = None):
+        self.kind: List[int] = [OPEN]
+        self.arg: List[int] = [-1]
+        self.value: List[float] = [float("nan")]
+        self.refresh: List[int] = [1]
+        self.kids: List[int] = [-1]  # the first child's number (the second is the next one)
+        self.leaves: Dict[tuple, tuple] = {}  # (node, case) -> (row, alpha, beta)
+        self.cols = None if cols is None else np.asarray(cols, np.int64)
+        self.layer_slopes: Dict[int, tuple] = {}  # 1-based layer -> (rows flat, slopes)
+
+    def __len__(self):
+        return len(self.kind)
+
+    def _children(self, node: int, kind: int, arg: int, value: float, refresh: int) -> int:
+        if self.kind[node] != OPEN:
+            raise ProofError(f"node {node} split twice")
+        first = len(self.kind)
+        self.kind[node], self.arg[node], self.value[node] = kind, int(arg), float(value)
+        self.kids[node] = first
+        self.kind += [OPEN, OPEN]
+        self.arg += [-1, -1]
+        self.value += [float("nan")] * 2
+        self.refresh += [int(refresh)] * 2
+        self.kids += [-1, -1]
+        return first
+
+    def split_input(self, nodes, dims, values) -> np.ndarray:
+        """Each node halved on input dimension dims[i] at values[i]: (n, 2) children (the
+        lower half, then the upper)."""
+        return np.array([[f, f + 1] for f in (
+            self._children(int(n), INPUT, int(d), float(v), 1)
+            for n, d, v in zip(nodes, dims, values))], np.int64).reshape(-1, 2)
+
+    def split_relu(self, nodes, neurons, refresh) -> np.ndarray:
+        """Each node split on flat neuron neurons[i]: (n, 2) children (inactive, active);
+        ``refresh`` (n,): the first layer (1-based) the children recompute."""
+        return np.array([[f, f + 1] for f in (
+            self._children(int(n), RELU, int(j), float("nan"), int(r))
+            for n, j, r in zip(nodes, neurons, refresh))], np.int64).reshape(-1, 2)
+
+    def prove(self, node: int, case: int, row: int, alpha=None, beta=None) -> None:
+        """Node ``node`` proves case ``case`` by row ``row`` with these slopes and
+        multipliers over ``cols`` (None: the defaults)."""
+        self.leaves.setdefault((int(node), int(case)), (
+            int(row), None if alpha is None else np.asarray(alpha, np.float32),
+            None if beta is None else np.asarray(beta, np.float32)))
+
+    def empty(self, node: int, neuron: int) -> None:
+        """Node ``node`` has no point: the bounds of flat neuron ``neuron`` cross there."""
+        if self.kind[node] == OPEN:
+            self.kind[node], self.arg[node] = EMPTY, int(neuron)
+
+    def case_arrays(self, case: int = 0) -> Dict[str, np.ndarray]:
+        """The arrays of docs/proofs.md for one case (without its box and rows), nodes in
+        preorder; a node with no proof of the case and no children raises
+        :class:`ProofError`."""
+        kind, arg, value, refresh, a_at, b_at = [], [], [], [], [], []
+        alphas, betas = [], []
+        stack = [0]
+        while stack:
+            n = stack.pop()
+            leaf = self.leaves.get((n, case))
+            if leaf is not None:
+                row, al, be = leaf
+                kind.append(LEAF)
+                arg.append(row)
+                value.append(np.nan)
+                a_at.append(-1 if al is None else len(alphas))
+                b_at.append(-1 if be is None else len(betas))
+                if al is not None:
+                    alphas.append(al)
+                if be is not None:
+                    betas.append(be)
+            elif self.kind[n] in (INPUT, RELU, EMPTY):
+                kind.append(self.kind[n])
+                arg.append(self.arg[n])
+                value.append(self.value[n])
+                a_at.append(-1)
+                b_at.append(-1)
+                if self.kind[n] != EMPTY:
+                    f = self.kids[n]
+                    stack += [f + 1, f]  # child 0 first
+            else:
+                raise ProofError(f"node {n} of case {case} is neither split nor proven")
+            refresh.append(self.refresh[n])
+        p = 0 if self.cols is None else self.cols.size
+        out = dict(kind=np.array(kind, np.int8), arg=np.array(arg, np.int64),
+                   value=np.array(value, np.float64), refresh=np.array(refresh, np.int16),
+                   alpha_at=np.array(a_at, np.int64), beta_at=np.array(b_at, np.int64),
+                   cols=np.zeros(0, np.int64) if self.cols is None else self.cols,
+                   alpha=np.array(alphas, np.float32).reshape(len(alphas), p),
+                   beta=np.array(betas, np.float32).reshape(len(betas), p))
+        for k, (rows, sl) in sorted(self.layer_slopes.items()):
+            out[f"slopes_k{k}_rows"] = np.asarray(rows, np.int64)
+            out[f"slopes_k{k}"] = np.asarray(sl, np.float32)
+        return out
+
+
+def leaf_only(row: int) -> ProofTree:
+    """The tree of a case proven over its whole box by row ``row`` with default slopes."""
+    t = ProofTree()
+    t.prove(0, 0, row)
+    return t
+
+
+def sha256(path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def certificate(cases: Sequence[Dict[str, np.ndarray]], network: dict) -> Dict[str, np.ndarray]:
+    """The arrays of a certificate (header without the files: :func:`save` adds them)."""
+    out = {}
+    for c, arrays in enumerate(cases):
+        for name, a in arrays.items():
+            out[f"c{c}_{name}"] = a
+    out["_network"] = network
+    return out
+
+
+def save(path, cert: Dict[str, np.ndarray], model_file, spec_file) -> None:
+    """Write the certificate ``cert`` (from :func:`certificate`) for these files."""
+    import os
+
+    arrays = {k: v for k, v in cert.items() if not k.startswith("_")}
+    header = {"format": FORMAT, "version": VERSION, "kind": "verify",
+              "model": {"file": os.path.basename(str(model_file)), "sha256": sha256(model_file)},
+              "property": {"file": os.path.basename(str(spec_file)),
+                           "sha256": sha256(spec_file)},
+              "network": cert["_network"], "result": "unsat",
+              "cases": sum(1 for k in arrays if k.endswith("_kind"))}
+    arrays["header"] = np.frombuffer(json.dumps(header).encode("utf-8"), np.uint8)
+    tmp = f"{path}.tmp"
+    with open(tmp, "wb") as f:
+        np.savez_compressed(f, **arrays)
+    os.replace(tmp, path)
+
+
+def proof_name(inst) -> str:
+    """The certificate file of an instance of a list: ``{index:04d}_{onnx}_{vnnlib}.proof``
+    (the 0-based line, the files' names without their extension)."""
+    import os
+
+    stem = lambda p: os.path.splitext(os.path.basename(p))[0]  # noqa: E731
+    return f"{inst.index:04d}_{stem(inst.onnx)}_{stem(inst.vnnlib)}.proof"
+
+
+def write_verdict_proof(verdict, verifier, model_path, spec_path, path) -> str:
+    """Write the certificate of an unsat ``verdict``; returns why none was written ('' when
+    one was, or when the verdict is not unsat)."""
+    if verdict.result != "unsat":
+        return ""
+    trees = getattr(verdict, "proof", None)
+    if trees is None:
+        return "no certificate written: certificates cover dense ReLU networks (docs/proofs.md)"
+    if any(t is None for t in trees):
+        return "no certificate written: some case has no recorded proof (within the timeout)"
+    w = verifier.weights
+    network = {"inputs": int(w[0].shape[1]), "hidden": [int(x.shape[0]) for x in w[:-1]],
+               "outputs": int(w[-1].shape[0]), "activation": "relu"}
+    save(path, certificate(trees, network), model_path, spec_path)
+    return ""
