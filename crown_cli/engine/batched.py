@@ -354,6 +354,8 @@ def alpha_row_bound(net, info, lo, hi, A, rows, iters: int = 10, lr: float = 0.3
     lam_h = a @ net.W[-1]
     const_h = a @ net.b[-1]
     alpha = _alpha_steer(net, relax, unst, lam_h, const_h, lo, hi, iters, lr)
+    # the slopes as float32 values (any slope in [0, 1] holds): what a certificate stores
+    alpha = [np.asarray(a).astype(np.float32).astype(np.float64) for a in alpha]
     relax2 = [(aU, bU, np.where(un, al, aL), bL)
               for (aU, bU, aL, bL), un, al in zip(relax, unst, alpha)]
     absa = np.abs(a)

@@ -367,11 +367,16 @@ class Verifier(StagedVerifier):
         """One convex-hull input-splitting search
         (:func:`crown_cli.verification.bab.hull_split.hull_split_steps`) per open case."""
         from crown_cli.verification.bab.hull_split import hull_split_steps
+        from crown_cli.verification.proof import ProofTree
 
-        return [Run([j], "hull split",
-                    lambda progress, c=cases[j]: hull_split_steps(
-                        self.weights, self.biases, c.lo, c.hi, c.A, c.b, deadline,
-                        progress=progress))
+        def start(progress, j):
+            c = cases[j]
+            tree = ProofTree() if self.proof else None
+            steps = hull_split_steps(self.weights, self.biases, c.lo, c.hi, c.A, c.b, deadline,
+                                     progress=progress, proof=tree)
+            return self._recording(steps, tree, [j]) if self.proof else steps
+
+        return [Run([j], "hull split", lambda progress, j=j: start(progress, j))
                 for j in open_cases]
 
     def _relu_split_runs(self, cases, open_cases, margins, deadline) -> List[Run]:
@@ -433,8 +438,7 @@ class Verifier(StagedVerifier):
         (:func:`crown_cli.verification.schedule.race`): the first strategy alone, the others
         from ``JOIN_SHARE`` of the timeout on, then the time by measured progress."""
         runs = []
-        if hull_applies(self.weights, self.activation, self.n_inputs, INPUT_SPLIT_MAX_DIM) \
-                and not self.proof:  # (its bounds are not in the certificate format)
+        if hull_applies(self.weights, self.activation, self.n_inputs, INPUT_SPLIT_MAX_DIM):
             runs += self._hull_split_runs(cases, open_cases, deadline)
         if self.n_inputs <= INPUT_SPLIT_MAX_DIM:
             runs += self._input_split_runs(cases, open_cases, deadline)
@@ -488,6 +492,7 @@ class Verifier(StagedVerifier):
         ``INPUT_SPLIT_MAX_DIM`` inputs, else ReLU splitting) within the deadline."""
         from dataclasses import replace as _replace
 
+        from crown_cli.verification.bab.hull_split import hull_split_steps
         from crown_cli.verification.bab.input_split import input_split_steps, InputSplitProblem
         from crown_cli.verification.bab.relu_split import ReluSplitProblem, relu_split_steps
         from crown_cli.verification.outcome import finish
@@ -498,7 +503,12 @@ class Verifier(StagedVerifier):
         for j, c in enumerate(cases):
             t = self._trees.get(j)
             if t is None and time.monotonic() < deadline:
-                if self.n_inputs <= INPUT_SPLIT_MAX_DIM or len(self.weights) == 1:
+                if hull_applies(self.weights, self.activation, self.n_inputs,
+                                INPUT_SPLIT_MAX_DIM):
+                    tree = ProofTree()
+                    res = finish(hull_split_steps(self.weights, self.biases, c.lo, c.hi, c.A,
+                                                  c.b, deadline, proof=tree))
+                elif self.n_inputs <= INPUT_SPLIT_MAX_DIM or len(self.weights) == 1:
                     tree = ProofTree(np.arange(n_hidden))
                     res = finish(input_split_steps(InputSplitProblem(
                         self.weights, self.biases, self.activation, self.alpha, c.lo, c.hi,

@@ -16,7 +16,7 @@ from typing import Dict, List, Optional, Sequence
 import numpy as np
 
 FORMAT, VERSION = "crown-proof", 1
-OPEN, LEAF, INPUT, RELU, EMPTY = -1, 0, 1, 2, 3
+OPEN, LEAF, INPUT, RELU, EMPTY, HULL = -1, 0, 1, 2, 3, 4
 
 
 class ProofError(Exception):
@@ -70,10 +70,16 @@ class ProofTree:
 
     def prove(self, node: int, case: int, row: int, alpha=None, beta=None) -> None:
         """Node ``node`` proves case ``case`` by row ``row`` with these slopes and
-        multipliers over ``cols`` (None: the defaults)."""
+        multipliers over ``cols`` (None: the defaults), each exactly a float32."""
         self.leaves.setdefault((int(node), int(case)), (
-            int(row), None if alpha is None else np.asarray(alpha, np.float32),
-            None if beta is None else np.asarray(beta, np.float32)))
+            int(row), None if alpha is None else _exact32(alpha),
+            None if beta is None else _exact32(beta)))
+
+    def prove_hull(self, node: int, case: int, row: int, s, theta) -> None:
+        """Node ``node`` proves case ``case`` by row ``row`` with the hull lines ``s``
+        (n_1,) and ``theta`` (n_1, n_in) of a one-hidden-layer network (each a float32)."""
+        self.leaves.setdefault((int(node), int(case)), (int(row), HULL, (_exact32(s),
+                                                                         _exact32(theta))))
 
     def empty(self, node: int, neuron: int) -> None:
         """Node ``node`` has no point: the bounds of flat neuron ``neuron`` cross there."""
@@ -84,19 +90,29 @@ class ProofTree:
         """The arrays of docs/proofs.md for one case (without its box and rows), nodes in
         preorder; a node with no proof of the case and no children raises
         :class:`ProofError`."""
-        kind, arg, value, refresh, a_at, b_at = [], [], [], [], [], []
-        alphas, betas = [], []
+        kind, arg, value, refresh, a_at, b_at, h_at = [], [], [], [], [], [], []
+        alphas, betas, hs, hts = [], [], [], []
         stack = [0]
         while stack:
             n = stack.pop()
             leaf = self.leaves.get((n, case))
-            if leaf is not None:
+            if leaf is not None and leaf[1] is HULL:
+                kind.append(HULL)
+                arg.append(leaf[0])
+                value.append(np.nan)
+                a_at.append(-1)
+                b_at.append(-1)
+                h_at.append(len(hs))
+                hs.append(leaf[2][0])
+                hts.append(leaf[2][1])
+            elif leaf is not None:
                 row, al, be = leaf
                 kind.append(LEAF)
                 arg.append(row)
                 value.append(np.nan)
                 a_at.append(-1 if al is None else len(alphas))
                 b_at.append(-1 if be is None else len(betas))
+                h_at.append(-1)
                 if al is not None:
                     alphas.append(al)
                 if be is not None:
@@ -107,6 +123,7 @@ class ProofTree:
                 value.append(self.value[n])
                 a_at.append(-1)
                 b_at.append(-1)
+                h_at.append(-1)
                 if self.kind[n] != EMPTY:
                     f = self.kids[n]
                     stack += [f + 1, f]  # child 0 first
@@ -120,10 +137,22 @@ class ProofTree:
                    cols=np.zeros(0, np.int64) if self.cols is None else self.cols,
                    alpha=np.array(alphas, np.float32).reshape(len(alphas), p),
                    beta=np.array(betas, np.float32).reshape(len(betas), p))
+        if hs:
+            out.update(hull_at=np.array(h_at, np.int64), hull_s=np.stack(hs),
+                       hull_theta=np.stack(hts))
         for k, (rows, sl) in sorted(self.layer_slopes.items()):
             out[f"slopes_k{k}_rows"] = np.asarray(rows, np.int64)
             out[f"slopes_k{k}"] = np.asarray(sl, np.float32)
         return out
+
+
+def _exact32(a) -> np.ndarray:
+    """``a`` as float32, which must hold it exactly (the bound was verified at these values)."""
+    a = np.asarray(a)
+    out = a.astype(np.float32)
+    if a.dtype != np.float32 and not np.array_equal(out.astype(a.dtype), a):
+        raise ProofError("a certificate parameter is not a float32")
+    return out
 
 
 def leaf_only(row: int) -> ProofTree:

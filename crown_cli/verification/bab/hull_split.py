@@ -49,7 +49,8 @@ def hull_split(weights, biases, lo, hi, A, b, deadline: float, **options) -> Bab
 
 def hull_split_steps(weights, biases, lo, hi, A, b, deadline: float,
                      max_domains: Optional[int] = None, batch: int = BATCH,
-                     progress: Optional[Callable[[int, int, float], None]] = None):
+                     progress: Optional[Callable[[int, int, float], None]] = None,
+                     proof=None):
     """As a generator (yields the share of the box proven after every round, returns the
     :class:`BabResult`): decide whether some x in [lo, hi] has ``A f(x) <= b`` (all rows) for
     the ReLU network ``f(x) = W2 relu(W1 x + b1) + b2``.
@@ -64,7 +65,8 @@ def hull_split_steps(weights, biases, lo, hi, A, b, deadline: float,
 
     A sub-box is split at the midpoint of the input that causes most of its best row's loss
     at the bound's minimiser (:func:`crown_cli.engine.hull.split_scores`); its halves start
-    from its lines."""
+    from its lines. ``proof``: a :class:`~crown_cli.verification.proof.ProofTree` that records
+    the boxes' tree and each proven box's row and lines."""
     W1, W2 = (np.asarray(w, dtype=np.float64) for w in weights)
     b1, b2 = (np.asarray(v, dtype=np.float64) for v in biases)
     net = hull.HullNet(W1, b1)
@@ -99,6 +101,9 @@ def hull_split_steps(weights, biases, lo, hi, A, b, deadline: float,
             t0 = np.where(fixed[:, net.r], t0, T.reshape(N * R, nnz))
         s1, T1, _, xs = hull.hull_optimise(net, vr, cr, Lr, Hr, s0, t0,
                                            hull.Ascent(steps, lr, decay=DECAY), fixed=fixed)
+        # the lines as float32 values (any lines hold): what a certificate stores
+        s1 = s1.astype(np.float32).astype(np.float64)
+        T1 = T1.astype(np.float32).astype(np.float64)
         lb = hull.hull_bounds(net, vr, cr, np.tile(v_err, (N, 1)), np.tile(c_err, N),
                               Lr, Hr, s1, T1).reshape(N, R)
         pick = np.arange(N) * R + np.argmax(lb, axis=1)
@@ -106,6 +111,16 @@ def hull_split_steps(weights, biases, lo, hi, A, b, deadline: float,
         pts = np.concatenate([0.5 * (L + H), xs])
         return (s1.reshape(N, R, n).astype(np.float32), T1.reshape(N, R, nnz).astype(np.float32),
                 lb, G, pts)
+
+    def record(nodes, lb, S, T):
+        """``proof``: the boxes of ``nodes`` whose bound is above 0 as hull leaves."""
+        if proof is None:
+            return
+        for i in np.flatnonzero(lb.max(axis=1) > 0.0):
+            r = int(np.argmax(lb[i]))
+            theta = np.zeros((n, lo0.size), np.float32)
+            theta[net.r, net.q] = T[i, r]
+            proof.prove_hull(int(nodes[i]), 0, r, np.clip(S[i, r], 0.0, 1.0), theta)
 
     def attack(pts):
         X = np.clip(pts, lo0, hi0)
@@ -120,8 +135,10 @@ def hull_split_steps(weights, biases, lo, hi, A, b, deadline: float,
         return result("sat", x)
     score = lb.max(axis=1)
     if score[0] > 0.0:
+        record(np.zeros(1, np.int64), lb, S, T)
         return result("unsat")
-    pool = BoxPool(lo=L0.copy(), hi=H0.copy(), score=score, grad=G, s=S, theta=T, share=np.ones(1))
+    pool = BoxPool(lo=L0.copy(), hi=H0.copy(), score=score, grad=G, s=S, theta=T, share=np.ones(1),
+                   node=np.zeros(1, np.int64))
     while len(pool):
         if time.monotonic() >= deadline:
             return result("timeout", scores=pool.view("score"))
@@ -134,7 +151,12 @@ def hull_split_steps(weights, biases, lo, hi, A, b, deadline: float,
             return result("unknown", scores=np.r_[pool.view("score"), Sb],
                           note="box too small to split")
         k = L.shape[0]
-        L1, H1, L2, H2 = halve(L, H, np.argmax(np.where(ok, Gb, -1.0), axis=1))
+        dims = np.argmax(np.where(ok, Gb, -1.0), axis=1)
+        L1, H1, L2, H2 = halve(L, H, dims)
+        kids = np.zeros((k, 2), np.int64)
+        if proof is not None:
+            kids = proof.split_input(t["node"], dims, H1[np.arange(k), dims])
+        knodes = np.concatenate([kids[:, 0], kids[:, 1]])
         KL, KH = np.concatenate([L1, L2]), np.concatenate([H1, H2])
         S2, T2, lb, G, pts = bound(KL, KH, np.concatenate([t["s"], t["s"]]),
                                    np.concatenate([t["theta"], t["theta"]]), KID_STEPS, KID_LR)
@@ -146,7 +168,9 @@ def hull_split_steps(weights, biases, lo, hi, A, b, deadline: float,
         # a half is never worse than its parent (the parent's bound holds on it)
         score = np.maximum(lb.max(axis=1), np.concatenate([Sb, Sb]))
         live = score <= 0.0
+        record(knodes[~live], lb[~live], S2[~live], T2[~live])
         pool.push(lo=KL[live], hi=KH[live], score=score[live], grad=G[live], s=S2[live],
-                  theta=T2[live], share=0.5 * np.concatenate([Vb, Vb])[live])
+                  theta=T2[live], share=0.5 * np.concatenate([Vb, Vb])[live],
+                  node=knodes[live])
         yield pool.round_end(stats, progress)
     return result("unsat")

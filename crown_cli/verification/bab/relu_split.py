@@ -581,10 +581,11 @@ class _Search:
                 return False
             be[0, out[1]] = out[2]
         for scale in (1.0, 1.0 + 1e-6, 1.01):
-            v = self.verify64(split[i:i + 1], alpha[i:i + 1], scale * be, chords)
+            b32 = (scale * be).astype(np.float32)  # any beta >= 0 holds: a certificate's
+            v = self.verify64(split[i:i + 1], alpha[i:i + 1], b32, chords)
             if np.all((np.maximum.reduceat(v, bd.gstart, axis=1)[0] > 0.0) | done):
                 if self.proof is not None:
-                    self._record([node], split[i:i + 1], alpha[i:i + 1], scale * be, v,
+                    self._record([node], split[i:i + 1], alpha[i:i + 1], b32, v,
                                  ~done[None, :])
                 return True
         return False
