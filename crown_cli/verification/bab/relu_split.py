@@ -106,6 +106,10 @@ def root_layer_bounds(weights, biases, lo, hi, activation="relu", leak=None, ite
         optimise(sub, split, alpha, beta, iters, stop=False, deadline=deadline)
         a64 = np.clip(alpha.astype(np.float64), sub.leak, 1.0)
         v = sub.evaluate(split, a64, np.zeros(alpha.shape), np.float64)[0]
+        # a row whose optimised bound is not better than the one held keeps CROWN's slopes
+        # (what the bound held came from), so the slopes given reproduce every root bound
+        worse = v <= np.concatenate([l[rows], -u[rows]])
+        a64[0][worse] = np.broadcast_to(sub.initial_alpha(), a64[0].shape)[worse]
         found[k] = (rows, a64[0])
         # rows bound z_j - b_up and -z_j - b_up with b_up = 5e-324 > 0: v <= z_j (or -z_j)
         l, u = l.copy(), u.copy()
