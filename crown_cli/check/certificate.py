@@ -192,7 +192,8 @@ def walk(net, a, child1, bf, b_exact):
         if lv.size:
             s = np.where(st.sg != 0, st.sg, np.where(st.l >= 0, 1, np.where(st.u <= 0, -1, 0)))
             bat = a["beta_at"][ids[lv]]
-            B = a["beta"][np.maximum(bat, 0)] * (bat >= 0)[:, None]
+            B = np.zeros((lv.size, len(a["cols"])))
+            B[bat >= 0] = a["beta"][bat[bat >= 0]]
             unknown = (B > 0) & (s[lv][:, a["cols"]] == 0)
             for r, j in zip(*np.nonzero(unknown)):
                 fails.append((ids[lv[r]], f"multiplier {B[r, j]!r} on neuron {a['cols'][j]} whose "
