@@ -68,7 +68,7 @@ def _relax(L, E, c, l, u, alpha, bs):
         w = u - l
         su = np.where(uns & np.isfinite(w), u / w, np.nan)  # within 3u + eta of u/(u-l) <= 1
         sue, t = su + 4 * U, -su * l
-        thi = up(t + 4 * U * np.abs(l) + U * t)  # >= the exact intercept -l u / (u - l)
+        thi = np.nextafter(t + up(4 * U * np.abs(l) + U * t), np.inf)  # >= -l u / (u - l)
     pos, neg = uns & (L > E), uns & (L < -E)  # the exact coefficient's sign is known
     amb = uns & ~pos & ~neg & (A + E > 0)  # either line: coefficient 0, both charged
     mu = np.where(act, L, np.where(pos, L * alpha, np.where(neg, L * su, 0.0)))

@@ -51,7 +51,7 @@ def case_arrays(z, c, net):
     for k, what in (("alpha", "slope"), ("beta", "multiplier")):
         if not np.all((a[k] >= 0) & (a[k] <= (1 if k == "alpha" else np.inf))):
             r, j = np.argwhere(~((a[k] >= 0) & (a[k] <= (1 if k == "alpha" else np.inf))))[0]
-            raise Reject(f"certificate case {c}: {k} row {r}: {what} {a[k][r, j]!r} of neuron "
+            raise Reject(f"certificate case {c}: {k} row {r}: {what} {float(a[k][r, j])!r} of neuron "
                          f"{cols[j]} outside {'[0, 1]' if k == 'alpha' else '[0, inf)'}")
     a["layer_slopes"] = {}
     for k in range(1, net.K + 1):
@@ -196,14 +196,14 @@ def walk(net, a, child1, bf, b_exact):
             B[bat >= 0] = a["beta"][bat[bat >= 0]]
             unknown = (B > 0) & (s[lv][:, a["cols"]] == 0)
             for r, j in zip(*np.nonzero(unknown)):
-                fails.append((ids[lv[r]], f"multiplier {B[r, j]!r} on neuron {a['cols'][j]} whose "
+                fails.append((ids[lv[r]], f"multiplier {float(B[r, j])!r} on neuron {a['cols'][j]} whose "
                              "sign is not known at the node"))
             rows = arg[ids[lv]]
             v = _bound(net, st, a["A"][rows], net.K + 1, lv, colsets, a["alpha_at"][ids[lv]],
                        a["alpha"], (bat, a["beta"], s.astype(np.float64)))
             for r in np.nonzero(~(v > bf[rows]))[0]:
                 miss = float(b_exact[rows[r]] - Fraction(v[r])) if np.isfinite(v[r]) else np.inf
-                fails.append((ids[lv[r]], f"row {rows[r]}: lower bound {v[r]!r} of A_i y is not "
+                fails.append((ids[lv[r]], f"row {rows[r]}: lower bound {float(v[r])!r} of A_i y is not "
                              f"> b_i = {float(b_exact[rows[r]])!r} (missed by {miss:.3g})"))
         sp = np.nonzero((k == 1) | (k == 2))[0]
         if sp.size:
@@ -212,8 +212,8 @@ def walk(net, a, child1, bf, b_exact):
             dd = np.where(inp, d, 0)
             ok = ~inp | ((st.lo[sp, dd] <= val) & (val <= st.hi[sp, dd]))
             for r in np.nonzero(~ok)[0]:
-                fails.append((i[r], f"input split value {val[r]!r} of dimension {d[r]} outside "
-                             f"[{st.lo[sp[r], d[r]]!r}, {st.hi[sp[r], d[r]]!r}]"))
+                fails.append((i[r], f"input split value {float(val[r])!r} of dimension {d[r]} outside "
+                             f"[{float(st.lo[sp[r], d[r]])!r}, {float(st.hi[sp[r], d[r]])!r}]"))
             ch = st.take(np.concatenate([sp, sp]))
             n2, two = len(sp), np.arange(len(sp))
             inp2, d2 = np.concatenate([inp, inp]), np.concatenate([d, d])
