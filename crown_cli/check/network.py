@@ -55,7 +55,8 @@ def read_npz(path):
             arrays = {k: z[k] for k in z.files}
     except Exception as exc:
         raise CheckError(f"{path}: cannot read NPZ archive ({type(exc).__name__}: {exc})") from None
-    act = str(arrays.pop("activation", np.array("relu"))).strip().lower()
+    act = arrays.pop("activation", np.array("relu")).ravel()[:1].tolist() or ["?"]
+    act = (act[0].decode() if isinstance(act[0], bytes) else str(act[0])).strip().lower()
     if act != "relu":
         raise Reject(f"activation {act}: the checker takes ReLU networks only")
     arrays.pop("alpha", None)
