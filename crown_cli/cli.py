@@ -97,6 +97,57 @@ def _inspect_graph(model_path, g):
 
 
 @cli.command()
+@click.option("--model", "model_path", default=None, metavar="FILE", help="ONNX or NPZ model.")
+@click.option("--spec", "spec_path", default=None, metavar="FILE", help="VNN-LIB property.")
+@click.option("--instances", "instances_path", default=None, metavar="FILE",
+              help="An instance list (onnx,vnnlib,timeout per line, relative to its folder).")
+@click.option("--proof", "proof_path", required=True, metavar="FILE|DIR",
+              help="The certificate (--model/--spec) or the folder of certificates "
+                   "(--instances: {i:04d}_{onnx stem}_{vnnlib stem}.proof).")
+@_handle_errors
+def check(model_path, spec_path, instances_path, proof_path):
+    """Check crown verify certificates of unsat answers (docs/proofs.md) with an independent
+    checker. Exit 0: all accepted; 1: some rejected; 2: bad input."""
+    import os
+
+    from crown_cli import check as checker
+
+    if instances_path is not None:
+        if model_path or spec_path:
+            raise InputError("--instances: cannot be combined with --model/--spec")
+        from crown_cli.verification.runner import read_instances
+
+        if not os.path.isdir(proof_path):
+            raise InputError(f"{proof_path}: not a directory of certificates")
+        jobs, instances = [], read_instances(instances_path)
+        for inst in instances:
+            name = os.path.join(proof_path, checker.proof_name(inst.index, inst.onnx, inst.vnnlib))
+            if os.path.exists(name):
+                jobs.append((inst.path("onnx"), inst.path("vnnlib"), name))
+        if not jobs:
+            raise InputError(f"{proof_path}: no certificate of any instance of {instances_path}")
+        if len(jobs) < len(instances):
+            click.echo(f"crown: {len(instances) - len(jobs)} of {len(instances)} instances have no "
+                       f"certificate in {proof_path} (not checked)", err=True)
+    elif model_path and spec_path:
+        jobs = [(model_path, spec_path, proof_path)]
+    else:
+        raise click.UsageError("give --model and --spec, or --instances")
+    rejected = 0
+    for model, spec, proof in jobs:
+        try:
+            stats = checker.check(model, spec, proof)
+            click.echo(f"{proof}: accepted ({stats['cases']} cases, {stats['nodes']} nodes)")
+        except checker.Reject as exc:
+            rejected += 1
+            click.echo(f"{proof}: rejected: {exc}")
+        except checker.CheckError as exc:
+            raise InputError(str(exc)) from None
+    if rejected:
+        raise click.exceptions.Exit(1)
+
+
+@cli.command()
 @click.argument("parts", nargs=-1, required=True, type=click.Path(dir_okay=False),
                 metavar="FILE...")
 @click.option("--output", "-o", required=True, metavar="FILE",

@@ -1,0 +1,232 @@
+"""A certificate case's tree (docs/proofs.md): its arrays checked, its nodes walked in batches."""
+import numpy as np
+
+from .bounds import lower_bound
+from .network import Reject
+
+CHUNK = 512  # nodes per batch
+ROW_ELEMS = 2 ** 21  # row entries per back-substitution chunk
+_INT = ("kind", "arg", "refresh", "alpha_at", "beta_at", "cols")
+
+
+class State:
+    """Per node of a batch: box lo, hi (B, n_in); bounds l, u (B, H); signs sg (B, H) in {-1, 0, 1}."""
+
+    def __init__(self, lo, hi, l, u, sg):
+        self.lo, self.hi, self.l, self.u, self.sg = lo, hi, l, u, sg
+
+    def take(self, idx):
+        return State(*(a[idx] for a in (self.lo, self.hi, self.l, self.u, self.sg)))
+
+    @staticmethod
+    def cat(states):
+        return State(*(np.concatenate(a) for a in zip(*((s.lo, s.hi, s.l, s.u, s.sg) for s in states))))
+
+
+def case_arrays(z, c, net):
+    """The arrays of certificate case c, their dtypes and shapes checked (Reject naming one)."""
+    H, n_in, n_out = int(net.offsets[-1]), net.sizes[0], net.sizes[-1]
+    a = {}
+    for name in ("lo", "hi", "A", "kind", "arg", "value", "refresh", "alpha_at", "beta_at",
+                 "cols", "alpha", "beta"):
+        key = f"c{c}_{name}"
+        if key not in z:
+            if name in ("alpha", "beta"):
+                a[name] = np.zeros((0, len(a["cols"])))
+                continue
+            raise Reject(f"certificate case {c}: array {name} missing")
+        v = z[key]
+        if v.dtype.kind not in ("iu" if name in _INT else "f") or v.dtype.itemsize > 8:
+            raise Reject(f"certificate case {c}: {name} has dtype {v.dtype}")
+        a[name] = v.astype(np.int64 if name in _INT else np.float64)
+    N, p = len(a["kind"]), len(a["cols"])
+    want = {"lo": (n_in,), "hi": (n_in,), "A": (a["A"].shape[0], n_out), "alpha": (len(a["alpha"]), p),
+            "beta": (len(a["beta"]), p), **{k: (N,) for k in ("arg", "value", "refresh", "alpha_at", "beta_at")}}
+    for k, shape in want.items():
+        if a[k].shape != shape or (a["A"].ndim != 2):
+            raise Reject(f"certificate case {c}: {k} has shape {a[k].shape}, expected {shape}")
+    cols = a["cols"]
+    if p and (cols[0] < 0 or cols[-1] >= H or np.any(np.diff(cols) <= 0)):
+        raise Reject(f"certificate case {c}: cols not increasing flat neuron indices < {H}")
+    for k, what in (("alpha", "slope"), ("beta", "multiplier")):
+        if not np.all((a[k] >= 0) & (a[k] <= (1 if k == "alpha" else np.inf))):
+            r, j = np.argwhere(~((a[k] >= 0) & (a[k] <= (1 if k == "alpha" else np.inf))))[0]
+            raise Reject(f"certificate case {c}: {k} row {r}: {what} {float(a[k][r, j])!r} of neuron "
+                         f"{cols[j]} outside {'[0, 1]' if k == 'alpha' else '[0, inf)'}")
+    a["layer_slopes"] = {}
+    for k in range(1, net.K + 1):
+        if f"c{c}_slopes_k{k}" not in z and f"c{c}_slopes_k{k}_rows" not in z:
+            continue
+        rows, S = z.get(f"c{c}_slopes_k{k}_rows"), z.get(f"c{c}_slopes_k{k}")
+        ck = int(np.sum(cols < net.offsets[k - 1]))
+        if (rows is None or S is None or rows.dtype.kind not in "iu" or S.dtype.kind != "f"
+                or rows.ndim != 1 or S.shape != (2 * len(rows), ck)
+                or np.any(rows < net.offsets[k - 1]) or np.any(rows >= net.offsets[k])
+                or len(set(rows.tolist())) != len(rows)):
+            raise Reject(f"certificate case {c}: layer slopes of layer {k} malformed")
+        if not np.all((S >= 0) & (S <= 1)):
+            raise Reject(f"certificate case {c}: a layer-{k} slope outside [0, 1]")
+        pos = np.full(net.sizes[k], -1)
+        pos[rows - net.offsets[k - 1]] = np.arange(len(rows))
+        a["layer_slopes"][k] = (pos, S.astype(np.float64), cols[:ck])
+    return a
+
+
+def structure(a, net, m):
+    """Check the preorder arrays form one tree with valid arguments; child 1 of each split."""
+    kind, arg, N = a["kind"], a["arg"], len(a["kind"])
+    if N == 0:
+        raise Reject("the tree has no node")
+    limit = {0: m, 1: net.sizes[0], 2: int(net.offsets[-1])}
+    child1, stack = np.full(N, -1), [(-1, 0)]
+    for i in range(N):
+        if not stack:
+            raise Reject(f"node {i}: extra node after the tree's last leaf (preorder arrays too long)")
+        parent, side = stack.pop()
+        if side:
+            child1[parent] = i
+        k = int(kind[i])
+        if k not in (0, 1, 2, 3):
+            raise Reject(f"node {i}: kind {k}")
+        if k != 3 and not 0 <= arg[i] < limit[k]:
+            raise Reject(f"node {i}: argument {arg[i]} out of range for kind {k}")
+        if k in (1, 2):
+            stack += [(i, 1), (i, 0)]
+    if stack:
+        raise Reject(f"node {stack[-1][0]}: child {stack[-1][1]} missing (preorder arrays end early)")
+    if a["refresh"][0] != 1 or np.any(a["refresh"] < 1):
+        raise Reject("refresh must be 1 at the root and >= 1 everywhere")
+    leaf = kind == 0
+    for at, name in (("alpha_at", "alpha"), ("beta_at", "beta")):
+        bad = ~((a[at] == -1) | (leaf & (a[at] >= 0) & (a[at] < len(a[name]))))
+        if bad.any():
+            raise Reject(f"node {int(np.argmax(bad))}: {at} {a[at][bad][0]} is not a row of {name}")
+    return child1
+
+
+def _colsets(net, cols):
+    """Per hidden layer m: (positions in cols, neuron indices within layer m)."""
+    out = {}
+    for m in range(1, net.K + 1):
+        idx = np.nonzero((cols >= net.offsets[m - 1]) & (cols < net.offsets[m]))[0]
+        out[m] = (idx, cols[idx] - net.offsets[m - 1])
+    return out
+
+
+def _bound(net, st, L, top, nodes, colsets, srow, S, beta=None):
+    """lower_bound in chunks of rows; rows with srow >= 0 take the slopes S[srow] over colsets,
+    the others the default; beta = (rows of B or -1, B, node signs (B_nodes, H)) or None."""
+    out = np.empty(len(nodes))
+    step = max(1, ROW_ELEMS // max(net.sizes))
+    for a in range(0, len(nodes), step):
+        sr, nd = srow[a:a + step], nodes[a:a + step]
+        sel = np.nonzero(sr >= 0)[0]
+
+        def slopes(m, l, u):
+            al = np.where(u >= -l, 1.0, 0.0)
+            idx, loc = colsets[m]
+            if sel.size and idx.size:
+                al[np.ix_(sel, loc)] = S[np.ix_(sr[sel], idx)]
+            return al
+
+        def betas(m):
+            br, B, sg = beta[0][a:a + step], beta[1], beta[2]
+            bsel, (idx, loc) = np.nonzero(br >= 0)[0], colsets[m]
+            bs = np.zeros((len(nd), net.sizes[m]))
+            if bsel.size and idx.size:
+                bs[np.ix_(bsel, loc)] = B[np.ix_(br[bsel], idx)]
+            return bs * sg[nd, net.offsets[m - 1]:net.offsets[m]]
+
+        out[a:a + step] = lower_bound(net, st, L[a:a + step], top, nd, slopes,
+                                      betas if beta is not None else None)
+    return out
+
+
+def update(net, st, refresh, layer_slopes):
+    """Steps 1-2 of docs/proofs.md for every node of the batch, layers 1..K."""
+    for k in range(1, net.K + 1):
+        sl = slice(net.offsets[k - 1], net.offsets[k])
+        l, u, sg = st.l[:, sl], st.u[:, sl], st.sg[:, sl]
+        nodes, js = np.nonzero((l < 0) & (u > 0) & (refresh <= k)[:, None])
+        if nodes.size:
+            R, n = nodes.size, net.sizes[k]
+            L = np.zeros((2 * R, n))
+            L[np.arange(R), js] = 1.0
+            L[np.arange(R, 2 * R), js] = -1.0
+            pos, S, ck = layer_slopes.get(k, (np.full(n, -1), np.zeros((0, 0)), net.offsets[:0]))
+            srow = pos[js]
+            srow = np.concatenate([srow, np.where(srow >= 0, srow + len(S) // 2, -1)])
+            v = _bound(net, st, L, k, np.concatenate([nodes, nodes]), _colsets(net, ck), srow, S)
+            l[nodes, js] = np.fmax(l[nodes, js], v[:R])
+            u[nodes, js] = np.fmin(u[nodes, js], -v[R:])
+        np.maximum(l, 0.0, out=l, where=sg > 0)
+        np.minimum(u, 0.0, out=u, where=sg < 0)
+
+
+def walk(net, a, child1, bf, b_exact):
+    """Walk the tree from its root box; Reject with the first failure found. ``bf[i]``: the
+    largest float <= b_exact[i], the threshold of row i (a float V > b_i iff V > bf[i])."""
+    from fractions import Fraction
+
+    kind, arg, value, H = a["kind"], a["arg"], a["value"], int(net.offsets[-1])
+    colsets, nodes_done = _colsets(net, a["cols"]), 0
+    root = State(a["lo"][None], a["hi"][None], np.full((1, H), -np.inf), np.full((1, H), np.inf),
+                 np.zeros((1, H), dtype=np.int8))
+    pool = [(np.array([0]), root)]
+    while pool:
+        ids, st = pool.pop()
+        while pool and len(ids) < CHUNK:
+            more, s2 = pool.pop()
+            ids, st = np.concatenate([ids, more]), State.cat([st, s2])
+        if len(ids) > CHUNK:
+            pool.append((ids[CHUNK:], st.take(slice(CHUNK, None))))
+            ids, st = ids[:CHUNK], st.take(slice(0, CHUNK))
+        nodes_done += len(ids)
+        update(net, st, a["refresh"][ids], a["layer_slopes"])
+        fails = []
+        k = kind[ids]
+        empty = (st.l > st.u).any(1)
+        for r in np.nonzero((k == 3) & ~empty)[0]:
+            fails.append((ids[r], "leaf of kind 3 (empty) but no neuron has l > u"))
+        lv = np.nonzero(k == 0)[0]
+        if lv.size:
+            s = np.where(st.sg != 0, st.sg, np.where(st.l >= 0, 1, np.where(st.u <= 0, -1, 0)))
+            bat = a["beta_at"][ids[lv]]
+            B = np.zeros((lv.size, len(a["cols"])))
+            B[bat >= 0] = a["beta"][bat[bat >= 0]]
+            unknown = (B > 0) & (s[lv][:, a["cols"]] == 0)
+            for r, j in zip(*np.nonzero(unknown)):
+                fails.append((ids[lv[r]], f"multiplier {float(B[r, j])!r} on neuron {a['cols'][j]} whose "
+                             "sign is not known at the node"))
+            rows = arg[ids[lv]]
+            v = _bound(net, st, a["A"][rows], net.K + 1, lv, colsets, a["alpha_at"][ids[lv]],
+                       a["alpha"], (bat, a["beta"], s.astype(np.float64)))
+            for r in np.nonzero(~(v > bf[rows]))[0]:
+                miss = float(b_exact[rows[r]] - Fraction(v[r])) if np.isfinite(v[r]) else np.inf
+                fails.append((ids[lv[r]], f"row {rows[r]}: lower bound {float(v[r])!r} of A_i y is not "
+                             f"> b_i = {float(b_exact[rows[r]])!r} (missed by {miss:.3g})"))
+        sp = np.nonzero((k == 1) | (k == 2))[0]
+        if sp.size:
+            i, d, val = ids[sp], arg[ids[sp]], value[ids[sp]]
+            inp = k[sp] == 1
+            dd = np.where(inp, d, 0)
+            ok = ~inp | ((st.lo[sp, dd] <= val) & (val <= st.hi[sp, dd]))
+            for r in np.nonzero(~ok)[0]:
+                fails.append((i[r], f"input split value {float(val[r])!r} of dimension {d[r]} outside "
+                             f"[{float(st.lo[sp[r], d[r]])!r}, {float(st.hi[sp[r], d[r]])!r}]"))
+            ch = st.take(np.concatenate([sp, sp]))
+            n2, two = len(sp), np.arange(len(sp))
+            inp2, d2 = np.concatenate([inp, inp]), np.concatenate([d, d])
+            lo_side = np.concatenate([np.zeros(n2, bool), np.ones(n2, bool)])
+            rr = np.concatenate([two, two + n2])
+            sel = inp2 & ~lo_side
+            ch.hi[rr[sel], d2[sel]] = np.concatenate([val, val])[sel]
+            sel = inp2 & lo_side
+            ch.lo[rr[sel], d2[sel]] = np.concatenate([val, val])[sel]
+            sel = ~inp2
+            ch.sg[rr[sel], d2[sel]] = np.where(lo_side[sel], 1, -1)
+            pool.append((np.concatenate([i + 1, child1[i]]), ch))
+        if fails:
+            node, why = min(fails, key=lambda f: f[0])
+            raise Reject(f"node {node}: {why}")
+    return nodes_done

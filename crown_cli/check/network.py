@@ -1,0 +1,84 @@
+"""The network as the checker reads it: affine operations per layer, ReLUs between layers.
+
+``layers[k]`` (k = 0..K) is the list of operations of G_{k+1}, each kept as the file wrote it:
+``("mat", W)`` y = x @ W (W: (n_in, n_out) float64), ``("scale", a)`` y = a x, ``("add", c, s)``
+y = x + s c (c: (n,) float64, s a float). Values read from float32 are converted exactly.
+"""
+import numpy as np
+
+MAX_WIDTH = 2 ** 20  # the widest vector the error bounds of bounds.py allow (bounds.up)
+
+
+class CheckError(Exception):
+    """Bad input: a missing or unreadable file (one line, naming the file)."""
+
+
+class Reject(Exception):
+    """A certificate, model or property outside what the checker accepts (one-line reason)."""
+
+
+class Network:
+    """A chain y = G_{K+1}(relu(... relu(G_1(x)))); ``sizes`` = [n_0, n_1, .., n_{K+1}]."""
+
+    def __init__(self, layers, sizes):
+        self.layers, self.sizes = layers, sizes
+        self.K = len(layers) - 1
+        self.hidden = sizes[1:-1]
+        self.offsets = np.concatenate([[0], np.cumsum(self.hidden)]).astype(np.int64)
+        if max(sizes) > MAX_WIDTH:
+            raise Reject(f"a layer of {max(sizes)} values is wider than {MAX_WIDTH}")
+        for ops in layers:
+            for op in ops:
+                if not all(np.all(np.isfinite(v)) for v in op[1:]):
+                    raise Reject("a weight is NaN or infinite")
+
+    def forward(self, x):
+        """Float64 outputs (B, n_out) for inputs (B, n_in) (not used by the check)."""
+        x = np.asarray(x, dtype=np.float64)
+        for k, ops in enumerate(self.layers):
+            if k:
+                x = np.maximum(x, 0.0)
+            for op in ops:
+                if op[0] == "mat":
+                    x = x @ op[1]
+                elif op[0] == "scale":
+                    x = op[1] * x
+                else:
+                    x = x + op[2] * op[1]
+        return x
+
+
+def read_npz(path):
+    """crown's NPZ layout (docs/formats.md): W0..W{m-1} (out, in), b0..b{m-1}, activation relu."""
+    try:
+        with np.load(path, allow_pickle=False) as z:
+            arrays = {k: z[k] for k in z.files}
+    except Exception as exc:
+        raise CheckError(f"{path}: cannot read NPZ archive ({type(exc).__name__}: {exc})") from None
+    act = arrays.pop("activation", np.array("relu")).ravel()[:1].tolist() or ["?"]
+    act = (act[0].decode() if isinstance(act[0], bytes) else str(act[0])).strip().lower()
+    if act != "relu":
+        raise Reject(f"activation {act}: the checker takes ReLU networks only")
+    arrays.pop("alpha", None)
+    m = sum(1 for k in arrays if k.startswith("W"))
+    if m == 0 or sorted(arrays) != sorted([f"W{i}" for i in range(m)] + [f"b{i}" for i in range(m)]):
+        raise Reject(f"arrays W0..W{m - 1}, b0..b{m - 1} expected, found {sorted(arrays)}")
+    layers, sizes = [], []
+    for i in range(m):
+        w, b = _exact(arrays[f"W{i}"], f"W{i}"), _exact(arrays[f"b{i}"], f"b{i}")
+        if w.ndim != 2 or b.shape != (w.shape[0],) or (sizes and sizes[-1] != w.shape[1]):
+            raise Reject(f"W{i} {w.shape} / b{i} {b.shape} do not chain")
+        sizes = sizes or [w.shape[1]]
+        sizes.append(w.shape[0])
+        layers.append([("mat", np.ascontiguousarray(w.T)), ("add", b, 1.0)])
+    return Network(layers, sizes)
+
+
+def _exact(a, name):
+    """float64 copy of a numeric array, refused where the conversion would round."""
+    if a.dtype.kind not in "fiu":
+        raise Reject(f"{name}: dtype {a.dtype} is not numeric")
+    out = a.astype(np.float64)
+    if a.dtype.kind in "iu" and not np.array_equal(out.astype(a.dtype), a):
+        raise Reject(f"{name}: integers beyond float64's exact range")
+    return out

@@ -1,0 +1,204 @@
+"""A minimal ONNX reader: the protobuf wire format decoded by hand (onnx.proto's field numbers),
+for chains of the operators of docs/proofs.md's scope."""
+import numpy as np
+
+from .network import Network, Reject
+
+# TensorProto data types: numpy dtype and the repeated field holding the values
+_TYPES = {1: ("<f4", 4), 11: ("<f8", 10), 7: ("<i8", 7), 6: ("<i4", 5)}
+_ATTRS = {"Gemm": {"alpha", "beta", "transA", "transB"}, "Flatten": {"axis"},
+          "Reshape": {"allowzero"}}
+_OPS = {"Gemm", "MatMul", "Add", "Sub", "Relu", "Flatten", "Reshape", "Identity"}
+
+
+def _varint(buf, i):
+    value = shift = 0
+    while shift < 70:
+        byte = buf[i]
+        value |= (byte & 0x7F) << shift
+        i += 1
+        if byte < 0x80:
+            return value, i
+        shift += 7
+    raise ValueError("varint longer than 10 bytes")
+
+
+def _fields(buf):
+    """{field number: [values]} of one message: ints (varints) or memoryviews (other wire types)."""
+    out, i = {}, 0
+    while i < len(buf):
+        key, i = _varint(buf, i)
+        wire = key & 7
+        if wire == 0:
+            value, i = _varint(buf, i)
+        elif wire in (1, 2, 5):
+            size = {1: 8, 5: 4}.get(wire)
+            if size is None:
+                size, i = _varint(buf, i)
+            if i + size > len(buf):
+                raise ValueError("truncated field")
+            value, i = buf[i:i + size], i + size
+        else:
+            raise ValueError(f"wire type {wire}")
+        out.setdefault(key >> 3, []).append(value)
+    return out
+
+
+def _ints(values):
+    """A repeated int64 field, packed or not, as signed ints."""
+    out = []
+    for v in values:
+        if isinstance(v, int):
+            out.append(v)
+        else:
+            i = 0
+            while i < len(v):
+                x, i = _varint(v, i)
+                out.append(x)
+    return [x - (1 << 64) if x >= 1 << 63 else x for x in out]
+
+
+def _str(values, default=""):
+    return bytes(values[0]).decode("utf-8") if values else default
+
+
+def _tensor(buf):
+    f = _fields(buf)
+    dims, dtype, name = _ints(f.get(1, [])), f.get(2, [0])[0], _str(f.get(8))
+    if 13 in f or f.get(14, [0])[0] == 1:
+        raise Reject(f"tensor {name}: external data is not supported")
+    if dtype not in _TYPES:
+        raise Reject(f"tensor {name}: data type {dtype} is not supported")
+    fmt, field = _TYPES[dtype]
+    if 9 in f:
+        a = np.frombuffer(bytes(f[9][0]), fmt)
+    elif fmt[1] == "f":  # float_data / double_data: fixed-size values, packed or not
+        a = np.frombuffer(b"".join(bytes(v) for v in f.get(field, [])), fmt)
+    else:
+        a = np.array(_ints(f.get(field, [])), dtype=np.int64)
+    if a.size != int(np.prod(dims)):
+        raise Reject(f"tensor {name}: {a.size} values for shape {dims}")
+    a = a.reshape(dims)
+    return name, (a.astype(np.float64) if fmt[1] == "f" else a.astype(np.int64))
+
+
+def _attribute(buf):
+    f = _fields(buf)
+    kind = f.get(20, [0])[0]
+    if kind == 1 or (kind == 0 and 2 in f):
+        value = float(np.frombuffer(bytes(f[2][0]), "<f4")[0]) if 2 in f else 0.0
+    elif kind == 2 or (kind == 0 and 3 in f):
+        value = _ints(f.get(3, [0]))[0]
+    elif kind == 4 or (kind == 0 and 5 in f):
+        value = _tensor(f[5][0])[1]
+    elif kind == 7 or (kind == 0 and 8 in f):
+        value = np.array(_ints(f.get(8, [])), dtype=np.int64)
+    elif kind == 6 or (kind == 0 and 7 in f):
+        value = np.frombuffer(b"".join(bytes(v) for v in f.get(7, [])), "<f4").astype(np.float64)
+    else:
+        value = None  # strings, graphs: no operator in scope reads them
+    return _str(f.get(1)), value
+
+
+def _shape(buf):
+    """Dims of a ValueInfoProto's tensor type; a symbolic or missing first dim is 1."""
+    t = _fields(_fields(_fields(buf).get(2, [b""])[0]).get(1, [b""])[0])
+    dims = []
+    for d in _fields(t.get(2, [b""])[0]).get(1, []):
+        dims.append(_ints(_fields(d).get(1, [0]))[0])
+    if dims and dims[0] <= 0:
+        dims[0] = 1
+    if any(d <= 0 for d in dims):
+        raise Reject(f"input shape {dims}: only the first dimension may be symbolic")
+    return tuple(dims)
+
+
+def read_onnx(data):
+    """The Network of an ONNX file's bytes (Reject with the reason for anything else)."""
+    try:
+        model = _fields(memoryview(data))
+        graph = _fields(model[7][0])
+    except (ValueError, IndexError, KeyError) as exc:
+        raise Reject(f"not an ONNX model ({exc})") from None
+    if graph.get(15):
+        raise Reject("sparse initializers are not supported")
+    consts = dict(_tensor(t) for t in graph.get(5, []))
+    inputs = [(_str(_fields(v).get(1)), v) for v in graph.get(11, [])]
+    inputs = [(n, v) for n, v in inputs if n not in consts]
+    outputs = [_str(_fields(v).get(1)) for v in graph.get(12, [])]
+    if len(inputs) != 1 or len(outputs) != 1:
+        raise Reject(f"{len(inputs)} data inputs and {len(outputs)} outputs; one of each expected")
+    cur, shape = inputs[0][0], _shape(inputs[0][1])
+    layers, sizes = [[]], [int(np.prod(shape))]
+    for pos, nb in enumerate(graph.get(1, [])):
+        nf = _fields(nb)
+        ins, outs = [_str([v]) for v in nf.get(1, [])], [_str([v]) for v in nf.get(2, [])]
+        op, name = _str(nf.get(4)), _str(nf.get(3)) or f"#{pos}"
+        attrs = dict(_attribute(a) for a in nf.get(5, []))
+        where = f"{op} node {name}"
+        if _str(nf.get(7)) not in ("", "ai.onnx"):
+            raise Reject(f"{where}: operator domain {_str(nf.get(7))} is not supported")
+        if op == "Constant":
+            (key, value), = attrs.items()
+            consts[outs[0]] = np.array(value, dtype=np.float64 if key.startswith("value_f")
+                                       else None)
+            continue
+        if op not in _OPS:
+            raise Reject(f"{where}: operator {op} is outside the checker's scope (dense ReLU chains)")
+        if set(attrs) - _ATTRS.get(op, set()):
+            raise Reject(f"{where}: attributes {sorted(set(attrs) - _ATTRS.get(op, set()))} not supported")
+        const = [consts[x] for x in ins if x in consts]
+        if [x for x in ins if x not in consts] != [cur] or len(outs) != 1:
+            raise Reject(f"{where}: not a chain (its data input is not the previous node's output)")
+        shape = _apply(op, ins[0] == cur, const, attrs, shape, layers[-1], where)
+        if op == "Relu":
+            layers.append([])
+            sizes.append(int(np.prod(shape)))
+        cur = outs[0]
+    if cur != outputs[0]:
+        raise Reject(f"the graph output {outputs[0]} is not the end of the chain ({cur})")
+    return Network(layers, sizes + [int(np.prod(shape))])
+
+
+def _apply(op, data_first, const, attrs, shape, ops, where):
+    """Append the node's affine operations to ``ops``; the data's shape after it."""
+    n = int(np.prod(shape))
+    if op in ("Relu", "Identity"):
+        return shape
+    if op == "Flatten":
+        axis = attrs.get("axis", 1) % (len(shape) + 1) if shape else 0
+        return (int(np.prod(shape[:axis])), int(np.prod(shape[axis:])))
+    if op == "Reshape":
+        spec = [int(d) for d in const[0].ravel()]
+        spec = [shape[i] if d == 0 and not attrs.get("allowzero") else d for i, d in enumerate(spec)]
+        if spec.count(-1) == 1:
+            rest = int(np.prod([d for d in spec if d != -1]))
+            spec[spec.index(-1)] = n // rest if rest and n % rest == 0 else -2
+        if int(np.prod(spec)) != n or min(spec, default=1) < 0:
+            raise Reject(f"{where}: cannot reshape {shape} to {spec}")
+        return tuple(spec)
+    if op in ("Add", "Sub"):
+        c = const[0]
+        if np.broadcast_shapes(shape, c.shape) != tuple(shape):
+            raise Reject(f"{where}: the constant {c.shape} would broadcast the data {shape}")
+        if op == "Sub" and not data_first:
+            ops.append(("scale", -1.0))
+        ops.append(("add", np.broadcast_to(c, shape).ravel().copy(),
+                    -1.0 if op == "Sub" and data_first else 1.0))
+        return shape
+    w = const[0]
+    if op == "Gemm":
+        if attrs.get("transA", 0) or len(shape) != 2:
+            raise Reject(f"{where}: transA or a data input {shape} that is not (1, n)")
+        w = w.T if attrs.get("transB", 0) else w
+    if not data_first or w.ndim != 2 or not shape or n != shape[-1] or w.shape[0] != n:
+        raise Reject(f"{where}: the data {shape} is not a vector times a constant matrix {w.shape}")
+    ops.append(("mat", np.ascontiguousarray(w)))
+    shape = tuple(shape[:-1]) + (w.shape[1],)
+    if op == "Gemm" and attrs.get("alpha", 1.0) != 1.0:
+        ops.append(("scale", attrs["alpha"]))
+    if op == "Gemm" and len(const) > 1:
+        _apply("Add", True, const[1:], {}, shape, ops, where)
+        if attrs.get("beta", 1.0) != 1.0:
+            ops[-1] = ("add", ops[-1][1], attrs["beta"])
+    return shape
