@@ -107,3 +107,27 @@ def lower_bound(net, st, L, top, nodes, slopes, betas=None):
     v = down(down(p.sum(1) + c) - err)
     bad |= ~(np.isfinite(L).all(1) & np.isfinite(E).all(1))
     return np.where(bad, -np.inf, v)
+
+
+def interval(ops, lo, hi):
+    """Bounds (B, n_out) of ``ops`` applied to every point of the boxes [lo, hi] (B, n_in):
+    outward, each rounding charged (a product by Higham's bound, a sum by one ulp)."""
+    lo, hi = np.asarray(lo, dtype=np.float64), np.asarray(hi, dtype=np.float64)
+    for op in ops:
+        if op[0] == "mat":
+            W = op[1]
+            Wp, Wn = np.maximum(W, 0.0), np.minimum(W, 0.0)
+            g = gamma(W.shape[0])
+            with np.errstate(invalid="ignore"):
+                err = up(g * (np.abs(lo) @ np.abs(W) + np.abs(hi) @ np.abs(W)))
+                lo, hi = down(lo @ Wp + hi @ Wn - err), -down(-(hi @ Wp + lo @ Wn) - err)
+        elif op[0] == "scale":
+            a = op[1]
+            lo, hi = (a * lo, a * hi) if a >= 0 else (a * hi, a * lo)
+            lo, hi = down(lo), -down(-hi)
+        else:
+            t = op[2] * op[1]
+            e = up(2 * U * np.abs(t))
+            lo, hi = down(down(lo + t) - e), -down(down(-hi - t) - e)
+        lo, hi = np.where(np.isnan(lo), -np.inf, lo), np.where(np.isnan(hi), np.inf, hi)
+    return lo, hi

@@ -1,12 +1,13 @@
 """A certificate case's tree (docs/proofs.md): its arrays checked, its nodes walked in batches."""
 import numpy as np
 
-from .bounds import lower_bound
+from .bounds import interval, lower_bound
+from .hull import hull_holds
 from .network import Reject
 
 CHUNK = 512  # nodes per batch
 ROW_ELEMS = 2 ** 21  # row entries per back-substitution chunk
-_INT = ("kind", "arg", "refresh", "alpha_at", "beta_at", "cols")
+_INT = ("kind", "arg", "refresh", "alpha_at", "beta_at", "cols", "hull_at")
 
 
 class State:
@@ -28,11 +29,17 @@ def case_arrays(z, c, net):
     H, n_in, n_out = int(net.offsets[-1]), net.sizes[0], net.sizes[-1]
     a = {}
     for name in ("lo", "hi", "A", "kind", "arg", "value", "refresh", "alpha_at", "beta_at",
-                 "cols", "alpha", "beta"):
+                 "cols", "alpha", "beta", "hull_at", "hull_s", "hull_theta"):
         key = f"c{c}_{name}"
         if key not in z:
             if name in ("alpha", "beta"):
                 a[name] = np.zeros((0, len(a["cols"])))
+                continue
+            if name == "hull_at":
+                a[name] = np.full(len(a["kind"]), -1)
+                continue
+            if name in ("hull_s", "hull_theta"):
+                a[name] = np.zeros((0, net.sizes[1]) + ((n_in,) if name == "hull_theta" else ()))
                 continue
             raise Reject(f"certificate case {c}: array {name} missing")
         v = z[key]
@@ -41,7 +48,9 @@ def case_arrays(z, c, net):
         a[name] = v.astype(np.int64 if name in _INT else np.float64)
     N, p = len(a["kind"]), len(a["cols"])
     want = {"lo": (n_in,), "hi": (n_in,), "A": (a["A"].shape[0], n_out), "alpha": (len(a["alpha"]), p),
-            "beta": (len(a["beta"]), p), **{k: (N,) for k in ("arg", "value", "refresh", "alpha_at", "beta_at")}}
+            "beta": (len(a["beta"]), p), "hull_s": (len(a["hull_s"]), net.sizes[1]),
+            "hull_theta": (len(a["hull_s"]), net.sizes[1], n_in),
+            **{k: (N,) for k in ("arg", "value", "refresh", "alpha_at", "beta_at", "hull_at")}}
     for k, shape in want.items():
         if a[k].shape != shape or (a["A"].ndim != 2):
             raise Reject(f"certificate case {c}: {k} has shape {a[k].shape}, expected {shape}")
@@ -77,7 +86,7 @@ def structure(a, net, m):
     kind, arg, N = a["kind"], a["arg"], len(a["kind"])
     if N == 0:
         raise Reject("the tree has no node")
-    limit = {0: m, 1: net.sizes[0], 2: int(net.offsets[-1])}
+    limit = {0: m, 1: net.sizes[0], 2: int(net.offsets[-1]), 3: int(net.offsets[-1]), 4: m}
     child1, stack = np.full(N, -1), [(-1, 0)]
     for i in range(N):
         if not stack:
@@ -86,9 +95,9 @@ def structure(a, net, m):
         if side:
             child1[parent] = i
         k = int(kind[i])
-        if k not in (0, 1, 2, 3):
+        if k not in (0, 1, 2, 3, 4):
             raise Reject(f"node {i}: kind {k}")
-        if k != 3 and not 0 <= arg[i] < limit[k]:
+        if not 0 <= arg[i] < limit[k]:
             raise Reject(f"node {i}: argument {arg[i]} out of range for kind {k}")
         if k in (1, 2):
             stack += [(i, 1), (i, 0)]
@@ -96,9 +105,11 @@ def structure(a, net, m):
         raise Reject(f"node {stack[-1][0]}: child {stack[-1][1]} missing (preorder arrays end early)")
     if a["refresh"][0] != 1 or np.any(a["refresh"] < 1):
         raise Reject("refresh must be 1 at the root and >= 1 everywhere")
-    leaf = kind == 0
-    for at, name in (("alpha_at", "alpha"), ("beta_at", "beta")):
+    for at, name, leaf in (("alpha_at", "alpha", kind == 0), ("beta_at", "beta", kind == 0),
+                           ("hull_at", "hull_s", kind == 4)):
         bad = ~((a[at] == -1) | (leaf & (a[at] >= 0) & (a[at] < len(a[name]))))
+        if name == "hull_s":
+            bad |= (kind == 4) & (a[at] < 0)
         if bad.any():
             raise Reject(f"node {int(np.argmax(bad))}: {at} {a[at][bad][0]} is not a row of {name}")
     return child1
@@ -147,20 +158,37 @@ def update(net, st, refresh, layer_slopes):
     for k in range(1, net.K + 1):
         sl = slice(net.offsets[k - 1], net.offsets[k])
         l, u, sg = st.l[:, sl], st.u[:, sl], st.sg[:, sl]
+        again = np.nonzero(refresh <= k)[0]
+        if again.size:  # 1a: interval bounds from the layer below (or the box)
+            if k == 1:
+                il, iu = interval(net.layers[0], st.lo[again], st.hi[again])
+            else:
+                below = slice(net.offsets[k - 2], net.offsets[k - 1])
+                il, iu = interval(net.layers[k - 1], np.maximum(st.l[again, below], 0.0),
+                                  np.maximum(st.u[again, below], 0.0))
+            l[again] = np.fmax(l[again], il)
+            u[again] = np.fmin(u[again], iu)
         nodes, js = np.nonzero((l < 0) & (u > 0) & (refresh <= k)[:, None])
-        if nodes.size:
-            R, n = nodes.size, net.sizes[k]
-            L = np.zeros((2 * R, n))
-            L[np.arange(R), js] = 1.0
-            L[np.arange(R, 2 * R), js] = -1.0
-            pos, S, ck = layer_slopes.get(k, (np.full(n, -1), np.zeros((0, 0)), net.offsets[:0]))
-            srow = pos[js]
-            srow = np.concatenate([srow, np.where(srow >= 0, srow + len(S) // 2, -1)])
-            v = _bound(net, st, L, k, np.concatenate([nodes, nodes]), _colsets(net, ck), srow, S)
-            l[nodes, js] = np.fmax(l[nodes, js], v[:R])
-            u[nodes, js] = np.fmin(u[nodes, js], -v[R:])
+        if nodes.size:  # 1b: the linear bounds of the neurons still unstable
+            p, q = neuron_bounds(net, st, k, nodes, js, layer_slopes)
+            l[nodes, js] = np.fmax(l[nodes, js], p)
+            u[nodes, js] = np.fmin(u[nodes, js], -q)
         np.maximum(l, 0.0, out=l, where=sg > 0)
         np.minimum(u, 0.0, out=u, where=sg < 0)
+
+
+def neuron_bounds(net, st, k, nodes, js, layer_slopes):
+    """Lower bounds p of z_j and q of -z_j of layer k's neurons ``js`` at the batch's nodes
+    ``nodes`` (step 1b), with the layer slopes where given."""
+    R, n = nodes.size, net.sizes[k]
+    L = np.zeros((2 * R, n))
+    L[np.arange(R), js] = 1.0
+    L[np.arange(R, 2 * R), js] = -1.0
+    pos, S, ck = layer_slopes.get(k, (np.full(n, -1), np.zeros((0, 0)), net.offsets[:0]))
+    srow = pos[js]
+    srow = np.concatenate([srow, np.where(srow >= 0, srow + len(S) // 2, -1)])
+    v = _bound(net, st, L, k, np.concatenate([nodes, nodes]), _colsets(net, ck), srow, S)
+    return v[:R], v[R:]
 
 
 def walk(net, a, child1, bf, b_exact):
@@ -186,8 +214,24 @@ def walk(net, a, child1, bf, b_exact):
         fails = []
         k = kind[ids]
         empty = (st.l > st.u).any(1)
-        for r in np.nonzero((k == 3) & ~empty)[0]:
-            fails.append((ids[r], "leaf of kind 3 (empty) but no neuron has l > u"))
+        e3 = np.nonzero((k == 3) & ~empty)[0]
+        if e3.size:  # the named neuron's own bounds at the node must cross its bounds
+            j = arg[ids[e3]]
+            lay = np.searchsorted(net.offsets, j, side="right")
+            for m in np.unique(lay):
+                sel = e3[lay == m]
+                jj = arg[ids[sel]]
+                p, q = neuron_bounds(net, st, m, sel, jj - net.offsets[m - 1], a["layer_slopes"])
+                cross = np.fmax(st.l[sel, jj], p) > np.fmin(st.u[sel, jj], -q)
+                for r in sel[~cross]:
+                    fails.append((ids[r], f"leaf of kind 3 (empty) but no neuron has l > u, "
+                                          f"neuron {arg[ids[r]]} included"))
+        for r in np.nonzero(k == 4)[0]:
+            why = hull_holds(net, st.lo[r], st.hi[r], a["A"][arg[ids[r]]],
+                             b_exact[arg[ids[r]]], a["hull_s"][a["hull_at"][ids[r]]],
+                             a["hull_theta"][a["hull_at"][ids[r]]])
+            if why:
+                fails.append((ids[r], f"row {arg[ids[r]]}: {why}"))
         lv = np.nonzero(k == 0)[0]
         if lv.size:
             s = np.where(st.sg != 0, st.sg, np.where(st.l >= 0, 1, np.where(st.u <= 0, -1, 0)))

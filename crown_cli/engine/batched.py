@@ -257,12 +257,14 @@ def _crown_on_unstable(net: BatchNet, k: int, l, u, below):
     N, n = l.shape
     unstable = (l < 0.0) & (u > 0.0)
     R = int(unstable.sum(axis=1).max()) if N else 0
-    if R > FULL_ROWS * n:  # gathering rows per box would not pay: all rows
+    if R > FULL_ROWS * n:  # gathering rows per box would not pay: all rows, but only the
+        # unstable ones' bounds taken (what docs/proofs.md's checker re-derives)
         low, _, _ = _lower(net, relax, *_both_sides(net, k, N), c, rad, steps)
-        return np.maximum(l, low[:, :n]), np.minimum(u, -low[:, n:])
+        return (np.where(unstable, np.maximum(l, low[:, :n]), l),
+                np.where(unstable, np.minimum(u, -low[:, n:]), u))
     if R:
-        # per box the rows still unstable first (padded with others: any row's CROWN
-        # bound is valid, so padding only recomputes a stable row)
+        # per box the rows still unstable first (padded with others, whose bounds stay the
+        # interval's: a box's bounds do not depend on the batch it is bounded in)
         idx = np.argsort(~unstable, axis=1, kind="stable")[:, :R]
         Wr = net.W[k][idx]  # (N, R, n_{k-1})
         Lam = np.concatenate([Wr, -Wr], axis=1)
@@ -270,8 +272,9 @@ def _crown_on_unstable(net: BatchNet, k: int, l, u, below):
         const = np.concatenate([br, -br], axis=1)
         low, _, _ = _lower(net, relax, Lam, const, c, rad, steps)
         rows = np.arange(N)[:, None]
-        l[rows, idx] = np.maximum(l[rows, idx], low[:, :R])
-        u[rows, idx] = np.minimum(u[rows, idx], -low[:, R:])
+        live = np.take_along_axis(unstable, idx, axis=1)  # the padding's rows left as they were
+        l[rows, idx] = np.where(live, np.maximum(l[rows, idx], low[:, :R]), l[rows, idx])
+        u[rows, idx] = np.where(live, np.minimum(u[rows, idx], -low[:, R:]), u[rows, idx])
     return l, u
 
 

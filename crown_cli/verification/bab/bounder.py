@@ -64,6 +64,7 @@ class Bounder(DomainBounds, CaseRows):
         relax = self._root_bounds(problem.layer_bounds)
         self._unstable(relax)
         self._root_slopes(problem.layer_slopes)
+        self.layer_slopes = problem.layer_slopes  # as given (a certificate's layer slopes)
         self._subs = {}  # per hidden layer k: :meth:`_sub`'s Bounder
         self._warm = {}  # per hidden layer k: tighten_opt's running start (alpha, beta)
         self.layer_of = np.zeros(self.nU, dtype=np.int64)

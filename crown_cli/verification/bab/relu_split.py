@@ -293,9 +293,12 @@ class _Search:
         self.flat = np.concatenate([first[k] + c for k, c in enumerate(bd.ucols)]).astype(
             np.int64) if bd.L else np.zeros(0, np.int64)
         self.proof.cols = self.flat
-        for k, sl in enumerate(getattr(bd, "islopes", [])):
-            if sl is not None:
-                self.proof.layer_slopes[k + 1] = (first[k] + bd.ucols[k], sl)
+        # every row the root's bounds were optimised for, stable or not now (its bound may be
+        # what made it stable)
+        for k, entry in enumerate(getattr(bd, "layer_slopes", None) or ()):
+            if entry is not None and k > 0:
+                self.proof.layer_slopes[k + 1] = (first[k] + np.asarray(entry[0]),
+                                                  np.asarray(entry[1], np.float64))
 
     def _record(self, nodes, split, alpha, beta, v64, newly):
         """``proof``: the cases ``newly`` (B, G) proven on the domains of ``nodes`` by the
