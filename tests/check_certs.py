@@ -30,7 +30,8 @@ def save(path, head, cases):
 
 def tree_arrays(nodes, A, b, lo, hi, cols=()):
     """Preorder arrays of a tree given as nested tuples: ("in", d, v, t0, t1), ("relu", j, t0, t1),
-    ("leaf", i) or ("leaf", i, alpha_row, beta_row), ("empty",); refresh 1 everywhere unless a
+    ("leaf", i) or ("leaf", i, alpha_row, beta_row), ("empty", j) (j the neuron whose bounds
+    cross, 0 if left out); refresh 1 everywhere unless a
     node carries ("refresh", r, t)."""
     out = {k: [] for k in ("kind", "arg", "value", "refresh", "alpha_at", "beta_at")}
     alphas, betas = [], []
@@ -41,7 +42,7 @@ def tree_arrays(nodes, A, b, lo, hi, cols=()):
         if t[0] == "refresh":
             r, t = t[1], t[2]
         kind = {"leaf": 0, "in": 1, "relu": 2, "empty": 3}[t[0]]
-        arg = t[1] if kind in (0, 1, 2) else -1
+        arg = t[1] if kind in (0, 1, 2) else (t[1] if len(t) > 1 else 0)
         out["kind"].append(kind)
         out["arg"].append(arg)
         out["value"].append(t[2] if kind == 1 else np.nan)

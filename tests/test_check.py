@@ -409,7 +409,7 @@ def test_empty_leaf_accepted_where_bounds_cross(small):
     z = ws[0] @ x + bs[0]
     j = int(np.argmin(z))
     assert z[j] < -0.01
-    tree = ("relu", j, ("leaf", 0), ("empty",))
+    tree = ("relu", j, ("leaf", 0), ("empty", j))
     arrays = cc.tree_arrays(tree, [[-1.0]], [-t], x, x)
     proof = str(small["tmp"] / "e.proof")
     cc.save(proof, cc.header(small["model"], small["spec"], net, 1), [arrays])

@@ -50,3 +50,184 @@ def test_hull_leaves_and_open_nodes():
         t.split_input([0], [0], [1.0])
     with pytest.raises(ProofError, match="float32"):
         t.prove(a, 1, 0, alpha=np.array([0.1]))  # 0.1 is no float32: not what was verified
+
+
+# ---- certificates crown writes, checked by crown check
+
+from test_check import write_npz, write_property  # noqa: E402
+
+from crown_cli.check import Reject, check  # noqa: E402
+from crown_cli.io.vnnlib import parse_vnnlib  # noqa: E402
+from crown_cli.verification.pipeline import Verifier  # noqa: E402
+from crown_cli.verification.proof import write_verdict_proof  # noqa: E402
+
+
+def _net(seed, sizes):
+    rng = np.random.default_rng(seed)
+    ws = [rng.normal(size=(o, i)) / np.sqrt(i) for i, o in zip(sizes[:-1], sizes[1:])]
+    bs = [0.1 * rng.normal(size=o) for o in sizes[1:]]
+    return ws, bs
+
+
+def _forward(ws, bs, X):
+    for k, (w, b) in enumerate(zip(ws, bs)):
+        X = (np.maximum(X, 0.0) if k else X) @ w.T + b
+    return X
+
+
+def _unsat_instance(tmp_path, seed, sizes, eps, stages=("crown",)):
+    """A network (NPZ), a property ``y_0 - y_1 <= t`` over a box just below the margin's
+    sampled minimum (so crown proves it only by splitting), its certificate; the arrays."""
+    ws, bs = _net(seed, sizes)
+    rng = np.random.default_rng(seed + 1)
+    x0 = rng.uniform(-0.5, 0.5, sizes[0])
+    lo, hi = x0 - eps, x0 + eps
+    X = rng.uniform(lo, hi, (20000, sizes[0]))
+    m = _forward(ws, bs, X)
+    margin = m[:, 0] - m[:, 1]
+    sign = 1.0 if np.median(margin) > 0 else -1.0  # the side the box mostly lies on
+    t = float(np.min(sign * margin)) - 0.05 * float(np.ptp(margin))
+    model = write_npz(tmp_path / "net.npz", ws, bs)
+    coefs = [0.0] * sizes[-1]
+    coefs[0], coefs[1] = sign, -sign  # the unsafe set: sign * margin <= t
+    spec = write_property(tmp_path / "p.vnnlib", [float(v) for v in lo], [float(v) for v in hi],
+                          [(coefs, t)])
+    v = Verifier(ws, bs, "relu", stages=stages, proof=True, attack_time=0.2)
+    prop = parse_vnnlib(spec, sizes[0], sizes[-1])
+    verdict = v.verify(prop, 60.0)
+    proof = str(tmp_path / "p.proof")
+    assert verdict.result == "unsat", verdict
+    assert write_verdict_proof(verdict, v, model, spec, proof) == ""
+    return dict(ws=ws, bs=bs, model=model, spec=spec, proof=proof, lo=lo, hi=hi, t=t,
+                coefs=coefs, verdict=verdict)
+
+
+def _arrays(path):
+    with np.load(path) as z:
+        return {k: z[k] for k in z.files}
+
+
+def _resave(path, arrays):
+    with open(path, "wb") as f:
+        np.savez_compressed(f, **arrays)
+
+
+@pytest.mark.parametrize("sizes, eps, stages", [
+    ((3, 12, 12, 12, 2), 0.3, ("crown",)),  # input splitting
+    ((3, 24, 2), 0.4, ("crown",)),  # one hidden layer: convex-hull input splitting
+])
+def test_certificates_of_each_search_accepted(tmp_path, sizes, eps, stages):
+    inst = _unsat_instance(tmp_path, 5, sizes, eps, stages)
+    out = check(inst["model"], inst["spec"], inst["proof"])
+    kinds = _arrays(inst["proof"])["c0_kind"]
+    assert out["nodes"] == kinds.size and kinds.size > 1  # a tree, not one bound
+
+
+def test_relu_split_certificate_accepted(tmp_path):
+    from crown_cli.verification.bab.relu_split import ReluSplitProblem, relu_split_steps
+    from crown_cli.verification.outcome import finish
+    from crown_cli.verification.proof import ProofTree, certificate, save
+
+    inst = _unsat_instance(tmp_path, 11, (4, 16, 16, 16, 2), 0.25)
+    ws, bs = inst["ws"], inst["bs"]
+    prop = parse_vnnlib(inst["spec"], 4, 2)
+    c = prop.cases[0]
+    tree = ProofTree()
+    res = finish(relu_split_steps(ReluSplitProblem(ws, bs, c.lo, c.hi, c.A, c.b), 1e18,
+                                  attack_restarts=0, proof=tree))
+    assert res.verdict == "unsat"
+    arrays = dict(tree.case_arrays(0), lo=c.lo, hi=c.hi, A=c.A, b=c.b)
+    assert (arrays["kind"] == RELU).any() and arrays["beta"].shape[0] > 0
+    save(inst["proof"], certificate([arrays], {"inputs": 4, "hidden": [16, 16, 16],
+                                               "outputs": 2, "activation": "relu"}),
+         inst["model"], inst["spec"])
+    assert check(inst["model"], inst["spec"], inst["proof"])["nodes"] == arrays["kind"].size
+    # a multiplier grown a thousandfold: the leaf's bound no longer holds
+    a = _arrays(inst["proof"])
+    a["c0_beta"] = a["c0_beta"] * np.float32(1000.0)
+    _resave(inst["proof"], a)
+    with pytest.raises(Reject, match="lower bound .* is not >"):
+        check(inst["model"], inst["spec"], inst["proof"])
+
+
+def test_tampered_certificates_rejected(tmp_path):
+    inst = _unsat_instance(tmp_path, 5, (3, 12, 12, 12, 2), 0.3)
+    a = _arrays(inst["proof"])
+    # a leaf dropped
+    k = a["c0_kind"]
+    leaf = int(np.flatnonzero(k == LEAF)[-1])
+    b = {n: (np.delete(v, leaf) if n.startswith("c0_") and v.shape == k.shape else v)
+         for n, v in a.items()}
+    _resave(inst["proof"], b)
+    with pytest.raises(Reject, match="preorder arrays end early"):
+        check(inst["model"], inst["spec"], inst["proof"])
+    # an input split moved: one child now covers less, the other more than it was proven on
+    b = dict(a)
+    b["c0_value"] = a["c0_value"].copy()
+    first = int(np.flatnonzero(k == INPUT)[0])
+    d = int(a["c0_arg"][first])
+    b["c0_value"][first] = inst["hi"][d] + 1.0
+    _resave(inst["proof"], b)
+    with pytest.raises(Reject, match="input split value"):
+        check(inst["model"], inst["spec"], inst["proof"])
+    # the property's threshold raised where the network reaches it: no certificate may pass
+    _resave(inst["proof"], a)
+    X = np.random.default_rng(0).uniform(inst["lo"], inst["hi"], (20000, 3))
+    y = _forward(inst["ws"], inst["bs"], X)
+    worst = float(np.min(y @ np.array(inst["coefs"])))
+    spec = write_property(tmp_path / "q.vnnlib", [float(v) for v in inst["lo"]],
+                          [float(v) for v in inst["hi"]],
+                          [(inst["coefs"], worst + 0.01)])
+    a2 = dict(a)
+    import hashlib
+    import json
+
+    head = json.loads(bytes(a["header"]))
+    head["property"]["sha256"] = hashlib.sha256(open(spec, "rb").read()).hexdigest()
+    a2["header"] = np.frombuffer(json.dumps(head).encode(), np.uint8)
+    _resave(inst["proof"], a2)
+    with pytest.raises(Reject, match="is not >"):
+        check(inst["model"], spec, inst["proof"])
+    # one weight changed so that the property fails at a sampled point: rejected (the sha
+    # first, then with the sha updated by the bound)
+    ws = [w.copy() for w in inst["ws"]]
+    ws[-1][0] -= 3.0 * np.sign(inst["coefs"][0]) * np.abs(ws[-1][0])  # moves y_0 a lot
+    model = write_npz(tmp_path / "net2.npz", ws, inst["bs"])
+    y = _forward(ws, inst["bs"], X) @ np.array(inst["coefs"])
+    assert y.min() <= inst["t"]  # the changed network violates the property
+    _resave(inst["proof"], a)
+    with pytest.raises(Reject, match="sha256"):
+        check(model, inst["spec"], inst["proof"])
+    head = json.loads(bytes(a["header"]))
+    head["model"]["sha256"] = hashlib.sha256(open(model, "rb").read()).hexdigest()
+    a2 = dict(a)
+    a2["header"] = np.frombuffer(json.dumps(head).encode(), np.uint8)
+    _resave(inst["proof"], a2)
+    with pytest.raises(Reject):
+        check(model, inst["spec"], inst["proof"])
+
+
+def test_cli_writes_and_checks_certificates(tmp_path):
+    from click.testing import CliRunner
+
+    from crown_cli.cli import cli as main
+
+    inst = _unsat_instance(tmp_path, 5, (3, 12, 12, 12, 2), 0.3)
+    proof = str(tmp_path / "cli.proof")
+    r = CliRunner().invoke(main, ["verify", "--model", inst["model"], "--spec", inst["spec"],
+                                  "--timeout", "60", "--proof", proof, "-q"])
+    assert r.exit_code == 0 and r.output.startswith("unsat"), r.output
+    r = CliRunner().invoke(main, ["check", "--model", inst["model"], "--spec", inst["spec"],
+                                  "--proof", proof])
+    assert r.exit_code == 0 and "accepted" in r.output, r.output
+    # an instance list: one certificate per unsat line, named by the line
+    (tmp_path / "list.csv").write_text("net.npz,p.vnnlib,60\nnet.npz,p.vnnlib,60\n")
+    r = CliRunner().invoke(main, ["verify", "--instances", str(tmp_path / "list.csv"),
+                                  "--proof", str(tmp_path / "proofs"), "-o",
+                                  str(tmp_path / "out.csv"), "-q"])
+    assert r.exit_code == 0, r.output
+    assert sorted(p.name for p in (tmp_path / "proofs").iterdir()) == \
+        ["0000_net_p.proof", "0001_net_p.proof"]
+    r = CliRunner().invoke(main, ["check", "--instances", str(tmp_path / "list.csv"),
+                                  "--proof", str(tmp_path / "proofs")])
+    assert r.exit_code == 0 and r.output.count("accepted") == 2, r.output

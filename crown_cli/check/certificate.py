@@ -6,7 +6,7 @@ from .hull import hull_holds
 from .network import Reject
 
 CHUNK = 512  # nodes per batch
-ROW_ELEMS = 2 ** 21  # row entries per back-substitution chunk
+ROW_ELEMS = 2 ** 14  # row entries per back-substitution chunk
 _INT = ("kind", "arg", "refresh", "alpha_at", "beta_at", "cols", "hull_at")
 
 
