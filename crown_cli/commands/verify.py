@@ -66,7 +66,7 @@ VERIFY_NOT_SETTINGS = {"--model", "--spec", "--instances", "--root", "--output",
 @click.option("--format", "out_format", default=None, type=click.Choice(["csv", "jsonl"]),
               help="--instances: format of the --output file (default: from its extension, "
                    ".jsonl: jsonl, else csv).")
-@click.option("--proof", "proof_path", default=None, metavar="PATH",
+@click.option("--proof", "proof_path", default=None, metavar="FILE|DIR",
               help="Write a certificate of each unsat verdict (docs/proofs.md; dense ReLU "
                    "networks): to this file with --spec, into this directory with "
                    "--instances (one file per instance). `crown check` checks them.")

@@ -48,7 +48,7 @@ def hull_split(weights, biases, lo, hi, A, b, deadline: float, **options) -> Bab
 
 
 def hull_split_steps(weights, biases, lo, hi, A, b, deadline: float,
-                     max_domains: Optional[int] = None, batch: int = BATCH,
+                     max_domains: Optional[int] = None,
                      progress: Optional[Callable[[int, int, float], None]] = None,
                      proof=None):
     """As a generator (yields the share of the box proven after every round, returns the
@@ -144,7 +144,7 @@ def hull_split_steps(weights, biases, lo, hi, A, b, deadline: float,
             return result("timeout", scores=pool.view("score"))
         if len(pool) > max_domains:
             return result("unknown", scores=pool.view("score"), note="domain cap")
-        t = pool.pop_worst(batch)
+        t = pool.pop_worst(BATCH)
         L, H, Sb, Gb, Vb = t["lo"], t["hi"], t["score"], t["grad"], t["share"]
         ok = splittable(L, H)
         if not ok.any(axis=1).all():
