@@ -133,14 +133,18 @@ def check(model_path, spec_path, instances_path, proof_path):
         jobs = [(model_path, spec_path, proof_path)]
     else:
         raise click.UsageError("give --model and --spec, or --instances")
+    import time
+
     rejected = 0
     for model, spec, proof in jobs:
+        t0 = time.perf_counter()
         try:
             stats = checker.check(model, spec, proof)
-            click.echo(f"{proof}: accepted ({stats['cases']} cases, {stats['nodes']} nodes)")
+            click.echo(f"{proof}: accepted ({stats['cases']} cases, {stats['nodes']} nodes, "
+                       f"{time.perf_counter() - t0:.2f} s)")
         except checker.Reject as exc:
             rejected += 1
-            click.echo(f"{proof}: rejected: {exc}")
+            click.echo(f"{proof}: rejected: {exc} ({time.perf_counter() - t0:.2f} s)")
         except checker.CheckError as exc:
             raise InputError(str(exc)) from None
     if rejected:

@@ -1,11 +1,14 @@
-"""The linear bound of docs/proofs.md, in float64 with every rounding error bounded.
+"""The linear bound of docs/proofs.md, in float64 with every rounding error charged.
 
-A batch of rows is kept as (L, E, c): a float64 row L, an error row E >= 0 and a constant c,
-with |L* - L| <= E and c <= c* for the row L* and constant c* the same back-substitution gives
-in real arithmetic. Each product's rounding is charged by Higham's bound
-|fl(A B) - A B| <= gamma_n |A| |B| (any summation order, FMA or not); error rows themselves are
-computed in float64 from nonnegative terms and then inflated by ``up``; constants are rounded
-down by ``down``. The concretised bound is therefore <= the real-arithmetic one.
+A batch of rows is kept as (L, c, q): float64 rows L, taken as exact; constants c <= the real
+constants of those rows; charges q >= 0. Each step replaces the rows by computed ones and adds
+to q a bound on what the difference can change on the node's set: a product's rounding
+|fl(L W) - L W| <= gamma_n |L| |W| (Higham: any summation order, FMA or not) times a bound M
+of |w| for the variable w the new rows multiply, an elementwise product's u |result| times M.
+The bounds M come from the node's bounds (|relu(z)| <= max(u, 0), |z| <= max(|l|, |u|)), the
+box, and interval bounds through a layer's operations. At the box the rows are minimised
+exactly up to their sums' rounding, and q subtracted: the float value is <= the
+real-arithmetic bound of the same lines, which is <= the row on the node's set.
 """
 from fractions import Fraction
 
@@ -34,79 +37,102 @@ def down(x):
     return np.where(np.isfinite(x), np.nextafter(x, -np.inf), -np.inf)
 
 
-def _mats(net):
-    """Per mat operation: W^T and |W^T|, cached on the network."""
-    if not hasattr(net, "_back"):
-        net._back = {id(op[1]): (np.ascontiguousarray(op[1].T), np.abs(op[1].T))
-                     for ops in net.layers for op in ops if op[0] == "mat"}
-    return net._back
+_PARTS = {}  # id(W) -> (W, W^T, |W|, max(W, 0), min(W, 0)), computed once per weight
 
 
-def _through(net, ops, L, E, c):
-    """The row on the output of ``ops`` taken back to their input (the constants into c)."""
-    back = _mats(net)
-    for op in reversed(ops):
-        if op[0] == "mat":
-            wt, awt = back[id(op[1])]
-            g = gamma(L.shape[1])
-            L, E = L @ wt, up((g * np.abs(L) + E) @ awt)
+def parts(W):
+    """W, its transpose, |W| and its positive and negative parts (cached per array)."""
+    got = _PARTS.get(id(W))
+    if got is None or got[0] is not W:
+        got = _PARTS[id(W)] = (W, np.ascontiguousarray(W.T), np.abs(W), np.maximum(W, 0.0),
+                               np.minimum(W, 0.0))
+    return got
+
+
+def _sizes(ops, lo, hi):
+    """Bounds M_i (B, n_i) of |w_i| for the input w_0 in [lo, hi] of ``ops`` and after each
+    operation up to the last product or scaling (interval bounds)."""
+    need = max([i for i, op in enumerate(ops) if op[0] != "add"], default=0)
+    out = [np.maximum(np.abs(lo), np.abs(hi))]
+    for op in ops[:need]:  # (an addition's rows need no bound of its input)
+        lo, hi = interval([op], lo, hi)
+        out.append(np.maximum(np.abs(lo), np.abs(hi)))
+    return out
+
+
+def _through(ops, L, c, q, M, at):
+    """Rows on the output of ``ops`` taken back to their input; M[i][at[r]]: the bound of |w_i|
+    at row r's node."""
+    for i in range(len(ops) - 1, -1, -1):
+        op = ops[i]
+        if op[0] == "mat":  # sum_k (gamma |L| |W^T|)_rk M_k = gamma sum_j |L_rj| (M |W|)_j
+            _, WT, aW, _, _ = parts(op[1])
+            with np.errstate(invalid="ignore"):
+                reach = (M[i] @ aW)[at]
+                q = q + up(gamma(L.shape[1]) * (np.abs(L) * reach).sum(1))
+            L = L @ WT
         elif op[0] == "scale":
-            a = op[1]
-            L, E = a * L, up(abs(a) * (E + U * np.abs(L)))
-        elif op[2] != 0.0:  # + s v: L* . (s v) >= |s| (lower bound of sign(s) L* . v)
+            L = op[1] * L
+            with np.errstate(invalid="ignore"):
+                q = q + up(U * (np.abs(L) * M[i][at]).sum(1))
+        elif op[2] != 0.0:  # + s v: L . (s v) >= |s| (lower bound of sign(s) L . v)
             v, s = op[1], op[2]
-            d = np.sign(s) * (L @ v) - up((gamma(len(v)) * np.abs(L) + E) @ np.abs(v))
+            d = np.sign(s) * (L @ v) - up(gamma(len(v)) * (np.abs(L) @ np.abs(v)))
             c = down(c + down(abs(s) * down(d)))
-    return L, E, c
+    return L, c, q
 
 
-def _relax(L, E, c, l, u, alpha, bs):
-    """Row on relu(z) -> row on z (neuron bounds l, u, lower slopes alpha, multipliers beta s)."""
-    act, A = l >= 0, np.abs(L)
+def _relax(L, c, q, l, u, alpha, bs):
+    """Rows on relu(z) -> rows on z (node bounds l, u, lower slopes alpha, beta * s bs)."""
+    act = l >= 0
     uns = ~act & (u > 0)
+    neg = uns & (L < 0)
     with np.errstate(all="ignore"):
-        w = u - l
-        su = np.where(uns & np.isfinite(w), u / w, np.nan)  # within 3u + eta of u/(u-l) <= 1
-        sue, t = su + 4 * U, -su * l
-        thi = np.nextafter(t + up(4 * U * np.abs(l) + U * t), np.inf)  # >= -l u / (u - l)
-    pos, neg = uns & (L > E), uns & (L < -E)  # the exact coefficient's sign is known
-    amb = uns & ~pos & ~neg & (A + E > 0)  # either line: coefficient 0, both charged
-    mu = np.where(act, L, np.where(pos, L * alpha, np.where(neg, L * su, 0.0)))
-    M = np.abs(mu)
-    En = np.where(act, E, 0.0)
-    En = np.where(pos, E * alpha + U * M, En)
-    En = np.where(neg, E * sue + 4 * U * A + U * M, En)
-    En = np.where(amb, (A + E) * np.maximum(alpha, sue), En)
-    tn, ta = np.where(neg, thi, 0.0), np.where(amb, thi, 0.0)
-    g = gamma(L.shape[1])
-    err = up(((g * A + E) * tn + (A + E) * ta).sum(1))
-    c = down(down(c + (L * tn).sum(1)) - err)
+        # an upper line s z + t of relu on [l, u]: at l at least 0, at u at least u
+        s = np.where(neg, u / (u - l), 0.0)
+        su = s * u
+        t = np.where(neg, np.maximum(np.nextafter(-s * l, np.inf),
+                                     np.nextafter((u - su) + 4 * U * (np.abs(su) + np.abs(u)),
+                                                  np.inf)), 0.0)
+        t = np.where(neg & ~np.isfinite(t), np.inf, t)
+        slope = np.where(act, 1.0, np.where(neg, s, np.where(uns, alpha, 0.0)))
+        mu = L * slope
+        Z = np.maximum(np.abs(l), np.abs(u))
+        d = (L * t).sum(1)  # <= 0 terms, L < 0 and t >= 0
+        e = gamma(L.shape[1]) * np.abs(d)
+    c = down(down(c + d) - up(e))
+    size = np.abs(mu)  # each rounding of a coefficient: u times its result
     if bs is not None:
         mu = mu - bs
-        En = En + U * np.abs(mu)
-    return mu, up(En), c
+        size = size + np.abs(mu)
+    with np.errstate(all="ignore"):
+        q = q + up(U * (size * Z).sum(1))
+    return mu, c, q
 
 
 def lower_bound(net, st, L, top, nodes, slopes, betas=None):
     """Float lower bounds (R,) of rows L (R, n) on the output of G_top (z_top; y for K + 1),
     row r over node ``nodes[r]`` of the batch state ``st``; ``slopes(m, l, u)`` and
     ``betas(m)`` give the rows' alpha and beta * s (R, n_m) on hidden layer m (betas: None)."""
-    E, c = np.zeros_like(L), np.zeros(L.shape[0])
-    bad = np.zeros(L.shape[0], dtype=bool)
+    c, q = np.zeros(L.shape[0]), np.zeros(L.shape[0])
+    uniq, at = np.unique(nodes, return_inverse=True)
     for m in range(top, 0, -1):
-        L, E, c = _through(net, net.layers[m - 1], L, E, c)
-        bad |= ~(np.isfinite(L).all(1) & np.isfinite(E).all(1))
         if m > 1:
             sl = slice(net.offsets[m - 2], net.offsets[m - 1])
+            top_in = np.maximum(st.u[uniq, sl], 0.0)
+            M = _sizes(net.layers[m - 1], np.zeros_like(top_in), top_in)
+        else:
+            M = _sizes(net.layers[0], st.lo[uniq], st.hi[uniq])
+        L, c, q = _through(net.layers[m - 1], L, c, q, M, at)
+        if m > 1:
             l, u = st.l[nodes, sl], st.u[nodes, sl]
-            L, E, c = _relax(L, E, c, l, u, slopes(m - 1, l, u), betas and betas(m - 1))
+            L, c, q = _relax(L, c, q, l, u, slopes(m - 1, l, u), betas and betas(m - 1))
     lo, hi = st.lo[nodes], st.hi[nodes]
-    p = np.minimum(L * lo, L * hi)
-    err = up(gamma(L.shape[1] + 1) * np.abs(p).sum(1)
-             + (E * np.maximum(np.abs(lo), np.abs(hi))).sum(1))
-    v = down(down(p.sum(1) + c) - err)
-    bad |= ~(np.isfinite(L).all(1) & np.isfinite(E).all(1))
-    return np.where(bad, -np.inf, v)
+    with np.errstate(all="ignore"):
+        p = np.minimum(L * lo, L * hi)
+        err = up(gamma(L.shape[1] + 1) * np.abs(p).sum(1) + q)
+        v = down(down(p.sum(1) + c) - err)
+    return np.where(np.isnan(v), -np.inf, v)
 
 
 def interval(ops, lo, hi):
@@ -115,11 +141,10 @@ def interval(ops, lo, hi):
     lo, hi = np.asarray(lo, dtype=np.float64), np.asarray(hi, dtype=np.float64)
     for op in ops:
         if op[0] == "mat":
-            W = op[1]
-            Wp, Wn = np.maximum(W, 0.0), np.minimum(W, 0.0)
+            W, _, aW, Wp, Wn = parts(op[1])
             g = gamma(W.shape[0])
             with np.errstate(invalid="ignore"):
-                err = up(g * (np.abs(lo) @ np.abs(W) + np.abs(hi) @ np.abs(W)))
+                err = up(g * ((np.abs(lo) + np.abs(hi)) @ aW))
                 lo, hi = down(lo @ Wp + hi @ Wn - err), -down(-(hi @ Wp + lo @ Wn) - err)
         elif op[0] == "scale":
             a = op[1]

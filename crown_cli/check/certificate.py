@@ -128,7 +128,7 @@ def _bound(net, st, L, top, nodes, colsets, srow, S, beta=None):
     """lower_bound in chunks of rows; rows with srow >= 0 take the slopes S[srow] over colsets,
     the others the default; beta = (rows of B or -1, B, node signs (B_nodes, H)) or None."""
     out = np.empty(len(nodes))
-    step = max(1, ROW_ELEMS // max(net.sizes))
+    step = max(256, ROW_ELEMS // max(net.sizes))
     for a in range(0, len(nodes), step):
         sr, nd = srow[a:a + step], nodes[a:a + step]
         sel = np.nonzero(sr >= 0)[0]

@@ -198,6 +198,11 @@ class StagedVerifier:
             margins[j] = max(float(np.max(d)) if m else -np.inf, margins.get(j, -np.inf))
             if not np.any(d > 0.0):
                 still.append(j)
+            elif stage == "crown" and getattr(self, "proof", False):
+                # CROWN over the case's box proved row i: a one-leaf certificate tree
+                from crown_cli.verification.proof import leaf_only
+
+                self._trees[j] = leaf_only(int(np.argmax(d))).case_arrays(0)
         return still
 
     def _opening(self, prop, timeout, log):
