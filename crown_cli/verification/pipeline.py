@@ -485,10 +485,15 @@ class Verifier(StagedVerifier):
     def _recording(self, steps, tree, members):
         """``steps`` (a search's generator) passed through; on ``unsat`` the recorded
         ``tree``'s arrays kept for the cases ``members`` (tree case g is members[g])."""
+        from crown_cli.verification.proof import ProofError
+
         res = yield from steps
         if self.proof and res.verdict == "unsat":
             for g, j in enumerate(members):
-                self._trees[j] = tree.case_arrays(g)
+                try:
+                    self._trees[j] = tree.case_arrays(g)
+                except ProofError:  # (a recording bug: the case gets a search of its own)
+                    self._trees.pop(j, None)
         return res
 
     def _certify(self, v: Verdict, cases, deadline: float, log) -> Verdict:
