@@ -490,3 +490,29 @@ def test_acasxu_input_split_certificate(tmp_path):
     proof = str(tmp_path / "a.proof")
     cc.save(proof, cc.header(model, spec, net, 1), [arrays])
     assert check(model, spec, proof)["nodes"] == len(arrays["kind"]) > 50
+
+
+@pytest.mark.parametrize("scale", [1.0, 1e3])
+def test_hull_float_bound_below_the_exact_one_and_close(tmp_path, scale):
+    from fractions import Fraction
+
+    from crown_cli.check.bounds import interval
+    from crown_cli.check.hull import hull_exact, hull_float
+    from crown_cli.check.network import read_npz
+
+    rng = np.random.default_rng(3)
+    for trial in range(4):
+        ws = [rng.normal(size=(12, 4)) * scale ** (rng.uniform(-1, 1, (12, 4))),
+              rng.normal(size=(3, 12))]
+        bs = [rng.normal(size=12), rng.normal(size=3)]
+        net = read_npz(write_npz(tmp_path / f"h{trial}.npz", ws, bs))
+        lo = rng.uniform(-1, 0, 4)
+        hi = lo + rng.uniform(0.1, 1, 4)
+        l1, u1 = interval(net.layers[0], lo[None], hi[None])
+        s = rng.uniform(0, 1, 12).astype(np.float32).astype(np.float64)
+        theta = rng.uniform(-0.5, 1.5, (12, 4))
+        row = rng.normal(size=3)
+        f = hull_float(net, lo, hi, l1[0], u1[0], row, s, theta)
+        e = hull_exact(net, lo, hi, row, 0, s, theta)
+        assert Fraction(f) <= e
+        assert float(e) - f <= 1e-9 * (1 + abs(float(e)))

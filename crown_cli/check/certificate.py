@@ -2,7 +2,7 @@
 import numpy as np
 
 from .bounds import interval, lower_bound
-from .hull import hull_holds
+from .hull import hull_float, hull_holds
 from .network import Reject
 
 CHUNK = 512  # nodes per batch
@@ -227,9 +227,18 @@ def walk(net, a, child1, bf, b_exact):
                     fails.append((ids[r], f"leaf of kind 3 (empty) but no neuron has l > u, "
                                           f"neuron {arg[ids[r]]} included"))
         for r in np.nonzero(k == 4)[0]:
-            why = hull_holds(net, st.lo[r], st.hi[r], a["A"][arg[ids[r]]],
-                             b_exact[arg[ids[r]]], a["hull_s"][a["hull_at"][ids[r]]],
-                             a["hull_theta"][a["hull_at"][ids[r]]])
+            row, h = arg[ids[r]], a["hull_at"][ids[r]]
+            hs, ht = a["hull_s"][h], a["hull_theta"][h]
+            if not (np.all((hs >= 0) & (hs <= 1)) and np.all(np.isfinite(ht))):
+                fails.append((ids[r], f"row {row}: a hull slope outside [0, 1] or a line "
+                                      "not finite"))
+                continue
+            sl1 = slice(0, int(net.offsets[1]))
+            fb = hull_float(net, st.lo[r], st.hi[r], st.l[r, sl1], st.u[r, sl1], a["A"][row],
+                            hs, ht)
+            if fb is not None and fb > bf[row]:
+                continue  # the float bound, every rounding charged, proves it
+            why = hull_holds(net, st.lo[r], st.hi[r], a["A"][row], b_exact[row], hs, ht)
             if why:
                 fails.append((ids[r], f"row {arg[ids[r]]}: {why}"))
         lv = np.nonzero(k == 0)[0]

@@ -4,6 +4,8 @@ from fractions import Fraction
 
 import numpy as np
 
+from .bounds import U, _sizes, _through, down, gamma, up
+
 _F = np.vectorize(Fraction, otypes=[object])
 
 
@@ -50,6 +52,14 @@ def hull_holds(net, lo, hi, a_row, b, s, theta):
         return "a hull slope outside [0, 1]"
     if not (np.all(np.isfinite(theta)) and np.all(np.isfinite(lo)) and np.all(np.isfinite(hi))):
         return "a hull line or the box is not finite"
+    bound = hull_exact(net, lo, hi, a_row, b, s, theta)
+    if bound > 0:
+        return ""
+    return f"hull bound {float(bound)!r} of A_i y - b_i is not > 0"
+
+
+def hull_exact(net, lo, hi, a_row, b, s, theta):
+    """The hull leaf's bound of ``a_row . y - b`` over the box, an exact Fraction."""
     n_in = net.sizes[0]
     M, t = _affine(net.layers[0], n_in)
     v, c = _row_back(net.layers[1], _F(np.asarray(a_row, dtype=np.float64)))
@@ -70,7 +80,45 @@ def hull_holds(net, lo, hi, a_row, b, s, theta):
             e2 = sum(max(di * li, di * hi_) for di, li, hi_ in zip(D, L, H)) + t[j]
             G = G + vj * C
             K += vj * max(e1, e2)
-    bound = sum(min(g * li, g * hi_) for g, li, hi_ in zip(G, L, H)) + K
-    if bound > 0:
-        return ""
-    return f"hull bound {float(bound)!r} of A_i y - b_i is not > 0"
+    return sum(min(g * li, g * hi_) for g, li, hi_ in zip(G, L, H)) + K
+
+
+def hull_float(net, lo, hi, l1, u1, a_row, s, theta):
+    """A float64 lower bound of :func:`hull_exact` with b = 0 (compare it with b), every
+    rounding charged (the charges of bounds.py; ``l1``, ``u1``: the node's bounds of the
+    hidden layer, valid on the box). None where the first layer is not one product followed by
+    one addition (then only the exact check applies)."""
+    ops = net.layers[0]
+    if net.K != 1 or [op[0] for op in ops] != ["mat", "add"] or ops[1][2] != 1.0:
+        return None
+    W1, b1 = ops[0][1].T, ops[1][1]  # z = W1 x + b1 exactly
+    lo, hi = lo[None], hi[None]
+    X = np.maximum(np.abs(lo), np.abs(hi))[0]
+    top = np.maximum(u1, 0.0)[None]
+    v, c, q = _through(net.layers[1], np.asarray(a_row, np.float64)[None], np.zeros(1),
+                       np.zeros(1), _sizes(net.layers[1], np.zeros_like(top), top),
+                       np.zeros(1, np.int64))
+    v, c, q = v[0], c[0], q[0]
+    Z = np.maximum(np.abs(l1), np.abs(u1))
+    pos = v >= 0
+    n, d = W1.shape
+    with np.errstate(all="ignore"):
+        k = np.where(pos, v * s, 0.0)  # the lower lines' coefficients on z
+        q += up(U * np.sum(np.abs(k) * Z))
+        C = theta * W1  # a float line C_j x + e_j above relu(z_j) on the box
+        D = W1 - C
+        Dm = np.abs(D) * X
+        e1 = -np.minimum(C * lo, C * hi).sum(1)
+        e2 = np.maximum(D * lo, D * hi).sum(1) + b1
+        err = gamma(d + 2) * (np.abs(C) * X).sum(1)
+        e = np.nextafter(np.maximum(e1 + up(err), e2 + up(err + 2 * U * Dm.sum(1) +
+                                                          gamma(2) * np.abs(b1))), np.inf)
+        vn = np.where(pos, 0.0, v)
+        G = k @ W1 + (vn[:, None] * C).sum(0)
+        q += up(gamma(n + 1) * ((np.abs(k) @ np.abs(W1)) * X).sum()
+                + gamma(n + 1) * ((np.abs(vn)[:, None] * np.abs(C)).sum(0) * X).sum())
+        Kt = np.concatenate([k * b1, vn * e])  # <= 0 terms from vn * e: e rounded up
+        K = down(c + down(Kt.sum() - up(gamma(2 * n + 1) * np.abs(Kt).sum())))
+        p = np.minimum(G * lo[0], G * hi[0])
+        bound = down(down(p.sum() + K) - up(gamma(d + 1) * np.abs(p).sum() + q))
+    return float(bound) if np.isfinite(bound) else -np.inf
