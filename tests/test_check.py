@@ -17,7 +17,6 @@ from crown_cli.check import Reject, check, load_model, load_property
 from crown_cli.check.certificate import State, _bound, _colsets, update
 from crown_cli.cli import cli
 
-SHARED = os.path.join(ROOT, "..", "shared", "data")
 
 
 def test_the_checker_imports_no_other_crown_module_nor_onnx():
@@ -452,21 +451,26 @@ def test_cli_instances_folder_and_exit_codes(small):
     assert res.exit_code == 2 and res.stderr.startswith("crown: error: ") and "none.npz" in res.stderr
 
 
-# ---- real networks (the slow tier: they live outside the project, in ../shared)
+# ---- a real network: ACAS Xu 1_1, shipped in tests/fixtures (the same bytes as VNN-COMP 2021's)
 
-REAL = ["vnncomp2021/acasxu/ACASXU_run2a_1_1_batch_2000.onnx", "vnncomp2021/mnistfc/mnist-net_256x2.onnx",
-        "vnncomp2024/safenlp_medical/onnx/perturbations_0.onnx"]
+ACAS = os.path.join(ROOT, "tests", "fixtures", "ACASXU_run2a_1_1_batch_2000.onnx")
+# VNN-COMP 2021 ACAS Xu property 1 (its box and its one row)
+PROP_1 = "\n".join([f"(declare-const X_{i} Real)" for i in range(5)]
+                   + [f"(declare-const Y_{j} Real)" for j in range(5)]
+                   + ["(assert (<= X_0 0.679857769))", "(assert (>= X_0 0.6))",
+                      "(assert (<= X_1 0.5))", "(assert (>= X_1 -0.5))",
+                      "(assert (<= X_2 0.5))", "(assert (>= X_2 -0.5))",
+                      "(assert (<= X_3 0.5))", "(assert (>= X_3 0.45))",
+                      "(assert (<= X_4 -0.45))", "(assert (>= X_4 -0.5))",
+                      "(assert (>= Y_0 3.991125645861615))"]) + "\n"
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("name", REAL)
-def test_real_onnx_networks_match_the_reference_evaluator(name):
+def test_acas_network_matches_the_reference_evaluator():
     import onnx
     from onnx.reference import ReferenceEvaluator
 
-    path = os.path.join(SHARED, name)
-    net = load_model(path)
-    m = onnx.load(path)
+    net = load_model(ACAS)
+    m = onnx.load(ACAS)
     inits = {i.name for i in m.graph.initializer}
     inp = [i for i in m.graph.input if i.name not in inits][0]
     dims = [d.dim_value or 1 for d in inp.type.tensor_type.shape.dim]
@@ -478,9 +482,10 @@ def test_real_onnx_networks_match_the_reference_evaluator(name):
 
 @pytest.mark.slow
 def test_acasxu_input_split_certificate(tmp_path):
-    model = os.path.join(SHARED, REAL[0])
-    spec = os.path.join(SHARED, "vnncomp2021/acasxu/prop_1.vnnlib")
-    net = load_model(model)
+    spec = str(tmp_path / "prop_1.vnnlib")
+    with open(spec, "w") as fh:
+        fh.write(PROP_1)
+    net = load_model(ACAS)
     (lo, hi, rows), = load_property(spec, 5, 5)
     A = [[float(c) for c in rows[0][0]]]
     b = [float(rows[0][1])]
@@ -488,8 +493,8 @@ def test_acasxu_input_split_certificate(tmp_path):
     hi = np.nextafter([float(x) for x in hi], np.inf)
     arrays = cc.tree_arrays(cc.bisection_tree(net, lo, hi, A, b), A, b, lo, hi)
     proof = str(tmp_path / "a.proof")
-    cc.save(proof, cc.header(model, spec, net, 1), [arrays])
-    assert check(model, spec, proof)["nodes"] == len(arrays["kind"]) > 50
+    cc.save(proof, cc.header(ACAS, spec, net, 1), [arrays])
+    assert check(ACAS, spec, proof)["nodes"] == len(arrays["kind"]) > 50
 
 
 @pytest.mark.parametrize("scale", [1.0, 1e3])
