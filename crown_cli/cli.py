@@ -101,17 +101,30 @@ def _inspect_graph(model_path, g):
 @click.option("--spec", "spec_path", default=None, metavar="FILE", help="VNN-LIB property.")
 @click.option("--instances", "instances_path", default=None, metavar="FILE",
               help="An instance list (onnx,vnnlib,timeout per line, relative to its folder).")
+@click.option("--images", "images_path", default=None, metavar="FILE",
+              help="With --model: check crown certify certificates of radii of images of this "
+                   "file (NPZ or IDX).")
+@click.option("--labels", "labels_path", default=None, metavar="FILE",
+              help="Labels IDX file for IDX images (default: the labels file beside them).")
 @click.option("--proof", "proof_path", required=True, metavar="FILE|DIR",
               help="The certificate (--model/--spec) or the folder of certificates "
-                   "(--instances: {i:04d}_{onnx stem}_{vnnlib stem}.proof).")
+                   "(--instances: {i:04d}_{onnx stem}_{vnnlib stem}.proof; --images: every "
+                   "*.proof in it).")
 @_handle_errors
-def check(model_path, spec_path, instances_path, proof_path):
-    """Check crown verify certificates of unsat answers (docs/proofs.md) with an independent
-    checker. Exit 0: all accepted; 1: some rejected; 2: bad input."""
+def check(model_path, spec_path, instances_path, images_path, labels_path, proof_path):
+    """Check crown verify certificates of unsat answers, or crown certify certificates of
+    radii (--images), with an independent checker (docs/proofs.md). Exit 0: all accepted;
+    1: some rejected; 2: bad input."""
     import os
 
     from crown_cli import check as checker
 
+    if images_path is not None:
+        if spec_path or instances_path or not model_path:
+            raise click.UsageError("--images: give --model and --proof, not --spec/--instances")
+        return _check_radii(checker, model_path, images_path, labels_path, proof_path)
+    if labels_path is not None:
+        raise click.UsageError("--labels: only with --images")
     if instances_path is not None:
         if model_path or spec_path:
             raise InputError("--instances: cannot be combined with --model/--spec")
@@ -141,6 +154,35 @@ def check(model_path, spec_path, instances_path, proof_path):
         try:
             stats = checker.check(model, spec, proof)
             click.echo(f"{proof}: accepted ({stats['cases']} cases, {stats['nodes']} nodes, "
+                       f"{time.perf_counter() - t0:.2f} s)")
+        except checker.Reject as exc:
+            rejected += 1
+            click.echo(f"{proof}: rejected: {exc} ({time.perf_counter() - t0:.2f} s)")
+        except checker.CheckError as exc:
+            raise InputError(str(exc)) from None
+    if rejected:
+        raise click.exceptions.Exit(1)
+
+
+def _check_radii(checker, model_path, images_path, labels_path, proof_path):
+    """``crown check --images``: every certificate of radii of the folder, or the one file."""
+    import glob
+    import os
+    import time
+
+    if os.path.isdir(proof_path):
+        proofs = sorted(glob.glob(os.path.join(proof_path, "*.proof")))
+        if not proofs:
+            raise InputError(f"{proof_path}: no *.proof certificate in the folder")
+    else:
+        proofs = [proof_path]
+    rejected = 0
+    for proof in proofs:
+        t0 = time.perf_counter()
+        try:
+            st = checker.check_certify(model_path, images_path, proof, labels_path)
+            click.echo(f"{proof}: accepted (image {st['image']}, class {st['class']}, targets "
+                       f"{','.join(map(str, st['targets']))}, eps {st['eps']!r}, "
                        f"{time.perf_counter() - t0:.2f} s)")
         except checker.Reject as exc:
             rejected += 1

@@ -100,6 +100,10 @@ class Certificate:
     evaluations: int  # bound evaluations spent by the search
     status: str  # certified | capped | not-certified (exact: optimal | timeout | capped)
     time_s: float
+    # with Certifier.record_proof (crown_cli/certification/proofs.py): how the bound at eps
+    # was verified: {"kind": "crown"} (CROWN's default slopes) or {"kind": "alpha", "record":
+    # AlphaBounds.evaluate's record}; None otherwise
+    proof: Optional[dict] = None
 
 
 def check_alpha_options(alpha_iters, alpha_lr) -> None:
@@ -336,12 +340,15 @@ class Certifier(RadiusSearch):
             return fn
 
         res = self._radius(bound, g0, eps0)
+        proof = {"kind": "crown"} if self.record_proof else None
         if self.quad is not None:
             res = self._quad_search(x0, C, first, g0, res)
         if self.method in ALPHA_METHODS:
-            res = self._alpha_search(x0, C, first, g0, res)
+            res, rec = self._alpha_search(x0, C, first, g0, res)
+            if rec is not None and proof is not None:
+                proof = {"kind": "alpha", "record": rec}
         return Certificate(res.eps, res.lower_bound, g0, res.evaluations, res.status,
-                           time.perf_counter() - t0)
+                           time.perf_counter() - t0, proof)
 
     def _quad_search(self, x0, C, first, g0, crown: SearchResult) -> SearchResult:
         """CROWN-Quad radius: a float64 search on the quadratic bound, started at CROWN's radius.
@@ -356,6 +363,8 @@ class Certifier(RadiusSearch):
         best = res if res.eps >= crown.eps else crown
         return SearchResult(best.eps, best.lower_bound, crown.evaluations + res.evaluations,
                             best.status, best.upper)
+
+    record_proof = False  # crown certify --proof: keep how the reported bound was verified
 
     ALPHA_START = 1.005  # first radius optimised: this times CROWN's
     # rounds of (optimise, root at fixed slopes). Another round runs only when the verified
@@ -396,10 +405,13 @@ class Certifier(RadiusSearch):
         round), then with the slopes fixed (the bound is then monotone in eps) locates the
         largest radius whose float32 bound is > 0 and verifies it in float64: the verified
         bound is the larger of alpha-CROWN's and CROWN's, both sound, so the result is never
-        below CROWN's radius (whichever verified radius is larger is returned).
+        below CROWN's radius (whichever verified radius is larger is returned). Returns
+        (the result, the record of its verified bound when ``record_proof`` and alpha-CROWN's
+        radius is returned, else None).
         """
         if crown.status == "capped" or not crown.eps > 0 or self.alpha_iters == 0:
-            return crown
+            return crown, None
+        best_rec = None
         ab = self._alpha_bounds(x0, C, first)
         f32 = lambda e: float(np.min(ab.evaluate(e)))  # noqa: E731
         best, evals = crown, crown.evaluations
@@ -440,18 +452,19 @@ class Certifier(RadiusSearch):
             if not cand > best.eps * (1.0 + 0.5 * self.rtol):
                 break
             for e in (cand, cand * (1.0 - 0.5 * self.rtol)):
-                v = float(np.min(ab.evaluate(e, verify=True)))
+                rec = {} if self.record_proof else None
+                v = float(np.min(ab.evaluate(e, verify=True, record=rec)))
                 evals += 1
                 if v > 0:
                     status = "capped" if e >= self.eps_max else "certified"
-                    best = SearchResult(e, v, evals, status, hi)
+                    best, best_rec = SearchResult(e, v, evals, status, hi), rec
                     break
             else:
                 break
             if best.eps < target * (1.0 + self.ALPHA_REOPT):
                 break
             lo, target = best.eps, best.eps * (1.0 + self.ALPHA_NEXT * (best.eps / crown.eps - 1.0))
-        return SearchResult(best.eps, best.lower_bound, evals, best.status, best.upper)
+        return SearchResult(best.eps, best.lower_bound, evals, best.status, best.upper), best_rec
 
     def _certify_other(self, x0: np.ndarray, c: int, targets: Sequence[int]) -> Certificate:
         """A method from crown_cli.certification.methods: a bound searched like CROWN's, or a radius."""

@@ -86,6 +86,7 @@ def certify_images(
     progress: bool = True,
     skip: Optional[Callable[[Tuple[str, ...]], Optional[Dict[str, object]]]] = None,
     attacks: Optional[AttackRuns] = None,
+    proofs=None,
 ) -> Summary:
     """Certify x[i] for i in ``indices`` (ascending) with every certifier and target type.
 
@@ -103,6 +104,10 @@ def certify_images(
     ``attacks`` adds the attack's distortion to every certified row of a norm it has; the
     attack runs once per (image, norm, target type) and is shared by the methods. A certified
     eps above it is reported through ``attacks.warn`` (it would mean an unsound certificate).
+
+    ``proofs`` (a :class:`~crown_cli.certification.proofs.ProofWriter`, ``--proof``; its
+    certifiers record their proofs) gets every certified row's certificate; a targeted row
+    raised to the untargeted radius gets the untargeted certificate's case of its target.
     """
     indices = list(indices)
     first = certifiers[0]
@@ -112,7 +117,7 @@ def certify_images(
     summary = Summary()
     for cert in certifiers:  # kernel loading is start-up, not the first image's time
         cert.warm_up()
-    rows = _Rows(x, summary, skip, attacks)
+    rows = _Rows(x, summary, skip, attacks, proofs)
     # the untargeted row first: its radius is a floor for the targeted ones (_raise_to_floor)
     order = sorted(target_types, key=lambda t: t != "untargeted")
     bar = _progress(len(indices), progress)
@@ -145,9 +150,11 @@ class _Rows:
     """The rows of one image and certifier: resumed from the file, misclassified, or
     certified (with the untargeted floor and the attack), each counted in the summary."""
 
-    def __init__(self, x, summary: Summary, skip, attacks: Optional[AttackRuns]):
+    def __init__(self, x, summary: Summary, skip, attacks: Optional[AttackRuns], proofs=None):
         self.x, self.summary, self.skip, self.attacks = x, summary, skip, attacks
         self.attack_cache: Dict[tuple, object] = {}
+        self.proofs = proofs
+        self.floor_src = None  # (Certificate, targets) of this image's untargeted row
 
     def of(self, cert, base, sel, order, misclassified) -> Dict[str, Dict[str, object]]:
         """The rows of the image ``base`` with ``cert`` for the target types ``order``
@@ -155,6 +162,7 @@ class _Rows:
         summary = self.summary
         rows: Dict[str, Dict[str, object]] = {}
         floor = None  # the untargeted row of this image, norm and method
+        self.floor_src = None
         for ttype in order:
             target = sel[ttype]
             row = dict(base, target="" if ttype == "untargeted" else target,
@@ -199,6 +207,8 @@ class _Rows:
             floor = row
         elif floor is not None and cert.method != "exact":
             _raise_to_floor(row, floor)
+        if self.proofs is not None:
+            self._proof(row, cert, ttype, targets, res, c)
         attacks = self.attacks
         if attacks is not None and attacks.by_norm and cert.norm in attacks.by_norm:
             _add_attack(row, attacks.by_norm[cert.norm], self.attack_cache, attacks.seed,
@@ -207,6 +217,24 @@ class _Rows:
         summary.times.append(res.time_s)
         summary.evaluations.append(res.evaluations)
         return floor
+
+
+    def _proof(self, row, cert, ttype, targets, res, c) -> None:
+        """The certificate of a certified row (``--proof``)."""
+        if ttype == "untargeted":
+            self.floor_src = (res, list(targets))
+        if row.get("status") not in CERTIFIED_STATUSES or not row.get("eps"):
+            return
+        if row["eps"] == res.eps:
+            src = (res, list(targets))
+        elif self.floor_src is not None and row["eps"] == self.floor_src[0].eps:
+            src = self.floor_src  # raised to the untargeted radius: that certificate's case
+        else:
+            self.proofs.warn(f"crown: warning: image {row['image']} {ttype}: no certificate "
+                             "(its radius is the untargeted row's of a resumed file)")
+            return
+        self.proofs.write(row, cert.method, self.x[row["image"]], c, src[1], src[0],
+                          list(targets))
 
 
 # statuses whose eps is a certified radius (the untargeted floor of _raise_to_floor)

@@ -1,6 +1,8 @@
-"""``crown check``: an independent checker of ``crown verify`` certificates (docs/proofs.md).
+"""``crown check``: an independent checker of ``crown verify`` and ``crown certify``
+certificates (docs/proofs.md).
 
-It imports nothing else from crown_cli: its own ONNX, NPZ and VNN-LIB readers, its own bounds.
+It imports nothing else from crown_cli: its own ONNX, NPZ, Keras HDF5, image and VNN-LIB
+readers, its own bounds.
 """
 import hashlib
 import json
@@ -10,12 +12,14 @@ from fractions import Fraction
 import numpy as np
 
 from .certificate import case_arrays, structure, walk
+from .images_reader import read_image
+from .keras_reader import read_keras_h5
 from .network import CheckError, Network, Reject, read_npz
 from .onnx_reader import read_onnx
 from .vnnlib_reader import read_vnnlib
 
-__all__ = ["CheckError", "Reject", "Network", "check", "load_model", "load_property",
-           "proof_name"]
+__all__ = ["CheckError", "Reject", "Network", "check", "check_certify", "ball_box",
+           "load_model", "load_property", "proof_name"]
 
 
 def _bytes(path, what):
@@ -31,6 +35,8 @@ def load_model(path, data=None):
     data = _bytes(path, "model") if data is None else data
     if data[:2] == b"PK":
         return read_npz(path)
+    if data[:8] == b"\x89HDF\r\n\x1a\n":
+        return read_keras_h5(path)
     try:
         return read_onnx(data)
     except (ValueError, IndexError, KeyError, TypeError) as exc:
@@ -145,3 +151,89 @@ def _case_key(z, c, n_in, n_out):
         return None
     rows = [tuple(Fraction(x) for x in r) for r in A]
     return [Fraction(x) for x in lo], [Fraction(x) for x in hi], rows
+
+
+def ball_box(x0, eps):
+    """The float64 box [lo, hi] a certificate of radius ``eps`` around ``x0`` bounds over:
+    ``x0 - eps`` and ``x0 + eps`` rounded to nearest, then one float outward, so it contains
+    the real l_inf ball [x0 - eps, x0 + eps] (docs/proofs.md, "Certificates of radii")."""
+    x0 = np.asarray(x0, dtype=np.float64)
+    with np.errstate(over="ignore", invalid="ignore"):
+        return np.nextafter(x0 - eps, -np.inf), np.nextafter(x0 + eps, np.inf)
+
+
+def check_certify(model_path, images_path, proof_path, labels_path=None):
+    """Check a certificate of a certified radius (``crown certify --proof``): returns
+    {"cases", "nodes", "image", "class", "targets", "eps"} or raises Reject or CheckError."""
+    model, images = _bytes(model_path, "model"), _bytes(images_path, "images")
+    header, z = _read_proof(proof_path)
+    want = {"format": "crown-proof", "version": 1, "kind": "certify", "norm": "inf"}
+    for key, value in want.items():
+        if header.get(key) != value:
+            raise Reject(f"header {key} is {header.get(key)!r}, expected {value!r}")
+    files = [("model", model), ("images", images)]
+    idx = images[:2] in (b"\x1f\x8b", b"\x00\x00")
+    if idx:
+        from .images_reader import labels_beside
+
+        labels_path = labels_path or labels_beside(images_path)
+        if labels_path is None:
+            raise CheckError(f"{images_path}: no labels file beside it (give --labels)")
+        files.append(("labels", _bytes(labels_path, "labels")))
+    elif "labels" in header:
+        raise Reject("header names a labels file but the images file is no IDX file")
+    for key, data in files:
+        if (header.get(key) or {}).get("sha256") != hashlib.sha256(data).hexdigest():
+            raise Reject(f"the {key} file's sha256 differs from the certificate's")
+    net = load_model(model_path, model)
+    n_in, n_out = net.sizes[0], net.sizes[-1]
+    shape = {"inputs": n_in, "hidden": list(net.hidden), "outputs": n_out, "activation": "relu"}
+    if header.get("network") != shape:
+        raise Reject(f"header network {header.get('network')} is not the model's {shape}")
+    index, c, targets, eps = (header.get(k) for k in ("index", "class", "targets", "eps"))
+    if not isinstance(index, int) or isinstance(index, bool) or index < 0:
+        raise Reject(f"header index {index!r}")
+    x, label, _ = read_image(images_path, index, labels_path)
+    if x.shape != (n_in,):
+        raise Reject(f"image {index} has {x.size} values, the model {n_in} inputs")
+    if c != label or isinstance(c, bool):
+        raise Reject(f"header class {c!r} is not the label {label} of image {index}")
+    if (not isinstance(targets, list) or not targets or len(set(targets)) != len(targets)
+            or not all(isinstance(t, int) and not isinstance(t, bool) and 0 <= t < n_out
+                       and t != c for t in targets)):
+        raise Reject(f"header targets {targets!r}: distinct classes other than {c} expected")
+    if header.get("cases") != len(targets):
+        raise Reject(f"header cases {header.get('cases')!r}, expected one per target "
+                     f"({len(targets)})")
+    if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not 0 <= eps < np.inf:
+        raise Reject(f"header eps {eps!r}")
+    eps = float(eps)
+    x0 = z.get("x0")
+    if x0 is None or x0.dtype != np.float64 or x0.shape != (n_in,):
+        raise Reject(f"x0 missing or not float64 ({n_in},)")
+    if not np.array_equal(x0, x):
+        j = int(np.argmax(~(x0 == x)))
+        raise Reject(f"x0 is not image {index} of the images file (input {j}: {float(x0[j])!r} "
+                     f"!= {float(x[j])!r})")
+    lo, hi = ball_box(x, eps)
+    nodes = 0
+    for k, t in enumerate(targets):
+        row = np.zeros((1, n_out))
+        row[0, c], row[0, t] = 1.0, -1.0
+        try:
+            clo, chi, A = (np.asarray(z[f"c{k}_{n}"]) for n in ("lo", "hi", "A"))
+        except KeyError:
+            raise Reject(f"certificate case {k}: lo, hi or A missing") from None
+        if not np.array_equal(A, row):
+            raise Reject(f"certificate case {k}: A is not the row y_{c} - y_{t}")
+        if not (np.array_equal(clo, lo) and np.array_equal(chi, hi)):
+            raise Reject(f"certificate case {k}: its box is not the ball of radius {eps!r} "
+                         "around x0 rounded outward")
+        try:
+            a = case_arrays(z, k, net)
+            child1 = structure(a, net, 1)
+            nodes += walk(net, a, child1, np.array([0.0]), [Fraction(0)])
+        except Reject as exc:
+            raise Reject(f"target {t} (certificate case {k}): {exc}") from None
+    return {"cases": len(targets), "nodes": nodes, "image": index, "class": c,
+            "targets": list(targets), "eps": eps}

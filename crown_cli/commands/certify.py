@@ -78,6 +78,10 @@ from crown_cli.errors import InputError
               help="PGD starting points per radius (default 2).")
 @click.option("--attack-seed", type=click.IntRange(min=0), default=0, show_default=True,
               metavar="N", help="Seed of the attack's random starts.")
+@click.option("--proof", "proof_path", default=None, metavar="DIR",
+              help="Write a certificate of each certified row to DIR, checked by crown check "
+                   "(docs/proofs.md; --norm inf, --method crown or alpha-crown, dense ReLU "
+                   "networks in HDF5 or NPZ files, NPZ or IDX images).")
 @click.option("--output", "-o", default="-", show_default=True, metavar="FILE",
               help="Result file to write ('-': stdout); a provenance sidecar <output>.json goes beside it.")
 @click.option("--format", "out_format", default=None, type=click.Choice(["csv", "jsonl"]),
@@ -137,13 +141,27 @@ def certify(**options):
         # rows a resumed file already holds are skipped: they cost no certification
         runs = len(indices) * len(target_types) * len(norms) * len(methods) - job.rows_present()
         certifiers, attacks = _mlp_certifiers(a, net, norms, methods, runs)
+    proofs = None
+    if a.proof_path is not None:
+        from crown_cli.certification.proofs import ProofWriter, check_scope
+
+        weights = None if graph is not None else net.margin_layers()[0]
+        check_scope(norms, methods, a.model_path, None if graph is not None else net, graph,
+                    weights, a.images_path)
+        for cert in certifiers:
+            cert.record_proof = True
+        proofs = ProofWriter(a.proof_path, a.model_path, a.images_path, a.labels_path, weights,
+                             lambda msg: click.echo(msg, err=True))
 
     def run(write):
         summary = certify_images(
             certifiers, x, y, indices, target_types, a.seed, _logged(write, a.verbose),
             progress=not a.quiet and not a.verbose, skip=job.skip,
             attacks=None if attacks is None else AttackRuns(
-                attacks, a.attack_seed, lambda msg: click.echo(msg, err=True)))
+                attacks, a.attack_seed, lambda msg: click.echo(msg, err=True)),
+            proofs=proofs)
+        if proofs is not None and not a.quiet:
+            click.echo(proofs.summary(), err=True)
         note = misclassified_note(summary, x[indices] if len(indices) else x[:0])
         if note:
             click.echo(f"crown: warning: {note}", err=True)
@@ -179,6 +197,7 @@ class CertifyArgs:
     attack_steps: Optional[int]
     attack_restarts: Optional[int]
     attack_seed: int
+    proof_path: Optional[str]
     output: str
     out_format: Optional[str]
     overwrite: bool

@@ -479,12 +479,18 @@ class AlphaBounds:
         return A.reshape(-1, rl.unst.size), idx
 
     # -- one evaluation ----------------------------------------------------------------------
-    def evaluate(self, eps, dtype=np.float32, grad=False, verify=False):
+    def evaluate(self, eps, dtype=np.float32, grad=False, verify=False, record=None):
         """Margin lower bounds at eps with the stored slopes.
 
         ``verify`` (float64): sound bounds, each the larger of alpha-CROWN's and CROWN's.
         ``grad``: also the gradient of their sum with respect to the slopes (float32), returned
         as a list of (key, idx, gradient block, relaxation); value first.
+        ``record`` (a dict, with ``verify``): filled with the slopes the bound was verified at,
+        for a certificate (:mod:`crown_cli.certification.proofs`): ``"layers"``: per hidden
+        layer k >= 1 (0-based) with unstable rows, (rows, slopes per layer i < k (2 len(rows),
+        len(unst_i)) float32 values, CROWN's lower bound kept (per row), CROWN's upper bound
+        kept); ``"margin"``: (slopes per layer (r, len(unst_i)), the alpha-CROWN bound, CROWN's
+        bound); ``"unst"``: the unstable neurons of each hidden layer; ``"bounds"``: (l, u).
         """
         net, x0, qcode = self.net, self.x0, self.qcode
         if verify:
@@ -535,11 +541,19 @@ class AlphaBounds:
                                  tape=grad, rounding=rnd)
                 n = rows.size
                 la, ua = lo[:n], -lo[n:]
+                if record is not None:
+                    record.setdefault("layers", {})[k] = (
+                        rows, [None if A is None else np.clip(A, relax[i].lo, relax[i].hi)
+                               for i, A in enumerate(alphas)],
+                        ~(la >= lc[rows]) if self.cap else np.zeros(n, bool),
+                        ~(ua <= uc[rows]) if self.cap else np.zeros(n, bool))
                 if verify and self.cap:  # both sound: keep the tighter of each
                     la, ua = np.maximum(la, lc[rows]), np.minimum(ua, uc[rows])
                 # a crossing (l > u) only happens by rounding on an empty set: keep CROWN's
                 # (steering without CROWN's bounds: the pair in order)
                 ok = la <= ua
+                if record is not None and not ok.all():  # CROWN's bounds kept on both sides
+                    record["layers"][k][2][~ok] = record["layers"][k][3][~ok] = True
                 if lc is None:
                     l[rows], u[rows] = np.minimum(la, ua), np.maximum(la, ua)
                 else:
@@ -563,6 +577,11 @@ class AlphaBounds:
         if verify:
             crown_lb, _ = back_substitute(net, crelax, self.lam_m, self.const_m, x0, eps, qcode,
                                           want_upper=False)
+            if record is not None:
+                record["margin"] = ([None if A is None else np.clip(A, relax[i].lo, relax[i].hi)
+                                     for i, A in enumerate(alphas)], lower, crown_lb)
+                record["unst"] = [rl.unst for rl in relax]
+                record["bounds"] = [(rl.l, rl.u) for rl in relax]
             return np.maximum(lower, crown_lb)
         if not grad:
             return lower

@@ -24,9 +24,10 @@ SIDECAR_VERSION = 1
 # --kernels changes only the order of float64 sums inside the bounds (the kernels used are
 # recorded per run, "kernels"), which may move an eps within --rtol.
 # --memory-budget only chunks a graph bound's rows (the same bounds, up to the order of sums).
+# --proof (certify) only writes certificates beside the rows.
 NOT_SETTINGS = {"--output", "--overwrite", "--resume", "--quiet", "--verbose", "--debug", "--model",
                 "--images", "--labels", "--start", "--num-images", "--shard", "--kernels",
-                "--memory-budget"}
+                "--memory-budget", "--proof"}
 # Options renamed so that one name means one thing in every command (issue 24): sidecars written
 # before keep the old names; they are read under the new ones, so --resume and merge still match.
 RENAMED = {"certify": {"--seed": "--target-seed"},

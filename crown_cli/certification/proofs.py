@@ -1,0 +1,224 @@
+"""``crown certify --proof DIR``: a certificate of each certified radius (docs/proofs.md,
+"Certificates of radii"), checked by ``crown check`` before it is kept.
+
+A row's certificate holds the image as the engine bounded it (``x0``), the reported eps and
+per target one case: the l_inf ball's box rounded outward, the row ``y_c - y_t`` and a
+one-leaf tree proving it > 0 there: CROWN's default slopes (``--method crown``, or
+alpha-crown rows whose radius is CROWN's), or the slopes alpha-CROWN's float64 bound was
+verified at (the leaf's over ``cols``, the intermediate rows' as layer slopes). Every
+certificate is checked by the checker (``crown_cli.check``, which shares no code with the
+engine) before it is written; one it rejects is not written and the row gets a warning.
+"""
+from __future__ import annotations
+
+import os
+import time
+from typing import Callable, Dict, List, Optional, Sequence
+
+import numpy as np
+
+from crown_cli.errors import InputError
+from crown_cli.verification.proof import sha256
+
+PROOF_NORMS = ("inf",)
+PROOF_METHODS = ("crown", "alpha-crown")
+
+
+def proof_file(image: int, method: str, target_type: str, target) -> str:
+    """``{image:05d}_{method}_{target_type}_{target}.proof``; untargeted rows:
+    ``{image:05d}_{method}_untargeted.proof``."""
+    if target_type == "untargeted" or target in ("", None) or isinstance(target, list):
+        return f"{image:05d}_{method}_{target_type}.proof"
+    return f"{image:05d}_{method}_{target_type}_{int(target)}.proof"
+
+
+def check_scope(norms: Sequence[str], methods: Sequence[str], model_path: str, mlp, graph,
+                weights, images_path: Optional[str]) -> None:
+    """InputError (one line) naming what ``--proof`` does not cover."""
+    bad = [n for n in norms if n not in PROOF_NORMS]
+    if bad:
+        raise InputError(f"--proof: certificates of radii cover --norm inf only, not {bad[0]}")
+    bad = [m for m in methods if m not in PROOF_METHODS]
+    if bad:
+        raise InputError(f"--proof: certificates of radii cover --method crown and alpha-crown "
+                         f"only, not {bad[0]}")
+    if graph is not None or mlp is None:
+        raise InputError(f"--proof: certificates of radii cover dense ReLU networks, not the graph "
+                         f"network {model_path}")
+    if mlp.activation != "relu":
+        raise InputError(f"--proof: certificates of radii cover ReLU networks, not "
+                         f"{mlp.activation} ({model_path})")
+    if len(weights) != len(mlp.weights):
+        raise InputError(f"--proof: certificates of radii cover networks whose last layer has no "
+                         f"activation or an order-preserving one ({model_path})")
+    from crown_cli import check as checker
+
+    with open(model_path, "rb") as fh:
+        head = fh.read(8)
+    if not (head[:2] == b"PK" or head == b"\x89HDF\r\n\x1a\n"):
+        raise InputError(f"--proof: certificates of radii cover Keras HDF5 and NPZ models, not "
+                         f"{model_path}")
+    try:
+        net = checker.load_model(model_path)
+    except (checker.Reject, checker.CheckError) as exc:
+        raise InputError(f"--proof: crown check cannot read {model_path}: {exc}") from None
+    sizes = [weights[0].shape[1]] + [w.shape[0] for w in weights]
+    if list(net.sizes) != sizes:
+        raise InputError(f"--proof: crown check reads {model_path} as layers {net.sizes}, crown "
+                         f"as {sizes}")
+    if images_path is not None:
+        with open(images_path, "rb") as fh:
+            head = fh.read(2)
+        if head not in (b"PK", b"\x1f\x8b", b"\x00\x00"):
+            raise InputError(f"--proof: certificates of radii cover NPZ and IDX image files, not "
+                             f"{images_path}")
+
+
+class ProofWriter:
+    """Writes (and checks) the certificate of each certified row into ``folder``."""
+
+    def __init__(self, folder: str, model_path: str, images_path: Optional[str],
+                 labels_path: Optional[str], weights, warn: Callable[[str], None]):
+        from crown_cli.io.images import DEFAULT_IMAGES, _labels_path_for
+
+        self.folder, self.model_path, self.warn = folder, model_path, warn
+        self.images_path = images_path or DEFAULT_IMAGES
+        self.labels_path = labels_path
+        with open(self.images_path, "rb") as fh:
+            idx = fh.read(2) in (b"\x1f\x8b", b"\x00\x00")
+        if idx and labels_path is None:
+            self.labels_path = _labels_path_for(self.images_path)
+        self.files = {"model": _file(model_path), "images": _file(self.images_path)}
+        if idx:
+            self.files["labels"] = _file(self.labels_path)
+        self.network = {"inputs": int(weights[0].shape[1]),
+                        "hidden": [int(w.shape[0]) for w in weights[:-1]],
+                        "outputs": int(weights[-1].shape[0]), "activation": "relu"}
+        self.hidden = self.network["hidden"]
+        self.offsets = np.concatenate([[0], np.cumsum(self.hidden)]).astype(np.int64)
+        self.written = self.rejected = 0
+        self.check_s = 0.0
+        self.bytes = 0
+        os.makedirs(folder, exist_ok=True)
+
+    def write(self, row: Dict[str, object], method: str, x0, c: int, src_targets: List[int],
+              res, targets: List[int]) -> Optional[str]:
+        """The certificate of ``row`` (eps ``row["eps"]``) from the verified bound of ``res``
+        (a Certificate over ``src_targets``, the rows of its C) for ``targets`` (a subset);
+        returns the file written, or None (a warning says why)."""
+        eps = float(row["eps"])
+        where = (f"image {row['image']} {row['target_type']} {row['target']} "
+                 f"{row['method']} eps {eps!r}")
+        if res.proof is None:
+            self.warn(f"crown: warning: {where}: no certificate (the bound's slopes were not "
+                      "recorded)")
+            return None
+        arrays = self._arrays(np.asarray(x0, np.float64), c, src_targets, res.proof, targets, eps)
+        header = {"format": "crown-proof", "version": 1, "kind": "certify",
+                  **{k: v for k, v in self.files.items()},
+                  "network": self.network, "index": int(row["image"]), "class": int(c),
+                  "target_type": row["target_type"], "targets": [int(t) for t in targets],
+                  "norm": "inf", "method": method, "eps": eps, "cases": len(targets)}
+        path = os.path.join(self.folder, proof_file(row["image"], method, row["target_type"],
+                                                    row["target"]))
+        _save(path, header, arrays)
+        from crown_cli import check as checker
+
+        t0 = time.perf_counter()
+        try:
+            checker.check_certify(self.model_path, self.images_path, path, self.labels_path)
+        except checker.Reject as exc:
+            self.check_s += time.perf_counter() - t0
+            os.remove(path)
+            self.rejected += 1
+            lb = res.lower_bound
+            self.warn(f"crown: warning: {where}: no certificate: crown check would reject it "
+                      f"({exc}); the engine's float64 bound there is {lb!r}")
+            return None
+        self.check_s += time.perf_counter() - t0
+        self.written += 1
+        self.bytes += os.path.getsize(path)
+        return path
+
+    def _arrays(self, x0, c, src_targets, proof, targets, eps):
+        from crown_cli.check import ball_box
+
+        lo, hi = ball_box(x0, eps)
+        n_out = self.network["outputs"]
+        out = {"x0": x0}
+        rec = proof.get("record") if proof.get("kind") == "alpha" else None
+        cols, layer = (np.zeros(0, np.int64), {}) if rec is None else self._layer_slopes(rec)
+        for k, t in enumerate(targets):
+            r = src_targets.index(t)
+            A = np.zeros((1, n_out))
+            A[0, c], A[0, t] = 1.0, -1.0
+            case = dict(lo=lo, hi=hi, A=A, b=np.zeros(1), kind=np.zeros(1, np.int8),
+                        arg=np.zeros(1, np.int64), value=np.full(1, np.nan),
+                        refresh=np.ones(1, np.int16), alpha_at=np.full(1, -1, np.int64),
+                        beta_at=np.full(1, -1, np.int64), cols=cols,
+                        alpha=np.zeros((0, cols.size), np.float32),
+                        beta=np.zeros((0, cols.size), np.float32))
+            if rec is not None:
+                al, lower, crown_lb = rec["margin"]
+                if lower[r] >= crown_lb[r]:  # alpha-CROWN's bound, not CROWN's, was the larger
+                    row = np.zeros((1, cols.size), np.float32)
+                    for i, A_i in enumerate(al):
+                        if A_i is not None and A_i.shape[1]:
+                            row[0, self._pos(cols, i, rec["unst"][i])] = A_i[r]
+                    case["alpha"], case["alpha_at"] = row, np.zeros(1, np.int64)
+                case.update(layer)
+            for name, a in case.items():
+                out[f"c{k}_{name}"] = a
+        return out
+
+    def _pos(self, cols, i, unst):
+        return np.searchsorted(cols, self.offsets[i] + np.asarray(unst, np.int64))
+
+    def _layer_slopes(self, rec):
+        """cols (every unstable neuron, flat) and the layer-slope arrays of the record."""
+        unst = rec["unst"]
+        cols = np.concatenate([self.offsets[i] + np.asarray(u, np.int64)
+                               for i, u in enumerate(unst)]).astype(np.int64)
+        out = {}
+        for k, (rows, alphas, capL, capU) in sorted(rec.get("layers", {}).items()):
+            n = len(rows)
+            keep = ~(capL & capU)  # both of CROWN's bounds kept: default slopes (left out)
+            if not keep.any():
+                continue
+            ck = int(np.sum(cols < self.offsets[k]))
+            S = np.zeros((2 * n, ck), np.float32)
+            for i, A_i in enumerate(alphas):
+                if A_i is None or not A_i.shape[1]:
+                    continue
+                pos = self._pos(cols, i, unst[i])
+                S[:, pos] = A_i
+                l, u = rec["bounds"][i]
+                default = np.where(u[unst[i]] >= -l[unst[i]], 1.0, 0.0).astype(np.float32)
+                # a row whose CROWN bound was kept: CROWN's slopes at the bounds below
+                S[np.ix_(np.flatnonzero(capL), pos)] = default
+                S[np.ix_(n + np.flatnonzero(capU), pos)] = default
+            sel = np.concatenate([np.flatnonzero(keep), n + np.flatnonzero(keep)])
+            out[f"slopes_k{k + 1}_rows"] = (self.offsets[k] + np.asarray(rows)[keep]).astype(np.int64)
+            out[f"slopes_k{k + 1}"] = S[sel]
+        return cols, out
+
+    def summary(self) -> str:
+        return (f"crown: {self.written} certificates written to {self.folder} "
+                f"({self.bytes / 1e6:.2f} MB, checked in {self.check_s:.1f} s)"
+                + (f"; {self.rejected} rows without one (crown check would reject)"
+                   if self.rejected else ""))
+
+
+def _file(path) -> dict:
+    return {"file": os.path.basename(str(path)), "sha256": sha256(path)}
+
+
+def _save(path, header, arrays) -> None:
+    import json
+
+    arrays = dict(arrays)
+    arrays["header"] = np.frombuffer(json.dumps(header).encode("utf-8"), np.uint8)
+    tmp = f"{path}.tmp"
+    with open(tmp, "wb") as f:
+        np.savez_compressed(f, **arrays)
+    os.replace(tmp, path)
