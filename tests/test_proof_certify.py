@@ -1,0 +1,216 @@
+"""Certificates of certified radii (``crown certify --proof``, docs/proofs.md "Certificates of
+radii"): written for every certified row, accepted by ``crown check --images``, rejected once
+tampered with (a radius beyond an adversarial example, another image, changed weights), and
+the scope's refusals."""
+import gzip
+import json
+import os
+import shutil
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+from conftest import ROOT, error_line
+from crown_cli.check import Reject, ball_box, check_certify, load_model
+from crown_cli.cli import cli
+
+MODEL = os.path.join(ROOT, "models", "mnist_3x20.h5")
+IMAGES = os.path.join(ROOT, "crown_cli", "data", "mnist_test_100.npz")
+
+
+def _certify(tmp_path, *args, model=MODEL):
+    out = tmp_path / "proofs"
+    res = CliRunner().invoke(cli, [
+        "certify", "--model", str(model), "--images", IMAGES, "-q", "--overwrite",
+        "-o", str(tmp_path / "rows.csv"), "--proof", str(out), *args])
+    assert res.exit_code == 0, res.output + res.stderr
+    import csv
+
+    with open(tmp_path / "rows.csv") as fh:
+        rows = list(csv.DictReader(fh))
+    return out, rows, res
+
+
+def _read(path):
+    with np.load(path, allow_pickle=False) as z:
+        arrays = {k: z[k] for k in z.files}
+    return json.loads(arrays.pop("header").tobytes().decode()), arrays
+
+
+def _write(path, header, arrays):
+    arrays = dict(arrays, header=np.frombuffer(json.dumps(header).encode(), np.uint8))
+    with open(path, "wb") as fh:
+        np.savez_compressed(fh, **arrays)
+    return str(path)
+
+
+@pytest.fixture(scope="module")
+def written(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("cert")
+    return tmp, *_certify(tmp, "-n", "3", "--method", "crown,alpha-crown",
+                          "--target", "runner-up,untargeted")
+
+
+def test_every_certified_row_has_a_certificate_crown_check_accepts(written):
+    tmp, out, rows, _ = written
+    names = sorted(os.listdir(out))
+    certified = [r for r in rows if r["status"] == "certified"]
+    assert len(certified) == 12 and len(names) == 12
+    for r in certified:
+        t = "untargeted" if r["target_type"] == "untargeted" else f"runner-up_{r['target']}"
+        path = os.path.join(out, f"{int(r['image']):05d}_{r['method']}_{t}.proof")
+        st = check_certify(MODEL, IMAGES, path)
+        assert st["eps"] == float(r["eps"]) and st["image"] == int(r["image"])
+        assert st["class"] == int(r["label"]) and st["nodes"] == st["cases"]
+        assert st["cases"] == (9 if r["target_type"] == "untargeted" else 1)
+    header, z = _read(os.path.join(out, names[0]))
+    assert header["kind"] == "certify" and header["norm"] == "inf"
+    assert any("slopes_k2" in k for k in _read(os.path.join(out, [
+        n for n in names if "alpha" in n][0]))[1])  # alpha-CROWN's intermediate slopes
+    res = CliRunner().invoke(cli, ["check", "--model", MODEL, "--images", IMAGES,
+                                                   "--proof", str(out)])
+    assert res.exit_code == 0, res.output
+    assert res.output.count(": accepted (image ") == 12
+
+
+def test_a_radius_beyond_an_adversarial_example_is_rejected(written, tmp_path):
+    from crown_cli.certification.attack import PGDAttack
+    from crown_cli.io.models import load_model as crown_model
+
+    _, out, rows, _ = written
+    r = next(r for r in rows if r["method"] == "crown" and r["target_type"] == "runner-up")
+    path = os.path.join(out, f"{int(r['image']):05d}_crown_runner-up_{r['target']}.proof")
+    header, z = _read(path)
+    mlp = crown_model(MODEL)
+    x0, c, t = z["x0"], header["class"], header["targets"][0]
+    att = PGDAttack(mlp.weights, mlp.biases, "relu", "inf").min_distortion(
+        x0, c, [t], np.random.default_rng(0))
+    assert att.eps is not None and att.eps > header["eps"]
+    big = att.eps * 1.001  # the ball holds the attack's point, where y_t >= y_c
+    assert np.max(np.abs(att.x_adv - x0)) <= big and att.margin <= 0
+    lo, hi = ball_box(x0, big)
+    header["eps"] = big
+    bad = _write(tmp_path / "big.proof", header, z)
+    with pytest.raises(Reject, match="its box is not the ball"):
+        check_certify(MODEL, IMAGES, bad)
+    bad = _write(tmp_path / "big2.proof", header, dict(z, c0_lo=lo, c0_hi=hi))
+    with pytest.raises(Reject, match=r"target \d \(certificate case 0\): node 0: row 0: lower "
+                                     r"bound .* is not > b_i = 0.0"):
+        check_certify(MODEL, IMAGES, bad)
+
+
+def test_another_image_or_a_changed_x0_is_rejected(written, tmp_path):
+    _, out, rows, _ = written
+    path = os.path.join(out, sorted(n for n in os.listdir(out) if n.startswith("00000_crown_r"))[0])
+    header, z = _read(path)
+    x0 = z["x0"].copy()
+    x0[300] += 2.0 ** -20
+    lo, hi = ball_box(x0, header["eps"])
+    bad = _write(tmp_path / "x0.proof", header, dict(z, x0=x0, c0_lo=lo, c0_hi=hi))
+    with pytest.raises(Reject, match=r"x0 is not image 0 of the images file \(input 300"):
+        check_certify(MODEL, IMAGES, bad)
+    with np.load(IMAGES) as d:
+        y = d["y"]
+    same = int(np.flatnonzero(y == y[0])[1])  # another image of the same label
+    bad = _write(tmp_path / "index.proof", dict(header, index=same), z)
+    with pytest.raises(Reject, match=f"x0 is not image {same} of the images file"):
+        check_certify(MODEL, IMAGES, bad)
+    other = int(np.flatnonzero(y != y[0])[0])
+    bad = _write(tmp_path / "label.proof", dict(header, index=other), z)
+    with pytest.raises(Reject, match=f"header class {y[0]} is not the label {y[other]}"):
+        check_certify(MODEL, IMAGES, bad)
+    bad = _write(tmp_path / "target.proof", dict(header, targets=[header["class"]]), z)
+    with pytest.raises(Reject, match="header targets"):
+        check_certify(MODEL, IMAGES, bad)
+
+
+def test_changed_weights_rejected_by_sha_then_by_the_bound(tmp_path):
+    from crown_cli.io.models import load_model as crown_model, save_npz
+
+    mlp = crown_model(MODEL)
+    npz = str(tmp_path / "net.npz")
+    save_npz(npz, mlp.weights, mlp.biases, "relu")
+    out, rows, _ = _certify(tmp_path, "-n", "1", model=npz)
+    path = str(out / os.listdir(out)[0])
+    assert check_certify(npz, IMAGES, path)["cases"] == 1
+    header, z = _read(path)
+    c, t = header["class"], header["targets"][0]
+    ws, bs = [w.copy() for w in mlp.weights], [b.copy() for b in mlp.biases]
+    ws[-1][c] = ws[-1][t]  # y_c - y_t = b_c - b_t = -1 everywhere
+    bs[-1][c] = bs[-1][t] - 1.0
+    save_npz(npz, ws, bs, "relu")
+    with pytest.raises(Reject, match="the model file's sha256 differs"):
+        check_certify(npz, IMAGES, path)
+    from crown_cli.verification.proof import sha256
+
+    header["model"]["sha256"] = sha256(npz)
+    bad = _write(tmp_path / "w.proof", header, z)
+    with pytest.raises(Reject, match=r"lower bound -1\.0.* is not > b_i = 0.0"):
+        check_certify(npz, IMAGES, bad)
+
+
+def test_keras_reader_matches_crowns_loader():
+    from crown_cli.io.models import load_model as crown_model
+
+    for name in ("mnist_2x20.h5", "mnist_3x20.h5"):
+        path = os.path.join(ROOT, "models", name)
+        net, mlp = load_model(path), crown_model(path)
+        assert net.sizes == [784] + [w.shape[0] for w in mlp.weights]
+        for ops, w, b in zip(net.layers, mlp.weights, mlp.biases):
+            assert np.array_equal(ops[0][1], w.T) and np.array_equal(ops[1][1], b)
+        x = np.load(IMAGES)["x"][:5]
+        from crown_cli.activations import forward
+
+        assert np.allclose(net.forward(x), forward(mlp.weights, mlp.biases, "relu", x), atol=1e-9)
+    with pytest.raises(Reject, match="ReLU networks only|activation"):
+        load_model(os.path.join(ROOT, "models", "mnist_3x1024_tanh.h5"))
+
+
+def test_idx_images_read_as_crown_reads_them(tmp_path):
+    from crown_cli.check.images_reader import read_image
+    from crown_cli.io.images import load_images
+
+    rng = np.random.default_rng(3)
+    pix = rng.integers(0, 256, size=(4, 28, 28), dtype=np.uint8)
+    lab = np.array([3, 1, 4, 1], np.uint8)
+    img, lbl = tmp_path / "t10k-images-idx3-ubyte.gz", tmp_path / "t10k-labels-idx1-ubyte"
+    with gzip.open(img, "wb") as fh:
+        fh.write(bytes([0, 0, 8, 3]) + b"".join(int(d).to_bytes(4, "big") for d in pix.shape)
+                 + pix.tobytes())
+    lbl.write_bytes(bytes([0, 0, 8, 1]) + (4).to_bytes(4, "big") + lab.tobytes())
+    x, y = load_images(str(img))
+    for i in range(4):
+        xi, yi, n = read_image(str(img), i)
+        assert np.array_equal(xi, x[i]) and yi == y[i] and n == 4
+    # and a whole certify/check round trip on them (labels found beside the images)
+    shutil.copy(MODEL, tmp_path / "m.h5")
+    res = CliRunner().invoke(cli, [
+        "certify", "--model", str(tmp_path / "m.h5"), "--images", str(img), "-q",
+        "-o", str(tmp_path / "r.csv"), "--proof", str(tmp_path / "p")])
+    assert res.exit_code == 0, res.stderr
+    res = CliRunner().invoke(cli, [
+        "check", "--model", str(tmp_path / "m.h5"), "--images", str(img), "--proof",
+        str(tmp_path / "p")])
+    n = len(os.listdir(tmp_path / "p"))
+    assert res.exit_code == 0 and res.output.count("accepted") == n, res.output
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--norm", "2"], "--proof: certificates of radii cover --norm inf only, not 2"),
+    (["--norm", "inf,1"], "--proof: certificates of radii cover --norm inf only, not 1"),
+    (["--method", "fast-lin"], "--proof: certificates of radii cover --method crown and "
+                               "alpha-crown only, not fast-lin"),
+    (["--model", os.path.join(ROOT, "models", "mnist_3x1024_tanh.h5")],
+     "--proof: certificates of radii cover ReLU networks, not tanh"),
+])
+def test_proof_refused_outside_its_scope(tmp_path, args, message):
+    base = {"--model": MODEL}
+    if "--model" in args:
+        base = {}
+    res = CliRunner().invoke(cli, [
+        "certify", *sum(base.items(), ()), "-n", "1", "-q", "-o", str(tmp_path / "r.csv"),
+        "--proof", str(tmp_path / "p"), *args])
+    assert res.exit_code == 2
+    assert error_line(res).startswith(f"crown: error: {message}")
+    assert not os.path.exists(tmp_path / "p")
