@@ -99,7 +99,6 @@ class ProofWriter:
         self.written = self.rejected = 0
         self.check_s = 0.0
         self.bytes = 0
-        os.makedirs(folder, exist_ok=True)
 
     def write(self, row: Dict[str, object], method: str, x0, c: int, src_targets: List[int],
               res, targets: List[int]) -> Optional[str]:
@@ -121,6 +120,7 @@ class ProofWriter:
                   "norm": "inf", "method": method, "eps": eps, "cases": len(targets)}
         path = os.path.join(self.folder, proof_file(row["image"], method, row["target_type"],
                                                     row["target"]))
+        os.makedirs(self.folder, exist_ok=True)
         _save(path, header, arrays)
         from crown_cli import check as checker
 
