@@ -214,3 +214,27 @@ def test_proof_refused_outside_its_scope(tmp_path, args, message):
     assert res.exit_code == 2
     assert error_line(res).startswith(f"crown: error: {message}")
     assert not os.path.exists(tmp_path / "p")
+
+
+@pytest.mark.parametrize("method", ["crown", "alpha-crown"])
+def test_a_targeted_row_at_the_untargeted_radius_takes_that_certificates_case(tmp_path, method):
+    # what a targeted row raised to the untargeted row's radius gets (runner._Rows._proof)
+    from crown_cli.certification.certifier import Certifier
+    from crown_cli.certification.proofs import ProofWriter
+    from crown_cli.io.models import load_model as crown_model
+
+    mlp = crown_model(MODEL)
+    cert = Certifier(mlp.weights, mlp.biases, "relu", method=method)
+    cert.record_proof = True
+    x0 = np.load(IMAGES)["x"][2]
+    c = int(np.argmax(cert.logits(x0)))
+    others = [t for t in range(10) if t != c]
+    res = cert.certify(x0, c, others)
+    warnings = []
+    w = ProofWriter(str(tmp_path), MODEL, IMAGES, None, mlp.weights, warnings.append)
+    row = {"image": 2, "target_type": "least", "target": others[4], "method": method,
+           "eps": res.eps}
+    path = w.write(row, method, x0, c, others, res, [others[4]])
+    assert path and not warnings
+    st = check_certify(MODEL, IMAGES, path)
+    assert st["targets"] == [others[4]] and st["eps"] == res.eps
