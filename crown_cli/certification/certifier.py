@@ -365,6 +365,7 @@ class Certifier(RadiusSearch):
                             best.status, best.upper)
 
     record_proof = False  # crown certify --proof: keep how the reported bound was verified
+    proof_writer = None  # crown certify --proof: the ProofWriter its certified rows go to
 
     ALPHA_START = 1.005  # first radius optimised: this times CROWN's
     # rounds of (optimise, root at fixed slopes). Another round runs only when the verified

@@ -86,7 +86,6 @@ def certify_images(
     progress: bool = True,
     skip: Optional[Callable[[Tuple[str, ...]], Optional[Dict[str, object]]]] = None,
     attacks: Optional[AttackRuns] = None,
-    proofs=None,
 ) -> Summary:
     """Certify x[i] for i in ``indices`` (ascending) with every certifier and target type.
 
@@ -105,9 +104,10 @@ def certify_images(
     attack runs once per (image, norm, target type) and is shared by the methods. A certified
     eps above it is reported through ``attacks.warn`` (it would mean an unsound certificate).
 
-    ``proofs`` (a :class:`~crown_cli.certification.proofs.ProofWriter`, ``--proof``; its
-    certifiers record their proofs) gets every certified row's certificate; a targeted row
-    raised to the untargeted radius gets the untargeted certificate's case of its target.
+    A certifier with a ``proof_writer`` (a :class:`~crown_cli.certification.proofs.ProofWriter`,
+    ``--proof``; the certifier records its proofs) hands it every certified row's certificate;
+    a targeted row raised to the untargeted radius gets the untargeted certificate's case of
+    its target.
     """
     indices = list(indices)
     first = certifiers[0]
@@ -117,7 +117,7 @@ def certify_images(
     summary = Summary()
     for cert in certifiers:  # kernel loading is start-up, not the first image's time
         cert.warm_up()
-    rows = _Rows(x, summary, skip, attacks, proofs)
+    rows = _Rows(x, summary, skip, attacks)
     # the untargeted row first: its radius is a floor for the targeted ones (_raise_to_floor)
     order = sorted(target_types, key=lambda t: t != "untargeted")
     bar = _progress(len(indices), progress)
@@ -150,10 +150,9 @@ class _Rows:
     """The rows of one image and certifier: resumed from the file, misclassified, or
     certified (with the untargeted floor and the attack), each counted in the summary."""
 
-    def __init__(self, x, summary: Summary, skip, attacks: Optional[AttackRuns], proofs=None):
+    def __init__(self, x, summary: Summary, skip, attacks: Optional[AttackRuns]):
         self.x, self.summary, self.skip, self.attacks = x, summary, skip, attacks
         self.attack_cache: Dict[tuple, object] = {}
-        self.proofs = proofs
         self.floor_src = None  # (Certificate, targets) of this image's untargeted row
 
     def of(self, cert, base, sel, order, misclassified) -> Dict[str, Dict[str, object]]:
@@ -207,7 +206,7 @@ class _Rows:
             floor = row
         elif floor is not None and cert.method != "exact":
             _raise_to_floor(row, floor)
-        if self.proofs is not None:
+        if getattr(cert, "proof_writer", None) is not None:
             self._proof(row, cert, ttype, targets, res, c)
         attacks = self.attacks
         if attacks is not None and attacks.by_norm and cert.norm in attacks.by_norm:
@@ -230,11 +229,12 @@ class _Rows:
         elif self.floor_src is not None and row["eps"] == self.floor_src[0].eps:
             src = self.floor_src  # raised to the untargeted radius: that certificate's case
         else:
-            self.proofs.warn(f"crown: warning: image {row['image']} {ttype}: no certificate "
-                             "(its radius is the untargeted row's of a resumed file)")
+            cert.proof_writer.warn(f"crown: warning: image {row['image']} {ttype}: no "
+                                   "certificate (its radius is the untargeted row's of a "
+                                   "resumed file)")
             return
-        self.proofs.write(row, cert.method, self.x[row["image"]], c, src[1], src[0],
-                          list(targets))
+        cert.proof_writer.write(row, cert.method, self.x[row["image"]], c, src[1], src[0],
+                                list(targets))
 
 
 # statuses whose eps is a certified radius (the untargeted floor of _raise_to_floor)

@@ -148,18 +148,18 @@ def certify(**options):
         weights = None if graph is not None else net.margin_layers()[0]
         check_scope(norms, methods, a.model_path, None if graph is not None else net, graph,
                     weights, a.images_path)
-        for cert in certifiers:
-            cert.record_proof = True
         proofs = ProofWriter(a.proof_path, a.model_path, a.images_path, a.labels_path, weights,
                              lambda msg: click.echo(msg, err=True))
+        for cert in certifiers:
+            cert.record_proof = True
+            cert.proof_writer = proofs
 
     def run(write):
         summary = certify_images(
             certifiers, x, y, indices, target_types, a.seed, _logged(write, a.verbose),
             progress=not a.quiet and not a.verbose, skip=job.skip,
             attacks=None if attacks is None else AttackRuns(
-                attacks, a.attack_seed, lambda msg: click.echo(msg, err=True)),
-            proofs=proofs)
+                attacks, a.attack_seed, lambda msg: click.echo(msg, err=True)))
         if proofs is not None and not a.quiet:
             click.echo(proofs.summary(), err=True)
         note = misclassified_note(summary, x[indices] if len(indices) else x[:0])
