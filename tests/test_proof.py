@@ -231,3 +231,16 @@ def test_cli_writes_and_checks_certificates(tmp_path):
     r = CliRunner().invoke(main, ["check", "--instances", str(tmp_path / "list.csv"),
                                   "--proof", str(tmp_path / "proofs")])
     assert r.exit_code == 0 and r.output.count("accepted") == 2, r.output
+
+
+def test_no_certificate_for_a_lowered_graph_or_a_graph(tmp_path):
+    from types import SimpleNamespace
+
+    v = SimpleNamespace(result="unsat", proof=None)
+    lowered = SimpleNamespace(graph=object(), weights=[np.zeros((2, 2))])
+    assert "lowered" in write_verdict_proof(v, lowered, "m", "s", str(tmp_path / "p"))
+    graph_only = SimpleNamespace(weights=[np.zeros((2, 2))])
+    assert "dense ReLU networks" in write_verdict_proof(v, graph_only, "m", "s",
+                                                        str(tmp_path / "p"))
+    assert not (tmp_path / "p").exists()
+    assert write_verdict_proof(SimpleNamespace(result="sat"), graph_only, "m", "s", "x") == ""
