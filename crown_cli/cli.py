@@ -146,15 +146,26 @@ def check(model_path, spec_path, instances_path, images_path, labels_path, proof
         jobs = [(model_path, spec_path, proof_path)]
     else:
         raise click.UsageError("give --model and --spec, or --instances")
+
+    def verdict(model, spec, proof):
+        st = checker.check(model, spec, proof)
+        return f"{st['cases']} cases, {st['nodes']} nodes"
+
+    _report_checks(checker, [(job[2], lambda job=job: verdict(*job)) for job in jobs])
+
+
+def _report_checks(checker, jobs):
+    """Run each ``(proof, check)`` of ``jobs``: a line per certificate, ``accepted (what
+    check() returned, time)`` or ``rejected: reason (time)``; bad input as the one-line error;
+    exit 1 when some certificate is rejected."""
     import time
 
     rejected = 0
-    for model, spec, proof in jobs:
+    for proof, run in jobs:
         t0 = time.perf_counter()
         try:
-            stats = checker.check(model, spec, proof)
-            click.echo(f"{proof}: accepted ({stats['cases']} cases, {stats['nodes']} nodes, "
-                       f"{time.perf_counter() - t0:.2f} s)")
+            what = run()
+            click.echo(f"{proof}: accepted ({what}, {time.perf_counter() - t0:.2f} s)")
         except checker.Reject as exc:
             rejected += 1
             click.echo(f"{proof}: rejected: {exc} ({time.perf_counter() - t0:.2f} s)")
@@ -168,7 +179,6 @@ def _check_radii(checker, model_path, images_path, labels_path, proof_path):
     """``crown check --images``: every certificate of radii of the folder, or the one file."""
     import glob
     import os
-    import time
 
     if os.path.isdir(proof_path):
         proofs = sorted(glob.glob(os.path.join(proof_path, "*.proof")))
@@ -176,21 +186,13 @@ def _check_radii(checker, model_path, images_path, labels_path, proof_path):
             raise InputError(f"{proof_path}: no *.proof certificate in the folder")
     else:
         proofs = [proof_path]
-    rejected = 0
-    for proof in proofs:
-        t0 = time.perf_counter()
-        try:
-            st = checker.check_certify(model_path, images_path, proof, labels_path)
-            click.echo(f"{proof}: accepted (image {st['image']}, class {st['class']}, targets "
-                       f"{','.join(map(str, st['targets']))}, eps {st['eps']!r}, "
-                       f"{time.perf_counter() - t0:.2f} s)")
-        except checker.Reject as exc:
-            rejected += 1
-            click.echo(f"{proof}: rejected: {exc} ({time.perf_counter() - t0:.2f} s)")
-        except checker.CheckError as exc:
-            raise InputError(str(exc)) from None
-    if rejected:
-        raise click.exceptions.Exit(1)
+
+    def verdict(proof):
+        st = checker.check_certify(model_path, images_path, proof, labels_path)
+        return (f"image {st['image']}, class {st['class']}, targets "
+                f"{','.join(map(str, st['targets']))}, eps {st['eps']!r}")
+
+    _report_checks(checker, [(p, lambda p=p: verdict(p)) for p in proofs])
 
 
 @cli.command()

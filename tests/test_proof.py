@@ -126,7 +126,7 @@ def test_certificates_of_each_search_accepted(tmp_path, sizes, eps, stages):
 def test_relu_split_certificate_accepted(tmp_path):
     from crown_cli.verification.bab.relu_split import ReluSplitProblem, relu_split_steps
     from crown_cli.verification.outcome import finish
-    from crown_cli.verification.proof import ProofTree, certificate, save
+    from crown_cli.verification.proof import ProofTree, save
 
     inst = _unsat_instance(tmp_path, 11, (4, 16, 16, 16, 2), 0.25)
     ws, bs = inst["ws"], inst["bs"]
@@ -138,9 +138,8 @@ def test_relu_split_certificate_accepted(tmp_path):
     assert res.verdict == "unsat"
     arrays = dict(tree.case_arrays(0), lo=c.lo, hi=c.hi, A=c.A, b=c.b)
     assert (arrays["kind"] == RELU).any() and arrays["beta"].shape[0] > 0
-    save(inst["proof"], certificate([arrays], {"inputs": 4, "hidden": [16, 16, 16],
-                                               "outputs": 2, "activation": "relu"}),
-         inst["model"], inst["spec"])
+    save(inst["proof"], [arrays], {"inputs": 4, "hidden": [16, 16, 16], "outputs": 2,
+                                   "activation": "relu"}, inst["model"], inst["spec"])
     assert check(inst["model"], inst["spec"], inst["proof"])["nodes"] == arrays["kind"].size
     # a multiplier grown a thousandfold: the leaf's bound no longer holds
     a = _arrays(inst["proof"])

@@ -18,7 +18,8 @@ from typing import Callable, Dict, List, Optional, Sequence
 import numpy as np
 
 from crown_cli.errors import InputError
-from crown_cli.verification.proof import sha256
+from crown_cli.verification.proof import file_entry as _file
+from crown_cli.verification.proof import write_archive as _save
 
 PROOF_NORMS = ("inf",)
 PROOF_METHODS = ("crown", "alpha-crown")
@@ -209,16 +210,3 @@ class ProofWriter:
                    if self.rejected else ""))
 
 
-def _file(path) -> dict:
-    return {"file": os.path.basename(str(path)), "sha256": sha256(path)}
-
-
-def _save(path, header, arrays) -> None:
-    import json
-
-    arrays = dict(arrays)
-    arrays["header"] = np.frombuffer(json.dumps(header).encode("utf-8"), np.uint8)
-    tmp = f"{path}.tmp"
-    with open(tmp, "wb") as f:
-        np.savez_compressed(f, **arrays)
-    os.replace(tmp, path)

@@ -14,7 +14,7 @@ import numpy as np
 from .certificate import case_arrays, structure, walk
 from .images_reader import read_image
 from .keras_reader import read_keras_h5
-from .network import CheckError, Network, Reject, read_npz
+from .network import CheckError, Network, Reject, load_arrays, read_npz
 from .onnx_reader import read_onnx
 from .vnnlib_reader import read_vnnlib
 
@@ -71,11 +71,7 @@ def _float_below(q):
 
 
 def _read_proof(path):
-    try:
-        with np.load(path, allow_pickle=False) as z:
-            arrays = {k: z[k] for k in z.files}
-    except Exception as exc:
-        raise CheckError(f"{path}: cannot read the certificate ({type(exc).__name__}: {exc})") from None
+    arrays = load_arrays(path, "the certificate")
     try:
         header = json.loads(arrays.pop("header").astype(np.uint8).tobytes().decode("utf-8"))
         assert isinstance(header, dict)
@@ -84,23 +80,35 @@ def _read_proof(path):
     return header, arrays
 
 
+def _expect(header, want, files):
+    """Reject unless the header has the ``want`` values and binds ``files`` ((key, bytes))
+    by their SHA-256."""
+    for key, value in want.items():
+        if header.get(key) != value:
+            raise Reject(f"header {key} is {header.get(key)!r}, expected {value!r}")
+    for key, data in files:
+        if (header.get(key) or {}).get("sha256") != hashlib.sha256(data).hexdigest():
+            raise Reject(f"the {key} file's sha256 differs from the certificate's")
+
+
+def _network(header, model_path, data):
+    """The model's Network, which the header's ``network`` must describe."""
+    net = load_model(model_path, data)
+    shape = {"inputs": net.sizes[0], "hidden": list(net.hidden), "outputs": net.sizes[-1],
+             "activation": "relu"}
+    if header.get("network") != shape:
+        raise Reject(f"header network {header.get('network')} is not the model's {shape}")
+    return net
+
+
 def check(model_path, spec_path, proof_path):
     """Check a certificate; returns {"cases": .., "nodes": ..} or raises Reject (the reason) or
     CheckError (a file missing or unreadable)."""
     model, spec = _bytes(model_path, "model"), _bytes(spec_path, "property")
     header, z = _read_proof(proof_path)
-    want = {"format": "crown-proof", "version": 1, "kind": "verify", "result": "unsat"}
-    for key, value in want.items():
-        if header.get(key) != value:
-            raise Reject(f"header {key} is {header.get(key)!r}, expected {value!r}")
-    for key, data in (("model", model), ("property", spec)):
-        if (header.get(key) or {}).get("sha256") != hashlib.sha256(data).hexdigest():
-            raise Reject(f"the {key} file's sha256 differs from the certificate's")
-    net = load_model(model_path, model)
-    shape = {"inputs": net.sizes[0], "hidden": list(net.hidden), "outputs": net.sizes[-1],
-             "activation": "relu"}
-    if header.get("network") != shape:
-        raise Reject(f"header network {header.get('network')} is not the model's {shape}")
+    _expect(header, {"format": "crown-proof", "version": 1, "kind": "verify", "result": "unsat"},
+            [("model", model), ("property", spec)])
+    net = _network(header, model_path, model)
     cases = load_property(spec_path, net.sizes[0], net.sizes[-1], spec)
     n_cert = header.get("cases")
     if not isinstance(n_cert, int) or n_cert < 0:
@@ -168,9 +176,7 @@ def check_certify(model_path, images_path, proof_path, labels_path=None):
     model, images = _bytes(model_path, "model"), _bytes(images_path, "images")
     header, z = _read_proof(proof_path)
     want = {"format": "crown-proof", "version": 1, "kind": "certify", "norm": "inf"}
-    for key, value in want.items():
-        if header.get(key) != value:
-            raise Reject(f"header {key} is {header.get(key)!r}, expected {value!r}")
+    _expect(header, want, [])
     files = [("model", model), ("images", images)]
     idx = images[:2] in (b"\x1f\x8b", b"\x00\x00")
     if idx:
@@ -182,14 +188,9 @@ def check_certify(model_path, images_path, proof_path, labels_path=None):
         files.append(("labels", _bytes(labels_path, "labels")))
     elif "labels" in header:
         raise Reject("header names a labels file but the images file is no IDX file")
-    for key, data in files:
-        if (header.get(key) or {}).get("sha256") != hashlib.sha256(data).hexdigest():
-            raise Reject(f"the {key} file's sha256 differs from the certificate's")
-    net = load_model(model_path, model)
+    _expect(header, {}, files)
+    net = _network(header, model_path, model)
     n_in, n_out = net.sizes[0], net.sizes[-1]
-    shape = {"inputs": n_in, "hidden": list(net.hidden), "outputs": n_out, "activation": "relu"}
-    if header.get("network") != shape:
-        raise Reject(f"header network {header.get('network')} is not the model's {shape}")
     index, c, targets, eps = (header.get(k) for k in ("index", "class", "targets", "eps"))
     if not isinstance(index, int) or isinstance(index, bool) or index < 0:
         raise Reject(f"header index {index!r}")

@@ -48,13 +48,18 @@ class Network:
         return x
 
 
-def read_npz(path):
-    """crown's NPZ layout (docs/formats.md): W0..W{m-1} (out, in), b0..b{m-1}, activation relu."""
+def load_arrays(path, what):
+    """Every array of an NPZ archive (no pickles), or CheckError naming the file and ``what``."""
     try:
         with np.load(path, allow_pickle=False) as z:
-            arrays = {k: z[k] for k in z.files}
+            return {k: z[k] for k in z.files}
     except Exception as exc:
-        raise CheckError(f"{path}: cannot read NPZ archive ({type(exc).__name__}: {exc})") from None
+        raise CheckError(f"{path}: cannot read {what} ({type(exc).__name__}: {exc})") from None
+
+
+def read_npz(path):
+    """crown's NPZ layout (docs/formats.md): W0..W{m-1} (out, in), b0..b{m-1}, activation relu."""
+    arrays = load_arrays(path, "NPZ archive")
     act = arrays.pop("activation", np.array("relu")).ravel()[:1].tolist() or ["?"]
     act = (act[0].decode() if isinstance(act[0], bytes) else str(act[0])).strip().lower()
     if act != "relu":

@@ -170,41 +170,43 @@ def sha256(path) -> str:
     return h.hexdigest()
 
 
-def certificate(cases: Sequence[Dict[str, np.ndarray]], network: dict) -> Dict[str, np.ndarray]:
-    """The arrays of a certificate (header without the files: :func:`save` adds them)."""
-    out = {}
-    for c, arrays in enumerate(cases):
-        for name, a in arrays.items():
-            out[f"c{c}_{name}"] = a
-    out["_network"] = network
-    return out
-
-
-def save(path, cert: Dict[str, np.ndarray], model_file, spec_file) -> None:
-    """Write the certificate ``cert`` (from :func:`certificate`) for these files."""
+def file_entry(path) -> dict:
+    """A header's entry of a file it binds: its name and SHA-256."""
     import os
 
-    arrays = {k: v for k, v in cert.items() if not k.startswith("_")}
-    header = {"format": FORMAT, "version": VERSION, "kind": "verify",
-              "model": {"file": os.path.basename(str(model_file)), "sha256": sha256(model_file)},
-              "property": {"file": os.path.basename(str(spec_file)),
-                           "sha256": sha256(spec_file)},
-              "network": cert["_network"], "result": "unsat",
-              "cases": sum(1 for k in arrays if k.endswith("_kind"))}
-    arrays["header"] = np.frombuffer(json.dumps(header).encode("utf-8"), np.uint8)
+    return {"file": os.path.basename(str(path)), "sha256": sha256(path)}
+
+
+def write_archive(path, header: dict, arrays: Dict[str, np.ndarray]) -> None:
+    """A certificate file: the arrays and the JSON ``header`` as compressed NPZ members,
+    written to a temporary file first (a partial file never takes the name)."""
+    import os
+
+    arrays = dict(arrays, header=np.frombuffer(json.dumps(header).encode("utf-8"), np.uint8))
     tmp = f"{path}.tmp"
     with open(tmp, "wb") as f:
         np.savez_compressed(f, **arrays)
     os.replace(tmp, path)
 
 
+def save(path, cases: Sequence[Dict[str, np.ndarray]], network: dict, model_file,
+         spec_file) -> None:
+    """Write the certificate of an unsat verdict: per case its arrays (the tree's, box and
+    rows), the network's shape, for these files."""
+    arrays = {f"c{c}_{name}": a for c, case in enumerate(cases) for name, a in case.items()}
+    header = {"format": FORMAT, "version": VERSION, "kind": "verify",
+              "model": file_entry(model_file), "property": file_entry(spec_file),
+              "network": network, "result": "unsat", "cases": len(cases)}
+    write_archive(path, header, arrays)
+
+
 def proof_name(inst) -> str:
     """The certificate file of an instance of a list: ``{index:04d}_{onnx}_{vnnlib}.proof``
-    (the 0-based line, the files' names without their extension)."""
-    import os
+    (the 0-based line, the files' names without their extension): the name ``crown check``
+    looks for (:func:`crown_cli.check.proof_name`)."""
+    from crown_cli.check import proof_name as checker_name
 
-    stem = lambda p: os.path.splitext(os.path.basename(p))[0]  # noqa: E731
-    return f"{inst.index:04d}_{stem(inst.onnx)}_{stem(inst.vnnlib)}.proof"
+    return checker_name(inst.index, inst.onnx, inst.vnnlib)
 
 
 def write_verdict_proof(verdict, verifier, model_path, spec_path, path) -> str:
@@ -223,5 +225,5 @@ def write_verdict_proof(verdict, verifier, model_path, spec_path, path) -> str:
     w = verifier.weights
     network = {"inputs": int(w[0].shape[1]), "hidden": [int(x.shape[0]) for x in w[:-1]],
                "outputs": int(w[-1].shape[0]), "activation": "relu"}
-    save(path, certificate(trees, network), model_path, spec_path)
+    save(path, trees, network, model_path, spec_path)
     return ""
