@@ -101,6 +101,8 @@ def _inspect_graph(model_path, g):
 @click.option("--spec", "spec_path", default=None, metavar="FILE", help="VNN-LIB property.")
 @click.option("--instances", "instances_path", default=None, metavar="FILE",
               help="An instance list (onnx,vnnlib,timeout per line, relative to its folder).")
+@click.option("--root", default=None, metavar="DIR",
+              help="Directory the instance list's paths are relative to (default: its own).")
 @click.option("--images", "images_path", default=None, metavar="FILE",
               help="With --model: check crown certify certificates of radii of images of this "
                    "file (NPZ or IDX).")
@@ -111,7 +113,7 @@ def _inspect_graph(model_path, g):
                    "(--instances: {i:04d}_{onnx stem}_{vnnlib stem}.proof; --images: every "
                    "*.proof in it).")
 @_handle_errors
-def check(model_path, spec_path, instances_path, images_path, labels_path, proof_path):
+def check(model_path, spec_path, instances_path, root, images_path, labels_path, proof_path):
     """Check crown verify certificates of unsat answers, or crown certify certificates of
     radii (--images), with an independent checker (docs/proofs.md). Exit 0: all accepted;
     1: some rejected; 2: bad input."""
@@ -125,6 +127,8 @@ def check(model_path, spec_path, instances_path, images_path, labels_path, proof
         return _check_radii(checker, model_path, images_path, labels_path, proof_path)
     if labels_path is not None:
         raise click.UsageError("--labels: only with --images")
+    if root is not None and instances_path is None:
+        raise click.UsageError("--root: only with --instances")
     if instances_path is not None:
         if model_path or spec_path:
             raise InputError("--instances: cannot be combined with --model/--spec")
@@ -132,7 +136,7 @@ def check(model_path, spec_path, instances_path, images_path, labels_path, proof
 
         if not os.path.isdir(proof_path):
             raise InputError(f"{proof_path}: not a directory of certificates")
-        jobs, instances = [], read_instances(instances_path)
+        jobs, instances = [], read_instances(instances_path, root)
         for inst in instances:
             name = os.path.join(proof_path, checker.proof_name(inst.index, inst.onnx, inst.vnnlib))
             if os.path.exists(name):

@@ -521,3 +521,89 @@ def test_hull_float_bound_below_the_exact_one_and_close(tmp_path, scale):
         e = hull_exact(net, lo, hi, row, 0, s, theta)
         assert Fraction(f) <= e
         assert float(e) - f <= 1e-9 * (1 + abs(float(e)))
+
+
+def _conv_model(rng, pool=("AveragePool", {"kernel_shape": [2, 2], "strides": [1, 1],
+                                           "pads": [0, 1, 1, 0], "count_include_pad": 0})):
+    """Conv (strides, pads, dilations) -> Relu -> Pad of zero width -> pool -> grouped Conv ->
+    Relu -> Flatten -> Gemm, float32 weights (onnx.helper)."""
+    from graph_models import G, _shape
+
+    g = G(rng)
+    x = g.op("Conv", ["x", g.rand(4, 2, 3, 3), g.rand(4)], strides=[1, 2], pads=[1, 0, 1, 1],
+             dilations=[1, 1])
+    x = g.op("Relu", [x])
+    x = g.op("Pad", [x, g.const(np.zeros(8), np.int64)], mode="constant")
+    x = g.op(pool[0], [x], **pool[1])
+    x = g.op("Conv", [x, g.rand(4, 2, 2, 2), g.rand(4)], group=2, dilations=[2, 1])
+    x = g.op("Flatten", [g.op("Relu", [x])])
+    n = int(np.prod(_shape(g, "x", (1, 2, 6, 7), x)[1:]))
+    return g.model([("x", (1, 2, 6, 7))], [g.op("Gemm", [x, g.rand(3, n), g.rand(3)], transB=1)])
+
+
+@pytest.mark.parametrize("count_include_pad", [0, 1])
+def test_onnx_reader_convolutions_and_pools_match_two_other_readers(tmp_path, count_include_pad):
+    """The checker's dense matrices of Conv / AveragePool / Pad against onnx's reference
+    evaluator (float32) and the engine's own graph loader and forward pass (float64)."""
+    from onnx.reference import ReferenceEvaluator
+
+    from crown_cli.graph.onnx_graph import load_graph
+
+    pool = ("AveragePool", {"kernel_shape": [2, 2], "strides": [1, 1], "pads": [0, 1, 1, 0],
+                            "count_include_pad": count_include_pad})
+    m = _conv_model(np.random.default_rng(4), pool)
+    path = tmp_path / "c.onnx"
+    path.write_bytes(m.SerializeToString())
+    net = load_model(str(path))
+    assert net.K == 2 and net.sizes[0] == 84  # hidden layers: the two Relus' inputs
+    x = np.random.default_rng(1).uniform(-1, 1, (5, 84))
+    ev = ReferenceEvaluator(m)
+    ref = np.concatenate([ev.run(None, {"x": r.reshape(1, 2, 6, 7).astype(np.float32)})[0]
+                          for r in x])
+    np.testing.assert_allclose(net.forward(x), ref, rtol=1e-5, atol=1e-5)
+    graph = load_graph(str(path))
+    np.testing.assert_allclose(net.forward(x), graph.forward(x).reshape(5, -1), rtol=1e-12,
+                               atol=1e-12)
+
+
+@pytest.mark.parametrize("pool, pads, match", [
+    ("AveragePool", [0, 0, 0, 0, 0, 0, 0, 0], "1/count is not a float64"),  # 3x3 windows
+    ("MaxPool", [0, 0, 0, 0, 0, 0, 0, 0], "MaxPool is outside the checker's scope"),
+    ("AveragePool", [0, 0, 1, 0, 0, 0, 0, 0], "only a Pad of zero width"),
+])
+def test_onnx_reader_rejects_what_it_cannot_write_exactly(tmp_path, pool, pads, match):
+    from graph_models import G
+
+    g = G(np.random.default_rng(0))
+    x = g.op("Relu", [g.op("Conv", ["x", g.rand(2, 1, 2, 2), g.rand(2)])])
+    x = g.op("Pad", [x, g.const(pads, np.int64)], mode="constant")
+    x = g.op(pool, [x], kernel_shape=[3, 3], strides=[3, 3])
+    x = g.op("Gemm", [g.op("Flatten", [x]), g.rand(2, 2 * 2 * 2)], transB=1)
+    (tmp_path / "r.onnx").write_bytes(g.model([("x", (1, 1, 7, 7))], [x]).SerializeToString())
+    with pytest.raises(Reject, match=match):
+        load_model(str(tmp_path / "r.onnx"))
+
+
+@pytest.mark.parametrize("first", ["add", "mat"])
+def test_one_hot_rows_take_the_short_path_to_the_same_numbers(first):
+    """Step 1b's rows +-e_j given as (j, v, n) through a layer: the same rows, constants and
+    charges as the full products of the rows written out (and as the rows themselves when
+    the layer has no product)."""
+    from crown_cli.check import bounds
+
+    rng = np.random.default_rng(2)
+    ops = [("add", rng.normal(size=6), 1.0), ("mat", rng.normal(size=(6, 9))),
+           ("add", rng.normal(size=9), 1.0), ("scale", -0.75), ("add", rng.normal(size=9), -1.0)]
+    if first == "add":  # no product: the rows come back written out
+        ops = [("add", rng.normal(size=9), 1.0), ("scale", 3.0), ("add", rng.normal(size=9), -1.0)]
+    j, v = np.array([0, 3, 3, 8, 2]), np.array([1.0, -1.0, 1.0, -1.0, 0.0])
+    L = np.zeros((5, 9))
+    L[np.arange(5), j] = v
+    n_in = ops[0][1].size
+    M = bounds._sizes(ops, -np.ones((2, n_in)), np.ones((2, n_in)))
+    at = np.array([0, 1, 1, 0, 1])
+    short = bounds._through(ops, (j, v, 9), np.zeros(5), np.zeros(5), M, at)
+    full = bounds._through(ops, L, np.zeros(5), np.zeros(5), M, at)
+    for a, b in zip(short, full):
+        np.testing.assert_array_equal(a, b)
+    assert np.all(short[2] > 0)  # charges were made

@@ -232,14 +232,78 @@ def test_cli_writes_and_checks_certificates(tmp_path):
     assert r.exit_code == 0 and r.output.count("accepted") == 2, r.output
 
 
-def test_no_certificate_for_a_lowered_graph_or_a_graph(tmp_path):
+def test_no_certificate_for_a_graph_on_the_graph_engine(tmp_path):
     from types import SimpleNamespace
 
     v = SimpleNamespace(result="unsat", proof=None)
-    lowered = SimpleNamespace(graph=object(), weights=[np.zeros((2, 2))])
-    assert "lowered" in write_verdict_proof(v, lowered, "m", "s", str(tmp_path / "p"))
     graph_only = SimpleNamespace(weights=[np.zeros((2, 2))])
-    assert "dense ReLU networks" in write_verdict_proof(v, graph_only, "m", "s",
-                                                        str(tmp_path / "p"))
+    assert "graphs lowered to them" in write_verdict_proof(v, graph_only, "m", "s",
+                                                           str(tmp_path / "p"))
     assert not (tmp_path / "p").exists()
     assert write_verdict_proof(SimpleNamespace(result="sat"), graph_only, "m", "s", "x") == ""
+
+
+def _conv_onnx(seed):
+    """Conv 1->4 (3x3, pad 1) -> Relu -> AveragePool 2x2 stride 2 -> Flatten -> Gemm 36->8 ->
+    Relu -> Gemm 8->3 on a (1, 1, 6, 6) input: a graph crown lowers to dense layers exactly
+    (the pool's 1/4 composed with the Gemm), the checker reads as it is written."""
+    from graph_models import G
+
+    g = G(np.random.default_rng(seed))
+    x = g.op("Relu", [g.op("Conv", ["x", g.rand(4, 1, 3, 3), g.rand(4, scale=0.1)],
+                          pads=[1, 1, 1, 1])])
+    x = g.op("Flatten", [g.op("AveragePool", [x], kernel_shape=[2, 2], strides=[2, 2])])
+    x = g.op("Relu", [g.op("Gemm", [x, g.rand(8, 36), g.rand(8, scale=0.1)], transB=1)])
+    x = g.op("Gemm", [x, g.rand(3, 8), g.const([0.5, 0.0, 0.0])], transB=1)
+    return g.model([("x", (1, 1, 6, 6))], [x])
+
+
+def test_lowered_convolutional_graph_certificate_accepted_then_tampered(tmp_path):
+    import hashlib
+    import json
+
+    from click.testing import CliRunner
+    from onnx import numpy_helper
+    from onnx.reference import ReferenceEvaluator
+
+    from crown_cli.cli import cli as main
+
+    m = _conv_onnx(3)
+    model = tmp_path / "conv.onnx"
+    model.write_bytes(m.SerializeToString())
+    rng = np.random.default_rng(0)
+    x0 = rng.uniform(0.0, 1.0, 36)
+    lo, hi = x0 - 0.05, x0 + 0.05
+    ev = ReferenceEvaluator(m)
+    X = rng.uniform(lo, hi, (3000, 36))
+    y = np.concatenate([ev.run(None, {"x": r.reshape(1, 1, 6, 6).astype(np.float32)})[0]
+                        for r in X])
+    sign = 1.0 if np.median(y[:, 0] - y[:, 1]) > 0 else -1.0
+    margin = sign * (y[:, 0] - y[:, 1])
+    t = float(margin.min()) - 2.0 * float(np.ptp(margin))  # unsafe: margin <= t
+    spec = write_property(tmp_path / "p.vnnlib", lo.tolist(), hi.tolist(),
+                          [([sign, -sign, 0.0], t)])
+    proof = str(tmp_path / "c.proof")
+    r = CliRunner().invoke(main, ["verify", "--model", str(model), "--spec", spec, "--timeout",
+                                  "60", "--proof", proof, "-q"])
+    assert r.exit_code == 0 and r.output.startswith("unsat"), r.output
+    args = ["check", "--model", str(model), "--spec", spec, "--proof", proof]
+    r = CliRunner().invoke(main, args)
+    assert r.exit_code == 0 and "accepted" in r.output, r.output
+    head = _arrays(proof)["header"]
+    assert b'"hidden": [144, 8]' in bytes(head)  # the Relus' inputs: conv output, Gemm
+    # tampered: the margin's first output moved by 10 against the property (which then fails
+    # at every point), the certificate's model hash updated to the new file
+    bias = next(i for i in m.graph.initializer if i.name == m.graph.node[-1].input[2])
+    moved = np.array([0.5 - 10.0 * sign, 0.0, 0.0], np.float32)
+    bias.CopyFrom(numpy_helper.from_array(moved, bias.name))
+    model.write_bytes(m.SerializeToString())
+    r = CliRunner().invoke(main, args)
+    assert r.exit_code == 1 and "sha256" in r.output, r.output
+    a = _arrays(proof)
+    head = json.loads(bytes(a["header"]))
+    head["model"]["sha256"] = hashlib.sha256(model.read_bytes()).hexdigest()
+    a["header"] = np.frombuffer(json.dumps(head).encode(), np.uint8)
+    _resave(proof, a)
+    r = CliRunner().invoke(main, args)
+    assert r.exit_code == 1 and "rejected" in r.output and "is not > b_i" in r.output, r.output

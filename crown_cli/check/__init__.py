@@ -91,9 +91,18 @@ def _expect(header, want, files):
             raise Reject(f"the {key} file's sha256 differs from the certificate's")
 
 
+_LAST = {}  # the last model read: (sha256 of its bytes, its Network)
+
+
 def _network(header, model_path, data):
-    """The model's Network, which the header's ``network`` must describe."""
-    net = load_model(model_path, data)
+    """The model's Network, which the header's ``network`` must describe (the last one read
+    is kept: an instance list checks many properties of one model, and a convolution's
+    matrices and their cached parts take seconds to build)."""
+    key = hashlib.sha256(data).hexdigest()
+    if _LAST.get("sha256") != key:
+        _LAST.clear()
+        _LAST.update(sha256=key, net=load_model(model_path, data))
+    net = _LAST["net"]
     shape = {"inputs": net.sizes[0], "hidden": list(net.hidden), "outputs": net.sizes[-1],
              "activation": "relu"}
     if header.get("network") != shape:

@@ -62,23 +62,45 @@ def _sizes(ops, lo, hi):
 
 def _through(ops, L, c, q, M, at):
     """Rows on the output of ``ops`` taken back to their input; M[i][at[r]]: the bound of |w_i|
-    at row r's node."""
+    at row r's node. ``L`` may be given as ``(j, v, n)``: rows of one nonzero each, v_r at
+    column j_r of n (step 1b's e_j); they are taken through the operations up to the first
+    product by that entry alone, the same numbers as the full products (one product plus
+    exact zeros) without a mostly-zero matrix."""
+    hot = L[:2] if isinstance(L, tuple) else None
     for i in range(len(ops) - 1, -1, -1):
         op = ops[i]
         if op[0] == "mat":  # sum_k (gamma |L| |W^T|)_rk M_k = gamma sum_j |L_rj| (M |W|)_j
             _, WT, aW, _, _ = parts(op[1])
             with np.errstate(invalid="ignore"):
-                reach = (M[i] @ aW)[at]
-                q = q + up(gamma(L.shape[1]) * (np.abs(L) * reach).sum(1))
-            L = L @ WT
+                reach = M[i] @ aW  # per node; row r's: reach[at[r]]
+                if hot is None:
+                    q = q + up(gamma(len(WT)) * (np.abs(L) * reach[at]).sum(1))
+                    L = L @ WT
+                else:
+                    j, v = hot
+                    q = q + up(gamma(len(WT)) * (np.abs(v) * reach[at, j]))
+                    L, hot = v[:, None] * WT[j], None
         elif op[0] == "scale":
-            L = op[1] * L
-            with np.errstate(invalid="ignore"):
-                q = q + up(U * (np.abs(L) * M[i][at]).sum(1))
+            if hot is None:
+                L = op[1] * L
+                with np.errstate(invalid="ignore"):
+                    q = q + up(U * (np.abs(L) * M[i][at]).sum(1))
+            else:
+                hot = (hot[0], op[1] * hot[1])
+                with np.errstate(invalid="ignore"):
+                    q = q + up(U * (np.abs(hot[1]) * M[i][at, hot[0]]))
         elif op[2] != 0.0:  # + s v: L . (s v) >= |s| (lower bound of sign(s) L . v)
             v, s = op[1], op[2]
-            d = np.sign(s) * (L @ v) - up(gamma(len(v)) * (np.abs(L) @ np.abs(v)))
+            if hot is None:
+                Lv, aLv = L @ v, np.abs(L) @ np.abs(v)
+            else:
+                Lv = hot[1] * v[hot[0]]
+                aLv = np.abs(Lv)
+            d = np.sign(s) * Lv - up(gamma(len(v)) * aLv)
             c = down(c + down(abs(s) * down(d)))
+    if hot is not None:  # no product in ops: the rows as a matrix
+        L = np.zeros((len(hot[0]), L[2]))
+        L[np.arange(len(hot[0])), hot[0]] = hot[1]
     return L, c, q
 
 
@@ -113,8 +135,10 @@ def _relax(L, c, q, l, u, alpha, bs):
 def lower_bound(net, st, L, top, nodes, slopes, betas=None):
     """Float lower bounds (R,) of rows L (R, n) on the output of G_top (z_top; y for K + 1),
     row r over node ``nodes[r]`` of the batch state ``st``; ``slopes(m, l, u)`` and
-    ``betas(m)`` give the rows' alpha and beta * s (R, n_m) on hidden layer m (betas: None)."""
-    c, q = np.zeros(L.shape[0]), np.zeros(L.shape[0])
+    ``betas(m)`` give the rows' alpha and beta * s (R, n_m) on hidden layer m (betas: None);
+    L may be rows of one nonzero each as ``(j, v, n)`` (:func:`_through`)."""
+    R = len(L[0]) if isinstance(L, tuple) else L.shape[0]
+    c, q = np.zeros(R), np.zeros(R)
     uniq, at = np.unique(nodes, return_inverse=True)
     for m in range(top, 0, -1):
         if m > 1:

@@ -148,7 +148,9 @@ def _bound(net, st, L, top, nodes, colsets, srow, S, beta=None):
                 bs[np.ix_(bsel, loc)] = B[np.ix_(br[bsel], idx)]
             return bs * sg[nd, net.offsets[m - 1]:net.offsets[m]]
 
-        out[a:a + step] = lower_bound(net, st, L[a:a + step], top, nd, slopes,
+        rows = (L[0][a:a + step], L[1][a:a + step], L[2]) if isinstance(L, tuple) else \
+            L[a:a + step]
+        out[a:a + step] = lower_bound(net, st, rows, top, nd, slopes,
                                       betas if beta is not None else None)
     return out
 
@@ -181,13 +183,13 @@ def neuron_bounds(net, st, k, nodes, js, layer_slopes):
     """Lower bounds p of z_j and q of -z_j of layer k's neurons ``js`` at the batch's nodes
     ``nodes`` (step 1b), with the layer slopes where given."""
     R, n = nodes.size, net.sizes[k]
-    L = np.zeros((2 * R, n))
-    L[np.arange(R), js] = 1.0
-    L[np.arange(R, 2 * R), js] = -1.0
     pos, S, ck = layer_slopes.get(k, (np.full(n, -1), np.zeros((0, 0)), net.offsets[:0]))
+    colsets = _colsets(net, ck)
     srow = pos[js]
     srow = np.concatenate([srow, np.where(srow >= 0, srow + len(S) // 2, -1)])
-    v = _bound(net, st, L, k, np.concatenate([nodes, nodes]), _colsets(net, ck), srow, S)
+    nodes2, js2 = np.concatenate([nodes, nodes]), np.concatenate([js, js])
+    sign = np.repeat([1.0, -1.0], R)
+    v = _bound(net, st, (js2, sign, n), k, nodes2, colsets, srow, S)  # the rows +-e_j
     return v[:R], v[R:]
 
 

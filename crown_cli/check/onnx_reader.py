@@ -6,9 +6,13 @@ from .network import Network, Reject
 
 # TensorProto data types: numpy dtype and the repeated field holding the values
 _TYPES = {1: ("<f4", 4), 11: ("<f8", 10), 7: ("<i8", 7), 6: ("<i4", 5)}
+_WINDOW = {"auto_pad", "kernel_shape", "pads", "strides"}
 _ATTRS = {"Gemm": {"alpha", "beta", "transA", "transB"}, "Flatten": {"axis"},
-          "Reshape": {"allowzero"}}
-_OPS = {"Gemm", "MatMul", "Add", "Sub", "Relu", "Flatten", "Reshape", "Identity"}
+          "Reshape": {"allowzero"}, "Conv": _WINDOW | {"dilations", "group"},
+          "AveragePool": _WINDOW | {"ceil_mode", "count_include_pad"},
+          "Pad": {"mode", "pads", "value"}}
+_OPS = {"Gemm", "MatMul", "Add", "Sub", "Relu", "Flatten", "Reshape", "Identity", "Conv",
+        "AveragePool", "Pad"}
 
 
 def _varint(buf, i):
@@ -89,6 +93,8 @@ def _attribute(buf):
         value = float(np.frombuffer(bytes(f[2][0]), "<f4")[0]) if 2 in f else 0.0
     elif kind == 2 or (kind == 0 and 3 in f):
         value = _ints(f.get(3, [0]))[0]
+    elif kind == 3 or (kind == 0 and 4 in f):
+        value = bytes(f.get(4, [b""])[0]).decode("utf-8", "replace")
     elif kind == 4 or (kind == 0 and 5 in f):
         value = _tensor(f[5][0])[1]
     elif kind == 7 or (kind == 0 and 8 in f):
@@ -96,7 +102,7 @@ def _attribute(buf):
     elif kind == 6 or (kind == 0 and 7 in f):
         value = np.frombuffer(b"".join(bytes(v) for v in f.get(7, [])), "<f4").astype(np.float64)
     else:
-        value = None  # strings, graphs: no operator in scope reads them
+        value = None  # graphs, lists of strings: no operator in scope reads them
     return _str(f.get(1)), value
 
 
@@ -144,7 +150,8 @@ def read_onnx(data):
                                        else None)
             continue
         if op not in _OPS:
-            raise Reject(f"{where}: operator {op} is outside the checker's scope (dense ReLU chains)")
+            raise Reject(f"{where}: operator {op} is outside the checker's scope (chains of affine "
+                         "operators and ReLUs)")
         if set(attrs) - _ATTRS.get(op, set()):
             raise Reject(f"{where}: attributes {sorted(set(attrs) - _ATTRS.get(op, set()))} not supported")
         const = [consts[x] for x in ins if x in consts]
@@ -165,6 +172,10 @@ def _apply(op, data_first, const, attrs, shape, ops, where):
     n = int(np.prod(shape))
     if op in ("Relu", "Identity"):
         return shape
+    if op in ("Conv", "AveragePool", "Pad"):
+        if not data_first:
+            raise Reject(f"{where}: the data must be the first input")
+        return _window(op, const, attrs, shape, ops, where)
     if op == "Flatten":
         axis = attrs.get("axis", 1) % (len(shape) + 1) if shape else 0
         return (int(np.prod(shape[:axis])), int(np.prod(shape[axis:])))
@@ -202,3 +213,71 @@ def _apply(op, data_first, const, attrs, shape, ops, where):
         if attrs.get("beta", 1.0) != 1.0:
             ops[-1] = ("add", ops[-1][1], attrs["beta"])
     return shape
+
+
+MAX_ENTRIES = 2 ** 27  # the largest dense matrix a convolution or a pool is written as (1 GiB)
+
+
+def _window(op, const, attrs, shape, ops, where):
+    """Conv, AveragePool, Pad on (1, C, H, W) data: dense matrices of their linear maps (each
+    entry a copy of a weight, or 1/count of a pool window with count a power of two: exact)."""
+    if len(shape) != 4 or shape[0] != 1:
+        raise Reject(f"{where}: data of shape {shape}; (1, C, H, W) expected")
+    _, C, H, W = shape
+    if op == "Pad":  # opset < 11: pads/value attributes; later: inputs
+        pads = attrs["pads"] if "pads" in attrs else const[0] if const else [1]
+        if attrs.get("mode", "constant") != "constant" or np.any(np.asarray(pads) != 0):
+            raise Reject(f"{where}: only a Pad of zero width (an identity) is in scope")
+        return shape
+    if attrs.get("auto_pad", "NOTSET") != "NOTSET" or attrs.get("ceil_mode", 0):
+        raise Reject(f"{where}: auto_pad and ceil_mode are not supported")
+    k = tuple(const[0].shape[2:]) if op == "Conv" else tuple(attrs.get("kernel_shape", ()))
+    if len(k) != 2 or tuple(attrs.get("kernel_shape", k)) != k:
+        raise Reject(f"{where}: a 2-D kernel expected, found {k}")
+    (sh, sw), (dh, dw) = attrs.get("strides", (1, 1)), attrs.get("dilations", (1, 1))
+    pt, pl, pb, pr = attrs.get("pads", (0, 0, 0, 0))
+    Ho, Wo = (H + pt + pb - dh * (k[0] - 1) - 1) // sh + 1, (W + pl + pr - dw * (k[1] - 1) - 1) // sw + 1
+    if min(sh, sw, dh, dw, Ho, Wo) < 1 or min(pt, pl, pb, pr) < 0:
+        raise Reject(f"{where}: strides, dilations or pads leave no output")
+    oy, ox = [a.ravel() for a in np.meshgrid(np.arange(Ho), np.arange(Wo), indexing="ij")]
+    taps = []  # per kernel position: (input positions, output positions) inside the data
+    for ky in range(k[0]):
+        for kx in range(k[1]):
+            iy, ix = oy * sh - pt + ky * dh, ox * sw - pl + kx * dw
+            ok = (iy >= 0) & (iy < H) & (ix >= 0) & (ix < W)
+            taps.append((ky, kx, (iy * W + ix)[ok], (oy * Wo + ox)[ok]))
+    Co = const[0].shape[0] if op == "Conv" else C
+    if C * H * W * Co * Ho * Wo > MAX_ENTRIES:
+        raise Reject(f"{where}: its dense matrix of {C * H * W} x {Co * Ho * Wo} entries is larger "
+                     f"than the checker's {MAX_ENTRIES}")
+    M = np.zeros((C * H * W, Co * Ho * Wo))
+    if op == "AveragePool":
+        count = np.zeros(Ho * Wo) + (k[0] * k[1] if attrs.get("count_include_pad", 0) else 0)
+        if not attrs.get("count_include_pad", 0):
+            for _, _, _, out in taps:
+                count[out] += 1
+        if np.any(np.frexp(count)[0] != 0.5):  # 1/count a float only for powers of two
+            raise Reject(f"{where}: a window of {int(count.max())} values: 1/count is not "
+                         "a float64 for counts other than powers of two")
+        ch = np.arange(C)[:, None]
+        for _, _, inp, out in taps:
+            M[ch * H * W + inp, ch * Ho * Wo + out] = 1.0 / count[out]
+        ops.append(("mat", M))
+        return (1, C, Ho, Wo)
+    w, g = const[0], attrs.get("group", 1)
+    Cg = w.shape[1]
+    if w.ndim != 4 or Cg * g != C or Co % g:
+        raise Reject(f"{where}: weights {w.shape} with group {g} do not fit data {shape}")
+    per = Co // g
+    for gi in range(g):
+        cos = np.arange(gi * per, (gi + 1) * per)[:, None]
+        for cg in range(Cg):
+            for ky, kx, inp, out in taps:
+                M[(gi * Cg + cg) * H * W + inp[None, :], cos * Ho * Wo + out[None, :]] = \
+                    w[cos[:, 0], cg, ky, kx][:, None]
+    ops.append(("mat", M))
+    if len(const) > 1:
+        if const[1].size != Co:
+            raise Reject(f"{where}: a bias of {const[1].size} values for {Co} channels")
+        ops.append(("add", np.repeat(const[1].ravel(), Ho * Wo), 1.0))
+    return (1, Co, Ho, Wo)

@@ -498,8 +498,9 @@ class Verifier(StagedVerifier):
 
     def _certify(self, v: Verdict, cases, deadline: float, log) -> Verdict:
         """The unsat verdict ``v`` with its certificate trees: the recorded ones, and for
-        the cases a bound stage proved a proof search of its own (input splitting on at most
-        ``INPUT_SPLIT_MAX_DIM`` inputs, else ReLU splitting) within the deadline."""
+        the cases a bound stage proved a proof search of its own (convex-hull input splitting
+        on one hidden layer, input splitting on at most ``INPUT_SPLIT_MAX_DIM`` inputs, else
+        ReLU splitting) within the deadline."""
         from dataclasses import replace as _replace
 
         from crown_cli.verification.bab.hull_split import hull_split_steps
@@ -513,8 +514,9 @@ class Verifier(StagedVerifier):
         for j, c in enumerate(cases):
             t = self._trees.get(j)
             if t is None and time.monotonic() < deadline:
-                if hull_applies(self.weights, self.activation, self.n_inputs,
-                                INPUT_SPLIT_MAX_DIM):
+                if hull_stage_applies(self.weights, self.activation):
+                    # (any number of inputs: a case the hull or an alpha stage proved is
+                    # proven at the root, the hull being the tightest per-neuron relaxation)
                     tree = ProofTree()
                     res = finish(hull_split_steps(self.weights, self.biases, c.lo, c.hi, c.A,
                                                   c.b, deadline, proof=tree))

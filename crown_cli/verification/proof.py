@@ -215,11 +215,9 @@ def write_verdict_proof(verdict, verifier, model_path, spec_path, path) -> str:
     if verdict.result != "unsat":
         return ""
     trees = getattr(verdict, "proof", None)
-    if getattr(verifier, "graph", None) is not None:  # a graph lowered to dense layers
-        return ("no certificate written: certificates cover networks of dense layers; this "
-                "one's graph was lowered to them (docs/proofs.md)")
     if trees is None:
-        return "no certificate written: certificates cover dense ReLU networks (docs/proofs.md)"
+        return ("no certificate written: certificates cover ReLU networks of dense layers and "
+                "graphs lowered to them (docs/proofs.md)")
     if any(t is None for t in trees):
         return "no certificate written: some case has no recorded proof (within the timeout)"
     w = verifier.weights
