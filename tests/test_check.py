@@ -607,3 +607,21 @@ def test_one_hot_rows_take_the_short_path_to_the_same_numbers(first):
     for a, b in zip(short, full):
         np.testing.assert_array_equal(a, b)
     assert np.all(short[2] > 0)  # charges were made
+
+
+def test_zero_columns_left_out_of_a_product_change_no_number_beyond_the_charge():
+    """Rows whose columns are zero in every row (inactive neurons) through a product: the
+    short product's rows differ from the exact ones by less than the charge (the variables
+    on [-1, 1])."""
+    from crown_cli.check import bounds
+
+    rng = np.random.default_rng(5)
+    W = rng.normal(size=(7, 40))
+    L = rng.normal(size=(6, 40))
+    L[:, rng.permutation(40)[:25]] = 0.0  # 25 of 40 columns zero: the short product
+    M = bounds._sizes([("mat", W)], -np.ones((1, 7)), np.ones((1, 7)))
+    at = np.zeros(6, np.int64)
+    Lb, _, q = bounds._through([("mat", W)], L, np.zeros(6), np.zeros(6), M, at)
+    F = np.vectorize(Fraction, otypes=[object])
+    err = np.abs(F(Lb) - F(L) @ F(W.T)).astype(float).sum(1)  # in exact arithmetic
+    assert np.all(err <= q) and np.all(q < 1e-12)

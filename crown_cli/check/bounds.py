@@ -75,7 +75,10 @@ def _through(ops, L, c, q, M, at):
                 reach = M[i] @ aW  # per node; row r's: reach[at[r]]
                 if hot is None:
                     q = q + up(gamma(len(WT)) * (np.abs(L) * reach[at]).sum(1))
-                    L = L @ WT
+                    # columns that are zero in every row (inactive neurons) add exact zeros:
+                    # left out of the product (the charge holds for any order of the sum)
+                    keep = np.flatnonzero(np.any(L != 0, axis=0))
+                    L = L[:, keep] @ WT[keep] if keep.size < 0.75 * len(WT) else L @ WT
                 else:
                     j, v = hot
                     q = q + up(gamma(len(WT)) * (np.abs(v) * reach[at, j]))
@@ -105,30 +108,37 @@ def _through(ops, L, c, q, M, at):
 
 
 def _relax(L, c, q, l, u, alpha, bs):
-    """Rows on relu(z) -> rows on z (node bounds l, u, lower slopes alpha, beta * s bs)."""
+    """Rows on relu(z) -> rows on z (node bounds l, u, lower slopes alpha, beta * s bs). The
+    stable neurons' slopes 1 and 0 are exact products; only the columns where some row's
+    neuron is unstable are relaxed and charged."""
     act = l >= 0
-    uns = ~act & (u > 0)
-    neg = uns & (L < 0)
+    mu = L * act  # slope 1 (active) or 0 (inactive): exact
+    C = np.flatnonzero(np.any(~act & (u > 0), axis=0))
+    Lc, lc, uc = L[:, C], l[:, C], u[:, C]
+    uns = lc < 0  # (u > 0 or not: inactive where u <= 0)
+    uns &= uc > 0
+    neg = uns & (Lc < 0)
     with np.errstate(all="ignore"):
         # an upper line s z + t of relu on [l, u]: at l at least 0, at u at least u
-        s = np.where(neg, u / (u - l), 0.0)
-        su = s * u
-        t = np.where(neg, np.maximum(np.nextafter(-s * l, np.inf),
-                                     np.nextafter((u - su) + 4 * U * (np.abs(su) + np.abs(u)),
+        s = np.where(neg, uc / (uc - lc), 0.0)
+        su = s * uc
+        t = np.where(neg, np.maximum(np.nextafter(-s * lc, np.inf),
+                                     np.nextafter((uc - su) + 4 * U * (np.abs(su) + np.abs(uc)),
                                                   np.inf)), 0.0)
         t = np.where(neg & ~np.isfinite(t), np.inf, t)
-        slope = np.where(act, 1.0, np.where(neg, s, np.where(uns, alpha, 0.0)))
-        mu = L * slope
-        Z = np.maximum(np.abs(l), np.abs(u))
-        d = (L * t).sum(1)  # <= 0 terms, L < 0 and t >= 0
+        slope = np.where(lc >= 0, 1.0, np.where(neg, s, np.where(uns, alpha[:, C], 0.0)))
+        mu[:, C] = muc = Lc * slope
+        d = (Lc * t).sum(1)  # <= 0 terms, L < 0 and t >= 0
         e = gamma(L.shape[1]) * np.abs(d)
     c = down(down(c + d) - up(e))
-    size = np.abs(mu)  # each rounding of a coefficient: u times its result
-    if bs is not None:
-        mu = mu - bs
-        size = size + np.abs(mu)
     with np.errstate(all="ignore"):
-        q = q + up(U * (size * Z).sum(1))
+        if bs is None:  # each rounding of a coefficient: u times its result
+            q = q + up(U * (np.abs(muc) * np.maximum(np.abs(lc), np.abs(uc))).sum(1))
+        else:
+            size = np.abs(mu)
+            mu = mu - bs
+            size = size + np.abs(mu)
+            q = q + up(U * (size * np.maximum(np.abs(l), np.abs(u))).sum(1))
     return mu, c, q
 
 
