@@ -186,6 +186,14 @@ class ReluSplitOptions:
     interm_max_width: Optional[int] = None
 
 
+def optimises_domain_bounds(weights) -> bool:
+    """Whether the search's default optimises each domain's hidden-layer bounds
+    (``interm_iters`` 3: 3 or more hidden layers, none wider than ``INTERM_MAX_WIDTH``), which
+    a certificate cannot carry: with ``proof`` the search keeps CROWN's with the root's
+    slopes (``interm_iters`` 0)."""
+    return len(weights) - 1 >= 3 and all(w.shape[0] <= INTERM_MAX_WIDTH for w in weights[:-1])
+
+
 def relu_split_steps(problem: ReluSplitProblem, deadline: float,
                      options: Optional[ReluSplitOptions] = None, *, charge=None,
                      log: Optional[Callable[[str], None]] = None,
@@ -269,7 +277,7 @@ class _Search:
         interm = bool(interm) and bd.L > 1 and nU > 0 and bd.tightens
         interm_iters = o.interm_iters
         if interm_iters is None:
-            interm_iters = 3 if interm and bd.L >= 3 and not wide else 0
+            interm_iters = 3 if interm and optimises_domain_bounds(weights) else 0
         fsb_k = o.fsb_k
         if fsb_k is None:
             fsb_k = 20 if interm else 3
