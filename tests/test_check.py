@@ -541,16 +541,21 @@ def _conv_model(rng, pool=("AveragePool", {"kernel_shape": [2, 2], "strides": [1
     return g.model([("x", (1, 2, 6, 7))], [g.op("Gemm", [x, g.rand(3, n), g.rand(3)], transB=1)])
 
 
-@pytest.mark.parametrize("count_include_pad", [0, 1])
-def test_onnx_reader_convolutions_and_pools_match_two_other_readers(tmp_path, count_include_pad):
-    """The checker's dense matrices of Conv / AveragePool / Pad against onnx's reference
-    evaluator (float32) and the engine's own graph loader and forward pass (float64)."""
+@pytest.mark.parametrize("pool", [
+    ("AveragePool", {"kernel_shape": [2, 2], "strides": [1, 1], "pads": [0, 1, 1, 0],
+                     "count_include_pad": 0}),
+    ("AveragePool", {"kernel_shape": [2, 2], "strides": [1, 1], "pads": [0, 1, 1, 0],
+                     "count_include_pad": 1}),
+    ("MaxPool", {"kernel_shape": [2, 2], "strides": [1, 1], "pads": [0, 1, 1, 0]}),  # overlapping
+])
+def test_onnx_reader_convolutions_and_pools_match_two_other_readers(tmp_path, pool):
+    """The checker's dense matrices of Conv / AveragePool / Pad and its max pool windows
+    against onnx's reference evaluator (float32) and the engine's own graph loader and forward
+    pass (float64)."""
     from onnx.reference import ReferenceEvaluator
 
     from crown_cli.graph.onnx_graph import load_graph
 
-    pool = ("AveragePool", {"kernel_shape": [2, 2], "strides": [1, 1], "pads": [0, 1, 1, 0],
-                            "count_include_pad": count_include_pad})
     m = _conv_model(np.random.default_rng(4), pool)
     path = tmp_path / "c.onnx"
     path.write_bytes(m.SerializeToString())
@@ -568,7 +573,7 @@ def test_onnx_reader_convolutions_and_pools_match_two_other_readers(tmp_path, co
 
 @pytest.mark.parametrize("pool, pads, match", [
     ("AveragePool", [0, 0, 0, 0, 0, 0, 0, 0], "1/count is not a float64"),  # 3x3 windows
-    ("MaxPool", [0, 0, 0, 0, 0, 0, 0, 0], "MaxPool is outside the checker's scope"),
+    ("LpPool", [0, 0, 0, 0, 0, 0, 0, 0], "LpPool is outside the checker's scope"),
     ("AveragePool", [0, 0, 1, 0, 0, 0, 0, 0], "only a Pad of zero width"),
 ])
 def test_onnx_reader_rejects_what_it_cannot_write_exactly(tmp_path, pool, pads, match):
@@ -625,3 +630,34 @@ def test_zero_columns_left_out_of_a_product_change_no_number_beyond_the_charge()
     F = np.vectorize(Fraction, otypes=[object])
     err = np.abs(F(Lb) - F(L) @ F(W.T)).astype(float).sum(1)  # in exact arithmetic
     assert np.all(err <= q) and np.all(q < 1e-12)
+
+
+@pytest.mark.parametrize("strides", [(2, 2), (1, 1)])  # windows apart, and overlapping
+def test_max_pool_rows_bound_every_sampled_point(strides):
+    """Rows through a max pool (its lines: y >= x_k*, y <= max hi, y = x_k* where k*
+    dominates), a product and an addition, then minimised over the input box: below the
+    minimum of the same rows at sampled points of the box, and not far below (nearly exact
+    where every window has a dominating input)."""
+    from crown_cli.check import bounds
+    from crown_cli.check.onnx_reader import _window
+
+    rng = np.random.default_rng(6)
+    ops = []
+    shape = _window("MaxPool", [], {"kernel_shape": [2, 2], "strides": list(strides)},
+                    (1, 2, 4, 4), ops, "MaxPool node p")
+    n_out = int(np.prod(shape))
+    ops += [("mat", rng.normal(size=(n_out, 3))), ("add", rng.normal(size=3), 1.0)]
+    for spread in (0.3, 3.0):  # wide boxes (no window decided), then decided windows
+        lo = rng.uniform(-1, 1, (1, 32)) * spread
+        hi = lo + rng.uniform(0, 1.0 if spread < 1 else 0.2, (1, 32))
+        L = rng.normal(size=(4, 3))
+        Lin, c, q = bounds._through(ops, L, np.zeros(4), np.zeros(4), bounds._sizes(ops, lo, hi),
+                                    np.zeros(4, np.int64))
+        bound = np.minimum(Lin * lo, Lin * hi).sum(1) + c - q
+        X = rng.uniform(lo, hi, (20000, 32))
+        X[::2] = np.where(rng.random((10000, 32)) < 0.5, lo, hi)  # and vertices of the box
+        Y = X[:, np.maximum(ops[0][1], 0)].max(axis=2) @ ops[1][1] + ops[2][1]
+        sampled = (Y @ L.T).min(axis=0)
+        assert np.all(bound <= sampled), (bound, sampled)
+        if spread == 3.0 and strides == (2, 2):
+            assert np.all(sampled - bound < 0.05 * (1 + np.abs(sampled)))

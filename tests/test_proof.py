@@ -243,22 +243,27 @@ def test_no_certificate_for_a_graph_on_the_graph_engine(tmp_path):
     assert write_verdict_proof(SimpleNamespace(result="sat"), graph_only, "m", "s", "x") == ""
 
 
-def _conv_onnx(seed):
-    """Conv 1->4 (3x3, pad 1) -> Relu -> AveragePool 2x2 stride 2 -> Flatten -> Gemm 36->8 ->
-    Relu -> Gemm 8->3 on a (1, 1, 6, 6) input: a graph crown lowers to dense layers exactly
-    (the pool's 1/4 composed with the Gemm), the checker reads as it is written."""
+def _conv_onnx(seed, pool="AveragePool"):
+    """Conv 1->4 (3x3, pad 1) -> Relu -> ``pool`` 2x2 stride 2 -> Flatten -> Gemm 36->8 ->
+    Relu -> Gemm 8->3 on a (1, 1, 6, 6) input. With an average pool a graph crown lowers to
+    dense layers exactly (the pool's 1/4 composed with the Gemm); with a max pool one the
+    graph engine verifies. The checker reads either as it is written."""
     from graph_models import G
 
     g = G(np.random.default_rng(seed))
     x = g.op("Relu", [g.op("Conv", ["x", g.rand(4, 1, 3, 3), g.rand(4, scale=0.1)],
                           pads=[1, 1, 1, 1])])
-    x = g.op("Flatten", [g.op("AveragePool", [x], kernel_shape=[2, 2], strides=[2, 2])])
+    x = g.op("Flatten", [g.op(pool, [x], kernel_shape=[2, 2], strides=[2, 2])])
     x = g.op("Relu", [g.op("Gemm", [x, g.rand(8, 36), g.rand(8, scale=0.1)], transB=1)])
     x = g.op("Gemm", [x, g.rand(3, 8), g.const([0.5, 0.0, 0.0])], transB=1)
     return g.model([("x", (1, 1, 6, 6))], [x])
 
 
-def test_lowered_convolutional_graph_certificate_accepted_then_tampered(tmp_path):
+@pytest.mark.parametrize("pool", ["AveragePool", "MaxPool"])
+def test_convolutional_graph_certificate_accepted_then_tampered(tmp_path, pool):
+    """An unsat the crown stage proves on a convolutional graph (lowered to dense layers, or
+    on the graph engine with its max pool): the certificate is accepted; the model changed
+    (and the certificate's hash with it), rejected by the bound."""
     import hashlib
     import json
 
@@ -268,7 +273,7 @@ def test_lowered_convolutional_graph_certificate_accepted_then_tampered(tmp_path
 
     from crown_cli.cli import cli as main
 
-    m = _conv_onnx(3)
+    m = _conv_onnx(3, pool)
     model = tmp_path / "conv.onnx"
     model.write_bytes(m.SerializeToString())
     rng = np.random.default_rng(0)
@@ -285,8 +290,10 @@ def test_lowered_convolutional_graph_certificate_accepted_then_tampered(tmp_path
                           [([sign, -sign, 0.0], t)])
     proof = str(tmp_path / "c.proof")
     r = CliRunner().invoke(main, ["verify", "--model", str(model), "--spec", spec, "--timeout",
-                                  "60", "--proof", proof, "-q"])
-    assert r.exit_code == 0 and r.output.startswith("unsat"), r.output
+                                  "60", "--proof", proof, "-v"])
+    assert r.exit_code == 0 and "unsat (crown;" in r.output, r.output
+    r = CliRunner().invoke(main, ["inspect", "--model", str(model)])
+    assert ("runs on the graph engine" in r.output) == (pool == "MaxPool"), r.output
     args = ["check", "--model", str(model), "--spec", spec, "--proof", proof]
     r = CliRunner().invoke(main, args)
     assert r.exit_code == 0 and "accepted" in r.output, r.output
@@ -339,3 +346,24 @@ def test_proof_mode_keeps_a_verdict_its_recording_search_misses(monkeypatch, tmp
     assert [c[0] for c in calls] == [True, False]  # the recording search, then the usual one
     assert calls[0][1] < 0.6 * 20.0 and calls[1][1] > calls[0][1]  # half the time, then all
     assert "no recorded proof" in write_verdict_proof(v, None, "m", "s", str(tmp_path / "x"))
+
+
+def test_graph_certificates_only_where_the_checker_reads_the_graph(tmp_path):
+    """proof_shape: a chain of affine, ReLU and max pool nodes gets a certificate network (its
+    ReLU nodes' sizes); a residual graph or another activation none (GraphVerifier records
+    nothing, and write_verdict_proof says why)."""
+    from graph_models import conv_net, residual
+
+    from crown_cli.graph.onnx_graph import load_graph
+    from crown_cli.verification.graph_verifier import GraphVerifier, proof_shape
+
+    shapes = {}
+    for name, m in [("maxpool", _conv_onnx(3, "MaxPool")),
+                    ("residual", residual(np.random.default_rng(0))),
+                    ("tanh", conv_net(np.random.default_rng(0), act="Tanh", bn=False))]:
+        (tmp_path / f"{name}.onnx").write_bytes(m.SerializeToString())
+        g = load_graph(str(tmp_path / f"{name}.onnx"))
+        shapes[name] = proof_shape(g)
+        assert GraphVerifier(g, proof=True).proof == (shapes[name] is not None)
+    assert shapes == {"maxpool": {"inputs": 36, "hidden": [144, 8], "outputs": 3},
+                      "residual": None, "tanh": None}

@@ -50,14 +50,58 @@ def parts(W):
 
 
 def _sizes(ops, lo, hi):
-    """Bounds M_i (B, n_i) of |w_i| for the input w_0 in [lo, hi] of ``ops`` and after each
-    operation up to the last product or scaling (interval bounds)."""
+    """Bounds (lo_i, hi_i), each (B, n_i), of the input w_0 in [lo, hi] of ``ops`` and after
+    each operation up to the last that is not an addition (interval bounds)."""
     need = max([i for i, op in enumerate(ops) if op[0] != "add"], default=0)
-    out = [np.maximum(np.abs(lo), np.abs(hi))]
+    out = [(lo, hi)]
     for op in ops[:need]:  # (an addition's rows need no bound of its input)
         lo, hi = interval([op], lo, hi)
-        out.append(np.maximum(np.abs(lo), np.abs(hi)))
+        out.append((lo, hi))
     return out
+
+
+def _mag(b):
+    """max(|lo|, |hi|): a bound of |w| for w in [lo, hi]."""
+    return np.maximum(np.abs(b[0]), np.abs(b[1]))
+
+
+def _dense(j, v, n):
+    """Rows of one nonzero each (v_r at column j_r) written out, (len(j), n)."""
+    L = np.zeros((len(j), n))
+    L[np.arange(len(j)), j] = v
+    return L
+
+
+def _pool_back(win, L, c, q, lo, hi, at):
+    """Rows on a max pool's output -> rows on its input (input bounds lo, hi per node). Per
+    window the input k* with the largest lower bound (the first of ties): ``y >= x_k*`` for a
+    coefficient >= 0, ``y <= max_k hi_k`` for one < 0, ``y = x_k*`` where lo_k* is at least
+    every other input's hi (no arithmetic but the constant's products, and sums where windows
+    overlap)."""
+    rows, w0 = np.arange(win.shape[0]), np.maximum(win, 0)
+    lw = np.where(win < 0, -np.inf, lo[:, w0])  # (B, m, K)
+    hw = np.where(win < 0, -np.inf, hi[:, w0])
+    best = np.argmax(lw, axis=2)
+    src = win[rows, best]  # (B, m)
+    lbest = np.take_along_axis(lw, best[..., None], axis=2)[..., 0]
+    others = hw.copy()
+    np.put_along_axis(others, best[..., None], -np.inf, axis=2)
+    exact = lbest >= others.max(axis=2)
+    use = (L >= 0) | exact[at]
+    with np.errstate(invalid="ignore"):
+        t = np.where(use, 0.0, L * hw.max(axis=2)[at])  # <= 0 terms: L < 0, y <= max hi
+        d = t.sum(1) - up(gamma(L.shape[1]) * np.abs(t).sum(1))
+    c = down(c + down(d))
+    Lu = np.where(use, L, 0.0)
+    Lin = np.zeros((L.shape[0], lo.shape[1]))
+    np.add.at(Lin, (np.repeat(np.arange(L.shape[0]), L.shape[1]), src[at].reshape(-1)),
+              Lu.reshape(-1))
+    share = np.bincount(win[win >= 0], minlength=lo.shape[1]).max(initial=0)
+    if share > 1:  # overlapping windows: an input's coefficient may be a sum of several
+        mag = np.take_along_axis(_mag((lo, hi)), src, axis=1)  # (B, m): |x_k*| <= mag
+        with np.errstate(invalid="ignore"):
+            q = q + up(gamma(share) * (np.abs(Lu) * mag[at]).sum(1))
+    return Lin, c, q
 
 
 def _through(ops, L, c, q, M, at):
@@ -69,10 +113,14 @@ def _through(ops, L, c, q, M, at):
     hot = L[:2] if isinstance(L, tuple) else None
     for i in range(len(ops) - 1, -1, -1):
         op = ops[i]
-        if op[0] == "mat":  # sum_k (gamma |L| |W^T|)_rk M_k = gamma sum_j |L_rj| (M |W|)_j
+        if op[0] == "maxpool":
+            if hot is not None:
+                L, hot = _dense(*hot, op[1].shape[0]), None
+            L, c, q = _pool_back(op[1], L, c, q, M[i][0], M[i][1], at)
+        elif op[0] == "mat":  # sum_k (gamma |L| |W^T|)_rk M_k = gamma sum_j |L_rj| (M |W|)_j
             _, WT, aW, _, _ = parts(op[1])
             with np.errstate(invalid="ignore"):
-                reach = M[i] @ aW  # per node; row r's: reach[at[r]]
+                reach = _mag(M[i]) @ aW  # per node; row r's: reach[at[r]]
                 if hot is None:
                     q = q + up(gamma(len(WT)) * (np.abs(L) * reach[at]).sum(1))
                     # columns that are zero in every row (inactive neurons) add exact zeros:
@@ -87,11 +135,11 @@ def _through(ops, L, c, q, M, at):
             if hot is None:
                 L = op[1] * L
                 with np.errstate(invalid="ignore"):
-                    q = q + up(U * (np.abs(L) * M[i][at]).sum(1))
+                    q = q + up(U * (np.abs(L) * _mag(M[i])[at]).sum(1))
             else:
                 hot = (hot[0], op[1] * hot[1])
                 with np.errstate(invalid="ignore"):
-                    q = q + up(U * (np.abs(hot[1]) * M[i][at, hot[0]]))
+                    q = q + up(U * (np.abs(hot[1]) * _mag(M[i])[at, hot[0]]))
         elif op[2] != 0.0:  # + s v: L . (s v) >= |s| (lower bound of sign(s) L . v)
             v, s = op[1], op[2]
             if hot is None:
@@ -102,8 +150,7 @@ def _through(ops, L, c, q, M, at):
             d = np.sign(s) * Lv - up(gamma(len(v)) * aLv)
             c = down(c + down(abs(s) * down(d)))
     if hot is not None:  # no product in ops: the rows as a matrix
-        L = np.zeros((len(hot[0]), L[2]))
-        L[np.arange(len(hot[0])), hot[0]] = hot[1]
+        L = _dense(*hot, L[2])
     return L, c, q
 
 
@@ -153,8 +200,8 @@ def lower_bound(net, st, L, top, nodes, slopes, betas=None):
     for m in range(top, 0, -1):
         if m > 1:
             sl = slice(net.offsets[m - 2], net.offsets[m - 1])
-            top_in = np.maximum(st.u[uniq, sl], 0.0)
-            M = _sizes(net.layers[m - 1], np.zeros_like(top_in), top_in)
+            M = _sizes(net.layers[m - 1], np.maximum(st.l[uniq, sl], 0.0),
+                       np.maximum(st.u[uniq, sl], 0.0))  # relu(z) in [relu(l), relu(u)]
         else:
             M = _sizes(net.layers[0], st.lo[uniq], st.hi[uniq])
         L, c, q = _through(net.layers[m - 1], L, c, q, M, at)
@@ -174,7 +221,11 @@ def interval(ops, lo, hi):
     outward, each rounding charged (a product by Higham's bound, a sum by one ulp)."""
     lo, hi = np.asarray(lo, dtype=np.float64), np.asarray(hi, dtype=np.float64)
     for op in ops:
-        if op[0] == "mat":
+        if op[0] == "maxpool":  # the max of the window's ends: no arithmetic
+            win = op[1]
+            lo = np.where(win < 0, -np.inf, lo[:, np.maximum(win, 0)]).max(axis=2)
+            hi = np.where(win < 0, -np.inf, hi[:, np.maximum(win, 0)]).max(axis=2)
+        elif op[0] == "mat":
             W, _, aW, Wp, Wn = parts(op[1])
             g = gamma(W.shape[0])
             with np.errstate(invalid="ignore"):

@@ -46,8 +46,8 @@ def _row_back(ops, row):
 def hull_holds(net, lo, hi, a_row, b, s, theta):
     """'' when the hull leaf's bound of ``a_row . y - b`` over the box [lo, hi] is > 0, else
     the reason (network outside the scope, a slope outside [0, 1], the bound)."""
-    if net.K != 1:
-        return "a hull leaf needs a network of one hidden layer"
+    if net.K != 1 or any(op[0] == "maxpool" for ops in net.layers for op in ops):
+        return "a hull leaf needs a network of one hidden layer and affine operations"
     if not np.all((s >= 0) & (s <= 1)):
         return "a hull slope outside [0, 1]"
     if not (np.all(np.isfinite(theta)) and np.all(np.isfinite(lo)) and np.all(np.isfinite(hi))):
@@ -89,7 +89,8 @@ def hull_float(net, lo, hi, l1, u1, a_row, s, theta):
     hidden layer, valid on the box). None where the first layer is not one product followed by
     one addition (then only the exact check applies)."""
     ops = net.layers[0]
-    if net.K != 1 or [op[0] for op in ops] != ["mat", "add"] or ops[1][2] != 1.0:
+    if net.K != 1 or [op[0] for op in ops] != ["mat", "add"] or ops[1][2] != 1.0 or \
+            any(op[0] == "maxpool" for op in net.layers[1]):
         return None
     W1, b1 = ops[0][1].T, ops[1][1]  # z = W1 x + b1 exactly
     lo, hi = lo[None], hi[None]

@@ -2,7 +2,9 @@
 
 ``layers[k]`` (k = 0..K) is the list of operations of G_{k+1}, each kept as the file wrote it:
 ``("mat", W)`` y = x @ W (W: (n_in, n_out) float64), ``("scale", a)`` y = a x, ``("add", c, s)``
-y = x + s c (c: (n,) float64, s a float). Values read from float32 are converted exactly.
+y = x + s c (c: (n,) float64, s a float), ``("maxpool", windows)`` y_i = max of x over the
+indices windows[i] (int64, (n_out, K); -1 for none). Values read from float32 are converted
+exactly.
 """
 import numpy as np
 
@@ -29,7 +31,7 @@ class Network:
             raise Reject(f"a layer of {max(sizes)} values is wider than {MAX_WIDTH}")
         for ops in layers:
             for op in ops:
-                if not all(np.all(np.isfinite(v)) for v in op[1:]):
+                if op[0] != "maxpool" and not all(np.all(np.isfinite(v)) for v in op[1:]):
                     raise Reject("a weight is NaN or infinite")
 
     def forward(self, x):
@@ -41,6 +43,8 @@ class Network:
             for op in ops:
                 if op[0] == "mat":
                     x = x @ op[1]
+                elif op[0] == "maxpool":
+                    x = np.where(op[1] < 0, -np.inf, x[:, np.maximum(op[1], 0)]).max(axis=2)
                 elif op[0] == "scale":
                     x = op[1] * x
                 else:

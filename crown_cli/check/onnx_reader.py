@@ -10,9 +10,10 @@ _WINDOW = {"auto_pad", "kernel_shape", "pads", "strides"}
 _ATTRS = {"Gemm": {"alpha", "beta", "transA", "transB"}, "Flatten": {"axis"},
           "Reshape": {"allowzero"}, "Conv": _WINDOW | {"dilations", "group"},
           "AveragePool": _WINDOW | {"ceil_mode", "count_include_pad"},
+          "MaxPool": _WINDOW | {"ceil_mode", "dilations", "storage_order"},
           "Pad": {"mode", "pads", "value"}}
 _OPS = {"Gemm", "MatMul", "Add", "Sub", "Relu", "Flatten", "Reshape", "Identity", "Conv",
-        "AveragePool", "Pad"}
+        "AveragePool", "MaxPool", "Pad"}
 
 
 def _varint(buf, i):
@@ -172,7 +173,7 @@ def _apply(op, data_first, const, attrs, shape, ops, where):
     n = int(np.prod(shape))
     if op in ("Relu", "Identity"):
         return shape
-    if op in ("Conv", "AveragePool", "Pad"):
+    if op in ("Conv", "AveragePool", "MaxPool", "Pad"):
         if not data_first:
             raise Reject(f"{where}: the data must be the first input")
         return _window(op, const, attrs, shape, ops, where)
@@ -219,8 +220,9 @@ MAX_ENTRIES = 2 ** 27  # the largest dense matrix a convolution or a pool is wri
 
 
 def _window(op, const, attrs, shape, ops, where):
-    """Conv, AveragePool, Pad on (1, C, H, W) data: dense matrices of their linear maps (each
-    entry a copy of a weight, or 1/count of a pool window with count a power of two: exact)."""
+    """Conv, AveragePool, MaxPool, Pad on (1, C, H, W) data: dense matrices of the linear maps
+    (each entry a copy of a weight, or 1/count of a pool window with count a power of two:
+    exact), the windows of a max pool."""
     if len(shape) != 4 or shape[0] != 1:
         raise Reject(f"{where}: data of shape {shape}; (1, C, H, W) expected")
     _, C, H, W = shape
@@ -229,8 +231,9 @@ def _window(op, const, attrs, shape, ops, where):
         if attrs.get("mode", "constant") != "constant" or np.any(np.asarray(pads) != 0):
             raise Reject(f"{where}: only a Pad of zero width (an identity) is in scope")
         return shape
-    if attrs.get("auto_pad", "NOTSET") != "NOTSET" or attrs.get("ceil_mode", 0):
-        raise Reject(f"{where}: auto_pad and ceil_mode are not supported")
+    if attrs.get("auto_pad", "NOTSET") != "NOTSET" or attrs.get("ceil_mode", 0) or \
+            attrs.get("storage_order", 0):
+        raise Reject(f"{where}: auto_pad, ceil_mode and storage_order are not supported")
     k = tuple(const[0].shape[2:]) if op == "Conv" else tuple(attrs.get("kernel_shape", ()))
     if len(k) != 2 or tuple(attrs.get("kernel_shape", k)) != k:
         raise Reject(f"{where}: a 2-D kernel expected, found {k}")
@@ -247,6 +250,14 @@ def _window(op, const, attrs, shape, ops, where):
             ok = (iy >= 0) & (iy < H) & (ix >= 0) & (ix < W)
             taps.append((ky, kx, (iy * W + ix)[ok], (oy * Wo + ox)[ok]))
     Co = const[0].shape[0] if op == "Conv" else C
+    if op == "MaxPool":  # windows (C Ho Wo, kh kw) of input indices, -1 in the padding
+        win = np.full((C, Ho * Wo, len(taps)), -1, np.int64)
+        for t, (_, _, inp, out) in enumerate(taps):
+            win[:, out, t] = np.arange(C)[:, None] * H * W + inp
+        if np.any(np.all(win < 0, axis=2)):
+            raise Reject(f"{where}: a window lies in the padding only")
+        ops.append(("maxpool", win.reshape(C * Ho * Wo, len(taps))))
+        return (1, C, Ho, Wo)
     if C * H * W * Co * Ho * Wo > MAX_ENTRIES:
         raise Reject(f"{where}: its dense matrix of {C * H * W} x {Co * Ho * Wo} entries is larger "
                      f"than the checker's {MAX_ENTRIES}")

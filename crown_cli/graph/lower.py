@@ -123,9 +123,9 @@ def lowered(graph, memory_budget: Optional[float] = None):
     return graph.lowering[0]
 
 
-def chain_order(graph) -> Tuple[Optional[List[int]], str]:
-    """The node ids from the input to the output when the graph is one chain of affine and
-    activation nodes, else ``(None, reason)``."""
+def chain_order(graph, kinds=("affine", "activation")) -> Tuple[Optional[List[int]], str]:
+    """The node ids from the input to the output when the graph is one chain of nodes of
+    ``kinds`` (default: affine and activation nodes), else ``(None, reason)``."""
     if len(graph.inputs) != 1:
         return None, f"{len(graph.inputs)} input tensors"
     cur = graph.inputs[0]
@@ -143,7 +143,7 @@ def chain_order(graph) -> Tuple[Optional[List[int]], str]:
         return None, "not one chain from the input to the output"
     for i in order[1:]:
         n = graph.nodes[i]
-        if n.kind not in ("affine", "activation"):
+        if n.kind not in kinds:
             return None, f"node {i} ({n.name}) is a {n.kind}"
     return order, ""
 

@@ -214,6 +214,22 @@ class LoweredVerifier(Verifier):
         return v
 
 
+def proof_shape(graph) -> Optional[dict]:
+    """The network of a certificate (docs/proofs.md) of ``graph``: inputs, hidden (the sizes
+    of its ReLU nodes in chain order), outputs; None unless the graph is one chain of affine,
+    ReLU and max pool nodes (what ``crown check`` reads)."""
+    from crown_cli.graph.lower import chain_order
+
+    order, _ = chain_order(graph, kinds=("affine", "activation", "maxpool"))
+    if order is None:
+        return None
+    acts = [graph.nodes[i] for i in order if graph.nodes[i].kind == "activation"]
+    if any(n.op.name != "relu" for n in acts):
+        return None
+    return {"inputs": int(graph.input_size), "hidden": [int(n.size) for n in acts],
+            "outputs": int(graph.output_size)}
+
+
 class GraphVerifier(StagedVerifier):
     """:class:`crown_cli.verification.pipeline.Verifier`'s interface for a graph (the same
     opening, :class:`StagedVerifier`): one network, its stages and attack settings (the
@@ -235,13 +251,31 @@ class GraphVerifier(StagedVerifier):
         # few inputs: intermediate bounds by the forward pass (engine/graph_forward.py)
         self.intermediate = "forward" if prefer_forward(graph) else "crown"
         self._relu_graph = None  # :meth:`_split_graph`, once built
+        # --proof: the certificate's network (:func:`proof_shape`); the cases the crown stage
+        # proves get one-leaf trees (StagedVerifier._bound_cases), no other stage records
+        self.proof_shape = proof_shape(graph) if o.proof else None
+        self.proof = self.proof_shape is not None
+        self._trees = {}
 
     def verify(self, prop, timeout: float, log: Optional[Callable[[str], None]] = None,
                status: Optional[Callable[[str], None]] = None) -> Verdict:
         """:meth:`StagedVerifier.verify`, on the logits of a graph with a final softmax for
         the properties :func:`order_only` lets through."""
         order_only(self.graph, prop)
-        return super().verify(prop, timeout, log=log, status=status)
+        self._trees = {}
+        v = super().verify(prop, timeout, log=log, status=status)
+        if self.proof and v.result == "unsat":
+            from dataclasses import replace
+
+            from crown_cli.verification.proof import case_tree
+
+            trees = [case_tree(self._trees.get(j), c) for j, c in enumerate(prop.cases)]
+            missing = sum(t is None for t in trees)
+            if missing:
+                v.note = (v.note + "; " if v.note else "") + \
+                    f"no certificate for {missing} case(s) (graphs: crown-stage cases only)"
+            v = replace(v, proof=trees)
+        return v
 
     @property
     def n_inputs(self) -> int:

@@ -540,7 +540,7 @@ class Verifier(StagedVerifier):
         from crown_cli.verification.bab.input_split import input_split_steps, InputSplitProblem
         from crown_cli.verification.bab.relu_split import ReluSplitProblem, relu_split_steps
         from crown_cli.verification.outcome import finish
-        from crown_cli.verification.proof import ProofTree
+        from crown_cli.verification.proof import ProofTree, case_tree
 
         trees, missing = [], 0
         n_hidden = sum(w.shape[0] for w in self.weights[:-1])
@@ -565,11 +565,8 @@ class Verifier(StagedVerifier):
                         max_domains=self.max_domains, attack_restarts=0, proof=tree))
                 if res.verdict == "unsat":
                     t = tree.case_arrays(0)
-            if t is not None:
-                t = dict(t, lo=np.asarray(c.lo, np.float64), hi=np.asarray(c.hi, np.float64),
-                         A=np.asarray(c.A, np.float64), b=np.asarray(c.b, np.float64))
-            else:
-                missing += 1
+            t = case_tree(t, c)
+            missing += t is None
             trees.append(t)
         note = v.note
         if missing:

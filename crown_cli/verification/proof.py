@@ -162,6 +162,15 @@ def leaf_only(row: int) -> ProofTree:
     return t
 
 
+def case_tree(arrays, case):
+    """A case's certificate arrays: its recorded tree's ``arrays`` with the case's box and
+    rows (``lo``, ``hi``, ``A``, ``b``), or None without a tree."""
+    if arrays is None:
+        return None
+    return dict(arrays, lo=np.asarray(case.lo, np.float64), hi=np.asarray(case.hi, np.float64),
+                A=np.asarray(case.A, np.float64), b=np.asarray(case.b, np.float64))
+
+
 def sha256(path) -> str:
     h = hashlib.sha256()
     with open(path, "rb") as f:
@@ -220,8 +229,11 @@ def write_verdict_proof(verdict, verifier, model_path, spec_path, path) -> str:
                 "graphs lowered to them (docs/proofs.md)")
     if any(t is None for t in trees):
         return "no certificate written: some case has no recorded proof (within the timeout)"
-    w = verifier.weights
-    network = {"inputs": int(w[0].shape[1]), "hidden": [int(x.shape[0]) for x in w[:-1]],
-               "outputs": int(w[-1].shape[0]), "activation": "relu"}
+    shape = getattr(verifier, "proof_shape", None)  # a graph's (GraphVerifier)
+    if shape is None:
+        w = verifier.weights
+        shape = {"inputs": int(w[0].shape[1]), "hidden": [int(x.shape[0]) for x in w[:-1]],
+                 "outputs": int(w[-1].shape[0])}
+    network = dict(shape, activation="relu")
     save(path, trees, network, model_path, spec_path)
     return ""
