@@ -197,8 +197,6 @@ def test_idx_images_read_as_crown_reads_them(tmp_path):
 
 
 @pytest.mark.parametrize("args, message", [
-    (["--norm", "2"], "--proof: certificates of radii cover --norm inf only, not 2"),
-    (["--norm", "inf,1"], "--proof: certificates of radii cover --norm inf only, not 1"),
     (["--method", "fast-lin"], "--proof: certificates of radii cover --method crown and "
                                "alpha-crown only, not fast-lin"),
     (["--model", os.path.join(ROOT, "models", "mnist_3x1024_tanh.h5")],
@@ -233,8 +231,67 @@ def test_a_targeted_row_at_the_untargeted_radius_takes_that_certificates_case(tm
     warnings = []
     w = ProofWriter(str(tmp_path), MODEL, IMAGES, None, mlp.weights, warnings.append)
     row = {"image": 2, "target_type": "least", "target": others[4], "method": method,
-           "eps": res.eps}
+           "norm": "inf", "eps": res.eps}
     path = w.write(row, method, x0, c, others, res, [others[4]])
     assert path and not warnings
     st = check_certify(MODEL, IMAGES, path)
     assert st["targets"] == [others[4]] and st["eps"] == res.eps
+
+
+@pytest.mark.parametrize("norm", ["2", "1"])
+def test_l2_and_l1_radii_certified_then_a_radius_beyond_an_attack_rejected(tmp_path, norm):
+    """Certificates of l_2 and l_1 radii: the checker bounds over the ball itself (the rows'
+    minimum L x0 - eps ||L||_dual, rounding charged); every certified row's is accepted, and
+    none survives a radius beyond a PGD adversarial example of that norm, nor being read as
+    an l_inf radius (whose box is far larger)."""
+    from crown_cli.certification.attack import PGDAttack
+    from crown_cli.io.models import load_model as crown_model
+
+    out, rows, _ = _certify(tmp_path, "-n", "2", "--norm", norm, "--method", "crown,alpha-crown")
+    certified = [r for r in rows if r["status"] == "certified"]
+    assert len(certified) == 4 and len(os.listdir(out)) == 4
+    for name in sorted(os.listdir(out)):
+        st = check_certify(MODEL, IMAGES, os.path.join(out, name))
+        assert _read(os.path.join(out, name))[0]["norm"] == norm and st["nodes"] == 1
+    path = os.path.join(out, sorted(n for n in os.listdir(out) if "_crown_" in n)[0])
+    header, z = _read(path)
+    with pytest.raises(Reject, match="is not > b_i"):  # as an l_inf radius: the box fails
+        check_certify(MODEL, IMAGES, _write(tmp_path / "inf.proof", dict(header, norm="inf"), z))
+    mlp = crown_model(MODEL)
+    x0, c, t = z["x0"], header["class"], header["targets"][0]
+    att = PGDAttack(mlp.weights, mlp.biases, "relu", norm).min_distortion(
+        x0, c, [t], np.random.default_rng(0))
+    assert att.eps is not None and att.eps > header["eps"] and att.margin <= 0
+    big = att.eps * 1.001  # the ball holds the attack's point, where y_t >= y_c
+    assert np.linalg.norm(att.x_adv - x0, ord=float(norm)) <= big
+    lo, hi = ball_box(x0, big)
+    bad = _write(tmp_path / "big.proof", dict(header, eps=big), dict(z, c0_lo=lo, c0_hi=hi))
+    with pytest.raises(Reject, match=r"node 0: row 0: lower bound .* is not > b_i = 0.0"):
+        check_certify(MODEL, IMAGES, bad)
+
+
+@pytest.mark.parametrize("p", ["2", "1"])
+def test_ball_minimum_below_the_exact_one_and_close(p):
+    """bounds._ball_min against the exact minimum over the ball (50-digit mpmath for the
+    l_2 norm's square root, exact Fractions otherwise)."""
+    from fractions import Fraction
+
+    import mpmath
+
+    from crown_cli.check.bounds import _ball_min
+
+    rng = np.random.default_rng(3)
+    L = rng.normal(size=(5, 30)) * 10.0 ** rng.uniform(-3, 3, (5, 1))
+    x0, eps, c = rng.uniform(-1, 1, 30), 0.37, rng.normal(size=5)
+    v = _ball_min(L, c, np.zeros(5), x0, eps, p)
+    mpmath.mp.dps = 50
+    for r in range(5):
+        dot = sum(Fraction(a) * Fraction(b) for a, b in zip(L[r], x0)) + Fraction(c[r])
+        if p == "2":
+            norm = mpmath.sqrt(mpmath.fsum(mpmath.mpf(a) ** 2 for a in L[r]))
+            exact = mpmath.mpf(dot.numerator) / dot.denominator - mpmath.mpf(eps) * norm
+        else:
+            exact = dot - Fraction(eps) * max(Fraction(abs(a)) for a in L[r])
+            exact = mpmath.mpf(exact.numerator) / exact.denominator
+        assert mpmath.mpf(v[r]) <= exact
+        assert exact - mpmath.mpf(v[r]) <= 1e-12 * (1 + abs(exact))

@@ -2,7 +2,8 @@
 "Certificates of radii"), checked by ``crown check`` before it is kept.
 
 A row's certificate holds the image as the engine bounded it (``x0``), the reported eps and
-per target one case: the l_inf ball's box rounded outward, the row ``y_c - y_t`` and a
+per target one case: the l_inf box of radius eps rounded outward (which holds the row's l_p
+ball), the row ``y_c - y_t`` and a
 one-leaf tree proving it > 0 there: CROWN's default slopes (``--method crown``, or
 alpha-crown rows whose radius is CROWN's), or the slopes alpha-CROWN's float64 bound was
 verified at (the leaf's over ``cols``, the intermediate rows' as layer slopes). Every
@@ -21,7 +22,7 @@ from crown_cli.errors import InputError
 from crown_cli.verification.proof import file_entry as _file
 from crown_cli.verification.proof import write_archive as _save
 
-PROOF_NORMS = ("inf",)
+PROOF_NORMS = ("inf", "2", "1")
 PROOF_METHODS = ("crown", "alpha-crown")
 
 
@@ -38,7 +39,7 @@ def check_scope(norms: Sequence[str], methods: Sequence[str], model_path: str, m
     """InputError (one line) naming what ``--proof`` does not cover."""
     bad = [n for n in norms if n not in PROOF_NORMS]
     if bad:
-        raise InputError(f"--proof: certificates of radii cover --norm inf only, not {bad[0]}")
+        raise InputError(f"--proof: certificates of radii cover --norm inf, 2 and 1, not {bad[0]}")
     bad = [m for m in methods if m not in PROOF_METHODS]
     if bad:
         raise InputError(f"--proof: certificates of radii cover --method crown and alpha-crown "
@@ -118,7 +119,8 @@ class ProofWriter:
                   **{k: v for k, v in self.files.items()},
                   "network": self.network, "index": int(row["image"]), "class": int(c),
                   "target_type": row["target_type"], "targets": [int(t) for t in targets],
-                  "norm": "inf", "method": method, "eps": eps, "cases": len(targets)}
+                  "norm": str(row["norm"]), "method": method, "eps": eps,
+                  "cases": len(targets)}
         path = os.path.join(self.folder, proof_file(row["image"], method, row["target_type"],
                                                     row["target"]))
         os.makedirs(self.folder, exist_ok=True)

@@ -184,8 +184,11 @@ def check_certify(model_path, images_path, proof_path, labels_path=None):
     {"cases", "nodes", "image", "class", "targets", "eps"} or raises Reject or CheckError."""
     model, images = _bytes(model_path, "model"), _bytes(images_path, "images")
     header, z = _read_proof(proof_path)
-    want = {"format": "crown-proof", "version": 1, "kind": "certify", "norm": "inf"}
+    want = {"format": "crown-proof", "version": 1, "kind": "certify"}
     _expect(header, want, [])
+    norm = header.get("norm")
+    if norm not in ("inf", "2", "1"):
+        raise Reject(f"header norm {norm!r}: 'inf', '2' or '1' expected")
     files = [("model", model), ("images", images)]
     idx = images[:2] in (b"\x1f\x8b", b"\x00\x00")
     if idx:
@@ -242,7 +245,8 @@ def check_certify(model_path, images_path, proof_path, labels_path=None):
         try:
             a = case_arrays(z, k, net)
             child1 = structure(a, net, 1)
-            nodes += walk(net, a, child1, np.array([0.0]), [Fraction(0)])
+            nodes += walk(net, a, child1, np.array([0.0]), [Fraction(0)],
+                          None if norm == "inf" else (x, eps, norm))
         except Reject as exc:
             raise Reject(f"target {t} (certificate case {k}): {exc}") from None
     return {"cases": len(targets), "nodes": nodes, "image": index, "class": c,

@@ -213,7 +213,25 @@ def lower_bound(net, st, L, top, nodes, slopes, betas=None):
         p = np.minimum(L * lo, L * hi)
         err = up(gamma(L.shape[1] + 1) * np.abs(p).sum(1) + q)
         v = down(down(p.sum(1) + c) - err)
+        if getattr(st, "ball", None) is not None:  # the set lies in the ball too
+            v = np.fmax(v, _ball_min(L, c, q, *st.ball))
     return np.where(np.isnan(v), -np.inf, v)
+
+
+def _ball_min(L, c, q, x0, eps, p):
+    """A float <= min of the rows L x + c (charges q) over the l_p ball ||x - x0||_p <= eps
+    (p "2" or "1"): L x0 + c - eps ||L||_p* (the dual norm: 2, or the largest |L_i|)."""
+    n, inf = L.shape[1], np.inf
+    d = L @ x0
+    err = up(gamma(n) * (np.abs(L) @ np.abs(x0)))  # |fl(L x0) - L x0| <= err
+    if p == "2":  # sum L_i^2 <= fl(sum) (1 + 2 gamma_n) (nonnegative terms); each rounding up
+        s = np.nextafter((L * L).sum(1) * (1.0 + 2.0 * gamma(n + 1)), inf)
+        norm = np.nextafter(np.sqrt(s), inf)
+    else:
+        norm = np.abs(L).max(axis=1, initial=0.0)
+    # eps ||L|| + err + q, each sum and product rounded to nearest and then one float up
+    tot = np.nextafter(np.nextafter(err + q, inf) + np.nextafter(eps * norm, inf), inf)
+    return down(down(d + c) - tot)
 
 
 def interval(ops, lo, hi):

@@ -11,17 +11,20 @@ _INT = ("kind", "arg", "refresh", "alpha_at", "beta_at", "cols", "hull_at")
 
 
 class State:
-    """Per node of a batch: box lo, hi (B, n_in); bounds l, u (B, H); signs sg (B, H) in {-1, 0, 1}."""
+    """Per node of a batch: box lo, hi (B, n_in); bounds l, u (B, H); signs sg (B, H) in {-1, 0, 1};
+    ``ball`` (x0, eps, p) for p "2" or "1": every node's set lies in that l_p ball too."""
 
-    def __init__(self, lo, hi, l, u, sg):
+    def __init__(self, lo, hi, l, u, sg, ball=None):
         self.lo, self.hi, self.l, self.u, self.sg = lo, hi, l, u, sg
+        self.ball = ball
 
     def take(self, idx):
-        return State(*(a[idx] for a in (self.lo, self.hi, self.l, self.u, self.sg)))
+        return State(*(a[idx] for a in (self.lo, self.hi, self.l, self.u, self.sg)), ball=self.ball)
 
     @staticmethod
     def cat(states):
-        return State(*(np.concatenate(a) for a in zip(*((s.lo, s.hi, s.l, s.u, s.sg) for s in states))))
+        return State(*(np.concatenate(a) for a in zip(*((s.lo, s.hi, s.l, s.u, s.sg) for s in states))),
+                     ball=states[0].ball)
 
 
 def case_arrays(z, c, net):
@@ -193,15 +196,19 @@ def neuron_bounds(net, st, k, nodes, js, layer_slopes):
     return v[:R], v[R:]
 
 
-def walk(net, a, child1, bf, b_exact):
+def walk(net, a, child1, bf, b_exact, ball=None):
     """Walk the tree from its root box; Reject with the first failure found. ``bf[i]``: the
-    largest float <= b_exact[i], the threshold of row i (a float V > b_i iff V > bf[i])."""
+    largest float <= b_exact[i], the threshold of row i (a float V > b_i iff V > bf[i]).
+    ``ball``: (x0, eps, p), the l_p ball (p "2" or "1") inside the box the tree is of (no
+    input splits, no hull leaves then)."""
     from fractions import Fraction
 
     kind, arg, value, H = a["kind"], a["arg"], a["value"], int(net.offsets[-1])
+    if ball is not None and np.isin(kind, (1, 4)).any():
+        raise Reject("a certificate of an l_p ball has no input splits and no hull leaves")
     colsets, nodes_done = _colsets(net, a["cols"]), 0
     root = State(a["lo"][None], a["hi"][None], np.full((1, H), -np.inf), np.full((1, H), np.inf),
-                 np.zeros((1, H), dtype=np.int8))
+                 np.zeros((1, H), dtype=np.int8), ball=ball)
     pool = [(np.array([0]), root)]
     while pool:
         ids, st = pool.pop()
