@@ -67,9 +67,10 @@ VERIFY_NOT_SETTINGS = {"--model", "--spec", "--instances", "--root", "--output",
               help="--instances: format of the --output file (default: from its extension, "
                    ".jsonl: jsonl, else csv).")
 @click.option("--proof", "proof_path", default=None, metavar="FILE|DIR",
-              help="Write a certificate of each unsat verdict (docs/proofs.md; dense ReLU "
-                   "networks): to this file with --spec, into this directory with "
-                   "--instances (one file per instance). `crown check` checks them.")
+              help="Write a certificate of each unsat verdict (docs/proofs.md; ReLU chains of "
+                   "dense layers, convolutions and pools): to this file with --spec, into this "
+                   "directory with --instances (one file per instance). `crown check` checks "
+                   "them.")
 @click.option("--overwrite", is_flag=True, help="Replace an existing --output file.")
 @click.option("--resume", is_flag=True,
               help="--instances: continue an existing --output, skipping instances it holds.")
