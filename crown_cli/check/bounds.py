@@ -14,6 +14,8 @@ from fractions import Fraction
 
 import numpy as np
 
+from .network import window_values
+
 U = 2.0 ** -53  # unit roundoff of float64, round to nearest
 INFL, TINY = 1.0 + 2.0 ** -28, 2.0 ** -1000
 
@@ -78,9 +80,8 @@ def _pool_back(win, L, c, q, lo, hi, at):
     coefficient >= 0, ``y <= max_k hi_k`` for one < 0, ``y = x_k*`` where lo_k* is at least
     every other input's hi (no arithmetic but the constant's products, and sums where windows
     overlap)."""
-    rows, w0 = np.arange(win.shape[0]), np.maximum(win, 0)
-    lw = np.where(win < 0, -np.inf, lo[:, w0])  # (B, m, K)
-    hw = np.where(win < 0, -np.inf, hi[:, w0])
+    rows = np.arange(win.shape[0])
+    lw, hw = window_values(lo, win), window_values(hi, win)  # (B, m, K)
     best = np.argmax(lw, axis=2)
     src = win[rows, best]  # (B, m)
     lbest = np.take_along_axis(lw, best[..., None], axis=2)[..., 0]
@@ -213,7 +214,7 @@ def lower_bound(net, st, L, top, nodes, slopes, betas=None):
         p = np.minimum(L * lo, L * hi)
         err = up(gamma(L.shape[1] + 1) * np.abs(p).sum(1) + q)
         v = down(down(p.sum(1) + c) - err)
-        if getattr(st, "ball", None) is not None:  # the set lies in the ball too
+        if st.ball is not None:  # the set lies in the ball too
             v = np.fmax(v, _ball_min(L, c, q, *st.ball))
     return np.where(np.isnan(v), -np.inf, v)
 
@@ -240,9 +241,7 @@ def interval(ops, lo, hi):
     lo, hi = np.asarray(lo, dtype=np.float64), np.asarray(hi, dtype=np.float64)
     for op in ops:
         if op[0] == "maxpool":  # the max of the window's ends: no arithmetic
-            win = op[1]
-            lo = np.where(win < 0, -np.inf, lo[:, np.maximum(win, 0)]).max(axis=2)
-            hi = np.where(win < 0, -np.inf, hi[:, np.maximum(win, 0)]).max(axis=2)
+            lo, hi = window_values(lo, op[1]).max(axis=2), window_values(hi, op[1]).max(axis=2)
         elif op[0] == "mat":
             W, _, aW, Wp, Wn = parts(op[1])
             g = gamma(W.shape[0])

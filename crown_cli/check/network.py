@@ -11,6 +11,12 @@ import numpy as np
 MAX_WIDTH = 2 ** 20  # the widest vector the error bounds of bounds.py allow (bounds.up)
 
 
+def window_values(x, win):
+    """x (B, n) gathered over a max pool's windows (m, K): (B, m, K), -inf where a window has
+    no input (an index -1)."""
+    return np.where(win < 0, -np.inf, x[:, np.maximum(win, 0)])
+
+
 class CheckError(Exception):
     """Bad input: a missing or unreadable file (one line, naming the file)."""
 
@@ -44,7 +50,7 @@ class Network:
                 if op[0] == "mat":
                     x = x @ op[1]
                 elif op[0] == "maxpool":
-                    x = np.where(op[1] < 0, -np.inf, x[:, np.maximum(op[1], 0)]).max(axis=2)
+                    x = window_values(x, op[1]).max(axis=2)
                 elif op[0] == "scale":
                     x = op[1] * x
                 else:
