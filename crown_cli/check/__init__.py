@@ -97,8 +97,9 @@ _LAST = {}  # the last model read: (sha256 of its bytes, its Network)
 def _network(header, model_path, data):
     """The model's Network, which the header's ``network`` must describe (the last one read
     is kept: an instance list checks many properties of one model, and a convolution's
-    matrices and their cached parts take seconds to build)."""
-    key = hashlib.sha256(data).hexdigest()
+    matrices and their cached parts take seconds to build). Called after :func:`_expect`
+    has bound ``data`` to the header's model sha256, the key of that cache."""
+    key = header["model"]["sha256"]
     if _LAST.get("sha256") != key:
         _LAST.clear()
         _LAST.update(sha256=key, net=load_model(model_path, data))
