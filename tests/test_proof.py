@@ -365,5 +365,6 @@ def test_graph_certificates_only_where_the_checker_reads_the_graph(tmp_path):
         g = load_graph(str(tmp_path / f"{name}.onnx"))
         shapes[name] = proof_shape(g)
         assert GraphVerifier(g, proof=True).proof == (shapes[name] is not None)
-    assert shapes == {"maxpool": {"inputs": 36, "hidden": [144, 8], "outputs": 3},
+    assert shapes == {"maxpool": {"inputs": 36, "hidden": [144, 8], "outputs": 3,
+                                  "activation": "relu"},
                       "residual": None, "tanh": None}

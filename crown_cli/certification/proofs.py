@@ -19,6 +19,7 @@ from typing import Callable, Dict, List, Optional, Sequence
 import numpy as np
 
 from crown_cli.errors import InputError
+from crown_cli.verification.proof import dense_shape
 from crown_cli.verification.proof import file_entry as _file
 from crown_cli.verification.proof import write_archive as _save
 
@@ -93,9 +94,7 @@ class ProofWriter:
         self.files = {"model": _file(model_path), "images": _file(self.images_path)}
         if idx:
             self.files["labels"] = _file(self.labels_path)
-        self.network = {"inputs": int(weights[0].shape[1]),
-                        "hidden": [int(w.shape[0]) for w in weights[:-1]],
-                        "outputs": int(weights[-1].shape[0]), "activation": "relu"}
+        self.network = dense_shape(weights)
         self.hidden = self.network["hidden"]
         self.offsets = np.concatenate([[0], np.cumsum(self.hidden)]).astype(np.int64)
         self.written = self.rejected = 0

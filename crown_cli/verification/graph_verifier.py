@@ -227,7 +227,7 @@ def proof_shape(graph) -> Optional[dict]:
     if any(n.op.name != "relu" for n in acts):
         return None
     return {"inputs": int(graph.input_size), "hidden": [int(n.size) for n in acts],
-            "outputs": int(graph.output_size)}
+            "outputs": int(graph.output_size), "activation": "relu"}
 
 
 class GraphVerifier(StagedVerifier):
@@ -271,10 +271,9 @@ class GraphVerifier(StagedVerifier):
 
             trees = [case_tree(self._trees.get(j), c) for j, c in enumerate(prop.cases)]
             missing = sum(t is None for t in trees)
-            if missing:
-                v.note = (v.note + "; " if v.note else "") + \
-                    f"no certificate for {missing} case(s) (graphs: crown-stage cases only)"
-            v = replace(v, proof=trees)
+            note = v.note if not missing else (v.note + "; " if v.note else "") + \
+                f"no certificate for {missing} case(s) (graphs: crown-stage cases only)"
+            v = replace(v, proof=trees, note=note)
         return v
 
     @property

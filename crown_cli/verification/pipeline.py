@@ -275,6 +275,13 @@ class Verifier(StagedVerifier):
         self._no_proof = set()  # proof: cases proven by a search that recorded no tree
 
     @property
+    def proof_shape(self) -> dict:
+        """The certificate's ``network`` entry (a lowered graph's too: its dense layers)."""
+        from crown_cli.verification.proof import dense_shape
+
+        return dense_shape(self.weights)
+
+    @property
     def n_inputs(self) -> int:
         return int(self.weights[0].shape[1])
 

@@ -162,6 +162,13 @@ def leaf_only(row: int) -> ProofTree:
     return t
 
 
+def dense_shape(weights) -> dict:
+    """A certificate's ``network`` entry for a chain of dense ReLU layers ``weights``
+    ((out, in) each): inputs, hidden sizes, outputs, activation."""
+    return {"inputs": int(weights[0].shape[1]), "hidden": [int(w.shape[0]) for w in weights[:-1]],
+            "outputs": int(weights[-1].shape[0]), "activation": "relu"}
+
+
 def case_tree(arrays, case):
     """A case's certificate arrays: its recorded tree's ``arrays`` with the case's box and
     rows (``lo``, ``hi``, ``A``, ``b``), or None without a tree."""
@@ -225,15 +232,10 @@ def write_verdict_proof(verdict, verifier, model_path, spec_path, path) -> str:
         return ""
     trees = getattr(verdict, "proof", None)
     if trees is None:
-        return ("no certificate written: certificates cover ReLU networks of dense layers and "
-                "graphs lowered to them (docs/proofs.md)")
+        return ("no certificate written: certificates cover ReLU networks of dense layers, "
+                "graphs lowered to them and chains of convolutions, max pools and ReLUs "
+                "(docs/proofs.md)")
     if any(t is None for t in trees):
         return "no certificate written: some case has no recorded proof (within the timeout)"
-    shape = getattr(verifier, "proof_shape", None)  # a graph's (GraphVerifier)
-    if shape is None:
-        w = verifier.weights
-        shape = {"inputs": int(w[0].shape[1]), "hidden": [int(x.shape[0]) for x in w[:-1]],
-                 "outputs": int(w[-1].shape[0])}
-    network = dict(shape, activation="relu")
-    save(path, trees, network, model_path, spec_path)
+    save(path, trees, verifier.proof_shape, model_path, spec_path)
     return ""
