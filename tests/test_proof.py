@@ -143,10 +143,61 @@ def test_relu_split_certificate_accepted(tmp_path):
     assert check(inst["model"], inst["spec"], inst["proof"])["nodes"] == arrays["kind"].size
     # a multiplier grown a thousandfold: the leaf's bound no longer holds
     a = _arrays(inst["proof"])
-    a["c0_beta"] = a["c0_beta"] * np.float32(1000.0)
-    _resave(inst["proof"], a)
+    b = dict(a, c0_beta=a["c0_beta"] * np.float32(1000.0))
+    _resave(inst["proof"], b)
     with pytest.raises(Reject, match="lower bound .* is not >"):
         check(inst["model"], inst["spec"], inst["proof"])
+    # three hidden layers: each domain's hidden-layer bounds were optimised (multipliers of
+    # its split constraints per row), and the certificate carries the rows that needed them
+    assert (arrays["rm_value"] > 0).any() and arrays["rm_node"].size > 0
+    _resave(inst["proof"], {k: v for k, v in a.items() if "_rm_" not in k})
+    with pytest.raises(Reject, match="lower bound .* is not >"):  # without them: too loose
+        check(inst["model"], inst["spec"], inst["proof"])
+    for change, why in [
+            (lambda b: b["c0_rm_value"].__setitem__(0, -1.0), "negative or not finite"),
+            (lambda b: b["c0_rm_col"].__setitem__(0, b["c0_rm_neuron"][0]), "not below its row"),
+            (lambda b: b["c0_rm_side"].__setitem__(0, 2), "out of range"),
+            (lambda b: b["c0_rm_count"].__setitem__(0, b["c0_rm_count"][0] + 1),
+             "inconsistent lengths")]:
+        b = {k: v.copy() for k, v in a.items()}
+        b["c0_rm_value"] = b["c0_rm_value"].astype(np.float32)
+        b["c0_rm_side"] = b["c0_rm_side"].astype(np.int8)
+        change(b)
+        _resave(inst["proof"], b)
+        with pytest.raises(Reject, match=why):
+            check(inst["model"], inst["spec"], inst["proof"])
+    # one row given twice at a node
+    b = dict(a)
+    for n in ("node", "neuron", "side", "count"):
+        b[f"c0_rm_{n}"] = np.insert(a[f"c0_rm_{n}"], 0, a[f"c0_rm_{n}"][0])
+    first = int(a["c0_rm_count"][0])
+    b["c0_rm_col"] = np.concatenate([a["c0_rm_col"][:first], a["c0_rm_col"]])
+    b["c0_rm_value"] = np.concatenate([a["c0_rm_value"][:first], a["c0_rm_value"]])
+    _resave(inst["proof"], b)
+    with pytest.raises(Reject, match="twice"):
+        check(inst["model"], inst["spec"], inst["proof"])
+
+
+def test_row_multipliers_count_only_where_the_sign_is_known():
+    """The checker's step 1b: a row multiplier on a neuron of unknown sign at the node takes
+    no part; on one of known sign (a constraint, or bounds on one side of 0) it enters as
+    beta * s."""
+    from crown_cli.check.certificate import State, _row_betas
+
+    class Net:
+        offsets, sizes = np.array([0, 3, 5]), [2, 3, 2, 1]
+
+    # two nodes; layer 1's neurons: 0 split active at node 0, 1 with l >= 0, 2 unstable
+    l = np.array([[-1.0, 0.5, -1.0, -1, -1], [-1.0, -2.0, -1.0, -1, -1]])
+    u = np.array([[1.0, 2.0, 1.0, 1, 1], [1.0, -0.5, 1.0, 1, 1]])
+    sg = np.zeros((2, 5), np.int8)
+    sg[0, 0] = 1
+    st = State(np.zeros((2, 2)), np.ones((2, 2)), l, u, sg)
+    rm = dict(count=np.array([3, 3]), start=np.array([0, 3]), col=np.array([0, 1, 2, 0, 1, 2]),
+              value=np.array([2.0, 3.0, 5.0, 2.0, 3.0, 5.0]))
+    beta = _row_betas(Net, st, rm, np.array([0, 1, -1]))
+    bs = beta(slice(0, 3), 1, np.array([0, 1, 1]))
+    assert bs.tolist() == [[2.0, 3.0, 0.0], [0.0, -3.0, 0.0], [0.0, 0.0, 0.0]]
 
 
 def test_tampered_certificates_rejected(tmp_path):
@@ -314,38 +365,6 @@ def test_convolutional_graph_certificate_accepted_then_tampered(tmp_path, pool):
     _resave(proof, a)
     r = CliRunner().invoke(main, args)
     assert r.exit_code == 1 and "rejected" in r.output and "is not > b_i" in r.output, r.output
-
-
-def test_proof_mode_keeps_a_verdict_its_recording_search_misses(monkeypatch, tmp_path):
-    """--proof where ReLU splitting would optimise per-domain bounds (3+ hidden layers): the
-    recording search gets PROOF_SHARE of the time; when it does not decide, the usual search
-    does in the rest, and its unsat stands without a certificate (no third attempt)."""
-    import time
-
-    from crown_cli.verification.bab import relu_split
-    from crown_cli.verification.outcome import BabResult
-
-    calls = []
-
-    def fake(problem, until, max_domains=None, seed=0, attack_restarts=0, progress=None,
-             proof=None):
-        calls.append((proof is not None, until - time.monotonic()))
-        yield 0.5
-        return BabResult("timeout" if proof is not None else "unsat", None, 1, 1, -1.0)
-
-    monkeypatch.setattr(relu_split, "relu_split_steps", fake)
-    sizes = (70, 16, 16, 16, 3)
-    assert relu_split.optimises_domain_bounds(_net(1, sizes)[0])
-    ws, bs = _net(1, sizes)
-    x0 = np.random.default_rng(2).uniform(-0.5, 0.5, 70)
-    spec = write_property(tmp_path / "p.vnnlib", (x0 - 0.01).tolist(), (x0 + 0.01).tolist(),
-                          [([1.0, -1.0, 0.0], -1e6)])  # unsat: y_0 - y_1 never that low
-    prop = parse_vnnlib(spec, 70, 3)
-    v = Verifier(ws, bs, "relu", stages=(), proof=True, attack_time=0.1).verify(prop, 20.0)
-    assert v.result == "unsat" and "no certificate" in v.note, v
-    assert [c[0] for c in calls] == [True, False]  # the recording search, then the usual one
-    assert calls[0][1] < 0.6 * 20.0 and calls[1][1] > calls[0][1]  # half the time, then all
-    assert "no recorded proof" in write_verdict_proof(v, None, "m", "s", str(tmp_path / "x"))
 
 
 def test_graph_certificates_only_where_the_checker_reads_the_graph(tmp_path):

@@ -81,7 +81,50 @@ def case_arrays(z, c, net):
         pos = np.full(net.sizes[k], -1)
         pos[rows - net.offsets[k - 1]] = np.arange(len(rows))
         a["layer_slopes"][k] = (pos, S.astype(np.float64), cols[:ck])
+    a["rm"] = row_multipliers(z, c, net, a["refresh"])
     return a
+
+
+_RM = ("node", "neuron", "side", "count", "col", "value")
+
+
+def row_multipliers(z, c, net, refresh):
+    """Certificate case c's row multipliers (``rm_*``, docs/proofs.md) checked, as a dict
+    with each entry's first multiplier (``start``) and its neuron's layer; None if absent."""
+    have = [f"c{c}_rm_{n}" in z for n in _RM]
+    if not any(have):
+        return None
+    if not all(have):
+        raise Reject(f"certificate case {c}: row multipliers need all of rm_" + ", rm_".join(_RM))
+    r = {n: z[f"c{c}_rm_{n}"] for n in _RM}
+    for n, v in r.items():
+        if v.ndim != 1 or v.dtype.kind not in ("f" if n == "value" else "iu") or v.dtype.itemsize > 8:
+            raise Reject(f"certificate case {c}: rm_{n} has dtype {v.dtype}, shape {v.shape}")
+        r[n] = v.astype(np.float64 if n == "value" else np.int64)
+    E, H, N = len(r["node"]), int(net.offsets[-1]), len(refresh)
+    if any(len(r[n]) != E for n in ("neuron", "side", "count")) or np.any(r["count"] < 0) \
+            or len(r["col"]) != r["count"].sum() or len(r["value"]) != len(r["col"]):
+        raise Reject(f"certificate case {c}: row multiplier arrays of inconsistent lengths")
+    node, neur = r["node"], r["neuron"]
+    if E and (node[0] < 0 or node[-1] >= N or np.any(np.diff(node) < 0)):
+        raise Reject(f"certificate case {c}: rm_node not nondecreasing node indices < {N}")
+    if np.any((neur < 0) | (neur >= H)) or np.any((r["col"] < 0) | (r["col"] >= H)) \
+            or not np.all(np.isin(r["side"], (-1, 1))):
+        raise Reject(f"certificate case {c}: a row multiplier's neuron or side out of range")
+    r["layer"] = np.searchsorted(net.offsets, neur, side="right")
+    r["start"] = np.cumsum(r["count"]) - r["count"]
+    own = np.repeat(r["layer"], r["count"])
+    if np.any(np.searchsorted(net.offsets, r["col"], side="right") >= own):
+        raise Reject(f"certificate case {c}: a row multiplier on a neuron not below its row's layer")
+    if not np.all((r["value"] >= 0) & np.isfinite(r["value"])):
+        raise Reject(f"certificate case {c}: a row multiplier negative or not finite")
+    if np.any(r["layer"] < refresh[node]):
+        raise Reject(f"certificate case {c}: a row multiplier at node "
+                     f"{int(node[np.argmax(r['layer'] < refresh[node])])} below its refresh layer")
+    key = (node * H + neur) * 2 + (r["side"] > 0)
+    if np.unique(key).size != E:
+        raise Reject(f"certificate case {c}: a row given multipliers twice at one node")
+    return r
 
 
 def structure(a, net, m):
@@ -129,7 +172,8 @@ def _colsets(net, cols):
 
 def _bound(net, st, L, top, nodes, colsets, srow, S, beta=None):
     """lower_bound in chunks of rows; rows with srow >= 0 take the slopes S[srow] over colsets,
-    the others the default; beta = (rows of B or -1, B, node signs (B_nodes, H)) or None."""
+    the others the default; ``beta(part, m, nodes)``: the rows ``part`` (a slice)'s beta * s
+    (rows, n_m) on hidden layer m, or None (no multipliers)."""
     out = np.empty(len(nodes))
     step = max(256, ROW_ELEMS // max(net.sizes))
     for a in range(0, len(nodes), step):
@@ -143,28 +187,65 @@ def _bound(net, st, L, top, nodes, colsets, srow, S, beta=None):
                 al[np.ix_(sel, loc)] = S[np.ix_(sr[sel], idx)]
             return al
 
-        def betas(m):
-            br, B, sg = beta[0][a:a + step], beta[1], beta[2]
-            bsel, (idx, loc) = np.nonzero(br >= 0)[0], colsets[m]
-            bs = np.zeros((len(nd), net.sizes[m]))
-            if bsel.size and idx.size:
-                bs[np.ix_(bsel, loc)] = B[np.ix_(br[bsel], idx)]
-            return bs * sg[nd, net.offsets[m - 1]:net.offsets[m]]
-
         rows = (L[0][a:a + step], L[1][a:a + step], L[2]) if isinstance(L, tuple) else \
             L[a:a + step]
-        out[a:a + step] = lower_bound(net, st, rows, top, nd, slopes,
-                                      betas if beta is not None else None)
+        out[a:a + step] = lower_bound(
+            net, st, rows, top, nd, slopes,
+            None if beta is None else (lambda m, part=slice(a, a + step), nd=nd: beta(part, m, nd)))
     return out
 
 
-def update(net, st, refresh, layer_slopes):
-    """Steps 1-2 of docs/proofs.md for every node of the batch, layers 1..K."""
+def _leaf_betas(net, colsets, br, B, sg):
+    """``_bound``'s beta for leaves: row r takes B[br[r]] over colsets (none where -1),
+    times the node signs sg (B_nodes, H)."""
+    def beta(part, m, nd):
+        b, (idx, loc) = br[part], colsets[m]
+        bsel = np.nonzero(b >= 0)[0]
+        bs = np.zeros((len(nd), net.sizes[m]))
+        if bsel.size and idx.size:
+            bs[np.ix_(bsel, loc)] = B[np.ix_(b[bsel], idx)]
+        return bs * sg[nd, net.offsets[m - 1]:net.offsets[m]]
+    return beta
+
+
+def _row_betas(net, st, rm, ent):
+    """``_bound``'s beta for step 1b's rows: row r takes the multipliers of row-multiplier
+    entry ``ent[r]`` (none where -1), each times the sign of its neuron at the row's node
+    (0 where the sign is not known there: the multiplier takes no part)."""
+    def beta(part, m, nd):
+        e = ent[part]
+        bs = np.zeros((len(nd), net.sizes[m]))
+        rows = np.nonzero(e >= 0)[0]
+        if rows.size == 0:
+            return bs
+        cnt = rm["count"][e[rows]]
+        where = np.repeat(rm["start"][e[rows]] - np.cumsum(cnt) + cnt, cnt) + np.arange(cnt.sum())
+        r, col, val = np.repeat(rows, cnt), rm["col"][where], rm["value"][where]
+        o0, o1 = net.offsets[m - 1], net.offsets[m]
+        inm = (col >= o0) & (col < o1)
+        np.add.at(bs, (r[inm], col[inm] - o0), val[inm])
+        sl = slice(o0, o1)
+        n = nd
+        s = np.where(st.sg[n, sl] != 0, st.sg[n, sl],
+                     np.where(st.l[n, sl] >= 0, 1, np.where(st.u[n, sl] <= 0, -1, 0)))
+        return bs * s
+    return beta
+
+
+def update(net, st, refresh, layer_slopes, rm=None, ids=None):
+    """Steps 1-2 of docs/proofs.md for every node of the batch (preorder indices ``ids``),
+    layers 1..K; ``rm``: the case's row multipliers (:func:`row_multipliers`) or None."""
+    ent = None
+    if rm is not None and len(rm["node"]):  # the batch's entries: (batch position, entry)
+        lo = np.searchsorted(rm["node"], ids, "left")
+        num = np.searchsorted(rm["node"], ids, "right") - lo
+        pos = np.repeat(np.arange(len(ids)), num)
+        ent = (pos, np.repeat(lo - np.cumsum(num) + num, num) + np.arange(num.sum()))
     for k in range(1, net.K + 1):
         sl = slice(net.offsets[k - 1], net.offsets[k])
         l, u, sg = st.l[:, sl], st.u[:, sl], st.sg[:, sl]
-        again = np.nonzero(refresh <= k)[0]
-        if again.size:  # 1a: interval bounds from the layer below (or the box)
+        again = np.nonzero(refresh == 1)[0]
+        if again.size:  # 1a (the root, input splits): interval bounds from the layer below
             if k == 1:
                 il, iu = interval(net.layers[0], st.lo[again], st.hi[again])
             else:
@@ -174,25 +255,43 @@ def update(net, st, refresh, layer_slopes):
             l[again] = np.fmax(l[again], il)
             u[again] = np.fmin(u[again], iu)
         nodes, js = np.nonzero((l < 0) & (u > 0) & (refresh <= k)[:, None])
-        if nodes.size:  # 1b: the linear bounds of the neurons still unstable
-            p, q = neuron_bounds(net, st, k, nodes, js, layer_slopes)
-            l[nodes, js] = np.fmax(l[nodes, js], p)
-            u[nodes, js] = np.fmin(u[nodes, js], -q)
+        rows = (np.concatenate([nodes, nodes]), np.concatenate([js, js]),
+                np.repeat([1.0, -1.0], nodes.size), np.full(2 * nodes.size, -1))
+        if ent is not None:  # rows with multipliers: instead of those rows' own
+            e = ent[1][(rm["layer"][ent[1]] == k)]
+            if e.size:
+                en, ej = ent[0][rm["layer"][ent[1]] == k], rm["neuron"][e] - net.offsets[k - 1]
+                es = rm["side"][e].astype(np.float64)
+                key = lambda n, j, sgn: (n * net.sizes[k] + j) * 2 + (sgn > 0)
+                mine = ~np.isin(key(rows[0], rows[1], rows[2]), key(en, ej, es))
+                rows = tuple(np.concatenate([r[mine], x]) for r, x in zip(rows, (en, ej, es, e)))
+        if rows[0].size:  # 1b: the linear bounds of the neurons still unstable
+            v = row_bounds(net, st, k, *rows, layer_slopes, rm)
+            up_, n_, j_ = rows[2] > 0, rows[0], rows[1]
+            l[n_[up_], j_[up_]] = np.fmax(l[n_[up_], j_[up_]], v[up_])
+            u[n_[~up_], j_[~up_]] = np.fmin(u[n_[~up_], j_[~up_]], -v[~up_])
         np.maximum(l, 0.0, out=l, where=sg > 0)
         np.minimum(u, 0.0, out=u, where=sg < 0)
 
 
+def row_bounds(net, st, k, nodes, js, sign, ent, layer_slopes, rm=None):
+    """Lower bounds of the rows ``sign[r] * z_j`` (j = ``js[r]`` of layer k) at the batch's
+    nodes ``nodes`` (step 1b), with the layer slopes where given and the multipliers of
+    row-multiplier entry ``ent[r]`` (none where -1)."""
+    n = net.sizes[k]
+    pos, S, ck = layer_slopes.get(k, (np.full(n, -1), np.zeros((0, 0)), net.offsets[:0]))
+    srow = pos[js]
+    srow = np.where(srow < 0, -1, np.where(sign > 0, srow, srow + len(S) // 2))
+    beta = _row_betas(net, st, rm, ent) if rm is not None and np.any(ent >= 0) else None
+    return _bound(net, st, (js, sign, n), k, nodes, _colsets(net, ck), srow, S, beta)
+
+
 def neuron_bounds(net, st, k, nodes, js, layer_slopes):
     """Lower bounds p of z_j and q of -z_j of layer k's neurons ``js`` at the batch's nodes
-    ``nodes`` (step 1b), with the layer slopes where given."""
-    R, n = nodes.size, net.sizes[k]
-    pos, S, ck = layer_slopes.get(k, (np.full(n, -1), np.zeros((0, 0)), net.offsets[:0]))
-    colsets = _colsets(net, ck)
-    srow = pos[js]
-    srow = np.concatenate([srow, np.where(srow >= 0, srow + len(S) // 2, -1)])
-    nodes2, js2 = np.concatenate([nodes, nodes]), np.concatenate([js, js])
-    sign = np.repeat([1.0, -1.0], R)
-    v = _bound(net, st, (js2, sign, n), k, nodes2, colsets, srow, S)  # the rows +-e_j
+    ``nodes`` (step 1b, without multipliers), with the layer slopes where given."""
+    R = nodes.size
+    v = row_bounds(net, st, k, np.concatenate([nodes, nodes]), np.concatenate([js, js]),
+                   np.repeat([1.0, -1.0], R), np.full(2 * R, -1), layer_slopes)
     return v[:R], v[R:]
 
 
@@ -219,7 +318,7 @@ def walk(net, a, child1, bf, b_exact, ball=None):
             pool.append((ids[CHUNK:], st.take(slice(CHUNK, None))))
             ids, st = ids[:CHUNK], st.take(slice(0, CHUNK))
         nodes_done += len(ids)
-        update(net, st, a["refresh"][ids], a["layer_slopes"])
+        update(net, st, a["refresh"][ids], a["layer_slopes"], a["rm"], ids)
         fails = []
         k = kind[ids]
         empty = (st.l > st.u).any(1)
@@ -262,7 +361,7 @@ def walk(net, a, child1, bf, b_exact, ball=None):
                              "sign is not known at the node"))
             rows = arg[ids[lv]]
             v = _bound(net, st, a["A"][rows], net.K + 1, lv, colsets, a["alpha_at"][ids[lv]],
-                       a["alpha"], (bat, a["beta"], s.astype(np.float64)))
+                       a["alpha"], _leaf_betas(net, colsets, bat, a["beta"], s.astype(np.float64)))
             for r in np.nonzero(~(v > bf[rows]))[0]:
                 miss = float(b_exact[rows[r]] - Fraction(v[r])) if np.isfinite(v[r]) else np.inf
                 fails.append((ids[lv[r]], f"row {rows[r]}: lower bound {float(v[r])!r} of A_i y is not "

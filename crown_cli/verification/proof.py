@@ -37,6 +37,7 @@ class ProofTree:
         self.leaves: Dict[tuple, tuple] = {}  # (node, case) -> (row, alpha, beta)
         self.cols = None if cols is None else np.asarray(cols, np.int64)
         self.layer_slopes: Dict[int, tuple] = {}  # 1-based layer -> (rows flat, slopes)
+        self.rowmul: List[tuple] = []  # (nodes, neurons, sides, counts, columns, values)
 
     def __len__(self):
         return len(self.kind)
@@ -81,6 +82,35 @@ class ProofTree:
         self.leaves.setdefault((int(node), int(case)), (int(row), HULL, (_exact32(s),
                                                                          _exact32(theta))))
 
+    def row_multipliers(self, nodes, neurons, sides, cols, beta) -> None:
+        """At tree node ``nodes[i]``, the bound of the row ``sides[i] * z_j`` (j = flat
+        neuron ``neurons[i]``) of its hidden-layer bounds takes the multipliers ``beta[i]``
+        (n, len(cols)), each exactly a float32 (zeros left out), on the flat neurons
+        ``cols``."""
+        beta = _exact32(beta)
+        r, c = np.nonzero(beta)
+        self.rowmul.append((np.asarray(nodes, np.int64), np.asarray(neurons, np.int64),
+                            np.asarray(sides, np.int8), np.bincount(r, minlength=len(beta)),
+                            np.asarray(cols, np.int64)[c], beta[r, c]))
+
+    def _rowmul_arrays(self, pre: Dict[int, int]) -> Dict[str, np.ndarray]:
+        """The row multipliers of the nodes in ``pre`` (tree node -> preorder index), in
+        preorder (docs/proofs.md)."""
+        if not self.rowmul:
+            return {}
+        node, neur, side, cnt, col, val = (np.concatenate(a) for a in zip(*self.rowmul))
+        at = np.full(len(self.kind), -1, np.int64)
+        at[np.fromiter(pre.keys(), np.int64)] = np.fromiter(pre.values(), np.int64)
+        pos = at[node]
+        start = np.concatenate([[0], np.cumsum(cnt)[:-1]])
+        keep = np.flatnonzero(pos >= 0)
+        keep = keep[np.argsort(pos[keep], kind="stable")]
+        take = np.repeat(start[keep] - np.concatenate([[0], np.cumsum(cnt[keep])[:-1]]),
+                         cnt[keep]) + np.arange(int(cnt[keep].sum()))
+        return dict(rm_node=_smallest(pos[keep]), rm_neuron=_smallest(neur[keep]),
+                    rm_side=side[keep], rm_count=_smallest(cnt[keep]),
+                    rm_col=_smallest(col[take]), rm_value=val[take])
+
     def empty(self, node: int, neuron: int) -> None:
         """Node ``node`` has no point: the bounds of flat neuron ``neuron`` cross there."""
         if self.kind[node] == OPEN:
@@ -92,9 +122,10 @@ class ProofTree:
         :class:`ProofError`."""
         kind, arg, value, refresh, a_at, b_at, h_at = [], [], [], [], [], [], []
         alphas, betas, hs, hts = [], [], [], []
-        stack = [0]
+        stack, pre = [0], {}
         while stack:
             n = stack.pop()
+            pre[n] = len(kind)
             leaf = self.leaves.get((n, case))
             if leaf is not None and leaf[1] is HULL:
                 kind.append(HULL)
@@ -140,10 +171,21 @@ class ProofTree:
         if hs:
             out.update(hull_at=np.array(h_at, np.int64), hull_s=np.stack(hs),
                        hull_theta=np.stack(hts))
+        out.update(self._rowmul_arrays(pre))
         for k, (rows, sl) in sorted(self.layer_slopes.items()):
             out[f"slopes_k{k}_rows"] = np.asarray(rows, np.int64)
             out[f"slopes_k{k}"] = np.asarray(sl, np.float32)
         return out
+
+
+def _smallest(a) -> np.ndarray:
+    """Nonnegative integers in the smallest unsigned dtype that holds them."""
+    a = np.asarray(a, np.int64)
+    top = int(a.max(initial=0))
+    for t in (np.uint8, np.uint16, np.uint32):
+        if top <= np.iinfo(t).max:
+            return a.astype(t)
+    return a
 
 
 def _exact32(a) -> np.ndarray:

@@ -154,24 +154,32 @@ class DomainBounds:
         ``time.monotonic()`` instant) the remaining chunks are skipped: their bounds stay the
         ones given (valid, only looser). ``max_width``: only hidden layers of at most this
         many neurons are recomputed (the others keep the bounds given)."""
-        self._interm_setup()
-        widest = max([self.box.lo.size] + [kp.size for kp in self._keep])
-
         def layer(k, doms, split, dl, du):
-            # every unstable neuron of the layer: the split ones' bounds (taking their sign)
-            # find domains whose splits contradict each other
-            o0, R = self.offsets[k], self.ucols[k].size
-            chunk = max(1, int(max_bytes // (8 * 8 * 2 * R * widest)))
-            for c0 in range(0, doms.size, chunk):
-                if deadline is not None and time.monotonic() >= deadline:
-                    break
-                dd = doms[c0:c0 + chunk]
-                low = self._rows_lower(k, dd, split, dl, du)
-                rr, cc = dd[:, None], o0 + np.arange(R)[None, :]
-                dl[rr, cc] = np.maximum(dl[rr, cc], low[:, :R])
-                du[rr, cc] = np.minimum(du[rr, cc], -low[:, R:])
+            self._crown_layer(k, doms, split, dl, du, max_bytes, deadline)
 
         return self._tighten_layers(split, dl, du, start, layer, max_width)
+
+    def _crown_layer(self, k, doms, split, dl, du, max_bytes, deadline, free_only=False):
+        """:meth:`tighten`'s step of layer k: the bounds of its unstable neurons on the
+        domains ``doms`` narrowed (in place) by :meth:`_rows_lower`. Every unstable neuron of
+        the layer: the split ones' bounds (taking their sign) find domains whose splits
+        contradict each other. ``free_only``: only the neurons of unknown sign on the domain
+        (those a checker bounds by itself)."""
+        self._interm_setup()
+        widest = max([self.box.lo.size] + [kp.size for kp in self._keep])
+        o0, R = self.offsets[k], self.ucols[k].size
+        chunk = max(1, int(max_bytes // (8 * 8 * 2 * R * widest)))
+        for c0 in range(0, doms.size, chunk):
+            if deadline is not None and time.monotonic() >= deadline:
+                break
+            dd = doms[c0:c0 + chunk]
+            low = self._rows_lower(k, dd, split, dl, du)
+            rr, cc = dd[:, None], o0 + np.arange(R)[None, :]
+            if free_only:
+                known = split[rr, cc] != 0
+                low[:, :R][known], low[:, R:][known] = -np.inf, -np.inf
+            dl[rr, cc] = np.maximum(dl[rr, cc], low[:, :R])
+            du[rr, cc] = np.minimum(du[rr, cc], -low[:, R:])
 
     def _tighten_layers(self, split, dl, du, start, layer, max_width=None):
         """The frame of :meth:`tighten` and :meth:`tighten_opt`: split neurons' bounds take
@@ -216,7 +224,8 @@ class DomainBounds:
                 self.bounds[:k]))
         return cache[k]
 
-    def tighten_opt(self, split, dl, du, start, deadline=None, max_width=None, **settings):
+    def tighten_opt(self, split, dl, du, start, deadline=None, max_width=None, record=None,
+                    **settings):
         """:meth:`tighten` with optimised multipliers (beta-CROWN for the hidden layers), its
         ``settings`` the fields of :class:`TightenSettings` (keywords): the
         bounds of every layer k after ``start[d]`` come from ``iters`` projected Adam steps
@@ -232,20 +241,28 @@ class DomainBounds:
         starts from this Bounder's running start of layer k instead (slopes, and beta per
         split sign), which after every chunk moves by ``warm`` towards the mean of what
         the chunk's entries of that row ended with (:func:`_blend`); any start is sound,
-        only the float64 bound counts. ``max_width`` and the return value (split, dl, du,
-        empty) as :meth:`tighten`."""
+        only the float64 bound counts. ``lr_alpha`` 0: the slopes stay the layer slopes (or,
+        without them, CROWN's adaptive ones at the domain's bounds), as a certificate's
+        intermediate rows take them. ``record(k, doms, rows, beta)``: each layer's bounds
+        are first :meth:`tighten`'s (the rows a checker bounds by itself), then ``record`` is
+        called with each row whose optimised bound narrowed them further: its domain, its
+        row as ``rows`` above, its multipliers (n, offsets[k]) float64, each a float32. ``max_width`` and the return
+        value (split, dl, du, empty) as :meth:`tighten`."""
         o = TightenSettings(**settings)
         iters, lr_alpha, lr_beta, warm = o.iters, o.lr_alpha, o.lr_beta, o.warm
 
         def layer(k, doms, split, dl, du):
             o0, o1 = self.offsets[k], self.offsets[k + 1]
             sb, R = self._sub(k), o1 - o0
+            if record is not None:  # first the rows a checker bounds by itself (step 1b)
+                self._crown_layer(k, doms, split, dl, du, 2.0 ** 26, deadline, free_only=True)
             widest = max([self.box.lo.size] + [w.shape[0] for w in self.weights[:k]])
             # per row: alpha, beta, their moments and float64 copies, the tape
             per = 16 * 4 * max(o0, 1) + 8 * 3 * widest
             chunk = max(1, int(o.max_bytes // per))
+            fixed = lr_alpha == 0.0
             a0 = self.islopes[k] if self.islopes[k] is not None else \
-                np.broadcast_to(sb.initial_alpha(), (2 * R, o0))
+                None if fixed else np.broadcast_to(sb.initial_alpha(), (2 * R, o0))
             sg = split[doms, o0:o1].astype(np.int64)
             sg = np.where(sg != 0, sg, np.where(dl[doms, o0:o1] >= 0.0, 1,
                                                 np.where(du[doms, o0:o1] <= 0.0, -1, 0)))
@@ -254,7 +271,7 @@ class DomainBounds:
             if warm > 0.0:
                 tab = self._warm.get(k)
                 if tab is None:
-                    tab = self._warm[k] = (np.array(a0, np.float32),
+                    tab = self._warm[k] = (None if a0 is None else np.array(a0, np.float32),
                                            np.zeros((2, 2 * R, o0), np.float32))
             for c0 in range(0, pd.size, chunk):
                 if deadline is not None and time.monotonic() >= deadline:
@@ -263,24 +280,32 @@ class DomainBounds:
                 rows = pj[c0:c0 + chunk]
                 sp = np.ascontiguousarray(split[dom, :o0])
                 ch = self.chords(dl[dom, :o0], du[dom, :o0])
-                if tab is None:
-                    al, be = _optimise_rows(sb, sp, a0[rows], rows, ch, iters, lr_alpha,
-                                            lr_beta, deadline)
-                else:
-                    b0 = np.where(sp > 0, tab[1][0][rows], tab[1][1][rows])
-                    al, be = _optimise_rows(sb, sp, tab[0][rows], rows, ch, iters, lr_alpha,
-                                            lr_beta, deadline, beta0=b0)
+                if a0 is not None:
+                    start_a = a0[rows] if tab is None or fixed else tab[0][rows]
+                else:  # CROWN's adaptive slopes at the domain's bounds (the checker's default)
+                    start_a = np.where(du[dom, :o0] >= -dl[dom, :o0], 1.0, self.leak)
+                b0 = None if tab is None else np.where(sp > 0, tab[1][0][rows], tab[1][1][rows])
+                al, be = _optimise_rows(sb, sp, start_a, rows, ch, iters, lr_alpha, lr_beta,
+                                        deadline, beta0=b0)
+                if tab is not None:
                     # running per-row means of the optimised multipliers: the next
                     # domains' starting point (any start is sound: only the bound counts)
-                    _blend(tab[0], rows, al, None, warm)
+                    if not fixed:
+                        _blend(tab[0], rows, al, None, warm)
                     _blend(tab[1][0], rows, be, sp > 0, warm)
                     _blend(tab[1][1], rows, be, sp < 0, warm)
                 low = sb.evaluate(sp, al[:, None], be[:, None], np.float64, chords=ch,
                                   rows=rows)[:, 0]
                 lower = rows < R
                 dlo, clo = dom[lower], o0 + rows[lower]
-                dl[dlo, clo] = np.maximum(dl[dlo, clo], low[lower])
                 dup, cup = dom[~lower], o0 + rows[~lower] - R
+                if record is not None:
+                    gain = np.empty(rows.size, bool)
+                    gain[lower] = low[lower] > dl[dlo, clo]
+                    gain[~lower] = -low[~lower] < du[dup, cup]
+                    if gain.any():
+                        record(k, dom[gain], rows[gain], be[gain])
+                dl[dlo, clo] = np.maximum(dl[dlo, clo], low[lower])
                 du[dup, cup] = np.minimum(du[dup, cup], -low[~lower])
 
         return self._tighten_layers(split, dl, du, start, layer, max_width)

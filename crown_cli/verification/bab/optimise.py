@@ -23,8 +23,9 @@ def _optimise_rows(bd, split, alpha0, rows, chords, iters, lr_alpha, lr_beta,
                    deadline=None, beta0=None):
     """Projected Adam ascent of single-row bounds: entry i is row ``rows[i]`` of ``bd`` on
     the domain ``split[i]`` with upper lines ``chords`` (each (N, nU)), from slopes
-    ``alpha0`` (N, nU) and beta 0. Returns the best iterate's (alpha, beta) (N, nU) float64,
-    clipped to [leak, 1] and >= 0 (beta 0 on unsplit neurons)."""
+    ``alpha0`` (N, nU) (kept with ``lr_alpha`` 0) and beta 0. Returns the best iterate's
+    (alpha, beta) (N, nU) float64, clipped to [leak, 1] and >= 0 (beta 0 on unsplit
+    neurons)."""
     N, nU = alpha0.shape
     a = np.array(alpha0, np.float32)
     be = np.zeros((N, nU), np.float32) if beta0 is None else \
@@ -42,7 +43,8 @@ def _optimise_rows(bd, split, alpha0, rows, chords, iters, lr_alpha, lr_beta,
         if t == iters or (deadline is not None and time.monotonic() >= deadline):
             break
         gA, gB = bd.gradient(state)
-        opt_a.ascend(a, gA, t, lr_alpha)
+        if lr_alpha > 0.0:  # 0: the slopes stay as given (a certificate's layer slopes)
+            opt_a.ascend(a, gA, t, lr_alpha)
         opt_b.ascend(be, gB, t, lr_beta)
         be *= splitted
     best_a, best_b = best.params

@@ -188,9 +188,9 @@ class ReluSplitOptions:
 
 def optimises_domain_bounds(weights) -> bool:
     """Whether the search's default optimises each domain's hidden-layer bounds
-    (``interm_iters`` 3: 3 or more hidden layers, none wider than ``INTERM_MAX_WIDTH``), which
-    a certificate cannot carry: with ``proof`` the search keeps CROWN's with the root's
-    slopes (``interm_iters`` 0)."""
+    (``interm_iters`` 3: 3 or more hidden layers, none wider than ``INTERM_MAX_WIDTH``; with
+    ``proof`` only their split multipliers, the slopes kept, and each row that needed them
+    recorded)."""
     return len(weights) - 1 >= 3 and all(w.shape[0] <= INTERM_MAX_WIDTH for w in weights[:-1])
 
 
@@ -218,8 +218,9 @@ def relu_split_steps(problem: ReluSplitProblem, deadline: float,
     bounded so far, the open domains and the worst open domain's score (the float32
     estimate of its best row's bound minus b). ``proof``: a
     :class:`~crown_cli.verification.proof.ProofTree` that records the domains' tree and each
-    proven domain's row, slopes and multipliers per case (dense chains; the per-domain bounds
-    then without optimised rows, which a checker could not re-derive).
+    proven domain's row, slopes and multipliers per case (dense chains); optimised per-domain
+    bounds then keep the layer slopes and record the multipliers of each row that narrowed a
+    bound (``DomainBounds.tighten_opt``'s ``record``).
     """
     t0 = time.monotonic()
     o = replace(options or ReluSplitOptions(), **settings)
@@ -230,8 +231,6 @@ def relu_split_steps(problem: ReluSplitProblem, deadline: float,
         bounds, slopes = root_layer_bounds(p.weights, p.biases, p.lo, p.hi, p.activation,
                                            p.leak, deadline=deadline, slopes=True)
         p = replace(p, layer_bounds=bounds, layer_slopes=slopes)
-    if proof is not None:
-        o = replace(o, interm_iters=0)
     search = _Search(Bounder(p), deadline, o, charge, log, progress, t0, proof)
     return (yield from search.run())
 
@@ -319,6 +318,17 @@ class _Search:
             a = np.clip(alpha[d, r].astype(np.float64), bd.leak, 1.0)
             be = np.where(split[d] != 0, np.maximum(beta[d, r].astype(np.float64), 0.0), 0.0)
             self.proof.prove(int(nodes[d]), int(g), r - g0, a, be if be.any() else None)
+
+    def _row_recorder(self, nodes):
+        """``tighten_opt``'s ``record`` for the domains of tree nodes ``nodes``: each row's
+        multipliers go to :meth:`ProofTree.row_multipliers`."""
+        bd, flat = self.bd, self.flat
+
+        def record(k, doms, rows, beta):
+            o0, R = bd.offsets[k], bd.offsets[k + 1] - bd.offsets[k]
+            self.proof.row_multipliers(nodes[doms], flat[o0 + rows % R],
+                                       np.where(rows < R, 1, -1), flat[:o0], beta)
+        return record
 
     def run(self):
         """The search: the root, then batches of the worst open domains' children, until
@@ -447,7 +457,12 @@ class _Search:
         for sel, opt in ((np.flatnonzero(~deep), False), (np.flatnonzero(deep), True)):
             if sel.size == 0:
                 continue
-            if opt:
+            if opt and self.proof is not None:  # the layer slopes kept, the rows recorded
+                out = bd.tighten_opt(cs[sel], cdl[sel], cdu[sel], start[sel],
+                                     deadline=self.deadline, max_width=self.max_width,
+                                     iters=self.interm_iters, warm=o.interm_warm,
+                                     lr_alpha=0.0, record=self._row_recorder(kids.node[sel]))
+            elif opt:
                 out = bd.tighten_opt(cs[sel], cdl[sel], cdu[sel], start[sel],
                                      deadline=self.deadline, max_width=self.max_width,
                                      iters=self.interm_iters, warm=o.interm_warm)
