@@ -1,4 +1,6 @@
 """A certificate case's tree (docs/proofs.md): its arrays checked, its nodes walked in batches."""
+import hashlib
+
 import numpy as np
 
 from .bounds import interval, lower_bound
@@ -81,14 +83,31 @@ def case_arrays(z, c, net):
         pos = np.full(net.sizes[k], -1)
         pos[rows - net.offsets[k - 1]] = np.arange(len(rows))
         a["layer_slopes"][k] = (pos, S.astype(np.float64), cols[:ck])
-    a["rm"] = row_multipliers(z, c, net, a["refresh"])
+    a["node_id"] = np.arange(N)
+    if f"c{c}_node_id" in z:
+        ids = z[f"c{c}_node_id"]
+        if ids.dtype.kind not in "iu" or ids.shape != (N,) or (N and ids.min() < 0):
+            raise Reject(f"certificate case {c}: node_id must be N nonnegative integers")
+        a["node_id"] = ids.astype(np.int64)
+    src = c
+    if f"c{c}_rm_same" in z:
+        src = z[f"c{c}_rm_same"]
+        if src.dtype.kind not in "iu" or src.shape != () or not 0 <= int(src) < c \
+                or f"c{int(src)}_rm_same" in z:
+            raise Reject(f"certificate case {c}: rm_same must name an earlier case with its own "
+                         "row multipliers")
+        src = int(src)
+        if f"c{src}_rm_node" not in z:
+            raise Reject(f"certificate case {c}: rm_same names case {src}, which has none")
+    a["rm"] = row_multipliers(z, src, net)
+    a["rm_source"] = src
     return a
 
 
 _RM = ("node", "neuron", "side", "count", "col", "value")
 
 
-def row_multipliers(z, c, net, refresh):
+def row_multipliers(z, c, net):
     """Certificate case c's row multipliers (``rm_*``, docs/proofs.md) checked, as a dict
     with each entry's first multiplier (``start``) and its neuron's layer; None if absent."""
     have = [f"c{c}_rm_{n}" in z for n in _RM]
@@ -101,13 +120,13 @@ def row_multipliers(z, c, net, refresh):
         if v.ndim != 1 or v.dtype.kind not in ("f" if n == "value" else "iu") or v.dtype.itemsize > 8:
             raise Reject(f"certificate case {c}: rm_{n} has dtype {v.dtype}, shape {v.shape}")
         r[n] = v.astype(np.float64 if n == "value" else np.int64)
-    E, H, N = len(r["node"]), int(net.offsets[-1]), len(refresh)
+    E, H = len(r["node"]), int(net.offsets[-1])
     if any(len(r[n]) != E for n in ("neuron", "side", "count")) or np.any(r["count"] < 0) \
             or len(r["col"]) != r["count"].sum() or len(r["value"]) != len(r["col"]):
         raise Reject(f"certificate case {c}: row multiplier arrays of inconsistent lengths")
     node, neur = r["node"], r["neuron"]
-    if E and (node[0] < 0 or node[-1] >= N or np.any(np.diff(node) < 0)):
-        raise Reject(f"certificate case {c}: rm_node not nondecreasing node indices < {N}")
+    if E and (node[0] < 0 or np.any(np.diff(node) < 0)):
+        raise Reject(f"certificate case {c}: rm_node not nondecreasing node ids")
     if np.any((neur < 0) | (neur >= H)) or np.any((r["col"] < 0) | (r["col"] >= H)) \
             or not np.all(np.isin(r["side"], (-1, 1))):
         raise Reject(f"certificate case {c}: a row multiplier's neuron or side out of range")
@@ -118,9 +137,6 @@ def row_multipliers(z, c, net, refresh):
         raise Reject(f"certificate case {c}: a row multiplier on a neuron not below its row's layer")
     if not np.all((r["value"] >= 0) & np.isfinite(r["value"])):
         raise Reject(f"certificate case {c}: a row multiplier negative or not finite")
-    if np.any(r["layer"] < refresh[node]):
-        raise Reject(f"certificate case {c}: a row multiplier at node "
-                     f"{int(node[np.argmax(r['layer'] < refresh[node])])} below its refresh layer")
     key = (node * H + neur) * 2 + (r["side"] > 0)
     if np.unique(key).size != E:
         raise Reject(f"certificate case {c}: a row given multipliers twice at one node")
@@ -233,8 +249,8 @@ def _row_betas(net, st, rm, ent):
 
 
 def update(net, st, refresh, layer_slopes, rm=None, ids=None):
-    """Steps 1-2 of docs/proofs.md for every node of the batch (preorder indices ``ids``),
-    layers 1..K; ``rm``: the case's row multipliers (:func:`row_multipliers`) or None."""
+    """Steps 1-2 of docs/proofs.md for every node of the batch (node ids ``ids``), layers
+    1..K; ``rm``: the case's row multipliers (:func:`row_multipliers`) or None."""
     ent = None
     if rm is not None and len(rm["node"]):  # the batch's entries: (batch position, entry)
         lo = np.searchsorted(rm["node"], ids, "left")
@@ -258,9 +274,10 @@ def update(net, st, refresh, layer_slopes, rm=None, ids=None):
         rows = (np.concatenate([nodes, nodes]), np.concatenate([js, js]),
                 np.repeat([1.0, -1.0], nodes.size), np.full(2 * nodes.size, -1))
         if ent is not None:  # rows with multipliers: instead of those rows' own
-            e = ent[1][(rm["layer"][ent[1]] == k)]
+            here = (rm["layer"][ent[1]] == k) & (refresh[ent[0]] <= k)
+            e = ent[1][here]
             if e.size:
-                en, ej = ent[0][rm["layer"][ent[1]] == k], rm["neuron"][e] - net.offsets[k - 1]
+                en, ej = ent[0][here], rm["neuron"][e] - net.offsets[k - 1]
                 es = rm["side"][e].astype(np.float64)
                 key = lambda n, j, sgn: (n * net.sizes[k] + j) * 2 + (sgn > 0)
                 mine = ~np.isin(key(rows[0], rows[1], rows[2]), key(en, ej, es))
@@ -295,11 +312,58 @@ def neuron_bounds(net, st, k, nodes, js, layer_slopes):
     return v[:R], v[R:]
 
 
-def walk(net, a, child1, bf, b_exact, ball=None):
+CACHE_BYTES = 2 ** 28  # node bounds kept for the certificate's other cases
+
+
+def _root_key(a, ball):
+    """What a root node's state depends on besides the network: its box, the layer slopes,
+    the row multipliers' source case and id, the ball."""
+    h = hashlib.blake2b(digest_size=16)
+    for v in (a["lo"], a["hi"], a["node_id"][:1], np.array([a["rm_source"]])):
+        h.update(np.ascontiguousarray(v).tobytes())
+    for k, (pos, S, ck) in sorted(a["layer_slopes"].items()):
+        h.update(np.array([k]).tobytes() + pos.tobytes() + S.tobytes() + ck.tobytes())
+    h.update(repr(None if ball is None else (ball[0].tobytes(), ball[1], ball[2])).encode())
+    return h.digest()
+
+
+def _child_key(parent, i, side, a, child):
+    """A child's key: its parent's, the split (kind, argument, value, side), and the child's
+    refresh and id: equal keys, equal paths, so equal node states."""
+    h = hashlib.blake2b(parent, digest_size=16)
+    h.update(np.array([a["kind"][i], a["arg"][i], side, a["refresh"][child], a["node_id"][child]],
+                      np.int64).tobytes() + np.float64(a["value"][i]).tobytes())
+    return h.digest()
+
+
+def _update_cached(net, st, a, ids, keys, cache):
+    """:func:`update` on the batch's nodes whose path no other case has had (by key), the
+    others' bounds copied from ``cache``; new ones stored while it holds under
+    :data:`CACHE_BYTES`."""
+    kk = [keys[int(i)] for i in ids]
+    hit = np.array([k in cache for k in kk], bool)
+    for r in np.nonzero(hit)[0]:
+        st.l[r], st.u[r] = cache[kk[r]]
+    miss = np.nonzero(~hit)[0]
+    if miss.size == 0:
+        return
+    sub = st if miss.size == len(ids) else st.take(miss)
+    update(net, sub, a["refresh"][ids[miss]], a["layer_slopes"], a["rm"], a["node_id"][ids[miss]])
+    if sub is not st:
+        st.l[miss], st.u[miss] = sub.l, sub.u
+    size = 16 * st.l.shape[1]
+    for r in miss:
+        if (len(cache) + 1) * size > CACHE_BYTES:
+            break
+        cache[kk[r]] = (st.l[r].copy(), st.u[r].copy())
+
+
+def walk(net, a, child1, bf, b_exact, ball=None, cache=None):
     """Walk the tree from its root box; Reject with the first failure found. ``bf[i]``: the
     largest float <= b_exact[i], the threshold of row i (a float V > b_i iff V > bf[i]).
     ``ball``: (x0, eps, p), the l_p ball (p "2" or "1") inside the box the tree is of (no
-    input splits, no hull leaves then)."""
+    input splits, no hull leaves then). ``cache``: a dict shared by the certificate's cases,
+    node bounds by path (cases of one search repeat its tree's nodes)."""
     from fractions import Fraction
 
     kind, arg, value, H = a["kind"], a["arg"], a["value"], int(net.offsets[-1])
@@ -309,6 +373,8 @@ def walk(net, a, child1, bf, b_exact, ball=None):
     root = State(a["lo"][None], a["hi"][None], np.full((1, H), -np.inf), np.full((1, H), np.inf),
                  np.zeros((1, H), dtype=np.int8), ball=ball)
     pool = [(np.array([0]), root)]
+    cache = {} if cache is None else cache
+    keys = {0: _root_key(a, ball)}
     while pool:
         ids, st = pool.pop()
         while pool and len(ids) < CHUNK:
@@ -318,7 +384,7 @@ def walk(net, a, child1, bf, b_exact, ball=None):
             pool.append((ids[CHUNK:], st.take(slice(CHUNK, None))))
             ids, st = ids[:CHUNK], st.take(slice(0, CHUNK))
         nodes_done += len(ids)
-        update(net, st, a["refresh"][ids], a["layer_slopes"], a["rm"], ids)
+        _update_cached(net, st, a, ids, keys, cache)
         fails = []
         k = kind[ids]
         empty = (st.l > st.u).any(1)
@@ -386,6 +452,9 @@ def walk(net, a, child1, bf, b_exact, ball=None):
             ch.lo[rr[sel], d2[sel]] = np.concatenate([val, val])[sel]
             sel = ~inp2
             ch.sg[rr[sel], d2[sel]] = np.where(lo_side[sel], 1, -1)
+            for r in range(n2):
+                keys[i[r] + 1] = _child_key(keys[i[r]], i[r], 0, a, i[r] + 1)
+                keys[child1[i[r]]] = _child_key(keys[i[r]], i[r], 1, a, child1[i[r]])
             pool.append((np.concatenate([i + 1, child1[i]]), ch))
         if fails:
             node, why = min(fails, key=lambda f: f[0])

@@ -38,6 +38,7 @@ class ProofTree:
         self.cols = None if cols is None else np.asarray(cols, np.int64)
         self.layer_slopes: Dict[int, tuple] = {}  # 1-based layer -> (rows flat, slopes)
         self.rowmul: List[tuple] = []  # (nodes, neurons, sides, counts, columns, values)
+        self._rm = None  # their arrays, built once
 
     def __len__(self):
         return len(self.kind)
@@ -89,27 +90,26 @@ class ProofTree:
         ``cols``."""
         beta = _exact32(beta)
         r, c = np.nonzero(beta)
+        self._rm = None
         self.rowmul.append((np.asarray(nodes, np.int64), np.asarray(neurons, np.int64),
                             np.asarray(sides, np.int8), np.bincount(r, minlength=len(beta)),
                             np.asarray(cols, np.int64)[c], beta[r, c]))
 
-    def _rowmul_arrays(self, pre: Dict[int, int]) -> Dict[str, np.ndarray]:
-        """The row multipliers of the nodes in ``pre`` (tree node -> preorder index), in
-        preorder (docs/proofs.md)."""
+    def _rowmul_arrays(self) -> Dict[str, np.ndarray]:
+        """The tree's row multipliers keyed by node number (docs/proofs.md), sorted by node;
+        one dict (the same arrays) for every case of the tree."""
         if not self.rowmul:
             return {}
-        node, neur, side, cnt, col, val = (np.concatenate(a) for a in zip(*self.rowmul))
-        at = np.full(len(self.kind), -1, np.int64)
-        at[np.fromiter(pre.keys(), np.int64)] = np.fromiter(pre.values(), np.int64)
-        pos = at[node]
-        start = np.concatenate([[0], np.cumsum(cnt)[:-1]])
-        keep = np.flatnonzero(pos >= 0)
-        keep = keep[np.argsort(pos[keep], kind="stable")]
-        take = np.repeat(start[keep] - np.concatenate([[0], np.cumsum(cnt[keep])[:-1]]),
-                         cnt[keep]) + np.arange(int(cnt[keep].sum()))
-        return dict(rm_node=_smallest(pos[keep]), rm_neuron=_smallest(neur[keep]),
-                    rm_side=side[keep], rm_count=_smallest(cnt[keep]),
-                    rm_col=_smallest(col[take]), rm_value=val[take])
+        if self._rm is None:
+            node, neur, side, cnt, col, val = (np.concatenate(a) for a in zip(*self.rowmul))
+            start = np.concatenate([[0], np.cumsum(cnt)[:-1]])
+            keep = np.argsort(node, kind="stable")
+            take = np.repeat(start[keep] - np.concatenate([[0], np.cumsum(cnt[keep])[:-1]]),
+                             cnt[keep]) + np.arange(int(cnt.sum()))
+            self._rm = dict(rm_node=_smallest(node[keep]), rm_neuron=_smallest(neur[keep]),
+                            rm_side=side[keep], rm_count=_smallest(cnt[keep]),
+                            rm_col=_smallest(col[take]), rm_value=val[take])
+        return self._rm
 
     def empty(self, node: int, neuron: int) -> None:
         """Node ``node`` has no point: the bounds of flat neuron ``neuron`` cross there."""
@@ -171,7 +171,10 @@ class ProofTree:
         if hs:
             out.update(hull_at=np.array(h_at, np.int64), hull_s=np.stack(hs),
                        hull_theta=np.stack(hts))
-        out.update(self._rowmul_arrays(pre))
+        rm = self._rowmul_arrays()
+        if rm:  # keyed by node number: each preorder node's number, and the tree's entries
+            out["node_id"] = _smallest(np.fromiter(pre.keys(), np.int64, len(pre)))
+            out.update(rm)
         for k, (rows, sl) in sorted(self.layer_slopes.items()):
             out[f"slopes_k{k}_rows"] = np.asarray(rows, np.int64)
             out[f"slopes_k{k}"] = np.asarray(sl, np.float32)
@@ -251,7 +254,14 @@ def save(path, cases: Sequence[Dict[str, np.ndarray]], network: dict, model_file
          spec_file) -> None:
     """Write the certificate of an unsat verdict: per case its arrays (the tree's, box and
     rows), the network's shape, for these files."""
-    arrays = {f"c{c}_{name}": a for c, case in enumerate(cases) for name, a in case.items()}
+    arrays, owner = {}, {}
+    for c, case in enumerate(cases):
+        first = owner.setdefault(id(case.get("rm_node")), c)
+        for name, a in case.items():
+            if name.startswith("rm_") and first != c:  # a tree's entries, written once
+                arrays[f"c{c}_rm_same"] = np.array(first, np.int64)
+            else:
+                arrays[f"c{c}_{name}"] = a
     header = {"format": FORMAT, "version": VERSION, "kind": "verify",
               "model": file_entry(model_file), "property": file_entry(spec_file),
               "network": network, "result": "unsat", "cases": len(cases)}
