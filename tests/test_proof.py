@@ -387,3 +387,39 @@ def test_graph_certificates_only_where_the_checker_reads_the_graph(tmp_path):
     assert shapes == {"maxpool": {"inputs": 36, "hidden": [144, 8], "outputs": 3,
                                   "activation": "relu"},
                       "residual": None, "tanh": None}
+
+
+def test_node_bounds_shared_across_cases_only_along_equal_paths(tmp_path):
+    """crown check copies a node's bounds to another case of the certificate only where the
+    whole path agrees: a second walk with one ReLU split moved to another neuron (same node
+    ids, a warm cache) is checked afresh and rejected."""
+    from crown_cli.check import certificate as cert, load_model
+
+    from crown_cli.verification.bab.relu_split import ReluSplitProblem, relu_split_steps
+    from crown_cli.verification.outcome import finish
+    from crown_cli.verification.proof import ProofTree, save
+
+    inst = _unsat_instance(tmp_path, 11, (4, 16, 16, 16, 2), 0.25)
+    c = parse_vnnlib(inst["spec"], 4, 2).cases[0]
+    tree = ProofTree()
+    finish(relu_split_steps(ReluSplitProblem(inst["ws"], inst["bs"], c.lo, c.hi, c.A, c.b),
+                            1e18, attack_restarts=0, proof=tree))
+    save(inst["proof"], [dict(tree.case_arrays(0), lo=c.lo, hi=c.hi, A=c.A, b=c.b)],
+         {"inputs": 4, "hidden": [16, 16, 16], "outputs": 2, "activation": "relu"},
+         inst["model"], inst["spec"])
+    net = load_model(inst["model"], open(inst["model"], "rb").read())
+    with np.load(inst["proof"]) as z:
+        a = cert.case_arrays(z, 0, net)
+    child1 = cert.structure(a, net, 1)
+    bf = np.array([np.nextafter(inst["t"], -np.inf)])
+    from fractions import Fraction
+    cache = {}
+    n = cert.walk(net, a, child1, bf, [Fraction(inst["t"])], cache=cache)
+    assert n == a["kind"].size and len(cache) == n  # every node's bounds kept
+    assert cert.walk(net, a, child1, bf, [Fraction(inst["t"])], cache=cache) == n
+    relu = np.flatnonzero(a["kind"] == RELU)
+    assert relu.size
+    b = dict(a, arg=a["arg"].copy())
+    b["arg"][relu[0]] = (a["arg"][relu[0]] + 7) % int(net.offsets[-1])
+    with pytest.raises(Reject):
+        cert.walk(net, b, child1, bf, [Fraction(inst["t"])], cache=cache)
