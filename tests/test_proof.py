@@ -367,6 +367,39 @@ def test_convolutional_graph_certificate_accepted_then_tampered(tmp_path, pool):
     assert r.exit_code == 1 and "rejected" in r.output and "is not > b_i" in r.output, r.output
 
 
+def test_proof_mode_keeps_a_verdict_its_recording_search_misses(monkeypatch, tmp_path):
+    """--proof where ReLU splitting optimises per-domain bounds (3+ hidden layers): the
+    recording search (multipliers only) gets PROOF_SHARE of the time; when it does not
+    decide, the usual search does in the rest, and its unsat stands without a certificate
+    (no third attempt)."""
+    import time
+
+    from crown_cli.verification.bab import relu_split
+    from crown_cli.verification.outcome import BabResult
+
+    calls = []
+
+    def fake(problem, until, max_domains=None, seed=0, attack_restarts=0, progress=None,
+             proof=None):
+        calls.append((proof is not None, until - time.monotonic()))
+        yield 0.5
+        return BabResult("timeout" if proof is not None else "unsat", None, 1, 1, -1.0)
+
+    monkeypatch.setattr(relu_split, "relu_split_steps", fake)
+    sizes = (70, 16, 16, 16, 3)
+    assert relu_split.optimises_domain_bounds(_net(1, sizes)[0])
+    ws, bs = _net(1, sizes)
+    x0 = np.random.default_rng(2).uniform(-0.5, 0.5, 70)
+    spec = write_property(tmp_path / "p.vnnlib", (x0 - 0.01).tolist(), (x0 + 0.01).tolist(),
+                          [([1.0, -1.0, 0.0], -1e6)])  # unsat: y_0 - y_1 never that low
+    prop = parse_vnnlib(spec, 70, 3)
+    v = Verifier(ws, bs, "relu", stages=(), proof=True, attack_time=0.1).verify(prop, 20.0)
+    assert v.result == "unsat" and "no certificate" in v.note, v
+    assert [c[0] for c in calls] == [True, False]  # the recording search, then the usual one
+    assert calls[0][1] < 0.6 * 20.0 and calls[1][1] > calls[0][1]  # half the time, then all
+    assert "no recorded proof" in write_verdict_proof(v, None, "m", "s", str(tmp_path / "x"))
+
+
 def test_graph_certificates_only_where_the_checker_reads_the_graph(tmp_path):
     """proof_shape: a chain of affine, ReLU and max pool nodes gets a certificate network (its
     ReLU nodes' sizes); a residual graph or another activation none (GraphVerifier records
