@@ -246,8 +246,8 @@ class DomainBounds:
         intermediate rows take them. ``record(k, doms, rows, beta)``: each layer's bounds
         are first :meth:`tighten`'s (the rows a checker bounds by itself), then ``record`` is
         called with each row whose optimised bound narrowed them further: its domain, its
-        row as ``rows`` above, its multipliers (n, offsets[k]) float64, each a float32. ``max_width`` and the return
-        value (split, dl, du, empty) as :meth:`tighten`."""
+        row as ``rows`` above, its multipliers (n, offsets[k]) float64, each a float32.
+        ``max_width`` and the return value (split, dl, du, empty) as :meth:`tighten`."""
         o = TightenSettings(**settings)
         iters, lr_alpha, lr_beta, warm = o.iters, o.lr_alpha, o.lr_beta, o.warm
 
