@@ -343,11 +343,13 @@ def test_interleaving_verdicts():
 def test_interleaving_status_counts_every_case():
     lines = []
     status = BabStatus(lines.append, every=0.0)
-    _interleave([("unsat", 60, None, 0.002), ("unsat", 60, None, 0.002)], status=status)
+    # case 1 runs 0.12 s longer than case 0, more than a slice (0.05 s): it still reports
+    # after case 0 has ended, whatever the slices' timing
+    _interleave([("unsat", 60, None, 0.002), ("unsat", 120, None, 0.002)], status=status)
     assert lines and all("of 2 proven" in s for s in lines)
     # the totals add up the cases' domains and open domains while both run
     assert any("6 open" in s for s in lines)
-    assert "120 domains, 3 open" in lines[-1] and "(1 of 2 proven)" in lines[-1]
+    assert "180 domains, 3 open" in lines[-1] and "(1 of 2 proven)" in lines[-1]
 
 
 def _two_case_property(lo, hi, c, ts, bs_, n_out):
