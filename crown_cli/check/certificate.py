@@ -211,6 +211,18 @@ def _bound(net, st, L, top, nodes, colsets, srow, S, beta=None):
     return out
 
 
+def _ranges(start, count):
+    """The indices start[i] .. start[i] + count[i] - 1 of every i, one after another."""
+    return np.repeat(start - np.cumsum(count) + count, count) + np.arange(count.sum())
+
+
+def _signs(st, nodes, sl):
+    """Each neuron's sign known at the nodes (B, n): its constraint, else +1 where l >= 0,
+    -1 where u <= 0, else 0."""
+    sg, l, u = st.sg[nodes, sl], st.l[nodes, sl], st.u[nodes, sl]
+    return np.where(sg != 0, sg, np.where(l >= 0, 1, np.where(u <= 0, -1, 0)))
+
+
 def _leaf_betas(net, colsets, br, B, sg):
     """``_bound``'s beta for leaves: row r takes B[br[r]] over colsets (none where -1),
     times the node signs sg (B_nodes, H)."""
@@ -235,16 +247,12 @@ def _row_betas(net, st, rm, ent):
         if rows.size == 0:
             return bs
         cnt = rm["count"][e[rows]]
-        where = np.repeat(rm["start"][e[rows]] - np.cumsum(cnt) + cnt, cnt) + np.arange(cnt.sum())
+        where = _ranges(rm["start"][e[rows]], cnt)
         r, col, val = np.repeat(rows, cnt), rm["col"][where], rm["value"][where]
         o0, o1 = net.offsets[m - 1], net.offsets[m]
         inm = (col >= o0) & (col < o1)
         np.add.at(bs, (r[inm], col[inm] - o0), val[inm])
-        sl = slice(o0, o1)
-        n = nd
-        s = np.where(st.sg[n, sl] != 0, st.sg[n, sl],
-                     np.where(st.l[n, sl] >= 0, 1, np.where(st.u[n, sl] <= 0, -1, 0)))
-        return bs * s
+        return bs * _signs(st, nd, slice(o0, o1))
     return beta
 
 
@@ -256,7 +264,7 @@ def update(net, st, refresh, layer_slopes, rm=None, ids=None):
         lo = np.searchsorted(rm["node"], ids, "left")
         num = np.searchsorted(rm["node"], ids, "right") - lo
         pos = np.repeat(np.arange(len(ids)), num)
-        ent = (pos, np.repeat(lo - np.cumsum(num) + num, num) + np.arange(num.sum()))
+        ent = (pos, _ranges(lo, num))
     for k in range(1, net.K + 1):
         sl = slice(net.offsets[k - 1], net.offsets[k])
         l, u, sg = st.l[:, sl], st.u[:, sl], st.sg[:, sl]
@@ -417,7 +425,7 @@ def walk(net, a, child1, bf, b_exact, ball=None, cache=None):
                 fails.append((ids[r], f"row {arg[ids[r]]}: {why}"))
         lv = np.nonzero(k == 0)[0]
         if lv.size:
-            s = np.where(st.sg != 0, st.sg, np.where(st.l >= 0, 1, np.where(st.u <= 0, -1, 0)))
+            s = _signs(st, slice(None), slice(None))
             bat = a["beta_at"][ids[lv]]
             B = np.zeros((lv.size, len(a["cols"])))
             B[bat >= 0] = a["beta"][bat[bat >= 0]]
