@@ -192,7 +192,7 @@ class GraphBounds:
             if intermediate != "interval":
                 for p in self.plan[i].refined_inputs(node):
                     self._refine(p, refined, how)
-            self._set(i, *self.plan[i].interval(self, i, node))
+            self._set(i, *self._interval(i, node))
 
     def _forward_intervals(self):
         """Every node's interval: its rule's, intersected with its forward linear bounds'
@@ -205,8 +205,9 @@ class GraphBounds:
         fw = ForwardPass(self)
         for i, node in enumerate(self.g.nodes):
             check_deadline(self.deadline)
-            self._set(i, *self.plan[i].interval(self, i, node))
-            lo, hi = fw.step(i, node)
+            self._set(i, *self._interval(i, node))
+            with np.errstate(invalid="ignore", over="ignore"):  # nan: no bound (fmax)
+                lo, hi = fw.step(i, node)
             self._set(i, np.fmax(lo, self.lo[i]), np.fmin(hi, self.hi[i]))
 
     def _refine(self, p, refined, how):
@@ -221,7 +222,7 @@ class GraphBounds:
         if isinstance(node.op, IndexMap) and node.inputs and not node.op.unique:
             for s in node.inputs:
                 self._refine(s, refined, how)
-            self._set(p, *self.plan[p].interval(self, p, node))
+            self._set(p, *self._interval(p, node))
             refined.add(p)
             return
         rows = self._rows_to_refine(p) if ibp else None
@@ -271,6 +272,12 @@ class GraphBounds:
         box_like = isinstance(self.qcode, Box) or self.qcode == 0
         return box_like and isinstance(self.plan[p], AffineRule) and all(
             isinstance(self.plan[j], InputRule) for j in self.g.nodes[p].inputs)
+
+    def _interval(self, i, node):
+        """Node i's interval by its rule. Past an unbounded node the arithmetic meets inf - inf
+        or inf * 0: nan, which :meth:`_set` takes as no bound, so numpy's warnings are off."""
+        with np.errstate(invalid="ignore", over="ignore"):
+            return self.plan[i].interval(self, i, node)
 
     def _set(self, i, lo, hi):
         # nan (an infinite bound met a zero slope: a node past an unbounded one) is no bound
