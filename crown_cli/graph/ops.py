@@ -41,6 +41,11 @@ def is_sparse(w) -> bool:
     return sp is not None and sp.issparse(w)
 
 
+def _owned(x) -> np.ndarray:
+    """``x`` as a C-ordered, writable float64 array (a copy where it is not one: an ONNX
+    tensor's array is read-only, and numba compiles a kernel once per such array type)."""
+    return np.require(x, np.float64, ["C", "W"])
+
 class Affine:
     kind = "affine"
     bias: Optional[np.ndarray] = None
@@ -75,11 +80,11 @@ class Dense(Affine):
             self.terms_fwd = int(nnz_rows.max(initial=0)) + 1
             self.terms = int(nnz_cols.max(initial=0))
         else:
-            self.W = np.ascontiguousarray(W, dtype=np.float64)
+            self.W = _owned(W)
             self._absW = np.abs(self.W)
             self.terms_fwd = self.W.shape[1] + 1
             self.terms = self.W.shape[0]
-        self.bias = None if b is None else np.ascontiguousarray(b, dtype=np.float64).reshape(-1)
+        self.bias = None if b is None else _owned(b).reshape(-1)
         self.n_in = [int(self.W.shape[1])]
         self.size = int(self.W.shape[0])
 
@@ -158,7 +163,7 @@ class Conv(Affine):
 
     def __init__(self, weight, bias, in_shape, strides=(1, 1), pads=(0, 0, 0, 0),
                  dilations=(1, 1), group=1):
-        self.weight = np.ascontiguousarray(weight, dtype=np.float64)
+        self.weight = _owned(weight)
         O, Cg, kh, kw = self.weight.shape
         C, H, W = (int(v) for v in in_shape)
         if C != Cg * group or O % group:
@@ -483,10 +488,10 @@ class Scale(Affine):
     terms_fwd = 2
 
     def __init__(self, a, c=None):
-        self.a = np.ascontiguousarray(a, dtype=np.float64).reshape(-1)
+        self.a = _owned(a).reshape(-1)
         self.size = self.a.size
         self.n_in = [self.size]
-        self.bias = None if c is None else np.ascontiguousarray(c, np.float64).reshape(-1)
+        self.bias = None if c is None else _owned(c).reshape(-1)
         self._abs = np.abs(self.a)
 
     def linear(self, xs):
