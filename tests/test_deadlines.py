@@ -29,35 +29,94 @@ def test_graph_bounds_stop_past_their_deadline():
         alpha_lower(gb, g.output, row)
 
 
-@pytest.mark.parametrize("timeout", [2.0, 4.0])
-def test_graph_verify_ends_at_its_timeout(timeout):
-    """A CIFAR-sized residual net and a box nothing proves: the attack, CROWN and the
-    alpha-CROWN stage (whose intermediate bounds alone took minutes here before they
-    checked the deadline) end in `timeout` within 1.5 s of it."""
+def unsafe_property(g):
+    """A box and a margin row nothing proves or attacks quickly: the margin at most b,
+    between CROWN's bound and the least sampled margin (a fifth of the way up)."""
     from crown_cli.io.vnnlib import parse_vnnlib_text
-    from crown_cli.verification.graph_verifier import GraphVerifier
     from test_graph_verify import spec
 
-    g = resnet(np.random.default_rng(3), c=8, s=32)
     x0 = np.random.default_rng(4).uniform(0, 1, g.input_size)
     lo, hi = x0 - 0.02, x0 + 0.02
     y = g.forward(x0[None])[0]
     c, t = int(np.argmax(y)), int(np.argsort(y)[-2])
     row = np.zeros(g.output_size)
     row[c], row[t] = 1.0, -1.0
-    # unsafe: the margin at most b, between CROWN's bound and the least sampled margin (a
-    # fifth of the way up): CROWN does not prove it, the attack does not reach it
     crown = GraphBounds(g, *Box(lo, hi).args()).lower(g.output, row[None])[0]
     rng = np.random.default_rng(5)
     samples = g.forward(np.where(rng.uniform(size=(256, g.input_size)) < 0.5, lo, hi)) @ row
     b = crown + 0.2 * (samples.min() - crown)
-    prop = parse_vnnlib_text(spec(lo, hi, g.output_size, [(row, b)]), "p", g.input_size,
+    return parse_vnnlib_text(spec(lo, hi, g.output_size, [(row, b)]), "p", g.input_size,
                              g.output_size)
+
+
+@pytest.mark.parametrize("timeout", [2.0, 4.0])
+def test_graph_verify_ends_at_its_timeout(timeout):
+    """A CIFAR-sized residual net and a box nothing proves: the attack, CROWN and the
+    alpha-CROWN stage (whose intermediate bounds alone took minutes here before they
+    checked the deadline) end in `timeout` within 1.5 s of it. The kernels are loaded
+    first, as `crown verify` does before an instance's clock starts (on a cold numba cache
+    their compilation alone ran 1.7 s past this deadline)."""
+    from crown_cli.verification.graph_verifier import GraphVerifier
+    from crown_cli.verification.runner import warm_up
+
+    g = resnet(np.random.default_rng(3), c=8, s=32)
+    prop = unsafe_property(g)
+    verifier = GraphVerifier(g, attack_restarts=4, attack_steps=5)
+    warm_up(verifier)
     t0 = time.monotonic()
-    v = GraphVerifier(g, attack_restarts=4, attack_steps=5).verify(prop, timeout)
+    v = verifier.verify(prop, timeout)
     elapsed = time.monotonic() - t0
     assert v.result == "timeout", v
     assert elapsed <= timeout + 1.5, elapsed
+
+
+WARM_CHECK = """
+import sys, numpy as np
+sys.path.insert(0, {tests!r})
+from crown_cli.engine import kernels
+from crown_cli.engine.kernels import graph_kernels
+from crown_cli.graph.onnx_graph import load_graph
+from crown_cli.verification.graph_verifier import GraphVerifier
+from crown_cli.verification.runner import warm_up
+from graph_models import attention
+from test_deadlines import unsafe_property
+from test_graph_kernels import resnet
+import onnx
+
+graph_kernels()
+{warm}
+mods = [m for m in vars(kernels).values() if type(m).__name__ == "module"]
+def signatures():
+    return {{(m.__name__, k): len(f.signatures) for m in mods for k, f in vars(m).items()
+             if hasattr(f, "signatures")}}
+before = signatures()
+p = {path!r}
+onnx.save(attention(np.random.default_rng(0)), p)
+for g in (resnet(np.random.default_rng(3), c=4, s=8), load_graph(p)):
+    GraphVerifier(g, attack_restarts=4, attack_steps=5).verify(unsafe_property(g), 3.0)
+after = signatures()
+print(sorted(k for k in after if after[k] > before.get(k, 0)))
+"""
+
+
+@pytest.mark.parametrize("warm", [True, False])
+def test_warm_up_loads_every_kernel_a_graph_verification_calls(tmp_path, warm):
+    """In a fresh process (numba's dispatchers empty, whatever its disk cache holds), after
+    `warm_up` of a graph verifier, verifying a residual conv net and an attention graph (the
+    attack, both bound stages, ReLU splitting) calls no kernel signature not loaded yet;
+    without the warm-up they do (the check can fail)."""
+    import os
+    import subprocess
+    import sys
+
+    tests = os.path.dirname(os.path.abspath(__file__))
+    code = WARM_CHECK.format(tests=tests, path=str(tmp_path / "att.onnx"), warm=(
+        "warm_up(GraphVerifier(resnet(np.random.default_rng(0))))" if warm else ""))
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=600)
+    assert out.returncode == 0, out.stderr[-2000:]
+    new = eval(out.stdout.strip().splitlines()[-1])
+    assert (new == []) if warm else new, new
 
 
 def test_dense_alpha_stage_stops_past_its_deadline():

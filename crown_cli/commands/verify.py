@@ -166,7 +166,7 @@ def _verify_one(a: VerifyArgs, timeout, options, log):
     import os
 
     from crown_cli.verification.pipeline import format_result
-    from crown_cli.verification.runner import Loader
+    from crown_cli.verification.runner import Loader, warm_up
 
     from crown_cli.io.result_files import check_output
 
@@ -175,6 +175,7 @@ def _verify_one(a: VerifyArgs, timeout, options, log):
     t0 = time.perf_counter()
     loader = Loader()
     v = loader.verifier(model_path, **options)
+    t0 += warm_up(v)
     prop = loader.property(spec_path, v.n_inputs, v.n_outputs)
     for message in prop.warnings:
         click.echo(f"crown: warning: {message}", err=True)

@@ -230,6 +230,38 @@ def proof_shape(graph) -> Optional[dict]:
             "outputs": int(graph.output_size), "activation": "relu"}
 
 
+def _warm_graph(rng):
+    """A tiny graph of every node kind the graph engine's kernels step through: conv -> relu
+    -> conv + skip -> relu -> 2x2 max pool -> two dense layers, one through exp, their
+    product -> relu -> dense (2 outputs), on a 2 x 6 x 6 input."""
+    from crown_cli.graph.network import Graph, Node
+    from crown_cli.graph.ops import ActivationOp, Conv, Dense, InputOp, Product, Sum
+    from crown_cli.graph.pooling import MaxPool
+
+    def conv():
+        return Conv(rng.normal(0, 0.5, (2, 2, 3, 3)), rng.normal(0, 0.1, 2), (2, 6, 6),
+                    (1, 1), (1, 1, 1, 1))
+
+    def dense(n_out, n_in, scale=0.3):
+        return Dense(rng.normal(0, scale, (n_out, n_in)), rng.normal(0, 0.1, n_out))
+
+    sh = (1, 2, 6, 6)
+    ch, y, x = np.meshgrid(np.arange(2), np.arange(3), np.arange(3), indexing="ij")
+    base = (ch * 36 + 2 * y * 6 + 2 * x).reshape(-1, 1)
+    windows = base + np.array([0, 1, 6, 7])[None]  # (18, 4): 2x2 windows, stride 2
+    nodes = [Node("x", InputOp(0, 0, 72), (), sh), Node("c1", conv(), (0,), sh),
+             Node("r1", ActivationOp("relu"), (1,), sh), Node("c2", conv(), (2,), sh),
+             Node("s", Sum([1.0, 1.0], 72), (3, 2), sh),
+             Node("r2", ActivationOp("relu"), (4,), sh),
+             Node("p", MaxPool(windows, 72), (5,), (1, 2, 3, 3)),
+             Node("d1", dense(8, 18), (6,), (1, 8)), Node("d2", dense(8, 18), (6,), (1, 8)),
+             Node("e", ActivationOp("exp"), (7,), (1, 8)),
+             Node("m", Product(8), (9, 8), (1, 8)),
+             Node("r3", ActivationOp("relu"), (10,), (1, 8)),
+             Node("f", dense(2, 8, 1.0), (11,), (1, 2))]
+    return Graph(nodes, 12)
+
+
 class GraphVerifier(StagedVerifier):
     """:class:`crown_cli.verification.pipeline.Verifier`'s interface for a graph (the same
     opening, :class:`StagedVerifier`): one network, its stages and attack settings (the
@@ -275,6 +307,33 @@ class GraphVerifier(StagedVerifier):
                 f"no certificate for {missing} case(s) (graphs: crown-stage cases only)"
             v = replace(v, proof=trees, note=note)
         return v
+
+    def warm_up(self, timeout: float = 60.0):
+        """Load (or, on a cold numba cache, compile) the graph kernels a verification can
+        call, so that an instance's deadline is its own: this verifier's stages and branch
+        and bound on a tiny graph of every node kind (:func:`_warm_graph`), a property left
+        between the stages' bound and the sampled minimum. Under a second with the
+        kernels cached; nothing with the numpy kernels."""
+        from crown_cli.engine.kernels import graph_kernels
+        from crown_cli.io.vnnlib import Case, Property
+
+        if graph_kernels() is None:
+            return
+        rng = np.random.default_rng(1)
+        g = _warm_graph(rng)
+        tiny = GraphVerifier(g, stages=self.stages, bab=self.bab, attack_restarts=2,
+                             attack_steps=5, attack_time=0.05)
+        x0 = rng.uniform(0.0, 1.0, g.input_size)
+        lo, hi = x0 - 0.05, x0 + 0.05
+        y = g.forward(x0[None])[0]
+        A = np.zeros((1, 2))
+        A[0, int(np.argmax(y))], A[0, int(np.argmin(y))] = 1.0, -1.0
+        low = float(np.max([tiny.box_lower_bounds(s, lo, hi, A, np.zeros(1))[0]
+                            for s in tiny.stages] or [-1.0]))
+        X = np.where(rng.uniform(size=(64, g.input_size)) < 0.5, lo, hi)
+        top = float(np.min(g.forward(X) @ A[0]))
+        b = np.array([low + 0.3 * (top - low)])
+        return tiny.verify(Property(g.input_size, 2, [Case(lo, hi, A, b)]), timeout)
 
     @property
     def n_inputs(self) -> int:

@@ -86,6 +86,24 @@ def instances_sha256(path: str, instances: Sequence[Instance]) -> str:
     return h.hexdigest()
 
 
+_WARMED: set = set()  # the verifier types whose kernels this process has loaded
+
+
+def warm_up(verifier) -> float:
+    """Load the kernels ``verifier`` can call (its ``warm_up``, where it has one: graphs),
+    once per verifier type and process, before an instance's clock starts: on a cold numba
+    cache the first call of each kernel compiles it (seconds each), which no deadline check
+    can interrupt. Returns the seconds it took, which the callers leave out of the
+    instance's time and timeout."""
+    kind = type(verifier)
+    if kind in _WARMED or not hasattr(verifier, "warm_up"):
+        return 0.0
+    t0 = time.perf_counter()
+    verifier.warm_up()
+    _WARMED.add(kind)
+    return time.perf_counter() - t0
+
+
 class Loader:
     """Networks and properties of instances, loaded once each (small LRU caches)."""
 
@@ -208,6 +226,7 @@ def run_instances(instances: Sequence[Instance], write: Callable[[Dict[str, obje
             t0 = time.perf_counter()
             try:
                 v = loader.verifier(inst.path("onnx"), **options)
+                t0 += warm_up(v)
                 prop = loader.property(inst.path("vnnlib"), v.n_inputs, v.n_outputs)
                 for message in prop.warnings if warn is not None else ():
                     warn(message)  # names the property file
