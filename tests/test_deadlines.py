@@ -10,7 +10,6 @@ import pytest
 from crown_cli.engine.deadline import DeadlineExceeded
 from crown_cli.engine.graph_alpha import alpha_lower
 from crown_cli.engine.graph_bounds import GraphBounds
-from crown_cli.engine.input_sets import Box
 from test_graph_kernels import resnet
 
 
@@ -29,24 +28,25 @@ def test_graph_bounds_stop_past_their_deadline():
         alpha_lower(gb, g.output, row)
 
 
-def unsafe_property(g):
-    """A box and a margin row nothing proves or attacks quickly: the margin at most b,
-    between CROWN's bound and the least sampled margin (a fifth of the way up)."""
+def unsafe_property(v, width=0.02):
+    """A box and a margin row of the verifier ``v``'s network that nothing proves or attacks
+    quickly: the margin at most b, between CROWN's bound and the least sampled margin (a
+    fifth of the way up)."""
     from crown_cli.io.vnnlib import parse_vnnlib_text
     from test_graph_verify import spec
 
-    x0 = np.random.default_rng(4).uniform(0, 1, g.input_size)
-    lo, hi = x0 - 0.02, x0 + 0.02
-    y = g.forward(x0[None])[0]
+    n, m = v.n_inputs, v.n_outputs
+    x0 = np.random.default_rng(4).uniform(0, 1, n)
+    lo, hi = x0 - width, x0 + width
+    y = v.outputs(x0[None])[0]
     c, t = int(np.argmax(y)), int(np.argsort(y)[-2])
-    row = np.zeros(g.output_size)
+    row = np.zeros(m)
     row[c], row[t] = 1.0, -1.0
-    crown = GraphBounds(g, *Box(lo, hi).args()).lower(g.output, row[None])[0]
+    crown = v.box_lower_bounds("crown", lo, hi, row[None], np.zeros(1))[0]
     rng = np.random.default_rng(5)
-    samples = g.forward(np.where(rng.uniform(size=(256, g.input_size)) < 0.5, lo, hi)) @ row
+    samples = v.outputs(np.where(rng.uniform(size=(256, n)) < 0.5, lo, hi)) @ row
     b = crown + 0.2 * (samples.min() - crown)
-    return parse_vnnlib_text(spec(lo, hi, g.output_size, [(row, b)]), "p", g.input_size,
-                             g.output_size)
+    return parse_vnnlib_text(spec(lo, hi, m, [(row, b)]), "p", n, m)
 
 
 @pytest.mark.parametrize("timeout", [2.0, 4.0])
@@ -59,9 +59,9 @@ def test_graph_verify_ends_at_its_timeout(timeout):
     from crown_cli.verification.graph_verifier import GraphVerifier
     from crown_cli.verification.runner import warm_up
 
-    g = resnet(np.random.default_rng(3), c=8, s=32)
-    prop = unsafe_property(g)
-    verifier = GraphVerifier(g, attack_restarts=4, attack_steps=5)
+    verifier = GraphVerifier(resnet(np.random.default_rng(3), c=8, s=32), attack_restarts=4,
+                             attack_steps=5)
+    prop = unsafe_property(verifier)
     warm_up(verifier)
     t0 = time.monotonic()
     v = verifier.verify(prop, timeout)
@@ -73,50 +73,67 @@ def test_graph_verify_ends_at_its_timeout(timeout):
 WARM_CHECK = """
 import sys, numpy as np
 sys.path.insert(0, {tests!r})
-from crown_cli.engine import kernels
 from crown_cli.engine.kernels import graph_kernels
 from crown_cli.graph.onnx_graph import load_graph
 from crown_cli.verification.graph_verifier import GraphVerifier
+from crown_cli.verification.pipeline import Verifier
 from crown_cli.verification.runner import warm_up
 from graph_models import attention
+from oracles import random_mlp
 from test_deadlines import unsafe_property
 from test_graph_kernels import resnet
 import onnx
 
 graph_kernels()
-{warm}
-mods = [m for m in vars(kernels).values() if type(m).__name__ == "module"]
+def dense(sizes, act="relu"):
+    return Verifier(*random_mlp(sizes, 4), act, 0.1 if act == "leaky_relu" else None,
+                    attack_restarts=4, attack_steps=5)
+if {kind!r} == "graph":
+    p = {path!r}
+    onnx.save(attention(np.random.default_rng(0)), p)
+    first = GraphVerifier(resnet(np.random.default_rng(0)))
+    nets = [(GraphVerifier(g, attack_restarts=4, attack_steps=5), 0.02) for g in
+            (resnet(np.random.default_rng(3), c=4, s=8), load_graph(p))]
+else:
+    first = dense([3, 7, 2], {act!r})
+    nets = [(dense(s, {act!r}), 0.2) for s in ([8, 30, 30, 3], [6, 40, 3], [6, 20, 20, 20, 3],
+                                              [70, 40, 40, 3])]
+if {warm!r}:
+    warm_up(first)
+from crown_cli.engine.kernels import backsub, batched, graph_steps, hull, relu_split
+mods = [backsub, batched, graph_steps, hull, relu_split]
 def signatures():
     return {{(m.__name__, k): len(f.signatures) for m in mods for k, f in vars(m).items()
              if hasattr(f, "signatures")}}
 before = signatures()
-p = {path!r}
-onnx.save(attention(np.random.default_rng(0)), p)
-for g in (resnet(np.random.default_rng(3), c=4, s=8), load_graph(p)):
-    GraphVerifier(g, attack_restarts=4, attack_steps=5).verify(unsafe_property(g), 3.0)
+for v, width in nets:
+    print(v.verify(unsafe_property(v, width), 3.0).stage, file=sys.stderr)
 after = signatures()
 print(sorted(k for k in after if after[k] > before.get(k, 0)))
 """
 
 
+@pytest.mark.parametrize("kind,act", [("graph", None), ("dense", "relu"),
+                                      ("dense", "leaky_relu"), ("dense", "tanh")])
 @pytest.mark.parametrize("warm", [True, False])
-def test_warm_up_loads_every_kernel_a_graph_verification_calls(tmp_path, warm):
+def test_warm_up_loads_every_kernel_a_verification_calls(tmp_path, kind, act, warm):
     """In a fresh process (numba's dispatchers empty, whatever its disk cache holds), after
-    `warm_up` of a graph verifier, verifying a residual conv net and an attention graph (the
-    attack, both bound stages, ReLU splitting) calls no kernel signature not loaded yet;
-    without the warm-up they do (the check can fail)."""
+    `warm_up` of a verifier, verifying other networks of its kind (graphs: a residual conv
+    net and an attention graph; dense: one to three hidden layers, up to 70 inputs) with
+    the attack, every stage and branch and bound calls no kernel signature not loaded yet;
+    without the warm-up they do (so the check can fail)."""
     import os
     import subprocess
     import sys
 
     tests = os.path.dirname(os.path.abspath(__file__))
-    code = WARM_CHECK.format(tests=tests, path=str(tmp_path / "att.onnx"), warm=(
-        "warm_up(GraphVerifier(resnet(np.random.default_rng(0))))" if warm else ""))
+    code = WARM_CHECK.format(tests=tests, path=str(tmp_path / "att.onnx"), kind=kind, act=act,
+                             warm=warm)
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          timeout=600)
     assert out.returncode == 0, out.stderr[-2000:]
     new = eval(out.stdout.strip().splitlines()[-1])
-    assert (new == []) if warm else new, new
+    assert (new == []) if warm else new, (new, out.stderr[-1000:])
 
 
 def test_dense_alpha_stage_stops_past_its_deadline():

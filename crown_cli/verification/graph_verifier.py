@@ -40,7 +40,7 @@ from crown_cli.graph.sign_check import decided_outputs
 from crown_cli.verification.attack import _as_case, descend
 from crown_cli.verification.bab.graph_bounder import splittable_nodes
 from crown_cli.verification.outcome import confirm_sat, violations_of
-from crown_cli.verification.pipeline import (BOUND_STAGES, INPUT_SPLIT_MAX_DIM,
+from crown_cli.verification.pipeline import (BOUND_STAGES, INPUT_SPLIT_MAX_DIM, WARM_ATTACK,
                                              StagedVerifier, Verdict, Verifier, VerifyOptions,
                                              _by_box, _worst)
 
@@ -311,29 +311,16 @@ class GraphVerifier(StagedVerifier):
     def warm_up(self, timeout: float = 60.0):
         """Load (or, on a cold numba cache, compile) the graph kernels a verification can
         call, so that an instance's deadline is its own: this verifier's stages and branch
-        and bound on a tiny graph of every node kind (:func:`_warm_graph`), a property left
-        between the stages' bound and the sampled minimum. Under a second with the
-        kernels cached; nothing with the numpy kernels."""
+        and bound on a tiny graph of every node kind (:func:`_warm_graph`,
+        :meth:`StagedVerifier._warm_on`). Nothing with the numpy kernels."""
         from crown_cli.engine.kernels import graph_kernels
-        from crown_cli.io.vnnlib import Case, Property
 
         if graph_kernels() is None:
-            return
+            return None
         rng = np.random.default_rng(1)
-        g = _warm_graph(rng)
-        tiny = GraphVerifier(g, stages=self.stages, bab=self.bab, attack_restarts=2,
-                             attack_steps=5, attack_time=0.05)
-        x0 = rng.uniform(0.0, 1.0, g.input_size)
-        lo, hi = x0 - 0.05, x0 + 0.05
-        y = g.forward(x0[None])[0]
-        A = np.zeros((1, 2))
-        A[0, int(np.argmax(y))], A[0, int(np.argmin(y))] = 1.0, -1.0
-        low = float(np.max([tiny.box_lower_bounds(s, lo, hi, A, np.zeros(1))[0]
-                            for s in tiny.stages] or [-1.0]))
-        X = np.where(rng.uniform(size=(64, g.input_size)) < 0.5, lo, hi)
-        top = float(np.min(g.forward(X) @ A[0]))
-        b = np.array([low + 0.3 * (top - low)])
-        return tiny.verify(Property(g.input_size, 2, [Case(lo, hi, A, b)]), timeout)
+        tiny = GraphVerifier(_warm_graph(rng), stages=self.stages, bab=self.bab,
+                             **WARM_ATTACK)
+        return tiny._warm_on(rng, 0.05, timeout)
 
     @property
     def n_inputs(self) -> int:

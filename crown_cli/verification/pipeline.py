@@ -66,6 +66,9 @@ WIDE_ATTACK_MAX_DIM = 16
 # products are too small to share; safenlp's 30-128-2 ran 1.3-3x faster, ACAS Xu the same or
 # faster; MNIST 256x2 about the same, so the deeper 256-wide ones keep both threads)
 ONE_THREAD_WIDTH = 128
+# warm_up's attack: a few short runs (its case is one the attack should not decide)
+WARM_ATTACK = dict(attack_restarts=2, attack_steps=5, attack_time=0.05)
+WARM_SHARE = 0.1  # of the way from the stages' bound to the least sampled margin
 ATTACK_SHARE = 0.1  # of the timeout for the first attack (before any bound)
 ATTACK_MIN_S = 0.5
 # branch and bound status (open domains, worst open bound, domains/s): at most this often, in
@@ -137,6 +140,28 @@ class StagedVerifier:
         is confirmed in the property's exact set (:func:`confirm_sat`)."""
         return confirm_sat(self._verify(prop, timeout, log, status), prop.cases, self.outputs,
                            log, prove=self.proves_violation)
+
+    def _warm_on(self, rng, width: float, timeout: float):
+        """Verify, within ``timeout``, one case on this (tiny) network that its stages
+        leave open: a margin row (largest output minus smallest at a random point) at most
+        b over a box of half-width ``width``, b ``WARM_SHARE`` of the way from the stages'
+        best bound to the least margin of 64 corners, so the attack, every stage and the
+        search run (``warm_up``: every kernel loaded before an instance's clock). The
+        verdict."""
+        from crown_cli.io.vnnlib import Case, Property
+
+        x0 = rng.uniform(0.0, 1.0, self.n_inputs)
+        lo, hi = x0 - width, x0 + width
+        y = self.outputs(x0[None])[0]
+        A = np.zeros((1, self.n_outputs))
+        A[0, int(np.argmax(y))], A[0, int(np.argmin(y))] = 1.0, -1.0
+        low = max([float(self.box_lower_bounds(s, lo, hi, A, np.zeros(1))[0])
+                   for s in self.stages] or [-1.0])
+        X = np.where(rng.uniform(size=(64, self.n_inputs)) < 0.5, lo, hi)
+        top = float(np.min(self.outputs(X) @ A[0]))
+        b = np.array([low + WARM_SHARE * (top - low)])
+        return self.verify(Property(self.n_inputs, self.n_outputs, [Case(lo, hi, A, b)]),
+                           timeout)
 
     def proves_violation(self, lo, hi, A, b) -> bool:
         """Whether a float64-verified bound shows ``A f(x) <= b`` (every row) on all of the
@@ -274,6 +299,24 @@ class Verifier(StagedVerifier):
         self.proof = o.proof and activation == "relu"
         self._trees = {}  # proof: case index -> its recorded tree's arrays
         self._no_proof = set()  # proof: cases proven by a search that recorded no tree
+
+    def warm_up(self, timeout: float = 60.0):
+        """Load (or, on a cold numba cache, compile) the kernels a verification of this
+        activation can call, so that an instance's deadline is its own: this verifier's
+        stages and searches on three tiny networks (one hidden layer: the hull stage and its
+        search; three, of 5 inputs: input splitting raced with ReLU splitting; three, of more
+        inputs than input splitting takes: ReLU splitting alone, with per-domain bounds),
+        :meth:`StagedVerifier._warm_on`. The last verdict."""
+        rng = np.random.default_rng(1)
+        stages = list(self.stages) + [s for s, _ in self.skipped]
+        v = None
+        for sizes in ((5, 16, 2), (5, 10, 10, 10, 2), (INPUT_SPLIT_MAX_DIM + 2, 10, 10, 10, 2)):
+            ws = [rng.normal(0.0, 1.0 / np.sqrt(n), (m, n)) for n, m in zip(sizes, sizes[1:])]
+            bs = [rng.normal(0.0, 0.1, m) for m in sizes[1:]]
+            tiny = Verifier(ws, bs, self.activation, self.alpha, stages=stages, bab=self.bab,
+                            **WARM_ATTACK)
+            v = tiny._warm_on(rng, 0.1, timeout)
+        return v
 
     @property
     def proof_shape(self) -> dict:
