@@ -392,3 +392,46 @@ def test_maxpool_weighted_lines_charge_covers_exact_rounding():
         errs.append(sum(abs(F(D[r, i]) - exact[i]) * F(absval[i]) for i in range(n_in)))
         assert errs[-1] <= F(charge[r]), r
     assert max(errs) > 0  # the sums do round here: without the charge the bound would not hold
+
+
+def test_mirrored_rows_are_found_exactly():
+    """`Dense.mirrors`: an output whose row and bias are exactly another's negated points to
+    the earlier one; duplicates, near-negations and zero rows get none."""
+    import scipy.sparse as sp
+
+    W = np.array([[1.0, -2.0, 0.0], [-1.0, 2.0, 0.0], [1.0, -2.0, 0.0], [0.0, 0.0, 0.0],
+                  [-1.0, 2.0, 1e-300], [0.5, 0.0, 3.0], [-0.5, 0.0, -3.0]])
+    b = np.array([0.25, -0.25, 0.25, 0.0, -0.25, 1.0, -1.0])
+    expect = [-1, 0, -1, -1, -1, -1, 5]
+    for M in (W, sp.csr_matrix(W)):
+        assert list(Dense(M, b).mirrors()) == expect
+    b2 = b.copy()
+    b2[6] = -1.0 + 2 ** -52  # the bias not exactly negated: no mirror
+    assert Dense(W, b2).mirrors()[6] == -1
+
+
+def test_mirrored_neurons_take_their_peers_bounds(tmp_path, monkeypatch):
+    """Softmax's differences node (x_j - x_i beside x_i - x_j): CROWN bounds one neuron of
+    each mirrored pair and gives the other its bounds negated and swapped. They enclose
+    sampled values, and agree with the bounds computed row by row (no mirrors) up to the
+    rounding of a differently chunked back-substitution."""
+    g = _graph(tmp_path, "attention", seed=1)
+    diff = [i for i, n in enumerate(g.nodes) if isinstance(n.op, Dense)
+            and np.any(n.op.mirrors() >= 0)]
+    assert diff, "the attention graph has a differences node"
+    rng = np.random.default_rng(2)
+    x0 = rng.uniform(-1, 1, g.input_size)
+    gb = GraphBounds(g, x0, 0.1, 0)
+    _, vals = g.forward(_samples(rng, x0, 0.1, "inf"), return_all=True)
+    monkeypatch.setattr(Dense, "mirrors", lambda self: np.full(self.size, -1))
+    plain = GraphBounds(g, x0, 0.1, 0)
+    monkeypatch.undo()
+    for i in diff:
+        mirror = g.nodes[i].op.mirrors()
+        dst, src = np.flatnonzero(mirror >= 0), mirror[mirror >= 0]
+        assert np.array_equal(gb.lo[i][dst], -gb.hi[i][src])
+        assert np.array_equal(gb.hi[i][dst], -gb.lo[i][src])
+        assert np.all(vals[i] >= gb.lo[i]) and np.all(vals[i] <= gb.hi[i])
+        scale = 1e-12 * (1.0 + np.abs(plain.lo[i]) + np.abs(plain.hi[i]))
+        assert np.all(np.abs(gb.lo[i] - plain.lo[i]) <= scale)
+        assert np.all(np.abs(gb.hi[i] - plain.hi[i]) <= scale)

@@ -57,7 +57,7 @@ from crown_cli.engine.graph_rows import InputRows, fused_rows, unit_windows
 from crown_cli.engine.input_sets import Box, input_terms
 from crown_cli.engine.kernels import graph_kernels
 from crown_cli.engine.node_rules import AffineRule, InputRule, PoolLines, plan
-from crown_cli.graph.ops import IndexMap
+from crown_cli.graph.ops import Dense, IndexMap
 from crown_cli.engine.rounding import ERR_SAFETY, FP_RTOL, U64, widen
 ROW_BUDGET = 256 * 2 ** 20  # bytes of rows per back-substitution pass (identity rows chunked)
 ROW_COPIES = 4  # per neuron: its two rows of [I; -I] as wide as the widest node, twice
@@ -298,6 +298,17 @@ class GraphBounds:
             l, u = self.lo[target].copy(), self.hi[target].copy()
         else:
             l, u = np.full(m, -np.inf), np.full(m, np.inf)
+        op = self.g.nodes[target].op
+        mirror = op.mirrors()[rows] if isinstance(op, Dense) else None
+        paired = None if mirror is None else (mirror >= 0) & np.isin(mirror, rows)
+        if paired is not None and paired.any():
+            # a neuron whose affine function is the negation of one bounded here takes
+            # that one's bounds, negated and swapped: its rows are that one's rows
+            lo_k, hi_k = self.node_bounds(target, rows[~paired])
+            src, dst = mirror[paired], rows[paired]
+            l[rows[~paired]], u[rows[~paired]] = lo_k[rows[~paired]], hi_k[rows[~paired]]
+            l[dst], u[dst] = -hi_k[src], -lo_k[src]
+            return l, u
         chunk = max(1, int(self.row_budget // row_bytes(self.g, target)))
         fused = graph_kernels()
         for group in _tiles(rows, self.g.nodes[target].shape):

@@ -113,6 +113,36 @@ class Dense(Affine):
         WT = self._WT if idx is None else self.W[idx].T
         return [np.ascontiguousarray(WT @ Lt, dtype=Lt.dtype)]
 
+    def mirrors(self) -> np.ndarray:
+        """Per output k, an earlier output k' whose affine function is exactly the negation
+        of k's (``W[k'] = -W[k]``, ``b[k'] = -b[k]``: softmax's ``x_j - x_i`` beside
+        ``x_i - x_j``), else -1; a zero row is its own mirror's peer and gets none. Bounds of
+        k are then those of k' negated and swapped (negation is exact). Cached."""
+        if getattr(self, "_mirrors", None) is None:
+            m = self.size
+            out = np.full(m, -1, np.int64)
+            W = self.W if self.sparse else None
+            b = np.zeros(m) if self.bias is None else self.bias
+            seen = {}
+            for k in range(m):
+                if W is not None:
+                    lo, hi = W.indptr[k], W.indptr[k + 1]
+                    idx, val = W.indices[lo:hi], W.data[lo:hi]
+                    order = np.argsort(idx, kind="stable")
+                    idx, val = idx[order], val[order]
+                else:
+                    idx, val = np.flatnonzero(self.W[k]), self.W[k][self.W[k] != 0.0]
+                if idx.size == 0:
+                    continue
+                key = (idx.tobytes(), val.tobytes(), float(b[k]))
+                neg = (idx.tobytes(), (-val).tobytes(), float(-b[k]))
+                if neg in seen:
+                    out[k] = seen[neg]
+                else:
+                    seen.setdefault(key, k)
+            self._mirrors = out
+        return self._mirrors
+
     def parameters(self) -> int:
         if self.label:  # a fixed map the loader made (an average pool): nothing learned
             return 0
