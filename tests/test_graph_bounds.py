@@ -435,3 +435,35 @@ def test_mirrored_neurons_take_their_peers_bounds(tmp_path, monkeypatch):
         scale = 1e-12 * (1.0 + np.abs(plain.lo[i]) + np.abs(plain.hi[i]))
         assert np.all(np.abs(gb.lo[i] - plain.lo[i]) <= scale)
         assert np.all(np.abs(gb.hi[i] - plain.hi[i]) <= scale)
+
+
+def test_a_wide_fanout_node_is_bounded_through_its_input(tmp_path, monkeypatch):
+    """An affine node FANOUT times wider than its input (softmax's differences) that needs
+    FANOUT_MIN CROWN neurons or more takes its interval from its input, which is refined
+    instead: the input's bounds are CROWN's (tighter than its interval), the node's are the
+    interval of the refined input, and both enclose sampled values. Below the threshold the
+    node is refined itself (so the rule, not the graph, decides)."""
+    import crown_cli.engine.graph_bounds as gbm
+
+    g = _graph(tmp_path, "attention", seed=1)
+    diff = next(i for i, n in enumerate(g.nodes)
+                if isinstance(n.op, Dense) and np.any(n.op.mirrors() >= 0))
+    src = g.nodes[diff].inputs[0]
+    assert g.nodes[diff].size >= gbm.FANOUT * g.nodes[src].size / 2  # 48 from 12 here
+    rng = np.random.default_rng(2)
+    x0 = rng.uniform(-1, 1, g.input_size)
+    _, vals = g.forward(_samples(rng, x0, 0.1, "inf"), return_all=True)
+    interval = GraphBounds(g, x0, 0.1, 0, intermediate="interval")
+    own = GraphBounds(g, x0, 0.1, 0)
+    monkeypatch.setattr(gbm, "FANOUT", g.nodes[diff].size // g.nodes[src].size)
+    monkeypatch.setattr(gbm, "FANOUT_MIN", 1)
+    via = GraphBounds(g, x0, 0.1, 0)
+    for gb in (own, via):
+        for i in (src, diff):
+            assert np.all(vals[i] >= gb.lo[i]) and np.all(vals[i] <= gb.hi[i])
+    # the input refined by CROWN (narrower than its interval), the node its interval
+    assert np.sum(via.hi[src] - via.lo[src]) < np.sum(interval.hi[src] - interval.lo[src])
+    lo, hi = via.plan[diff].interval(via, diff, g.nodes[diff])
+    assert np.array_equal(via.lo[diff], lo) and np.array_equal(via.hi[diff], hi)
+    # refined itself (below the threshold), the node is narrower than through its input
+    assert np.sum(own.hi[diff] - own.lo[diff]) < np.sum(via.hi[diff] - via.lo[diff])
