@@ -348,3 +348,32 @@ def test_alpha_bounds_reuse_crowns_when_nothing_is_free(tmp_path):
         assert alpha_can_tighten(crown) is not reuse
         assert (alpha is crown) is reuse
         assert v._box_bounds(lo, hi, alpha=True) is alpha  # cached
+
+
+def test_alpha_intermediate_bounds_only_where_they_fit_before_the_deadline():
+    """`_box_bounds(alpha=True)` builds alpha-CROWN's intermediate bounds when ALPHA_COST
+    times the box's CROWN pass is left before the deadline (or there is none), and hands
+    back CROWN's otherwise (the stage and the search's root then take those; vit's
+    ibp_3_3_8 spent its whole 100 s there)."""
+    import time
+
+    from crown_cli.verification import graph_verifier as gv
+    from test_graph_kernels import resnet
+
+    g = resnet(np.random.default_rng(0))
+    x0 = np.random.default_rng(1).uniform(0, 1, g.input_size)
+    lo, hi = x0 - 0.05, x0 + 0.05
+    v = GraphVerifier(g)
+    crown = v._box_bounds(lo, hi)
+    assert gv.alpha_can_tighten(crown)
+    spent = v._crown_s[id(g)]
+    assert spent > 0.0
+    near = time.monotonic() + 0.5 * gv.ALPHA_COST * spent  # not enough time left
+    assert v._box_bounds(lo, hi, alpha=True, deadline=near) is crown
+    for deadline in (None, time.monotonic() + 600.0):
+        w = GraphVerifier(g)
+        w._box_bounds(lo, hi)
+        gb = w._box_bounds(lo, hi, alpha=True, deadline=deadline)
+        assert gb is not w._box_bounds(lo, hi)
+        assert np.sum(gb.hi[g.output] - gb.lo[g.output]) <= \
+            np.sum(crown.hi[g.output] - crown.lo[g.output])
