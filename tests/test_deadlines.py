@@ -7,6 +7,7 @@ import time
 import numpy as np
 import pytest
 
+from conftest import slow_if
 from crown_cli.engine.deadline import DeadlineExceeded
 from crown_cli.engine.graph_alpha import alpha_lower
 from crown_cli.engine.graph_bounds import GraphBounds
@@ -113,9 +114,12 @@ print(sorted(k for k in after if after[k] > before.get(k, 0)))
 """
 
 
-@pytest.mark.parametrize("kind,act", [("graph", None), ("dense", "relu"),
-                                      ("dense", "leaky_relu"), ("dense", "tanh")])
-@pytest.mark.parametrize("warm", [True, False])
+KINDS = [("graph", None), ("dense", "relu"), ("dense", "leaky_relu"), ("dense", "tanh")]
+
+
+# without the warm-up (the check finding late kernels) only on graphs in the default tier
+@pytest.mark.parametrize("kind,act,warm", [(k, a, True) for k, a in KINDS] + [
+    slow_if(k == "dense", k, a, False) for k, a in KINDS])
 def test_warm_up_loads_every_kernel_a_verification_calls(tmp_path, kind, act, warm):
     """In a fresh process (numba's dispatchers empty, whatever its disk cache holds), after
     `warm_up` of a verifier, verifying other networks of its kind (graphs: a residual conv
