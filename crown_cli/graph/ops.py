@@ -46,6 +46,7 @@ def _owned(x) -> np.ndarray:
     tensor's array is read-only, and numba compiles a kernel once per such array type)."""
     return np.require(x, np.float64, ["C", "W"])
 
+
 class Affine:
     kind = "affine"
     bias: Optional[np.ndarray] = None
@@ -116,8 +117,8 @@ class Dense(Affine):
     def mirrors(self) -> np.ndarray:
         """Per output k, an earlier output k' whose affine function is exactly the negation
         of k's (``W[k'] = -W[k]``, ``b[k'] = -b[k]``: softmax's ``x_j - x_i`` beside
-        ``x_i - x_j``), else -1; a zero row is its own mirror's peer and gets none. Bounds of
-        k are then those of k' negated and swapped (negation is exact). Cached."""
+        ``x_i - x_j``), else -1 (a zero row too). Bounds of k are then those of k' negated and
+        swapped (negation is exact). Cached."""
         if getattr(self, "_mirrors", None) is None:
             m = self.size
             out = np.full(m, -1, np.int64)

@@ -86,16 +86,16 @@ def instances_sha256(path: str, instances: Sequence[Instance]) -> str:
     return h.hexdigest()
 
 
-_WARMED: set = set()  # the verifier types whose kernels this process has loaded
+_WARMED: set = set()  # (verifier type, activation) whose kernels this process has loaded
 
 
 def warm_up(verifier) -> float:
-    """Load the kernels ``verifier`` can call (its ``warm_up``, where it has one: graphs),
-    once per verifier type and process, before an instance's clock starts: on a cold numba
-    cache the first call of each kernel compiles it (seconds each), which no deadline check
-    can interrupt. Returns the seconds it took, which the callers leave out of the
+    """Load the kernels ``verifier`` can call (its ``warm_up``: graphs, dense chains), once
+    per verifier type, activation and process, before an instance's clock starts: on a cold
+    numba cache the first call of each kernel compiles it (seconds each), which no deadline
+    check can interrupt. Returns the seconds it took, which the callers leave out of the
     instance's time and timeout."""
-    kind = type(verifier)
+    kind = (type(verifier), getattr(verifier, "activation", None))
     if kind in _WARMED or not hasattr(verifier, "warm_up"):
         return 0.0
     t0 = time.perf_counter()
