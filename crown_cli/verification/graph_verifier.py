@@ -234,34 +234,29 @@ def proof_shape(graph) -> Optional[dict]:
 
 
 def _warm_graph(rng):
-    """A tiny graph of every node kind the graph engine's kernels step through: conv -> relu
-    -> conv + skip -> relu -> 2x2 max pool -> two dense layers, one through exp, their
-    product -> relu -> dense (2 outputs), on a 2 x 6 x 6 input."""
+    """A tiny graph of every node kind the graph engine's kernels step through: the
+    certifier's warm-up graph (conv -> relu -> conv + skip -> relu, on a 2 x 6 x 6 input) up
+    to its last ReLU, then a 2x2 max pool, two dense layers, one through exp, their product
+    -> relu -> dense (2 outputs)."""
+    from crown_cli.certification.graph_certifier import _tiny_graph
     from crown_cli.graph.network import Graph, Node
-    from crown_cli.graph.ops import ActivationOp, Conv, Dense, InputOp, Product, Sum
+    from crown_cli.graph.ops import ActivationOp, Dense, Product
     from crown_cli.graph.pooling import MaxPool
-
-    def conv():
-        return Conv(rng.normal(0, 0.5, (2, 2, 3, 3)), rng.normal(0, 0.1, 2), (2, 6, 6),
-                    (1, 1), (1, 1, 1, 1))
 
     def dense(n_out, n_in, scale=0.3):
         return Dense(rng.normal(0, scale, (n_out, n_in)), rng.normal(0, 0.1, n_out))
 
-    sh = (1, 2, 6, 6)
+    head = _tiny_graph(rng).nodes[:6]  # x, c1, r1, c2, s, r2
     ch, y, x = np.meshgrid(np.arange(2), np.arange(3), np.arange(3), indexing="ij")
     base = (ch * 36 + 2 * y * 6 + 2 * x).reshape(-1, 1)
     windows = base + np.array([0, 1, 6, 7])[None]  # (18, 4): 2x2 windows, stride 2
-    nodes = [Node("x", InputOp(0, 0, 72), (), sh), Node("c1", conv(), (0,), sh),
-             Node("r1", ActivationOp("relu"), (1,), sh), Node("c2", conv(), (2,), sh),
-             Node("s", Sum([1.0, 1.0], 72), (3, 2), sh),
-             Node("r2", ActivationOp("relu"), (4,), sh),
-             Node("p", MaxPool(windows, 72), (5,), (1, 2, 3, 3)),
-             Node("d1", dense(8, 18), (6,), (1, 8)), Node("d2", dense(8, 18), (6,), (1, 8)),
-             Node("e", ActivationOp("exp"), (7,), (1, 8)),
-             Node("m", Product(8), (9, 8), (1, 8)),
-             Node("r3", ActivationOp("relu"), (10,), (1, 8)),
-             Node("f", dense(2, 8, 1.0), (11,), (1, 2))]
+    nodes = head + [Node("p", MaxPool(windows, 72), (5,), (1, 2, 3, 3)),
+                    Node("d1", dense(8, 18), (6,), (1, 8)),
+                    Node("d2", dense(8, 18), (6,), (1, 8)),
+                    Node("e", ActivationOp("exp"), (7,), (1, 8)),
+                    Node("m", Product(8), (9, 8), (1, 8)),
+                    Node("r3", ActivationOp("relu"), (10,), (1, 8)),
+                    Node("f", dense(2, 8, 1.0), (11,), (1, 2))]
     return Graph(nodes, 12)
 
 
