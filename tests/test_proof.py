@@ -166,6 +166,26 @@ def test_relu_split_certificate_accepted(tmp_path):
         _resave(inst["proof"], b)
         with pytest.raises(Reject, match=why):
             check(inst["model"], inst["spec"], inst["proof"])
+    # the rows' own slopes (the search optimised them too): without them, too loose; each
+    # malformed one named
+    assert arrays["rm_slope"].dtype == np.float16 and arrays["rm_scount"].sum() > 0
+    _resave(inst["proof"], {k: v for k, v in a.items()
+                            if k not in ("c0_rm_scount", "c0_rm_scol", "c0_rm_slope")})
+    with pytest.raises(Reject, match="lower bound .* is not >"):
+        check(inst["model"], inst["spec"], inst["proof"])
+    for change, why in [
+            (lambda b: b["c0_rm_slope"].__setitem__(0, 1.5), r"row slope outside \[0, 1\]"),
+            (lambda b: b["c0_rm_scol"].__setitem__(0, b["c0_rm_neuron"][0]),
+             "row slope on a neuron not below"),
+            (lambda b: b["c0_rm_scount"].__setitem__(0, b["c0_rm_scount"][0] + 1),
+             "row slope arrays of inconsistent lengths"),
+            (lambda b: b["c0_rm_scol"].__setitem__(1, b["c0_rm_scol"][0]), "not on increasing"),
+            (lambda b: b.pop("c0_rm_scol"), "row slopes need all of")]:
+        b = {k: v.copy() for k, v in a.items()}
+        change(b)
+        _resave(inst["proof"], b)
+        with pytest.raises(Reject, match=why):
+            check(inst["model"], inst["spec"], inst["proof"])
     # one row given twice at a node
     b = dict(a)
     for n in ("node", "neuron", "side", "count"):
@@ -198,6 +218,26 @@ def test_row_multipliers_count_only_where_the_sign_is_known():
     beta = _row_betas(Net, st, rm, np.array([0, 1, -1]))
     bs = beta(slice(0, 3), 1, np.array([0, 1, 1]))
     assert bs.tolist() == [[2.0, 3.0, 0.0], [0.0, -3.0, 0.0], [0.0, 0.0, 0.0]]
+
+
+def test_row_slopes_replace_the_rows_defaults_only_where_given():
+    """The checker's step 1b: a row with row-multiplier slopes takes them on the neurons its
+    entry names (of the layer asked for); its other neurons, and rows without an entry, keep
+    the slopes they had."""
+    from crown_cli.check.certificate import _row_slopes
+
+    class Net:
+        offsets, sizes = np.array([0, 3, 5]), [2, 3, 2, 1]
+
+    rm = dict(scount=np.array([2, 1]), sstart=np.array([0, 2]), scol=np.array([0, 2, 3]),
+              slope=np.array([0.25, 0.5, 0.75]))
+    own = _row_slopes(Net, rm, np.array([-1, 0, 1]))
+    al = own(slice(0, 3), 1, np.ones((3, 3)))
+    assert al.tolist() == [[1.0, 1.0, 1.0], [0.25, 1.0, 0.5], [1.0, 1.0, 1.0]]
+    al = own(slice(0, 3), 2, np.zeros((3, 2)))
+    assert al.tolist() == [[0.0, 0.0], [0.0, 0.0], [0.75, 0.0]]
+    al = own(slice(1, 3), 2, np.zeros((2, 2)))  # a chunk's rows: entries 0 and 1
+    assert al.tolist() == [[0.0, 0.0], [0.75, 0.0]]
 
 
 def test_tampered_certificates_rejected(tmp_path):
@@ -367,11 +407,10 @@ def test_convolutional_graph_certificate_accepted_then_tampered(tmp_path, pool):
     assert r.exit_code == 1 and "rejected" in r.output and "is not > b_i" in r.output, r.output
 
 
-def test_proof_mode_keeps_a_verdict_its_recording_search_misses(monkeypatch, tmp_path):
-    """--proof where ReLU splitting optimises per-domain bounds (3+ hidden layers): the
-    recording search (multipliers only) gets PROOF_SHARE of the time; when it does not
-    decide, the usual search does in the rest, and its unsat stands without a certificate
-    (no third attempt)."""
+def test_proof_mode_records_the_usual_search_for_the_whole_time(monkeypatch, tmp_path):
+    """--proof where ReLU splitting optimises per-domain bounds (3+ hidden layers): one
+    search, the usual one (slopes and multipliers optimised, each row that narrowed a bound
+    recorded), given a tree and the whole time; its unsat gets the recorded certificate."""
     import time
 
     from crown_cli.verification.bab import relu_split
@@ -382,8 +421,9 @@ def test_proof_mode_keeps_a_verdict_its_recording_search_misses(monkeypatch, tmp
     def fake(problem, until, max_domains=None, seed=0, attack_restarts=0, progress=None,
              proof=None):
         calls.append((proof is not None, until - time.monotonic()))
+        proof.prove(0, 0, 0)
         yield 0.5
-        return BabResult("timeout" if proof is not None else "unsat", None, 1, 1, -1.0)
+        return BabResult("unsat", None, 1, 1, np.inf)
 
     monkeypatch.setattr(relu_split, "relu_split_steps", fake)
     sizes = (70, 16, 16, 16, 3)
@@ -394,10 +434,9 @@ def test_proof_mode_keeps_a_verdict_its_recording_search_misses(monkeypatch, tmp
                           [([1.0, -1.0, 0.0], -1e6)])  # unsat: y_0 - y_1 never that low
     prop = parse_vnnlib(spec, 70, 3)
     v = Verifier(ws, bs, "relu", stages=(), proof=True, attack_time=0.1).verify(prop, 20.0)
-    assert v.result == "unsat" and "no certificate" in v.note, v
-    assert [c[0] for c in calls] == [True, False]  # the recording search, then the usual one
-    assert calls[0][1] < 0.6 * 20.0 and calls[1][1] > calls[0][1]  # half the time, then all
-    assert "no recorded proof" in write_verdict_proof(v, None, "m", "s", str(tmp_path / "x"))
+    assert v.result == "unsat" and "no certificate" not in v.note, v
+    assert len(calls) == 1 and calls[0][0] and calls[0][1] > 0.9 * 20.0
+    assert v.proof is not None and v.proof[0]["kind"].tolist() == [0]
 
 
 def test_graph_certificates_only_where_the_checker_reads_the_graph(tmp_path):

@@ -124,7 +124,7 @@ def check(model_path, spec_path, proof_path):
     if not isinstance(n_cert, int) or n_cert < 0:
         raise Reject(f"header cases {n_cert!r}")
     cert = [_case_key(z, c, net.sizes[0], net.sizes[-1]) for c in range(n_cert)]
-    done, nodes, cache = {}, 0, {}
+    done, nodes, cache, memo = {}, 0, {}, {}
     for p, (lo, hi, rows) in enumerate(cases):
         thresholds = {}
         for coefs, b in rows:
@@ -141,7 +141,7 @@ def check(model_path, spec_path, proof_path):
             key = (c, tuple(b_exact))
             if key not in done:
                 try:
-                    a = case_arrays(z, c, net)
+                    a = case_arrays(z, c, net, memo)
                     child1 = structure(a, net, len(crows))
                     bf = np.array([_float_below(b) for b in b_exact] or [0.0])
                     done[key] = walk(net, a, child1, bf, b_exact, cache=cache)

@@ -29,8 +29,10 @@ class State:
                      ball=states[0].ball)
 
 
-def case_arrays(z, c, net):
-    """The arrays of certificate case c, their dtypes and shapes checked (Reject naming one)."""
+def case_arrays(z, c, net, memo=None):
+    """The arrays of certificate case c, their dtypes and shapes checked (Reject naming one);
+    ``memo``: a dict keeping each case's checked row multipliers for the cases that share
+    them (``rm_same``)."""
     H, n_in, n_out = int(net.offsets[-1]), net.sizes[0], net.sizes[-1]
     a = {}
     for name in ("lo", "hi", "A", "kind", "arg", "value", "refresh", "alpha_at", "beta_at",
@@ -99,12 +101,16 @@ def case_arrays(z, c, net):
         src = int(src)
         if f"c{src}_rm_node" not in z:
             raise Reject(f"certificate case {c}: rm_same names case {src}, which has none")
-    a["rm"] = row_multipliers(z, src, net)
+    memo = {} if memo is None else memo
+    if src not in memo:
+        memo[src] = row_multipliers(z, src, net)
+    a["rm"] = memo[src]
     a["rm_source"] = src
     return a
 
 
 _RM = ("node", "neuron", "side", "count", "col", "value")
+_RS = ("scount", "scol", "slope")  # optional: the rows' own slopes
 
 
 def row_multipliers(z, c, net):
@@ -132,14 +138,38 @@ def row_multipliers(z, c, net):
         raise Reject(f"certificate case {c}: a row multiplier's neuron or side out of range")
     r["layer"] = np.searchsorted(net.offsets, neur, side="right")
     r["start"] = np.cumsum(r["count"]) - r["count"]
-    own = np.repeat(r["layer"], r["count"])
-    if np.any(np.searchsorted(net.offsets, r["col"], side="right") >= own):
+    floor = np.asarray(net.offsets)[r["layer"] - 1]  # the first neuron of the row's layer
+    if np.any(r["col"] >= np.repeat(floor, r["count"])):
         raise Reject(f"certificate case {c}: a row multiplier on a neuron not below its row's layer")
     if not np.all((r["value"] >= 0) & np.isfinite(r["value"])):
         raise Reject(f"certificate case {c}: a row multiplier negative or not finite")
     key = (node * H + neur) * 2 + (r["side"] > 0)
     if np.unique(key).size != E:
         raise Reject(f"certificate case {c}: a row given multipliers twice at one node")
+    have = [f"c{c}_rm_{n}" in z for n in _RS]
+    if any(have) and not all(have):
+        raise Reject(f"certificate case {c}: row slopes need all of rm_" + ", rm_".join(_RS))
+    r["scount"] = np.zeros(E, np.int64)
+    r["scol"], r["slope"] = np.zeros(0, np.int64), np.zeros(0)
+    if all(have):
+        for n in _RS:
+            v = z[f"c{c}_rm_{n}"]
+            if v.ndim != 1 or v.dtype.kind not in ("f" if n == "slope" else "iu") \
+                    or v.dtype.itemsize > 8:
+                raise Reject(f"certificate case {c}: rm_{n} has dtype {v.dtype}, shape {v.shape}")
+            r[n] = v.astype(np.float64 if n == "slope" else np.int64)
+        if len(r["scount"]) != E or np.any(r["scount"] < 0) \
+                or len(r["scol"]) != r["scount"].sum() or len(r["slope"]) != len(r["scol"]):
+            raise Reject(f"certificate case {c}: row slope arrays of inconsistent lengths")
+        if np.any(r["scol"] < 0) or np.any(r["scol"] >= np.repeat(floor, r["scount"])):
+            raise Reject(f"certificate case {c}: a row slope on a neuron not below its row's layer")
+        if not np.all((r["slope"] >= 0) & (r["slope"] <= 1)):
+            raise Reject(f"certificate case {c}: a row slope outside [0, 1]")
+        first = np.zeros(len(r["scol"]), bool)  # each entry's first slope
+        first[(np.cumsum(r["scount"]) - r["scount"])[r["scount"] > 0]] = True
+        if np.any((np.diff(r["scol"]) <= 0) & ~first[1:]):
+            raise Reject(f"certificate case {c}: an entry's row slopes not on increasing neurons")
+    r["sstart"] = np.cumsum(r["scount"]) - r["scount"]
     return r
 
 
@@ -186,10 +216,11 @@ def _colsets(net, cols):
     return out
 
 
-def _bound(net, st, L, top, nodes, colsets, srow, S, beta=None):
+def _bound(net, st, L, top, nodes, colsets, srow, S, beta=None, own=None):
     """lower_bound in chunks of rows; rows with srow >= 0 take the slopes S[srow] over colsets,
     the others the default; ``beta(part, m, nodes)``: the rows ``part`` (a slice)'s beta * s
-    (rows, n_m) on hidden layer m, or None (no multipliers)."""
+    (rows, n_m) on hidden layer m, or None (no multipliers); ``own(part, m, al)``: the rows'
+    slopes ``al`` (rows, n_m) of layer m with those the rows give themselves put in."""
     out = np.empty(len(nodes))
     step = max(256, ROW_ELEMS // max(net.sizes))
     for a in range(0, len(nodes), step):
@@ -201,13 +232,13 @@ def _bound(net, st, L, top, nodes, colsets, srow, S, beta=None):
             idx, loc = colsets[m]
             if sel.size and idx.size:
                 al[np.ix_(sel, loc)] = S[np.ix_(sr[sel], idx)]
-            return al
+            return al if own is None else own(part, m, al)
 
-        rows = (L[0][a:a + step], L[1][a:a + step], L[2]) if isinstance(L, tuple) else \
-            L[a:a + step]
+        part = slice(a, a + step)
+        rows = (L[0][part], L[1][part], L[2]) if isinstance(L, tuple) else L[part]
         out[a:a + step] = lower_bound(
             net, st, rows, top, nd, slopes,
-            None if beta is None else (lambda m, part=slice(a, a + step), nd=nd: beta(part, m, nd)))
+            None if beta is None else (lambda m, part=part, nd=nd: beta(part, m, nd)))
     return out
 
 
@@ -254,6 +285,24 @@ def _row_betas(net, st, rm, ent):
         np.add.at(bs, (r[inm], col[inm] - o0), val[inm])
         return bs * _signs(st, nd, slice(o0, o1))
     return beta
+
+
+def _row_slopes(net, rm, ent):
+    """``_bound``'s ``own`` for step 1b's rows: row r takes the slopes of row-multiplier
+    entry ``ent[r]`` (none where -1) on the neurons that entry names."""
+    def own(part, m, al):
+        e = ent[part]
+        rows = np.nonzero(e >= 0)[0]
+        if rows.size == 0:
+            return al
+        cnt = rm["scount"][e[rows]]
+        where = _ranges(rm["sstart"][e[rows]], cnt)
+        r, col, val = np.repeat(rows, cnt), rm["scol"][where], rm["slope"][where]
+        o0, o1 = net.offsets[m - 1], net.offsets[m]
+        inm = (col >= o0) & (col < o1)
+        al[r[inm], col[inm] - o0] = val[inm]
+        return al
+    return own
 
 
 def update(net, st, refresh, layer_slopes, rm=None, ids=None):
@@ -307,8 +356,10 @@ def row_bounds(net, st, k, nodes, js, sign, ent, layer_slopes, rm=None):
     pos, S, ck = layer_slopes.get(k, (np.full(n, -1), np.zeros((0, 0)), net.offsets[:0]))
     srow = pos[js]
     srow = np.where(srow < 0, -1, np.where(sign > 0, srow, srow + len(S) // 2))
-    beta = _row_betas(net, st, rm, ent) if rm is not None and np.any(ent >= 0) else None
-    return _bound(net, st, (js, sign, n), k, nodes, _colsets(net, ck), srow, S, beta)
+    some = rm is not None and np.any(ent >= 0)
+    beta = _row_betas(net, st, rm, ent) if some else None
+    own = _row_slopes(net, rm, ent) if some and rm["scount"].any() else None
+    return _bound(net, st, (js, sign, n), k, nodes, _colsets(net, ck), srow, S, beta, own)
 
 
 def neuron_bounds(net, st, k, nodes, js, layer_slopes):

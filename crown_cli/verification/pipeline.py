@@ -54,10 +54,6 @@ ALPHA_ITERS = 50  # one box per case: more steps than certify's search spends (i
 # timeout (at least JOIN_MIN_S), then each gets time by its measured progress
 # (crown_cli.verification.schedule).
 INPUT_SPLIT_MAX_DIM = 64
-# --proof on networks whose ReLU splitting optimises per-domain bounds: the share of the time
-# left that the recording search (multipliers optimised, slopes kept) gets before the usual one
-# (slopes optimised too; Verifier._proof_then_plain)
-PROOF_SHARE = 0.5
 JOIN_SHARE, JOIN_MIN_S = 0.05, 0.5
 RACE_SLICE, RACE_MAX_SLICE = 0.25, 2.0
 # a 64x wider attack before branch and bound on networks of at most this many inputs
@@ -298,7 +294,6 @@ class Verifier(StagedVerifier):
             2 if self.small and len(self.weights) == 2 else 1
         self.proof = o.proof and activation == "relu"
         self._trees = {}  # proof: case index -> its recorded tree's arrays
-        self._no_proof = set()  # proof: cases proven by a search that recorded no tree
 
     def warm_up(self, timeout: float = 60.0):
         """Load (or, on a cold numba cache, compile) the kernels a verification of this
@@ -449,9 +444,8 @@ class Verifier(StagedVerifier):
         branches for its own case). The root's optimised slopes serve every domain's
         recomputed hidden-layer bounds. docs/bab.md has the measurements behind both
         choices."""
-        from crown_cli.verification.bab.relu_split import (ReluSplitProblem,
-                                                           optimises_domain_bounds,
-                                                           relu_split_steps, root_layer_bounds)
+        from crown_cli.verification.bab.relu_split import (ReluSplitProblem, relu_split_steps,
+                                                           root_layer_bounds)
         from crown_cli.verification.proof import ProofTree
 
         leak = None if self.activation == "relu" else self.alpha
@@ -491,8 +485,6 @@ class Verifier(StagedVerifier):
 
                     if not self.proof:
                         return search(deadline)
-                    if optimises_domain_bounds(self.weights):
-                        return self._proof_then_plain(search, deadline, part)
                     tree = ProofTree()
                     return self._recording(search(deadline, tree), tree, part)
                 runs.append(Run(list(part), "ReLU split", start))
@@ -539,34 +531,11 @@ class Verifier(StagedVerifier):
         to share)."""
         t0 = time.monotonic()
         self._trees = {}
-        self._no_proof = set()  # cases proven by a search that recorded no tree
         with blas_threads(1) if self.small else contextlib.nullcontext():
             v = self._verify(prop, timeout, log, status)
             if self.proof and v.result == "unsat":
                 v = self._certify(v, list(prop.cases), t0 + timeout, log)
         return confirm_sat(v, prop.cases, self.outputs, log, prove=self.proves_violation)
-
-    def _proof_then_plain(self, search, deadline, members):
-        """ReLU splitting with ``--proof`` where the search optimises its per-domain bounds
-        row by row: the recording search (each row's split multipliers optimised and
-        recorded, its slopes kept: a row's slopes would cost a certificate hundreds of
-        numbers) for :data:`PROOF_SHARE` of the time left, then, when it has not decided, the
-        usual search (slopes optimised too; mnistfc 256x6 prop_13_0.03: unsat in 110 s, where
-        the recording search alone times out at 300 s) for the rest. ``--proof`` so loses only
-        verdicts the usual search needs more of the time for; an ``unsat`` of the second
-        search has no certificate (the verdict's note says so) and no second attempt at one
-        (``_certify`` skips ``members``)."""
-        from crown_cli.verification.proof import ProofTree
-
-        tree = ProofTree()
-        mid = time.monotonic() + PROOF_SHARE * max(0.0, deadline - time.monotonic())
-        res = yield from self._recording(search(mid, tree), tree, members)
-        if res.verdict in ("unsat", "sat") or time.monotonic() >= deadline:
-            return res
-        res = yield from search(deadline)
-        if res.verdict == "unsat":
-            self._no_proof.update(members)
-        return res
 
     def _recording(self, steps, tree, members):
         """``steps`` (a search's generator) passed through; on ``unsat`` the recorded
@@ -599,7 +568,7 @@ class Verifier(StagedVerifier):
         n_hidden = sum(w.shape[0] for w in self.weights[:-1])
         for j, c in enumerate(cases):
             t = self._trees.get(j)
-            if t is None and j not in self._no_proof and time.monotonic() < deadline:
+            if t is None and time.monotonic() < deadline:
                 if hull_stage_applies(self.weights, self.activation):
                     # (any number of inputs: a case the hull or an alpha stage proved is
                     # proven at the root, the hull being the tightest per-neuron relaxation)

@@ -83,17 +83,26 @@ class ProofTree:
         self.leaves.setdefault((int(node), int(case)), (int(row), HULL, (_exact32(s),
                                                                          _exact32(theta))))
 
-    def row_multipliers(self, nodes, neurons, sides, cols, beta) -> None:
+    def row_multipliers(self, nodes, neurons, sides, cols, beta, alpha=None, free=None) -> None:
         """At tree node ``nodes[i]``, the bound of the row ``sides[i] * z_j`` (j = flat
         neuron ``neurons[i]``) of its hidden-layer bounds takes the multipliers ``beta[i]``
         (n, len(cols)), each exactly a float32 (zeros left out), on the flat neurons
-        ``cols``."""
+        ``cols``, and (``alpha`` not None) the lower slopes ``alpha[i]`` (n, len(cols)), each
+        exactly a float16, on the neurons where ``free[i]`` holds."""
         beta = _exact32(beta)
         r, c = np.nonzero(beta)
+        n = len(beta)
+        if alpha is None:
+            sc, scol, sval = np.zeros(n, np.int64), np.zeros(0, np.int64), np.zeros(0, np.float16)
+        else:
+            alpha = _exact16(alpha)
+            sr, sj = np.nonzero(free)
+            sc, scol, sval = np.bincount(sr, minlength=n), np.asarray(cols, np.int64)[sj], \
+                alpha[sr, sj]
         self._rm = None
         self.rowmul.append((np.asarray(nodes, np.int64), np.asarray(neurons, np.int64),
-                            np.asarray(sides, np.int8), np.bincount(r, minlength=len(beta)),
-                            np.asarray(cols, np.int64)[c], beta[r, c]))
+                            np.asarray(sides, np.int8), np.bincount(r, minlength=n),
+                            np.asarray(cols, np.int64)[c], beta[r, c], sc, scol, sval))
 
     def _rowmul_arrays(self) -> Dict[str, np.ndarray]:
         """The tree's row multipliers keyed by node number (docs/proofs.md), sorted by node;
@@ -101,14 +110,16 @@ class ProofTree:
         if not self.rowmul:
             return {}
         if self._rm is None:
-            node, neur, side, cnt, col, val = (np.concatenate(a) for a in zip(*self.rowmul))
-            start = np.concatenate([[0], np.cumsum(cnt)[:-1]])
+            node, neur, side, cnt, col, val, sc, scol, sval = (
+                np.concatenate(a) for a in zip(*self.rowmul))
             keep = np.argsort(node, kind="stable")
-            take = np.repeat(start[keep] - np.concatenate([[0], np.cumsum(cnt[keep])[:-1]]),
-                             cnt[keep]) + np.arange(int(cnt.sum()))
+            take, stake = _regroup(cnt, keep), _regroup(sc, keep)
             self._rm = dict(rm_node=_smallest(node[keep]), rm_neuron=_smallest(neur[keep]),
                             rm_side=side[keep], rm_count=_smallest(cnt[keep]),
                             rm_col=_smallest(col[take]), rm_value=val[take])
+            if sc.any():
+                self._rm.update(rm_scount=_smallest(sc[keep]), rm_scol=_smallest(scol[stake]),
+                                rm_slope=sval[stake])
         return self._rm
 
     def empty(self, node: int, neuron: int) -> None:
@@ -189,6 +200,23 @@ def _smallest(a) -> np.ndarray:
         if top <= np.iinfo(t).max:
             return a.astype(t)
     return a
+
+
+def _regroup(cnt, order) -> np.ndarray:
+    """The positions of the items of entries ``order`` (each entry e owning the next
+    ``cnt[e]`` items, in entry order), one entry's after another's."""
+    start = np.concatenate([[0], np.cumsum(cnt)[:-1]])
+    return np.repeat(start[order] - np.concatenate([[0], np.cumsum(cnt[order])[:-1]]),
+                     cnt[order]) + np.arange(int(cnt.sum()))
+
+
+def _exact16(a) -> np.ndarray:
+    """``a`` as float16, which must hold it exactly (the bound was verified at these values)."""
+    a = np.asarray(a)
+    out = a.astype(np.float16)
+    if not np.array_equal(out.astype(a.dtype), a):
+        raise ProofError("a certificate slope is not a float16")
+    return out
 
 
 def _exact32(a) -> np.ndarray:

@@ -242,11 +242,13 @@ class DomainBounds:
         split sign), which after every chunk moves by ``warm`` towards the mean of what
         the chunk's entries of that row ended with (:func:`_blend`); any start is sound,
         only the float64 bound counts. ``lr_alpha`` 0: the slopes stay the layer slopes (or,
-        without them, CROWN's adaptive ones at the domain's bounds), as a certificate's
-        intermediate rows take them. ``record(k, doms, rows, beta)``: each layer's bounds
-        are first :meth:`tighten`'s (the rows a checker bounds by itself), then ``record`` is
-        called with each row whose optimised bound narrowed them further: its domain, its
-        row as ``rows`` above, its multipliers (n, offsets[k]) float64, each a float32.
+        without them, CROWN's adaptive ones at the domain's bounds). ``record(k, doms, rows,
+        beta, alpha, free)``: each layer's bounds are first :meth:`tighten`'s (the rows a
+        checker bounds by itself), then ``record`` is called with each row whose optimised
+        bound narrowed them further: its domain, its row as ``rows`` above, its multipliers
+        (n, offsets[k]) float64, each a float32, and its slopes (n, offsets[k]), each a
+        float16 (the bound is evaluated at those), with the mask ``free`` of the neurons they
+        act on (unsplit, of unknown sign on the domain); with ``lr_alpha`` 0 both None.
         ``max_width`` and the return value (split, dl, du, empty) as :meth:`tighten`."""
         o = TightenSettings(**settings)
         iters, lr_alpha, lr_beta, warm = o.iters, o.lr_alpha, o.lr_beta, o.warm
@@ -287,6 +289,8 @@ class DomainBounds:
                 b0 = None if tab is None else np.where(sp > 0, tab[1][0][rows], tab[1][1][rows])
                 al, be = _optimise_rows(sb, sp, start_a, rows, ch, iters, lr_alpha, lr_beta,
                                         deadline, beta0=b0)
+                if record is not None and not fixed:  # the slopes a certificate holds
+                    al = al.astype(np.float16).astype(np.float64)
                 if tab is not None:
                     # running per-row means of the optimised multipliers: the next
                     # domains' starting point (any start is sound: only the bound counts)
@@ -304,7 +308,11 @@ class DomainBounds:
                     gain[lower] = low[lower] > dl[dlo, clo]
                     gain[~lower] = -low[~lower] < du[dup, cup]
                     if gain.any():
-                        record(k, dom[gain], rows[gain], be[gain])
+                        # the slopes of the neurons the row relaxes (unsplit, of unknown sign)
+                        free = None if fixed else (sp[gain] == 0) & (dl[dom[gain], :o0] < 0.0) \
+                            & (du[dom[gain], :o0] > 0.0)
+                        record(k, dom[gain], rows[gain], be[gain],
+                               None if fixed else al[gain], free)
                 dl[dlo, clo] = np.maximum(dl[dlo, clo], low[lower])
                 du[dup, cup] = np.minimum(du[dup, cup], -low[~lower])
 

@@ -189,8 +189,7 @@ class ReluSplitOptions:
 def optimises_domain_bounds(weights) -> bool:
     """Whether the search's default optimises each domain's hidden-layer bounds
     (``interm_iters`` 3: 3 or more hidden layers, none wider than ``INTERM_MAX_WIDTH``; with
-    ``proof`` only their split multipliers, the slopes kept, and each row that needed them
-    recorded)."""
+    ``proof`` each row that narrowed a bound recorded with its slopes and multipliers)."""
     return len(weights) - 1 >= 3 and all(w.shape[0] <= INTERM_MAX_WIDTH for w in weights[:-1])
 
 
@@ -219,8 +218,8 @@ def relu_split_steps(problem: ReluSplitProblem, deadline: float,
     estimate of its best row's bound minus b). ``proof``: a
     :class:`~crown_cli.verification.proof.ProofTree` that records the domains' tree and each
     proven domain's row, slopes and multipliers per case (dense chains); optimised per-domain
-    bounds then keep the layer slopes and record the multipliers of each row that narrowed a
-    bound (``DomainBounds.tighten_opt``'s ``record``).
+    bounds then record the multipliers and slopes of each row that narrowed a bound
+    (``DomainBounds.tighten_opt``'s ``record``).
     """
     t0 = time.monotonic()
     o = replace(options or ReluSplitOptions(), **settings)
@@ -324,10 +323,11 @@ class _Search:
         multipliers go to :meth:`ProofTree.row_multipliers`."""
         bd, flat = self.bd, self.flat
 
-        def record(k, doms, rows, beta):
+        def record(k, doms, rows, beta, alpha=None, free=None):
             o0, R = bd.offsets[k], bd.offsets[k + 1] - bd.offsets[k]
             self.proof.row_multipliers(nodes[doms], flat[o0 + rows % R],
-                                       np.where(rows < R, 1, -1), flat[:o0], beta)
+                                       np.where(rows < R, 1, -1), flat[:o0], beta,
+                                       alpha, free)
         return record
 
     def run(self):
@@ -457,15 +457,12 @@ class _Search:
         for sel, opt in ((np.flatnonzero(~deep), False), (np.flatnonzero(deep), True)):
             if sel.size == 0:
                 continue
-            if opt and self.proof is not None:  # the layer slopes kept, the rows recorded
+            if opt:  # with proof: the rows that narrowed a bound recorded
                 out = bd.tighten_opt(cs[sel], cdl[sel], cdu[sel], start[sel],
                                      deadline=self.deadline, max_width=self.max_width,
                                      iters=self.interm_iters, warm=o.interm_warm,
-                                     lr_alpha=0.0, record=self._row_recorder(kids.node[sel]))
-            elif opt:
-                out = bd.tighten_opt(cs[sel], cdl[sel], cdu[sel], start[sel],
-                                     deadline=self.deadline, max_width=self.max_width,
-                                     iters=self.interm_iters, warm=o.interm_warm)
+                                     record=None if self.proof is None else
+                                     self._row_recorder(kids.node[sel]))
             else:
                 out = bd.tighten(cs[sel], cdl[sel], cdu[sel], start[sel],
                                  deadline=self.deadline, max_width=self.max_width)
