@@ -165,11 +165,11 @@ def row_multipliers(z, c, net):
             raise Reject(f"certificate case {c}: a row slope on a neuron not below its row's layer")
         if not np.all((r["slope"] >= 0) & (r["slope"] <= 1)):
             raise Reject(f"certificate case {c}: a row slope outside [0, 1]")
-        first = np.zeros(len(r["scol"]), bool)  # each entry's first slope
-        first[(np.cumsum(r["scount"]) - r["scount"])[r["scount"] > 0]] = True
-        if np.any((np.diff(r["scol"]) <= 0) & ~first[1:]):
-            raise Reject(f"certificate case {c}: an entry's row slopes not on increasing neurons")
     r["sstart"] = np.cumsum(r["scount"]) - r["scount"]
+    first = np.zeros(len(r["scol"]), bool)  # each entry's first slope
+    first[r["sstart"][r["scount"] > 0]] = True
+    if np.any((np.diff(r["scol"]) <= 0) & ~first[1:]):
+        raise Reject(f"certificate case {c}: an entry's row slopes not on increasing neurons")
     return r
 
 
@@ -267,23 +267,29 @@ def _leaf_betas(net, colsets, br, B, sg):
     return beta
 
 
+def _entry_items(net, rm, e, m, keys):
+    """The items on hidden layer m of the row-multiplier entries ``e`` (one per row, -1:
+    none), ``keys`` naming their arrays (count, start, neuron, value): (row, neuron within
+    layer m, value) each."""
+    count, start, col, value = (rm[k] for k in keys)
+    rows = np.nonzero(e >= 0)[0]
+    cnt = count[e[rows]]
+    where = _ranges(start[e[rows]], cnt)
+    r, c, v = np.repeat(rows, cnt), col[where], value[where]
+    o0, o1 = net.offsets[m - 1], net.offsets[m]
+    inm = (c >= o0) & (c < o1)
+    return r[inm], c[inm] - o0, v[inm]
+
+
 def _row_betas(net, st, rm, ent):
     """``_bound``'s beta for step 1b's rows: row r takes the multipliers of row-multiplier
     entry ``ent[r]`` (none where -1), each times the sign of its neuron at the row's node
     (0 where the sign is not known there: the multiplier takes no part)."""
     def beta(part, m, nd):
-        e = ent[part]
         bs = np.zeros((len(nd), net.sizes[m]))
-        rows = np.nonzero(e >= 0)[0]
-        if rows.size == 0:
-            return bs
-        cnt = rm["count"][e[rows]]
-        where = _ranges(rm["start"][e[rows]], cnt)
-        r, col, val = np.repeat(rows, cnt), rm["col"][where], rm["value"][where]
-        o0, o1 = net.offsets[m - 1], net.offsets[m]
-        inm = (col >= o0) & (col < o1)
-        np.add.at(bs, (r[inm], col[inm] - o0), val[inm])
-        return bs * _signs(st, nd, slice(o0, o1))
+        r, j, v = _entry_items(net, rm, ent[part], m, ("count", "start", "col", "value"))
+        np.add.at(bs, (r, j), v)
+        return bs * _signs(st, nd, slice(net.offsets[m - 1], net.offsets[m]))
     return beta
 
 
@@ -291,16 +297,8 @@ def _row_slopes(net, rm, ent):
     """``_bound``'s ``own`` for step 1b's rows: row r takes the slopes of row-multiplier
     entry ``ent[r]`` (none where -1) on the neurons that entry names."""
     def own(part, m, al):
-        e = ent[part]
-        rows = np.nonzero(e >= 0)[0]
-        if rows.size == 0:
-            return al
-        cnt = rm["scount"][e[rows]]
-        where = _ranges(rm["sstart"][e[rows]], cnt)
-        r, col, val = np.repeat(rows, cnt), rm["scol"][where], rm["slope"][where]
-        o0, o1 = net.offsets[m - 1], net.offsets[m]
-        inm = (col >= o0) & (col < o1)
-        al[r[inm], col[inm] - o0] = val[inm]
+        r, j, v = _entry_items(net, rm, ent[part], m, ("scount", "sstart", "scol", "slope"))
+        al[r, j] = v
         return al
     return own
 
