@@ -248,7 +248,7 @@ class DomainBounds:
         bound narrowed them further: its domain, its row as ``rows`` above, its multipliers
         (n, offsets[k]) float64, each a float32, and its slopes (n, offsets[k]), each a
         float16 (the bound is evaluated at those), with the mask ``free`` of the neurons they
-        act on (unsplit, of unknown sign on the domain); with ``lr_alpha`` 0 both None.
+        act on (unsplit, of unknown sign on the domain).
         ``max_width`` and the return value (split, dl, du, empty) as :meth:`tighten`."""
         o = TightenSettings(**settings)
         iters, lr_alpha, lr_beta, warm = o.iters, o.lr_alpha, o.lr_beta, o.warm
@@ -289,7 +289,7 @@ class DomainBounds:
                 b0 = None if tab is None else np.where(sp > 0, tab[1][0][rows], tab[1][1][rows])
                 al, be = _optimise_rows(sb, sp, start_a, rows, ch, iters, lr_alpha, lr_beta,
                                         deadline, beta0=b0)
-                if record is not None and not fixed:  # the slopes a certificate holds
+                if record is not None:  # the slopes a certificate holds
                     al = al.astype(np.float16).astype(np.float64)
                 if tab is not None:
                     # running per-row means of the optimised multipliers: the next
@@ -309,10 +309,9 @@ class DomainBounds:
                     gain[~lower] = -low[~lower] < du[dup, cup]
                     if gain.any():
                         # the slopes of the neurons the row relaxes (unsplit, of unknown sign)
-                        free = None if fixed else (sp[gain] == 0) & (dl[dom[gain], :o0] < 0.0) \
+                        free = (sp[gain] == 0) & (dl[dom[gain], :o0] < 0.0) \
                             & (du[dom[gain], :o0] > 0.0)
-                        record(k, dom[gain], rows[gain], be[gain],
-                               None if fixed else al[gain], free)
+                        record(k, dom[gain], rows[gain], be[gain], al[gain], free)
                 dl[dlo, clo] = np.maximum(dl[dlo, clo], low[lower])
                 du[dup, cup] = np.minimum(du[dup, cup], -low[~lower])
 

@@ -320,10 +320,10 @@ class _Search:
 
     def _row_recorder(self, nodes):
         """``tighten_opt``'s ``record`` for the domains of tree nodes ``nodes``: each row's
-        multipliers go to :meth:`ProofTree.row_multipliers`."""
+        multipliers and slopes go to :meth:`ProofTree.row_multipliers`."""
         bd, flat = self.bd, self.flat
 
-        def record(k, doms, rows, beta, alpha=None, free=None):
+        def record(k, doms, rows, beta, alpha, free):
             o0, R = bd.offsets[k], bd.offsets[k + 1] - bd.offsets[k]
             self.proof.row_multipliers(nodes[doms], flat[o0 + rows % R],
                                        np.where(rows < R, 1, -1), flat[:o0], beta,
