@@ -2,7 +2,7 @@
 import numpy as np
 import pytest
 
-from conftest import model_path, random_network
+from conftest import model_path, random_network, slow_if
 from crown_cli.certification.certifier import Certifier
 from crown_cli.io.models import load_model
 
@@ -213,7 +213,7 @@ def test_mixed_search_falls_back_when_float64_rejects_the_estimate(mnist100, mon
         assert res.eps == pytest.approx(ref.eps, rel=1e-4)
 
 
-@pytest.mark.parametrize("model", ["mnist_3x20.h5", "mnist_3x1024.h5"])
+@pytest.mark.parametrize("model", ["mnist_3x20.h5", slow_if(True, "mnist_3x1024.h5")])
 def test_handing_the_float32_estimate_to_float64_saves_evaluations(mnist100, model, monkeypatch):
     mlp = load_model(model_path(model))
     x, _ = mnist100

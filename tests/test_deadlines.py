@@ -50,7 +50,7 @@ def unsafe_property(v, width=0.02, up=0.2):
     return parse_vnnlib_text(spec(lo, hi, m, [(row, b)]), "p", n, m)
 
 
-@pytest.mark.parametrize("timeout", [2.0, 4.0])
+@pytest.mark.parametrize("timeout", [2.0, slow_if(True, 4.0)])
 def test_graph_verify_ends_at_its_timeout(timeout):
     """A CIFAR-sized residual net and a box nothing proves: the attack, CROWN and the
     alpha-CROWN stage (whose intermediate bounds alone took minutes here before they
@@ -119,8 +119,10 @@ print(sorted(k for k in after if after[k] > before.get(k, 0)))
 KINDS = [("graph", None), ("dense", "relu"), ("dense", "leaky_relu"), ("dense", "tanh")]
 
 
-# without the warm-up (the check finding late kernels) only on graphs in the default tier
-@pytest.mark.parametrize("kind,act,warm", [(k, a, True) for k, a in KINDS] + [
+# in the default tier: graphs with and without the warm-up (the check finding late kernels),
+# dense ReLU with it; the slow tier the rest
+@pytest.mark.parametrize("kind,act,warm", [slow_if(a in ("leaky_relu", "tanh"), k, a, True)
+                                           for k, a in KINDS] + [
     slow_if(k == "dense", k, a, False) for k, a in KINDS])
 def test_warm_up_loads_every_kernel_a_verification_calls(tmp_path, kind, act, warm):
     """In a fresh process (numba's dispatchers empty, whatever its disk cache holds), after

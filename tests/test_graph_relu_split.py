@@ -12,6 +12,7 @@ import numpy as np
 import onnx
 import pytest
 
+from conftest import slow_if
 from crown_cli.engine.graph_alpha import _minimiser, _relaxed_forward
 from crown_cli.engine.graph_bounds import GraphBounds
 from crown_cli.engine.input_sets import Box
@@ -145,7 +146,7 @@ def test_multiplier_and_slope_gradient_matches_finite_differences(tmp_path):
 
 @pytest.mark.parametrize("kind,seed", [("conv", 3), ("conv", 7), ("dense", 3), ("dense", 7),
                                        ("normalised", 3), ("relu_residual", 3),
-                                       ("relu_residual", 5)])
+                                       slow_if(True, "relu_residual", 5)])
 @pytest.mark.parametrize("branching", ["babsr", "fsb"])
 def test_verdicts_equal_the_milp_on_both_sides_of_the_minimum(tmp_path, kind, seed, branching):
     """b 0.1% (relative) below the exact minimum: unsat; 0.1% above: sat, with a point the

@@ -4,6 +4,7 @@ engine) says of them, before and after tampering."""
 import numpy as np
 import pytest
 
+from conftest import slow_if
 from crown_cli.verification.proof import EMPTY, HULL, INPUT, LEAF, RELU, ProofError, ProofTree
 
 
@@ -350,7 +351,7 @@ def _conv_onnx(seed, pool="AveragePool"):
     return g.model([("x", (1, 1, 6, 6))], [x])
 
 
-@pytest.mark.parametrize("pool", ["AveragePool", "MaxPool"])
+@pytest.mark.parametrize("pool", [slow_if(True, "AveragePool"), "MaxPool"])
 def test_convolutional_graph_certificate_accepted_then_tampered(tmp_path, pool):
     """An unsat the crown stage proves on a convolutional graph (lowered to dense layers, or
     on the graph engine with its max pool): the certificate is accepted; the model changed

@@ -32,6 +32,7 @@ def test_keep_methods_drops_unsupported_methods(tmp_path):
     assert out.stdout == "crown,crown-quad\n[]\n"
 
 
+@pytest.mark.slow  # the paper script end to end; the default tier parses every script
 def test_figure3_script_end_to_end(tmp_path):
     env = _env(tmp_path, METHODS="crown,fast-lin", NUM_IMAGES="2", TARGETS="runner-up")
     res = subprocess.run(["bash", os.path.join(SCRIPTS, "paper_figure3.sh")], env=env,
