@@ -53,19 +53,78 @@ def outward(lo, hi, err):
 
 
 def affine_interval(op, los, his):
-    """Rigorous interval of an affine operation's output for inputs in [los[j], his[j]]:
+    """Rigorous interval of an affine operation's output for inputs in [los[j], his[j]]
+    (each (size_j,), or (n, size_j) on n input sets):
     centre and radius through :meth:`forward` and :meth:`forward_abs`, widened by
     gamma_{T+1} of the magnitudes (T = ``op.terms_fwd``) and underflow."""
     cs = [0.5 * l + 0.5 * h for l, h in zip(los, his)]
     rs = [np.nextafter(np.maximum(h - c, c - l), np.inf) for c, l, h in zip(cs, los, his)]
-    yc = op.forward([c[None] for c in cs])[0]
-    yr = op.forward_abs([r[None] for r in rs])[0]
-    mag = op.forward_abs([np.abs(c)[None] for c in cs])[0] + yr
+    lead = cs[0].shape[:-1]  # () on one input set, (n,) on n boxes
+
+    def rows(f, xs):
+        out = f([x.reshape(-1, x.shape[-1]) for x in xs])
+        return out.reshape(*lead, out.shape[-1])
+
+    yc = rows(op.forward, cs)
+    yr = rows(op.forward_abs, rs)
+    mag = rows(op.forward_abs, [np.abs(c) for c in cs]) + yr
     if op.bias is not None:
         mag = mag + np.abs(op.bias)
     T = op.terms_fwd
     err = ERR_SAFETY * (gamma_n(T + 1, U64) * mag + TINY64 * (T + 1))
     return outward(yc - yr, yc + yr, err)
+
+
+def activation_interval(op, method: str, l, u, z):
+    """An activation's relaxation on its input's interval [l, u] (arrays of any one shape;
+    ``z`` >= max(|l|, |u|)): its lines ``(aU, bU, aL, bL)`` (each l's shape, or broadcastable
+    to it) and the interval of its output: the lines' range on [l, u], rounded outward and
+    intersected with the function's range (relu: exact, end-points' values of the monotone
+    exp and reciprocal)."""
+    from crown_cli.engine.relaxations import get_relaxation
+
+    shape = l.shape
+    l, u, z = (np.ascontiguousarray(a).reshape(-1) for a in (l, u, z))
+    name, alpha = op.name, op.alpha
+    lines = get_relaxation(name, method, alpha)(l, u)
+    back = tuple(v.reshape(shape) if isinstance(v, np.ndarray) and v.size == l.size else v
+                 for v in lines)
+    aU, bU, aL, bL = lines
+    if name == "relu":  # exact: relu is monotone and max(., 0) does not round
+        return back, np.maximum(l, 0.0).reshape(shape), np.maximum(u, 0.0).reshape(shape)
+    lo = np.minimum(aL * l, aL * u) + bL
+    hi = np.maximum(aU * l, aU * u) + bU
+    err = 2.0 * U64 * (np.maximum(np.abs(aL), np.abs(aU)) * z + np.abs(bL) + np.abs(bU)) \
+        + TINY64
+    lo, hi = outward(lo, hi, err)
+    rng = _RANGES.get(name) or ((-alpha, np.inf) if name == "elu" else None)
+    if rng is not None:
+        lo, hi = np.clip(lo, *rng), np.clip(hi, *rng)
+    if name in ("exp", "reciprocal"):  # monotone: the end-points' values (4 ulps out)
+        lo, hi = _monotone_range(name, l, u, lo, hi)
+    return back, lo.reshape(shape), hi.reshape(shape)
+
+
+def product_planes(l1, u1, l2, u2):
+    """A product ``x1 * x2``'s lines on the box [l1, u1] x [l2, u2] (arrays of one shape;
+    :class:`ProductRule`): ``(a, b, icL, icU)`` and the product's interval (lo, hi)."""
+    finite = np.isfinite(l1) & np.isfinite(u1) & np.isfinite(l2) & np.isfinite(u2)
+    with np.errstate(invalid="ignore", over="ignore"):
+        a, b = np.where(finite, 0.5 * l2 + 0.5 * u2, 0.0), np.where(finite, 0.5 * l1 + 0.5 * u1, 0.0)
+        prods, gs, errs = [], [], []
+        for x, y in ((l1, l2), (l1, u2), (u1, l2), (u1, u2)):
+            xy = x * y
+            prods.append(xy)
+            gs.append(xy - a * x - b * y)
+            errs.append(4.0 * U64 * (np.abs(xy) + np.abs(a * x) + np.abs(b * y)) + 4.0 * TINY64)
+        P, G, E = np.array(prods), np.array(gs), np.max(errs, axis=0)
+        lo = np.where(finite, P.min(axis=0), -np.inf)
+        hi = np.where(finite, P.max(axis=0), np.inf)
+        icL = np.where(finite, G.min(axis=0) - E, -np.inf)
+        icU = np.where(finite, G.max(axis=0) + E, np.inf)
+    lo, hi = outward(lo, hi, np.where(finite, U64 * np.maximum(np.abs(lo), np.abs(hi))
+                                      + TINY64, 0.0))
+    return (a, b, icL, icU), lo, hi
 
 
 class Rule:
@@ -272,27 +331,12 @@ class ActivationRule(Rule):
 
     def interval(self, gb, i, node):
         """The relaxation from the input's interval (kept in ``gb.lines``), and the interval
-        of the output: the lines' range on [l, u], intersected with the function's range."""
-        from crown_cli.engine.relaxations import get_relaxation
-
+        of the output (:func:`activation_interval`)."""
         p = node.inputs[0]
         l, u = np.ascontiguousarray(gb.lo[p]), np.ascontiguousarray(gb.hi[p])
-        name, alpha = node.op.name, node.op.alpha
-        aU, bU, aL, bL = get_relaxation(name, gb.method_name, alpha)(l, u)
+        (aU, bU, aL, bL), lo, hi = activation_interval(node.op, gb.method_name, l, u,
+                                                       gb.absval[p])
         gb.lines[i] = Lines(np.arange(l.size), aL, aU, bU, bL)
-        if name == "relu":  # exact: relu is monotone and max(., 0) does not round
-            return np.maximum(l, 0.0), np.maximum(u, 0.0)
-        z = gb.absval[p]
-        lo = np.minimum(aL * l, aL * u) + bL
-        hi = np.maximum(aU * l, aU * u) + bU
-        err = 2.0 * U64 * (np.maximum(np.abs(aL), np.abs(aU)) * z + np.abs(bL) + np.abs(bU)) \
-            + TINY64
-        lo, hi = outward(lo, hi, err)
-        rng = _RANGES.get(name) or ((-alpha, np.inf) if name == "elu" else None)
-        if rng is not None:
-            lo, hi = np.clip(lo, *rng), np.clip(hi, *rng)
-        if name in ("exp", "reciprocal"):  # monotone: the end-points' values (4 ulps out)
-            lo, hi = _monotone_range(name, l, u, lo, hi)
         return lo, hi
 
     @staticmethod
@@ -443,24 +487,8 @@ class ProductRule(Rule):
 
     def interval(self, gb, i, node):
         p, q = node.inputs
-        l1, u1, l2, u2 = gb.lo[p], gb.hi[p], gb.lo[q], gb.hi[q]
-        finite = np.isfinite(l1) & np.isfinite(u1) & np.isfinite(l2) & np.isfinite(u2)
-        with np.errstate(invalid="ignore", over="ignore"):
-            a, b = np.where(finite, 0.5 * l2 + 0.5 * u2, 0.0), np.where(finite, 0.5 * l1 + 0.5 * u1, 0.0)
-            prods, gs, errs = [], [], []
-            for x, y in ((l1, l2), (l1, u2), (u1, l2), (u1, u2)):
-                xy = x * y
-                prods.append(xy)
-                gs.append(xy - a * x - b * y)
-                errs.append(4.0 * U64 * (np.abs(xy) + np.abs(a * x) + np.abs(b * y)) + 4.0 * TINY64)
-            P, G, E = np.array(prods), np.array(gs), np.max(errs, axis=0)
-            lo = np.where(finite, P.min(axis=0), -np.inf)
-            hi = np.where(finite, P.max(axis=0), np.inf)
-            icL = np.where(finite, G.min(axis=0) - E, -np.inf)
-            icU = np.where(finite, G.max(axis=0) + E, np.inf)
-        gb.planes[i] = (a, b, icL, icU)
-        return outward(lo, hi, np.where(finite, U64 * np.maximum(np.abs(lo), np.abs(hi))
-                                        + TINY64, 0.0))
+        gb.planes[i], lo, hi = product_planes(gb.lo[p], gb.hi[p], gb.lo[q], gb.hi[q])
+        return lo, hi
 
     @staticmethod
     def _intercepts(L, icL, icU):
