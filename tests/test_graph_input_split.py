@@ -79,3 +79,69 @@ def test_graph_verifier_splits_what_the_bounds_leave_open(tmp_path):
     assert off.result == "unknown"
     on = GraphVerifier(g, **opts).verify(prop, 60)
     assert on.result == "unsat" and on.stage == "bab" and on.domains > 1, on
+
+
+# ---------------------------------------------------------------- two rows of a case combined
+
+
+def _two_sided(tmp_path):
+    """y = (x0 + relu(x1) - relu(x1), -x0) on [-1, 1]^2: a case y0 <= -1/4 and y1 <= -1/4
+    (x0 <= -1/4 and x0 >= 1/4) is empty, but neither row alone is proven on the whole box."""
+    from graph_models import G
+
+    g = G(np.random.default_rng(0))
+    r = g.op("Relu", [g.op("Gemm", ["x", g.const(np.array([[0.0, 1.0]])), g.const([0.0])],
+                           transB=1)])
+    y = g.op("Gemm", [g.op("Concat", ["x", r], axis=1),
+                      g.const(np.array([[1.0, 0.0, 0.0], [-1.0, 0.0, 0.0]])), g.const([0.0, 0.0])],
+             transB=1)
+    path = os.path.join(str(tmp_path), "two_sided.onnx")
+    onnx.save(g.model([("x", (1, 2))], [y]), path)
+    return load_graph(path)
+
+
+@pytest.mark.parametrize("batched", ["at once", "one box a chunk", "box by box"])
+def test_a_case_whose_two_rows_are_proven_together(tmp_path, monkeypatch, batched):
+    """The two best rows of an open box combined (t y0 + (1 - t) y1 > t b0 + (1 - t) b1, in
+    exact arithmetic) prove the root box; without the combination the search splits. On
+    boxes bounded at once (ForwardBoxes; also in chunks of one box) and box by box
+    (GraphBounds)."""
+    from crown_cli.engine import graph_forward
+    from crown_cli.verification.bab import graph_input_split as gis
+
+    if batched == "box by box":
+        monkeypatch.setattr(graph_forward, "prefer_forward", lambda graph: False)
+    if batched == "one box a chunk":
+        monkeypatch.setattr(gis, "BATCH_BYTES", 1)
+    g = _two_sided(tmp_path)
+    lo, hi, A, b = -np.ones(2), np.ones(2), np.eye(2), np.full(2, -0.25)
+    res = graph_input_split(g, lo, hi, A, b, time.monotonic() + 60)
+    assert res.verdict == "unsat" and res.domains == 1, res
+    monkeypatch.setattr(gis, "pair_weights", lambda L, H, lb, Lam: (
+        np.zeros(len(L)), np.zeros(len(L), np.int64), np.zeros(len(L), np.int64)))
+    res = graph_input_split(g, lo, hi, A, b, time.monotonic() + 60)
+    assert res.verdict == "unsat" and res.domains > 1, res
+    # and where the case is not empty (x0 in [-1/4, 1/4] meets both rows), a point of it
+    monkeypatch.undo()
+    res = graph_input_split(g, lo, hi, A, np.full(2, 0.25), time.monotonic() + 60)
+    assert res.verdict == "sat" and np.all(A @ g.forward(res.x[None])[0] <= 0.25), res
+
+
+def test_combined_rows_prove_only_in_exact_arithmetic():
+    """combination_row refuses weights whose floats are not the exact combination; the
+    combined score is positive only when the bound exceeds the exact right-hand side."""
+    from fractions import Fraction
+
+    from crown_cli.verification.bab.graph_input_split import combination_row, combined_score
+
+    A = np.array([[1.0, 0.0, -1.0], [0.0, 1.0, 2.0]])
+    c = combination_row(A, 0.25, 0, 1)
+    assert c is not None and np.array_equal(c, [0.25, 0.75, 1.25])
+    assert combination_row(np.array([[0.1, 0.0], [0.3, 1.0]]), 21 / 64, 0, 1) is None
+    b_up = np.array([1.0, 0.1])
+    rhs = Fraction(1, 2) + Fraction(1, 2) * Fraction(0.1)  # 0.55000000000000000277...
+    above, below = 0.55, np.nextafter(0.55, -np.inf)
+    assert Fraction(above) > rhs > Fraction(below)
+    assert combined_score(above, b_up, 0.5, 0, 1) > 0.0
+    assert combined_score(below, b_up, 0.5, 0, 1) <= 0.0
+    assert combined_score(-np.inf, b_up, 0.5, 0, 1) == -np.inf
