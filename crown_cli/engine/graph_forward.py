@@ -31,6 +31,7 @@ from typing import Tuple
 
 import numpy as np
 
+from crown_cli.engine.deadline import check_deadline
 from crown_cli.engine.input_sets import box_lower, input_abs_bound
 from crown_cli.engine.rounding import TINY64, U64, gamma_n
 from crown_cli.graph.ops import ActivationOp, Affine, InputOp, Product
@@ -179,10 +180,10 @@ class ForwardBoxes(ForwardPass):
     come from those intervals), as on one box; :meth:`lower` bounds rows of the output by
     back-substitution, as :meth:`~crown_cli.engine.graph_bounds.GraphBounds.lower` on one
     box (``GraphBounds(intermediate="forward")``).
-    Only graphs :func:`supported` (no max pools). ``deadline``: checked at every node."""
+    Only graphs :func:`supported` (no max pools). ``deadline``: checked at every node, in
+    :meth:`lower` too."""
 
     def __init__(self, graph, lo, hi, method: str = "crown", deadline=None):
-        from crown_cli.engine.deadline import check_deadline
         from crown_cli.engine.graph_bounds import sum_rtol
         from crown_cli.engine.input_sets import centre_radius
         from crown_cli.engine.node_rules import (activation_interval, affine_interval,
@@ -190,7 +191,7 @@ class ForwardBoxes(ForwardPass):
 
         if not supported(graph):
             raise ValueError("ForwardBoxes: the graph has nodes without a forward rule")
-        self.g, self.d = graph, graph.input_size
+        self.g, self.d, self.deadline = graph, graph.input_size, deadline
         self.L = np.ascontiguousarray(lo, dtype=np.float64)
         self.H = np.ascontiguousarray(hi, dtype=np.float64)
         self.c, self.r = centre_radius(self.L, self.H)
@@ -269,6 +270,7 @@ class ForwardBoxes(ForwardPass):
             for i in range(self.g.output, -1, -1):
                 R = walk.pending.pop(i, None)
                 if R is not None:
+                    check_deadline(self.deadline)
                     walk.step(i, self.g.nodes[i], R)
         return walk.Lx, walk.const, walk.mag, walk.charge
 

@@ -8,7 +8,7 @@ intermediate bounds (:func:`~crown_cli.engine.graph_forward.prefer_forward`: at 
 inputs, no max pool) every box of a round is bounded at once
 (:class:`~crown_cli.engine.graph_forward.ForwardBoxes`: the same bounds as one box's
 ``GraphBounds(intermediate="forward")``, in chunks of :data:`BATCH_BYTES`), and where a box
-is small, rounds are wide (:data:`WIDE_BATCH` boxes, every dimension a candidate); other
+is small, rounds are wide (:data:`WIDE_BATCH` boxes); other
 graphs bound one box at a time (a :class:`~crown_cli.engine.graph_bounds.GraphBounds`
 each, :data:`GRAPH_BATCH` boxes a round) and tighten the open boxes' best row by
 :func:`~crown_cli.engine.graph_alpha.alpha_lower`. The rows are carried to the input for
@@ -42,7 +42,6 @@ COMBOS = 64  # a pair of rows is combined with a weight j / COMBOS (exact on sma
 BATCH_BYTES = 256 * 2 ** 20  # boxes bounded at once (ForwardBoxes) within about this much
 WIDE_CHUNK = 256  # boxes that must fit in BATCH_BYTES for wide rounds:
 WIDE_BATCH = 256  # their open boxes per round
-WIDE_DIMS = 8  # and candidate dimensions per box (all of them up to this many)
 GRAPH_BATCH = 16  # open boxes per round (each bounds its halves along 4 candidate dimensions)
 
 
@@ -59,10 +58,10 @@ class GraphBoxes:
         self.deadline, self.alpha_iters = deadline, alpha_iters
         from crown_cli.engine.graph_forward import prefer_forward
 
-        # few inputs: every box's intermediate bounds by the forward pass, and then every
-        # box of a round at once (ForwardBoxes: its output's bounds forward too)
+        # few inputs: every box's intermediate bounds by the forward pass; small boxes all
+        # at once (ForwardBoxes), large ones (a generator's) one by one on the fused kernels
         self.intermediate = "forward" if prefer_forward(graph) else "crown"
-        self.batched = self.intermediate == "forward"
+        self.batched = at_once(graph)
 
     def bound(self, L, H, PB=None):
         """Per box: the rows' bounds lb - b_up, their input coefficients (n, rows, d), the
@@ -123,6 +122,15 @@ class GraphBoxes:
         """Which points of X (n, d) violate the property (the graph's float64 forward pass)."""
         q = self.search
         return violations_of(lambda Z: decided_outputs(self.graph, Z), q.lo0, q.hi0, q.A, q.b, X)
+
+
+def at_once(graph) -> bool:
+    """Whether a round's boxes are bounded at once (:class:`ForwardBoxes`) in wide rounds:
+    graphs that take forward intermediate bounds whose box is small (:data:`WIDE_CHUNK`
+    boxes within :data:`BATCH_BYTES`)."""
+    from crown_cli.engine.graph_forward import prefer_forward
+
+    return prefer_forward(graph) and ForwardBoxes.box_bytes(graph) * WIDE_CHUNK <= BATCH_BYTES
 
 
 def _chunked_lower(chunks, C, boxes):
@@ -223,14 +231,14 @@ def graph_input_split_steps(graph, lo, hi, A, b, deadline: float, max_domains: i
     # few inputs: many small boxes do better than alpha-CROWN on each (lsnc's quadrotor2d
     # state 0, case 0, 30 s: 3307 boxes, worst open bound -1.57, against 667 and -3.52)
     alpha = alpha and not prefer_forward(graph)
-    # boxes bounded at once, each small: wide rounds, every dimension tried (lsnc's
-    # quadrotor2d state 0, case 0, 40 s: worst open bound -0.447 with 16 boxes a round and
-    # 3 dimensions, -0.206 with 256 and all 6)
-    wide = prefer_forward(graph) and ForwardBoxes.box_bytes(graph) * WIDE_CHUNK <= BATCH_BYTES
-    o = InputSplitOptions(max_domains=max_domains, batch=WIDE_BATCH if wide else GRAPH_BATCH,
-                          workers=1, inherit=False, alpha_iters=ITERS if alpha else 0,
-                          trial_dims=min(graph.input_size, WIDE_DIMS) if wide else
-                          InputSplitOptions.trial_dims)
+    # boxes bounded at once, each small: wide rounds (lsnc's quadrotor2d state 0, case 0,
+    # 40 s: worst open bound -0.447 with 16 boxes a round, -0.283 with 256). Every dimension
+    # a candidate did better there (-0.206) but split state 2's case 11 into slivers of one
+    # dimension (the halves' deficit preferred it each time; ranked by sensitivity times
+    # width it drops out): the 3 candidates and the widest stay
+    o = InputSplitOptions(max_domains=max_domains,
+                          batch=WIDE_BATCH if at_once(graph) else GRAPH_BATCH,
+                          workers=1, inherit=False, alpha_iters=ITERS if alpha else 0)
     search = BoxSearch(lo, hi, A, b, o,
                        lambda q: GraphBoxes(graph, q, deadline, o.alpha_iters))
     return (yield from search.run(deadline, progress))
