@@ -228,3 +228,20 @@ def test_boxes_back_substitution_charges_as_one_box(tmp_path):
                         for corner in itertools.product(*zip(L[j], H[j])))
             assert F(float(low[j, row])) <= least + F(float(const[j, row])) \
                 - F(float(charge[j, row])), (j, row)
+
+
+def test_boxes_at_once_stop_at_the_deadline(tmp_path):
+    """ForwardBoxes checks its deadline at every node, building and bounding."""
+    import time
+
+    from crown_cli.engine.deadline import DeadlineExceeded
+    from crown_cli.engine.graph_forward import ForwardBoxes
+
+    g = _graph(tmp_path, BUILDERS["relu_residual"](np.random.default_rng(1)))
+    L, H = _boxes(np.random.default_rng(3), g.input_size, 4)
+    with pytest.raises(DeadlineExceeded):
+        ForwardBoxes(g, L, H, deadline=time.monotonic() - 1.0)
+    fb = ForwardBoxes(g, L, H, deadline=time.monotonic() + 60.0)
+    fb.deadline = time.monotonic() - 1.0
+    with pytest.raises(DeadlineExceeded):
+        fb.lower(np.eye(g.output_size))
