@@ -39,7 +39,8 @@ each rounded quantity is charged against a bound on what it multiplies over the 
 - a node receiving rows from several consumers: each sum ``fl(P + Q)`` errs by at most
   ``2u |fl(P + Q)|``, charged against the node's absval;
 - the constant terms (``Lam b``, intercepts) and the final sums: ``rtol`` of the magnitude
-  sum, as in the dense chain (:func:`sum_rtol`: N counts the graph's nodes and widest node).
+  sum, as in the dense chain (:func:`~crown_cli.engine.rounding.sum_rtol`: N counts the
+  graph's nodes and widest node).
 
 Interval arithmetic is rounded outward the same way (:func:`affine_interval`). The charges
 sum to ``charge``; the bound is widened by ``ERR_SAFETY * charge`` (which also covers the
@@ -58,7 +59,7 @@ from crown_cli.engine.input_sets import Box, input_terms
 from crown_cli.engine.kernels import graph_kernels
 from crown_cli.engine.node_rules import AffineRule, InputRule, PoolLines, plan
 from crown_cli.graph.ops import Dense, IndexMap
-from crown_cli.engine.rounding import ERR_SAFETY, FP_RTOL, U64, widen
+from crown_cli.engine.rounding import ERR_SAFETY, U64, sum_rtol, widen
 ROW_BUDGET = 256 * 2 ** 20  # bytes of rows per back-substitution pass (identity rows chunked)
 ROW_COPIES = 4  # per neuron: its two rows of [I; -I] as wide as the widest node, twice
 # The peak memory of a back-substitution pass, as a multiple of its row budget: the rows'
@@ -106,15 +107,6 @@ def row_budget_for(graph, budget: float) -> Optional[int]:
 def least_bytes(graph) -> int:
     """The least memory a bound of the graph takes: the fixed part and one neuron's pass."""
     return fixed_bytes(graph) + ROW_PEAK * row_bytes(graph)
-
-
-def sum_rtol(graph) -> float:
-    """The relative allowance of the final sums: gamma_N of N = max(d, 2 w + L + 5) + 3
-    roundings per term (d inputs, w the widest node, L nodes), as
-    :func:`crown_cli.engine.rounding.final_sum_rtol` for a chain."""
-    widest = max(n.size for n in graph.nodes)
-    n = max(graph.input_size, 2 * widest + len(graph.nodes) + 5) + 3
-    return max(FP_RTOL, n * 2.0 ** -52)
 
 
 TILES = 2  # an image-shaped node's neurons are bounded in up to TILES x TILES spatial groups

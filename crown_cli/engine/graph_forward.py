@@ -33,7 +33,7 @@ import numpy as np
 
 from crown_cli.engine.deadline import check_deadline
 from crown_cli.engine.input_sets import box_lower, input_abs_bound
-from crown_cli.engine.rounding import TINY64, U64, gamma_n
+from crown_cli.engine.rounding import TINY64, U64, gamma_n, sum_rtol
 from crown_cli.graph.ops import ActivationOp, Affine, InputOp, Product
 
 # the largest input for which verify takes forward intermediate bounds (d + 1 columns)
@@ -184,7 +184,6 @@ class ForwardBoxes(ForwardPass):
     :meth:`lower` too."""
 
     def __init__(self, graph, lo, hi, method: str = "crown", deadline=None):
-        from crown_cli.engine.graph_bounds import sum_rtol
         from crown_cli.engine.input_sets import centre_radius
         from crown_cli.engine.node_rules import (activation_interval, affine_interval,
                                                  product_planes)

@@ -110,7 +110,8 @@ def product_planes(l1, u1, l2, u2):
     :class:`ProductRule`): ``(a, b, icL, icU)`` and the product's interval (lo, hi)."""
     finite = np.isfinite(l1) & np.isfinite(u1) & np.isfinite(l2) & np.isfinite(u2)
     with np.errstate(invalid="ignore", over="ignore"):
-        a, b = np.where(finite, 0.5 * l2 + 0.5 * u2, 0.0), np.where(finite, 0.5 * l1 + 0.5 * u1, 0.0)
+        a = np.where(finite, 0.5 * l2 + 0.5 * u2, 0.0)
+        b = np.where(finite, 0.5 * l1 + 0.5 * u1, 0.0)
         prods, gs, errs = [], [], []
         for x, y in ((l1, l2), (l1, u2), (u1, l2), (u1, u2)):
             xy = x * y

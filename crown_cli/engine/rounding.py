@@ -56,6 +56,15 @@ def final_sum_rtol(weights) -> float:
     return max(FP_RTOL, n * 2.0 ** -52)
 
 
+def sum_rtol(graph) -> float:
+    """The relative allowance of the final sums: gamma_N of N = max(d, 2 w + L + 5) + 3
+    roundings per term (d inputs, w the widest node, L nodes), as
+    :func:`final_sum_rtol` for a chain."""
+    widest = max(n.size for n in graph.nodes)
+    n = max(graph.input_size, 2 * widest + len(graph.nodes) + 5) + 3
+    return max(FP_RTOL, n * 2.0 ** -52)
+
+
 def widen(value, mag, sign, rtol=FP_RTOL, extra=0.0):
     """Move ``value`` outward (sign +1: up, -1: down) by the floating-point allowance:
     ``rtol`` of the magnitude sum, FP_ATOL, and ``extra`` (>= 0, e.g. product rounding)."""
