@@ -121,11 +121,9 @@ def _exact_functions(g, fp):
     return out
 
 
-def test_rounding_allowance_covers_the_float_arithmetic(tmp_path):
-    """At every corner of the box, each node's float lower function minus its allowance lies
-    below the exact-arithmetic function with the same lines (and the upper one above): what
-    makes the intervals sound whatever the rounding. Gemm layers of awkward weights, a Relu, a
-    product of data; without the allowance most corners fail."""
+def _awkward_graph(tmp_path, mix):
+    """x (3) -> Gemm h (4) -> Relu -> Gemm k (4) -> mix(g, k, h) (4) -> Gemm (2): weights and
+    biases of awkward floats (seed 5), for the exact-arithmetic allowance tests."""
     rng = np.random.default_rng(5)
     g = G(rng)
     h = g.op("Gemm", ["x", g.const(rng.normal(size=(4, 3)) / 3), g.const(rng.normal(size=4) / 7)],
@@ -133,10 +131,18 @@ def test_rounding_allowance_covers_the_float_arithmetic(tmp_path):
     r = g.op("Relu", [h])
     k = g.op("Gemm", [r, g.const(rng.normal(size=(4, 4)) / 3), g.const(rng.normal(size=4) / 7)],
              transB=1)
-    m = g.op("Mul", [k, h])
+    m = mix(g, k, h)
     out = g.op("Gemm", [m, g.const(rng.normal(size=(2, 4)) / 3), g.const(rng.normal(size=2))],
                transB=1)
-    graph = _graph(tmp_path, g.model([("x", (1, 3))], [out]))
+    return _graph(tmp_path, g.model([("x", (1, 3))], [out]))
+
+
+def test_rounding_allowance_covers_the_float_arithmetic(tmp_path):
+    """At every corner of the box, each node's float lower function minus its allowance lies
+    below the exact-arithmetic function with the same lines (and the upper one above): what
+    makes the intervals sound whatever the rounding. Gemm layers of awkward weights, a Relu, a
+    product of data; without the allowance most corners fail."""
+    graph = _awkward_graph(tmp_path, lambda g, k, h: g.op("Mul", [k, h]))
     box = Box(np.array([-0.3, 0.1, -1.1]) / 3, np.array([0.7, 0.9, 0.2]) / 3)
     gb = GraphBounds(graph, *box.args(), intermediate="forward")
     fp = ForwardPass(gb)
@@ -200,17 +206,8 @@ def test_boxes_back_substitution_charges_as_one_box(tmp_path):
     from crown_cli.engine.graph_forward import ForwardBoxes
     from crown_cli.engine.kernels import using_kernels
 
-    rng = np.random.default_rng(5)
-    g = G(rng)
-    h = g.op("Gemm", ["x", g.const(rng.normal(size=(4, 3)) / 3), g.const(rng.normal(size=4) / 7)],
-             transB=1)
-    r = g.op("Relu", [h])
-    k = g.op("Gemm", [r, g.const(rng.normal(size=(4, 4)) / 3), g.const(rng.normal(size=4) / 7)],
-             transB=1)
-    m = g.op("Add", [g.op("Mul", [k, h]), g.op("Tanh", [k])])
-    out = g.op("Gemm", [m, g.const(rng.normal(size=(2, 4)) / 3), g.const(rng.normal(size=2))],
-               transB=1)
-    graph = _graph(tmp_path, g.model([("x", (1, 3))], [out]))
+    graph = _awkward_graph(tmp_path, lambda g, k, h: g.op("Add", [g.op("Mul", [k, h]),
+                                                                  g.op("Tanh", [k])]))
     L, H = _boxes(np.random.default_rng(6), 3, 4, width=0.4)
     fb = ForwardBoxes(graph, L, H)
     C = np.array([[1.0 / 3, -0.7], [-1.1, 0.3]])

@@ -31,6 +31,7 @@ from typing import Tuple
 
 import numpy as np
 
+from crown_cli.engine.chain import Lines
 from crown_cli.engine.deadline import check_deadline
 from crown_cli.engine.input_sets import box_lower, input_abs_bound
 from crown_cli.engine.rounding import TINY64, U64, gamma_n, sum_rtol
@@ -161,16 +162,6 @@ class ForwardPass:
         return L, U, np.where(np.isnan(eL), np.inf, eL), np.where(np.isnan(eU), np.inf, eU)
 
 
-class _BoxLines:
-    """An activation's lines for :class:`ForwardBoxes` (what :meth:`ForwardPass._activation`
-    reads of :class:`~crown_cli.engine.chain.Lines`)."""
-
-    __slots__ = ("lower", "upper", "upper_icpt", "lower_icpt")
-
-    def __init__(self, aL, aU, bU, bL):
-        self.lower, self.upper, self.upper_icpt, self.lower_icpt = aL, aU, bU, bL
-
-
 class ForwardBoxes(ForwardPass):
     """Forward linear bounds of a graph on many boxes at once (input splitting on graphs
     with few inputs): every node's functions with a leading axis of boxes, (n, size, d + 1),
@@ -197,7 +188,7 @@ class ForwardBoxes(ForwardPass):
         self.rtol = sum_rtol(graph)
         n = self.L.shape[0]
         self.xabs = np.concatenate([np.abs(self.c) + self.r, np.ones((n, 1))], axis=1)
-        self.fn, self.lines, self.planes, self.lo, self.hi = {}, {}, {}, {}, {}
+        self.fn, self.lines, self.planes, self.lo, self.hi, self.absval = {}, {}, {}, {}, {}, {}
         self.gb = self  # ForwardPass reads lines and planes from here
         last = [max(c, default=-1) for c in graph.consumers]
         for i, node in enumerate(graph.nodes):
@@ -210,10 +201,9 @@ class ForwardBoxes(ForwardPass):
                     rule = (self.L[:, sl], self.H[:, sl])
                 elif isinstance(op, ActivationOp):
                     p = node.inputs[0]
-                    z = np.maximum(np.abs(self.lo[p]), np.abs(self.hi[p]))
                     (aU, bU, aL, bL), *rule = activation_interval(op, method, self.lo[p],
-                                                                  self.hi[p], z)
-                    self.lines[i] = _BoxLines(aL, aU, bU, bL)
+                                                                  self.hi[p], self.absval[p])
+                    self.lines[i] = Lines(np.arange(node.size), aL, aU, bU, bL)
                 elif isinstance(op, Affine):
                     rule = affine_interval(op, [self.lo[j] for j in node.inputs],
                                            [self.hi[j] for j in node.inputs])
@@ -231,6 +221,7 @@ class ForwardBoxes(ForwardPass):
                 lo, hi = np.fmax(lo, rule[0]), np.fmin(hi, rule[1])
             self.lo[i] = np.where(np.isnan(lo), -np.inf, lo)
             self.hi[i] = np.where(np.isnan(hi), np.inf, hi)
+            self.absval[i] = np.maximum(np.abs(self.lo[i]), np.abs(self.hi[i]))
 
     @staticmethod
     def box_bytes(graph) -> int:
@@ -293,17 +284,13 @@ class _BoxWalk:
     def __init__(self, fb, sel, r):
         self.fb, self.sel = fb, sel
         n = sel.size
-        self.absval = {}
         self.Lx = np.zeros((n, r, fb.d))
         self.const, self.mag, self.charge = np.zeros((n, r)), np.zeros((n, r)), np.zeros((n, r))
         self.pending = {}
 
     def z(self, j):
         """Node j's magnitudes on the boxes (boxes, size)."""
-        if j not in self.absval:
-            fb = self.fb
-            self.absval[j] = np.maximum(np.abs(fb.lo[j][self.sel]), np.abs(fb.hi[j][self.sel]))
-        return self.absval[j]
+        return self.fb.absval[j][self.sel]
 
     def give(self, j, P):
         """Rows P for node j, added to what it has (the sum's rounding charged)."""

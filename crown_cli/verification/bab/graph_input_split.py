@@ -96,11 +96,10 @@ class GraphBoxes:
         q = self.search
         s = s.copy()
         t, i, k = pair_weights(L[idx], H[idx], lb[idx], info["Lam"][idx])
-        pick = np.flatnonzero(t > 0.0)
-        rows = [combination_row(q.A, t[j], i[j], k[j]) for j in pick]
-        pick = np.array([j for j, c in zip(pick, rows) if c is not None], np.int64)
-        rows = [c for c in rows if c is not None]
-        if pick.size:
+        pairs = [(j, c) for j in np.flatnonzero(t > 0.0)
+                 if (c := combination_row(q.A, t[j], i[j], k[j])) is not None]
+        if pairs:
+            pick, rows = np.array([j for j, _ in pairs]), [c for _, c in pairs]
             if "batch" in info:
                 low = _chunked_lower(info["batch"], np.stack(rows)[:, None, :], idx[pick])
             else:
