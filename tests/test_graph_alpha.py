@@ -248,7 +248,7 @@ def test_optimised_intermediate_bounds_hold_the_exact_ranges(tmp_path, kind, see
         assert unstable.size
         tighter += int(np.sum((opt.lo[p][unstable] > crown.lo[p][unstable] + 1e-6)
                               | (opt.hi[p][unstable] < crown.hi[p][unstable] - 1e-6)))
-        for j in unstable[:8]:
+        for j in unstable[:4]:
             e = np.zeros(g.nodes[p].size)
             e[j] = 1.0
             low, _ = graph_min(cut, lo, hi, e)
