@@ -77,7 +77,7 @@ class Activation:
     ``bab``: branch and bound in ``crown verify`` (input and ReLU splitting);
     ``numpy_twin``: a plain-numpy relaxation exists (bounds without importing numba);
     ``mlp``: an MLP file (NPZ, HDF5, Keras) may name it as its activation (the elementary
-    functions of ONNX graphs, sin to reciprocal, are graph nodes only);
+    functions of ONNX graphs, sin to cube, are graph nodes only);
     ``surrogate``: for an activation whose derivative is 0 almost everywhere (sign), the
     gradient the attacks descend on instead (:func:`attack_derivative`); None: ``derivative``.
     Attacks only nominate points, which the float64 forward pass then confirms, so any
@@ -124,12 +124,15 @@ ACTIVATIONS: Dict[str, Activation] = {a.name: a for a in (
     Activation("hard_sigmoid", lambda z, a: np.clip(a * z + 0.5, 0.0, 1.0), _hard_sigmoid_grad,
                default_param=0.2, param_range=(0.0, float("inf"), False)),
     # elementary functions of the competitions' graphs (ONNX Sin, Cos, Exp, Reciprocal and
-    # division by data): crown_cli.engine.relaxations.elementary
+    # division by data, Pow): crown_cli.engine.relaxations.elementary
     Activation("sin", lambda z, a: np.sin(z), lambda z, a: np.cos(z), mlp=False),
     Activation("cos", lambda z, a: np.cos(z), lambda z, a: -np.sin(z), mlp=False),
     Activation("exp", lambda z, a: np.exp(z), lambda z, a: np.exp(z), mlp=False),
     Activation("reciprocal", lambda z, a: _reciprocal(z), lambda z, a: -_reciprocal(z) ** 2,
                mlp=False),
+    # ONNX Pow of data by the constant 2 or 3
+    Activation("square", lambda z, a: np.square(z), lambda z, a: 2.0 * z, mlp=False),
+    Activation("cube", lambda z, a: z * z * z, lambda z, a: 3.0 * z * z, mlp=False),
     # ONNX Sign: -1, 0, 1 (binarised networks); a jump at 0, so bounds only (engine/relaxations/
     # sign.py: numpy) and a surrogate gradient for the attacks
     Activation("sign", lambda z, a: np.sign(z), lambda z, a: np.zeros_like(z, dtype=np.float64),

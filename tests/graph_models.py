@@ -207,6 +207,23 @@ def elementary(rng):
     return g.model([("x", (1, 4))], [g.op("Gemm", [h, g.rand(3, 6), g.rand(3)], transB=1)])
 
 
+def powers(rng):
+    """Pow by 2 and 3 (power-flow and throughput models: VNN-COMP 2023 ml4acopf, nn4sys) and
+    a 1-D convolution: x (1, 2, 6) -> Conv1d (3 channels, kernel 3, stride 2, pads 1 and 0)
+    -> Relu -> Flatten -> Gemm -> Pow 2 and Pow 3 (intervals across 0), Pow 3 of a Relu,
+    Pow 1 -> Concat -> Gemm (2 outputs)."""
+    g = G(rng)
+    c = g.op("Relu", [g.op("Conv", ["x", g.rand(3, 2, 3), g.rand(3)], strides=[2],
+                           pads=[1, 0])])
+    h = g.op("Gemm", [g.op("Flatten", [c]), g.rand(4, 9), g.rand(4)], transB=1)
+    two = g.op("Pow", [h, g.const(np.array(2.0))])
+    three = g.op("Pow", [h, g.const(np.array(3.0))])
+    pos = g.op("Pow", [g.op("Relu", [h]), g.const(np.array(3.0))])
+    one = g.op("Pow", [h, g.const(np.array(1.0))])
+    cat = g.op("Concat", [two, three, pos, one], axis=1)
+    return g.model([("x", (1, 2, 6))], [g.op("Gemm", [cat, g.rand(2, 16), g.rand(2)], transB=1)])
+
+
 def generator(rng):
     """A small image generator as the VNN-COMP cgan networks: Gemm -> Reshape to an image ->
     ConvTranspose (stride 2, uneven pads, output_padding) -> BatchNorm (folded) -> Relu ->
@@ -244,4 +261,5 @@ BUILDERS = {"dense": dense_chain, "conv": conv_net, "residual": residual, "shape
             "two_inputs": two_inputs, "broadcast": broadcast_net, "normalised": normalised,
             "conv_maxpool": lambda rng: conv_net(rng, pool="MaxPool"),
             "conv_tanh": lambda rng: conv_net(rng, act="Tanh", bn=False),
-            "elementary": elementary, "generator": generator, "attention": attention}
+            "elementary": elementary, "generator": generator, "attention": attention,
+            "powers": powers}

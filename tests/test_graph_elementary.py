@@ -19,7 +19,9 @@ from graph_oracles import onnx_outputs
 
 # |f''| on an interval of width <= 1 around c (a bound for the tightness check)
 CURV = {"sin": lambda l, u: 1.0, "cos": lambda l, u: 1.0, "exp": lambda l, u: np.exp(u),
-        "reciprocal": lambda l, u: 2.0 / min(abs(l), abs(u)) ** 3}
+        "reciprocal": lambda l, u: 2.0 / min(abs(l), abs(u)) ** 3,
+        "square": lambda l, u: 2.0, "cube": lambda l, u: 6.0 * max(abs(l), abs(u))}
+FUNCTIONS = ["sin", "cos", "exp", "reciprocal", "square", "cube"]
 
 
 def _intervals(name, rng, n=400):
@@ -35,9 +37,9 @@ def _intervals(name, rng, n=400):
     return l, u
 
 
-@pytest.mark.parametrize("name", ["sin", "cos", "exp", "reciprocal"])
+@pytest.mark.parametrize("name", FUNCTIONS)
 def test_relaxation_holds_on_a_dense_grid_and_is_tight(name):
-    rng = np.random.default_rng(["sin", "cos", "exp", "reciprocal"].index(name))
+    rng = np.random.default_rng(FUNCTIONS.index(name))
     l, u = _intervals(name, rng)
     aU, bU, aL, bL = get_relaxation(name, "crown")(l, u)
     for i in range(l.size):
@@ -50,6 +52,61 @@ def test_relaxation_holds_on_a_dense_grid_and_is_tight(name):
             gap = max(np.max(aU[i] * z + bU[i] - f), np.max(f - aL[i] * z - bL[i]))
             assert gap <= CURV[name](l[i], u[i]) * w * w / 2 + 1e-12 * (1 + np.abs(f).max()), \
                 (name, l[i], u[i], gap)
+
+
+@pytest.mark.parametrize("name", ["square", "cube"])
+def test_powers_hold_in_exact_arithmetic(name):
+    """z^2 and z^3 are polynomials: each line's worst gap over [l, u] is at an end-point or
+    where the derivative equals the slope, all exactly computable in rationals from the
+    floats. No line may cross the function by even one rational point; intervals near 0,
+    across it, tiny, huge and at overflow included."""
+    from fractions import Fraction as F
+
+    rng = np.random.default_rng(11)
+    c = rng.normal(size=300) * rng.choice([1e-3, 1.0, 30.0, 1e40], size=300)
+    w = np.abs(rng.normal(size=300)) * rng.choice([0.0, 1e-12, 0.3, 5.0], size=300) * \
+        np.maximum(1.0, np.abs(c))
+    l = np.concatenate([c - w, [-1e160, -1e120, 0.0, -2.0]])
+    u = np.concatenate([c + w, [1.0, 1e110, 1e-300, -2.0]])
+    p = 2 if name == "square" else 3
+    aU, bU, aL, bL = get_relaxation(name, "crown")(l, u)
+    for i in range(l.size):
+        lo, hi = F(float(l[i])), F(float(u[i]))
+        for a, b, upper in ((aU[i], bU[i], True), (aL[i], bL[i], False)):
+            if not np.isfinite(b):
+                assert (b == np.inf) == upper
+                continue
+            k = F(float(a))
+            pts = [lo, hi]  # f'(t) = k: t = k / 2, or t^2 = k / 3 (checked on a grid of
+            if p == 2:      # rationals around the float root too)
+                pts.append(k / 2)
+            elif k >= 0:
+                r = F(float(np.sqrt(float(k) / 3.0)))
+                pts += [s * (r + d * r / 2**40) for s in (1, -1) for d in (-1, 0, 1)]
+            for t in pts:
+                if lo <= t <= hi:
+                    gap = k * t + F(float(b)) - t ** p
+                    assert (gap >= 0) if upper else (gap <= 0), (name, l[i], u[i], upper)
+
+
+def test_pow_refuses_what_it_cannot_bound(tmp_path):
+    """Pow of data by an exponent other than 1, 2, 3, or by data: one line naming the node
+    and the problem. Pow of constants folds."""
+    from crown_cli.errors import InputError
+
+    for exponent, want in ((0.5, "exponent 0.5 (supported for data: 1, 2, 3)"),
+                           ("x", "the exponent must be a constant, not data"),
+                           (np.array([2.0, 3.0]), "the exponent must be one number")):
+        g = G(np.random.default_rng(0))
+        e = exponent if isinstance(exponent, str) else g.const(np.asarray(exponent))
+        path = _save(tmp_path, g.model([("x", (1, 2))], [g.op("Pow", ["x", e])]))
+        with pytest.raises(InputError, match="Pow node") as info:
+            load_graph(path)
+        assert want in str(info.value) and path in str(info.value)
+    g = G(np.random.default_rng(0))
+    k = g.op("Pow", [g.const(np.array([2.0, -3.0])), g.const(np.array(3.0))])
+    graph = load_graph(_save(tmp_path, g.model([("x", (1, 2))], [g.op("Add", ["x", k])])))
+    np.testing.assert_allclose(graph.forward(np.array([1.0, 1.0])), [9.0, -26.0])
 
 
 def test_periodic_relaxation_over_a_full_period_is_the_range():

@@ -168,8 +168,13 @@ def test_refusals_name_operator_and_node(tmp_path):
     _fails(tmp_path, g.model([("x", (1, 3))], [y]), "MatMul node",
            "two data tensors of rank 1 is not supported")
     g = G(np.random.default_rng(0))
-    y = g.op("Conv", ["x", g.rand(2, 3, 3)])
-    _fails(tmp_path, g.model([("x", (1, 3, 5))], [y]), "Conv node", "2-D")
+    y = g.op("Conv", ["x", g.rand(2, 3, 2, 2, 2)])  # 3-D
+    _fails(tmp_path, g.model([("x", (1, 3, 4, 4, 4))], [y]), "Conv node",
+           "only 1-D and 2-D convolutions are supported")
+    g = G(np.random.default_rng(0))
+    y = g.op("Conv", ["x", g.rand(2, 3, 3)])  # 1-D weights on an image
+    _fails(tmp_path, g.model([("x", (1, 3, 5, 5))], [y]), "Conv node",
+           "a 1-D convolution needs data of shape (1, C, L)")
 
 
 def test_large_mostly_zero_weights_stay_sparse(tmp_path, monkeypatch):

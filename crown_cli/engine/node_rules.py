@@ -42,7 +42,7 @@ from crown_cli.graph.pooling import MaxPool
 _RANGES = {"relu": (0.0, np.inf), "sigmoid": (0.0, 1.0), "tanh": (-1.0, 1.0),
            "arctan": (-1.5707963267948970, 1.5707963267948970), "hard_sigmoid": (0.0, 1.0),
            "softplus": (0.0, np.inf), "sign": (-1.0, 1.0), "sin": (-1.0, 1.0),
-           "cos": (-1.0, 1.0)}
+           "cos": (-1.0, 1.0), "square": (0.0, np.inf)}
 
 
 def outward(lo, hi, err):
@@ -79,8 +79,8 @@ def activation_interval(op, method: str, l, u, z):
     """An activation's relaxation on its input's interval [l, u] (arrays of any one shape;
     ``z`` >= max(|l|, |u|)): its lines ``(aU, bU, aL, bL)`` (each l's shape, or broadcastable
     to it) and the interval of its output: the lines' range on [l, u], rounded outward and
-    intersected with the function's range (relu: exact, end-points' values of the monotone
-    exp and reciprocal)."""
+    intersected with the function's range (relu: exact; the end-points' values of exp, the
+    reciprocal, the square and the cube)."""
     from crown_cli.engine.relaxations import get_relaxation
 
     shape = l.shape
@@ -100,7 +100,7 @@ def activation_interval(op, method: str, l, u, z):
     rng = _RANGES.get(name) or ((-alpha, np.inf) if name == "elu" else None)
     if rng is not None:
         lo, hi = np.clip(lo, *rng), np.clip(hi, *rng)
-    if name in ("exp", "reciprocal"):  # monotone: the end-points' values (4 ulps out)
+    if name in ("exp", "reciprocal", "square", "cube"):  # the end-points' values, 4 ulps out
         lo, hi = _monotone_range(name, l, u, lo, hi)
     return back, lo.reshape(shape), hi.reshape(shape)
 
@@ -311,12 +311,19 @@ class ConvRule(AffineRule):
 
 
 def _monotone_range(name, l, u, lo, hi):
-    """[lo, hi] intersected with exp's [e^l, e^u], or the reciprocal's [1/u, 1/l] where [l, u]
-    lies on one side of 0, each end-point's value moved out by 4 ulps (numpy's exp and the
-    division err by at most 1): a quotient's denominator then keeps its sign."""
+    """[lo, hi] intersected with exp's [e^l, e^u], the reciprocal's [1/u, 1/l] where [l, u]
+    lies on one side of 0, the cube's [l^3, u^3] or the square's range (0 where [l, u] holds
+    it, else the nearer end-point's square; the farther one's above), each end-point's value
+    moved out by 4 ulps (numpy's exp and the division err by at most 1, the cube's two
+    products by 2): a quotient's denominator then keeps its sign."""
     with np.errstate(over="ignore", divide="ignore", invalid="ignore"):
         if name == "exp":
             a, b = np.exp(l), np.exp(u)
+        elif name == "cube":
+            a, b = l * l * l, u * u * u
+        elif name == "square":
+            near = np.where(l > 0.0, l, np.where(u < 0.0, u, 0.0))
+            a, b = near * near, np.maximum(l * l, u * u)
         else:
             side = (l > 0.0) | (u < 0.0)
             a, b = np.where(side, 1.0 / u, -np.inf), np.where(side, 1.0 / l, np.inf)

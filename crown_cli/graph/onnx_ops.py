@@ -280,12 +280,33 @@ def _spatial(b, node, attrs, d: Data, kernel):
     return strides, pads, dil
 
 
+def _as_2d(b, node, attrs, d: Data, W):
+    """A 1-D convolution (data (1, C, L), weights (O, C/group, k)) as the 2-D one of height 1
+    on the same flat layout: (1, C, 1, L) data, (O, C/group, 1, k) weights, the attributes
+    with a height axis of stride 1, dilation 1 and no padding."""
+    if len(d.shape) != 3 or d.shape[0] != 1:
+        b.fail(node, f"a 1-D convolution needs data of shape (1, C, L), got {d.shape}")
+    two = dict(attrs)
+    two["strides"] = [1] + [int(s) for s in attrs.get("strides", [1])]
+    two["dilations"] = [1] + [int(s) for s in attrs.get("dilations", [1])]
+    pads = [int(p) for p in attrs.get("pads", [0, 0])]
+    two["pads"] = [0, pads[0], 0, pads[1]]
+    if "kernel_shape" in attrs:
+        two["kernel_shape"] = [1] + list(attrs["kernel_shape"])
+    d4 = T.view(d, lambda a: a.reshape(a.shape[:2] + (1,) + a.shape[2:]))
+    return two, d4, W[:, :, None, :]
+
+
 def _conv(b, node, ins, attrs):
     d = b.data(node, ins[0])
     W = b.fconst(node, ins[1], "the weights")
     bias = b.fconst(node, ins[2], "the bias") if len(ins) > 2 and ins[2] is not None else None
+    if W.ndim == 3:  # 1-D: as 2-D of height 1, the output's height axis dropped
+        attrs, d4, W4 = _as_2d(b, node, attrs, d, W)
+        out = _conv(b, node, [d4, Const(W4)] + list(ins[2:]), attrs)[0]
+        return [T.view(out, lambda a: a.reshape(a.shape[:2] + a.shape[3:]))]
     if W.ndim != 4:
-        b.fail(node, f"only 2-D convolutions are supported (weights of shape {W.shape})")
+        b.fail(node, f"only 1-D and 2-D convolutions are supported (weights of shape {W.shape})")
     if "kernel_shape" in attrs and list(attrs["kernel_shape"]) != list(W.shape[2:]):
         b.fail(node, f"kernel_shape {list(attrs['kernel_shape'])} differs from the weights' {W.shape}")
     strides, pads, dil = _spatial(b, node, attrs, d, W.shape[2:])
@@ -511,6 +532,32 @@ def _sign(b, node, ins, attrs):
     return [b.add(_label(node), ActivationOp("sign"), (nid,), x.shape)]
 
 
+_POWERS = {2.0: "square", 3.0: "cube"}
+
+
+def _pow(b, node, ins, attrs):
+    """Pow by a constant exponent: of constants folded; of data 1 the data itself, 2 and 3
+    activation nodes (relaxations: crown_cli/engine/relaxations/elementary.py)."""
+    x, y = ins[0], ins[1]
+    if isinstance(x, Const) and isinstance(y, Const):
+        return [Const(np.power(np.asarray(x.value, np.float64), np.asarray(y.value, np.float64)))]
+    if not isinstance(y, Const):
+        b.fail(node, "the exponent must be a constant, not data")
+    d = b.data(node, x)
+    e = np.asarray(y.value, np.float64)
+    if e.size == 0 or np.any(e != e.reshape(-1)[0]):
+        b.fail(node, f"the exponent must be one number, got {e.reshape(-1)[:4]}")
+    if np.broadcast_shapes(d.shape, e.shape) != d.shape:
+        b.fail(node, f"the exponent of shape {e.shape} would broadcast the data {d.shape}")
+    p = float(e.reshape(-1)[0])
+    if p == 1.0:
+        return [d]
+    if p not in _POWERS:
+        b.fail(node, f"exponent {p:g} (supported for data: 1, 2, 3)")
+    nid = b.node_of(d, _label(node))
+    return [b.add(_label(node), ActivationOp(_POWERS[p]), (nid,), d.shape)]
+
+
 # order-preserving functions of the whole output: only at the graph's output (load_graph
 # refuses anything but a reshape of their result), where they become Graph.vector_output
 VECTOR_OUTPUTS = {"Softmax": "softmax", "LogSoftmax": "log_softmax"}
@@ -555,7 +602,7 @@ HANDLERS = {
     "Greater": _const_fn(np.greater), "Not": _const_fn(np.logical_not),
     "Range": _range, "Floor": _const_fn(np.floor),
     "Ceil": _const_fn(np.ceil), "Sqrt": _const_fn(np.sqrt), "Abs": _const_fn(np.abs),
-    "Min": _const_fn(np.minimum), "Max": _const_fn(np.maximum), "Sign": _sign,
+    "Min": _const_fn(np.minimum), "Max": _const_fn(np.maximum), "Sign": _sign, "Pow": _pow,
     **{op: _activation for op in _ACT}, **{op: _vector_output for op in VECTOR_OUTPUTS},
 }
 
@@ -570,7 +617,7 @@ _HOW = {
     "Div": "data / constant: a scaling; constant / data and data / data: Reciprocal, then a "
            "product", "Neg": _AFFINE,
     "MatMul": "by a constant: a dense layer; of two data tensors: products and a sum (attention)",
-    "Gemm": _AFFINE, "Conv": _AFFINE,
+    "Gemm": _AFFINE, "Conv": _AFFINE + " (1-D as 2-D of height 1)",
     "ConvTranspose": "spread by the strides with zeros, padded, a stride-1 Conv (flipped kernel)",
     "AveragePool": _AFFINE, "GlobalAveragePool": _AFFINE, "ReduceMean": _AFFINE,
     "ReduceSum": _AFFINE, "BatchNormalization": "a scaling, folded where it can be",
@@ -585,6 +632,9 @@ _HOW = {
     "Sin": "activation: tangent and chord where convex or concave, else chord-slope lines",
     "Cos": "as Sin", "Exp": "activation: chord above, midpoint tangent below",
     "Reciprocal": "activation (one side of 0): chord and midpoint tangent; across 0 no bound",
+    "Pow": "by the constant 1: the identity; 2: activation, chord above and midpoint tangent "
+           "below; 3: the same on one side of 0, across it chord-slope lines; other exponents "
+           "of data refused",
     "Relu": "activation: CROWN's adaptive lines; slopes optimised by alpha-CROWN; split by "
             "branch and bound", "LeakyRelu": "as Relu",
 }

@@ -92,6 +92,8 @@ RELAXATIONS = {
     "cos": _fixed("elementary", "cos_relaxation"),
     "exp": _fixed("elementary", "exp_relaxation"),
     "reciprocal": _fixed("elementary", "reciprocal_relaxation"),
+    "square": _fixed("elementary", "square_relaxation"),
+    "cube": _fixed("elementary", "cube_relaxation"),
     "sign": _fixed("sign", "sign_relaxation"),  # numpy under either kernels
 }
 

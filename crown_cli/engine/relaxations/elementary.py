@@ -1,6 +1,7 @@
 """Linear relaxations of elementary functions the 2022-2024 competition networks apply
-elementwise: sin, cos (dynamics of control systems), exp (softmax) and the reciprocal 1/z
-(division by data).
+elementwise: sin, cos (dynamics of control systems), exp (softmax), the reciprocal 1/z
+(division by data), and the powers z^2 and z^3 (ONNX ``Pow`` with a constant exponent:
+power-flow equations, throughput models).
 
 Same contract as the other relaxations: 1-D float64 arrays (l, u), l <= u, in; four arrays
 (aU, bU, aL, bL) out with ``aL*z + bL <= f(z) <= aU*z + bU`` for every real z in [l, u].
@@ -21,6 +22,11 @@ O(ulp^2) (its derivative is 0 there): far below the slack.
 - exp (convex, increasing): the chord above, the tangent at the midpoint below (the tangent
   of least area between it and f, as for softplus); past exp's overflow the upper line is
   the constant +inf.
+- square (convex): the chord above, the tangent at the midpoint below. Where max(|l|, |u|)
+  passes 1e150 (the square would overflow), the constant lines 0 and +inf.
+- cube (concave for z < 0, convex for z > 0): on one side of 0 as the convex or concave
+  functions above, across 0 two lines with the chord's slope; past 1e100 the constant lines
+  of the end-points' cubes (monotone), moved out.
 - reciprocal: on l > 0 convex and decreasing (chord above, tangent at the midpoint below), on
   u < 0 the mirror image; an interval holding 0 has no bound (constant lines -inf, +inf).
 """
@@ -29,9 +35,9 @@ import math
 import numpy as np
 from numba import njit
 
-from crown_cli.engine.relaxations.sigmoid_family import (COS, EXP, RECIPROCAL, SIN,
-                                                        _exact_intercept, _is_degenerate,
-                                                        _slack, _value)
+from crown_cli.engine.relaxations.sigmoid_family import (COS, CUBE, EXP, RECIPROCAL, SIN,
+                                                        SQUARE, _exact_intercept,
+                                                        _is_degenerate, _slack, _value)
 
 TWO_PI = 2.0 * math.pi
 
@@ -49,6 +55,10 @@ def _df(kind, t):
         return -math.sin(t)
     if kind == EXP:
         return math.exp(t)
+    if kind == SQUARE:
+        return 2.0 * t
+    if kind == CUBE:
+        return 3.0 * t * t
     return -1.0 / (t * t)
 
 
@@ -81,6 +91,20 @@ def _critical(kind, l, u, k):
                 out[0] = t
                 m = 1
         return out[:m]
+    if kind == SQUARE:  # 2 t = k
+        t = 0.5 * k
+        if l <= t <= u:
+            out[0] = t
+            m = 1
+        return out[:m]
+    if kind == CUBE:  # 3 t^2 = k: t = +-sqrt(k / 3)
+        if k >= 0.0:
+            t = math.sqrt(k / 3.0)
+            for c in (t, -t):
+                if l <= c <= u:
+                    out[m] = c
+                    m += 1
+        return out[:m]
     if k < 0.0:  # reciprocal: -1 / t^2 = k, t of the interval's sign
         t = math.sqrt(-1.0 / k)
         if u < 0.0:
@@ -102,8 +126,10 @@ def _intercept(kind, l, u, k, upper, S):
 @njit(cache=True)
 def _curvature_sign(kind, l, u):
     """+1 where f is convex on all of [l, u], -1 where concave, 0 otherwise (or unknown)."""
-    if kind == EXP:
+    if kind == EXP or kind == SQUARE:
         return 1
+    if kind == CUBE:
+        return 1 if l >= 0.0 else (-1 if u <= 0.0 else 0)
     if kind == RECIPROCAL:
         return 1 if l > 0.0 else (-1 if u < 0.0 else 0)
     # f'' = -f: sin is concave on [2 pi n, 2 pi n + pi], cos on [2 pi n - pi/2, 2 pi n + pi/2]
@@ -146,6 +172,17 @@ def elementary_relaxation(kind, l, u):
             # the chord would overflow: constants (exp increasing)
             bU[i] = np.inf if ui > 709.0 else math.exp(ui) * (1.0 + 8.0 * 2.0 ** -52)
             bL[i] = 0.0 if not math.isfinite(li) else max(0.0, math.exp(li) * (1.0 - 8.0 * 2.0 ** -52))
+            continue
+        if kind == SQUARE and not max(abs(li), abs(ui)) <= 1e150:
+            bU[i] = np.inf  # the square would overflow: its range [0, inf]
+            bL[i] = 0.0
+            continue
+        if kind == CUBE and not max(abs(li), abs(ui)) <= 1e100:
+            # monotone: constants between the end-points' cubes (inf past overflow)
+            cl = li * li * li
+            cu = ui * ui * ui
+            bU[i] = cu + _slack(0.0, cu, 0.0, abs(cu)) if math.isfinite(cu) else np.inf
+            bL[i] = cl - _slack(0.0, cl, 0.0, abs(cl)) if math.isfinite(cl) else -np.inf
             continue
         if kind == RECIPROCAL and not (math.isfinite(li) and math.isfinite(ui)):
             # 1/z is monotone decreasing on each side of 0: constants between its end values
@@ -192,3 +229,13 @@ def exp_relaxation(l, u):
 @njit(cache=True)
 def reciprocal_relaxation(l, u):
     return elementary_relaxation(RECIPROCAL, l, u)
+
+
+@njit(cache=True)
+def square_relaxation(l, u):
+    return elementary_relaxation(SQUARE, l, u)
+
+
+@njit(cache=True)
+def cube_relaxation(l, u):
+    return elementary_relaxation(CUBE, l, u)

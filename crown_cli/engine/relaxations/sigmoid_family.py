@@ -58,6 +58,8 @@ SIN = 6
 COS = 7
 EXP = 8
 RECIPROCAL = 9
+SQUARE = 10  # ONNX Pow with exponent 2 and 3
+CUBE = 11
 
 EPS = 2.0 ** -52  # float64 machine epsilon (spacing of floats at 1.0)
 TINY = 5e-324  # smallest positive subnormal
@@ -205,6 +207,10 @@ def _value(kind, p, t):
         return math.cos(t)
     if kind == EXP:
         return math.exp(t)
+    if kind == SQUARE:
+        return t * t
+    if kind == CUBE:
+        return t * t * t
     return 1.0 / t
 
 
