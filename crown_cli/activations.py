@@ -137,6 +137,10 @@ ACTIVATIONS: Dict[str, Activation] = {a.name: a for a in (
     # sign.py: numpy) and a surrogate gradient for the attacks
     Activation("sign", lambda z, a: np.sign(z), lambda z, a: np.zeros_like(z, dtype=np.float64),
                numpy_twin=True, surrogate=_sign_surrogate),
+    # ONNX Floor of data (range reductions): steps of 1 (engine/relaxations/floor.py: numpy);
+    # the attacks descend through it as through the identity
+    Activation("floor", lambda z, a: np.floor(z), lambda z, a: np.zeros_like(z, dtype=np.float64),
+               numpy_twin=True, mlp=False, surrogate=lambda z, a: np.ones_like(z, dtype=np.float64)),
 )}
 
 

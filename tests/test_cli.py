@@ -143,7 +143,7 @@ def bad_files(tmp_path):
     (["--model", model_path("mnist_3x1024_tanh.h5"), "--method", "fast-lin"],
      "--method fast-lin is defined for ReLU-type networks only, not 'tanh'"),
     (["--model", model_path("mnist_3x1024_tanh.h5"), "--kernels", "numpy"],
-     "--kernels numpy: the tanh relaxation needs numba (numpy has relu, leaky_relu, sign); "
+     "--kernels numpy: the tanh relaxation needs numba (numpy has relu, leaky_relu, sign, floor); "
      "use --kernels numba or auto"),
 ])
 def test_bad_input_one_line_exit_2(bad_files, args, message):

@@ -3,6 +3,7 @@ jump, in exact arithmetic at the end-points and at 0), the loader (Sign of const
 of data an activation node; the forward pass against onnx.reference), CROWN bounds on sampled
 points, the attack's surrogate gradient, the check that refuses a counterexample whose Sign
 inputs are within rounding of 0, and the softmax output's pairwise properties."""
+import math
 import os
 from fractions import Fraction
 
@@ -232,3 +233,54 @@ def test_softmax_output_takes_pairwise_properties_only(tmp_path):
     with pytest.raises(InputError, match="comparing two outputs"):
         order_only(graph, parse_vnnlib_text(head + "(assert (>= Y_1 0.5))", n_inputs=2,
                                             n_outputs=3))
+
+
+# ONNX Floor of data (VNN-COMP 2024 ml4acopf's range reduction): a jump at every integer, the
+# same checks as Sign's
+FLOOR_ENDS = [-1e20, -7.5, -3.0, -2.0 - 1e-12, -1.0, -0.5, -TINY, 0.0, 1e-300, 0.3, 1.0 - 1e-16,
+              1.0, 1.5, 2.0, 4.999999, 1e6 + 0.5, 2.0 ** 53, 1e20]
+
+
+@pytest.mark.parametrize("lo_end", FLOOR_ENDS)
+def test_floor_relaxation_sound_in_exact_arithmetic(lo_end):
+    """Every line checked against floor in rationals at the interval's ends and on both sides
+    of every integer inside (where floor(t) - k t has its extremes), for every pair of ends."""
+    from crown_cli.engine.relaxations.floor import floor_relaxation
+
+    u = np.array([e for e in FLOOR_ENDS if e >= lo_end])
+    l = np.full(u.size, lo_end)
+    aU, bU, aL, bL = floor_relaxation(l, u)
+    for i in range(u.size):
+        lo, hi = Fraction(float(l[i])), Fraction(float(u[i]))
+        pts = [lo, hi]
+        n0, n1 = math.floor(lo), math.floor(hi)
+        for n in {n0 + 1, n1, n0 + 2, n1 - 1}:  # the extreme steps (floor(t) - k t is
+            if lo < n <= hi:                   # monotone in the step's number between them)
+                pts += [Fraction(n), Fraction(n) - Fraction(1, 10**30)]
+        for t in pts:
+            if lo <= t <= hi:
+                f = math.floor(t)
+                assert Fraction(float(aL[i])) * t + Fraction(float(bL[i])) <= f, (l[i], u[i], t)
+                assert f <= Fraction(float(aU[i])) * t + Fraction(float(bU[i])), (l[i], u[i], t)
+        if n0 == n1:  # no jump inside: the constant itself
+            assert aU[i] == aL[i] == 0.0 and bU[i] == bL[i] == n0
+        else:  # across jumps: z - 1 and z, moved out by rounding only
+            assert aU[i] == aL[i] == 1.0
+            assert 0.0 <= bU[i] <= 1e-13 * (1 + abs(float(hi)) + abs(float(lo)))
+            assert 0.0 <= -1.0 - bL[i] <= 1e-13 * (1 + abs(float(hi)) + abs(float(lo)))
+
+
+def test_a_floor_input_within_rounding_of_an_integer_is_refused():
+    """z = 3 x at x = float(1/3): float64 rounds the product to exactly 1.0 (floor 1), the exact
+    value is below 1 (floor 0): refused; z = 3 x at 0.5 (1.5, far from an integer) and at the
+    integer 2.0 (exact: an integer coefficient on an integer input) are decided."""
+    nodes = [Node("x", InputOp(0, 0, 1), (), (1, 1)),
+             Node("d", Dense(np.array([[3.0]]), None), (0,), (1, 1)),
+             Node("f", ActivationOp("floor"), (1,), (1, 1))]
+    g = Graph(nodes, 2)
+    X = np.array([[1.0 / 3.0], [0.5], [2.0]])
+    _, vals = g.forward(X, return_all=True)
+    assert vals[1][0, 0] == 1.0 and Fraction(3) * Fraction(1.0 / 3.0) < 1
+    assert list(decided(g, vals)) == [False, True, True]
+    Y = decided_outputs(g, X)
+    assert np.isnan(Y[0]).all() and list(Y[1:, 0]) == [1.0, 6.0]

@@ -102,6 +102,8 @@ def activation_interval(op, method: str, l, u, z):
         lo, hi = np.clip(lo, *rng), np.clip(hi, *rng)
     if name in ("exp", "reciprocal", "square", "cube"):  # the end-points' values, 4 ulps out
         lo, hi = _monotone_range(name, l, u, lo, hi)
+    if name == "floor":  # exact: floor is monotone and does not round
+        lo, hi = np.fmax(lo, np.floor(l)), np.fmin(hi, np.floor(u))
     return back, lo.reshape(shape), hi.reshape(shape)
 
 

@@ -520,16 +520,21 @@ def _activation(b, node, ins, attrs):
     return [b.add(_label(node), ActivationOp(name, alpha), (nid,), d.shape)]
 
 
-def _sign(b, node, ins, attrs):
-    """Sign: of a constant (binarised weights) folded to a constant; of data an activation
-    node (relaxation: crown_cli/engine/relaxations/sign.py)."""
+_STEPS = {"Sign": ("sign", np.sign), "Floor": ("floor", np.floor)}
+
+
+def _step(b, node, ins, attrs):
+    """Sign and Floor: of a constant (binarised weights, shape arithmetic) folded to a
+    constant; of data an activation node (relaxations: crown_cli/engine/relaxations/sign.py,
+    floor.py)."""
+    name, fn = _STEPS[node.op_type]
     x = ins[0]
     if isinstance(x, Const):
         if x.value.dtype.kind not in "fiub":
             b.fail(node, f"the input has dtype {x.value.dtype}, expected numbers")
-        return [Const(np.sign(x.value))]
+        return [Const(fn(x.value))]
     nid = b.node_of(x, _label(node))
-    return [b.add(_label(node), ActivationOp("sign"), (nid,), x.shape)]
+    return [b.add(_label(node), ActivationOp(name), (nid,), x.shape)]
 
 
 _POWERS = {2.0: "square", 3.0: "cube"}
@@ -600,9 +605,9 @@ HANDLERS = {
     "ConstantOfShape": _constant_of_shape,
     "Equal": _const_fn(np.equal), "Where": _const_fn(np.where), "Less": _const_fn(np.less),
     "Greater": _const_fn(np.greater), "Not": _const_fn(np.logical_not),
-    "Range": _range, "Floor": _const_fn(np.floor),
+    "Range": _range, "Floor": _step,
     "Ceil": _const_fn(np.ceil), "Sqrt": _const_fn(np.sqrt), "Abs": _const_fn(np.abs),
-    "Min": _const_fn(np.minimum), "Max": _const_fn(np.maximum), "Sign": _sign, "Pow": _pow,
+    "Min": _const_fn(np.minimum), "Max": _const_fn(np.maximum), "Sign": _step, "Pow": _pow,
     **{op: _activation for op in _ACT}, **{op: _vector_output for op in VECTOR_OUTPUTS},
 }
 
@@ -629,6 +634,8 @@ _HOW = {
     "LogSoftmax": "on the output only: dropped (the logits)",
     "Cast": "to float32 / float64: the identity; other casts of data refused",
     "Sign": "activation: constant where the sign is fixed, else least-area lines over the jump",
+    "Floor": "activation: constant between two integers, else two lines of slope at most 1 "
+             "(of constants: folded)",
     "Sin": "activation: tangent and chord where convex or concave, else chord-slope lines",
     "Cos": "as Sin", "Exp": "activation: chord above, midpoint tangent below",
     "Reciprocal": "activation (one side of 0): chord and midpoint tangent; across 0 no bound",

@@ -1,21 +1,25 @@
-"""Counterexamples on graphs with Sign nodes: is the float64 forward pass's sign of each Sign
-node's input the sign exact arithmetic gives it?
+"""Counterexamples on graphs with jumps (Sign and Floor nodes): is the float64 forward pass's
+value of each jump node the one exact arithmetic gives it?
 
 A counterexample is confirmed by the float64 forward pass (:mod:`crown_cli.verification.outcome`).
 For a continuous network a rounding error moves the outputs by about as much; Sign jumps by 2
-at 0, so an input within rounding of 0 may take the other sign exactly and change the output
-by the full jump. :func:`decided_outputs` is the forward pass the counterexample checks of
-graphs use: on a graph with Sign nodes, a point where some Sign input is not decided gets NaN
-outputs (NaN satisfies no row of ``A y <= b``, so the point is refused).
+at 0 and Floor by 1 at each integer, so an input within rounding of a jump may take the other
+value exactly and change the output by the full jump. :func:`decided_outputs` is the forward
+pass the counterexample checks of graphs use: on a graph with jump nodes, a point where some
+jump's input is not decided gets NaN outputs (NaN satisfies no row of ``A y <= b``, so the
+point is refused).
 
 Per node and point, the forward pass carries a bound e on |exact value - float value|:
 the input 0; an affine node with k products summed per element (``terms_fwd``, the bias
 counted) ``|W| e_in`` plus its own rounding ``gamma_k (|W| |x| + |b|)`` (any summation
 order), or nothing when it is exact: every input and coefficient an integer, no input error,
 and ``|W| |x| + |b| < 2^53`` (binarised layers on -1/+1 values: their sums are exact integers,
-0 included); a max pool the window's largest e; Sign 0 where ``|z| > e`` or ``z = e = 0``,
-else the point is refused; any other activation its Lipschitz constant times e plus 8 ulps of
-its value and of 1 (libm's error; sigmoid's 0.5 (1 + tanh)). Each bound is rounded up by a relative 2 gamma_{k+2}.
+0 included); a max pool the window's largest e; a product ``x y`` of data
+``|x| e_y + |y| e_x + e_x e_y`` plus one rounding of ``|x y|``; Sign 0 where ``|z| > e`` or
+``z = e = 0``, Floor 0 where z's distance to the nearest integer exceeds e or is 0 with
+e = 0, else the point is refused; any other activation its Lipschitz constant on
+``[z - e, z + e]`` times e plus 16 ulps of its value and of 1 (libm's error; sigmoid's
+0.5 (1 + tanh)). Each bound is rounded up by a relative 2 gamma_{k+2}.
 """
 from __future__ import annotations
 
@@ -30,11 +34,34 @@ def _gamma(k: int) -> float:
     return k * U / (1.0 - k * U)
 
 
-def _lipschitz(op) -> float:
-    a = op.alpha
+def _lipschitz(op, z, e):
+    """The activation's Lipschitz constant on [z - e, z + e] (elementwise)."""
+    a, name = op.alpha, op.name
+    with np.errstate(over="ignore", divide="ignore", invalid="ignore"):
+        far = np.abs(z) + e
+        if name == "exp":
+            return np.exp(z + e)
+        if name == "square":
+            return 2.0 * far
+        if name == "cube":
+            return 3.0 * far * far
+        if name == "reciprocal":
+            near = np.abs(z) - e
+            return np.where(near > 0.0, 1.0 / (near * near), np.inf)
     return {"relu": 1.0, "leaky_relu": max(1.0, abs(a or 0.0)), "tanh": 1.0, "sigmoid": 0.25,
             "arctan": 1.0, "elu": max(1.0, abs(a or 0.0)), "softplus": 1.0,
-            "hard_sigmoid": abs(a or 0.0), "linear": 1.0}[op.name]
+            "hard_sigmoid": abs(a or 0.0), "linear": 1.0, "sin": 1.0, "cos": 1.0}[name]
+
+
+JUMPS = ("sign", "floor")
+
+
+def _jump_decided(name, z, e):
+    """Per point: whether every element's jump takes its float value in exact arithmetic."""
+    if name == "sign":
+        return np.all((np.abs(z) > e) | ((z == 0.0) & (e == 0.0)), axis=1)
+    d = np.abs(z - np.round(z))  # exact below 2^52; above, every float is an integer (d = 0)
+    return np.all((d > e) | ((d == 0.0) & (e == 0.0)), axis=1)
 
 
 def _ints(a) -> bool:
@@ -72,7 +99,8 @@ def _affine_error(op, xs, es, exact_in):
 
 def decided(graph, vals) -> np.ndarray:
     """Per point (N,) of the forward pass ``vals`` (:meth:`Graph.forward` with
-    ``return_all``): whether every Sign node's input has the float sign in exact arithmetic."""
+    ``return_all``): whether every jump node's input has the float value's side of its jumps
+    in exact arithmetic."""
     N = vals[0].shape[0] if vals[0] is not None else 1
     ok = np.ones(N, bool)
     err, exact = [None] * len(graph.nodes), [None] * len(graph.nodes)
@@ -89,25 +117,31 @@ def decided(graph, vals) -> np.ndarray:
             err[i], exact[i] = _affine_error(n.op, xs, es, ex)
         elif n.kind == "maxpool":
             err[i], exact[i] = n.op.forward(es), ex
-        elif n.op.name == "sign":
-            z, e = xs[0], es[0]
-            ok &= np.all((np.abs(z) > e) | ((z == 0.0) & (e == 0.0)), axis=1)
-            err[i], exact[i] = np.zeros_like(z), np.ones(N, bool)
+        elif n.kind == "product":
+            (x, y), (ex_, ey) = xs, es
+            with np.errstate(over="ignore", invalid="ignore"):
+                e = np.abs(x) * ey + np.abs(y) * ex_ + ex_ * ey + U * np.abs(vals[i])
+            err[i], exact[i] = e * (1.0 + 4.0 * U) + TINY, np.zeros(N, bool)
+        elif n.op.name in JUMPS:
+            ok &= _jump_decided(n.op.name, xs[0], es[0])
+            err[i], exact[i] = np.zeros_like(xs[0]), np.ones(N, bool)
         else:
-            e = _lipschitz(n.op) * es[0] * (1.0 + 4.0 * U) + 16.0 * U * (np.abs(vals[i]) + 1.0)
+            with np.errstate(over="ignore", invalid="ignore"):
+                e = _lipschitz(n.op, xs[0], es[0]) * es[0] * (1.0 + 4.0 * U) \
+                    + 16.0 * U * (np.abs(vals[i]) + 1.0)
             err[i], exact[i] = e + 8.0 * TINY, np.zeros(N, bool)
     return ok
 
 
-def has_sign(graph) -> bool:
-    return any(n.kind == "activation" and n.op.name == "sign" for n in graph.nodes)
+def has_jumps(graph) -> bool:
+    return any(n.kind == "activation" and n.op.name in JUMPS for n in graph.nodes)
 
 
 def decided_outputs(graph, X) -> np.ndarray:
     """:meth:`Graph.forward` of a batch X (N, inputs), with NaN outputs at the points where
-    some Sign node's input is not decided (:func:`decided`); the plain forward pass on graphs
-    without Sign nodes."""
-    if not has_sign(graph):
+    some jump node's input is not decided (:func:`decided`); the plain forward pass on graphs
+    without jump nodes."""
+    if not has_jumps(graph):
         return graph.forward(X)
     X = np.asarray(X, np.float64)
     one = X.ndim == 1

@@ -10,6 +10,8 @@ no numba at all).
 """
 from importlib import import_module
 
+import numpy as np
+
 from crown_cli.activations import ACTIVATIONS
 from crown_cli.errors import InputError
 
@@ -95,6 +97,7 @@ RELAXATIONS = {
     "square": _fixed("elementary", "square_relaxation"),
     "cube": _fixed("elementary", "cube_relaxation"),
     "sign": _fixed("sign", "sign_relaxation"),  # numpy under either kernels
+    "floor": _fixed("floor", "floor_relaxation"),  # likewise
 }
 
 # Neurons whose relaxation is the same on every sub-interval of [l, u] (the function is linear
@@ -108,6 +111,7 @@ INTERVAL_FREE = {
     "hard_sigmoid": lambda l, u, alpha: ((alpha * u + 0.5 <= 0.0) | (alpha * l + 0.5 >= 1.0)
                                          | ((alpha * l + 0.5 >= 0.0) & (alpha * u + 0.5 <= 1.0))),
     "sign": lambda l, u, alpha: (l > 0.0) | (u < 0.0),  # a constant (l = 0: no, sign(0) = 0)
+    "floor": lambda l, u, alpha: np.floor(l) == np.floor(u),  # a constant
 }
 
 def get_interval_free(activation: str, alpha=None):
