@@ -46,6 +46,37 @@ def test_conv_transpose_kernel_equals_numpy_twin(layout, density):
     np.testing.assert_allclose(full.T, want, rtol=1e-13, atol=1e-13 * np.abs(want).max())
 
 
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+def test_conv_transpose_by_blas_equals_numpy_twin(layout, dtype):
+    """Conv.transpose_blas_t (one product per kernel offset and group) on rows held
+    transposed, all output elements live or a subset, against the numpy twin; and the
+    dispatch: BLAS from 32 channels with most outputs live, the kernel otherwise, the same
+    numbers either way."""
+    wshape, in_shape, strides, pads, dil, group = layout
+    rng = np.random.default_rng(wshape[0] + 10 * group)
+    conv = Conv(rng.normal(size=wshape), None, in_shape, strides, pads, dil, group)
+    for live in (None, np.sort(rng.choice(conv.size, conv.size // 3, replace=False))):
+        L = rng.normal(size=(5, conv.size))
+        if live is not None:
+            L[:, np.setdiff1d(np.arange(conv.size), live)] = 0.0
+        want = conv._transpose_numpy(L)[0]
+        Lt = np.ascontiguousarray((L if live is None else L[:, live]).T, dtype)
+        targets = np.sort(rng.choice(conv.n_in[0], conv.n_in[0] // 2, replace=False))
+        got = conv.transpose_blas_t(Lt, live, targets, conv.weight.astype(dtype))
+        assert got.dtype == dtype and got.shape == (targets.size, 5)
+        tol = 1e-13 if dtype == np.float64 else 1e-5
+        np.testing.assert_allclose(got, want.T[targets], rtol=tol, atol=tol * np.abs(want).max())
+    wide = Conv(rng.normal(size=(32, 32, 3, 3)), None, (32, 6, 6), (1, 1), (1, 1, 1, 1))
+    assert wide.blas_pays(None) and not wide.blas_pays(np.arange(wide.size // 2))
+    assert not conv.blas_pays(None)
+    Lt = rng.normal(size=(wide.size, 4))
+    targets = np.arange(wide.n_in[0])
+    np.testing.assert_allclose(wide.transpose_t(Lt, None, targets, wide.weight, graph_kernels()),
+                               wide._transpose_numpy(np.ascontiguousarray(Lt.T))[0].T,
+                               rtol=1e-12, atol=1e-12)
+
+
 def resnet(rng, c=4, s=8):
     """A small residual network: conv (stride 2) -> relu -> [conv -> relu -> conv] + skip
     -> relu -> dense -> relu -> dense."""

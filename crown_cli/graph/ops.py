@@ -35,6 +35,10 @@ except ImportError:  # pragma: no cover
 # kernel runs at about a fifth of the speed per product (measured on 3x3 convolutions of
 # 16-64 channels, 8x8 to 32x32, 9 to 256 rows)
 ROW_BY_ROW = 0.2
+# Conv.transpose_t by BLAS (Conv.blas_pays) from this many channels in and out per group, with
+# this share of the output elements live
+BLAS_MIN_CHANNELS = 32
+BLAS_MIN_LIVE = 0.75
 
 
 def is_sparse(w) -> bool:
@@ -343,7 +347,10 @@ class Conv(Affine):
         """The transposed convolution of rows held transposed on the output elements ``idx``
         (None: all), ``Lt`` (k, r), on the input elements ``targets`` (flat, sorted; every
         element their products reach): (targets.size, r), by the numba kernel
-        ``conv_transpose_t`` with ``weight`` (this convolution's, in Lt's dtype)."""
+        ``conv_transpose_t`` with ``weight`` (this convolution's, in Lt's dtype), or by BLAS
+        (:meth:`transpose_blas_t`) where that is faster (:meth:`blas_pays`)."""
+        if self.blas_pays(idx):
+            return self.transpose_blas_t(Lt, idx, targets, weight)
         src = np.full(self.size, -1, np.int64)
         if idx is None:
             src[:] = np.arange(self.size)
@@ -355,6 +362,39 @@ class Conv(Affine):
                                  *kernels.conv_args(self.strides, self.dilations, self.pads,
                                                     self.group), Gt)
         return Gt
+
+    def blas_pays(self, idx) -> bool:
+        """Whether the BLAS transpose beats the kernel: both channel counts (per group) at
+        least :data:`BLAS_MIN_CHANNELS` (below, its strided additions dominate) and at least
+        :data:`BLAS_MIN_LIVE` of the output elements live (the kernel skips the others).
+        Measured on one core: 1.8-4x at 32-128 channels, 0.8x at 3-16 channels or less, and
+        0.2x with a tenth of the outputs live (docs/benchmarks.md)."""
+        O, Cg = self.weight.shape[:2]
+        live = 1.0 if idx is None else idx.size / self.size
+        return min(Cg, O // self.group) >= BLAS_MIN_CHANNELS and live >= BLAS_MIN_LIVE
+
+    def transpose_blas_t(self, Lt, idx, targets, weight) -> np.ndarray:
+        """:meth:`transpose_t` by BLAS: per kernel offset and group one matrix product
+        (Cg, Og) x (Og, OH * OW * r) added into a strided window of the padded input (the
+        numpy twin's scheme on rows held transposed), then the ``targets`` read out. The same
+        sums in another order: each is still at most ``terms`` products."""
+        r, dt = Lt.shape[1], Lt.dtype
+        C, H, W = self.in_shape
+        O, OH, OW = self.out_shape
+        pt, pl, pb, pr = self.pads
+        if idx is None:
+            G = np.ascontiguousarray(Lt, dt).reshape(O, OH * OW * r)
+        else:
+            G = np.zeros((self.size, r), dt)
+            G[idx] = Lt
+            G = G.reshape(O, OH * OW * r)
+        buf = np.zeros((C, H + pt + pb, W + pl + pr, r), dt)
+        for i, j, (si, sj) in self._windows():
+            for go, gc in self._groups():
+                P = np.ascontiguousarray(weight[go, :, i, j].T) @ G[go]
+                buf[gc, si, sj] += P.reshape(-1, OH, OW, r)
+        t = np.asarray(targets, np.int64)
+        return buf[t // (H * W), (t // W) % H + pt, t % W + pl]
 
     def reach(self, out_idx) -> np.ndarray:
         """The input positions (H, W) bool that the transpose of rows on the output elements
