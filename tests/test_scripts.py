@@ -59,3 +59,45 @@ def test_scripts_stop_on_a_failing_command(tmp_path):
     assert res.returncode == 2
     assert "crown: error: --method: unknown value 'no-such-method'" in res.stderr
     assert not (tmp_path / "out" / "table2.md").exists()
+
+
+@pytest.mark.slow  # four crown processes; the default tier parses every shell script
+def test_survey_benchmarks_reports_loads_refusals_and_missing_files(tmp_path):
+    """scripts/survey_benchmarks.py on a made-up benchmark folder: a network that loads and
+    its first instance's verdict, one refused by its operator (the one-line error, no
+    traceback), a Git LFS pointer and an absent file reported missing."""
+    import csv
+
+    import numpy as np
+    import onnx
+
+    sys.path.insert(0, os.path.join(ROOT, "tests"))
+    from graph_models import G, dense_chain
+
+    bench = tmp_path / "bench" / "demo"
+    (bench / "onnx").mkdir(parents=True)
+    onnx.save(dense_chain(np.random.default_rng(0)), str(bench / "onnx" / "net.onnx"))
+    g = G(np.random.default_rng(1))
+    onnx.save(g.model([("x", (1, 5))], [g.op("Hardmax", ["x"])]), str(bench / "onnx" / "odd.onnx"))
+    (bench / "onnx" / "lfs.onnx").write_text("version https://git-lfs.github.com/spec/v1\n")
+    spec = "".join(f"(declare-const X_{i} Real)\n(assert (>= X_{i} -0.01))\n"
+                   f"(assert (<= X_{i} 0.01))\n" for i in range(5))
+    spec += "".join(f"(declare-const Y_{j} Real)\n" for j in range(3)) + \
+        "(assert (<= Y_0 -1000.0))\n"  # far below any output: unsat
+    (bench / "p.vnnlib").write_text(spec)
+    (bench / "instances.csv").write_text("".join(
+        f"onnx/{n}.onnx,p.vnnlib,20\n" for n in ("net", "odd", "lfs", "gone")))
+    out = tmp_path / "survey.csv"
+    res = subprocess.run([sys.executable, os.path.join(SCRIPTS, "survey_benchmarks.py"),
+                          "--root", str(tmp_path / "bench"), "--timeout", "10",
+                          "--output", str(out)], env=_env(tmp_path), capture_output=True,
+                         text=True)
+    assert res.returncode == 0, res.stderr
+    rows = {r["network"]: r for r in csv.DictReader(open(out))}
+    assert rows["onnx/net.onnx"]["loads"] == "yes"
+    assert rows["onnx/net.onnx"]["verdicts"].startswith("unsat (")
+    assert rows["onnx/odd.onnx"]["loads"] == "no"
+    assert "Hardmax" in rows["onnx/odd.onnx"]["error"]
+    assert "Traceback" not in rows["onnx/odd.onnx"]["error"]
+    assert rows["onnx/lfs.onnx"]["loads"] == rows["onnx/gone.onnx"]["loads"] == "missing"
+    assert "demo: 4 networks, 1 load, 1 refused, 2 missing" in res.stdout
