@@ -208,11 +208,10 @@ def elementary(rng):
 
 
 def powers(rng):
-    """Pow by 2 and 3 (power-flow and throughput models: VNN-COMP 2023 ml4acopf, nn4sys), a
-    1-D convolution and Floor (2024 ml4acopf's range reduction): x (1, 2, 6) -> Conv1d (3
-    channels, kernel 3, stride 2, pads 1 and 0) -> Relu -> Flatten -> Gemm -> Pow 2 and Pow 3
-    (intervals across 0), Pow 3 of a Relu, Pow 1, Floor of 3 times it -> Concat -> Gemm (2
-    outputs)."""
+    """Pow by 2 and 3 (power-flow and throughput models: VNN-COMP 2023 ml4acopf, nn4sys) and
+    a 1-D convolution: x (1, 2, 6) -> Conv1d (3 channels, kernel 3, stride 2, pads 1 and 0)
+    -> Relu -> Flatten -> Gemm -> Pow 2 and Pow 3 (intervals across 0), Pow 3 of a Relu,
+    Pow 1 -> Concat -> Gemm (2 outputs)."""
     g = G(rng)
     c = g.op("Relu", [g.op("Conv", ["x", g.rand(3, 2, 3), g.rand(3)], strides=[2],
                            pads=[1, 0])])
@@ -221,9 +220,20 @@ def powers(rng):
     three = g.op("Pow", [h, g.const(np.array(3.0))])
     pos = g.op("Pow", [g.op("Relu", [h]), g.const(np.array(3.0))])
     one = g.op("Pow", [h, g.const(np.array(1.0))])
+    cat = g.op("Concat", [two, three, pos, one], axis=1)
+    return g.model([("x", (1, 2, 6))], [g.op("Gemm", [cat, g.rand(2, 16), g.rand(2)], transB=1)])
+
+
+def floors(rng):
+    """Floor of data (VNN-COMP 2024 ml4acopf's range reduction): x (1, 4) -> Gemm -> Floor of
+    3 times it, and the range reduction ``h - 2 floor(h / 2)`` -> Concat with h -> Gemm."""
+    g = G(rng)
+    h = g.op("Gemm", ["x", g.rand(4, 4, scale=1.0), g.rand(4)], transB=1)
     steps = g.op("Floor", [g.op("Mul", [h, g.const(np.array(3.0))])])
-    cat = g.op("Concat", [two, three, pos, one, steps], axis=1)
-    return g.model([("x", (1, 2, 6))], [g.op("Gemm", [cat, g.rand(2, 20), g.rand(2)], transB=1)])
+    period = g.op("Mul", [g.op("Floor", [g.op("Div", [h, g.const(np.array(2.0))])]),
+                          g.const(np.array(2.0))])
+    cat = g.op("Concat", [steps, g.op("Sub", [h, period]), h], axis=1)
+    return g.model([("x", (1, 4))], [g.op("Gemm", [cat, g.rand(2, 12), g.rand(2)], transB=1)])
 
 
 def generator(rng):
@@ -264,4 +274,4 @@ BUILDERS = {"dense": dense_chain, "conv": conv_net, "residual": residual, "shape
             "conv_maxpool": lambda rng: conv_net(rng, pool="MaxPool"),
             "conv_tanh": lambda rng: conv_net(rng, act="Tanh", bn=False),
             "elementary": elementary, "generator": generator, "attention": attention,
-            "powers": powers}
+            "powers": powers, "floors": floors}

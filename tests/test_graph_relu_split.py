@@ -49,10 +49,12 @@ class space_of(grs.GraphBounder):
 
 
 def signs_at(g, space, x):
-    """The sign (+1 / -1) of every unstable neuron at the point x: a split met by x."""
+    """The side (+1 / -1) of every split neuron's threshold (ReLU 0; a smooth neuron its
+    ``split_at``) at the point x: a split met by x."""
     _, vals = g.forward(x[None], return_all=True)
-    return np.concatenate([np.where(vals[g.nodes[i].inputs[0]][0, idx] >= 0.0, 1, -1)
-                           for i, idx, _ in space.triples]).astype(np.int8)
+    return np.concatenate([np.where(vals[g.nodes[i].inputs[0]][0, idx]
+                                    >= space.split_at[off:off + idx.size], 1, -1)
+                           for i, idx, off in space.triples]).astype(np.int8)
 
 
 def in_domain(g, space, vals, split):
@@ -61,8 +63,8 @@ def in_domain(g, space, vals, split):
     ok = np.ones(vals[g.output].shape[0], bool)
     for i, idx, off in space.triples:
         z = vals[g.nodes[i].inputs[0]][:, idx]
-        s = split[off:off + idx.size]
-        ok &= np.all(np.where(s > 0, z >= 0.0, np.where(s < 0, z <= 0.0, True)), axis=1)
+        s, t = split[off:off + idx.size], space.split_at[off:off + idx.size]
+        ok &= np.all(np.where(s > 0, z >= t, np.where(s < 0, z <= t, True)), axis=1)
     return ok
 
 
@@ -316,3 +318,62 @@ def test_split_multiplier_cancelling_a_rounded_product_is_charged():
                       extra=np.array([[beta]]))}
     lb = gb.lower(2, np.array([[lam]]), lines=lines)[0]
     assert F(float(lb)) <= -kappa, (lb, float(-kappa))
+
+
+@pytest.mark.parametrize("act", ["Tanh", "Sigmoid"])
+def test_smooth_neurons_split_to_close_a_gap_crown_leaves(tmp_path, act, monkeypatch):
+    """S-shaped neurons are split (at 0 where their interval holds it, else at its middle),
+    each half taking its own lines: on a one-hidden-layer tanh / sigmoid network, with the
+    threshold a tenth of the way from CROWN's bound to the sampled minimum, the search
+    proves unsat by splitting, where without smooth splits it has nothing to split; with
+    the threshold just above a sampled point's value it never says unsat. (Each neuron is
+    split once, and there are no per-domain intermediate bounds: wide gaps stay open.)"""
+    from graph_models import dense_chain
+
+    path = os.path.join(str(tmp_path), f"{act}.onnx")
+    onnx.save(dense_chain(np.random.default_rng(5), (3, 12, 2), act=act), path)
+    g = load_graph(path)
+    rng = np.random.default_rng(6)
+    x0 = rng.uniform(-1, 1, g.input_size)
+    lo, hi = x0 - 1.0, x0 + 1.0
+    row = rng.normal(size=g.output_size)
+    X = lo + rng.uniform(size=(50000, g.input_size)) * (hi - lo)
+    low = float((g.forward(X) @ row).min())
+    crown = float(GraphBounds(g, *Box(lo, hi).args()).lower(g.output, row[None])[0])
+    assert crown < low - 0.02 * (1 + abs(low))
+    b = np.array([crown + 0.1 * (low - crown)])
+    r = grs.graph_relu_split(g, lo, hi, row[None], b, time.monotonic() + 60)
+    assert r.verdict == "unsat" and r.domains > 1, r
+    for above in (low + 1e-9, low + 0.1 * (1 + abs(low))):
+        r = grs.graph_relu_split(g, lo, hi, row[None], np.array([above]),
+                                 time.monotonic() + 20)
+        assert r.verdict != "unsat", r
+    monkeypatch.setattr(grs, "SMOOTH_SPLITS", ())
+    r = grs.graph_relu_split(g, lo, hi, row[None], b, time.monotonic() + 20)
+    assert r.verdict != "unsat" and r.domains <= 1, r
+
+
+def test_a_split_smooth_neuron_takes_lines_that_hold_on_its_half(tmp_path):
+    """Per row, a tanh neuron split to its upper half (+1) takes lines that hold for every z
+    in [t, u] (t its ``split_at``), to its lower half (-1) lines holding on [l, t], open (0)
+    the root's lines on [l, u]: checked on a dense grid of each neuron's own interval."""
+    from crown_cli.activations import apply_activation
+
+    g, gb, space, lo, hi, rng = setup(tmp_path, "conv_tanh", 1, eps=0.3)
+    k = next(k for k, h in enumerate(space.halves) if h is not None)
+    i, idx, off = space.triples[k]
+    l, u = (b[idx] for b in space.bounds[k])
+    t = space.split_at[off:off + idx.size]
+    assert np.all((l <= t) & (t <= u)) and np.any((l < 0) & (u > 0) & (t == 0))
+    split = np.zeros((3, space.nU), np.int8)
+    split[0, off:off + idx.size], split[1, off:off + idx.size] = 1, -1
+    lines = space.lines(split, np.zeros((3, space.nU)), np.zeros((3, space.nU)))[i]
+    for r, (a, z) in enumerate(((t, u), (l, t), (l, u))):
+        grid = a[:, None] + (z - a)[:, None] * np.linspace(0.0, 1.0, 401)[None]
+        f = apply_activation("tanh", grid)
+        low = lines.lower[r, idx][:, None] * grid + lines.lower_icpt[r, idx][:, None]
+        up = lines.upper[r, idx][:, None] * grid + lines.upper_icpt[r, idx][:, None]
+        assert np.all(low <= f) and np.all(f <= up), r
+    # the halves' lines are tighter than the root's somewhere
+    assert np.any(lines.lower[0, idx] * u + lines.lower_icpt[0, idx]
+                  > lines.lower[2, idx] * u + lines.lower_icpt[2, idx] + 1e-9)

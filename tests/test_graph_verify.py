@@ -76,7 +76,8 @@ def check_counterexample(model, graph, lo, hi, row, b, v):
 
 
 def test_vjp_matches_finite_differences(tmp_path):
-    for kind in sorted(BUILDERS):
+    # every graph but the one with Floor, whose vjp is the attacks' surrogate (the identity)
+    for kind in sorted(set(BUILDERS) - {"floors"}):
         _, g = model_and_graph(tmp_path, kind)
         rng = np.random.default_rng(1)
         X = rng.uniform(-1, 1, (2, g.input_size))
@@ -276,13 +277,13 @@ def test_cli_graph_instances(tmp_path):
     assert "bab" in r.stderr
 
 
-def test_graph_without_relu_nodes_says_why_it_stays_open(tmp_path):
-    """A graph of more than 64 inputs and no ReLU node has no branch and bound: an open case
-    ends unknown, with the reason in the verdict's note."""
+def test_graph_without_splittable_nodes_says_why_it_stays_open(tmp_path):
+    """A graph of more than 64 inputs and no ReLU or S-shaped node (here softplus) has no
+    branch and bound: an open case ends unknown, with the reason in the verdict's note."""
     from graph_models import dense_chain
 
-    g = load_graph(save(tmp_path, "tanh70", dense_chain(np.random.default_rng(2), (70, 8, 3),
-                                                        act="Tanh")))
+    g = load_graph(save(tmp_path, "softplus70", dense_chain(np.random.default_rng(2),
+                                                            (70, 8, 3), act="Softplus")))
     rng = np.random.default_rng(3)
     x0 = rng.uniform(-1, 1, g.input_size)
     lo, hi = x0 - 0.3, x0 + 0.3

@@ -15,9 +15,9 @@ The same verdicts and the same rules as :mod:`crown_cli.verification.pipeline`:
 - ``unsat`` only when every case has a row i with a float64-verified lower bound of
   ``A_i f(x)`` over the box (:class:`crown_cli.engine.graph_bounds.GraphBounds`, every rounding
   charged) above ``b_i`` rounded up one ulp;
-- ``unknown`` otherwise (on graphs of more inputs and no ReLU node after more attack starts,
-  with a note that branch and bound does not run there; after a search that could not
-  decide, with its reason); ``timeout`` when the deadline passed first.
+- ``unknown`` otherwise (on graphs of more inputs and no ReLU or S-shaped node after more
+  attack starts, with a note that branch and bound does not run there; after a search that
+  could not decide, with its reason); ``timeout`` when the deadline passed first.
 
 The attack is the MLP pipeline's sign-gradient descent
 (:func:`crown_cli.verification.attack.descend`) on the graph's float64 forward pass and its
@@ -62,7 +62,7 @@ POOL_RELUS_MAX = 4096
 ALPHA_COST = 4.0
 
 NO_BAB = (f"no branch and bound on graphs of more than {INPUT_SPLIT_MAX_DIM} inputs without "
-          "ReLU nodes")
+          "ReLU or S-shaped (sigmoid, tanh, arctan) nodes")
 
 
 def graph_counterexample(graph, lo, hi, cases, *, restarts: int = 64, steps: int = 100,

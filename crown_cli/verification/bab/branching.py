@@ -45,6 +45,9 @@ def branch_scores(bd: Bounder, state, split, alpha, rows, dl=None, du=None,
             sc = np.maximum(-Lu, 0.0) * gap_up + 1e-3 * np.abs(Lu) * (u - l)
         else:
             sc = np.where(Lu >= 0.0, Lu * gap_low, -Lu * gap_up)
+        two = getattr(bd, "two_sided", None)  # smooth neurons (graphs): the gap on both sides
+        if two is not None and two[o0:o1].any():
+            sc = np.where(two[o0:o1], np.abs(Lu) * gap_up, sc)
         sc[split[:, o0:o1] != 0] = -np.inf
         out[:, o0:o1] = sc
     return out

@@ -53,10 +53,23 @@ GRAPH_OPTIONS = ReluSplitOptions(batch=32, iters=10, root_iters=30, branching="b
                                  attack_restarts=0)
 
 
+# S-shaped activations whose neurons are split too: at 0 where their input's interval holds it
+# (each half then convex or concave, where the lines are tight), else at its midpoint
+SMOOTH_SPLITS = ("sigmoid", "tanh", "arctan")
+# a smooth neuron is a split candidate where its root lines are apart by more than this
+SMOOTH_MIN_GAP = 1e-6
+
+
 def splittable_nodes(graph) -> List[int]:
-    """The activation nodes whose neurons can be split: ReLU."""
+    """The activation nodes whose neurons can be split: ReLU, and the S-shaped activations
+    (:data:`SMOOTH_SPLITS`)."""
     return [i for i, n in enumerate(graph.nodes)
-            if n.kind == "activation" and n.op.name == "relu"]
+            if n.kind == "activation" and (n.op.name == "relu" or n.op.name in SMOOTH_SPLITS)]
+
+
+def _line_gap(l, u, aU, bU, aL, bL):
+    """The largest distance between an upper and a lower line over [l, u] (at an end)."""
+    return np.maximum((aU - aL) * l + (bU - bL), (aU - aL) * u + (bU - bL))
 
 
 def exact_when_split(graph) -> bool:
@@ -84,32 +97,66 @@ class GraphBounder(CaseRows):
         self._rows(A, b, groups)
         self.exact = exact_when_split(graph)
         self.nodes, self.ucols, self.bounds, self.offsets = [], [], [], [0]
+        self.halves = []  # per node: None (ReLU), or a smooth node's lines on both halves
+        costs = []  # per node: what BaBSR scores (ReLU: the chord's intercept; smooth: the gap)
+        ats = []  # per node: where its neurons split (ReLU 0)
         for i in splittable_nodes(graph):
-            p = graph.nodes[i].inputs[0]
-            idx = np.flatnonzero((gb.lo[p] < 0.0) & (gb.hi[p] > 0.0))
+            p, n = graph.nodes[i].inputs[0], graph.nodes[i].size
+            l, u = gb.lo[p], gb.hi[p]
+            if graph.nodes[i].op.name == "relu":
+                idx = np.flatnonzero((l < 0.0) & (u > 0.0))
+                half, cost = None, lambda idx, i=i: np.broadcast_to(
+                    np.asarray(self._root(i).upper_icpt, np.float64), (n,))[idx]
+            else:
+                root = [np.broadcast_to(np.asarray(getattr(self._root(i), k), np.float64), (n,))
+                        for k in ("upper", "upper_icpt", "lower", "lower_icpt")]
+                gap = _line_gap(l, u, *root)
+                idx = np.flatnonzero(np.isfinite(l) & np.isfinite(u) & (gap > SMOOTH_MIN_GAP))
+                half = self._halves(graph.nodes[i].op, l[idx], u[idx])
+                cost = lambda idx, gap=gap: gap[idx]
             if idx.size:
                 self.nodes.append(i)
                 self.ucols.append(idx)
-                self.bounds.append((gb.lo[p], gb.hi[p]))
+                self.bounds.append((l, u))
+                self.halves.append(half)
+                ats.append(np.zeros(idx.size) if half is None else half[2])
+                costs.append(cost(idx))
                 self.offsets.append(self.offsets[-1] + idx.size)
         self.L, self.nU = len(self.nodes), self.offsets[-1]
         self.layer_of = np.repeat(np.arange(self.L), np.diff(self.offsets))
-        # the root chords' intercepts (the upper lines' costs BaBSR scores)
-        self.chord_t = np.concatenate(
-            [np.broadcast_to(np.asarray(self._root(i).upper_icpt, np.float64),
-                             (graph.nodes[i].size,))[idx]
-             for i, idx in zip(self.nodes, self.ucols)]) if self.nU else np.zeros(0)
+        # BaBSR's costs: the root chords' intercepts (the upper lines'), or a smooth neuron's
+        # largest gap, which counts for rows of either sign (``two_sided``)
+        self.chord_t = np.concatenate(costs) if self.nU else np.zeros(0)
+        # each split neuron's threshold: -1 is ``z <= split_at``, +1 is ``z >= split_at``
+        self.split_at = np.concatenate(ats) if self.nU else np.zeros(0)
+        self.two_sided = np.concatenate(
+            [np.full(c.size, h is not None) for c, h in zip(costs, self.halves)]) \
+            if self.nU else np.zeros(0, bool)
+
+    @staticmethod
+    def _halves(op, l, u):
+        """A smooth node's lines (aU, bU, aL, bL) on the lower half [l, t] and on the upper
+        half [t, u] of each neuron's interval, and t: 0 where l < 0 < u, else the
+        midpoint."""
+        from crown_cli.engine.relaxations import get_relaxation
+
+        t = np.where((l < 0.0) & (u > 0.0), 0.0, l + 0.5 * (u - l))
+        relax = get_relaxation(op.name, "crown", op.alpha)
+        return relax(l.copy(), t.copy()), relax(t.copy(), u.copy()), t
 
     def _root(self, i) -> Lines:
         return self.gb.lines[i]
 
     def initial_alpha(self) -> np.ndarray:
-        """CROWN's lower slopes of the unstable neurons, (nU,) float32."""
+        """CROWN's lower slopes of the unstable ReLU neurons, (nU,) float32 (0 for smooth
+        neurons, whose lines have no free slope here)."""
         if self.nU == 0:
             return np.zeros(0, np.float32)
-        return np.concatenate([np.broadcast_to(np.asarray(self._root(i).lower, np.float64),
-                                               (self.graph.nodes[i].size,))[idx]
-                               for i, idx in zip(self.nodes, self.ucols)]).astype(np.float32)
+        return np.concatenate([
+            np.broadcast_to(np.asarray(self._root(i).lower, np.float64),
+                            (self.graph.nodes[i].size,))[idx] if h is None else
+            np.zeros(idx.size)
+            for i, idx, h in zip(self.nodes, self.ucols, self.halves)]).astype(np.float32)
 
     def lines(self, split, alpha, beta) -> Dict[int, Lines]:
         """Per ReLU node with unstable neurons, the rows' lines: ``split`` (R, nU) int8 per
@@ -120,6 +167,9 @@ class GraphBounder(CaseRows):
             o0, o1 = self.offsets[k], self.offsets[k + 1]
             base, n = self._root(i), self.graph.nodes[i].size
             sp = split[:, o0:o1]
+            if self.halves[k] is not None:
+                out[i] = self._smooth_lines(base, n, idx, sp, self.halves[k])
+                continue
             lower = np.broadcast_to(np.asarray(base.lower, np.float64), (R, n)).copy()
             upper = np.broadcast_to(np.asarray(base.upper, np.float64), (R, n)).copy()
             ui = np.zeros((R, n)) if base.upper_icpt is None else \
@@ -132,6 +182,23 @@ class GraphBounder(CaseRows):
             extra[:, idx] = -sp * beta[:, o0:o1]
             out[i] = Lines(base.cols, lower, upper, upper_icpt=ui, extra=extra)
         return out
+
+    @staticmethod
+    def _smooth_lines(base, n, idx, sp, halves):
+        """A smooth node's per-row lines: a neuron split to the lower half (-1) takes its
+        lines on [l, t], to the upper half (+1) those on [t, u], else the root's. Each holds
+        on its domain (where the neuron's input lies in that half), so no multiplier is
+        needed; none is added."""
+        R = sp.shape[0]
+        (lU, lbU, lL, lbL), (uU, ubU, uL, ubL), _ = halves
+        cols = {}
+        for name, lo_v, up_v in (("upper", lU, uU), ("upper_icpt", lbU, ubU),
+                                 ("lower", lL, uL), ("lower_icpt", lbL, ubL)):
+            full = np.broadcast_to(np.asarray(getattr(base, name), np.float64), (R, n)).copy()
+            full[:, idx] = np.where(sp > 0, up_v, np.where(sp < 0, lo_v, full[:, idx]))
+            cols[name] = full
+        return Lines(base.cols, cols["lower"], cols["upper"], upper_icpt=cols["upper_icpt"],
+                     lower_icpt=cols["lower_icpt"])
 
     def evaluate(self, split, alpha, beta, dtype=np.float64, keep=False, charge=None,
                  chords=None, rows=None):
@@ -179,6 +246,8 @@ class GraphBounder(CaseRows):
             o0, o1 = self.offsets[k], self.offsets[k + 1]
             L, pos = tape[i][0][:, idx], tape[i][1][:, idx]
             z = vals[g.nodes[i].inputs[0]][:, idx]
+            if self.halves[k] is not None:  # smooth: no alpha, no beta
+                continue
             s = sp[:, o0:o1]
             gA[:, o0:o1] = np.where(pos & (s == 0), L * z, 0.0)
             gB[:, o0:o1] = np.where(s != 0, -s * z, 0.0)

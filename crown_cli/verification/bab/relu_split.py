@@ -552,7 +552,8 @@ class _Search:
         if openi.size == 0:
             return None
         top = self._candidates(state, d, row, openi)
-        keep = top[:, 0] >= 0
+        # no candidate column at all (nothing unstable to split): every open domain is a leaf
+        keep = top[:, 0] >= 0 if top.shape[1] else np.zeros(top.shape[0], bool)
         for i in np.flatnonzero(~keep):
             j = openi[i]
             out = self._leaf(j, d.split, d.alpha, d.beta, d.done[j],
