@@ -386,3 +386,32 @@ def test_dnf_matches_direct_evaluation():
     # the formulas are not all trivial: both outcomes are common, DNFs of several sizes
     assert min(outcomes.values()) > 0.1 * sum(outcomes.values()), outcomes
     assert len(sizes) >= 4, sizes
+
+
+def test_a_long_written_out_disjunction_passes_the_product_cap(tmp_path, monkeypatch):
+    """A disjunction listing more terms than MAX_TERMS (VNN-COMP nn4sys' lindex_60000: 120,000
+    one-input boxes) is read while its boxes stay within FLAT_CELLS numbers (at most
+    FLAT_TERMS terms); past that it is refused by name, and a conjunction multiplying out
+    still stops at MAX_TERMS. The caps scaled down: 8 terms, 60 cells, 50 terms."""
+    from crown_cli.io import vnnlib as V
+
+    monkeypatch.setattr(V, "MAX_TERMS", 8)
+    monkeypatch.setattr(V, "FLAT_CELLS", 60)
+    monkeypatch.setattr(V, "FLAT_TERMS", 50)
+
+    def ors(n_in, k):
+        return declare(n_in, 1) + "(assert (or\n" + "".join(
+            f"(and (>= X_0 {j}) (<= X_0 {j}.5) (<= Y_0 {j}))\n" for j in range(k)) + "))\n"
+
+    prop = parse_vnnlib(write(tmp_path, ors(1, 30), "a.vnnlib"), max_terms=8)  # cap 60 // 2
+    assert len(prop.cases) == 30 and prop.cases[-1].lo[0] == 29 and prop.cases[-1].hi[0] == 29.5
+    path = write(tmp_path, ors(1, 31), "b.vnnlib")
+    with pytest.raises(InputError, match=rf"^{path}: line \d+: disjunctive normal form exceeds 30 "):
+        parse_vnnlib(path, max_terms=8)
+    path = write(tmp_path, ors(4, 13), "c.vnnlib")  # 5 declared: cap 12
+    with pytest.raises(InputError, match="exceeds 12 terms"):
+        parse_vnnlib(path, max_terms=8)
+    many = "".join(f"(assert (or (<= Y_0 {k}) (>= Y_0 {k + 0.5})))\n" for k in range(4))
+    path = write(tmp_path, declare(1, 1) + unit_box(1) + many, "d.vnnlib")
+    with pytest.raises(InputError, match="exceeds 8 terms .a conjunction of disjunctions"):
+        parse_vnnlib(path, max_terms=8)

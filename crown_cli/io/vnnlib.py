@@ -55,7 +55,11 @@ import numpy as np
 
 from crown_cli.errors import InputError, read_header
 
-MAX_TERMS = 100_000  # cap on the number of DNF terms
+MAX_TERMS = 100_000  # cap on the number of DNF terms a conjunction multiplies out to
+# a disjunction written out term by term (VNN-COMP nn4sys' lindex_60000: 120,000 boxes of one
+# input) may have more, up to FLAT_CELLS numbers over its boxes, at most FLAT_TERMS terms
+FLAT_TERMS = 1_000_000
+FLAT_CELLS = 2 ** 25
 
 _TOKEN = re.compile(r";[^\n]*|\(|\)|[^\s();]+")
 _VAR = re.compile(r"([XY])_(0|[1-9][0-9]*)\Z")
@@ -405,7 +409,7 @@ class _Parser:
             if len(ts) == 1:
                 common.extend(ts[0])
                 continue
-            if len(terms) * len(ts) > self.max_terms:
+            if len(terms) > 1 and len(terms) * len(ts) > self.max_terms:  # multiplies out
                 raise self.error(k if ks is None else ks[i],
                                  f"disjunctive normal form exceeds {self.max_terms} terms (a "
                                  "conjunction of disjunctions multiplies out)")
@@ -416,12 +420,22 @@ class _Parser:
         if len(dnfs) == 1:
             return dnfs[0]
         terms = []
+        cap = self.flat_cap()
         for c, ts in dnfs:
             c = tuple(c)
             terms.extend(c + t for t in ts)
-            if len(terms) > self.max_terms:
-                raise self.error(k, f"disjunctive normal form exceeds {self.max_terms} terms")
+            if len(terms) > cap:
+                raise self.error(k, f"disjunctive normal form exceeds {cap} terms")
         return [], terms
+
+    def flat_cap(self) -> int:
+        """The most terms a disjunction may list: ``max_terms``, or up to :data:`FLAT_TERMS`
+        where the declared inputs and outputs keep their boxes within :data:`FLAT_CELLS`
+        numbers."""
+        if self.max_terms != MAX_TERMS:  # a caller's own cap stands
+            return self.max_terms
+        width = max(1, len(self.declared))
+        return max(self.max_terms, min(FLAT_TERMS, FLAT_CELLS // width))
 
     # commands
     def declare(self, form: _List):
