@@ -5,9 +5,10 @@ counterpart of :class:`~crown_cli.verification.bab.bounder.Bounder`, under the o
 
 - The root: every node's bounds over the box (:class:`~crown_cli.engine.graph_bounds.GraphBounds`,
   CROWN intersected with interval arithmetic, or the caller's). The ReLU neurons unstable
-  there are the only ones split, numbered node by node (a "layer" of the search is one ReLU
-  node with unstable neurons); every domain keeps the root's node bounds (no per-domain
-  intermediate bounds).
+  there are split, and the neurons of S-shaped activations whose root lines are apart
+  (:data:`SMOOTH_SPLITS`: once each, at 0 or their interval's midpoint, each half with its own
+  relaxation), numbered node by node (a "layer" of the search is one such node); every
+  domain keeps the root's node bounds (no per-domain intermediate bounds).
 - A domain's rows (``A f(x) - b``, b rounded up one ulp) are bounded by one
   back-substitution with per-row lines (:meth:`GraphBounds.lower` with ``lines``): a
   split-active neuron is the identity, a split-inactive one 0 (exact on the domain), an open
@@ -159,8 +160,8 @@ class GraphBounder(CaseRows):
             for i, idx, h in zip(self.nodes, self.ucols, self.halves)]).astype(np.float32)
 
     def lines(self, split, alpha, beta) -> Dict[int, Lines]:
-        """Per ReLU node with unstable neurons, the rows' lines: ``split`` (R, nU) int8 per
-        row, ``alpha``, ``beta`` (R, nU) float64."""
+        """Per split node (ReLU, or smooth: :meth:`_smooth_lines`), the rows' lines:
+        ``split`` (R, nU) int8 per row, ``alpha``, ``beta`` (R, nU) float64."""
         out = {}
         R = split.shape[0]
         for k, (i, idx) in enumerate(zip(self.nodes, self.ucols)):
