@@ -460,3 +460,50 @@ def test_stages_that_do_not_apply_are_logged_as_skipped():
     out = Verifier(ws, bs, "relu", stages=("hull",), bab=False, attack_time=0.0).verify(
         prop, timeout=5.0, log=lines.append)
     assert out.result == "unknown" and out.stage == "attack", out
+
+
+@pytest.mark.parametrize("act", ["relu", "leaky_relu"])
+def test_many_boxes_bounded_at_once_as_one_by_one(monkeypatch, act):
+    """A property of many input boxes (nn4sys' lindex lists up to 60,000): the crown stage
+    bounds them in batches (``Verifier._many_boxes``: the batched engine, whose interval
+    check of stable neurons can only tighten) with each case's margin at least the
+    box-by-box bound's (to float summation order), so every case proven one by one is proven;
+    every batched bound lies below the sampled minimum of its box."""
+    import crown_cli.verification.pipeline as P
+    from crown_cli.engine.rounding import round_up
+    from crown_cli.io.vnnlib import Case, Property
+
+    ws, bs = random_network([3, 12, 12, 2], 7)
+    rng = np.random.default_rng(8)
+    centres = rng.uniform(-1, 1, (80, 3))
+    cases = []
+    for k, c in enumerate(centres):
+        lo, hi = c - 0.05, c + 0.05
+        y = forward(ws, bs, act, c[None], 0.1 if act == "leaky_relu" else None)[0]
+        for sign in (1.0, -1.0):  # Y_0 <= y0 - 0.3 (mostly unsat) and Y_0 >= y0 + t
+            A = np.array([[sign, 0.0]])
+            b = np.array([sign * y[0] - (0.3 if k % 3 else 0.02)])
+            cases.append(Case(lo, hi, A, b))
+    prop = Property(3, 2, cases)
+    alpha = 0.1 if act == "leaky_relu" else None
+    v = Verifier(ws, bs, act, alpha, stages=("crown",), bab=False, attack_time=0.0)
+    calls = []
+    real = v._many_boxes
+    monkeypatch.setattr(v, "many_boxes", lambda L, H, A: calls.append(len(L)) or real(L, H, A))
+    still = v._bound_stages(prop.cases, time.monotonic() + 60, lambda *a, **k: None, None)
+    assert sum(calls) == 80 and len(calls) == 1  # one rows class, one batch
+    monkeypatch.setattr(P, "MANY_BOXES", 10 ** 9)
+    ref = v._bound_stages(prop.cases, time.monotonic() + 60, lambda *a, **k: None, None)
+    assert set(still[1]) <= set(ref[1]) and 0 < len(still[1]) < len(cases)
+    for j in range(len(cases)):
+        assert still[2][j] >= ref[2][j] - 1e-9 * (1 + abs(ref[2][j])), j
+    L, H = centres - 0.05, centres + 0.05
+    lb = real(L, H, np.array([[1.0, 0.0], [-1.0, 0.0]]))
+    for k in range(0, 80, 7):
+        X = L[k] + rng.uniform(size=(2000, 3)) * (H[k] - L[k])
+        Y = forward(ws, bs, act, X, alpha)[:, 0]
+        assert lb[k, 0] <= Y.min() and lb[k, 1] <= -Y.max()
+        for r, j in enumerate((2 * k, 2 * k + 1)):  # the recorded margin: bound - b
+            c = cases[j]
+            assert still[2][j] == lb[k, r] - round_up(c.b)[0], j
+            assert still[2][j] <= (Y * c.A[0, 0]).min() - c.b[0], j

@@ -67,6 +67,11 @@ WARM_ATTACK = dict(attack_restarts=2, attack_steps=5, attack_time=0.05)
 WARM_SHARE = 0.1  # of the way from the stages' bound to the least sampled margin
 ATTACK_SHARE = 0.1  # of the timeout for the first attack (before any bound)
 ATTACK_MIN_S = 0.5
+# the crown stage bounds the boxes of a property with at least this many input boxes several
+# at a time where the network allows it (``many_boxes``: ReLU-type MLPs; nn4sys' lindex
+# properties list 400-120,000 one-input boxes), at most MANY_CHUNK in one call
+MANY_BOXES = 64
+MANY_CHUNK = 4096
 # branch and bound status (open domains, worst open bound, domains/s): at most this often, in
 # seconds, to a progress bar and to the -v log
 STATUS_EVERY_BAR_S, STATUS_EVERY_LOG_S = 0.5, 2.0
@@ -194,7 +199,11 @@ class StagedVerifier:
                 log(f"{name}: skipped ({why})")
         for stage in self.stages:
             still = []
-            for members in _by_box(cases, open_cases):
+            boxes = _by_box(cases, open_cases)
+            if stage == "crown" and len(boxes) >= MANY_BOXES and \
+                    getattr(self, "many_boxes", None) is not None:
+                still, boxes = self._bound_many(cases, boxes, margins, deadline)
+            for members in boxes:
                 if time.monotonic() >= deadline:
                     return (done("timeout", stage, _worst(margins), n - len(open_cases)),
                             open_cases, margins, stage)
@@ -206,6 +215,35 @@ class StagedVerifier:
                 return done("unsat", stage, _worst(margins), n), open_cases, margins, stage
         return None, open_cases, margins, stage
 
+    def _bound_many(self, cases, boxes, margins, deadline):
+        """The crown stage on many input boxes at once (:meth:`many_boxes`): the boxes whose
+        cases stack the same rows A, in chunks of :data:`MANY_CHUNK` boxes, each box's rows
+        against its own b. Returns the cases left open and the boxes not bounded here (those
+        of a rows class with a single box, or past the deadline), for the box-by-box loop."""
+        classes = {}
+        for members in boxes:
+            A = np.concatenate([cases[j].A for j in members])
+            classes.setdefault((A.shape, A.tobytes()), []).append(members)
+        still, rest = [], []
+        for group in classes.values():
+            if len(group) < 2 or sum(cases[j].A.shape[0] for j in group[0]) == 0:
+                rest += group
+                continue
+            A = np.concatenate([cases[j].A for j in group[0]])
+            for k in range(0, len(group), MANY_CHUNK):
+                chunk = group[k:k + MANY_CHUNK]
+                if time.monotonic() >= deadline:
+                    rest += group[k:]
+                    break
+                L = np.stack([cases[m[0]].lo for m in chunk])
+                H = np.stack([cases[m[0]].hi for m in chunk])
+                lb = self.many_boxes(L, H, A)
+                for members, row in zip(chunk, lb):
+                    b = np.concatenate([cases[j].b for j in members])
+                    still += self._record_bounds("crown", cases, members, margins,
+                                                 row - round_up(b))
+        return still, rest
+
     def _bound_cases(self, stage, cases, members, margins, deadline=None):
         """Bound the cases ``members`` (one input box) in one back-substitution; returns those
         not proven and records each case's best row margin."""
@@ -214,6 +252,11 @@ class StagedVerifier:
         b = np.concatenate([cases[j].b for j in members])
         diff = self.box_lower_bounds(stage, c0.lo, c0.hi, A, b, deadline) if A.shape[0] \
             else np.zeros(0)
+        return self._record_bounds(stage, cases, members, margins, diff)
+
+    def _record_bounds(self, stage, cases, members, margins, diff):
+        """Each case's best row margin recorded from ``diff`` (its rows' bounds minus b, the
+        members' rows stacked); returns the cases not proven."""
         still, at = [], 0
         for j in members:
             m = cases[j].A.shape[0]
@@ -294,6 +337,23 @@ class Verifier(StagedVerifier):
             2 if self.small and len(self.weights) == 2 else 1
         self.proof = o.proof and activation == "relu"
         self._trees = {}  # proof: case index -> its recorded tree's arrays
+        # the crown stage on many boxes at once (StagedVerifier._bound_many): ReLU-type MLPs
+        self.many_boxes = self._many_boxes if activation in ("relu", "leaky_relu") else None
+        self._batch_net = None
+
+    def _many_boxes(self, L, H, A) -> np.ndarray:
+        """CROWN lower bounds of ``A f(x)`` over each box [L[j], H[j]], (N, rows): the batched
+        engine (:func:`~crown_cli.engine.batched.batch_lower_bounds`, float64, every
+        rounding charged as by the box-by-box bound), in blocks its temporaries fit."""
+        from crown_cli.engine.batched import BatchNet, _bound_blocked
+        from crown_cli.verification.bab.input_split import auto_block
+
+        if self._batch_net is None:
+            self._batch_net = BatchNet(self.weights, self.biases, self.activation, self.alpha)
+        A = np.ascontiguousarray(A, dtype=np.float64)
+        widths = [self.weights[0].shape[1]] + [w.shape[0] for w in self.weights]
+        lb, _ = _bound_blocked(self._batch_net, L, H, A, auto_block(widths, A.shape[0]))
+        return np.where(np.isnan(lb), -np.inf, lb)  # a NaN bound proves nothing
 
     def warm_up(self, timeout: float = 60.0):
         """Load (or, on a cold numba cache, compile) the kernels a verification of this
