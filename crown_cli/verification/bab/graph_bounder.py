@@ -106,22 +106,23 @@ class GraphBounder(CaseRows):
             l, u = gb.lo[p], gb.hi[p]
             if graph.nodes[i].op.name == "relu":
                 idx = np.flatnonzero((l < 0.0) & (u > 0.0))
-                half, cost = None, lambda idx, i=i: np.broadcast_to(
-                    np.asarray(self._root(i).upper_icpt, np.float64), (n,))[idx]
+                half = None
+                cost = np.broadcast_to(np.asarray(self._root(i).upper_icpt, np.float64),
+                                       (n,))[idx]
             else:
                 root = [np.broadcast_to(np.asarray(getattr(self._root(i), k), np.float64), (n,))
                         for k in ("upper", "upper_icpt", "lower", "lower_icpt")]
                 gap = _line_gap(l, u, *root)
                 idx = np.flatnonzero(np.isfinite(l) & np.isfinite(u) & (gap > SMOOTH_MIN_GAP))
                 half = self._halves(graph.nodes[i].op, l[idx], u[idx])
-                cost = lambda idx, gap=gap: gap[idx]
+                cost = gap[idx]
             if idx.size:
                 self.nodes.append(i)
                 self.ucols.append(idx)
                 self.bounds.append((l, u))
                 self.halves.append(half)
                 ats.append(np.zeros(idx.size) if half is None else half[2])
-                costs.append(cost(idx))
+                costs.append(cost)
                 self.offsets.append(self.offsets[-1] + idx.size)
         self.L, self.nU = len(self.nodes), self.offsets[-1]
         self.layer_of = np.repeat(np.arange(self.L), np.diff(self.offsets))
