@@ -96,7 +96,11 @@ def test_pow_refuses_what_it_cannot_bound(tmp_path):
 
     for exponent, want in ((0.5, "exponent 0.5 (supported for data: 1, 2, 3)"),
                            ("x", "the exponent must be a constant, not data"),
-                           (np.array([2.0, 3.0]), "the exponent must be one number")):
+                           (np.array([2.0, 3.0]), "the exponent must be one number"),
+                           (np.full(3, 2.0), "the exponent of shape (3,) does not fit the "
+                                             "data's (1, 2)"),
+                           (np.full((2, 1, 2), 2.0), "the exponent of shape (2, 1, 2) does "
+                                                     "not fit")):
         g = G(np.random.default_rng(0))
         e = exponent if isinstance(exponent, str) else g.const(np.asarray(exponent))
         path = _save(tmp_path, g.model([("x", (1, 2))], [g.op("Pow", ["x", e])]))

@@ -552,8 +552,12 @@ def _pow(b, node, ins, attrs):
     e = np.asarray(y.value, np.float64)
     if e.size == 0 or np.any(e != e.reshape(-1)[0]):
         b.fail(node, f"the exponent must be one number, got {e.reshape(-1)[:4]}")
-    if np.broadcast_shapes(d.shape, e.shape) != d.shape:
-        b.fail(node, f"the exponent of shape {e.shape} would broadcast the data {d.shape}")
+    try:
+        fits = np.broadcast_shapes(d.shape, e.shape) == d.shape
+    except ValueError:
+        fits = False
+    if not fits:
+        b.fail(node, f"the exponent of shape {e.shape} does not fit the data's {d.shape}")
     p = float(e.reshape(-1)[0])
     if p == 1.0:
         return [d]
