@@ -744,6 +744,46 @@ def test_optimise_takes_no_step_after_the_deadline(monkeypatch):
     assert np.all(full >= first)
 
 
+def test_optimise_stops_before_a_step_that_would_end_past_the_deadline(monkeypatch):
+    """The steps stop where the next one, as long as the last, would end past the deadline
+    (not one step after it): on a clock that each evaluation moves by 100 s, a deadline 350 s
+    away gets 3 evaluations and 2 gradient steps, then the final evaluation at the best
+    iterate ends 50 s past it (a check after the deadline only would take 4 and 3, ending
+    150 s past it)."""
+    from crown_cli.verification.bab import optimise as opt_module
+
+    w, b, x0, lo, hi = _case(3)
+    bd = _bounder(w, b, lo, hi, np.array([[1.0, 0.0, -1.0]]), np.zeros(1))
+    calls = {"evaluate": 0, "gradient": 0}
+    base = time.monotonic()
+    clock = {"t": base}
+    evaluate, gradient = bd.evaluate, bd.gradient
+
+    def slow_evaluate(*a, **k):
+        calls["evaluate"] += 1
+        clock["t"] += 100.0
+        return evaluate(*a, **k)
+
+    def counted_gradient(*a, **k):
+        calls["gradient"] += 1
+        return gradient(*a, **k)
+
+    class FakeTime:
+        @staticmethod
+        def monotonic():
+            return clock["t"]
+
+    monkeypatch.setattr(bd, "evaluate", slow_evaluate)
+    monkeypatch.setattr(bd, "gradient", counted_gradient)
+    monkeypatch.setattr(opt_module, "time", FakeTime)
+    split = np.zeros((1, bd.nU), np.int8)
+    alpha = np.broadcast_to(bd.initial_alpha(), (1, bd.m, bd.nU)).astype(np.float32)
+    bab_relu.optimise(bd, split, alpha, np.zeros_like(alpha), iters=10, stop=False,
+                      deadline=base + 350.0)
+    assert calls == {"evaluate": 4, "gradient": 2}
+    assert clock["t"] == base + 400.0
+
+
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_cases_decided_jointly_match_the_milp(seed):
     """Several cases (a disjunction) in one search (``groups``), 3 hidden layers (per-domain

@@ -159,3 +159,48 @@ def test_dense_alpha_stage_stops_past_its_deadline():
     assert v.box_lower_bounds("alpha-crown", lo, hi, A, b, time.monotonic() + 600.0)[0] > 0.0
     got = v.box_lower_bounds("alpha-crown", lo, hi, A, b, time.monotonic() - 1.0)
     assert got[0] == -np.inf
+
+
+def test_dense_alpha_steps_leave_time_for_the_verified_evaluation(monkeypatch):
+    """AlphaBounds.optimise stops, without raising, where the next step (the longest so far,
+    the first ``first_step``) would end later than ``reserve`` seconds before the deadline.
+    On a clock that each evaluation moves by 100 s: 3 steps fit before base + 550 with 200 s
+    reserved, 5 with none. The verifier's alpha-crown stage where not even its first step
+    fits (the crown stage took 1000 s) is -inf without a step."""
+    from crown_cli.engine import alpha_crown
+    from crown_cli.engine.backsub import first_layer_center
+    from crown_cli.verification.pipeline import Verifier
+    from oracles import random_mlp
+
+    ws, bs = random_mlp([8, 30, 30, 3], 4)
+    v = Verifier(ws, bs, "relu")
+    x0, eps = np.zeros(8), 0.05
+    A = np.array([[1.0, -1.0, 0.0]])
+    base = time.monotonic()
+    clock = {"t": base}
+    evaluate = alpha_crown.AlphaBounds.evaluate
+
+    def slow_evaluate(self, *a, **k):
+        clock["t"] += 100.0
+        return evaluate(self, *a, **k)
+
+    class FakeTime:
+        @staticmethod
+        def monotonic():
+            return clock["t"]
+
+    monkeypatch.setattr(alpha_crown.AlphaBounds, "evaluate", slow_evaluate)
+    monkeypatch.setattr(alpha_crown, "time", FakeTime)
+    for reserve, want in ((200.0, 3), (0.0, 5)):
+        clock["t"] = base
+        ab = alpha_crown.AlphaBounds(v.net, v.relax["alpha-crown"], 0.0, x0, 0, A,
+                                     first_layer_center(v.net, x0))
+        _, steps, _ = ab.optimise(eps, 50, 0.1, patience=50, tol=-1.0, deadline=base + 550.0,
+                                  reserve=reserve, first_step=100.0)
+        assert steps == want, (reserve, steps)
+    monkeypatch.undo()
+    v._crown_s = 1000.0
+    lo, hi = -0.01 * np.ones(8), 0.01 * np.ones(8)
+    t0 = time.monotonic()
+    got = v.box_lower_bounds("alpha-crown", lo, hi, A, np.array([-100.0]), t0 + 600.0)
+    assert got[0] == -np.inf and time.monotonic() - t0 < 60.0

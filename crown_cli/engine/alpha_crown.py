@@ -28,6 +28,7 @@ a batch of domains is a batch of row blocks with their own (l, u) and slopes.
 """
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from typing import Callable, List, Optional
 
@@ -622,18 +623,25 @@ class AlphaBounds:
             self.adam.step(key, store, g3, idx, lr, rl.lo, rl.hi)
 
     def optimise(self, eps, iters: int, lr: float, patience: int = 2, tol: float = 1e-3,
-                 scale=None, deadline=None):
+                 scale=None, deadline=None, reserve: float = 0.0, first_step: float = 0.0):
         """Projected Adam ascent of the sum of the margin bounds at eps (float32), from the
         stored slopes: at most ``iters`` gradient steps, fewer once the objective has gained
         less than ``tol * scale`` (default scale: the first objective's size; the search
         passes the margin at x0) in ``patience`` consecutive steps. Returns (last objective,
         steps taken, the bounds at the final slopes if the last evaluation was made at them
         (early stop) else None). ``deadline`` (``time.monotonic()``): checked before each
-        step (:class:`~crown_cli.engine.deadline.DeadlineExceeded`)."""
+        step (:class:`~crown_cli.engine.deadline.DeadlineExceeded` once passed); the steps
+        also stop, returning, where the next one (estimated as the longest so far, the first
+        as ``first_step`` seconds) would end later than ``reserve`` seconds before it: the
+        caller's time for its verified evaluation."""
         best, stale, steps, obj = -np.inf, 0, 0, None
         val = None
+        longest = float(first_step)
         for _ in range(iters):
             check_deadline(deadline)
+            t0 = time.monotonic()
+            if deadline is not None and t0 + longest + reserve > deadline:
+                return obj, steps, None
             val, grads = self.evaluate(eps, np.float32, grad=True)
             obj = float(np.sum(val))
             if scale is None:
@@ -646,4 +654,5 @@ class AlphaBounds:
                     return obj, steps, val
             self.step(grads, lr * self.LR_DECAY ** steps)
             steps += 1
+            longest = max(longest, time.monotonic() - t0)
         return obj, steps, None

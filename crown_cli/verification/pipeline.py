@@ -47,6 +47,12 @@ BOUND_STAGES = ("crown", "alpha-crown", "hull")
 HULL_STEPS = 200
 HULL_SHARE = 0.25
 ALPHA_ITERS = 50  # one box per case: more steps than certify's search spends (its step sizes)
+# alpha-crown within the deadline: its steps stop where the next one (the first estimated as
+# ALPHA_FIRST_COST x the crown stage's time on the box) would leave less than ALPHA_VERIFY_COST x
+# that time for the float64-verified evaluation (which recomputes CROWN's intermediate bounds).
+# cifar_wide_kw img4356: crown stage 2.26 s, first step 3.6 s, later steps 2.2 s, the verified
+# evaluation 3.9 s (docs/benchmarks.md, "Deadlines")
+ALPHA_FIRST_COST, ALPHA_VERIFY_COST = 2.0, 2.0
 # Complete stage after the bounds (docs/bab.md, "Which branch and bound"): input splitting
 # competes on networks of at most INPUT_SPLIT_MAX_DIM inputs (ACAS Xu: 5, safenlp: 30; on
 # images a split halves one of hundreds of dimensions), ReLU splitting on every network with
@@ -328,6 +334,7 @@ class Verifier(StagedVerifier):
         self.relax = {s: get_relaxation(activation, "crown" if s == "alpha-crown" else s, alpha)
                       for s in self.stages if s != "hull"}
         self._hull_net = None  # the hull stage's view of the hidden layer, built once
+        self._crown_s = 0.0  # the last crown stage's seconds on one box (alpha-crown's budget)
         self._settings(o)
         self.bab = o.bab and ACTIVATIONS[activation].bab
         # small networks: the BLAS on one thread, and (one hidden layer) input splitting in
@@ -408,7 +415,10 @@ class Verifier(StagedVerifier):
             except DeadlineExceeded:
                 return np.full(A.shape[0], -np.inf)
         else:
+            t0 = time.monotonic()
             lb = margin_lower_bound(self.net, *box.args(), self.relax[stage], A)
+            if stage == "crown":
+                self._crown_s = time.monotonic() - t0
         # fl(lb - b_up) > 0 exactly when lb > b_up: a rounded difference keeps its sign
         return lb - round_up(b)
 
@@ -431,7 +441,12 @@ class Verifier(StagedVerifier):
         ab = AlphaBounds(self.net, self.relax["alpha-crown"], leak, x0, qcode, A,
                          first_layer_center(self.net, x0), activation=self.activation)
         lr = ALPHA_LR_SMOOTH if ACTIVATIONS[self.activation].smooth else ALPHA_LR
-        ab.optimise(eps, ALPHA_ITERS, lr, patience=3, deadline=deadline)
+        crown_s = self._crown_s
+        _, steps, _ = ab.optimise(eps, ALPHA_ITERS, lr, patience=3, deadline=deadline,
+                                  reserve=ALPHA_VERIFY_COST * crown_s,
+                                  first_step=ALPHA_FIRST_COST * crown_s)
+        if steps == 0:  # no step fitted: CROWN's slopes, whose bound the crown stage has
+            raise DeadlineExceeded("no alpha-CROWN step fits before the deadline")
         return ab.evaluate(eps, verify=True)
 
     def _hull_lower_bound(self, lo, hi, A, b, deadline=None) -> np.ndarray:

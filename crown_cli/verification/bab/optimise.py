@@ -52,6 +52,23 @@ def _optimise_rows(bd, split, alpha0, rows, chords, iters, lr_alpha, lr_beta,
             np.maximum(best_b.astype(np.float64), 0.0))
 
 
+class StepClock:
+    """The deadline of a loop of steps, checked once per step: :meth:`ends` is True where the
+    next step, taking as long as the last one did, would end past the deadline (or None: no
+    deadline), so a loop stops before it rather than one step after."""
+
+    def __init__(self):
+        self.last = None
+        self.span = 0.0
+
+    def ends(self, deadline) -> bool:
+        now = time.monotonic()
+        if self.last is not None:
+            self.span = now - self.last
+        self.last = now
+        return deadline is not None and now + self.span >= deadline
+
+
 def optimise(bd, split, alpha, beta, iters=20, lr_alpha=0.1, lr_beta=0.05,
              stop=True, chords=None, deadline=None):
     """Projected Adam ascent of the float32 bounds over alpha, beta (B, m, nU) float32, in
@@ -59,14 +76,16 @@ def optimise(bd, split, alpha, beta, iters=20, lr_alpha=0.1, lr_beta=0.05,
     :meth:`Bounder.score` is above 0 by a float32 margin (the float64 check decides later).
     Returns (best bounds (B, m) float32 estimate, the tape of a final evaluation of all
     domains at the best iterate). ``chords``: the domains' upper lines, as :meth:`Bounder.evaluate`.
-    ``deadline`` (a ``time.monotonic()`` instant): no further step after it (the first
-    evaluation always runs; the best iterate so far is kept, as at the last step)."""
+    ``deadline`` (a ``time.monotonic()`` instant): no further step that would end after it
+    (:class:`StepClock`; the first evaluation always runs; the best iterate so far is kept,
+    as at the last step)."""
     B, m, nU = alpha.shape
     best = BestIterate((B, m), alpha, beta)
     opt_a = Adam(alpha, ADAM, lo=np.float32(bd.leak), hi=1.0)
     opt_b = Adam(beta, ADAM, lo=0.0)
     splitted = (split != 0)[:, None, :]
     act = np.arange(B)
+    clock = StepClock()
     for t in range(1, iters + 1):
         if nU == 0 or act.size == 0:
             break
@@ -76,7 +95,7 @@ def optimise(bd, split, alpha, beta, iters=20, lr_alpha=0.1, lr_beta=0.05,
         best.offer(val, a, be, index=act)
         done = bd.score(best.best[act]) > 1e-4 * (1.0 + np.abs(val).max()) if stop else \
             np.zeros(act.size, bool)
-        if t == iters or (deadline is not None and time.monotonic() >= deadline):
+        if t == iters or clock.ends(deadline):
             break
         gA, gB = bd.gradient(state)
         opt_a.ascend(a, gA.reshape(a.shape), t, lr_alpha, index=act)
@@ -109,6 +128,7 @@ def optimise_open(bd, split, alpha, beta, done, iters=20, lr_alpha=0.1,
     opt_a = Adam(alpha, ADAM, lo=np.float32(bd.leak), hi=1.0)
     opt_b = Adam(beta, ADAM, lo=0.0)
     d, r = np.nonzero(~frozen)
+    clock = StepClock()
     for t in range(1, iters + 1):
         if nU == 0 or d.size == 0:
             break
@@ -121,7 +141,7 @@ def optimise_open(bd, split, alpha, beta, done, iters=20, lr_alpha=0.1,
         track.offer(val, a, be, index=(d, r))
         gmax = np.maximum.reduceat(best, bd.gstart, axis=1)
         leave = gmax[d, bd.group_of[r]] > 1e-4 * (1.0 + np.abs(val).max())
-        if t == iters or (deadline is not None and time.monotonic() >= deadline):
+        if t == iters or clock.ends(deadline):
             break
         gA, gB = bd.gradient(state)
         opt_a.ascend(a, gA, t, lr_alpha, index=(d, r))

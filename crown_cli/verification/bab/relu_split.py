@@ -82,12 +82,16 @@ def root_layer_bounds(weights, biases, lo, hi, activation="relu", leak=None, ite
     [leak, 1]): rows z_j then -z_j of those neurons, columns the unstable neurons of the
     layers before k (numbered as in a :class:`Bounder` given these bounds), for
     ``ReluSplitProblem(layer_slopes=...)``."""
+    t0 = time.monotonic()
     bd = Bounder(ReluSplitProblem(weights, biases, lo, hi, np.zeros((0, weights[-1].shape[0])),
                                   np.zeros(0), activation, leak))
+    # CROWN's bounds of every layer: a layer's tightening (a Bounder on the network cut after
+    # it, its steps and a float64 evaluation) is started only while that much time is left
+    crown_s = time.monotonic() - t0
     bounds = [(l.copy(), u.copy()) for l, u in bd.bounds]
     found = [None] * bd.L
     for k in range(1, bd.L):
-        if deadline is not None and time.monotonic() >= deadline:
+        if deadline is not None and time.monotonic() + crown_s >= deadline:
             break
         l, u = bounds[k]
         rows = np.flatnonzero((l < 0.0) & (u > 0.0))
@@ -104,6 +108,8 @@ def root_layer_bounds(weights, biases, lo, hi, activation="relu", leak=None, ite
         alpha = np.broadcast_to(sub.initial_alpha(), (1, sub.m, sub.nU)).copy()
         beta = np.zeros_like(alpha)
         optimise(sub, split, alpha, beta, iters, stop=False, deadline=deadline)
+        if deadline is not None and time.monotonic() >= deadline:
+            break  # the steps were cut short: CROWN's bounds stay (no float64 evaluation)
         a64 = np.clip(alpha.astype(np.float64), sub.leak, 1.0)
         v = sub.evaluate(split, a64, np.zeros(alpha.shape), np.float64)[0]
         # a row whose optimised bound is not better than the one held keeps CROWN's slopes
