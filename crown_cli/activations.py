@@ -34,6 +34,15 @@ def _softplus(z):
     return np.logaddexp(0.0, z)  # log(1 + e^z) without overflow
 
 
+_TWO_OVER_SQRT_PI = 1.1283791670955126  # erf'(0)
+
+
+def _erf(z):
+    from scipy.special import erf  # imported on first use (the CLI's start stays quick)
+
+    return erf(z)
+
+
 def _reciprocal(z):
     with np.errstate(divide="ignore"):
         return 1.0 / z
@@ -96,7 +105,6 @@ class Activation:
     smooth: bool = False
     bab: bool = False
     numpy_twin: bool = False
-    numpy_twin: bool = False
     mlp: bool = True
     surrogate: Optional[Callable[[np.ndarray, Optional[float]], np.ndarray]] = None
 
@@ -116,6 +124,9 @@ ACTIVATIONS: Dict[str, Activation] = {a.name: a for a in (
     Activation("sigmoid", lambda z, a: _sigmoid(z),
                lambda z, a: _sigmoid(z) * (1.0 - _sigmoid(z)), **_S_SHAPED),
     Activation("arctan", lambda z, a: np.arctan(z), lambda z, a: 1.0 / (1.0 + z * z), **_S_SHAPED),
+    # ONNX Erf (PyTorch exports GELU as x * (1 + erf(x / sqrt 2)) / 2): graph nodes only
+    Activation("erf", lambda z, a: _erf(z), lambda z, a: _TWO_OVER_SQRT_PI * np.exp(-z * z),
+               mlp=False, **_S_SHAPED),
     Activation("linear", lambda z, a: z, lambda z, a: np.ones_like(z), bound=False),
     # ELU convex (scale in (0, 1]) for its relaxation
     Activation("elu", _elu, _elu_grad, default_param=1.0, param_range=(0.0, 1.0, False)),

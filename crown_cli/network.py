@@ -17,7 +17,7 @@ VECTOR_OUTPUTS = ("softmax", "log_softmax")
 # Output activations under which z_i > z_j exactly when act(z)_i > act(z)_j, so the sign of every
 # class margin is that of the logits' margin: certifying the logits certifies the decision.
 # (leaky ReLU too when its slope alpha > 0.)
-STRICTLY_INCREASING = ("linear", "sigmoid", "tanh", "arctan", "elu", "softplus") + VECTOR_OUTPUTS
+STRICTLY_INCREASING = ("linear", "sigmoid", "tanh", "arctan", "erf", "elu", "softplus") + VECTOR_OUTPUTS
 
 
 @dataclass

@@ -224,6 +224,19 @@ def powers(rng):
     return g.model([("x", (1, 2, 6))], [g.op("Gemm", [cat, g.rand(2, 16), g.rand(2)], transB=1)])
 
 
+def gelu(rng):
+    """GELU as PyTorch exports it (x -> Div sqrt 2 -> Erf -> Add 1 -> Mul x -> Mul 0.5; ONNX
+    has no Gelu before opset 20) and a bare Erf: x (1, 4) -> Gemm -> GELU -> Gemm -> Erf ->
+    Gemm (2 outputs)."""
+    g = G(rng)
+    h = g.op("Gemm", ["x", g.rand(6, 4, scale=1.0), g.rand(6)], transB=1)
+    e = g.op("Erf", [g.op("Div", [h, g.const(np.array(1.4142135381698608))])])
+    act = g.op("Mul", [g.op("Mul", [h, g.op("Add", [e, g.const(np.array(1.0))])]),
+                       g.const(np.array(0.5))])
+    k = g.op("Erf", [g.op("Gemm", [act, g.rand(3, 6, scale=1.0), g.rand(3)], transB=1)])
+    return g.model([("x", (1, 4))], [g.op("Gemm", [k, g.rand(2, 3), g.rand(2)], transB=1)])
+
+
 def floors(rng):
     """Floor of data (VNN-COMP 2024 ml4acopf's range reduction): x (1, 4) -> Gemm -> Floor of
     3 times it, and the range reduction ``h - 2 floor(h / 2)`` -> Concat with h -> Gemm."""
@@ -274,4 +287,4 @@ BUILDERS = {"dense": dense_chain, "conv": conv_net, "residual": residual, "shape
             "conv_maxpool": lambda rng: conv_net(rng, pool="MaxPool"),
             "conv_tanh": lambda rng: conv_net(rng, act="Tanh", bn=False),
             "elementary": elementary, "generator": generator, "attention": attention,
-            "powers": powers, "floors": floors}
+            "powers": powers, "floors": floors, "gelu": gelu}

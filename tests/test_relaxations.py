@@ -15,7 +15,7 @@ from typing import Callable, Optional, Sequence
 import numpy as np
 import pytest
 from scipy.optimize import brentq
-from scipy.special import expit
+from scipy.special import erf, expit
 
 from crown_cli.activations import apply_activation
 from crown_cli.engine.relaxations import extra as ex
@@ -215,6 +215,10 @@ def _sigmoid_d(t):
     return float(expit(t) * expit(-t))
 
 
+def _erf_d(t):
+    return 2.0 / math.sqrt(math.pi) * math.exp(-t * t)
+
+
 def _relu_case(adaptive):
     return Case(f"relu-{'ada' if adaptive else 'fastlin'}", "relu", None,
                 lambda l, u: relu_relaxation(l, u, adaptive), lambda z: np.maximum(z, 0.0),
@@ -247,6 +251,9 @@ CASES = [
          family_oracle(lambda t: float(expit(t)), _sigmoid_d)),
     Case("arctan", "arctan", None, sf.arctan_relaxation, np.arctan,
          family_oracle(math.atan, lambda t: 1.0 / (1.0 + t * t))),
+    Case("erf", "erf", None, sf.erf_relaxation, erf, family_oracle(math.erf, _erf_d)),
+    Case("erf-paper", "erf", None, lambda l, u: sf.erf_relaxation(l, u, True), erf,
+         family_oracle(math.erf, _erf_d, paper=True)),
     Case("tanh-paper", "tanh", None, lambda l, u: sf.tanh_relaxation(l, u, True), np.tanh,
          family_oracle(math.tanh, _tanh_d, paper=True)),
     Case("sigmoid-paper", "sigmoid", None, lambda l, u: sf.sigmoid_relaxation(l, u, True), expit,
@@ -327,10 +334,12 @@ def test_relaxation_sound_and_touching(case):
 
 FAMILY = [(sf.TANH, math.tanh, _tanh_d),
           (sf.SIGMOID, lambda t: float(expit(t)), _sigmoid_d),
-          (sf.ARCTAN, math.atan, lambda t: 1.0 / (1.0 + t * t))]
+          (sf.ARCTAN, math.atan, lambda t: 1.0 / (1.0 + t * t)),
+          (sf.ERF, math.erf, _erf_d)]
+NAMES = ["tanh", "sigmoid", "arctan", "erf"]
 
 
-@pytest.mark.parametrize("kind,f,df", FAMILY, ids=["tanh", "sigmoid", "arctan"])
+@pytest.mark.parametrize("kind,f,df", FAMILY, ids=NAMES)
 @pytest.mark.parametrize("upper", [True, False], ids=["upper", "lower"])
 def test_tangent_point_matches_brentq(kind, f, df, upper):
     """Independent root of the tables' equation (act(d) - act(p)) / (d - p) = act'(d)."""
@@ -356,8 +365,8 @@ def test_tangent_point_matches_brentq(kind, f, df, upper):
 
 @pytest.mark.parametrize("relax,kind", [(sf.tanh_relaxation, sf.TANH),
                                         (sf.sigmoid_relaxation, sf.SIGMOID),
-                                        (sf.arctan_relaxation, sf.ARCTAN)],
-                         ids=["tanh", "sigmoid", "arctan"])
+                                        (sf.arctan_relaxation, sf.ARCTAN),
+                                        (sf.erf_relaxation, sf.ERF)], ids=NAMES)
 def test_footnote_chord_fallbacks(relax, kind):
     """Footnotes diamond / dagger: tangent point beyond the far end-point -> the chord."""
     l = np.array([-3.0, -0.1])
@@ -373,8 +382,7 @@ def test_footnote_chord_fallbacks(relax, kind):
     assert not sf.tangent_point(kind, -0.1, 3.0, True)[1]
 
 
-@pytest.mark.parametrize("kind", [sf.TANH, sf.SIGMOID, sf.ARCTAN],
-                         ids=["tanh", "sigmoid", "arctan"])
+@pytest.mark.parametrize("kind", [sf.TANH, sf.SIGMOID, sf.ARCTAN, sf.ERF], ids=NAMES)
 def test_inverse_derivative(kind):
     """The intercepts' critical point: t >= 0 with act'(t) = k for the float k given, checked
     against 700-digit mpmath (soundness of the exact intercepts relies on it)."""
@@ -382,8 +390,10 @@ def test_inverse_derivative(kind):
     with mpmath.workdps(700):  # 1 - 4k for k ~ 1e-300 needs ~300 digits
         exact = {sf.TANH: lambda k: mpmath.acosh(1 / mpmath.sqrt(k)),
                  sf.SIGMOID: lambda k: 2 * mpmath.atanh(mpmath.sqrt(1 - 4 * k)),
-                 sf.ARCTAN: lambda k: mpmath.sqrt(1 / k - 1)}[kind]
-        top = 0.25 if kind == sf.SIGMOID else 1.0
+                 sf.ARCTAN: lambda k: mpmath.sqrt(1 / k - 1),
+                 sf.ERF: lambda k: mpmath.sqrt(-mpmath.log(k * mpmath.sqrt(mpmath.pi) / 2))
+                 }[kind]
+        top = {sf.SIGMOID: 0.25, sf.ERF: sf.TWO_OVER_SQRT_PI}.get(kind, 1.0)
         ks = np.concatenate([top * (1 - 10.0 ** -np.linspace(1, 15.5, 60)),
                              top * 10.0 ** -np.linspace(0.01, 300, 200),
                              [sf._dact(kind, t) for t in 10.0 ** np.linspace(-8, 2.5, 60)]])
@@ -392,13 +402,17 @@ def test_inverse_derivative(kind):
                 continue
             got = sf._inv_dact(kind, k)
             want = exact(mpmath.mpf(float(k)))
-            assert abs(got - want) <= 1e-13 * want, (kind, k, got, want)
+            # erf: k / erf'(0) carries the rounding of the constant 2/sqrt(pi), ~1e-16 of
+            # exp(-t^2), which moves t by ~1e-16 / t (the intercepts' slack covers the
+            # resulting gap, ~1e-32 / t, many times over)
+            slack = 2e-16 / want if kind == sf.ERF else 0.0
+            assert abs(got - want) <= 1e-13 * want + slack, (kind, k, got, want)
     assert sf._inv_dact(kind, 0.0) == np.inf and sf._inv_dact(kind, top) == 0.0
     assert sf._inv_dact(kind, 2.0) == 0.0
 
 
 @pytest.mark.parametrize("relax", [sf.tanh_relaxation, sf.sigmoid_relaxation,
-                                   sf.arctan_relaxation], ids=["tanh", "sigmoid", "arctan"])
+                                   sf.arctan_relaxation, sf.erf_relaxation], ids=NAMES)
 def test_family_nonfinite_bounds(relax):
     """Infinite pre-activation bounds give the constant bounds act(l) <= act <= act(u)."""
     l = np.array([-np.inf, -np.inf, 3.0])
@@ -420,14 +434,14 @@ def test_parameter_validation():
 
 
 @pytest.mark.parametrize("kind,f", [(sf.TANH, np.tanh), (sf.SIGMOID, expit),
-                                    (sf.ARCTAN, np.arctan)], ids=["tanh", "sigmoid", "arctan"])
+                                    (sf.ARCTAN, np.arctan), (sf.ERF, erf)], ids=NAMES)
 def test_default_lines_enclose_less_area_than_the_papers(kind, f):
     """Where l < 0 < u every line of the default is at least as close to the function as the
     paper's (the mean gap over [l, u] of each line, by a dense trapezoid rule), closer on
     many intervals, and never farther anywhere the function's gap decides a bound: upper line
     mean >= act's mean, and the default's upper mean <= the paper's (lower: mirrored)."""
     relax = {sf.TANH: sf.tanh_relaxation, sf.SIGMOID: sf.sigmoid_relaxation,
-             sf.ARCTAN: sf.arctan_relaxation}[kind]
+             sf.ARCTAN: sf.arctan_relaxation, sf.ERF: sf.erf_relaxation}[kind]
     rng = np.random.default_rng(7 + kind)
     l = -(10.0 ** rng.uniform(-2, 1, 400))
     u = 10.0 ** rng.uniform(-2, 1, 400)

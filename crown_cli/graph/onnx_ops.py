@@ -495,8 +495,8 @@ def _batchnorm(b, node, ins, attrs):
 
 
 _ACT = {"Relu": "relu", "LeakyRelu": "leaky_relu", "Sigmoid": "sigmoid", "Tanh": "tanh",
-        "Atan": "arctan", "Elu": "elu", "Softplus": "softplus", "HardSigmoid": "hard_sigmoid",
-        "Sin": "sin", "Cos": "cos", "Exp": "exp", "Reciprocal": "reciprocal"}
+        "Atan": "arctan", "Erf": "erf", "Elu": "elu", "Softplus": "softplus",
+        "HardSigmoid": "hard_sigmoid", "Sin": "sin", "Cos": "cos", "Exp": "exp", "Reciprocal": "reciprocal"}
 _ACT_DEFAULT = {"LeakyRelu": 0.01, "Elu": 1.0, "HardSigmoid": 0.2}
 
 

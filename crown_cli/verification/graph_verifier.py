@@ -62,7 +62,7 @@ POOL_RELUS_MAX = 4096
 ALPHA_COST = 4.0
 
 NO_BAB = (f"no branch and bound on graphs of more than {INPUT_SPLIT_MAX_DIM} inputs without "
-          "ReLU or S-shaped (sigmoid, tanh, arctan) nodes")
+          "ReLU or S-shaped (sigmoid, tanh, arctan, erf) nodes")
 
 
 def graph_counterexample(graph, lo, hi, cases, *, restarts: int = 64, steps: int = 100,

@@ -37,6 +37,7 @@ def lipschitz_constant(activation: str, alpha) -> Optional[float]:
     table = {
         "relu": 1.0, "tanh": 1.0, "arctan": 1.0, "softplus": 1.0, "linear": 1.0,
         "sigmoid": 0.25,
+        "erf": 1.1283791670955128,  # 2 / sqrt(pi), rounded up
         "leaky_relu": max(1.0, a),
         "elu": max(1.0, a),  # alpha e^z <= alpha for z <= 0
         "hard_sigmoid": a,

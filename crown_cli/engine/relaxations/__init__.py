@@ -87,6 +87,7 @@ RELAXATIONS = {
     "tanh": _s_shaped("tanh_relaxation"),
     "sigmoid": _s_shaped("sigmoid_relaxation"),
     "arctan": _s_shaped("arctan_relaxation"),
+    "erf": _s_shaped("erf_relaxation"),
     "elu": _elu,
     "softplus": _fixed("extra", "softplus_relaxation"),
     "hard_sigmoid": _hard_sigmoid,

@@ -1,6 +1,6 @@
-"""Linear relaxations of tanh, sigmoid and arctan (CROWN, Section 3.2, Tables 1-2).
+"""Linear relaxations of tanh, sigmoid, arctan and erf (CROWN, Section 3.2, Tables 1-2).
 
-All three functions are increasing, convex on (-inf, 0] and concave on [0, inf), with an even
+All four functions are increasing, convex on (-inf, 0] and concave on [0, inf), with an even
 derivative. Following the paper's partition by the signs of the pre-activation bounds:
 
 * ``l >= 0`` (concave side): upper = tangent at d in [l, u] (we take the midpoint, as the
@@ -60,6 +60,9 @@ EXP = 8
 RECIPROCAL = 9
 SQUARE = 10  # ONNX Pow with exponent 2 and 3
 CUBE = 11
+ERF = 12  # the S-shaped family's fourth member (ONNX Erf; PyTorch's exported GELU uses it)
+TWO_OVER_SQRT_PI = 1.1283791670955126  # erf'(0) = 2 / sqrt(pi), within half an ulp
+LOG_TWO_OVER_SQRT_PI = 0.12078223763524522  # its logarithm, likewise
 
 EPS = 2.0 ** -52  # float64 machine epsilon (spacing of floats at 1.0)
 TINY = 5e-324  # smallest positive subnormal
@@ -105,6 +108,8 @@ def _act(kind, t):
         return math.tanh(t)
     if kind == SIGMOID:
         return _sigmoid(t)
+    if kind == ERF:
+        return math.erf(t)
     return math.atan(t)
 
 
@@ -127,6 +132,8 @@ def _dact(kind, t):
         return 4.0 * e / ((1.0 + e) * (1.0 + e))
     if kind == SIGMOID:
         return _sigmoid(t) * _sigmoid(-t)  # s (1 - s) with 1 - s = s(-t) computed directly
+    if kind == ERF:
+        return TWO_OVER_SQRT_PI * math.exp(-t * t)
     w = 1.0 / (1.0 + t * t)
     return w
 
@@ -139,6 +146,8 @@ def _d2act(kind, t):
         s = _sigmoid(t)
         sm = _sigmoid(-t)
         return s * sm * (sm - s)
+    if kind == ERF:
+        return -2.0 * t * _dact(ERF, t)
     w = 1.0 / (1.0 + t * t)
     return -2.0 * t * w * w
 
@@ -164,6 +173,13 @@ def _inv_dact(kind, k):
         if q < 0.5:
             return 2.0 * math.atanh(q)
         return 2.0 * math.log1p(q) - math.log(4.0 * k)
+    if kind == ERF:
+        if k >= TWO_OVER_SQRT_PI:
+            return 0.0
+        r = k / TWO_OVER_SQRT_PI  # exp(-t^2) = r; near r = 1, -log1p(r - 1) keeps the digits
+        if r > 0.5:
+            return math.sqrt(-math.log1p(r - 1.0))
+        return math.sqrt(LOG_TWO_OVER_SQRT_PI - math.log(k))  # k may be subnormal
     if k >= 1.0:
         return 0.0
     return math.sqrt((1.0 - k) / k)  # 1 / (1 + t^2) = k
@@ -193,7 +209,7 @@ def _hsig(t, alpha):
 def _value(kind, p, t):
     """Activation ``kind`` at t (the sigmoid family, extra.py's and elementary.py's); p is
     the alpha of ELU and hard sigmoid (unused otherwise)."""
-    if kind <= ARCTAN:
+    if kind <= ARCTAN or kind == ERF:
         return _act(kind, t)
     if kind == ELU:
         return _elu(t, p)
@@ -404,6 +420,13 @@ def arctan_relaxation(l, u, paper=False):
     """(aU, bU, aL, bL) with aL*z + bL <= arctan(z) <= aU*z + bU on [l, u] (1-D float64);
     ``paper``: the paper's lines where l < 0 < u (else the least-area tangents)."""
     return _relax_family(ARCTAN, l, u, paper)
+
+
+@njit(cache=True)
+def erf_relaxation(l, u, paper=False):
+    """(aU, bU, aL, bL) with aL*z + bL <= erf(z) <= aU*z + bU on [l, u] (1-D float64);
+    ``paper``: the paper's construction where l < 0 < u (else the least-area tangents)."""
+    return _relax_family(ERF, l, u, paper)
 
 
 # ---------------------------------------------------------------------------------------------

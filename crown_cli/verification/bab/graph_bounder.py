@@ -56,7 +56,7 @@ GRAPH_OPTIONS = ReluSplitOptions(batch=32, iters=10, root_iters=30, branching="b
 
 # S-shaped activations whose neurons are split too: at 0 where their input's interval holds it
 # (each half then convex or concave, where the lines are tight), else at its midpoint
-SMOOTH_SPLITS = ("sigmoid", "tanh", "arctan")
+SMOOTH_SPLITS = ("sigmoid", "tanh", "arctan", "erf")
 # a smooth neuron is a split candidate where its root lines are apart by more than this
 SMOOTH_MIN_GAP = 1e-6
 
