@@ -43,6 +43,19 @@ def _erf(z):
     return erf(z)
 
 
+def _gelu(z, s):
+    from crown_cli.engine.relaxations.gelu import gelu_values
+
+    return gelu_values(z, s)  # z (1 + erf(s z)) / 2 as z erfc(-s z) / 2 (no cancellation)
+
+
+def _gelu_grad(z, s):
+    from scipy.special import erfc
+
+    x = s * z
+    return 0.5 * erfc(-x) + x * 0.5641895835477563 * np.exp(-x * x)
+
+
 def _reciprocal(z):
     with np.errstate(divide="ignore"):
         return 1.0 / z
@@ -127,6 +140,10 @@ ACTIVATIONS: Dict[str, Activation] = {a.name: a for a in (
     # ONNX Erf (PyTorch exports GELU as x * (1 + erf(x / sqrt 2)) / 2): graph nodes only
     Activation("erf", lambda z, a: _erf(z), lambda z, a: _TWO_OVER_SQRT_PI * np.exp(-z * z),
                mlp=False, **_S_SHAPED),
+    # GELU, z (1 + erf(s z)) / 2 (s = 1 / sqrt 2; ONNX Gelu, or PyTorch's exported pattern
+    # fused at load): graph nodes only
+    Activation("gelu", _gelu, _gelu_grad, default_param=0.7071067811865476,
+               param_range=(0.0, float("inf"), False), mlp=False),
     Activation("linear", lambda z, a: z, lambda z, a: np.ones_like(z), bound=False),
     # ELU convex (scale in (0, 1]) for its relaxation
     Activation("elu", _elu, _elu_grad, default_param=1.0, param_range=(0.0, 1.0, False)),

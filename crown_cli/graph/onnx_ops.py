@@ -520,6 +520,23 @@ def _activation(b, node, ins, attrs):
     return [b.add(_label(node), ActivationOp(name, alpha), (nid,), d.shape)]
 
 
+def _gelu(b, node, ins, attrs):
+    """ONNX Gelu (opset 20; the exact form only), or PyTorch's exported pattern fused at load
+    (graph/onnx_fusion.py; attribute ``scale``: erf's multiplier, as float64 text)."""
+    approximate = attrs.get("approximate", b"none")
+    if isinstance(approximate, bytes):
+        approximate = approximate.decode()
+    if approximate != "none":
+        b.fail(node, f"approximate='{approximate}' is not supported (the exact GELU only)")
+    s = attrs.get("scale", ACTIVATIONS["gelu"].default_param)
+    s = float(s.decode() if isinstance(s, bytes) else s)
+    if isinstance(ins[0], Const):
+        return [Const(apply_activation("gelu", np.asarray(ins[0].value, np.float64), s))]
+    d = b.data(node, ins[0])
+    nid = b.node_of(d, _label(node))
+    return [b.add(_label(node), ActivationOp("gelu", s), (nid,), d.shape)]
+
+
 _STEPS = {"Sign": ("sign", np.sign), "Floor": ("floor", np.floor)}
 
 
@@ -612,6 +629,7 @@ HANDLERS = {
     "Range": _range, "Floor": _step,
     "Ceil": _const_fn(np.ceil), "Sqrt": _const_fn(np.sqrt), "Abs": _const_fn(np.abs),
     "Min": _const_fn(np.minimum), "Max": _const_fn(np.maximum), "Sign": _step, "Pow": _pow,
+    "Gelu": _gelu,
     **{op: _activation for op in _ACT}, **{op: _vector_output for op in VECTOR_OUTPUTS},
 }
 
@@ -646,6 +664,9 @@ _HOW = {
     "Pow": "by the constant 1: the identity; 2: activation, chord above and midpoint tangent "
            "below; 3: the same on one side of 0, across it chord-slope lines; other exponents "
            "of data refused",
+    "Gelu": "activation: least-area lines with exact intercepts (also PyTorch's exported "
+            "pattern, Div, Erf, Add, Mul, Mul, fused at load); approximate='tanh' refused",
+    "Erf": "activation: S-shaped, the tanh construction (tangent lines, exact intercepts)",
     "Relu": "activation: CROWN's adaptive lines; slopes optimised by alpha-CROWN; split by "
             "branch and bound", "LeakyRelu": "as Relu",
 }

@@ -72,6 +72,12 @@ def _elu(method, alpha):
     return lambda l, u: elu_relaxation(l, u, alpha)
 
 
+def _gelu(method, alpha):
+    from crown_cli.engine.relaxations.gelu import gelu_relaxation
+
+    return lambda l, u: gelu_relaxation(l, u, alpha)
+
+
 def _hard_sigmoid(method, alpha):
     from crown_cli.engine.relaxations.extra import hard_sigmoid_relaxation
 
@@ -88,6 +94,7 @@ RELAXATIONS = {
     "sigmoid": _s_shaped("sigmoid_relaxation"),
     "arctan": _s_shaped("arctan_relaxation"),
     "erf": _s_shaped("erf_relaxation"),
+    "gelu": _gelu,
     "elu": _elu,
     "softplus": _fixed("extra", "softplus_relaxation"),
     "hard_sigmoid": _hard_sigmoid,

@@ -1,0 +1,210 @@
+"""Linear relaxation of GELU, ``f(z) = z (1 + erf(s z)) / 2`` (s = 1 / sqrt 2 for the standard
+GELU; a graph's own constant where PyTorch's exported pattern was fused: graph/onnx_fusion.py).
+
+GELU is neither monotone nor convex: f' = (1 + erf(s z)) / 2 + s z exp(-s^2 z^2) / sqrt(pi)
+falls on (-inf, -1/s], rises on [-1/s, 1/s] and falls on [1/s, inf) (f'' has the sign of
+1 - s^2 z^2), from 0 down to -0.1289 and up to 1.1289, then down to 1.
+
+The lines follow sigmoid_family's rule: only the slope is a choice; the intercept is the
+tightest one for it, the max (upper) or min (lower) of ``f(t) - k t`` over [l, u], which is
+reached at l, u or a point where f'(t) = k. f' is monotone on each of the three pieces, so
+each piece, cut to [l, u], holds at most one such point, found by bisection (a point found
+only to within rounding moves ``f(t) - k t`` by a second-order amount, far inside the slack).
+The intercept is then moved outward by sigmoid_family's ``_slack``, which here also covers
+the rounding of ``s z`` (erfc's argument; in the far negative tail its relative effect on f
+is hundreds of ulps). Slopes tried: the chord
+and the tangents' slopes at l, u and the quarter points; each line is the one of least area
+(its mean over [l, u], its value at the midpoint, smallest above / largest below).
+Infinite bounds give constant lines: f >= its minimum (-0.12019 / s), f <= max(0, f(u)).
+"""
+import math
+
+import numpy as np
+from numba import njit
+
+from crown_cli.engine.relaxations.sigmoid_family import _slack
+
+INV_SQRT_PI = 0.5641895835477563  # 1 / sqrt(pi)
+# min_x x erfc(-x) / 2 = -0.120187793415505508..., rounded down (f's minimum is this / s)
+SCALED_MIN = -0.12018779341550552
+BISECT = 200
+
+
+@njit(cache=True)
+def _f(s, t):
+    return 0.5 * t * math.erfc(-s * t)  # 1 + erf(x) = erfc(-x), without cancellation
+
+
+@njit(cache=True)
+def _df(s, t):
+    x = s * t
+    return 0.5 * math.erfc(-x) + x * INV_SQRT_PI * math.exp(-x * x)
+
+
+@njit(cache=True)
+def _root(s, a, b, k):
+    """The t in [a, b] with f'(t) = k where f' is monotone on [a, b] and f'(a) - k, f'(b) - k
+    differ in sign (else a or b: the end with f' nearer k)."""
+    fa = _df(s, a) - k
+    fb = _df(s, b) - k
+    if fa == 0.0:
+        return a
+    if fb == 0.0:
+        return b
+    if (fa > 0.0) == (fb > 0.0):
+        return a if abs(fa) <= abs(fb) else b
+    for _ in range(BISECT):
+        m = 0.5 * a + 0.5 * b
+        if m <= a or m >= b:
+            break
+        fm = _df(s, m) - k
+        if fm == 0.0:
+            return m
+        if (fm > 0.0) == (fa > 0.0):
+            a, fa = m, fm
+        else:
+            b = m
+    return a
+
+
+@njit(cache=True)
+def _intercept(s, l, u, k, upper):
+    """The tightest sound intercept of a line of slope k above (``upper``) or below f on
+    [l, u] (finite), slack included."""
+    c = 1.0 / s
+    best = 0.0
+    S = 0.0
+    # candidates: l, u, the pieces' ends inside [l, u] and one point per piece with f' = k
+    cuts = (-np.inf, -c, c, np.inf)
+    pts = [l, u]
+    for j in range(3):
+        a = max(cuts[j], l)
+        b = min(cuts[j + 1], u)
+        if a < b:
+            pts.append(a)
+            pts.append(b)
+            pts.append(_root(s, a, b, k))
+    for j in range(len(pts)):
+        t = pts[j]
+        v = _f(s, t)
+        g = v - k * t
+        if j == 0 or (upper and g > best) or ((not upper) and g < best):
+            best = g
+        # |f| and the rounding of s t: erfc's relative error from it is ~2 x^2 u, which in
+        # the far negative tail (f ~ 1e-100) is hundreds of ulps of f; it is at most about
+        # |t f'(t)| u, covered here with room
+        S = max(S, abs(v), 2.0 * abs(t * _df(s, t)))
+    sl = _slack(k, best, max(abs(l), abs(u)), S)
+    return best + sl if upper else best - sl
+
+
+@njit(cache=True)
+def gelu_relaxation(l, u, s=0.7071067811865476):
+    """(aU, bU, aL, bL) with aL*z + bL <= z (1 + erf(s z)) / 2 <= aU*z + bU on [l, u]
+    (1-D float64; s > 0)."""
+    n = l.shape[0]
+    aU = np.empty(n)
+    bU = np.empty(n)
+    aL = np.empty(n)
+    bL = np.empty(n)
+    fmin = SCALED_MIN / s
+    fmin = fmin - 4.0 * 2.0 ** -52 * abs(fmin)
+    for i in range(n):
+        li = l[i]
+        ui = u[i]
+        if li != li or ui != ui:
+            aU[i] = np.nan
+            bU[i] = np.nan
+            aL[i] = np.nan
+            bL[i] = np.nan
+            continue
+        if not (math.isfinite(li) and math.isfinite(ui)):
+            aU[i] = 0.0
+            aL[i] = 0.0
+            bL[i] = fmin
+            if math.isfinite(ui):  # f < 0 left of 0 and rises on [0, u]
+                top = max(0.0, _f(s, ui))
+                bU[i] = top + _slack(0.0, top, 0.0, top)
+            else:
+                bU[i] = np.inf
+            continue
+        aU[i] = 0.0  # replaced below unless no slope is finite (an overflowing width)
+        bU[i] = np.inf
+        aL[i] = 0.0
+        bL[i] = fmin
+        w = ui - li
+        mid = li + 0.5 * w
+        bestU = np.inf
+        bestL = -np.inf
+        for j in range(6):
+            if j < 5:
+                k = _df(s, li + 0.25 * j * w)
+            elif w > 0.0:
+                k = (_f(s, ui) - _f(s, li)) / w
+            else:
+                continue
+            if not math.isfinite(k):
+                continue
+            b = _intercept(s, li, ui, k, True)
+            if k * mid + b < bestU:
+                bestU = k * mid + b
+                aU[i] = k
+                bU[i] = b
+            b = _intercept(s, li, ui, k, False)
+            if k * mid + b > bestL:
+                bestL = k * mid + b
+                aL[i] = k
+                bL[i] = b
+    return aU, bU, aL, bL
+
+
+@njit(cache=True)
+def _values(z, s, out):
+    for i in range(z.size):
+        out[i] = _f(s, z[i])
+
+
+def gelu_values(z, s):
+    """f(z) elementwise (numpy in, numpy out; float32 stays float32), by the same libm erfc
+    as the lines (scipy's erfc is ~50 ulps off in GELU's far negative tail)."""
+    z = np.asarray(z)
+    flat = np.ascontiguousarray(z, dtype=np.float64).reshape(-1)
+    out = np.empty_like(flat)
+    _values(flat, float(s), out)
+    dtype = z.dtype if z.dtype in (np.float32, np.float64) else np.float64
+    return out.reshape(z.shape).astype(dtype, copy=False)
+
+
+SCALED_ARGMIN = -0.5315968851493932  # where x erfc(-x) / 2 is least (f's argmin: this / s)
+
+
+@njit(cache=True)
+def gelu_range(l, u, s):
+    """f's exact range on each [l_i, u_i], rounded outward (f falls to its one minimum at
+    SCALED_ARGMIN / s, then rises): (lo, hi) 1-D float64."""
+    n = l.shape[0]
+    lo = np.empty(n)
+    hi = np.empty(n)
+    tmin = SCALED_ARGMIN / s
+    near = 1e-9 * abs(tmin)
+    fmin = SCALED_MIN / s
+    fmin = fmin - 4.0 * 2.0 ** -52 * abs(fmin)
+    for i in range(n):
+        li = l[i]
+        ui = u[i]
+        if li != li or ui != ui:
+            lo[i] = np.nan
+            hi[i] = np.nan
+            continue
+        fl = _f(s, li) if math.isfinite(li) else 0.0
+        fu = _f(s, ui) if math.isfinite(ui) else np.inf
+        pl = _slack(0.0, 0.0, 0.0, abs(fl) + 2.0 * abs(li * _df(s, li))) \
+            if math.isfinite(li) else 0.0
+        pu = _slack(0.0, 0.0, 0.0, abs(fu) + 2.0 * abs(ui * _df(s, ui))) \
+            if math.isfinite(ui) else 0.0
+        hi[i] = max(fl + pl, fu + pu)
+        if li <= tmin + near and ui >= tmin - near:
+            lo[i] = fmin
+        else:  # monotone on [l, u]
+            lo[i] = min(fl - pl, fu - pu)
+    return lo, hi

@@ -1,0 +1,117 @@
+"""Node patterns fused into one node at load, where one node has a much tighter relaxation than
+its parts.
+
+GELU: PyTorch exports ``nn.GELU()`` (before ONNX opset 20 has ``Gelu``) as
+``Mul(Mul(h, Add(Erf(Div(h, c)), 1)), 0.5)`` with c = float32(sqrt 2) (or ``Mul(h, s)`` in
+place of the division; either operand order of each ``Add`` and ``Mul``). Bounded as written,
+the product of h with ``1 + erf(h / c)`` takes McCormick's planes: on h in [-1, 2] the output's
+interval is [-1.42, 2.11] where GELU's range is [-0.17, 1.95]. Fused, it is one ``Gelu``
+node, ``h (1 + erf(s h)) / 2`` with s = 1 / c (or the multiplier) as a float64
+(engine/relaxations/gelu.py; 1 / c rounded moves erf's argument by half an ulp, within the
+lines' slack). A pattern whose intermediate values are read elsewhere (or are graph outputs)
+stays as written.
+"""
+from __future__ import annotations
+
+from typing import Dict, List, Optional
+
+import numpy as np
+
+STANDARD = ("", "ai.onnx")
+
+
+def _scalars(graph, numpy_helper) -> Dict[str, float]:
+    """The one-element constants (initializers and Constant nodes) by tensor name."""
+    vals: Dict[str, float] = {}
+    for init in graph.initializer:
+        if int(np.prod(init.dims, dtype=np.int64)) == 1:
+            vals[init.name] = float(numpy_helper.to_array(init).reshape(-1)[0])
+    for node in graph.node:
+        if node.op_type != "Constant" or len(node.output) != 1:
+            continue
+        for a in node.attribute:
+            if a.name == "value" and int(np.prod(a.t.dims, dtype=np.int64)) == 1:
+                vals[node.output[0]] = float(numpy_helper.to_array(a.t).reshape(-1)[0])
+            elif a.name == "value_float":
+                vals[node.output[0]] = float(a.f)
+    return vals
+
+
+def fuse_gelu(onnx, numpy_helper, graph) -> int:
+    """Replace, in place, every PyTorch GELU pattern of ``graph`` (a GraphProto) by one node
+    ``Gelu`` (attribute ``scale``: s as text, since float attributes are float32) at the
+    final ``Mul``'s place. Returns how many."""
+    nodes = list(graph.node)
+    outputs = {o.name for o in graph.output}
+    readers: Dict[str, List[int]] = {}
+    producer: Dict[str, int] = {}
+    for i, n in enumerate(nodes):
+        for name in n.input:
+            readers.setdefault(name, []).append(i)
+        for name in n.output:
+            producer[name] = i
+    consts = _scalars(graph, numpy_helper)
+
+    def only_reader(name: str) -> Optional[int]:
+        r = readers.get(name, [])
+        return r[0] if len(r) == 1 and name not in outputs else None
+
+    def split(node, known: str):
+        """The input of a two-input node that is not ``known`` (None if neither or both)."""
+        if len(node.input) != 2 or node.domain not in STANDARD:
+            return None
+        a, b = node.input
+        if a == known and b != known:
+            return b
+        if b == known and a != known:
+            return a
+        return None
+
+    def scalar_operand(node):
+        """(data input, constant) of a two-input node with one scalar constant operand."""
+        if len(node.input) != 2 or node.domain not in STANDARD:
+            return None, None
+        a, b = node.input
+        if b in consts and a not in consts:
+            return a, consts[b]
+        if a in consts and b not in consts and node.op_type != "Div":
+            return b, consts[a]
+        return None, None
+
+    drop, fused = set(), {}
+    for i, erf in enumerate(nodes):
+        if erf.op_type != "Erf" or erf.domain not in STANDARD or erf.input[0] not in producer:
+            continue
+        j = producer[erf.input[0]]
+        pre = nodes[j]
+        if pre.op_type not in ("Div", "Mul") or only_reader(pre.output[0]) != i:
+            continue
+        h, c = scalar_operand(pre)
+        if h is None or not np.isfinite(c) or c <= 0.0:
+            continue
+        s = 1.0 / c if pre.op_type == "Div" else c
+        k = only_reader(erf.output[0])
+        if k is None or nodes[k].op_type != "Add":
+            continue
+        one = split(nodes[k], erf.output[0])
+        if consts.get(one) != 1.0:
+            continue
+        m1 = only_reader(nodes[k].output[0])
+        if m1 is None or nodes[m1].op_type != "Mul" or split(nodes[m1], nodes[k].output[0]) != h:
+            continue
+        m2 = only_reader(nodes[m1].output[0])
+        if m2 is None or nodes[m2].op_type != "Mul":
+            continue
+        if consts.get(split(nodes[m2], nodes[m1].output[0])) != 0.5:
+            continue
+        drop.update((j, i, k, m1))
+        fused[m2] = onnx.helper.make_node("Gelu", [h], [nodes[m2].output[0]],
+                                          name=(nodes[m2].name or f"node{m2}") + "/gelu",
+                                          scale=repr(float(s)))  # float64: as text
+
+    if not fused:
+        return 0
+    kept = [fused.get(i, n) for i, n in enumerate(nodes) if i not in drop]
+    del graph.node[:]
+    graph.node.extend(kept)
+    return len(fused)

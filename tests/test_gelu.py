@@ -1,0 +1,144 @@
+"""GELU: its lines and range hold against 40-digit mpmath (tails included) and on dense float
+grids, are not loose, and PyTorch's exported pattern fuses into one node at load (not where its
+parts are read elsewhere); ONNX Gelu's tanh approximation is refused in one line."""
+import os
+
+import numpy as np
+import onnx
+import pytest
+
+from crown_cli.activations import apply_activation
+from crown_cli.engine.graph_bounds import GraphBounds
+from crown_cli.engine.input_sets import Box
+from crown_cli.engine.relaxations.gelu import gelu_range, gelu_relaxation
+from crown_cli.errors import InputError
+from crown_cli.graph.onnx_graph import load_graph
+from graph_models import G
+
+S = 0.7071067811865476  # 1 / sqrt 2
+
+
+def _intervals(seed, n):
+    rng = np.random.default_rng(seed)
+    c = rng.normal(size=n) * rng.choice([0.01, 1.0, 3.0, 12.0, 30.0], size=n)
+    w = np.abs(rng.normal(size=n)) * rng.choice([0.0, 1e-9, 0.1, 1.0, 5.0], size=n)
+    return c - w, c + w
+
+
+@pytest.mark.parametrize("s", [S, 0.3, 2.0])
+def test_lines_and_range_hold_in_exact_arithmetic(s):
+    """At 33 points of each interval, the real GELU (mpmath, 40 digits, with the float s)
+    lies between the lines and inside the range, where f runs from 1e-190 (the rounding of
+    erfc's argument is hundreds of ulps of f there) to 150."""
+    import mpmath
+
+    mpmath.mp.dps = 40
+    l, u = _intervals(int(s * 10), 150)
+    aU, bU, aL, bL = gelu_relaxation(l, u, s)
+    lo, hi = gelu_range(l, u, s)
+    ms = mpmath.mpf(s)
+    for i in range(l.size):
+        for z in np.linspace(l[i], u[i], 33):
+            Z = mpmath.mpf(z)
+            f = Z / 2 * mpmath.erfc(-ms * Z)
+            assert mpmath.mpf(aL[i]) * Z + mpmath.mpf(bL[i]) <= f, (l[i], u[i], z)
+            assert f <= mpmath.mpf(aU[i]) * Z + mpmath.mpf(bU[i]), (l[i], u[i], z)
+            assert mpmath.mpf(lo[i]) <= f <= mpmath.mpf(hi[i]), (l[i], u[i], z)
+
+
+@pytest.mark.parametrize("s", [S, 2.0])
+def test_lines_hold_on_a_dense_grid_and_are_not_loose(s):
+    """On 2001 float points of each interval against the forward pass's GELU: no crossing;
+    each line's mean gap over [l, u] within Taylor's max|f''| w^2 / 2 (the midpoint tangent's
+    bound; the least-area choice can only be closer); the range that of the grid, up to the
+    grid's spacing."""
+    l, u = _intervals(3, 600)
+    aU, bU, aL, bL = gelu_relaxation(l, u, s)
+    lo, hi = gelu_range(l, u, s)
+    curv = s * 1.1283791670955126  # |f''| <= s 2 / sqrt(pi)
+    for i in range(l.size):
+        z = np.linspace(l[i], u[i], 2001)
+        f = apply_activation("gelu", z, s)
+        up, down = aU[i] * z + bU[i], aL[i] * z + bL[i]
+        assert np.all(down <= f) and np.all(f <= up), (l[i], u[i])
+        assert lo[i] <= f.min() and f.max() <= hi[i]
+        w = u[i] - l[i]
+        tol = 1e-12 * (1.0 + np.abs(f).max())
+        assert np.mean(up - f) <= curv * w * w / 2 + tol, (l[i], u[i])
+        assert np.mean(f - down) <= curv * w * w / 2 + tol, (l[i], u[i])
+        near = curv * (w / 2000) ** 2 + tol  # the grid's distance to the minimum's point
+        assert f.min() - lo[i] <= near and hi[i] - f.max() <= tol, (l[i], u[i])
+
+
+def _pattern(g, h, div=True):
+    """PyTorch's GELU export of h."""
+    arg = g.op("Div", [h, g.const(np.array(1.4142135381698608))]) if div else \
+        g.op("Mul", [g.const(np.array(0.7071067690849304)), h])
+    e = g.op("Add", [g.const(np.array(1.0)), g.op("Erf", [arg])])
+    return g.op("Mul", [g.op("Mul", [e, h]), g.const(np.array(0.5))])
+
+
+def _save(tmp_path, model, name="g.onnx"):
+    path = os.path.join(tmp_path, name)
+    onnx.save(model, path)
+    return path
+
+
+@pytest.mark.parametrize("div", [True, False], ids=["div", "mul"])
+def test_pytorch_pattern_fuses_into_one_gelu_node(tmp_path, div):
+    """Either form of erf's argument, either operand order: one gelu node whose scale is
+    1 / c (or the multiplier), the forward pass equal to the pattern's, and the node's
+    interval on [-1, 2] GELU's range (-0.170, 1.954), not the product's (-1.42, 2.11)."""
+    g = G(np.random.default_rng(0))
+    h = g.op("Gemm", ["x", g.const(np.eye(1)), g.const(np.zeros(1))], transB=1)
+    out = g.op("Gemm", [_pattern(g, h, div), g.const(np.eye(1)), g.const(np.zeros(1))], transB=1)
+    graph = load_graph(_save(tmp_path, g.model([("x", (1, 1))], [out])))
+    acts = [n.op for n in graph.nodes if n.kind == "activation"]
+    assert [a.name for a in acts] == ["gelu"]
+    want = 1.0 / 1.4142135381698608 if div else 0.7071067690849304
+    assert acts[0].alpha == want
+    x = np.linspace(-6.0, 6.0, 101)[:, None]
+    z = x[:, 0]
+    c = 1.4142135381698608
+    from scipy.special import erf
+    ref = 0.5 * z * (1.0 + erf(z / c if div else z * 0.7071067690849304))
+    np.testing.assert_allclose(graph.forward(x)[:, 0], ref, rtol=1e-12, atol=1e-15)
+    gb = GraphBounds(graph, *Box(np.array([-1.0]), np.array([2.0])).args(), intermediate="crown")
+    k = next(i for i, n in enumerate(graph.nodes) if n.kind == "activation")
+    assert -0.1701 <= gb.lo[k][0] <= -0.1699 and 1.9544 <= gb.hi[k][0] <= 1.9546
+
+
+def test_pattern_read_elsewhere_is_not_fused(tmp_path):
+    """Where the Erf's output is also a graph output, the pattern stays as written (Erf and
+    products of data)."""
+    g = G(np.random.default_rng(0))
+    h = g.op("Gemm", ["x", g.rand(2, 3), g.rand(2)], transB=1)
+    e = g.op("Erf", [g.op("Div", [h, g.const(np.array(1.4142135381698608))])])
+    y = g.op("Mul", [g.op("Mul", [h, g.op("Add", [e, g.const(np.array(1.0))])]),
+                     g.const(np.array(0.5))])
+    graph = load_graph(_save(tmp_path, g.model([("x", (1, 3))], [y, e])))
+    names = sorted(n.op.name for n in graph.nodes if n.kind == "activation")
+    assert names == ["erf"]
+
+
+def test_onnx_gelu_node_and_its_tanh_form(tmp_path):
+    """ONNX Gelu (opset 20) loads as the exact GELU; approximate='tanh' is refused in one
+    line naming the node."""
+    from onnx import TensorProto, helper
+
+    def model(**attrs):
+        node = helper.make_node("Gelu", ["x"], ["y"], name="act", **attrs)
+        graph = helper.make_graph(
+            [node], "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3])],
+            [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 3])])
+        return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 20)])
+
+    graph = load_graph(_save(tmp_path, model()))
+    x = np.array([[-3.0, 0.0, 1.5]])
+    np.testing.assert_allclose(graph.forward(x), apply_activation("gelu", x, S), rtol=0,
+                               atol=0)
+    path = _save(tmp_path, model(approximate="tanh"), "tanh.onnx")
+    with pytest.raises(InputError) as err:
+        load_graph(path)
+    msg = str(err.value)
+    assert "act" in msg and "approximate='tanh' is not supported" in msg and "\n" not in msg
