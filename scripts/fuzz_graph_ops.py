@@ -1,6 +1,7 @@
 """Fuzz the bounds of the graph-only operators (issue 36): random small ONNX graphs mixing
-Gemm, Relu, Sin, Cos, Exp, Sign, Tanh, Sigmoid, Atan, Erf, Floor, Pow by 2 and 3, products and
-quotients of data, MatMul of data and a Softmax inside the graph; for each, every node's interval (CROWN, forward and interval
+Gemm, Relu, Sin, Cos, Exp, Sign, Tanh, Sigmoid, Atan, Erf, Floor, Pow by 2 and 3, Clip, Abs,
+PRelu, Max and Min with constants, products and quotients of data, MatMul of data and a
+Softmax inside the graph; for each, every node's interval (CROWN, forward and interval
 intermediate bounds) must enclose its values at sampled points of a random box and at the
 points a sign-guided search reaches. Prints one line per violation and a summary; exit 1 on
 any violation.
@@ -24,14 +25,22 @@ from crown_cli.engine.input_sets import Box  # noqa: E402
 from crown_cli.graph.onnx_graph import load_graph  # noqa: E402
 
 UNARY = ["Relu", "Sin", "Cos", "Exp", "Sign", "Tanh", "Sigmoid", "Atan", "Erf", "Floor", "Pow2",
-         "Pow3"]
+         "Pow3", "Clip", "Abs", "PRelu", "Max", "Min"]
 
 
-def unary(g, rng, h):
-    """A random elementwise function of h (PowN: Pow with the constant exponent N)."""
+def unary(g, rng, h, width):
+    """A random elementwise function of h (PowN: Pow with the constant exponent N; Clip,
+    PRelu, Max and Min with random constants)."""
     name = str(rng.choice(UNARY))
     if name.startswith("Pow"):
         return g.op("Pow", [h, g.const(np.array(float(name[3:]), np.float32))])
+    if name == "Clip":
+        lo = float(rng.normal())
+        return g.op("Clip", [h, g.const(np.array(lo)), g.const(np.array(lo + rng.uniform(0, 2)))])
+    if name == "PRelu":
+        return g.op("PRelu", [h, g.const(rng.normal(size=width))])
+    if name in ("Max", "Min"):
+        return g.op(name, [h, g.const(rng.normal(size=width))])
     return g.op(name, [h])
 
 
@@ -46,10 +55,10 @@ def random_model(rng, d=4):
                  transB=1)
         kind = rng.integers(0, 4)
         if kind == 0:
-            h = unary(g, rng, h)
+            h = unary(g, rng, h, w)
         elif kind == 1:  # a product of two branches
             k = g.op("Gemm", [x, g.rand(w, width), g.rand(w)], transB=1)
-            h = g.op("Mul", [unary(g, rng, h), k])
+            h = g.op("Mul", [unary(g, rng, h, w), k])
         elif kind == 2:  # a quotient by a positive branch
             k = g.op("Exp", [g.op("Gemm", [x, g.rand(w, width, scale=0.3), g.rand(w)], transB=1)])
             h = g.op("Div", [h, k])

@@ -237,6 +237,25 @@ def gelu(rng):
     return g.model([("x", (1, 4))], [g.op("Gemm", [k, g.rand(2, 3), g.rand(2)], transB=1)])
 
 
+def relu_forms(rng):
+    """ReLUs in disguise (graph/onnx_relu_forms.py): x (1, 2, 4, 4) -> Conv -> Clip(0, 6)
+    (ReLU6) -> Conv -> PRelu with per-channel slopes (one negative, one above 1) -> Flatten ->
+    Gemm -> Abs -> Gemm -> Max with a constant and Min with another branch -> Gemm
+    (2 outputs)."""
+    g = G(rng)
+    c = g.op("Conv", ["x", g.rand(3, 2, 3, 3, scale=1.0), g.rand(3)], pads=[1, 1, 1, 1])
+    r6 = g.op("Clip", [c, g.const(np.array(0.0)), g.const(np.array(0.6))])
+    c2 = g.op("Conv", [r6, g.rand(3, 3, 3, 3, scale=1.0), g.rand(3)], pads=[1, 1, 1, 1])
+    p = g.op("PRelu", [c2, g.const(np.array([0.1, -0.4, 1.5]).reshape(3, 1, 1))])
+    h = g.op("Gemm", [g.op("Flatten", [p]), g.rand(6, 48), g.rand(6)], transB=1)
+    a = g.op("Abs", [h])
+    k1 = g.op("Gemm", [a, g.rand(4, 6), g.rand(4)], transB=1)
+    k2 = g.op("Gemm", [h, g.rand(4, 6), g.rand(4)], transB=1)
+    m = g.op("Min", [g.op("Max", [k1, g.const(np.array([0.1, -0.2, 0.0, 0.3]))]), k2])
+    return g.model([("x", (1, 2, 4, 4))], [g.op("Gemm", [m, g.rand(2, 4), g.rand(2)],
+                                                transB=1)])
+
+
 def floors(rng):
     """Floor of data (VNN-COMP 2024 ml4acopf's range reduction): x (1, 4) -> Gemm -> Floor of
     3 times it, and the range reduction ``h - 2 floor(h / 2)`` -> Concat with h -> Gemm."""
@@ -287,4 +306,4 @@ BUILDERS = {"dense": dense_chain, "conv": conv_net, "residual": residual, "shape
             "conv_maxpool": lambda rng: conv_net(rng, pool="MaxPool"),
             "conv_tanh": lambda rng: conv_net(rng, act="Tanh", bn=False),
             "elementary": elementary, "generator": generator, "attention": attention,
-            "powers": powers, "floors": floors, "gelu": gelu}
+            "powers": powers, "floors": floors, "gelu": gelu, "relu_forms": relu_forms}

@@ -4,7 +4,8 @@ The fixtures in tests/fixtures/torch/ were made by scripts/make_torch_fixtures.p
 separate venv (torch 2.13.0 CPU, onnxscript 0.7.2): three small models (a convolutional MNIST
 net with BatchNorm and MaxPool, a residual block with AvgPool and a global average pool, an MLP
 with its input normalisation in ``forward``, ``x.view(x.size(0), -1)``, mixed activations and
-a sigmoid output) and one crown refuses (ReLU6, exported as ``Clip``), each exported by the
+a sigmoid output) and ReLU6 (exported as ``Clip``; refused before Clip was read as ReLU
+nodes), each exported by the
 default exporter (``<name>.onnx``, dynamo, opset 20) and by the TorchScript one
 (``<name>_legacy.onnx``, ``dynamo=False``, opset 17), with ``<name>.expected.npz``: random
 inputs ``x`` and torch's float32 outputs ``y`` for them.
@@ -13,7 +14,7 @@ Checked: crown's float64 forward equals torch's outputs and onnx.reference; ``cr
 names what the loader folded; ``crown certify --method crown`` on the MNIST net gives radii
 that sampling and the attack cannot break (and both exporters' files the same radius);
 ``crown verify`` on VNN-LIB properties written here gives verdicts an attack agrees with;
-the refused one fails in one line naming the file, the operator and the node (exit 2).
+ReLU6's Clip loads as ReLU nodes with the same forward pass.
 """
 from __future__ import annotations
 
@@ -30,7 +31,6 @@ from onnx.reference import ReferenceEvaluator
 import crown_cli
 from crown_cli.certification.graph_certifier import GraphCertifier
 from crown_cli.cli import cli
-from crown_cli.errors import InputError
 from crown_cli.graph.network import Graph
 from crown_cli.io.networks import load_network
 from crown_cli.verification.graph_verifier import graph_counterexample
@@ -122,23 +122,21 @@ def test_dynamic_batch_axis():
                                    rtol=1e-5, atol=1e-6)
 
 
-@pytest.mark.parametrize("name,node", [("relu6", "node_relu6"), ("relu6_legacy", "/Clip")])
-def test_an_unsupported_operator_is_refused_in_one_line(name, node):
-    """ReLU6 (and Hardtanh) export as Clip, which has no relaxation here: load_network and
-    `crown inspect` / `certify` refuse the file in one line naming it, the operator and the
-    node, with exit code 2."""
+@pytest.mark.parametrize("name", ["relu6", "relu6_legacy"])
+def test_relu6_clip_loads_as_relu_nodes(name):
+    """ReLU6 (and Hardtanh) export as Clip, read as lo + relu(x - lo) - relu(x - hi)
+    (graph/onnx_relu_forms.py): the forward pass equals torch's outputs and onnx.reference's,
+    and the graph has the two ReLU nodes (it was refused in one line before)."""
     path = path_of(name)
-    assert "Clip" in {n.op_type for n in onnx.load(path).graph.node}
-    with pytest.raises(InputError) as info:
-        load_network(path)
-    msg = str(info.value)
-    assert msg == (f"{path}: Clip node '{node}': unsupported operator Clip (docs/formats.md "
-                   "lists the supported operators)")
-    assert "\n" not in msg
-    for args in (["inspect", "--model", path], ["certify", "--model", path, "-n", "1"]):
-        res = CliRunner().invoke(cli, args)
-        assert res.exit_code == 2, res.output
-        assert res.stderr == f"crown: error: {msg}\n"
+    model = onnx.load(path)
+    assert "Clip" in {n.op_type for n in model.graph.node}
+    g = load_network(path)
+    assert isinstance(g, Graph)
+    assert [n.op.name for n in g.nodes if n.kind == "activation"] == ["relu", "relu"]
+    x, flat, y = expected(name)
+    got = g.forward(flat)
+    np.testing.assert_allclose(got, y, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(got, reference(model, x), rtol=1e-5, atol=1e-6)
 
 
 @pytest.mark.parametrize("name", FILES)

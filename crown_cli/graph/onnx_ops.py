@@ -14,6 +14,7 @@ from crown_cli.graph.onnx_moves import (_cast, _concat, _const_fn, _constant,
                                         _identity, _moved, _pad, _range, _reshape, _resize,
                                         _shape, _slice, _split, _squeeze, _transpose,
                                         _unsqueeze)
+from crown_cli.graph import onnx_relu_forms as relu_forms
 from crown_cli.graph.ops import ActivationOp, Conv, Dense, Product, Sum
 from crown_cli.graph.pooling import MaxPool, pool_windows
 from crown_cli.graph.tensors import Const, Data
@@ -627,9 +628,9 @@ HANDLERS = {
     "Equal": _const_fn(np.equal), "Where": _const_fn(np.where), "Less": _const_fn(np.less),
     "Greater": _const_fn(np.greater), "Not": _const_fn(np.logical_not),
     "Range": _range, "Floor": _step,
-    "Ceil": _const_fn(np.ceil), "Sqrt": _const_fn(np.sqrt), "Abs": _const_fn(np.abs),
-    "Min": _const_fn(np.minimum), "Max": _const_fn(np.maximum), "Sign": _step, "Pow": _pow,
-    "Gelu": _gelu,
+    "Ceil": _const_fn(np.ceil), "Sqrt": _const_fn(np.sqrt), "Abs": relu_forms.absolute,
+    "Min": relu_forms.max_min, "Max": relu_forms.max_min, "Clip": relu_forms.clip,
+    "PRelu": relu_forms.prelu, "Sign": _step, "Pow": _pow, "Gelu": _gelu,
     **{op: _activation for op in _ACT}, **{op: _vector_output for op in VECTOR_OUTPUTS},
 }
 
@@ -666,6 +667,12 @@ _HOW = {
            "of data refused",
     "Gelu": "activation: least-area lines with exact intercepts (also PyTorch's exported "
             "pattern, Div, Erf, Add, Mul, Mul, fused at load); approximate='tanh' refused",
+    "Clip": "lo + relu(x - lo) - relu(x - hi): ReLU nodes (bounds, alpha-CROWN, ReLU "
+            "splitting)",
+    "Max": "of data: y + relu(x - y) (a constant y too), pairwise; of constants: folded",
+    "Min": "of data: y - relu(y - x), pairwise; of constants: folded",
+    "Abs": "of data: relu(x) + relu(-x); of constants: folded",
+    "PRelu": "one slope in [0, 1]: a leaky ReLU; else relu(x) - a relu(-x)",
     "Erf": "activation: S-shaped, the tanh construction (tangent lines, exact intercepts)",
     "Relu": "activation: CROWN's adaptive lines; slopes optimised by alpha-CROWN; split by "
             "branch and bound", "LeakyRelu": "as Relu",
