@@ -43,17 +43,20 @@ def _erf(z):
     return erf(z)
 
 
-def _gelu(z, s):
-    from crown_cli.engine.relaxations.gelu import gelu_values
+def _self_gated(kind):
+    """GELU's or SiLU's (function, derivative): crown_cli.engine.relaxations.self_gated (GELU
+    as z erfc(-s z) / 2, without the cancellation of 1 + erf)."""
+    def function(z, s):
+        from crown_cli.engine.relaxations import self_gated as sg
 
-    return gelu_values(z, s)  # z (1 + erf(s z)) / 2 as z erfc(-s z) / 2 (no cancellation)
+        return sg.values(getattr(sg, kind), z, s)
 
+    def derivative(z, s):
+        from crown_cli.engine.relaxations import self_gated as sg
 
-def _gelu_grad(z, s):
-    from scipy.special import erfc
+        return sg.derivatives(getattr(sg, kind), z, s)
 
-    x = s * z
-    return 0.5 * erfc(-x) + x * 0.5641895835477563 * np.exp(-x * x)
+    return function, derivative
 
 
 def _reciprocal(z):
@@ -142,7 +145,11 @@ ACTIVATIONS: Dict[str, Activation] = {a.name: a for a in (
                mlp=False, **_S_SHAPED),
     # GELU, z (1 + erf(s z)) / 2 (s = 1 / sqrt 2; ONNX Gelu, or PyTorch's exported pattern
     # fused at load): graph nodes only
-    Activation("gelu", _gelu, _gelu_grad, default_param=0.7071067811865476,
+    Activation("gelu", *_self_gated("GELU"), default_param=0.7071067811865476,
+               param_range=(0.0, float("inf"), False), mlp=False),
+    # SiLU (swish), z sigmoid(s z) (s = 1; ONNX has no SiLU: PyTorch's Mul(x, Sigmoid(x))
+    # is fused at load): graph nodes only
+    Activation("silu", *_self_gated("SILU"), default_param=1.0,
                param_range=(0.0, float("inf"), False), mlp=False),
     Activation("linear", lambda z, a: z, lambda z, a: np.ones_like(z), bound=False),
     # ELU convex (scale in (0, 1]) for its relaxation

@@ -7,9 +7,11 @@ place of the division; either operand order of each ``Add`` and ``Mul``). Bounde
 the product of h with ``1 + erf(h / c)`` takes McCormick's planes: on h in [-1, 2] the output's
 interval is [-1.42, 2.11] where GELU's range is [-0.17, 1.95]. Fused, it is one ``Gelu``
 node, ``h (1 + erf(s h)) / 2`` with s = 1 / c (or the multiplier) as a float64
-(engine/relaxations/gelu.py; 1 / c rounded moves erf's argument by half an ulp, within the
-lines' slack). A pattern whose intermediate values are read elsewhere (or are graph outputs)
-stays as written.
+(engine/relaxations/self_gated.py; 1 / c rounded moves erf's argument by half an ulp, within the
+lines' slack). SiLU: PyTorch exports ``nn.SiLU()`` as ``Mul(h, Sigmoid(h))`` (a product of data, McCormick's
+planes again); fused, one ``Swish`` node, ``h sigmoid(h)`` (ONNX opset 24's operator of that
+name, whose ``alpha`` it also reads). A pattern whose intermediate values are read elsewhere
+(or are graph outputs) stays as written.
 """
 from __future__ import annotations
 
@@ -40,7 +42,8 @@ def _scalars(graph, numpy_helper) -> Dict[str, float]:
 def fuse_gelu(onnx, numpy_helper, graph) -> int:
     """Replace, in place, every PyTorch GELU pattern of ``graph`` (a GraphProto) by one node
     ``Gelu`` (attribute ``scale``: s as text, since float attributes are float32) at the
-    final ``Mul``'s place. Returns how many."""
+    final ``Mul``'s place, and every SiLU pattern by one ``Swish`` node at its ``Mul``'s.
+    Returns how many."""
     nodes = list(graph.node)
     outputs = {o.name for o in graph.output}
     readers: Dict[str, List[int]] = {}
@@ -109,6 +112,16 @@ def fuse_gelu(onnx, numpy_helper, graph) -> int:
                                           name=(nodes[m2].name or f"node{m2}") + "/gelu",
                                           scale=repr(float(s)))  # float64: as text
 
+    for i, sig in enumerate(nodes):  # SiLU: Mul(h, Sigmoid(h))
+        if sig.op_type != "Sigmoid" or sig.domain not in STANDARD or i in drop:
+            continue
+        m = only_reader(sig.output[0])
+        if m is None or m in fused or m in drop or nodes[m].op_type != "Mul" or \
+                split(nodes[m], sig.output[0]) != sig.input[0]:
+            continue
+        drop.add(i)
+        fused[m] = onnx.helper.make_node("Swish", [sig.input[0]], [nodes[m].output[0]],
+                                         name=(nodes[m].name or f"node{m}") + "/silu")
     if not fused:
         return 0
     kept = [fused.get(i, n) for i, n in enumerate(nodes) if i not in drop]

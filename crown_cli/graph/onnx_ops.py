@@ -538,6 +538,19 @@ def _gelu(b, node, ins, attrs):
     return [b.add(_label(node), ActivationOp("gelu", s), (nid,), d.shape)]
 
 
+def _swish(b, node, ins, attrs):
+    """x sigmoid(alpha x): ONNX Swish (opset 24), or PyTorch's SiLU, Mul(x, Sigmoid(x)),
+    fused at load (graph/onnx_fusion.py)."""
+    alpha = float(attrs.get("alpha", 1.0))
+    if not alpha > 0.0:
+        b.fail(node, f"alpha {alpha:g} is not supported (only alpha > 0)")
+    if isinstance(ins[0], Const):
+        return [Const(apply_activation("silu", np.asarray(ins[0].value, np.float64), alpha))]
+    d = b.data(node, ins[0])
+    nid = b.node_of(d, _label(node))
+    return [b.add(_label(node), ActivationOp("silu", alpha), (nid,), d.shape)]
+
+
 _STEPS = {"Sign": ("sign", np.sign), "Floor": ("floor", np.floor)}
 
 
@@ -630,7 +643,7 @@ HANDLERS = {
     "Range": _range, "Floor": _step,
     "Ceil": _const_fn(np.ceil), "Sqrt": _const_fn(np.sqrt), "Abs": relu_forms.absolute,
     "Min": relu_forms.max_min, "Max": relu_forms.max_min, "Clip": relu_forms.clip,
-    "PRelu": relu_forms.prelu, "Sign": _step, "Pow": _pow, "Gelu": _gelu,
+    "PRelu": relu_forms.prelu, "Sign": _step, "Pow": _pow, "Gelu": _gelu, "Swish": _swish,
     **{op: _activation for op in _ACT}, **{op: _vector_output for op in VECTOR_OUTPUTS},
 }
 
@@ -673,6 +686,8 @@ _HOW = {
     "Min": "of data: y - relu(y - x), pairwise; of constants: folded",
     "Abs": "of data: relu(x) + relu(-x); of constants: folded",
     "PRelu": "one slope in [0, 1]: a leaky ReLU; else relu(x) - a relu(-x)",
+    "Swish": "activation x sigmoid(alpha x) (SiLU): as Gelu (also PyTorch's Mul(x, Sigmoid(x)), "
+             "fused at load)",
     "Erf": "activation: S-shaped, the tanh construction (tangent lines, exact intercepts)",
     "Relu": "activation: CROWN's adaptive lines; slopes optimised by alpha-CROWN; split by "
             "branch and bound", "LeakyRelu": "as Relu",

@@ -73,9 +73,15 @@ def _elu(method, alpha):
 
 
 def _gelu(method, alpha):
-    from crown_cli.engine.relaxations.gelu import gelu_relaxation
+    from crown_cli.engine.relaxations.self_gated import gelu_relaxation
 
     return lambda l, u: gelu_relaxation(l, u, alpha)
+
+
+def _silu(method, alpha):
+    from crown_cli.engine.relaxations.self_gated import silu_relaxation
+
+    return lambda l, u: silu_relaxation(l, u, alpha)
 
 
 def _hard_sigmoid(method, alpha):
@@ -95,6 +101,7 @@ RELAXATIONS = {
     "arctan": _s_shaped("arctan_relaxation"),
     "erf": _s_shaped("erf_relaxation"),
     "gelu": _gelu,
+    "silu": _silu,
     "elu": _elu,
     "softplus": _fixed("extra", "softplus_relaxation"),
     "hard_sigmoid": _hard_sigmoid,

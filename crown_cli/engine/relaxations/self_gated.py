@@ -1,9 +1,11 @@
-"""Linear relaxation of GELU, ``f(z) = z (1 + erf(s z)) / 2`` (s = 1 / sqrt 2 for the standard
-GELU; a graph's own constant where PyTorch's exported pattern was fused: graph/onnx_fusion.py).
+"""Linear relaxations of the self-gated activations ``z g(s z)``: GELU, ``z (1 + erf(s z)) / 2``
+(s = 1 / sqrt 2 for the standard GELU; a graph's own constant where PyTorch's exported pattern
+was fused: graph/onnx_fusion.py), and SiLU (swish), ``z sigmoid(s z)`` (s = 1 for SiLU).
 
-GELU is neither monotone nor convex: f' = (1 + erf(s z)) / 2 + s z exp(-s^2 z^2) / sqrt(pi)
-falls on (-inf, -1/s], rises on [-1/s, 1/s] and falls on [1/s, inf) (f'' has the sign of
-1 - s^2 z^2), from 0 down to -0.1289 and up to 1.1289, then down to 1.
+Neither is monotone nor convex: with x = s z, f' is a function of x alone that falls on
+(-inf, -c], rises on [-c, c] and falls on [c, inf) (GELU: f'' has the sign of 1 - x^2, c = 1;
+SiLU: c = 2.39936), from 0 down to -0.1289 (SiLU -0.0998) and up to 1.1289 (1.0998), then
+down to 1; f has one minimum, at x = -0.5316 (SiLU -1.2785), of -0.12019 / s (-0.27846 / s).
 
 The lines follow sigmoid_family's rule: only the slope is a choice; the intercept is the
 tightest one for it, the max (upper) or min (lower) of ``f(t) - k t`` over [l, u], which is
@@ -15,7 +17,7 @@ the rounding of ``s z`` (erfc's argument; in the far negative tail its relative 
 is hundreds of ulps). Slopes tried: the chord
 and the tangents' slopes at l, u and the quarter points; each line is the one of least area
 (its mean over [l, u], its value at the midpoint, smallest above / largest below).
-Infinite bounds give constant lines: f >= its minimum (-0.12019 / s), f <= max(0, f(u)).
+Infinite bounds give constant lines: f >= its minimum, f <= max(0, f(u)).
 """
 import math
 
@@ -24,29 +26,47 @@ from numba import njit
 
 from crown_cli.engine.relaxations.sigmoid_family import _slack
 
+GELU = 0
+SILU = 1
 INV_SQRT_PI = 0.5641895835477563  # 1 / sqrt(pi)
-# min_x x erfc(-x) / 2 = -0.120187793415505508..., rounded down (f's minimum is this / s)
-SCALED_MIN = -0.12018779341550552
+# per kind, in x = s z: the inflection point c (f' rises on [-c, c]); min_x of f's scaled
+# form (x g(x)), rounded down, and where it is reached (f's minimum is this / s, at this / s)
+INFLECTION = (1.0, 2.3993572805154677)
+SCALED_MIN = (-0.12018779341550552, -0.2784645427610738)
+SCALED_ARGMIN = (-0.5315968851493932, -1.2784645427610738)
 BISECT = 200
 
 
 @njit(cache=True)
-def _f(s, t):
+def _sigmoid(x):
+    if x >= 0.0:
+        return 1.0 / (1.0 + math.exp(-x))
+    e = math.exp(x)
+    return e / (1.0 + e)
+
+
+@njit(cache=True)
+def _f(kind, s, t):
+    if kind == SILU:
+        return t * _sigmoid(s * t)
     return 0.5 * t * math.erfc(-s * t)  # 1 + erf(x) = erfc(-x), without cancellation
 
 
 @njit(cache=True)
-def _df(s, t):
+def _df(kind, s, t):
     x = s * t
+    if kind == SILU:
+        g = _sigmoid(x)
+        return g + x * g * _sigmoid(-x)
     return 0.5 * math.erfc(-x) + x * INV_SQRT_PI * math.exp(-x * x)
 
 
 @njit(cache=True)
-def _root(s, a, b, k):
+def _root(kind, s, a, b, k):
     """The t in [a, b] with f'(t) = k where f' is monotone on [a, b] and f'(a) - k, f'(b) - k
     differ in sign (else a or b: the end with f' nearer k)."""
-    fa = _df(s, a) - k
-    fb = _df(s, b) - k
+    fa = _df(kind, s, a) - k
+    fb = _df(kind, s, b) - k
     if fa == 0.0:
         return a
     if fb == 0.0:
@@ -57,7 +77,7 @@ def _root(s, a, b, k):
         m = 0.5 * a + 0.5 * b
         if m <= a or m >= b:
             break
-        fm = _df(s, m) - k
+        fm = _df(kind, s, m) - k
         if fm == 0.0:
             return m
         if (fm > 0.0) == (fa > 0.0):
@@ -68,10 +88,10 @@ def _root(s, a, b, k):
 
 
 @njit(cache=True)
-def _intercept(s, l, u, k, upper):
+def _intercept(kind, s, l, u, k, upper):
     """The tightest sound intercept of a line of slope k above (``upper``) or below f on
     [l, u] (finite), slack included."""
-    c = 1.0 / s
+    c = INFLECTION[kind] / s
     best = 0.0
     S = 0.0
     # candidates: l, u, the pieces' ends inside [l, u] and one point per piece with f' = k
@@ -83,31 +103,29 @@ def _intercept(s, l, u, k, upper):
         if a < b:
             pts.append(a)
             pts.append(b)
-            pts.append(_root(s, a, b, k))
+            pts.append(_root(kind, s, a, b, k))
     for j in range(len(pts)):
         t = pts[j]
-        v = _f(s, t)
+        v = _f(kind, s, t)
         g = v - k * t
         if j == 0 or (upper and g > best) or ((not upper) and g < best):
             best = g
         # |f| and the rounding of s t: erfc's relative error from it is ~2 x^2 u, which in
         # the far negative tail (f ~ 1e-100) is hundreds of ulps of f; it is at most about
         # |t f'(t)| u, covered here with room
-        S = max(S, abs(v), 2.0 * abs(t * _df(s, t)))
+        S = max(S, abs(v), 2.0 * abs(t * _df(kind, s, t)))
     sl = _slack(k, best, max(abs(l), abs(u)), S)
     return best + sl if upper else best - sl
 
 
 @njit(cache=True)
-def gelu_relaxation(l, u, s=0.7071067811865476):
-    """(aU, bU, aL, bL) with aL*z + bL <= z (1 + erf(s z)) / 2 <= aU*z + bU on [l, u]
-    (1-D float64; s > 0)."""
+def _relax(kind, l, u, s):
     n = l.shape[0]
     aU = np.empty(n)
     bU = np.empty(n)
     aL = np.empty(n)
     bL = np.empty(n)
-    fmin = SCALED_MIN / s
+    fmin = SCALED_MIN[kind] / s
     fmin = fmin - 4.0 * 2.0 ** -52 * abs(fmin)
     for i in range(n):
         li = l[i]
@@ -123,7 +141,7 @@ def gelu_relaxation(l, u, s=0.7071067811865476):
             aL[i] = 0.0
             bL[i] = fmin
             if math.isfinite(ui):  # f < 0 left of 0 and rises on [0, u]
-                top = max(0.0, _f(s, ui))
+                top = max(0.0, _f(kind, s, ui))
                 bU[i] = top + _slack(0.0, top, 0.0, top)
             else:
                 bU[i] = np.inf
@@ -138,19 +156,19 @@ def gelu_relaxation(l, u, s=0.7071067811865476):
         bestL = -np.inf
         for j in range(6):
             if j < 5:
-                k = _df(s, li + 0.25 * j * w)
+                k = _df(kind, s, li + 0.25 * j * w)
             elif w > 0.0:
-                k = (_f(s, ui) - _f(s, li)) / w
+                k = (_f(kind, s, ui) - _f(kind, s, li)) / w
             else:
                 continue
             if not math.isfinite(k):
                 continue
-            b = _intercept(s, li, ui, k, True)
+            b = _intercept(kind, s, li, ui, k, True)
             if k * mid + b < bestU:
                 bestU = k * mid + b
                 aU[i] = k
                 bU[i] = b
-            b = _intercept(s, li, ui, k, False)
+            b = _intercept(kind, s, li, ui, k, False)
             if k * mid + b > bestL:
                 bestL = k * mid + b
                 aL[i] = k
@@ -159,35 +177,59 @@ def gelu_relaxation(l, u, s=0.7071067811865476):
 
 
 @njit(cache=True)
-def _values(z, s, out):
+def gelu_relaxation(l, u, s=0.7071067811865476):
+    """(aU, bU, aL, bL) with aL*z + bL <= z (1 + erf(s z)) / 2 <= aU*z + bU on [l, u]
+    (1-D float64; s > 0)."""
+    return _relax(GELU, l, u, s)
+
+
+@njit(cache=True)
+def silu_relaxation(l, u, s=1.0):
+    """(aU, bU, aL, bL) with aL*z + bL <= z sigmoid(s z) <= aU*z + bU on [l, u] (1-D
+    float64; s > 0)."""
+    return _relax(SILU, l, u, s)
+
+
+@njit(cache=True)
+def _values(kind, z, s, out):
     for i in range(z.size):
-        out[i] = _f(s, z[i])
+        out[i] = _f(kind, s, z[i])
 
 
-def gelu_values(z, s):
-    """f(z) elementwise (numpy in, numpy out; float32 stays float32), by the same libm erfc
-    as the lines (scipy's erfc is ~50 ulps off in GELU's far negative tail)."""
+def values(kind: int, z, s):
+    """f(z) elementwise (numpy in, numpy out; float32 stays float32), by the same libm
+    functions as the lines (scipy's erfc is ~50 ulps off in GELU's far negative tail, and
+    numpy's 0.5 (1 + tanh(x / 2)) sigmoid loses SiLU's)."""
     z = np.asarray(z)
     flat = np.ascontiguousarray(z, dtype=np.float64).reshape(-1)
     out = np.empty_like(flat)
-    _values(flat, float(s), out)
+    _values(kind, flat, float(s), out)
     dtype = z.dtype if z.dtype in (np.float32, np.float64) else np.float64
     return out.reshape(z.shape).astype(dtype, copy=False)
 
 
-SCALED_ARGMIN = -0.5315968851493932  # where x erfc(-x) / 2 is least (f's argmin: this / s)
+def derivatives(kind: int, z, s):
+    """f'(z) elementwise (numpy; for the attacks)."""
+    z = np.asarray(z, np.float64)
+    x = s * z
+    if kind == SILU:
+        g = 0.5 * (1.0 + np.tanh(0.5 * x))
+        return g + x * g * (1.0 - g)
+    from scipy.special import erfc
+
+    return 0.5 * erfc(-x) + x * INV_SQRT_PI * np.exp(-x * x)
 
 
 @njit(cache=True)
-def gelu_range(l, u, s):
-    """f's exact range on each [l_i, u_i], rounded outward (f falls to its one minimum at
-    SCALED_ARGMIN / s, then rises): (lo, hi) 1-D float64."""
+def value_range(kind, l, u, s):
+    """f's exact range on each [l_i, u_i], rounded outward (f falls to its one minimum,
+    then rises): (lo, hi) 1-D float64."""
     n = l.shape[0]
     lo = np.empty(n)
     hi = np.empty(n)
-    tmin = SCALED_ARGMIN / s
+    tmin = SCALED_ARGMIN[kind] / s
     near = 1e-9 * abs(tmin)
-    fmin = SCALED_MIN / s
+    fmin = SCALED_MIN[kind] / s
     fmin = fmin - 4.0 * 2.0 ** -52 * abs(fmin)
     for i in range(n):
         li = l[i]
@@ -196,11 +238,11 @@ def gelu_range(l, u, s):
             lo[i] = np.nan
             hi[i] = np.nan
             continue
-        fl = _f(s, li) if math.isfinite(li) else 0.0
-        fu = _f(s, ui) if math.isfinite(ui) else np.inf
-        pl = _slack(0.0, 0.0, 0.0, abs(fl) + 2.0 * abs(li * _df(s, li))) \
+        fl = _f(kind, s, li) if math.isfinite(li) else 0.0
+        fu = _f(kind, s, ui) if math.isfinite(ui) else np.inf
+        pl = _slack(0.0, 0.0, 0.0, abs(fl) + 2.0 * abs(li * _df(kind, s, li))) \
             if math.isfinite(li) else 0.0
-        pu = _slack(0.0, 0.0, 0.0, abs(fu) + 2.0 * abs(ui * _df(s, ui))) \
+        pu = _slack(0.0, 0.0, 0.0, abs(fu) + 2.0 * abs(ui * _df(kind, s, ui))) \
             if math.isfinite(ui) else 0.0
         hi[i] = max(fl + pl, fu + pu)
         if li <= tmin + near and ui >= tmin - near:

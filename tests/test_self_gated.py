@@ -1,6 +1,7 @@
-"""GELU: its lines and range hold against 40-digit mpmath (tails included) and on dense float
-grids, are not loose, and PyTorch's exported pattern fuses into one node at load (not where its
-parts are read elsewhere); ONNX Gelu's tanh approximation is refused in one line."""
+"""GELU and SiLU (engine/relaxations/self_gated.py): their lines and ranges hold against
+40-digit mpmath (tails included) and on dense float grids, are not loose, and PyTorch's exported
+patterns fuse into one node at load (not where their parts are read elsewhere); ONNX Gelu's tanh
+approximation is refused in one line."""
 import os
 
 import numpy as np
@@ -10,12 +11,21 @@ import pytest
 from crown_cli.activations import apply_activation
 from crown_cli.engine.graph_bounds import GraphBounds
 from crown_cli.engine.input_sets import Box
-from crown_cli.engine.relaxations.gelu import gelu_range, gelu_relaxation
+from crown_cli.engine.relaxations import self_gated as sg
 from crown_cli.errors import InputError
 from crown_cli.graph.onnx_graph import load_graph
 from graph_models import G
 
 S = 0.7071067811865476  # 1 / sqrt 2
+KINDS = {"gelu": (sg.GELU, sg.gelu_relaxation), "silu": (sg.SILU, sg.silu_relaxation)}
+
+
+def _exact(name, Z, ms):
+    import mpmath
+
+    if name == "gelu":
+        return Z / 2 * mpmath.erfc(-ms * Z)
+    return Z / (1 + mpmath.exp(-ms * Z))
 
 
 def _intervals(seed, n):
@@ -25,40 +35,45 @@ def _intervals(seed, n):
     return c - w, c + w
 
 
-@pytest.mark.parametrize("s", [S, 0.3, 2.0])
-def test_lines_and_range_hold_in_exact_arithmetic(s):
-    """At 33 points of each interval, the real GELU (mpmath, 40 digits, with the float s)
-    lies between the lines and inside the range, where f runs from 1e-190 (the rounding of
-    erfc's argument is hundreds of ulps of f there) to 150."""
+@pytest.mark.parametrize("name", ["gelu", "silu"])
+@pytest.mark.parametrize("s", [S, 1.0, 0.3, 2.0])
+def test_lines_and_range_hold_in_exact_arithmetic(name, s):
+    """At 33 points of each interval, the real function (mpmath, 40 digits, with the float s)
+    lies between the lines and inside the range, where GELU runs from 1e-190 (the rounding
+    of erfc's argument is hundreds of ulps of f there) to 150."""
     import mpmath
 
     mpmath.mp.dps = 40
+    kind, relax = KINDS[name]
     l, u = _intervals(int(s * 10), 150)
-    aU, bU, aL, bL = gelu_relaxation(l, u, s)
-    lo, hi = gelu_range(l, u, s)
+    aU, bU, aL, bL = relax(l, u, s)
+    lo, hi = sg.value_range(kind, l, u, s)
     ms = mpmath.mpf(s)
     for i in range(l.size):
         for z in np.linspace(l[i], u[i], 33):
             Z = mpmath.mpf(z)
-            f = Z / 2 * mpmath.erfc(-ms * Z)
+            f = _exact(name, Z, ms)
             assert mpmath.mpf(aL[i]) * Z + mpmath.mpf(bL[i]) <= f, (l[i], u[i], z)
             assert f <= mpmath.mpf(aU[i]) * Z + mpmath.mpf(bU[i]), (l[i], u[i], z)
             assert mpmath.mpf(lo[i]) <= f <= mpmath.mpf(hi[i]), (l[i], u[i], z)
 
 
+@pytest.mark.parametrize("name", ["gelu", "silu"])
 @pytest.mark.parametrize("s", [S, 2.0])
-def test_lines_hold_on_a_dense_grid_and_are_not_loose(s):
+def test_lines_hold_on_a_dense_grid_and_are_not_loose(name, s):
     """On 2001 float points of each interval against the forward pass's GELU: no crossing;
     each line's mean gap over [l, u] within Taylor's max|f''| w^2 / 2 (the midpoint tangent's
     bound; the least-area choice can only be closer); the range that of the grid, up to the
     grid's spacing."""
+    kind, relax = KINDS[name]
     l, u = _intervals(3, 600)
-    aU, bU, aL, bL = gelu_relaxation(l, u, s)
-    lo, hi = gelu_range(l, u, s)
-    curv = s * 1.1283791670955126  # |f''| <= s 2 / sqrt(pi)
+    aU, bU, aL, bL = relax(l, u, s)
+    lo, hi = sg.value_range(kind, l, u, s)
+    curv = s * (1.1283791670955126 if name == "gelu" else 0.5)  # max |f''|: 2 s / sqrt(pi),
+    # s / 2 (SiLU's f'' in x is sigmoid' (2 + x tanh(-x / 2)), at most 1 / 2 at 0)
     for i in range(l.size):
         z = np.linspace(l[i], u[i], 2001)
-        f = apply_activation("gelu", z, s)
+        f = apply_activation(name, z, s)
         up, down = aU[i] * z + bU[i], aL[i] * z + bL[i]
         assert np.all(down <= f) and np.all(f <= up), (l[i], u[i])
         assert lo[i] <= f.min() and f.max() <= hi[i]
@@ -142,3 +157,36 @@ def test_onnx_gelu_node_and_its_tanh_form(tmp_path):
         load_graph(path)
     msg = str(err.value)
     assert "act" in msg and "approximate='tanh' is not supported" in msg and "\n" not in msg
+
+
+@pytest.mark.parametrize("order", ["h_first", "sigmoid_first"])
+def test_pytorch_silu_fuses_into_one_node(tmp_path, order):
+    """Mul(h, Sigmoid(h)) in either order: one silu node, the forward pass h sigmoid(h), and
+    the node's interval on [-3, 2] SiLU's range (-0.2785, 1.7616), where the product's
+    McCormick planes give about [-3.9, 2.9]."""
+    g = G(np.random.default_rng(0))
+    h = g.op("Gemm", ["x", g.const(np.eye(1)), g.const(np.zeros(1))], transB=1)
+    sig = g.op("Sigmoid", [h])
+    act = g.op("Mul", [h, sig] if order == "h_first" else [sig, h])
+    out = g.op("Gemm", [act, g.const(np.eye(1)), g.const(np.zeros(1))], transB=1)
+    graph = _load_model(tmp_path, g.model([("x", (1, 1))], [out]))
+    assert [n.op.name for n in graph.nodes if n.kind == "activation"] == ["silu"]
+    z = np.linspace(-40.0, 8.0, 97)
+    np.testing.assert_allclose(graph.forward(z[:, None])[:, 0], z / (1.0 + np.exp(-z)),
+                               rtol=1e-13, atol=1e-300)
+    gb = GraphBounds(graph, *Box(np.array([-3.0]), np.array([2.0])).args(), intermediate="crown")
+    k = next(i for i, n in enumerate(graph.nodes) if n.kind == "activation")
+    assert -0.27847 <= gb.lo[k][0] <= -0.27846 and 1.76159 <= gb.hi[k][0] <= 1.7616
+
+
+def test_silu_with_its_sigmoid_read_elsewhere_is_not_fused(tmp_path):
+    g = G(np.random.default_rng(0))
+    h = g.op("Gemm", ["x", g.rand(2, 3), g.rand(2)], transB=1)
+    sig = g.op("Sigmoid", [h])
+    y = g.op("Mul", [h, sig])
+    graph = _load_model(tmp_path, g.model([("x", (1, 3))], [y, sig]))
+    assert [n.op.name for n in graph.nodes if n.kind == "activation"] == ["sigmoid"]
+
+
+def _load_model(tmp_path, model):
+    return load_graph(_save(tmp_path, model))
