@@ -141,8 +141,9 @@ ACTIVATIONS: Dict[str, Activation] = {a.name: a for a in (
                lambda z, a: _sigmoid(z) * (1.0 - _sigmoid(z)), **_S_SHAPED),
     Activation("arctan", lambda z, a: np.arctan(z), lambda z, a: 1.0 / (1.0 + z * z), **_S_SHAPED),
     # ONNX Erf (PyTorch exports GELU as x * (1 + erf(x / sqrt 2)) / 2): graph nodes only
+    # (so no MLP's alpha-CROWN: the graph engine's has no tangent points)
     Activation("erf", lambda z, a: _erf(z), lambda z, a: _TWO_OVER_SQRT_PI * np.exp(-z * z),
-               mlp=False, **_S_SHAPED),
+               mlp=False, smooth=True),
     # GELU, z (1 + erf(s z)) / 2 (s = 1 / sqrt 2; ONNX Gelu, or PyTorch's exported pattern
     # fused at load): graph nodes only
     Activation("gelu", *_self_gated("GELU"), default_param=0.7071067811865476,
