@@ -49,12 +49,12 @@ def _self_gated(kind):
     def function(z, s):
         from crown_cli.engine.relaxations import self_gated as sg
 
-        return sg.values(getattr(sg, kind), z, s)
+        return sg.values(getattr(sg, kind), z, 1.0 if s is None else s)
 
     def derivative(z, s):
         from crown_cli.engine.relaxations import self_gated as sg
 
-        return sg.derivatives(getattr(sg, kind), z, s)
+        return sg.derivatives(getattr(sg, kind), z, 1.0 if s is None else s)
 
     return function, derivative
 
@@ -152,6 +152,8 @@ ACTIVATIONS: Dict[str, Activation] = {a.name: a for a in (
     # is fused at load): graph nodes only
     Activation("silu", *_self_gated("SILU"), default_param=1.0,
                param_range=(0.0, float("inf"), False), mlp=False),
+    # ONNX HardSwish, z clip(z / 6 + 1 / 2, 0, 1) (MobileNetV3): graph nodes only
+    Activation("hardswish", *_self_gated("HARDSWISH"), mlp=False),
     Activation("linear", lambda z, a: z, lambda z, a: np.ones_like(z), bound=False),
     # ELU convex (scale in (0, 1]) for its relaxation
     Activation("elu", _elu, _elu_grad, default_param=1.0, param_range=(0.0, 1.0, False)),

@@ -227,8 +227,8 @@ def powers(rng):
 def gelu(rng):
     """GELU and SiLU as PyTorch exports them (x -> Div sqrt 2 -> Erf -> Add 1 -> Mul x -> Mul
     0.5; ONNX has no Gelu before opset 20; Mul(x, Sigmoid(x))), fused at load, and a bare Erf:
-    x (1, 4) -> Gemm -> GELU -> Gemm -> Erf, and -> Gemm -> SiLU -> Concat -> Gemm (2
-    outputs)."""
+    x (1, 4) -> Gemm -> GELU -> Gemm -> Erf, -> Gemm -> SiLU, and -> Gemm -> HardSwish ->
+    Concat -> Gemm (2 outputs)."""
     g = G(rng)
     h = g.op("Gemm", ["x", g.rand(6, 4, scale=1.0), g.rand(6)], transB=1)
     e = g.op("Erf", [g.op("Div", [h, g.const(np.array(1.4142135381698608))])])
@@ -237,8 +237,9 @@ def gelu(rng):
     k = g.op("Erf", [g.op("Gemm", [act, g.rand(3, 6, scale=1.0), g.rand(3)], transB=1)])
     q = g.op("Gemm", [act, g.rand(3, 6, scale=1.0), g.rand(3)], transB=1)
     silu = g.op("Mul", [g.op("Sigmoid", [q]), q])
-    cat = g.op("Concat", [k, silu], axis=1)
-    return g.model([("x", (1, 4))], [g.op("Gemm", [cat, g.rand(2, 6), g.rand(2)], transB=1)])
+    hs = g.op("HardSwish", [g.op("Gemm", [act, g.rand(3, 6, scale=3.0), g.rand(3)], transB=1)])
+    cat = g.op("Concat", [k, silu, hs], axis=1)
+    return g.model([("x", (1, 4))], [g.op("Gemm", [cat, g.rand(2, 9), g.rand(2)], transB=1)])
 
 
 def relu_forms(rng):

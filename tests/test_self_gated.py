@@ -17,7 +17,8 @@ from crown_cli.graph.onnx_graph import load_graph
 from graph_models import G
 
 S = 0.7071067811865476  # 1 / sqrt 2
-KINDS = {"gelu": (sg.GELU, sg.gelu_relaxation), "silu": (sg.SILU, sg.silu_relaxation)}
+KINDS = {"gelu": (sg.GELU, sg.gelu_relaxation), "silu": (sg.SILU, sg.silu_relaxation),
+         "hardswish": (sg.HARDSWISH, lambda l, u, s: sg.hardswish_relaxation(l, u))}
 
 
 def _exact(name, Z, ms):
@@ -25,6 +26,8 @@ def _exact(name, Z, ms):
 
     if name == "gelu":
         return Z / 2 * mpmath.erfc(-ms * Z)
+    if name == "hardswish":
+        return 0 if Z <= -3 else Z if Z >= 3 else Z * (Z + 3) / 6
     return Z / (1 + mpmath.exp(-ms * Z))
 
 
@@ -35,8 +38,8 @@ def _intervals(seed, n):
     return c - w, c + w
 
 
-@pytest.mark.parametrize("name", ["gelu", "silu"])
-@pytest.mark.parametrize("s", [S, 1.0, 0.3, 2.0])
+@pytest.mark.parametrize("name,s", [(n, s) for n in ("gelu", "silu") for s in (S, 1.0, 0.3, 2.0)]
+                         + [("hardswish", 1.0)])
 def test_lines_and_range_hold_in_exact_arithmetic(name, s):
     """At 33 points of each interval, the real function (mpmath, 40 digits, with the float s)
     lies between the lines and inside the range, where GELU runs from 1e-190 (the rounding
@@ -58,8 +61,8 @@ def test_lines_and_range_hold_in_exact_arithmetic(name, s):
             assert mpmath.mpf(lo[i]) <= f <= mpmath.mpf(hi[i]), (l[i], u[i], z)
 
 
-@pytest.mark.parametrize("name", ["gelu", "silu"])
-@pytest.mark.parametrize("s", [S, 2.0])
+@pytest.mark.parametrize("name,s", [(n, s) for n in ("gelu", "silu") for s in (S, 2.0)]
+                         + [("hardswish", 1.0)])
 def test_lines_hold_on_a_dense_grid_and_are_not_loose(name, s):
     """On 2001 float points of each interval against the forward pass's GELU: no crossing;
     each line's mean gap over [l, u] within Taylor's max|f''| w^2 / 2 (the midpoint tangent's
@@ -69,8 +72,11 @@ def test_lines_hold_on_a_dense_grid_and_are_not_loose(name, s):
     l, u = _intervals(3, 600)
     aU, bU, aL, bL = relax(l, u, s)
     lo, hi = sg.value_range(kind, l, u, s)
-    curv = s * (1.1283791670955126 if name == "gelu" else 0.5)  # max |f''|: 2 s / sqrt(pi),
-    # s / 2 (SiLU's f'' in x is sigmoid' (2 + x tanh(-x / 2)), at most 1 / 2 at 0)
+    curv = s * {"gelu": 1.1283791670955126, "silu": 0.5, "hardswish": 1.0 / 3.0}[name]
+    # max |f''|: 2 s / sqrt(pi), s / 2 (SiLU's f'' in x is sigmoid' (2 + x tanh(-x / 2)), at
+    # most 1 / 2 at 0), 1 / 3 (hard swish's middle piece; its kinks at -3 and 3 each add at
+    # most their jump in f', 1/2, times the width)
+    jump = 1.0 if name == "hardswish" else 0.0
     for i in range(l.size):
         z = np.linspace(l[i], u[i], 2001)
         f = apply_activation(name, z, s)
@@ -79,8 +85,8 @@ def test_lines_hold_on_a_dense_grid_and_are_not_loose(name, s):
         assert lo[i] <= f.min() and f.max() <= hi[i]
         w = u[i] - l[i]
         tol = 1e-12 * (1.0 + np.abs(f).max())
-        assert np.mean(up - f) <= curv * w * w / 2 + tol, (l[i], u[i])
-        assert np.mean(f - down) <= curv * w * w / 2 + tol, (l[i], u[i])
+        assert np.mean(up - f) <= curv * w * w / 2 + jump * w + tol, (l[i], u[i])
+        assert np.mean(f - down) <= curv * w * w / 2 + jump * w + tol, (l[i], u[i])
         near = curv * (w / 2000) ** 2 + tol  # the grid's distance to the minimum's point
         assert f.min() - lo[i] <= near and hi[i] - f.max() <= tol, (l[i], u[i])
 

@@ -105,10 +105,11 @@ def activation_interval(op, method: str, l, u, z):
         lo, hi = _monotone_range(name, l, u, lo, hi)
     if name == "floor":  # exact: floor is monotone and does not round
         lo, hi = np.fmax(lo, np.floor(l)), np.fmin(hi, np.floor(u))
-    if name in ("gelu", "silu"):  # their exact range (one minimum), rounded outward
+    if name in ("gelu", "silu", "hardswish"):  # the exact range (one minimum), rounded out
         from crown_cli.engine.relaxations import self_gated as sg
 
-        glo, ghi = sg.value_range(sg.GELU if name == "gelu" else sg.SILU, l, u, float(alpha))
+        glo, ghi = sg.value_range(getattr(sg, name.upper()), l, u,
+                                  1.0 if alpha is None else float(alpha))
         lo, hi = np.fmax(lo, glo), np.fmin(hi, ghi)
     return back, lo.reshape(shape), hi.reshape(shape)
 

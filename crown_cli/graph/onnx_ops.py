@@ -497,7 +497,7 @@ def _batchnorm(b, node, ins, attrs):
 
 _ACT = {"Relu": "relu", "LeakyRelu": "leaky_relu", "Sigmoid": "sigmoid", "Tanh": "tanh",
         "Atan": "arctan", "Erf": "erf", "Elu": "elu", "Softplus": "softplus",
-        "HardSigmoid": "hard_sigmoid", "Sin": "sin", "Cos": "cos", "Exp": "exp", "Reciprocal": "reciprocal"}
+        "HardSigmoid": "hard_sigmoid", "HardSwish": "hardswish", "Sin": "sin", "Cos": "cos", "Exp": "exp", "Reciprocal": "reciprocal"}
 _ACT_DEFAULT = {"LeakyRelu": 0.01, "Elu": 1.0, "HardSigmoid": 0.2}
 
 
@@ -688,6 +688,7 @@ _HOW = {
     "PRelu": "one slope in [0, 1]: a leaky ReLU; else relu(x) - a relu(-x)",
     "Swish": "activation x sigmoid(alpha x) (SiLU): as Gelu (also PyTorch's Mul(x, Sigmoid(x)), "
              "fused at load)",
+    "HardSwish": "activation: as Gelu (lines of least area, exact intercepts, exact range)",
     "Erf": "activation: S-shaped, the tanh construction (tangent lines, exact intercepts)",
     "Relu": "activation: CROWN's adaptive lines; slopes optimised by alpha-CROWN; split by "
             "branch and bound", "LeakyRelu": "as Relu",

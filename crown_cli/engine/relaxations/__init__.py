@@ -102,6 +102,7 @@ RELAXATIONS = {
     "erf": _s_shaped("erf_relaxation"),
     "gelu": _gelu,
     "silu": _silu,
+    "hardswish": _fixed("self_gated", "hardswish_relaxation"),
     "elu": _elu,
     "softplus": _fixed("extra", "softplus_relaxation"),
     "hard_sigmoid": _hard_sigmoid,

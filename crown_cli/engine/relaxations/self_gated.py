@@ -1,11 +1,14 @@
 """Linear relaxations of the self-gated activations ``z g(s z)``: GELU, ``z (1 + erf(s z)) / 2``
 (s = 1 / sqrt 2 for the standard GELU; a graph's own constant where PyTorch's exported pattern
-was fused: graph/onnx_fusion.py), and SiLU (swish), ``z sigmoid(s z)`` (s = 1 for SiLU).
+was fused: graph/onnx_fusion.py), SiLU (swish), ``z sigmoid(s z)`` (s = 1 for SiLU), and
+hard swish, ``z clip(z / 6 + 1 / 2, 0, 1)`` (ONNX HardSwish: 0 up to -3, ``z (z + 3) / 6`` to
+3, then z; s is 1).
 
 Neither is monotone nor convex: with x = s z, f' is a function of x alone that falls on
 (-inf, -c], rises on [-c, c] and falls on [c, inf) (GELU: f'' has the sign of 1 - x^2, c = 1;
 SiLU: c = 2.39936), from 0 down to -0.1289 (SiLU -0.0998) and up to 1.1289 (1.0998), then
 down to 1; f has one minimum, at x = -0.5316 (SiLU -1.2785), of -0.12019 / s (-0.27846 / s).
+Hard swish: f' is 0, then (2 z + 3) / 6 from -1/2 to 3/2, then 1; its minimum -3/8 at -3/2.
 
 The lines follow sigmoid_family's rule: only the slope is a choice; the intercept is the
 tightest one for it, the max (upper) or min (lower) of ``f(t) - k t`` over [l, u], which is
@@ -28,12 +31,13 @@ from crown_cli.engine.relaxations.sigmoid_family import _slack
 
 GELU = 0
 SILU = 1
+HARDSWISH = 2
 INV_SQRT_PI = 0.5641895835477563  # 1 / sqrt(pi)
 # per kind, in x = s z: the inflection point c (f' rises on [-c, c]); min_x of f's scaled
 # form (x g(x)), rounded down, and where it is reached (f's minimum is this / s, at this / s)
-INFLECTION = (1.0, 2.3993572805154677)
-SCALED_MIN = (-0.12018779341550552, -0.2784645427610738)
-SCALED_ARGMIN = (-0.5315968851493932, -1.2784645427610738)
+INFLECTION = (1.0, 2.3993572805154677, 3.0)
+SCALED_MIN = (-0.12018779341550552, -0.2784645427610738, -0.375)
+SCALED_ARGMIN = (-0.5315968851493932, -1.2784645427610738, -1.5)
 BISECT = 200
 
 
@@ -49,6 +53,10 @@ def _sigmoid(x):
 def _f(kind, s, t):
     if kind == SILU:
         return t * _sigmoid(s * t)
+    if kind == HARDSWISH:
+        if t <= -3.0:
+            return 0.0
+        return t if t >= 3.0 else t * (t + 3.0) / 6.0
     return 0.5 * t * math.erfc(-s * t)  # 1 + erf(x) = erfc(-x), without cancellation
 
 
@@ -58,6 +66,10 @@ def _df(kind, s, t):
     if kind == SILU:
         g = _sigmoid(x)
         return g + x * g * _sigmoid(-x)
+    if kind == HARDSWISH:  # the middle piece's on [-3, 3] closed (its roots are bracketed)
+        if t < -3.0:
+            return 0.0
+        return 1.0 if t > 3.0 else (2.0 * t + 3.0) / 6.0
     return 0.5 * math.erfc(-x) + x * INV_SQRT_PI * math.exp(-x * x)
 
 
@@ -191,6 +203,13 @@ def silu_relaxation(l, u, s=1.0):
 
 
 @njit(cache=True)
+def hardswish_relaxation(l, u):
+    """(aU, bU, aL, bL) with aL*z + bL <= z clip(z / 6 + 1 / 2, 0, 1) <= aU*z + bU on [l, u]
+    (1-D float64)."""
+    return _relax(HARDSWISH, l, u, 1.0)
+
+
+@njit(cache=True)
 def _values(kind, z, s, out):
     for i in range(z.size):
         out[i] = _f(kind, s, z[i])
@@ -215,6 +234,8 @@ def derivatives(kind: int, z, s):
     if kind == SILU:
         g = 0.5 * (1.0 + np.tanh(0.5 * x))
         return g + x * g * (1.0 - g)
+    if kind == HARDSWISH:
+        return np.where(z <= -3.0, 0.0, np.where(z >= 3.0, 1.0, (2.0 * z + 3.0) / 6.0))
     from scipy.special import erfc
 
     return 0.5 * erfc(-x) + x * INV_SQRT_PI * np.exp(-x * x)
