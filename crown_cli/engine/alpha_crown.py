@@ -621,13 +621,13 @@ class AlphaBounds:
         """One projected Adam ascent step on the slopes from :meth:`evaluate`'s gradients."""
         for key, idx, g, rl in grads:
             store = self.store[key]
-            g3 = g.reshape(store[idx].shape).astype(store.dtype, copy=False)
             cur = store[idx]
             bad = np.isnan(cur)
             if bad.any():
-                store[idx] = np.where(bad, np.broadcast_to(rl.default.astype(store.dtype),
-                                                           cur.shape), cur)
-            self.adam.step(key, store, g3, idx, lr, rl.lo, rl.hi)
+                cur = np.where(bad, np.broadcast_to(rl.default.astype(store.dtype), cur.shape),
+                               cur)
+            g3 = g.reshape(cur.shape).astype(store.dtype, copy=False)
+            self.adam.step(key, store, g3, idx, lr, rl.lo, rl.hi, current=cur)
 
     def optimise(self, eps, iters: int, lr: float, patience: int = 2, tol: float = 1e-3,
                  scale=None, deadline=None, reserve: float = 0.0, first_step: float = 0.0):

@@ -88,22 +88,54 @@ class Adam:
         return self._project(x + adam_increment(m, v, t, lr, self.s))
 
 
+def _same_index(a, b) -> bool:
+    """Whether two numpy indices (tuples of slices and integer arrays) select the same
+    entries (``a`` may be None: never)."""
+    if a is None or len(a) != len(b):
+        return False
+    for x, y in zip(a, b):
+        if isinstance(x, slice) or isinstance(y, slice):
+            if not (isinstance(x, slice) and isinstance(y, slice) and x == y):
+                return False
+        elif x.shape != y.shape or not np.array_equal(x, y):
+            return False
+    return True
+
+
 class KeyedAdam:
     """Projected Adam on several dense parameter stores, each with its own moments and step
-    count, keyed by the caller (alpha-CROWN: one store per (bounded layer, relaxed layer))."""
+    count, keyed by the caller (alpha-CROWN: one store per (bounded layer, relaxed layer)).
+
+    A key's moments of the entries stepped last are kept gathered: while the next step takes
+    the same entries (the usual case, an optimisation whose unstable neurons do not change),
+    no gather or scatter of the moments is needed; on other entries the kept ones are written
+    back first. The arithmetic is :class:`Adam`'s, so the steps are the same to the bit."""
 
     def __init__(self, settings: AdamSettings = AdamSettings()):
         self.s = settings
         self.opt, self.t = {}, {}  # per key: an Adam over the store, its step count
+        self.kept = {}  # per key: (index, gathered m, gathered v)
 
-    def step(self, key, value: np.ndarray, grad: np.ndarray, idx, lr, lo, hi) -> None:
+    def step(self, key, value: np.ndarray, grad: np.ndarray, idx, lr, lo, hi,
+             current: Optional[np.ndarray] = None) -> None:
         """Update ``value[idx]`` (the store, in place) by one ascent step along ``grad``,
-        clipped to [lo, hi] (a key's bounds are those of its first step)."""
+        clipped to [lo, hi] (a key's bounds are those of its first step). ``current``: the
+        values to step from, if not ``value[idx]`` (the caller's gather, with its fills)."""
         if key not in self.opt:
             self.opt[key] = Adam(value, self.s, lo, hi)
             self.t[key] = 0
         self.t[key] += 1
-        value[idx] = self.opt[key].propose(value[idx], grad, self.t[key], lr, index=idx)
+        opt, s = self.opt[key], self.s
+        idx = idx if isinstance(idx, tuple) else (idx,)
+        last, m, v = self.kept.get(key, (None, None, None))
+        if not _same_index(last, idx):
+            if last is not None:
+                opt.m[last], opt.v[last] = m, v
+            m, v = opt.m[idx], opt.v[idx]
+        m, v = adam_moments(m, v, grad, s)
+        self.kept[key] = (idx, m, v)
+        x = value[idx] if current is None else current
+        value[idx] = opt._project(x + adam_increment(m, v, self.t[key], lr, s))
 
 
 class BestIterate:
