@@ -45,7 +45,7 @@ def _check(tmp_path, model, d, relus, seed=0):
     return graph
 
 
-@pytest.mark.parametrize("form", ["both", "min", "max", "neither", "attributes"])
+@pytest.mark.parametrize("form", ["both", "min", "max", "neither", "attributes", "infinite"])
 def test_clip_forms(tmp_path, form):
     g = G(np.random.default_rng(1))
     h = g.op("Gemm", ["x", g.rand(4, 3, scale=1.5), g.rand(1, 4)], transB=1)  # (1, n) biases:
@@ -53,11 +53,13 @@ def test_clip_forms(tmp_path, form):
     if form == "attributes":  # opset 6
         c = g.op("Clip", [h], min=-0.3, max=0.5)
     else:
-        ins = {"both": [h, lo, hi], "min": [h, lo], "max": [h, "", hi], "neither": [h]}[form]
+        inf = g.const(np.array(np.inf))
+        ins = {"both": [h, lo, hi], "min": [h, lo], "max": [h, "", hi], "neither": [h],
+               "infinite": [h, lo, inf]}[form]  # max = +inf: no upper clip
         c = g.op("Clip", ins)
     y = g.op("Gemm", [c, g.rand(2, 4), g.rand(1, 2)], transB=1)  # opset 6's Gemm broadcasts none
     model = g.model([("x", (1, 3))], [y], opset=6 if form == "attributes" else 17)
-    relus = {"both": 2, "min": 1, "max": 1, "neither": 0, "attributes": 2}[form]
+    relus = {"both": 2, "min": 1, "max": 1, "neither": 0, "attributes": 2, "infinite": 1}[form]
     _check(tmp_path, model, 3, relus)
 
 
@@ -126,6 +128,7 @@ def _output_above(c):
     ("clip_reversed", "min 0.5 is above max -0.3"),
     ("clip_vector", "the min input has 2 values; ONNX Clip takes one number"),
     ("prelu_shape", "does not broadcast to the input's"),
+    ("clip_nan", "the max input is nan"),
 ])
 def test_bad_operands_get_one_line_errors(tmp_path, case, message):
     g = G(np.random.default_rng(5))
@@ -134,6 +137,8 @@ def test_bad_operands_get_one_line_errors(tmp_path, case, message):
         y = g.op("Clip", [h, g.const(np.array(0.5)), g.const(np.array(-0.3))])
     elif case == "clip_vector":
         y = g.op("Clip", [h, g.const(np.array([0.0, 1.0]))])
+    elif case == "clip_nan":
+        y = g.op("Clip", [h, g.const(np.array(0.0)), g.const(np.array(np.nan))])
     else:
         y = g.op("PRelu", [h, g.const(np.ones((3, 2)))])
     path = os.path.join(tmp_path, "bad.onnx")

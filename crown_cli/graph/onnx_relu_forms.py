@@ -45,21 +45,29 @@ def _expand(v, shape):
     return T.view(v, lambda a: T.onnx_expand(a, shape))
 
 
-def _bound(b, node, v, what):
-    """A Clip bound: None where absent, else a finite float (a one-element constant)."""
+def _bound(b, node, v, what, absent: float):
+    """A Clip bound: None where absent (or ``absent``, the infinity that bounds nothing),
+    else a finite float (a one-element constant)."""
     if v is None:
         return None
-    a = b.fconst(node, v, what)
+    a = np.asarray(b.const(node, v, what))
+    if a.dtype.kind not in "fiu":
+        b.fail(node, f"{what} has dtype {a.dtype}, expected numbers")
     if a.size != 1:
         b.fail(node, f"{what} has {a.size} values; ONNX Clip takes one number")
-    return float(a.reshape(-1)[0])
+    value = float(a.reshape(-1)[0])
+    if value == absent:
+        return None
+    if not np.isfinite(value):
+        b.fail(node, f"{what} is {value}")
+    return value
 
 
 def clip(b, node, ins, attrs):
     x = ins[0]
     if len(ins) > 1 or "min" not in attrs and "max" not in attrs:  # opset 11+: inputs
-        lo = _bound(b, node, ins[1] if len(ins) > 1 else None, "the min input")
-        hi = _bound(b, node, ins[2] if len(ins) > 2 else None, "the max input")
+        lo = _bound(b, node, ins[1] if len(ins) > 1 else None, "the min input", -np.inf)
+        hi = _bound(b, node, ins[2] if len(ins) > 2 else None, "the max input", np.inf)
     else:  # opset 6: attributes
         lo = float(attrs["min"]) if "min" in attrs else None
         hi = float(attrs["max"]) if "max" in attrs else None
