@@ -154,6 +154,8 @@ ACTIVATIONS: Dict[str, Activation] = {a.name: a for a in (
                param_range=(0.0, float("inf"), False), mlp=False),
     # ONNX HardSwish, z clip(z / 6 + 1 / 2, 0, 1) (MobileNetV3): graph nodes only
     Activation("hardswish", *_self_gated("HARDSWISH"), mlp=False),
+    # ONNX Mish, z tanh(softplus(z)) (YOLOv4): graph nodes only
+    Activation("mish", *_self_gated("MISH"), mlp=False),
     Activation("linear", lambda z, a: z, lambda z, a: np.ones_like(z), bound=False),
     # ELU convex (scale in (0, 1]) for its relaxation
     Activation("elu", _elu, _elu_grad, default_param=1.0, param_range=(0.0, 1.0, False)),

@@ -1,8 +1,8 @@
 """Fuzz the bounds of the graph-only operators (issue 36): random small ONNX graphs mixing
 Gemm, Relu, Sin, Cos, Exp, Sign, Tanh, Sigmoid, Atan, Erf, Floor, Pow by 2 and 3, Clip, Abs,
-PRelu, Max and Min with constants, GELU, SiLU, HardSwish, products and quotients of data,
-MatMul of data and a Softmax inside the graph; for each, every node's interval (CROWN, forward and interval
-intermediate bounds) must enclose its values at sampled points of a random box and at the
+PRelu, Max and Min with constants, GELU, SiLU, HardSwish, Mish, products and quotients of
+data, MatMul of data and a Softmax inside the graph; for each, every node's interval (CROWN,
+forward and interval intermediate bounds) must enclose its values at sampled points of a random box and at the
 points a sign-guided search reaches. Prints one line per violation and a summary; exit 1 on
 any violation.
 
@@ -25,7 +25,8 @@ from crown_cli.engine.input_sets import Box  # noqa: E402
 from crown_cli.graph.onnx_graph import load_graph  # noqa: E402
 
 UNARY = ["Relu", "Sin", "Cos", "Exp", "Sign", "Tanh", "Sigmoid", "Atan", "Erf", "Floor", "Pow2",
-         "Pow3", "Clip", "Abs", "PRelu", "Max", "Min", "GELU", "SiLU", "HardSwish"]
+         "Pow3", "Clip", "Abs", "PRelu", "Max", "Min", "GELU", "SiLU", "HardSwish",
+         "Mish"]
 
 
 def unary(g, rng, h, width):
@@ -47,6 +48,8 @@ def unary(g, rng, h, width):
                             g.const(np.array(0.5))])
     if name == "SiLU":
         return g.op("Mul", [h, g.op("Sigmoid", [h])])
+    if name == "Mish":
+        return g.op("Mul", [h, g.op("Tanh", [g.op("Softplus", [h])])])
     return g.op(name, [h])
 
 

@@ -13,8 +13,14 @@ Three small PyTorch models, the shapes users export, with fixed seeded weights, 
   Linear(8, 3) -> Sigmoid (mixed activations, a sigmoid output). Exported with a dynamic
   batch axis, so the exporters write the view's shape arithmetic (Shape, Gather, Unsqueeze,
   Concat or their like) instead of a constant shape;
-* ``relu6``: input (1, 4) -> Linear(4, 6) -> ReLU6 -> Linear(6, 3): exported as ``Clip``,
-  which crown refuses (the test checks the one-line message).
+* ``relu6``: input (1, 4) -> Linear(4, 6) -> ReLU6 -> Linear(6, 3): exported as ``Clip``
+  (once refused; now read as ReLU nodes);
+* ``gated``: input (1, 2, 6, 6) -> Conv2d(2, 4, 3, padding 1) -> GELU -> Conv2d(4, 4, 3,
+  stride 2, padding 1) -> SiLU -> Flatten -> Linear(36, 12) -> Hardswish -> Linear(12, 8) ->
+  Mish -> Linear(8, 6) -> PReLU(6) (slopes 0.25, -0.3, 0.1, 1.4, 0, 0.6) -> Linear(6, 3):
+  the exporters write ``Gelu`` or the ``Erf`` pattern, ``Sigmoid`` and ``Mul``,
+  ``HardSwish``, ``Mish`` or ``Softplus``, ``Tanh`` and ``Mul``, ``PRelu`` (added with
+  torch 2.14.1: ``--only gated``).
 
 Each model is exported twice into ``tests/fixtures/torch/``:
 
@@ -117,6 +123,28 @@ class Normalised(nn.Module):
         return torch.sigmoid(self.fc3(x))
 
 
+class Gated(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv1 = nn.Conv2d(2, 4, 3, padding=1)
+        self.conv2 = nn.Conv2d(4, 4, 3, stride=2, padding=1)
+        self.fc1 = nn.Linear(36, 12)
+        self.fc2 = nn.Linear(12, 8)
+        self.fc3 = nn.Linear(8, 6)
+        self.fc4 = nn.Linear(6, 3)
+        self.prelu = nn.PReLU(6)
+        with torch.no_grad():  # per-channel slopes, one negative and one above 1
+            self.prelu.weight.copy_(torch.tensor([0.25, -0.3, 0.1, 1.4, 0.0, 0.6]))
+            for m in (self.conv1, self.conv2, self.fc1, self.fc2, self.fc3, self.fc4):
+                m.weight.mul_(2.0)  # default init x 2: outputs that vary with the input
+
+    def forward(self, x):
+        x = nn.functional.silu(self.conv2(nn.functional.gelu(self.conv1(x))))
+        x = nn.functional.hardswish(self.fc1(torch.flatten(x, 1)))
+        x = self.prelu(self.fc3(nn.functional.mish(self.fc2(x))))
+        return self.fc4(x)
+
+
 class Relu6(nn.Module):
     def __init__(self):
         super().__init__()
@@ -133,6 +161,7 @@ MODELS = [
     ("residual", Residual, (1, 3, 8, 8), (-1.0, 1.0), False),
     ("normalised", Normalised, (1, 3, 4, 4), (0.0, 1.0), True),
     ("relu6", Relu6, (1, 4), (-1.0, 1.0), False),
+    ("gated", Gated, (1, 2, 6, 6), (-2.0, 2.0), False),
 ]
 
 
@@ -192,9 +221,11 @@ def main(argv=None) -> int:
                     help="output folder (default: tests/fixtures/torch)")
     ap.add_argument("--regenerate", action="store_true",
                     help="overwrite fixtures that exist in the output folder")
+    ap.add_argument("--only", default=None, help="write this model's fixtures only")
     args = ap.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
-    existing = sorted(p.name for name, *_ in MODELS
+    models = [m for m in MODELS if args.only in (None, m[0])]
+    existing = sorted(p.name for name, *_ in models
                       for p in (args.out / f"{name}.onnx", args.out / f"{name}_legacy.onnx",
                                 args.out / f"{name}.expected.npz") if p.exists())
     if existing and not args.regenerate:
@@ -202,7 +233,8 @@ def main(argv=None) -> int:
               "pass --regenerate to overwrite them", file=sys.stderr)
         return 2
     for seed, (name, cls, shape, rng_range, dynamic) in enumerate(MODELS, start=2300):
-        make(args.out, name, cls, shape, rng_range, dynamic, seed)
+        if args.only in (None, name):
+            make(args.out, name, cls, shape, rng_range, dynamic, seed)
     return 0
 
 

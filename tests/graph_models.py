@@ -227,8 +227,8 @@ def powers(rng):
 def gelu(rng):
     """GELU and SiLU as PyTorch exports them (x -> Div sqrt 2 -> Erf -> Add 1 -> Mul x -> Mul
     0.5; ONNX has no Gelu before opset 20; Mul(x, Sigmoid(x))), fused at load, and a bare Erf:
-    x (1, 4) -> Gemm -> GELU -> Gemm -> Erf, -> Gemm -> SiLU, and -> Gemm -> HardSwish ->
-    Concat -> Gemm (2 outputs)."""
+    x (1, 4) -> Gemm -> GELU -> Gemm -> Erf, -> Gemm -> SiLU, -> Gemm -> HardSwish, and ->
+    Gemm -> Mish (torch's legacy pattern) -> Concat -> Gemm (2 outputs)."""
     g = G(rng)
     h = g.op("Gemm", ["x", g.rand(6, 4, scale=1.0), g.rand(6)], transB=1)
     e = g.op("Erf", [g.op("Div", [h, g.const(np.array(1.4142135381698608))])])
@@ -238,8 +238,10 @@ def gelu(rng):
     q = g.op("Gemm", [act, g.rand(3, 6, scale=1.0), g.rand(3)], transB=1)
     silu = g.op("Mul", [g.op("Sigmoid", [q]), q])
     hs = g.op("HardSwish", [g.op("Gemm", [act, g.rand(3, 6, scale=3.0), g.rand(3)], transB=1)])
-    cat = g.op("Concat", [k, silu, hs], axis=1)
-    return g.model([("x", (1, 4))], [g.op("Gemm", [cat, g.rand(2, 9), g.rand(2)], transB=1)])
+    r = g.op("Gemm", [act, g.rand(3, 6, scale=2.0), g.rand(3)], transB=1)
+    mish = g.op("Mul", [r, g.op("Tanh", [g.op("Softplus", [r])])])
+    cat = g.op("Concat", [k, silu, hs, mish], axis=1)
+    return g.model([("x", (1, 4))], [g.op("Gemm", [cat, g.rand(2, 12), g.rand(2)], transB=1)])
 
 
 def relu_forms(rng):

@@ -1,4 +1,4 @@
-"""GELU and SiLU (engine/relaxations/self_gated.py): their lines and ranges hold against
+"""GELU, SiLU, hard swish and Mish (engine/relaxations/self_gated.py): their lines and ranges hold against
 40-digit mpmath (tails included) and on dense float grids, are not loose, and PyTorch's exported
 patterns fuse into one node at load (not where their parts are read elsewhere); ONNX Gelu's tanh
 approximation is refused in one line."""
@@ -18,7 +18,8 @@ from graph_models import G
 
 S = 0.7071067811865476  # 1 / sqrt 2
 KINDS = {"gelu": (sg.GELU, sg.gelu_relaxation), "silu": (sg.SILU, sg.silu_relaxation),
-         "hardswish": (sg.HARDSWISH, lambda l, u, s: sg.hardswish_relaxation(l, u))}
+         "hardswish": (sg.HARDSWISH, lambda l, u, s: sg.hardswish_relaxation(l, u)),
+         "mish": (sg.MISH, lambda l, u, s: sg.mish_relaxation(l, u))}
 
 
 def _exact(name, Z, ms):
@@ -28,6 +29,8 @@ def _exact(name, Z, ms):
         return Z / 2 * mpmath.erfc(-ms * Z)
     if name == "hardswish":
         return 0 if Z <= -3 else Z if Z >= 3 else Z * (Z + 3) / 6
+    if name == "mish":
+        return Z * mpmath.tanh(mpmath.log1p(mpmath.exp(Z)))
     return Z / (1 + mpmath.exp(-ms * Z))
 
 
@@ -39,7 +42,7 @@ def _intervals(seed, n):
 
 
 @pytest.mark.parametrize("name,s", [(n, s) for n in ("gelu", "silu") for s in (S, 1.0, 0.3, 2.0)]
-                         + [("hardswish", 1.0)])
+                         + [("hardswish", 1.0), ("mish", 1.0)])
 def test_lines_and_range_hold_in_exact_arithmetic(name, s):
     """At 33 points of each interval, the real function (mpmath, 40 digits, with the float s)
     lies between the lines and inside the range, where GELU runs from 1e-190 (the rounding
@@ -62,7 +65,7 @@ def test_lines_and_range_hold_in_exact_arithmetic(name, s):
 
 
 @pytest.mark.parametrize("name,s", [(n, s) for n in ("gelu", "silu") for s in (S, 2.0)]
-                         + [("hardswish", 1.0)])
+                         + [("hardswish", 1.0), ("mish", 1.0)])
 def test_lines_hold_on_a_dense_grid_and_are_not_loose(name, s):
     """On 2001 float points of each interval against the forward pass's GELU: no crossing;
     each line's mean gap over [l, u] within Taylor's max|f''| w^2 / 2 (the midpoint tangent's
@@ -72,7 +75,8 @@ def test_lines_hold_on_a_dense_grid_and_are_not_loose(name, s):
     l, u = _intervals(3, 600)
     aU, bU, aL, bL = relax(l, u, s)
     lo, hi = sg.value_range(kind, l, u, s)
-    curv = s * {"gelu": 1.1283791670955126, "silu": 0.5, "hardswish": 1.0 / 3.0}[name]
+    curv = s * {"gelu": 1.1283791670955126, "silu": 0.5, "hardswish": 1.0 / 3.0,
+                "mish": 0.6443}[name]  # Mish: 0.64420 at most (a 2001-point mpmath scan)
     # max |f''|: 2 s / sqrt(pi), s / 2 (SiLU's f'' in x is sigmoid' (2 + x tanh(-x / 2)), at
     # most 1 / 2 at 0), 1 / 3 (hard swish's middle piece; its kinks at -3 and 3 each add at
     # most their jump in f', 1/2, times the width)
@@ -196,3 +200,21 @@ def test_silu_with_its_sigmoid_read_elsewhere_is_not_fused(tmp_path):
 
 def _load_model(tmp_path, model):
     return load_graph(_save(tmp_path, model))
+
+
+def test_pytorch_mish_legacy_pattern_fuses(tmp_path):
+    """Mul(h, Tanh(Softplus(h))) (torch's TorchScript export of nn.Mish): one mish node, the
+    forward pass h tanh(softplus(h)) (far tails included), the node's interval on [-3, 2]
+    Mish's range (-0.30884, 1.94396)."""
+    g = G(np.random.default_rng(0))
+    h = g.op("Gemm", ["x", g.const(np.eye(1)), g.const(np.zeros(1))], transB=1)
+    act = g.op("Mul", [g.op("Tanh", [g.op("Softplus", [h])]), h])
+    out = g.op("Gemm", [act, g.const(np.eye(1)), g.const(np.zeros(1))], transB=1)
+    graph = _load_model(tmp_path, g.model([("x", (1, 1))], [out]))
+    assert [n.op.name for n in graph.nodes if n.kind == "activation"] == ["mish"]
+    z = np.linspace(-60.0, 60.0, 121)
+    np.testing.assert_allclose(graph.forward(z[:, None])[:, 0],
+                               z * np.tanh(np.logaddexp(0.0, z)), rtol=1e-13, atol=1e-300)
+    gb = GraphBounds(graph, *Box(np.array([-3.0]), np.array([2.0])).args(), intermediate="crown")
+    k = next(i for i, n in enumerate(graph.nodes) if n.kind == "activation")
+    assert -0.30885 <= gb.lo[k][0] <= -0.30884 and 1.94395 <= gb.hi[k][0] <= 1.94397

@@ -14,7 +14,8 @@ Checked: crown's float64 forward equals torch's outputs and onnx.reference; ``cr
 names what the loader folded; ``crown certify --method crown`` on the MNIST net gives radii
 that sampling and the attack cannot break (and both exporters' files the same radius);
 ``crown verify`` on VNN-LIB properties written here gives verdicts an attack agrees with;
-ReLU6's Clip loads as ReLU nodes with the same forward pass.
+ReLU6's Clip loads as ReLU nodes with the same forward pass; GELU, SiLU, HardSwish, Mish and
+PReLU (``gated``) load, fused where the exporter splits them, with bounds that hold.
 """
 from __future__ import annotations
 
@@ -37,7 +38,7 @@ from crown_cli.verification.graph_verifier import graph_counterexample
 from test_verify import box_property
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures" / "torch"
-NAMES = ["mnist_conv", "residual", "normalised"]
+NAMES = ["mnist_conv", "residual", "normalised", "gated"]
 FILES = [f"{name}{suffix}" for name in NAMES for suffix in ("", "_legacy")]
 
 # operators each export must contain: what the fixture is there to cover
@@ -49,6 +50,9 @@ COVERS = {
     "normalised": {"Sub", "Div", "Reshape", "Tanh", "LeakyRelu", "Sigmoid"},
     "normalised_legacy": {"Sub", "Div", "Shape", "Gather", "Unsqueeze", "Concat", "Reshape",
                           "Tanh", "LeakyRelu", "Sigmoid"},
+    "gated": {"Gelu", "Sigmoid", "Mul", "HardSwish", "Mish", "PRelu"},
+    "gated_legacy": {"Div", "Erf", "Add", "Mul", "Sigmoid", "HardSwish", "Softplus", "Tanh",
+                     "PRelu"},
 }
 # what `crown inspect` must show: the loader's folds and the nodes the operators became
 INSPECT = {
@@ -62,6 +66,11 @@ INSPECT = {
     "normalised": ["node_linear          dense 48 -> 12", "(folded: node_sub, node_div)",
                    "activations: leaky_relu, sigmoid, tanh"],
     "normalised_legacy": ["(folded: /Div)", "activations: leaky_relu, sigmoid, tanh"],
+    # GELU, SiLU and Mish fused into one node each, PReLU's per-channel slopes as ReLUs
+    "gated": ["activations: gelu, hardswish, mish, relu, silu", "node_silu/silu",
+              "node_prelu/relu_neg"],
+    "gated_legacy": ["activations: gelu, hardswish, mish, relu, silu", "/Mul_1/gelu",
+                     "/Mul_3/mish"],
 }
 
 
@@ -240,3 +249,28 @@ def test_verify_verdicts_agree_with_the_attack(tmp_path, name):
     assert out[t] >= out[c]
     ref = reference(model, cx.reshape((1,) + x.shape[1:]).astype(np.float32))[0]
     np.testing.assert_allclose(ref, out, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("name", ["gated", "gated_legacy"])
+def test_gated_activations_bounds_hold(name):
+    """GELU, SiLU, HardSwish, Mish and PReLU as torch exports them: CROWN's output bounds on an
+    l_inf ball of radius 0.1 around each expected input hold at its 2000 sampled points
+    (corners included), and are finite and not vacuous (width below 25x the sampled one)."""
+    from crown_cli.engine.graph_bounds import GraphBounds
+    from crown_cli.engine.input_sets import Box
+
+    g = load_network(path_of(name))
+    _, flat, _ = expected(name)
+    rng = np.random.default_rng(0)
+    for x0 in flat[:3]:
+        lo, hi = x0 - 0.1, x0 + 0.1
+        blo, bhi = GraphBounds(g, *Box(lo, hi).args()).bounds()
+        xs = rng.uniform(lo, hi, size=(2000, x0.size))
+        xs[:200] = np.where(rng.random((200, x0.size)) < 0.5, lo, hi)
+        y = g.forward(xs)
+        assert np.all(y >= blo) and np.all(y <= bhi)
+        assert np.all(np.isfinite(blo)) and np.all(np.isfinite(bhi))
+        # sampling finds a fraction of the true range in 72 dimensions, CROWN through six
+        # layers widens it: 5.7-12.9x measured where this was written (gated_legacy); with
+        # the patterns left as products of data (no fusion), 39-105x
+        assert np.all(bhi - blo <= 25.0 * (y.max(0) - y.min(0)))

@@ -10,8 +10,9 @@ node, ``h (1 + erf(s h)) / 2`` with s = 1 / c (or the multiplier) as a float64
 (engine/relaxations/self_gated.py; 1 / c rounded moves erf's argument by half an ulp, within the
 lines' slack). SiLU: PyTorch exports ``nn.SiLU()`` as ``Mul(h, Sigmoid(h))`` (a product of data, McCormick's
 planes again); fused, one ``Swish`` node, ``h sigmoid(h)`` (ONNX opset 24's operator of that
-name, whose ``alpha`` it also reads). A pattern whose intermediate values are read elsewhere
-(or are graph outputs) stays as written.
+name, whose ``alpha`` it also reads). Mish: PyTorch's TorchScript exporter writes
+``Mul(h, Tanh(Softplus(h)))``; fused, one ``Mish`` node. A pattern whose intermediate values
+are read elsewhere (or are graph outputs) stays as written.
 """
 from __future__ import annotations
 
@@ -39,11 +40,11 @@ def _scalars(graph, numpy_helper) -> Dict[str, float]:
     return vals
 
 
-def fuse_gelu(onnx, numpy_helper, graph) -> int:
+def fuse_activations(onnx, numpy_helper, graph) -> int:
     """Replace, in place, every PyTorch GELU pattern of ``graph`` (a GraphProto) by one node
     ``Gelu`` (attribute ``scale``: s as text, since float attributes are float32) at the
-    final ``Mul``'s place, and every SiLU pattern by one ``Swish`` node at its ``Mul``'s.
-    Returns how many."""
+    final ``Mul``'s place, and every SiLU and Mish pattern by one ``Swish`` or ``Mish`` node
+    at its ``Mul``'s. Returns how many."""
     nodes = list(graph.node)
     outputs = {o.name for o in graph.output}
     readers: Dict[str, List[int]] = {}
@@ -122,6 +123,21 @@ def fuse_gelu(onnx, numpy_helper, graph) -> int:
         drop.add(i)
         fused[m] = onnx.helper.make_node("Swish", [sig.input[0]], [nodes[m].output[0]],
                                          name=(nodes[m].name or f"node{m}") + "/silu")
+    for i, tanh in enumerate(nodes):  # Mish: Mul(h, Tanh(Softplus(h)))
+        if tanh.op_type != "Tanh" or tanh.domain not in STANDARD or i in drop or \
+                tanh.input[0] not in producer:
+            continue
+        j = producer[tanh.input[0]]
+        sp = nodes[j]
+        if sp.op_type != "Softplus" or sp.domain not in STANDARD or only_reader(sp.output[0]) != i:
+            continue
+        m = only_reader(tanh.output[0])
+        if m is None or m in fused or m in drop or nodes[m].op_type != "Mul" or \
+                split(nodes[m], tanh.output[0]) != sp.input[0]:
+            continue
+        drop.update((i, j))
+        fused[m] = onnx.helper.make_node("Mish", [sp.input[0]], [nodes[m].output[0]],
+                                         name=(nodes[m].name or f"node{m}") + "/mish")
     if not fused:
         return 0
     kept = [fused.get(i, n) for i, n in enumerate(nodes) if i not in drop]

@@ -31,7 +31,7 @@ from crown_cli.graph.network import Graph, Node
 from crown_cli.graph.onnx_ops import HANDLERS, SHAPE_OPS, VECTOR_OUTPUTS
 from crown_cli.graph.ops import IndexMap, InputOp
 from crown_cli.graph.tensors import Const, Data, Value, merge
-from crown_cli.graph.onnx_fusion import fuse_gelu
+from crown_cli.graph.onnx_fusion import fuse_activations
 from crown_cli.graph.onnx_file import (MEMORY_BUDGET, attributes, input_shape, node_name, opset,
                                        read_onnx, unsupported)
 
@@ -222,7 +222,7 @@ def load_graph(path: str, memory_budget: Optional[float] = None) -> Graph:
     ``memory_budget``: bytes a weight may take as float64 (default :data:`MEMORY_BUDGET`)."""
     onnx, numpy_helper, model = read_onnx(path, memory_budget)
     graph = model.graph
-    fuse_gelu(onnx, numpy_helper, graph)  # PyTorch's GELU pattern: one node (onnx_fusion)
+    fuse_activations(onnx, numpy_helper, graph)  # PyTorch's GELU, SiLU, Mish: one node each
     handlers = []
     # operators first: an LSTM's input (sequence, batch, features) is refused for its
     # operator, not for a "batch dimension" that is its sequence length

@@ -497,7 +497,7 @@ def _batchnorm(b, node, ins, attrs):
 
 _ACT = {"Relu": "relu", "LeakyRelu": "leaky_relu", "Sigmoid": "sigmoid", "Tanh": "tanh",
         "Atan": "arctan", "Erf": "erf", "Elu": "elu", "Softplus": "softplus",
-        "HardSigmoid": "hard_sigmoid", "HardSwish": "hardswish", "Sin": "sin", "Cos": "cos", "Exp": "exp", "Reciprocal": "reciprocal"}
+        "HardSigmoid": "hard_sigmoid", "HardSwish": "hardswish", "Mish": "mish", "Sin": "sin", "Cos": "cos", "Exp": "exp", "Reciprocal": "reciprocal"}
 _ACT_DEFAULT = {"LeakyRelu": 0.01, "Elu": 1.0, "HardSigmoid": 0.2}
 
 
@@ -689,6 +689,8 @@ _HOW = {
     "Swish": "activation x sigmoid(alpha x) (SiLU): as Gelu (also PyTorch's Mul(x, Sigmoid(x)), "
              "fused at load)",
     "HardSwish": "activation: as Gelu (lines of least area, exact intercepts, exact range)",
+    "Mish": "activation: as Gelu (also PyTorch's legacy export, Mul(x, Tanh(Softplus(x))), "
+            "fused at load)",
     "Erf": "activation: S-shaped, the tanh construction (tangent lines, exact intercepts)",
     "Relu": "activation: CROWN's adaptive lines; slopes optimised by alpha-CROWN; split by "
             "branch and bound", "LeakyRelu": "as Relu",

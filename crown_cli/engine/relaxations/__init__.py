@@ -103,6 +103,7 @@ RELAXATIONS = {
     "gelu": _gelu,
     "silu": _silu,
     "hardswish": _fixed("self_gated", "hardswish_relaxation"),
+    "mish": _fixed("self_gated", "mish_relaxation"),
     "elu": _elu,
     "softplus": _fixed("extra", "softplus_relaxation"),
     "hard_sigmoid": _hard_sigmoid,

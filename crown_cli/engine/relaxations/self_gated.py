@@ -2,13 +2,15 @@
 (s = 1 / sqrt 2 for the standard GELU; a graph's own constant where PyTorch's exported pattern
 was fused: graph/onnx_fusion.py), SiLU (swish), ``z sigmoid(s z)`` (s = 1 for SiLU), and
 hard swish, ``z clip(z / 6 + 1 / 2, 0, 1)`` (ONNX HardSwish: 0 up to -3, ``z (z + 3) / 6`` to
-3, then z; s is 1).
+3, then z; s is 1), and Mish, ``z tanh(softplus(z))`` (s is 1).
 
 Neither is monotone nor convex: with x = s z, f' is a function of x alone that falls on
 (-inf, -c], rises on [-c, c] and falls on [c, inf) (GELU: f'' has the sign of 1 - x^2, c = 1;
 SiLU: c = 2.39936), from 0 down to -0.1289 (SiLU -0.0998) and up to 1.1289 (1.0998), then
 down to 1; f has one minimum, at x = -0.5316 (SiLU -1.2785), of -0.12019 / s (-0.27846 / s).
 Hard swish: f' is 0, then (2 z + 3) / 6 from -1/2 to 3/2, then 1; its minimum -3/8 at -3/2.
+Mish: the same shape with pieces cut at -2.25638 and 1.49057 (f' from 0 down to -0.1125, up to
+1.0885, down to 1), its minimum -0.30884 at -1.19243.
 
 The lines follow sigmoid_family's rule: only the slope is a choice; the intercept is the
 tightest one for it, the max (upper) or min (lower) of ``f(t) - k t`` over [l, u], which is
@@ -32,12 +34,14 @@ from crown_cli.engine.relaxations.sigmoid_family import _slack
 GELU = 0
 SILU = 1
 HARDSWISH = 2
+MISH = 3
 INV_SQRT_PI = 0.5641895835477563  # 1 / sqrt(pi)
-# per kind, in x = s z: the inflection point c (f' rises on [-c, c]); min_x of f's scaled
+# per kind, in x = s z: the inflection points (f' rises between them); min_x of f's scaled
 # form (x g(x)), rounded down, and where it is reached (f's minimum is this / s, at this / s)
-INFLECTION = (1.0, 2.3993572805154677, 3.0)
-SCALED_MIN = (-0.12018779341550552, -0.2784645427610738, -0.375)
-SCALED_ARGMIN = (-0.5315968851493932, -1.2784645427610738, -1.5)
+INFLECTION_LO = (-1.0, -2.3993572805154677, -3.0, -2.256376396360793)
+INFLECTION_HI = (1.0, 2.3993572805154677, 3.0, 1.4905711794854285)
+SCALED_MIN = (-0.12018779341550552, -0.2784645427610738, -0.375, -0.3088434130172505)
+SCALED_ARGMIN = (-0.5315968851493932, -1.2784645427610738, -1.5, -1.1924312145154952)
 BISECT = 200
 
 
@@ -50,7 +54,22 @@ def _sigmoid(x):
 
 
 @njit(cache=True)
+def _mish_gate(t):
+    """(tanh(softplus(t)), 1 - that) without cancellation: with e = exp(t), n = e (e + 2),
+    tanh(softplus(t)) = n / (n + 2); for large t in powers of exp(-t)."""
+    if t > 20.0:
+        e = math.exp(-t)
+        d = 1.0 + 2.0 * e + 2.0 * e * e
+        return (1.0 + 2.0 * e) / d, 2.0 * e * e / d
+    e = math.exp(t)
+    n = e * (e + 2.0)
+    return n / (n + 2.0), 2.0 / (n + 2.0)
+
+
+@njit(cache=True)
 def _f(kind, s, t):
+    if kind == MISH:
+        return t * _mish_gate(t)[0]
     if kind == SILU:
         return t * _sigmoid(s * t)
     if kind == HARDSWISH:
@@ -63,6 +82,9 @@ def _f(kind, s, t):
 @njit(cache=True)
 def _df(kind, s, t):
     x = s * t
+    if kind == MISH:  # g + t g' with g' = (1 - g^2) sigmoid(t)
+        g, h = _mish_gate(t)
+        return g + t * h * (1.0 + g) * _sigmoid(t)
     if kind == SILU:
         g = _sigmoid(x)
         return g + x * g * _sigmoid(-x)
@@ -103,11 +125,10 @@ def _root(kind, s, a, b, k):
 def _intercept(kind, s, l, u, k, upper):
     """The tightest sound intercept of a line of slope k above (``upper``) or below f on
     [l, u] (finite), slack included."""
-    c = INFLECTION[kind] / s
     best = 0.0
     S = 0.0
     # candidates: l, u, the pieces' ends inside [l, u] and one point per piece with f' = k
-    cuts = (-np.inf, -c, c, np.inf)
+    cuts = (-np.inf, INFLECTION_LO[kind] / s, INFLECTION_HI[kind] / s, np.inf)
     pts = [l, u]
     for j in range(3):
         a = max(cuts[j], l)
@@ -210,6 +231,13 @@ def hardswish_relaxation(l, u):
 
 
 @njit(cache=True)
+def mish_relaxation(l, u):
+    """(aU, bU, aL, bL) with aL*z + bL <= z tanh(softplus(z)) <= aU*z + bU on [l, u] (1-D
+    float64)."""
+    return _relax(MISH, l, u, 1.0)
+
+
+@njit(cache=True)
 def _values(kind, z, s, out):
     for i in range(z.size):
         out[i] = _f(kind, s, z[i])
@@ -236,6 +264,10 @@ def derivatives(kind: int, z, s):
         return g + x * g * (1.0 - g)
     if kind == HARDSWISH:
         return np.where(z <= -3.0, 0.0, np.where(z >= 3.0, 1.0, (2.0 * z + 3.0) / 6.0))
+    if kind == MISH:
+        sp = np.logaddexp(0.0, z)
+        g = np.tanh(sp)
+        return g + z * (1.0 - g * g) * 0.5 * (1.0 + np.tanh(0.5 * z))
     from scipy.special import erfc
 
     return 0.5 * erfc(-x) + x * INV_SQRT_PI * np.exp(-x * x)
