@@ -160,6 +160,11 @@ ACTIVATIONS: Dict[str, Activation] = {a.name: a for a in (
     # ELU convex (scale in (0, 1]) for its relaxation
     Activation("elu", _elu, _elu_grad, default_param=1.0, param_range=(0.0, 1.0, False)),
     Activation("softplus", lambda z, a: _softplus(z), lambda z, a: _sigmoid(z)),
+    # torch's Softplus from its default exporter, Where(Greater(z, T), z, Softplus(z)), fused
+    # at load (graph/onnx_fusion.py): a jump of at most log1p(exp(-T)) at T (graph nodes only)
+    Activation("softplus_t", lambda z, a: np.where(z > a, z, _softplus(z)),
+               lambda z, a: np.where(z > a, 1.0, _sigmoid(z)), default_param=20.0,
+               param_range=(0.0, float("inf"), True), mlp=False),
     # Keras 2: clip(0.2 z + 0.5, 0, 1); Keras 3 uses slope 1/6 (relu6(z + 3) / 6)
     Activation("hard_sigmoid", lambda z, a: np.clip(a * z + 0.5, 0.0, 1.0), _hard_sigmoid_grad,
                default_param=0.2, param_range=(0.0, float("inf"), False)),

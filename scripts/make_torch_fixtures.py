@@ -20,7 +20,10 @@ Three small PyTorch models, the shapes users export, with fixed seeded weights, 
   Mish -> Linear(8, 6) -> PReLU(6) (slopes 0.25, -0.3, 0.1, 1.4, 0, 0.6) -> Linear(6, 3):
   the exporters write ``Gelu`` or the ``Erf`` pattern, ``Sigmoid`` and ``Mul``,
   ``HardSwish``, ``Mish`` or ``Softplus``, ``Tanh`` and ``Mul``, ``PRelu`` (added with
-  torch 2.14.1: ``--only gated``).
+  torch 2.14.1: ``--only gated``);
+* ``softplus``: input (1, 4) -> Linear(4, 6) (three biases near 20) -> Softplus ->
+  Linear(6, 3): the default exporter writes ``Where(Greater(z, 20), z, Softplus(z))``
+  (torch's threshold), the TorchScript one ``Softplus`` (torch 2.14.1: ``--only softplus``).
 
 Each model is exported twice into ``tests/fixtures/torch/``:
 
@@ -145,6 +148,19 @@ class Gated(nn.Module):
         return self.fc4(x)
 
 
+class SoftplusNet(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc1 = nn.Linear(4, 6)
+        self.fc2 = nn.Linear(6, 3)
+        with torch.no_grad():  # pre-activations on both sides of torch's threshold, 20
+            self.fc1.weight.mul_(4.0)
+            self.fc1.bias[:3] = torch.tensor([19.5, 20.0, 20.5])
+
+    def forward(self, x):
+        return self.fc2(nn.functional.softplus(self.fc1(x)))
+
+
 class Relu6(nn.Module):
     def __init__(self):
         super().__init__()
@@ -162,6 +178,7 @@ MODELS = [
     ("normalised", Normalised, (1, 3, 4, 4), (0.0, 1.0), True),
     ("relu6", Relu6, (1, 4), (-1.0, 1.0), False),
     ("gated", Gated, (1, 2, 6, 6), (-2.0, 2.0), False),
+    ("softplus", SoftplusNet, (1, 4), (-1.0, 1.0), False),
 ]
 
 

@@ -218,3 +218,53 @@ def test_pytorch_mish_legacy_pattern_fuses(tmp_path):
     gb = GraphBounds(graph, *Box(np.array([-3.0]), np.array([2.0])).args(), intermediate="crown")
     k = next(i for i, n in enumerate(graph.nodes) if n.kind == "activation")
     assert -0.30885 <= gb.lo[k][0] <= -0.30884 and 1.94395 <= gb.hi[k][0] <= 1.94397
+
+
+@pytest.mark.parametrize("T", [20.0, 5.0])
+def test_softplus_threshold_lines_hold_across_the_jump(T):
+    """z if z > T else softplus(z) (torch's Softplus as its default exporter writes it): the
+    lines hold on dense grids plus T and its float neighbours, for intervals below, across
+    and above T; across it the lower line sits at most log1p(exp(-T)) below softplus's."""
+    from crown_cli.engine.relaxations.extra import (softplus_relaxation,
+                                                    softplus_threshold_relaxation)
+
+    rng = np.random.default_rng(int(T))
+    c = T + rng.normal(size=300) * rng.choice([0.1, 1.0, 5.0], size=300)
+    w = np.abs(rng.normal(size=300)) * rng.choice([0.0, 1e-9, 0.3, 3.0], size=300)
+    l, u = c - w, c + w
+    aU, bU, aL, bL = softplus_threshold_relaxation(l, u, T)
+    pU, qU, pL, qL = softplus_relaxation(l, u)
+    jump = np.log1p(np.exp(-T))
+    for i in range(l.size):
+        z = np.concatenate([np.linspace(l[i], u[i], 2001),
+                            [T, np.nextafter(T, np.inf), np.nextafter(T, -np.inf)]])
+        z = z[(z >= l[i]) & (z <= u[i])]
+        f = apply_activation("softplus_t", z, T)
+        assert np.all(aL[i] * z + bL[i] <= f) and np.all(f <= aU[i] * z + bU[i]), (l[i], u[i])
+        if l[i] <= T < u[i]:
+            assert qL[i] - bL[i] <= jump * (1 + 1e-12) + 1e-300 and aL[i] == pL[i]
+
+
+def test_softplus_threshold_counterexample_near_its_jump_is_undecided(tmp_path):
+    """graph/sign_check: a point whose softplus_t input is within the forward pass's rounding
+    of T is not decided (its real value may take the other branch); one far from T is."""
+    from onnx import TensorProto, helper
+
+    from crown_cli.graph.sign_check import decided
+
+    W = onnx.numpy_helper.from_array(np.array([[1.0]], np.float32), "W")
+    B = onnx.numpy_helper.from_array(np.array([0.0], np.float32), "B")
+    T = onnx.numpy_helper.from_array(np.array(20.0, np.float32), "T")
+    nodes = [helper.make_node("Gemm", ["x", "W", "B"], ["h"], transB=1),
+             helper.make_node("Softplus", ["h"], ["s"]),
+             helper.make_node("Greater", ["h", "T"], ["c"]),
+             helper.make_node("Where", ["c", "h", "s"], ["y"])]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info(
+        "x", TensorProto.FLOAT, [1, 1])], [helper.make_tensor_value_info(
+            "y", TensorProto.FLOAT, [1, 1])], initializer=[W, B, T])
+    g = _load_model(tmp_path, helper.make_model(
+        graph, opset_imports=[helper.make_opsetid("", 17)]))
+    assert [n.op.name for n in g.nodes if n.kind == "activation"] == ["softplus_t"]
+    x = np.array([[20.0], [np.nextafter(20.0, 0.0)], [19.0], [21.0]])
+    _, vals = g.forward(x, return_all=True)
+    assert decided(g, vals).tolist() == [False, False, True, True]

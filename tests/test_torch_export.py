@@ -39,7 +39,8 @@ from test_verify import box_property
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures" / "torch"
 NAMES = ["mnist_conv", "residual", "normalised", "gated"]
-FILES = [f"{name}{suffix}" for name in NAMES for suffix in ("", "_legacy")]
+# softplus_legacy (a plain Softplus) loads as an MLP: test_softplus_exports
+FILES = [f"{name}{suffix}" for name in NAMES for suffix in ("", "_legacy")] + ["softplus"]
 
 # operators each export must contain: what the fixture is there to cover
 COVERS = {
@@ -53,6 +54,7 @@ COVERS = {
     "gated": {"Gelu", "Sigmoid", "Mul", "HardSwish", "Mish", "PRelu"},
     "gated_legacy": {"Div", "Erf", "Add", "Mul", "Sigmoid", "HardSwish", "Softplus", "Tanh",
                      "PRelu"},
+    "softplus": {"Softplus", "Greater", "Where"},
 }
 # what `crown inspect` must show: the loader's folds and the nodes the operators became
 INSPECT = {
@@ -71,6 +73,8 @@ INSPECT = {
               "node_prelu/relu_neg"],
     "gated_legacy": ["activations: gelu, hardswish, mish, relu, silu", "/Mul_1/gelu",
                      "/Mul_3/mish"],
+    # the default exporter's Where(Greater(z, 20), z, Softplus(z)): one node
+    "softplus": ["activations: softplus_t", "softplus_t (alpha=20)"],
 }
 
 
@@ -93,10 +97,10 @@ def reference(model, x):
 
 
 def test_every_fixture_is_there_and_written_by_torch():
-    for name in NAMES + ["relu6"]:
+    for name in NAMES + ["relu6", "softplus"]:
         e = np.load(FIXTURES / f"{name}.expected.npz")
         assert str(e["writer"]).startswith("torch 2."), str(e["writer"])
-    for name in FILES + ["relu6", "relu6_legacy"]:
+    for name in FILES + ["relu6", "relu6_legacy", "softplus_legacy"]:
         producer = onnx.load(path_of(name)).producer_name
         assert producer == "pytorch", (name, producer)
 
@@ -251,7 +255,7 @@ def test_verify_verdicts_agree_with_the_attack(tmp_path, name):
     np.testing.assert_allclose(ref, out, rtol=1e-4, atol=1e-5)
 
 
-@pytest.mark.parametrize("name", ["gated", "gated_legacy"])
+@pytest.mark.parametrize("name", ["gated", "gated_legacy", "softplus"])
 def test_gated_activations_bounds_hold(name):
     """GELU, SiLU, HardSwish, Mish and PReLU as torch exports them: CROWN's output bounds on an
     l_inf ball of radius 0.1 around each expected input hold at its 2000 sampled points
@@ -274,3 +278,20 @@ def test_gated_activations_bounds_hold(name):
         # layers widens it: 5.7-12.9x measured where this was written (gated_legacy); with
         # the patterns left as products of data (no fusion), 39-105x
         assert np.all(bhi - blo <= 25.0 * (y.max(0) - y.min(0)))
+
+
+def test_softplus_exports():
+    """torch's Softplus: the TorchScript export (a plain Softplus) loads as an MLP, the default
+    exporter's Where(Greater(z, 20), z, Softplus(z)) as one softplus_t node of a graph; both
+    forward passes equal torch's outputs, with pre-activations on both sides of 20."""
+    from crown_cli.io.models import MLP
+
+    x, flat, y = expected("softplus")
+    mlp = load_network(path_of("softplus_legacy"))
+    assert isinstance(mlp, MLP) and mlp.activation == "softplus"
+    g = load_network(path_of("softplus"))
+    assert [n.op.name for n in g.nodes if n.kind == "activation"] == ["softplus_t"]
+    z = g.forward(flat, return_all=True)[1][1]
+    assert (z > 20.0).any() and (z < 20.0).any()
+    for net in (mlp, g):
+        np.testing.assert_allclose(net.forward(flat), y, rtol=1e-5, atol=1e-5)

@@ -42,7 +42,7 @@ from crown_cli.graph.pooling import MaxPool
 _RANGES = {"relu": (0.0, np.inf), "sigmoid": (0.0, 1.0), "tanh": (-1.0, 1.0),
            "arctan": (-1.5707963267948970, 1.5707963267948970), "hard_sigmoid": (0.0, 1.0),
            "erf": (-1.0, 1.0),
-           "softplus": (0.0, np.inf), "sign": (-1.0, 1.0), "sin": (-1.0, 1.0),
+           "softplus": (0.0, np.inf), "softplus_t": (0.0, np.inf), "sign": (-1.0, 1.0), "sin": (-1.0, 1.0),
            "cos": (-1.0, 1.0), "square": (0.0, np.inf)}
 
 

@@ -12,13 +12,17 @@ lines' slack). SiLU: PyTorch exports ``nn.SiLU()`` as ``Mul(h, Sigmoid(h))`` (a 
 planes again); fused, one ``Swish`` node, ``h sigmoid(h)`` (ONNX opset 24's operator of that
 name, whose ``alpha`` it also reads). Mish: PyTorch's TorchScript exporter writes
 ``Mul(h, Tanh(Softplus(h)))``; fused, one ``Mish`` node. A pattern whose intermediate values
-are read elsewhere (or are graph outputs) stays as written.
+are read elsewhere (or are graph outputs) stays as written. Softplus: torch's default
+exporter writes ``Where(Greater(h, 20), h, Softplus(h))`` (its threshold); fused, one node
+whose relaxation allows for the jump at 20 (engine/relaxations/extra.py).
 """
 from __future__ import annotations
 
 from typing import Dict, List, Optional
 
 import numpy as np
+
+from crown_cli.graph.onnx_ops import FUSED_DOMAIN  # nodes that are no ONNX operator
 
 STANDARD = ("", "ai.onnx")
 
@@ -138,6 +142,26 @@ def fuse_activations(onnx, numpy_helper, graph) -> int:
         drop.update((i, j))
         fused[m] = onnx.helper.make_node("Mish", [sp.input[0]], [nodes[m].output[0]],
                                          name=(nodes[m].name or f"node{m}") + "/mish")
+    for i, where in enumerate(nodes):  # torch's Softplus: Where(Greater(h, T), h, Softplus(h))
+        if where.op_type != "Where" or where.domain not in STANDARD or len(where.input) != 3 \
+                or i in drop:
+            continue
+        cond, h, other = where.input
+        if cond not in producer or other not in producer:
+            continue
+        gi, si = producer[cond], producer[other]
+        gt, sp = nodes[gi], nodes[si]
+        if gt.op_type != "Greater" or sp.op_type != "Softplus" or list(sp.input) != [h] or \
+                len(gt.input) != 2 or gt.input[0] != h or gt.input[1] not in consts or \
+                only_reader(cond) != i or only_reader(other) != i or gi in drop or si in drop:
+            continue
+        T = consts[gt.input[1]]
+        if not (np.isfinite(T) and T >= 0.0):
+            continue
+        drop.update((gi, si))
+        fused[i] = onnx.helper.make_node("SoftplusThreshold", [h], [where.output[0]],
+                                         name=(where.name or f"node{i}") + "/softplus",
+                                         domain=FUSED_DOMAIN, threshold=repr(float(T)))
     if not fused:
         return 0
     kept = [fused.get(i, n) for i, n in enumerate(nodes) if i not in drop]

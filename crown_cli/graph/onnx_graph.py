@@ -28,7 +28,8 @@ import numpy as np
 
 from crown_cli.errors import InputError
 from crown_cli.graph.network import Graph, Node
-from crown_cli.graph.onnx_ops import HANDLERS, SHAPE_OPS, VECTOR_OUTPUTS
+from crown_cli.graph.onnx_ops import (FUSED_DOMAIN, FUSED_HANDLERS, HANDLERS, SHAPE_OPS,
+                                     VECTOR_OUTPUTS)
 from crown_cli.graph.ops import IndexMap, InputOp
 from crown_cli.graph.tensors import Const, Data, Value, merge
 from crown_cli.graph.onnx_fusion import fuse_activations
@@ -227,7 +228,8 @@ def load_graph(path: str, memory_budget: Optional[float] = None) -> Graph:
     # operators first: an LSTM's input (sequence, batch, features) is refused for its
     # operator, not for a "batch dimension" that is its sequence length
     for k, node in enumerate(graph.node):
-        handler = HANDLERS.get(node.op_type) if node.domain in ("", "ai.onnx") else None
+        handler = HANDLERS.get(node.op_type) if node.domain in ("", "ai.onnx") else \
+            FUSED_HANDLERS.get(node.op_type) if node.domain == FUSED_DOMAIN else None
         if handler is None:
             raise unsupported(path, node, k)
         handlers.append(handler)

@@ -551,6 +551,17 @@ def _swish(b, node, ins, attrs):
     return [b.add(_label(node), ActivationOp("silu", alpha), (nid,), d.shape)]
 
 
+def _softplus_threshold(b, node, ins, attrs):
+    """Where(Greater(z, T), z, Softplus(z)) fused at load (graph/onnx_fusion.py; attribute
+    ``threshold``: T as text)."""
+    T = float(attrs["threshold"].decode())
+    if isinstance(ins[0], Const):
+        return [Const(apply_activation("softplus_t", np.asarray(ins[0].value, np.float64), T))]
+    d = b.data(node, ins[0])
+    nid = b.node_of(d, _label(node))
+    return [b.add(_label(node), ActivationOp("softplus_t", T), (nid,), d.shape)]
+
+
 _STEPS = {"Sign": ("sign", np.sign), "Floor": ("floor", np.floor)}
 
 
@@ -648,6 +659,9 @@ HANDLERS = {
 }
 
 SUPPORTED = ", ".join(sorted(HANDLERS))
+# nodes graph/onnx_fusion.py writes that are no ONNX operator, in a domain of their own
+FUSED_DOMAIN = "crown.fused"
+FUSED_HANDLERS = {"SoftplusThreshold": _softplus_threshold}
 
 _AFFINE = "affine in the data (constant operands); bounds exact, rounding charged"
 _MOVE = "element move (an index map: each output one input element or a constant)"
@@ -691,6 +705,9 @@ _HOW = {
     "HardSwish": "activation: as Gelu (lines of least area, exact intercepts, exact range)",
     "Mish": "activation: as Gelu (also PyTorch's legacy export, Mul(x, Tanh(Softplus(x))), "
             "fused at load)",
+    "Softplus": "activation: chord above, midpoint tangent below; torch's default export, "
+                "Where(Greater(z, 20), z, Softplus(z)), fused at load into one node whose "
+                "lower line moves down by log1p(exp(-20)) across 20",
     "Erf": "activation: S-shaped, the tanh construction (tangent lines, exact intercepts)",
     "Relu": "activation: CROWN's adaptive lines; slopes optimised by alpha-CROWN; split by "
             "branch and bound", "LeakyRelu": "as Relu",

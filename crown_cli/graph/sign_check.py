@@ -50,11 +50,11 @@ def _lipschitz(op, z, e):
             return np.where(near > 0.0, 1.0 / (near * near), np.inf)
     return {"relu": 1.0, "leaky_relu": max(1.0, abs(a or 0.0)), "tanh": 1.0, "sigmoid": 0.25,
             "arctan": 1.0, "erf": 1.1283791670955128, "gelu": 1.1289041451851549,
-            "silu": 1.0998393201288670, "hardswish": 1.5, "mish": 1.0884981612517280, "elu": max(1.0, abs(a or 0.0)), "softplus": 1.0,
+            "silu": 1.0998393201288670, "hardswish": 1.5, "softplus_t": 1.0, "mish": 1.0884981612517280, "elu": max(1.0, abs(a or 0.0)), "softplus": 1.0,
             "hard_sigmoid": abs(a or 0.0), "linear": 1.0, "sin": 1.0, "cos": 1.0}[name]
 
 
-JUMPS = ("sign", "floor")
+JUMPS = ("sign", "floor", "softplus_t")  # softplus_t: Where(z > T, z, softplus(z))
 
 
 def _jump_decided(name, z, e):
@@ -123,10 +123,12 @@ def decided(graph, vals) -> np.ndarray:
             with np.errstate(over="ignore", invalid="ignore"):
                 e = np.abs(x) * ey + np.abs(y) * ex_ + ex_ * ey + U * np.abs(vals[i])
             err[i], exact[i] = e * (1.0 + 4.0 * U) + TINY, np.zeros(N, bool)
-        elif n.op.name in JUMPS:
+        elif n.op.name in ("sign", "floor"):
             ok &= _jump_decided(n.op.name, xs[0], es[0])
             err[i], exact[i] = np.zeros_like(xs[0]), np.ones(N, bool)
         else:
+            if n.op.name == "softplus_t":  # the side of T decided, then 1-Lipschitz
+                ok &= np.all(np.abs(xs[0] - n.op.alpha) > es[0], axis=1)
             with np.errstate(over="ignore", invalid="ignore"):
                 e = _lipschitz(n.op, xs[0], es[0]) * es[0] * (1.0 + 4.0 * U) \
                     + 16.0 * U * (np.abs(vals[i]) + 1.0)

@@ -84,6 +84,12 @@ def _silu(method, alpha):
     return lambda l, u: silu_relaxation(l, u, alpha)
 
 
+def _softplus_t(T):
+    from crown_cli.engine.relaxations.extra import softplus_threshold_relaxation
+
+    return lambda l, u: softplus_threshold_relaxation(l, u, T)
+
+
 def _hard_sigmoid(method, alpha):
     from crown_cli.engine.relaxations.extra import hard_sigmoid_relaxation
 
@@ -106,6 +112,7 @@ RELAXATIONS = {
     "mish": _fixed("self_gated", "mish_relaxation"),
     "elu": _elu,
     "softplus": _fixed("extra", "softplus_relaxation"),
+    "softplus_t": lambda method, alpha: _softplus_t(alpha),
     "hard_sigmoid": _hard_sigmoid,
     "sin": _fixed("elementary", "sin_relaxation"),
     "cos": _fixed("elementary", "cos_relaxation"),

@@ -221,6 +221,26 @@ def softplus_relaxation(l, u):
     return aU, bU, aL, bL
 
 
+@njit(cache=True)
+def softplus_threshold_relaxation(l, u, T):
+    """``f(z) = z if z > T else softplus(z)`` (torch's Softplus as its default exporter writes
+    it: ``Where(Greater(z, T), z, Softplus(z))``, T = 20): where l > T the identity, where
+    u <= T softplus's lines; across T softplus's upper line (f <= softplus everywhere) and its
+    lower line moved down by log1p(exp(-T)) (rounded up), the most f falls below softplus."""
+    aU, bU, aL, bL = softplus_relaxation(l, u)
+    drop = math.log1p(math.exp(-T))
+    drop = drop + 4.0 * 2.0 ** -52 * drop + 5e-324
+    for i in range(l.shape[0]):
+        if l[i] > T:
+            aU[i] = 1.0
+            bU[i] = 0.0
+            aL[i] = 1.0
+            bL[i] = 0.0
+        elif u[i] > T:
+            bL[i] = bL[i] - drop
+    return aU, bU, aL, bL
+
+
 # ----------------------------------------------------------------------------- hard sigmoid
 
 @njit(cache=True)
