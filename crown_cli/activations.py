@@ -156,6 +156,8 @@ ACTIVATIONS: Dict[str, Activation] = {a.name: a for a in (
     Activation("hardswish", *_self_gated("HARDSWISH"), mlp=False),
     # ONNX Mish, z tanh(softplus(z)) (YOLOv4): graph nodes only
     Activation("mish", *_self_gated("MISH"), mlp=False),
+    # ONNX Gelu with approximate='tanh' (GPT-2's GELU): graph nodes only
+    Activation("gelu_tanh", *_self_gated("GELU_TANH"), mlp=False),
     Activation("linear", lambda z, a: z, lambda z, a: np.ones_like(z), bound=False),
     # ELU convex (scale in (0, 1]) for its relaxation
     Activation("elu", _elu, _elu_grad, default_param=1.0, param_range=(0.0, 1.0, False)),

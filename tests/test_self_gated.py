@@ -1,7 +1,7 @@
-"""GELU, SiLU, hard swish and Mish (engine/relaxations/self_gated.py): their lines and ranges hold against
-40-digit mpmath (tails included) and on dense float grids, are not loose, and PyTorch's exported
-patterns fuse into one node at load (not where their parts are read elsewhere); ONNX Gelu's tanh
-approximation is refused in one line."""
+"""GELU (both forms), SiLU, hard swish and Mish (engine/relaxations/self_gated.py): their lines
+and ranges hold against 40-digit mpmath (tails included) and on dense float grids, are not
+loose, and PyTorch's exported patterns fuse into one node at load (not where their parts are
+read elsewhere); ONNX Gelu's approximate forms other than 'tanh' are refused in one line."""
 import os
 
 import numpy as np
@@ -19,7 +19,8 @@ from graph_models import G
 S = 0.7071067811865476  # 1 / sqrt 2
 KINDS = {"gelu": (sg.GELU, sg.gelu_relaxation), "silu": (sg.SILU, sg.silu_relaxation),
          "hardswish": (sg.HARDSWISH, lambda l, u, s: sg.hardswish_relaxation(l, u)),
-         "mish": (sg.MISH, lambda l, u, s: sg.mish_relaxation(l, u))}
+         "mish": (sg.MISH, lambda l, u, s: sg.mish_relaxation(l, u)),
+         "gelu_tanh": (sg.GELU_TANH, lambda l, u, s: sg.gelu_tanh_relaxation(l, u))}
 
 
 def _exact(name, Z, ms):
@@ -31,6 +32,10 @@ def _exact(name, Z, ms):
         return 0 if Z <= -3 else Z if Z >= 3 else Z * (Z + 3) / 6
     if name == "mish":
         return Z * mpmath.tanh(mpmath.log1p(mpmath.exp(Z)))
+    if name == "gelu_tanh":
+        c = mpmath.sqrt(2 / mpmath.pi)
+        # (1 + tanh(y)) / 2 = 1 / (1 + exp(-2y)): no cancellation where tanh(y) ~ -1
+        return Z / (1 + mpmath.exp(-2 * c * (Z + mpmath.mpf("0.044715") * Z ** 3)))
     return Z / (1 + mpmath.exp(-ms * Z))
 
 
@@ -42,7 +47,7 @@ def _intervals(seed, n):
 
 
 @pytest.mark.parametrize("name,s", [(n, s) for n in ("gelu", "silu") for s in (S, 1.0, 0.3, 2.0)]
-                         + [("hardswish", 1.0), ("mish", 1.0)])
+                         + [("hardswish", 1.0), ("mish", 1.0), ("gelu_tanh", 1.0)])
 def test_lines_and_range_hold_in_exact_arithmetic(name, s):
     """At 33 points of each interval, the real function (mpmath, 40 digits, with the float s)
     lies between the lines and inside the range, where GELU runs from 1e-190 (the rounding
@@ -65,7 +70,7 @@ def test_lines_and_range_hold_in_exact_arithmetic(name, s):
 
 
 @pytest.mark.parametrize("name,s", [(n, s) for n in ("gelu", "silu") for s in (S, 2.0)]
-                         + [("hardswish", 1.0), ("mish", 1.0)])
+                         + [("hardswish", 1.0), ("mish", 1.0), ("gelu_tanh", 1.0)])
 def test_lines_hold_on_a_dense_grid_and_are_not_loose(name, s):
     """On 2001 float points of each interval against the forward pass's GELU: no crossing;
     each line's mean gap over [l, u] within Taylor's max|f''| w^2 / 2 (the midpoint tangent's
@@ -76,7 +81,8 @@ def test_lines_hold_on_a_dense_grid_and_are_not_loose(name, s):
     aU, bU, aL, bL = relax(l, u, s)
     lo, hi = sg.value_range(kind, l, u, s)
     curv = s * {"gelu": 1.1283791670955126, "silu": 0.5, "hardswish": 1.0 / 3.0,
-                "mish": 0.6443}[name]  # Mish: 0.64420 at most (a 2001-point mpmath scan)
+                "mish": 0.6443, "gelu_tanh": 0.7979}[name]
+    # Mish, GELU's tanh form: 0.64420 and 0.79788 at most (2001-point mpmath scans)
     # max |f''|: 2 s / sqrt(pi), s / 2 (SiLU's f'' in x is sigmoid' (2 + x tanh(-x / 2)), at
     # most 1 / 2 at 0), 1 / 3 (hard swish's middle piece; its kinks at -3 and 3 each add at
     # most their jump in f', 1/2, times the width)
@@ -147,8 +153,9 @@ def test_pattern_read_elsewhere_is_not_fused(tmp_path):
 
 
 def test_onnx_gelu_node_and_its_tanh_form(tmp_path):
-    """ONNX Gelu (opset 20) loads as the exact GELU; approximate='tanh' is refused in one
-    line naming the node."""
+    """ONNX Gelu (opset 20) loads as the exact GELU, approximate='tanh' as GELU's tanh form
+    (onnx.reference's values); another approximate is refused in one line naming the
+    node."""
     from onnx import TensorProto, helper
 
     def model(**attrs):
@@ -162,11 +169,20 @@ def test_onnx_gelu_node_and_its_tanh_form(tmp_path):
     x = np.array([[-3.0, 0.0, 1.5]])
     np.testing.assert_allclose(graph.forward(x), apply_activation("gelu", x, S), rtol=0,
                                atol=0)
-    path = _save(tmp_path, model(approximate="tanh"), "tanh.onnx")
+    from onnx.reference import ReferenceEvaluator
+
+    tanh_model = model(approximate="tanh")
+    graph = load_graph(_save(tmp_path, tanh_model, "tanh.onnx"))
+    assert [n.op.name for n in graph.nodes if n.kind == "activation"] == ["gelu_tanh"]
+    x = np.linspace(-8.0, 8.0, 33).reshape(11, 3)
+    want = np.concatenate([ReferenceEvaluator(tanh_model).run(None, {"x": r[None].astype(
+        np.float32)})[0] for r in x])
+    np.testing.assert_allclose(graph.forward(x), want, rtol=1e-6, atol=1e-7)
+    path = _save(tmp_path, model(approximate="cubic"), "cubic.onnx")
     with pytest.raises(InputError) as err:
         load_graph(path)
     msg = str(err.value)
-    assert "act" in msg and "approximate='tanh' is not supported" in msg and "\n" not in msg
+    assert "act" in msg and "approximate='cubic' is not supported" in msg and "\n" not in msg
 
 
 @pytest.mark.parametrize("order", ["h_first", "sigmoid_first"])

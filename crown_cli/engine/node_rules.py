@@ -105,7 +105,7 @@ def activation_interval(op, method: str, l, u, z):
         lo, hi = _monotone_range(name, l, u, lo, hi)
     if name == "floor":  # exact: floor is monotone and does not round
         lo, hi = np.fmax(lo, np.floor(l)), np.fmin(hi, np.floor(u))
-    if name in ("gelu", "silu", "hardswish", "mish"):  # the exact range (one minimum), out
+    if name in ("gelu", "silu", "hardswish", "mish", "gelu_tanh"):  # the exact range, out
         from crown_cli.engine.relaxations import self_gated as sg
 
         glo, ghi = sg.value_range(getattr(sg, name.upper()), l, u,

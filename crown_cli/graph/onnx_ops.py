@@ -522,20 +522,23 @@ def _activation(b, node, ins, attrs):
 
 
 def _gelu(b, node, ins, attrs):
-    """ONNX Gelu (opset 20; the exact form only), or PyTorch's exported pattern fused at load
-    (graph/onnx_fusion.py; attribute ``scale``: erf's multiplier, as float64 text)."""
+    """ONNX Gelu (opset 20; exact or approximate='tanh'), or PyTorch's exported erf pattern
+    fused at load (graph/onnx_fusion.py; attribute ``scale``: erf's multiplier, as float64
+    text)."""
     approximate = attrs.get("approximate", b"none")
     if isinstance(approximate, bytes):
         approximate = approximate.decode()
-    if approximate != "none":
-        b.fail(node, f"approximate='{approximate}' is not supported (the exact GELU only)")
-    s = attrs.get("scale", ACTIVATIONS["gelu"].default_param)
-    s = float(s.decode() if isinstance(s, bytes) else s)
+    if approximate not in ("none", "tanh"):
+        b.fail(node, f"approximate='{approximate}' is not supported ('none' or 'tanh')")
+    name, s = ("gelu", attrs.get("scale", ACTIVATIONS["gelu"].default_param)) \
+        if approximate == "none" else ("gelu_tanh", None)
+    if isinstance(s, bytes):
+        s = float(s.decode())
     if isinstance(ins[0], Const):
-        return [Const(apply_activation("gelu", np.asarray(ins[0].value, np.float64), s))]
+        return [Const(apply_activation(name, np.asarray(ins[0].value, np.float64), s))]
     d = b.data(node, ins[0])
     nid = b.node_of(d, _label(node))
-    return [b.add(_label(node), ActivationOp("gelu", s), (nid,), d.shape)]
+    return [b.add(_label(node), ActivationOp(name, s), (nid,), d.shape)]
 
 
 def _swish(b, node, ins, attrs):
@@ -693,7 +696,7 @@ _HOW = {
            "below; 3: the same on one side of 0, across it chord-slope lines; other exponents "
            "of data refused",
     "Gelu": "activation: least-area lines with exact intercepts (also PyTorch's exported "
-            "pattern, Div, Erf, Add, Mul, Mul, fused at load); approximate='tanh' refused",
+            "pattern, Div, Erf, Add, Mul, Mul, fused at load); approximate='tanh' likewise",
     "Clip": "lo + relu(x - lo) - relu(x - hi): ReLU nodes (bounds, alpha-CROWN, ReLU "
             "splitting)",
     "Max": "of data: y + relu(x - y) (a constant y too), pairwise; of constants: folded",

@@ -50,7 +50,8 @@ def _lipschitz(op, z, e):
             return np.where(near > 0.0, 1.0 / (near * near), np.inf)
     return {"relu": 1.0, "leaky_relu": max(1.0, abs(a or 0.0)), "tanh": 1.0, "sigmoid": 0.25,
             "arctan": 1.0, "erf": 1.1283791670955128, "gelu": 1.1289041451851549,
-            "silu": 1.0998393201288670, "hardswish": 1.5, "softplus_t": 1.0, "mish": 1.0884981612517280, "elu": max(1.0, abs(a or 0.0)), "softplus": 1.0,
+            "silu": 1.0998393201288670, "hardswish": 1.5, "softplus_t": 1.0, "mish": 1.0884981612517280,
+            "gelu_tanh": 1.128993068658772, "elu": max(1.0, abs(a or 0.0)), "softplus": 1.0,
             "hard_sigmoid": abs(a or 0.0), "linear": 1.0, "sin": 1.0, "cos": 1.0}[name]
 
 

@@ -110,6 +110,7 @@ RELAXATIONS = {
     "silu": _silu,
     "hardswish": _fixed("self_gated", "hardswish_relaxation"),
     "mish": _fixed("self_gated", "mish_relaxation"),
+    "gelu_tanh": _fixed("self_gated", "gelu_tanh_relaxation"),
     "elu": _elu,
     "softplus": _fixed("extra", "softplus_relaxation"),
     "softplus_t": lambda method, alpha: _softplus_t(alpha),

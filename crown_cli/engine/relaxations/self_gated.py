@@ -2,7 +2,9 @@
 (s = 1 / sqrt 2 for the standard GELU; a graph's own constant where PyTorch's exported pattern
 was fused: graph/onnx_fusion.py), SiLU (swish), ``z sigmoid(s z)`` (s = 1 for SiLU), and
 hard swish, ``z clip(z / 6 + 1 / 2, 0, 1)`` (ONNX HardSwish: 0 up to -3, ``z (z + 3) / 6`` to
-3, then z; s is 1), and Mish, ``z tanh(softplus(z))`` (s is 1).
+3, then z; s is 1), Mish, ``z tanh(softplus(z))`` (s is 1), and GELU's tanh form,
+``z (1 + tanh(sqrt(2 / pi) (z + 0.044715 z^3))) / 2`` (ONNX Gelu with approximate='tanh';
+evaluated as ``z sigmoid(2 sqrt(2 / pi) (z + 0.044715 z^3))``; s is 1).
 
 Neither is monotone nor convex: with x = s z, f' is a function of x alone that falls on
 (-inf, -c], rises on [-c, c] and falls on [c, inf) (GELU: f'' has the sign of 1 - x^2, c = 1;
@@ -10,7 +12,8 @@ SiLU: c = 2.39936), from 0 down to -0.1289 (SiLU -0.0998) and up to 1.1289 (1.09
 down to 1; f has one minimum, at x = -0.5316 (SiLU -1.2785), of -0.12019 / s (-0.27846 / s).
 Hard swish: f' is 0, then (2 z + 3) / 6 from -1/2 to 3/2, then 1; its minimum -3/8 at -3/2.
 Mish: the same shape with pieces cut at -2.25638 and 1.49057 (f' from 0 down to -0.1125, up to
-1.0885, down to 1), its minimum -0.30884 at -1.19243.
+1.0885, down to 1), its minimum -0.30884 at -1.19243. GELU's tanh form: pieces cut at
++-1.41850, f' down to -0.12899 and up to 1.12899, its minimum -0.170041 at -0.752461.
 
 The lines follow sigmoid_family's rule: only the slope is a choice; the intercept is the
 tightest one for it, the max (upper) or min (lower) of ``f(t) - k t`` over [l, u], which is
@@ -35,13 +38,17 @@ GELU = 0
 SILU = 1
 HARDSWISH = 2
 MISH = 3
+GELU_TANH = 4
+SQRT_2_OVER_PI = 0.7978845608028654
 INV_SQRT_PI = 0.5641895835477563  # 1 / sqrt(pi)
 # per kind, in x = s z: the inflection points (f' rises between them); min_x of f's scaled
 # form (x g(x)), rounded down, and where it is reached (f's minimum is this / s, at this / s)
-INFLECTION_LO = (-1.0, -2.3993572805154677, -3.0, -2.256376396360793)
-INFLECTION_HI = (1.0, 2.3993572805154677, 3.0, 1.4905711794854285)
-SCALED_MIN = (-0.12018779341550552, -0.2784645427610738, -0.375, -0.3088434130172505)
-SCALED_ARGMIN = (-0.5315968851493932, -1.2784645427610738, -1.5, -1.1924312145154952)
+INFLECTION_LO = (-1.0, -2.3993572805154677, -3.0, -2.256376396360793, -1.4185040087908284)
+INFLECTION_HI = (1.0, 2.3993572805154677, 3.0, 1.4905711794854285, 1.4185040087908284)
+SCALED_MIN = (-0.12018779341550552, -0.2784645427610738, -0.375, -0.3088434130172505,
+              -0.1700407505712541)
+SCALED_ARGMIN = (-0.5315968851493932, -1.2784645427610738, -1.5, -1.1924312145154952,
+                 -0.7524614220710163)
 BISECT = 200
 
 
@@ -67,7 +74,15 @@ def _mish_gate(t):
 
 
 @njit(cache=True)
+def _gelu_tanh_arg(t):
+    """2 sqrt(2 / pi) (t + 0.044715 t^3) (GELU's tanh form is t sigmoid of it)."""
+    return 2.0 * SQRT_2_OVER_PI * (t + 0.044715 * t * t * t)
+
+
+@njit(cache=True)
 def _f(kind, s, t):
+    if kind == GELU_TANH:
+        return t * _sigmoid(_gelu_tanh_arg(t))
     if kind == MISH:
         return t * _mish_gate(t)[0]
     if kind == SILU:
@@ -82,6 +97,13 @@ def _f(kind, s, t):
 @njit(cache=True)
 def _df(kind, s, t):
     x = s * t
+    if kind == GELU_TANH:
+        y = _gelu_tanh_arg(t)
+        g = _sigmoid(y)
+        d = g * _sigmoid(-y)
+        if d == 0.0:  # far tails: t times an underflowed 0 (t^2 may be inf)
+            return g
+        return g + t * d * 2.0 * SQRT_2_OVER_PI * (1.0 + 3.0 * 0.044715 * t * t)
     if kind == MISH:  # g + t g' with g' = (1 - g^2) sigmoid(t)
         g, h = _mish_gate(t)
         return g + t * h * (1.0 + g) * _sigmoid(t)
@@ -238,6 +260,13 @@ def mish_relaxation(l, u):
 
 
 @njit(cache=True)
+def gelu_tanh_relaxation(l, u):
+    """(aU, bU, aL, bL) with aL*z + bL <= GELU's tanh form <= aU*z + bU on [l, u] (1-D
+    float64)."""
+    return _relax(GELU_TANH, l, u, 1.0)
+
+
+@njit(cache=True)
 def _values(kind, z, s, out):
     for i in range(z.size):
         out[i] = _f(kind, s, z[i])
@@ -264,6 +293,12 @@ def derivatives(kind: int, z, s):
         return g + x * g * (1.0 - g)
     if kind == HARDSWISH:
         return np.where(z <= -3.0, 0.0, np.where(z >= 3.0, 1.0, (2.0 * z + 3.0) / 6.0))
+    if kind == GELU_TANH:
+        y = 2.0 * SQRT_2_OVER_PI * (z + 0.044715 * z ** 3)
+        g = 0.5 * (1.0 + np.tanh(0.5 * y))
+        with np.errstate(invalid="ignore", over="ignore"):
+            d = z * g * (1.0 - g) * 2.0 * SQRT_2_OVER_PI * (1.0 + 3.0 * 0.044715 * z * z)
+        return g + np.nan_to_num(d, nan=0.0)
     if kind == MISH:
         sp = np.logaddexp(0.0, z)
         g = np.tanh(sp)
