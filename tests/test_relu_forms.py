@@ -45,7 +45,8 @@ def _check(tmp_path, model, d, relus, seed=0):
     return graph
 
 
-@pytest.mark.parametrize("form", ["both", "min", "max", "neither", "attributes", "infinite"])
+@pytest.mark.parametrize("form", ["both", "min", "max", "neither", "attributes", "infinite",
+                                  "float_max"])
 def test_clip_forms(tmp_path, form):
     g = G(np.random.default_rng(1))
     h = g.op("Gemm", ["x", g.rand(4, 3, scale=1.5), g.rand(1, 4)], transB=1)  # (1, n) biases:
@@ -55,11 +56,16 @@ def test_clip_forms(tmp_path, form):
     else:
         inf = g.const(np.array(np.inf))
         ins = {"both": [h, lo, hi], "min": [h, lo], "max": [h, "", hi], "neither": [h],
-               "infinite": [h, lo, inf]}[form]  # max = +inf: no upper clip
+               "infinite": [h, lo, inf],  # max = +inf: no upper clip
+               # +-float32's largest, as exporters write an unbounded side: no clip at all
+               # (lo + relu(x - lo) would round x away there)
+               "float_max": [h, g.const(np.array(-3.4028234663852886e38)),
+                             g.const(np.array(3.4028234663852886e38))]}[form]
         c = g.op("Clip", ins)
     y = g.op("Gemm", [c, g.rand(2, 4), g.rand(1, 2)], transB=1)  # opset 6's Gemm broadcasts none
     model = g.model([("x", (1, 3))], [y], opset=6 if form == "attributes" else 17)
-    relus = {"both": 2, "min": 1, "max": 1, "neither": 0, "attributes": 2, "infinite": 1}[form]
+    relus = {"both": 2, "min": 1, "max": 1, "neither": 0, "attributes": 2, "infinite": 1,
+             "float_max": 0}[form]
     _check(tmp_path, model, 3, relus)
 
 

@@ -45,9 +45,14 @@ def _expand(v, shape):
     return T.view(v, lambda a: T.onnx_expand(a, shape))
 
 
+FLT_MAX = 3.4028234663852886e38  # float32's largest: a bound beyond it bounds no float32 value
+
+
 def _bound(b, node, v, what, absent: float):
-    """A Clip bound: None where absent (or ``absent``, the infinity that bounds nothing),
-    else a finite float (a one-element constant)."""
+    """A Clip bound: None where absent (or ``absent``, the infinity that bounds nothing, or a
+    bound at or beyond float32's largest value on that side: exporters write Clip(x, -FLT_MAX,
+    FLT_MAX), and ``lo + relu(x - lo)`` would lose x to rounding there), else a finite float
+    (a one-element constant)."""
     if v is None:
         return None
     a = np.asarray(b.const(node, v, what))
@@ -56,7 +61,7 @@ def _bound(b, node, v, what, absent: float):
     if a.size != 1:
         b.fail(node, f"{what} has {a.size} values; ONNX Clip takes one number")
     value = float(a.reshape(-1)[0])
-    if value == absent:
+    if value * absent > 0 and abs(value) >= FLT_MAX:
         return None
     if not np.isfinite(value):
         b.fail(node, f"{what} is {value}")
@@ -71,6 +76,8 @@ def clip(b, node, ins, attrs):
     else:  # opset 6: attributes
         lo = float(attrs["min"]) if "min" in attrs else None
         hi = float(attrs["max"]) if "max" in attrs else None
+        lo = None if lo is not None and lo <= -FLT_MAX else lo
+        hi = None if hi is not None and hi >= FLT_MAX else hi
     if isinstance(x, Const):
         v = np.asarray(x.value, np.float64)
         if lo is not None:
