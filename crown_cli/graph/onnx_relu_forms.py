@@ -106,6 +106,8 @@ def _pair(b, node, x, y, larger: bool, k: int):
         x, y = y, x
     if isinstance(y, Const):  # max: c + relu(x - c); min: c - relu(c - x)
         c = np.asarray(y.value, np.float64)
+        if np.all(c <= -FLT_MAX) if larger else np.all(c >= FLT_MAX):
+            return x  # bounds no float32 value (and c + relu(x - c) would round x away)
         r = _relu(b, node, x, 1.0 if larger else -1.0, -c if larger else c, "relu" + tag)
         return b.scale(node, r, 1.0 if larger else -1.0, c, None)
     diff = _sum(b, node, [x, y], (1.0, -1.0) if larger else (-1.0, 1.0), "diff" + tag)
