@@ -48,6 +48,15 @@ def _act(name, z, alpha=None):
     if name == "softmax":
         e = np.exp(z - z.max())
         return e / e.sum()
+    if name == "gelu":  # Keras' default, approximate=False
+        from scipy.special import erf
+        return 0.5 * z * (1 + erf(z / np.sqrt(2)))
+    if name in ("swish", "silu"):
+        return z / (1 + np.exp(-z))
+    if name == "mish":
+        return z * np.tanh(np.log1p(np.exp(z)))
+    if name in ("hard_swish", "hard_silu"):
+        return z * np.clip(z + 3, 0, 6) / 6
     raise ValueError(name)
 
 
@@ -380,6 +389,19 @@ def mnist_conv(rng):
           weights={"kernel": _w(rng, 48, 10, scale=0.3), "bias": _w(rng, 10, scale=0.1)}),
     ]
     return layers, {"input": (28, 28, 1)}, ["dense"]
+
+
+def gated(rng):
+    """Dense layers with Keras' graph-only activations: gelu, swish, mish, hard_silu."""
+    layers = [L("InputLayer", "v")]
+    src, width = "v", 5
+    for k, act in enumerate(("gelu", "swish", "mish", "hard_silu")):
+        layers.append(L("Dense", f"d{k}", [src], units=6, activation=act, use_bias=True,
+                        weights={"kernel": _w(rng, width, 6, scale=1.0), "bias": _w(rng, 6)}))
+        src, width = f"d{k}", 6
+    layers.append(L("Dense", "out", [src], units=3, activation="linear", use_bias=True,
+                    weights={"kernel": _w(rng, 6, 3), "bias": _w(rng, 3)}))
+    return layers, {"v": (5,)}, ["out"]
 
 
 def reshaped(rng):

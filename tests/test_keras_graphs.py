@@ -23,7 +23,7 @@ from crown_cli.network import MLP
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
 MODELS = {"branched": km.branched, "mnist_conv": km.mnist_conv, "reshaped": km.reshaped,
-          "merges": km.merges}
+          "merges": km.merges, "gated": km.gated}
 WRITERS = {"h5": km.save_h5, "keras": km.save_keras3}
 
 
@@ -37,7 +37,8 @@ def _write(tmp_path, model, ext, sequential=False, seed=0):
 @pytest.mark.parametrize("ext", ["h5", "keras"])
 @pytest.mark.parametrize("model,sequential", [("branched", False), ("mnist_conv", False),
                                               ("mnist_conv", True), ("reshaped", False),
-                                              ("reshaped", True), ("merges", False)])
+                                              ("reshaped", True), ("merges", False),
+                                              ("gated", True)])
 def test_forward_equals_an_independent_numpy_network(tmp_path, model, sequential, ext):
     path, (layers, inputs, outputs) = _write(tmp_path, model, ext, sequential)
     g = load_network(path)
@@ -81,10 +82,11 @@ def test_flatten_takes_keras_channels_last_order(tmp_path):
     np.testing.assert_array_equal(g.forward(x), [x[1], x[2]])
 
 
-def test_crown_bounds_hold_on_sampled_inputs(tmp_path):
+@pytest.mark.parametrize("model", ["branched", "gated"])
+def test_crown_bounds_hold_on_sampled_inputs(tmp_path, model):
     from crown_cli.engine.graph_bounds import GraphBounds
 
-    path, _ = _write(tmp_path, "branched", "keras")
+    path, _ = _write(tmp_path, model, "keras")
     g = load_network(path)
     rng = np.random.default_rng(5)
     x0 = rng.normal(size=g.input_size)
@@ -195,3 +197,13 @@ def test_inspect_shows_a_keras_graph(tmp_path):
 def test_activation_option_is_refused_on_a_keras_graph(tmp_path):
     path, _ = _write(tmp_path, "mnist_conv", "h5")
     assert "--activation applies to chains of dense layers only" in _bad(path, activation="tanh")
+
+
+def test_keras_graph_only_activations_load_as_their_nodes(tmp_path):
+    """Keras' gelu, swish, mish and hard_silu (a Dense chain the MLP loader refuses for them)
+    load as a graph of gelu, silu, mish and hardswish nodes."""
+    path, _ = _write(tmp_path, "gated", "h5")
+    g = load_network(path)
+    assert isinstance(g, Graph)
+    assert [n.op.name for n in g.nodes if n.kind == "activation"] == \
+        ["gelu", "silu", "mish", "hardswish"]

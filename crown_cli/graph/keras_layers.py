@@ -21,6 +21,11 @@ from crown_cli.graph.tensors import Const, Data
 
 # order-preserving output activations: dropped on a model output (the logits are certified)
 DROPPED_OUTPUTS = ("softmax", "sigmoid", "tanh", "arctan")
+# Keras activations that are graph nodes only (engine/relaxations/self_gated.py): gelu (Keras'
+# default, approximate=False: the erf form), swish / silu, mish, hard_swish / hard_silu
+# (Keras 3: z relu6(z + 3) / 6)
+GRAPH_ACTIVATIONS = {"gelu": "gelu", "swish": "silu", "silu": "silu", "mish": "mish",
+                     "hard_swish": "hardswish", "hard_silu": "hardswish"}
 IDENTITY_LAYERS = ("Dropout", "SpatialDropout1D", "SpatialDropout2D", "GaussianNoise",
                    "GaussianDropout", "AlphaDropout", "ActivityRegularization")
 
@@ -120,7 +125,8 @@ def _activate(b, node, d: Data, act, alpha=None) -> Data:
         return d
     if key in ("softmax", "log_softmax"):
         b.fail(node, f"{key} is supported only on a model output (dropped there)")
-    name = normalize_activation(key, f"{b.path}: layer '{node.name}'")
+    name = GRAPH_ACTIVATIONS.get(key) or normalize_activation(key, f"{b.path}: layer "
+                                                                   f"'{node.name}'")
     if name == "hard_sigmoid" and b.keras3 and alpha is None:
         alpha = 1.0 / 6.0  # Keras 3: relu6(z + 3) / 6
     if alpha is not None:
