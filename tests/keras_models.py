@@ -57,6 +57,8 @@ def _act(name, z, alpha=None):
         return z * np.tanh(np.log1p(np.exp(z)))
     if name in ("hard_swish", "hard_silu"):
         return z * np.clip(z + 3, 0, 6) / 6
+    if name == "relu6":
+        return np.clip(z, 0, 6)
     raise ValueError(name)
 
 
@@ -161,6 +163,8 @@ def reference(layers, inputs, outputs, xs, drop_output_act=False):
                 y = _act(None if l.name in outputs and drop_output_act else act, ins[0])
             elif l.cls == "ReLU":
                 y = np.maximum(ins[0], 0)
+                if c.get("max_value") is not None:
+                    y = np.minimum(y, c["max_value"])
             elif l.cls == "LeakyReLU":
                 y = _act("leaky_relu", ins[0], c.get("negative_slope", c.get("alpha")))
             elif l.cls == "Dropout":
@@ -392,13 +396,16 @@ def mnist_conv(rng):
 
 
 def gated(rng):
-    """Dense layers with Keras' graph-only activations: gelu, swish, mish, hard_silu."""
+    """Dense layers with Keras' graph-only activations: gelu, swish, mish, hard_silu, relu6,
+    and a ReLU layer with max_value."""
     layers = [L("InputLayer", "v")]
     src, width = "v", 5
-    for k, act in enumerate(("gelu", "swish", "mish", "hard_silu")):
+    for k, act in enumerate(("gelu", "swish", "mish", "hard_silu", "relu6")):
         layers.append(L("Dense", f"d{k}", [src], units=6, activation=act, use_bias=True,
-                        weights={"kernel": _w(rng, width, 6, scale=1.0), "bias": _w(rng, 6)}))
+                        weights={"kernel": _w(rng, width, 6, scale=3.0), "bias": _w(rng, 6)}))
         src, width = f"d{k}", 6
+    layers.append(L("ReLU", "capped", [src], max_value=0.5))  # MobileNetV2's ReLU(6.)
+    src = "capped"
     layers.append(L("Dense", "out", [src], units=3, activation="linear", use_bias=True,
                     weights={"kernel": _w(rng, 6, 3), "bias": _w(rng, 3)}))
     return layers, {"v": (5,)}, ["out"]

@@ -200,10 +200,11 @@ def test_activation_option_is_refused_on_a_keras_graph(tmp_path):
 
 
 def test_keras_graph_only_activations_load_as_their_nodes(tmp_path):
-    """Keras' gelu, swish, mish and hard_silu (a Dense chain the MLP loader refuses for them)
-    load as a graph of gelu, silu, mish and hardswish nodes."""
+    """Keras' gelu, swish, mish, hard_silu and relu6 and a ReLU layer with max_value (a Dense
+    chain the MLP loader refuses for them) load as a graph of gelu, silu, mish and hardswish
+    nodes and ReLU pairs (relu6 and the cap: two each)."""
     path, _ = _write(tmp_path, "gated", "h5")
     g = load_network(path)
     assert isinstance(g, Graph)
     assert [n.op.name for n in g.nodes if n.kind == "activation"] == \
-        ["gelu", "silu", "mish", "hardswish"]
+        ["gelu", "silu", "mish", "hardswish", "relu", "relu", "relu", "relu"]

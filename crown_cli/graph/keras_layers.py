@@ -109,6 +109,17 @@ def _activation_name(conf):
     return _raw_activation(conf)
 
 
+def _capped(b, node, d: Data, low: Data, top: float) -> Data:
+    """``low - relu(d - top)``: an activation of d capped at ``top`` (Keras ReLU's
+    ``max_value``, ``relu6``; exact, as ONNX Clip: graph/onnx_relu_forms.py)."""
+    from crown_cli.graph import onnx_relu_forms as forms
+
+    if not (np.isfinite(top) and top > 0.0):
+        b.fail(node, f"max_value {top:g} is not supported (a positive number)")
+    high = forms._relu(b, node, d, 1.0, -top, "relu_max")
+    return forms._sum(b, node, [low, high], (1.0, -1.0), "capped")
+
+
 def _activate(b, node, d: Data, act, alpha=None) -> Data:
     """``act`` applied to d: an activation node, nothing for linear, dropped on an output
     when it keeps the logits' order."""
@@ -125,6 +136,8 @@ def _activate(b, node, d: Data, act, alpha=None) -> Data:
         return d
     if key in ("softmax", "log_softmax"):
         b.fail(node, f"{key} is supported only on a model output (dropped there)")
+    if key == "relu6":  # Keras 3: min(relu(z), 6)
+        return _capped(b, node, d, _activate(b, node, d, "relu"), 6.0)
     name = GRAPH_ACTIVATIONS.get(key) or normalize_activation(key, f"{b.path}: layer "
                                                                    f"'{node.name}'")
     if name == "hard_sigmoid" and b.keras3 and alpha is None:
@@ -320,11 +333,14 @@ def _act_layer(b, node, layer, ins):
             b.fail(node, "a Lambda layer is read only as an activation named like arctan_1")
         return _activate(b, node, ins[0], act)
     if cls == "ReLU":
-        if conf.get("max_value") is not None or float(conf.get("threshold", 0.0) or 0.0) != 0.0:
-            b.fail(node, "only max_value None and threshold 0 are supported")
+        if float(conf.get("threshold", 0.0) or 0.0) != 0.0:
+            b.fail(node, "only threshold 0 is supported")
         slope = float(conf.get("negative_slope", 0.0) or 0.0)
-        return _activate(b, node, ins[0], "leaky_relu" if slope else "relu",
-                         slope if slope else None)
+        low = _activate(b, node, ins[0], "leaky_relu" if slope else "relu",
+                        slope if slope else None)
+        if conf.get("max_value") is None:
+            return low
+        return _capped(b, node, ins[0], low, float(conf["max_value"]))
     name = "leaky_relu" if cls == "LeakyReLU" else "elu"
     return _activate(b, node, ins[0], name, _layer_alpha(cls, conf))
 
