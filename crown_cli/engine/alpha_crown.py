@@ -128,11 +128,6 @@ def _smooth_fns(kind, t):
         f = np.where(t >= 0.0, big, small)
         f1 = big * small
         return f, f1, f1 * (1.0 - 2.0 * f)
-    if kind == "erf":
-        from scipy.special import erf
-
-        f1 = 1.1283791670955126 * np.exp(-t * t)
-        return erf(t).astype(t.dtype, copy=False), f1, -2.0 * t * f1
     w = 1.0 / (1.0 + t * t)
     return np.arctan(t), w, -2.0 * t * w * w
 
@@ -164,8 +159,7 @@ class SmoothRelax:
 
         self.l, self.u = l, u
         self.kind = activation
-        self._code = {"tanh": sf.TANH, "sigmoid": sf.SIGMOID, "arctan": sf.ARCTAN,
-                      "erf": sf.ERF}[activation]
+        self._code = {"tanh": sf.TANH, "sigmoid": sf.SIGMOID, "arctan": sf.ARCTAN}[activation]
         self._sound, self._steer = sf.sound_tangent_lines, sf.steer_tangent_lines
         self._back = sf.steer_tangent_backward
         aU, bU, aL, bL = relax_fn(l, u)
@@ -438,8 +432,7 @@ class AlphaBounds:
         if act_bound is None:  # |act(z)| is largest at an end of [lo, hi]
             if self.smooth:
                 fn = {"tanh": np.tanh, "arctan": np.arctan,
-                      "sigmoid": lambda z: 1.0 / (1.0 + np.exp(-z)),
-                      "erf": lambda z: ACTIVATIONS["erf"].function(z, None)}[self.smooth]
+                      "sigmoid": lambda z: 1.0 / (1.0 + np.exp(-z))}[self.smooth]
                 pad = 1.0 + 2.0 ** -40  # a few ulps of the library function
 
                 def act_bound(lo, hi):
