@@ -521,6 +521,15 @@ def _activation(b, node, ins, attrs):
     return [b.add(_label(node), ActivationOp(name, alpha), (nid,), d.shape)]
 
 
+def _act_node(b, node, x, name: str, param):
+    """Activation ``name`` (crown_cli.activations) with parameter ``param`` of x: folded
+    (float64) where x is a constant, else an activation node."""
+    if isinstance(x, Const):
+        return Const(apply_activation(name, np.asarray(x.value, np.float64), param))
+    d = b.data(node, x)
+    return b.add(_label(node), ActivationOp(name, param), (b.node_of(d, _label(node)),), d.shape)
+
+
 def _gelu(b, node, ins, attrs):
     """ONNX Gelu (opset 20; exact or approximate='tanh'), or PyTorch's exported erf pattern
     fused at load (graph/onnx_fusion.py; attribute ``scale``: erf's multiplier, as float64
@@ -534,11 +543,7 @@ def _gelu(b, node, ins, attrs):
         if approximate == "none" else ("gelu_tanh", None)
     if isinstance(s, bytes):
         s = float(s.decode())
-    if isinstance(ins[0], Const):
-        return [Const(apply_activation(name, np.asarray(ins[0].value, np.float64), s))]
-    d = b.data(node, ins[0])
-    nid = b.node_of(d, _label(node))
-    return [b.add(_label(node), ActivationOp(name, s), (nid,), d.shape)]
+    return [_act_node(b, node, ins[0], name, s)]
 
 
 def _swish(b, node, ins, attrs):
@@ -547,22 +552,14 @@ def _swish(b, node, ins, attrs):
     alpha = float(attrs.get("alpha", 1.0))
     if not alpha > 0.0:
         b.fail(node, f"alpha {alpha:g} is not supported (only alpha > 0)")
-    if isinstance(ins[0], Const):
-        return [Const(apply_activation("silu", np.asarray(ins[0].value, np.float64), alpha))]
-    d = b.data(node, ins[0])
-    nid = b.node_of(d, _label(node))
-    return [b.add(_label(node), ActivationOp("silu", alpha), (nid,), d.shape)]
+    return [_act_node(b, node, ins[0], "silu", alpha)]
 
 
 def _softplus_threshold(b, node, ins, attrs):
     """Where(Greater(z, T), z, Softplus(z)) fused at load (graph/onnx_fusion.py; attribute
     ``threshold``: T as text)."""
     T = float(attrs["threshold"].decode())
-    if isinstance(ins[0], Const):
-        return [Const(apply_activation("softplus_t", np.asarray(ins[0].value, np.float64), T))]
-    d = b.data(node, ins[0])
-    nid = b.node_of(d, _label(node))
-    return [b.add(_label(node), ActivationOp("softplus_t", T), (nid,), d.shape)]
+    return [_act_node(b, node, ins[0], "softplus_t", T)]
 
 
 _STEPS = {"Sign": ("sign", np.sign), "Floor": ("floor", np.floor)}

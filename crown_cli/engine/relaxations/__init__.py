@@ -51,6 +51,16 @@ def _fixed(module, name):
     return lambda method, alpha: getattr(import_module(f"{__name__}.{module}"), name)
 
 
+def _with_param(module, name):
+    """Factory for a relaxation ``name`` in submodule ``module`` that takes the activation's
+    parameter after (l, u)."""
+    def factory(method, alpha):
+        fn = getattr(import_module(f"{__name__}.{module}"), name)
+        return lambda l, u: fn(l, u, alpha)
+
+    return factory
+
+
 def _s_shaped(name):
     """Factory for tanh / sigmoid / arctan: the default lines, or the paper's for
     ``crown-paper``."""
@@ -66,36 +76,6 @@ def _s_shaped(name):
     return factory
 
 
-def _elu(method, alpha):
-    from crown_cli.engine.relaxations.extra import elu_relaxation
-
-    return lambda l, u: elu_relaxation(l, u, alpha)
-
-
-def _gelu(method, alpha):
-    from crown_cli.engine.relaxations.self_gated import gelu_relaxation
-
-    return lambda l, u: gelu_relaxation(l, u, alpha)
-
-
-def _silu(method, alpha):
-    from crown_cli.engine.relaxations.self_gated import silu_relaxation
-
-    return lambda l, u: silu_relaxation(l, u, alpha)
-
-
-def _softplus_t(T):
-    from crown_cli.engine.relaxations.extra import softplus_threshold_relaxation
-
-    return lambda l, u: softplus_threshold_relaxation(l, u, T)
-
-
-def _hard_sigmoid(method, alpha):
-    from crown_cli.engine.relaxations.extra import hard_sigmoid_relaxation
-
-    return lambda l, u: hard_sigmoid_relaxation(l, u, alpha)
-
-
 # activation -> factory(method, alpha) -> relaxation function (l, u). Each factory imports
 # only its own family's module; all of them are compiled with numba except, under the numpy
 # kernels (set_kernels("numpy")), those with a ``numpy_twin`` (crown_cli.activations).
@@ -106,15 +86,15 @@ RELAXATIONS = {
     "sigmoid": _s_shaped("sigmoid_relaxation"),
     "arctan": _s_shaped("arctan_relaxation"),
     "erf": _s_shaped("erf_relaxation"),
-    "gelu": _gelu,
-    "silu": _silu,
+    "gelu": _with_param("self_gated", "gelu_relaxation"),
+    "silu": _with_param("self_gated", "silu_relaxation"),
     "hardswish": _fixed("self_gated", "hardswish_relaxation"),
     "mish": _fixed("self_gated", "mish_relaxation"),
     "gelu_tanh": _fixed("self_gated", "gelu_tanh_relaxation"),
-    "elu": _elu,
+    "elu": _with_param("extra", "elu_relaxation"),
     "softplus": _fixed("extra", "softplus_relaxation"),
-    "softplus_t": lambda method, alpha: _softplus_t(alpha),
-    "hard_sigmoid": _hard_sigmoid,
+    "softplus_t": _with_param("extra", "softplus_threshold_relaxation"),
+    "hard_sigmoid": _with_param("extra", "hard_sigmoid_relaxation"),
     "sin": _fixed("elementary", "sin_relaxation"),
     "cos": _fixed("elementary", "cos_relaxation"),
     "exp": _fixed("elementary", "exp_relaxation"),

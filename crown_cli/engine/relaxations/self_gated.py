@@ -174,14 +174,20 @@ def _intercept(kind, s, l, u, k, upper):
 
 
 @njit(cache=True)
+def _floor(kind, s):
+    """f's minimum, SCALED_MIN / s, rounded down (a bound below f everywhere)."""
+    fmin = SCALED_MIN[kind] / s
+    return fmin - 4.0 * 2.0 ** -52 * abs(fmin)
+
+
+@njit(cache=True)
 def _relax(kind, l, u, s):
     n = l.shape[0]
     aU = np.empty(n)
     bU = np.empty(n)
     aL = np.empty(n)
     bL = np.empty(n)
-    fmin = SCALED_MIN[kind] / s
-    fmin = fmin - 4.0 * 2.0 ** -52 * abs(fmin)
+    fmin = _floor(kind, s)
     for i in range(n):
         li = l[i]
         ui = u[i]
@@ -317,8 +323,7 @@ def value_range(kind, l, u, s):
     hi = np.empty(n)
     tmin = SCALED_ARGMIN[kind] / s
     near = 1e-9 * abs(tmin)
-    fmin = SCALED_MIN[kind] / s
-    fmin = fmin - 4.0 * 2.0 ** -52 * abs(fmin)
+    fmin = _floor(kind, s)
     for i in range(n):
         li = l[i]
         ui = u[i]
