@@ -217,7 +217,7 @@ def test_boxes_back_substitution_charges_as_one_box(tmp_path):
     for j in range(4):
         with using_kernels("numpy"):
             gb = GraphBounds(graph, *Box(L[j], H[j]).args(), intermediate="forward")
-            ref = gb._rows(graph.output, C, None, None, None, None)
+            ref = gb._rows(graph.output, C, None, None, None)
         for ours, theirs in zip((Lx[j], const[j], mag[j], charge[j]), ref):
             assert np.allclose(ours, theirs, rtol=1e-9, atol=0.0), j
         for row in range(2):

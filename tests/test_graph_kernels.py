@@ -321,7 +321,7 @@ def test_rows_with_any_lines_kernels_equal_numpy(tmp_path, kind):
                 else:
                     slopes[i] = lower
             tape = {}
-            Lx, const, mag, charge = gb._rows(g.output, C, slopes, tape, lines, None)
+            Lx, const, mag, charge = gb._rows(g.output, C, slopes, tape, lines)
             results[backend] = ((const, mag, charge), Lx, tape)
             rng = np.random.default_rng(5)  # the same lines for both
             rng.uniform(-1, 1, g.input_size)

@@ -1,5 +1,6 @@
 """alpha-CROWN on a graph network: the lower slopes of the unstable ReLU (and leaky ReLU,
-slope <= 1) neurons optimised for each bounded row, over the intermediate bounds a
+slope <= 1) neurons, max pools' lower lines and products' planes optimised for each bounded
+row, over the intermediate bounds a
 :class:`~crown_cli.engine.graph_bounds.GraphBounds` holds (CROWN's, or themselves optimised
 this way with ``intermediate="alpha"``).
 
@@ -23,6 +24,13 @@ A max pool's lower line ``y >= x_k*`` is likewise one point of a family: any wei
 summing to 1 over a window give ``y >= sum_k w_k x_k``; each row's weights start at CROWN's
 (1 on k*) and ascend along ``L_j x_k(x*)`` by exponentiated-gradient steps, which stay on
 the simplex.
+
+A product's planes are a third family: for each sign of a row's coefficient, McCormick's two
+planes on the factors' box mix as ``t P + (1 - t) P'`` with t in [0, 1] (t = 1/2: CROWN's
+averaged plane); the row keeps the slopes of the mix and the intercept is the exact extreme
+of the bilinear gap over the box's corners (:func:`~crown_cli.engine.node_rules.mixed_planes`),
+so every t gives a valid plane. Its derivative in t is the coefficient times the slopes'
+derivative applied to the factors' relaxed values less the corner's.
 """
 from __future__ import annotations
 
@@ -80,10 +88,24 @@ def free_pools(gb, target: int) -> Dict[int, object]:
             if i <= target and np.any(~pl.exact & (np.sum(pl.windows >= 0, axis=1) > 1))}
 
 
+def free_mixes(gb, upto: Optional[int] = None) -> Dict[int, np.ndarray]:
+    """Per product node (up to node ``upto``) whose planes have a free mix: the mask of
+    its free neurons (:meth:`~crown_cli.engine.node_rules.ProductRule.free_mix`)."""
+    out = {}
+    for i, node in enumerate(gb.g.nodes):
+        if upto is not None and i > upto:
+            break
+        on = gb.plan[i].free_mix(gb, i, node)
+        if on is not None:
+            out[i] = on
+    return out
+
+
 def free_below(gb, p: int) -> bool:
     """Whether alpha-CROWN can tighten the bounds of node p over CROWN's: some node up to p
-    has free lower slopes (:func:`free_slopes`) or free max pool weights (:func:`free_pools`)."""
-    return bool(free_slopes(gb, p) or free_pools(gb, p))
+    has free lower slopes (:func:`free_slopes`), free max pool weights (:func:`free_pools`)
+    or a free mix of a product's planes (:func:`free_mixes`)."""
+    return bool(free_slopes(gb, p) or free_pools(gb, p) or free_mixes(gb, p))
 
 
 def simplex_ascent(w: np.ndarray, grad: np.ndarray, valid: np.ndarray,
@@ -97,55 +119,81 @@ def simplex_ascent(w: np.ndarray, grad: np.ndarray, valid: np.ndarray,
     return v / v.sum(axis=-1, keepdims=True)
 
 
-def _steer_pass(gb, target, Lam, slopes, pool_weights=None):
-    """The rows' verified bounds at their own lower slopes on the free nodes (and pool
-    weights) (:meth:`GraphBounds.lower`), each row's minimiser over the input set, and the
-    tape of the back-substitution (per visited node the rows that reached it and their
-    lines)."""
+def _steer_pass(gb, target, Lam, free):
+    """The rows' verified bounds at their own free parameters (:meth:`GraphBounds.lower`),
+    each row's minimiser over the input set, and the tape of the back-substitution (per
+    visited node the rows that reached it and their lines)."""
     tape = {}
-    val = gb.lower(target, Lam, slopes=slopes, tape=tape, pool_weights=pool_weights)
+    val = gb.lower(target, Lam, free=free, tape=tape)
     return val, _minimiser(gb, tape.pop("Lx")), tape
 
 
-def _relaxed_forward(gb, target, x, tape, pool_weights=None):
+def _relaxed_forward(gb, target, x, tape, free=None):
     """Every visited node's value at the rows' minimisers x (r, d) through the lines each
     row chose (affine nodes exactly, activations by their chosen line, a max pool by its
-    lower input (or the rows' weighted sum of its window) or its upper constant)."""
+    lower input (or the rows' weighted sum of its window) or its upper constant, a product
+    by its plane)."""
     g = gb.g
     vals = [None] * (target + 1)
     for i in range(target + 1):
         if i not in tape:
             continue
         check_deadline(gb.deadline)
-        vals[i] = gb.plan[i].relaxed(gb, i, g.nodes[i], vals, x, tape, pool_weights)
+        vals[i] = gb.plan[i].relaxed(gb, i, g.nodes[i], vals, x, tape, free)
     return vals
+
+
+def _pool_step(gb, i, pl, L, vals, w):
+    """A max pool's weights after one mirror step: d bound / d w_jk = L_j x_k(x*) on the
+    rows using the lower line."""
+    xin = vals[gb.g.nodes[i].inputs[0]][:, np.maximum(pl.windows, 0)]
+    on = ((L >= 0.0) & ~pl.exact[None])[:, :, None]
+    grad = np.where(on, L[:, :, None] * xin, 0.0)
+    step = simplex_ascent(w, grad, (pl.windows >= 0)[None])
+    return np.where(on & np.isfinite(step), step, w)
+
+
+def _mix_gradient(gb, i, tape_i, vals):
+    """A product's d bound / d mix per row (0 off its free neurons)."""
+    from crown_cli.engine.node_rules import mix_gradient
+
+    L, _, _, _, corner = tape_i
+    (l1, u1, l2, u2), c1, c2 = corner
+    p, q = gb.g.nodes[i].inputs
+    with np.errstate(invalid="ignore"):
+        grad = mix_gradient(l1, u1, l2, u2, L, vals[p], vals[q], c1, c2)
+    return np.where(np.isfinite(grad), grad, 0.0)
 
 
 def alpha_lower(gb, target: int, Lam: np.ndarray, iters: int = ITERS, lr: float = LR,
                 patience: Optional[int] = None, tol: float = 1e-3):
     """Verified float64 lower bounds of ``Lam @ value(target)`` (rows (r, size)), each the
-    larger of CROWN's and the bound at the lower slopes (and max pool lower-line weights,
-    on the simplex of each window) optimised for that row. With ``patience``: fewer steps
-    once the sum of the rows' best bounds has gained less than ``tol`` times its first size
-    in ``patience`` consecutive steps (as the dense engine's alpha-CROWN stops)."""
+    larger of CROWN's and the bound at the free parameters optimised for that row: the lower
+    slopes of ReLU and leaky ReLU neurons and the mixes of products' McCormick planes
+    (projected Adam), the max pool lower-line weights (mirror ascent on the simplex of each
+    window). With ``patience``: fewer steps once the sum of the rows' best bounds has gained
+    less than ``tol`` times its first size in ``patience`` consecutive steps (as the dense
+    engine's alpha-CROWN stops)."""
     Lam = np.ascontiguousarray(Lam, dtype=np.float64)
     crown = gb.lower(target, Lam)
-    free = free_slopes(gb, target)
-    pools = free_pools(gb, target)
-    if not (free or pools) or iters <= 0:
+    slopes, pools, mixes = free_slopes(gb, target), free_pools(gb, target), \
+        free_mixes(gb, target)
+    if not (slopes or pools or mixes) or iters <= 0:
         return crown
     r = Lam.shape[0]
-    slopes = {i: np.repeat(gb.lines[i].lower[None], r, axis=0) for i in free}
-    weights = {i: pl.one_hot(r) for i, pl in pools.items()}
-    keys, pkeys = sorted(free), sorted(pools)
-    best = BestIterate(r, *[slopes[i] for i in keys], *[weights[i] for i in pkeys])
-    opt = {i: Adam(slopes[i], STEER, lo=free[i][1], hi=1.0) for i in keys}
+    free = {i: np.repeat(gb.lines[i].lower[None], r, axis=0) for i in slopes}
+    free.update({i: pl.one_hot(r) for i, pl in pools.items()})
+    free.update({i: np.full((r, on.size), 0.5) for i, on in mixes.items()})
+    keys = sorted(free)
+    best = BestIterate(r, *[free[i] for i in keys])
+    # projected Adam on the slopes (in [least slope, 1]) and the mixes (in [0, 1])
+    opt = {i: Adam(free[i], STEER, lo=slopes[i][1] if i in slopes else 0.0, hi=1.0)
+           for i in keys if i not in pools}
     top, stale, scale = -np.inf, 0, None
     for it in range(iters + 1):
         check_deadline(gb.deadline)
-        val, x, tape = _steer_pass(gb, target, Lam, slopes, weights or None)
-        best.offer(np.where(np.isfinite(val), val, -np.inf), *[slopes[i] for i in keys],
-                   *[weights[i] for i in pkeys])
+        val, x, tape = _steer_pass(gb, target, Lam, free)
+        best.offer(np.where(np.isfinite(val), val, -np.inf), *[free[i] for i in keys])
         if it == iters:
             break
         if patience is not None:
@@ -157,23 +205,20 @@ def alpha_lower(gb, target: int, Lam: np.ndarray, iters: int = ITERS, lr: float 
                 stale += 1
                 if stale >= patience:
                     break
-        vals = _relaxed_forward(gb, target, x, tape, weights or None)
-        for i in pkeys:  # d bound / d w_jk = L_j x_k(x*) on the rows using the lower line
-            if i not in tape:
-                continue
-            pl, L = pools[i], tape[i]
-            xin = vals[gb.g.nodes[i].inputs[0]][:, np.maximum(pl.windows, 0)]
-            on = ((L >= 0.0) & ~pl.exact[None])[:, :, None]
-            grad = np.where(on, L[:, :, None] * xin, 0.0)
-            step = simplex_ascent(weights[i], grad, (pl.windows >= 0)[None])
-            weights[i] = np.where(on & np.isfinite(step), step, weights[i])
+        vals = _relaxed_forward(gb, target, x, tape, free)
         for i in keys:
             if i not in tape:
                 continue
-            L, pos = tape[i][0], tape[i][1]
-            z = vals[gb.g.nodes[i].inputs[0]]
-            unst = free[i][0]
-            grad = np.where(unst[None] & pos, L * z, 0.0)
-            step = opt[i].propose(slopes[i], grad, it + 1, lr)
-            slopes[i] = np.where(unst[None] & np.isfinite(step), step, slopes[i])
-    return np.fmax(crown, best.best)  # each the verified bound at the slopes kept
+            if i in pools:
+                free[i] = _pool_step(gb, i, pools[i], tape[i], vals, free[i])
+                continue
+            if i in slopes:  # d bound / d slope_j = L_j z_j(x*) where the lower line is taken
+                L, pos = tape[i][0], tape[i][1]
+                on = slopes[i][0][None]
+                grad = np.where(on & pos, L * vals[gb.g.nodes[i].inputs[0]], 0.0)
+            else:
+                on = mixes[i][None]
+                grad = np.where(on, _mix_gradient(gb, i, tape[i], vals), 0.0)
+            step = opt[i].propose(free[i], grad, it + 1, lr)
+            free[i] = np.where(on & np.isfinite(step), step, free[i])
+    return np.fmax(crown, best.best)  # each the verified bound at the parameters kept

@@ -70,6 +70,9 @@ ROW_PEAK = 8
 # intermediate="alpha": the optimisation of each node's rows stops early after this many steps
 # without gaining 1e-3 of the rows' summed bound (graph_alpha.alpha_lower's patience)
 INTERMEDIATE_PATIENCE = 2
+# bytes per row and product neuron of alpha-CROWN's mixed planes (node_rules.mixed_planes: the
+# corners' gaps and errors, the slopes, intercepts and corners, the gradient)
+MIX_BYTES = 128
 # An affine node that would need at least FANOUT_MIN CROWN neurons and FANOUT times as many as
 # its input has elements (softmax's differences x_j - x_i of every pair: 14,739 from 867 on
 # vit ibp_3_3_8) is bounded through its input instead: the input refined, the node's interval
@@ -252,7 +255,8 @@ class GraphBounds:
         """Node p's bounds with the neurons CROWN left unstable (all neurons when a reader is
         not a sign-stable activation) tightened by :func:`~crown_cli.engine.graph_alpha.
         alpha_lower` on their rows ``[I; -I]``, in chunks: each row keeps per node below p
-        its lines and values (about 3 floats per neuron)."""
+        its lines and values (about 3 floats per neuron, :data:`MIX_BYTES` more per product
+        neuron)."""
         from crown_cli.engine.graph_alpha import ITERS, LR, alpha_lower, free_below
 
         l, u = self.lo[p].copy(), self.hi[p].copy()
@@ -260,7 +264,8 @@ class GraphBounds:
         rows = np.arange(l.size) if rows is None else rows[(l[rows] < 0.0) & (u[rows] > 0.0)]
         if rows.size == 0 or not free_below(self, p):
             return l, u
-        per_row = 24 * sum(n.size for n in self.g.nodes[:p + 1]) + row_bytes(self.g, p)
+        per_row = 24 * sum(n.size for n in self.g.nodes[:p + 1]) + row_bytes(self.g, p) \
+            + MIX_BYTES * sum(n.size for n in self.g.nodes[:p + 1] if n.kind == "product")
         chunk = max(1, int(self.row_budget // per_row) // 2)
         for s in range(0, rows.size, chunk):
             idx = rows[s:s + chunk]
@@ -347,31 +352,32 @@ class GraphBounds:
         low = self.lower(target, np.vstack([C, -C]))
         return low[:C.shape[0]], -low[C.shape[0]:]
 
-    def lower(self, target: int, Lam: np.ndarray, slopes=None, tape=None,
-              lines=None, pool_weights=None, rows: bool = False) -> np.ndarray:
+    def lower(self, target: int, Lam: np.ndarray, free=None, tape=None, lines=None,
+              rows: bool = False) -> np.ndarray:
         """Verified float64 lower bounds of ``Lam @ value(target)`` (rows (r, size));
         ``rows``: ``(bounds, the rows carried to the flat input (r, d))``.
-        ``slopes`` (optional, {activation node: (r, size)}): each row's own lower-line slopes
-        at those nodes in place of the relaxation's (valid lower lines through 0 of the
-        node's ReLU or leaky ReLU neurons: :mod:`crown_cli.engine.graph_alpha`).
+        ``free`` (optional, {node: per-row parameters}): each row's own choice among a node's
+        valid lines, in place of the relaxation's (:mod:`crown_cli.engine.graph_alpha`): for
+        a ReLU or leaky ReLU node (r, size) lower-line slopes (lines through 0); for a max
+        pool (r, m, K) weights of the lower line ``y >= sum_k w_k x_k`` per window
+        (:meth:`PoolLines.back`); for a product (r, size) the mix in [0, 1] of McCormick's
+        planes (:func:`~crown_cli.engine.node_rules.mixed_planes`).
         ``lines`` (optional, {activation node: :class:`Lines` over all its neurons, arrays
         (r, size) or broadcastable}): each row's own lines at those nodes, in place of the
-        relaxation's and of ``slopes``, with ``extra`` (r, size) added to the coefficients of
+        relaxation's and of ``free``, with ``extra`` (r, size) added to the coefficients of
         the node's input (ReLU splitting's split multipliers,
         :mod:`crown_cli.verification.bab.graph_bounder`). They must be valid wherever the
         caller claims the bound (e.g. on a subdomain); the arithmetic is charged as always.
-        ``pool_weights`` (optional, {max pool node: (r, m, K)}): each row's lower lines of
-        that pool, ``y >= sum_k w_k x_k`` per window (:meth:`PoolLines.back`).
-        ``tape`` (optional dict) receives what a gradient in the slopes needs: per visited
-        node i, for an activation (rows reaching it, the side each took (>= 0: lower line),
-        the slope and intercept of the line taken), for a max pool the rows reaching it, else
+        ``tape`` (optional dict) receives what a gradient in the parameters needs: per
+        visited node i, for an activation (rows reaching it, the side each took (>= 0: lower
+        line), the slope and intercept of the line taken), for a max pool the rows reaching
+        it, for a product (rows, intercepts taken, slopes, the mix's corners or None), else
         None; under ``"Lx"`` the rows carried back to the input."""
         fused = graph_kernels()  # None under the numpy kernels: the twin below runs
-        if fused is not None and slopes is None and tape is None and lines is None \
-                and pool_weights is None:
+        if fused is not None and free is None and tape is None and lines is None:
             Lx, const, mag, charge = fused_rows(self, target, Lam, fused, self.dtype)
         else:
-            Lx, const, mag, charge = self._rows(target, Lam, slopes, tape, lines, pool_weights)
+            Lx, const, mag, charge = self._rows(target, Lam, free, tape, lines)
         low = self._concretise(Lx, const, mag, charge)
         if rows and isinstance(Lx, InputRows):
             Lx = Lx.full()
@@ -391,12 +397,12 @@ class GraphBounds:
         # nan: an unbounded term (a division by an interval holding 0) met a zero: no bound
         return np.where(np.isnan(low), -np.inf, low)
 
-    def _rows(self, target, Lam, slopes, tape, lines, pool_weights):
+    def _rows(self, target, Lam, free, tape, lines):
         """:meth:`lower`'s back-substitution in numpy, any lines (the twin of
         :func:`crown_cli.engine.graph_rows.fused_rows`): (rows over the input, constant,
         magnitude, charge) per row. Each node's step is its rule's ``back``
         (:mod:`crown_cli.engine.node_rules`)."""
-        walk = _Walk(self, target, Lam, slopes, tape, lines, pool_weights)
+        walk = _Walk(self, target, Lam, free, tape, lines)
         for i in range(target, -1, -1):
             L = walk.pending.pop(i, None)
             if L is None:
@@ -413,16 +419,16 @@ class GraphBounds:
 class _Walk:
     """One numpy back-substitution's state: per row the constant, its magnitude and the
     rounding charge; the rows pending at each node, the rows over the flat input; the
-    caller's per-row lines, slopes and pool weights, and the tape."""
+    caller's per-row lines and free parameters, and the tape."""
 
-    def __init__(self, gb, target, Lam, slopes, tape, lines, pool_weights):
+    def __init__(self, gb, target, Lam, free, tape, lines):
         r = Lam.shape[0]
         self.gb = gb
         self.const, self.mag, self.charge = np.zeros(r), np.zeros(r), np.zeros(r)
         self.pending: Dict[int, np.ndarray] = {
             target: np.ascontiguousarray(Lam, dtype=np.float64)}
         self.Lx = np.zeros((r, gb.g.input_size))
-        self.slopes, self.tape, self.lines, self.pool_weights = slopes, tape, lines, pool_weights
+        self.free, self.tape, self.lines = free, tape, lines
 
     def give(self, j, P):
         """Rows P for node j, added to what it has (the sum's rounding charged)."""

@@ -19,7 +19,8 @@ rules, one per node; the engine visits the nodes and calls them. A new operation
   per row by sign), ``D = Lam * slope`` charged 2u |D|; free lower slopes on ReLU and leaky
   ReLU.
 - :class:`PoolRule`: a max pool's lines (:class:`PoolLines`); free weights of the lower line.
-- :class:`ProductRule`: the product of two data nodes, McCormick's planes averaged.
+- :class:`ProductRule`: the product of two data nodes, McCormick's planes averaged; a free
+  mix of them per row.
 
 The rounding argument is in :mod:`crown_cli.engine.graph_bounds`.
 """
@@ -114,6 +115,21 @@ def activation_interval(op, method: str, l, u, z):
     return back, lo.reshape(shape), hi.reshape(shape)
 
 
+def _corners(l1, u1, l2, u2):
+    return ((l1, l2), (l1, u2), (u1, l2), (u1, u2))
+
+
+def _plane_gaps(l1, u1, l2, u2, a, b):
+    """``x1 x2 - a x1 - b x2`` at the four corners of the box (its extremes: the function
+    is bilinear) as an array (4, ...), and the largest error of their evaluation."""
+    gs, errs = [], []
+    for x, y in _corners(l1, u1, l2, u2):
+        xy = x * y
+        gs.append(xy - a * x - b * y)
+        errs.append(4.0 * U64 * (np.abs(xy) + np.abs(a * x) + np.abs(b * y)) + 4.0 * TINY64)
+    return np.array(gs), np.max(errs, axis=0)
+
+
 def product_planes(l1, u1, l2, u2):
     """A product ``x1 * x2``'s lines on the box [l1, u1] x [l2, u2] (arrays of one shape;
     :class:`ProductRule`): ``(a, b, icL, icU)`` and the product's interval (lo, hi)."""
@@ -121,13 +137,8 @@ def product_planes(l1, u1, l2, u2):
     with np.errstate(invalid="ignore", over="ignore"):
         a = np.where(finite, 0.5 * l2 + 0.5 * u2, 0.0)
         b = np.where(finite, 0.5 * l1 + 0.5 * u1, 0.0)
-        prods, gs, errs = [], [], []
-        for x, y in ((l1, l2), (l1, u2), (u1, l2), (u1, u2)):
-            xy = x * y
-            prods.append(xy)
-            gs.append(xy - a * x - b * y)
-            errs.append(4.0 * U64 * (np.abs(xy) + np.abs(a * x) + np.abs(b * y)) + 4.0 * TINY64)
-        P, G, E = np.array(prods), np.array(gs), np.max(errs, axis=0)
+        P = np.array([x * y for x, y in _corners(l1, u1, l2, u2)])
+        G, E = _plane_gaps(l1, u1, l2, u2, a, b)
         lo = np.where(finite, P.min(axis=0), -np.inf)
         hi = np.where(finite, P.max(axis=0), np.inf)
         icL = np.where(finite, G.min(axis=0) - E, -np.inf)
@@ -135,6 +146,34 @@ def product_planes(l1, u1, l2, u2):
     lo, hi = outward(lo, hi, np.where(finite, U64 * np.maximum(np.abs(lo), np.abs(hi))
                                       + TINY64, 0.0))
     return (a, b, icL, icU), lo, hi
+
+
+def mixed_planes(l1, u1, l2, u2, t, pos):
+    """Per row the plane a row takes at mix ``t`` (r, n) in [0, 1] on the box (the inputs'
+    bounds (n,), finite): where ``pos`` (the row's coefficient >= 0) the lower plane
+    ``t P1 + (1 - t) P2`` of McCormick's ``P1 = l2 x1 + l1 x2 - l1 l2`` and
+    ``P2 = u2 x1 + u1 x2 - u1 u2``, else the upper ``t P3 + (1 - t) P4`` of
+    ``P3 = u2 x1 + l1 x2 - l1 u2`` and ``P4 = l2 x1 + u1 x2 - u1 l2``; t = 1/2 is CROWN's
+    averaged plane. Only the slopes are taken from the mix; the intercept is the min (lower)
+    or max (upper) of ``x1 x2 - a x1 - b x2`` over the corners, rounded outward: valid
+    whatever the float slopes are. Returns ``(a, b, ic, c1, c2)`` with (c1, c2) the corner
+    attaining the intercept (the intercept's derivative in the slopes is ``-(c1, c2)``)."""
+    a = np.where(pos, t * l2 + (1.0 - t) * u2, t * u2 + (1.0 - t) * l2)
+    b = t * l1 + (1.0 - t) * u1
+    G, E = _plane_gaps(l1, u1, l2, u2, a, b)
+    k = np.where(pos, np.argmin(G, axis=0), np.argmax(G, axis=0))
+    ic = np.take_along_axis(G, k[None], axis=0)[0]
+    ic = np.where(pos, ic - E, ic + E)
+    c1 = np.where(k < 2, l1, u1)
+    c2 = np.where(k % 2 == 0, l2, u2)
+    return a, b, ic, c1, c2
+
+
+def mix_gradient(l1, u1, l2, u2, L, z1, z2, c1, c2):
+    """The derivative in the mix t of a row's term ``L (a x1 + b x2 + ic)`` at the inputs'
+    values (z1, z2) and the intercept's corner (c1, c2) (:func:`mixed_planes`)."""
+    da = np.where(L >= 0.0, l2 - u2, u2 - l2)
+    return L * (da * (z1 - c1) + (l1 - u1) * (z2 - c2))
 
 
 class Rule:
@@ -170,9 +209,10 @@ class Rule:
         False (nothing done) where the node takes rows on live elements."""
         return False
 
-    def relaxed(self, gb, i, node, vals, x, tape, pool_weights):
-        """The node's value at the points x (r, d) under the lines each row took (``tape``),
-        from its inputs' values ``vals``."""
+    def relaxed(self, gb, i, node, vals, x, tape, free):
+        """The node's value at the points x (r, d) under the lines each row took (``tape``;
+        ``free``: the rows' free parameters, as :meth:`free_params`), from its inputs' values
+        ``vals``."""
         raise NotImplementedError
 
     def sign_stable(self, node) -> bool:
@@ -182,6 +222,11 @@ class Rule:
 
     def free_slopes(self, gb, i, node) -> Optional[Tuple[np.ndarray, float]]:
         """(mask of the neurons whose lower slope is free, the least slope), or None."""
+        return None
+
+    def free_mix(self, gb, i, node) -> Optional[np.ndarray]:
+        """Mask of the neurons whose lines have a free mix of two planes in [0, 1] (a
+        product's McCormick planes), or None."""
         return None
 
 
@@ -204,7 +249,7 @@ class InputRule(Rule):
     def back_t(self, gb, i, node, rows, walk):
         walk.to_input(node.op.offset, rows, node.size)
 
-    def relaxed(self, gb, i, node, vals, x, tape, pool_weights):
+    def relaxed(self, gb, i, node, vals, x, tape, free):
         return x[:, node.op.offset:node.op.offset + node.op.size]
 
 
@@ -263,7 +308,7 @@ class AffineRule(Rule):
         for j, moved in zip(node.inputs, _transpose(gb, i, (idx, Lt), walk.kernels)):
             walk.give(j, moved)
 
-    def relaxed(self, gb, i, node, vals, x, tape, pool_weights):
+    def relaxed(self, gb, i, node, vals, x, tape, free):
         return node.op.forward([vals[j] for j in node.inputs])
 
 
@@ -364,13 +409,13 @@ class ActivationRule(Rule):
 
     def back(self, gb, i, node, L, walk):
         """The relaxation's lines, or the caller's per-row ``walk.lines`` (with ``extra``
-        added to the input's coefficients) or lower ``walk.slopes``."""
+        added to the input's coefficients) or lower slopes (``walk.free``)."""
         p = node.inputs[0]
         ln = gb.lines[i]
         if walk.lines is not None and i in walk.lines:
             ln = walk.lines[i]
-        elif walk.slopes is not None and i in walk.slopes:
-            ln = Lines(ln.cols, walk.slopes[i], ln.upper, ln.upper_icpt, ln.lower_icpt)
+        elif walk.free is not None and i in walk.free:
+            ln = Lines(ln.cols, walk.free[i], ln.upper, ln.upper_icpt, ln.lower_icpt)
         kernels = graph_kernels()
         if kernels is not None and L.dtype == np.float64 and ln.stable is None \
                 and ln.cols.size == L.shape[1]:
@@ -449,7 +494,7 @@ class ActivationRule(Rule):
         walk.give(p, Win(win.oy, win.ox, Dt))
         return True
 
-    def relaxed(self, gb, i, node, vals, x, tape, pool_weights):
+    def relaxed(self, gb, i, node, vals, x, tape, free):
         _, _, slope, icpt = tape[i]
         return slope * vals[node.inputs[0]] + icpt
 
@@ -516,12 +561,23 @@ class ProductRule(Rule):
             return np.where(L != 0.0, L * ic, 0.0), ic
 
     def back(self, gb, i, node, L, walk):
+        """CROWN's averaged planes, or on the neurons :meth:`free_mix` names each row's own
+        mix of McCormick's planes (``walk.free``, (r, size) in [0, 1]: :func:`mixed_planes`)."""
         p, q = node.inputs
         a, b, icL, icU = gb.planes[i]
-        D1, D2 = L * a, L * b
         icpt, ic = self._intercepts(L, icL, icU)
+        corner = None
+        if walk.free is not None and i in walk.free:
+            on = self.free_mix(gb, i, node)
+            ends = tuple(np.where(on, v, 0.0) for v in (gb.lo[p], gb.hi[p], gb.lo[q], gb.hi[q]))
+            t = np.clip(walk.free[i], 0.0, 1.0)
+            am, bm, icm, c1, c2 = mixed_planes(*ends, t, L >= 0.0)
+            a, b, ic = np.where(on, am, a), np.where(on, bm, b), np.where(on, icm, ic)
+            icpt = np.where(on, L * icm, icpt)
+            corner = (ends, c1, c2)
+        D1, D2 = L * a, L * b
         if walk.tape is not None:
-            walk.tape[i] = (L, np.where(L != 0.0, ic, 0.0))
+            walk.tape[i] = (L, np.where(L != 0.0, ic, 0.0), a, b, corner)
         walk.const = walk.const + icpt.sum(axis=-1)
         walk.mag = walk.mag + np.abs(icpt).sum(axis=-1)
         for j, D in ((p, D1), (q, D2)):
@@ -529,6 +585,14 @@ class ProductRule(Rule):
             walk.charge = walk.charge + ActivationRule.charge(_abs_dot(D, z), z)
         walk.give(p, D1)
         walk.give(q, D2)
+
+    def free_mix(self, gb, i, node):
+        """The products whose factors both have finite bounds of positive width (else one
+        factor is a constant, or no plane is finite, and the planes are fixed)."""
+        p, q = node.inputs
+        on = np.isfinite(gb.lo[p]) & np.isfinite(gb.hi[p]) & np.isfinite(gb.lo[q]) \
+            & np.isfinite(gb.hi[q]) & (gb.lo[p] < gb.hi[p]) & (gb.lo[q] < gb.hi[q])
+        return on if on.any() else None
 
     def back_t(self, gb, i, node, rows, walk):
         idx, Lt = rows
@@ -570,9 +634,8 @@ class ProductRule(Rule):
         walk.give(p, (idx, np.ascontiguousarray(D1t)))
         walk.give(q, (idx, np.ascontiguousarray(D2t)))
 
-    def relaxed(self, gb, i, node, vals, x, tape, pool_weights):
-        a, b, _, _ = gb.planes[i]
-        _, ic = tape[i]
+    def relaxed(self, gb, i, node, vals, x, tape, free):
+        _, ic, a, b, _ = tape[i]
         p, q = node.inputs
         return a * vals[p] + b * vals[q] + ic
 
@@ -599,13 +662,12 @@ class PoolRule(Rule):
         return D, dconst, dmag, charge
 
     def back(self, gb, i, node, L, walk):
-        """The default lines, or the caller's per-row lower-line weights
-        (``walk.pool_weights``)."""
+        """The default lines, or the caller's per-row lower-line weights (``walk.free``)."""
         p = node.inputs[0]
         if walk.tape is not None:
             walk.tape[i] = L
-        if walk.pool_weights is not None and i in walk.pool_weights:
-            D, dconst, dmag, _, ch = gb.pools[i].back(L, walk.pool_weights[i], gb.absval[p])
+        if walk.free is not None and i in walk.free:
+            D, dconst, dmag, _, ch = gb.pools[i].back(L, walk.free[i], gb.absval[p])
         else:
             D, dconst, dmag, ch = self.step(gb, i, L)
         walk.const, walk.mag, walk.charge = walk.const + dconst, walk.mag + dmag, \
@@ -619,14 +681,14 @@ class PoolRule(Rule):
         walk.acc[2] += dcharge
         walk.give(node.inputs[0], (None, np.ascontiguousarray(D.T, rows[1].dtype)))
 
-    def relaxed(self, gb, i, node, vals, x, tape, pool_weights):
+    def relaxed(self, gb, i, node, vals, x, tape, free):
         """The window's lower input (or the row's weighted sum of the window) where the row
         took the lower line, else the upper constant."""
         pool, L = gb.pools[i], tape[i]
         use = (L >= 0.0) | pool.exact
         xin = vals[node.inputs[0]]
-        if pool_weights is not None and i in pool_weights:
-            w = pool.effective(pool_weights[i])
+        if free is not None and i in free:
+            w = pool.effective(free[i])
             low = np.sum(w * xin[:, np.maximum(pool.windows, 0)], axis=-1)
         else:
             low = xin[:, pool.src]

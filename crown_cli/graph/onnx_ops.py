@@ -668,7 +668,7 @@ _MOVE = "element move (an index map: each output one input element or a constant
 _HOW = {
     "Add": "data + constant: a scaling; data + data: a sum node", "Sub": "as Add",
     "Mul": "data * constant: a scaling; data * data: a product node (McCormick's two planes "
-           "averaged, intercepts over the factors' box)",
+           "averaged, intercepts over the factors' box; alpha-CROWN optimises the mix)",
     "Div": "data / constant: a scaling; constant / data and data / data: Reciprocal, then a "
            "product", "Neg": _AFFINE,
     "MatMul": "by a constant: a dense layer; of two data tensors: products and a sum (attention)",

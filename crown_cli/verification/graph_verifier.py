@@ -118,12 +118,13 @@ def graph_box_lower_bounds(graph, lo, hi, A, b, method: str = "crown", bounds=No
 
 def alpha_can_tighten(gb) -> bool:
     """Whether ``GraphBounds(intermediate="alpha")`` can differ from the CROWN bounds ``gb``:
-    some activation or max pool reads a node with free lower slopes or pool weights below it
-    (on verivital's Convnet_maxpool, one ReLU layer, nothing does)."""
+    some activation, max pool or product reads a node with free parameters below it (lower
+    slopes, pool weights, products' planes; on verivital's Convnet_maxpool, one ReLU layer,
+    nothing does)."""
     from crown_cli.engine.graph_alpha import free_below
 
-    return any(free_below(gb, n.inputs[0]) for n in gb.g.nodes
-               if n.kind in ("activation", "maxpool"))
+    return any(free_below(gb, j) for n in gb.g.nodes
+               if n.kind in ("activation", "maxpool", "product") for j in n.inputs)
 
 
 def graph_verifier(graph, **options):
