@@ -90,7 +90,9 @@ class Activation:
     derivative is one value of the subdifferential (an attack only needs a descent direction).
     ``param`` is the activation's parameter (``default_param`` when the file gives none;
     None for parameter-free activations); ``param_range`` = (low, high, low included) is the
-    range the relaxations are valid for (high included).
+    range the relaxations are valid for (high included) in an MLP file, ``graph_param_range``
+    the same for a graph's activation node where it is wider (None: ``param_range``; see
+    :func:`param_range`).
     Capabilities:
     ``bound``: the engine has a CROWN relaxation (every activation but ``linear``);
     ``fast_lin``: the non-adaptive methods (``fast-lin``, the comparison methods);
@@ -114,6 +116,7 @@ class Activation:
     derivative: Callable[[np.ndarray, Optional[float]], np.ndarray]
     default_param: Optional[float] = None
     param_range: Optional[Tuple[float, float, bool]] = None
+    graph_param_range: Optional[Tuple[float, float, bool]] = None
     bound: bool = True
     fast_lin: bool = False
     sign_stable: bool = False
@@ -159,8 +162,10 @@ ACTIVATIONS: Dict[str, Activation] = {a.name: a for a in (
     # ONNX Gelu with approximate='tanh' (GPT-2's GELU): graph nodes only
     Activation("gelu_tanh", *_self_gated("GELU_TANH"), mlp=False),
     Activation("linear", lambda z, a: z, lambda z, a: np.ones_like(z), bound=False),
-    # ELU convex (scale in (0, 1]) for its relaxation
-    Activation("elu", _elu, _elu_grad, default_param=1.0, param_range=(0.0, 1.0, False)),
+    # ELU: an MLP's scale in (0, 1] (convex); a graph node's any scale > 0 (ONNX Selu's is
+    # 1.6733: convex on z <= 0 with a concave kink at 0, engine/relaxations/extra.py)
+    Activation("elu", _elu, _elu_grad, default_param=1.0, param_range=(0.0, 1.0, False),
+               graph_param_range=(0.0, float("inf"), False)),
     Activation("softplus", lambda z, a: _softplus(z), lambda z, a: _sigmoid(z)),
     # torch's Softplus from its default exporter, Where(Greater(z, T), z, Softplus(z)), fused
     # at load (graph/onnx_fusion.py): a jump of at most log1p(exp(-T)) at T (graph nodes only)
@@ -203,6 +208,24 @@ def supporting(capability: str) -> Tuple[str, ...]:
     """The names of the activations with ``capability`` (a boolean field of
     :class:`Activation`), in registry order."""
     return tuple(n for n, a in ACTIVATIONS.items() if getattr(a, capability))
+
+
+def param_range(name: str, graph: bool = False) -> Optional[Tuple[float, float, bool]]:
+    """(low, high, low included) of activation ``name``'s parameter: an MLP's, or (``graph``)
+    a graph node's."""
+    act = ACTIVATIONS[name]
+    return (act.graph_param_range or act.param_range) if graph else act.param_range
+
+
+def param_ok(rng: Tuple[float, float, bool], alpha: float) -> bool:
+    """Whether ``alpha`` lies in the range ``rng`` (:func:`param_range`)."""
+    low, high, closed = rng
+    return (low <= alpha if closed else low < alpha) and alpha <= high
+
+
+def range_text(rng: Tuple[float, float, bool]) -> str:
+    low, high, closed = rng
+    return f"{'[' if closed else '('}{low:g}, {high:g}{']' if high < float('inf') else ')'}"
 
 
 def default_alpha(name: str):
