@@ -1,16 +1,27 @@
-"""ELU with a scale above 1 (ONNX Selu's 1.6733: a concave kink at 0).
+"""ELU with a scale above 1 (ONNX Selu's 1.6733: a concave kink at 0) and the ONNX operators
+built on ELU: Selu (``gamma elu_alpha(x)``) and Celu (``alpha elu_1(x / alpha)``).
 
 The ELU lines (engine/relaxations/extra.py) and the node's interval (engine/node_rules.py)
 hold against 40-digit mpmath and on dense float grids, over intervals on either side of 0,
 across it and out in the tails; the lines are the least-area ones (no valid line of another
-slope has a smaller area)."""
+slope has a smaller area); the loaders give onnx.reference's values and bounds that hold;
+an MLP file with such an ELU is still refused (exit 2), and a graph with one is not lowered
+to the MLP engine."""
+import os
+
 import numpy as np
 import pytest
+from click.testing import CliRunner
 
 from crown_cli.activations import apply_activation
+from crown_cli.engine.graph_bounds import GraphBounds
+from crown_cli.engine.input_sets import Box
 from crown_cli.engine.node_rules import activation_interval
 from crown_cli.engine.relaxations.extra import elu_relaxation
+from crown_cli.errors import InputError
+from crown_cli.graph.onnx_graph import load_graph
 from crown_cli.graph.ops import ActivationOp
+from graph_models import G
 
 SELU_ALPHA = 1.67326319217681884765625  # float32, as ONNX's default attribute
 SELU_GAMMA = 1.05070102214813232421875
@@ -101,3 +112,131 @@ def test_elu_above_one_lines_are_least_area(alpha):
         tol = 1e-6 * (1.0 + abs(u[i]) + abs(l[i]))
         assert aU[i] * m + bU[i] <= best_up + tol, (l[i], u[i])
         assert aL[i] * m + bL[i] >= best_lo - tol, (l[i], u[i])
+
+
+# ----------------------------------------------------------------------------- the loaders
+
+def _one_op(op, attrs, scale=2.0, seed=0):
+    """Gemm (4 -> 5) -> op -> Gemm (5 -> 3)."""
+    g = G(np.random.default_rng(seed))
+    h = g.op("Gemm", ["x", g.rand(5, 4, scale=scale), g.rand(5)], transB=1)
+    e = g.op(op, [h], **attrs)
+    y = g.op("Gemm", [e, g.rand(3, 5), g.rand(3)], transB=1)
+    return g.model([("x", (1, 4))], [y]), h
+
+
+def _save(tmp_path, model, name="m.onnx"):
+    import onnx
+
+    path = os.path.join(tmp_path, name)
+    onnx.save(model, path)
+    return path
+
+
+def _formula(op, attrs, z):
+    """ONNX's definitions of Selu and Celu, float64."""
+    z = np.asarray(z, np.float64)
+    if op == "Selu":
+        a, g = attrs.get("alpha", SELU_ALPHA), attrs.get("gamma", SELU_GAMMA)
+        return np.where(z > 0.0, g * z, g * a * np.expm1(np.minimum(z, 0.0)))
+    a = attrs.get("alpha", 1.0)
+    return np.maximum(0.0, z) + np.minimum(0.0, a * np.expm1(z / a))
+
+
+CASES = [("Selu", {}), ("Selu", {"alpha": 0.5, "gamma": 2.0}), ("Selu", {"alpha": 3.0}),
+         ("Celu", {}), ("Celu", {"alpha": 0.7}), ("Celu", {"alpha": 2.5})]
+
+
+@pytest.mark.parametrize("op,attrs", CASES, ids=[f"{o}-{sorted(a.items())}" for o, a in CASES])
+def test_selu_and_celu_load_with_onnx_values_and_bounds_that_hold(tmp_path, op, attrs):
+    """The forward pass equals ONNX's formula in float64 (to 1e-12) and onnx.reference's
+    float32 values (to float32 rounding); one ELU node (scale alpha for Selu, 1 for Celu);
+    CROWN's bounds on a box hold at 2000 sampled points and its corners; the graph is not
+    lowered where alpha > 1 (the MLP engine takes ELU scales up to 1 only)."""
+    import onnx.numpy_helper as nh
+    from onnx.reference import ReferenceEvaluator
+
+    from crown_cli.graph.lower import lowered
+
+    attrs = {k: float(np.float32(v)) for k, v in attrs.items()}
+    model, _ = _one_op(op, attrs)
+    graph = load_graph(_save(tmp_path, model))
+    acts = [n.op for n in graph.nodes if n.kind == "activation"]
+    alpha = attrs.get("alpha", SELU_ALPHA) if op == "Selu" else 1.0
+    assert [(a.name, a.alpha) for a in acts] == [("elu", alpha)]
+    rng = np.random.default_rng(3)
+    x = rng.normal(size=(64, 4)) * 2.0
+    inits = {t.name: nh.to_array(t).astype(np.float64) for t in model.graph.initializer}
+    g1, g2 = model.graph.node[0], model.graph.node[2]
+    h = x @ inits[g1.input[1]].T + inits[g1.input[2]]
+    want = _formula(op, attrs, h) @ inits[g2.input[1]].T + inits[g2.input[2]]
+    np.testing.assert_allclose(graph.forward(x), want, rtol=1e-12, atol=1e-12)
+    assert (h < 0).any() and (h > 0).any()
+    ref = ReferenceEvaluator(model)
+    x32 = x.astype(np.float32)
+    got32 = np.concatenate([ref.run(None, {"x": r[None]})[0] for r in x32])
+    np.testing.assert_allclose(graph.forward(x32.astype(np.float64)), got32, rtol=1e-5,
+                               atol=1e-5)
+    lo, hi = x[0] - 0.7, x[0] + 0.7
+    blo, bhi = GraphBounds(graph, *Box(lo, hi).args()).bounds()
+    xs = rng.uniform(lo, hi, size=(2000, 4))
+    xs[:16] = np.array(np.meshgrid(*zip(lo, hi))).reshape(4, -1).T
+    ys = graph.forward(xs)
+    assert np.all(ys >= blo) and np.all(ys <= bhi)
+    assert np.all(bhi - blo <= 3.0 * np.ptp(ys, axis=0))  # not vacuous
+    assert (lowered(graph) is None) == (alpha > 1.0)
+
+
+def test_selu_celu_of_constants_are_folded():
+    """Selu and Celu of a constant: a constant (ONNX's values), no node."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    c = np.array([-3.0, -0.5, 0.0, 2.0], np.float32)
+    nodes = [helper.make_node("Selu", ["c"], ["s"]), helper.make_node("Celu", ["c"], ["t"],
+                                                                     alpha=0.5),
+             helper.make_node("Add", ["s", "t"], ["st"]), helper.make_node("Add", ["x", "st"],
+                                                                          ["y"])]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info(
+        "x", TensorProto.FLOAT, [1, 4])], [helper.make_tensor_value_info(
+            "y", TensorProto.FLOAT, [1, 4])], initializer=[numpy_helper.from_array(c, "c")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as d:
+        g = load_graph(_save(d, model))
+    assert not [n for n in g.nodes if n.kind == "activation"]
+    want = _formula("Selu", {}, c) + _formula("Celu", {"alpha": 0.5}, c)
+    np.testing.assert_allclose(g.forward(np.zeros((1, 4)))[0], want, rtol=1e-12, atol=1e-15)
+
+
+@pytest.mark.parametrize("op,attrs,words", [
+    ("Celu", {"alpha": 0.0}, "alpha 0 is not supported (only alpha > 0)"),
+    ("Celu", {"alpha": -1.0}, "alpha -1 is not supported (only alpha > 0)"),
+    ("Selu", {"alpha": 0.0}, "alpha 0 is outside the range the bounds hold for (0, inf)"),
+    ("Selu", {"alpha": -2.0}, "alpha -2 is outside the range"),
+    ("Elu", {"alpha": -0.5}, "alpha -0.5 is outside the range"),
+])
+def test_selu_celu_bad_parameters_are_refused_in_one_line(tmp_path, op, attrs, words):
+    model, _ = _one_op(op, attrs)
+    with pytest.raises(InputError) as err:
+        load_graph(_save(tmp_path, model))
+    msg = str(err.value)
+    assert words in msg and op in msg and "\n" not in msg
+
+
+def test_mlp_file_with_elu_above_one_is_refused_with_exit_2(tmp_path):
+    """The dense MLP path is unchanged: an NPZ MLP with ELU scale 1.67 is refused (exit 2,
+    one line, naming the range and where such an ELU is taken)."""
+    from crown_cli.cli import cli
+    from crown_cli.io.models import save_npz
+
+    rng = np.random.default_rng(0)
+    path = str(tmp_path / "elu.npz")
+    save_npz(path, [rng.normal(size=(5, 4)), rng.normal(size=(3, 5))], [np.zeros(5),
+                                                                         np.zeros(3)],
+             "elu", SELU_ALPHA)
+    res = CliRunner().invoke(cli, ["certify", "--model", path])
+    assert res.exit_code == 2, res.output
+    line = [ln for ln in res.output.splitlines() if ln.startswith("crown: error:")]
+    assert line == [f"crown: error: {path}: elu parameter alpha={SELU_ALPHA} outside the "
+                    "supported range (0.0, 1.0] (as a node of an ONNX graph: (0, inf))"]
