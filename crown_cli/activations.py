@@ -43,18 +43,19 @@ def _erf(z):
     return erf(z)
 
 
-def _self_gated(kind):
+def _self_gated(kind, scaled=True):
     """GELU's or SiLU's (function, derivative): crown_cli.engine.relaxations.self_gated (GELU
-    as z erfc(-s z) / 2, without the cancellation of 1 + erf)."""
+    as z erfc(-s z) / 2, without the cancellation of 1 + erf); the parameter is the scale s
+    (``scaled``) or not the function's (GELU's tanh form: an allowance of the lines)."""
     def function(z, s):
         from crown_cli.engine.relaxations import self_gated as sg
 
-        return sg.values(getattr(sg, kind), z, 1.0 if s is None else s)
+        return sg.values(getattr(sg, kind), z, 1.0 if s is None or not scaled else s)
 
     def derivative(z, s):
         from crown_cli.engine.relaxations import self_gated as sg
 
-        return sg.derivatives(getattr(sg, kind), z, 1.0 if s is None else s)
+        return sg.derivatives(getattr(sg, kind), z, 1.0 if s is None or not scaled else s)
 
     return function, derivative
 
@@ -159,8 +160,11 @@ ACTIVATIONS: Dict[str, Activation] = {a.name: a for a in (
     Activation("hardswish", *_self_gated("HARDSWISH"), mlp=False),
     # ONNX Mish, z tanh(softplus(z)) (YOLOv4): graph nodes only
     Activation("mish", *_self_gated("MISH"), mlp=False),
-    # ONNX Gelu with approximate='tanh' (GPT-2's GELU): graph nodes only
-    Activation("gelu_tanh", *_self_gated("GELU_TANH"), mlp=False),
+    # ONNX Gelu with approximate='tanh' (GPT-2's GELU): graph nodes only. Its parameter (None:
+    # 0) is no part of the function: a bound on |g - gelu_tanh| where the node stands for a
+    # g with other constants (torch's exported chain with float32 ones, fused at load:
+    # graph/onnx_fusion.py), by which the lines and the range are widened
+    Activation("gelu_tanh", *_self_gated("GELU_TANH", scaled=False), mlp=False),
     Activation("linear", lambda z, a: z, lambda z, a: np.ones_like(z), bound=False),
     # ELU: an MLP's scale in (0, 1] (convex); a graph node's any scale > 0 (ONNX Selu's is
     # 1.6733: convex on z <= 0 with a concave kink at 0, engine/relaxations/extra.py)

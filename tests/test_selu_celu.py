@@ -240,3 +240,158 @@ def test_mlp_file_with_elu_above_one_is_refused_with_exit_2(tmp_path):
     line = [ln for ln in res.output.splitlines() if ln.startswith("crown: error:")]
     assert line == [f"crown: error: {path}: elu parameter alpha={SELU_ALPHA} outside the "
                     "supported range (0.0, 1.0] (as a node of an ONNX graph: (0, inf))"]
+
+
+# ----------------------------------------------------------------------------- GELU's tanh chain
+
+K32 = float(np.float32(0.7978845608028654))  # the exporters' float32 sqrt(2 / pi), 0.044715
+C32 = float(np.float32(0.044715))
+
+
+def _tanh_chain(g, h, form, k=K32, c=C32):
+    """GELU's tanh form of h as exporters write it: ``torch`` (TorchScript, opset 17:
+    Mul(h, h), Mul(h, .), Mul(c, .), Add(h, .), Mul(k, .), Tanh, Add(1, .), Mul(h, .),
+    Mul(0.5, .)) or ``pow`` (Pow(h, 3), the other operand orders, Mul(Mul(h, 0.5), .))."""
+    if form == "torch":
+        cube = g.op("Mul", [h, g.op("Mul", [h, h])])
+        inner = g.op("Add", [h, g.op("Mul", [g.const(np.array(c)), cube])])
+        t = g.op("Tanh", [g.op("Mul", [g.const(np.array(k)), inner])])
+        a1 = g.op("Add", [g.const(np.array(1.0)), t])
+        return g.op("Mul", [g.const(np.array(0.5)), g.op("Mul", [h, a1])])
+    cube = g.op("Pow", [h, g.const(np.array(3.0))])
+    inner = g.op("Add", [g.op("Mul", [cube, g.const(np.array(c))]), h])
+    t = g.op("Tanh", [g.op("Mul", [inner, g.const(np.array(k))])])
+    a1 = g.op("Add", [t, g.const(np.array(1.0))])
+    return g.op("Mul", [g.op("Mul", [h, g.const(np.array(0.5))]), a1])
+
+
+def _chain_model(form, n=3, **kw):
+    g = G(np.random.default_rng(5))
+    h = g.op("Gemm", ["x", g.rand(n, 2, scale=1.5), g.rand(n)], transB=1)
+    y = g.op("Gemm", [_tanh_chain(g, h, form, **kw), g.rand(2, n), g.rand(2)], transB=1)
+    return g.model([("x", (1, 2))], [y]), g
+
+
+def _file_gelu_tanh(z, k=K32, c=C32):
+    """The chain's function with the file's constants, float64 (sigmoid form, no
+    cancellation)."""
+    with np.errstate(over="ignore"):
+        return z / (1.0 + np.exp(-2.0 * k * (z + c * z ** 3)))
+
+
+@pytest.mark.parametrize("form", ["torch", "pow"])
+def test_torchscript_gelu_tanh_chain_fuses_into_one_node(tmp_path, form, monkeypatch):
+    """The chain becomes one gelu_tanh node whose allowance (about 1e-8) bounds its distance
+    to the chain's function with the file's float32 constants (checked on a dense grid to
+    |z| = 40); the fused graph's forward pass equals the unfused one's within it; CROWN's
+    output bounds hold at sampled points and are at least 2x tighter than the unfused
+    graph's (products of data, McCormick's planes)."""
+    import crown_cli.graph.onnx_graph as og
+
+    model, _ = _chain_model(form)
+    path = _save(tmp_path, model)
+    fused = load_graph(path)
+    acts = [n.op for n in fused.nodes if n.kind == "activation"]
+    assert [a.name for a in acts] == ["gelu_tanh"] and 5e-9 < acts[0].alpha < 3e-8
+    assert not [n for n in fused.nodes if n.kind == "product"]
+    E = acts[0].alpha
+    z = np.linspace(-40.0, 40.0, 400001)
+    gap = np.abs(apply_activation("gelu_tanh", z) - _file_gelu_tanh(z))
+    assert gap.max() <= E and gap.max() >= E / 20  # sound, and not loose by much
+    monkeypatch.setattr(og, "fuse_activations", lambda *a: 0)
+    plain = load_graph(path)
+    names = [n.op.name for n in plain.nodes if n.kind == "activation"]
+    assert "tanh" in names and "gelu_tanh" not in names  # (the cube: Pow's node, or products)
+    x = np.random.default_rng(0).uniform(-3.0, 3.0, size=(500, 2))
+    np.testing.assert_allclose(fused.forward(x), plain.forward(x), rtol=0, atol=3 * E)
+    lo, hi = np.array([-0.4, 0.1]), np.array([0.6, 1.1])
+    flo, fhi = GraphBounds(fused, *Box(lo, hi).args()).bounds()
+    plo, phi = GraphBounds(plain, *Box(lo, hi).args()).bounds()
+    xs = np.random.default_rng(1).uniform(lo, hi, size=(3000, 2))
+    xs[:4] = np.array(np.meshgrid(*zip(lo, hi))).reshape(2, -1).T
+    ys = plain.forward(xs)
+    assert np.all(ys >= flo) and np.all(ys <= fhi)  # the file's function within the fused's
+    assert np.all(ys >= plo) and np.all(ys <= phi)
+    # 2.2-3.1x measured where this was written
+    assert np.all(2.0 * (fhi - flo) <= phi - plo), (fhi - flo, phi - plo)
+
+
+def test_gelu_tanh_allowance_widens_lines_and_range():
+    """The allowance moves both intercepts and the node's interval out by at least itself,
+    and the widened lines hold for the file's function (float32 constants, mpmath)."""
+    import mpmath
+
+    from crown_cli.engine.relaxations import self_gated as sg
+    from crown_cli.graph.onnx_fusion import gelu_tanh_allowance
+
+    E = gelu_tanh_allowance(K32, C32)
+    assert gelu_tanh_allowance(0.7978845608028654, 0.044715) < 1e-14
+    l, u = np.array([-3.0, -0.5, 0.2, -40.0]), np.array([-1.0, 0.7, 2.0, 40.0])
+    aU, bU, aL, bL = sg.gelu_tanh_relaxation(l, u)
+    wU, wbU, wL, wbL = sg.gelu_tanh_relaxation(l, u, E)
+    assert np.array_equal(aU, wU) and np.array_equal(aL, wL)
+    assert np.all(wbU - bU >= E) and np.all(bL - wbL >= E)
+    z = np.maximum(np.abs(l), np.abs(u))
+    _, lo, hi = activation_interval(ActivationOp("gelu_tanh"), "crown", l, u, z)
+    _, wlo, whi = activation_interval(ActivationOp("gelu_tanh", E), "crown", l, u, z)
+    assert np.all(lo - wlo >= E) and np.all(whi - hi >= E)
+    mpmath.mp.dps = 40
+    k, c = mpmath.mpf(K32), mpmath.mpf(C32)
+    for i in range(l.size):
+        for t in np.linspace(l[i], u[i], 41):
+            T = mpmath.mpf(float(t))
+            f = T / (1 + mpmath.exp(-2 * k * (T + c * T ** 3)))
+            assert mpmath.mpf(wL[i]) * T + mpmath.mpf(wbL[i]) <= f <= \
+                mpmath.mpf(wU[i]) * T + mpmath.mpf(wbU[i])
+            assert mpmath.mpf(wlo[i]) <= f <= mpmath.mpf(whi[i])
+
+
+@pytest.mark.parametrize("case", ["read_elsewhere", "wrong_constant", "cube_of_other"])
+def test_gelu_tanh_chain_not_fused(tmp_path, case):
+    """Left as written where the Tanh's output is also a graph output, where k is off by
+    more than float32's rounding (1e-4 relative), or where the cube is not of h."""
+    if case == "wrong_constant":
+        model, _ = _chain_model("torch", k=K32 * (1.0 + 1e-4))
+    else:
+        g = G(np.random.default_rng(5))
+        h = g.op("Gemm", ["x", g.rand(3, 2), g.rand(3)], transB=1)
+        h2 = g.op("Gemm", ["x", g.rand(3, 2), g.rand(3)], transB=1)
+        if case == "cube_of_other":
+            cube = g.op("Mul", [h, g.op("Mul", [h2, h2])])
+            inner = g.op("Add", [h, g.op("Mul", [g.const(np.array(C32)), cube])])
+            t = g.op("Tanh", [g.op("Mul", [g.const(np.array(K32)), inner])])
+            y = g.op("Mul", [g.const(np.array(0.5)), g.op("Mul", [h, g.op(
+                "Add", [g.const(np.array(1.0)), t])])])
+            outs = [y]
+        else:
+            y = _tanh_chain(g, h, "torch")
+            t = next(n.output[0] for n in g.nodes if n.op_type == "Tanh")
+            outs = [y, t]
+        model = g.model([("x", (1, 2))], outs)
+    graph = load_graph(_save(tmp_path, model))
+    assert [n.op.name for n in graph.nodes if n.kind == "activation"] == ["tanh"]
+
+
+@pytest.mark.parametrize("fused", [True, False], ids=["tanh_chain", "onnx_gelu"])
+def test_sign_check_carries_the_allowance(tmp_path, fused):
+    """graph/sign_check: a Sign after a fused tanh chain is undecided where its input is
+    within the allowance (about 1e-8, times the Gemm's weights) of 0, decided farther out;
+    after ONNX's own Gelu (no allowance) 1e-9 is far outside the forward pass's rounding."""
+    from crown_cli.graph.sign_check import decided
+
+    g = G(np.random.default_rng(5))
+    h = g.op("Gemm", ["x", g.rand(3, 2), g.rand(3)], transB=1)
+    act = _tanh_chain(g, h, "torch") if fused else g.op("Gelu", [h], approximate="tanh")
+    s = g.op("Sign", [g.op("Gemm", [act, g.const(np.ones((1, 3))), g.const(np.zeros(1))],
+                           transB=1)])
+    graph = load_graph(_save(tmp_path, g.model([("x", (1, 2))], [s], opset=20)))
+    acts = [n for n in graph.nodes if n.kind == "activation"]
+    assert [n.op.name for n in acts] == ["gelu_tanh", "sign"]
+    assert (acts[0].op.alpha is not None) == fused
+    x = np.zeros((3, 2))
+    _, vals = graph.forward(x, return_all=True)
+    z = graph.nodes.index(acts[1])
+    j = graph.nodes[z].inputs[0]
+    vals = list(vals)
+    vals[j] = np.array([[1e-9], [-1e-9], [1e-6]])  # the Sign's input, as if computed so
+    assert decided(graph, vals).tolist() == ([False, False, True] if fused else [True] * 3)

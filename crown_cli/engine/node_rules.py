@@ -108,8 +108,11 @@ def activation_interval(op, method: str, l, u, z):
     if name in ("gelu", "silu", "hardswish", "mish", "gelu_tanh"):  # the exact range, out
         from crown_cli.engine.relaxations import self_gated as sg
 
+        tanh_form = name == "gelu_tanh"  # its alpha: an allowance (activations.py)
         glo, ghi = sg.value_range(getattr(sg, name.upper()), l, u,
-                                  1.0 if alpha is None else float(alpha))
+                                  1.0 if alpha is None or tanh_form else float(alpha))
+        if tanh_form and alpha:
+            sg._widen(glo, ghi, float(alpha))
         lo, hi = np.fmax(lo, glo), np.fmin(hi, ghi)
     return back, lo.reshape(shape), hi.reshape(shape)
 

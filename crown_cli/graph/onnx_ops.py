@@ -540,14 +540,15 @@ def _act_node(b, node, x, name: str, param):
 def _gelu(b, node, ins, attrs):
     """ONNX Gelu (opset 20; exact or approximate='tanh'), or PyTorch's exported erf pattern
     fused at load (graph/onnx_fusion.py; attribute ``scale``: erf's multiplier, as float64
-    text)."""
+    text), or its tanh chain (attribute ``allowance``, text: how far the chain's float32
+    constants put it from the tanh form; the node's parameter)."""
     approximate = attrs.get("approximate", b"none")
     if isinstance(approximate, bytes):
         approximate = approximate.decode()
     if approximate not in ("none", "tanh"):
         b.fail(node, f"approximate='{approximate}' is not supported ('none' or 'tanh')")
     name, s = ("gelu", attrs.get("scale", ACTIVATIONS["gelu"].default_param)) \
-        if approximate == "none" else ("gelu_tanh", None)
+        if approximate == "none" else ("gelu_tanh", attrs.get("allowance"))
     if isinstance(s, bytes):
         s = float(s.decode())
     return [_act_node(b, node, ins[0], name, s)]
@@ -738,7 +739,9 @@ _HOW = {
            "below; 3: the same on one side of 0, across it chord-slope lines; other exponents "
            "of data refused",
     "Gelu": "activation: least-area lines with exact intercepts (also PyTorch's exported "
-            "pattern, Div, Erf, Add, Mul, Mul, fused at load); approximate='tanh' likewise",
+            "pattern, Div, Erf, Add, Mul, Mul, fused at load); approximate='tanh' likewise "
+            "(also the TorchScript exporter's Tanh chain, fused, its lines moved out by ~1e-8 "
+            "for its float32 constants)",
     "Clip": "lo + relu(x - lo) - relu(x - hi): ReLU nodes (bounds, alpha-CROWN, ReLU "
             "splitting)",
     "Max": "of data: y + relu(x - y) (a constant y too), pairwise; of constants: folded",
