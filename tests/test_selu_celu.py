@@ -49,8 +49,10 @@ def _interval(alpha, l, u):
 
 @pytest.mark.parametrize("alpha", ALPHAS)
 def test_elu_above_one_lines_and_range_hold_in_exact_arithmetic(alpha):
-    """At 33 points of each interval (and 0 where it holds it) the real ELU (mpmath, 40
-    digits, with the float alpha) lies between the lines and inside the node's interval."""
+    """At 33 points of each interval, and where the lines touch ELU (the end-points, 0, the
+    point where alpha e^t is the lower slope) with their float neighbours, the real ELU
+    (mpmath, 40 digits, with the float alpha) lies between the lines and inside the node's
+    interval."""
     import mpmath
 
     mpmath.mp.dps = 40
@@ -59,8 +61,13 @@ def test_elu_above_one_lines_and_range_hold_in_exact_arithmetic(alpha):
     (_, lo, hi) = _interval(alpha, l, u)
     A = mpmath.mpf(alpha)
     for i in range(l.size):
-        zs = list(np.linspace(l[i], u[i], 33)) + ([0.0] if l[i] <= 0.0 <= u[i] else [])
-        for z in zs:
+        touch = [l[i], u[i], 0.0]
+        if 0.0 < aL[i] < alpha:
+            touch.append(np.log(aL[i] / alpha))
+        touch = np.array(touch)
+        zs = np.concatenate([np.linspace(l[i], u[i], 33), touch, np.nextafter(touch, -np.inf),
+                             np.nextafter(touch, np.inf)])
+        for z in zs[(zs >= l[i]) & (zs <= u[i])]:
             Z = mpmath.mpf(float(z))
             f = Z if Z > 0 else A * mpmath.expm1(Z)
             assert mpmath.mpf(aL[i]) * Z + mpmath.mpf(bL[i]) <= f, (l[i], u[i], z)
