@@ -43,18 +43,19 @@ def _erf(z):
     return erf(z)
 
 
-def _self_gated(kind):
+def _self_gated(kind, scaled=True):
     """GELU's or SiLU's (function, derivative): crown_cli.engine.relaxations.self_gated (GELU
-    as z erfc(-s z) / 2, without the cancellation of 1 + erf)."""
+    as z erfc(-s z) / 2, without the cancellation of 1 + erf); the parameter is the scale s
+    (``scaled``) or not the function's (GELU's tanh form: an allowance of the lines)."""
     def function(z, s):
         from crown_cli.engine.relaxations import self_gated as sg
 
-        return sg.values(getattr(sg, kind), z, 1.0 if s is None else s)
+        return sg.values(getattr(sg, kind), z, 1.0 if s is None or not scaled else s)
 
     def derivative(z, s):
         from crown_cli.engine.relaxations import self_gated as sg
 
-        return sg.derivatives(getattr(sg, kind), z, 1.0 if s is None else s)
+        return sg.derivatives(getattr(sg, kind), z, 1.0 if s is None or not scaled else s)
 
     return function, derivative
 
@@ -90,7 +91,9 @@ class Activation:
     derivative is one value of the subdifferential (an attack only needs a descent direction).
     ``param`` is the activation's parameter (``default_param`` when the file gives none;
     None for parameter-free activations); ``param_range`` = (low, high, low included) is the
-    range the relaxations are valid for (high included).
+    range the relaxations are valid for (high included) in an MLP file, ``graph_param_range``
+    the same for a graph's activation node where it is wider (None: ``param_range``; see
+    :func:`param_range`).
     Capabilities:
     ``bound``: the engine has a CROWN relaxation (every activation but ``linear``);
     ``fast_lin``: the non-adaptive methods (``fast-lin``, the comparison methods);
@@ -114,6 +117,7 @@ class Activation:
     derivative: Callable[[np.ndarray, Optional[float]], np.ndarray]
     default_param: Optional[float] = None
     param_range: Optional[Tuple[float, float, bool]] = None
+    graph_param_range: Optional[Tuple[float, float, bool]] = None
     bound: bool = True
     fast_lin: bool = False
     sign_stable: bool = False
@@ -156,11 +160,16 @@ ACTIVATIONS: Dict[str, Activation] = {a.name: a for a in (
     Activation("hardswish", *_self_gated("HARDSWISH"), mlp=False),
     # ONNX Mish, z tanh(softplus(z)) (YOLOv4): graph nodes only
     Activation("mish", *_self_gated("MISH"), mlp=False),
-    # ONNX Gelu with approximate='tanh' (GPT-2's GELU): graph nodes only
-    Activation("gelu_tanh", *_self_gated("GELU_TANH"), mlp=False),
+    # ONNX Gelu with approximate='tanh' (GPT-2's GELU): graph nodes only. Its parameter (None:
+    # 0) is no part of the function: a bound on |g - gelu_tanh| where the node stands for a
+    # g with other constants (torch's exported chain with float32 ones, fused at load:
+    # graph/onnx_fusion.py), by which the lines and the range are widened
+    Activation("gelu_tanh", *_self_gated("GELU_TANH", scaled=False), mlp=False),
     Activation("linear", lambda z, a: z, lambda z, a: np.ones_like(z), bound=False),
-    # ELU convex (scale in (0, 1]) for its relaxation
-    Activation("elu", _elu, _elu_grad, default_param=1.0, param_range=(0.0, 1.0, False)),
+    # ELU: an MLP's scale in (0, 1] (convex); a graph node's any scale > 0 (ONNX Selu's is
+    # 1.6733: convex on z <= 0 with a concave kink at 0, engine/relaxations/extra.py)
+    Activation("elu", _elu, _elu_grad, default_param=1.0, param_range=(0.0, 1.0, False),
+               graph_param_range=(0.0, float("inf"), False)),
     Activation("softplus", lambda z, a: _softplus(z), lambda z, a: _sigmoid(z)),
     # torch's Softplus from its default exporter, Where(Greater(z, T), z, Softplus(z)), fused
     # at load (graph/onnx_fusion.py): a jump of at most log1p(exp(-T)) at T (graph nodes only)
@@ -203,6 +212,24 @@ def supporting(capability: str) -> Tuple[str, ...]:
     """The names of the activations with ``capability`` (a boolean field of
     :class:`Activation`), in registry order."""
     return tuple(n for n, a in ACTIVATIONS.items() if getattr(a, capability))
+
+
+def param_range(name: str, graph: bool = False) -> Optional[Tuple[float, float, bool]]:
+    """(low, high, low included) of activation ``name``'s parameter: an MLP's, or (``graph``)
+    a graph node's."""
+    act = ACTIVATIONS[name]
+    return (act.graph_param_range or act.param_range) if graph else act.param_range
+
+
+def param_ok(rng: Tuple[float, float, bool], alpha: float) -> bool:
+    """Whether ``alpha`` lies in the range ``rng`` (:func:`param_range`)."""
+    low, high, closed = rng
+    return (low <= alpha if closed else low < alpha) and alpha <= high
+
+
+def range_text(rng: Tuple[float, float, bool]) -> str:
+    low, high, closed = rng
+    return f"{'[' if closed else '('}{low:g}, {high:g}{']' if high < float('inf') else ')'}"
 
 
 def default_alpha(name: str):

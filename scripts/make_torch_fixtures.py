@@ -23,7 +23,11 @@ Three small PyTorch models, the shapes users export, with fixed seeded weights, 
   torch 2.14.1: ``--only gated``);
 * ``softplus``: input (1, 4) -> Linear(4, 6) (three biases near 20) -> Softplus ->
   Linear(6, 3): the default exporter writes ``Where(Greater(z, 20), z, Softplus(z))``
-  (torch's threshold), the TorchScript one ``Softplus`` (torch 2.14.1: ``--only softplus``).
+  (torch's threshold), the TorchScript one ``Softplus`` (torch 2.14.1: ``--only softplus``);
+* ``selu_celu``: input (1, 4) -> Linear(4, 8) -> SELU -> Linear(8, 8) -> CELU(alpha=0.7) ->
+  Linear(8, 6) -> GELU(approximate='tanh') -> Linear(6, 3): both exporters write ``Selu``
+  and ``Celu``; the default one ``Gelu`` (approximate='tanh'), the TorchScript one (opset 17)
+  its chain of ``Mul``, ``Add`` and ``Tanh`` (torch 2.14.1: ``--only selu_celu``).
 
 Each model is exported twice into ``tests/fixtures/torch/``:
 
@@ -171,6 +175,22 @@ class Relu6(nn.Module):
         return self.fc2(nn.functional.relu6(self.fc1(x)))
 
 
+class SeluCelu(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc1 = nn.Linear(4, 8)
+        self.fc2 = nn.Linear(8, 8)
+        self.fc3 = nn.Linear(8, 6)
+        self.fc4 = nn.Linear(6, 3)
+        with torch.no_grad():
+            for m in (self.fc1, self.fc2, self.fc3):
+                m.weight.mul_(2.0)  # pre-activations on both sides of 0
+
+    def forward(self, x):
+        x = nn.functional.celu(self.fc2(nn.functional.selu(self.fc1(x))), alpha=0.7)
+        return self.fc4(nn.functional.gelu(self.fc3(x), approximate="tanh"))
+
+
 # name, class, input shape, input range (low, high), dynamic batch axis
 MODELS = [
     ("mnist_conv", MnistConv, (1, 1, 28, 28), (-0.5, 0.5), False),
@@ -179,6 +199,7 @@ MODELS = [
     ("relu6", Relu6, (1, 4), (-1.0, 1.0), False),
     ("gated", Gated, (1, 2, 6, 6), (-2.0, 2.0), False),
     ("softplus", SoftplusNet, (1, 4), (-1.0, 1.0), False),
+    ("selu_celu", SeluCelu, (1, 4), (-2.0, 2.0), False),
 ]
 
 

@@ -355,13 +355,13 @@ def test_inspect_names_an_add_of_two_tensors(tmp_path):
 def test_unsupported_operator_message_is_short_and_names_an_unnamed_node(tmp_path):
     g = G(np.random.default_rng(0))
     h = g.op("Gemm", ["x", g.rand(5, 4), g.rand(5)], transB=1)
-    g.nodes.append(helper.make_node("Selu", [h], ["e"]))  # no name: the 2nd node (#1)
+    g.nodes.append(helper.make_node("Hardmax", [h], ["e"]))  # no name: the 2nd node (#1)
     y = g.op("Gemm", ["e", g.rand(3, 5), g.rand(3)], transB=1)
-    path = save(g.model([("x", (1, 4))], [y]), tmp_path / "selu.onnx")
+    path = save(g.model([("x", (1, 4))], [y]), tmp_path / "hardmax.onnx")
     res = run("inspect", "--model", path)
     assert res.exit_code == 2
     line = error_line(res)
-    assert line == (f"crown: error: {path}: Selu node #1: unsupported operator Selu "
+    assert line == (f"crown: error: {path}: Hardmax node #1: unsupported operator Hardmax "
                     "(docs/formats.md lists the supported operators)")
     assert len(line) - len(str(path)) < 120
     # and the place the message points at lists every operator the graph loader reads

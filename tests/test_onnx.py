@@ -210,10 +210,10 @@ def test_unsupported_operator_is_named(tmp_path):
     rng = np.random.default_rng(0)
     inits = [_init("B0", rng.normal(size=(5, 4))), _init("B1", rng.normal(size=(3, 5)))]
     nodes = [helper.make_node("Gemm", ["x", "B0"], ["z0"], name="g0", transB=1),
-             helper.make_node("Selu", ["z0"], ["a0"], name="my_selu"),
+             helper.make_node("Hardmax", ["z0"], ["a0"], name="my_hardmax"),
              helper.make_node("Gemm", ["a0", "B1"], ["logits"], name="g1", transB=1)]
     msg = _bad(tmp_path / "u.onnx", nodes, inits)
-    assert msg == (f"{tmp_path / 'u.onnx'}: Selu node 'my_selu': unsupported operator Selu "
+    assert msg == (f"{tmp_path / 'u.onnx'}: Hardmax node 'my_hardmax': unsupported operator Hardmax "
                    "(docs/formats.md lists the supported operators)")
 
 

@@ -353,9 +353,9 @@ def test_constant_divided_by_x_is_a_graph_node_not_an_mlp(tmp_path):
 
 
 def test_an_unsupported_operator_is_named(tmp_path):
-    nodes = _two_layers(middle=[helper.make_node("Selu", ["z0"], ["a"], name="scaled_elu")])
+    nodes = _two_layers(middle=[helper.make_node("Hardmax", ["z0"], ["a"], name="one_hot")])
     msg = refused(tmp_path, nodes, W_INITS)
-    assert msg == ("Selu node 'scaled_elu': unsupported operator Selu (docs/formats.md lists "
+    assert msg == ("Hardmax node 'one_hot': unsupported operator Hardmax (docs/formats.md lists "
                    "the supported operators)")
     nodes = _two_layers(middle=[helper.make_node("Ceil", ["z0"], ["a"], name="ceiling")])
     msg = refused(tmp_path, nodes, W_INITS)  # read on constants only (shape arithmetic)

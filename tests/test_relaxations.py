@@ -154,8 +154,15 @@ def elu_oracle(alpha):
             return [(m, df(m))], [(m, df(m))]
         if u <= 0 or alpha <= 1:
             return [(l, None), (u, None)], [(m, df(m))]
-        upper = [(l, None), (u, None)] if f(l) >= l else [(l, None), (0.0, None)]
-        return upper, [(u, None)] + tangent_or_chord(f, df, u, l, 0.0, False)
+        # alpha > 1, the least-area lines: the convex hull's supporting lines at m
+        if f(l) >= l:
+            upper = [(l, None), (u, None)]
+        else:
+            upper = [(l, None), (0.0, None)] if m < 0 else [(0.0, 1.0), (u, 1.0)]
+        (d, slope), = tangent_or_chord(f, df, u, l, 0.0, False)
+        if slope is None:  # the chord (the tangent point at or left of l)
+            return upper, [(l, None), (u, None)]
+        return upper, ([(m, df(m))] if m < d else [(u, None), (d, slope)])
     return oracle
 
 
@@ -262,7 +269,7 @@ CASES = [
          family_oracle(math.atan, lambda t: 1.0 / (1.0 + t * t), paper=True)),
     Case("softplus", "softplus", None, ex.softplus_relaxation, _softplus, softplus_oracle),
     *[_leaky_case(a, ad) for a in (0.2, 0.01, 0.0, 1.5, -0.3) for ad in (True, False)],
-    *[_elu_case(a) for a in (1.0, 0.5, 0.0, 1.7)],
+    *[_elu_case(a) for a in (1.0, 0.5, 0.0, 1.7, 1.6732632423543772, 4.0)],
     *[_hard_sigmoid_case(a) for a in (0.2, 1.0 / 6.0)],
 ]
 

@@ -15,7 +15,8 @@ names what the loader folded; ``crown certify --method crown`` on the MNIST net 
 that sampling and the attack cannot break (and both exporters' files the same radius);
 ``crown verify`` on VNN-LIB properties written here gives verdicts an attack agrees with;
 ReLU6's Clip loads as ReLU nodes with the same forward pass; GELU, SiLU, HardSwish, Mish and
-PReLU (``gated``) load, fused where the exporter splits them, with bounds that hold.
+PReLU (``gated``), and SELU, CELU and GELU's tanh form (``selu_celu``, torch 2.14.1) load,
+fused where the exporter splits them, with bounds that hold.
 """
 from __future__ import annotations
 
@@ -38,7 +39,7 @@ from crown_cli.verification.graph_verifier import graph_counterexample
 from test_verify import box_property
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures" / "torch"
-NAMES = ["mnist_conv", "residual", "normalised", "gated"]
+NAMES = ["mnist_conv", "residual", "normalised", "gated", "selu_celu"]
 # softplus_legacy (a plain Softplus) loads as an MLP: test_softplus_exports
 FILES = [f"{name}{suffix}" for name in NAMES for suffix in ("", "_legacy")] + ["softplus"]
 
@@ -55,6 +56,8 @@ COVERS = {
     "gated_legacy": {"Div", "Erf", "Add", "Mul", "Sigmoid", "HardSwish", "Softplus", "Tanh",
                      "PRelu"},
     "softplus": {"Softplus", "Greater", "Where"},
+    "selu_celu": {"Selu", "Celu", "Gelu"},
+    "selu_celu_legacy": {"Selu", "Celu", "Mul", "Add", "Tanh"},
 }
 # what `crown inspect` must show: the loader's folds and the nodes the operators became
 INSPECT = {
@@ -75,6 +78,12 @@ INSPECT = {
                      "/Mul_3/mish"],
     # the default exporter's Where(Greater(z, 20), z, Softplus(z)): one node
     "softplus": ["activations: softplus_t", "softplus_t (alpha=20)"],
+    # Selu: ELU of scale 1.67 (its gamma, Celu's 1 / 0.7 and 0.7 folded into the Gemms);
+    # the TorchScript exporter's GELU tanh chain: one node
+    "selu_celu": ["activations: elu, gelu_tanh", "elu (alpha=1.67326)", "elu (alpha=1)",
+                  "(folded: node_celu)"],
+    "selu_celu_legacy": ["activations: elu, gelu_tanh", "/Mul_5/gelu_tanh",
+                         "gelu_tanh (allowance 9.96e-09)", "(folded: /Selu, /Celu)"],
 }
 
 
@@ -255,7 +264,8 @@ def test_verify_verdicts_agree_with_the_attack(tmp_path, name):
     np.testing.assert_allclose(ref, out, rtol=1e-4, atol=1e-5)
 
 
-@pytest.mark.parametrize("name", ["gated", "gated_legacy", "softplus"])
+@pytest.mark.parametrize("name", ["gated", "gated_legacy", "softplus", "selu_celu",
+                                  "selu_celu_legacy"])
 def test_gated_activations_bounds_hold(name):
     """GELU, SiLU, HardSwish, Mish and PReLU as torch exports them: CROWN's output bounds on an
     l_inf ball of radius 0.1 around each expected input hold at its 2000 sampled points

@@ -81,8 +81,8 @@ def activation_interval(op, method: str, l, u, z):
     """An activation's relaxation on its input's interval [l, u] (arrays of any one shape;
     ``z`` >= max(|l|, |u|)): its lines ``(aU, bU, aL, bL)`` (each l's shape, or broadcastable
     to it) and the interval of its output: the lines' range on [l, u], rounded outward and
-    intersected with the function's range (relu: exact; the end-points' values of exp, the
-    reciprocal, the square and the cube)."""
+    intersected with the function's range (relu: exact; the end-points' values of exp, ELU,
+    the reciprocal, the square and the cube)."""
     from crown_cli.engine.relaxations import get_relaxation
 
     shape = l.shape
@@ -102,15 +102,18 @@ def activation_interval(op, method: str, l, u, z):
     rng = _RANGES.get(name) or ((-alpha, np.inf) if name == "elu" else None)
     if rng is not None:
         lo, hi = np.clip(lo, *rng), np.clip(hi, *rng)
-    if name in ("exp", "reciprocal", "square", "cube"):  # the end-points' values, 4 ulps out
-        lo, hi = _monotone_range(name, l, u, lo, hi)
+    if name in ("exp", "reciprocal", "square", "cube", "elu"):  # end-points' values, 4 ulps out
+        lo, hi = _monotone_range(name, l, u, lo, hi, alpha)
     if name == "floor":  # exact: floor is monotone and does not round
         lo, hi = np.fmax(lo, np.floor(l)), np.fmin(hi, np.floor(u))
     if name in ("gelu", "silu", "hardswish", "mish", "gelu_tanh"):  # the exact range, out
         from crown_cli.engine.relaxations import self_gated as sg
 
+        tanh_form = name == "gelu_tanh"  # its alpha: an allowance (activations.py)
         glo, ghi = sg.value_range(getattr(sg, name.upper()), l, u,
-                                  1.0 if alpha is None else float(alpha))
+                                  1.0 if alpha is None or tanh_form else float(alpha))
+        if tanh_form and alpha:
+            sg._widen(glo, ghi, float(alpha))
         lo, hi = np.fmax(lo, glo), np.fmin(hi, ghi)
     return back, lo.reshape(shape), hi.reshape(shape)
 
@@ -364,14 +367,17 @@ class ConvRule(AffineRule):
         return True
 
 
-def _monotone_range(name, l, u, lo, hi):
-    """[lo, hi] intersected with exp's [e^l, e^u], the reciprocal's [1/u, 1/l] where [l, u]
-    lies on one side of 0, the cube's [l^3, u^3] or the square's range (0 where [l, u] holds
-    it, else the nearer end-point's square; the farther one's above), each end-point's value
-    moved out by 4 ulps (numpy's exp and the division err by at most 1, the cube's two
-    products by 2): a quotient's denominator then keeps its sign."""
+def _monotone_range(name, l, u, lo, hi, alpha=None):
+    """[lo, hi] intersected with exp's [e^l, e^u], ELU's [f(l), f(u)] (increasing for any
+    scale ``alpha`` > 0), the reciprocal's [1/u, 1/l] where [l, u] lies on one side of 0,
+    the cube's [l^3, u^3] or the square's range (0 where [l, u] holds it, else the nearer
+    end-point's square; the farther one's above), each end-point's value moved out by 4
+    ulps (numpy's exp, expm1 and the division err by at most 1, the cube's two products and
+    ELU's alpha expm1 by 2): a quotient's denominator then keeps its sign."""
     with np.errstate(over="ignore", divide="ignore", invalid="ignore"):
-        if name == "exp":
+        if name == "elu":
+            a, b = (np.where(v > 0.0, v, alpha * np.expm1(np.minimum(v, 0.0))) for v in (l, u))
+        elif name == "exp":
             a, b = np.exp(l), np.exp(u)
         elif name == "cube":
             a, b = l * l * l, u * u * u

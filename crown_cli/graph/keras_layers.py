@@ -143,10 +143,9 @@ def _activate(b, node, d: Data, act, alpha=None) -> Data:
     if name == "hard_sigmoid" and b.keras3 and alpha is None:
         alpha = 1.0 / 6.0  # Keras 3: relu6(z + 3) / 6
     if alpha is not None:
-        from crown_cli.activations import ACTIVATIONS
+        from crown_cli.activations import param_ok, param_range
 
-        low, high, closed = ACTIVATIONS[name].param_range
-        if not ((low <= alpha if closed else low < alpha) and alpha <= high):
+        if not param_ok(param_range(name, graph=True), alpha):
             b.fail(node, f"{name} parameter {alpha:g} is outside the range the bounds hold for")
     nid = b.node_of(d, node.name)
     return b.add(node.name, ActivationOp(name, alpha), (nid,), d.shape)

@@ -44,7 +44,7 @@ from typing import List, Optional, Tuple
 import numpy as np
 import scipy.sparse as sp
 
-from crown_cli.activations import ACTIVATIONS
+from crown_cli.activations import ACTIVATIONS, param_ok, param_range, range_text
 from crown_cli.graph.ops import Dense, IndexMap, Scale
 
 # the lowered weights (float64) may take at most this share of the memory budget: the dense
@@ -79,6 +79,11 @@ def lower(graph, memory_budget: Optional[float] = None):
     graph_only = sorted(k[0] for k in kinds if not ACTIVATIONS[k[0]].mlp)
     if graph_only:
         return None, f"{graph_only[0]} is a graph node only (no MLP activation)"
+    for name, alpha in kinds:  # e.g. ELU with scale above 1 (ONNX Selu): graph nodes only
+        rng = param_range(name)
+        if rng is not None and alpha is not None and not param_ok(rng, float(alpha)):
+            return None, (f"{name} with alpha {float(alpha):g} is a graph node only (an MLP's "
+                          f"alpha is in {range_text(rng)})")
     # segments: the affine nodes before the first activation, between two, after the last
     segs: List[List[int]] = [[]]
     for i in order[1:]:

@@ -7,7 +7,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from crown_cli.activations import ACTIVATIONS, apply_activation
+from crown_cli.activations import (ACTIVATIONS, apply_activation, param_ok, param_range,
+                                   range_text)
 from crown_cli.graph import tensors as T
 from crown_cli.graph.onnx_moves import (_cast, _concat, _const_fn, _constant,
                                         _constant_of_shape, _expand, _flatten, _gather,
@@ -511,14 +512,20 @@ def _activation(b, node, ins, attrs):
     alpha = None
     if node.op_type in _ACT_DEFAULT:
         alpha = float(attrs.get("alpha", _ACT_DEFAULT[node.op_type]))
-        low, high, closed = ACTIVATIONS[name].param_range
-        if not ((low <= alpha if closed else low < alpha) and alpha <= high):
-            b.fail(node, f"alpha {alpha:g} is outside the range the bounds hold for "
-                         f"({'[' if closed else '('}{low:g}, {high:g}])")
+        _check_param(b, node, name, alpha)
     if node.op_type == "HardSigmoid" and float(attrs.get("beta", 0.5)) != 0.5:
         b.fail(node, "only beta 0.5 is supported")
     nid = b.node_of(d, _label(node))
     return [b.add(_label(node), ActivationOp(name, alpha), (nid,), d.shape)]
+
+
+def _check_param(b, node, name: str, alpha: float) -> None:
+    """Refuse (one line naming the node) a parameter outside the range a graph's activation
+    ``name`` is bounded for."""
+    rng = param_range(name, graph=True)
+    if not param_ok(rng, alpha):
+        b.fail(node, f"alpha {alpha:g} is outside the range the bounds hold for "
+                     f"{range_text(rng)}")
 
 
 def _act_node(b, node, x, name: str, param):
@@ -533,14 +540,15 @@ def _act_node(b, node, x, name: str, param):
 def _gelu(b, node, ins, attrs):
     """ONNX Gelu (opset 20; exact or approximate='tanh'), or PyTorch's exported erf pattern
     fused at load (graph/onnx_fusion.py; attribute ``scale``: erf's multiplier, as float64
-    text)."""
+    text), or its tanh chain (attribute ``allowance``, text: how far the chain's float32
+    constants put it from the tanh form; the node's parameter)."""
     approximate = attrs.get("approximate", b"none")
     if isinstance(approximate, bytes):
         approximate = approximate.decode()
     if approximate not in ("none", "tanh"):
         b.fail(node, f"approximate='{approximate}' is not supported ('none' or 'tanh')")
     name, s = ("gelu", attrs.get("scale", ACTIVATIONS["gelu"].default_param)) \
-        if approximate == "none" else ("gelu_tanh", None)
+        if approximate == "none" else ("gelu_tanh", attrs.get("allowance"))
     if isinstance(s, bytes):
         s = float(s.decode())
     return [_act_node(b, node, ins[0], name, s)]
@@ -553,6 +561,43 @@ def _swish(b, node, ins, attrs):
     if not alpha > 0.0:
         b.fail(node, f"alpha {alpha:g} is not supported (only alpha > 0)")
     return [_act_node(b, node, ins[0], "silu", alpha)]
+
+
+SELU_ALPHA = 1.67326319217681884765625  # ONNX Selu's defaults (float32 values)
+SELU_GAMMA = 1.05070102214813232421875
+
+
+def _scaled_elu(b, node, x, alpha: float, inner: float, outer: float):
+    """``outer * elu_alpha(inner * x)``: of a constant folded (float64), else an ELU node
+    between two scalings (each left out where it is 1; the inner one folded into x's
+    producer where it may be)."""
+    if isinstance(x, Const):
+        v = np.asarray(x.value, np.float64)
+        return Const(outer * apply_activation("elu", inner * v, alpha))
+    d = b.data(node, x)
+    z = b.scale(node, d, inner, None, node.input[0])
+    return b.scale(node, _act_node(b, node, z, "elu", alpha), outer, None, None)
+
+
+def _celu(b, node, ins, attrs):
+    """ONNX Celu, ``max(0, x) + min(0, alpha (exp(x / alpha) - 1))`` = ``alpha elu_1(x /
+    alpha)``: a scaling by 1 / alpha, ELU (scale 1), a scaling by alpha (alpha > 0)."""
+    alpha = float(attrs.get("alpha", 1.0))
+    if not (np.isfinite(alpha) and alpha > 0.0):
+        b.fail(node, f"alpha {alpha:g} is not supported (only alpha > 0)")
+    return [_scaled_elu(b, node, ins[0], 1.0, 1.0 / alpha, alpha)]
+
+
+def _selu(b, node, ins, attrs):
+    """ONNX Selu, ``gamma x`` for x > 0 and ``gamma alpha (exp(x) - 1)`` for x <= 0 =
+    ``gamma elu_alpha(x)``: ELU with scale alpha (a graph node: alpha > 1 has a concave kink
+    at 0), then a scaling by gamma."""
+    alpha = float(attrs.get("alpha", SELU_ALPHA))
+    gamma = float(attrs.get("gamma", SELU_GAMMA))
+    _check_param(b, node, "elu", alpha)
+    if not np.isfinite(gamma):
+        b.fail(node, f"gamma {gamma:g} is not supported (only finite)")
+    return [_scaled_elu(b, node, ins[0], alpha, 1.0, gamma)]
 
 
 def _softplus_threshold(b, node, ins, attrs):
@@ -655,6 +700,7 @@ HANDLERS = {
     "Ceil": _const_fn(np.ceil), "Sqrt": _const_fn(np.sqrt), "Abs": relu_forms.absolute,
     "Min": relu_forms.max_min, "Max": relu_forms.max_min, "Clip": relu_forms.clip,
     "PRelu": relu_forms.prelu, "Sign": _step, "Pow": _pow, "Gelu": _gelu, "Swish": _swish,
+    "Celu": _celu, "Selu": _selu,
     **{op: _activation for op in _ACT}, **{op: _vector_output for op in VECTOR_OUTPUTS},
 }
 
@@ -693,7 +739,9 @@ _HOW = {
            "below; 3: the same on one side of 0, across it chord-slope lines; other exponents "
            "of data refused",
     "Gelu": "activation: least-area lines with exact intercepts (also PyTorch's exported "
-            "pattern, Div, Erf, Add, Mul, Mul, fused at load); approximate='tanh' likewise",
+            "pattern, Div, Erf, Add, Mul, Mul, fused at load); approximate='tanh' likewise "
+            "(also the TorchScript exporter's Tanh chain, fused, its lines moved out by ~1e-8 "
+            "for its float32 constants)",
     "Clip": "lo + relu(x - lo) - relu(x - hi): ReLU nodes (bounds, alpha-CROWN, ReLU "
             "splitting)",
     "Max": "of data: y + relu(x - y) (a constant y too), pairwise; of constants: folded",
@@ -708,6 +756,10 @@ _HOW = {
     "Softplus": "activation: chord above, midpoint tangent below; torch's default export, "
                 "Where(Greater(z, 20), z, Softplus(z)), fused at load into one node whose "
                 "lower line moves down by log1p(exp(-20)) across 20",
+    "Celu": "alpha elu(x / alpha): scalings around an ELU node (scale 1): chord above, "
+            "midpoint tangent below",
+    "Selu": "gamma elu_alpha(x): an ELU node (scale alpha; above 1 a concave kink at 0: "
+            "least-area lines, exact intercepts, exact range), then a scaling by gamma",
     "Erf": "activation: S-shaped, the tanh construction (tangent lines, exact intercepts)",
     "Relu": "activation: CROWN's adaptive lines; slopes optimised by alpha-CROWN; split by "
             "branch and bound", "LeakyRelu": "as Relu",

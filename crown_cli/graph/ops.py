@@ -669,6 +669,8 @@ class ActivationOp:
         return 0
 
     def describe(self) -> str:
+        if self.name == "gelu_tanh" and self.alpha is not None:  # no part of the function
+            return f"{self.name} (allowance {self.alpha:.3g})"
         return self.name + ("" if self.alpha is None else f" (alpha={self.alpha:g})")
 
 

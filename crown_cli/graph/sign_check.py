@@ -19,7 +19,8 @@ and ``|W| |x| + |b| < 2^53`` (binarised layers on -1/+1 values: their sums are e
 ``z = e = 0``, Floor 0 where z's distance to the nearest integer exceeds e or is 0 with
 e = 0, else the point is refused; any other activation its Lipschitz constant on
 ``[z - e, z + e]`` times e plus 16 ulps of its value and of 1 (libm's error; sigmoid's
-0.5 (1 + tanh)). Each bound is rounded up by a relative 2 gamma_{k+2}.
+0.5 (1 + tanh)), plus a fused GELU tanh chain's allowance (its float32 constants). Each
+bound is rounded up by a relative 2 gamma_{k+2}.
 """
 from __future__ import annotations
 
@@ -133,6 +134,8 @@ def decided(graph, vals) -> np.ndarray:
             with np.errstate(over="ignore", invalid="ignore"):
                 e = _lipschitz(n.op, xs[0], es[0]) * es[0] * (1.0 + 4.0 * U) \
                     + 16.0 * U * (np.abs(vals[i]) + 1.0)
+                if n.op.name == "gelu_tanh" and n.op.alpha:  # the fused chain's allowance
+                    e = e + n.op.alpha
             err[i], exact[i] = e + 8.0 * TINY, np.zeros(N, bool)
     return ok
 

@@ -87,7 +87,7 @@ def validate(mlp: MLP, where: str, min_outputs: int = 2) -> MLP:
 
 def _check_alpha(act: str, alpha, where: str) -> Optional[float]:
     """The activation's parameter (default filled in), checked against its valid range."""
-    from crown_cli.activations import default_alpha
+    from crown_cli.activations import default_alpha, param_ok, param_range, range_text
 
     prange = ACTIVATIONS[act].param_range if act in ACTIVATIONS else None
     if prange is None:
@@ -96,7 +96,11 @@ def _check_alpha(act: str, alpha, where: str) -> Optional[float]:
     lo, hi, lo_ok = prange
     if not np.isfinite(alpha) or alpha > hi or alpha < lo or (alpha == lo and not lo_ok):
         rng = f"{'[' if lo_ok else '('}{lo}, {hi}{']' if np.isfinite(hi) else ')'}"
-        raise InputError(f"{where}: {act} parameter alpha={alpha} outside the supported range {rng}")
+        graph = param_range(act, graph=True)
+        also = f" (as a node of an ONNX graph: {range_text(graph)})" \
+            if graph != prange and param_ok(graph, alpha) else ""
+        raise InputError(f"{where}: {act} parameter alpha={alpha} outside the supported range "
+                         f"{rng}{also}")
     return alpha
 
 

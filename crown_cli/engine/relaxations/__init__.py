@@ -90,7 +90,8 @@ RELAXATIONS = {
     "silu": _with_param("self_gated", "silu_relaxation"),
     "hardswish": _fixed("self_gated", "hardswish_relaxation"),
     "mish": _fixed("self_gated", "mish_relaxation"),
-    "gelu_tanh": _fixed("self_gated", "gelu_tanh_relaxation"),
+    "gelu_tanh": lambda method, alpha: _with_param("self_gated", "gelu_tanh_relaxation")(
+        method, 0.0 if alpha is None else float(alpha)),  # alpha: the allowance
     "elu": _with_param("extra", "elu_relaxation"),
     "softplus": _fixed("extra", "softplus_relaxation"),
     "softplus_t": _with_param("extra", "softplus_threshold_relaxation"),

@@ -135,11 +135,16 @@ def elu_relaxation(l, u, alpha=1.0):
     f' is 1 on z > 0 and alpha e^z on z < 0: nondecreasing (f convex) iff alpha >= 0 (e^z
     increasing) and alpha <= 1 (no downward jump of f' at 0). So for 0 <= alpha <= 1, f is
     convex: upper = chord, lower = tangent at the midpoint (slope = subgradient alpha at 0).
-    For alpha > 1 it is convex on z <= 0, linear on z >= 0 with a concave kink at 0 (the
-    sigmoid-like shape of the paper's case study), and for l < 0 < u: upper = the line
-    through (l, f(l)) with the smallest valid slope, max over t of (f(t) - f(l)) / (t - l):
-    the chord if f(l) >= l, else the line through the kink (0, 0) (slope f(l)/l); lower =
-    the tangent at d < 0 through (u, u) (elu_tangent_point), or the chord if d <= l.
+    For alpha > 1 (ONNX Selu's 1.6733; graph nodes only) it is convex on z <= 0, linear on
+    z >= 0 with a concave kink at 0, and for l < 0 < u each line is the one of least area,
+    the supporting line of the convex hull of f's graph over [l, u] at the midpoint m (area
+    = w times the line's value at m). Upper: the hull's top is the chord if f(l) >= l, else
+    the segments (l, f(l)) - (0, 0) - (u, u): the line through the kink with slope f(l)/l
+    if m < 0, else the identity's line (slope 1). Lower: the hull's bottom is f on [l, d],
+    then the segment to (u, u) tangent at d < 0 (elu_tangent_point; the chord if d <= l):
+    the tangent at min(m, d). Only the slopes are choices; the intercepts are the exact
+    extremes of f(t) - k t (_elu_intercept: f - k t is convex on [l, 0] and linear on
+    [0, u], so its extremes lie at l, u, 0 or where alpha e^t = k), rounded outward.
     """
     if not alpha >= 0.0:
         raise ValueError("elu_relaxation: alpha must be >= 0")
@@ -167,11 +172,14 @@ def elu_relaxation(l, u, alpha=1.0):
         elif ui <= 0.0 or alpha <= 1.0:  # convex on [l, u]
             kU = (_elu(ui, alpha) - _elu(li, alpha)) / w
             kL = _delu(m, alpha)
-        else:
+        else:  # alpha > 1, l < 0 < u: the least-area lines
             fl = _elu(li, alpha)
-            kU = (ui - fl) / w if fl >= li else fl / li
+            if fl >= li:
+                kU = (ui - fl) / w
+            else:
+                kU = fl / li if m < 0.0 else 1.0
             d, use_chord = elu_tangent_point(li, ui, alpha)
-            kL = (ui - fl) / w if use_chord else _delu(d, alpha)
+            kL = (ui - fl) / w if use_chord else _delu(min(m, d), alpha)
         aU[i] = kU
         bU[i] = _elu_intercept(li, ui, kU, alpha, True)
         aL[i] = kL

@@ -266,10 +266,23 @@ def mish_relaxation(l, u):
 
 
 @njit(cache=True)
-def gelu_tanh_relaxation(l, u):
+def _widen(lo, hi, allowance):
+    """lo - allowance and hi + allowance, rounded outward (in place)."""
+    if allowance > 0.0:
+        pad = allowance * (1.0 + 4.0 * 2.0 ** -52)
+        for i in range(lo.shape[0]):
+            lo[i] = lo[i] - pad - 4.0 * 2.0 ** -52 * abs(lo[i])
+            hi[i] = hi[i] + pad + 4.0 * 2.0 ** -52 * abs(hi[i])
+
+
+@njit(cache=True)
+def gelu_tanh_relaxation(l, u, allowance=0.0):
     """(aU, bU, aL, bL) with aL*z + bL <= GELU's tanh form <= aU*z + bU on [l, u] (1-D
-    float64)."""
-    return _relax(GELU_TANH, l, u, 1.0)
+    float64); with ``allowance`` > 0 the intercepts moved out by it, for a function within
+    ``allowance`` of the tanh form (the exported chain's float32 constants)."""
+    aU, bU, aL, bL = _relax(GELU_TANH, l, u, 1.0)
+    _widen(bL, bU, allowance)
+    return aU, bU, aL, bL
 
 
 @njit(cache=True)
