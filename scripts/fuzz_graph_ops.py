@@ -1,10 +1,12 @@
 """Fuzz the bounds of the graph-only operators (issue 36): random small ONNX graphs mixing
 Gemm, Relu, Sin, Cos, Exp, Sign, Tanh, Sigmoid, Atan, Erf, Floor, Pow by 2 and 3, Clip, Abs,
-PRelu, Max and Min with constants, GELU, SiLU, HardSwish, Mish, products and quotients of
-data, MatMul of data and a Softmax inside the graph; for each, every node's interval (CROWN,
-forward and interval intermediate bounds) must enclose its values at sampled points of a random box and at the
-points a sign-guided search reaches. Prints one line per violation and a summary; exit 1 on
-any violation.
+PRelu, Max and Min with constants, GELU (both exported forms), SiLU, HardSwish, Mish, Selu,
+Celu, products and quotients of data, MatMul of data and a Softmax inside the graph; for
+each, every node's interval (CROWN, alpha-CROWN, forward and interval intermediate bounds)
+must enclose its values at sampled points of a random box and at the points a sign-guided
+search reaches, and alpha-CROWN's bounds of random output rows (its slopes, pool weights
+and products' mixes optimised) must lie below the rows' sampled values. Prints one line per
+violation and a summary; exit 1 on any violation.
 
     python scripts/fuzz_graph_ops.py [--graphs 200] [--seed 0]
 """
@@ -20,13 +22,14 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 
 from graph_models import G  # noqa: E402
 
+from crown_cli.engine.graph_alpha import alpha_lower  # noqa: E402
 from crown_cli.engine.graph_bounds import GraphBounds  # noqa: E402
 from crown_cli.engine.input_sets import Box  # noqa: E402
 from crown_cli.graph.onnx_graph import load_graph  # noqa: E402
 
 UNARY = ["Relu", "Sin", "Cos", "Exp", "Sign", "Tanh", "Sigmoid", "Atan", "Erf", "Floor", "Pow2",
          "Pow3", "Clip", "Abs", "PRelu", "Max", "Min", "GELU", "SiLU", "HardSwish",
-         "Mish"]
+         "Mish", "Selu", "Celu", "GELUtanh"]
 
 
 def unary(g, rng, h, width):
@@ -45,6 +48,17 @@ def unary(g, rng, h, width):
     if name == "GELU":  # PyTorch's export, fused at load
         e = g.op("Erf", [g.op("Div", [h, g.const(np.array(1.4142135))])])
         return g.op("Mul", [g.op("Mul", [h, g.op("Add", [e, g.const(np.array(1.0))])]),
+                            g.const(np.array(0.5))])
+    if name == "Selu":
+        return g.op("Selu", [h], alpha=float(rng.uniform(0.5, 3.0)),
+                    gamma=float(rng.uniform(0.5, 2.0)))
+    if name == "Celu":
+        return g.op("Celu", [h], alpha=float(rng.uniform(0.3, 2.0)))
+    if name == "GELUtanh":  # the TorchScript exporter's chain, fused at load
+        cube = g.op("Mul", [g.op("Mul", [h, h]), h])
+        inner = g.op("Add", [h, g.op("Mul", [g.const(np.array(0.044715)), cube])])
+        t = g.op("Tanh", [g.op("Mul", [g.const(np.array(0.7978845834732056)), inner])])
+        return g.op("Mul", [g.op("Mul", [h, g.op("Add", [g.const(np.array(1.0)), t])]),
                             g.const(np.array(0.5))])
     if name == "SiLU":
         return g.op("Mul", [h, g.op("Sigmoid", [h])])
@@ -98,6 +112,12 @@ def check(graph, box, rng, mode):
     y = vals[graph.output]
     if np.isnan(lo).any() or np.isnan(hi).any() or np.any(y < lo) or np.any(y > hi):
         bad.append(("output (CROWN)", float(np.min(y - lo)), float(np.min(hi - y))))
+    if mode == "alpha":
+        rows = rng.normal(size=(4, y.shape[1]))
+        low = alpha_lower(gb, graph.output, rows)
+        gap = (y @ rows.T).min(axis=0) - low
+        if np.isnan(low).any() or np.any(gap < 0.0):
+            bad.append(("output rows (alpha-CROWN)", float(np.min(gap)), np.inf))
     return bad
 
 
@@ -115,7 +135,7 @@ def main(argv=None):
             graph = load_graph(path)
             c = rng.normal(size=graph.input_size)
             box = Box(c - rng.uniform(0.0, 1.0, c.size), c + rng.uniform(0.0, 1.0, c.size))
-            for mode in ("crown", "forward", "interval"):
+            for mode in ("crown", "alpha", "forward", "interval"):
                 checked += 1
                 for name, below, above in check(graph, box, rng, mode):
                     found += 1

@@ -26,7 +26,7 @@ def graph_of(tmp_path, kind, seed):
 
 
 @pytest.mark.parametrize("kind,eps,seed", [("dense", 0.3, 1), ("dense", 0.3, 3),
-                                           ("conv", 0.05, 0), ("conv", 0.05, 1),
+                                           ("conv", 0.05, 0), slow_if(True, "conv", 0.05, 1),
                                            ("conv_maxpool", 0.05, 1)])
 def test_between_crown_and_the_exact_minimum(tmp_path, kind, eps, seed):
     g = graph_of(tmp_path, kind, seed)
