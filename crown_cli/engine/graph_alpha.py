@@ -166,20 +166,22 @@ def _mix_gradient(gb, i, tape_i, vals):
 
 
 def alpha_lower(gb, target: int, Lam: np.ndarray, iters: int = ITERS, lr: float = LR,
-                patience: Optional[int] = None, tol: float = 1e-3):
+                patience: Optional[int] = None, tol: float = 1e-3, keep: bool = False):
     """Verified float64 lower bounds of ``Lam @ value(target)`` (rows (r, size)), each the
     larger of CROWN's and the bound at the free parameters optimised for that row: the lower
     slopes of ReLU and leaky ReLU neurons and the mixes of products' McCormick planes
     (projected Adam), the max pool lower-line weights (mirror ascent on the simplex of each
     window). With ``patience``: fewer steps once the sum of the rows' best bounds has gained
     less than ``tol`` times its first size in ``patience`` consecutive steps (as the dense
-    engine's alpha-CROWN stops)."""
+    engine's alpha-CROWN stops). ``keep``: also the parameters of each row's best bound
+    ({node: (r, ...)}, as :meth:`GraphBounds.lower` takes them as ``free``; CROWN's where
+    nothing beat it; {} where nothing is free)."""
     Lam = np.ascontiguousarray(Lam, dtype=np.float64)
     crown = gb.lower(target, Lam)
     slopes, pools, mixes = free_slopes(gb, target), free_pools(gb, target), \
         free_mixes(gb, target)
     if not (slopes or pools or mixes) or iters <= 0:
-        return crown
+        return (crown, {}) if keep else crown
     r = Lam.shape[0]
     free = {i: np.repeat(gb.lines[i].lower[None], r, axis=0) for i in slopes}
     free.update({i: pl.one_hot(r) for i, pl in pools.items()})
@@ -221,4 +223,5 @@ def alpha_lower(gb, target: int, Lam: np.ndarray, iters: int = ITERS, lr: float 
                 grad = np.where(on, _mix_gradient(gb, i, tape[i], vals), 0.0)
             step = opt[i].propose(free[i], grad, it + 1, lr)
             free[i] = np.where(on & np.isfinite(step), step, free[i])
-    return np.fmax(crown, best.best)  # each the verified bound at the parameters kept
+    low = np.fmax(crown, best.best)  # each the verified bound at the parameters kept
+    return (low, dict(zip(keys, best.params))) if keep else low

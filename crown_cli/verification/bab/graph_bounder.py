@@ -13,7 +13,8 @@ counterpart of :class:`~crown_cli.verification.bab.bounder.Bounder`, under the o
   back-substitution with per-row lines (:meth:`GraphBounds.lower` with ``lines``): a
   split-active neuron is the identity, a split-inactive one 0 (exact on the domain), an open
   unstable one the root's chord above and a free lower slope alpha in [0, 1] below; other
-  nodes (max pools, smooth activations) keep the root's lines. The splits enter by
+  nodes (max pools, smooth activations) keep the root's lines, and products of data the
+  planes of each row's mix optimised once at the root (:func:`root_mixes`). The splits enter by
   multipliers beta >= 0 (beta-CROWN, Wang et al., NeurIPS 2021) as ``extra`` = -s beta on
   the neuron's input coefficient: the row bounds ``margin + sum_j beta_j s_j z_j`` with
   ``s_j z_j <= 0`` on the domain (s = -1 active, +1 inactive), a lower bound of the margin
@@ -96,6 +97,7 @@ class GraphBounder(CaseRows):
         self.graph, self.gb = graph, gb
         self.box = Box(lo, hi)
         self._rows(A, b, groups)
+        self.mixes = root_mixes(gb, graph.output, self.A)
         self.exact = exact_when_split(graph)
         self.nodes, self.ucols, self.bounds, self.offsets = [], [], [], [0]
         self.halves = []  # per node: None (ReLU), or a smooth node's lines on both halves
@@ -224,7 +226,10 @@ class GraphBounder(CaseRows):
         else:
             Lam, b_up = self.A[rows], self.b_up[rows]
         tape = {} if keep else None
-        val = self.gb.lower(self.graph.output, Lam, tape=tape, lines=self.lines(sp, al, be))
+        free = {i: (np.tile(v, (B, 1)) if rows is None else v[rows])
+                for i, v in self.mixes.items()} or None
+        val = self.gb.lower(self.graph.output, Lam, free=free, tape=tape,
+                            lines=self.lines(sp, al, be))
         out = np.where(np.isnan(val), -np.inf, val - b_up).reshape(B, m)
         if not keep:
             return out
@@ -293,6 +298,21 @@ class GraphBounder(CaseRows):
         C = np.concatenate(C) if C else np.zeros((0, d))
         e = np.concatenate(e) if e else np.zeros(0)
         return (vals[g.output][1:] - F0).T, F0, C, e
+
+
+def root_mixes(gb, target: int, A) -> Dict[int, np.ndarray]:
+    """Per product node with a free mix of McCormick's planes, each row's mix (m, size)
+    optimised at the root by :func:`~crown_cli.engine.graph_alpha.alpha_lower` (with the
+    ReLU slopes, which the search optimises per domain instead); {} without such products.
+    Every domain keeps the root's node bounds, so the planes the mixes give are valid on
+    every subdomain."""
+    from crown_cli.engine.graph_alpha import alpha_lower, free_mixes
+
+    mixes = free_mixes(gb, target)
+    if not mixes or not len(A):
+        return {}
+    _, params = alpha_lower(gb, target, A, patience=2, keep=True)
+    return {i: params[i] for i in mixes if i in params}
 
 
 def graph_relu_split(graph, lo, hi, A, b, deadline: float, **options) -> BabResult:
