@@ -210,6 +210,7 @@ def test_default_test_command_leaves_out_the_slow_tier_and_ci_runs_both():
     assert re.search(r"slow tier.*\d+ min", tiers, re.S | re.I)
 
 
+@pytest.mark.slow  # a collection of 13 files in a subprocess: about 20 s
 def test_the_soundness_backbone_keeps_fast_tests_in_the_default_tier():
     """The slow tier takes only the larger cases: each file of the soundness backbone (MILP
     oracles, attacks in certified balls, exact arithmetic, golden files) keeps tests in the

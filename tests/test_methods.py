@@ -106,8 +106,9 @@ def _check_chain(r, label):
     assert 0 < r["op-norm"] < r["crown"], label
 
 
+# l_1 (the slower LPs) in the slow tier
 @pytest.mark.parametrize("model,image,norm", [(m, i, "inf") for m, i in TRAINED]
-                         + [(m, i, "1") for m, i in TRAINED[1:]])
+                         + [slow_if(True, m, i, "1") for m, i in TRAINED[1:]])
 def test_show_chain_on_trained_models(model, image, norm):
     weights, biases = _model(model)
     x, y = _images()

@@ -21,6 +21,7 @@ from crown_cli.engine.relaxations.extra import elu_relaxation
 from crown_cli.errors import InputError
 from crown_cli.graph.onnx_graph import load_graph
 from crown_cli.graph.ops import ActivationOp
+from conftest import slow_if
 from graph_models import G
 
 SELU_ALPHA = 1.67326319217681884765625  # float32, as ONNX's default attribute
@@ -99,7 +100,7 @@ def _least_offset(f, z, k, upper):
     return np.max(f - k * z) if upper else np.min(f - k * z)
 
 
-@pytest.mark.parametrize("alpha", [SELU_ALPHA, 4.0])
+@pytest.mark.parametrize("alpha", [SELU_ALPHA, slow_if(True, 4.0)])
 def test_elu_above_one_lines_are_least_area(alpha):
     """Across 0 each line's area (its value at the midpoint) is, up to sampling, the least of
     any valid line of 400 slopes spanning [0, alpha] (the lines' intercepts taken on a grid
