@@ -214,8 +214,9 @@ class Rule:
 
     def relaxed(self, gb, i, node, vals, x, tape, free):
         """The node's value at the points x (r, d) under the lines each row took (``tape``;
-        ``free``: the rows' free parameters, as :meth:`free_params`), from its inputs' values
-        ``vals``."""
+        ``free``: the rows' free parameters, as :meth:`GraphBounds.lower
+        <crown_cli.engine.graph_bounds.GraphBounds.lower>` takes them), from its inputs'
+        values ``vals``."""
         raise NotImplementedError
 
     def sign_stable(self, node) -> bool:
