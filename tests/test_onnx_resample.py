@@ -1,7 +1,8 @@
-"""ConvTranspose and nearest Upsample / Resize in the graph loader (crown_cli.graph.onnx_ops,
-onnx_moves): a transposed convolution is read as an element move (the input spread by the
-strides, zeros between, padded or cropped) and a stride-1 Conv with the kernel flipped and its
-channels swapped per group; a nearest resize by whole scales as an element move. Checked
+"""ConvTranspose and Upsample / Resize in the graph loader (crown_cli.graph.onnx_ops,
+onnx_moves, onnx_resize): a transposed convolution is read as an element move (the input
+spread by the strides, zeros between, padded or cropped) and a stride-1 Conv with the kernel
+flipped and its channels swapped per group; a nearest resize by whole scales as an element
+move; a linear resize as an affine node of interpolation weights. Checked
 against the definition (each input element adds its weighted kernel into the output, written
 out here) and onnx's reference evaluator, CROWN bounds against sampling, and the refusals.
 The "generator" model of tests/graph_models.py (ConvTranspose, Resize) also runs through
@@ -189,8 +190,11 @@ def test_upsample_and_resize10_repeat_each_element(tmp_path, opset):
 
 
 @pytest.mark.parametrize("attrs,scales,message", [
-    ({"mode": "linear"}, [1, 1, 2, 2], "Resize node 'rs': mode 'linear' is not supported; only "
-                                       "nearest"),
+    ({"mode": "linear", "coordinate_transformation_mode": "tf_crop_and_resize"}, [1, 1, 2, 2],
+     "Resize node 'rs': mode 'linear' with coordinate_transformation_mode 'tf_crop_and_resize' "
+     "is not supported"),
+    ({"mode": "linear"}, [1, 1, 0.25, 2], r"scales \[1.0, 1.0, 0.25, 2.0\] for an input of "
+                                          r"shape \(1, 2, 3, 4\): every axis must keep"),
     ({"mode": "cubic"}, [1, 1, 2, 2], "mode 'cubic' is not supported"),
     ({"mode": "nearest"}, [1, 1, 1.5, 2], r"scales \[1.0, 1.0, 1.5, 2.0\] for an input of shape "
                                           r"\(1, 2, 3, 4\): only whole scales of at least 1"),
@@ -244,3 +248,61 @@ def test_batchnorm_on_a_reshaped_gemm_folds_and_keeps_the_image_shape(tmp_path):
     x = rng.normal(size=(1, 3))
     ref = ReferenceEvaluator(model).run(None, {"x": x.astype(np.float32)})[0]
     np.testing.assert_allclose(g.forward(x)[0], ref.reshape(-1), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("mode", ["half_pixel", "pytorch_half_pixel", "align_corners",
+                                  "asymmetric"])
+@pytest.mark.parametrize("how,values", [("scales", [1, 1, 2, 2]), ("scales", [1, 1, 1.5, 0.5]),
+                                        ("sizes", [1, 2, 7, 1]), ("sizes", [1, 2, 1, 9])])
+def test_linear_resize_equals_the_reference_evaluator(tmp_path, mode, how, values):
+    """Resize in mode linear (bilinear on the two spatial axes; up, down, non-whole scales,
+    sizes, an axis of one element) equals onnx's reference evaluator on random inputs, is one
+    affine node whose rows sum to 1, and CROWN's bounds enclose sampled outputs."""
+    ins = ["x", "", "s"] if how == "scales" else ["x", "", "", "s"]
+    dtype = np.float32 if how == "scales" else np.int64
+    node = helper.make_node("Resize", ins, ["y"], name="rs", mode="linear",
+                            coordinate_transformation_mode=mode)
+    path, model = _save(tmp_path, [node], {"s": np.array(values, dtype)}, [1, 2, 3, 4])
+    g = load_graph(path)
+    assert [n.kind for n in g.nodes] == ["input", "affine"]
+    rng = np.random.default_rng(4)
+    X = rng.normal(size=(5, 24))
+    ref = ReferenceEvaluator(model)
+    for x in X:
+        want = ref.run(None, {"x": x.reshape(1, 2, 3, 4).astype(np.float32)})[0]
+        got = g.forward(x[None])
+        assert got.size == want.size
+        np.testing.assert_allclose(got.reshape(-1), want.reshape(-1), rtol=1e-5, atol=1e-5)
+    ones = g.forward(np.ones((1, 24)))
+    np.testing.assert_allclose(ones, 1.0, rtol=1e-12)  # weights of each row sum to 1
+    x0 = rng.normal(size=24)
+    lo, hi = graph_bounds(g, x0, 0.1, 0)
+    Y = g.forward(x0 + rng.uniform(-0.1, 0.1, size=(2000, 24)))
+    assert np.all(Y >= lo) and np.all(Y <= hi)
+
+
+def test_linear_resize_of_a_conv_map_bounds_hold(tmp_path):
+    """Conv -> Relu -> bilinear Resize x2 (half_pixel, as nn.Upsample(mode='bilinear')) ->
+    Conv: CROWN bounds over an l_inf ball enclose sampled outputs and are tighter than
+    interval arithmetic."""
+    rng = np.random.default_rng(5)
+    w1 = rng.normal(0, 0.5, (3, 2, 3, 3)).astype(np.float32)
+    w2 = rng.normal(0, 0.5, (2, 3, 3, 3)).astype(np.float32)
+    nodes = [helper.make_node("Conv", ["x", "w1"], ["h"], pads=[1, 1, 1, 1]),
+             helper.make_node("Relu", ["h"], ["r"]),
+             helper.make_node("Resize", ["r", "", "s"], ["u"], name="up", mode="linear"),
+             helper.make_node("Conv", ["u", "w2"], ["y"], strides=[2, 2])]
+    path, model = _save(tmp_path, nodes, {"w1": w1, "w2": w2,
+                                          "s": np.array([1, 1, 2, 2], np.float32)}, [1, 2, 4, 4])
+    g = load_graph(path)
+    x0 = rng.normal(size=32)
+    ref = ReferenceEvaluator(model).run(None, {"x": x0.reshape(1, 2, 4, 4).astype(np.float32)})[0]
+    np.testing.assert_allclose(g.forward(x0[None]).reshape(-1), ref.reshape(-1), rtol=1e-4,
+                               atol=1e-4)
+    lo, hi = graph_bounds(g, x0, 0.05, 0)
+    Y = g.forward(x0 + rng.uniform(-0.05, 0.05, size=(4000, 32)))
+    assert np.all(Y >= lo) and np.all(Y <= hi)
+    from crown_cli.engine.graph_bounds import GraphBounds
+
+    ibp = GraphBounds(g, x0, 0.05, 0, intermediate="interval")
+    assert np.sum(hi - lo) < np.sum(ibp.hi[g.output] - ibp.lo[g.output])

@@ -134,7 +134,7 @@ def _resize_factors(b, node, ins, attrs, rank):
     mode = _text(attrs.get("mode", "nearest"))
     if mode != "nearest":
         b.fail(node, f"mode '{mode}' is not supported; only nearest (each output element a "
-                     "copy of one input element)")
+                     "copy of one input element) and, for Resize, linear")
     axes = list(range(rank)) if attrs.get("axes") is None else \
         [_axis(b, node, int(a), rank) for a in attrs["axes"]]
     if node.op_type == "Upsample" or b.opset < 11:  # Upsample and Resize-10: floor(y / scale)

@@ -29,6 +29,17 @@ def _label(node) -> str:
     return node.name or node.op_type
 
 
+def _resize_any(b, node, ins, attrs):
+    """Resize: mode ``linear`` as an affine node (:mod:`crown_cli.graph.onnx_resize`), else
+    (nearest) an element move."""
+    from crown_cli.graph.onnx_moves import _text
+    from crown_cli.graph.onnx_resize import resize_linear
+
+    if _text(attrs.get("mode", "nearest")) == "linear":
+        return resize_linear(b, node, ins, attrs)
+    return _moved(_resize)(b, node, ins, attrs)
+
+
 # -- affine operators ----------------------------------------------------------------------
 
 def _binary(b, node, ins, attrs):
@@ -686,7 +697,7 @@ HANDLERS = {
     "Reshape": _moved(_reshape), "Flatten": _moved(_flatten), "Transpose": _moved(_transpose),
     "Squeeze": _moved(_squeeze), "Unsqueeze": _moved(_unsqueeze), "Slice": _moved(_slice),
     "Gather": _moved(_gather), "Expand": _moved(_expand), "Concat": _concat, "Split": _split,
-    "Pad": _pad, "Upsample": _moved(_resize), "Resize": _moved(_resize),
+    "Pad": _pad, "Upsample": _moved(_resize), "Resize": _resize_any,
     "Add": _binary, "Sub": _binary, "Mul": _binary, "Div": _binary, "Neg": _neg,
     "MatMul": _matmul, "Gemm": _gemm, "Conv": _conv, "ConvTranspose": _conv_transpose,
     "AveragePool": _pool, "MaxPool": _pool,
@@ -724,7 +735,9 @@ _HOW = {
     "ReduceSum": _AFFINE, "BatchNormalization": "a scaling, folded where it can be",
     "MaxPool": "max pool: lines per window (the lower line's weights optimised by alpha-CROWN)",
     "GlobalMaxPool": "as MaxPool",
-    "Resize": "nearest, whole scales: " + _MOVE, "Upsample": "as Resize",
+    "Resize": "nearest, whole scales: " + _MOVE + "; linear (any scales or sizes; "
+              "half_pixel, pytorch_half_pixel, align_corners, asymmetric): an affine node of "
+              "interpolation weights", "Upsample": "as Resize in mode nearest",
     "Softmax": "on the output: dropped (the logits; properties comparing outputs only); inside "
                "a graph: 1 / sum_j exp(x_j - x_i)",
     "LogSoftmax": "on the output only: dropped (the logits)",
