@@ -49,18 +49,22 @@ ITERS, LR = 20, 0.1
 POOL_LR, POOL_FLOOR = 3.0, 1e-6
 
 
+def _per_node(gb, upto: Optional[int], rule: str) -> dict:
+    """Node -> what the node's rule method ``rule`` (``free_slopes``, ``free_mix``) says of
+    it, for the nodes up to ``upto`` where that is not None."""
+    out = {}
+    for i, node in enumerate(gb.g.nodes[:None if upto is None else upto + 1]):
+        free = getattr(gb.plan[i], rule)(gb, i, node)
+        if free is not None:
+            out[i] = free
+    return out
+
+
 def free_slopes(gb, upto: Optional[int] = None) -> Dict[int, Tuple[np.ndarray, float]]:
     """Per activation node (up to node ``upto``) with free lower slopes: (mask of its
     unstable neurons, the least slope, leak), for ReLU and leaky ReLU with slope <= 1 (above
     1 the free line is the upper one; those keep CROWN's lines)."""
-    out = {}
-    for i, node in enumerate(gb.g.nodes):
-        if upto is not None and i > upto:
-            break
-        free = gb.plan[i].free_slopes(gb, i, node)
-        if free is not None:
-            out[i] = free
-    return out
+    return _per_node(gb, upto, "free_slopes")
 
 
 def _minimiser(gb, Lx):
@@ -91,14 +95,7 @@ def free_pools(gb, target: int) -> Dict[int, object]:
 def free_mixes(gb, upto: Optional[int] = None) -> Dict[int, np.ndarray]:
     """Per product node (up to node ``upto``) whose planes have a free mix: the mask of
     its free neurons (:meth:`~crown_cli.engine.node_rules.ProductRule.free_mix`)."""
-    out = {}
-    for i, node in enumerate(gb.g.nodes):
-        if upto is not None and i > upto:
-            break
-        on = gb.plan[i].free_mix(gb, i, node)
-        if on is not None:
-            out[i] = on
-    return out
+    return _per_node(gb, upto, "free_mix")
 
 
 def free_below(gb, p: int) -> bool:
