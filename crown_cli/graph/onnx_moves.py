@@ -135,27 +135,48 @@ def _resize_factors(b, node, ins, attrs, rank):
     if mode != "nearest":
         b.fail(node, f"mode '{mode}' is not supported; only nearest (each output element a "
                      "copy of one input element) and, for Resize, linear")
-    axes = list(range(rank)) if attrs.get("axes") is None else \
-        [_axis(b, node, int(a), rank) for a in attrs["axes"]]
     if node.op_type == "Upsample" or b.opset < 11:  # Upsample and Resize-10: floor(y / scale)
+        axes = _resize_axes(b, node, attrs, rank)
         given = attrs.get("scales") if len(ins) < 2 else b.const(node, ins[1], "the scales")
         scales, sizes, how = given, None, ("asymmetric", "floor")
     else:
-        scales, sizes = [None if len(ins) <= k or ins[k] is None
-                         or b.const(node, ins[k], "the scales and sizes").size == 0
-                         else ins[k].value for k in (2, 3)]
+        axes, scales, sizes = resize_inputs(b, node, ins, attrs, rank)
         how = (_text(attrs.get("coordinate_transformation_mode", "half_pixel")),
                _text(attrs.get("nearest_mode", "round_prefer_floor")))
         if int(attrs.get("antialias", 0)):
             b.fail(node, "antialias is not supported in mode nearest")
-        if sizes is not None and _text(attrs.get("keep_aspect_ratio_policy", "stretch")) != "stretch":
-            b.fail(node, "only keep_aspect_ratio_policy stretch is supported")
     if how[0] not in _COORDINATES or how[1] not in _ROUNDING:
         b.fail(node, f"coordinate_transformation_mode '{how[0]}' with nearest_mode '{how[1]}' "
                      f"is not supported ({', '.join(_COORDINATES)}; {', '.join(_ROUNDING)})")
+    return axes, scales, sizes, how
+
+
+def resize_inputs(b, node, ins, attrs, rank):
+    """A Resize's (opset 11+) axes, and its scales and sizes (None where not given), with
+    ``keep_aspect_ratio_policy`` stretch where sizes are given."""
+    axes = _resize_axes(b, node, attrs, rank)
+    scales, sizes = [None if len(ins) <= k or ins[k] is None
+                     or b.const(node, ins[k], "the scales and sizes").size == 0
+                     else ins[k].value for k in (2, 3)]
+    if sizes is not None and _text(attrs.get("keep_aspect_ratio_policy", "stretch")) != "stretch":
+        b.fail(node, "only keep_aspect_ratio_policy stretch is supported")
+    return axes, scales, sizes
+
+
+def _resize_axes(b, node, attrs, rank):
+    return list(range(rank)) if attrs.get("axes") is None else \
+        [_axis(b, node, int(a), rank) for a in attrs["axes"]]
+
+
+def resize_given(b, node, shape, axes, scales, sizes) -> np.ndarray:
+    """The sizes (where given) or the scales, float64, one per axis of ``axes``."""
     if scales is None and sizes is None:
         b.fail(node, "has neither scales nor sizes")
-    return axes, scales, sizes, how
+    given = np.asarray(sizes if sizes is not None else scales, np.float64).reshape(-1)
+    if given.size != len(axes):
+        b.fail(node, f"{'sizes' if sizes is not None else 'scales'} {given.tolist()} do not "
+                     f"match the {len(axes)} axes of the input of shape {tuple(shape)}")
+    return given
 
 
 def _resize(b, node, ins, attrs, x):
@@ -164,11 +185,7 @@ def _resize(b, node, ins, attrs, x):
     coordinate transformation and rounding, clamped to the axis."""
     axes, scales, sizes, how = _resize_factors(b, node, ins, attrs, len(x.shape))
     dims = [x.shape[a] for a in axes]
-    given = sizes if sizes is not None else scales
-    given = np.asarray(given, np.float64).reshape(-1)
-    if given.size != len(axes):
-        b.fail(node, f"{'sizes' if sizes is not None else 'scales'} {given.tolist()} do not "
-                     f"match the {len(axes)} axes of the input of shape {x.shape}")
+    given = resize_given(b, node, x.shape, axes, scales, sizes)
     whole = given / np.maximum(dims, 1) if sizes is not None else given
     if np.any(whole != np.round(whole)) or np.any(whole < 1) or 0 in dims:
         b.fail(node, f"{'sizes' if sizes is not None else 'scales'} {given.tolist()} for an "

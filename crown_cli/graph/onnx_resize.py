@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from crown_cli.graph.onnx_moves import _axis, _text
+from crown_cli.graph.onnx_moves import _text, resize_given, resize_inputs
 from crown_cli.graph.ops import Dense
 from crown_cli.graph.tensors import Const
 
@@ -77,24 +77,15 @@ def resize_linear(b, node, ins, attrs):
                      f"supported ({', '.join(_LINEAR_COORDINATES)})")
     if int(attrs.get("antialias", 0)):
         b.fail(node, "antialias is not supported")
-    if _text(attrs.get("keep_aspect_ratio_policy", "stretch")) != "stretch":
+    if _text(attrs.get("keep_aspect_ratio_policy", "stretch")) != "stretch":  # scales too
         b.fail(node, "only keep_aspect_ratio_policy stretch is supported")
-    axes = list(range(rank)) if attrs.get("axes") is None else \
-        [_axis(b, node, int(a), rank) for a in attrs["axes"]]
-    scales, sizes = [None if len(ins) <= k or ins[k] is None
-                     or b.const(node, ins[k], "the scales and sizes").size == 0
-                     else np.asarray(ins[k].value, np.float64).reshape(-1) for k in (2, 3)]
-    given = sizes if sizes is not None else scales
-    if given is None:
-        b.fail(node, "has neither scales nor sizes")
-    if given.size != len(axes):
-        b.fail(node, f"{'sizes' if sizes is not None else 'scales'} {given.tolist()} do not "
-                     f"match the {len(axes)} axes of the input of shape {x.shape}")
+    axes, scales, sizes = resize_inputs(b, node, ins, attrs, rank)
+    given = resize_given(b, node, x.shape, axes, scales, sizes)
     dims = np.array([x.shape[a] for a in axes], np.float64)
     if sizes is not None:
-        out, s = sizes.astype(np.int64), sizes / np.maximum(dims, 1.0)
+        out, s = given.astype(np.int64), given / np.maximum(dims, 1.0)
     else:
-        out, s = np.floor(dims * scales).astype(np.int64), scales
+        out, s = np.floor(dims * given).astype(np.int64), given
     if np.any(out < 1) or np.any(s <= 0.0) or np.any(dims < 1):
         b.fail(node, f"{'sizes' if sizes is not None else 'scales'} {given.tolist()} for an "
                      f"input of shape {x.shape}: every axis must keep at least one element")
