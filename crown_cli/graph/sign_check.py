@@ -56,7 +56,8 @@ def _lipschitz(op, z, e):
             "hard_sigmoid": abs(a or 0.0), "linear": 1.0, "sin": 1.0, "cos": 1.0}[name]
 
 
-JUMPS = ("sign", "floor", "softplus_t")  # softplus_t: Where(z > T, z, softplus(z))
+STEPS = ("sign", "floor")  # piecewise constant: exact where the input's side is decided
+JUMPS = STEPS + ("softplus_t",)  # softplus_t: Where(z > T, z, softplus(z))
 
 
 def _jump_decided(name, z, e):
@@ -125,7 +126,7 @@ def decided(graph, vals) -> np.ndarray:
             with np.errstate(over="ignore", invalid="ignore"):
                 e = np.abs(x) * ey + np.abs(y) * ex_ + ex_ * ey + U * np.abs(vals[i])
             err[i], exact[i] = e * (1.0 + 4.0 * U) + TINY, np.zeros(N, bool)
-        elif n.op.name in ("sign", "floor"):
+        elif n.op.name in STEPS:
             ok &= _jump_decided(n.op.name, xs[0], es[0])
             err[i], exact[i] = np.zeros_like(xs[0]), np.ones(N, bool)
         else:
