@@ -84,6 +84,16 @@ def test_the_mix_gradient_is_the_derivative_of_the_row_term():
     assert np.mean(np.abs(g)) > 1e-2  # not a test of zeros
 
 
+def _graph_and_box(tmp_path, model, rng, eps):
+    """The model saved and loaded as a graph, and an l_inf box of radius eps around a random
+    point: (graph, lo, hi)."""
+    path = os.path.join(str(tmp_path), "m.onnx")
+    onnx.save(model, path)
+    g = load_graph(path)
+    x0 = rng.uniform(-1.0, 1.0, g.input_size)
+    return g, x0 - eps, x0 + eps
+
+
 def _products(rng):
     """x (1, 3) -> two Gemms -> Tanh and an affine branch -> their product -> Gemm -> the
     square of a Gemm (a product of one node with itself) added -> Gemm (3 outputs)."""
@@ -105,11 +115,7 @@ def test_optimised_mixes_tighten_and_stay_sound(tmp_path, monkeypatch, kind, see
     below it."""
     rng = np.random.default_rng(seed)
     model = _products(rng) if kind == "products" else BUILDERS[kind](rng)
-    path = os.path.join(str(tmp_path), f"{kind}.onnx")
-    onnx.save(model, path)
-    g = load_graph(path)
-    x0 = rng.uniform(-1.0, 1.0, g.input_size)
-    lo, hi = x0 - eps, x0 + eps
+    g, lo, hi = _graph_and_box(tmp_path, model, rng, eps)
     gb = GraphBounds(g, *Box(lo, hi).args())
     assert ga.free_mixes(gb, g.output), "no product with a free mix: the test shows nothing"
     monkeypatch.setattr(ga, "free_slopes", lambda gb, upto=None: {})
@@ -128,11 +134,7 @@ def test_intermediate_alpha_uses_the_mixes(tmp_path):
     products' mixes: some node's bounds are tighter than CROWN's, and all enclose sampled
     values."""
     rng = np.random.default_rng(2)
-    path = os.path.join(str(tmp_path), "p.onnx")
-    onnx.save(_products(rng), path)
-    g = load_graph(path)
-    x0 = rng.uniform(-1.0, 1.0, g.input_size)
-    lo, hi = x0 - 0.3, x0 + 0.3
+    g, lo, hi = _graph_and_box(tmp_path, _products(rng), rng, 0.3)
     crown = GraphBounds(g, *Box(lo, hi).args())
     alpha = GraphBounds(g, *Box(lo, hi).args(), intermediate="alpha")
     X = lo + (hi - lo) * rng.uniform(size=(20000, g.input_size))
@@ -165,11 +167,7 @@ def test_relu_splitting_keeps_root_mixes_and_stays_sound(tmp_path):
     import crown_cli.verification.bab.graph_bounder as grs
 
     rng = np.random.default_rng(3)
-    path = os.path.join(str(tmp_path), "rp.onnx")
-    onnx.save(_relu_products(rng), path)
-    g = load_graph(path)
-    x0 = rng.uniform(-1.0, 1.0, g.input_size)
-    lo, hi = x0 - 0.3, x0 + 0.3
+    g, lo, hi = _graph_and_box(tmp_path, _relu_products(rng), rng, 0.3)
     gb = GraphBounds(g, *Box(lo, hi).args())
     row = rng.normal(size=(1, g.output_size))
     bd = grs.GraphBounder(g, gb, lo, hi, row, np.zeros(1))
