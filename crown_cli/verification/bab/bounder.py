@@ -21,6 +21,7 @@ from crown_cli.engine.input_sets import Box, box_lower, input_abs_bound
 from crown_cli.engine.kernels import relu_split_kernels as _kern
 from crown_cli.engine.relaxations import get_relaxation
 from crown_cli.engine.rounding import FP_RTOL, U64, margin_rows_rounding, rounding_weights
+from crown_cli.verification.bab.cuts import evaluate_cuts, gradient_cuts
 from crown_cli.verification.bab.domain_bounds import DomainBounds, sparse_enough
 from crown_cli.verification.bab.domains import CaseRows, ReluSplitProblem
 from crown_cli.verification.outcome import violations
@@ -72,6 +73,7 @@ class Bounder(DomainBounds, CaseRows):
             self.layer_of[self.offsets[k]:self.offsets[k + 1]] = k
         self._products()
         self._rounding_charges()
+        self.cuts = None  # cuts.Cuts the search infers (ReLU only), used where mu is given
 
     def _network(self, weights, biases, activation, leak):
         """The weights (float64), the activation and its slope (0 for ReLU)."""
@@ -247,7 +249,7 @@ class Bounder(DomainBounds, CaseRows):
         return sl, su, tt, bc
 
     def evaluate(self, split, alpha, beta, dtype=np.float64, keep=False, charge=None,
-                 chords=None, rows=None):
+                 chords=None, rows=None, mu=None, bounds=None):
         """Lower bounds of ``A_i f(x) - b_up_i`` on the subdomains, (B, m).
 
         ``split`` (B, nU) int8; ``alpha``, ``beta`` (B, m, nU) (used as given: the caller
@@ -258,7 +260,12 @@ class Bounder(DomainBounds, CaseRows):
         ``charge(k, absD)`` (float64 only) may return a per-row extra allowance (B*m,) for
         the step through hidden layer k whose scaled matrix is D.
         ``rows`` (B,): bound only this row of each domain (alpha, beta (B, 1, nU)); (B, 1).
+        ``mu`` (B, m, nC): multipliers of the cuts ``self.cuts``: the bound of
+        :func:`~crown_cli.verification.bab.cuts.evaluate_cuts` (then ``bounds``: the domains'
+        (l, u) of the unstable neurons, as ``chords`` were made from; ``charge`` unused).
         """
+        if mu is not None and self.cuts is not None and len(self.cuts):
+            return evaluate_cuts(self, split, alpha, beta, mu, dtype, keep, bounds, rows)
         dt = np.float64 if np.dtype(dtype) == np.float64 else np.float32
         B, m = split.shape[0], (self.m if rows is None else 1)
         N = B * m
@@ -327,7 +334,10 @@ class Bounder(DomainBounds, CaseRows):
     def gradient(self, state, dtype=np.float32):
         """d(sum of all bounds)/d alpha and d/d beta, each (B*m, nU), from :meth:`evaluate`'s
         tape (float32 or float64 as evaluated). Only slopes of free unstable neurons on the
-        lower side get a nonzero alpha gradient; only split neurons a beta gradient."""
+        lower side get a nonzero alpha gradient; only split neurons a beta gradient. A tape of
+        the cuts' bound (``mu`` given) gives d/d mu (B*m, nC) too."""
+        if len(state) == 2:
+            return gradient_cuts(self, state)
         tape, Lam_in, sp, ctr = state
         dt = Lam_in.dtype
         N = Lam_in.shape[0]

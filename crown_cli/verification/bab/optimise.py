@@ -70,7 +70,7 @@ class StepClock:
 
 
 def optimise(bd, split, alpha, beta, iters=20, lr_alpha=0.1, lr_beta=0.05,
-             stop=True, chords=None, deadline=None):
+             stop=True, chords=None, deadline=None, mu=None, bounds=None):
     """Projected Adam ascent of the float32 bounds over alpha, beta (B, m, nU) float32, in
     place; keeps per (domain, row) the best iterate. A domain leaves the batch once its
     :meth:`Bounder.score` is above 0 by a float32 margin (the float64 check decides later).
@@ -78,11 +78,16 @@ def optimise(bd, split, alpha, beta, iters=20, lr_alpha=0.1, lr_beta=0.05,
     domains at the best iterate). ``chords``: the domains' upper lines, as :meth:`Bounder.evaluate`.
     ``deadline`` (a ``time.monotonic()`` instant): no further step that would end after it
     (:class:`StepClock`; the first evaluation always runs; the best iterate so far is kept,
-    as at the last step)."""
+    as at the last step). ``mu`` (B, m, nC) float32: the cuts' multipliers, optimised with
+    them in place (``bounds``: the domains' (l, u) of the unstable neurons); the final tape
+    is then the bound without the cuts (for branching)."""
     B, m, nU = alpha.shape
-    best = BestIterate((B, m), alpha, beta)
+    cut = _with_cuts(bd, mu)
+    extra = (mu,) if cut else ()
+    best = BestIterate((B, m), alpha, beta, *extra)
     opt_a = Adam(alpha, ADAM, lo=np.float32(bd.leak), hi=1.0)
     opt_b = Adam(beta, ADAM, lo=0.0)
+    opt_m = Adam(mu, ADAM, lo=0.0) if cut else None
     splitted = (split != 0)[:, None, :]
     act = np.arange(B)
     clock = StepClock()
@@ -91,42 +96,70 @@ def optimise(bd, split, alpha, beta, iters=20, lr_alpha=0.1, lr_beta=0.05,
             break
         a, be = alpha[act], beta[act]
         ch = None if chords is None else (chords[0][act], chords[1][act])
-        val, state = bd.evaluate(split[act], a, be, np.float32, keep=True, chords=ch)
-        best.offer(val, a, be, index=act)
+        if cut:
+            mk = mu[act]
+            val, state = bd.evaluate(split[act], a, be, np.float32, keep=True, chords=ch,
+                                     mu=mk, bounds=_take(bounds, act))
+            best.offer(val, a, be, mk, index=act)
+        else:
+            val, state = bd.evaluate(split[act], a, be, np.float32, keep=True, chords=ch)
+            best.offer(val, a, be, index=act)
         done = bd.score(best.best[act]) > 1e-4 * (1.0 + np.abs(val).max()) if stop else \
             np.zeros(act.size, bool)
         if t == iters or clock.ends(deadline):
             break
-        gA, gB = bd.gradient(state)
-        opt_a.ascend(a, gA.reshape(a.shape), t, lr_alpha, index=act)
-        opt_b.ascend(be, gB.reshape(be.shape), t, lr_beta, index=act)
+        grads = bd.gradient(state)
+        opt_a.ascend(a, grads[0].reshape(a.shape), t, lr_alpha, index=act)
+        opt_b.ascend(be, grads[1].reshape(be.shape), t, lr_beta, index=act)
         be *= splitted[act]
         alpha[act] = a
         beta[act] = be
+        if cut:
+            opt_m.ascend(mk, grads[2].reshape(mk.shape), t, LR_MU, index=act)
+            mu[act] = mk
         act = act[~done]
-    alpha[...], beta[...] = best.params
+    alpha[...], beta[...] = best.params[:2]
+    if cut:
+        mu[...] = best.params[2]
     val, state = bd.evaluate(split, alpha, beta, np.float32, keep=True, chords=chords)
     return np.maximum(best.best, val), state
 
 
+# Adam's step size for the cuts' multipliers
+LR_MU = 0.05
+
+
+def _with_cuts(bd, mu) -> bool:
+    cuts = getattr(bd, "cuts", None)
+    return mu is not None and cuts is not None and len(cuts) > 0 and mu.shape[-1] == len(cuts)
+
+
+def _take(bounds, index):
+    return None if bounds is None else (bounds[0][index], bounds[1][index])
+
+
 def optimise_open(bd, split, alpha, beta, done, iters=20, lr_alpha=0.1,
-                  lr_beta=0.05, chords=None, deadline=None):
+                  lr_beta=0.05, chords=None, deadline=None, mu=None, bounds=None):
     """:func:`optimise` for searches over several cases (``bd.gstart``): only the rows of
     cases not yet proven on a domain (``done`` (B, G) bool, float64-proven on an ancestor)
     are optimised, and a case's rows leave once one of them is above 0 by a float32 margin.
     Returns (best bounds (B, m), +inf on rows of done cases; the tape of a final evaluation
     of one row per domain; that row (B,), :meth:`Bounder.score_row` of the best bounds).
-    With one case it is :func:`optimise` (tape of every row)."""
+    With one case it is :func:`optimise` (tape of every row). ``mu``, ``bounds``: the
+    cuts' multipliers, as :func:`optimise`."""
     B, m, nU = alpha.shape
     if bd.gstart.size <= 1:
         best, state = optimise(bd, split, alpha, beta, iters, lr_alpha, lr_beta,
-                               chords=chords, deadline=deadline)
+                               chords=chords, deadline=deadline, mu=mu, bounds=bounds)
         return best, state, bd.score_row(best)
+    cut = _with_cuts(bd, mu)
     frozen = done[:, bd.group_of]
-    track = BestIterate((B, m), alpha, beta, start=np.where(frozen, np.inf, -np.inf))
+    track = BestIterate((B, m), alpha, beta, *((mu,) if cut else ()),
+                        start=np.where(frozen, np.inf, -np.inf))
     best = track.best
     opt_a = Adam(alpha, ADAM, lo=np.float32(bd.leak), hi=1.0)
     opt_b = Adam(beta, ADAM, lo=0.0)
+    opt_m = Adam(mu, ADAM, lo=0.0) if cut else None
     d, r = np.nonzero(~frozen)
     clock = StepClock()
     for t in range(1, iters + 1):
@@ -135,22 +168,35 @@ def optimise_open(bd, split, alpha, beta, done, iters=20, lr_alpha=0.1,
         a, be = alpha[d, r], beta[d, r]
         sp = split[d]
         ch = None if chords is None else (chords[0][d], chords[1][d])
-        val, state = bd.evaluate(sp, a[:, None], be[:, None], np.float32, keep=True, chords=ch,
-                                 rows=r)
-        val = val[:, 0]
-        track.offer(val, a, be, index=(d, r))
+        if cut:
+            mk = mu[d, r]
+            val, state = bd.evaluate(sp, a[:, None], be[:, None], np.float32, keep=True,
+                                     chords=ch, rows=r, mu=mk[:, None],
+                                     bounds=_take(bounds, d))
+            val = val[:, 0]
+            track.offer(val, a, be, mk, index=(d, r))
+        else:
+            val, state = bd.evaluate(sp, a[:, None], be[:, None], np.float32, keep=True,
+                                     chords=ch, rows=r)
+            val = val[:, 0]
+            track.offer(val, a, be, index=(d, r))
         gmax = np.maximum.reduceat(best, bd.gstart, axis=1)
         leave = gmax[d, bd.group_of[r]] > 1e-4 * (1.0 + np.abs(val).max())
         if t == iters or clock.ends(deadline):
             break
-        gA, gB = bd.gradient(state)
-        opt_a.ascend(a, gA, t, lr_alpha, index=(d, r))
-        opt_b.ascend(be, gB, t, lr_beta, index=(d, r))
+        grads = bd.gradient(state)
+        opt_a.ascend(a, grads[0], t, lr_alpha, index=(d, r))
+        opt_b.ascend(be, grads[1], t, lr_beta, index=(d, r))
         be *= sp != 0
         alpha[d, r] = a
         beta[d, r] = be
+        if cut:
+            opt_m.ascend(mk, grads[2], t, LR_MU, index=(d, r))
+            mu[d, r] = mk
         d, r = d[~leave], r[~leave]
-    alpha[...], beta[...] = track.params
+    alpha[...], beta[...] = track.params[:2]
+    if cut:
+        mu[...] = track.params[2]
     rows = bd.score_row(best)
     ar = np.arange(B)
     val, state = bd.evaluate(split, alpha[ar, rows][:, None], beta[ar, rows][:, None],

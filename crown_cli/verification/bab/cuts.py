@@ -1,0 +1,243 @@
+"""Cutting planes for ReLU splitting, inferred from the search's own proofs (the BICCOS idea).
+
+A domain of ReLU splitting is a set S of sign decisions (neuron j active, z_j = 1, or inactive,
+z_j = 0). When a domain is proven, no counterexample of the box meets every decision of S: every
+counterexample's neurons disagree with S somewhere, which on the indicators z reads
+
+    sum_{j in S, active} (1 - z_j) + sum_{j in S, inactive} z_j >= 1,
+
+a cut that holds at every counterexample of the whole box (the MILP's integer points), not only
+on S's subtree. :class:`Cuts` holds them as ``K z + e <= 0`` (K: +1 on S's active neurons, -1
+on its inactive ones; e = 1 - #active). Their multipliers mu >= 0 enter a domain's bound as
+the Lagrangian term ``mu . (K z + e)`` (<= 0 at every counterexample), so the rows' lower bound
+over the relaxation plus that term still bounds every counterexample from below.
+
+The term gives each unstable neuron j a coefficient ``c_j = (mu K)_j`` on z_j besides the row's
+coefficient ``a_j`` on y_j = relu(x_j). Over the big-M (for one neuron: exact) relaxation of
+``l <= x <= u``, whose vertices are (x, y, z) = (l, 0, 0), (0, 0, 0), (0, 0, 1), (u, u, 1),
+``h(x) = min a y + c z`` is convex and piecewise linear with h(l) = 0, h(u) = a u + c and
+
+    h(0) = h0 = min(0, c, (a u + c) L / (u + L)),        L = -l,
+
+so every line through (0, h0) with a slope between h0 / L and (a u + c - h0) / u lies below it
+(:func:`cut_lines`; the slope's place in that range is the row's alpha). With c = 0 this is
+CROWN's relaxation exactly: slope alpha * a for a >= 0, the chord for a < 0.
+
+A proven domain with fewer decisions gives a stronger cut. :func:`weaker_sets` proposes, from a
+proven domain, the decisions whose multipliers were used (and the deepest ones); the search
+proves them as domains of their own before they become cuts.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from crown_cli.engine.chain import Rows
+from crown_cli.engine.input_sets import box_lower
+from crown_cli.engine.rounding import U64, gamma_n
+
+# absolute allowance per neuron line in float64 (underflow in its products)
+_TINY = 1e-290
+
+
+class Cuts:
+    """Cuts ``K z + e <= 0`` over the indicators of a bounder's ``nU`` unstable neurons, at
+    most ``cap`` of them (the oldest dropped first; a dropped cut only loosens bounds)."""
+
+    def __init__(self, nU: int, cap: int = 64):
+        self.nU, self.cap = nU, cap
+        self.K = np.zeros((0, nU))
+        self.e = np.zeros(0)
+        self._seen = set()
+
+    def __len__(self):
+        return self.K.shape[0]
+
+    def add(self, split_row) -> bool:
+        """The cut of a proven domain's decisions ``split_row`` (nU,) in {-1, 0, +1}; False if
+        it is already held or has no decision."""
+        s = np.asarray(split_row, np.int8)
+        key = s.tobytes()
+        if not s.any() or key in self._seen:
+            return False
+        self._seen.add(key)
+        row = s.astype(np.float64)[None, :]
+        self.K = np.concatenate([self.K, row])[-self.cap:]
+        self.e = np.concatenate([self.e, [1.0 - float(np.sum(s > 0))]])[-self.cap:]
+        return True
+
+    def contains(self, split) -> np.ndarray:
+        """Per domain of ``split`` (B, nU): whether it holds every decision of some cut (it is
+        then a subdomain of a proven domain: proven)."""
+        if len(self) == 0 or split.shape[0] == 0:
+            return np.zeros(split.shape[0], bool)
+        hits = (split.astype(np.float64) @ self.K.T)  # decisions agreeing minus disagreeing
+        return np.any(hits >= np.abs(self.K).sum(axis=1)[None, :], axis=1)
+
+
+def cut_lines(a, c, t, l, u, verified: bool):
+    """The lower line ``s x + b`` of ``min a y + c z`` over one unstable ReLU's relaxation
+    (module docstring): per entry the row's coefficients ``a`` (on y) and ``c`` (on z), the
+    place ``t`` in [0, 1] of the slope in its range, the bounds ``l < 0 < u``. Returns (s, b,
+    piece, lo_slope, hi_slope): ``piece`` which term gave h0 (0: 0, 1: c, 2: the chord's).
+    ``verified``: b is rounded so that the line is below h in exact arithmetic for the
+    floats a, c, l, u and the returned s (float64); else b = h0 (an estimate)."""
+    L = -l
+    w = L / (u + L)
+    au = a * u
+    v3 = (au + c) * w
+    zero = np.zeros_like(v3)
+    h0 = np.minimum(np.minimum(zero, c), v3)
+    piece = np.where(h0 == v3, 2, np.where(h0 == c, 1, 0)).astype(np.int8)
+    # on the chord's piece h is linear: both ends are (a u + c) / (u + L), without the
+    # cancellation of (a u + c - h0) / u
+    chord = (au + c) / (u + L)
+    lo_s = np.where(piece == 2, chord, h0 / L)
+    hi_s = np.where(piece == 2, chord, (au + c - h0) / u)
+    s = lo_s + t * (hi_s - lo_s)
+    if not verified:
+        return s, h0, piece, lo_s, hi_s
+    # b <= min(s L, h0, a u + c - s u) exactly: each term's rounding (at most a few units of
+    # the magnitudes below) taken off
+    b = np.minimum(np.minimum(s * L, h0), au + c - s * u)
+    mag = np.abs(au) + np.abs(c) + np.abs(s) * (u + L)
+    return s, b - (8.0 * U64) * mag - _TINY, piece, lo_s, hi_s
+
+
+def _unstable_bounds(bd, bounds, N, m):
+    """Per evaluated (domain, row): the unstable neurons' (l, u) (N, nU) float64."""
+    if bounds is None:
+        lo = np.concatenate([l[c] for (l, _), c in zip(bd.bounds, bd.ucols)]) if bd.L else \
+            np.zeros(0)
+        hi = np.concatenate([u[c] for (_, u), c in zip(bd.bounds, bd.ucols)]) if bd.L else \
+            np.zeros(0)
+        return np.broadcast_to(lo, (N, bd.nU)), np.broadcast_to(hi, (N, bd.nU))
+    dl, du = (np.asarray(x, np.float64) for x in bounds)
+    if m > 1:
+        dl, du = np.repeat(dl, m, axis=0), np.repeat(du, m, axis=0)
+    return dl, du
+
+
+def evaluate_cuts(bd, split, alpha, beta, mu, dtype=np.float64, keep=False, bounds=None,
+                  rows=None, verified=True):
+    """:meth:`Bounder.evaluate` with the cuts ``bd.cuts`` and their multipliers ``mu``
+    (B, m, nC) (or (B, 1, nC) with ``rows``), ReLU only: lower bounds (B, m) of the rows on
+    the subdomains' counterexamples. ``bounds``: per domain (l, u) (B, nU) of the unstable
+    neurons (default the root's). ``keep``: also the tape for :func:`gradient_cuts`.
+    ``verified`` False (tests of the gradient): the float64 lines' intercepts unrounded."""
+    if bd.leak != 0.0:
+        raise ValueError("cuts: ReLU networks only")
+    cuts = bd.cuts
+    f64 = np.dtype(dtype) == np.float64
+    dt = np.float64 if f64 else np.float32
+    B, m = split.shape[0], (bd.m if rows is None else 1)
+    N = B * m
+    sp = np.repeat(split, m, axis=0) if m > 1 else split
+    al = alpha.reshape(N, bd.nU).astype(dt, copy=False)
+    be = beta.reshape(N, bd.nU).astype(dt, copy=False)
+    M = np.maximum(np.asarray(mu, np.float64).reshape(N, len(cuts)), 0.0)
+    C = M @ cuts.K  # each unstable neuron's coefficient on z
+    lo, hi = _unstable_bounds(bd, bounds, N, m)
+    if rows is None:
+        Lam = np.broadcast_to(bd.Lam_top.astype(dt), (B, m, bd.Lam_top.shape[1])).reshape(N, -1)
+        const = np.tile(bd.const_top, B)
+    else:
+        Lam = bd.Lam_top[rows].astype(dt)
+        const = bd.const_top[rows]
+    const = const + M @ cuts.e
+    if f64:
+        mag = (np.tile(bd.mag_top, B) if rows is None else bd.mag_top[rows]) + np.abs(M @ cuts.e)
+        steps = np.tile(bd.lam_err, B) if rows is None else bd.lam_err[rows]
+        # C and M e as computed against their exact values: |z| <= 1
+        g = gamma_n(max(len(cuts), 1) + 1, U64)
+        absM = np.abs(M)
+        steps = steps + g * ((absM @ np.abs(cuts.K)).sum(axis=1) + absM @ np.abs(cuts.e))
+    acc = Rows(Lam, const, mag if f64 else None, steps if f64 else None)
+    W = bd.Wmul if f64 else bd.W32mul
+    tape = []
+    for k in range(bd.L - 1, -1, -1):
+        cols = bd.ucols[k]
+        o0, o1 = bd.offsets[k], bd.offsets[k + 1]
+        Lam = acc.Lam
+        Lu = np.asarray(Lam[:, cols], np.float64)
+        s_k = sp[:, o0:o1]
+        free = s_k == 0
+        ck = C[:, o0:o1]
+        lk, uk = lo[:, o0:o1], hi[:, o0:o1]
+        if f64 and np.any(free & ~((lk < 0.0) & (uk > 0.0))):
+            raise ValueError("cuts: an unsplit neuron is not unstable on its domain")
+        lk, uk = np.where(free, lk, -1.0), np.where(free, uk, 1.0)
+        s, b, piece, lo_s, hi_s = cut_lines(Lu, ck, al[:, o0:o1].astype(np.float64), lk, uk,
+                                            f64 and verified)
+        Du = np.where(free, s, Lu * (s_k > 0) - s_k * be[:, o0:o1])
+        icpt = np.where(free, b, np.where(s_k > 0, ck, 0.0))
+        ss = bd.stable_slope[k] if f64 else bd.ss32[k]
+        D = Lam * ss
+        D[:, cols] = Du.astype(dt)
+        bias = bd.biases[k] if f64 else bd.b32[k]
+        acc.step(D, icpt.astype(dt), bias, W[k], bd.rw[k] if f64 else None)
+        if keep:
+            tape.append((Lu, ck, al[:, o0:o1], lk, uk, piece, lo_s, hi_s, free, s_k))
+    Lam, const = acc.Lam, acc.const
+    if f64:
+        out = box_lower(Lam, const, acc.mag, acc.charge, bd.c, bd.r, bd.net.fp_rtol)
+    else:
+        out = (Lam @ bd.c32).astype(np.float64) - (np.abs(Lam) @ bd.r32) + const
+    out = out.reshape(B, m)
+    if keep:
+        tape.reverse()
+        return out, (tape, Lam)
+    return out
+
+
+def gradient_cuts(bd, state):
+    """d(sum of the bounds)/d alpha, d beta (each (N, nU)) and d mu (N, nC) from
+    :func:`evaluate_cuts`'s tape."""
+    tape, Lam_in = state
+    dt = Lam_in.dtype
+    N = Lam_in.shape[0]
+    c, r = (bd.c, bd.r) if dt == np.float64 else (bd.c32, bd.r32)
+    G = (c - np.sign(Lam_in) * r).astype(np.float64)
+    gA = np.zeros((N, bd.nU))
+    gB = np.zeros((N, bd.nU))
+    gC = np.zeros((N, bd.nU))
+    for k in range(bd.L):
+        gD = G @ bd.WTmul[k] + bd.biases[k]
+        Lu, ck, t, lk, uk, piece, lo_s, hi_s, free, s_k = tape[k]
+        o0, o1 = bd.offsets[k], bd.offsets[k + 1]
+        cols = bd.ucols[k]
+        t = t.astype(np.float64)
+        gDu = gD[:, cols]
+        L = -lk
+        w = L / (uk + L)
+        dh_da = np.where(piece == 2, uk * w, 0.0)
+        dh_dc = np.where(piece == 2, w, np.where(piece == 1, 1.0, 0.0))
+        ds_da = (1.0 - t) * dh_da / L + t * (uk - dh_da) / uk
+        ds_dc = (1.0 - t) * dh_dc / L + t * (1.0 - dh_dc) / uk
+        gA[:, o0:o1] = np.where(free, gDu * (hi_s - lo_s), 0.0)
+        gB[:, o0:o1] = gDu * (-s_k)
+        gC[:, o0:o1] = np.where(free, dh_dc + gDu * ds_dc, (s_k > 0).astype(np.float64))
+        if k + 1 < bd.L:
+            G = gD * bd.stable_slope[k]
+            G[:, cols] = np.where(free, dh_da + gDu * ds_da, gDu * (s_k > 0))
+    gM = gC @ bd.cuts.K.T + bd.cuts.e
+    return gA.astype(dt), gB.astype(dt), gM.astype(dt)
+
+
+def weaker_sets(split_row, beta_row, depth_order=None, keep_last: int = 3):
+    """Smaller decision sets to try as cuts, from a proven domain's decisions ``split_row``
+    (nU,) and its proving row's split multipliers ``beta_row`` (nU,): the decisions whose
+    multiplier is positive, and (with ``depth_order``, the decisions' neurons from first to
+    last) the last ``keep_last``. Only sets smaller than the domain's and not empty."""
+    s = np.asarray(split_row, np.int8)
+    n = int(np.count_nonzero(s))
+    out = []
+    used = np.where((s != 0) & (np.asarray(beta_row) > 0.0), s, 0).astype(np.int8)
+    if 0 < np.count_nonzero(used) < n:
+        out.append(used)
+    if depth_order is not None and n > keep_last:
+        last = np.zeros_like(s)
+        tail = np.asarray(depth_order)[-keep_last:]
+        last[tail] = s[tail]
+        if not any(np.array_equal(last, o) for o in out):
+            out.append(last)
+    return out

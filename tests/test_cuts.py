@@ -1,0 +1,278 @@
+"""Cutting planes of ReLU splitting (crown_cli.verification.bab.cuts): the line of one neuron
+with a cut coefficient in exact arithmetic, the float64 bound with cuts against an exact MILP
+that holds the cuts and splits as constraints, its gradient, and the search with cuts against
+the MILP's verdicts."""
+from fractions import Fraction
+
+import numpy as np
+import pytest
+from scipy.optimize import Bounds, LinearConstraint, milp
+
+from crown_cli.verification.bab import relu_split as bab_relu
+from crown_cli.verification.bab.cuts import Cuts, cut_lines, evaluate_cuts, weaker_sets
+from oracles import random_mlp
+
+
+def _bounder(sizes=(4, 8, 8, 3), seed=0, eps=0.4, A=None):
+    w, b = random_mlp(list(sizes), seed=seed)
+    rng = np.random.default_rng(seed + 7)
+    x0 = rng.uniform(-1.0, 1.0, sizes[0])
+    if A is None:
+        A = np.array([[1.0, -1.0, 0.0], [1.0, 0.0, -1.0]])
+    bd = bab_relu.Bounder(bab_relu.ReluSplitProblem(w, b, x0 - eps, x0 + eps, A,
+                                                    np.zeros(A.shape[0])))
+    return bd
+
+
+def _states(bd, X):
+    """The unstable neurons' states (+1 active, -1 inactive) at the points X (n, d)."""
+    h, out = X, []
+    for k in range(bd.L):
+        pre = h @ bd.weights[k].T + bd.biases[k]
+        out.append(np.where(pre[:, bd.ucols[k]] >= 0.0, 1, -1))
+        h = np.maximum(pre, 0.0)
+    return np.concatenate(out, axis=1).astype(np.int8)
+
+
+def _random_cuts(bd, rng, n, X=None):
+    """n cuts of 1-3 decisions; with points X, only cuts every point meets."""
+    cuts = Cuts(bd.nU)
+    st = None if X is None else _states(bd, X)
+    while len(cuts) < n:
+        s = np.zeros(bd.nU, np.int8)
+        j = rng.choice(bd.nU, size=min(bd.nU, rng.integers(1, 4)), replace=False)
+        s[j] = rng.choice([-1, 1], size=j.size)
+        if st is not None and not np.all(np.any(st[:, j] != s[j], axis=1)):
+            continue
+        cuts.add(s)
+    return cuts
+
+
+def _milp_min(bd, split_row, cuts, row):
+    """min of row ``row`` of A f(x) - b_up over the box's points whose neuron states meet
+    ``split_row`` and every cut (big-M MILP on the bounder's root bounds, scipy HiGHS);
+    None when infeasible."""
+    d = bd.box.lo.size
+    lo, hi = list(bd.box.lo), list(bd.box.hi)
+    integ = [0] * d
+    rows = []  # (dict col -> coef, lb, ub)
+    prev = list(range(d))
+    zcol = {}
+    g = 0
+    for k in range(bd.L):
+        W, b = bd.weights[k], bd.biases[k]
+        l, u = bd.bounds[k]
+        ycols = []
+        for j in range(W.shape[0]):
+            y = len(lo)
+            lo.append(0.0)
+            hi.append(max(float(u[j]), 0.0))
+            integ.append(0)
+            ycols.append(y)
+            pre = {c: -W[j, i] for i, c in enumerate(prev)}
+            if u[j] <= 0.0:
+                hi[y] = 0.0
+            elif l[j] >= 0.0:
+                rows.append(({y: 1.0, **pre}, b[j], b[j]))
+            else:
+                z = len(lo)
+                gi = g
+                g += 1
+                sv = split_row[gi]
+                lo.append(1.0 if sv > 0 else 0.0)
+                hi.append(0.0 if sv < 0 else 1.0)
+                integ.append(1)
+                zcol[gi] = z
+                rows.append(({y: 1.0, **pre}, b[j], np.inf))
+                rows.append(({y: 1.0, z: -u[j]}, -np.inf, 0.0))
+                rows.append(({y: 1.0, **pre, z: -l[j]}, -np.inf, b[j] - l[j]))
+        prev = ycols
+    assert g == bd.nU
+    for kk in range(len(cuts)):
+        coef = {zcol[j]: cuts.K[kk, j] for j in np.flatnonzero(cuts.K[kk])}
+        rows.append((coef, -np.inf, -cuts.e[kk]))
+    n = len(lo)
+    Amat = np.zeros((len(rows), n))
+    lb, ub = np.zeros(len(rows)), np.zeros(len(rows))
+    for i, (coef, a, bb) in enumerate(rows):
+        for c, v in coef.items():
+            Amat[i, c] += v
+        lb[i], ub[i] = a, bb
+    cost = np.zeros(n)
+    cost[prev] = bd.Lam_top[row]
+    res = milp(cost, constraints=[LinearConstraint(Amat, lb, ub)], integrality=np.array(integ),
+               bounds=Bounds(np.array(lo), np.array(hi)),
+               options={"mip_rel_gap": 1e-9, "time_limit": 60})
+    if res.status == 2 or res.x is None:
+        return None
+    assert res.status == 0
+    return res.fun + bd.const_top[row]
+
+
+def _vertices_value(a, c, s, b, l, u, x, y, z):
+    return a * y + c * z - (s * x + b)
+
+
+def test_cut_line_is_below_the_neuron_in_exact_arithmetic():
+    """s x + b <= a y + c z at the 4 vertices of one ReLU's exact relaxation, in rational
+    arithmetic on the floats cut_lines used, for random and extreme coefficients; with c = 0
+    the line is CROWN's."""
+    rng = np.random.default_rng(0)
+    n = 4000
+    a = rng.standard_normal(n) * 10.0 ** rng.integers(-6, 6, n)
+    c = rng.standard_normal(n) * 10.0 ** rng.integers(-6, 6, n)
+    c[::7] = 0.0
+    a[::11] = 0.0
+    l = -np.abs(rng.standard_normal(n)) * 10.0 ** rng.integers(-5, 3, n)
+    u = np.abs(rng.standard_normal(n)) * 10.0 ** rng.integers(-5, 3, n)
+    t = rng.uniform(0.0, 1.0, n)
+    t[::5] = 0.0
+    t[::6] = 1.0
+    s, bcut, piece, lo_s, hi_s = cut_lines(a, c, t, l, u, True)
+    for i in range(n):
+        F = Fraction
+        ai, ci, si, bi, li, ui = (F(float(v)) for v in (a[i], c[i], s[i], bcut[i], l[i], u[i]))
+        for x, y, z in ((li, F(0), F(0)), (F(0), F(0), F(0)), (F(0), F(0), F(1)),
+                        (ui, ui, F(1))):
+            assert _vertices_value(ai, ci, si, bi, li, ui, x, y, z) >= 0, (i, x, y, z)
+    # c = 0: CROWN's lines (slope t a for a >= 0, the chord below 0)
+    z = c == 0.0
+    chord = u / (u - l)
+    want = np.where(a >= 0.0, t * a, a * chord)
+    assert np.allclose(s[z], want[z], rtol=1e-12, atol=1e-300)
+
+
+def test_cut_line_is_tight_where_the_relaxation_touches():
+    """The estimate's intercept is h(0) and both ends of the slope range touch h at l or u."""
+    rng = np.random.default_rng(1)
+    a, c = rng.standard_normal(200), rng.standard_normal(200)
+    l, u = -rng.uniform(0.1, 2, 200), rng.uniform(0.1, 2, 200)
+    for t in (0.0, 1.0):
+        s, h0, piece, lo_s, hi_s = cut_lines(a, c, np.full(200, t), l, u, False)
+        h0_exact = np.minimum(np.minimum(0.0, c), (a * u + c) * (-l) / (u - l))
+        assert np.allclose(h0, h0_exact)
+        assert np.all(lo_s <= hi_s + 1e-12)
+        end = np.where(t == 0.0, s * l + h0, s * u + h0)  # the line at l (t 0) or u (t 1)
+        h_end = 0.0 if t == 0.0 else a * u + c
+        assert np.allclose(end, h_end)
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_bound_with_cuts_is_below_the_milp_with_them(seed):
+    """Random cuts (valid or not: the Lagrangian bounds the problem that holds them), random
+    multipliers, slopes, splits and split multipliers: every float64 row bound is at most the
+    exact MILP minimum over the box's points meeting the splits and the cuts."""
+    bd = _bounder(seed=seed)
+    assert bd.nU >= 6
+    rng = np.random.default_rng(seed)
+    B = 4
+    X = rng.uniform(bd.box.lo, bd.box.hi, (B, bd.box.lo.size))
+    bd.cuts = _random_cuts(bd, rng, 4, X)  # every X meets them: the MILPs are feasible
+    st = _states(bd, X)
+    split = np.zeros((B, bd.nU), np.int8)
+    for i in range(1, B - 1):  # decisions X[i] meets
+        j = rng.choice(bd.nU, size=2 * i, replace=False)
+        split[i, j] = st[i, j]
+    split[B - 1] = st[B - 1]  # every neuron split: each cut's term a constant
+    alpha = rng.uniform(0.0, 1.0, (B, bd.m, bd.nU))
+    beta = rng.uniform(0.0, 2.0, (B, bd.m, bd.nU)) * (split != 0)[:, None, :]
+    checked = 0
+    for scale in (0.0, 0.3, 3.0):
+        mu = rng.uniform(0.0, scale, (B, bd.m, len(bd.cuts)))
+        v = bd.evaluate(split, alpha, beta, np.float64, mu=mu)
+        for i in range(B):
+            for r in range(bd.m):
+                exact = _milp_min(bd, split[i], bd.cuts, r)
+                if exact is not None:
+                    assert v[i, r] <= exact + 1e-12 * (1 + abs(exact)), (i, r, v[i, r], exact)
+                    checked += 1
+    assert checked == 3 * B * bd.m
+
+
+def test_bound_without_multipliers_is_the_plain_bound():
+    """mu = 0: the cut path's float64 bound equals Bounder.evaluate's within the cut lines'
+    extra rounding allowance; its float32 estimate equals the plain estimate's."""
+    bd = _bounder(seed=3)
+    rng = np.random.default_rng(3)
+    bd.cuts = _random_cuts(bd, rng, 3)
+    split = rng.integers(-1, 2, (3, bd.nU)).astype(np.int8)
+    alpha = rng.uniform(0.0, 1.0, (3, bd.m, bd.nU))
+    beta = rng.uniform(0.0, 1.0, (3, bd.m, bd.nU)) * (split != 0)[:, None, :]
+    mu = np.zeros((3, bd.m, 3))
+    plain = bd.evaluate(split, alpha, beta, np.float64)
+    cut = bd.evaluate(split, alpha, beta, np.float64, mu=mu)
+    assert np.all(cut <= plain + 1e-12)
+    assert np.allclose(cut, plain, rtol=0, atol=1e-9)
+    p32 = bd.evaluate(split, alpha.astype(np.float32), beta.astype(np.float32), np.float32)
+    c32 = evaluate_cuts(bd, split, alpha.astype(np.float32), beta.astype(np.float32), mu,
+                        np.float32)
+    assert np.allclose(c32, p32, rtol=1e-5, atol=1e-5)
+
+
+def test_gradient_with_cuts_matches_finite_differences():
+    bd = _bounder(seed=4)
+    rng = np.random.default_rng(4)
+    bd.cuts = _random_cuts(bd, rng, 3)
+    B = 2
+    split = np.zeros((B, bd.nU), np.int8)
+    split[1, :2] = [1, -1]
+    alpha = rng.uniform(0.1, 0.9, (B, bd.m, bd.nU))
+    beta = rng.uniform(0.1, 1.0, (B, bd.m, bd.nU)) * (split != 0)[:, None, :]
+    mu = rng.uniform(0.1, 1.0, (B, bd.m, 3))
+
+    def f(a, be, m_):
+        return evaluate_cuts(bd, split, a, be, m_, np.float64, keep=False, verified=False).sum()
+
+    _, state = evaluate_cuts(bd, split, alpha, beta, mu, np.float64, keep=True,
+                             verified=False)
+    gA, gB, gM = bd.gradient(state)
+    h = 1e-6
+    checked = 0
+    for name, P, g in (("alpha", alpha, gA), ("beta", beta, gB), ("mu", mu, gM)):
+        g = g.reshape(P.shape)
+        for idx in list(np.ndindex(P.shape))[::3]:
+            if name == "beta" and split[idx[0], idx[2]] == 0:
+                continue
+            Pp, Pm = P.copy(), P.copy()
+            Pp[idx] += h
+            Pm[idx] -= h
+            args_p = {"alpha": (Pp, beta, mu), "beta": (alpha, Pp, mu), "mu": (alpha, beta, Pp)}
+            args_m = {"alpha": (Pm, beta, mu), "beta": (alpha, Pm, mu), "mu": (alpha, beta, Pm)}
+            fd = (f(*args_p[name]) - f(*args_m[name])) / (2 * h)
+            assert abs(fd - g[idx]) <= 1e-5 * (1 + abs(fd)), (name, idx, fd, g[idx])
+            checked += 1
+    assert checked > 20
+
+
+def test_cuts_container_and_weaker_sets():
+    cuts = Cuts(5, cap=2)
+    s = np.array([1, 0, -1, 0, 0], np.int8)
+    assert cuts.add(s) and not cuts.add(s) and not cuts.add(np.zeros(5, np.int8))
+    assert cuts.K.tolist() == [[1, 0, -1, 0, 0]] and cuts.e.tolist() == [0.0]
+    dom = np.array([[1, 1, -1, 0, 0], [1, 0, 1, 0, 0], [1, 0, 0, 0, 0]], np.int8)
+    assert cuts.contains(dom).tolist() == [True, False, False]
+    cuts.add(np.array([0, 1, 0, 0, 0], np.int8))
+    cuts.add(np.array([0, 0, 0, 1, 1], np.int8))  # cap 2: the first one goes
+    assert len(cuts) == 2 and cuts.e.tolist() == [0.0, -1.0]
+    assert cuts.contains(dom).tolist() == [True, False, False]
+    out = weaker_sets(np.array([1, -1, 1, 1, 0], np.int8), np.array([0.5, 0, 0, 2.0, 0]),
+                      depth_order=[0, 1, 2, 3], keep_last=2)
+    assert [o.tolist() for o in out] == [[1, 0, 0, 1, 0], [0, 0, 1, 1, 0]]
+
+
+def test_fully_split_domain_adds_the_cuts_term_exactly():
+    """On a domain with every unstable neuron split, z is fixed: the bound with cuts is the
+    plain bound plus mu . (K z + e) (within rounding), whatever the signs of the terms."""
+    bd = _bounder(seed=5)
+    rng = np.random.default_rng(5)
+    bd.cuts = _random_cuts(bd, rng, 5)
+    split = rng.choice(np.array([-1, 1], np.int8), (4, bd.nU))
+    alpha = rng.uniform(0.0, 1.0, (4, bd.m, bd.nU))
+    beta = rng.uniform(0.0, 1.0, (4, bd.m, bd.nU))
+    mu = rng.uniform(0.0, 2.0, (4, bd.m, len(bd.cuts)))
+    plain = bd.evaluate(split, alpha, beta, np.float64)
+    cut = bd.evaluate(split, alpha, beta, np.float64, mu=mu)
+    z = (split > 0).astype(np.float64)
+    term = np.einsum("bmk,bk->bm", mu, z @ bd.cuts.K.T + bd.cuts.e)
+    assert np.abs(term).max() > 0.5
+    assert np.allclose(cut, plain + term, rtol=0, atol=1e-8)
