@@ -6,6 +6,8 @@ float64.
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
+from typing import Optional
 
 import numpy as np
 
@@ -17,6 +19,18 @@ from crown_cli.engine.optim import Adam, AdamSettings, BestIterate
 
 # Adam's settings for the slopes and multipliers (the step size folded with the bias corrections)
 ADAM = AdamSettings(folded=True)
+
+# Adam's step sizes: the slopes, the split multipliers, the cuts' multipliers
+LR_ALPHA, LR_BETA, LR_MU = 0.1, 0.05, 0.05
+
+
+@dataclass
+class CutParams:
+    """The cuts' multipliers of a batch, ``mu`` (B, m, nC) float32 (optimised in place), and
+    the domains' (l, u) (B, nU) of the unstable neurons (None: the root's)."""
+
+    mu: np.ndarray
+    bounds: Optional[tuple] = None
 
 
 def _optimise_rows(bd, split, alpha0, rows, chords, iters, lr_alpha, lr_beta,
@@ -69,8 +83,8 @@ class StepClock:
         return deadline is not None and now + self.span >= deadline
 
 
-def optimise(bd, split, alpha, beta, iters=20, lr_alpha=0.1, lr_beta=0.05,
-             stop=True, chords=None, deadline=None, mu=None, bounds=None):
+def optimise(bd, split, alpha, beta, iters=20, stop=True, chords=None, deadline=None,
+             cut=None):
     """Projected Adam ascent of the float32 bounds over alpha, beta (B, m, nU) float32, in
     place; keeps per (domain, row) the best iterate. A domain leaves the batch once its
     :meth:`Bounder.score` is above 0 by a float32 margin (the float64 check decides later).
@@ -78,10 +92,11 @@ def optimise(bd, split, alpha, beta, iters=20, lr_alpha=0.1, lr_beta=0.05,
     domains at the best iterate). ``chords``: the domains' upper lines, as :meth:`Bounder.evaluate`.
     ``deadline`` (a ``time.monotonic()`` instant): no further step that would end after it
     (:class:`StepClock`; the first evaluation always runs; the best iterate so far is kept,
-    as at the last step). ``mu`` (B, m, nC) float32: the cuts' multipliers, optimised with
-    them in place (``bounds``: the domains' (l, u) of the unstable neurons); the final tape
-    is then the bound without the cuts (for branching)."""
+    as at the last step). ``cut`` (:class:`CutParams`): the cuts' multipliers, optimised
+    with the slopes in place; the final tape is then the bound without the cuts (for
+    branching)."""
     B, m, nU = alpha.shape
+    mu, bounds = (None, None) if cut is None else (cut.mu, cut.bounds)
     cut = _with_cuts(bd, mu)
     extra = (mu,) if cut else ()
     best = BestIterate((B, m), alpha, beta, *extra)
@@ -109,8 +124,8 @@ def optimise(bd, split, alpha, beta, iters=20, lr_alpha=0.1, lr_beta=0.05,
         if t == iters or clock.ends(deadline):
             break
         grads = bd.gradient(state)
-        opt_a.ascend(a, grads[0].reshape(a.shape), t, lr_alpha, index=act)
-        opt_b.ascend(be, grads[1].reshape(be.shape), t, lr_beta, index=act)
+        opt_a.ascend(a, grads[0].reshape(a.shape), t, LR_ALPHA, index=act)
+        opt_b.ascend(be, grads[1].reshape(be.shape), t, LR_BETA, index=act)
         be *= splitted[act]
         alpha[act] = a
         beta[act] = be
@@ -125,10 +140,6 @@ def optimise(bd, split, alpha, beta, iters=20, lr_alpha=0.1, lr_beta=0.05,
     return np.maximum(best.best, val), state
 
 
-# Adam's step size for the cuts' multipliers
-LR_MU = 0.05
-
-
 def _with_cuts(bd, mu) -> bool:
     cuts = getattr(bd, "cuts", None)
     return mu is not None and cuts is not None and len(cuts) > 0 and mu.shape[-1] == len(cuts)
@@ -138,20 +149,20 @@ def _take(bounds, index):
     return None if bounds is None else (bounds[0][index], bounds[1][index])
 
 
-def optimise_open(bd, split, alpha, beta, done, iters=20, lr_alpha=0.1,
-                  lr_beta=0.05, chords=None, deadline=None, mu=None, bounds=None):
+def optimise_open(bd, split, alpha, beta, done, iters=20, chords=None, deadline=None,
+                  cut=None):
     """:func:`optimise` for searches over several cases (``bd.gstart``): only the rows of
     cases not yet proven on a domain (``done`` (B, G) bool, float64-proven on an ancestor)
     are optimised, and a case's rows leave once one of them is above 0 by a float32 margin.
     Returns (best bounds (B, m), +inf on rows of done cases; the tape of a final evaluation
     of one row per domain; that row (B,), :meth:`Bounder.score_row` of the best bounds).
-    With one case it is :func:`optimise` (tape of every row). ``mu``, ``bounds``: the
-    cuts' multipliers, as :func:`optimise`."""
+    With one case it is :func:`optimise` (tape of every row). ``cut``: as :func:`optimise`."""
     B, m, nU = alpha.shape
     if bd.gstart.size <= 1:
-        best, state = optimise(bd, split, alpha, beta, iters, lr_alpha, lr_beta,
-                               chords=chords, deadline=deadline, mu=mu, bounds=bounds)
+        best, state = optimise(bd, split, alpha, beta, iters, chords=chords,
+                               deadline=deadline, cut=cut)
         return best, state, bd.score_row(best)
+    mu, bounds = (None, None) if cut is None else (cut.mu, cut.bounds)
     cut = _with_cuts(bd, mu)
     frozen = done[:, bd.group_of]
     track = BestIterate((B, m), alpha, beta, *((mu,) if cut else ()),
@@ -185,8 +196,8 @@ def optimise_open(bd, split, alpha, beta, done, iters=20, lr_alpha=0.1,
         if t == iters or clock.ends(deadline):
             break
         grads = bd.gradient(state)
-        opt_a.ascend(a, grads[0], t, lr_alpha, index=(d, r))
-        opt_b.ascend(be, grads[1], t, lr_beta, index=(d, r))
+        opt_a.ascend(a, grads[0], t, LR_ALPHA, index=(d, r))
+        opt_b.ascend(be, grads[1], t, LR_BETA, index=(d, r))
         be *= sp != 0
         alpha[d, r] = a
         beta[d, r] = be

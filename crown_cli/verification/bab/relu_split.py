@@ -68,7 +68,8 @@ from crown_cli.verification.outcome import BabResult, finish
 from crown_cli.verification.bab.bounder import Bounder
 from crown_cli.verification.bab.branching import _fsb_choice, branch_scores
 from crown_cli.verification.bab.domains import DomainPool, Domains, ReluSplitProblem
-from crown_cli.verification.bab.optimise import optimise, optimise_open
+from crown_cli.verification.bab.cuts import Cuts, weaker_sets
+from crown_cli.verification.bab.optimise import CutParams, optimise, optimise_open
 
 
 def root_layer_bounds(weights, biases, lo, hi, activation="relu", leak=None, iters=20,
@@ -190,6 +191,11 @@ class ReluSplitOptions:
     # default INTERM_MAX_WIDTH on networks with a wider hidden layer (they then also default
     # to interm_iters 0 and layer_window 0), else None
     interm_max_width: Optional[int] = None
+    # cutting planes inferred from proven domains (cuts.py; ReLU, dense bounders, no proof
+    # recorded): at most this many held at once (0: none), and candidate decision sets
+    # proven per batch
+    cuts: int = 0
+    cut_checks: int = 32
 
 
 def optimises_domain_bounds(weights) -> bool:
@@ -261,6 +267,12 @@ class _Search:
                           closed=0.0)
         self.stuck = 0  # domains with nothing left to split and no proof
         self.pool = None  # the open domains, from the root on
+        # cuts: on a dense ReLU bounder, when neither a proof nor a test's charge is taken
+        self.cut_sets = []  # decision sets waiting to be proven as cuts
+        if o.cuts > 0 and hasattr(bd, "cuts") and bd.leak == 0.0 and proof is None \
+                and charge is None and bd.nU > 0:
+            bd.cuts = Cuts(bd.nU, o.cuts)
+            self.stats.update(cuts=0, cut_checks=0, cut_pruned=0)
 
     def _resolve(self, o: ReluSplitOptions, weights):
         """The settings left to the network (None in ``o``) decided, and the domain cap. A
@@ -355,13 +367,14 @@ class _Search:
             if len(pool) > self.max_domains:
                 return self.result("unknown", worst=pool.worst(), note="domain cap")
             kids, choice = self._branch(pool.pop(max(1, self.o.batch // 2)))
+            kids = self._inside_cuts(kids)
             chords = None
-            if self.interm:
+            if self.interm and kids.split.shape[0]:
                 kids = self._tighten(kids, choice)
-                if kids.split.shape[0] == 0:
-                    continue
                 chords = bd.chords(kids.dl, kids.du)
-            xv = self._bound(kids, self.o.iters, chords)
+            xv = self._bound(kids, self.o.iters, chords) if kids.split.shape[0] else None
+            if xv is None and self.cut_sets:
+                xv = self._check_cut_sets()
             if xv is not None:
                 return self.result("sat", xv)
             stats["peak"] = max(stats["peak"], len(pool))
@@ -376,6 +389,9 @@ class _Search:
 
     def result(self, verdict, x=None, worst=np.nan, note=""):
         s = self.stats
+        if self.log is not None and "cuts" in s:
+            self.log(f"cuts: {s['cuts']} proven of {s['cut_checks']} decision sets tried, "
+                     f"{s['cut_pruned']} domains inside one")
         return BabResult(verdict, x, s["domains"], s["peak"], float(worst),
                          time.monotonic() - self.t0, s["batches"], s["proven"], note=note)
 
@@ -493,11 +509,86 @@ class _Search:
     def _bound(self, kids: Domains, iters, chords):
         """The children optimised, checked and pushed into the pool (the open ones): a
         counterexample found on the way, or None."""
+        bounds = (kids.dl, kids.du) if self.interm else None
         score, proven, row, state, xv = self.assess(kids.split, kids.alpha, kids.beta,
-                                                    kids.done, iters, chords, kids.node)
+                                                    kids.done, iters, chords, kids.node,
+                                                    bounds)
         if xv is not None:
             return xv
+        if self.bd_cuts() is not None:
+            self._propose_cuts(kids, proven)
         return self.enqueue(score, proven, row, state, kids)
+
+    # ------------------------------------------------------------------ cuts
+
+    def bd_cuts(self):
+        """The bounder's cuts when this search infers them, else None."""
+        return getattr(self.bd, "cuts", None) if "cuts" in self.stats else None
+
+    def _propose_cuts(self, kids: Domains, proven):
+        """From each domain of the batch proven by its bound: the decisions its rows' split
+        multipliers used, queued to be proven as a cut of their own (:mod:`.cuts`)."""
+        for i in np.flatnonzero(proven & (kids.depth >= 2)):
+            for cand in weaker_sets(kids.split[i], np.max(kids.beta[i], axis=0)):
+                self.cut_sets.append(cand)
+        if len(self.cut_sets) > 8 * self.o.cut_checks:  # the newest kept
+            del self.cut_sets[:len(self.cut_sets) - 8 * self.o.cut_checks]
+
+    def _check_cut_sets(self):
+        """Up to ``cut_checks`` queued decision sets bounded as domains of their own (with
+        their hidden-layer bounds when the search recomputes them); each proven one becomes a
+        cut. A counterexample found on the way, or None."""
+        bd, stats = self.bd, self.stats
+        sets = np.stack(self.cut_sets[-self.o.cut_checks:])
+        del self.cut_sets[-self.o.cut_checks:]
+        sets = sets[~bd.cuts.contains(sets)]
+        B = sets.shape[0]
+        if B == 0:
+            return None
+        stats["cut_checks"] += B
+        m, nU = bd.m, bd.nU
+        alpha = np.broadcast_to(bd.initial_alpha(), (B, m, nU)).copy()
+        beta = np.zeros((B, m, nU), np.float32)
+        done = np.zeros((B, max(1, bd.gstart.size)), bool)
+        chords = bounds = None
+        proven = np.zeros(B, bool)
+        given = sets.copy()  # tighten adds the decisions the sets imply; the cut is the set's
+        if self.interm:
+            rl, ru = bd.root_domain_bounds()
+            dl, du = np.tile(rl, (B, 1)), np.tile(ru, (B, 1))
+            sets, dl, du, proven = bd.tighten(sets, dl, du, np.zeros(B, np.int64),
+                                              deadline=self.deadline, max_width=self.max_width)
+            chords, bounds = bd.chords(dl, du), (dl, du)
+        open_ = np.flatnonzero(~proven)
+        if open_.size:
+            _, pr, _, _, xv = self.assess(
+                sets[open_], alpha[open_], beta[open_], done[open_], self.o.iters,
+                None if chords is None else (chords[0][open_], chords[1][open_]), None,
+                None if bounds is None else (bounds[0][open_], bounds[1][open_]), count=False)
+            if xv is not None:
+                return xv
+            proven[open_] = pr
+        for s in given[proven]:
+            stats["cuts"] += int(bd.cuts.add(s))
+        return None
+
+    def _inside_cuts(self, kids: Domains) -> Domains:
+        """The children that hold every decision of a cut are inside a proven domain: counted
+        proven and dropped."""
+        cuts = self.bd_cuts()
+        if cuts is None or len(cuts) == 0:
+            return kids
+        inside = cuts.contains(kids.split)
+        if not inside.any():
+            return kids
+        s = self.stats
+        s["proven"] += int(inside.sum())
+        s["cut_pruned"] += int(inside.sum())
+        s["closed"] += float(np.sum(0.5 ** kids.depth[inside]))
+        k = ~inside
+        return Domains(kids.split[k], kids.alpha[k], kids.beta[k], None, None, kids.dl[k],
+                       kids.du[k], kids.done[k], kids.depth[k],
+                       None if kids.node is None else kids.node[k])
 
     def _log_batch(self):
         s = self.stats
@@ -505,29 +596,46 @@ class _Search:
             self.log(f"batch {s['batches']}: {s['domains']} domains, {len(self.pool)} open, "
                      f"worst {self.pool.worst():.4g}, {time.monotonic() - self.t0:.1f}s"
                      + (f" ({s['t_interm']:.1f}s interm, {s['empty']} empty)"
-                        if self.interm else ""))
+                        if self.interm else "")
+                     + (f", {s['cuts']} cuts ({s['cut_checks']} sets tried, "
+                        f"{s['cut_pruned']} domains inside one)" if "cuts" in s else ""))
 
-    def verify64(self, split, alpha, beta, chords=None):
+    def verify64(self, split, alpha, beta, chords=None, cut=None):
+        """The float64 bounds (B, m) at these slopes and multipliers (``cut``: with the
+        cuts, :class:`CutParams`)."""
         bd = self.bd
         a = np.clip(alpha.astype(np.float64), bd.leak, 1.0)
         be = np.maximum(beta.astype(np.float64), 0.0)
+        if cut is not None:
+            return bd.evaluate(split, a, be, np.float64, chords=chords, mu=cut.mu,
+                               bounds=cut.bounds)
         return bd.evaluate(split, a, be, np.float64, charge=self.charge, chords=chords)
 
-    def assess(self, split, alpha, beta, done, n_iters, chords=None, nodes=None):
+    def assess(self, split, alpha, beta, done, n_iters, chords=None, nodes=None, bounds=None,
+               count=True):
         """Optimise and classify a batch; ``done`` (B, G): the cases proven on each domain
         (updated in place by the float64 checks). Returns (score float64 per domain: the
         worst open case's best row, proven mask, row, state) and the attack's counterexample
-        if any."""
+        if any. ``bounds``: the domains' (l, u) of the unstable neurons (with the cuts);
+        ``count`` False: not counted in the search's domains and batches."""
         bd, stats = self.bd, self.stats
+        cuts = self.bd_cuts()
+        cut = None
+        if cuts is not None and len(cuts):
+            cut = CutParams(np.zeros((split.shape[0], bd.m, len(cuts)), np.float32), bounds)
         est, state, row = optimise_open(bd, split, alpha, beta, done, n_iters, chords=chords,
-                                        deadline=self.deadline)
-        stats["domains"] += split.shape[0]
-        stats["batches"] += 1
+                                        deadline=self.deadline, cut=cut)
+        if count:
+            stats["domains"] += split.shape[0]
+            stats["batches"] += 1
         gmax = np.maximum.reduceat(est, bd.gstart, axis=1)
         cand = np.flatnonzero(np.any((gmax > 0.0) & ~done, axis=1))
         if cand.size:
+            sub = None if cut is None else CutParams(
+                cut.mu[cand], None if bounds is None else (bounds[0][cand], bounds[1][cand]))
             v64 = self.verify64(split[cand], alpha[cand], beta[cand],
-                                None if chords is None else (chords[0][cand], chords[1][cand]))
+                                None if chords is None else (chords[0][cand], chords[1][cand]),
+                                sub)
             g64 = np.maximum.reduceat(v64, bd.gstart, axis=1)
             if self.proof is not None:
                 self._record(nodes[cand], split[cand], alpha[cand], beta[cand], v64,
