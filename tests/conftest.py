@@ -1,13 +1,7 @@
 import os
 import sys
 
-# The tests' products are small: a second OpenBLAS thread only contends with the test's own
-# processes on the 2-core machines CI and the README assume (docs/testing.md). Set before
-# numpy loads OpenBLAS; a caller's own setting wins.
-os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
-os.environ.setdefault("OMP_NUM_THREADS", "1")
-
-import numpy as np  # noqa: E402
+import numpy as np
 import pytest
 
 HERE = os.path.dirname(os.path.abspath(__file__))
