@@ -269,6 +269,7 @@ def forward64(x):
     return np.array([[1.0, 1.0, 0.0], [0.0, 0.0, 1.0]]) @ h
 
 
+@pytest.mark.slow  # slow tier since 2026-11-29 (default tier near 10 min cold)
 def test_verify_sat_and_unsat_as_the_cli(tmp_path):
     net = tiny_network(tmp_path)
     for name, case, want in (("unsat", UNSAT, "unsat"), ("sat", SAT, "sat")):

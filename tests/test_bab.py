@@ -302,6 +302,7 @@ def test_input_split_options_against_milp(d, hidden, n_out, m, seed, opts):
             assert np.all(A @ mlp_forward(ws, bs, "relu", res.x) <= b0)
 
 
+@pytest.mark.slow  # slow tier since 2026-11-29 (default tier near 10 min cold)
 def test_input_split_never_contradicts_on_tight_thresholds():
     """Thresholds right at the exact minimum: any verdict but the contradicting one."""
     rng = np.random.default_rng(11)

@@ -245,7 +245,8 @@ def _summary(group):
 
 
 # "trained" solves every trained case's MILP (the slow tier's too)
-@pytest.mark.parametrize("group", [slow_if(True, "trained"), "mnist-random", "small"])
+@pytest.mark.parametrize("group", [slow_if(True, "trained"), "mnist-random",
+                                   slow_if(True, "small")])
 def test_crown_at_least_fastlin_on_average(group):
     """The paper's claim (Sections 3.2, 4): CROWN-Ada certifies larger radii than Fast-Lin."""
     crown, fast, exact = _summary(group)

@@ -161,6 +161,7 @@ def test_verify_alpha_stage_proves_what_crown_cannot(tmp_path):
     assert v.result == "unsat" and v.stage == "alpha-crown", v
 
 
+@pytest.mark.slow  # slow tier since 2026-11-29
 def test_certify_alpha_crown_on_a_residual_graph(tmp_path):
     """certify --method alpha-crown on a branched graph (not lowered): a radius at least
     CROWN's, and no sampled point inside it changes the decision."""
@@ -199,6 +200,7 @@ def test_simplex_ascent_stays_on_the_simplex_and_climbs():
         assert np.all(np.sum(g * v, axis=1) >= np.sum(g * w, axis=1) - 1e-5)
 
 
+@pytest.mark.slow  # slow tier since 2026-11-29
 def test_maxpool_weights_alone_tighten_and_stay_sound(tmp_path, monkeypatch):
     """With the ReLU slopes held at CROWN's, optimising only the max pools' lower-line
     weights raises some row's bound above CROWN's, never above the exact minimum (MILP),

@@ -10,6 +10,8 @@ import os
 import numpy as np
 import onnx
 import pytest
+
+from conftest import slow_if
 from click.testing import CliRunner
 
 import crown_cli
@@ -60,7 +62,7 @@ def cli_rows(model, images, *opts):
     return list(csv.DictReader(io.StringIO(r.output)))
 
 
-@pytest.mark.parametrize("kind", ["keras", "onnx"])
+@pytest.mark.parametrize("kind", [slow_if(True, "keras"), "onnx"])
 def test_certify_equals_the_cli_on_a_conv_model(tmp_path, kind):
     if kind == "keras":
         model, (x, _) = keras_conv(tmp_path), crown_cli.load_images()

@@ -302,6 +302,7 @@ def test_verdicts_equal_milp(tmp_path, kind, seed):
                                atol=1e-4)
 
 
+@pytest.mark.slow  # slow tier since 2026-11-29 (default tier near 10 min cold)
 def test_load_network_cli_and_api_routes(tmp_path):
     """load_network: an MLP for a dense chain, a Graph with its lowered MLP for a conv chain,
     a Graph without for a max pool; inspect says which engine; verify runs alpha-crown and

@@ -203,6 +203,7 @@ def test_lower_bound_sound_on_a_radius_grid():
 # ---------------------------------------------------------------------------------------------
 
 
+@pytest.mark.slow  # slow tier since 2026-11-29 (default tier near 10 min cold)
 def test_pgd_finds_flips_just_beyond_the_exact_distortion():
     """On small nets with the exact l_inf distortion known from the MILP, PGD at 1.01 x exact
     finds a flip on most instances, and never below the exact distortion (0.99 x)."""

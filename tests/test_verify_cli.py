@@ -211,6 +211,7 @@ def bab_spec(tmp_path, acas):
     return spec
 
 
+@pytest.mark.slow  # the progress bar test keeps the default tier's check
 def test_verbose_shows_branch_and_bound_status(tmp_path, bab_spec, monkeypatch):
     """-v: the stage lines, then the branch and bound's status lines (open domains, worst
     bound, rate) and the case's end; a list run passes them on too."""
