@@ -57,6 +57,7 @@ def _milp_min(bd, split_row, cuts, row):
     integ = [0] * d
     rows = []  # (dict col -> coef, lb, ub)
     prev = list(range(d))
+    vcols = list(range(d))  # the input's and every hidden neuron's value, in layer order
     zcol = {}
     g = 0
     for k in range(bd.L):
@@ -87,9 +88,13 @@ def _milp_min(bd, split_row, cuts, row):
                 rows.append(({y: 1.0, z: -u[j]}, -np.inf, 0.0))
                 rows.append(({y: 1.0, **pre, z: -l[j]}, -np.inf, b[j] - l[j]))
         prev = ycols
+        vcols += ycols
     assert g == bd.nU
     for kk in range(len(cuts)):
         coef = {zcol[j]: cuts.K[kk, j] for j in np.flatnonzero(cuts.K[kk])}
+        if cuts.P is not None:
+            for j in np.flatnonzero(cuts.P[kk]):
+                coef[vcols[j]] = coef.get(vcols[j], 0.0) + cuts.P[kk, j]
         rows.append((coef, -np.inf, -cuts.e[kk]))
     n = len(lo)
     Amat = np.zeros((len(rows), n))
@@ -309,3 +314,125 @@ def test_search_with_cuts_matches_the_milp_and_infers_cuts(seed):
     assert np.all(r.x >= lo) and np.all(r.x <= hi)
     y = mlp_forward(w, b, "relu", r.x)
     assert y[0] - y[1] <= res.value + gap
+
+
+def _values(bd, X):
+    """The input and every hidden neuron's output at the points X (n, d), in layer order."""
+    h, out = X, [X]
+    for k in range(bd.L):
+        h = np.maximum(h @ bd.weights[k].T + bd.biases[k], 0.0)
+        out.append(h)
+    return np.concatenate(out, axis=1)
+
+
+def _general_cuts(bd, rng, n_random, X):
+    """Cuts with terms on the neurons' values: Anderson et al.'s single-neuron inequality for
+    random unstable neurons and input subsets (valid everywhere), and random cuts every point
+    of X meets."""
+    d = bd.box.lo.size
+    hoff = np.cumsum([d] + [w.shape[0] for w in bd.weights[:-1]])
+    cuts = Cuts(bd.nU, cap=64, n_terms=int(hoff[-1]))
+    for k in range(bd.L):
+        lo_in = bd.box.lo if k == 0 else np.maximum(bd.bounds[k - 1][0], 0.0)
+        hi_in = bd.box.hi if k == 0 else np.maximum(bd.bounds[k - 1][1], 0.0)
+        base = 0 if k == 0 else hoff[k - 1]
+        for t, j in enumerate(bd.ucols[k][:3]):
+            w, b0 = bd.weights[k][j], bd.biases[k][j]
+            Lb, Ub = np.where(w >= 0, lo_in, hi_in), np.where(w >= 0, hi_in, lo_in)
+            inI = rng.random(w.size) < 0.5
+            p = np.zeros(cuts.P.shape[1])
+            p[hoff[k] + j] = 1.0
+            p[base + np.flatnonzero(inI)] = -w[inI]
+            kz = np.zeros(bd.nU)
+            kz[bd.offsets[k] + t] = -(np.sum(w[inI] * Lb[inI]) + b0 + np.sum(w[~inI] * Ub[~inI]))
+            cuts.add_general(p, kz, np.sum(w[inI] * Lb[inI]))
+    V, Z = _values(bd, X), (_states(bd, X) > 0).astype(np.float64)
+    for _ in range(n_random):
+        p = rng.standard_normal(cuts.P.shape[1]) * (rng.random(cuts.P.shape[1]) < 0.2)
+        kz = rng.standard_normal(bd.nU) * (rng.random(bd.nU) < 0.3)
+        cuts.add_general(p, kz, -np.max(V @ p + Z @ kz) - 0.01)
+    return cuts
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_bound_with_general_cuts_is_below_the_milp_with_them(seed):
+    """Cuts with terms on the input and the hidden neurons' values (single-neuron convex-hull
+    inequalities and random cuts sampled points meet), random multipliers: every float64
+    bound is at most the exact MILP minimum with the cuts and splits as constraints."""
+    bd = _bounder(seed=seed)
+    rng = np.random.default_rng(seed + 20)
+    B = 3
+    X = rng.uniform(bd.box.lo, bd.box.hi, (B, bd.box.lo.size))
+    bd.cuts = _general_cuts(bd, rng, 3, X)
+    assert len(bd.cuts) >= 6
+    st = _states(bd, X)
+    split = np.zeros((B, bd.nU), np.int8)
+    j = rng.choice(bd.nU, size=3, replace=False)
+    split[1, j] = st[1, j]
+    split[2] = st[2]
+    alpha = rng.uniform(0.0, 1.0, (B, bd.m, bd.nU))
+    beta = rng.uniform(0.0, 2.0, (B, bd.m, bd.nU)) * (split != 0)[:, None, :]
+    checked = 0
+    for scale in (0.3, 3.0):
+        mu = rng.uniform(0.0, scale, (B, bd.m, len(bd.cuts)))
+        v = bd.evaluate(split, alpha, beta, np.float64, mu=mu)
+        for i in range(B):
+            for r in range(bd.m):
+                exact = _milp_min(bd, split[i], bd.cuts, r)
+                assert exact is not None
+                assert v[i, r] <= exact + 1e-12 * (1 + abs(exact)), (i, r, v[i, r], exact)
+                checked += 1
+    assert checked == 2 * B * bd.m
+
+
+def test_gradient_with_general_cuts_matches_finite_differences():
+    bd = _bounder(seed=6)
+    rng = np.random.default_rng(6)
+    X = rng.uniform(bd.box.lo, bd.box.hi, (2, bd.box.lo.size))
+    bd.cuts = _general_cuts(bd, rng, 2, X)
+    split = np.zeros((2, bd.nU), np.int8)
+    split[1, :2] = [1, -1]
+    alpha = rng.uniform(0.1, 0.9, (2, bd.m, bd.nU))
+    beta = rng.uniform(0.1, 1.0, (2, bd.m, bd.nU)) * (split != 0)[:, None, :]
+    mu = rng.uniform(0.1, 1.0, (2, bd.m, len(bd.cuts)))
+    _, state = evaluate_cuts(bd, split, alpha, beta, mu, np.float64, keep=True, verified=False)
+    gM = bd.gradient(state)[2].reshape(mu.shape)
+    h = 1e-6
+    for idx in list(np.ndindex(mu.shape))[::2]:
+        Pp, Pm = mu.copy(), mu.copy()
+        Pp[idx] += h
+        Pm[idx] -= h
+        fd = (evaluate_cuts(bd, split, alpha, beta, Pp, np.float64, verified=False).sum()
+              - evaluate_cuts(bd, split, alpha, beta, Pm, np.float64, verified=False).sum()) / (2 * h)
+        assert abs(fd - gM[idx]) <= 1e-5 * (1 + abs(fd)), (idx, fd, gM[idx])
+
+
+def test_a_cut_that_is_an_identity_leaves_the_bound():
+    """The cut ``y_j - (w_j . v + b_j) <= 0`` of a neuron active on the whole box holds with
+    equality everywhere, and CROWN's step through such a neuron is exact: whatever its
+    multiplier, the bound stays the plain one (each layer's terms, the input's included,
+    must enter the rows exactly)."""
+    bd = _bounder(seed=7, eps=0.2)
+    rng = np.random.default_rng(7)
+    d = bd.box.lo.size
+    hoff = np.cumsum([d] + [w.shape[0] for w in bd.weights[:-1]])
+    cuts = Cuts(bd.nU, n_terms=int(hoff[-1]))
+    for k in range(bd.L):
+        active = np.flatnonzero(bd.bounds[k][0] > 0.0)
+        assert active.size, k
+        j = active[0]
+        p = np.zeros(cuts.P.shape[1])
+        p[hoff[k] + j] = 1.0
+        base = 0 if k == 0 else hoff[k - 1]
+        p[base:base + bd.weights[k].shape[1]] = -bd.weights[k][j]
+        cuts.add_general(p, np.zeros(bd.nU), -bd.biases[k][j])
+    bd.cuts = cuts
+    split = np.zeros((2, bd.nU), np.int8)
+    split[1, 0] = 1
+    alpha = rng.uniform(0.0, 1.0, (2, bd.m, bd.nU))
+    beta = rng.uniform(0.0, 1.0, (2, bd.m, bd.nU)) * (split != 0)[:, None, :]
+    plain = bd.evaluate(split, alpha, beta, np.float64)
+    mu = rng.uniform(0.5, 3.0, (2, bd.m, len(cuts)))
+    cut = bd.evaluate(split, alpha, beta, np.float64, mu=mu)
+    assert np.all(cut <= plain + 1e-12)
+    assert np.allclose(cut, plain, rtol=0, atol=1e-8)

@@ -40,17 +40,37 @@ _TINY = 1e-290
 
 
 class Cuts:
-    """Cuts ``K z + e <= 0`` over the indicators of a bounder's ``nU`` unstable neurons, at
-    most ``cap`` of them (the oldest dropped first; a dropped cut only loosens bounds)."""
+    """Cuts ``P v + K z + e <= 0`` over the indicators z of a bounder's ``nU`` unstable
+    neurons and (with ``n_terms``, the input's size plus every hidden neuron's) the values v
+    of the input and of every hidden neuron's output, in layer order; at most ``cap`` of them
+    (the oldest dropped first; a dropped cut only loosens bounds). A proven domain's cut
+    (:meth:`add`) has no v terms; :meth:`add_general` takes any cut the caller knows valid at
+    every counterexample (e.g. a single neuron's convex-hull inequality)."""
 
-    def __init__(self, nU: int, cap: int = 64):
+    def __init__(self, nU: int, cap: int = 64, n_terms: int = 0):
         self.nU, self.cap = nU, cap
         self.K = np.zeros((0, nU))
         self.e = np.zeros(0)
+        self.P = np.zeros((0, n_terms)) if n_terms else None
+        self.decision = np.zeros(0, bool)  # the cuts of proven domains' decisions
         self._seen = set()
 
     def __len__(self):
         return self.K.shape[0]
+
+    def _append(self, p, k, e, decision):
+        self.K = np.concatenate([self.K, np.asarray(k, np.float64)[None, :]])[-self.cap:]
+        self.e = np.concatenate([self.e, [float(e)]])[-self.cap:]
+        self.decision = np.concatenate([self.decision, [decision]])[-self.cap:]
+        if self.P is not None:
+            row = np.zeros(self.P.shape[1]) if p is None else np.asarray(p, np.float64)
+            self.P = np.concatenate([self.P, row[None, :]])[-self.cap:]
+
+    def add_general(self, p, k, e):
+        """The cut ``p . v + k . z + e <= 0`` (p: (n_terms,), k: (nU,))."""
+        if self.P is None:
+            raise ValueError("cuts: made without terms on the neurons' values (n_terms)")
+        self._append(p, k, e, False)
 
     def add(self, split_row) -> bool:
         """The cut of a proven domain's decisions ``split_row`` (nU,) in {-1, 0, +1}; False if
@@ -60,18 +80,17 @@ class Cuts:
         if not s.any() or key in self._seen:
             return False
         self._seen.add(key)
-        row = s.astype(np.float64)[None, :]
-        self.K = np.concatenate([self.K, row])[-self.cap:]
-        self.e = np.concatenate([self.e, [1.0 - float(np.sum(s > 0))]])[-self.cap:]
+        self._append(None, s.astype(np.float64), 1.0 - float(np.sum(s > 0)), True)
         return True
 
     def contains(self, split) -> np.ndarray:
         """Per domain of ``split`` (B, nU): whether it holds every decision of some cut (it is
         then a subdomain of a proven domain: proven)."""
-        if len(self) == 0 or split.shape[0] == 0:
+        if not self.decision.any() or split.shape[0] == 0:
             return np.zeros(split.shape[0], bool)
-        hits = (split.astype(np.float64) @ self.K.T)  # decisions agreeing minus disagreeing
-        return np.any(hits >= np.abs(self.K).sum(axis=1)[None, :], axis=1)
+        K = self.K[self.decision]
+        hits = (split.astype(np.float64) @ K.T)  # decisions agreeing minus disagreeing
+        return np.any(hits >= np.abs(K).sum(axis=1)[None, :], axis=1)
 
 
 def cut_lines(a, c, t, l, u, verified: bool):
@@ -136,6 +155,8 @@ def evaluate_cuts(bd, split, alpha, beta, mu, dtype=np.float64, keep=False, boun
     be = beta.reshape(N, bd.nU).astype(dt, copy=False)
     M = np.maximum(np.asarray(mu, np.float64).reshape(N, len(cuts)), 0.0)
     C = M @ cuts.K  # each unstable neuron's coefficient on z
+    MP = None if cuts.P is None else M @ cuts.P  # the coefficients on the values v
+    g = gamma_n(max(len(cuts), 1) + 1, U64)
     lo, hi = _unstable_bounds(bd, bounds, N, m)
     if rows is None:
         Lam = np.broadcast_to(bd.Lam_top.astype(dt), (B, m, bd.Lam_top.shape[1])).reshape(N, -1)
@@ -148,15 +169,18 @@ def evaluate_cuts(bd, split, alpha, beta, mu, dtype=np.float64, keep=False, boun
         mag = (np.tile(bd.mag_top, B) if rows is None else bd.mag_top[rows]) + np.abs(M @ cuts.e)
         steps = np.tile(bd.lam_err, B) if rows is None else bd.lam_err[rows]
         # C and M e as computed against their exact values: |z| <= 1
-        g = gamma_n(max(len(cuts), 1) + 1, U64)
         absM = np.abs(M)
         steps = steps + g * ((absM @ np.abs(cuts.K)).sum(axis=1) + absM @ np.abs(cuts.e))
     acc = Rows(Lam, const, mag if f64 else None, steps if f64 else None)
     W = bd.Wmul if f64 else bd.W32mul
     tape = []
+    hoff = np.cumsum([bd.box.lo.size] + [w.shape[0] for w in bd.weights[:-1]])
     for k in range(bd.L - 1, -1, -1):
         cols = bd.ucols[k]
         o0, o1 = bd.offsets[k], bd.offsets[k + 1]
+        if MP is not None:
+            _add_terms(acc, MP[:, hoff[k]:hoff[k + 1]], absM, cuts.P[:, hoff[k]:hoff[k + 1]],
+                       _value_bound(bd, k), g, f64, dt)
         Lam = acc.Lam
         Lu = np.asarray(Lam[:, cols], np.float64)
         s_k = sp[:, o0:o1]
@@ -177,6 +201,9 @@ def evaluate_cuts(bd, split, alpha, beta, mu, dtype=np.float64, keep=False, boun
         acc.step(D, icpt.astype(dt), bias, W[k], bd.rw[k] if f64 else None)
         if keep:
             tape.append((Lu, ck, al[:, o0:o1], lk, uk, piece, lo_s, hi_s, free, s_k))
+    if MP is not None:
+        _add_terms(acc, MP[:, :hoff[0]], absM, cuts.P[:, :hoff[0]],
+                   np.maximum(np.abs(bd.box.lo), np.abs(bd.box.hi)), g, f64, dt)
     Lam, const = acc.Lam, acc.const
     if f64:
         out = box_lower(Lam, const, acc.mag, acc.charge, bd.c, bd.r, bd.net.fp_rtol)
@@ -187,6 +214,23 @@ def evaluate_cuts(bd, split, alpha, beta, mu, dtype=np.float64, keep=False, boun
         tape.reverse()
         return out, (tape, Lam)
     return out
+
+
+def _value_bound(bd, k):
+    """|v| <= this on hidden layer k's outputs over the box (ReLU of the root bounds)."""
+    l, u = bd.bounds[k]
+    return np.maximum(np.maximum(l, 0.0), np.maximum(u, 0.0))
+
+
+def _add_terms(acc, MPk, absM, Pk, vbound, g, f64, dt):
+    """The cuts' terms on one layer's values added to the rows over them; in float64 the
+    rounding of ``mu P`` (gamma of |mu| |P|) and of the sum (u of its result) charged
+    against the values' bound."""
+    Lam = acc.Lam + MPk.astype(dt)
+    if f64:
+        err = g * (absM @ np.abs(Pk)) + U64 * np.abs(Lam)
+        acc.charge = acc.charge + err @ vbound
+    acc.Lam = Lam
 
 
 def gradient_cuts(bd, state):
@@ -200,6 +244,11 @@ def gradient_cuts(bd, state):
     gA = np.zeros((N, bd.nU))
     gB = np.zeros((N, bd.nU))
     gC = np.zeros((N, bd.nU))
+    P = bd.cuts.P
+    hoff = np.cumsum([bd.box.lo.size] + [w.shape[0] for w in bd.weights[:-1]])
+    gM = np.zeros((N, len(bd.cuts)))
+    if P is not None:  # d out / d (terms on the input) = G at the input
+        gM += G @ P[:, :hoff[0]].T
     for k in range(bd.L):
         gD = G @ bd.WTmul[k] + bd.biases[k]
         Lu, ck, t, lk, uk, piece, lo_s, hi_s, free, s_k = tape[k]
@@ -216,10 +265,12 @@ def gradient_cuts(bd, state):
         gA[:, o0:o1] = np.where(free, gDu * (hi_s - lo_s), 0.0)
         gB[:, o0:o1] = gDu * (-s_k)
         gC[:, o0:o1] = np.where(free, dh_dc + gDu * ds_dc, (s_k > 0).astype(np.float64))
-        if k + 1 < bd.L:
+        if k + 1 < bd.L or P is not None:
             G = gD * bd.stable_slope[k]
             G[:, cols] = np.where(free, dh_da + gDu * ds_da, gDu * (s_k > 0))
-    gM = gC @ bd.cuts.K.T + bd.cuts.e
+            if P is not None:  # G is d out / d (rows over layer k's values)
+                gM += G @ P[:, hoff[k]:hoff[k + 1]].T
+    gM += gC @ bd.cuts.K.T + bd.cuts.e
     return gA.astype(dt), gB.astype(dt), gM.astype(dt)
 
 
