@@ -93,8 +93,9 @@ def _milp_min(bd, split_row, cuts, row):
     for kk in range(len(cuts)):
         coef = {zcol[j]: cuts.K[kk, j] for j in np.flatnonzero(cuts.K[kk])}
         if cuts.P is not None:
-            for j in np.flatnonzero(cuts.P[kk]):
-                coef[vcols[j]] = coef.get(vcols[j], 0.0) + cuts.P[kk, j]
+            Pk = cuts.P.toarray()[kk]
+            for j in np.flatnonzero(Pk):
+                coef[vcols[j]] = coef.get(vcols[j], 0.0) + Pk[j]
         rows.append((coef, -np.inf, -cuts.e[kk]))
     n = len(lo)
     Amat = np.zeros((len(rows), n))
@@ -302,14 +303,14 @@ def test_search_with_cuts_matches_the_milp_and_infers_cuts(seed):
     lines = []
     r = bab_relu.relu_split(w, b, lo, hi, A, np.array([res.dual_bound - gap]),
                             time.monotonic() + 60, batch=8, cuts=16, cut_checks=8,
-                            log=lines.append)
+                            cut_kinds="decisions", log=lines.append)
     assert r.verdict == "unsat"
     assert r.domains > 100  # a search, not the root
     last = lines[-1].split()
     assert last[0] == "cuts:" and int(last[1]) > 0, lines[-1]
     r = bab_relu.relu_split(w, b, lo, hi, A, np.array([res.value + gap]),
                             time.monotonic() + 60, batch=8, cuts=16, cut_checks=8,
-                            attack_restarts=0)
+                            cut_kinds="decisions", attack_restarts=0)
     assert r.verdict == "sat"
     assert np.all(r.x >= lo) and np.all(r.x <= hi)
     y = mlp_forward(w, b, "relu", r.x)
@@ -436,3 +437,71 @@ def test_a_cut_that_is_an_identity_leaves_the_bound():
     cut = bd.evaluate(split, alpha, beta, np.float64, mu=mu)
     assert np.all(cut <= plain + 1e-12)
     assert np.allclose(cut, plain, rtol=0, atol=1e-8)
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_separated_neuron_cuts_hold_and_tighten_the_root(seed):
+    """Single-neuron cuts separated at the root's relaxed points: the bound with them stays
+    under the MILP that holds them, and optimising their multipliers raises the root bound
+    (the cuts are violated where the relaxation's optimum lies)."""
+    from crown_cli.verification.bab.cuts import separate_neuron_cuts, value_offsets
+    from crown_cli.verification.bab.optimise import CutParams, optimise
+
+    bd = _bounder(sizes=(4, 12, 12, 3), seed=seed, eps=0.5)
+    split = np.zeros((1, bd.nU), np.int8)
+    alpha = np.broadcast_to(bd.initial_alpha(), (1, bd.m, bd.nU)).copy()
+    beta = np.zeros((1, bd.m, bd.nU), np.float32)
+    _, state = optimise(bd, split, alpha, beta, iters=40, stop=False)
+    plain = bd.evaluate(split, alpha.astype(np.float64), beta.astype(np.float64), np.float64)
+    found = separate_neuron_cuts(bd, state, None, 32)
+    assert len(found) >= 4
+    bd.cuts = Cuts(bd.nU, 64, n_terms=int(value_offsets(bd)[-1]))
+    for p, kz, e, key in found:
+        assert bd.cuts.add_general(p, kz, e, key)
+    assert not bd.cuts.add_general(*found[0])  # the same key again
+    rng = np.random.default_rng(seed)
+    mu = rng.uniform(0.0, 1.0, (1, bd.m, len(bd.cuts)))
+    v = bd.evaluate(split, alpha.astype(np.float64), beta.astype(np.float64), np.float64, mu=mu)
+    for r in range(bd.m):
+        assert v[0, r] <= _milp_min(bd, split[0], bd.cuts, r) + 1e-12
+    mu = np.zeros((1, bd.m, len(bd.cuts)), np.float32)
+    a2, b2 = alpha.copy(), beta.copy()
+    optimise(bd, split, a2, b2, iters=40, stop=False, cut=CutParams(mu))
+    tight = bd.evaluate(split, a2.astype(np.float64), b2.astype(np.float64), np.float64, mu=mu)
+    assert np.all(tight >= plain - 1e-9) and np.any(tight > plain + 1e-4), (plain, tight)
+
+
+def test_separated_neuron_cuts_hold_in_exact_arithmetic():
+    """Each separated cut y_j - sum_I w_i v_i - C z_j + D <= 0, read back from the pool in
+    rational arithmetic: at z = 0 (y = 0) it holds for every input in the root's box of the
+    inputs iff D <= sum_I w_i Lb_i, at z = 1 (y = w . v + b) iff C >= D + b + sum_not-I w_i
+    Ub_i (Lb/Ub: the input's bounds on w_i's side)."""
+    from crown_cli.verification.bab.cuts import separate_neuron_cuts, value_offsets
+    from crown_cli.verification.bab.optimise import optimise
+
+    bd = _bounder(sizes=(4, 12, 12, 3), seed=2, eps=0.5)
+    split = np.zeros((1, bd.nU), np.int8)
+    alpha = np.broadcast_to(bd.initial_alpha(), (1, bd.m, bd.nU)).copy()
+    beta = np.zeros((1, bd.m, bd.nU), np.float32)
+    _, state = optimise(bd, split, alpha, beta, iters=20, stop=False)
+    found = separate_neuron_cuts(bd, state, None, 64)
+    assert len(found) >= 4
+    hoff = value_offsets(bd)
+    F = Fraction
+    for (cols, vals), kz, e, key in found:
+        _, k, j, _ = key
+        lo_in = bd.box.lo if k == 0 else np.maximum(bd.bounds[k - 1][0], 0.0)
+        hi_in = bd.box.hi if k == 0 else np.maximum(bd.bounds[k - 1][1], 0.0)
+        base = 0 if k == 0 else hoff[k - 1]
+        assert cols[0] == hoff[k] + j and vals[0] == 1.0
+        w = bd.weights[k][j]
+        inI = np.zeros(w.size, bool)
+        inI[cols[1:] - base] = True
+        assert np.array_equal(-vals[1:], w[cols[1:] - base])
+        g = int(np.flatnonzero(kz)[0])
+        C, D = F(-float(kz[g])), F(e)
+        Lb = np.where(w >= 0, lo_in, hi_in)
+        Ub = np.where(w >= 0, hi_in, lo_in)
+        assert D <= sum(F(float(w[i])) * F(float(Lb[i])) for i in np.flatnonzero(inI))
+        assert C >= D + F(float(bd.biases[k][j])) + sum(
+            F(float(w[i])) * F(float(Ub[i])) for i in np.flatnonzero(~inI))

@@ -48,29 +48,59 @@ class Cuts:
     every counterexample (e.g. a single neuron's convex-hull inequality)."""
 
     def __init__(self, nU: int, cap: int = 64, n_terms: int = 0):
-        self.nU, self.cap = nU, cap
+        self.nU, self.cap, self.n_terms = nU, cap, n_terms
         self.K = np.zeros((0, nU))
         self.e = np.zeros(0)
-        self.P = np.zeros((0, n_terms)) if n_terms else None
+        self._rows = []  # per cut: its P row as (columns, values)
+        self._P = None  # the P rows as a CSR matrix, made when first asked for
         self.decision = np.zeros(0, bool)  # the cuts of proven domains' decisions
         self._seen = set()
 
     def __len__(self):
         return self.K.shape[0]
 
+    @property
+    def P(self):
+        """The cuts' terms on the values, a (nC, n_terms) CSR matrix (None without
+        ``n_terms``)."""
+        if not self.n_terms:
+            return None
+        if self._P is None:
+            import scipy.sparse as sps
+
+            ind = [c for c, _ in self._rows]
+            ptr = np.cumsum([0] + [c.size for c in ind])
+            self._P = sps.csr_matrix(
+                (np.concatenate([v for _, v in self._rows]) if self._rows else np.zeros(0),
+                 np.concatenate(ind) if ind else np.zeros(0, np.int64), ptr),
+                shape=(len(self._rows), self.n_terms))
+        return self._P
+
     def _append(self, p, k, e, decision):
         self.K = np.concatenate([self.K, np.asarray(k, np.float64)[None, :]])[-self.cap:]
         self.e = np.concatenate([self.e, [float(e)]])[-self.cap:]
         self.decision = np.concatenate([self.decision, [decision]])[-self.cap:]
-        if self.P is not None:
-            row = np.zeros(self.P.shape[1]) if p is None else np.asarray(p, np.float64)
-            self.P = np.concatenate([self.P, row[None, :]])[-self.cap:]
+        if self.n_terms:
+            if p is None:
+                p = (np.zeros(0, np.int64), np.zeros(0))
+            elif not isinstance(p, tuple):
+                p = np.asarray(p, np.float64)
+                p = (np.flatnonzero(p), p[p != 0.0])
+            self._rows = (self._rows + [(np.asarray(p[0], np.int64),
+                                         np.asarray(p[1], np.float64))])[-self.cap:]
+            self._P = None
 
-    def add_general(self, p, k, e):
-        """The cut ``p . v + k . z + e <= 0`` (p: (n_terms,), k: (nU,))."""
-        if self.P is None:
+    def add_general(self, p, k, e, key=None):
+        """The cut ``p . v + k . z + e <= 0`` (p: (n_terms,) or (columns, values); k: (nU,));
+        False if ``key`` (any hashable) names a cut already held."""
+        if not self.n_terms:
             raise ValueError("cuts: made without terms on the neurons' values (n_terms)")
+        if key is not None:
+            if key in self._seen:
+                return False
+            self._seen.add(key)
         self._append(p, k, e, False)
+        return True
 
     def add(self, split_row) -> bool:
         """The cut of a proven domain's decisions ``split_row`` (nU,) in {-1, 0, +1}; False if
@@ -155,7 +185,8 @@ def evaluate_cuts(bd, split, alpha, beta, mu, dtype=np.float64, keep=False, boun
     be = beta.reshape(N, bd.nU).astype(dt, copy=False)
     M = np.maximum(np.asarray(mu, np.float64).reshape(N, len(cuts)), 0.0)
     C = M @ cuts.K  # each unstable neuron's coefficient on z
-    MP = None if cuts.P is None else M @ cuts.P  # the coefficients on the values v
+    P = cuts.P
+    MP = None if P is None else np.asarray(M @ P)  # the coefficients on the values v
     g = gamma_n(max(len(cuts), 1) + 1, U64)
     lo, hi = _unstable_bounds(bd, bounds, N, m)
     if rows is None:
@@ -175,11 +206,12 @@ def evaluate_cuts(bd, split, alpha, beta, mu, dtype=np.float64, keep=False, boun
     W = bd.Wmul if f64 else bd.W32mul
     tape = []
     hoff = np.cumsum([bd.box.lo.size] + [w.shape[0] for w in bd.weights[:-1]])
+    absMP = np.asarray(np.abs(M) @ abs(P)) if (f64 and P is not None) else None
     for k in range(bd.L - 1, -1, -1):
         cols = bd.ucols[k]
         o0, o1 = bd.offsets[k], bd.offsets[k + 1]
         if MP is not None:
-            _add_terms(acc, MP[:, hoff[k]:hoff[k + 1]], absM, cuts.P[:, hoff[k]:hoff[k + 1]],
+            _add_terms(acc, MP[:, hoff[k]:hoff[k + 1]], absMP, hoff[k], hoff[k + 1],
                        _value_bound(bd, k), g, f64, dt)
         Lam = acc.Lam
         Lu = np.asarray(Lam[:, cols], np.float64)
@@ -202,7 +234,7 @@ def evaluate_cuts(bd, split, alpha, beta, mu, dtype=np.float64, keep=False, boun
         if keep:
             tape.append((Lu, ck, al[:, o0:o1], lk, uk, piece, lo_s, hi_s, free, s_k))
     if MP is not None:
-        _add_terms(acc, MP[:, :hoff[0]], absM, cuts.P[:, :hoff[0]],
+        _add_terms(acc, MP[:, :hoff[0]], absMP, 0, hoff[0],
                    np.maximum(np.abs(bd.box.lo), np.abs(bd.box.hi)), g, f64, dt)
     Lam, const = acc.Lam, acc.const
     if f64:
@@ -222,13 +254,13 @@ def _value_bound(bd, k):
     return np.maximum(np.maximum(l, 0.0), np.maximum(u, 0.0))
 
 
-def _add_terms(acc, MPk, absM, Pk, vbound, g, f64, dt):
-    """The cuts' terms on one layer's values added to the rows over them; in float64 the
-    rounding of ``mu P`` (gamma of |mu| |P|) and of the sum (u of its result) charged
-    against the values' bound."""
+def _add_terms(acc, MPk, absMP, c0, c1, vbound, g, f64, dt):
+    """The cuts' terms on one layer's values (columns c0:c1 of P) added to the rows over
+    them; in float64 the rounding of ``mu P`` (gamma of |mu| |P|) and of the sum (u of its
+    result) charged against the values' bound."""
     Lam = acc.Lam + MPk.astype(dt)
     if f64:
-        err = g * (absM @ np.abs(Pk)) + U64 * np.abs(Lam)
+        err = g * absMP[:, c0:c1] + U64 * np.abs(Lam)
         acc.charge = acc.charge + err @ vbound
     acc.Lam = Lam
 
@@ -248,7 +280,8 @@ def gradient_cuts(bd, state):
     hoff = np.cumsum([bd.box.lo.size] + [w.shape[0] for w in bd.weights[:-1]])
     gM = np.zeros((N, len(bd.cuts)))
     if P is not None:  # d out / d (terms on the input) = G at the input
-        gM += G @ P[:, :hoff[0]].T
+        P = P.tocsc()
+        gM += np.asarray(P[:, :hoff[0]] @ G.T).T
     for k in range(bd.L):
         gD = G @ bd.WTmul[k] + bd.biases[k]
         Lu, ck, t, lk, uk, piece, lo_s, hi_s, free, s_k = tape[k]
@@ -269,7 +302,7 @@ def gradient_cuts(bd, state):
             G = gD * bd.stable_slope[k]
             G[:, cols] = np.where(free, dh_da + gDu * ds_da, gDu * (s_k > 0))
             if P is not None:  # G is d out / d (rows over layer k's values)
-                gM += G @ P[:, hoff[k]:hoff[k + 1]].T
+                gM += np.asarray(P[:, hoff[k]:hoff[k + 1]] @ G.T).T
     gM += gC @ bd.cuts.K.T + bd.cuts.e
     return gA.astype(dt), gB.astype(dt), gM.astype(dt)
 
@@ -291,4 +324,118 @@ def weaker_sets(split_row, beta_row, depth_order=None, keep_last: int = 3):
         last[tail] = s[tail]
         if not any(np.array_equal(last, o) for o in out):
             out.append(last)
+    return out
+
+
+def value_offsets(bd) -> np.ndarray:
+    """Where the layers' values lie among a cut's terms: the input's end at ``[0]``, hidden
+    layer k's run from ``[k]`` to ``[k + 1]``."""
+    return np.cumsum([bd.box.lo.size] + [w.shape[0] for w in bd.weights[:-1]])
+
+
+def _hull_z_coefficient(w, Lb, Ub, inI, b):
+    """The constants of the cut ``y - sum_I w_i v_i - C z + D <= 0`` rounded so that it holds
+    in exact arithmetic for the floats w, b, Lb, Ub: it holds at z = 0 (y = 0) iff D <= sum_I
+    w_i Lb_i, at z = 1 (y = w . v + b) iff C >= D + b + sum_{not I} w_i Ub_i; each sum is
+    moved outward by gamma of its absolute terms. Returns (C, D)."""
+    a = w[inI] * Lb[inI]
+    D = float(np.sum(a))
+    D -= gamma_n(a.size + 2, U64) * float(np.sum(np.abs(a))) + _TINY
+    o = w[~inI] * Ub[~inI]
+    C = D + b + float(np.sum(o))
+    C += gamma_n(o.size + 4, U64) * (abs(D) + abs(b) + float(np.sum(np.abs(o)))) + _TINY
+    return C, D
+
+
+def _csr(bd, k):
+    """Hidden layer k's weights as a CSR matrix (the bounder's own when it keeps one)."""
+    import scipy.sparse as sps
+
+    cache = bd.__dict__.setdefault("_cut_csr", {})
+    if k not in cache:
+        cache[k] = bd.Wmul[k] if sps.issparse(bd.Wmul[k]) else sps.csr_matrix(bd.weights[k])
+    return cache[k]
+
+
+def separate_neuron_cuts(bd, state, bounds, take: int, rows=None, chunk: int = 1 << 21):
+    """Anderson et al.'s single-neuron inequalities ``y <= sum_{i in I} w_i (v_i - Lb_i (1 -
+    z)) + (b + sum_{i not in I} w_i Ub_i) z`` (the convex hull of one ReLU over a box of its
+    inputs, Lb/Ub the input's root bounds on the side w_i's sign picks: valid on every
+    domain) most violated at the relaxed points of the evaluated rows of ``state`` (a
+    :meth:`Bounder.evaluate` tape): the minimising corner pushed through each neuron's line,
+    z on the chord's triangle point. Only free neurons whose row took the upper line. Returns
+    up to ``take`` cuts as (p, k, e, key) for :meth:`Cuts.add_general`, the largest
+    violation times the row's coefficient first. ``bounds``: per evaluated row the unstable
+    neurons' (l, u) (N, nU), or None (the root's). ``rows``: only these evaluated rows.
+    ``chunk``: weights gathered per step (the neurons' rows, as sparse entries)."""
+    import scipy.sparse as sps
+
+    tape, Lam_in, sp, ctr = state
+    N = Lam_in.shape[0]
+    sel = np.arange(N) if rows is None else np.asarray(rows, np.int64)
+    hoff = value_offsets(bd)
+    v = np.where(Lam_in[sel] > 0.0, bd.box.lo, bd.box.hi).astype(np.float64)
+    if bounds is None:
+        lo_u, hi_u = _unstable_bounds(bd, None, sel.size, 1)
+    else:
+        lo_u, hi_u = bounds[0][sel], bounds[1][sel]
+    found = []
+    for k in range(bd.L):
+        W, b = bd.weights[k], bd.biases[k]
+        Wc = _csr(bd, k)
+        pre = np.asarray(Wc @ v.T).T + b
+        Lam_k = np.asarray(tape[k][0], np.float64)[sel]
+        pos, slope = tape[k][1][sel], tape[k][2][sel]
+        y = pre * bd.stable_slope[k]
+        cols = bd.ucols[k]
+        o0, o1 = bd.offsets[k], bd.offsets[k + 1]
+        upper = (sp[sel, o0:o1] == 0) & ~pos
+        y[:, cols] = slope * pre[:, cols] + np.where(upper, ctr[sel, o0:o1], 0.0)
+        if k == 0:
+            lo_in, hi_in, base = bd.box.lo, bd.box.hi, 0
+        else:
+            l0, u0 = bd.bounds[k - 1]
+            lo_in, hi_in, base = np.maximum(l0, 0.0), np.maximum(u0, 0.0), hoff[k - 1]
+        r_all, t_all = np.nonzero(upper)
+        nnz_row = np.diff(Wc.indptr)
+        start = 0
+        while start < r_all.size:  # candidates in chunks of at most `chunk` weights
+            sizes = np.cumsum(nnz_row[cols[t_all[start:]]])
+            stop = start + max(1, int(np.searchsorted(sizes, chunk)))
+            r_idx, t_idx = r_all[start:stop], t_all[start:stop]
+            start = stop
+            j = cols[t_idx]
+            l, u = lo_u[r_idx, o0 + t_idx], hi_u[r_idx, o0 + t_idx]
+            z = np.clip((pre[r_idx, j] - l) / (u - l), 0.0, 1.0)
+            sub = Wc[j]  # (C, n_in) sparse: the neurons' weights
+            owner = np.repeat(np.arange(j.size), np.diff(sub.indptr))
+            ci, w = sub.indices, sub.data
+            Lb = np.where(w >= 0.0, lo_in[ci], hi_in[ci])
+            Ub = np.where(w >= 0.0, hi_in[ci], lo_in[ci])
+            t_in = w * (v[r_idx[owner], ci] - Lb * (1.0 - z[owner]))
+            t_out = w * Ub * z[owner]
+            rhs = np.bincount(owner, np.minimum(t_in, t_out), minlength=j.size) + b[j] * z
+            viol = y[r_idx, j] - rhs
+            score = viol * np.abs(Lam_k[r_idx, j])
+            ok = viol > 1e-6 * (1.0 + np.abs(y[r_idx, j]))
+            for c in np.flatnonzero(ok):
+                e0, e1 = sub.indptr[c], sub.indptr[c + 1]
+                found.append((score[c], k, j[c], o0 + t_idx[c], ci[e0:e1],
+                              (t_in < t_out)[e0:e1], w[e0:e1], Lb[e0:e1], Ub[e0:e1], b[j[c]],
+                              base))
+        v = y
+    found.sort(key=lambda f: -f[0])
+    out, seen = [], set()
+    for _, k, j, g, ci, inI, w, Lb, Ub, bj, base in found:
+        key = ("neuron", int(k), int(j), ci[inI].tobytes())
+        if key in seen:
+            continue
+        seen.add(key)
+        cols_ = np.r_[hoff[k] + j, base + ci[inI]]
+        vals = np.r_[1.0, -w[inI]]
+        kz = np.zeros(bd.nU)
+        kz[g] = -_hull_z_coefficient(w, Lb, Ub, inI, bj)[0]
+        out.append(((cols_, vals), kz, _hull_z_coefficient(w, Lb, Ub, inI, bj)[1], key))
+        if len(out) == take:
+            break
     return out

@@ -21,7 +21,7 @@ from crown_cli.engine.optim import Adam, AdamSettings, BestIterate
 ADAM = AdamSettings(folded=True)
 
 # Adam's step sizes: the slopes, the split multipliers, the cuts' multipliers
-LR_ALPHA, LR_BETA, LR_MU = 0.1, 0.05, 0.05
+LR_ALPHA, LR_BETA, LR_MU = 0.1, 0.05, 0.01
 
 
 @dataclass

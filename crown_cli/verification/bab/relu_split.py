@@ -68,7 +68,8 @@ from crown_cli.verification.outcome import BabResult, finish
 from crown_cli.verification.bab.bounder import Bounder
 from crown_cli.verification.bab.branching import _fsb_choice, branch_scores
 from crown_cli.verification.bab.domains import DomainPool, Domains, ReluSplitProblem
-from crown_cli.verification.bab.cuts import Cuts, weaker_sets
+from crown_cli.verification.bab.cuts import (Cuts, separate_neuron_cuts, value_offsets,
+                                             weaker_sets)
 from crown_cli.verification.bab.optimise import CutParams, optimise, optimise_open
 
 
@@ -149,6 +150,13 @@ PROBLEM_FIELDS = ("activation", "leak", "layer_bounds", "groups", "layer_slopes"
 # there (docs/bab.md)
 INTERM_MAX_WIDTH = 1024
 
+# cuts held on such wide networks by default (ReluSplitOptions.cuts): single-neuron cuts
+# decided oval21's cifar_wide_kw img19 in 100 s, open at 720 s without them (docs/bab.md)
+WIDE_CUTS = 2048
+# single-neuron cuts are separated at the relaxed points of this many worst open domains
+# of each batch
+CUT_DOMAINS = 16
+
 
 @dataclass(frozen=True)
 class ReluSplitOptions:
@@ -191,10 +199,14 @@ class ReluSplitOptions:
     # default INTERM_MAX_WIDTH on networks with a wider hidden layer (they then also default
     # to interm_iters 0 and layer_window 0), else None
     interm_max_width: Optional[int] = None
-    # cutting planes inferred from proven domains (cuts.py; ReLU, dense bounders, no proof
-    # recorded): at most this many held at once (0: none), and candidate decision sets
-    # proven per batch
-    cuts: int = 0
+    # cutting planes (cuts.py; ReLU, dense bounders, no proof recorded): at most this many
+    # held at once (0: none; default WIDE_CUTS on networks with a hidden layer wider than
+    # INTERM_MAX_WIDTH, else 0); their kinds, "neurons" (single-neuron convex-hull
+    # inequalities separated at the open domains' relaxed points, neuron_cuts per batch),
+    # "decisions" (inferred from proven domains, cut_checks sets proven per batch) or "both"
+    cuts: Optional[int] = None
+    cut_kinds: str = "neurons"
+    neuron_cuts: int = 256
     cut_checks: int = 32
 
 
@@ -269,9 +281,11 @@ class _Search:
         self.pool = None  # the open domains, from the root on
         # cuts: on a dense ReLU bounder, when neither a proof nor a test's charge is taken
         self.cut_sets = []  # decision sets waiting to be proven as cuts
-        if o.cuts > 0 and hasattr(bd, "cuts") and bd.leak == 0.0 and proof is None \
+        if o.cut_kinds not in ("neurons", "decisions", "both"):
+            raise ValueError("cut_kinds must be 'neurons', 'decisions' or 'both'")
+        if self.n_cuts > 0 and hasattr(bd, "cuts") and bd.leak == 0.0 and proof is None \
                 and charge is None and bd.nU > 0:
-            bd.cuts = Cuts(bd.nU, o.cuts)
+            bd.cuts = Cuts(bd.nU, self.n_cuts, n_terms=int(value_offsets(bd)[-1]))
             self.stats.update(cuts=0, cut_checks=0, cut_pruned=0)
 
     def _resolve(self, o: ReluSplitOptions, weights):
@@ -307,6 +321,7 @@ class _Search:
         if o.score not in ("gaps", "chords"):
             raise ValueError("score must be 'gaps' or 'chords'")
         self.max_width, self.interm, self.interm_iters = max_width, interm, interm_iters
+        self.n_cuts = int(o.cuts) if o.cuts is not None else (WIDE_CUTS if wide else 0)
         self.K, self.window = K, window
 
     def _proof_columns(self):
@@ -390,8 +405,8 @@ class _Search:
     def result(self, verdict, x=None, worst=np.nan, note=""):
         s = self.stats
         if self.log is not None and "cuts" in s:
-            self.log(f"cuts: {s['cuts']} proven of {s['cut_checks']} decision sets tried, "
-                     f"{s['cut_pruned']} domains inside one")
+            self.log(f"cuts: {s['cuts']} added ({s['cut_checks']} decision sets tried, "
+                     f"{s['cut_pruned']} domains inside a proven one)")
         return BabResult(verdict, x, s["domains"], s["peak"], float(worst),
                          time.monotonic() - self.t0, s["batches"], s["proven"], note=note)
 
@@ -516,8 +531,29 @@ class _Search:
         if xv is not None:
             return xv
         if self.bd_cuts() is not None:
-            self._propose_cuts(kids, proven)
+            if self.o.cut_kinds != "neurons":
+                self._propose_cuts(kids, proven)
+            if self.o.cut_kinds != "decisions":
+                self._neuron_cuts(state, kids, score, proven)
         return self.enqueue(score, proven, row, state, kids)
+
+    def _neuron_cuts(self, state, kids: Domains, score, proven):
+        """Single-neuron cuts most violated at the relaxed points of the batch's worst open
+        domains (``CUT_DOMAINS`` of them; :func:`separate_neuron_cuts`), ``neuron_cuts`` of
+        them, added to the bounder's. Not past the deadline."""
+        openi = np.flatnonzero(~proven)
+        if openi.size == 0 or time.monotonic() >= self.deadline:
+            return
+        N, B = state[1].shape[0], kids.split.shape[0]
+        per = N // B
+        worst = openi[np.argsort(score[openi], kind="stable")[:CUT_DOMAINS]]
+        rows = (worst[:, None] * per + np.arange(per)[None, :]).ravel()
+        bounds = None
+        if self.interm:
+            bounds = (np.repeat(kids.dl, per, axis=0), np.repeat(kids.du, per, axis=0))
+        for p, kz, e, key in separate_neuron_cuts(self.bd, state, bounds, self.o.neuron_cuts,
+                                                  rows):
+            self.stats["cuts"] += int(self.bd.cuts.add_general(p, kz, e, key))
 
     # ------------------------------------------------------------------ cuts
 
@@ -597,8 +633,7 @@ class _Search:
                      f"worst {self.pool.worst():.4g}, {time.monotonic() - self.t0:.1f}s"
                      + (f" ({s['t_interm']:.1f}s interm, {s['empty']} empty)"
                         if self.interm else "")
-                     + (f", {s['cuts']} cuts ({s['cut_checks']} sets tried, "
-                        f"{s['cut_pruned']} domains inside one)" if "cuts" in s else ""))
+                     + (f", {s['cuts']} cuts added" if "cuts" in s else ""))
 
     def verify64(self, split, alpha, beta, chords=None, cut=None):
         """The float64 bounds (B, m) at these slopes and multipliers (``cut``: with the
