@@ -908,7 +908,8 @@ def test_tighten_max_width_skips_wide_layers_and_stays_sound(opt):
 def test_wide_network_defaults_against_exact_milp(monkeypatch):
     """On a network with a hidden layer wider than ``INTERM_MAX_WIDTH`` (lowered here to 10)
     the search recomputes per domain only the narrower layers, by CROWN (no optimised
-    rows), and still decides: unsat just below the exact minimum, sat just above."""
+    rows), adds single-neuron cuts, and still decides: unsat just below the exact minimum,
+    sat just above."""
     monkeypatch.setattr(bab_relu, "INTERM_MAX_WIDTH", 10)
     seen = []
     tighten = bab_relu.Bounder.tighten
@@ -922,6 +923,15 @@ def test_wide_network_defaults_against_exact_milp(monkeypatch):
 
     monkeypatch.setattr(bab_relu.Bounder, "tighten", spy)
     monkeypatch.setattr(bab_relu.Bounder, "tighten_opt", no_opt)
+    separated = []  # single-neuron cuts are on by default there
+    sep = bab_relu.separate_neuron_cuts
+
+    def sep_spy(*a, **k):
+        out = sep(*a, **k)
+        separated.extend(out)
+        return out
+
+    monkeypatch.setattr(bab_relu, "separate_neuron_cuts", sep_spy)
     w, b, x0, lo, hi = _case(2, sizes=(4, 8, 14, 8, 3), eps=0.3)
     c, t = 0, 1
     res = _exact(w, b, x0, 0.3, c, t)
@@ -932,6 +942,7 @@ def test_wide_network_defaults_against_exact_milp(monkeypatch):
                             time.monotonic() + 60, batch=16)
     assert r.verdict == "unsat" and r.domains > 1
     assert seen and set(seen) == {10}
+    assert separated
     r = bab_relu.relu_split(w, b, lo, hi, A, np.array([res.value + gap]),
                             time.monotonic() + 60, batch=16, attack_restarts=0)
     assert r.verdict == "sat"

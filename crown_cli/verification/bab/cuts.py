@@ -368,8 +368,6 @@ def separate_neuron_cuts(bd, state, bounds, take: int, rows=None, chunk: int = 1
     violation times the row's coefficient first. ``bounds``: per evaluated row the unstable
     neurons' (l, u) (N, nU), or None (the root's). ``rows``: only these evaluated rows.
     ``chunk``: weights gathered per step (the neurons' rows, as sparse entries)."""
-    import scipy.sparse as sps
-
     tape, Lam_in, sp, ctr = state
     N = Lam_in.shape[0]
     sel = np.arange(N) if rows is None else np.asarray(rows, np.int64)
@@ -381,7 +379,7 @@ def separate_neuron_cuts(bd, state, bounds, take: int, rows=None, chunk: int = 1
         lo_u, hi_u = bounds[0][sel], bounds[1][sel]
     found = []
     for k in range(bd.L):
-        W, b = bd.weights[k], bd.biases[k]
+        b = bd.biases[k]
         Wc = _csr(bd, k)
         pre = np.asarray(Wc @ v.T).T + b
         Lam_k = np.asarray(tape[k][0], np.float64)[sel]
