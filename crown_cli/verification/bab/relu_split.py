@@ -200,8 +200,8 @@ class ReluSplitOptions:
     # to interm_iters 0 and layer_window 0), else None
     interm_max_width: Optional[int] = None
     # cutting planes (cuts.py; ReLU, dense bounders, no proof recorded): at most this many
-    # held at once (0: none; default WIDE_CUTS on networks with a hidden layer wider than
-    # INTERM_MAX_WIDTH, else 0); their kinds, "neurons" (single-neuron convex-hull
+    # held at once (0: none; default WIDE_CUTS on networks of 2 or more hidden layers, one
+    # wider than INTERM_MAX_WIDTH, else 0); their kinds, "neurons" (single-neuron convex-hull
     # inequalities separated at the open domains' relaxed points, neuron_cuts per batch),
     # "decisions" (inferred from proven domains, cut_checks sets proven per batch) or "both"
     cuts: Optional[int] = None
@@ -321,7 +321,8 @@ class _Search:
         if o.score not in ("gaps", "chords"):
             raise ValueError("score must be 'gaps' or 'chords'")
         self.max_width, self.interm, self.interm_iters = max_width, interm, interm_iters
-        self.n_cuts = int(o.cuts) if o.cuts is not None else (WIDE_CUTS if wide else 0)
+        self.n_cuts = int(o.cuts) if o.cuts is not None else \
+            (WIDE_CUTS if wide and bd.L >= 2 else 0)
         self.K, self.window = K, window
 
     def _proof_columns(self):
