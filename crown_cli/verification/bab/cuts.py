@@ -415,12 +415,14 @@ def separate_neuron_cuts(bd, state, bounds, take: int, rows=None, chunk: int = 1
             rhs = np.bincount(owner, np.minimum(t_in, t_out), minlength=j.size) + b[j] * z
             viol = y[r_idx, j] - rhs
             score = viol * np.abs(Lam_k[r_idx, j])
-            ok = viol > 1e-6 * (1.0 + np.abs(y[r_idx, j]))
-            for c in np.flatnonzero(ok):
+            ok = np.flatnonzero(viol > 1e-6 * (1.0 + np.abs(y[r_idx, j])))
+            if ok.size > take:  # only the chunk's best can be among the best overall
+                ok = ok[np.argpartition(-score[ok], take - 1)[:take]]
+            inside = t_in < t_out
+            for c in ok:
                 e0, e1 = sub.indptr[c], sub.indptr[c + 1]
-                found.append((score[c], k, j[c], o0 + t_idx[c], ci[e0:e1],
-                              (t_in < t_out)[e0:e1], w[e0:e1], Lb[e0:e1], Ub[e0:e1], b[j[c]],
-                              base))
+                found.append((score[c], k, j[c], o0 + t_idx[c], ci[e0:e1], inside[e0:e1],
+                              w[e0:e1], Lb[e0:e1], Ub[e0:e1], b[j[c]], base))
         v = y
     found.sort(key=lambda f: -f[0])
     out, seen = [], set()
