@@ -421,8 +421,12 @@ def separate_neuron_cuts(bd, state, bounds, take: int, rows=None, chunk: int = 1
             inside = t_in < t_out
             for c in ok:
                 e0, e1 = sub.indptr[c], sub.indptr[c + 1]
-                found.append((score[c], k, j[c], o0 + t_idx[c], ci[e0:e1], inside[e0:e1],
-                              w[e0:e1], Lb[e0:e1], Ub[e0:e1], b[j[c]], base))
+                # copies: views would keep the whole chunk's arrays alive
+                found.append((score[c], k, j[c], o0 + t_idx[c], ci[e0:e1].copy(),
+                              inside[e0:e1].copy(), w[e0:e1].copy(), Lb[e0:e1].copy(),
+                              Ub[e0:e1].copy(), b[j[c]], base))
+        found.sort(key=lambda f: -f[0])
+        del found[take:]  # the best so far: at most `take` kept between layers
         v = y
     found.sort(key=lambda f: -f[0])
     out, seen = [], set()
