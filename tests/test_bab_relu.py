@@ -924,14 +924,16 @@ def test_wide_network_defaults_against_exact_milp(monkeypatch):
     monkeypatch.setattr(bab_relu.Bounder, "tighten", spy)
     monkeypatch.setattr(bab_relu.Bounder, "tighten_opt", no_opt)
     separated = []  # single-neuron cuts are on by default there
-    sep = bab_relu.separate_neuron_cuts
+    from crown_cli.verification.bab import cuts as cuts_mod
+
+    sep = cuts_mod.separate_neuron_cuts
 
     def sep_spy(*a, **k):
         out = sep(*a, **k)
         separated.extend(out)
         return out
 
-    monkeypatch.setattr(bab_relu, "separate_neuron_cuts", sep_spy)
+    monkeypatch.setattr(cuts_mod, "separate_neuron_cuts", sep_spy)
     w, b, x0, lo, hi = _case(2, sizes=(4, 8, 14, 8, 3), eps=0.3)
     c, t = 0, 1
     res = _exact(w, b, x0, 0.3, c, t)

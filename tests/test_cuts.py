@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 from scipy.optimize import Bounds, LinearConstraint, milp
 
+from conftest import slow_if
 from crown_cli.verification.bab import relu_split as bab_relu
 from crown_cli.verification.bab.cuts import Cuts, cut_lines, evaluate_cuts, weaker_sets
 from oracles import random_mlp
@@ -284,10 +285,11 @@ def test_fully_split_domain_adds_the_cuts_term_exactly():
     assert np.allclose(cut, plain + term, rtol=0, atol=1e-8)
 
 
-@pytest.mark.parametrize("seed", [2, 4])
-def test_search_with_cuts_matches_the_milp_and_infers_cuts(seed):
-    """ReLU splitting with cuts: b just below the exact minimum is unsat, just above it sat
-    with a real counterexample; on the unsat search cuts were proven and used."""
+@pytest.mark.parametrize("seed,kind", [(2, "neurons"), slow_if(True, 2, "decisions"),
+                                       slow_if(True, 4, "both")])
+def test_search_with_cuts_matches_the_milp_and_infers_cuts(seed, kind):
+    """ReLU splitting with cuts of each kind: b just below the exact minimum is unsat, just
+    above it sat with a real counterexample; on the unsat search cuts were added."""
     import time
 
     from oracles import exact_margin_min, mlp_forward
@@ -302,15 +304,15 @@ def test_search_with_cuts_matches_the_milp_and_infers_cuts(seed):
     gap = 0.01 * (1.0 + abs(res.value))
     lines = []
     r = bab_relu.relu_split(w, b, lo, hi, A, np.array([res.dual_bound - gap]),
-                            time.monotonic() + 60, batch=8, cuts=16, cut_checks=8,
-                            cut_kinds="decisions", log=lines.append)
+                            time.monotonic() + 60, batch=8, cuts=64, cut_checks=8,
+                            cut_kinds=kind, log=lines.append)
     assert r.verdict == "unsat"
     assert r.domains > 100  # a search, not the root
     last = lines[-1].split()
     assert last[0] == "cuts:" and int(last[1]) > 0, lines[-1]
     r = bab_relu.relu_split(w, b, lo, hi, A, np.array([res.value + gap]),
-                            time.monotonic() + 60, batch=8, cuts=16, cut_checks=8,
-                            cut_kinds="decisions", attack_restarts=0)
+                            time.monotonic() + 60, batch=8, cuts=64, cut_checks=8,
+                            cut_kinds=kind, attack_restarts=0)
     assert r.verdict == "sat"
     assert np.all(r.x >= lo) and np.all(r.x <= hi)
     y = mlp_forward(w, b, "relu", r.x)
@@ -439,7 +441,7 @@ def test_a_cut_that_is_an_identity_leaves_the_bound():
     assert np.allclose(cut, plain, rtol=0, atol=1e-8)
 
 
-@pytest.mark.parametrize("seed", [0, 1])
+@pytest.mark.parametrize("seed", [0, slow_if(True, 1)])
 def test_separated_neuron_cuts_hold_and_tighten_the_root(seed):
     """Single-neuron cuts separated at the root's relaxed points: the bound with them stays
     under the MILP that holds them, and optimising their multipliers raises the root bound

@@ -1,0 +1,120 @@
+"""The cutting planes' part of a ReLU-splitting search (:class:`CutSearch`, a base of
+:class:`~crown_cli.verification.bab.relu_split._Search`): single-neuron cuts separated after
+each batch, decision sets inferred from proven domains and proven as cuts, children inside a
+proven set. The cuts themselves and their bound are :mod:`crown_cli.verification.bab.cuts`.
+"""
+from __future__ import annotations
+
+import time
+
+import numpy as np
+
+from crown_cli.verification.bab import cuts as _cuts
+from crown_cli.verification.bab.cuts import weaker_sets
+from crown_cli.verification.bab.domains import Domains
+
+# single-neuron cuts are separated at the relaxed points of this many worst open domains
+# of each batch
+CUT_DOMAINS = 16
+
+
+class CutSearch:
+    """The search's cut methods; the search holds ``bd``, ``o`` (its options), ``stats``
+    (with "cuts" when it uses cuts), ``deadline``, ``interm``, ``max_width``, ``cut_sets``
+    and :meth:`assess`."""
+
+    def _neuron_cuts(self, state, kids: Domains, score, proven):
+        """Single-neuron cuts most violated at the relaxed points of the batch's worst open
+        domains (``CUT_DOMAINS`` of them; :func:`separate_neuron_cuts`), ``neuron_cuts`` of
+        them, added to the bounder's. Not past the deadline."""
+        openi = np.flatnonzero(~proven)
+        if openi.size == 0 or time.monotonic() >= self.deadline:
+            return
+        N, B = state[1].shape[0], kids.split.shape[0]
+        per = N // B
+        worst = openi[np.argsort(score[openi], kind="stable")[:CUT_DOMAINS]]
+        rows = (worst[:, None] * per + np.arange(per)[None, :]).ravel()
+        bounds = None
+        if self.interm:
+            bounds = (np.repeat(kids.dl, per, axis=0), np.repeat(kids.du, per, axis=0))
+        found = _cuts.separate_neuron_cuts(self.bd, state, bounds, self.o.neuron_cuts, rows)
+        for p, kz, e, key in found:
+            self.stats["cuts"] += int(self.bd.cuts.add_general(p, kz, e, key))
+
+    def bd_cuts(self):
+        """The bounder's cuts when this search infers them, else None."""
+        return getattr(self.bd, "cuts", None) if "cuts" in self.stats else None
+
+    def _propose_cuts(self, kids: Domains, proven):
+        """From each domain of the batch proven by its bound: the decisions its rows' split
+        multipliers used, queued to be proven as a cut of their own (:mod:`.cuts`)."""
+        for i in np.flatnonzero(proven & (kids.depth >= 2)):
+            for cand in weaker_sets(kids.split[i], np.max(kids.beta[i], axis=0)):
+                self.cut_sets.append(cand)
+        if len(self.cut_sets) > 8 * self.o.cut_checks:  # the newest kept
+            del self.cut_sets[:len(self.cut_sets) - 8 * self.o.cut_checks]
+
+    def _check_cut_sets(self):
+        """Up to ``cut_checks`` queued decision sets bounded as domains of their own (with
+        their hidden-layer bounds when the search recomputes them); each proven one becomes a
+        cut. A counterexample found on the way, or None."""
+        bd, stats = self.bd, self.stats
+        sets = np.stack(self.cut_sets[-self.o.cut_checks:])
+        del self.cut_sets[-self.o.cut_checks:]
+        sets = sets[~bd.cuts.contains(sets)]
+        B = sets.shape[0]
+        if B == 0:
+            return None
+        stats["cut_checks"] += B
+        m, nU = bd.m, bd.nU
+        alpha = np.broadcast_to(bd.initial_alpha(), (B, m, nU)).copy()
+        beta = np.zeros((B, m, nU), np.float32)
+        done = np.zeros((B, max(1, bd.gstart.size)), bool)
+        chords = bounds = None
+        proven = np.zeros(B, bool)
+        given = sets.copy()  # tighten adds the decisions the sets imply; the cut is the set's
+        if self.interm:
+            rl, ru = bd.root_domain_bounds()
+            dl, du = np.tile(rl, (B, 1)), np.tile(ru, (B, 1))
+            sets, dl, du, proven = bd.tighten(sets, dl, du, np.zeros(B, np.int64),
+                                              deadline=self.deadline, max_width=self.max_width)
+            chords, bounds = bd.chords(dl, du), (dl, du)
+        open_ = np.flatnonzero(~proven)
+        if open_.size:
+            _, pr, _, _, xv = self.assess(
+                sets[open_], alpha[open_], beta[open_], done[open_], self.o.iters,
+                None if chords is None else (chords[0][open_], chords[1][open_]), None,
+                None if bounds is None else (bounds[0][open_], bounds[1][open_]), count=False)
+            if xv is not None:
+                return xv
+            proven[open_] = pr
+        for s in given[proven]:
+            stats["cuts"] += int(bd.cuts.add(s))
+        return None
+
+    def _inside_cuts(self, kids: Domains) -> Domains:
+        """The children that hold every decision of a cut are inside a proven domain: counted
+        proven and dropped."""
+        cuts = self.bd_cuts()
+        if cuts is None or len(cuts) == 0:
+            return kids
+        inside = cuts.contains(kids.split)
+        if not inside.any():
+            return kids
+        s = self.stats
+        s["proven"] += int(inside.sum())
+        s["cut_pruned"] += int(inside.sum())
+        s["closed"] += float(np.sum(0.5 ** kids.depth[inside]))
+        k = ~inside
+        return Domains(kids.split[k], kids.alpha[k], kids.beta[k], None, None, kids.dl[k],
+                       kids.du[k], kids.done[k], kids.depth[k],
+                       None if kids.node is None else kids.node[k])
+
+    def _log_batch(self):
+        s = self.stats
+        if self.log is not None and s["batches"] % 20 == 0:
+            self.log(f"batch {s['batches']}: {s['domains']} domains, {len(self.pool)} open, "
+                     f"worst {self.pool.worst():.4g}, {time.monotonic() - self.t0:.1f}s"
+                     + (f" ({s['t_interm']:.1f}s interm, {s['empty']} empty)"
+                        if self.interm else "")
+                     + (f", {s['cuts']} cuts added" if "cuts" in s else ""))
