@@ -273,20 +273,10 @@ class Bounder(DomainBounds, CaseRows):
         al = alpha.reshape(N, self.nU).astype(dt, copy=False)
         be = beta.reshape(N, self.nU).astype(dt, copy=False)
         ch = self._chords_rows(chords, B, m, dt)
-        if rows is None:
-            Lam = np.broadcast_to(self.Lam_top.astype(dt),
-                                  (B, m, self.Lam_top.shape[1])).reshape(N, -1)
-            const = np.tile(self.const_top, B)
-        else:
-            Lam = self.Lam_top[rows].astype(dt)
-            const = self.const_top[rows]
         f64 = dt == np.float64
-        if f64:
-            mag = np.tile(self.mag_top, B) if rows is None else self.mag_top[rows]
-            steps = np.tile(self.lam_err, B) if rows is None else self.lam_err[rows]
         tape = []
         W = self.Wmul if f64 else self.W32mul
-        rows = Rows(Lam, const, mag if f64 else None, steps if f64 else None)
+        rows = self.top_rows(B, rows, dt)
         hook = None
         for k in range(self.L - 1, -1, -1):
             cols = self.ucols[k]
@@ -330,6 +320,24 @@ class Bounder(DomainBounds, CaseRows):
             tape.reverse()  # tape[k] for hidden layer k
             return out, (tape, Lam, sp, ch[1])
         return out
+
+    def top_rows(self, B, rows, dt) -> Rows:
+        """The rows over the last hidden layer for B domains (every row of each, or row
+        ``rows[i]`` of domain i), the last layer folded in; in float64 with their magnitudes
+        and the rounding charged so far."""
+        if rows is None:
+            m = self.m
+            Lam = np.broadcast_to(self.Lam_top.astype(dt),
+                                  (B, m, self.Lam_top.shape[1])).reshape(B * m, -1)
+            const = np.tile(self.const_top, B)
+        else:
+            Lam = self.Lam_top[rows].astype(dt)
+            const = self.const_top[rows]
+        if dt != np.float64:
+            return Rows(Lam, const)
+        mag = np.tile(self.mag_top, B) if rows is None else self.mag_top[rows]
+        steps = np.tile(self.lam_err, B) if rows is None else self.lam_err[rows]
+        return Rows(Lam, const, mag, steps)
 
     def gradient(self, state, dtype=np.float32):
         """d(sum of all bounds)/d alpha and d/d beta, each (B*m, nU), from :meth:`evaluate`'s

@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import numpy as np
 
-from crown_cli.engine.chain import Rows
 from crown_cli.engine.input_sets import box_lower
 from crown_cli.engine.rounding import U64, gamma_n
 
@@ -155,10 +154,7 @@ def cut_lines(a, c, t, l, u, verified: bool):
 def _unstable_bounds(bd, bounds, N, m):
     """Per evaluated (domain, row): the unstable neurons' (l, u) (N, nU) float64."""
     if bounds is None:
-        lo = np.concatenate([l[c] for (l, _), c in zip(bd.bounds, bd.ucols)]) if bd.L else \
-            np.zeros(0)
-        hi = np.concatenate([u[c] for (_, u), c in zip(bd.bounds, bd.ucols)]) if bd.L else \
-            np.zeros(0)
+        lo, hi = bd.root_domain_bounds()
         return np.broadcast_to(lo, (N, bd.nU)), np.broadcast_to(hi, (N, bd.nU))
     dl, du = (np.asarray(x, np.float64) for x in bounds)
     if m > 1:
@@ -189,23 +185,18 @@ def evaluate_cuts(bd, split, alpha, beta, mu, dtype=np.float64, keep=False, boun
     MP = None if P is None else np.asarray(M @ P)  # the coefficients on the values v
     g = gamma_n(max(len(cuts), 1) + 1, U64)
     lo, hi = _unstable_bounds(bd, bounds, N, m)
-    if rows is None:
-        Lam = np.broadcast_to(bd.Lam_top.astype(dt), (B, m, bd.Lam_top.shape[1])).reshape(N, -1)
-        const = np.tile(bd.const_top, B)
-    else:
-        Lam = bd.Lam_top[rows].astype(dt)
-        const = bd.const_top[rows]
-    const = const + M @ cuts.e
+    acc = bd.top_rows(B, rows, dt)
+    Me = M @ cuts.e
+    acc.const = acc.const + Me
     if f64:
-        mag = (np.tile(bd.mag_top, B) if rows is None else bd.mag_top[rows]) + np.abs(M @ cuts.e)
-        steps = np.tile(bd.lam_err, B) if rows is None else bd.lam_err[rows]
+        acc.mag = acc.mag + np.abs(Me)
         # C and M e as computed against their exact values: |z| <= 1
         absM = np.abs(M)
-        steps = steps + g * ((absM @ np.abs(cuts.K)).sum(axis=1) + absM @ np.abs(cuts.e))
-    acc = Rows(Lam, const, mag if f64 else None, steps if f64 else None)
+        acc.charge = acc.charge + g * ((absM @ np.abs(cuts.K)).sum(axis=1)
+                                       + absM @ np.abs(cuts.e))
     W = bd.Wmul if f64 else bd.W32mul
     tape = []
-    hoff = np.cumsum([bd.box.lo.size] + [w.shape[0] for w in bd.weights[:-1]])
+    hoff = value_offsets(bd)
     absMP = np.asarray(np.abs(M) @ abs(P)) if (f64 and P is not None) else None
     for k in range(bd.L - 1, -1, -1):
         cols = bd.ucols[k]
@@ -250,8 +241,7 @@ def evaluate_cuts(bd, split, alpha, beta, mu, dtype=np.float64, keep=False, boun
 
 def _value_bound(bd, k):
     """|v| <= this on hidden layer k's outputs over the box (ReLU of the root bounds)."""
-    l, u = bd.bounds[k]
-    return np.maximum(np.maximum(l, 0.0), np.maximum(u, 0.0))
+    return np.maximum(bd.bounds[k][1], 0.0)
 
 
 def _add_terms(acc, MPk, absMP, c0, c1, vbound, g, f64, dt):
@@ -277,7 +267,7 @@ def gradient_cuts(bd, state):
     gB = np.zeros((N, bd.nU))
     gC = np.zeros((N, bd.nU))
     P = bd.cuts.P
-    hoff = np.cumsum([bd.box.lo.size] + [w.shape[0] for w in bd.weights[:-1]])
+    hoff = value_offsets(bd)
     gM = np.zeros((N, len(bd.cuts)))
     if P is not None:  # d out / d (terms on the input) = G at the input
         P = P.tocsc()
@@ -426,9 +416,8 @@ def separate_neuron_cuts(bd, state, bounds, take: int, rows=None, chunk: int = 1
                               inside[e0:e1].copy(), w[e0:e1].copy(), Lb[e0:e1].copy(),
                               Ub[e0:e1].copy(), b[j[c]], base))
         found.sort(key=lambda f: -f[0])
-        del found[take:]  # the best so far: at most `take` kept between layers
+        del found[take:]  # the best so far, largest first: at most `take` kept
         v = y
-    found.sort(key=lambda f: -f[0])
     out, seen = [], set()
     for _, k, j, g, ci, inI, w, Lb, Ub, bj, base in found:
         key = ("neuron", int(k), int(j), ci[inI].tobytes())
@@ -437,9 +426,10 @@ def separate_neuron_cuts(bd, state, bounds, take: int, rows=None, chunk: int = 1
         seen.add(key)
         cols_ = np.r_[hoff[k] + j, base + ci[inI]]
         vals = np.r_[1.0, -w[inI]]
+        C, D = _hull_z_coefficient(w, Lb, Ub, inI, bj)
         kz = np.zeros(bd.nU)
-        kz[g] = -_hull_z_coefficient(w, Lb, Ub, inI, bj)[0]
-        out.append(((cols_, vals), kz, _hull_z_coefficient(w, Lb, Ub, inI, bj)[1], key))
+        kz[g] = -C
+        out.append(((cols_, vals), kz, D, key))
         if len(out) == take:
             break
     return out
