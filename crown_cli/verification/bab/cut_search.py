@@ -105,16 +105,4 @@ class CutSearch:
         s["proven"] += int(inside.sum())
         s["cut_pruned"] += int(inside.sum())
         s["closed"] += float(np.sum(0.5 ** kids.depth[inside]))
-        k = ~inside
-        return Domains(kids.split[k], kids.alpha[k], kids.beta[k], None, None, kids.dl[k],
-                       kids.du[k], kids.done[k], kids.depth[k],
-                       None if kids.node is None else kids.node[k])
-
-    def _log_batch(self):
-        s = self.stats
-        if self.log is not None and s["batches"] % 20 == 0:
-            self.log(f"batch {s['batches']}: {s['domains']} domains, {len(self.pool)} open, "
-                     f"worst {self.pool.worst():.4g}, {time.monotonic() - self.t0:.1f}s"
-                     + (f" ({s['t_interm']:.1f}s interm, {s['empty']} empty)"
-                        if self.interm else "")
-                     + (f", {s['cuts']} cuts added" if "cuts" in s else ""))
+        return kids.take(~inside)

@@ -93,6 +93,13 @@ class Domains:
     depth: np.ndarray  # (B,): branching decisions (not implied splits)
     node: Optional[np.ndarray] = None  # (B,): the node of a recorded proof tree
 
+    def take(self, keep) -> "Domains":
+        """The domains selected by ``keep`` (a mask or indices), without candidates or
+        rows (as a batch is before it is bounded)."""
+        return Domains(self.split[keep], self.alpha[keep], self.beta[keep], None, None,
+                       self.dl[keep], self.du[keep], self.done[keep], self.depth[keep],
+                       None if self.node is None else self.node[keep])
+
 
 class DomainPool:
     """Open domains: arrays indexed by slot, a heap of (score, slot) worst first."""

@@ -514,10 +514,7 @@ class _Search(CutSearch):
         stats["empty"] += int(empty.sum())
         stats["closed"] += float(np.sum(0.5 ** kids.depth[empty]))
         stats["domains"] += int(empty.sum())
-        keep = ~empty
-        return Domains(cs[keep], kids.alpha[keep], kids.beta[keep], None, None, cdl[keep],
-                       cdu[keep], kids.done[keep], kids.depth[keep],
-                       None if kids.node is None else kids.node[keep])
+        return kids.take(~empty)  # cs, cdl, cdu are kids' own arrays, updated in place
 
     def _bound(self, kids: Domains, iters, chords):
         """The children optimised, checked and pushed into the pool (the open ones): a
@@ -534,6 +531,15 @@ class _Search(CutSearch):
             if self.o.cut_kinds != "decisions":
                 self._neuron_cuts(state, kids, score, proven)
         return self.enqueue(score, proven, row, state, kids)
+
+    def _log_batch(self):
+        s = self.stats
+        if self.log is not None and s["batches"] % 20 == 0:
+            self.log(f"batch {s['batches']}: {s['domains']} domains, {len(self.pool)} open, "
+                     f"worst {self.pool.worst():.4g}, {time.monotonic() - self.t0:.1f}s"
+                     + (f" ({s['t_interm']:.1f}s interm, {s['empty']} empty)"
+                        if self.interm else "")
+                     + (f", {s['cuts']} cuts added" if "cuts" in s else ""))
 
     def verify64(self, split, alpha, beta, chords=None, cut=None):
         """The float64 bounds (B, m) at these slopes and multipliers (``cut``: with the
