@@ -33,10 +33,10 @@ models:
 	$(TRAIN_3X1024) --activation arctan --out models/mnist_3x1024_arctan.h5
 
 test:
-	$(PYTHON) -m pytest -q
+	$(PYTHON) -m pytest -q -n 2
 
 test-slow:
-	$(PYTHON) -m pytest -q -m slow
+	$(PYTHON) -m pytest -q -n 2 -m slow
 
 bench:
 	$(PYTHON) scripts/bench.py

@@ -1,7 +1,14 @@
 import os
 import sys
 
-import numpy as np
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    # one pytest worker per core (pytest -n 2, the README's command): each worker's BLAS and
+    # numba kernels on one thread, so the workers do not share the cores twice over
+    for _var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS",
+                 "NUMBA_NUM_THREADS"):
+        os.environ.setdefault(_var, "1")
+
+import numpy as np  # noqa: E402
 import pytest
 
 HERE = os.path.dirname(os.path.abspath(__file__))

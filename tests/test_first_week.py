@@ -197,12 +197,12 @@ def _pyproject_addopts():
 def test_default_test_command_leaves_out_the_slow_tier_and_ci_runs_both():
     assert "-m 'not slow'" in _pyproject_addopts()
     readme = open(README, encoding="utf-8").read()
-    assert "python -m pytest -q\n" in readme
+    assert "python -m pytest -q -n 2\n" in readme
     ci = open(os.path.join(ROOT, ".ci", "run"), encoding="utf-8").read().splitlines()
     runs = [line for line in ci if "pytest" in line]
-    assert runs == ["python3 -m pytest -q", "python3 -m pytest -q -m slow"]
+    assert runs == ["python3 -m pytest -q -n 2", "python3 -m pytest -q -n 2 -m slow"]
     doc = open(TESTING_DOC, encoding="utf-8").read()
-    assert "python -m pytest -q -m slow" in doc
+    assert "python -m pytest -q -n 2 -m slow" in doc
     assert "python -m pytest -q -m 'slow or not slow'" in doc
     # the tiers' measured times, and what the slow one holds, are in the doc
     tiers = doc.split("## Test tiers", 1)[1].split("\n## ", 1)[0]
