@@ -507,3 +507,92 @@ def test_separated_neuron_cuts_hold_in_exact_arithmetic():
         assert D <= sum(F(float(w[i])) * F(float(Lb[i])) for i in np.flatnonzero(inI))
         assert C >= D + F(float(bd.biases[k][j])) + sum(
             F(float(w[i])) * F(float(Ub[i])) for i in np.flatnonzero(~inI))
+
+
+def test_kept_multipliers_follow_their_cuts_through_the_pool():
+    """A domain's sparse multipliers (its rows' largest) come back on the same cuts after
+    the pool has added cuts and dropped its oldest, and in a batch's subset of the cuts: by
+    serial, not by column; a dropped cut's multiplier is gone and the rest are exact."""
+    from crown_cli.verification.bab.cuts import (dense_multipliers, merge_new_cuts,
+                                                 sparse_multipliers)
+
+    rng = np.random.default_rng(0)
+    nU, cap = 5, 6
+    cuts = Cuts(nU, cap)
+    for i in range(4):
+        cuts._append(None, rng.normal(size=nU), float(i), False)
+    held = np.arange(cuts.first, cuts.serial)
+    mu = np.where(rng.random((3, 2, 4)) < 0.6, rng.random((3, 2, 4)), 0.0).astype(np.float32)
+    val, ser = sparse_multipliers(mu, held, keep=4)
+    back, mask = dense_multipliers(held, val, ser, 3, 2)
+    assert np.array_equal(back, mu) and np.array_equal(mask, mu > 0)
+    # keep 2: each row's two largest, the rest 0
+    v2, s2 = sparse_multipliers(mu, held, keep=2)
+    back, _ = dense_multipliers(held, v2, s2, 3, 2)
+    assert np.allclose(np.sort(back, axis=2)[..., -2:], np.sort(mu, axis=2)[..., -2:])
+    assert np.all((back == mu) | (back == 0.0))
+    e_before = cuts.e.copy()
+    for i in range(4, 8):  # two of the first four dropped (cap 6)
+        cuts._append(None, rng.normal(size=nU), float(i), False)
+    held = np.arange(cuts.first, cuts.serial)
+    now, mask = dense_multipliers(held, val, ser, 3, 2)
+    assert now.shape == (3, 2, cap)
+    # the cuts held from before are columns 0, 1 now (e 2 and 3); 4 new ones start at 0
+    assert np.array_equal(cuts.e[:2], e_before[2:])
+    assert np.array_equal(now[..., :2], mu[..., 2:]) and not now[..., 2:].any()
+    # a subset: columns of the cuts the entries name, same values
+    serials = np.unique(ser[ser >= cuts.first])
+    sub = cuts.subset(serials - cuts.first)
+    assert np.array_equal(sub.e, cuts.e[serials - cuts.first])
+    assert np.array_equal(sub.K, cuts.K[serials - cuts.first])
+    part, _ = dense_multipliers(serials, val, ser, 3, 2)
+    assert np.array_equal(part, now[..., serials - cuts.first])
+    # with a mask, entries at 0 that may move are kept too; new cuts fill free slots first
+    m0 = np.zeros((1, 1, 3), bool)
+    m0[..., :2] = True
+    v3, s3 = sparse_multipliers(np.array([[[0.5, 0.0, 0.7]]], np.float32), np.array([7, 8, 9]),
+                                keep=3, mask=m0)
+    assert sorted(s3[0, 0].tolist()) == [-1, 7, 8]
+    merge_new_cuts(v3[0], s3[0], [8, 11, 12])
+    assert sorted(s3[0, 0].tolist()) == [7, 11, 12]  # 8 was at 0: 12 takes its slot
+    assert 7 in s3[0, 0] and 11 in s3[0, 0] and v3[0, 0][s3[0, 0] == 7] == 0.5
+
+
+def test_children_start_from_their_parents_cut_multipliers(monkeypatch):
+    """With cuts held, each domain is bounded with its own cuts, from the multipliers its
+    parent ended with (domain_cuts): some batch starts from nonzero multipliers, and every
+    batch's cuts are a subset of the held ones; with domain_cuts 0 every batch starts at 0
+    on every held cut."""
+    import time
+
+    import crown_cli.verification.bab.relu_split as rs
+    from oracles import exact_margin_min
+
+    sizes, eps, seed = (6, 20, 20, 3), 0.3, 2
+    w, b = random_mlp(list(sizes), seed=seed)
+    x0 = np.random.default_rng(seed + 100).uniform(-1.0, 1.0, sizes[0])
+    res = exact_margin_min(w, b, x0, 0, 1, eps, time_limit=30.0)
+    assert res.status == "optimal"
+    A = np.array([[1.0, -1.0, 0.0]])
+    starts = []
+    real = rs.optimise_open
+
+    def spy(bd, split, alpha, beta, done, iters=20, chords=None, deadline=None, cut=None):
+        if cut is not None:
+            starts.append((float(np.abs(cut.mu).sum()), cut.mask is not None))
+        return real(bd, split, alpha, beta, done, iters, chords=chords, deadline=deadline,
+                    cut=cut)
+
+    monkeypatch.setattr(rs, "optimise_open", spy)
+    for per_domain in (256, 0):
+        starts.clear()
+        r = bab_relu.relu_split(w, b, x0 - eps, x0 + eps, A,
+                                np.array([res.dual_bound - 0.01 * (1.0 + abs(res.value))]),
+                                time.monotonic() + 60, batch=8, cuts=64,
+                                domain_cuts=per_domain)
+        assert r.verdict == "unsat"
+        assert len(starts) > 3
+        if per_domain:
+            assert max(s for s, _ in starts) > 0.0 and all(m for _, m in starts)
+        else:
+            assert max(s for s, _ in starts) == 0.0 and not any(m for _, m in starts)

@@ -10,13 +10,8 @@ import time
 import numpy as np
 
 from crown_cli.verification.bab import cuts as _cuts
-from crown_cli.verification.bab.cuts import weaker_sets
+from crown_cli.verification.bab.cuts import dense_multipliers, merge_new_cuts, weaker_sets
 from crown_cli.verification.bab.domains import Domains
-
-# single-neuron cuts are separated at the relaxed points of this many worst open domains
-# of each batch
-CUT_DOMAINS = 16
-
 
 class CutSearch:
     """The search's cut methods; the search holds ``bd``, ``o`` (its options), ``stats``
@@ -25,21 +20,47 @@ class CutSearch:
 
     def _neuron_cuts(self, state, kids: Domains, score, proven):
         """Single-neuron cuts most violated at the relaxed points of the batch's worst open
-        domains (``CUT_DOMAINS`` of them; :func:`separate_neuron_cuts`), ``neuron_cuts`` of
+        domains (``cut_domains`` of them; :func:`separate_neuron_cuts`), ``neuron_cuts`` of
         them, added to the bounder's. Not past the deadline."""
         openi = np.flatnonzero(~proven)
         if openi.size == 0 or time.monotonic() >= self.deadline:
             return
         N, B = state[1].shape[0], kids.split.shape[0]
         per = N // B
-        worst = openi[np.argsort(score[openi], kind="stable")[:CUT_DOMAINS]]
+        worst = openi[np.argsort(score[openi], kind="stable")[:self.o.cut_domains]]
         rows = (worst[:, None] * per + np.arange(per)[None, :]).ravel()
         bounds = None
         if self.interm:
             bounds = (np.repeat(kids.dl, per, axis=0), np.repeat(kids.du, per, axis=0))
-        found = _cuts.separate_neuron_cuts(self.bd, state, bounds, self.o.neuron_cuts, rows)
-        for p, kz, e, key in found:
-            self.stats["cuts"] += int(self.bd.cuts.add_general(p, kz, e, key))
+        cuts = self.bd.cuts
+        if not self.o.domain_cuts:  # the best over those domains, for every domain
+            found = _cuts.separate_neuron_cuts(self.bd, state, bounds, self.o.neuron_cuts,
+                                               rows)
+            for p, kz, e, key in found:
+                self.stats["cuts"] += int(cuts.add_general(p, kz, e, key))
+            return
+        for i in worst:  # each domain's own, for it and its children
+            found = _cuts.separate_neuron_cuts(self.bd, state, bounds, self.o.neuron_cuts,
+                                               i * per + np.arange(per))
+            for p, kz, e, key in found:
+                self.stats["cuts"] += int(cuts.add_general(p, kz, e, key))
+            new = [cuts.serial_of(key) for *_, key in found]
+            merge_new_cuts(kids.mu_val[i], kids.mu_ser[i], [s for s in new if s is not None])
+
+    def _batch_cuts(self, kids: Domains):
+        """The cuts a batch is bounded with: (those cuts, their serials, the multipliers they
+        start from (B, m, nC), the mask of those that move or None). With ``domain_cuts``
+        each domain's own (kept in ``kids.mu_val``/``mu_ser``), else every held cut from 0."""
+        cuts = self.bd.cuts
+        B, m = kids.split.shape[0], self.bd.m
+        if not self.o.domain_cuts:
+            return (cuts, np.arange(cuts.first, cuts.serial),
+                    np.zeros((B, m, len(cuts)), np.float32), None)
+        ser = kids.mu_ser
+        serials = np.unique(ser[ser >= cuts.first]) if ser is not None else \
+            np.zeros(0, np.int64)
+        mu, mask = dense_multipliers(serials, kids.mu_val, ser, B, m)
+        return cuts.subset(serials - cuts.first), serials, mu, mask
 
     def bd_cuts(self):
         """The bounder's cuts when this search infers them, else None."""
@@ -82,7 +103,7 @@ class CutSearch:
         open_ = np.flatnonzero(~proven)
         if open_.size:
             _, pr, _, _, xv = self.assess(
-                sets[open_], alpha[open_], beta[open_], done[open_], self.o.iters,
+                sets[open_], alpha[open_], beta[open_], done[open_], self.iters,
                 None if chords is None else (chords[0][open_], chords[1][open_]), None,
                 None if bounds is None else (bounds[0][open_], bounds[1][open_]), count=False)
             if xv is not None:

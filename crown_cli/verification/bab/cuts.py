@@ -44,19 +44,54 @@ class Cuts:
     of the input and of every hidden neuron's output, in layer order; at most ``cap`` of them
     (the oldest dropped first; a dropped cut only loosens bounds). A proven domain's cut
     (:meth:`add`) has no v terms; :meth:`add_general` takes any cut the caller knows valid at
-    every counterexample (e.g. a single neuron's convex-hull inequality)."""
+    every counterexample (e.g. a single neuron's convex-hull inequality). Each cut has a
+    serial number (the count of cuts added before it): the ones held are ``first`` ..
+    ``serial - 1``, in order. Rows are kept sparse; ``K``, ``e``, ``P`` and ``decision`` are
+    arrays built when asked for."""
 
     def __init__(self, nU: int, cap: int = 64, n_terms: int = 0):
         self.nU, self.cap, self.n_terms = nU, cap, n_terms
-        self.K = np.zeros((0, nU))
-        self.e = np.zeros(0)
-        self._rows = []  # per cut: its P row as (columns, values)
-        self._P = None  # the P rows as a CSR matrix, made when first asked for
-        self.decision = np.zeros(0, bool)  # the cuts of proven domains' decisions
-        self._seen = set()
+        self._k = []  # per cut: its K row as (columns, values)
+        self._p = []  # per cut: its P row as (columns, values) (with n_terms)
+        self._e = []
+        self._dec = []  # per cut: from a proven domain's decisions
+        self._key = []  # per cut: the key it was added with (or None)
+        self._seen = set()  # the decision sets ever added
+        self._held = {}  # key -> serial of the general cuts held
+        self._arrays = {}
+        self.serial = 0  # cuts ever added
 
     def __len__(self):
-        return self.K.shape[0]
+        return len(self._e)
+
+    @property
+    def first(self) -> int:
+        """The serial number of the first cut held (column 0 of a multiplier array)."""
+        return self.serial - len(self)
+
+    def _array(self, name, make):
+        if name not in self._arrays:
+            self._arrays[name] = make()
+        return self._arrays[name]
+
+    @property
+    def K(self) -> np.ndarray:
+        """The cuts' terms on z, (nC, nU) float64."""
+        def make():
+            K = np.zeros((len(self), self.nU))
+            for i, (c, v) in enumerate(self._k):
+                K[i, c] = v
+            return K
+        return self._array("K", make)
+
+    @property
+    def e(self) -> np.ndarray:
+        return self._array("e", lambda: np.array(self._e, np.float64))
+
+    @property
+    def decision(self) -> np.ndarray:
+        """Per cut: whether it is a proven domain's decisions (:meth:`add`)."""
+        return self._array("decision", lambda: np.array(self._dec, bool))
 
     @property
     def P(self):
@@ -64,46 +99,61 @@ class Cuts:
         ``n_terms``)."""
         if not self.n_terms:
             return None
-        if self._P is None:
+
+        def make():
             import scipy.sparse as sps
 
-            ind = [c for c, _ in self._rows]
+            ind = [c for c, _ in self._p]
             ptr = np.cumsum([0] + [c.size for c in ind])
-            self._P = sps.csr_matrix(
-                (np.concatenate([v for _, v in self._rows]) if self._rows else np.zeros(0),
+            return sps.csr_matrix(
+                (np.concatenate([v for _, v in self._p]) if self._p else np.zeros(0),
                  np.concatenate(ind) if ind else np.zeros(0, np.int64), ptr),
-                shape=(len(self._rows), self.n_terms))
-        return self._P
+                shape=(len(self._p), self.n_terms))
+        return self._array("P", make)
 
-    def _append(self, p, k, e, decision):
-        self.K = np.concatenate([self.K, np.asarray(k, np.float64)[None, :]])[-self.cap:]
-        self.e = np.concatenate([self.e, [float(e)]])[-self.cap:]
-        self.decision = np.concatenate([self.decision, [decision]])[-self.cap:]
+    def _append(self, p, k, e, decision, key=None):
+        self.serial += 1
+        k = np.asarray(k, np.float64)
+        self._k.append((np.flatnonzero(k), k[k != 0.0]))
+        self._e.append(float(e))
+        self._dec.append(bool(decision))
+        self._key.append(key)
         if self.n_terms:
             if p is None:
                 p = (np.zeros(0, np.int64), np.zeros(0))
             elif not isinstance(p, tuple):
                 p = np.asarray(p, np.float64)
                 p = (np.flatnonzero(p), p[p != 0.0])
-            self._rows = (self._rows + [(np.asarray(p[0], np.int64),
-                                         np.asarray(p[1], np.float64))])[-self.cap:]
-            self._P = None
+            self._p.append((np.asarray(p[0], np.int64), np.asarray(p[1], np.float64)))
+        if key is not None and not decision:
+            self._held[key] = self.serial - 1
+        drop = len(self._e) - self.cap
+        if drop > 0:
+            kept_from = self.serial - self.cap  # the first serial still held after the drop
+            for old in self._key[:drop]:
+                if old is not None and self._held.get(old, self.serial) < kept_from:
+                    del self._held[old]
+            for lst in (self._k, self._p, self._e, self._dec, self._key):
+                del lst[:drop]
+        self._arrays.clear()
 
     def add_general(self, p, k, e, key=None):
         """The cut ``p . v + k . z + e <= 0`` (p: (n_terms,) or (columns, values); k: (nU,));
-        False if ``key`` (any hashable) names a cut already held."""
+        False if ``key`` (any hashable) names a cut held now."""
         if not self.n_terms:
             raise ValueError("cuts: made without terms on the neurons' values (n_terms)")
-        if key is not None:
-            if key in self._seen:
-                return False
-            self._seen.add(key)
-        self._append(p, k, e, False)
+        if key is not None and key in self._held:
+            return False
+        self._append(p, k, e, False, key)
         return True
+
+    def serial_of(self, key):
+        """The serial number of the held general cut added with ``key``, or None."""
+        return self._held.get(key)
 
     def add(self, split_row) -> bool:
         """The cut of a proven domain's decisions ``split_row`` (nU,) in {-1, 0, +1}; False if
-        it is already held or has no decision."""
+        it was added before or has no decision."""
         s = np.asarray(split_row, np.int8)
         key = s.tobytes()
         if not s.any() or key in self._seen:
@@ -112,14 +162,81 @@ class Cuts:
         self._append(None, s.astype(np.float64), 1.0 - float(np.sum(s > 0)), True)
         return True
 
+    def subset(self, cols) -> "Cuts":
+        """The held cuts of positions ``cols`` (ascending), as cuts of their own (for one
+        batch's bound: its columns are the multipliers')."""
+        out = Cuts(self.nU, max(1, len(cols)), self.n_terms)
+        for c in np.asarray(cols, np.int64).tolist():
+            out._k.append(self._k[c])
+            out._e.append(self._e[c])
+            out._dec.append(self._dec[c])
+            out._key.append(None)
+            if self.n_terms:
+                out._p.append(self._p[c])
+        out.serial = len(out._e)
+        return out
+
     def contains(self, split) -> np.ndarray:
         """Per domain of ``split`` (B, nU): whether it holds every decision of some cut (it is
         then a subdomain of a proven domain: proven)."""
-        if not self.decision.any() or split.shape[0] == 0:
+        if not any(self._dec) or split.shape[0] == 0:
             return np.zeros(split.shape[0], bool)
         K = self.K[self.decision]
         hits = (split.astype(np.float64) @ K.T)  # decisions agreeing minus disagreeing
         return np.any(hits >= np.abs(K).sum(axis=1)[None, :], axis=1)
+
+
+def sparse_multipliers(mu, serials, keep: int, mask=None):
+    """The ``keep`` largest multipliers of each (domain, row) of ``mu`` (B, m, nC), whose
+    columns are the cuts of ``serials`` (nC,): (values (B, m, keep) float32, serials (B, m,
+    keep) int64, -1 where none), as a domain's children start from them
+    (:func:`dense_multipliers`). Only positive ones are kept, or with ``mask`` (B, m, nC)
+    the masked-in ones (positive first, then those at 0)."""
+    B, m, nC = mu.shape
+    val = np.zeros((B, m, keep), np.float32)
+    ser = np.full((B, m, keep), -1, np.int64)
+    k = min(keep, nC)
+    if k == 0:
+        return val, ser
+    score = np.where(mask, mu, -1.0) if mask is not None else np.where(mu > 0.0, mu, -1.0)
+    idx = np.argpartition(-score, k - 1, axis=2)[..., :k] if k < nC else \
+        np.broadcast_to(np.arange(nC), (B, m, nC))
+    sc = np.take_along_axis(score, idx, axis=2)
+    v = np.take_along_axis(mu, idx, axis=2)
+    val[..., :k] = np.where(sc >= 0.0, np.maximum(v, 0.0), 0.0)
+    ser[..., :k] = np.where(sc >= 0.0, np.asarray(serials, np.int64)[idx], -1)
+    return val, ser
+
+
+def dense_multipliers(serials, val, ser, B: int, m: int):
+    """Multipliers (B, m, nC) float32 on the cuts of ``serials`` (nC,) ascending, from
+    sparse ones (:func:`sparse_multipliers`; None: zeros), and the mask (B, m, nC) of the
+    entries given (a cut not among ``serials`` gets none)."""
+    serials = np.asarray(serials, np.int64)
+    mu = np.zeros((B, m, serials.size), np.float32)
+    mask = np.zeros((B, m, serials.size), bool)
+    if val is None or val.shape[-1] == 0 or serials.size == 0:
+        return mu, mask
+    col = np.minimum(np.searchsorted(serials, ser), serials.size - 1)
+    ok = (ser >= 0) & (serials[col] == ser)
+    b, r, _ = np.nonzero(ok)
+    mu[b, r, col[ok]] = val[ok]
+    mask[b, r, col[ok]] = True
+    return mu, mask
+
+
+def merge_new_cuts(val, ser, new):
+    """A domain's sparse multipliers (m, keep) with the cuts of serials ``new`` added at 0
+    to every row, in the free slots first, then in place of those at 0 (in place)."""
+    for r in range(ser.shape[0]):
+        have = set(ser[r].tolist())
+        fresh = np.array([c for c in new if c not in have], np.int64)  # in the given order
+        if fresh.size == 0:
+            continue
+        slots = np.r_[np.flatnonzero(ser[r] < 0), np.flatnonzero((ser[r] >= 0) & (val[r] <= 0.0))]
+        n = min(slots.size, fresh.size)
+        ser[r, slots[:n]] = fresh[:n]
+        val[r, slots[:n]] = 0.0
 
 
 def cut_lines(a, c, t, l, u, verified: bool):

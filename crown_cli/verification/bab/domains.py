@@ -92,19 +92,29 @@ class Domains:
     done: np.ndarray  # (B, cases) bool: cases proven in float64 on an ancestor
     depth: np.ndarray  # (B,): branching decisions (not implied splits)
     node: Optional[np.ndarray] = None  # (B,): the node of a recorded proof tree
+    # the cuts' multipliers the domain's children start from (cuts.sparse_multipliers):
+    # (B, m, k) float32 values and int32 serials of their cuts, -1: none
+    mu_val: Optional[np.ndarray] = None
+    mu_ser: Optional[np.ndarray] = None
 
     def take(self, keep) -> "Domains":
         """The domains selected by ``keep`` (a mask or indices), without candidates or
         rows (as a batch is before it is bounded)."""
+        def sel(a):
+            return None if a is None else a[keep]
+
         return Domains(self.split[keep], self.alpha[keep], self.beta[keep], None, None,
                        self.dl[keep], self.du[keep], self.done[keep], self.depth[keep],
-                       None if self.node is None else self.node[keep])
+                       sel(self.node), sel(self.mu_val), sel(self.mu_ser))
 
 
 class DomainPool:
     """Open domains: arrays indexed by slot, a heap of (score, slot) worst first."""
 
-    def __init__(self, nU, m, K, cap=1024, bounds=False, cases=1):
+    _FIELDS = ("split", "alpha", "beta", "cand", "row", "dl", "du", "done", "depth", "node",
+               "mu_val", "mu_ser")
+
+    def __init__(self, nU, m, K, cap=1024, bounds=False, cases=1, mu_keep=0):
         self.nU, self.m, self.K = nU, m, K
         self.done = np.zeros((cap, cases), bool)  # per domain: cases proven (float64)
         self.split = np.zeros((cap, nU), np.int8)
@@ -117,12 +127,15 @@ class DomainPool:
         self.row = np.zeros(cap, np.int64)
         self.depth = np.zeros(cap, np.int64)  # branching decisions (not implied splits)
         self.node = np.zeros(cap, np.int64)
+        # the cuts' multipliers kept per domain (``mu_keep`` of each row's, Domains.mu_val)
+        self.mu_val = np.zeros((cap, m, mu_keep), np.float32)
+        self.mu_ser = np.full((cap, m, mu_keep), -1, np.int32)
         self.free = list(range(cap - 1, -1, -1))
         self.heap = []
 
     def _grow(self):
         cap = self.split.shape[0]
-        for name in ("split", "alpha", "beta", "cand", "row", "dl", "du", "done", "depth", "node"):
+        for name in self._FIELDS:
             old = getattr(self, name)
             new = np.zeros((2 * cap,) + old.shape[1:], old.dtype)
             new[:cap] = old
@@ -147,6 +160,13 @@ class DomainPool:
         if self.dl.shape[1]:
             self.dl[slots] = d.dl
             self.du[slots] = d.du
+        if self.mu_val.shape[2]:
+            if d.mu_val is None:
+                self.mu_val[slots] = 0.0
+                self.mu_ser[slots] = -1
+            else:
+                self.mu_val[slots] = d.mu_val
+                self.mu_ser[slots] = d.mu_ser
         for s, slot in zip(score.tolist(), slots.tolist()):
             heapq.heappush(self.heap, (s, slot))
 
@@ -154,9 +174,7 @@ class DomainPool:
         """The (at most) n worst domains, removed from the pool."""
         items = [heapq.heappop(self.heap) for _ in range(min(n, len(self.heap)))]
         slots = np.array([s for _, s in items], dtype=np.int64)
-        out = Domains(*(getattr(self, f)[slots].copy() for f in
-                        ("split", "alpha", "beta", "cand", "row", "dl", "du", "done", "depth",
-                         "node")))
+        out = Domains(*(getattr(self, f)[slots].copy() for f in self._FIELDS))
         self.free.extend(slots.tolist())
         return out
 

@@ -27,10 +27,12 @@ LR_ALPHA, LR_BETA, LR_MU = 0.1, 0.05, 0.01
 @dataclass
 class CutParams:
     """The cuts' multipliers of a batch, ``mu`` (B, m, nC) float32 (optimised in place), and
-    the domains' (l, u) (B, nU) of the unstable neurons (None: the root's)."""
+    the domains' (l, u) (B, nU) of the unstable neurons (None: the root's); ``mask`` (B, m,
+    nC) bool: only these multipliers move (the rest stay at their value, 0), None: all."""
 
     mu: np.ndarray
     bounds: Optional[tuple] = None
+    mask: Optional[np.ndarray] = None
 
 
 def _optimise_rows(bd, split, alpha0, rows, chords, iters, lr_alpha, lr_beta,
@@ -96,7 +98,7 @@ def optimise(bd, split, alpha, beta, iters=20, stop=True, chords=None, deadline=
     with the slopes in place; the final tape is then the bound without the cuts (for
     branching)."""
     B, m, nU = alpha.shape
-    mu, bounds = (None, None) if cut is None else (cut.mu, cut.bounds)
+    mu, bounds, mask = (None, None, None) if cut is None else (cut.mu, cut.bounds, cut.mask)
     cut = _with_cuts(bd, mu)
     extra = (mu,) if cut else ()
     best = BestIterate((B, m), alpha, beta, *extra)
@@ -131,6 +133,8 @@ def optimise(bd, split, alpha, beta, iters=20, stop=True, chords=None, deadline=
         beta[act] = be
         if cut:
             opt_m.ascend(mk, grads[2].reshape(mk.shape), t, LR_MU, index=act)
+            if mask is not None:
+                mk *= mask[act]
             mu[act] = mk
         act = act[~done]
     alpha[...], beta[...] = best.params[:2]
@@ -162,7 +166,7 @@ def optimise_open(bd, split, alpha, beta, done, iters=20, chords=None, deadline=
         best, state = optimise(bd, split, alpha, beta, iters, chords=chords,
                                deadline=deadline, cut=cut)
         return best, state, bd.score_row(best)
-    mu, bounds = (None, None) if cut is None else (cut.mu, cut.bounds)
+    mu, bounds, mask = (None, None, None) if cut is None else (cut.mu, cut.bounds, cut.mask)
     cut = _with_cuts(bd, mu)
     frozen = done[:, bd.group_of]
     track = BestIterate((B, m), alpha, beta, *((mu,) if cut else ()),
@@ -203,6 +207,8 @@ def optimise_open(bd, split, alpha, beta, done, iters=20, chords=None, deadline=
         beta[d, r] = be
         if cut:
             opt_m.ascend(mk, grads[2], t, LR_MU, index=(d, r))
+            if mask is not None:
+                mk *= mask[d, r]
             mu[d, r] = mk
         d, r = d[~leave], r[~leave]
     alpha[...], beta[...] = track.params[:2]

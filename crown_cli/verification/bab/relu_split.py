@@ -69,7 +69,7 @@ from crown_cli.verification.bab.bounder import Bounder
 from crown_cli.verification.bab.branching import _fsb_choice, branch_scores
 from crown_cli.verification.bab.domains import DomainPool, Domains, ReluSplitProblem
 from crown_cli.verification.bab.cut_search import CutSearch
-from crown_cli.verification.bab.cuts import Cuts, value_offsets
+from crown_cli.verification.bab.cuts import Cuts, sparse_multipliers, value_offsets
 from crown_cli.verification.bab.optimise import CutParams, optimise, optimise_open
 
 
@@ -152,7 +152,10 @@ INTERM_MAX_WIDTH = 1024
 
 # cuts held on such wide networks by default (ReluSplitOptions.cuts): single-neuron cuts
 # decided oval21's cifar_wide_kw img19 in 100 s, open at 720 s without them (docs/bab.md)
-WIDE_CUTS = 2048
+WIDE_CUTS = 16384
+# Adam steps per batch where the search has cuts (their multipliers need more: oval21's
+# cifar_deep_kw img5533 unsat in 54 s with 40, open at 150 s with 20; docs/bab.md)
+CUT_ITERS = 40
 
 
 @dataclass(frozen=True)
@@ -163,7 +166,9 @@ class ReluSplitOptions:
     max_domains: int = 200_000  # cap on open domains (hitting it gives unknown), lowered so
     max_memory: float = 2.0 ** 31  # that the open domains' stored state stays below this (bytes)
     batch: int = 256  # domains bounded per evaluation (children of batch/2 parents)
-    iters: int = 20  # Adam steps on (alpha, beta) per batch
+    # Adam steps on (alpha, beta, and the cuts' multipliers) per batch (default 20, CUT_ITERS
+    # with cuts)
+    iters: Optional[int] = None
     root_iters: int = 50  # Adam steps at the root
     # "babsr", or "fsb": filtered smart branching over the top fsb_k BaBSR candidates (their
     # children bounded in one batch, the best worse child taken); fsb_k default 3, 20 with interm
@@ -203,8 +208,13 @@ class ReluSplitOptions:
     # "decisions" (inferred from proven domains, cut_checks sets proven per batch) or "both"
     cuts: Optional[int] = None
     cut_kinds: str = "neurons"
-    neuron_cuts: int = 256
+    neuron_cuts: int = 128
     cut_checks: int = 32
+    # each domain is bounded with at most domain_cuts cuts of its own: those separated at
+    # it or its ancestors (neuron_cuts at each of a batch's 16 worst open domains), from
+    # their multipliers there (0: every held cut on every domain, from 0)
+    domain_cuts: int = 256
+    cut_domains: int = 16  # neuron cuts are separated at this many worst open domains a batch
 
 
 def optimises_domain_bounds(weights) -> bool:
@@ -284,6 +294,11 @@ class _Search(CutSearch):
                 and charge is None and bd.nU > 0:
             bd.cuts = Cuts(bd.nU, self.n_cuts, n_terms=int(value_offsets(bd)[-1]))
             self.stats.update(cuts=0, cut_checks=0, cut_pruned=0)
+            # the domain's own cuts and their multipliers kept with it
+            self.max_domains = int(min(self.max_domains, o.max_memory // (
+                self.per_domain + 12 * bd.m * o.domain_cuts)))
+        self.iters = int(o.iters) if o.iters is not None else \
+            (CUT_ITERS if "cuts" in self.stats else 20)
 
     def _resolve(self, o: ReluSplitOptions, weights):
         """The settings left to the network (None in ``o``) decided, and the domain cap. A
@@ -311,8 +326,8 @@ class _Search(CutSearch):
         K = max(1, min(int(fsb_k), nU)) if o.branching == "fsb" else 1
         window = int(o.layer_window) if o.layer_window is not None and bd.tightens else \
             (1 if interm and bd.L >= 3 and not wide else 0)
-        per_domain = nU * (1 + 8 * m + (16 if interm else 0)) + 8 * (K + 4)
-        self.max_domains = int(min(o.max_domains, o.max_memory // per_domain))
+        self.per_domain = nU * (1 + 8 * m + (16 if interm else 0)) + 8 * (K + 4)
+        self.max_domains = int(min(o.max_domains, o.max_memory // self.per_domain))
         if o.branching not in ("babsr", "fsb"):
             raise ValueError("branching must be 'babsr' or 'fsb'")
         if o.score not in ("gaps", "chords"):
@@ -385,7 +400,7 @@ class _Search(CutSearch):
             if self.interm and kids.split.shape[0]:
                 kids = self._tighten(kids, choice)
                 chords = bd.chords(kids.dl, kids.du)
-            xv = self._bound(kids, self.o.iters, chords) if kids.split.shape[0] else None
+            xv = self._bound(kids, self.iters, chords) if kids.split.shape[0] else None
             if xv is None and self.cut_sets:
                 xv = self._check_cut_sets()
             if xv is not None:
@@ -435,7 +450,8 @@ class _Search(CutSearch):
             xa = bd.attack(o.attack_restarts, o.attack_steps, o.seed, self.deadline)
             if xa is not None:
                 return self.result("sat", xa[1])
-        self.pool = DomainPool(nU, m, self.K, bounds=self.interm, cases=done.shape[1])
+        self.pool = DomainPool(nU, m, self.K, bounds=self.interm, cases=done.shape[1],
+                               mu_keep=self.o.domain_cuts if self.bd_cuts() is not None else 0)
         if self.interm:
             rl, ru = bd.root_domain_bounds()
             dl, du = rl[None, :].copy(), ru[None, :].copy()
@@ -470,11 +486,12 @@ class _Search(CutSearch):
             two = self.proof.split_relu(par.node, self.flat[choice], refresh)
             nodes = np.concatenate([two[:, 1], two[:, 0]])
         # a case proven on the parent is on its children
-        kids = Domains(cs, np.concatenate([par.alpha, par.alpha]),
-                       np.concatenate([par.beta, par.beta]), None, None,
-                       np.concatenate([par.dl, par.dl]), np.concatenate([par.du, par.du]),
-                       np.concatenate([par.done, par.done]),
-                       np.concatenate([par.depth, par.depth]) + 1, nodes)
+        def twice(a):
+            return None if a is None else np.concatenate([a, a])
+
+        kids = Domains(cs, twice(par.alpha), twice(par.beta), None, None, twice(par.dl),
+                       twice(par.du), twice(par.done), twice(par.depth) + 1, nodes,
+                       twice(par.mu_val), twice(par.mu_ser))
         return kids, choice
 
     def _tighten(self, kids: Domains, choice):
@@ -520,12 +537,23 @@ class _Search(CutSearch):
         """The children optimised, checked and pushed into the pool (the open ones): a
         counterexample found on the way, or None."""
         bounds = (kids.dl, kids.du) if self.interm else None
-        score, proven, row, state, xv = self.assess(kids.split, kids.alpha, kids.beta,
-                                                    kids.done, iters, chords, kids.node,
-                                                    bounds)
+        cuts = self.bd_cuts()
+        args = (kids.split, kids.alpha, kids.beta, kids.done, iters, chords, kids.node, bounds)
+        if cuts is None:
+            score, proven, row, state, xv = self.assess(*args)
+        else:
+            sub, serials, mu, mask = self._batch_cuts(kids)
+            self.bd.cuts = sub  # the batch is bounded with these
+            try:
+                score, proven, row, state, xv = self.assess(*args, mu=mu, mask=mask)
+            finally:
+                self.bd.cuts = cuts
         if xv is not None:
             return xv
-        if self.bd_cuts() is not None:
+        if cuts is not None:
+            if self.o.domain_cuts:
+                kids.mu_val, kids.mu_ser = sparse_multipliers(mu, serials,
+                                                              self.o.domain_cuts, mask)
             if self.o.cut_kinds != "neurons":
                 self._propose_cuts(kids, proven)
             if self.o.cut_kinds != "decisions":
@@ -553,17 +581,21 @@ class _Search(CutSearch):
         return bd.evaluate(split, a, be, np.float64, charge=self.charge, chords=chords)
 
     def assess(self, split, alpha, beta, done, n_iters, chords=None, nodes=None, bounds=None,
-               count=True):
+               count=True, mu=None, mask=None):
         """Optimise and classify a batch; ``done`` (B, G): the cases proven on each domain
         (updated in place by the float64 checks). Returns (score float64 per domain: the
         worst open case's best row, proven mask, row, state) and the attack's counterexample
         if any. ``bounds``: the domains' (l, u) of the unstable neurons (with the cuts);
-        ``count`` False: not counted in the search's domains and batches."""
+        ``count`` False: not counted in the search's domains and batches; ``mu``: the cuts'
+        first multipliers (B, m, len(cuts)) float32, optimised in place (None: zeros), only
+        where ``mask`` (None: all)."""
         bd, stats = self.bd, self.stats
         cuts = self.bd_cuts()
         cut = None
         if cuts is not None and len(cuts) and time.monotonic() < self.deadline:
-            cut = CutParams(np.zeros((split.shape[0], bd.m, len(cuts)), np.float32), bounds)
+            if mu is None:
+                mu = np.zeros((split.shape[0], bd.m, len(cuts)), np.float32)
+            cut = CutParams(mu, bounds, mask)
         est, state, row = optimise_open(bd, split, alpha, beta, done, n_iters, chords=chords,
                                         deadline=self.deadline, cut=cut)
         if count:
@@ -627,10 +659,9 @@ class _Search(CutSearch):
                 self.stuck += 1
         sel = openi[keep]
         if sel.size:
-            self.pool.push(score[sel], Domains(d.split[sel], d.alpha[sel], d.beta[sel],
-                                               top[keep], row[sel], d.dl[sel], d.du[sel],
-                                               d.done[sel], d.depth[sel],
-                                               None if d.node is None else d.node[sel]))
+            out = d.take(sel)
+            out.cand, out.row = top[keep], row[sel]
+            self.pool.push(score[sel], out)
         return None
 
     def _candidates(self, state, d: Domains, row, openi):
