@@ -586,13 +586,17 @@ def test_children_start_from_their_parents_cut_multipliers(monkeypatch):
     monkeypatch.setattr(rs, "optimise_open", spy)
     for per_domain in (256, 0):
         starts.clear()
+        lines = []
         r = bab_relu.relu_split(w, b, x0 - eps, x0 + eps, A,
                                 np.array([res.dual_bound - 0.01 * (1.0 + abs(res.value))]),
                                 time.monotonic() + 60, batch=8, cuts=64,
-                                domain_cuts=per_domain)
+                                domain_cuts=per_domain, log=lines.append)
         assert r.verdict == "unsat"
         assert len(starts) > 3
+        rounds = int(lines[-1].split(", ")[-1].split()[0])  # "... N domains bounded again"
         if per_domain:
             assert max(s for s, _ in starts) > 0.0 and all(m for _, m in starts)
+            assert rounds > 0
         else:
             assert max(s for s, _ in starts) == 0.0 and not any(m for _, m in starts)
+            assert rounds == 0

@@ -10,7 +10,8 @@ import time
 import numpy as np
 
 from crown_cli.verification.bab import cuts as _cuts
-from crown_cli.verification.bab.cuts import dense_multipliers, merge_new_cuts, weaker_sets
+from crown_cli.verification.bab.cuts import (dense_multipliers, merge_new_cuts,
+                                              sparse_multipliers, weaker_sets)
 from crown_cli.verification.bab.domains import Domains
 
 class CutSearch:
@@ -21,10 +22,11 @@ class CutSearch:
     def _neuron_cuts(self, state, kids: Domains, score, proven):
         """Single-neuron cuts most violated at the relaxed points of the batch's worst open
         domains (``cut_domains`` of them; :func:`separate_neuron_cuts`), ``neuron_cuts`` of
-        them, added to the bounder's. Not past the deadline."""
+        them, added to the bounder's. Not past the deadline. Returns the domains that got
+        cuts of their own (``domain_cuts``; none otherwise)."""
         openi = np.flatnonzero(~proven)
         if openi.size == 0 or time.monotonic() >= self.deadline:
-            return
+            return openi[:0]
         N, B = state[1].shape[0], kids.split.shape[0]
         per = N // B
         worst = openi[np.argsort(score[openi], kind="stable")[:self.o.cut_domains]]
@@ -38,7 +40,8 @@ class CutSearch:
                                                rows)
             for p, kz, e, key in found:
                 self.stats["cuts"] += int(cuts.add_general(p, kz, e, key))
-            return
+            return openi[:0]
+        got = []
         for i in worst:  # each domain's own, for it and its children
             found = _cuts.separate_neuron_cuts(self.bd, state, bounds, self.o.neuron_cuts,
                                                i * per + np.arange(per))
@@ -46,6 +49,35 @@ class CutSearch:
                 self.stats["cuts"] += int(cuts.add_general(p, kz, e, key))
             new = [cuts.serial_of(key) for *_, key in found]
             merge_new_cuts(kids.mu_val[i], kids.mu_ser[i], [s for s in new if s is not None])
+            if found:
+                got.append(i)
+        return np.array(got, np.int64)
+
+    def _cut_round(self, kids: Domains, idx, score, proven, chords):
+        """The domains ``idx`` of the batch bounded again, with the cuts just separated at
+        them: the proven ones marked in ``proven``, the others' ``score``, slopes and
+        multipliers updated (all in place). A counterexample found on the way, or None."""
+        sub = kids.take(idx)
+        cuts = self.bd.cuts
+        subc, serials, mu, mask = self._batch_cuts(sub)
+        ch = None if chords is None else (chords[0][idx], chords[1][idx])
+        self.bd.cuts = subc
+        try:
+            sc, pr, _, _, xv = self.assess(sub.split, sub.alpha, sub.beta, sub.done,
+                                           self.iters, ch, None,
+                                           (sub.dl, sub.du) if self.interm else None,
+                                           count=False, mu=mu, mask=mask)
+        finally:
+            self.bd.cuts = cuts
+        if xv is not None:
+            return xv
+        self.stats["cut_rounds"] += idx.size
+        kids.alpha[idx], kids.beta[idx], kids.done[idx] = sub.alpha, sub.beta, sub.done
+        kids.mu_val[idx], kids.mu_ser[idx] = sparse_multipliers(mu, serials,
+                                                                self.o.domain_cuts, mask)
+        proven[idx] |= pr
+        score[idx] = np.maximum(score[idx], sc)
+        return None
 
     def _batch_cuts(self, kids: Domains):
         """The cuts a batch is bounded with: (those cuts, their serials, the multipliers they

@@ -227,13 +227,15 @@ def dense_multipliers(serials, val, ser, B: int, m: int):
 
 def merge_new_cuts(val, ser, new):
     """A domain's sparse multipliers (m, keep) with the cuts of serials ``new`` added at 0
-    to every row, in the free slots first, then in place of those at 0 (in place)."""
+    to every row (in place): in the free slots first, then in place of those at 0, then of
+    the smallest."""
     for r in range(ser.shape[0]):
         have = set(ser[r].tolist())
         fresh = np.array([c for c in new if c not in have], np.int64)  # in the given order
         if fresh.size == 0:
             continue
-        slots = np.r_[np.flatnonzero(ser[r] < 0), np.flatnonzero((ser[r] >= 0) & (val[r] <= 0.0))]
+        used = np.flatnonzero(ser[r] >= 0)
+        slots = np.r_[np.flatnonzero(ser[r] < 0), used[np.argsort(val[r, used], kind="stable")]]
         n = min(slots.size, fresh.size)
         ser[r, slots[:n]] = fresh[:n]
         val[r, slots[:n]] = 0.0
