@@ -58,26 +58,33 @@ class CutSearch:
         them: the proven ones marked in ``proven``, the others' ``score``, slopes and
         multipliers updated (all in place). A counterexample found on the way, or None."""
         sub = kids.take(idx)
-        cuts = self.bd.cuts
-        subc, serials, mu, mask = self._batch_cuts(sub)
         ch = None if chords is None else (chords[0][idx], chords[1][idx])
-        self.bd.cuts = subc
-        try:
-            sc, pr, _, _, xv = self.assess(sub.split, sub.alpha, sub.beta, sub.done,
-                                           self.iters, ch, None,
-                                           (sub.dl, sub.du) if self.interm else None,
-                                           count=False, mu=mu, mask=mask)
-        finally:
-            self.bd.cuts = cuts
+        sc, pr, _, _, xv = self._assess_own_cuts(sub, self.iters, ch, None, count=False)
         if xv is not None:
             return xv
         self.stats["cut_rounds"] += idx.size
         kids.alpha[idx], kids.beta[idx], kids.done[idx] = sub.alpha, sub.beta, sub.done
-        kids.mu_val[idx], kids.mu_ser[idx] = sparse_multipliers(mu, serials,
-                                                                self.o.domain_cuts, mask)
+        kids.mu_val[idx], kids.mu_ser[idx] = sub.mu_val, sub.mu_ser
         proven[idx] |= pr
         score[idx] = np.maximum(score[idx], sc)
         return None
+
+    def _assess_own_cuts(self, d: Domains, iters, chords, nodes, count=True):
+        """:meth:`assess` of the domains ``d`` with their cuts (:meth:`_batch_cuts`; the
+        bounder holds only those meanwhile); with ``domain_cuts`` the multipliers they end
+        at kept in ``d.mu_val``/``mu_ser``. Returns what :meth:`assess` does."""
+        cuts = self.bd.cuts
+        sub, serials, mu, mask = self._batch_cuts(d)
+        self.bd.cuts = sub
+        try:
+            out = self.assess(d.split, d.alpha, d.beta, d.done, iters, chords, nodes,
+                              (d.dl, d.du) if self.interm else None, count=count, mu=mu,
+                              mask=mask)
+        finally:
+            self.bd.cuts = cuts
+        if self.o.domain_cuts:
+            d.mu_val, d.mu_ser = sparse_multipliers(mu, serials, self.o.domain_cuts, mask)
+        return out
 
     def _batch_cuts(self, kids: Domains):
         """The cuts a batch is bounded with: (those cuts, their serials, the multipliers they

@@ -69,7 +69,7 @@ from crown_cli.verification.bab.bounder import Bounder
 from crown_cli.verification.bab.branching import _fsb_choice, branch_scores
 from crown_cli.verification.bab.domains import DomainPool, Domains, ReluSplitProblem
 from crown_cli.verification.bab.cut_search import CutSearch
-from crown_cli.verification.bab.cuts import Cuts, sparse_multipliers, value_offsets
+from crown_cli.verification.bab.cuts import Cuts, value_offsets
 from crown_cli.verification.bab.optimise import CutParams, optimise, optimise_open
 
 
@@ -538,24 +538,17 @@ class _Search(CutSearch):
     def _bound(self, kids: Domains, iters, chords):
         """The children optimised, checked and pushed into the pool (the open ones): a
         counterexample found on the way, or None."""
-        bounds = (kids.dl, kids.du) if self.interm else None
         cuts = self.bd_cuts()
-        args = (kids.split, kids.alpha, kids.beta, kids.done, iters, chords, kids.node, bounds)
         if cuts is None:
-            score, proven, row, state, xv = self.assess(*args)
+            score, proven, row, state, xv = self.assess(
+                kids.split, kids.alpha, kids.beta, kids.done, iters, chords, kids.node,
+                (kids.dl, kids.du) if self.interm else None)
         else:
-            sub, serials, mu, mask = self._batch_cuts(kids)
-            self.bd.cuts = sub  # the batch is bounded with these
-            try:
-                score, proven, row, state, xv = self.assess(*args, mu=mu, mask=mask)
-            finally:
-                self.bd.cuts = cuts
+            score, proven, row, state, xv = self._assess_own_cuts(kids, iters, chords,
+                                                                  kids.node)
         if xv is not None:
             return xv
         if cuts is not None:
-            if self.o.domain_cuts:
-                kids.mu_val, kids.mu_ser = sparse_multipliers(mu, serials,
-                                                              self.o.domain_cuts, mask)
             if self.o.cut_kinds != "neurons":
                 self._propose_cuts(kids, proven)
             if self.o.cut_kinds != "decisions":
