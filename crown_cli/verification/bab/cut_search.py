@@ -78,8 +78,8 @@ class CutSearch:
         self.bd.cuts = sub
         try:
             out = self.assess(d.split, d.alpha, d.beta, d.done, iters, chords, nodes,
-                              (d.dl, d.du) if self.interm else None, count=count, mu=mu,
-                              mask=mask)
+                              (d.dl, d.du) if self.interm else None, count=count,
+                              start=(mu, mask))
         finally:
             self.bd.cuts = cuts
         if self.o.domain_cuts:

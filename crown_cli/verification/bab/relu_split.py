@@ -580,20 +580,20 @@ class _Search(CutSearch):
         return bd.evaluate(split, a, be, np.float64, charge=self.charge, chords=chords)
 
     def assess(self, split, alpha, beta, done, n_iters, chords=None, nodes=None, bounds=None,
-               count=True, mu=None, mask=None):
+               count=True, start=None):
         """Optimise and classify a batch; ``done`` (B, G): the cases proven on each domain
         (updated in place by the float64 checks). Returns (score float64 per domain: the
         worst open case's best row, proven mask, row, state) and the attack's counterexample
         if any. ``bounds``: the domains' (l, u) of the unstable neurons (with the cuts);
-        ``count`` False: not counted in the search's domains and batches; ``mu``: the cuts'
-        first multipliers (B, m, len(cuts)) float32, optimised in place (None: zeros), only
-        where ``mask`` (None: all)."""
+        ``count`` False: not counted in the search's domains and batches; ``start``: (mu,
+        mask), the cuts' first multipliers (B, m, len(cuts)) float32, optimised in place,
+        only where ``mask`` (None: all) (default: all from 0)."""
         bd, stats = self.bd, self.stats
         cuts = self.bd_cuts()
         cut = None
         if cuts is not None and len(cuts) and time.monotonic() < self.deadline:
-            if mu is None:
-                mu = np.zeros((split.shape[0], bd.m, len(cuts)), np.float32)
+            mu, mask = start if start is not None else \
+                (np.zeros((split.shape[0], bd.m, len(cuts)), np.float32), None)
             cut = CutParams(mu, bounds, mask)
         est, state, row = optimise_open(bd, split, alpha, beta, done, n_iters, chords=chords,
                                         deadline=self.deadline, cut=cut)
