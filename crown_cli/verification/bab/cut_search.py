@@ -43,6 +43,8 @@ class CutSearch:
             return openi[:0]
         got = []
         for i in worst:  # each domain's own, for it and its children
+            if time.monotonic() >= self.deadline:
+                break
             found = _cuts.separate_neuron_cuts(self.bd, state, bounds, self.o.neuron_cuts,
                                                i * per + np.arange(per))
             for p, kz, e, key in found:
