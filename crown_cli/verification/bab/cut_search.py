@@ -14,6 +14,7 @@ from crown_cli.verification.bab.cuts import (dense_multipliers, merge_new_cuts,
                                               sparse_multipliers, weaker_sets)
 from crown_cli.verification.bab.domains import Domains
 
+
 class CutSearch:
     """The search's cut methods; the search holds ``bd``, ``o`` (its options), ``stats``
     (with "cuts" when it uses cuts), ``deadline``, ``interm``, ``max_width``, ``cut_sets``
@@ -30,12 +31,12 @@ class CutSearch:
         N, B = state[1].shape[0], kids.split.shape[0]
         per = N // B
         worst = openi[np.argsort(score[openi], kind="stable")[:self.o.cut_domains]]
-        rows = (worst[:, None] * per + np.arange(per)[None, :]).ravel()
         bounds = None
         if self.interm:
             bounds = (np.repeat(kids.dl, per, axis=0), np.repeat(kids.du, per, axis=0))
         cuts = self.bd.cuts
         if not self.o.domain_cuts:  # the best over those domains, for every domain
+            rows = (worst[:, None] * per + np.arange(per)[None, :]).ravel()
             found = _cuts.separate_neuron_cuts(self.bd, state, bounds, self.o.neuron_cuts,
                                                rows)
             for p, kz, e, key in found:

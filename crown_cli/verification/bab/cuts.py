@@ -74,15 +74,16 @@ class Cuts:
             self._arrays[name] = make()
         return self._arrays[name]
 
+    def _dense_k(self, rows):
+        K = np.zeros((len(rows), self.nU))
+        for i, (c, v) in enumerate(rows):
+            K[i, c] = v
+        return K
+
     @property
     def K(self) -> np.ndarray:
         """The cuts' terms on z, (nC, nU) float64."""
-        def make():
-            K = np.zeros((len(self), self.nU))
-            for i, (c, v) in enumerate(self._k):
-                K[i, c] = v
-            return K
-        return self._array("K", make)
+        return self._array("K", lambda: self._dense_k(self._k))
 
     @property
     def e(self) -> np.ndarray:
@@ -181,7 +182,8 @@ class Cuts:
         then a subdomain of a proven domain: proven)."""
         if not any(self._dec) or split.shape[0] == 0:
             return np.zeros(split.shape[0], bool)
-        K = self.K[self.decision]
+        K = self._array("K_decision", lambda: self._dense_k(
+            [k for k, dec in zip(self._k, self._dec) if dec]))
         hits = (split.astype(np.float64) @ K.T)  # decisions agreeing minus disagreeing
         return np.any(hits >= np.abs(K).sum(axis=1)[None, :], axis=1)
 
@@ -189,12 +191,12 @@ class Cuts:
 def sparse_multipliers(mu, serials, keep: int, mask=None):
     """The ``keep`` largest multipliers of each (domain, row) of ``mu`` (B, m, nC), whose
     columns are the cuts of ``serials`` (nC,): (values (B, m, keep) float32, serials (B, m,
-    keep) int64, -1 where none), as a domain's children start from them
+    keep) int32, -1 where none), as a domain's children start from them
     (:func:`dense_multipliers`). Only positive ones are kept, or with ``mask`` (B, m, nC)
     the masked-in ones (positive first, then those at 0)."""
     B, m, nC = mu.shape
     val = np.zeros((B, m, keep), np.float32)
-    ser = np.full((B, m, keep), -1, np.int64)
+    ser = np.full((B, m, keep), -1, np.int32)
     k = min(keep, nC)
     if k == 0:
         return val, ser
