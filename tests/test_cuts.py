@@ -410,6 +410,68 @@ def test_gradient_with_general_cuts_matches_finite_differences():
         assert abs(fd - gM[idx]) <= 1e-5 * (1 + abs(fd)), (idx, fd, gM[idx])
 
 
+def test_float32_bound_and_gradient_follow_float64():
+    """The search steers in float32: the cut path's float32 bound and its gradient (the
+    cuts' sparse K and P blocks, the float32 weights) equal the float64 ones (unrounded)
+    to float32 accuracy, and come out as float32."""
+    bd = _bounder(seed=9, eps=0.15)
+    assert 0 < bd.ucols[0].size < 8 and 0 < bd.ucols[1].size < 8  # stable neurons too
+    rng = np.random.default_rng(8)
+    X = rng.uniform(bd.box.lo, bd.box.hi, (2, bd.box.lo.size))
+    bd.cuts = _general_cuts(bd, rng, 2, X)
+    for row in rng.integers(-1, 2, (2, bd.nU)):
+        bd.cuts.add(row)
+    split = np.zeros((2, bd.nU), np.int8)
+    split[1, :2] = [1, -1]
+    alpha = rng.uniform(0.1, 0.9, (2, bd.m, bd.nU))
+    beta = rng.uniform(0.1, 1.0, (2, bd.m, bd.nU)) * (split != 0)[:, None, :]
+    mu = rng.uniform(0.1, 1.0, (2, bd.m, len(bd.cuts)))
+    v64, s64 = evaluate_cuts(bd, split, alpha, beta, mu, np.float64, keep=True,
+                             verified=False)
+    v32, s32 = evaluate_cuts(bd, split, alpha.astype(np.float32), beta.astype(np.float32),
+                             mu.astype(np.float32), np.float32, keep=True)
+    assert np.allclose(v32, v64, rtol=1e-4, atol=1e-4)
+    for g64, g32 in zip(bd.gradient(s64), bd.gradient(s32)):
+        assert g32.dtype == np.float32
+        assert np.any(g64 != 0.0)
+        scale = 1.0 + np.abs(g64).max()
+        assert np.allclose(g32, g64, rtol=1e-4, atol=1e-4 * scale)
+
+
+def test_products_skip_dead_neurons_with_the_same_values(monkeypatch):
+    """Dead neurons (inactive on the whole box) meet only zeros of the rows: the products
+    that skip their rows of W (``Bounder.live``, on CSR weights) give the same bounds and
+    gradients, bit for bit, with and without cuts, in float64 and float32."""
+    from crown_cli.verification.bab import bounder as bounder_mod
+    from crown_cli.verification.bab import domain_bounds
+
+    monkeypatch.setattr(domain_bounds, "SPARSE_MIN_SIZE", 0)  # every layer as CSR
+    monkeypatch.setattr(domain_bounds, "SPARSE_MAX_DENSITY", 1.0)
+    sizes = (6, 16, 16, 3)
+    bd = _bounder(sizes, seed=9, eps=0.15)
+    assert [lv is not None for lv in bd.live] == [True, True]
+    assert all(lv.size < 16 for lv in bd.live)
+    monkeypatch.setattr(bounder_mod, "LIVE_MAX_SHARE", -1.0)  # no layer skips any row
+    full = _bounder(sizes, seed=9, eps=0.15)
+    assert full.live == [None, None]
+    rng = np.random.default_rng(9)
+    X = rng.uniform(bd.box.lo, bd.box.hi, (2, bd.box.lo.size))
+    cuts = _general_cuts(bd, rng, 2, X)
+    bd.cuts = full.cuts = cuts
+    split = rng.integers(-1, 2, (3, bd.nU)).astype(np.int8)
+    alpha = rng.uniform(0.0, 1.0, (3, bd.m, bd.nU))
+    beta = rng.uniform(0.0, 1.0, (3, bd.m, bd.nU)) * (split != 0)[:, None, :]
+    mu = rng.uniform(0.0, 1.0, (3, bd.m, len(cuts)))
+    for dt in (np.float64, np.float32):
+        a, be, m_ = alpha.astype(dt), beta.astype(dt), mu.astype(dt)
+        for kw in ({}, {"mu": m_}):
+            got, s_got = bd.evaluate(split, a, be, dt, keep=True, **kw)
+            want, s_want = full.evaluate(split, a, be, dt, keep=True, **kw)
+            assert np.array_equal(got, want), (dt, kw.keys())
+            for g, w in zip(bd.gradient(s_got), full.gradient(s_want)):
+                assert np.array_equal(g, w), (dt, kw.keys())
+
+
 def test_a_cut_that_is_an_identity_leaves_the_bound():
     """The cut ``y_j - (w_j . v + b_j) <= 0`` of a neuron active on the whole box holds with
     equality everywhere, and CROWN's step through such a neuron is exact: whatever its

@@ -83,13 +83,14 @@ class Rows:
         return self.mag is not None
 
     def step(self, D, icpt, bias, W, rounding=None, absbias=None, isum=None, iabs=None,
-             mag_hook=None):
+             mag_hook=None, live=None):
         """Account for one layer whose :func:`relax` gave D and ``icpt`` (both with the rows'
         leading shape), bias b_k and weights W_k (restricted to D's columns), then move the
         rows to layer k - 1. ``rounding`` (v, t) of the step (float64): v (n,) shared or
         (N, n) per domain. ``isum``, ``iabs``: the intercepts' sum and magnitude per row
         when the caller has them in place of ``icpt``. ``mag_hook(|D|)``: more magnitude to charge
-        (float64). Rows of shape (N, r, .) are multiplied as one (N r, .) matrix."""
+        (float64). Rows of shape (N, r, .) are multiplied as one (N r, .) matrix. ``live``: the
+        columns of D that W's rows are (the others are zero in D), or None (all)."""
         if isum is None:
             isum = icpt.sum(axis=-1, dtype=np.float64)
         flat = D.reshape(-1, D.shape[-1])  # one BLAS product for (N, r, .) rows too
@@ -103,7 +104,7 @@ class Rows:
             self.add_charge(absD, *rounding)
             if mag_hook is not None:
                 self.mag = self.mag + mag_hook(absD)
-        self.product(D, W)
+        self.product(D if live is None else np.take(D, live, axis=-1), W)
 
     def add(self, dconst, dmag, dcharge):
         """Terms a fused kernel accumulated for one layer (its constant, magnitude and charge

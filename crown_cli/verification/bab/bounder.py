@@ -26,6 +26,10 @@ from crown_cli.verification.bab.domain_bounds import DomainBounds, sparse_enough
 from crown_cli.verification.bab.domains import CaseRows, ReluSplitProblem
 from crown_cli.verification.outcome import violations
 
+# a layer's products skip its dead neurons (Bounder._live_rows) when at most this share of
+# its neurons is alive (oval21's CIFAR networks: about 40% alive on their first two layers)
+LIVE_MAX_SHARE = 0.9
+
 
 class _Relax:
     __slots__ = ("aU", "bU", "aL", "bL")
@@ -162,6 +166,7 @@ class Bounder(DomainBounds, CaseRows):
                 self.Wmul[k], self.W32mul[k] = sps.csr_matrix(w), sps.csr_matrix(self.W32[k])
                 self.WTmul[k] = sps.csr_matrix(w.T)
                 self.WT32mul[k] = sps.csr_matrix(self.WT32[k])
+        self._live_rows()
         # the last layer folded into the rows (as crown.margin_lower_bound does)
         self.Lam_top = self.A @ self.weights[-1]
         self.const_top = self.A @ self.biases[-1] - self.b_up
@@ -169,6 +174,47 @@ class Bounder(DomainBounds, CaseRows):
         self.c = self.box.center
         self.r = self.box.radius
         self.c32, self.r32 = self.c.astype(np.float32), self.r.astype(np.float32)
+
+    def _live_rows(self):
+        """Per hidden layer, the neurons that are not dead (inactive on the whole box: stable
+        slope 0 and not unstable), or None (all, or too few dead to pay): a dead neuron's
+        entries of every row's D are exact zeros, so the products skip its row of W_k (the
+        sums keep their other terms in order: the same values) and the forward products of
+        the gradient its column (``live``, ``Wrow``/``W32row``, ``WTrow``/``WT32row``: the CSR
+        weights restricted to them)."""
+        L = self.L
+        self.live = [None] * L
+        self.Wrow, self.W32row = list(self.Wmul[:L]), list(self.W32mul[:L])
+        self.WTrow, self.WT32row = list(self.WTmul[:L]), list(self.WT32mul[:L])
+        for k in range(L):
+            alive = self.stable_slope[k] != 0.0
+            alive[self.ucols[k]] = True
+            if not hasattr(self.Wmul[k], "tocsr") or alive.mean() > LIVE_MAX_SHARE:
+                continue
+            idx = np.flatnonzero(alive)
+            self.live[k] = idx
+            self.Wrow[k], self.W32row[k] = self.Wmul[k][idx], self.W32mul[k][idx]
+            self.WTrow[k] = self.Wrow[k].T.tocsr()
+            self.WT32row[k] = self.W32row[k].T.tocsr()
+
+    def back_step(self, rows, k, D, icpt, f64, rounding=None, **kw):
+        """``rows.step`` through hidden layer k (its bias and weights; the product skips the
+        dead neurons' rows)."""
+        bias = self.biases[k] if f64 else self.b32[k]
+        W = (self.Wrow if f64 else self.W32row)[k]
+        rows.step(D, icpt, bias, W, rounding, live=self.live[k], **kw)
+
+    def forward_grad(self, G, k, f64):
+        """``G @ W_k^T + b_k`` (the gradient's forward product into hidden layer k), 0 on the
+        dead neurons (whose stable slope 0 zeroes them anyway)."""
+        WT = (self.WTrow if f64 else self.WT32row)[k]
+        bias = self.biases[k] if f64 else self.b32[k]
+        live = self.live[k]
+        if live is None:
+            return G @ WT + bias
+        gD = np.zeros((G.shape[0], bias.size), np.result_type(G.dtype, bias.dtype))
+        gD[:, live] = G @ WT + bias[live]
+        return gD
 
     def _rounding_charges(self):
         """The float64 rounding charges of the products (see :meth:`evaluate`)."""
@@ -275,19 +321,17 @@ class Bounder(DomainBounds, CaseRows):
         ch = self._chords_rows(chords, B, m, dt)
         f64 = dt == np.float64
         tape = []
-        W = self.Wmul if f64 else self.W32mul
         rows = self.top_rows(B, rows, dt)
         hook = None
         for k in range(self.L - 1, -1, -1):
             cols = self.ucols[k]
             ss = self.stable_slope[k] if f64 else self.ss32[k]
-            bias = self.biases[k] if f64 else self.b32[k]
             Lam = rows.Lam
             if not f64 and _kern() is not None:  # the fused float32 step (relax's twin)
                 D, isum, pos, slope = _kern().step32(np.ascontiguousarray(Lam), ss, cols, sp, al,
                                                      be, ch[0], ch[1], self.leak,
                                                      self.offsets[k])
-                rows.step(D, None, bias, W[k], isum=isum)
+                self.back_step(rows, k, D, None, False, isum=isum)
                 if keep:
                     tape.append((Lam, pos, slope, None))
                 continue
@@ -307,7 +351,7 @@ class Bounder(DomainBounds, CaseRows):
             if charge is not None:
                 hook = (lambda absD, k=k: np.asarray(charge(k, absD), dtype=np.float64)
                         / FP_RTOL)
-            rows.step(D, icpt, bias, W[k], self.rw[k] if f64 else None, mag_hook=hook)
+            self.back_step(rows, k, D, icpt, f64, self.rw[k] if f64 else None, mag_hook=hook)
             if keep:
                 tape.append((Lam, pos, slope, sl))
         Lam, const, mag, steps = rows.Lam, rows.const, rows.mag, rows.charge
@@ -354,11 +398,9 @@ class Bounder(DomainBounds, CaseRows):
         G = c - np.sign(Lam_in) * r  # d bound / d Lam_{-1}
         gA = np.zeros((N, self.nU), dt)
         gB = np.zeros((N, self.nU), dt)
-        WT = self.WTmul if dt == np.float64 else self.WT32mul
-        bias = self.biases if dt == np.float64 else self.b32
         fast = dt == np.float32 and _kern() is not None
         for k in range(self.L):
-            gD = G @ WT[k] + bias[k]  # Lam_{k-1} = D_k W_k, const += D_k . b_k
+            gD = self.forward_grad(G, k, dt == np.float64)  # Lam_{k-1} = D_k W_k, + D_k . b_k
             Lam, pos, slope, sl = tape[k]
             if fast:
                 G = _kern().back32(gD, Lam, self.ucols[k], sp, pos, slope, self.ss32[k],

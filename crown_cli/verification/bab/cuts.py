@@ -85,6 +85,38 @@ class Cuts:
         """The cuts' terms on z, (nC, nU) float64."""
         return self._array("K", lambda: self._dense_k(self._k))
 
+    def K_csr(self, dtype=np.float64):
+        """K as a CSR matrix (nC, nU) of ``dtype`` (a single-neuron cut has one entry)."""
+        def make():
+            import scipy.sparse as sps
+
+            ind = [c for c, _ in self._k]
+            ptr = np.cumsum([0] + [c.size for c in ind])
+            return sps.csr_matrix(
+                (np.concatenate([v for _, v in self._k]).astype(dtype) if self._k
+                 else np.zeros(0, dtype),
+                 np.concatenate(ind) if ind else np.zeros(0, np.int64), ptr),
+                shape=(len(self._k), self.nU))
+        return self._array(("K_csr", np.dtype(dtype).name), make)
+
+    def P_blocks(self, offsets, dtype=np.float64):
+        """P's columns split at ``offsets`` (the values' layers, :func:`value_offsets`), each
+        block transposed as a CSR matrix (n_block, nC) of ``dtype`` (a row's gradient on a
+        layer's values times it gives d/d mu)."""
+        cuts = np.r_[0, np.asarray(offsets, np.int64)]
+        key = ("P_blocks", np.dtype(dtype).name, cuts.tobytes())
+
+        def make():
+            P = self.P.tocsc().astype(dtype)
+            return [P[:, a:b].T.tocsr() for a, b in zip(cuts[:-1], cuts[1:])]
+        return self._array(key, make)
+
+    def P_as(self, dtype):
+        """P (a CSR matrix) of ``dtype``."""
+        if np.dtype(dtype) == np.float64:
+            return self.P
+        return self._array(("P", np.dtype(dtype).name), lambda: self.P.astype(dtype))
+
     @property
     def e(self) -> np.ndarray:
         return self._array("e", lambda: np.array(self._e, np.float64))
@@ -300,10 +332,10 @@ def evaluate_cuts(bd, split, alpha, beta, mu, dtype=np.float64, keep=False, boun
     sp = np.repeat(split, m, axis=0) if m > 1 else split
     al = alpha.reshape(N, bd.nU).astype(dt, copy=False)
     be = beta.reshape(N, bd.nU).astype(dt, copy=False)
-    M = np.maximum(np.asarray(mu, np.float64).reshape(N, len(cuts)), 0.0)
-    C = M @ cuts.K  # each unstable neuron's coefficient on z
+    M = np.maximum(np.asarray(mu, dt).reshape(N, len(cuts)), 0.0)
+    C = np.asarray(M @ cuts.K_csr(dt))  # each unstable neuron's coefficient on z
     P = cuts.P
-    MP = None if P is None else np.asarray(M @ P)  # the coefficients on the values v
+    MP = None if P is None else np.asarray(M @ cuts.P_as(dt))  # the coefficients on v
     g = gamma_n(max(len(cuts), 1) + 1, U64)
     lo, hi = _unstable_bounds(bd, bounds, N, m)
     acc = bd.top_rows(B, rows, dt)
@@ -313,9 +345,8 @@ def evaluate_cuts(bd, split, alpha, beta, mu, dtype=np.float64, keep=False, boun
         acc.mag = acc.mag + np.abs(Me)
         # C and M e as computed against their exact values: |z| <= 1
         absM = np.abs(M)
-        acc.charge = acc.charge + g * ((absM @ np.abs(cuts.K)).sum(axis=1)
+        acc.charge = acc.charge + g * (np.asarray(absM @ abs(cuts.K_csr())).sum(axis=1)
                                        + absM @ np.abs(cuts.e))
-    W = bd.Wmul if f64 else bd.W32mul
     tape = []
     hoff = value_offsets(bd)
     absMP = np.asarray(np.abs(M) @ abs(P)) if (f64 and P is not None) else None
@@ -326,23 +357,24 @@ def evaluate_cuts(bd, split, alpha, beta, mu, dtype=np.float64, keep=False, boun
             _add_terms(acc, MP[:, hoff[k]:hoff[k + 1]], absMP, hoff[k], hoff[k + 1],
                        _value_bound(bd, k), g, f64, dt)
         Lam = acc.Lam
-        Lu = np.asarray(Lam[:, cols], np.float64)
+        Lu = np.asarray(Lam[:, cols], dt)
         s_k = sp[:, o0:o1]
         free = s_k == 0
         ck = C[:, o0:o1]
         lk, uk = lo[:, o0:o1], hi[:, o0:o1]
         if f64 and np.any(free & ~((lk < 0.0) & (uk > 0.0))):
             raise ValueError("cuts: an unsplit neuron is not unstable on its domain")
-        lk, uk = np.where(free, lk, -1.0), np.where(free, uk, 1.0)
-        s, b, piece, lo_s, hi_s = cut_lines(Lu, ck, al[:, o0:o1].astype(np.float64), lk, uk,
-                                            f64 and verified)
+        # float32 (steering): the lines in float32 too; float64: as verified
+        lk = np.where(free, lk, -1.0).astype(dt, copy=False)
+        uk = np.where(free, uk, 1.0).astype(dt, copy=False)
+        s, b, piece, lo_s, hi_s = cut_lines(Lu, ck, al[:, o0:o1].astype(dt, copy=False), lk,
+                                            uk, f64 and verified)
         Du = np.where(free, s, Lu * (s_k > 0) - s_k * be[:, o0:o1])
         icpt = np.where(free, b, np.where(s_k > 0, ck, 0.0))
         ss = bd.stable_slope[k] if f64 else bd.ss32[k]
         D = Lam * ss
         D[:, cols] = Du.astype(dt)
-        bias = bd.biases[k] if f64 else bd.b32[k]
-        acc.step(D, icpt.astype(dt), bias, W[k], bd.rw[k] if f64 else None)
+        bd.back_step(acc, k, D, icpt.astype(dt), f64, bd.rw[k] if f64 else None)
         if keep:
             tape.append((Lu, ck, al[:, o0:o1], lk, uk, piece, lo_s, hi_s, free, s_k))
     if MP is not None:
@@ -381,24 +413,24 @@ def gradient_cuts(bd, state):
     :func:`evaluate_cuts`'s tape."""
     tape, Lam_in = state
     dt = Lam_in.dtype
+    f64 = dt == np.float64
     N = Lam_in.shape[0]
-    c, r = (bd.c, bd.r) if dt == np.float64 else (bd.c32, bd.r32)
-    G = (c - np.sign(Lam_in) * r).astype(np.float64)
-    gA = np.zeros((N, bd.nU))
-    gB = np.zeros((N, bd.nU))
-    gC = np.zeros((N, bd.nU))
-    P = bd.cuts.P
-    hoff = value_offsets(bd)
-    gM = np.zeros((N, len(bd.cuts)))
-    if P is not None:  # d out / d (terms on the input) = G at the input
-        P = P.tocsc()
-        gM += np.asarray(P[:, :hoff[0]] @ G.T).T
+    c, r = (bd.c, bd.r) if f64 else (bd.c32, bd.r32)
+    G = (c - np.sign(Lam_in) * r).astype(dt)
+    gA = np.zeros((N, bd.nU), dt)
+    gB = np.zeros((N, bd.nU), dt)
+    gC = np.zeros((N, bd.nU), dt)
+    cuts = bd.cuts
+    Pb = None if cuts.P is None else cuts.P_blocks(value_offsets(bd), dt)
+    gM = np.zeros((N, len(cuts)), dt)
+    if Pb is not None:  # d out / d (terms on the input) = G at the input
+        gM += np.asarray(G @ Pb[0])
     for k in range(bd.L):
-        gD = G @ bd.WTmul[k] + bd.biases[k]
+        gD = bd.forward_grad(G, k, f64)
         Lu, ck, t, lk, uk, piece, lo_s, hi_s, free, s_k = tape[k]
         o0, o1 = bd.offsets[k], bd.offsets[k + 1]
         cols = bd.ucols[k]
-        t = t.astype(np.float64)
+        t = t.astype(dt, copy=False)
         gDu = gD[:, cols]
         L = -lk
         w = L / (uk + L)
@@ -408,14 +440,14 @@ def gradient_cuts(bd, state):
         ds_dc = (1.0 - t) * dh_dc / L + t * (1.0 - dh_dc) / uk
         gA[:, o0:o1] = np.where(free, gDu * (hi_s - lo_s), 0.0)
         gB[:, o0:o1] = gDu * (-s_k)
-        gC[:, o0:o1] = np.where(free, dh_dc + gDu * ds_dc, (s_k > 0).astype(np.float64))
-        if k + 1 < bd.L or P is not None:
-            G = gD * bd.stable_slope[k]
+        gC[:, o0:o1] = np.where(free, dh_dc + gDu * ds_dc, (s_k > 0).astype(dt))
+        if k + 1 < bd.L or Pb is not None:
+            G = gD * (bd.stable_slope[k] if f64 else bd.ss32[k])
             G[:, cols] = np.where(free, dh_da + gDu * ds_da, gDu * (s_k > 0))
-            if P is not None:  # G is d out / d (rows over layer k's values)
-                gM += np.asarray(P[:, hoff[k]:hoff[k + 1]] @ G.T).T
-    gM += gC @ bd.cuts.K.T + bd.cuts.e
-    return gA.astype(dt), gB.astype(dt), gM.astype(dt)
+            if Pb is not None:  # G is d out / d (rows over layer k's values)
+                gM += np.asarray(G @ Pb[k + 1])
+    gM += np.asarray(gC @ cuts.K_csr(dt).T) + cuts.e.astype(dt)
+    return gA, gB, gM
 
 
 def weaker_sets(split_row, beta_row, depth_order=None, keep_last: int = 3):
