@@ -285,11 +285,13 @@ def test_fully_split_domain_adds_the_cuts_term_exactly():
     assert np.allclose(cut, plain + term, rtol=0, atol=1e-8)
 
 
-@pytest.mark.parametrize("seed,kind", [(2, "neurons"), slow_if(True, 2, "decisions"),
-                                       slow_if(True, 4, "both")])
-def test_search_with_cuts_matches_the_milp_and_infers_cuts(seed, kind):
-    """ReLU splitting with cuts of each kind: b just below the exact minimum is unsat, just
-    above it sat with a real counterexample; on the unsat search cuts were added."""
+@pytest.mark.parametrize("seed,kind,point", [(2, "neurons", "plain"), (2, "neurons", "cuts"),
+                                             slow_if(True, 2, "decisions", "plain"),
+                                             slow_if(True, 4, "both", "plain")])
+def test_search_with_cuts_matches_the_milp_and_infers_cuts(seed, kind, point):
+    """ReLU splitting with cuts of each kind (neuron cuts separated at either relaxed point):
+    b just below the exact minimum is unsat, just above it sat with a real counterexample;
+    on the unsat search cuts were added."""
     import time
 
     from oracles import exact_margin_min, mlp_forward
@@ -305,14 +307,14 @@ def test_search_with_cuts_matches_the_milp_and_infers_cuts(seed, kind):
     lines = []
     r = bab_relu.relu_split(w, b, lo, hi, A, np.array([res.dual_bound - gap]),
                             time.monotonic() + 60, batch=8, cuts=64, cut_checks=8,
-                            cut_kinds=kind, log=lines.append)
+                            cut_kinds=kind, cut_point=point, log=lines.append)
     assert r.verdict == "unsat"
     assert r.domains > 100  # a search, not the root
     last = lines[-1].split()
     assert last[0] == "cuts:" and int(last[1]) > 0, lines[-1]
     r = bab_relu.relu_split(w, b, lo, hi, A, np.array([res.value + gap]),
                             time.monotonic() + 60, batch=8, cuts=64, cut_checks=8,
-                            cut_kinds=kind, attack_restarts=0)
+                            cut_kinds=kind, cut_point=point, attack_restarts=0)
     assert r.verdict == "sat"
     assert np.all(r.x >= lo) and np.all(r.x <= hi)
     y = mlp_forward(w, b, "relu", r.x)

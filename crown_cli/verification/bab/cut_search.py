@@ -11,7 +11,8 @@ import numpy as np
 
 from crown_cli.verification.bab import cuts as _cuts
 from crown_cli.verification.bab.cuts import (dense_multipliers, merge_new_cuts,
-                                              sparse_multipliers, weaker_sets)
+                                              relaxed_point_state, sparse_multipliers,
+                                              weaker_sets)
 from crown_cli.verification.bab.domains import Domains
 
 
@@ -20,11 +21,13 @@ class CutSearch:
     (with "cuts" when it uses cuts), ``deadline``, ``interm``, ``max_width``, ``cut_sets``
     and :meth:`assess`."""
 
-    def _neuron_cuts(self, state, kids: Domains, score, proven):
+    def _neuron_cuts(self, state, kids: Domains, score, proven, row=None):
         """Single-neuron cuts most violated at the relaxed points of the batch's worst open
         domains (``cut_domains`` of them; :func:`separate_neuron_cuts`), ``neuron_cuts`` of
-        them, added to the bounder's. Not past the deadline. Returns the domains that got
-        cuts of their own (``domain_cuts``; none otherwise)."""
+        them, added to the bounder's (``cut_point`` "cuts": at the points of the domains'
+        bounds with their own cuts, ``row`` the batch's rows as :meth:`assess` returns them).
+        Not past the deadline. Returns the domains that got cuts of their own
+        (``domain_cuts``; none otherwise)."""
         openi = np.flatnonzero(~proven)
         if openi.size == 0 or time.monotonic() >= self.deadline:
             return openi[:0]
@@ -43,11 +46,20 @@ class CutSearch:
                 self.stats["cuts"] += int(cuts.add_general(p, kz, e, key))
             return openi[:0]
         got = []
+        at = np.arange(N // per)  # where each domain's rows are in the separation's tape
+        if self.o.cut_point == "cuts":  # the relaxed point of the bound with the cuts
+            cut_state = self._cut_point_state(kids, worst, row, per)
+            if cut_state is not None:
+                state, at = cut_state, np.zeros(B, np.int64)
+                at[worst] = np.arange(worst.size)
+                if bounds is not None:
+                    bounds = (np.repeat(kids.dl[worst], per, axis=0),
+                              np.repeat(kids.du[worst], per, axis=0))
         for i in worst:  # each domain's own, for it and its children
             if time.monotonic() >= self.deadline:
                 break
             found = _cuts.separate_neuron_cuts(self.bd, state, bounds, self.o.neuron_cuts,
-                                               i * per + np.arange(per))
+                                               at[i] * per + np.arange(per))
             for p, kz, e, key in found:
                 self.stats["cuts"] += int(cuts.add_general(p, kz, e, key))
             new = [cuts.serial_of(key) for *_, key in found]
@@ -55,6 +67,30 @@ class CutSearch:
             if found:
                 got.append(i)
         return np.array(got, np.int64)
+
+    def _cut_point_state(self, kids: Domains, idx, row, per):
+        """The separation's tape at the relaxed points of the domains ``idx`` bounded with
+        their own cuts (:func:`relaxed_point_state`; ``per`` rows each: every row, or the
+        one of ``row``), or None when they hold no cut."""
+        bd = self.bd
+        d = kids.take(idx)
+        sub, _, mu, _ = self._batch_cuts(d)
+        if len(sub) == 0:
+            return None
+        a, be = d.alpha.astype(np.float32), d.beta.astype(np.float32)
+        rows = None
+        if per != bd.m:  # one row per domain
+            ar = np.arange(idx.size)
+            rows = np.asarray(row)[idx]
+            a, be, mu = a[ar, rows][:, None], be[ar, rows][:, None], mu[ar, rows][:, None]
+        cuts = bd.cuts
+        bd.cuts = sub
+        try:
+            _, st = bd.evaluate(d.split, a, be, np.float32, keep=True, rows=rows, mu=mu,
+                                bounds=(d.dl, d.du) if self.interm else None)
+        finally:
+            bd.cuts = cuts
+        return relaxed_point_state(bd, st, d.split)
 
     def _cut_round(self, kids: Domains, idx, score, proven, chords):
         """The domains ``idx`` of the batch bounded again, with the cuts just separated at

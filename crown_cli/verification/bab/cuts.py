@@ -500,6 +500,32 @@ def _csr(bd, k):
     return cache[k]
 
 
+def relaxed_point_state(bd, state, split):
+    """:func:`evaluate_cuts`'s tape ``state`` (one row per domain ``split`` (N, nU)) as the
+    tape :func:`separate_neuron_cuts` reads: the relaxed point of the bound *with* the cuts.
+    The minimising corner of its input coefficients; an unstable free neuron on its upper
+    chord where its line came from the chord's piece of ``min a y + c z`` (piece 2: with
+    c = 0, a negative coefficient, CROWN's upper line), else on its lower slope; split
+    neurons exact."""
+    tape, Lam_in = state
+    N = Lam_in.shape[0]
+    sp = np.repeat(split, N // split.shape[0], axis=0) if N != split.shape[0] else split
+    out, ctr = [], np.zeros((N, bd.nU))
+    for k in range(bd.L):
+        Lu, ck, al, lk, uk, piece, lo_s, hi_s, free, s_k = tape[k]
+        o0, o1 = bd.offsets[k], bd.offsets[k + 1]
+        Lam_k = np.zeros((N, bd.weights[k].shape[0]))
+        Lam_k[:, bd.ucols[k]] = Lu
+        upper = free & (piece == 2)
+        lk, uk = np.asarray(lk, np.float64), np.asarray(uk, np.float64)
+        chord = uk / (uk - lk)
+        slope = np.where(free, np.where(upper, chord, np.asarray(al, np.float64)),
+                         (s_k > 0).astype(np.float64))
+        ctr[:, o0:o1] = np.where(upper, -chord * lk, 0.0)
+        out.append((Lam_k, ~upper, slope))
+    return out, np.asarray(Lam_in, np.float64), sp, ctr
+
+
 def separate_neuron_cuts(bd, state, bounds, take: int, rows=None, chunk: int = 1 << 21):
     """Anderson et al.'s single-neuron inequalities ``y <= sum_{i in I} w_i (v_i - Lb_i (1 -
     z)) + (b + sum_{i not in I} w_i Ub_i) z`` (the convex hull of one ReLU over a box of its
