@@ -664,3 +664,44 @@ def test_children_start_from_their_parents_cut_multipliers(monkeypatch):
         else:
             assert max(s for s, _ in starts) == 0.0 and not any(m for _, m in starts)
             assert rounds == 0
+
+
+def test_cut_round_keeps_the_old_cuts_where_the_bound_did_not_improve():
+    """After a cut round a domain keeps its new cut set (and the slopes it ended at) only
+    where its bound improved or it was proven; the others get back the set they had before
+    the new cuts joined it (their children would inherit a worse one), and every score is
+    the better of the two."""
+    from crown_cli.verification.bab.cut_search import CutSearch
+    from crown_cli.verification.bab.domains import Domains
+
+    B, m, nU, k = 4, 1, 5, 3
+    rng = np.random.default_rng(0)
+    kids = Domains(np.zeros((B, nU), np.int8), np.zeros((B, m, nU), np.float32),
+                   np.zeros((B, m, nU), np.float32), None, None, np.zeros((B, 0)),
+                   np.zeros((B, 0)), np.zeros((B, 1), bool), np.zeros(B, np.int64),
+                   mu_val=rng.uniform(0, 1, (B, m, k)).astype(np.float32),
+                   mu_ser=np.arange(B * m * k, dtype=np.int32).reshape(B, m, k))
+    before = (kids.mu_val.copy(), kids.mu_ser.copy())
+    kids.mu_ser[:] += 100  # the new cuts merged in
+    new_sc = np.array([-0.5, 0.5, -2.0, -0.1])  # domains 0 .. 3, bounded again: idx 0, 1, 2
+
+    class Stub(CutSearch):
+        iters, stats = 1, {"cut_rounds": 0, "cut_kept": 0}
+
+        def _assess_own_cuts(self, d, iters, chords, nodes, count=True):
+            d.alpha[:] = 7.0
+            d.mu_val[:] = 9.0
+            sc = new_sc[:d.split.shape[0]]
+            return sc, sc > 0.0, None, None, None
+
+    score = np.array([-1.0, -1.0, -1.0, -1.0])
+    proven = np.zeros(B, bool)
+    Stub()._cut_round(kids, np.array([0, 1, 2]), score, proven, None, before)
+    assert list(proven) == [False, True, False, False]
+    assert list(score) == [-0.5, 0.5, -1.0, -1.0]
+    for i in (0, 1):  # improved or proven: the new set and slopes
+        assert np.all(kids.mu_val[i] == 9.0) and np.all(kids.mu_ser[i] == before[1][i] + 100)
+        assert np.all(kids.alpha[i] == 7.0)
+    assert np.all(kids.mu_val[2] == before[0][2]) and np.all(kids.mu_ser[2] == before[1][2])
+    assert np.all(kids.alpha[2] == 0.0)
+    assert np.all(kids.mu_ser[3] == before[1][3] + 100)  # not bounded again: as it was

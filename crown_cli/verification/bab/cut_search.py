@@ -92,18 +92,27 @@ class CutSearch:
             bd.cuts = cuts
         return relaxed_point_state(bd, st, d.split)
 
-    def _cut_round(self, kids: Domains, idx, score, proven, chords):
+    def _cut_round(self, kids: Domains, idx, score, proven, chords, before=None):
         """The domains ``idx`` of the batch bounded again, with the cuts just separated at
         them: the proven ones marked in ``proven``, the others' ``score``, slopes and
-        multipliers updated (all in place). A counterexample found on the way, or None."""
+        multipliers updated (all in place) where the bound improved; where it did not, each
+        keeps its cut set as ``before`` (the batch's ``(mu_val, mu_ser)`` before the new cuts
+        joined it), so that its children do not inherit a worse one. A counterexample found
+        on the way, or None."""
         sub = kids.take(idx)
         ch = None if chords is None else (chords[0][idx], chords[1][idx])
         sc, pr, _, _, xv = self._assess_own_cuts(sub, self.iters, ch, None, count=False)
         if xv is not None:
             return xv
         self.stats["cut_rounds"] += idx.size
-        kids.alpha[idx], kids.beta[idx], kids.done[idx] = sub.alpha, sub.beta, sub.done
-        kids.mu_val[idx], kids.mu_ser[idx] = sub.mu_val, sub.mu_ser
+        up = pr | (sc > score[idx]) if before is not None else np.ones(idx.size, bool)
+        self.stats["cut_kept"] += int(np.sum(~up))
+        j, u = idx[up], np.flatnonzero(up)
+        kids.alpha[j], kids.beta[j], kids.done[j] = sub.alpha[u], sub.beta[u], sub.done[u]
+        kids.mu_val[j], kids.mu_ser[j] = sub.mu_val[u], sub.mu_ser[u]
+        if before is not None:
+            n = idx[~up]
+            kids.mu_val[n], kids.mu_ser[n] = before[0][n], before[1][n]
         proven[idx] |= pr
         score[idx] = np.maximum(score[idx], sc)
         return None
