@@ -585,7 +585,7 @@ def test_kept_multipliers_follow_their_cuts_through_the_pool():
     cuts = Cuts(nU, cap)
     for i in range(4):
         cuts._append(None, rng.normal(size=nU), float(i), False)
-    held = np.arange(cuts.first, cuts.serial)
+    held = cuts.held()
     mu = np.where(rng.random((3, 2, 4)) < 0.6, rng.random((3, 2, 4)), 0.0).astype(np.float32)
     val, ser = sparse_multipliers(mu, held, keep=4)
     back, mask = dense_multipliers(held, val, ser, 3, 2)
@@ -598,19 +598,19 @@ def test_kept_multipliers_follow_their_cuts_through_the_pool():
     e_before = cuts.e.copy()
     for i in range(4, 8):  # two of the first four dropped (cap 6)
         cuts._append(None, rng.normal(size=nU), float(i), False)
-    held = np.arange(cuts.first, cuts.serial)
+    held = cuts.held()
     now, mask = dense_multipliers(held, val, ser, 3, 2)
     assert now.shape == (3, 2, cap)
     # the cuts held from before are columns 0, 1 now (e 2 and 3); 4 new ones start at 0
     assert np.array_equal(cuts.e[:2], e_before[2:])
     assert np.array_equal(now[..., :2], mu[..., 2:]) and not now[..., 2:].any()
     # a subset: columns of the cuts the entries name, same values
-    serials = np.unique(ser[ser >= cuts.first])
-    sub = cuts.subset(serials - cuts.first)
-    assert np.array_equal(sub.e, cuts.e[serials - cuts.first])
-    assert np.array_equal(sub.K, cuts.K[serials - cuts.first])
+    serials = np.unique(ser[np.isin(ser, cuts.held())])
+    sub = cuts.subset(cuts.positions(serials))
+    assert np.array_equal(sub.e, cuts.e[cuts.positions(serials)])
+    assert np.array_equal(sub.K, cuts.K[cuts.positions(serials)])
     part, _ = dense_multipliers(serials, val, ser, 3, 2)
-    assert np.array_equal(part, now[..., serials - cuts.first])
+    assert np.array_equal(part, now[..., cuts.positions(serials)])
     # with a mask, entries at 0 that may move are kept too; new cuts fill free slots first
     m0 = np.zeros((1, 1, 3), bool)
     m0[..., :2] = True
@@ -705,3 +705,38 @@ def test_cut_round_keeps_the_old_cuts_where_the_bound_did_not_improve():
     assert np.all(kids.mu_val[2] == before[0][2]) and np.all(kids.mu_ser[2] == before[1][2])
     assert np.all(kids.alpha[2] == 0.0)
     assert np.all(kids.mu_ser[3] == before[1][3] + 100)  # not bounded again: as it was
+
+
+def test_full_pool_drops_the_cuts_no_domain_holds_first():
+    """Over its cap the pool drops its oldest cuts that ``in_use`` does not name (down to 7/8
+    of the cap), then, if that is not enough, the oldest named ones; the cuts kept keep
+    their rows and serials, and a dropped general cut's key may be added again."""
+    rng = np.random.default_rng(1)
+    nU, cap = 4, 16
+    cuts = Cuts(nU, cap, n_terms=3)
+    rows = {}
+    for i in range(cap):
+        k = rng.normal(size=nU)
+        rows[i] = k
+        cuts.add_general(np.ones(3), k, float(i), key=("c", i))
+    assert np.array_equal(cuts.held(), np.arange(cap))
+    cuts.in_use = lambda: np.array([0, 1, 5, 7])
+    k = rng.normal(size=nU)
+    rows[cap] = k
+    cuts.add_general(np.ones(3), k, float(cap), key=("c", cap))  # 17 held: 3 must go
+    held = cuts.held()
+    assert len(cuts) == cap - cap // 8
+    assert np.array_equal(held, [0, 1, 5, 6, 7] + list(range(8, cap + 1))[:len(held) - 5])
+    assert {0, 1, 5, 7, cap} <= set(held.tolist())
+    assert not {2, 3, 4} & set(held.tolist())  # the oldest not in use
+    for j, s_ in enumerate(held.tolist()):
+        assert np.allclose(cuts.K[j], rows[s_]) and cuts.e[j] == float(s_)
+    assert cuts.serial_of(("c", 2)) is None and cuts.serial_of(("c", 5)) == 5
+    assert np.array_equal(cuts.positions([5, cap]), [2, len(held) - 1])
+    assert cuts.add_general(np.ones(3), rows[2], 2.0, key=("c", 2))  # dropped: added again
+    # everything in use: the oldest go, as without in_use
+    cuts.in_use = lambda: cuts.held()
+    for _ in range(cap):
+        cuts.add_general(np.ones(3), rng.normal(size=nU), 0.0)
+    assert len(cuts) <= cap and cuts.held()[-1] == cuts.serial - 1
+    assert 0 not in cuts.held().tolist()

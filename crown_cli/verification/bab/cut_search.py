@@ -46,6 +46,8 @@ class CutSearch:
                 self.stats["cuts"] += int(cuts.add_general(p, kz, e, key))
             return openi[:0]
         got = []
+        # over the cap the pool drops first the cuts no open domain holds
+        cuts.in_use = lambda: self._cuts_in_use(kids)
         at = np.arange(N // per)  # where each domain's rows are in the separation's tape
         if self.o.cut_point == "cuts":  # the relaxed point of the bound with the cuts
             cut_state = self._cut_point_state(kids, worst, row, per)
@@ -60,13 +62,24 @@ class CutSearch:
                 break
             found = _cuts.separate_neuron_cuts(self.bd, state, bounds, self.o.neuron_cuts,
                                                at[i] * per + np.arange(per))
+            self._adding_from = cuts.serial  # this domain's new cuts: not dropped yet
             for p, kz, e, key in found:
                 self.stats["cuts"] += int(cuts.add_general(p, kz, e, key))
             new = [cuts.serial_of(key) for *_, key in found]
             merge_new_cuts(kids.mu_val[i], kids.mu_ser[i], [s for s in new if s is not None])
             if found:
                 got.append(i)
+        cuts.in_use = None
         return np.array(got, np.int64)
+
+    def _cuts_in_use(self, kids: Domains):
+        """The serials of the cuts the open domains and the batch ``kids`` hold, and of
+        those being added (from ``_adding_from``)."""
+        pool = self.pool
+        live = np.array([slot for _, slot in pool.heap], np.int64)
+        held = [pool.mu_ser[live].ravel(), kids.mu_ser.ravel(),
+                np.arange(self._adding_from, self.bd.cuts.serial)]
+        return np.unique(np.concatenate(held))
 
     def _cut_point_state(self, kids: Domains, idx, row, per):
         """The separation's tape at the relaxed points of the domains ``idx`` bounded with
@@ -141,13 +154,12 @@ class CutSearch:
         cuts = self.bd.cuts
         B, m = kids.split.shape[0], self.bd.m
         if not self.o.domain_cuts:
-            return (cuts, np.arange(cuts.first, cuts.serial),
-                    np.zeros((B, m, len(cuts)), np.float32), None)
+            return (cuts, cuts.held(), np.zeros((B, m, len(cuts)), np.float32), None)
         ser = kids.mu_ser
-        serials = np.unique(ser[ser >= cuts.first]) if ser is not None else \
+        serials = np.unique(ser[np.isin(ser, cuts.held())]) if ser is not None else \
             np.zeros(0, np.int64)
         mu, mask = dense_multipliers(serials, kids.mu_val, ser, B, m)
-        return cuts.subset(serials - cuts.first), serials, mu, mask
+        return cuts.subset(cuts.positions(serials)), serials, mu, mask
 
     def bd_cuts(self):
         """The bounder's cuts when this search infers them, else None."""

@@ -42,11 +42,11 @@ class Cuts:
     """Cuts ``P v + K z + e <= 0`` over the indicators z of a bounder's ``nU`` unstable
     neurons and (with ``n_terms``, the input's size plus every hidden neuron's) the values v
     of the input and of every hidden neuron's output, in layer order; at most ``cap`` of them
-    (the oldest dropped first; a dropped cut only loosens bounds). A proven domain's cut
+    (a dropped cut only loosens bounds; see :meth:`_drop`). A proven domain's cut
     (:meth:`add`) has no v terms; :meth:`add_general` takes any cut the caller knows valid at
     every counterexample (e.g. a single neuron's convex-hull inequality). Each cut has a
-    serial number (the count of cuts added before it): the ones held are ``first`` ..
-    ``serial - 1``, in order. Rows are kept sparse; ``K``, ``e``, ``P`` and ``decision`` are
+    serial number (the count of cuts added before it): :meth:`held` lists those held, in
+    order (a multiplier array's columns). Rows are kept sparse; ``K``, ``e``, ``P`` and ``decision`` are
     arrays built when asked for."""
 
     def __init__(self, nU: int, cap: int = 64, n_terms: int = 0):
@@ -58,16 +58,23 @@ class Cuts:
         self._key = []  # per cut: the key it was added with (or None)
         self._seen = set()  # the decision sets ever added
         self._held = {}  # key -> serial of the general cuts held
+        self._ser = []  # per cut: its serial number
+        # optional: () -> the serials something still refers to (dropped last)
+        self.in_use = None
         self._arrays = {}
         self.serial = 0  # cuts ever added
 
     def __len__(self):
         return len(self._e)
 
-    @property
-    def first(self) -> int:
-        """The serial number of the first cut held (column 0 of a multiplier array)."""
-        return self.serial - len(self)
+    def held(self) -> np.ndarray:
+        """The serial numbers of the cuts held, ascending (int64): column j of a multiplier
+        array on every held cut is the cut ``held()[j]``."""
+        return self._array("held", lambda: np.array(self._ser, np.int64))
+
+    def positions(self, serials) -> np.ndarray:
+        """The columns of the held cuts ``serials`` (each must be held)."""
+        return np.searchsorted(self.held(), np.asarray(serials, np.int64))
 
     def _array(self, name, make):
         if name not in self._arrays:
@@ -145,6 +152,7 @@ class Cuts:
         return self._array("P", make)
 
     def _append(self, p, k, e, decision, key=None):
+        self._ser.append(self.serial)
         self.serial += 1
         k = np.asarray(k, np.float64)
         self._k.append((np.flatnonzero(k), k[k != 0.0]))
@@ -160,14 +168,32 @@ class Cuts:
             self._p.append((np.asarray(p[0], np.int64), np.asarray(p[1], np.float64)))
         if key is not None and not decision:
             self._held[key] = self.serial - 1
-        drop = len(self._e) - self.cap
-        if drop > 0:
-            kept_from = self.serial - self.cap  # the first serial still held after the drop
-            for old in self._key[:drop]:
-                if old is not None and self._held.get(old, self.serial) < kept_from:
-                    del self._held[old]
-            for lst in (self._k, self._p, self._e, self._dec, self._key):
-                del lst[:drop]
+        self._arrays.clear()
+        if len(self._e) > self.cap:
+            self._drop()
+
+    def _drop(self):
+        """Over the cap: the oldest cuts dropped, those that ``in_use`` does not name first
+        (down to 7/8 of the cap then, so that ``in_use`` runs once per cap/8 cuts added)."""
+        n = len(self._e)
+        ser = np.array(self._ser, np.int64)
+        if self.in_use is None:
+            gone = np.arange(n - self.cap)
+        else:
+            want = n - (self.cap - self.cap // 8)
+            used = np.isin(ser, np.asarray(self.in_use(), np.int64))
+            order = np.r_[np.flatnonzero(~used), np.flatnonzero(used)]  # oldest first in each
+            gone = np.sort(order[:want])
+        keep = np.ones(n, bool)
+        keep[gone] = False
+        for i in gone.tolist():
+            old = self._key[i]
+            if old is not None and self._held.get(old) == self._ser[i]:
+                del self._held[old]
+        for name in ("_k", "_p", "_e", "_dec", "_key", "_ser"):
+            lst = getattr(self, name)
+            if lst:
+                setattr(self, name, [x for x, k in zip(lst, keep) if k])
         self._arrays.clear()
 
     def add_general(self, p, k, e, key=None):
@@ -206,6 +232,7 @@ class Cuts:
             out._key.append(None)
             if self.n_terms:
                 out._p.append(self._p[c])
+        out._ser = list(range(len(out._e)))
         out.serial = len(out._e)
         return out
 
