@@ -45,9 +45,6 @@ class CutSearch:
             for p, kz, e, key in found:
                 self.stats["cuts"] += int(cuts.add_general(p, kz, e, key))
             return openi[:0]
-        got = []
-        # over the cap the pool drops first the cuts no open domain holds
-        cuts.in_use = lambda: self._cuts_in_use(kids)
         at = np.arange(N // per)  # where each domain's rows are in the separation's tape
         if self.o.cut_point == "cuts":  # the relaxed point of the bound with the cuts
             cut_state = self._cut_point_state(kids, worst, row, per)
@@ -57,20 +54,28 @@ class CutSearch:
                 if bounds is not None:
                     bounds = (np.repeat(kids.dl[worst], per, axis=0),
                               np.repeat(kids.du[worst], per, axis=0))
-        for i in worst:  # each domain's own, for it and its children
-            if time.monotonic() >= self.deadline:
-                break
-            found = _cuts.separate_neuron_cuts(self.bd, state, bounds, self.o.neuron_cuts,
-                                               at[i] * per + np.arange(per))
-            self._adding_from = cuts.serial  # this domain's new cuts: not dropped yet
-            for p, kz, e, key in found:
-                self.stats["cuts"] += int(cuts.add_general(p, kz, e, key))
-            new = [cuts.serial_of(key) for *_, key in found]
-            merge_new_cuts(kids.mu_val[i], kids.mu_ser[i], [s for s in new if s is not None])
-            if found:
-                got.append(i)
-        cuts.in_use = None
+        # over the cap the pool drops first the cuts no open domain holds
+        cuts.in_use = lambda: self._cuts_in_use(kids)
+        try:
+            got = [i for i in worst if self._own_cuts(state, bounds, kids, i, at[i] * per, per)]
+        finally:
+            cuts.in_use = None
         return np.array(got, np.int64)
+
+    def _own_cuts(self, state, bounds, kids: Domains, i, r0, per) -> bool:
+        """Cuts separated at the rows ``r0 .. r0 + per - 1`` of ``state`` join the pool and
+        domain ``i``'s own set; whether any was found (none past the deadline)."""
+        if time.monotonic() >= self.deadline:
+            return False
+        cuts = self.bd.cuts
+        found = _cuts.separate_neuron_cuts(self.bd, state, bounds, self.o.neuron_cuts,
+                                           r0 + np.arange(per))
+        self._adding_from = cuts.serial  # this domain's new cuts: not dropped yet
+        for p, kz, e, key in found:
+            self.stats["cuts"] += int(cuts.add_general(p, kz, e, key))
+        new = [cuts.serial_of(key) for *_, key in found]
+        merge_new_cuts(kids.mu_val[i], kids.mu_ser[i], [s for s in new if s is not None])
+        return bool(found)
 
     def _cuts_in_use(self, kids: Domains):
         """The serials of the cuts the open domains and the batch ``kids`` hold, and of
