@@ -182,6 +182,8 @@ class Bounder(DomainBounds, CaseRows):
         sums keep their other terms in order: the same values) and the forward products of
         the gradient its column (``live``, ``Wrow``/``W32row``, ``WTrow``/``WT32row``: the CSR
         weights restricted to them)."""
+        import scipy.sparse as sps
+
         L = self.L
         self.live = [None] * L
         self.Wrow, self.W32row = list(self.Wmul[:L]), list(self.W32mul[:L])
@@ -189,7 +191,7 @@ class Bounder(DomainBounds, CaseRows):
         for k in range(L):
             alive = self.stable_slope[k] != 0.0
             alive[self.ucols[k]] = True
-            if not hasattr(self.Wmul[k], "tocsr") or alive.mean() > LIVE_MAX_SHARE:
+            if not sps.issparse(self.Wmul[k]) or alive.mean() > LIVE_MAX_SHARE:
                 continue
             idx = np.flatnonzero(alive)
             self.live[k] = idx

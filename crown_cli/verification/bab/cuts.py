@@ -94,17 +94,8 @@ class Cuts:
 
     def K_csr(self, dtype=np.float64):
         """K as a CSR matrix (nC, nU) of ``dtype`` (a single-neuron cut has one entry)."""
-        def make():
-            import scipy.sparse as sps
-
-            ind = [c for c, _ in self._k]
-            ptr = np.cumsum([0] + [c.size for c in ind])
-            return sps.csr_matrix(
-                (np.concatenate([v for _, v in self._k]).astype(dtype) if self._k
-                 else np.zeros(0, dtype),
-                 np.concatenate(ind) if ind else np.zeros(0, np.int64), ptr),
-                shape=(len(self._k), self.nU))
-        return self._array(("K_csr", np.dtype(dtype).name), make)
+        return self._array(("K_csr", np.dtype(dtype).name),
+                           lambda: _csr_rows(self._k, self.nU, dtype))
 
     def P_blocks(self, offsets, dtype=np.float64):
         """P's columns split at ``offsets`` (the values' layers, :func:`value_offsets`), each
@@ -139,17 +130,7 @@ class Cuts:
         ``n_terms``)."""
         if not self.n_terms:
             return None
-
-        def make():
-            import scipy.sparse as sps
-
-            ind = [c for c, _ in self._p]
-            ptr = np.cumsum([0] + [c.size for c in ind])
-            return sps.csr_matrix(
-                (np.concatenate([v for _, v in self._p]) if self._p else np.zeros(0),
-                 np.concatenate(ind) if ind else np.zeros(0, np.int64), ptr),
-                shape=(len(self._p), self.n_terms))
-        return self._array("P", make)
+        return self._array("P", lambda: _csr_rows(self._p, self.n_terms, np.float64))
 
     def _append(self, p, k, e, decision, key=None):
         self._ser.append(self.serial)
@@ -172,28 +153,34 @@ class Cuts:
         if len(self._e) > self.cap:
             self._drop()
 
+    _LISTS = ("_k", "_p", "_e", "_dec", "_key", "_ser")
+
     def _drop(self):
         """Over the cap: the oldest cuts dropped, those that ``in_use`` does not name first
         (down to 7/8 of the cap then, so that ``in_use`` runs once per cap/8 cuts added)."""
         n = len(self._e)
-        ser = np.array(self._ser, np.int64)
         if self.in_use is None:
-            gone = np.arange(n - self.cap)
+            gone = range(n - self.cap)  # a prefix: deleted in place below
         else:
             want = n - (self.cap - self.cap // 8)
-            used = np.isin(ser, np.asarray(self.in_use(), np.int64))
+            used = np.isin(np.array(self._ser, np.int64),
+                           np.asarray(self.in_use(), np.int64))
             order = np.r_[np.flatnonzero(~used), np.flatnonzero(used)]  # oldest first in each
-            gone = np.sort(order[:want])
-        keep = np.ones(n, bool)
-        keep[gone] = False
-        for i in gone.tolist():
+            gone = np.sort(order[:want]).tolist()
+        for i in gone:
             old = self._key[i]
             if old is not None and self._held.get(old) == self._ser[i]:
                 del self._held[old]
-        for name in ("_k", "_p", "_e", "_dec", "_key", "_ser"):
-            lst = getattr(self, name)
-            if lst:
-                setattr(self, name, [x for x, k in zip(lst, keep) if k])
+        if isinstance(gone, range):
+            for name in self._LISTS:
+                del getattr(self, name)[:len(gone)]
+        else:
+            keep = np.ones(n, bool)
+            keep[gone] = False
+            for name in self._LISTS:
+                lst = getattr(self, name)
+                if lst:
+                    setattr(self, name, [x for x, k in zip(lst, keep) if k])
         self._arrays.clear()
 
     def add_general(self, p, k, e, key=None):
@@ -245,6 +232,17 @@ class Cuts:
             [k for k, dec in zip(self._k, self._dec) if dec]))
         hits = (split.astype(np.float64) @ K.T)  # decisions agreeing minus disagreeing
         return np.any(hits >= np.abs(K).sum(axis=1)[None, :], axis=1)
+
+
+def _csr_rows(rows, ncols, dtype):
+    """Sparse rows [(columns, values), ...] as a CSR matrix (len(rows), ncols) of ``dtype``."""
+    import scipy.sparse as sps
+
+    ind = [c for c, _ in rows]
+    ptr = np.cumsum([0] + [c.size for c in ind])
+    return sps.csr_matrix(
+        (np.concatenate([v for _, v in rows]).astype(dtype) if rows else np.zeros(0, dtype),
+         np.concatenate(ind) if ind else np.zeros(0, np.int64), ptr), shape=(len(rows), ncols))
 
 
 def sparse_multipliers(mu, serials, keep: int, mask=None):

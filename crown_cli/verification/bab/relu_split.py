@@ -557,8 +557,8 @@ class _Search(CutSearch):
             if self.o.cut_kinds != "neurons":
                 self._propose_cuts(kids, proven)
             if self.o.cut_kinds != "decisions":
-                before = None if kids.mu_val is None else (kids.mu_val.copy(),
-                                                             kids.mu_ser.copy())
+                before = None if kids.mu_val is None or not self.o.cut_round else \
+                    (kids.mu_val.copy(), kids.mu_ser.copy())  # for the cut round
                 got = self._neuron_cuts(state, kids, score, proven, row)
                 if got.size and self.o.cut_round and time.monotonic() < self.deadline:
                     xv = self._cut_round(kids, got, score, proven, chords, before)
