@@ -184,15 +184,21 @@ def alpha_lower(gb, target: int, Lam: np.ndarray, iters: int = ITERS, lr: float 
     free.update({i: pl.one_hot(r) for i, pl in pools.items()})
     free.update({i: np.full((r, on.size), 0.5) for i, on in mixes.items()})
     keys = sorted(free)
-    best = BestIterate(r, *[free[i] for i in keys])
+    # slopes and mixes are stepped on their free neurons' columns only (``cols``): the rest
+    # of each (r, size) array keeps CROWN's value; pools step their whole (r, m, K) weights
+    cols = {i: np.flatnonzero(slopes[i][0] if i in slopes else mixes[i]) for i in keys
+            if i not in pools}
+    own = {i: np.ascontiguousarray(free[i][:, cols[i]]) if i in cols else free[i]
+           for i in keys}
+    best = BestIterate(r, *[own[i] for i in keys])
     # projected Adam on the slopes (in [least slope, 1]) and the mixes (in [0, 1])
-    opt = {i: Adam(free[i], STEER, lo=slopes[i][1] if i in slopes else 0.0, hi=1.0)
-           for i in keys if i not in pools}
+    opt = {i: Adam(own[i], STEER, lo=slopes[i][1] if i in slopes else 0.0, hi=1.0)
+           for i in cols}
     top, stale, scale = -np.inf, 0, None
     for it in range(iters + 1):
         check_deadline(gb.deadline)
         val, x, tape = _steer_pass(gb, target, Lam, free)
-        best.offer(np.where(np.isfinite(val), val, -np.inf), *[free[i] for i in keys])
+        best.offer(np.where(np.isfinite(val), val, -np.inf), *[own[i] for i in keys])
         if it == iters:
             break
         if patience is not None:
@@ -209,16 +215,25 @@ def alpha_lower(gb, target: int, Lam: np.ndarray, iters: int = ITERS, lr: float 
             if i not in tape:
                 continue
             if i in pools:
-                free[i] = _pool_step(gb, i, pools[i], tape[i], vals, free[i])
+                free[i] = own[i] = _pool_step(gb, i, pools[i], tape[i], vals, free[i])
                 continue
+            c = cols[i]
             if i in slopes:  # d bound / d slope_j = L_j z_j(x*) where the lower line is taken
-                L, pos = tape[i][0], tape[i][1]
-                on = slopes[i][0][None]
-                grad = np.where(on & pos, L * vals[gb.g.nodes[i].inputs[0]], 0.0)
+                L, pos = tape[i][0][:, c], tape[i][1][:, c]
+                grad = np.where(pos, L * vals[gb.g.nodes[i].inputs[0]][:, c], 0.0)
             else:
-                on = mixes[i][None]
-                grad = np.where(on, _mix_gradient(gb, i, tape[i], vals), 0.0)
-            step = opt[i].propose(free[i], grad, it + 1, lr)
-            free[i] = np.where(on & np.isfinite(step), step, free[i])
+                grad = _mix_gradient(gb, i, tape[i], vals)[:, c]
+            step = opt[i].propose(own[i], grad, it + 1, lr)
+            own[i] = np.where(np.isfinite(step), step, own[i])
+            free[i][:, c] = own[i]
     low = np.fmax(crown, best.best)  # each the verified bound at the parameters kept
-    return (low, dict(zip(keys, best.params))) if keep else low
+    if not keep:
+        return low
+    kept = {}
+    for i, p in zip(keys, best.params):
+        if i in cols:  # CROWN's values off the free columns, the best iterate's on them
+            full = free[i].copy()
+            full[:, cols[i]] = p
+            p = full
+        kept[i] = p
+    return low, kept
