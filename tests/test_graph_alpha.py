@@ -283,3 +283,49 @@ def test_alpha_stage_skips_intermediate_optimisation_when_the_rows_suffice(tmp_p
                         lambda self, *a: calls.append(1) or real(self, *a))
     v = GraphVerifier(g, attack_restarts=8, attack_steps=20).verify(prop, 60)
     assert v.result == "unsat" and v.stage == "alpha-crown" and not calls, (v, calls)
+
+
+@pytest.mark.parametrize("kind,seed,eps", [("conv", 0, 0.05), ("relu_residual", 0, 0.05),
+                                           ("conv_maxpool", 1, 0.05)])
+def test_float32_steering_pass_is_the_float64_bound_to_float32_accuracy(tmp_path, kind, seed,
+                                                                       eps):
+    """alpha-CROWN's iterations run :meth:`GraphBounds.lower` with ``steer=np.float32``: at
+    the same free parameters and with its tape, that estimate is the float64 bound to float32
+    accuracy (every product of the numpy path in float32, none silently in float64 or
+    wrong), and the float32 tape's slopes are the float64 tape's."""
+    import crown_cli.engine.graph_alpha as ga
+
+    g = graph_of(tmp_path, kind, seed)
+    rng = np.random.default_rng(seed)
+    x0 = rng.uniform(-1.0, 1.0, g.input_size)
+    gb = GraphBounds(g, *Box(x0 - eps, x0 + eps).args())
+    slopes = ga.free_slopes(gb, g.output)
+    assert slopes
+    rows = rng.standard_normal((4, g.output_size))
+    free = {i: np.where(on, rng.uniform(0.0, 1.0, (4, on.size)), gb.lines[i].lower[None])
+            for i, (on, _) in slopes.items()}
+    t64, t32 = {}, {}
+    b64 = gb.lower(g.output, rows, free=free, tape=t64)
+    b32 = gb.lower(g.output, rows, free={i: f.astype(np.float32) for i, f in free.items()},
+                   tape=t32, steer=np.float32)
+    scale = np.abs(rows) @ np.abs(g.forward(x0[None])[0]) + 1.0
+    assert np.all(np.abs(b32 - b64) <= 1e-4 * scale)
+    assert t32["Lx"].dtype == np.float32
+    for i in slopes:
+        assert t32[i][2].dtype == np.float32
+        assert np.allclose(t32[i][2], t64[i][2], rtol=1e-6, atol=1e-6)
+
+
+def test_alpha_returns_the_float64_bound_at_the_parameters_it_keeps(tmp_path):
+    """The iterations steer in float32; what alpha_lower returns is, per row, the larger of
+    CROWN's and the float64 bound at the parameters it keeps (``keep=True``) -- not a
+    float32 estimate."""
+    g = graph_of(tmp_path, "conv", 0)
+    rng = np.random.default_rng(0)
+    x0 = rng.uniform(-1.0, 1.0, g.input_size)
+    gb = GraphBounds(g, *Box(x0 - 0.05, x0 + 0.05).args())
+    rows = rng.standard_normal((3, g.output_size))
+    low, kept = alpha_lower(gb, g.output, rows, keep=True)
+    assert kept and all(p.dtype == np.float64 for p in kept.values())
+    again = np.fmax(gb.lower(g.output, rows), gb.lower(g.output, rows, free=kept))
+    assert np.array_equal(low, again)

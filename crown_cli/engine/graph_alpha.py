@@ -43,6 +43,9 @@ from crown_cli.engine.input_sets import Box
 from crown_cli.engine.optim import Adam, AdamSettings, BestIterate
 
 STEER = AdamSettings(eps=1e-12)
+# the iterations' bounds, tapes and relaxed forward passes; the best iterate's parameters
+# are bounded again in float64 (every rounding charged), which is what is returned
+STEER_DTYPE = np.float32
 ITERS, LR = 20, 0.1
 # max pool weights: mirror ascent (Adam's per-coordinate steps spread a window's weight over
 # all its inputs at once and lowered the bound on verivital's Convnet_maxpool)
@@ -117,22 +120,23 @@ def simplex_ascent(w: np.ndarray, grad: np.ndarray, valid: np.ndarray,
 
 
 def _steer_pass(gb, target, Lam, free):
-    """The rows' verified bounds at their own free parameters (:meth:`GraphBounds.lower`),
-    each row's minimiser over the input set, and the tape of the back-substitution (per
-    visited node the rows that reached it and their lines)."""
+    """The rows' bounds at their own free parameters (:meth:`GraphBounds.lower` in
+    :data:`STEER_DTYPE`: an estimate that steers), each row's minimiser over the input set
+    (in that dtype), and the tape of the back-substitution (per visited node the rows that
+    reached it and their lines)."""
     tape = {}
-    val = gb.lower(target, Lam, free=free, tape=tape)
-    return val, _minimiser(gb, tape.pop("Lx")), tape
+    val = gb.lower(target, Lam, free=free, tape=tape, steer=STEER_DTYPE)
+    return val, _minimiser(gb, tape.pop("Lx")).astype(STEER_DTYPE, copy=False), tape
 
 
-def _relaxed_forward(gb, target, x, tape, free=None):
-    """Every visited node's value at the rows' minimisers x (r, d) through the lines each
-    row chose (affine nodes exactly, activations by their chosen line, a max pool by its
-    lower input (or the rows' weighted sum of its window) or its upper constant, a product
-    by its plane)."""
+def _relaxed_forward(gb, target, x, tape, free=None, upto: Optional[int] = None):
+    """Every visited node's value (up to node ``upto``, default ``target``) at the rows'
+    minimisers x (r, d) through the lines each row chose (affine nodes exactly, activations
+    by their chosen line, a max pool by its lower input (or the rows' weighted sum of its
+    window) or its upper constant, a product by its plane)."""
     g = gb.g
     vals = [None] * (target + 1)
-    for i in range(target + 1):
+    for i in range(target + 1 if upto is None else upto + 1):
         if i not in tape:
             continue
         check_deadline(gb.deadline)
@@ -163,7 +167,8 @@ def _mix_gradient(gb, i, tape_i, vals):
 
 
 def alpha_lower(gb, target: int, Lam: np.ndarray, iters: int = ITERS, lr: float = LR,
-                patience: Optional[int] = None, tol: float = 1e-3, keep: bool = False):
+                patience: Optional[int] = None, tol: float = 1e-3, keep: bool = False,
+                crown: Optional[np.ndarray] = None):
     """Verified float64 lower bounds of ``Lam @ value(target)`` (rows (r, size)), each the
     larger of CROWN's and the bound at the free parameters optimised for that row: the lower
     slopes of ReLU and leaky ReLU neurons and the mixes of products' McCormick planes
@@ -172,17 +177,19 @@ def alpha_lower(gb, target: int, Lam: np.ndarray, iters: int = ITERS, lr: float 
     less than ``tol`` times its first size in ``patience`` consecutive steps (as the dense
     engine's alpha-CROWN stops). ``keep``: also the parameters of each row's best bound
     ({node: (r, ...)}, as :meth:`GraphBounds.lower` takes them as ``free``; CROWN's where
-    nothing beat it; {} where nothing is free)."""
+    nothing beat it; {} where nothing is free). ``crown``: verified lower bounds of the
+    rows the caller already has (CROWN's), in place of computing them."""
     Lam = np.ascontiguousarray(Lam, dtype=np.float64)
-    crown = gb.lower(target, Lam)
+    crown = gb.lower(target, Lam) if crown is None else crown
     slopes, pools, mixes = free_slopes(gb, target), free_pools(gb, target), \
         free_mixes(gb, target)
     if not (slopes or pools or mixes) or iters <= 0:
         return (crown, {}) if keep else crown
     r = Lam.shape[0]
-    free = {i: np.repeat(gb.lines[i].lower[None], r, axis=0) for i in slopes}
+    free = {i: np.repeat(gb.lines[i].lower[None].astype(STEER_DTYPE), r, axis=0)
+            for i in slopes}
     free.update({i: pl.one_hot(r) for i, pl in pools.items()})
-    free.update({i: np.full((r, on.size), 0.5) for i, on in mixes.items()})
+    free.update({i: np.full((r, on.size), 0.5, STEER_DTYPE) for i, on in mixes.items()})
     keys = sorted(free)
     # slopes and mixes are stepped on their free neurons' columns only (``cols``): the rest
     # of each (r, size) array keeps CROWN's value; pools step their whole (r, m, K) weights
@@ -195,6 +202,9 @@ def alpha_lower(gb, target: int, Lam: np.ndarray, iters: int = ITERS, lr: float 
     opt = {i: Adam(own[i], STEER, lo=slopes[i][1] if i in slopes else 0.0, hi=1.0)
            for i in cols}
     top, stale, scale = -np.inf, 0, None
+    # the gradients read the values of the free nodes' inputs only: the relaxed forward
+    # pass stops at the last of them
+    upto = max(j for i in keys for j in gb.g.nodes[i].inputs)
     for it in range(iters + 1):
         check_deadline(gb.deadline)
         val, x, tape = _steer_pass(gb, target, Lam, free)
@@ -210,7 +220,7 @@ def alpha_lower(gb, target: int, Lam: np.ndarray, iters: int = ITERS, lr: float 
                 stale += 1
                 if stale >= patience:
                     break
-        vals = _relaxed_forward(gb, target, x, tape, free)
+        vals = _relaxed_forward(gb, target, x, tape, free, upto)
         for i in keys:
             if i not in tape:
                 continue
@@ -226,14 +236,13 @@ def alpha_lower(gb, target: int, Lam: np.ndarray, iters: int = ITERS, lr: float 
             step = opt[i].propose(own[i], grad, it + 1, lr)
             own[i] = np.where(np.isfinite(step), step, own[i])
             free[i][:, c] = own[i]
-    low = np.fmax(crown, best.best)  # each the verified bound at the parameters kept
-    if not keep:
-        return low
     kept = {}
     for i, p in zip(keys, best.params):
         if i in cols:  # CROWN's values off the free columns, the best iterate's on them
-            full = free[i].copy()
+            full = free[i].astype(np.float64)
             full[:, cols[i]] = p
             p = full
         kept[i] = p
-    return low, kept
+    # the verified float64 bound at each row's best parameters; CROWN's where it is higher
+    low = np.fmax(crown, gb.lower(target, Lam, free=kept))
+    return (low, kept) if keep else low

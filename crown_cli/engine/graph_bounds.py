@@ -269,8 +269,10 @@ class GraphBounds:
         chunk = max(1, int(self.row_budget // per_row) // 2)
         for s in range(0, rows.size, chunk):
             idx = rows[s:s + chunk]
+            # l and u are verified bounds of these rows already (CROWN's, with the interval)
             low = alpha_lower(self, p, _unit_rows(idx, l.size), ITERS if iters is None else iters,
-                              LR if lr is None else lr, patience=INTERMEDIATE_PATIENCE)
+                              LR if lr is None else lr, patience=INTERMEDIATE_PATIENCE,
+                              crown=np.concatenate([l[idx], -u[idx]]))
             l[idx], u[idx] = np.fmax(l[idx], low[:idx.size]), np.fmin(u[idx], -low[idx.size:])
         return l, u
 
@@ -353,7 +355,7 @@ class GraphBounds:
         return low[:C.shape[0]], -low[C.shape[0]:]
 
     def lower(self, target: int, Lam: np.ndarray, free=None, tape=None, lines=None,
-              rows: bool = False) -> np.ndarray:
+              rows: bool = False, steer=None) -> np.ndarray:
         """Verified float64 lower bounds of ``Lam @ value(target)`` (rows (r, size));
         ``rows``: ``(bounds, the rows carried to the flat input (r, d))``.
         ``free`` (optional, {node: per-row parameters}): each row's own choice among a node's
@@ -372,11 +374,16 @@ class GraphBounds:
         visited node i, for an activation (rows reaching it, the side each took (>= 0: lower
         line), the slope and intercept of the line taken), for a max pool the rows reaching
         it, for a product (rows, intercepts taken, slopes, the mix's corners or None), else
-        None; under ``"Lx"`` the rows carried back to the input."""
+        None; under ``"Lx"`` the rows carried back to the input.
+        ``steer`` (np.float32): the numpy path's rows and products in that dtype, a steering
+        estimate, **not verified** (alpha-CROWN's iterations; the answer is bounded again
+        in float64)."""
         fused = graph_kernels()  # None under the numpy kernels: the twin below runs
-        if fused is not None and free is None and tape is None and lines is None:
+        if fused is not None and free is None and tape is None and lines is None \
+                and steer is None:
             Lx, const, mag, charge = fused_rows(self, target, Lam, fused, self.dtype)
         else:
+            Lam = np.asarray(Lam, np.float64 if steer is None else steer)
             Lx, const, mag, charge = self._rows(target, Lam, free, tape, lines)
         low = self._concretise(Lx, const, mag, charge)
         if rows and isinstance(Lx, InputRows):
@@ -425,9 +432,9 @@ class _Walk:
         r = Lam.shape[0]
         self.gb = gb
         self.const, self.mag, self.charge = np.zeros(r), np.zeros(r), np.zeros(r)
-        self.pending: Dict[int, np.ndarray] = {
-            target: np.ascontiguousarray(Lam, dtype=np.float64)}
-        self.Lx = np.zeros((r, gb.g.input_size))
+        dt = np.float32 if Lam.dtype == np.float32 else np.float64  # float32: steering
+        self.pending: Dict[int, np.ndarray] = {target: np.ascontiguousarray(Lam, dtype=dt)}
+        self.Lx = np.zeros((r, gb.g.input_size), dt)
         self.free, self.tape, self.lines = free, tape, lines
 
     def give(self, j, P):
@@ -438,7 +445,7 @@ class _Walk:
         A = self.pending[j]
         kernels = graph_kernels()
         if kernels is not None and A.flags.c_contiguous and P.flags.c_contiguous \
-                and A.dtype == P.dtype == np.float64:
+                and A.dtype == P.dtype and A.dtype in (np.float32, np.float64):
             S, ch = np.empty_like(A), np.empty(A.shape[0])
             kernels.add_rows(A, P, self.gb.absval[j], S, ch)
         else:

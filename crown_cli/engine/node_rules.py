@@ -280,7 +280,7 @@ class AffineRule(Rule):
     def back(self, gb, i, node, L, walk):
         op = node.op
         kernels = graph_kernels()
-        if kernels is not None and L.flags.c_contiguous and L.dtype == np.float64:
+        if kernels is not None and L.flags.c_contiguous and L.dtype in (np.float32, np.float64):
             b, absb = _bias(gb, i, np.float64)
             sums = np.empty((L.shape[0], 3))
             kernels.affine_terms_rows(L, b, absb, gb.absfwd[i], sums)
@@ -424,7 +424,7 @@ class ActivationRule(Rule):
         elif walk.free is not None and i in walk.free:
             ln = Lines(ln.cols, walk.free[i], ln.upper, ln.upper_icpt, ln.lower_icpt)
         kernels = graph_kernels()
-        if kernels is not None and L.dtype == np.float64 and ln.stable is None \
+        if kernels is not None and L.dtype in (np.float32, np.float64) and ln.stable is None \
                 and ln.cols.size == L.shape[1]:
             self._back_kernel(gb, i, p, np.ascontiguousarray(L), ln, walk, kernels)
             return
@@ -446,9 +446,10 @@ class ActivationRule(Rule):
         """:meth:`back` in one pass of the kernel ``activation_rows`` (lines on every column,
         per row or shared): the same products, the sums in another order."""
         r, n = L.shape
+        dt = L.dtype  # float32 on a steering pass
 
         def rows2(a):  # (r, n) per row or (1, n) shared; None: 0
-            a = np.zeros(1) if a is None else np.asarray(a, np.float64)
+            a = np.zeros(1, dt) if a is None else np.asarray(a, dt)
             if a.size == 1:
                 return np.full((1, n), float(a.reshape(-1)[0]))
             if a.ndim <= 2 and a.shape[-1] == n and a.size in (n, r * n):
@@ -457,11 +458,11 @@ class ActivationRule(Rule):
 
         keep = walk.tape is not None
         shape = (r, n) if keep else (1, 1)
-        pos, slope, icv = np.empty(shape, bool), np.empty(shape), np.empty(shape)
+        pos, slope, icv = np.empty(shape, bool), np.empty(shape, dt), np.empty(shape, dt)
         extra = None if ln.extra is None else rows2(ln.extra)
-        D, sums = np.empty((r, n)), np.empty((r, 4))
+        D, sums = np.empty((r, n), dt), np.empty((r, 4))
         lines = (rows2(ln.lower), rows2(ln.upper), rows2(ln.lower_icpt), rows2(ln.upper_icpt),
-                 np.zeros((1, 1)) if extra is None else extra)
+                 np.zeros((1, 1), dt) if extra is None else extra)
         kernels.activation_rows(L, lines, extra is not None, gb.absval[p], D, keep,
                                 (pos, slope, icv), sums)
         if extra is not None:  # D = fl(fl(L slope) + extra): two roundings
@@ -761,7 +762,7 @@ class PoolLines:
         c = np.where(use, 0.0, L * self.hi)
         if weights is None:
             Lu = np.where(use, L, 0.0)
-            return (np.ascontiguousarray((self.P @ Lu.T).T), c.sum(axis=-1),
+            return (np.ascontiguousarray((self.P @ Lu.T).T, dtype=_rows_dtype(L)), c.sum(axis=-1),
                     np.abs(c).sum(axis=-1), self.terms)
         r, (m, K) = L.shape[0], self.windows.shape
         w = self.effective(weights)
@@ -773,13 +774,18 @@ class PoolLines:
         Lu = np.where(use, L, 0.0)
         C = (Lu[:, :, None] * w).reshape(r, m * K)
         c = c - Lu * delta * self.ymax
-        D = np.ascontiguousarray((self.Pw @ C.T).T)
+        D = np.ascontiguousarray((self.Pw @ C.T).T, dtype=_rows_dtype(L))
         valid = self.windows >= 0
         aw = np.where(valid, absval_in[np.maximum(self.windows, 0)], 0.0).reshape(-1)
         # each input's coefficient: up to terms_w rounded products summed
         charge = (gamma_n(self.terms_w + 1, U64) * (np.abs(C) @ aw)
                   + TINY64 * self.terms_w * float(absval_in.sum()))
         return D, c.sum(axis=-1), np.abs(c).sum(axis=-1), self.terms_w, charge
+
+
+def _rows_dtype(L):
+    """The dtype rows keep through a step: float32 on a steering pass, else float64."""
+    return np.float32 if L.dtype == np.float32 else np.float64
 
 
 _RULES = [(InputOp, InputRule()), (ActivationOp, ActivationRule()), (MaxPool, PoolRule()),

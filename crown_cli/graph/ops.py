@@ -98,19 +98,19 @@ class Dense(Affine):
         return is_sparse(self.W)
 
     def linear(self, xs):
-        return _right(xs[0], self.W)
+        return _right(xs[0], typed(self, "W", _steer_dtype(xs[0])))
 
     def forward(self, xs):
         y = self.linear(xs)
-        return y if self.bias is None else y + self.bias
+        return y if self.bias is None else y + typed(self, "bias", _steer_dtype(xs[0]))
 
     def forward_abs(self, xs):
         return _right(xs[0], self._absW)
 
     def transpose(self, Lam):
         if self.sparse:  # (W^T Lam^T)^T with W^T in CSR
-            return [np.ascontiguousarray((self._WT @ Lam.T).T)]
-        return [Lam @ self.W]
+            return [np.ascontiguousarray((self._WT @ Lam.T).T, dtype=_steer_dtype(Lam))]
+        return [Lam @ typed(self, "W", _steer_dtype(Lam))]
 
     def transpose_t(self, Lt, idx):
         """The transpose on rows held transposed (a sparse W): ``W^T Lt`` (n_in, r), where
@@ -185,6 +185,23 @@ def _right(x, W):
     if is_sparse(W):
         return np.ascontiguousarray((W @ x.T).T)
     return x @ W.T
+
+
+def typed(op, name: str, dtype):
+    """The array ``op.<name>`` as ``dtype``: itself for float64, else a copy kept on the op
+    (a float32 steering pass's weights and biases, made once)."""
+    a = getattr(op, name)
+    if a is None or np.dtype(dtype) == np.float64 or is_sparse(a):
+        return a
+    cache = op.__dict__.setdefault("_typed", {})
+    if (name, dtype) not in cache:
+        cache[name, dtype] = np.ascontiguousarray(a, dtype)
+    return cache[name, dtype]
+
+
+def _steer_dtype(x):
+    """float32 for a float32 array (a steering pass keeps its dtype), else float64."""
+    return np.float32 if getattr(x, "dtype", None) == np.float32 else np.float64
 
 
 class Conv(Affine):
@@ -299,11 +316,11 @@ class Conv(Affine):
         return out.reshape(N, -1)
 
     def linear(self, xs):
-        return self._conv(xs[0], self.weight)
+        return self._conv(xs[0], typed(self, "weight", _steer_dtype(xs[0])))
 
     def forward(self, xs):
         y = self.linear(xs)
-        return y if self.bias is None else y + self.bias
+        return y if self.bias is None else y + typed(self, "bias", _steer_dtype(xs[0]))
 
     def forward_abs(self, xs):
         if self._abs is None:
@@ -323,12 +340,14 @@ class Conv(Affine):
         kernels = graph_kernels()
         if kernels is None:
             return self._transpose_numpy(Lam)
-        Lam = np.asarray(Lam, np.float64)
+        dt = _steer_dtype(Lam)  # a float32 steering pass stays float32
+        Lam = np.asarray(Lam, dt)
+        weight = typed(self, "weight", dt)
         r, n_in = Lam.shape[0], self.n_in[0]
         nz = Lam != 0.0
         live = np.flatnonzero(np.any(nz, axis=0))
         if np.count_nonzero(nz) < ROW_BY_ROW * r * live.size:  # rows sparse on the union
-            G = kernels.transpose_rows(Lam.reshape((r,) + self.out_shape), self.weight,
+            G = kernels.transpose_rows(Lam.reshape((r,) + self.out_shape), weight,
                                        self.strides, self.dilations, self.pads, self.group,
                                        self.in_shape)
             return [G.reshape(r, -1)]
@@ -336,10 +355,10 @@ class Conv(Affine):
         spatial = np.flatnonzero(hit.reshape(-1))
         targets = (np.arange(self.in_shape[0])[:, None] * hit.size + spatial[None, :]).reshape(-1)
         Gt = self.transpose_t(np.ascontiguousarray(Lam[:, live].T), live, targets,
-                              self.weight, kernels)
+                              weight, kernels)
         if targets.size == n_in:
             return [np.ascontiguousarray(Gt.T)]
-        G = np.zeros((r, n_in))
+        G = np.zeros((r, n_in), dt)
         G[:, targets] = Gt.T
         return [G]
 
@@ -505,7 +524,7 @@ class IndexMap(Affine):
 
     def _gather(self, xs):
         x = xs[0] if len(xs) == 1 else np.concatenate(xs, axis=1)
-        y = np.zeros((x.shape[0], self.size))
+        y = np.zeros((x.shape[0], self.size), _steer_dtype(x))
         y[:, self.valid] = x[:, self.cols]
         return y
 
@@ -514,7 +533,7 @@ class IndexMap(Affine):
 
     def forward(self, xs):
         y = self._gather(xs)
-        return y if self.bias is None else y + self.bias
+        return y if self.bias is None else y + typed(self, "bias", y.dtype)
 
     def forward_abs(self, xs):
         return self._gather(xs)
@@ -522,10 +541,10 @@ class IndexMap(Affine):
     def transpose(self, Lam):
         r = Lam.shape[0]
         if self.unique:
-            g = np.zeros((r, sum(self.n_in)))
+            g = np.zeros((r, sum(self.n_in)), _steer_dtype(Lam))
             g[:, self.cols] = Lam[:, self.valid]
         else:
-            g = np.ascontiguousarray((self._P @ Lam.T).T)
+            g = np.ascontiguousarray((self._P @ Lam.T).T, dtype=_steer_dtype(Lam))
         return _split(g, self.n_in)
 
     def transpose_t(self, Lt, idx):
@@ -569,14 +588,15 @@ class Scale(Affine):
         return xs[0] * self.a
 
     def forward(self, xs):
-        y = xs[0] * self.a
-        return y if self.bias is None else y + self.bias
+        dt = _steer_dtype(xs[0])
+        y = xs[0] * typed(self, "a", dt)
+        return y if self.bias is None else y + typed(self, "bias", dt)
 
     def forward_abs(self, xs):
         return xs[0] * self._abs
 
     def transpose(self, Lam):
-        return [Lam * self.a]
+        return [Lam * typed(self, "a", _steer_dtype(Lam))]
 
     def parameters(self) -> int:
         return int(self.a.size + (0 if self.bias is None else self.bias.size))

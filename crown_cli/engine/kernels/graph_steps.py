@@ -62,7 +62,7 @@ def conv_transpose(L, weight, strides, dilations, pads, group, G):
 def transpose_rows(L, weight, strides, dilations, pads, group, in_shape):
     """The transposed convolution (r, C, H, W) of the rows ``L`` (r, O, OH, OW), row by row
     (for rows sparse within the elements they touch together)."""
-    G = np.zeros((L.shape[0],) + tuple(in_shape))
+    G = np.zeros((L.shape[0],) + tuple(in_shape), L.dtype)
     conv_transpose(np.ascontiguousarray(L), weight, *conv_args(strides, dilations, pads, group),
                    G)
     return G
@@ -116,7 +116,7 @@ def forward_rows(X, weight, strides, dilations, pads, group, out_shape):
     """The convolution (N, O * OH * OW) of the batch ``X`` (N, C, H, W), without bias (the
     batch held transposed inside: :func:`conv_forward_t`)."""
     N = X.shape[0]
-    Yt = np.empty(tuple(out_shape) + (N,))
+    Yt = np.empty(tuple(out_shape) + (N,), np.result_type(X.dtype, weight.dtype))
     conv_forward_t(np.ascontiguousarray(np.moveaxis(X, 0, -1)), weight,
                    *conv_args(strides, dilations, pads, group), Yt)
     return np.ascontiguousarray(Yt.reshape(-1, N).T)
