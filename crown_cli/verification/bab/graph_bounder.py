@@ -18,8 +18,9 @@ counterpart of :class:`~crown_cli.verification.bab.bounder.Bounder`, under the o
   multipliers beta >= 0 (beta-CROWN, Wang et al., NeurIPS 2021) as ``extra`` = -s beta on
   the neuron's input coefficient: the row bounds ``margin + sum_j beta_j s_j z_j`` with
   ``s_j z_j <= 0`` on the domain (s = -1 active, +1 inactive), a lower bound of the margin
-  there for every beta >= 0. Every evaluation is float64 with every rounding charged by the
-  engine, so the search's float32 "steering" evaluation is this same verified bound.
+  there for every beta >= 0. The search's steering evaluations (``dtype`` float32) run the
+  engine's numpy path in float32; its proofs are float64 evaluations with every rounding
+  charged by the engine (as the dense bounder's).
 - The gradient in alpha and beta is :mod:`crown_cli.engine.graph_alpha`'s: a row's bound is
   linear in each coefficient, its derivative the coefficient's node value under the row's
   lines at the row's minimiser over the box (a forward pass of the relaxed graph).
@@ -162,9 +163,10 @@ class GraphBounder(CaseRows):
             np.zeros(idx.size)
             for i, idx, h in zip(self.nodes, self.ucols, self.halves)]).astype(np.float32)
 
-    def lines(self, split, alpha, beta) -> Dict[int, Lines]:
+    def lines(self, split, alpha, beta, dtype=np.float64) -> Dict[int, Lines]:
         """Per split node (ReLU, or smooth: :meth:`_smooth_lines`), the rows' lines:
-        ``split`` (R, nU) int8 per row, ``alpha``, ``beta`` (R, nU) float64."""
+        ``split`` (R, nU) int8 per row, ``alpha``, ``beta`` (R, nU); the ReLU nodes' lines
+        as ``dtype`` (float32 for a steering pass)."""
         out = {}
         R = split.shape[0]
         for k, (i, idx) in enumerate(zip(self.nodes, self.ucols)):
@@ -174,15 +176,15 @@ class GraphBounder(CaseRows):
             if self.halves[k] is not None:
                 out[i] = self._smooth_lines(base, n, idx, sp, self.halves[k])
                 continue
-            lower = np.broadcast_to(np.asarray(base.lower, np.float64), (R, n)).copy()
-            upper = np.broadcast_to(np.asarray(base.upper, np.float64), (R, n)).copy()
-            ui = np.zeros((R, n)) if base.upper_icpt is None else \
-                np.broadcast_to(np.asarray(base.upper_icpt, np.float64), (R, n)).copy()
+            lower = np.broadcast_to(np.asarray(base.lower, dtype), (R, n)).copy()
+            upper = np.broadcast_to(np.asarray(base.upper, dtype), (R, n)).copy()
+            ui = np.zeros((R, n), dtype) if base.upper_icpt is None else \
+                np.broadcast_to(np.asarray(base.upper_icpt, dtype), (R, n)).copy()
             fixed = np.where(sp > 0, 1.0, 0.0)
             lower[:, idx] = np.where(sp == 0, alpha[:, o0:o1], fixed)
             upper[:, idx] = np.where(sp == 0, upper[:, idx], fixed)
             ui[:, idx] = np.where(sp == 0, ui[:, idx], 0.0)
-            extra = np.zeros((R, n))
+            extra = np.zeros((R, n), dtype)
             extra[:, idx] = -sp * beta[:, o0:o1]
             out[i] = Lines(base.cols, lower, upper, upper_icpt=ui, extra=extra)
         return out
@@ -206,8 +208,10 @@ class GraphBounder(CaseRows):
 
     def evaluate(self, split, alpha, beta, dtype=np.float64, keep=False, charge=None,
                  chords=None, rows=None):
-        """Verified float64 lower bounds of ``A_i f(x) - b_up_i`` on the subdomains, (B, m)
-        (NaN as -inf), whatever ``dtype`` asks. ``split`` (B, nU) int8; ``alpha``, ``beta``
+        """Lower bounds of ``A_i f(x) - b_up_i`` on the subdomains, (B, m) (NaN as -inf):
+        verified float64 ones, or with ``dtype`` float32 the engine's float32 steering
+        estimate (not verified: the search checks a domain's proof in float64; the dense
+        bounder's contract). ``split`` (B, nU) int8; ``alpha``, ``beta``
         (B, m, nU), used as given (the caller clips them); ``rows`` (B,): only that row of
         each domain (alpha, beta (B, 1, nU)), (B, 1). ``keep``: also the state of
         :meth:`gradient`, :meth:`corners` and the branching scores: (per node the tape entry
@@ -219,8 +223,10 @@ class GraphBounder(CaseRows):
         B, m = split.shape[0], (self.m if rows is None else 1)
         N = B * m
         sp = np.repeat(split, m, axis=0) if m > 1 else split
-        al = alpha.reshape(N, self.nU).astype(np.float64)
-        be = beta.reshape(N, self.nU).astype(np.float64)
+        steer = np.float32 if dtype == np.float32 else None
+        dt = np.float64 if steer is None else steer
+        al = alpha.reshape(N, self.nU).astype(dt)
+        be = beta.reshape(N, self.nU).astype(dt)
         if rows is None:
             Lam, b_up = np.tile(self.A, (B, 1)), np.tile(self.b_up, B)
         else:
@@ -229,7 +235,7 @@ class GraphBounder(CaseRows):
         free = {i: (np.tile(v, (B, 1)) if rows is None else v[rows])
                 for i, v in self.mixes.items()} or None
         val = self.gb.lower(self.graph.output, Lam, free=free, tape=tape,
-                            lines=self.lines(sp, al, be))
+                            lines=self.lines(sp, al, be, dt), steer=steer)
         out = np.where(np.isnan(val), -np.inf, val - b_up).reshape(B, m)
         if not keep:
             return out
@@ -245,7 +251,8 @@ class GraphBounder(CaseRows):
         split ones a beta gradient)."""
         _, Lx, sp, _, tape = state
         g = self.graph
-        vals = _relaxed_forward(self.gb, g.output, _minimiser(self.gb, Lx), tape)
+        x = _minimiser(self.gb, Lx).astype(Lx.dtype, copy=False)  # float32 when steering
+        vals = _relaxed_forward(self.gb, g.output, x, tape)
         gA, gB = np.zeros((Lx.shape[0], self.nU)), np.zeros((Lx.shape[0], self.nU))
         for k, (i, idx) in enumerate(zip(self.nodes, self.ucols)):
             if tape.get(i) is None:
