@@ -139,7 +139,7 @@ def bab_worker(n_boxes):
     """The bab case: batched bounds per second on a random ACAS-shaped net."""
     import numpy as np
 
-    bab = _module("crown_cli.bab", "crown_cli.engine.batched")
+    bab = _module("crown_cli.bab", "crown_cli.engine.batched", "crown_cli.engine.dense_boxes")
 
     weights, biases = random_mlp([5] + [50] * 6 + [5], 0)
     net = bab.BatchNet(weights, biases)
@@ -446,7 +446,7 @@ def worker(case, n_images, check, seconds=30.0, vnncomp=None):
     if case in ("bab-relu", "bab-relu-joint"):
         return bab_relu_worker(seconds, vnncomp, joint=case == "bab-relu-joint")
 
-    crown = _module("crown_cli.crown", "crown_cli.engine.backsub")
+    crown = _module("crown_cli.crown", "crown_cli.engine.backsub", "crown_cli.engine.dense_crown")
     Certifier = _module("crown_cli.certify", "crown_cli.certification.certifier").Certifier
     load_images = _module("crown_cli.images", "crown_cli.io.images").load_images
     load_model = _module("crown_cli.model_io", "crown_cli.io.models").load_model

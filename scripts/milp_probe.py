@@ -4,7 +4,7 @@ it).
 
 For each chosen instance (its first input box and its first output row ``A y <= b``) this
 builds the big-M MILP of the network over the box, with every hidden neuron's bounds from
-the engine's batched CROWN (:func:`crown_cli.engine.batched.batch_lower_bounds`), and
+the engine's batched CROWN (:func:`crown_cli.engine.dense_boxes.batch_lower_bounds`), and
 minimises ``A_0 y - b_0``: above 0 means the property most likely holds. It prints the
 minimum, HiGHS's dual bound, its node count and the time, single-threaded.
 
@@ -24,7 +24,7 @@ import numpy as np
 from scipy.optimize import Bounds, LinearConstraint, milp
 from scipy.sparse import lil_matrix
 
-from crown_cli.engine.batched import BatchNet, batch_lower_bounds
+from crown_cli.engine.dense_boxes import BatchNet, batch_lower_bounds
 from crown_cli.io.networks import load_network
 from crown_cli.io.vnnlib import parse_vnnlib
 

@@ -1,7 +1,7 @@
 """Independent oracles for testing the CROWN engine: random networks, ball sampling, a PGD
 attack and exact MILP solutions for ReLU networks.
 
-Nothing here imports the bound engine (``crown_cli.engine.backsub`` / ``crown_cli.certification.certifier``): the
+Nothing here imports the bound engine (``crown_cli.engine.dense_crown`` / ``crown_cli.certification.certifier``): the
 oracles must stay independent of the code they check. Conventions follow the engine:
 ``weights[k]`` has shape (outputs, inputs), ``biases[k]`` shape (outputs,), the activation is
 applied after every layer but the last, inputs are float64 vectors of length d, and a

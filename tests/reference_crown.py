@@ -1,7 +1,7 @@
 """A slow, plain-numpy twin of the CROWN engine, used only by the tests.
 
 It follows Theorem 3.2 literally with dense matrices: no column skipping, no shared chains,
-no floating-point widening. Its results must match crown_cli.engine.backsub to rounding.
+no floating-point widening. Its results must match crown_cli.engine.dense_crown to rounding.
 """
 import numpy as np
 

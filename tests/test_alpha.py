@@ -22,7 +22,7 @@ from conftest import model_path
 from crown_cli.engine.alpha_crown import AlphaBounds, LayerRelax, chain, chain_backward
 from crown_cli.certification.certifier import Certifier
 from crown_cli.cli import cli
-from crown_cli.engine.backsub import Network, first_layer_center, margin_lower_bound
+from crown_cli.engine.dense_crown import Network, first_layer_center, margin_lower_bound
 from crown_cli.engine.input_sets import Box
 from crown_cli.errors import InputError
 from crown_cli.io.images import load_images
@@ -155,7 +155,7 @@ def test_crown_slopes_give_crowns_bound(sizes, seed, leak, norm):
     ab = AlphaBounds(net, rf, leak, xc, q, C, store_dtype=np.float64)  # NaN: CROWN's slopes
     ours = ab.evaluate(eps, np.float64)
     ref = margin_lower_bound(net, xc, eps, q, rf, C)
-    # engine/backsub.py widens by 2**-32 of the magnitude sums; the unwidened float64 value agrees
+    # engine/dense_crown.py widens by 2**-32 of the magnitude sums; the unwidened float64 value agrees
     assert np.allclose(ours, ref, rtol=1e-8, atol=1e-8), (ours, ref)
     ver = ab.evaluate(eps, verify=True)
     assert np.all(ver <= ours + 1e-12) and np.all(ver >= ref)  # max(alpha, crown), widened

@@ -26,7 +26,7 @@ from scipy.special import expit
 from crown_cli.engine.alpha_crown import AlphaBounds, SmoothRelax, chain, chain_backward
 from crown_cli.activations import apply_activation, forward
 from crown_cli.certification.certifier import Certifier
-from crown_cli.engine.backsub import Network, first_layer_center, margin_lower_bound
+from crown_cli.engine.dense_crown import Network, first_layer_center, margin_lower_bound
 from crown_cli.errors import InputError
 from crown_cli.io.images import load_images
 from crown_cli.engine.relaxations import get_relaxation
@@ -300,7 +300,7 @@ def test_chain_gradient_through_layers_matches_finite_differences(act):
     weights, biases, x0, C, rf, rng = _setup(act, [5, 10, 9, 8, 3], 2)
     net = Network(weights, biases)
     eps = 0.5
-    from crown_cli.engine.backsub import hidden_layer_bounds
+    from crown_cli.engine.dense_crown import hidden_layer_bounds
 
     bounds, _ = hidden_layer_bounds(net, x0, eps, 0, rf)
     relax = [_relax(act, *bounds[0]), _relax(act, *bounds[1])]

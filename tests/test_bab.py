@@ -5,9 +5,9 @@ import time
 import numpy as np
 import pytest
 
-from crown_cli.engine import batched
+from crown_cli.engine import dense_boxes
 from crown_cli.verification.bab import input_split as bab
-from crown_cli.engine import backsub as crown
+from crown_cli.engine import dense_crown as crown
 from crown_cli.engine.input_sets import Box
 from crown_cli.engine.kernels import using_kernels
 from crown_cli.engine.relaxations import get_relaxation
@@ -30,7 +30,7 @@ def test_batch_equals_engine_per_box(activation, alpha, seed):
     ws, bs = random_mlp([d, 16, 12, 16, 5], seed)
     lo, hi = random_boxes(rng, 9, d)
     A = rng.standard_normal((3, 5))
-    lb, info = batched.batch_lower_bounds(batched.BatchNet(ws, bs, activation, alpha), lo, hi, A)
+    lb, info = dense_boxes.batch_lower_bounds(dense_boxes.BatchNet(ws, bs, activation, alpha), lo, hi, A)
     assert lb.shape == (9, 3) and info["Lam"].shape == (9, 3, d)
     net = crown.Network(ws, bs)
     relax = get_relaxation(activation, "crown", alpha)
@@ -51,7 +51,7 @@ def test_batch_sound_on_samples_and_linear_bound(activation, alpha, skip_stable)
     lo, hi = random_boxes(rng, 12, 5)
     hi[6:] = lo[6:] + 0.02 * (hi[6:] - lo[6:])  # small boxes: most neurons stable
     A = rng.standard_normal((4, 4))
-    lb, info = batched.batch_lower_bounds(batched.BatchNet(ws, bs, activation, alpha), lo, hi, A,
+    lb, info = dense_boxes.batch_lower_bounds(dense_boxes.BatchNet(ws, bs, activation, alpha), lo, hi, A,
                                           skip_stable=skip_stable)
     if skip_stable:  # the hidden bounds hold too, and every layer's rows are sampled
         X = np.concatenate([rng.uniform(lo[j], hi[j], (500, 5)) for j in range(12)])
@@ -80,8 +80,8 @@ def test_batch_is_independent_of_batch_composition():
     ws, bs = random_mlp([4, 10, 10, 3], 7)
     lo, hi = random_boxes(rng, 6, 4)
     A = np.array([[1.0, -1.0, 0.0], [0.0, 1.0, -1.0]])
-    lb, _ = batched.batch_lower_bounds(batched.BatchNet(ws, bs), lo, hi, A)
-    lb2, _ = batched.batch_lower_bounds(batched.BatchNet(ws, bs), lo[3:4], hi[3:4], A)
+    lb, _ = dense_boxes.batch_lower_bounds(dense_boxes.BatchNet(ws, bs), lo, hi, A)
+    lb2, _ = dense_boxes.batch_lower_bounds(dense_boxes.BatchNet(ws, bs), lo[3:4], hi[3:4], A)
     np.testing.assert_allclose(lb[3], lb2[0], rtol=1e-12)
 
 
@@ -93,8 +93,8 @@ def test_skip_stable_sound_and_rarely_looser():
     lo, hi = random_boxes(rng, 40, 5, degenerate=False)
     hi = lo + 0.05 * (hi - lo)
     A = np.array([[1.0, -1.0, 0.0], [0.0, 1.0, -1.0]])
-    full, _ = batched.batch_lower_bounds(batched.BatchNet(ws, bs), lo, hi, A)
-    skip, _ = batched.batch_lower_bounds(batched.BatchNet(ws, bs), lo, hi, A, skip_stable=True)
+    full, _ = dense_boxes.batch_lower_bounds(dense_boxes.BatchNet(ws, bs), lo, hi, A)
+    skip, _ = dense_boxes.batch_lower_bounds(dense_boxes.BatchNet(ws, bs), lo, hi, A, skip_stable=True)
     assert np.mean(skip >= full - 1e-9 * (1 + np.abs(full))) > 0.9
     for j in range(40):
         X = rng.uniform(lo[j], hi[j], (300, 5))
@@ -106,11 +106,11 @@ def test_parent_bounds_only_tighten():
     ws, bs = random_mlp([3, 12, 12, 12, 2], 8)
     lo, hi = random_boxes(rng, 5, 3, degenerate=False)
     A = np.array([[1.0, -1.0]])
-    lb, info = batched.batch_lower_bounds(batched.BatchNet(ws, bs), lo, hi, A)
+    lb, info = dense_boxes.batch_lower_bounds(dense_boxes.BatchNet(ws, bs), lo, hi, A)
     mid = 0.5 * lo + 0.5 * hi
-    lbc, infoc = batched.batch_lower_bounds(batched.BatchNet(ws, bs), lo, mid, A,
+    lbc, infoc = dense_boxes.batch_lower_bounds(dense_boxes.BatchNet(ws, bs), lo, mid, A,
                                             parent_bounds=info["bounds"])
-    lbn, _ = batched.batch_lower_bounds(batched.BatchNet(ws, bs), lo, mid, A)
+    lbn, _ = dense_boxes.batch_lower_bounds(dense_boxes.BatchNet(ws, bs), lo, mid, A)
     for (pl, pu), (cl, cu) in zip(info["bounds"], infoc["bounds"]):
         assert np.all(cl >= pl) and np.all(cu <= pu)
     X = rng.uniform(lo[0], mid[0], (2000, 3))
@@ -151,12 +151,12 @@ def test_alpha_row_bound_between_crown_lp_and_samples(seed):
     lo, hi = random_boxes(rng, 10, d, degenerate=False)
     hi = lo + 0.3 * (hi - lo)
     A = rng.standard_normal((3, 4))
-    net = batched.BatchNet(ws, bs)
-    lb, info = batched.batch_lower_bounds(net, lo, hi, A, skip_stable=True)
+    net = dense_boxes.BatchNet(ws, bs)
+    lb, info = dense_boxes.batch_lower_bounds(net, lo, hi, A, skip_stable=True)
     gains, lps = [], []
     for i in range(A.shape[0]):
         rows = np.full(10, i)
-        la, lam, relax = batched.alpha_row_bound(net, info, lo, hi, A, rows, iters=20)
+        la, lam, relax = dense_boxes.alpha_row_bound(net, info, lo, hi, A, rows, iters=20)
         assert la.shape == (10,) and lam.shape == (10, d)
         assert np.all(la >= lb[:, i] - 1e-9 * (1.0 + np.abs(lb[:, i])))
         gains.append(la - lb[:, i])
@@ -186,11 +186,11 @@ def test_alpha_row_bound_covers_the_exact_value_of_its_own_slopes():
     lo = rng.uniform(-0.5, 0.5, (6, 5))
     hi = lo + rng.uniform(0.05, 0.4, (6, 5))
     A = rng.normal(size=(2, 3))
-    net = batched.BatchNet(W, b)
-    _, info = batched.batch_lower_bounds(net, lo, hi, A)
+    net = dense_boxes.BatchNet(W, b)
+    _, info = dense_boxes.batch_lower_bounds(net, lo, hi, A)
     fractional = 0
     for i in range(2):
-        la, _, relax = batched.alpha_row_bound(net, info, lo, hi, A, np.full(6, i), iters=15)
+        la, _, relax = dense_boxes.alpha_row_bound(net, info, lo, hi, A, np.full(6, i), iters=15)
         Wf = [[F(float(v)) for v in row] for row in W[-1]]
         lam = [sum(F(float(a)) * w for a, w in zip(A[i], col)) for col in zip(*Wf)]
         const = sum(F(float(a)) * F(float(v)) for a, v in zip(A[i], b[-1]))
@@ -359,10 +359,10 @@ def test_numba_and_numpy_scaling_agree():
     A = rng.standard_normal((2, 3))
     for activation, alpha in (("relu", None), ("leaky_relu", 0.3)):
         with using_kernels("numba"):
-            a, ia = batched.batch_lower_bounds(batched.BatchNet(ws, bs, activation, alpha), lo,
+            a, ia = dense_boxes.batch_lower_bounds(dense_boxes.BatchNet(ws, bs, activation, alpha), lo,
                                                hi, A)
         with using_kernels("numpy"):
-            b, ib = batched.batch_lower_bounds(batched.BatchNet(ws, bs, activation, alpha), lo,
+            b, ib = dense_boxes.batch_lower_bounds(dense_boxes.BatchNet(ws, bs, activation, alpha), lo,
                                                hi, A)
         np.testing.assert_allclose(a, b, rtol=1e-12, atol=1e-12)
         np.testing.assert_allclose(ia["Lam"], ib["Lam"], rtol=1e-12, atol=1e-12)
@@ -374,7 +374,7 @@ def test_batched_bounds_charge_product_rounding_on_cancelling_networks():
     final sums' magnitude alone misses; every box of the batch is checked."""
     from fractions import Fraction as F
 
-    from crown_cli.engine import backsub as crown
+    from crown_cli.engine import dense_crown as crown
     from crown_cli.engine.relaxations import get_relaxation
     from test_fp64_rounding import InputSet, _exact_stable, cancelling_network, exact_chain
 
@@ -383,7 +383,7 @@ def test_batched_bounds_charge_product_rounding_on_cancelling_networks():
         W, b, x0, eps, w = cancelling_network(seed)
         los = np.array([x0 - eps, x0 - 0.5 * eps, x0])
         his = np.array([x0 + 0.5 * eps, x0 + eps, x0 + eps])
-        lb, _ = batched.batch_lower_bounds(batched.BatchNet(W, b), los, his, np.array([[1.0]]))
+        lb, _ = dense_boxes.batch_lower_bounds(dense_boxes.BatchNet(W, b), los, his, np.array([[1.0]]))
         for j in range(3):
             S = InputSet(x0, box=Box(los[j], his[j]))
             net = crown.Network(W, b)

@@ -9,7 +9,7 @@ import pytest
 from conftest import slow_if
 from crown_cli.verification.bab import domain_bounds, relu_split as bab_relu
 from crown_cli.verification.outcome import violations
-from crown_cli.engine import backsub as crown
+from crown_cli.engine import dense_crown as crown
 from crown_cli.engine.input_sets import Box
 from crown_cli.engine.kernels import using_kernels
 from crown_cli.engine.relaxations import get_relaxation
@@ -291,7 +291,7 @@ def test_float64_bound_charges_product_rounding_on_cancelling_networks():
     sums' allowance alone misses."""
     from fractions import Fraction as F
 
-    from crown_cli.engine import backsub as crown
+    from crown_cli.engine import dense_crown as crown
     from crown_cli.engine.relaxations import get_relaxation
     from test_fp64_rounding import InputSet, _exact_stable, cancelling_network, exact_chain
 

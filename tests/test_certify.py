@@ -55,7 +55,7 @@ def test_untargeted_is_the_minimum_over_targets():
 def _float32_vs_float64(W, b, x0, eps, norm):
     """Per hidden layer k >= 1: its bounds computed in float32 with their rounding bound, and
     in float64 from the same (float32-built) relaxations of layers < k."""
-    from crown_cli.engine.backsub import back_substitute, hidden_layer_bounds
+    from crown_cli.engine.dense_crown import back_substitute, hidden_layer_bounds
     from crown_cli.engine.input_sets import NORMS
 
     cert = Certifier(W, b, "relu", norm=norm)
@@ -99,7 +99,7 @@ def test_float32_rounding_bound_stays_small_through_depth():
 
 @pytest.mark.parametrize("model", ["mnist_3x20.h5", "random4", "random7"])
 def test_verification_reuses_rigorously_stable_float32_neurons(mnist100, model):
-    from crown_cli.engine.backsub import hidden_layer_bounds, margin_lower_bound
+    from crown_cli.engine.dense_crown import hidden_layer_bounds, margin_lower_bound
     from crown_cli.engine.stability import StableFromFloat32
 
     if model == "random4":

@@ -1,9 +1,9 @@
-"""The batched back-substitution step (crown_cli.engine.chain) against a plain-loop twin:
+"""The batched back-substitution step (crown_cli.engine.batch_steps) against a plain-loop twin:
 every coefficient's side, slope, intercept and split term, and the sums a step adds."""
 import numpy as np
 import pytest
 
-from crown_cli.engine.chain import Lines, Rows, relax
+from crown_cli.engine.batch_steps import Lines, Rows, relax
 
 
 def _loop_relax(Lam, cols, stable, lower, upper, upper_icpt, lower_icpt, extra):

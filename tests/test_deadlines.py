@@ -168,7 +168,7 @@ def test_dense_alpha_steps_leave_time_for_the_verified_evaluation(monkeypatch):
     reserved, 5 with none. The verifier's alpha-crown stage where not even its first step
     fits (the crown stage took 1000 s) is -inf without a step."""
     from crown_cli.engine import alpha_crown
-    from crown_cli.engine.backsub import first_layer_center
+    from crown_cli.engine.dense_crown import first_layer_center
     from crown_cli.verification.pipeline import Verifier
     from oracles import random_mlp
 

@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 
 from conftest import random_network
-from crown_cli.engine import backsub as crown
+from crown_cli.engine import dense_crown as crown
 from crown_cli.engine.input_sets import Box, NORMS, input_abs_bound
 from crown_cli.engine.rounding import FP_RTOL, final_sum_rtol, rounding_weights
 from crown_cli.engine.kernels import KERNELS, using_kernels

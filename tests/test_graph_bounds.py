@@ -1,6 +1,6 @@
 """CROWN on graphs (crown_cli.engine.graph_bounds): (a) sound on random small graphs of every
 operator kind, by sampling inside l_inf, l_2, l_1 balls and boxes (vertices included);
-(b) on a plain dense chain, the same bounds as the dense engine (crown_cli.engine.backsub);
+(b) on a plain dense chain, the same bounds as the dense engine (crown_cli.engine.dense_crown);
 (c) a convolution's bound equals the bound of the same network with the convolution written
 as its dense matrix; intermediate bounds, several consumers, MaxPool refused."""
 import os
@@ -10,7 +10,7 @@ import pytest
 
 import onnx
 
-from crown_cli.engine import backsub
+from crown_cli.engine import dense_crown
 from crown_cli.engine.graph_bounds import GraphBounds, graph_bounds
 from crown_cli.engine.input_sets import Box
 from crown_cli.engine.relaxations import get_relaxation
@@ -84,19 +84,19 @@ def test_sound_on_a_box(tmp_path, kind):
 @pytest.mark.parametrize("act", ["Relu", "Tanh", "Sigmoid"])
 @pytest.mark.parametrize("norm", ["inf", "2", "1"])
 def test_dense_chain_equals_dense_engine(tmp_path, act, norm):
-    """The graph of a Gemm chain bounds like crown_cli.engine.backsub (its hidden-layer
+    """The graph of a Gemm chain bounds like crown_cli.engine.dense_crown (its hidden-layer
     bounds and the margins' lower bounds, to 1e-9 relative)."""
     path = os.path.join(str(tmp_path), "chain.onnx")
     onnx.save(BUILDERS["dense"](np.random.default_rng(7), sizes=(6, 12, 10, 9, 4), act=act), path)
     g = load_graph(path)
     dense = [n.op for n in g.nodes if isinstance(n.op, Dense)]
-    net = backsub.Network([d.W for d in dense], [d.bias for d in dense])
+    net = dense_crown.Network([d.W for d in dense], [d.bias for d in dense])
     rng = np.random.default_rng(8)
     x0 = rng.uniform(-1, 1, 6)
     eps, q = 0.3, QCODES[norm]
     relax_fn = get_relaxation(act.lower(), "crown")
     C = np.eye(4)[[0, 0, 0]] - np.eye(4)[[1, 2, 3]]
-    want, hidden = backsub.margin_lower_bound(net, x0, eps, q, relax_fn, C, return_bounds=True)
+    want, hidden = dense_crown.margin_lower_bound(net, x0, eps, q, relax_fn, C, return_bounds=True)
     gb = GraphBounds(g, x0, eps, q, ibp=False)
     got = gb.bounds(C)[0]
     np.testing.assert_allclose(got, want, rtol=1e-9, atol=1e-12)
@@ -278,7 +278,7 @@ def test_acasxu_graph_equals_dense_engine():
     assert g.is_chain() and len(g.activations()) == 6
     box = Box(np.array([0.6, -0.5, -0.5, 0.45, -0.5]), np.array([0.68, 0.5, 0.5, 0.5, -0.45]))
     C = np.eye(5)[[0, 0, 0, 0]] - np.eye(5)[[1, 2, 3, 4]]
-    want = backsub.margin_lower_bound(backsub.Network(mlp.weights, mlp.biases), *box.args(),
+    want = dense_crown.margin_lower_bound(dense_crown.Network(mlp.weights, mlp.biases), *box.args(),
                                       get_relaxation("relu", "crown"), C)
     got = GraphBounds(g, *box.args(), ibp=False).bounds(C)[0]
     np.testing.assert_allclose(got, want, rtol=1e-9)
@@ -297,7 +297,7 @@ def test_split_multipliers_rounding_charged_against_exact_arithmetic():
     rows' magnitude before the cancellation; the extra's own charge is a margin on top.)"""
     from fractions import Fraction as F
 
-    from crown_cli.engine.chain import Lines
+    from crown_cli.engine.batch_steps import Lines
     from crown_cli.engine.graph_bounds import GraphBounds
 
     for seed in range(30):

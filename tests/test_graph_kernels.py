@@ -298,7 +298,7 @@ def test_rows_with_any_lines_kernels_equal_numpy(tmp_path, kind):
     the tape of a gradient) under the numba kernels (row-major kernels affine_terms_rows,
     add_rows, activation_rows) against the numpy expressions: the constant, magnitude and
     rounding charge of each row, the rows over the input and every tape entry."""
-    from crown_cli.engine.chain import Lines
+    from crown_cli.engine.batch_steps import Lines
     from test_graph_bounds import _graph
 
     g = _graph(tmp_path, kind, seed=4)

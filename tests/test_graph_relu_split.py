@@ -301,7 +301,7 @@ def test_split_multiplier_cancelling_a_rounded_product_is_charged():
     (without it the bound is -1e-300)."""
     from fractions import Fraction as F
 
-    from crown_cli.engine.chain import Lines
+    from crown_cli.engine.batch_steps import Lines
     from crown_cli.graph.network import Graph, Node
     from crown_cli.graph.ops import ActivationOp, Dense, InputOp
 

@@ -3,7 +3,7 @@ import numpy as np
 import pytest
 
 from conftest import random_network
-from crown_cli.engine import backsub as crown
+from crown_cli.engine import dense_crown as crown
 from crown_cli.engine.input_sets import Box, NORMS
 from crown_cli.activations import forward
 from crown_cli.engine.relaxations import get_relaxation

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from conftest import random_network
-from crown_cli.engine import backsub as crown
+from crown_cli.engine import dense_crown as crown
 from crown_cli.engine.kernels import KERNELS, kernels, kernels_backend, set_kernels, using_kernels
 from crown_cli.engine.kernels import backsub as nb
 from crown_cli.engine.kernels import backsub_numpy as vn

@@ -17,7 +17,7 @@ from click.testing import CliRunner
 from conftest import model_path, slow_if
 from crown_cli.certification.certifier import Certifier
 from crown_cli.cli import cli
-from crown_cli.engine.backsub import Network
+from crown_cli.engine.dense_crown import Network
 from crown_cli.errors import InputError
 from crown_cli.io.images import load_images
 from crown_cli.certification.methods import bind_method, names
@@ -28,7 +28,7 @@ from crown_cli.certification.methods.lp_full import Polytope, lp_full_lower_boun
 from crown_cli.certification.methods.op_norm import lipschitz_bounds, op_norm_radius
 from crown_cli.io.models import load_model
 from crown_cli.engine.relaxations import get_relaxation
-from crown_cli.engine.backsub import hidden_layer_bounds
+from crown_cli.engine.dense_crown import hidden_layer_bounds
 from oracles import (
     _margin_and_grad,
     exact_margin_min,

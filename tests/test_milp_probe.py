@@ -6,7 +6,7 @@ import os
 import numpy as np
 
 from conftest import ROOT
-from crown_cli.engine.batched import BatchNet, batch_lower_bounds
+from crown_cli.engine.dense_boxes import BatchNet, batch_lower_bounds
 from oracles import mlp_forward, random_mlp
 
 

@@ -7,7 +7,7 @@ from click.testing import CliRunner
 from conftest import model_path
 from crown_cli.certification.certifier import Certifier
 from crown_cli.cli import cli
-from crown_cli.engine.backsub import Network, margin_lower_bound
+from crown_cli.engine.dense_crown import Network, margin_lower_bound
 from crown_cli.engine.input_sets import NORMS
 from crown_cli.certification.methods.quad import (FirstLayer, MarginRows, QuadBound, Quadratic,
                                                   crown_quad_lower_bound, linear_certificate,

@@ -8,7 +8,7 @@ import onnx
 import pytest
 
 from conftest import random_network
-from crown_cli.engine import backsub as crown
+from crown_cli.engine import dense_crown as crown
 from crown_cli.engine.input_sets import Box
 from crown_cli.activations import forward
 from crown_cli.engine.relaxations import get_relaxation

@@ -15,7 +15,7 @@ from typing import Optional, Sequence
 import numpy as np
 
 from crown_cli.activations import ACTIVATIONS, apply_activation, default_alpha, derivative, forward, supporting
-from crown_cli.engine.backsub import Network, first_layer_center, margin_lower_bound
+from crown_cli.engine.dense_crown import Network, first_layer_center, margin_lower_bound
 from crown_cli.engine.input_sets import NORMS
 from crown_cli.engine.kernels import kernels_backend
 from crown_cli.errors import InputError

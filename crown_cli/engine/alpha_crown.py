@@ -14,7 +14,7 @@ what :func:`chain_backward` needs to return the gradient of ``w . lower`` with r
 slopes and to each layer's (l, u) (through the chord). :class:`AlphaBounds` runs all
 intermediate layers and the margin for one image (jointly: the margin's gradient flows into
 the intermediate bounds through the chords), keeps the slopes across radii (warm start), and
-evaluates in float32 (steering) or float64 (sound, widened like engine/backsub.py plus the charged
+evaluates in float32 (steering) or float64 (sound, widened like engine/dense_crown.py plus the charged
 rounding of every step).
 
 tanh, sigmoid and arctan (:class:`SmoothRelax`): the free variable of a (row, neuron) is the
@@ -37,8 +37,8 @@ import numpy as np
 from crown_cli.activations import ACTIVATIONS
 from crown_cli.engine.deadline import check_deadline
 from crown_cli.engine.optim import AdamSettings, KeyedAdam
-from crown_cli.engine.backsub import Network, _mm, back_substitute, first_layer_center, hidden_layer_bounds
-from crown_cli.engine.chain import Rows
+from crown_cli.engine.dense_crown import Network, _mm, back_substitute, first_layer_center, hidden_layer_bounds
+from crown_cli.engine.batch_steps import Rows
 from crown_cli.engine.input_sets import Box, input_terms
 from crown_cli.engine.rounding import ERR_SAFETY, widen as _widen, rounding_weights
 
@@ -46,7 +46,7 @@ U64 = 2.0 ** -53  # unit roundoff of float64
 
 
 def first_bounds(net: Network, x0, eps, qcode, first=None):
-    """Bounds of the first hidden layer's pre-activations (closed form, as engine/backsub.py)."""
+    """Bounds of the first hidden layer's pre-activations (closed form, as engine/dense_crown.py)."""
     center, cmag = first_layer_center(net, x0) if first is None else first
     n1 = net.first_layer_norms(qcode)
     mag = cmag + eps * n1

@@ -16,7 +16,7 @@ back to the input and x* its minimiser over the input set; its derivative in the
 of neuron j of an activation node is ``L_j z_j(x*)`` where ``L_j >= 0`` is the coefficient the
 row reached that neuron with and ``z_j(x*)`` the neuron's input under the lines the row
 chose below it (a forward pass of the relaxed network at x*). That is the dense engine's
-last-layer steering (:func:`crown_cli.engine.batched.alpha_row_bound`) on a graph. The
+last-layer steering (:func:`crown_cli.engine.dense_boxes.alpha_row_bound`) on a graph. The
 intermediate bounds are optimised the same way when the :class:`GraphBounds` is built with
 ``intermediate="alpha"`` (each unstable neuron's rows ``z_j`` and ``-z_j``).
 

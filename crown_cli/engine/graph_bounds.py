@@ -9,7 +9,7 @@ kind's rule (:mod:`crown_cli.engine.node_rules`, one class per kind) takes them 
   ``Lam A_j`` (:meth:`transpose` of the operation: a transposed convolution, a scatter-add,
   a sparse product, never a dense matrix of a convolution);
 - an activation node ``a = act(z)``: its linear relaxation (:mod:`crown_cli.engine.relaxations`,
-  chosen per row by sign through :func:`crown_cli.engine.chain.relax`), the intercepts go to
+  chosen per row by sign through :func:`crown_cli.engine.batch_steps.relax`), the intercepts go to
   ``const`` and ``D = Lam * slope`` to z;
 - a max pool: per window, ``y >= x_k*`` (k* the input with the largest lower bound) for
   rows >= 0, ``y <= max_k u_k`` for rows < 0, ``y = x_k*`` when k* dominates the window
@@ -52,7 +52,7 @@ from typing import Dict, List, Optional, Tuple
 
 import numpy as np
 
-from crown_cli.engine.chain import Lines
+from crown_cli.engine.batch_steps import Lines
 from crown_cli.engine.deadline import check_deadline
 from crown_cli.engine.graph_rows import InputRows, fused_rows, unit_windows
 from crown_cli.engine.input_sets import Box, input_terms

@@ -31,7 +31,7 @@ from typing import Tuple
 
 import numpy as np
 
-from crown_cli.engine.chain import Lines
+from crown_cli.engine.batch_steps import Lines
 from crown_cli.engine.deadline import check_deadline
 from crown_cli.engine.input_sets import box_lower, input_abs_bound
 from crown_cli.engine.rounding import TINY64, U64, gamma_n, sum_rtol

@@ -30,7 +30,7 @@ from typing import Optional, Tuple
 
 import numpy as np
 
-from crown_cli.engine.chain import Lines, relax
+from crown_cli.engine.batch_steps import Lines, relax
 from crown_cli.engine.graph_rows import (Win, _bias, _fits, _full, _image, _lines, _take,
                                          _transpose, _typed, _weight)
 from crown_cli.engine.input_sets import Box

@@ -2,7 +2,7 @@
 
 Every loop that optimises relaxation parameters (alpha-CROWN's slopes and tangent points in
 :mod:`crown_cli.engine.alpha_crown`, input splitting's last-layer slopes in
-:mod:`crown_cli.engine.batched`, ReLU splitting's slopes and split multipliers in
+:mod:`crown_cli.engine.dense_boxes`, ReLU splitting's slopes and split multipliers in
 :mod:`crown_cli.verification.bab.optimise`) takes its steps here. Nothing here proves: the
 objective is a float32 (or unchecked float64) estimate that steers; callers evaluate the best
 iterate in float64 before anything is reported.

@@ -29,7 +29,7 @@ from typing import Callable, List, Optional, Tuple
 
 import numpy as np
 
-from crown_cli.engine.backsub import Network
+from crown_cli.engine.dense_crown import Network
 from crown_cli.engine.rounding import widen as _widen
 
 Bounds = List[Tuple[np.ndarray, np.ndarray]]
@@ -53,13 +53,13 @@ def relaxation_valid(lg: np.ndarray, ug: np.ndarray, lb: np.ndarray, ub: np.ndar
 
 
 class StableFromFloat32:
-    """``known(k, rigorous)`` for :func:`crown_cli.engine.backsub.hidden_layer_bounds` at radius eps,
+    """``known(k, rigorous)`` for :func:`crown_cli.engine.dense_crown.hidden_layer_bounds` at radius eps,
     for the activations of ``sign_stable`` activations (:mod:`crown_cli.activations`: ReLU, leaky ReLU).
 
     ``evaluations`` lists the float32 evaluations (eps_G, bounds_G, fresh_G, errors_G): every
     hidden layer's (l, u) as that evaluation used them, per layer the mask of rows it computed
     itself (the others it took from a larger ball) and the rounding bound of every neuron's
-    bounds (``errors`` of :func:`crown_cli.engine.backsub.hidden_layer_bounds`). Only evaluations with
+    bounds (``errors`` of :func:`crown_cli.engine.dense_crown.hidden_layer_bounds`). Only evaluations with
     eps_G >= eps count.
     """
 
@@ -106,7 +106,7 @@ class StableFromFloat32:
     HINT_BELOW = 0.1
 
     def _hint(self, k: int, rigorous: Bounds, proved: int) -> tuple:
-        """() or a one-item tuple: the sign hint of :func:`crown_cli.engine.backsub._row_bounds`.
+        """() or a one-item tuple: the sign hint of :func:`crown_cli.engine.dense_crown._row_bounds`.
 
         ReLU only. The signs are those of the float32 evaluation at the smallest radius >= eps;
         the interval is interval arithmetic through W_k from the rigorous bounds of layer

@@ -24,7 +24,7 @@ from typing import Callable, List, Optional, Sequence
 import numpy as np
 
 from crown_cli.activations import ACTIVATIONS, forward
-from crown_cli.engine.backsub import Network, margin_lower_bound
+from crown_cli.engine.dense_crown import Network, margin_lower_bound
 from crown_cli.engine.deadline import DeadlineExceeded
 from crown_cli.engine.input_sets import Box
 from crown_cli.engine.rounding import round_up
@@ -350,9 +350,9 @@ class Verifier(StagedVerifier):
 
     def _many_boxes(self, L, H, A) -> np.ndarray:
         """CROWN lower bounds of ``A f(x)`` over each box [L[j], H[j]], (N, rows): the batched
-        engine (:func:`~crown_cli.engine.batched.batch_lower_bounds`, float64, every
+        engine (:func:`~crown_cli.engine.dense_boxes.batch_lower_bounds`, float64, every
         rounding charged as by the box-by-box bound), in blocks its temporaries fit."""
-        from crown_cli.engine.batched import BatchNet, _bound_blocked
+        from crown_cli.engine.dense_boxes import BatchNet, _bound_blocked
         from crown_cli.verification.bab.input_split import auto_block
 
         if self._batch_net is None:
@@ -434,7 +434,7 @@ class Verifier(StagedVerifier):
         (each row the larger of alpha-CROWN's and CROWN's, both sound)."""
         from crown_cli.engine.alpha_crown import AlphaBounds
         from crown_cli.certification.certifier import ALPHA_LR, ALPHA_LR_SMOOTH
-        from crown_cli.engine.backsub import first_layer_center
+        from crown_cli.engine.dense_crown import first_layer_center
 
         leak = float(self.alpha) if self.activation == "leaky_relu" else 0.0
         x0, eps, qcode = box.args()

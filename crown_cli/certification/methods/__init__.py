@@ -113,7 +113,7 @@ def _check_fast_lip(activation, alpha, norm, weights):
 
 
 def _bind_fast_lip(weights, biases, activation, alpha, norm):
-    from crown_cli.engine.backsub import Network
+    from crown_cli.engine.dense_crown import Network
     from crown_cli.certification.methods.fast_lip import fast_lip_lower_bound
 
     net = Network(weights, biases)
@@ -158,7 +158,7 @@ def _check_lp_full(activation, alpha, norm, weights):
 
 
 def _bind_lp_full(weights, biases, activation, alpha, norm):
-    from crown_cli.engine.backsub import Network
+    from crown_cli.engine.dense_crown import Network
     from crown_cli.certification.methods.lp_full import lp_full_lower_bound
 
     net = Network(weights, biases)
@@ -174,7 +174,7 @@ def _check_exact(activation, alpha, norm, weights):
 
 
 def _bind_exact(weights, biases, activation, alpha, norm):
-    from crown_cli.engine.backsub import Network
+    from crown_cli.engine.dense_crown import Network
     from crown_cli.certification.methods.exact import min_distortion
 
     net = Network(weights, biases)

@@ -45,7 +45,7 @@ import numpy as np
 import scipy.sparse as sp
 from scipy.optimize import Bounds, LinearConstraint, milp
 
-from crown_cli.engine.backsub import Network
+from crown_cli.engine.dense_crown import Network
 from crown_cli.certification.methods.lp_full import lp_full_bounds
 
 NORMS_SUPPORTED = ("inf", "1")

@@ -26,7 +26,7 @@ from typing import Optional
 
 import numpy as np
 
-from crown_cli.engine.backsub import Network, hidden_layer_bounds
+from crown_cli.engine.dense_crown import Network, hidden_layer_bounds
 from crown_cli.engine.rounding import FP_ATOL, FP_RTOL
 from crown_cli.engine.input_sets import NORMS
 from crown_cli.engine.relaxations import get_relaxation
@@ -59,7 +59,7 @@ def fast_lip_lower_bound(weights, biases, x0, eps, norm, C, activation: str = "r
                          alpha=None, net: Optional[Network] = None) -> np.ndarray:
     """Lower bounds (r,) of the margins ``C @ f(x)`` over the l_p ball of radius eps around x0.
 
-    ``net`` may pass a prebuilt :class:`crown_cli.engine.backsub.Network` of the same weights.
+    ``net`` may pass a prebuilt :class:`crown_cli.engine.dense_crown.Network` of the same weights.
     """
     net = Network(weights, biases) if net is None else net
     x0 = np.ascontiguousarray(x0, dtype=np.float64)

@@ -35,7 +35,7 @@ import numpy as np
 import scipy.sparse as sp
 from scipy.optimize import linprog
 
-from crown_cli.engine.backsub import Network, hidden_layer_bounds, margin_lower_bound
+from crown_cli.engine.dense_crown import Network, hidden_layer_bounds, margin_lower_bound
 from crown_cli.engine.rounding import FP_ATOL, FP_RTOL
 from crown_cli.engine.input_sets import NORMS
 from crown_cli.engine.deadline import check_deadline

@@ -6,7 +6,7 @@ The network is ``f(x) = W2 relu(W1 x + b1) + b2``; the margins are the rows of `
 ``m_j(x) = sum_i Lam_ji relu(z_i) + cst_j`` with ``Lam = C W2``, ``cst = C b2`` and the
 pre-activations ``z = W1 x + b1``. Over the l_p ball ``||x - x0||_p <= eps`` each ``z_i`` lies
 in ``[l_i, u_i] = W1_i x0 + b1_i -/+ eps ||W1_i||_q`` (exact for one hidden layer; widened for
-rounding as in :mod:`crown_cli.engine.backsub`).
+rounding as in :mod:`crown_cli.engine.dense_crown`).
 
 For row j every term ``Lam_ji relu(z_i)`` is bounded from below on ``[l_i, u_i]`` by a
 scalar function ``phi_ji(z) = a_ji z^2 + b_ji z + c_ji``:
@@ -54,7 +54,7 @@ sound, so CROWN-Quad is never below CROWN at the same radius.
 
 Floating point: intercepts and the final value are widened outward by ``FP_RTOL`` times the
 sums of absolute values of the terms they come from, with ``|S| @ |W1|`` in place of
-``|S @ W1|`` so that cancellation in the matrix product is covered, as in engine/backsub.py.
+``|S @ W1|`` so that cancellation in the matrix product is covered, as in engine/dense_crown.py.
 
 Cost: one bound is a CROWN pass plus, per row with a quadratic term, PGD iterations of two
 ``(r, n) x (n, d)`` products and a projection each (l_1: a sort of d values). For 784-20-10
@@ -69,7 +69,7 @@ from typing import Sequence
 
 import numpy as np
 
-from crown_cli.engine.backsub import (Charges, Network, back_substitute, hidden_layer_bounds,
+from crown_cli.engine.dense_crown import (Charges, Network, back_substitute, hidden_layer_bounds,
                                       product_rounding)
 from crown_cli.engine.rounding import FP_ATOL, FP_RTOL
 from crown_cli.engine.input_sets import NORMS, dual_norms

@@ -1,4 +1,4 @@
-"""Numba kernels of the CROWN engine (:mod:`crown_cli.engine.backsub`): row norms, input terms and
+"""Numba kernels of the CROWN engine (:mod:`crown_cli.engine.dense_crown`): row norms, input terms and
 one back-substitution step through a layer's relaxation.
 
 Compiled with ``cache=True`` (a warm process loads machine code instead of compiling) and

@@ -1,6 +1,6 @@
-"""numba kernel of the batched back-substitution over boxes (:mod:`crown_cli.engine.batched`):
+"""numba kernel of the batched back-substitution over boxes (:mod:`crown_cli.engine.dense_boxes`):
 the slope scaling of one step, fused into one pass over Lam. Its numpy twin is
-:func:`crown_cli.engine.chain.relax` with :meth:`~crown_cli.engine.chain.Rows.step` (same products, sums in another order).
+:func:`crown_cli.engine.batch_steps.relax` with :meth:`~crown_cli.engine.batch_steps.Rows.step` (same products, sums in another order).
 """
 from numba import njit
 

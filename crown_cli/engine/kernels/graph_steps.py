@@ -254,7 +254,7 @@ def activation_step_t(Lt, lower, upper, lower_icpt, upper_icpt, absval, Dt, out)
     """One activation node's step on rows held transposed, Lt (n, r): ``Dt = Lt * slope``
     (the lower line's where the coefficient is >= 0, the upper line's elsewhere); per row
     ``out[row] = (sum of the intercept terms, sum of their magnitudes, sum |D| * absval)``.
-    Twin: :func:`crown_cli.engine.chain.relax` and the sums of ``GraphBounds._rows``."""
+    Twin: :func:`crown_cli.engine.batch_steps.relax` and the sums of ``GraphBounds._rows``."""
     n, r = Lt.shape
     nb = (r + ROW_BLOCK - 1) // ROW_BLOCK
     for blk in prange(nb):

@@ -15,8 +15,8 @@ import math
 import numpy as np
 
 from crown_cli.activations import default_alpha, supporting
-from crown_cli.engine.backsub import Network, hidden_layer_bounds
-from crown_cli.engine.chain import Lines, Rows, relax
+from crown_cli.engine.dense_crown import Network, hidden_layer_bounds
+from crown_cli.engine.batch_steps import Lines, Rows, relax
 from crown_cli.engine.input_sets import Box, box_lower, input_abs_bound
 from crown_cli.engine.kernels import relu_split_kernels as _kern
 from crown_cli.engine.relaxations import get_relaxation

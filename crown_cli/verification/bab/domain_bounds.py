@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from crown_cli.engine.chain import Lines, Rows, relax
+from crown_cli.engine.batch_steps import Lines, Rows, relax
 from crown_cli.engine.input_sets import box_lower
 from crown_cli.engine.kernels import relu_split_kernels as _kern
 from crown_cli.verification.bab.domains import ReluSplitProblem

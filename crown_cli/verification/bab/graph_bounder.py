@@ -39,7 +39,7 @@ from typing import Dict, List, Optional
 
 import numpy as np
 
-from crown_cli.engine.chain import Lines
+from crown_cli.engine.batch_steps import Lines
 from crown_cli.engine.graph_alpha import _minimiser, _relaxed_forward
 from crown_cli.engine.graph_bounds import GraphBounds
 from crown_cli.engine.input_sets import Box

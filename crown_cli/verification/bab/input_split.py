@@ -1,6 +1,6 @@
 """Input-splitting branch and bound for low-dimensional inputs: :func:`input_split`.
 
-Open sub-boxes are bounded in batches by the batched engine (:mod:`crown_cli.engine.batched`);
+Open sub-boxes are bounded in batches by the batched engine (:mod:`crown_cli.engine.dense_boxes`);
 a sub-box is closed when some row of ``A f(x) <= b`` has a float64-verified lower bound above
 ``b`` (rounded up one ulp); for the others a few candidate points (centre, minimising corners
 of the linear bounds) are checked by :func:`crown_cli.verification.outcome.violations`; the
@@ -16,7 +16,7 @@ from typing import Callable, Optional, Sequence
 
 import numpy as np
 
-from crown_cli.engine.batched import BatchNet, _bound_blocked, _take_info, alpha_row_bound
+from crown_cli.engine.dense_boxes import BatchNet, _bound_blocked, _take_info, alpha_row_bound
 from crown_cli.verification.bab.domains import BoxPool, halve, splittable
 from crown_cli.verification.bab.workers import Helper, HelperLost, can_fork
 from crown_cli.verification.outcome import BabResult, finish, violations
@@ -168,7 +168,7 @@ def input_split_steps(problem: InputSplitProblem, deadline: float,
 
 class DenseBoxes:
     """The bounds input splitting takes of a dense network: its boxes bounded in blocks by
-    the batched engine (:func:`~crown_cli.engine.batched.batch_lower_bounds`), the open
+    the batched engine (:func:`~crown_cli.engine.dense_boxes.batch_lower_bounds`), the open
     boxes' best row by alpha-CROWN (:func:`alpha_row_bound`), candidate points checked by
     the network's float64 forward pass (:func:`violations`), and (``inherit``) each box's
     hidden-layer bounds kept for its halves. :class:`BoxSearch` takes any object with these

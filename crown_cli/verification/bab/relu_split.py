@@ -42,7 +42,7 @@ throughout, the root's node bounds kept for every domain, no per-domain bounds):
   hand-written reverse pass), warm-started from the parent domain, keeping the best iterate.
 - Soundness: a domain counts as proven only by a float64 evaluation at its final (alpha, beta)
   (alpha clipped into [leak, 1], beta into [0, inf) in float64), widened outward like
-  :func:`crown_cli.engine.backsub.back_substitute` (``FP_RTOL`` times the sum of the magnitudes of all
+  :func:`crown_cli.engine.dense_crown.back_substitute` (``FP_RTOL`` times the sum of the magnitudes of all
   terms), compared with ``b`` rounded up one ulp. Each step's |D| is available to a
   ``charge`` hook adding further per-step rounding allowance.
 - Branching: a BaBSR-like score (|coefficient| of the neuron's activation in the domain's

@@ -18,13 +18,13 @@ and at the input the rows are concretised over the input set
 (:func:`crown_cli.engine.input_sets.box_lower`). float32 steers (ReLU splitting's optimiser);
 float64 with the charges is what proves.
 
-Callers: input splitting's boxes (:mod:`crown_cli.engine.batched`), ReLU splitting's domains
+Callers: input splitting's boxes (:mod:`crown_cli.engine.dense_boxes`), ReLU splitting's domains
 (:class:`crown_cli.verification.bab.bounder.Bounder`) and their per-domain hidden-layer
 bounds (:mod:`crown_cli.verification.bab.domain_bounds`). Each chooses its lines (adaptive,
 optimised slopes, split neurons fixed); the arithmetic is here. Their numba kernels
 (:mod:`crown_cli.engine.kernels`) fuse :func:`relax` with the accumulation for one layout
 each; the tests hold every kernel against this module. CROWN on one image
-(:func:`crown_cli.engine.backsub.back_substitute`) is a measured fast path with the same
+(:func:`crown_cli.engine.dense_crown.back_substitute`) is a measured fast path with the same
 rounding code (two chains sharing their products, neurons inactive everywhere dropped).
 """
 from __future__ import annotations

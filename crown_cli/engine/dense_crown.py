@@ -19,7 +19,7 @@ from typing import Callable, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from crown_cli.engine.chain import GemmCount, _mm  # noqa: F401 (GemmCount: scripts/bench.py)
+from crown_cli.engine.batch_steps import GemmCount, _mm  # noqa: F401 (GemmCount: scripts/bench.py)
 from crown_cli.engine.input_sets import Box, dual_norms, input_abs_bound, input_terms
 from crown_cli.engine.kernels import kernels
 from crown_cli.engine.rounding import (ERR_SAFETY, U32, U64, final_sum_rtol, margin_rows_rounding,

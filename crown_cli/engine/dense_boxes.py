@@ -8,13 +8,13 @@ input splitting.
   ``A f(x)`` per box. The weight matrices are shared by all boxes, so each back-substitution
   step is one large GEMM ``(N * rows, n_i) @ W_i`` over every box and row at once; only the
   slope scaling is per box. Each step is the engine's batched back-substitution
-  (:mod:`crown_cli.engine.chain`), its scaling fused into a numba kernel
+  (:mod:`crown_cli.engine.batch_steps`), its scaling fused into a numba kernel
   (:mod:`crown_cli.engine.kernels.batched`).
 - :func:`alpha_row_bound`: one row per box re-bounded with the unstable ReLUs' lower slopes
   optimised (alpha-CROWN on the last layer, the hidden bounds kept), then verified like the
   rows of :func:`batch_lower_bounds`.
 
-Floating point, as :mod:`crown_cli.engine.backsub`: the box is centre +/- radius with the
+Floating point, as :mod:`crown_cli.engine.dense_crown`: the box is centre +/- radius with the
 radius rounded up one ulp (:func:`crown_cli.engine.input_sets.centre_radius`); every bound is
 widened outward by (1) per back-substitution step the a-posteriori charge of its products'
 rounding, ``|D| @ v_i`` per box (:func:`_step_weights`, the engine's
@@ -32,7 +32,7 @@ from __future__ import annotations
 import numpy as np
 
 from crown_cli.activations import default_alpha, supporting
-from crown_cli.engine.chain import Lines, Rows, relax
+from crown_cli.engine.batch_steps import Lines, Rows, relax
 from crown_cli.engine.input_sets import box_lower, centre_radius
 from crown_cli.engine.kernels import batched_kernels
 from crown_cli.engine.optim import Adam, AdamSettings, BestIterate
@@ -71,7 +71,7 @@ def _step(acc: Rows, relax_i, W_i, b_i, absb_i, zero_bL, v, t):
     step's product rounding ``|D| @ v`` + t (:func:`_step_weights`, per box) is charged.
     Columns whose neuron is inactive (zero slopes and intercepts) in every box drop out. The
     scaling runs in the kernels chosen by ``set_kernels``: the fused numba loop
-    (:mod:`crown_cli.engine.kernels.batched`), or the engine's :func:`~crown_cli.engine.chain.relax`
+    (:mod:`crown_cli.engine.kernels.batched`), or the engine's :func:`~crown_cli.engine.batch_steps.relax`
     (its twin)."""
     aU, bU, aL, bL = relax_i
     Lam = acc.Lam
