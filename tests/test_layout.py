@@ -100,9 +100,6 @@ ALLOWED = {
     "crown_cli/engine/kernels/graph_steps.py:conv_transpose_t",
     "crown_cli/engine/kernels/relu_split.py:back32",
     "crown_cli/engine/kernels/relu_split.py:interm_step64",
-    # being rewritten by the lead (back-substitution internals); its constructor's keywords
-    # are GraphBounds' callers' interface
-    "crown_cli/engine/graph_bounds.py:GraphBounds.__init__",
 }
 
 

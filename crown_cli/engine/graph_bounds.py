@@ -48,7 +48,8 @@ rounding of the charges' own non-negative computation) and the ``rtol`` allowanc
 """
 from __future__ import annotations
 
-from typing import Dict, List, Optional, Tuple
+from dataclasses import dataclass
+from typing import Any, Dict, List, Optional, Tuple
 
 import numpy as np
 
@@ -138,12 +139,28 @@ def _unit_rows(idx, m):
     return np.vstack([eye, -eye])
 
 
+@dataclass(frozen=True)
+class BoundSettings:
+    """:class:`GraphBounds`' settings, given to it as keywords (its docstring says what each
+    does)."""
+
+    method: str = "crown"
+    intermediate: str = "crown"
+    ibp: bool = True
+    row_budget: Optional[int] = None
+    alpha_iters: Optional[int] = None
+    alpha_lr: Optional[float] = None
+    deadline: Optional[float] = None
+    dtype: Any = np.float64
+
+
 class GraphBounds:
     """Bounds of every node of ``graph`` over one input set, and CROWN bounds of linear
     functions of any node's value.
 
     ``x0``, ``eps``, ``qcode``: the input set as everywhere in the engine (an l_p ball:
-    qcode 0 for l_inf, 1 for l_2, 2 for l_1; or ``Box.args()``). ``method``: the relaxation
+    qcode 0 for l_inf, 1 for l_2, 2 for l_1; or ``Box.args()``). Keywords
+    (:class:`BoundSettings`): ``method``: the relaxation
     family (``crown``, ``crown-paper``, ``fast-lin``). ``intermediate``: ``crown`` (CROWN
     bounds of every activation's input, intersected with interval arithmetic when ``ibp``)
     or ``interval``, or ``alpha`` (CROWN's, then each unstable neuron's bounds optimised
@@ -157,23 +174,21 @@ class GraphBounds:
     search's answer is checked by a float64 bound).
     """
 
-    def __init__(self, graph, x0, eps, qcode, method: str = "crown",
-                 intermediate: str = "crown", ibp: bool = True,
-                 row_budget: Optional[int] = None, alpha_iters: Optional[int] = None,
-                 alpha_lr: Optional[float] = None, deadline: Optional[float] = None,
-                 dtype=np.float64):
+    def __init__(self, graph, x0, eps, qcode, **settings):
+        o = BoundSettings(**settings)
+        intermediate, deadline = o.intermediate, o.deadline
         self.deadline = deadline
-        self.dtype = np.dtype(dtype).type
+        self.dtype = np.dtype(o.dtype).type
 
         if intermediate not in ("crown", "interval", "alpha", "forward"):
             raise ValueError("intermediate must be 'crown', 'interval', 'alpha' or 'forward', "
                              f"not {intermediate!r}")
         self.g, self.x0, self.eps, self.qcode = graph, np.asarray(x0, np.float64), float(eps), qcode
         self.rtol = sum_rtol(graph)
-        self.method_name = method
-        if row_budget is None:  # the graph's own (set by --memory-budget), else the default
-            row_budget = getattr(graph, "row_budget", None) or ROW_BUDGET
-        self.row_budget = row_budget
+        self.method_name = o.method
+        # the graph's own (set by --memory-budget), else the default
+        self.row_budget = o.row_budget if o.row_budget is not None else \
+            getattr(graph, "row_budget", None) or ROW_BUDGET
         n = len(graph.nodes)
         self.lo: List[Optional[np.ndarray]] = [None] * n
         self.hi: List[Optional[np.ndarray]] = [None] * n
@@ -187,7 +202,7 @@ class GraphBounds:
             self._forward_intervals()
             return
         refined = set()
-        how = (intermediate, ibp, alpha_iters, alpha_lr)
+        how = (intermediate, o.ibp, o.alpha_iters, o.alpha_lr)
         for i, node in enumerate(graph.nodes):
             check_deadline(deadline)
             if intermediate != "interval":
