@@ -50,8 +50,9 @@ from crown_cli.verification.outcome import BabResult, finish, violations_of
 
 # The graph search's settings where they differ from the dense defaults (docs/bab.md has
 # the measurements): no per-domain intermediate bounds, branching anywhere, the root's node
-# bounds as given, no PGD attack (the graph pipeline attacks before its bound stages)
-GRAPH_OPTIONS = ReluSplitOptions(batch=32, iters=10, root_iters=30, branching="babsr",
+# bounds as given, no PGD attack (the graph pipeline attacks before its bound stages); 64
+# domains a batch since the steering runs in float32 (the tapes' memory of 32 in float64)
+GRAPH_OPTIONS = ReluSplitOptions(batch=64, iters=10, root_iters=30, branching="babsr",
                                  score="chords", interm=False, layer_window=0, tighten_root=False,
                                  attack_restarts=0)
 
