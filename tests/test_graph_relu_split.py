@@ -378,3 +378,26 @@ def test_a_split_smooth_neuron_takes_lines_that_hold_on_its_half(tmp_path):
     # the halves' lines are tighter than the root's somewhere
     assert np.any(lines.lower[0, idx] * u + lines.lower_icpt[0, idx]
                   > lines.lower[2, idx] * u + lines.lower_icpt[2, idx] + 1e-9)
+
+
+def test_float32_steering_evaluation_and_gradient_track_the_float64_ones(tmp_path):
+    """The search's float32 evaluations (``dtype`` float32) run the engine's float32 pass:
+    their tape is float32, and the bound and the gradient in alpha and beta equal the
+    float64 evaluation's to float32 accuracy at the same slopes and multipliers (a wrong
+    product or line in the float32 pass would show here; the search proves nothing with
+    them)."""
+    g, gb, space, lo, hi, rng = setup(tmp_path, "conv", 2)
+    rows = rng.normal(size=(2, g.output_size))
+    bd = space_of(g, gb, lo, hi, rows, np.zeros(2))
+    B = 3
+    split = np.zeros((B, bd.nU), np.int8)
+    split[:, : bd.nU // 2] = rng.choice([-1, 1], (B, bd.nU // 2))
+    alpha = rng.uniform(0.0, 1.0, (B, 2, bd.nU)).astype(np.float32)
+    beta = (rng.uniform(0.0, 1.0, (B, 2, bd.nU)) * (split[:, None] != 0)).astype(np.float32)
+    v64, s64 = bd.evaluate(split, alpha, beta, np.float64, keep=True)
+    v32, s32 = bd.evaluate(split, alpha, beta, np.float32, keep=True)
+    assert s32[1].dtype == np.float32 and s64[1].dtype == np.float64
+    scale = 1.0 + np.abs(v64)
+    assert np.all(np.abs(v32 - v64) <= 1e-4 * scale)
+    for g32, g64 in zip(bd.gradient(s32), bd.gradient(s64)):
+        assert np.allclose(g32, g64, rtol=1e-3, atol=1e-4 * (1.0 + np.abs(g64).max()))
