@@ -34,6 +34,7 @@ derivative applied to the factors' relaxed values less the corner's.
 """
 from __future__ import annotations
 
+import contextlib
 from typing import Dict, Optional, Tuple
 
 import numpy as np
@@ -136,11 +137,16 @@ def _relaxed_forward(gb, target, x, tape, free=None, upto: Optional[int] = None)
     window) or its upper constant, a product by its plane)."""
     g = gb.g
     vals = [None] * (target + 1)
-    for i in range(target + 1 if upto is None else upto + 1):
-        if i not in tape:
-            continue
-        check_deadline(gb.deadline)
-        vals[i] = gb.plan[i].relaxed(gb, i, g.nodes[i], vals, x, tape, free)
+    # a float32 (steering) pass may overflow where float64 does not; its gradients are
+    # filtered for finiteness by the callers
+    quiet = np.errstate(over="ignore", invalid="ignore") if x.dtype == np.float32 else \
+        contextlib.nullcontext()
+    with quiet:
+        for i in range(target + 1 if upto is None else upto + 1):
+            if i not in tape:
+                continue
+            check_deadline(gb.deadline)
+            vals[i] = gb.plan[i].relaxed(gb, i, g.nodes[i], vals, x, tape, free)
     return vals
 
 
@@ -164,6 +170,30 @@ def _mix_gradient(gb, i, tape_i, vals):
     with np.errstate(invalid="ignore"):
         grad = mix_gradient(l1, u1, l2, u2, L, vals[p], vals[q], c1, c2)
     return np.where(np.isfinite(grad), grad, 0.0)
+
+
+def _steps(gb, keys, tape, vals, state, kinds, step):
+    """One ascent step of every free node's parameters from a steering pass: ``state`` =
+    (free, own, cols, opt) as :func:`alpha_lower` keeps them (updated in place), ``kinds`` =
+    (slopes, pools), ``step`` = (iteration, learning rate)."""
+    free, own, cols, opt = state
+    slopes, pools = kinds
+    it, lr = step
+    for i in keys:
+        if i not in tape:
+            continue
+        if i in pools:
+            free[i] = own[i] = _pool_step(gb, i, pools[i], tape[i], vals, free[i])
+            continue
+        c = cols[i]
+        if i in slopes:  # d bound / d slope_j = L_j z_j(x*) where the lower line is taken
+            L, pos = tape[i][0][:, c], tape[i][1][:, c]
+            grad = np.where(pos, L * vals[gb.g.nodes[i].inputs[0]][:, c], 0.0)
+        else:
+            grad = _mix_gradient(gb, i, tape[i], vals)[:, c]
+        step = opt[i].propose(own[i], grad, it + 1, lr)
+        own[i] = np.where(np.isfinite(step), step, own[i])
+        free[i][:, c] = own[i]
 
 
 def alpha_lower(gb, target: int, Lam: np.ndarray, iters: int = ITERS, lr: float = LR,
@@ -221,21 +251,8 @@ def alpha_lower(gb, target: int, Lam: np.ndarray, iters: int = ITERS, lr: float 
                 if stale >= patience:
                     break
         vals = _relaxed_forward(gb, target, x, tape, free, upto)
-        for i in keys:
-            if i not in tape:
-                continue
-            if i in pools:
-                free[i] = own[i] = _pool_step(gb, i, pools[i], tape[i], vals, free[i])
-                continue
-            c = cols[i]
-            if i in slopes:  # d bound / d slope_j = L_j z_j(x*) where the lower line is taken
-                L, pos = tape[i][0][:, c], tape[i][1][:, c]
-                grad = np.where(pos, L * vals[gb.g.nodes[i].inputs[0]][:, c], 0.0)
-            else:
-                grad = _mix_gradient(gb, i, tape[i], vals)[:, c]
-            step = opt[i].propose(own[i], grad, it + 1, lr)
-            own[i] = np.where(np.isfinite(step), step, own[i])
-            free[i][:, c] = own[i]
+        with np.errstate(over="ignore", invalid="ignore"):  # float32: steps kept if finite
+            _steps(gb, keys, tape, vals, (free, own, cols, opt), (slopes, pools), (it, lr))
     kept = {}
     for i, p in zip(keys, best.params):
         if i in cols:  # CROWN's values off the free columns, the best iterate's on them

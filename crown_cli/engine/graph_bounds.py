@@ -397,9 +397,15 @@ class GraphBounds:
         if fused is not None and free is None and tape is None and lines is None \
                 and steer is None:
             Lx, const, mag, charge = fused_rows(self, target, Lam, fused, self.dtype)
-        else:
-            Lam = np.asarray(Lam, np.float64 if steer is None else steer)
-            Lx, const, mag, charge = self._rows(target, Lam, free, tape, lines)
+        elif steer is None:
+            Lx, const, mag, charge = self._rows(target, np.asarray(Lam, np.float64), free, tape,
+                                                lines)
+        else:  # float32 may overflow where float64 does not: that iterate only steers worse
+            with np.errstate(over="ignore", invalid="ignore"):
+                Lx, const, mag, charge = self._rows(target, np.asarray(Lam, steer), free,
+                                                    tape, lines)
+                low = self._concretise(Lx, const, mag, charge)
+            return (low, Lx.full() if isinstance(Lx, InputRows) else Lx) if rows else low
         low = self._concretise(Lx, const, mag, charge)
         if rows and isinstance(Lx, InputRows):
             Lx = Lx.full()

@@ -251,6 +251,10 @@ class GraphBounder(CaseRows):
         row's minimiser (only free neurons on the lower side have an alpha gradient, only
         split ones a beta gradient)."""
         _, Lx, sp, _, tape = state
+        with np.errstate(over="ignore", invalid="ignore"):  # float32 may overflow: 0 below
+            return self._gradient(Lx, sp, tape)
+
+    def _gradient(self, Lx, sp, tape):
         g = self.graph
         x = _minimiser(self.gb, Lx).astype(Lx.dtype, copy=False)  # float32 when steering
         vals = _relaxed_forward(self.gb, g.output, x, tape)
