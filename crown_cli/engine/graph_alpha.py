@@ -6,10 +6,12 @@ this way with ``intermediate="alpha"``).
 
 Any slope a in [leak, 1] gives a valid lower line ``a z <= act(z)`` of an unstable neuron
 (z in [l, u], l < 0 < u), so the bound at any slopes is a bound; CROWN's own choice is one
-point of that box. :func:`alpha_lower` ascends the bound over the slopes (projected Adam,
-float64); every iterate's bound is computed by :meth:`GraphBounds.lower` with every rounding
-charged, and it returns per row the best of them (CROWN's is the first): the slopes change
-which lines are used, never how a bound is verified.
+point of that box. :func:`alpha_lower` ascends the bound over the slopes (projected Adam)
+with float32 steering passes (:meth:`GraphBounds.lower` with ``steer=np.float32``: the rows,
+products and relaxed forward pass in float32, no rounding analysis), keeps each row's best
+iterate, and bounds the rows again in float64 at those parameters, every rounding charged:
+that bound, or CROWN's where it is higher, is what it returns. The slopes change which lines
+are used, never how a bound is verified.
 
 The bound of a row at fixed slopes is ``Lam_x . x* + const``, with ``Lam_x`` the row carried
 back to the input and x* its minimiser over the input set; its derivative in the lower slope
