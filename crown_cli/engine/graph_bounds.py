@@ -48,6 +48,7 @@ rounding of the charges' own non-negative computation) and the ``rtol`` allowanc
 """
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 from typing import Any, Dict, List, Optional, Tuple
 
@@ -59,7 +60,7 @@ from crown_cli.engine.graph_rows import InputRows, fused_rows, unit_windows
 from crown_cli.engine.input_sets import Box, input_terms
 from crown_cli.engine.kernels import graph_kernels
 from crown_cli.engine.node_rules import AffineRule, InputRule, PoolLines, plan
-from crown_cli.graph.ops import Dense, IndexMap
+from crown_cli.graph.ops import Dense, IndexMap, steer_dtype
 from crown_cli.engine.rounding import ERR_SAFETY, U64, sum_rtol, widen
 ROW_BUDGET = 256 * 2 ** 20  # bytes of rows per back-substitution pass (identity rows chunked)
 ROW_COPIES = 4  # per neuron: its two rows of [I; -I] as wide as the widest node, twice
@@ -394,19 +395,17 @@ class GraphBounds:
         estimate, **not verified** (alpha-CROWN's iterations; the answer is bounded again
         in float64)."""
         fused = graph_kernels()  # None under the numpy kernels: the twin below runs
-        if fused is not None and free is None and tape is None and lines is None \
-                and steer is None:
-            Lx, const, mag, charge = fused_rows(self, target, Lam, fused, self.dtype)
-        elif steer is None:
-            Lx, const, mag, charge = self._rows(target, np.asarray(Lam, np.float64), free, tape,
-                                                lines)
-        else:  # float32 may overflow where float64 does not: that iterate only steers worse
-            with np.errstate(over="ignore", invalid="ignore"):
-                Lx, const, mag, charge = self._rows(target, np.asarray(Lam, steer), free,
-                                                    tape, lines)
-                low = self._concretise(Lx, const, mag, charge)
-            return (low, Lx.full() if isinstance(Lx, InputRows) else Lx) if rows else low
-        low = self._concretise(Lx, const, mag, charge)
+        # float32 may overflow where float64 does not: that iterate only steers worse
+        quiet = contextlib.nullcontext() if steer is None else \
+            np.errstate(over="ignore", invalid="ignore")
+        with quiet:
+            if fused is not None and free is None and tape is None and lines is None \
+                    and steer is None:
+                Lx, const, mag, charge = fused_rows(self, target, Lam, fused, self.dtype)
+            else:
+                Lam = np.asarray(Lam, np.float64 if steer is None else steer)
+                Lx, const, mag, charge = self._rows(target, Lam, free, tape, lines)
+            low = self._concretise(Lx, const, mag, charge)
         if rows and isinstance(Lx, InputRows):
             Lx = Lx.full()
         return (low, Lx) if rows else low
@@ -453,7 +452,7 @@ class _Walk:
         r = Lam.shape[0]
         self.gb = gb
         self.const, self.mag, self.charge = np.zeros(r), np.zeros(r), np.zeros(r)
-        dt = np.float32 if Lam.dtype == np.float32 else np.float64  # float32: steering
+        dt = steer_dtype(Lam)  # float32: a steering pass
         self.pending: Dict[int, np.ndarray] = {target: np.ascontiguousarray(Lam, dtype=dt)}
         self.Lx = np.zeros((r, gb.g.input_size), dt)
         self.free, self.tape, self.lines = free, tape, lines

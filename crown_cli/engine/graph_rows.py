@@ -38,7 +38,7 @@ import numpy as np
 
 from crown_cli.engine.deadline import check_deadline
 from crown_cli.engine.rounding import U64
-from crown_cli.graph.ops import Conv, Dense
+from crown_cli.graph.ops import Conv, Dense, typed
 
 Rows = Tuple[Optional[np.ndarray], np.ndarray]  # (live element indices or None, Lt (k, r))
 # rows leave their windows when a window would cover this share of the chunk's bounding box
@@ -302,8 +302,9 @@ def _lines(gb, i, p, dtype):
 
 
 def _weight(gb, i, dtype):
+    """Affine node i's weights as ``dtype`` (a float32 copy kept on the operation)."""
     op = gb.g.nodes[i].op
-    return _typed(gb, ("weight", i), lambda: op.weight if isinstance(op, Conv) else op.W, dtype)
+    return typed(op, "weight" if isinstance(op, Conv) else "W", dtype)
 
 
 def _transpose(gb, i, rows: Rows, kernels):

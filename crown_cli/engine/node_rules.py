@@ -36,7 +36,7 @@ from crown_cli.engine.graph_rows import (Win, _bias, _fits, _full, _image, _line
 from crown_cli.engine.input_sets import Box
 from crown_cli.engine.kernels import graph_kernels
 from crown_cli.engine.rounding import ERR_SAFETY, TINY64, U64, gamma_n
-from crown_cli.graph.ops import ActivationOp, Affine, Conv, InputOp, Product, Sum
+from crown_cli.graph.ops import ActivationOp, Affine, Conv, InputOp, Product, Sum, steer_dtype
 from crown_cli.graph.pooling import MaxPool
 
 # Ranges every value of the activation lies in (intersected with the lines' interval)
@@ -451,7 +451,7 @@ class ActivationRule(Rule):
         def rows2(a):  # (r, n) per row or (1, n) shared; None: 0
             a = np.zeros(1, dt) if a is None else np.asarray(a, dt)
             if a.size == 1:
-                return np.full((1, n), float(a.reshape(-1)[0]))
+                return np.full((1, n), float(a.reshape(-1)[0]), dt)
             if a.ndim <= 2 and a.shape[-1] == n and a.size in (n, r * n):
                 return np.ascontiguousarray(a.reshape(-1, n))
             return np.ascontiguousarray(np.broadcast_to(a, (r, n)))
@@ -762,7 +762,7 @@ class PoolLines:
         c = np.where(use, 0.0, L * self.hi)
         if weights is None:
             Lu = np.where(use, L, 0.0)
-            return (np.ascontiguousarray((self.P @ Lu.T).T, dtype=_rows_dtype(L)), c.sum(axis=-1),
+            return (np.ascontiguousarray((self.P @ Lu.T).T, dtype=steer_dtype(L)), c.sum(axis=-1),
                     np.abs(c).sum(axis=-1), self.terms)
         r, (m, K) = L.shape[0], self.windows.shape
         w = self.effective(weights)
@@ -774,18 +774,13 @@ class PoolLines:
         Lu = np.where(use, L, 0.0)
         C = (Lu[:, :, None] * w).reshape(r, m * K)
         c = c - Lu * delta * self.ymax
-        D = np.ascontiguousarray((self.Pw @ C.T).T, dtype=_rows_dtype(L))
+        D = np.ascontiguousarray((self.Pw @ C.T).T, dtype=steer_dtype(L))
         valid = self.windows >= 0
         aw = np.where(valid, absval_in[np.maximum(self.windows, 0)], 0.0).reshape(-1)
         # each input's coefficient: up to terms_w rounded products summed
         charge = (gamma_n(self.terms_w + 1, U64) * (np.abs(C) @ aw)
                   + TINY64 * self.terms_w * float(absval_in.sum()))
         return D, c.sum(axis=-1), np.abs(c).sum(axis=-1), self.terms_w, charge
-
-
-def _rows_dtype(L):
-    """The dtype rows keep through a step: float32 on a steering pass, else float64."""
-    return np.float32 if L.dtype == np.float32 else np.float64
 
 
 _RULES = [(InputOp, InputRule()), (ActivationOp, ActivationRule()), (MaxPool, PoolRule()),

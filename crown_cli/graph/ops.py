@@ -98,19 +98,19 @@ class Dense(Affine):
         return is_sparse(self.W)
 
     def linear(self, xs):
-        return _right(xs[0], typed(self, "W", _steer_dtype(xs[0])))
+        return _right(xs[0], typed(self, "W", steer_dtype(xs[0])))
 
     def forward(self, xs):
         y = self.linear(xs)
-        return y if self.bias is None else y + typed(self, "bias", _steer_dtype(xs[0]))
+        return y if self.bias is None else y + typed(self, "bias", steer_dtype(xs[0]))
 
     def forward_abs(self, xs):
         return _right(xs[0], self._absW)
 
     def transpose(self, Lam):
         if self.sparse:  # (W^T Lam^T)^T with W^T in CSR
-            return [np.ascontiguousarray((self._WT @ Lam.T).T, dtype=_steer_dtype(Lam))]
-        return [Lam @ typed(self, "W", _steer_dtype(Lam))]
+            return [np.ascontiguousarray((self._WT @ Lam.T).T, dtype=steer_dtype(Lam))]
+        return [Lam @ typed(self, "W", steer_dtype(Lam))]
 
     def transpose_t(self, Lt, idx):
         """The transpose on rows held transposed (a sparse W): ``W^T Lt`` (n_in, r), where
@@ -199,8 +199,9 @@ def typed(op, name: str, dtype):
     return cache[name, dtype]
 
 
-def _steer_dtype(x):
-    """float32 for a float32 array (a steering pass keeps its dtype), else float64."""
+def steer_dtype(x):
+    """The dtype rows and values keep through a step: float32 for a float32 array (a steering
+    pass), else float64."""
     return np.float32 if getattr(x, "dtype", None) == np.float32 else np.float64
 
 
@@ -316,11 +317,11 @@ class Conv(Affine):
         return out.reshape(N, -1)
 
     def linear(self, xs):
-        return self._conv(xs[0], typed(self, "weight", _steer_dtype(xs[0])))
+        return self._conv(xs[0], typed(self, "weight", steer_dtype(xs[0])))
 
     def forward(self, xs):
         y = self.linear(xs)
-        return y if self.bias is None else y + typed(self, "bias", _steer_dtype(xs[0]))
+        return y if self.bias is None else y + typed(self, "bias", steer_dtype(xs[0]))
 
     def forward_abs(self, xs):
         if self._abs is None:
@@ -340,7 +341,7 @@ class Conv(Affine):
         kernels = graph_kernels()
         if kernels is None:
             return self._transpose_numpy(Lam)
-        dt = _steer_dtype(Lam)  # a float32 steering pass stays float32
+        dt = steer_dtype(Lam)  # a float32 steering pass stays float32
         Lam = np.asarray(Lam, dt)
         weight = typed(self, "weight", dt)
         r, n_in = Lam.shape[0], self.n_in[0]
@@ -524,7 +525,7 @@ class IndexMap(Affine):
 
     def _gather(self, xs):
         x = xs[0] if len(xs) == 1 else np.concatenate(xs, axis=1)
-        y = np.zeros((x.shape[0], self.size), _steer_dtype(x))
+        y = np.zeros((x.shape[0], self.size), steer_dtype(x))
         y[:, self.valid] = x[:, self.cols]
         return y
 
@@ -541,10 +542,10 @@ class IndexMap(Affine):
     def transpose(self, Lam):
         r = Lam.shape[0]
         if self.unique:
-            g = np.zeros((r, sum(self.n_in)), _steer_dtype(Lam))
+            g = np.zeros((r, sum(self.n_in)), steer_dtype(Lam))
             g[:, self.cols] = Lam[:, self.valid]
         else:
-            g = np.ascontiguousarray((self._P @ Lam.T).T, dtype=_steer_dtype(Lam))
+            g = np.ascontiguousarray((self._P @ Lam.T).T, dtype=steer_dtype(Lam))
         return _split(g, self.n_in)
 
     def transpose_t(self, Lt, idx):
@@ -588,7 +589,7 @@ class Scale(Affine):
         return xs[0] * self.a
 
     def forward(self, xs):
-        dt = _steer_dtype(xs[0])
+        dt = steer_dtype(xs[0])
         y = xs[0] * typed(self, "a", dt)
         return y if self.bias is None else y + typed(self, "bias", dt)
 
@@ -596,7 +597,7 @@ class Scale(Affine):
         return xs[0] * self._abs
 
     def transpose(self, Lam):
-        return [Lam * typed(self, "a", _steer_dtype(Lam))]
+        return [Lam * typed(self, "a", steer_dtype(Lam))]
 
     def parameters(self) -> int:
         return int(self.a.size + (0 if self.bias is None else self.bias.size))
