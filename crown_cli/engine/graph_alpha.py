@@ -49,7 +49,10 @@ STEER = AdamSettings(eps=1e-12)
 # the iterations' bounds, tapes and relaxed forward passes; the best iterate's parameters
 # are bounded again in float64 (every rounding charged), which is what is returned
 STEER_DTYPE = np.float32
-ITERS, LR = 20, 0.1
+# step 0.5 shrinking by LR_DECAY a step, the dense engine's (docs/cli.md): on the resnet bench
+# case's three images 20 steps end higher than at a constant 0.1 and stop 1.7x sooner
+# (docs/benchmarks.md); the decay lets long runs settle (a constant 0.5 oscillates)
+ITERS, LR, LR_DECAY = 20, 0.5, 0.98
 # max pool weights: mirror ascent (Adam's per-coordinate steps spread a window's weight over
 # all its inputs at once and lowered the bound on verivital's Convnet_maxpool)
 POOL_LR, POOL_FLOOR = 3.0, 1e-6
@@ -204,7 +207,7 @@ def alpha_lower(gb, target: int, Lam: np.ndarray, iters: int = ITERS, lr: float 
     """Verified float64 lower bounds of ``Lam @ value(target)`` (rows (r, size)), each the
     larger of CROWN's and the bound at the free parameters optimised for that row: the lower
     slopes of ReLU and leaky ReLU neurons and the mixes of products' McCormick planes
-    (projected Adam), the max pool lower-line weights (mirror ascent on the simplex of each
+    (projected Adam, step ``lr`` times :data:`LR_DECAY` per step), the max pool lower-line weights (mirror ascent on the simplex of each
     window). With ``patience``: fewer steps once the sum of the rows' best bounds has gained
     less than ``tol`` times its first size in ``patience`` consecutive steps (as the dense
     engine's alpha-CROWN stops). ``keep``: also the parameters of each row's best bound
@@ -254,7 +257,8 @@ def alpha_lower(gb, target: int, Lam: np.ndarray, iters: int = ITERS, lr: float 
                     break
         vals = _relaxed_forward(gb, target, x, tape, free, upto)
         with np.errstate(over="ignore", invalid="ignore"):  # float32: steps kept if finite
-            _steps(gb, keys, tape, vals, (free, own, cols, opt), (slopes, pools), (it, lr))
+            _steps(gb, keys, tape, vals, (free, own, cols, opt), (slopes, pools),
+                   (it, lr * LR_DECAY ** it))
     kept = {}
     for i, p in zip(keys, best.params):
         if i in cols:  # CROWN's values off the free columns, the best iterate's on them
