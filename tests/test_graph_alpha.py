@@ -329,3 +329,30 @@ def test_alpha_returns_the_float64_bound_at_the_parameters_it_keeps(tmp_path):
     assert kept and all(p.dtype == np.float64 for p in kept.values())
     again = np.fmax(gb.lower(g.output, rows), gb.lower(g.output, rows, free=kept))
     assert np.array_equal(low, again)
+
+
+def test_kept_leaky_slopes_are_valid_lines_in_float64(tmp_path):
+    # the slopes are stepped in float32, where the leak 0.01 rounds below itself: the
+    # parameters the float64 bound is taken at must still be lines below a leaky ReLU,
+    # slope >= leak wherever the input can be negative (also on stable neurons, whose
+    # slopes alpha does not step) and <= 1 wherever it can be positive
+    model = dense_chain(np.random.default_rng(7), sizes=(6, 40, 30, 3), act="LeakyRelu")
+    path = os.path.join(str(tmp_path), "leaky.onnx")
+    onnx.save(model, path)
+    g = load_graph(path)
+    rng = np.random.default_rng(7)
+    lo = rng.uniform(-1.0, 0.0, 6)
+    gb = GraphBounds(g, *Box(lo, lo + 0.6).args())
+    slopes = free_slopes(gb)
+    assert slopes and all(leak == np.float64(0.01) for _, leak in slopes.values())
+    _, kept = alpha_lower(gb, g.output, rng.standard_normal((4, 3)), iters=30, keep=True)
+    assert set(kept) == set(slopes)
+    for i, (free, leak) in slopes.items():
+        p = g.nodes[i].inputs[0]
+        assert np.any(gb.hi[p] <= 0.0), "no stable negative neuron: the test would show less"
+        k = kept[i]
+        assert k.dtype == np.float64
+        assert np.all(k[:, gb.lo[p] < 0.0] >= leak)
+        assert np.all(k[:, gb.hi[p] > 0.0] <= 1.0)
+        # alpha reached the least slope on some free neuron (the case float32 rounds)
+        assert np.any(k[:, free] == leak)

@@ -201,6 +201,20 @@ def _steps(gb, keys, tape, vals, state, kinds, step):
         free[i][:, c] = own[i]
 
 
+def _float64_params(gb, i, p, cols, slope, r):
+    """Node i's parameters for the float64 bound, (r, size): CROWN's own float64 values off
+    the free columns ``cols``, the float32 iterate ``p`` on them, projected in float64 onto
+    the valid range (``slope``: free_slopes' (mask, least slope), else a mix in [0, 1]). A
+    float32 value may lie outside it: the leak 0.01 rounds below itself, and a lower slope
+    below the leak is no lower line of a leaky ReLU."""
+    full = np.repeat(np.asarray(gb.lines[i].lower if slope is not None else 0.5,
+                                np.float64).reshape(1, -1), r, axis=0)
+    if full.shape[1] == 1:
+        full = np.repeat(full, gb.g.nodes[i].size, axis=1)
+    full[:, cols] = np.clip(p.astype(np.float64), 0.0 if slope is None else slope[1], 1.0)
+    return full
+
+
 def alpha_lower(gb, target: int, Lam: np.ndarray, iters: int = ITERS, lr: float = LR,
                 patience: Optional[int] = None, tol: float = 1e-3, keep: bool = False,
                 crown: Optional[np.ndarray] = None):
@@ -262,10 +276,9 @@ def alpha_lower(gb, target: int, Lam: np.ndarray, iters: int = ITERS, lr: float 
     kept = {}
     for i, p in zip(keys, best.params):
         if i in cols:  # CROWN's values off the free columns, the best iterate's on them
-            full = free[i].astype(np.float64)
-            full[:, cols[i]] = p
-            p = full
-        kept[i] = p
+            kept[i] = _float64_params(gb, i, p, cols[i], slopes.get(i), r)
+        else:
+            kept[i] = p
     # the verified float64 bound at each row's best parameters; CROWN's where it is higher
     low = np.fmax(crown, gb.lower(target, Lam, free=kept))
     return (low, kept) if keep else low
