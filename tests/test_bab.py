@@ -1,6 +1,7 @@
 """Input-splitting branch and bound (crown_cli.verification.bab.input_split): the batched bound against the engine's
 per-box bound, soundness on samples, and BaB verdicts against an exact MILP over the box."""
 import time
+import warnings
 
 import numpy as np
 import pytest
@@ -442,3 +443,27 @@ def test_input_split_two_workers_same_search(d, hidden, n_out, m, seed, monkeypa
                           time.monotonic() + 600.0, max_domains=100_000, workers=2)
     assert res.verdict == "sat"
     assert np.all(A @ mlp_forward(ws, bs, "relu", res.x) <= v_at + delta)
+
+
+def test_a_parent_without_a_finite_score_splits_where_a_half_is_bounded():
+    # BoxSearch._kept, one box, two candidate dimensions, the parent's score -inf (a graph
+    # bound through an unbounded operation): the split that bounds its halves is taken, the
+    # first candidate when none does, and no NaN is formed on the way (fuzz_verify printed
+    # "invalid value encountered in multiply" here)
+    from crown_cli.verification.bab.input_split import BoxSearch
+
+    used, live, ok = np.ones(4, bool), np.ones(4, bool), np.ones((1, 2), bool)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        s = np.array([-np.inf, -np.inf, -1.0, -2.0])
+        kept, pick, best = BoxSearch._kept(s, used, live, np.array([-np.inf]), ok)
+        assert best.tolist() == [1] and pick.tolist() == [[2, 3]]
+        _, _, best = BoxSearch._kept(np.full(4, -np.inf), used, live, np.array([-np.inf]), ok)
+        assert best.tolist() == [0]
+        # a finite parent as before: a split no better than it is no split (candidate 0)
+        _, _, best = BoxSearch._kept(np.array([-3.0, -3.0, -1.0, -1.0]), used, live,
+                                     np.array([-0.5]), ok)
+        assert best.tolist() == [0]
+        _, _, best = BoxSearch._kept(np.array([-3.0, -3.0, 0.1, -0.1]), used, live,
+                                     np.array([-0.5]), ok)
+        assert best.tolist() == [1]

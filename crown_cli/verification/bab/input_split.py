@@ -513,7 +513,11 @@ class BoxSearch:
         best = np.argmax(deficit, axis=1)
         # no split improves (all tie with the parent): the most sensitive dimension, else
         # argmax's first index could halve one dimension forever
-        flat = deficit.max(axis=1) - 2.0 * np.minimum(Sb, 0.0) <= FLAT * np.abs(Sb)
+        # (a parent without a finite score, e.g. a graph bound through an unbounded operation:
+        # flat when no split bounds a half either)
+        top, fin = deficit.max(axis=1), np.isfinite(Sb)
+        S = np.where(fin, Sb, 0.0)
+        flat = np.where(fin, top - 2.0 * np.minimum(S, 0.0) <= FLAT * np.abs(S), top == -np.inf)
         best[flat] = 0
         pick = (np.arange(n)[:, None] * 2 * k + best[:, None] * 2 + np.arange(2)[None]).ravel()
         pick = (np.cumsum(used) - 1)[pick]  # candidate 0 is always bounded
