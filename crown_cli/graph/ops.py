@@ -421,6 +421,16 @@ class Conv(Affine):
         ``out_idx`` (flat (O, OH, OW) indices) reaches, in any channel."""
         O, OH, OW = self.out_shape
         C, H, W = self.in_shape
+        if len(out_idx) == self.size:  # every output element (most rows of a search): kept
+            if getattr(self, "_reach_all", None) is None:
+                self._reach_all = self._reach(np.arange(self.size))
+                self._reach_all.setflags(write=False)
+            return self._reach_all
+        return self._reach(out_idx)
+
+    def _reach(self, out_idx) -> np.ndarray:
+        O, OH, OW = self.out_shape
+        C, H, W = self.in_shape
         (sh, sw), (dh, dw) = self.strides, self.dilations
         pt, pl = self.pads[:2]
         kh, kw = self.weight.shape[2:]
