@@ -454,6 +454,8 @@ class _Walk:
         self.const, self.mag, self.charge = np.zeros(r), np.zeros(r), np.zeros(r)
         dt = steer_dtype(Lam)  # float32: a steering pass
         self.pending: Dict[int, np.ndarray] = {target: np.ascontiguousarray(Lam, dtype=dt)}
+        # a steering pass (float32) needs only the constant: no magnitudes, no charges
+        self.steer = dt != np.float64
         self.Lx = np.zeros((r, gb.g.input_size), dt)
         self.free, self.tape, self.lines = free, tape, lines
 
@@ -463,6 +465,9 @@ class _Walk:
             self.pending[j] = P
             return
         A = self.pending[j]
+        if self.steer:
+            self.pending[j] = A + P
+            return
         kernels = graph_kernels()
         if kernels is not None and A.flags.c_contiguous and P.flags.c_contiguous \
                 and A.dtype == P.dtype and A.dtype in (np.float32, np.float64):

@@ -52,10 +52,6 @@ class Box:
         """``(x0, eps, qcode)`` for the engine's functions."""
         return self.center, 1.0, self
 
-    def abs_max(self) -> np.ndarray:
-        """max |x_i| over the box."""
-        return np.maximum(np.abs(self.lo), np.abs(self.hi))
-
 
 def dual_norms(A, qcode):
     """Row-wise dual norm of A (r, n): l1 for qcode 0, l2 for 1, l_inf for 2; for a

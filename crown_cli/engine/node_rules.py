@@ -36,7 +36,8 @@ from crown_cli.engine.graph_rows import (Win, _bias, _fits, _full, _image, _line
 from crown_cli.engine.input_sets import Box
 from crown_cli.engine.kernels import graph_kernels
 from crown_cli.engine.rounding import ERR_SAFETY, TINY64, U64, gamma_n
-from crown_cli.graph.ops import ActivationOp, Affine, Conv, InputOp, Product, Sum, steer_dtype
+from crown_cli.graph.ops import (ActivationOp, Affine, Conv, InputOp, Product, Sum, steer_dtype,
+                                  typed)
 from crown_cli.graph.pooling import MaxPool
 
 # Ranges every value of the activation lies in (intersected with the lines' interval)
@@ -280,7 +281,11 @@ class AffineRule(Rule):
     def back(self, gb, i, node, L, walk):
         op = node.op
         kernels = graph_kernels()
-        if kernels is not None and L.flags.c_contiguous and L.dtype in (np.float32, np.float64):
+        if walk.steer:  # a steering pass: the constant only (no magnitude, no charge)
+            if op.bias is not None:
+                walk.const = walk.const + L @ typed(op, "bias", L.dtype)
+        elif kernels is not None and L.flags.c_contiguous and \
+                L.dtype in (np.float32, np.float64):
             b, absb = _bias(gb, i, np.float64)
             sums = np.empty((L.shape[0], 3))
             kernels.affine_terms_rows(L, b, absb, gb.absfwd[i], sums)
@@ -288,12 +293,13 @@ class AffineRule(Rule):
                 walk.const = walk.const + sums[:, 0]
                 walk.mag = walk.mag + sums[:, 1]
             wsum = sums[:, 2]
+            walk.charge = walk.charge + self.charge(gb, i, wsum)
         else:
             if op.bias is not None:
                 walk.const = walk.const + L @ op.bias
                 walk.mag = walk.mag + np.abs(L) @ np.abs(op.bias)
             wsum = np.abs(L) @ gb.absfwd[i]
-        walk.charge = walk.charge + self.charge(gb, i, wsum)
+            walk.charge = walk.charge + self.charge(gb, i, wsum)
         for j, P in zip(node.inputs, op.transpose(L)):
             walk.give(j, P)
 

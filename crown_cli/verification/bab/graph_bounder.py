@@ -179,11 +179,14 @@ class GraphBounder(CaseRows):
                 out[i] = self._smooth_lines(base, n, idx, sp, self.halves[k])
                 continue
             lower = np.broadcast_to(np.asarray(base.lower, dtype), (R, n)).copy()
+            fixed = np.where(sp > 0, 1.0, 0.0)
+            lower[:, idx] = np.where(sp == 0, alpha[:, o0:o1], fixed)
+            if not sp.any():  # no row splits here: the root's upper lines, shared, no beta
+                out[i] = Lines(base.cols, lower, base.upper, upper_icpt=base.upper_icpt)
+                continue
             upper = np.broadcast_to(np.asarray(base.upper, dtype), (R, n)).copy()
             ui = np.zeros((R, n), dtype) if base.upper_icpt is None else \
                 np.broadcast_to(np.asarray(base.upper_icpt, dtype), (R, n)).copy()
-            fixed = np.where(sp > 0, 1.0, 0.0)
-            lower[:, idx] = np.where(sp == 0, alpha[:, o0:o1], fixed)
             upper[:, idx] = np.where(sp == 0, upper[:, idx], fixed)
             ui[:, idx] = np.where(sp == 0, ui[:, idx], 0.0)
             extra = np.zeros((R, n), dtype)
