@@ -444,11 +444,11 @@ def test_products_skip_dead_neurons_with_the_same_values(monkeypatch):
     """Dead neurons (inactive on the whole box) meet only zeros of the rows: the products
     that skip their rows of W (``Bounder.live``, on CSR weights) give the same bounds and
     gradients, bit for bit, with and without cuts, in float64 and float32."""
+    from crown_cli.graph import ops  # the sparse policy
     from crown_cli.verification.bab import bounder as bounder_mod
-    from crown_cli.verification.bab import domain_bounds
 
-    monkeypatch.setattr(domain_bounds, "SPARSE_MIN_SIZE", 0)  # every layer as CSR
-    monkeypatch.setattr(domain_bounds, "SPARSE_MAX_DENSITY", 1.0)
+    monkeypatch.setattr(ops, "SPARSE_MIN_SIZE", 0)  # every layer as CSR
+    monkeypatch.setattr(ops, "SPARSE_PRODUCT_DENSITY", 1.0)
     sizes = (6, 16, 16, 3)
     bd = _bounder(sizes, seed=9, eps=0.15)
     assert [lv is not None for lv in bd.live] == [True, True]

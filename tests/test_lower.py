@@ -378,7 +378,7 @@ def test_bounder_sparse_weights_give_the_dense_bounds(tmp_path, monkeypatch):
     the same float32 estimates (to float32 rounding) and float64 bounds (to 1e-12) as the dense
     products, their gradients, and the same per-domain hidden-layer bounds."""
     from crown_cli.verification.bab import bounder as bmod
-    from crown_cli.verification.bab import domain_bounds as dmod  # sparse_enough's thresholds
+    from crown_cli.graph import ops as dmod  # sparse_enough's thresholds
 
     _, g = save_load(tmp_path, "pad", pad_chain(np.random.default_rng(31)))
     mlp = lowered(g)
@@ -388,7 +388,7 @@ def test_bounder_sparse_weights_give_the_dense_bounds(tmp_path, monkeypatch):
     out = {}
     for mode, size in (("dense", 2 ** 40), ("sparse", 0)):
         monkeypatch.setattr(dmod, "SPARSE_MIN_SIZE", size)
-        monkeypatch.setattr(dmod, "SPARSE_MAX_DENSITY", 0.9)
+        monkeypatch.setattr(dmod, "SPARSE_PRODUCT_DENSITY", 0.9)
         bd = bmod.Bounder(bmod.ReluSplitProblem(mlp.weights, mlp.biases, x0 - 0.2, x0 + 0.2, A,
                                                   np.zeros(2)))
         assert bd.nU > 0

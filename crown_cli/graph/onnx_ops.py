@@ -16,13 +16,10 @@ from crown_cli.graph.onnx_moves import (_cast, _concat, _const_fn, _constant,
                                         _shape, _slice, _split, _squeeze, _transpose,
                                         _unsqueeze)
 from crown_cli.graph import onnx_relu_forms as relu_forms
-from crown_cli.graph.ops import ActivationOp, Conv, Dense, Product, Sum
+from crown_cli.graph.ops import (SPARSE_LOAD_DENSITY, SPARSE_MIN_SIZE, ActivationOp, Conv, Dense,
+                                  Product, Sum)
 from crown_cli.graph.pooling import MaxPool, pool_windows
 from crown_cli.graph.tensors import Const, Data
-
-# a dense weight of at least this many elements with at most this density is kept sparse
-SPARSE_MIN_SIZE = 2 ** 20
-SPARSE_MAX_DENSITY = 0.1
 
 
 def _label(node) -> str:
@@ -118,7 +115,7 @@ def _dense(b, node, d: Data, W: np.ndarray, left: bool, bias, label: str, tensor
         rep = int(np.prod(xs[:-2], dtype=np.int64)) if len(xs) > 2 else 1
         core = W2
     nnz = int(np.count_nonzero(core))
-    sparse = rep > 1 or inner > 1 or (core.size >= SPARSE_MIN_SIZE and nnz <= SPARSE_MAX_DENSITY * core.size)
+    sparse = rep > 1 or inner > 1 or (core.size >= SPARSE_MIN_SIZE and nnz <= SPARSE_LOAD_DENSITY * core.size)
     need = nnz * rep * inner * 16 if sparse else core.size * 8
     if need > b.budget:
         b.fail(node, f"its weights need {need / 2 ** 30:.1f} GiB as float64 "

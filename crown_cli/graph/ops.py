@@ -45,6 +45,23 @@ def is_sparse(w) -> bool:
     return sp is not None and sp.issparse(w)
 
 
+# The one sparse policy: a weight of at least SPARSE_MIN_SIZE entries is kept sparse by the
+# loader (graph/onnx_ops.py) at most SPARSE_LOAD_DENSITY nonzero, and multiplied as a CSR
+# matrix by ReLU splitting's per-domain bounds (verification/bab/domain_bounds.py) at most
+# SPARSE_PRODUCT_DENSITY nonzero (verivital's lowered 2x2 convolution: 23328 x 784, 0.5%
+# nonzero; oval21's second convolution 1024 x 2048, 5.5%: 512 float32 rows in 4 ms sparse,
+# 11 ms dense)
+SPARSE_MIN_SIZE = 2 ** 20
+SPARSE_LOAD_DENSITY, SPARSE_PRODUCT_DENSITY = 0.1, 0.12
+
+
+def sparse_enough(w, density: Optional[float] = None) -> bool:
+    """Whether ``w`` has at least :data:`SPARSE_MIN_SIZE` entries, at most ``density``
+    (default :data:`SPARSE_PRODUCT_DENSITY`) of them nonzero."""
+    density = SPARSE_PRODUCT_DENSITY if density is None else density
+    return w.size >= SPARSE_MIN_SIZE and np.count_nonzero(w) <= density * w.size
+
+
 def _owned(x) -> np.ndarray:
     """``x`` as a C-ordered, writable float64 array (a copy where it is not one: an ONNX
     tensor's array is read-only, and numba compiles a kernel once per such array type)."""

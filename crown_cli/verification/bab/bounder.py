@@ -22,7 +22,8 @@ from crown_cli.engine.kernels import relu_split_kernels as _kern
 from crown_cli.engine.relaxations import get_relaxation
 from crown_cli.engine.rounding import FP_RTOL, U64, margin_rows_rounding, rounding_weights
 from crown_cli.verification.bab.cuts import evaluate_cuts, gradient_cuts
-from crown_cli.verification.bab.domain_bounds import DomainBounds, sparse_enough
+from crown_cli.graph.ops import sparse_enough
+from crown_cli.verification.bab.domain_bounds import DomainBounds
 from crown_cli.verification.bab.domains import CaseRows, ReluSplitProblem
 from crown_cli.verification.outcome import violations
 

@@ -18,21 +18,9 @@ import numpy as np
 from crown_cli.engine.batch_steps import Lines, Rows, relax
 from crown_cli.engine.input_sets import box_lower
 from crown_cli.engine.kernels import relu_split_kernels as _kern
+from crown_cli.graph.ops import sparse_enough
 from crown_cli.verification.bab.domains import ReluSplitProblem
 from crown_cli.verification.bab.optimise import _optimise_rows
-
-
-# a weight of at least this many entries with at most this share of nonzeros is multiplied
-# as a sparse matrix (verivital's lowered 2x2 convolution: 23328 x 784, 0.5% nonzero; oval21's
-# second convolution 1024 x 2048, 5.5%: 512 float32 rows in 4 ms sparse, 11 ms dense)
-SPARSE_MIN_SIZE = 2 ** 20
-SPARSE_MAX_DENSITY = 0.12
-
-
-def sparse_enough(w) -> bool:
-    """Whether the rows multiply ``w`` faster as a CSR matrix (:data:`SPARSE_MIN_SIZE`,
-    :data:`SPARSE_MAX_DENSITY`)."""
-    return w.size >= SPARSE_MIN_SIZE and np.count_nonzero(w) <= SPARSE_MAX_DENSITY * w.size
 
 
 @dataclass(frozen=True)
