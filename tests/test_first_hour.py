@@ -204,6 +204,34 @@ def test_ctrl_c_exits_130_with_a_resume_hint_and_a_true_sidecar(tmp_path):
     assert json.loads((tmp_path / "r.csv.json").read_text())["complete"] is True
 
 
+def test_ctrl_c_just_after_a_row_is_written_counts_that_row(tmp_path, monkeypatch):
+    """A real SIGINT that arrives the moment a row has reached the file (before it was
+    counted; the slow tier's subprocess test met this once): the hint and the sidecar still
+    count that row."""
+    from crown_cli.io import result_files
+
+    real, calls = result_files.RowWriter.write, []
+
+    def write(self, row):
+        real(self, row)
+        calls.append(row)
+        if len(calls) == 2:
+            os.kill(os.getpid(), signal.SIGINT)
+
+    monkeypatch.setattr(result_files.RowWriter, "write", write)
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)  # a worker ignores it
+    try:
+        out = tmp_path / "r.csv"
+        res = certify("-n", 5, "-o", out)
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    assert res.exit_code == 130
+    assert len(list(csv.DictReader(open(out)))) == 2
+    assert f"crown: interrupted; {out} holds 2 finished rows" in res.stderr
+    side = json.loads((tmp_path / "r.csv.json").read_text())
+    assert side["rows"] == 2 and side["runs"][-1]["rows_written"] == 2
+
+
 def test_ctrl_c_in_a_cli_runner_run(tmp_path, monkeypatch):
     """The same path without a subprocess: the second row's write is interrupted."""
     from crown_cli.io import result_files

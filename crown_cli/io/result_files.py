@@ -10,8 +10,11 @@ from __future__ import annotations
 import csv
 import io
 import json
+import contextlib
 import os
+import signal
 import sys
+import threading
 from dataclasses import dataclass
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
@@ -148,6 +151,21 @@ def csv_line(row: Dict[str, object], columns: Sequence[str] = COLUMNS) -> str:
 def jsonl_line(row: Dict[str, object], columns: Sequence[str] = COLUMNS) -> str:
     # json writes floats with repr, which round-trips exactly (a verified eps is never rounded)
     return json.dumps({c: _json_value(row.get(c)) for c in columns}, separators=(",", ":")) + "\n"
+
+
+@contextlib.contextmanager
+def _sigint_held():
+    """SIGINT blocked inside the block, delivered when it ends (POSIX, main thread; else
+    nothing is held)."""
+    if not hasattr(signal, "pthread_sigmask") or \
+            threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    old = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, old)
 
 
 class RowWriter:
@@ -440,11 +458,14 @@ class ResultJob:
         return found
 
     def counting(self, write: Callable[[Dict[str, object]], None]):
-        """``write``, counting the rows (and failed rows) it has written."""
+        """``write``, counting the rows (and failed rows) it has written. Ctrl-C is held
+        back while a row is written and counted (it takes effect right after), so that the
+        count the sidecar and the resume hint give is the file's."""
         def counted(row: Dict[str, object]) -> None:
-            write(row)
-            self.written += 1
-            self.failed_written += bool(self.kind.failed(row))
+            with _sigint_held():
+                write(row)
+                self.written += 1
+                self.failed_written += bool(self.kind.failed(row))
 
         return counted
 
