@@ -2,6 +2,7 @@
 yield nothing, the check refuses points outside the box."""
 import os
 import time
+import warnings
 
 import numpy as np
 import onnx
@@ -250,3 +251,33 @@ def test_sat_at_a_decimal_no_float_holds_is_confirmed_exactly(tmp_path):
         assert max(x, Fraction(0)) <= Fraction("0.2")  # relu(x*) in exact arithmetic
         v = crown_cli.verify(path, specs["holds"], timeout=5, workers=1)
         assert v.result != "sat", (path, v.result, v.x)
+
+
+def test_the_search_is_quiet_and_keeps_going_where_its_float32_passes_overflow():
+    # outputs (x1, exp(x0)) with x0 in [90, 100]: float32's exp is inf there, and the input
+    # gradient of the first output meets 0 * inf (NaN). The search must neither warn nor
+    # step to a NaN point (which no check accepts): it finds x1 <= -0.9 as on any network
+    from crown_cli.verification.attack import descend
+    from crown_cli.verification.outcome import violations_of
+
+    lo, hi = np.array([90.0, -1.0]), np.array([100.0, 1.0])
+
+    def passes(X):
+        z = X.astype(np.float32)
+        return np.stack([z[:, 1], np.exp(z[:, 0])], axis=1), z
+
+    def gradient(z, j, leaks):  # the row (1, 0) through the exp branch: 0 * exp(x0) = NaN
+        return np.stack([np.float32(0.0) * np.exp(z[:, 0]), np.ones_like(z[:, 0])], axis=1)
+
+    def check(X, A_j, b_j):
+        return violations_of(lambda Z: np.stack([Z[:, 1], np.exp(Z[:, 0])], axis=1),
+                             lo, hi, A_j, b_j, X)
+
+    case = (lo, hi, np.array([[1.0, 0.0]]), np.array([-0.9]))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        found = descend(passes, gradient, check, [case], restarts=4, steps=20, seed=0,
+                        deadline=None, surrogate=False)
+    assert found is not None
+    j, x = found
+    assert j == 0 and 90.0 <= x[0] <= 100.0 and x[1] <= -0.9

@@ -179,13 +179,27 @@ def descend(passes, gradient, check, parsed, restarts: int, steps: int, seed: in
     if any(p[2].shape[0] == 0 for p in parsed):  # no output constraint: every point violates
         return verified(X[:1])
     A32, b32 = A.astype(dtype), b.astype(dtype)
-    width = hi - lo
     leaks = None
     if surrogate:  # per start its backward slope of the inactive side
         leaks = np.resize(np.asarray(SURROGATE_LEAKS, dtype), X.shape[0])
+    # the search's float32 passes and gradients may overflow (an Exp node far out, a
+    # reciprocal near 0): such a start only searches worse (a NaN step is no step); every
+    # candidate is decided by the float64 check
+    with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
+        return _descend_steps(passes, gradient, verified, (A32, b32, case_of, n_cases),
+                              (X, lo, hi, leaks), steps, deadline)
+
+
+def _descend_steps(passes, gradient, verified, rows, state, steps: int, deadline):
+    """:func:`descend`'s sign-gradient steps from the starts X: ``rows`` = (A, b as float32,
+    each row's case, the case count), ``state`` = (X, lo, hi, leaks)."""
+    A32, b32, case_of, n_cases = rows
+    X, lo, hi, leaks = state
+    width = hi - lo
     for k in range(int(steps) + 1):
         f, zs = passes(X)
-        R = f @ A32.T - b32  # (N, rows of all cases)
+        # an output beyond float32 (inf) that a row does not read must not make it NaN
+        R = np.nan_to_num(f) @ A32.T - b32  # (N, rows of all cases)
         if n_cases == 1:
             j = np.argmax(R, axis=1)
             m = R[np.arange(X.shape[0]), j]
@@ -210,7 +224,7 @@ def descend(passes, gradient, check, parsed, restarts: int, steps: int, seed: in
                 return found
         if k == steps or (deadline is not None and time.monotonic() > deadline):
             break
-        G = gradient(zs, j, leaks)
+        G = np.nan_to_num(gradient(zs, j, leaks), nan=0.0)  # a NaN step is no step
         step = (0.02 + 0.48 * (1.0 - k / max(steps, 1))) * width
         X = np.clip(X - step * np.sign(G).astype(np.float64), lo, hi)
     return None
