@@ -31,7 +31,10 @@ Every case runs in its own subprocess (so its peak RSS is its own) on both cores
              at eps (1 - 1e-3) and < 0 at eps (1 + 1e-3)); peak RSS of each process. Then
              alpha-CROWN of the first image's margin at its eps, float64, 20 iterations on
              both sides (crown: GraphBounds(intermediate="alpha") and alpha_lower; auto_LiRPA:
-             CROWN-Optimized, each with its own step size): seconds and bounds
+             CROWN-Optimized, each with its own step size): seconds and bounds; crown's
+             alpha-crown radius of that image (GraphCertifier, --method alpha-crown) and, with
+             --lirpa, whether auto_LiRPA's CROWN-Optimized bound agrees with it (> 0 at
+             eps (1 - 1e-3), < 0 at eps (1 + 1e-3))
     cli      a warm `crown certify -n 1` of relu3's model, wall-clock, start-up included
     alpha3   relu3 with --method alpha-crown (default settings): s/image, and the mean eps gain
              over crown on the same images (crown's own time is not counted)
@@ -310,6 +313,15 @@ def resnet_worker(n_images):
             best = min(best, time.perf_counter() - t0)
         per_bound.append(best)
     alpha = _resnet_alpha(graph, x, picks[0], eps[0])
+    if alpha is not None:
+        i, c, t = picks[0]
+        try:
+            r = gc_mod.GraphCertifier(graph, norm="inf", method="alpha-crown").certify(
+                x[i], c, [t])
+            alpha.update(radius=float(r.eps), radius_s=r.time_s,
+                         radius_evaluations=r.evaluations)
+        except Exception:  # a --before checkout whose graph certifier lacks alpha-crown
+            pass
     print(json.dumps({"case": "resnet", "images": len(picks), "mean_s": sum(times) / len(times),
                       "median_s": statistics.median(times), "evaluations": float(np.mean(evals)),
                       "mean_eps": float(np.mean(eps)), "eps": eps, "bound_s": per_bound,
@@ -342,7 +354,7 @@ def _resnet_alpha(graph, x, pick, eps):
     return {"s": time.perf_counter() - t0, "bound": lb, "crown_bound": crown}
 
 
-def resnet_lirpa_worker(n_images, lirpa, eps_list):
+def resnet_lirpa_worker(n_images, lirpa, eps_list, alpha_eps=None):
     """The resnet case, auto_LiRPA's side (float64 CROWN) at crown's radii."""
     import numpy as np
 
@@ -382,6 +394,13 @@ def resnet_lirpa_worker(n_images, lirpa, eps_list):
     t0 = time.perf_counter()
     lb, _ = bm.compute_bounds(x=(xt,), C=C, method="CROWN-Optimized", bound_upper=False)
     alpha = {"s": time.perf_counter() - t0, "bound": float(lb.item())}
+    if alpha_eps is not None:  # its bound on each side of crown's alpha-crown radius
+        near = []
+        for e in (alpha_eps * (1 - 1e-3), alpha_eps * (1 + 1e-3)):
+            xt = BoundedTensor(torch.tensor(x[i:i + 1]), PerturbationLpNorm(norm=np.inf, eps=e))
+            near.append(float(bm.compute_bounds(x=(xt,), C=C, method="CROWN-Optimized",
+                                                bound_upper=False)[0].item()))
+        alpha.update(near=near, agree=near[0] > 0 > near[1])
     print(json.dumps({"case": "resnet-lirpa", "bound_s": per_bound, "agree": agree,
                       "alpha": alpha,
                       "threads": torch.get_num_threads(),
@@ -438,7 +457,8 @@ def worker(case, n_images, check, seconds=30.0, vnncomp=None):
     if case == "resnet":
         return resnet_worker(n_images)
     if case == "resnet-lirpa":
-        return resnet_lirpa_worker(n_images, vnncomp, json.loads(os.environ["BENCH_EPS"]))
+        return resnet_lirpa_worker(n_images, vnncomp, json.loads(os.environ["BENCH_EPS"]),
+                                   json.loads(os.environ.get("BENCH_ALPHA_EPS", "null")))
     if case == "bab":
         return bab_worker(n_images)
     if case == "hull":
@@ -537,7 +557,8 @@ def run_case(case, pkg, args, check=False, eps=None):
         ours = run_case("resnet-crown", pkg, args)
         if "error" in ours:
             return ours
-        lirpa = run_case("resnet-lirpa", pkg, args, eps=ours["eps"])
+        lirpa = run_case("resnet-lirpa", pkg, args,
+                         eps=(ours["eps"], (ours.get("alpha") or {}).get("radius")))
         ours["lirpa"] = lirpa
         return ours
     case = "resnet" if case == "resnet-crown" else case
@@ -551,7 +572,7 @@ def run_case(case, pkg, args, check=False, eps=None):
     env = dict(os.environ, PYTHONPATH=pkg)
     if case == "resnet-lirpa":  # the lirpa worker takes its checkout where others take --vnncomp
         cmd[cmd.index("--vnncomp") + 1] = os.path.abspath(args.lirpa)
-        env["BENCH_EPS"] = json.dumps(eps)
+        env["BENCH_EPS"], env["BENCH_ALPHA_EPS"] = json.dumps(eps[0]), json.dumps(eps[1])
     out = subprocess.run(cmd, env=env, capture_output=True, text=True)
     if out.returncode != 0:
         return {"case": case, "error": out.stderr.strip().splitlines()[-1] if out.stderr else "failed"}
@@ -605,6 +626,13 @@ def line(r, relu3=None, plain=None):
             if la is not None:
                 s += (f"; auto_LiRPA CROWN-Optimized {la['s']:.2f} s, bound {la['bound']:.5g}: "
                       f"crown {la['s'] / a['s']:.1f}x faster")
+            if a.get("radius") is not None:
+                s += (f"\n{'':<11} alpha-crown radius (first image): {a['radius']:.6g} "
+                      f"({a['radius_s']:.1f} s, {a['radius_evaluations']} evaluations)")
+                if la is not None and "near" in la:
+                    s += (f"; auto_LiRPA's CROWN-Optimized bound at it (1 -/+ 1e-3): "
+                          f"{la['near'][0]:.3g} / {la['near'][1]:.3g}, "
+                          f"{'agrees' if la['agree'] else 'DISAGREES'}")
         return s
     if r["case"] == "hull":
         each = ", ".join(f"{n} {v} {b} boxes {t:.2f} s" for n, v, b, t in r["instances"])
