@@ -10,6 +10,7 @@ part. The search that uses it is :mod:`crown_cli.verification.bab.relu_split`.
 """
 from __future__ import annotations
 
+import contextlib
 import math
 
 import numpy as np
@@ -312,7 +313,16 @@ class Bounder(DomainBounds, CaseRows):
         ``mu`` (B, m, nC): multipliers of the cuts ``self.cuts``: the bound of
         :func:`~crown_cli.verification.bab.cuts.evaluate_cuts` (then ``bounds``: the domains'
         (l, u) of the unstable neurons, as ``chords`` were made from; ``charge`` unused).
+        A float32 evaluation may overflow where float64 does not (that estimate only steers
+        worse): it runs under ``np.errstate``, as the graph bounder's does.
         """
+        quiet = contextlib.nullcontext() if np.dtype(dtype) == np.float64 else \
+            np.errstate(over="ignore", invalid="ignore")
+        with quiet:
+            return self._bound(split, alpha, beta, dtype, keep, charge, chords, rows, mu, bounds)
+
+    def _bound(self, split, alpha, beta, dtype, keep, charge, chords, rows, mu, bounds):
+        """:meth:`evaluate`'s body."""
         if mu is not None and self.cuts is not None and len(self.cuts):
             return evaluate_cuts(self, split, alpha, beta, mu, dtype, keep, bounds, rows)
         dt = np.float64 if np.dtype(dtype) == np.float64 else np.float32
@@ -392,7 +402,15 @@ class Bounder(DomainBounds, CaseRows):
         lower side get a nonzero alpha gradient; only split neurons a beta gradient. A tape of
         the cuts' bound (``mu`` given) gives d/d mu (B*m, nC) too."""
         if len(state) == 2:
-            return gradient_cuts(self, state)
+            with np.errstate(over="ignore", invalid="ignore"):
+                return tuple(np.nan_to_num(g, posinf=0.0, neginf=0.0)
+                             for g in gradient_cuts(self, state))
+        with np.errstate(over="ignore", invalid="ignore"):  # float32 may overflow: 0 there
+            return tuple(np.nan_to_num(g, posinf=0.0, neginf=0.0)
+                         for g in self._gradient(state))
+
+    def _gradient(self, state):
+        """:meth:`gradient`'s body (the tape of a bound without cuts)."""
         tape, Lam_in, sp, ctr = state
         dt = Lam_in.dtype
         N = Lam_in.shape[0]
