@@ -155,17 +155,22 @@ def jsonl_line(row: Dict[str, object], columns: Sequence[str] = COLUMNS) -> str:
 
 @contextlib.contextmanager
 def _sigint_held():
-    """SIGINT blocked inside the block, delivered when it ends (POSIX, main thread; else
-    nothing is held)."""
-    if not hasattr(signal, "pthread_sigmask") or \
-            threading.current_thread() is not threading.main_thread():
+    """SIGINT noted, not acted on, inside the block, and handled as before when it ends (in
+    the main thread; elsewhere nothing is held). A handler swap, not a signal mask: any
+    other thread (numba's, BLAS's) may be the one the signal is delivered to."""
+    if threading.current_thread() is not threading.main_thread():
         yield
         return
-    old = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    got = []
+    previous = signal.signal(signal.SIGINT, lambda signum, frame: got.append(frame))
     try:
         yield
     finally:
-        signal.pthread_sigmask(signal.SIG_SETMASK, old)
+        signal.signal(signal.SIGINT, previous)
+        if got and callable(previous):
+            previous(signal.SIGINT, got[0])  # Python's own handler: KeyboardInterrupt
+        elif got and previous == signal.SIG_DFL:
+            os.kill(os.getpid(), signal.SIGINT)
 
 
 class RowWriter:
