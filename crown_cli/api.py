@@ -256,16 +256,18 @@ def certify(model, x, label: Optional[int] = None, target: Union[str, int] = "ru
             target or option value, a method the network does not support, or a model file
             that cannot be read. The message is one line naming the parameter.
     """
-    mlp = _as_model(model)
+    from crown_cli.io.networks import engine_form
+
+    net = _as_model(model)
     o = _checked(_CertifyOptions(norm, method, search, precision, rtol, eps0, max_eps, timeout,
                                  alpha_iters, alpha_lr, seed, kernels))
-    graph, image_layout, mlp = _engine_form(mlp)
+    mlp, graph, image_layout = engine_form(net)
     n = mlp.num_classes if graph is None else graph.output_size
     if n < 2:
         raise InputError(f"model: the output has {n} value, need >= 2 classes")
     from crown_cli.api_specs import as_input
 
-    x0 = as_input(x, mlp.input_size)
+    x0 = as_input(x, net.input_size)
     if label is not None:
         if isinstance(label, bool) or not isinstance(label, Integral) or not 0 <= label < n:
             raise InputError(f"label: {label!r} is not a class of the model (0..{n - 1})")
@@ -347,21 +349,6 @@ def _checked(o: _CertifyOptions) -> _CertifyOptions:
     if isinstance(o.seed, bool) or not isinstance(o.seed, Integral):
         raise InputError(f"seed: must be an integer, got {o.seed!r}")
     return replace(o, norm=norm, method=method, alpha_iters=alpha_iters)
-
-
-def _engine_form(mlp):
-    """(graph, image_layout, mlp): a graph with a lowered form is certified on that MLP, in
-    the graph's input layout (``image_layout``); another graph on the graph engine."""
-    from crown_cli.graph.network import Graph
-
-    graph = mlp if isinstance(mlp, Graph) else None
-    image_layout = None
-    if graph is not None:
-        from crown_cli.graph.lower import lowered
-
-        if lowered(graph) is not None:  # the dense engine on its exact dense form
-            image_layout, mlp, graph = graph, lowered(graph), None
-    return graph, image_layout, mlp
 
 
 def _target(target, n: int):

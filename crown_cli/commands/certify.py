@@ -243,22 +243,20 @@ def _network_and_images(a: CertifyArgs, methods, target_types):
     input layout, checked against each other: (net, graph or None, x, y, where)."""
     from crown_cli.certification.targets import check_random_possible
     from crown_cli.io.images import labels_source, load_images
-    from crown_cli.io.networks import load_network
-    from crown_cli.network import MLP
+    from crown_cli.io.networks import engine_form, load_network
 
     model_path, images_path = a.model_path, a.images_path
     check_memory_budget(a.memory_budget)
-    net = load_network(model_path, a.activation, memory_budget=a.memory_budget)
-    graph = None if isinstance(net, MLP) else net
+    mlp, graph, layout = engine_form(load_network(model_path, a.activation,
+                                                  memory_budget=a.memory_budget))
+    net = graph if mlp is None else mlp
     x, y = load_images(images_path, a.labels_path)
-    if graph is not None and graph.lowering is not None and graph.lowering[0] is not None:
+    if layout is not None and x.shape[1] == layout.input_size:
         # a chain of affine segments: its exact dense form runs every method on the dense
         # engine; its input is the graph's, so the images go to the model's layout
         from crown_cli.certification.graph_certifier import to_graph_layout
 
-        if x.shape[1] == graph.input_size:
-            x = to_graph_layout(graph, x)
-        net, graph = graph.lowering[0], None
+        x = to_graph_layout(layout, x)
     where = images_path or "default MNIST images"
     n_inputs = net.input_size
     n_classes = net.num_classes if graph is None else graph.output_size

@@ -131,3 +131,17 @@ def check_memory(graph, memory_budget: Optional[float], where: str) -> None:
                          f"{graph.num_parameters:,} parameters), over the memory budget of "
                          f"{budget / GiB:g} GiB (--memory-budget)")
     graph.row_budget = rows
+
+
+def engine_form(net):
+    """Where a loaded network is certified: (mlp, graph, layout). An :class:`MLP`: (net,
+    None, None); a graph with an exact dense form (:func:`crown_cli.graph.lower.lowered`):
+    that MLP on the dense engine, the graph being the layout its images are given in
+    (crown's (H, W, C) images go to the model's own order); any other graph: (None, graph,
+    None), the graph engine. Imports nothing of the graph package for an MLP."""
+    if isinstance(net, MLP):
+        return net, None, None
+    from crown_cli.graph.lower import lowered
+
+    mlp = lowered(net)
+    return (mlp, None, net) if mlp is not None else (None, net, None)
