@@ -221,13 +221,14 @@ def alpha_lower(gb, target: int, Lam: np.ndarray, iters: int = ITERS, lr: float 
     """Verified float64 lower bounds of ``Lam @ value(target)`` (rows (r, size)), each the
     larger of CROWN's and the bound at the free parameters optimised for that row: the lower
     slopes of ReLU and leaky ReLU neurons and the mixes of products' McCormick planes
-    (projected Adam, step ``lr`` times :data:`LR_DECAY` per step), the max pool lower-line weights (mirror ascent on the simplex of each
-    window). With ``patience``: fewer steps once the sum of the rows' best bounds has gained
-    less than ``tol`` times its first size in ``patience`` consecutive steps (as the dense
-    engine's alpha-CROWN stops). ``keep``: also the parameters of each row's best bound
-    ({node: (r, ...)}, as :meth:`GraphBounds.lower` takes them as ``free``; CROWN's where
-    nothing beat it; {} where nothing is free). ``crown``: verified lower bounds of the
-    rows the caller already has (CROWN's), in place of computing them."""
+    (projected Adam, step ``lr`` times :data:`LR_DECAY` per step), the max pool lower-line
+    weights (mirror ascent on the simplex of each window). With ``patience``: fewer steps
+    once the sum of the rows' best bounds has gained less than ``tol`` times its first size
+    in ``patience`` consecutive steps (as the dense engine's alpha-CROWN stops). ``keep``:
+    also the parameters of each row's best bound ({node: (r, ...)}, as
+    :meth:`GraphBounds.lower` takes them as ``free``; CROWN's where nothing beat it; {}
+    where nothing is free). ``crown``: verified lower bounds of the rows the caller already
+    has (CROWN's), in place of computing them."""
     Lam = np.ascontiguousarray(Lam, dtype=np.float64)
     crown = gb.lower(target, Lam) if crown is None else crown
     slopes, pools, mixes = free_slopes(gb, target), free_pools(gb, target), \

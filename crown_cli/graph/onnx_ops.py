@@ -115,7 +115,8 @@ def _dense(b, node, d: Data, W: np.ndarray, left: bool, bias, label: str, tensor
         rep = int(np.prod(xs[:-2], dtype=np.int64)) if len(xs) > 2 else 1
         core = W2
     nnz = int(np.count_nonzero(core))
-    sparse = rep > 1 or inner > 1 or (core.size >= SPARSE_MIN_SIZE and nnz <= SPARSE_LOAD_DENSITY * core.size)
+    sparse = rep > 1 or inner > 1 or (core.size >= SPARSE_MIN_SIZE
+                                        and nnz <= SPARSE_LOAD_DENSITY * core.size)
     need = nnz * rep * inner * 16 if sparse else core.size * 8
     if need > b.budget:
         b.fail(node, f"its weights need {need / 2 ** 30:.1f} GiB as float64 "
