@@ -436,8 +436,6 @@ class Conv(Affine):
     def reach(self, out_idx) -> np.ndarray:
         """The input positions (H, W) bool that the transpose of rows on the output elements
         ``out_idx`` (flat (O, OH, OW) indices) reaches, in any channel."""
-        O, OH, OW = self.out_shape
-        C, H, W = self.in_shape
         if len(out_idx) == self.size:  # every output element (most rows of a search): kept
             if getattr(self, "_reach_all", None) is None:
                 self._reach_all = self._reach(np.arange(self.size))
