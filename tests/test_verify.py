@@ -11,7 +11,9 @@ from crown_cli.engine.input_sets import Box
 from crown_cli.activations import forward
 from crown_cli.engine.relaxations import get_relaxation
 from crown_cli.verification.outcome import BabResult
-from crown_cli.verification.pipeline import BabStatus, Verifier, format_result
+from crown_cli.verification.outcome import format_result
+from crown_cli.verification.pipeline import Verifier
+from crown_cli.verification.status import BabStatus
 from crown_cli.verification.schedule import RaceSettings, Run, race
 from crown_cli.io.vnnlib import parse_vnnlib_text
 from oracles import exact_margin_min
@@ -226,7 +228,6 @@ STATUS_RE = (r"bab \((input|ReLU) split\): case ([\d,]+) \((\d+) of (\d+) proven
 def test_status_lines_are_throttled():
     """BabStatus hands a line on at most every ``every`` seconds of its clock, the first one
     ``every`` seconds after the branch and bound began, with the rate over all cases."""
-    from crown_cli.verification.pipeline import BabStatus
 
     now = [100.0]
     lines = []
@@ -253,9 +254,9 @@ def test_branch_and_bound_reports_its_status(monkeypatch, sizes, seed):
     while they run; the counts only grow and never exceed the verdict's."""
     import re
 
-    from crown_cli.verification import pipeline as verify_mod
+    from crown_cli.verification import status as status_mod
 
-    monkeypatch.setattr(verify_mod, "STATUS_EVERY_BAR_S", 0.0)
+    monkeypatch.setattr(status_mod, "STATUS_EVERY_BAR_S", 0.0)
     ws, bs = random_network(sizes, seed)
     rng = np.random.default_rng(seed)
     d = sizes[0]

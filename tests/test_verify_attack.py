@@ -230,7 +230,7 @@ def test_sat_at_a_decimal_no_float_holds_is_confirmed_exactly(tmp_path):
     from fractions import Fraction
 
     import crown_cli
-    from crown_cli.verification.pipeline import format_result
+    from crown_cli.verification.outcome import format_result
 
     head = "(declare-const X_0 Real)\n(declare-const Y_0 Real)\n" \
            "(assert (>= X_0 0.1))\n(assert (<= X_0 0.1))\n"

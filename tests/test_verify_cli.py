@@ -215,9 +215,9 @@ def bab_spec(tmp_path, acas):
 def test_verbose_shows_branch_and_bound_status(tmp_path, bab_spec, monkeypatch):
     """-v: the stage lines, then the branch and bound's status lines (open domains, worst
     bound, rate) and the case's end; a list run passes them on too."""
-    from crown_cli.verification import pipeline as verify_mod
+    from crown_cli.verification import status as status_mod
 
-    monkeypatch.setattr(verify_mod, "STATUS_EVERY_LOG_S", 0.0)
+    monkeypatch.setattr(status_mod, "STATUS_EVERY_LOG_S", 0.0)
     r = run("verify", "--model", ACASXU, "--spec", bab_spec, "--timeout", 20, "-v")
     assert r.exit_code == 0, r.output
     lines = r.stderr.splitlines()
@@ -247,9 +247,9 @@ def test_progress_bar_shows_branch_and_bound_status(tmp_path, bab_spec, monkeypa
     """On a terminal the bar carries the branch and bound's status (--spec: seconds of the
     timeout; --instances: instances and verdict counts); never in a log or a pipe."""
     from crown_cli.io import progress
-    from crown_cli.verification import pipeline as verify_mod
+    from crown_cli.verification import status as status_mod
 
-    monkeypatch.setattr(verify_mod, "STATUS_EVERY_BAR_S", 0.0)
+    monkeypatch.setattr(status_mod, "STATUS_EVERY_BAR_S", 0.0)
     r = run("verify", "--model", ACASXU, "--spec", bab_spec, "--timeout", 20)
     assert r.exit_code == 0 and "bab (input split)" not in r.stderr  # not a terminal
     monkeypatch.setattr(progress, "_is_terminal", lambda stream: True)

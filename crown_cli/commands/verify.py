@@ -165,7 +165,7 @@ def _verify_one(a: VerifyArgs, timeout, options, log):
     """``--model`` and ``--spec``: the verdict in the competition's result format."""
     import os
 
-    from crown_cli.verification.pipeline import format_result
+    from crown_cli.verification.outcome import format_result
     from crown_cli.verification.runner import Loader, warm_up
 
     from crown_cli.io.result_files import check_output

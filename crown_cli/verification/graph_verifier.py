@@ -476,8 +476,9 @@ class GraphVerifier(StagedVerifier):
         from crown_cli.verification.bab.graph_bounder import graph_relu_split_steps
         from crown_cli.verification.bab.graph_input_split import graph_input_split_steps
         from crown_cli.verification.pipeline import (JOIN_MIN_S, JOIN_SHARE, RACE_MAX_SLICE,
-                                                     RACE_SLICE, bab_status_for)
+                                                     RACE_SLICE)
         from crown_cli.verification.schedule import RaceSettings, Run, race
+        from crown_cli.verification.status import bab_status_for
 
         runs = []
         if self.n_inputs <= INPUT_SPLIT_MAX_DIM:

@@ -25,6 +25,7 @@ from typing import Callable, Optional
 import numpy as np
 
 from crown_cli.activations import forward
+from crown_cli.io.vnnlib import decimal_text
 
 # The verdict of a property, a case or a search. A result row of an instance list may also
 # say "error" (ROW_RESULTS).
@@ -163,3 +164,18 @@ def _confirm_pinned(v, c, j: int, outputs, prove) -> bool:
     v.x, v.y, v.case = x, np.asarray(outputs(x[None]), dtype=np.float64)[0], j
     v.exact = dict(c.pinned)
     return True
+
+
+def format_result(v) -> str:
+    """The competition's result file of a verdict ``v`` (``result``, ``x``, ``y``,
+    ``exact``): the verdict line, and for ``sat`` the counterexample ``((X_0 v) ... (Y_0 v)
+    ...)`` with every value written exactly (repr round-trips; an input pinned to a decimal
+    no float holds as that decimal, ``v.exact``: the Y values are then the float64 outputs at
+    the nearest floats)."""
+    if v.result != "sat":
+        return v.result + "\n"
+    exact = v.exact or {}
+    items = [f"(X_{i} {decimal_text(exact[i]) if i in exact else repr(float(val))})"
+             for i, val in enumerate(v.x)]
+    items += [f"(Y_{i} {float(val)!r})" for i, val in enumerate(v.y)]
+    return "sat\n(" + "\n ".join(items) + ")\n"

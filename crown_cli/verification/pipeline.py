@@ -30,12 +30,12 @@ from crown_cli.engine.input_sets import Box
 from crown_cli.engine.rounding import round_up
 from crown_cli.engine.threads import blas_threads
 from crown_cli.errors import InputError
-from crown_cli.io.vnnlib import decimal_text
 from crown_cli.engine.relaxations import get_relaxation
 from crown_cli.verification.bab.hull_split import applies as hull_applies
 from crown_cli.verification.bab.hull_split import stage_applies as hull_stage_applies
 from crown_cli.verification.outcome import confirm_sat
 from crown_cli.verification.schedule import RaceSettings, Run, race
+from crown_cli.verification.status import bab_status_for
 
 # Bound stages, cheap to strong; a stage is used when the activation has that method.
 BOUND_STAGES = ("crown", "alpha-crown", "hull")
@@ -78,9 +78,6 @@ ATTACK_MIN_S = 0.5
 # properties list 400-120,000 one-input boxes), at most MANY_CHUNK in one call
 MANY_BOXES = 64
 MANY_CHUNK = 4096
-# branch and bound status (open domains, worst open bound, domains/s): at most this often, in
-# seconds, to a progress bar and to the -v log
-STATUS_EVERY_BAR_S, STATUS_EVERY_LOG_S = 0.5, 2.0
 
 
 @dataclass
@@ -706,55 +703,6 @@ class Verifier(StagedVerifier):
 JOINT_LAYERS = 3  # hidden layers from which verify's ReLU splitting decides cases jointly
 
 
-def bab_status_for(status, log) -> Optional["BabStatus"]:
-    """The branch and bound's status line: to ``status`` (a progress bar) every
-    :data:`STATUS_EVERY_BAR_S` seconds, else to ``log`` every :data:`STATUS_EVERY_LOG_S`;
-    None when neither is given."""
-    if status is not None:
-        return BabStatus(status, STATUS_EVERY_BAR_S)
-    if log is not None:
-        return BabStatus(log, STATUS_EVERY_LOG_S)
-    return None
-
-
-class BabStatus:
-    """The status of a running branch and bound as one line of text, handed to ``emit`` at
-    most every ``every`` seconds: the case, domains bounded and their rate over the whole
-    branch and bound so far, open domains, and the worst open domain's bound minus b (its best
-    row; a float32 estimate for ReLU splitting)."""
-
-    def __init__(self, emit: Callable[[str], None], every: float,
-                 clock: Callable[[], float] = time.monotonic):
-        self.emit, self.every, self.clock = emit, every, clock
-        self.t0 = None
-        self.last = -np.inf
-        self.kind = self.unit = ""
-        self.case = self.proven = self.cases = self.before = 0
-
-    def begin(self, kind: str, unit: str, case: int, proven: int, cases: int,
-              before: int) -> None:
-        """A new case starts; ``before``: domains the earlier cases bounded."""
-        if self.t0 is None:  # the first line after ``every`` seconds, with a meaningful rate
-            self.t0 = self.last = self.clock()
-        self.kind, self.unit, self.case = kind, unit, case
-        self.proven, self.cases, self.before = proven, cases, before
-
-    def text(self, domains: int, open_: int, worst: float) -> str:
-        total = self.before + domains
-        rate = total / max(self.clock() - self.t0, 1e-9)
-        worst_s = f"{worst:.4g}" if np.isfinite(worst) else "-"
-        return (f"bab ({self.kind}): case {self.case} ({self.proven} of {self.cases} proven): "
-                f"{total} {self.unit}, {open_} open, worst bound {worst_s}, "
-                f"{rate:.0f} {self.unit}/s")
-
-    def update(self, domains: int, open_: int, worst: float) -> None:
-        now = self.clock()
-        if now - self.last < self.every:
-            return
-        self.last = now
-        self.emit(self.text(domains, open_, worst))
-
-
 def _by_box(cases, indices) -> List[List[int]]:
     """The case indices grouped by identical input box, in order of first appearance."""
     out = {}
@@ -766,17 +714,3 @@ def _by_box(cases, indices) -> List[List[int]]:
 
 def _worst(margins) -> Optional[float]:
     return min(margins.values()) if margins else None
-
-
-def format_result(v: Verdict) -> str:
-    """The competition's result file: the verdict line, and for ``sat`` the counterexample
-    ``((X_0 v) ... (Y_0 v) ...)`` with every value written exactly (repr round-trips; an
-    input pinned to a decimal no float holds as that decimal, ``Verdict.exact``: the Y values
-    are then the float64 outputs at the nearest floats)."""
-    if v.result != "sat":
-        return v.result + "\n"
-    exact = v.exact or {}
-    items = [f"(X_{i} {decimal_text(exact[i]) if i in exact else repr(float(val))})"
-             for i, val in enumerate(v.x)]
-    items += [f"(Y_{i} {float(val)!r})" for i, val in enumerate(v.y)]
-    return "sat\n(" + "\n ".join(items) + ")\n"
