@@ -145,3 +145,39 @@ def test_combined_rows_prove_only_in_exact_arithmetic():
     assert combined_score(above, b_up, 0.5, 0, 1) > 0.0
     assert combined_score(below, b_up, 0.5, 0, 1) <= 0.0
     assert combined_score(-np.inf, b_up, 0.5, 0, 1) == -np.inf
+
+
+def test_two_workers_share_the_wide_rounds_and_bound_the_same_boxes(tmp_path, monkeypatch):
+    """A graph of few inputs (its boxes bounded at once, in wide rounds) with workers=2:
+    rounds go half to a forked helper, each process on one thread, and the search bounds
+    the same boxes to the same verdict as one process (each box's fate is its own)."""
+    from crown_cli.verification.bab import graph_input_split as gis
+    from crown_cli.verification.bab import input_split
+    from graph_models import dense_chain
+
+    shared = []
+
+    class Counting(input_split.Helper):
+        def send(self, args):
+            shared.append(args[0].shape[0])
+            super().send(args)
+
+    monkeypatch.setattr(input_split, "Helper", Counting)
+    monkeypatch.setattr(input_split, "can_fork", lambda: True)  # also where one core is allowed
+    path = os.path.join(str(tmp_path), "eight.onnx")
+    onnx.save(dense_chain(np.random.default_rng(3), sizes=(8, 20, 20, 2)), path)
+    g = load_graph(path)
+    assert gis.at_once(g)
+    rng = np.random.default_rng(10)
+    lo = rng.uniform(-1.0, 0.0, g.input_size)
+    hi = lo + 1.0
+    row = rng.standard_normal(g.output_size)
+    m, _ = graph_min(g, lo, hi, row)
+    spread = float(row @ g.forward(0.5 * (lo + hi))) - m
+    b = [m - 0.05 * spread]  # unsat after some 25k boxes
+    one = graph_input_split(g, lo, hi, row[None], b, time.monotonic() + 300, workers=1)
+    assert not shared
+    two = graph_input_split(g, lo, hi, row[None], b, time.monotonic() + 300, workers=2)
+    assert one.verdict == two.verdict == "unsat"
+    assert two.domains == one.domains and two.splits == one.splits
+    assert len(shared) > 3 and max(shared) >= input_split.PARALLEL_MIN // 2

@@ -26,6 +26,22 @@ def test_blas_threads_restores_after_an_error():
     assert get_blas_threads() == before
 
 
+def test_one_thread_sets_numba_and_blas_and_restores_them():
+    import numba
+
+    from crown_cli.engine.threads import one_thread
+
+    blas, nb = get_blas_threads(), numba.get_num_threads()
+    try:
+        with one_thread():
+            assert numba.get_num_threads() == 1
+            assert get_blas_threads() == [1] * len(blas)
+            raise RuntimeError("boom")
+    except RuntimeError:
+        pass
+    assert numba.get_num_threads() == nb and get_blas_threads() == blas
+
+
 def test_auto_block_keeps_the_temporaries_bounded():
     assert auto_block([5] + [50] * 6 + [5], 1) == 204  # ACAS Xu
     assert auto_block([30, 128, 2], 1) == BLOCK_MAX  # safenlp

@@ -1,5 +1,5 @@
 """The number of threads of the BLAS libraries loaded in this process, set for a block of code:
-:func:`blas_threads`.
+:func:`blas_threads`; with numba's too: :func:`one_thread`.
 
 The products of a small network's branch and bound (a few hundred neurons, boxes in batches)
 are too small to share between threads: on the 2-core machine of docs/benchmarks.md OpenBLAS's
@@ -67,3 +67,22 @@ def blas_threads(n: int):
     finally:
         for (setter, _), k in zip(libs, saved):
             setter(k)
+
+
+@contextlib.contextmanager
+def one_thread():
+    """Run the block on one thread: every loaded OpenBLAS, and numba's kernels where numba is
+    loaded (a search shared by two processes on two cores: a second thread in each made a
+    round 2x slower instead of 2x faster, docs/bab.md)."""
+    import sys
+
+    numba = sys.modules.get("numba")
+    saved = numba.get_num_threads() if numba is not None else None
+    if numba is not None:
+        numba.set_num_threads(1)
+    try:
+        with blas_threads(1):
+            yield
+    finally:
+        if numba is not None:
+            numba.set_num_threads(saved)

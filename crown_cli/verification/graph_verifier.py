@@ -135,7 +135,6 @@ def graph_verifier(graph, **options):
 
     mlp = lowered(graph)
     if mlp is None:
-        options.pop("workers", None)  # the graph engine's search runs in one process
         return GraphVerifier(graph, **options)
     return LoweredVerifier(mlp, graph, **options)
 
@@ -264,8 +263,9 @@ def _warm_graph(rng):
 class GraphVerifier(StagedVerifier):
     """:class:`crown_cli.verification.pipeline.Verifier`'s interface for a graph (the same
     opening, :class:`StagedVerifier`): one network, its stages and attack settings (the
-    fields of :class:`VerifyOptions`; ``workers`` does not apply: the graph engine's search
-    runs in one process); :meth:`verify` per property. ``bab`` and ``max_domains``: input
+    fields of :class:`VerifyOptions`; ``workers``: input splitting's processes, default 2,
+    which only its wide rounds use (graphs of few inputs, boxes bounded at once));
+    :meth:`verify` per property. ``bab`` and ``max_domains``: input
     splitting on graphs of at most ``INPUT_SPLIT_MAX_DIM`` inputs, ReLU splitting on graphs
     with ReLU nodes."""
 
@@ -276,6 +276,9 @@ class GraphVerifier(StagedVerifier):
         self.requested = [s for s in o.stages if s in BOUND_STAGES]
         self.stages = [s for s in self.requested if s in GRAPH_STAGES]
         self.bab = o.bab
+        # input splitting's processes: a second one shares its wide rounds, each process on
+        # one thread (as on dense networks)
+        self.workers = 2 if o.workers is None else o.workers
         # per graph bounded (this one; ReLU splitting's, :meth:`_split_graph`) and kind of
         # intermediate bounds, keyed by (id, alpha): (the last box, its GraphBounds)
         self._last_bounds = {}
@@ -485,7 +488,8 @@ class GraphVerifier(StagedVerifier):
             runs += [Run([j], "input split",
                          lambda progress, c=cases[j]: graph_input_split_steps(
                              self.graph, c.lo, c.hi, c.A, c.b, deadline,
-                             max_domains=self.max_domains, progress=progress))
+                             max_domains=self.max_domains, progress=progress,
+                             workers=self.workers))
                      for j in open_cases]
         sg = self._split_graph()
         # the root's bounds: the alpha stage's when it ran on this graph; on max pools rewritten

@@ -211,11 +211,14 @@ def graph_input_split(graph, lo, hi, A, b, deadline: float, **options) -> BabRes
 
 
 def graph_input_split_steps(graph, lo, hi, A, b, deadline: float, max_domains: int = MAX_OPEN,
-                            alpha: bool = True, progress=None):
+                            alpha: bool = True, progress=None, workers: int = 1):
     """As a generator (yields the share of the box proven after every round, returns the
     :class:`BabResult`): is there an x in [lo, hi] with ``A f(x) <= b`` (every row)?
     :func:`~crown_cli.verification.bab.input_split.input_split_steps`' search ("trial"
-    splits, :data:`GRAPH_BATCH` boxes a round, one process) on :class:`GraphBoxes`.
+    splits, :data:`GRAPH_BATCH` boxes a round, or :data:`WIDE_BATCH` where they are bounded
+    at once) on :class:`GraphBoxes`; ``workers`` 2: rounds of at least
+    :data:`~crown_cli.verification.bab.input_split.PARALLEL_MIN` boxes (the wide ones)
+    shared with a forked second process, each on one thread, as on dense networks.
 
     ``unsat``: every sub-box has a row proven above its b; ``sat``: a checked point;
     ``unknown``: more than ``max_domains`` open boxes, or a box too small to split;
@@ -237,7 +240,7 @@ def graph_input_split_steps(graph, lo, hi, A, b, deadline: float, max_domains: i
     # width it drops out): the 3 candidates and the widest stay
     o = InputSplitOptions(max_domains=max_domains,
                           batch=WIDE_BATCH if at_once(graph) else GRAPH_BATCH,
-                          workers=1, inherit=False, alpha_iters=ITERS if alpha else 0)
+                          workers=workers, inherit=False, alpha_iters=ITERS if alpha else 0)
     search = BoxSearch(lo, hi, A, b, o,
                        lambda q: GraphBoxes(graph, q, deadline, o.alpha_iters))
     return (yield from search.run(deadline, progress))

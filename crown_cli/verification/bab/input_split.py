@@ -18,6 +18,7 @@ import numpy as np
 
 from crown_cli.engine.dense_boxes import BatchNet, _bound_blocked, _take_info, alpha_row_bound
 from crown_cli.verification.bab.domains import BoxPool, halve, splittable
+from crown_cli.engine.threads import one_thread
 from crown_cli.verification.bab.workers import Helper, HelperLost, can_fork
 from crown_cli.verification.outcome import BabResult, finish, violations
 
@@ -404,7 +405,8 @@ class BoxSearch:
             self.helper = Helper(self.expand)
         fields = (L, H, Sb, Gb, Pb, Vb, Nb)
         if self.helper is not None and n >= PARALLEL_MIN:
-            outs = shared_round(self.helper, self.expand, fields, n)
+            with one_thread():  # a core each (the helper runs on one thread too)
+                outs = shared_round(self.helper, self.expand, fields, n)
             if outs is None:  # the second process is gone: alone from now
                 self.helper.close()
                 self.helper, self.workers = None, 1

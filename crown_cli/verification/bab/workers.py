@@ -18,6 +18,8 @@ import signal
 import warnings
 from typing import Callable
 
+from crown_cli.engine.threads import one_thread
+
 
 class HelperLost(RuntimeError):
     """The helper process ended before it answered."""
@@ -34,6 +36,11 @@ def can_fork() -> bool:
 
 def _serve(conn, fn: Callable) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    with one_thread():  # its own core: the caller runs its half on one thread too
+        _answer(conn, fn)
+
+
+def _answer(conn, fn: Callable) -> None:
     while True:
         try:
             args = conn.recv()
