@@ -155,12 +155,17 @@ def test_two_workers_share_the_wide_rounds_and_bound_the_same_boxes(tmp_path, mo
     from crown_cli.verification.bab import input_split
     from graph_models import dense_chain
 
-    shared = []
+    shared, singles = [], []
 
     class Counting(input_split.Helper):
+        def __init__(self, fn, single=False):
+            singles.append(single)
+            super().__init__(fn, single)
+
         def send(self, args):
             shared.append(args[0].shape[0])
             super().send(args)
+
 
     monkeypatch.setattr(input_split, "Helper", Counting)
     monkeypatch.setattr(input_split, "can_fork", lambda: True)  # also where one core is allowed
@@ -181,3 +186,4 @@ def test_two_workers_share_the_wide_rounds_and_bound_the_same_boxes(tmp_path, mo
     assert one.verdict == two.verdict == "unsat"
     assert two.domains == one.domains and two.splits == one.splits
     assert len(shared) > 3 and max(shared) >= input_split.PARALLEL_MIN // 2
+    assert singles == [True]  # the helper on one thread (and this process for the round)

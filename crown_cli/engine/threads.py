@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import re
+import sys
 from typing import Dict, List, Tuple
 
 # (set, get) symbol pairs of OpenBLAS builds: plain, 64-bit integer, and scipy-openblas
@@ -22,9 +23,22 @@ _SYMBOLS = (("openblas_set_num_threads", "openblas_get_num_threads"),
 _LOADED: Dict[str, Tuple] = {}
 
 
+# the last scan of /proc/self/maps (about 1 ms): reused while no module has been imported
+# since (a new OpenBLAS arrives with an import: numpy's, scipy's)
+_SCAN: Dict[str, object] = {"modules": -1, "libs": []}
+
+
 def _openblas() -> List[Tuple]:
     """(set, get) functions of every OpenBLAS mapped into this process (Linux's
     /proc/self/maps), loaded once per library path."""
+    if len(sys.modules) == _SCAN["modules"]:
+        return list(_SCAN["libs"])
+    _SCAN["modules"] = len(sys.modules)
+    _SCAN["libs"] = out = _scan()
+    return list(out)
+
+
+def _scan() -> List[Tuple]:
     try:
         with open("/proc/self/maps") as f:
             paths = set(re.findall(r"(/\S*openblas\S*\.so[\w.\-]*)", f.read()))
@@ -74,8 +88,6 @@ def one_thread():
     """Run the block on one thread: every loaded OpenBLAS, and numba's kernels where numba is
     loaded (a search shared by two processes on two cores: a second thread in each made a
     round 2x slower instead of 2x faster, docs/bab.md)."""
-    import sys
-
     numba = sys.modules.get("numba")
     saved = numba.get_num_threads() if numba is not None else None
     if numba is not None:

@@ -240,7 +240,8 @@ def graph_input_split_steps(graph, lo, hi, A, b, deadline: float, max_domains: i
     # width it drops out): the 3 candidates and the widest stay
     o = InputSplitOptions(max_domains=max_domains,
                           batch=WIDE_BATCH if at_once(graph) else GRAPH_BATCH,
-                          workers=workers, inherit=False, alpha_iters=ITERS if alpha else 0)
+                          workers=workers, one_thread=True, inherit=False,
+                          alpha_iters=ITERS if alpha else 0)
     search = BoxSearch(lo, hi, A, b, o,
                        lambda q: GraphBoxes(graph, q, deadline, o.alpha_iters))
     return (yield from search.run(deadline, progress))

@@ -10,6 +10,7 @@ Arrays in, result out: no files and no printing here.
 """
 from __future__ import annotations
 
+import contextlib
 import time
 from dataclasses import dataclass, replace
 from typing import Callable, Optional, Sequence
@@ -89,6 +90,10 @@ class InputSplitOptions:
     widest: float = 4.0  # "trial": the relatively widest dimension as one more candidate
     inherit: bool = True  # "trial": halves intersect their bounds with their parent's
     workers: int = 1  # "trial": processes sharing each round's boxes (2: one forked helper)
+    # workers 2: each process runs a shared round on one thread (numba's, BLAS's): the graph
+    # engine's threaded kernels made a round of two processes 2x slower instead of 2x faster
+    # with two threads each; a small dense network's rounds were 10% faster with them
+    one_thread: bool = False
 
 
 @dataclass(frozen=True, eq=False)
@@ -402,10 +407,11 @@ class BoxSearch:
         Nb = t["node"]
         n = L.shape[0]
         if self.helper is None and self.workers > 1 and n >= PARALLEL_MIN:
-            self.helper = Helper(self.expand)
+            self.helper = Helper(self.expand, single=self.o.one_thread)
         fields = (L, H, Sb, Gb, Pb, Vb, Nb)
         if self.helper is not None and n >= PARALLEL_MIN:
-            with one_thread():  # a core each (the helper runs on one thread too)
+            # one_thread: a core each (the helper's rounds run on one thread too)
+            with one_thread() if self.o.one_thread else contextlib.nullcontext():
                 outs = shared_round(self.helper, self.expand, fields, n)
             if outs is None:  # the second process is gone: alone from now
                 self.helper.close()

@@ -12,6 +12,7 @@ when the pipe closes, or with this process (it is a daemon).
 """
 from __future__ import annotations
 
+import contextlib
 import multiprocessing
 import os
 import signal
@@ -34,9 +35,10 @@ def can_fork() -> bool:
     return cores >= 2 and "fork" in multiprocessing.get_all_start_methods()
 
 
-def _serve(conn, fn: Callable) -> None:
+def _serve(conn, fn: Callable, single: bool) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    with one_thread():  # its own core: the caller runs its half on one thread too
+    # single: its own core, on one thread (the caller runs its half on one thread too)
+    with one_thread() if single else contextlib.nullcontext():
         _answer(conn, fn)
 
 
@@ -57,12 +59,13 @@ def _answer(conn, fn: Callable) -> None:
 
 class Helper:
     """A forked process that runs ``fn(*args)`` for each ``send(args)``; ``recv()`` returns
-    the result (or raises what ``fn`` raised, or :class:`HelperLost`). One call at a time."""
+    the result (or raises what ``fn`` raised, or :class:`HelperLost`). One call at a time.
+    ``single``: it runs on one thread (numba's and BLAS's)."""
 
-    def __init__(self, fn: Callable):
+    def __init__(self, fn: Callable, single: bool = False):
         ctx = multiprocessing.get_context("fork")
         self.conn, child = ctx.Pipe()
-        self.proc = ctx.Process(target=_serve, args=(child, fn), daemon=True)
+        self.proc = ctx.Process(target=_serve, args=(child, fn, single), daemon=True)
         with warnings.catch_warnings():  # Python 3.12+: fork of a process with BLAS threads
             warnings.simplefilter("ignore", DeprecationWarning)
             self.proc.start()
