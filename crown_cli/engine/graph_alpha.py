@@ -207,10 +207,8 @@ def _float64_params(gb, i, p, cols, slope, r):
     the valid range (``slope``: free_slopes' (mask, least slope), else a mix in [0, 1]). A
     float32 value may lie outside it: the leak 0.01 rounds below itself, and a lower slope
     below the leak is no lower line of a leaky ReLU."""
-    full = np.repeat(np.asarray(gb.lines[i].lower if slope is not None else 0.5,
-                                np.float64).reshape(1, -1), r, axis=0)
-    if full.shape[1] == 1:
-        full = np.repeat(full, gb.g.nodes[i].size, axis=1)
+    base = gb.lines[i].lower if slope is not None else 0.5
+    full = np.tile(np.broadcast_to(np.asarray(base, np.float64), gb.g.nodes[i].size), (r, 1))
     full[:, cols] = np.clip(p.astype(np.float64), 0.0 if slope is None else slope[1], 1.0)
     return full
 

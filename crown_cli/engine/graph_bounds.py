@@ -470,7 +470,7 @@ class _Walk:
             return
         kernels = graph_kernels()
         if kernels is not None and A.flags.c_contiguous and P.flags.c_contiguous \
-                and A.dtype == P.dtype and A.dtype in (np.float32, np.float64):
+                and A.dtype == P.dtype == np.float64:
             S, ch = np.empty_like(A), np.empty(A.shape[0])
             kernels.add_rows(A, P, self.gb.absval[j], S, ch)
         else:

@@ -284,8 +284,7 @@ class AffineRule(Rule):
         if walk.steer:  # a steering pass: the constant only (no magnitude, no charge)
             if op.bias is not None:
                 walk.const = walk.const + L @ typed(op, "bias", L.dtype)
-        elif kernels is not None and L.flags.c_contiguous and \
-                L.dtype in (np.float32, np.float64):
+        elif kernels is not None and L.flags.c_contiguous and L.dtype == np.float64:
             b, absb = _bias(gb, i, np.float64)
             sums = np.empty((L.shape[0], 3))
             kernels.affine_terms_rows(L, b, absb, gb.absfwd[i], sums)

@@ -7,10 +7,10 @@ that line away before appending. The provenance sidecar lives in :mod:`crown_cli
 """
 from __future__ import annotations
 
+import contextlib
 import csv
 import io
 import json
-import contextlib
 import os
 import signal
 import sys

@@ -401,13 +401,9 @@ class Bounder(DomainBounds, CaseRows):
         tape (float32 or float64 as evaluated). Only slopes of free unstable neurons on the
         lower side get a nonzero alpha gradient; only split neurons a beta gradient. A tape of
         the cuts' bound (``mu`` given) gives d/d mu (B*m, nC) too."""
-        if len(state) == 2:
-            with np.errstate(over="ignore", invalid="ignore"):
-                return tuple(np.nan_to_num(g, posinf=0.0, neginf=0.0)
-                             for g in gradient_cuts(self, state))
         with np.errstate(over="ignore", invalid="ignore"):  # float32 may overflow: 0 there
-            return tuple(np.nan_to_num(g, posinf=0.0, neginf=0.0)
-                         for g in self._gradient(state))
+            grads = gradient_cuts(self, state) if len(state) == 2 else self._gradient(state)
+            return tuple(np.nan_to_num(g, posinf=0.0, neginf=0.0) for g in grads)
 
     def _gradient(self, state):
         """:meth:`gradient`'s body (the tape of a bound without cuts)."""

@@ -18,8 +18,8 @@ from typing import Callable, Optional, Sequence
 import numpy as np
 
 from crown_cli.engine.dense_boxes import BatchNet, _bound_blocked, _take_info, alpha_row_bound
-from crown_cli.verification.bab.domains import BoxPool, halve, splittable
 from crown_cli.engine.threads import one_thread
+from crown_cli.verification.bab.domains import BoxPool, halve, splittable
 from crown_cli.verification.bab.workers import Helper, HelperLost, can_fork
 from crown_cli.verification.outcome import BabResult, finish, violations
 
