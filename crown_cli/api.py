@@ -133,13 +133,13 @@ def load_model(path: Union[str, os.PathLike], activation: Optional[str] = None, 
         memory_budget: GiB, like ``--memory-budget`` (graph networks; default 4).
 
     Returns:
-        The network, as ``crown`` loads it: a :class:`crown_cli.network.MLP` for a chain of
-        dense layers with one activation (``input_size``, ``num_classes``, ``activation``,
-        ``weights``/``biases`` (float64, W of shape (outputs, inputs))), else a
-        :class:`crown_cli.graph.network.Graph` (convolutions, pooling, branches, several
-        activations: ONNX and Keras files; ``input_size``, ``output_size``, ``summary()``).
-        Both have ``forward(x)`` for x of shape (N, input_size) or (input_size,), in the
-        model's own input layout. Pass it to :func:`certify` / :func:`verify`.
+        The network, as ``crown`` loads it: a :class:`crown_cli.graph.network.Graph`
+        (``input_size``, ``output_size``, ``num_classes``, ``summary()``; for a chain of
+        dense layers with one activation also ``activation`` and ``weights``/``biases``
+        (float64, W of shape (outputs, inputs)), its form on the dense engine). It has
+        ``forward(x)`` for x of shape (N, input_size) or (input_size,), in the model's own
+        input layout, giving its outputs before a final softmax. Pass it to
+        :func:`certify` / :func:`verify`.
 
     Raises:
         InputError: the file is missing, unreadable or not a supported network, with the
@@ -494,7 +494,7 @@ def verify(model, spec, timeout: float = VERIFY_TIMEOUT, *,
             lo > hi, NaN values, or a bad option value; one line naming it.
     """
     from crown_cli.api_specs import _property, _stages
-    from crown_cli.verification.pipeline import BOUND_STAGES, Verifier
+    from crown_cli.verification.pipeline import BOUND_STAGES
 
     t0 = time.perf_counter()
     if not _number(timeout, "timeout") > 0:
@@ -512,17 +512,10 @@ def verify(model, spec, timeout: float = VERIFY_TIMEOUT, *,
             raise InputError(f"workers: must be 1 or 2, got {workers}")
     if log is not None and not callable(log):
         raise InputError("log: expected a function of one string, or None")
-    mlp = _as_model(model)
-    from crown_cli.network import MLP
-
     # as verification.runner.Loader.verifier builds it for `crown verify`
-    if isinstance(mlp, MLP):
-        weights, biases = mlp.vnnlib_layers()  # the property's X_i: the file's order
-        verifier = Verifier(weights, biases, mlp.activation, mlp.alpha, **options)
-    else:  # a graph: its lowered MLP on the dense engine, else the graph engine's stages
-        from crown_cli.verification.graph_verifier import graph_verifier
+    from crown_cli.verification.graph_verifier import graph_verifier
 
-        verifier = graph_verifier(mlp, **options)
+    verifier = graph_verifier(_as_model(model), **options)
     from crown_cli.verification.runner import warm_up
 
     t0 += warm_up(verifier)  # kernels loaded (compiled on a cold cache) off the clock

@@ -46,7 +46,6 @@ def inspect(model_path, activation, operators, memory_budget):
     nodes, shapes, parameters and the ONNX operators folded into them); or, with
     --operators, the ONNX operators supported."""
     from crown_cli.io.networks import load_network
-    from crown_cli.network import MLP
 
     if operators:
         from crown_cli.graph.onnx_ops import operator_table
@@ -57,9 +56,10 @@ def inspect(model_path, activation, operators, memory_budget):
     if model_path is None:
         raise click.UsageError("Missing option '--model' (or --operators).")
     check_memory_budget(memory_budget)
-    mlp = load_network(model_path, activation, memory_budget=memory_budget)
-    if not isinstance(mlp, MLP):
-        _inspect_graph(model_path, mlp)
+    net = load_network(model_path, activation, memory_budget=memory_budget)
+    mlp = net.dense  # a chain of dense layers: its layers; else the graph's nodes
+    if mlp is None:
+        _inspect_graph(model_path, net)
         return
     sizes = mlp.sizes
     click.echo(f"model:       {model_path}")

@@ -181,6 +181,7 @@ def bab_relu_worker(seconds, vnncomp, joint=False):
                           "error": f"{onnx_path}: not found (--vnncomp)"}))
         return
     mlp = load_model(onnx_path)
+    mlp = getattr(mlp, "dense", None) or mlp  # a graph's dense form (older checkouts: an MLP)
     weights, biases = mlp.verify_layers()
     prop = parse_vnnlib(os.path.join(folder, "prop_3_0.03.vnnlib"), 784, 10)
     c0 = prop.cases[0]

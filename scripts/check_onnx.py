@@ -5,7 +5,8 @@ Usage (from the repository root; needs the ``onnx`` package)::
     python scripts/check_onnx.py DIR_OR_FILE [DIR_OR_FILE ...] [--inputs N] [--seed S]
 
 For each ``.onnx`` file found (recursively) it loads the model with
-``crown_cli.io.networks.load_network`` (an MLP for a chain of dense layers, else a graph),
+``crown_cli.io.networks.load_network`` (a graph; a chain of dense layers is checked in its
+dense form, the MLP the dense engine runs),
 draws ``N`` random input vectors (uniform in [-1, 1]), evaluates them with the network's
 ``forward`` (float64) and with ``onnx.reference.ReferenceEvaluator`` on the graph itself (one
 input per run, in the graph's dtype), and prints one line per file: ``ok`` with the layer sizes
@@ -52,6 +53,7 @@ def check_file(path, n_inputs, seed):
         net = load_network(path, min_outputs=1)
     except InputError as exc:
         return "REFUSED", str(exc)
+    net = getattr(net, "dense", None) or net  # the MLP of a chain (older checkouts: net)
     x = np.random.default_rng(seed).uniform(-1.0, 1.0, size=(n_inputs, net.input_size))
     ref = ReferenceEvaluator(onnx.load(path))
     order = net.input_order if isinstance(net, MLP) else None

@@ -153,3 +153,43 @@ def test_load_model_memory_budget(tmp_path):
         crown_cli.load_model(model, memory_budget=0)
     g = crown_cli.load_model(model, memory_budget=0.01)
     assert 0 < g.row_budget <= 0.01 * 2 ** 30
+
+
+def test_every_model_file_loads_as_one_network_type(tmp_path):
+    """One network type: NPZ, plain HDF5, Keras HDF5, Keras 3, an ONNX chain and an ONNX
+    convolutional graph all load as a Graph. A chain of dense layers carries the MLP the
+    dense engine runs (``dense``, chosen by ``engine_form``), whose function the graph's
+    nodes compute; its documented attributes are the MLP's. A conv graph has none."""
+    from crown_cli.io.models import save_npz
+    from crown_cli.io.networks import engine_form, load_network
+    from crown_cli.network import MLP
+    from graph_models import dense_chain
+
+    rng = np.random.default_rng(0)
+    ws = [rng.normal(size=(6, 5)), rng.normal(size=(3, 6))]
+    bs = [rng.normal(size=6), rng.normal(size=3)]
+    save_npz(str(tmp_path / "m.npz"), ws, bs, "leaky_relu", alpha=0.2)
+    fixtures = os.path.join(os.path.dirname(__file__), "fixtures")
+    chain = str(tmp_path / "chain.onnx")
+    onnx.save(dense_chain(np.random.default_rng(1)), chain)
+    models = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "models")
+    files = [str(tmp_path / "m.npz"), os.path.join(models, "mnist_2x20.h5"),
+             os.path.join(fixtures, "keras", "k2_relu_activation_layers.h5"),
+             os.path.join(fixtures, "keras3", "relu_784.keras"), chain]
+    for path in files:
+        net = crown_cli.load_model(path)
+        assert isinstance(net, Graph) and isinstance(net.dense, MLP), path
+        assert engine_form(net) == (net.dense, None, None)
+        assert (net.weights, net.biases, net.activation) == \
+            (net.dense.weights, net.dense.biases, net.dense.activation)
+        assert net.num_classes == net.dense.num_classes == net.output_size
+        x = np.random.default_rng(2).uniform(-0.5, 0.5, (7, net.input_size))
+        np.testing.assert_allclose(net.forward(x), net.dense.forward(x), rtol=1e-12,
+                                   atol=1e-12)
+    npz = load_network(files[0])
+    assert [(n.op.name, n.op.alpha) for n in npz.nodes if n.kind == "activation"] == \
+        [("leaky_relu", 0.2)]
+    conv = crown_cli.load_model(onnx_cifar_conv(tmp_path))
+    assert isinstance(conv, Graph) and conv.dense is None and engine_form(conv)[1] is None
+    with pytest.raises(AttributeError, match="belongs to a chain of dense layers"):
+        conv.weights

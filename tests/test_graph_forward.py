@@ -205,12 +205,13 @@ def test_load_network_keeps_mlps_and_inspect_shows_graphs(tmp_path):
     from crown_cli.network import MLP
 
     chain = save(tmp_path, BUILDERS["dense"](np.random.default_rng(0)), "chain")
-    assert isinstance(load_network(chain), MLP)
-    g = G(np.random.default_rng(0))  # a Softmax output: the MLP's output activation
+    assert isinstance(load_network(chain).dense, MLP)  # every network a graph, a chain
+    g = G(np.random.default_rng(0))  # with its dense form; a Softmax output is the MLP's
     y = g.op("Softmax", [g.op("Gemm", ["x", g.rand(3, 4)], transB=1)], axis=-1)
-    assert isinstance(load_network(save(tmp_path, g.model([("x", (1, 4))], [y]), "sm")), MLP)
+    sm = load_network(save(tmp_path, g.model([("x", (1, 4))], [y]), "sm"))
+    assert sm.dense.output_activation == "softmax" and sm.vector_output[0] == "softmax"
     conv = save(tmp_path, BUILDERS["conv"](np.random.default_rng(0)), "conv")
-    assert isinstance(load_network(conv), Graph)
+    assert isinstance(load_network(conv), Graph) and load_network(conv).dense is None
     out = CliRunner().invoke(cli, ["inspect", "--model", conv])
     assert out.exit_code == 0, out.output
     assert "graph:       7 nodes" in out.output and "input size:  84 (1x2x6x7)" in out.output

@@ -208,8 +208,9 @@ def test_one_output_networks_verify(tmp_path):
 
     chain = save(tmp_path, "chain1", dense_chain(np.random.default_rng(0), sizes=(3, 6, 1)))
     res = save(tmp_path, "res1", one_output_graph(np.random.default_rng(0)))
-    assert isinstance(load_network(chain, min_outputs=1), MLP)
+    assert isinstance(load_network(chain, min_outputs=1).dense, MLP)
     assert isinstance(load_network(res, min_outputs=1), Graph)
+    assert load_network(res, min_outputs=1).dense is None
     for path in (chain, res):
         net = load_network(path, min_outputs=1)
         y0 = net.forward(np.zeros(3)).reshape(-1)

@@ -135,9 +135,12 @@ def test_certify_crown_on_a_keras_conv_model_is_sound_by_sampling(tmp_path):
         assert np.all(logits[:, c] > logits[:, t])
 
 
-def test_plain_dense_keras_files_stay_mlps(tmp_path):
+def test_plain_dense_keras_files_keep_their_dense_form(tmp_path):
     for name in ("keras/k2_relu_activation_layers.h5", "keras3/relu_784.keras"):
-        assert isinstance(load_network(str(FIXTURES / name)), MLP)
+        g = load_network(str(FIXTURES / name))  # a graph, its dense form the MLP reader's
+        assert isinstance(g, Graph) and isinstance(g.dense, MLP) and g.lowering[0] is g.dense
+        x = np.random.default_rng(0).uniform(-0.5, 0.5, (4, g.input_size))
+        np.testing.assert_array_equal(g.forward(x), g.dense.forward(x))
 
 
 def _bad(path, **kw):

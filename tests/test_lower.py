@@ -311,7 +311,7 @@ def test_load_network_cli_and_api_routes(tmp_path):
     from graph_models import dense_chain
 
     chain, _ = save_load(tmp_path, "chain", dense_chain(np.random.default_rng(0)))
-    assert isinstance(load_network(chain), MLP)
+    assert isinstance(load_network(chain).dense, MLP)
     path, _ = save_load(tmp_path, "pad", pad_chain(np.random.default_rng(1)))
     net = load_network(path)
     assert isinstance(net, Graph) and isinstance(net.lowering[0], MLP)

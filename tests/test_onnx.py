@@ -71,7 +71,7 @@ def test_onnx_gives_the_same_eps_as_the_npz_of_the_same_weights(tmp_path, mnist1
     bs = [b.astype(np.float32) for b in bs]
     gemm_mlp(tmp_path / "m.onnx", ws, bs, act="Relu", in_shape=["N", 1, 28, 28], flatten=True)
     save_npz(tmp_path / "m.npz", ws, bs, "relu")
-    a, b = load_network(str(tmp_path / "m.onnx")), load_model(tmp_path / "m.npz")
+    a, b = load_network(str(tmp_path / "m.onnx")).dense, load_model(tmp_path / "m.npz")
     for wa, wb in zip(a.weights + a.biases, b.weights + b.biases):
         assert np.array_equal(wa, wb)
     x = rng.uniform(-0.5, 0.5, size=(5, 784))
@@ -120,7 +120,7 @@ def _matmul_add_model(path, ws, bs, act, bias_first=False):
 def test_matmul_add_reshape_and_softmax(tmp_path, act, expected, bias_first):
     ws, bs = random_network([6, 5, 4, 3], seed=11)
     model = _matmul_add_model(tmp_path / "m.onnx", ws, bs, act, bias_first)
-    mlp = load_network(str(tmp_path / "m.onnx"))
+    mlp = load_network(str(tmp_path / "m.onnx")).dense
     assert mlp.activation == expected and mlp.sizes == [6, 5, 4, 3]
     for w, w0 in zip(mlp.weights, ws):
         assert np.array_equal(w, w0)
@@ -145,7 +145,7 @@ def test_gemm_attributes_alpha_beta_transb_and_broadcast_bias(tmp_path):
     ]
     inits = [_init("B0", B0), _init("C0", C0), _init("B1", B1), _init("C1", C1)]
     model = write_onnx(tmp_path / "g.onnx", nodes, inits, ["N", 4], out_dim=3, elem=TensorProto.DOUBLE)
-    mlp = load_network(str(tmp_path / "g.onnx"))
+    mlp = load_network(str(tmp_path / "g.onnx")).dense
     assert mlp.activation == "tanh" and mlp.layer_names == ["g0", "g1"]
     x = rng.normal(size=(6, 4))
     assert np.allclose(mlp.forward(x), reference_logits(model, x), rtol=1e-12, atol=1e-13)
@@ -156,7 +156,7 @@ def test_channel_first_input_is_reordered_to_crowns_hwc_vectors(tmp_path):
     ws, bs = random_network([12, 6, 4], seed=1)
     model = gemm_mlp(tmp_path / "c.onnx", ws, bs, in_shape=["N", 3, 2, 2], flatten=True,
                      dtype=np.float64)
-    mlp = load_network(str(tmp_path / "c.onnx"))
+    mlp = load_network(str(tmp_path / "c.onnx")).dense
     img = np.random.default_rng(4).normal(size=(5, 2, 2, 3))  # (N, H, W, C) as crown reads images
     ref = reference_logits(model, img.transpose(0, 3, 1, 2))
     assert np.allclose(mlp.forward(img.reshape(5, -1)), ref, rtol=1e-12, atol=1e-13)
@@ -172,7 +172,7 @@ def test_certify_and_verify_on_a_channel_first_onnx_mlp(tmp_path):
     chw = np.arange(12).reshape(3, 2, 2)  # the file's element of channel k, pixel (i, j)
     hwc = chw.transpose(1, 2, 0).reshape(-1)
     save_npz(tmp_path / "c.npz", [ws[0][:, hwc], ws[1]], bs, "relu")
-    mlp = load_network(str(tmp_path / "c.onnx"))
+    mlp = load_network(str(tmp_path / "c.onnx")).dense
     assert np.array_equal(mlp.input_order, hwc)
     assert np.array_equal(mlp.vnnlib_layers()[0][0], ws[0])
     x = np.random.default_rng(7).uniform(-0.5, 0.5, size=(5, 12))
@@ -193,8 +193,14 @@ def test_certify_and_verify_on_a_channel_first_onnx_mlp(tmp_path):
 def test_activation_option_on_an_onnx_chain(tmp_path):
     ws, bs = random_network([4, 6, 3], seed=3)
     gemm_mlp(tmp_path / "m.onnx", ws, bs, dtype=np.float64)
-    mlp = load_network(str(tmp_path / "m.onnx"), activation="tanh")
+    g = load_network(str(tmp_path / "m.onnx"), activation="tanh")
+    mlp = g.dense
     assert isinstance(mlp, MLP) and mlp.activation == "tanh" and np.array_equal(mlp.weights[0], ws[0])
+    # the graph is the network the option made: its forward pass is the dense form's
+    assert [n.op.name for n in g.nodes if n.kind == "activation"] == ["tanh"]
+    x = np.random.default_rng(0).normal(size=(5, 4))
+    np.testing.assert_allclose(g.forward(x), mlp.forward(x), rtol=1e-13, atol=1e-13)
+    assert g.lowering is None or g.lowering[0] is None or g.lowering[0].activation == "tanh"
     with pytest.raises(InputError, match="^--activation: unknown activation 'nope'"):
         load_network(str(tmp_path / "m.onnx"), activation="nope")
 

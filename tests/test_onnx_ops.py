@@ -56,7 +56,7 @@ def save(path, nodes, inits, in_shape, opset=17):
 def assert_matches_reference(path, n=6, seed=0, scale=1.0):
     """Loads ``path`` (an MLP), compares forward on n random inputs with the reference
     evaluator."""
-    mlp = load_network(path)
+    mlp = load_network(path).dense
     assert isinstance(mlp, MLP)
     x = np.random.default_rng(seed).uniform(-scale, scale, size=(n, mlp.input_size))
     ref = ReferenceEvaluator(onnx.load(path))
@@ -88,7 +88,7 @@ def test_acasxu_network_loads_and_matches_the_reference():
 
 
 def test_acasxu_certify_runs(tmp_path):
-    mlp = load_network(ACASXU)
+    mlp = load_network(ACASXU).dense
     x = np.random.default_rng(1).uniform(-0.3, 0.3, size=(3, 5))
     np.savez(tmp_path / "pts.npz", x=x, y=np.argmax(mlp.forward(x), axis=1))
     out = tmp_path / "r.csv"
@@ -253,7 +253,7 @@ def test_certify_bounds_a_relu_on_the_logits_as_a_layer(tmp_path):
              helper.make_node("Relu", ["z1"], ["y"], name="relu_logits")]
     path = save(tmp_path / "r.onnx", nodes, [init("W0", w0), init("W1", w1), init("b1", f32([1, 1, 1]))],
                 ["N", 4])
-    mlp = load_network(path)
+    mlp = load_network(path).dense
     rng = np.random.default_rng(5)
     x = rng.normal(size=(6, 4))
     out = mlp.forward(x)
@@ -452,7 +452,7 @@ def test_casts_of_data_pass_only_when_they_keep_the_values(tmp_path, to, passes)
     nodes = _two_layers(middle=[helper.make_node("Cast", ["z0"], ["c"], name="cast", to=to),
                                 helper.make_node("Relu", ["c"], ["a"], name="relu")])
     if passes:
-        assert load_network(save(tmp_path / "c.onnx", nodes, W_INITS, ["N", 4])).sizes == [4, 5, 3]
+        assert load_network(save(tmp_path / "c.onnx", nodes, W_INITS, ["N", 4])).dense.sizes == [4, 5, 3]
         return
     msg = refused(tmp_path, nodes, W_INITS)
     name = {TensorProto.FLOAT16: "float16", TensorProto.INT64: "int64"}[to]

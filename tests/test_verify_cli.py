@@ -34,7 +34,7 @@ def spec_text(lo, hi, rows):
 
 @pytest.fixture(scope="module")
 def acas():
-    return load_network(ACASXU)
+    return load_network(ACASXU).dense
 
 
 @pytest.fixture
@@ -320,7 +320,7 @@ def test_verify_reads_x_i_in_the_files_order_on_channel_first_inputs(tmp_path):
 
     model, path = _channel_first_chain(tmp_path)
     ref = ReferenceEvaluator(model)
-    net = load_network(path, min_outputs=1)
+    net = load_network(path, min_outputs=1).dense
     assert net.input_order is not None  # the loader did reorder for images
     ws, bs = net.vnnlib_layers()
     X = np.random.default_rng(1).uniform(-1, 1, (5, 12))

@@ -35,9 +35,15 @@ class Node:
 
 
 class Graph:
-    """Nodes in topological order (every node's inputs come before it); ``inputs`` the ids of
+    """Every network crown reads (NPZ, HDF5, Keras, ONNX: :func:`crown_cli.io.networks.load_network`).
+
+    Nodes in topological order (every node's inputs come before it); ``inputs`` the ids of
     the input nodes in order, ``output`` the id of the output node; ``channels_last``: the
-    input's layout (see :func:`crown_cli.certification.graph_certifier.channel_first`)."""
+    input's layout (see :func:`crown_cli.certification.graph_certifier.channel_first`).
+    ``dense``: for a chain of dense layers with one activation, its form on the dense engine
+    (a :class:`crown_cli.network.MLP`, crown's (H, W, C) image order; the file's own layers
+    for NPZ, HDF5 and Keras dense models, :func:`crown_cli.io.networks.dense_chain` for an
+    ONNX chain), else None; ``weights``, ``biases``, ``activation`` are its."""
 
     def __init__(self, nodes: List[Node], output: int, source: str = "",
                  output_shapes: Optional[List[Tuple[int, ...]]] = None):
@@ -58,6 +64,7 @@ class Graph:
         # whole output applied after it (the MLP of a chain keeps it as its output activation;
         # the graph engine does not bound it)
         self.vector_output: Optional[Tuple[str, str]] = None
+        self.dense = None  # the MLP the dense engine runs for a chain of dense layers
         for i, n in enumerate(nodes):
             if any(j >= i or j < 0 for j in n.inputs):
                 raise ValueError(f"graph: node {i} ({n.name}) reads a later node")
@@ -81,6 +88,28 @@ class Graph:
     @property
     def output_size(self) -> int:
         return self.nodes[self.output].size
+
+    @property
+    def num_classes(self) -> int:
+        return self.output_size
+
+    @property
+    def weights(self) -> list:
+        return self._dense_part("weights")
+
+    @property
+    def biases(self) -> list:
+        return self._dense_part("biases")
+
+    @property
+    def activation(self) -> str:
+        return self._dense_part("activation")
+
+    def _dense_part(self, name: str):
+        if self.dense is None:
+            raise AttributeError(f"{self.source or 'graph'}: '{name}' belongs to a chain of "
+                                 "dense layers; this network's layers are its nodes")
+        return getattr(self.dense, name)
 
     @property
     def num_parameters(self) -> int:
@@ -176,3 +205,33 @@ class Graph:
                 line += f"  (folded: {', '.join(n.folded)})"
             lines.append(line)
         return lines
+
+
+def dense_graph(mlp):
+    """The graph of a chain of dense layers (the other way round from
+    :func:`crown_cli.graph.lower.lower`): input,
+    then each layer a ``Dense`` node followed by an activation node (none after the last
+    layer; an elementwise output activation as a last node, softmax / log-softmax as
+    ``Graph.vector_output``). Its ``dense`` and ``lowering`` are ``mlp`` itself: the dense
+    engine runs the very arrays the file gave (no number changes; the nodes share them).
+    ``mlp.input_order`` must be None (the graph's input is the MLP's)."""
+    from crown_cli.graph.ops import ActivationOp, Dense, InputOp
+    from crown_cli.network import VECTOR_OUTPUTS
+
+    if mlp.input_order is not None:
+        raise ValueError("dense_graph: an MLP whose columns were reordered has its graph")
+    n = mlp.input_size
+    nodes = [Node("input", InputOp(0, 0, n), (), (1, n))]
+    names = list(mlp.layer_names) or [f"dense_{k}" for k in range(len(mlp.weights))]
+    last = len(mlp.weights) - 1
+    for k, (W, b) in enumerate(zip(mlp.weights, mlp.biases)):
+        nodes.append(Node(names[k], Dense(W, b), (len(nodes) - 1,), (1, W.shape[0])))
+        act = mlp.activation if k < last else mlp.output_activation
+        if act is not None and act not in VECTOR_OUTPUTS:
+            nodes.append(Node(f"{act}_{k}", ActivationOp(act, mlp.alpha), (len(nodes) - 1,),
+                              (1, W.shape[0])))
+    graph = Graph(nodes, len(nodes) - 1, mlp.source)
+    if mlp.output_activation in VECTOR_OUTPUTS:
+        graph.vector_output = (mlp.output_activation, "output activation")
+    graph.dense, graph.lowering = mlp, (mlp, None)
+    return graph

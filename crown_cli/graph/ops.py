@@ -24,10 +24,7 @@ from typing import List, Optional, Sequence
 
 import numpy as np
 
-try:  # scipy is a dependency; imported here so a sparse weight is recognised
-    import scipy.sparse as sp
-except ImportError:  # pragma: no cover
-    sp = None
+import sys
 
 
 # Conv.transpose runs row by row (skipping zeros) where the rows fill less than this share of
@@ -42,6 +39,9 @@ BLAS_MIN_LIVE = 0.75
 
 
 def is_sparse(w) -> bool:
+    # a scipy sparse matrix exists only once scipy.sparse is imported: a dense network's
+    # graph (one network type) is built without importing scipy, which a warm CLI skips
+    sp = sys.modules.get("scipy.sparse")
     return sp is not None and sp.issparse(w)
 
 
@@ -92,10 +92,12 @@ class Dense(Affine):
 
     def __init__(self, W, b=None, label: str = ""):
         self.label = label  # what the loader made it of (e.g. an average pool), for inspect
+        self._absW = None
         if is_sparse(W):
+            import scipy.sparse as sp
+
             self.W = sp.csr_matrix(W, dtype=np.float64)
             self.W.sum_duplicates()
-            self._absW = abs(self.W)
             self._WT = self.W.T.tocsr()  # (n, m): rows of the transpose
             nnz_rows = np.diff(self.W.indptr)
             nnz_cols = np.diff(self._WT.indptr)
@@ -103,7 +105,6 @@ class Dense(Affine):
             self.terms = int(nnz_cols.max(initial=0))
         else:
             self.W = _owned(W)
-            self._absW = np.abs(self.W)
             self.terms_fwd = self.W.shape[1] + 1
             self.terms = self.W.shape[0]
         self.bias = None if b is None else _owned(b).reshape(-1)
@@ -122,6 +123,8 @@ class Dense(Affine):
         return y if self.bias is None else y + typed(self, "bias", steer_dtype(xs[0]))
 
     def forward_abs(self, xs):
+        if self._absW is None:  # made when first needed: a dense network's graph form (one
+            self._absW = abs(self.W)  # network type) need not hold |W| beside its W
         return _right(xs[0], self._absW)
 
     def transpose(self, Lam):
@@ -179,6 +182,8 @@ class Dense(Affine):
     def scaled(self, a, c):
         """This layer followed by ``a * y + c`` (elementwise), as one layer."""
         if self.sparse:
+            import scipy.sparse as sp
+
             W = sp.diags(a) @ self.W
         else:
             W = self.W * a[:, None]
@@ -545,6 +550,8 @@ class IndexMap(Affine):
             self.bias = np.zeros(self.size)
             self.bias[~self.valid] = table[-1 - self.src[~self.valid]]
         if not self.unique:
+            import scipy.sparse as sp
+
             self._P = sp.csr_matrix((np.ones(self.cols.size), (self.cols, np.flatnonzero(self.valid))),
                                     shape=(total, self.size))
 
@@ -584,6 +591,8 @@ class IndexMap(Affine):
         if self.unique:
             G[src] = rows
         else:
+            import scipy.sparse as sp
+
             P = sp.csr_matrix((np.ones(src.size), (src, np.arange(src.size))),
                               shape=(G.shape[0], src.size))
             G = np.asarray(P @ rows, dtype=Lt.dtype)

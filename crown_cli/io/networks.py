@@ -1,11 +1,13 @@
-"""One entry point for every network file: the MLP type where the file is a chain of dense
-layers with one activation (so everything that reads MLPs is unchanged), a graph otherwise.
+"""One entry point for every network file, and one network type: every file loads into a
+:class:`~crown_cli.graph.network.Graph`. A chain of dense layers with one activation also
+carries its form on the dense engine (``Graph.dense``, an :class:`~crown_cli.network.MLP`),
+which :func:`engine_form` chooses for it.
 
 ``crown inspect``, ``crown certify``, ``crown verify`` and the Python API use it.
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Optional, Union
+from typing import TYPE_CHECKING, Optional
 
 import numpy as np
 
@@ -19,12 +21,13 @@ GiB = 2 ** 30
 
 
 def load_network(path: str, activation: Optional[str] = None, min_outputs: int = 2,
-                 memory_budget: Optional[float] = None) -> Union[MLP, "Graph"]:
-    """An :class:`~crown_cli.network.MLP` (``load_model``'s) for NPZ, HDF5, Keras files, and
-    for an ONNX graph that is a chain of dense layers with one activation (:func:`dense_chain`);
-    a :class:`crown_cli.graph.network.Graph` for any other ONNX graph (every ONNX file is read
-    by :func:`crown_cli.graph.onnx_graph.load_graph`), and for a Keras model (``.h5`` with a
-    model config, ``.keras``) the MLP loader refuses (convolutions, pooling, branches, ...).
+                 memory_budget: Optional[float] = None) -> "Graph":
+    """The :class:`crown_cli.graph.network.Graph` of a model file. NPZ, HDF5 and Keras files
+    of dense layers with one activation are read by ``io.models.load_model`` into an MLP,
+    whose graph (:func:`crown_cli.graph.network.dense_graph`) keeps it as ``Graph.dense``;
+    ONNX files by :func:`crown_cli.graph.onnx_graph.load_graph`, a chain of dense layers with
+    one activation getting its ``dense`` form from :func:`dense_chain`; Keras models the MLP
+    loader refuses (convolutions, pooling, branches, ...) by the Keras graph loader.
     InputError otherwise (the graph loader's message, which names the operator or layer).
     ``min_outputs``: the MLP loader's (2 for a classifier, 1 for ``verify``); a graph may
     have any number. ``memory_budget`` (GiB, default 4): the most a graph's weight may take as
@@ -41,13 +44,14 @@ def load_network(path: str, activation: Optional[str] = None, min_outputs: int =
 
 
 def _load_network(path: str, activation: Optional[str], min_outputs: int,
-                  memory_budget: Optional[float]) -> Union[MLP, "Graph"]:
+                  memory_budget: Optional[float]) -> "Graph":
+    from crown_cli.graph.network import dense_graph
     from crown_cli.io.models import checked, load_model
 
     budget = None if memory_budget is None else float(memory_budget) * GiB
     if not path.lower().endswith(".onnx"):
         try:
-            return load_model(path, activation, min_outputs)
+            return dense_graph(load_model(path, activation, min_outputs))
         except InputError as mlp_error:
             if str(mlp_error).startswith("--activation"):  # the option's value, not the file
                 raise
@@ -64,7 +68,10 @@ def _load_network(path: str, activation: Optional[str], min_outputs: int,
         mlp = dense_chain(graph, budget)
         if mlp is not None:
             try:
-                return checked(mlp, path, activation, min_outputs)
+                graph.dense = checked(mlp, path, activation, min_outputs)
+                if activation is not None:
+                    _override(graph, graph.dense)
+                return graph
             except InputError as exc:  # e.g. one output for a classifier: as any graph
                 if str(exc).startswith("--activation"):
                     raise
@@ -79,6 +86,18 @@ def _load_network(path: str, activation: Optional[str], min_outputs: int,
 
     lowered(graph, budget)  # a chain of affine segments: its MLP, kept in graph.lowering
     return graph
+
+
+def _override(graph, mlp) -> None:
+    """``--activation`` on an ONNX chain: its hidden activation nodes become the dense
+    form's activation (an activation on the output stays, as the MLP's output activation);
+    the lowering is computed again for the changed graph."""
+    from crown_cli.graph.ops import ActivationOp
+
+    for i, n in enumerate(graph.nodes):
+        if n.kind == "activation" and i != graph.output:
+            n.op = ActivationOp(mlp.activation, mlp.alpha)
+    graph.lowering = None
 
 
 def dense_chain(graph, budget: Optional[float] = None) -> Optional[MLP]:
@@ -134,13 +153,15 @@ def check_memory(graph, memory_budget: Optional[float], where: str) -> None:
 
 
 def engine_form(net):
-    """Where a loaded network is certified: (mlp, graph, layout). An :class:`MLP`: (net,
-    None, None); a graph with an exact dense form (:func:`crown_cli.graph.lower.lowered`):
-    that MLP on the dense engine, the graph being the layout its images are given in
-    (crown's (H, W, C) images go to the model's own order); any other graph: (None, graph,
-    None), the graph engine. Imports nothing of the graph package for an MLP."""
+    """Where a loaded network is certified: (mlp, graph, layout). A graph with a ``dense``
+    form (a chain of dense layers), or an :class:`MLP` itself: (that MLP, None, None); a graph
+    with an exact dense form (:func:`crown_cli.graph.lower.lowered`): that MLP on the dense
+    engine, the graph being the layout its images are given in (crown's (H, W, C) images go
+    to the model's own order); any other graph: (None, graph, None), the graph engine."""
     if isinstance(net, MLP):
         return net, None, None
+    if net.dense is not None:
+        return net.dense, None, None
     from crown_cli.graph.lower import lowered
 
     mlp = lowered(net)

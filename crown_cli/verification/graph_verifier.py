@@ -128,11 +128,19 @@ def alpha_can_tighten(gb) -> bool:
 
 
 def graph_verifier(graph, **options):
-    """The verifier of a graph: a :class:`LoweredVerifier` (the dense engine, every stage and
-    branch and bound) when the graph has a lowered MLP (:func:`crown_cli.graph.lower.lowered`),
-    else a :class:`GraphVerifier`."""
+    """The verifier of a loaded network (``crown verify``'s and the API's): the dense
+    engine's :class:`Verifier` on a chain of dense layers (``Graph.dense``, or an MLP itself;
+    its first layer in the file's input order, ``MLP.vnnlib_layers``), a
+    :class:`LoweredVerifier` (the dense engine, every stage and branch and bound) when the
+    graph has a lowered MLP (:func:`crown_cli.graph.lower.lowered`), else a
+    :class:`GraphVerifier`."""
     from crown_cli.graph.lower import lowered
+    from crown_cli.network import MLP
 
+    dense = graph if isinstance(graph, MLP) else graph.dense
+    if dense is not None:
+        weights, biases = dense.vnnlib_layers()  # the property's X_i: the file's order
+        return Verifier(weights, biases, dense.activation, dense.alpha, **options)
     mlp = lowered(graph)
     if mlp is None:
         return GraphVerifier(graph, **options)

@@ -123,26 +123,20 @@ class Loader:
         return value
 
     def verifier(self, model_path: str, **options):
-        """A :class:`~crown_cli.verification.pipeline.Verifier` for an MLP (a chain of dense
-        layers with one activation) and for a graph lowered to one
-        (:class:`~crown_cli.verification.graph_verifier.LoweredVerifier`), a
-        :class:`~crown_cli.verification.graph_verifier.GraphVerifier` for any other graph;
-        any number of outputs. ``options['memory_budget']`` (GiB, optional) goes to
-        :func:`~crown_cli.io.networks.load_network`, the rest to the verifier."""
+        """The verifier of a network file, any number of outputs
+        (:func:`~crown_cli.verification.graph_verifier.graph_verifier`: the dense engine's
+        :class:`~crown_cli.verification.pipeline.Verifier` for a chain of dense layers, a
+        graph lowered to one, else the graph engine's). ``options['memory_budget']`` (GiB,
+        optional) goes to :func:`~crown_cli.io.networks.load_network`, the rest to the
+        verifier."""
         from crown_cli.io.networks import load_network
-        from crown_cli.network import MLP
-        from crown_cli.verification.pipeline import Verifier
+        from crown_cli.verification.graph_verifier import graph_verifier
 
         def make():
             opts = dict(options)
             budget = opts.pop("memory_budget", None)  # GiB, for graphs (--memory-budget)
             net = load_network(model_path, min_outputs=1, memory_budget=budget)
-            if not isinstance(net, MLP):  # lowered to the dense engine where it can be
-                from crown_cli.verification.graph_verifier import graph_verifier
-
-                return graph_verifier(net, **opts)
-            weights, biases = net.vnnlib_layers()  # the property's X_i: the file's order
-            return Verifier(weights, biases, net.activation, net.alpha, **opts)
+            return graph_verifier(net, **opts)
 
         return self._cached(self._models, (model_path, tuple(sorted(options.items()))), make)
 
