@@ -273,20 +273,12 @@ def certify(model, x, label: Optional[int] = None, target: Union[str, int] = "ru
             raise InputError(f"label: {label!r} is not a class of the model (0..{n - 1})")
         label = int(label)
     target_type, target_class = _target(target, n)
-    if graph is not None:  # as `crown certify` on a graph: GraphCertifier
-        from contextlib import nullcontext
+    from contextlib import nullcontext
 
-        from crown_cli.engine.kernels import graph_kernels
+    from crown_cli.engine.kernels import using_kernels
 
-        backend = "numpy" if graph_kernels() is None else "numba"
-        context = nullcontext()
-        cert, x0 = _graph_certifier(graph, x0, o)
-    else:
-        cert, x0, backend = _mlp_certifier(mlp, image_layout, x0, o)
-        from crown_cli.engine.kernels import using_kernels
-
-        context = using_kernels(backend)
-    with context:
+    cert, x0, backend = _certifier(mlp, graph, image_layout, x0, o)
+    with nullcontext() if graph is not None else using_kernels(backend):
         return _certify_one(cert, x0, label, target_type, target_class, o, backend)
 
 
@@ -372,42 +364,29 @@ def _target(target, n: int):
                      f"index, got {target!r}")
 
 
-def _graph_certifier(graph, x0, o: _CertifyOptions):
-    """`crown certify`'s certifier on a graph and the image in the graph's layout."""
-    from crown_cli.certification.graph_certifier import GraphCertifier, to_graph_layout
+def _certifier(mlp, graph, image_layout, x0, o: _CertifyOptions):
+    """`crown certify`'s certifier (``certification.runner.certifier_for``), the image in the
+    network's input layout (a graph's, or a lowered graph's: crown's (H, W, C) images go to
+    the model's own order) and the kernels chosen (the dense engine's for one run)."""
+    from contextlib import nullcontext
 
+    from crown_cli.certification.graph_certifier import to_graph_layout
+    from crown_cli.certification.runner import certifier_for, choose_kernels
+    from crown_cli.engine.kernels import graph_kernels, using_kernels
+
+    layout = graph if graph is not None else image_layout
+    if layout is not None:
+        x0 = to_graph_layout(layout, x0[None, :])[0]
     with _options():
-        cert = GraphCertifier(graph, norm=o.norm, method=o.method, search=o.search,
-                              rtol=float(o.rtol), eps0=o.eps0, eps_max=float(o.max_eps),
-                              timeout=float(o.timeout), alpha_iters=o.alpha_iters,
-                              alpha_lr=o.alpha_lr, precision=o.precision)
-    return cert, to_graph_layout(graph, x0[None, :])[0]  # crown's (H, W, C) image order
-
-
-def _mlp_certifier(mlp, image_layout, x0, o: _CertifyOptions):
-    """`crown certify`'s certifier on an MLP (cli.certify: an order-preserving output
-    activation skipped, another one a hidden layer), the image (in a lowered graph's input
-    layout) and the kernels chosen."""
-    from crown_cli.certification.certifier import ALPHA_ITERS, Certifier
-    from crown_cli.certification.runner import choose_kernels
-    from crown_cli.engine.kernels import using_kernels
-
-    if image_layout is not None:  # a lowered graph takes the graph's input layout
-        from crown_cli.certification.graph_certifier import to_graph_layout
-
-        x0 = to_graph_layout(image_layout, x0[None, :])[0]
-    weights, biases = mlp.margin_layers()
-    with _options():
-        backend = choose_kernels(o.kernels, mlp.activation, [w.shape for w in weights], 1)
-    alpha_opts = {}
-    if o.method == "alpha-crown":
-        alpha_opts = {"alpha_iters": ALPHA_ITERS if o.alpha_iters is None else o.alpha_iters,
-                      "alpha_lr": o.alpha_lr}
-    with using_kernels(backend), _options():
-        cert = Certifier(weights, biases, mlp.activation, norm=o.norm, method=o.method,
-                         search=o.search, rtol=float(o.rtol), eps0=o.eps0,
-                         eps_max=float(o.max_eps), precision=o.precision, alpha=mlp.alpha,
-                         timeout=float(o.timeout), **alpha_opts)
+        backend = ("numpy" if graph_kernels() is None else "numba") if graph is not None else \
+            choose_kernels(o.kernels, mlp.activation, [w.shape for w in mlp.margin_layers()[0]],
+                           1)
+    # the graph engine reads graph_kernels() itself: only the dense engine's switch is set
+    with (nullcontext() if graph is not None else using_kernels(backend)), _options():
+        cert = certifier_for(mlp, graph, o.norm, o.method, o.alpha_iters, o.alpha_lr,
+                             search=o.search, rtol=float(o.rtol), eps0=o.eps0,
+                             eps_max=float(o.max_eps), precision=o.precision,
+                             timeout=float(o.timeout))
     return cert, x0, backend
 
 

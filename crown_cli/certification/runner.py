@@ -336,3 +336,41 @@ def choose_kernels(requested: str, activation: str, shapes, runs: int) -> str:
         return requested
     cheap = runs * (substitution_size(shapes) + NUMPY_BASE) <= NUMPY_BUDGET
     return "numpy" if activation in NUMPY_TWINS and cheap else "numba"
+
+
+def certifier_for(mlp, graph, norm, method: str, alpha_iters=None, alpha_lr=None, **settings):
+    """``crown certify``'s certifier of one norm and method (and the API's) on a loaded
+    network's engine form (:func:`crown_cli.io.networks.engine_form`): a
+    :class:`~crown_cli.certification.graph_certifier.GraphCertifier` on the graph engine,
+    else a :class:`Certifier` on the MLP's margin layers (an order-preserving output
+    activation skipped: the logits' margins decide the class; another one, such as a ReLU on
+    the logits, a hidden layer the engine bounds). ``settings``: the other fields of
+    :class:`~crown_cli.certification.certifier.CertifySettings`; ``alpha_iters`` None: each
+    engine's own default (``alpha_lr`` None: the activation's)."""
+    if graph is not None:
+        from crown_cli.certification.graph_certifier import GraphCertifier
+
+        return GraphCertifier(graph, norm=norm, method=method, alpha_iters=alpha_iters,
+                              alpha_lr=alpha_lr, **settings)
+    from crown_cli.certification.certifier import ALPHA_ITERS
+
+    weights, biases = mlp.margin_layers()
+    alpha = {} if method != "alpha-crown" else {
+        "alpha_iters": ALPHA_ITERS if alpha_iters is None else alpha_iters, "alpha_lr": alpha_lr}
+    return Certifier(weights, biases, mlp.activation, norm=norm, method=method, alpha=mlp.alpha,
+                     **alpha, **settings)
+
+
+def attack_for(mlp, graph, norm, steps=None, restarts=None, eps_max: float = 1e4):
+    """``--attack pgd``'s minimum-distortion attack in one norm on the same form as
+    :func:`certifier_for` (steps and restarts None: the attack's defaults)."""
+    if graph is not None:
+        from crown_cli.certification.graph_certifier import GraphPGDAttack
+
+        return GraphPGDAttack(graph, norm, steps, restarts, eps_max)
+    from crown_cli.certification.attack import DEFAULT_RESTARTS, DEFAULT_STEPS, PGDAttack
+
+    weights, biases = mlp.margin_layers()
+    return PGDAttack(weights, biases, mlp.activation, norm=norm, alpha=mlp.alpha,
+                     steps=steps or DEFAULT_STEPS, restarts=restarts or DEFAULT_RESTARTS,
+                     eps_max=eps_max)

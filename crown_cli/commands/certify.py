@@ -8,7 +8,7 @@ from typing import Optional
 import click
 import numpy as np
 
-from crown_cli.certification.runner import choose_kernels
+from crown_cli.certification.runner import attack_for, certifier_for, choose_kernels
 from crown_cli.commands.common import (MAX_RADIUS, _deprecated, _handle_errors, _run_job, _split,
                                       check_memory_budget, memory_budget_option)
 from crown_cli.errors import InputError
@@ -135,12 +135,10 @@ def certify(**options):
                     net if graph is None else _GraphInfo(graph), a.images_path, x, y, indices)
     if a.attack == "none" and (a.attack_steps is not None or a.attack_restarts is not None):
         raise InputError("--attack-steps/--attack-restarts: need --attack pgd")
-    if graph is not None:
-        certifiers, attacks = _graph_certifiers(a, graph, norms, methods)
-    else:
-        # rows a resumed file already holds are skipped: they cost no certification
-        runs = len(indices) * len(target_types) * len(norms) * len(methods) - job.rows_present()
-        certifiers, attacks = _mlp_certifiers(a, net, norms, methods, runs)
+    # rows a resumed file already holds are skipped: they cost no certification
+    runs = len(indices) * len(target_types) * len(norms) * len(methods) - job.rows_present()
+    certifiers, attacks = _certifiers(a, None if graph is not None else net, graph, norms,
+                                      methods, runs)
     proofs = None
     if a.proof_path is not None:
         from crown_cli.certification.proofs import ProofWriter, check_scope
@@ -287,53 +285,25 @@ def _network_and_images(a: CertifyArgs, methods, target_types):
     return net, graph, x, y, where
 
 
-def _graph_certifiers(a: CertifyArgs, graph, norms, methods):
-    """A certifier per (norm, method) on the graph engine, and the PGD attacks per norm
-    (``--attack pgd``, else None)."""
-    from crown_cli.certification.graph_certifier import GraphCertifier, GraphPGDAttack
+def _certifiers(a: CertifyArgs, mlp, graph, norms, methods, runs: int):
+    """A certifier per (norm, method) on the network's engine (``certification.runner.
+    certifier_for``), and the PGD attacks per norm (``--attack pgd``, else None). On the dense
+    engine the kernels are chosen for ``runs`` certifications and switched on until the
+    command ends."""
+    if graph is None:
+        from crown_cli.engine.kernels import using_kernels
 
-    certifiers = [GraphCertifier(graph, norm=n, method=m, search=a.search, rtol=a.rtol,
-                                 eps0=a.eps0, eps_max=a.max_eps, timeout=a.timeout,
-                                 alpha_iters=a.alpha_iters, alpha_lr=a.alpha_lr,
-                                 precision=a.precision)
+        kernels = choose_kernels(a.kernels, mlp.activation,
+                                 [w.shape for w in mlp.margin_layers()[0]], runs)
+        # the engine's switch is process-wide: restore it when this command ends
+        click.get_current_context().with_resource(using_kernels(kernels))
+    certifiers = [certifier_for(mlp, graph, n, m, a.alpha_iters, a.alpha_lr, search=a.search,
+                                rtol=a.rtol, eps0=a.eps0, eps_max=a.max_eps,
+                                precision=a.precision, timeout=a.timeout)
                   for n in norms for m in methods]
     attacks = None if a.attack != "pgd" else {
-        n: GraphPGDAttack(graph, n, a.attack_steps, a.attack_restarts, a.max_eps) for n in norms}
-    return certifiers, attacks
-
-
-def _mlp_certifiers(a: CertifyArgs, mlp, norms, methods, runs: int):
-    """A certifier per (norm, method) on the dense engine, its kernels chosen for ``runs``
-    certifications (and switched on until the command ends), and the PGD attacks per norm
-    (``--attack pgd``, else None)."""
-    from crown_cli.certification.certifier import ALPHA_ITERS, Certifier
-    from crown_cli.engine.kernels import using_kernels
-
-    # --alpha-lr unset: the Certifier's default for the network's activation
-    alpha_opts = {"alpha_iters": ALPHA_ITERS if a.alpha_iters is None else a.alpha_iters,
-                  "alpha_lr": a.alpha_lr}
-    # an order-preserving output activation is skipped (the logits' margins decide the
-    # class); another one (a ReLU on the logits) becomes a hidden layer the engine bounds
-    weights, biases = mlp.margin_layers()
-    kernels = choose_kernels(a.kernels, mlp.activation, [w.shape for w in weights], runs)
-    # the engine's switch is process-wide: restore it when this command ends
-    click.get_current_context().with_resource(using_kernels(kernels))
-    certifiers = [
-        Certifier(weights, biases, mlp.activation, norm=n, method=m, search=a.search,
-                  rtol=a.rtol, eps0=a.eps0, eps_max=a.max_eps, precision=a.precision,
-                  alpha=mlp.alpha, timeout=a.timeout,
-                  **(alpha_opts if m == "alpha-crown" else {}))
-        for n in norms for m in methods
-    ]
-    attacks = None
-    if a.attack == "pgd":
-        from crown_cli.certification.attack import DEFAULT_RESTARTS, DEFAULT_STEPS, PGDAttack
-
-        attacks = {n: PGDAttack(weights, biases, mlp.activation, norm=n, alpha=mlp.alpha,
-                                steps=a.attack_steps or DEFAULT_STEPS,
-                                restarts=a.attack_restarts or DEFAULT_RESTARTS,
-                                eps_max=a.max_eps)
-                   for n in norms}
+        n: attack_for(mlp, graph, n, a.attack_steps, a.attack_restarts, a.max_eps)
+        for n in norms}
     return certifiers, attacks
 
 
