@@ -365,3 +365,51 @@ def test_product_step_kernel_equals_numpy_twin(dtype):
                      (np.abs(a.astype(np.float64)) * z1 + np.abs(b.astype(np.float64)) * z2)
                      @ np.abs(L64)], axis=1)
     np.testing.assert_allclose(out, want, rtol=1e-12, atol=1e-12)
+
+
+def test_rows_of_inactive_relus_are_dropped_with_the_same_bounds(monkeypatch):
+    """The fast path hands on no rows for ReLUs inactive on the whole set (both slopes 0):
+    on a dense chain where about half of them are, its bounds equal the numpy twin's and
+    those of the fast path that keeps every element (node_rules.DEAD_SHARE above 1), and
+    the smaller products are the ones taken."""
+    import crown_cli.engine.node_rules as node_rules
+    from crown_cli.graph.network import dense_graph
+    from crown_cli.network import MLP
+
+    rng = np.random.default_rng(5)
+    sizes = [12, 40, 40, 30, 4]
+    ws = [rng.normal(0, 1 / np.sqrt(m), (n, m)) for m, n in zip(sizes, sizes[1:])]
+    bs = [rng.normal(-0.3, 0.3, n) for n in sizes[1:]]  # biased towards inactive
+    g = dense_graph(MLP(ws, bs, "relu"))
+    x0 = rng.uniform(-1, 1, 12)
+    with using_kernels("numpy"):
+        ref = GraphBounds(g, x0, 0.05, 0)
+        ref_out = ref.bounds()
+    seen = []
+    transpose = node_rules._transpose
+
+    def spy(gb, i, rows, kernels):
+        seen.append((i, rows[1].shape[0]))
+        return transpose(gb, i, rows, kernels)
+
+    outs = []
+    for share in (node_rules.DEAD_SHARE, 2.0):
+        monkeypatch.setattr(node_rules, "DEAD_SHARE", share)
+        monkeypatch.setattr(node_rules, "_transpose", spy)
+        seen.clear()
+        with using_kernels("numba"):
+            gb = GraphBounds(g, x0, 0.05, 0)
+            outs.append((gb, gb.bounds(), list(seen)))
+    (gb, out, dropped), (gb_all, out_all, kept) = outs
+    for i in range(len(g.nodes)):
+        for a in (gb, gb_all):
+            np.testing.assert_allclose(a.lo[i], ref.lo[i], rtol=1e-9, atol=1e-12)
+            np.testing.assert_allclose(a.hi[i], ref.hi[i], rtol=1e-9, atol=1e-12)
+    for a, b, c in zip(out, out_all, ref_out):
+        np.testing.assert_allclose(a, c, rtol=1e-9, atol=1e-12)
+        np.testing.assert_allclose(b, c, rtol=1e-9, atol=1e-12)
+    inactive = [int(np.sum(gb.hi[n.inputs[0]] <= 0)) for n in g.nodes if n.kind == "activation"]
+    assert min(inactive) >= 0.1 * 30  # each ReLU node has inactive neurons to drop
+    assert sum(k for _, k in dropped) < sum(k for _, k in kept)  # fewer elements multiplied
+    y = g.forward(x0[None] + rng.uniform(-0.05, 0.05, (2000, 12)))
+    assert np.all(y >= out[0] - 1e-12) and np.all(y <= out[1] + 1e-12)

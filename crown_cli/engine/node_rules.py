@@ -40,6 +40,11 @@ from crown_cli.graph.ops import (ActivationOp, Affine, Conv, InputOp, Product, S
                                   typed)
 from crown_cli.graph.pooling import MaxPool
 
+# the fast path drops the elements an activation zeroes (both slopes 0) from the rows it hands
+# on when they are at least this share of its elements (fewer: the copy costs more than the
+# smaller products save)
+DEAD_SHARE = 0.1
+
 # Ranges every value of the activation lies in (intersected with the lines' interval)
 _RANGES = {"relu": (0.0, np.inf), "sigmoid": (0.0, 1.0), "tanh": (-1.0, 1.0),
            "arctan": (-1.5707963267948970, 1.5707963267948970), "hard_sigmoid": (0.0, 1.0),
@@ -489,6 +494,13 @@ class ActivationRule(Rule):
         walk.acc[0] += sums[:, 0]
         walk.acc[1] += sums[:, 1]
         walk.acc[2] += self.charge(sums[:, 2], _take(gb.absval[p], idx))
+        # elements whose both lines have slope 0 (a ReLU inactive on the whole set) hand on
+        # rows of exact zeros: dropped, so the products below skip them (as the dense
+        # engine drops inactive columns)
+        dead = (arrays[0] == 0) & (arrays[1] == 0)
+        if np.count_nonzero(dead) >= DEAD_SHARE * dead.size:
+            keep = np.flatnonzero(~dead)
+            idx, Dt = (keep if idx is None else idx[keep]), np.ascontiguousarray(Dt[keep])
         walk.give(p, (idx, Dt))
 
     def back_win(self, gb, i, node, win, walk):
