@@ -35,6 +35,12 @@ Every case runs in its own subprocess (so its peak RSS is its own) on both cores
              alpha-crown radius of that image (GraphCertifier, --method alpha-crown) and, with
              --lirpa, whether auto_LiRPA's CROWN-Optimized bound agrees with it (> 0 at
              eps (1 - 1e-3), < 0 at eps (1 + 1e-3))
+    graph-dense  the one-engine gap: one float64 CROWN bound of the runner-up margin of relu3's
+             model (its graph form, every neuron refined: the dense engine's bounds) by the
+             graph engine (GraphBounds, ibp=False) against the dense engine
+             (Certifier.lower_bound), the first --images shipped images at eps 0.005 and
+             0.01, best of 3 each: mean ms per bound of each, their ratio, and the largest
+             difference of the two bounds (the same numbers to rounding)
     cli      a warm `crown certify -n 1` of relu3's model, wall-clock, start-up included
     alpha3   relu3 with --method alpha-crown (default settings): s/image, and the mean eps gain
              over crown on the same images (crown's own time is not counted)
@@ -85,7 +91,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MODELS = os.path.join(ROOT, "models")
 CIFAR = os.path.join(ROOT, "crown_cli", "data", "cifar10_test_100.npz")
 CASES = ("relu3", "relu4", "tanh", "sigmoid", "arctan", "relu3-plain", "cifar7", "mem6", "cli",
-         "alpha3", "bab", "bab-relu", "bab-relu-joint", "conv", "resnet", "hull")
+         "alpha3", "bab", "bab-relu", "bab-relu-joint", "conv", "resnet", "hull", "graph-dense")
 CONV_MODEL = os.path.join(MODELS, "cifar_base_kw.onnx")
 TARGETS_S = {"relu3": 0.05, "relu4": 0.15, "cifar7": 0.7, "alpha3": 1.0}  # issue 5 targets, s/image
 
@@ -449,10 +455,56 @@ def hull_worker(vnncomp):
     print(json.dumps(res))
 
 
+def graph_dense_worker(n_images):
+    """The graph-dense case: the graph engine against the dense engine on relu3's model."""
+    import numpy as np
+
+    try:
+        dense_graph = _checkout_module("crown_cli.graph.network").dense_graph
+        GraphBounds = _checkout_module("crown_cli.engine.graph_bounds").GraphBounds
+    except (ImportError, AttributeError):
+        print(json.dumps({"case": "graph-dense", "error": "no before: this checkout has no "
+                                                          "graph form of a dense network"}))
+        return
+    Certifier = _module("crown_cli.certification.certifier").Certifier
+    load_model = _module("crown_cli.io.models").load_model
+    load_images = _module("crown_cli.io.images").load_images
+    mlp = load_model(os.path.join(MODELS, "mnist_3x1024.h5"))
+    graph = dense_graph(mlp)
+    x, y = load_images(None)
+    cert = Certifier(mlp.weights, mlp.biases, mlp.activation, norm="inf", method="crown",
+                     precision="float64")
+    dense_s, graph_s, diff = [], [], 0.0
+    for i in range(n_images):
+        z = mlp.forward(x[i])
+        c, t = int(np.argmax(z)), int(np.argsort(z)[-2])
+        C = np.zeros((1, z.size))
+        C[0, c], C[0, t] = 1.0, -1.0
+        for eps in (0.005, 0.01):
+            best = [np.inf, np.inf]
+            for _ in range(3):
+                t0 = time.perf_counter()
+                a = cert.lower_bound(x[i], eps, C)
+                best[0] = min(best[0], time.perf_counter() - t0)
+                t0 = time.perf_counter()
+                b = GraphBounds(graph, x[i], eps, 0, ibp=False).lower(graph.output, C)
+                best[1] = min(best[1], time.perf_counter() - t0)
+            dense_s.append(best[0])
+            graph_s.append(best[1])
+            diff = max(diff, float(np.max(np.abs(np.asarray(a) - np.asarray(b)))))
+    print(json.dumps({"case": "graph-dense", "images": n_images,
+                      "dense_ms": 1e3 * float(np.mean(dense_s)),
+                      "graph_ms": 1e3 * float(np.mean(graph_s)), "max_diff": diff,
+                      "mean_s": float(np.mean(graph_s)),
+                      "rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0}))
+
+
 def worker(case, n_images, check, seconds=30.0, vnncomp=None):
     """Run one case in this process and print one JSON line."""
     import numpy as np
 
+    if case == "graph-dense":
+        return graph_dense_worker(n_images)
     if case == "conv":
         return conv_worker(n_images)
     if case == "resnet":
@@ -639,6 +691,11 @@ def line(r, relu3=None, plain=None):
         each = ", ".join(f"{n} {v} {b} boxes {t:.2f} s" for n, v, b, t in r["instances"])
         return (f"{'hull':<11} safenlp's 9 hardest: {r['time_s']:.2f} s in all ({each})  "
                 f"peak RSS {r['rss_mb']:.0f} MB")
+    if r["case"] == "graph-dense":
+        return (f"{'graph-dense':<11} mnist_3x1024 margin bound, {r['images']} images x eps "
+                f"0.005, 0.01: graph engine {r['graph_ms']:.1f} ms, dense engine "
+                f"{r['dense_ms']:.1f} ms ({r['graph_ms'] / r['dense_ms']:.1f}x), bounds apart by "
+                f"at most {r['max_diff']:.1e}  peak RSS {r['rss_mb']:.0f} MB")
     if r["case"] == "cli":
         return f"{'cli':<11} warm `crown certify -n 1`: best {r['best_s']:.2f} s, median {r['median_s']:.2f} s"
     s = (f"{r['case']:<11} images {r['images']:3d}  mean {r['mean_s']:.4f} s/image  median "
