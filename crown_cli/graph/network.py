@@ -228,7 +228,7 @@ def dense_graph(mlp):
         nodes.append(Node(names[k], Dense(W, b), (len(nodes) - 1,), (1, W.shape[0])))
         act = mlp.activation if k < last else mlp.output_activation
         if act is not None and act not in VECTOR_OUTPUTS:
-            nodes.append(Node(f"{act}_{k}", ActivationOp(act, mlp.alpha), (len(nodes) - 1,),
+            nodes.append(Node(f"{names[k]}_{act}", ActivationOp(act, mlp.alpha), (len(nodes) - 1,),
                               (1, W.shape[0])))
     graph = Graph(nodes, len(nodes) - 1, mlp.source)
     if mlp.output_activation in VECTOR_OUTPUTS:
