@@ -76,7 +76,7 @@ def test_radius_equals_dense_engine(tmp_path, kind, norm, method):
     intervals (its soundness: test_certified_balls_hold)."""
     _, _, g = load(tmp_path, kind)
     ws, bs, act = as_mlp(g)
-    assert depth(g) == len(ws) - 1
+    assert depth(g) == depth(g, shortest=True) == len(ws) - 1  # a chain: the same search
     dense = Certifier(ws, bs, act, norm=norm, method=method, precision="float64")
     exact = GraphCertifier(g, norm=norm, method=method, ibp=False, precision="float64")
     default = GraphCertifier(g, norm=norm, method=method)
@@ -92,6 +92,19 @@ def test_radius_equals_dense_engine(tmp_path, kind, norm, method):
         assert want.status == got.status == "certified"
         assert got.eps == pytest.approx(want.eps, rel=1e-6)
         assert default.certify(x0, c, [t]).status == "certified"
+
+
+def test_the_search_takes_a_residual_networks_shortest_path_as_its_depth(tmp_path):
+    """The radius search's depth (first radius, power law) on a branched graph is the fewest
+    activations on a path from the input to the output: relu_residual's slice of its first
+    ReLU layer reaches the output past the other two."""
+    from graph_models import relu_residual
+
+    path = os.path.join(str(tmp_path), "rr.onnx")
+    onnx.save(relu_residual(np.random.default_rng(0)), path)
+    g = load_graph(path)
+    assert (depth(g), depth(g, shortest=True)) == (3, 1)
+    assert GraphCertifier(g, norm="inf", method="crown").num_hidden == 1
 
 
 @pytest.mark.parametrize("kind", ["conv", "conv_chain"])
