@@ -200,11 +200,13 @@ def fused_rows(gb, target: int, Lam, kernels, dtype=np.float64):
         if isinstance(a, Win) and isinstance(b, Win):
             S = _win_sum(a, b)
             if S is not None:
-                C, H, W = _image(g.nodes[j])
-                z = _typed(gb, ("absval", j), lambda: gb.absval[j], S.Pt.dtype).reshape(C, H, W)
-                sums = np.empty((r, 3))
-                kernels.win_sums_t(S.Pt, S.oy, S.ox, z, z, z, sums)
-                acc[2] += 2.0 * U64 * sums[:, 2]
+                if S.Pt.dtype == np.float64:  # the sum's rounding charge (a float32 steering
+                    C, H, W = _image(g.nodes[j])  # pass is verified by none: no charge)
+                    z = _typed(gb, ("absval", j), lambda: gb.absval[j],
+                               S.Pt.dtype).reshape(C, H, W)
+                    sums = np.empty((r, 3))
+                    kernels.win_sums_t(S.Pt, S.oy, S.ox, z, z, z, sums)
+                    acc[2] += 2.0 * U64 * sums[:, 2]
                 pending[j] = S
                 return
         n = g.nodes[j].size
