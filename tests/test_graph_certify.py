@@ -342,6 +342,62 @@ def test_mixed_precision_radius_is_float64_verified(tmp_path, kind, norm):
     assert b32[0] == pytest.approx(b64[0], rel=1e-3, abs=1e-5)
 
 
+@pytest.mark.parametrize("kind", ["conv", "conv_chain"])
+def test_a_search_reuses_larger_balls_bounds_soundly(tmp_path, kind, monkeypatch):
+    """The certify search hands each evaluation the node bounds of the smallest larger ball
+    it evaluated (graph_certifier.Balls): a float64 evaluation only a float64 one's, a
+    float32 one either. With them every bound holds on the ball (sampled), and the radius
+    holds against the attack and at the ball's corners."""
+    import crown_cli.engine.graph_bounds as graph_bounds
+    from crown_cli.certification.graph_certifier import Balls
+
+    _, _, g = load(tmp_path, kind)
+    rng = np.random.default_rng(6)
+    x0 = rng.uniform(-1, 1, g.input_size)
+    y = g.forward(x0)
+    c, t = int(np.argmax(y)), int(np.argsort(y)[-2])
+    seen = []  # (eps, float32?, the eps of the ball its known bounds came from or None)
+    real = graph_bounds.GraphBounds
+
+    def spy(graph, x, eps, qcode, **kw):
+        gb = real(graph, x, eps, qcode, **kw)
+        gb.spied = (eps, np.dtype(kw.get("dtype", np.float64)) == np.float32, kw.get("known"))
+        seen.append(gb)
+        return gb
+
+    monkeypatch.setattr(graph_bounds, "GraphBounds", spy)
+    cert = GraphCertifier(g, norm="inf")
+    got = cert.certify(x0, c, [t])
+    assert got.status == "certified"
+    balls = {id(gb.lo[p]): (gb.spied[0], gb.spied[1]) for gb in seen for p in Balls(g).nodes}
+    reused = 0
+    for gb in seen:
+        eps, f32, known = gb.spied
+        for p, (lo, hi) in (known or {}).items():
+            src_eps, src_f32 = balls[id(lo)]
+            assert src_eps >= eps and (f32 or not src_f32)  # float64 takes float64's only
+            reused += 1
+    assert reused, "no evaluation took a larger ball's bounds: the test would show nothing"
+    # with a larger ball's float64 bounds: every node's bounds and the margin's hold on the
+    # ball (sampled, corners included); fewer neurons refined where the larger ball proved
+    # them stable (CROWN is not monotone in its intervals: a bound may move either way)
+    C = cert.margin_rows(c, [t])
+    big = real(g, x0, got.eps * 1.05, 0)
+    tight = real(g, x0, got.eps, 0, known={p: (big.lo[p], big.hi[p]) for p in Balls(g).nodes})
+    low = tight.lower(g.output, C)[0]
+    pts = x0 + got.eps * rng.uniform(-1, 1, size=(3000, g.input_size))
+    pts[:1500] = x0 + got.eps * rng.choice([-1.0, 1.0], size=(1500, g.input_size))
+    out, vals = g.forward(pts, return_all=True)
+    for i in range(len(g.nodes)):
+        assert np.all(vals[i] >= tight.lo[i] - 1e-12) and np.all(vals[i] <= tight.hi[i] + 1e-12)
+    assert np.all(out @ C[0] >= low) and low > 0
+    A = np.zeros((1, g.output_size))
+    A[0, c], A[0, t] = 1.0, -1.0
+    assert graph_counterexample(g, x0 - got.eps, x0 + got.eps, [(A, np.zeros(1))],
+                                restarts=16, steps=100, seed=1) is None
+    assert np.all(out[:, c] > out[:, t])
+
+
 def test_warm_up_loads_every_graph_kernel_in_both_precisions(tmp_path):
     """GraphCertifier.warm_up (run before the first image's clock starts) calls every kernel
     of the graph fast path, windows and live elements, in float32 (the steering) and float64

@@ -126,17 +126,23 @@ class GraphCertifier(RadiusSearch):
         return self.graph.forward(x)
 
     def lower_bound(self, x0: np.ndarray, eps: float, C: np.ndarray,
-                    dtype=np.float64) -> np.ndarray:
+                    dtype=np.float64, balls: Optional["Balls"] = None) -> np.ndarray:
         """Verified float64 lower bounds of C @ f(x) over the eps-ball around x0, (r,)
-        (``dtype`` float32: a steering estimate, not verified)."""
+        (``dtype`` float32: a steering estimate, not verified). ``balls``: the node bounds of
+        the search's earlier evaluations around x0 (:class:`Balls`), the nearest larger
+        ball's taken as known and this one's added."""
         from crown_cli.engine.graph_alpha import alpha_lower
         from crown_cli.engine.graph_bounds import GraphBounds
 
         alpha = self.method == "alpha-crown"
         iters, lr = self.alpha_iters, self.alpha_lr
+        verified = np.dtype(dtype) == np.float64
+        known = None if balls is None else balls.nearest(eps, verified)
         gb = GraphBounds(self.graph, x0, float(eps), self.qcode, method=self.family,
                          ibp=self.ibp, intermediate="alpha" if alpha and iters else "crown",
-                         alpha_iters=iters, alpha_lr=lr, dtype=dtype)
+                         alpha_iters=iters, alpha_lr=lr, dtype=dtype, known=known)
+        if balls is not None:
+            balls.add(eps, verified, gb)
         if alpha:
             return alpha_lower(gb, self.graph.output, C, iters, lr)
         return gb.lower(self.graph.output, C)
@@ -158,12 +164,36 @@ class GraphCertifier(RadiusSearch):
         margins = C @ self.logits(x0)
         g0 = float(np.min(margins))
         eps0 = self.start_radius(x0, C, margins) if g0 > 0 else self.eps0
+        balls = Balls(self.graph)
+
         def bound(dtype):
-            return lambda eps: float(np.min(self.lower_bound(x0, eps, C, dtype)))
+            return lambda eps: float(np.min(self.lower_bound(x0, eps, C, dtype, balls)))
 
         res = self._radius(bound, g0, eps0)
         return Certificate(res.eps, res.lower_bound, g0, res.evaluations, res.status,
                            time.perf_counter() - t0)
+
+
+class Balls:
+    """The node bounds of one certify search's evaluations (balls of one centre and norm):
+    a bound on a ball holds on every smaller one, so an evaluation at eps takes, as known,
+    those of the smallest ball evaluated at eps or above (a ReLU neuron stable there takes
+    no rows; its bounds tighten the others'). A float64 evaluation takes only a float64
+    one's (verified); a float32 steering evaluation either. Kept: the inputs of activation
+    and max-pool nodes, the bounds that decide the relaxations."""
+
+    def __init__(self, graph):
+        self.nodes = sorted({j for n in graph.nodes if n.kind in ("activation", "maxpool")
+                             for j in n.inputs})
+        self.entries = []  # (eps, verified, {node: (lo, hi)})
+
+    def nearest(self, eps: float, verified: bool):
+        fits = [(e, b) for e, v, b in self.entries if e >= eps and (v or not verified)]
+        return min(fits, key=lambda f: f[0])[1] if fits else None
+
+    def add(self, eps: float, verified: bool, gb) -> None:
+        self.entries.append((float(eps), verified,
+                             {p: (gb.lo[p], gb.hi[p]) for p in self.nodes}))
 
 
 def _tiny_graph(rng):

@@ -153,6 +153,7 @@ class BoundSettings:
     alpha_lr: Optional[float] = None
     deadline: Optional[float] = None
     dtype: Any = np.float64
+    known: Optional[Dict[int, Tuple[np.ndarray, np.ndarray]]] = None
 
 
 class GraphBounds:
@@ -173,6 +174,11 @@ class GraphBounds:
     ``dtype`` float32: the fast path's rows and products in float32 (the interval arithmetic,
     the numpy path and the sums stay float64): a steering bound, **not verified** (a
     search's answer is checked by a float64 bound).
+    ``known`` ({node: (lo, hi)}, optional): bounds of nodes' values already known to hold on
+    this input set (e.g. a float64 bound's of a larger ball with the same centre): every
+    node's bounds are intersected with them as they are set, so a ReLU neuron they prove
+    stable takes no rows. The caller answers for them: bounds of a float32 pass only steer
+    another float32 pass.
     """
 
     def __init__(self, graph, x0, eps, qcode, **settings):
@@ -180,6 +186,7 @@ class GraphBounds:
         intermediate, deadline = o.intermediate, o.deadline
         self.deadline = deadline
         self.dtype = np.dtype(o.dtype).type
+        self.known = o.known or {}
 
         if intermediate not in ("crown", "interval", "alpha", "forward"):
             raise ValueError("intermediate must be 'crown', 'interval', 'alpha' or 'forward', "
@@ -320,6 +327,8 @@ class GraphBounds:
         # nan (an infinite bound met a zero slope: a node past an unbounded one) is no bound
         if np.isnan(lo).any() or np.isnan(hi).any():
             lo, hi = np.where(np.isnan(lo), -np.inf, lo), np.where(np.isnan(hi), np.inf, hi)
+        if i in self.known:  # bounds that hold on this set already: the tighter of each
+            lo, hi = np.maximum(lo, self.known[i][0]), np.minimum(hi, self.known[i][1])
         self.lo[i], self.hi[i] = lo, hi
         self.absval[i] = np.maximum(np.abs(lo), np.abs(hi))
 
