@@ -83,6 +83,12 @@ class GraphCertifier(RadiusSearch):
     the neurons it leaves unstable (sound; ``False``: CROWN's bounds of every neuron, as the
     dense engine)."""
 
+    # the first radius: the whole first-order distance over the search's depth (the dense
+    # certifier takes half): an evaluation below one already made takes that ball's bounds
+    # (Balls) and costs about half, so starting nearer the root, or above it, pays
+    # (docs/benchmarks.md, the resnet case)
+    START_FRACTION = 1.0
+
     def __init__(self, graph, ibp: bool = True, **settings):
         from crown_cli.engine.graph_alpha import ITERS, LR
         from crown_cli.engine.relaxations import get_relaxation
