@@ -345,10 +345,10 @@ def test_mixed_precision_radius_is_float64_verified(tmp_path, kind, norm):
 
 @pytest.mark.parametrize("kind", ["conv", "conv_chain"])
 def test_a_search_reuses_larger_balls_bounds_soundly(tmp_path, kind, monkeypatch):
-    """The certify search hands each evaluation the node bounds of the smallest larger ball
-    it evaluated (graph_certifier.Balls): a float64 evaluation only a float64 one's, a
-    float32 one either. With them every bound holds on the ball (sampled), and the radius
-    holds against the attack and at the ball's corners."""
+    """The certify search hands each float32 steering evaluation the node bounds of the
+    smallest larger ball it evaluated (graph_certifier.Balls), and a float64 evaluation none
+    (its bound is its ball's own). With them every bound holds on the ball (sampled), and
+    the radius holds against the attack and at the ball's corners."""
     import crown_cli.engine.graph_bounds as graph_bounds
     from crown_cli.certification.graph_certifier import Balls
 
@@ -376,9 +376,12 @@ def test_a_search_reuses_larger_balls_bounds_soundly(tmp_path, kind, monkeypatch
         eps, f32, known = gb.spied
         for p, (lo, hi) in (known or {}).items():
             src_eps, src_f32 = balls[id(lo)]
-            assert src_eps >= eps and (f32 or not src_f32)  # float64 takes float64's only
+            assert src_eps >= eps and f32  # a larger ball's, and only for steering
             reused += 1
     assert reused, "no evaluation took a larger ball's bounds: the test would show nothing"
+    seen.clear()  # a float64 search: its evaluations have larger float64 balls, and take none
+    assert GraphCertifier(g, norm="inf", precision="float64").certify(x0, c, [t]).eps > 0
+    assert len(seen) > 2 and all(gb.spied[2] is None for gb in seen)
     # with a larger ball's float64 bounds: every node's bounds and the margin's hold on the
     # ball (sampled, corners included); fewer neurons refined where the larger ball proved
     # them stable (CROWN is not monotone in its intervals: a bound may move either way)

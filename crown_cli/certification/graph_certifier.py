@@ -135,15 +135,17 @@ class GraphCertifier(RadiusSearch):
                     dtype=np.float64, balls: Optional["Balls"] = None) -> np.ndarray:
         """Verified float64 lower bounds of C @ f(x) over the eps-ball around x0, (r,)
         (``dtype`` float32: a steering estimate, not verified). ``balls``: the node bounds of
-        the search's earlier evaluations around x0 (:class:`Balls`), the nearest larger
-        ball's taken as known and this one's added."""
+        the search's earlier evaluations around x0 (:class:`Balls`): a float32 pass takes
+        the nearest larger ball's as known; every pass adds its own."""
         from crown_cli.engine.graph_alpha import alpha_lower
         from crown_cli.engine.graph_bounds import GraphBounds
 
         alpha = self.method == "alpha-crown"
         iters, lr = self.alpha_iters, self.alpha_lr
         verified = np.dtype(dtype) == np.float64
-        known = None if balls is None else balls.nearest(eps, verified)
+        # only a steering pass takes them: a verified bound is the ball's own, whatever the
+        # search's path (CROWN is not monotone in its intervals, and alpha-CROWN's stop is not)
+        known = None if balls is None or verified else balls.nearest(eps, False)
         gb = GraphBounds(self.graph, x0, float(eps), self.qcode, method=self.family,
                          ibp=self.ibp, intermediate="alpha" if alpha and iters else "crown",
                          alpha_iters=iters, alpha_lr=lr, dtype=dtype, known=known)
@@ -182,11 +184,13 @@ class GraphCertifier(RadiusSearch):
 
 class Balls:
     """The node bounds of one certify search's evaluations (balls of one centre and norm):
-    a bound on a ball holds on every smaller one, so an evaluation at eps takes, as known,
-    those of the smallest ball evaluated at eps or above (a ReLU neuron stable there takes
-    no rows; its bounds tighten the others'). A float64 evaluation takes only a float64
-    one's (verified); a float32 steering evaluation either. Kept: the inputs of activation
-    and max-pool nodes, the bounds that decide the relaxations."""
+    a bound on a ball holds on every smaller one, so a float32 steering evaluation at eps
+    takes, as known, those of the smallest ball evaluated at eps or above (a ReLU neuron
+    stable there takes no rows; its bounds tighten the others'). :meth:`nearest` with
+    ``verified`` answers from float64 evaluations only; the certifier gives none to a
+    float64 evaluation, whose bound is then its ball's own whatever the search's path.
+    Kept: the inputs of activation and max-pool nodes, the bounds that decide the
+    relaxations."""
 
     def __init__(self, graph):
         self.nodes = sorted({j for n in graph.nodes if n.kind in ("activation", "maxpool")
