@@ -36,7 +36,6 @@ derivative applied to the factors' relaxed values less the corner's.
 """
 from __future__ import annotations
 
-import contextlib
 from typing import Dict, Optional, Tuple
 
 import numpy as np
@@ -44,6 +43,7 @@ import numpy as np
 from crown_cli.engine.deadline import check_deadline
 from crown_cli.engine.input_sets import Box
 from crown_cli.engine.optim import Adam, AdamSettings, BestIterate
+from crown_cli.engine.rounding import steering_quiet
 
 STEER = AdamSettings(eps=1e-12)
 # the iterations' bounds, tapes and relaxed forward passes; the best iterate's parameters
@@ -144,9 +144,7 @@ def _relaxed_forward(gb, target, x, tape, free=None, upto: Optional[int] = None)
     vals = [None] * (target + 1)
     # a float32 (steering) pass may overflow where float64 does not; its gradients are
     # filtered for finiteness by the callers
-    quiet = np.errstate(over="ignore", invalid="ignore") if x.dtype == np.float32 else \
-        contextlib.nullcontext()
-    with quiet:
+    with steering_quiet(x.dtype == np.float32):
         for i in range(target + 1 if upto is None else upto + 1):
             if i not in tape:
                 continue

@@ -48,7 +48,6 @@ rounding of the charges' own non-negative computation) and the ``rtol`` allowanc
 """
 from __future__ import annotations
 
-import contextlib
 from dataclasses import dataclass
 from typing import Any, Dict, List, Optional, Tuple
 
@@ -61,7 +60,7 @@ from crown_cli.engine.input_sets import Box, input_terms
 from crown_cli.engine.kernels import graph_kernels
 from crown_cli.engine.node_rules import AffineRule, InputRule, PoolLines, plan
 from crown_cli.graph.ops import Dense, IndexMap, steer_dtype
-from crown_cli.engine.rounding import ERR_SAFETY, U64, sum_rtol, widen
+from crown_cli.engine.rounding import ERR_SAFETY, U64, steering_quiet, sum_rtol, widen
 ROW_BUDGET = 256 * 2 ** 20  # bytes of rows per back-substitution pass (identity rows chunked)
 ROW_COPIES = 4  # per neuron: its two rows of [I; -I] as wide as the widest node, twice
 # The peak memory of a back-substitution pass, as a multiple of its row budget: the rows'
@@ -405,9 +404,7 @@ class GraphBounds:
         in float64)."""
         fused = graph_kernels()  # None under the numpy kernels: the twin below runs
         # float32 may overflow where float64 does not: that iterate only steers worse
-        quiet = contextlib.nullcontext() if steer is None else \
-            np.errstate(over="ignore", invalid="ignore")
-        with quiet:
+        with steering_quiet(steer is not None):
             if fused is not None and free is None and tape is None and lines is None \
                     and steer is None:
                 Lx, const, mag, charge = fused_rows(self, target, Lam, fused, self.dtype)

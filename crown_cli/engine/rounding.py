@@ -14,6 +14,8 @@ docs/soundness.md has the whole argument. Arrays in, arrays out.
 """
 from __future__ import annotations
 
+import contextlib
+
 import numpy as np
 
 FP_RTOL = 2.0 ** -32  # ~2.3e-10, relative allowance of the final sums (see module docstring)
@@ -31,6 +33,13 @@ def gamma_n(n: int, unit: float) -> float:
     operations in the format of unit roundoff u."""
     nu = n * unit
     return nu / (1.0 - nu)
+
+
+def steering_quiet(steer: bool):
+    """A context for a pass: for a float32 steering pass (``steer``) numpy's overflow and
+    invalid-operation warnings off (float32 may overflow where float64 does not; such a pass
+    only steers worse, and proves nothing), for a float64 pass nothing changed."""
+    return np.errstate(over="ignore", invalid="ignore") if steer else contextlib.nullcontext()
 
 
 def round_up(b) -> np.ndarray:

@@ -10,7 +10,6 @@ part. The search that uses it is :mod:`crown_cli.verification.bab.relu_split`.
 """
 from __future__ import annotations
 
-import contextlib
 import math
 
 import numpy as np
@@ -21,7 +20,8 @@ from crown_cli.engine.batch_steps import Lines, Rows, relax
 from crown_cli.engine.input_sets import Box, box_lower, input_abs_bound
 from crown_cli.engine.kernels import relu_split_kernels as _kern
 from crown_cli.engine.relaxations import get_relaxation
-from crown_cli.engine.rounding import FP_RTOL, U64, margin_rows_rounding, rounding_weights
+from crown_cli.engine.rounding import (FP_RTOL, U64, margin_rows_rounding, rounding_weights,
+                                      steering_quiet)
 from crown_cli.verification.bab.cuts import evaluate_cuts, gradient_cuts
 from crown_cli.graph.ops import sparse_enough
 from crown_cli.verification.bab.domain_bounds import DomainBounds
@@ -316,9 +316,7 @@ class Bounder(DomainBounds, CaseRows):
         A float32 evaluation may overflow where float64 does not (that estimate only steers
         worse): it runs under ``np.errstate``, as the graph bounder's does.
         """
-        quiet = contextlib.nullcontext() if np.dtype(dtype) == np.float64 else \
-            np.errstate(over="ignore", invalid="ignore")
-        with quiet:
+        with steering_quiet(np.dtype(dtype) != np.float64):
             return self._bound(split, alpha, beta, dtype, keep, charge, chords, rows, mu, bounds)
 
     def _bound(self, split, alpha, beta, dtype, keep, charge, chords, rows, mu, bounds):
