@@ -142,15 +142,15 @@ class GraphCertifier(RadiusSearch):
 
         alpha = self.method == "alpha-crown"
         iters, lr = self.alpha_iters, self.alpha_lr
-        verified = np.dtype(dtype) == np.float64
         # only a steering pass takes them: a verified bound is the ball's own, whatever the
         # search's path (CROWN is not monotone in its intervals, and alpha-CROWN's stop is not)
-        known = None if balls is None or verified else balls.nearest(eps, False)
+        steer = np.dtype(dtype) == np.float32
+        known = balls.nearest(eps) if balls is not None and steer else None
         gb = GraphBounds(self.graph, x0, float(eps), self.qcode, method=self.family,
                          ibp=self.ibp, intermediate="alpha" if alpha and iters else "crown",
                          alpha_iters=iters, alpha_lr=lr, dtype=dtype, known=known)
         if balls is not None:
-            balls.add(eps, verified, gb)
+            balls.add(eps, gb)
         if alpha:
             return alpha_lower(gb, self.graph.output, C, iters, lr)
         return gb.lower(self.graph.output, C)
@@ -186,24 +186,25 @@ class Balls:
     """The node bounds of one certify search's evaluations (balls of one centre and norm):
     a bound on a ball holds on every smaller one, so a float32 steering evaluation at eps
     takes, as known, those of the smallest ball evaluated at eps or above (a ReLU neuron
-    stable there takes no rows; its bounds tighten the others'). :meth:`nearest` with
-    ``verified`` answers from float64 evaluations only; the certifier gives none to a
-    float64 evaluation, whose bound is then its ball's own whatever the search's path.
-    Kept: the inputs of activation and max-pool nodes, the bounds that decide the
-    relaxations."""
+    stable there takes no rows; its bounds tighten the others'). The certifier gives none to
+    a float64 evaluation, whose bound is then its ball's own whatever the search's path.
+    Kept: the nodes the engine refines before a relaxation reads them
+    (``refined_inputs`` of the node rules: the inputs of activations, max pools, products)."""
 
     def __init__(self, graph):
-        self.nodes = sorted({j for n in graph.nodes if n.kind in ("activation", "maxpool")
-                             for j in n.inputs})
-        self.entries = []  # (eps, verified, {node: (lo, hi)})
+        from crown_cli.engine.node_rules import plan
 
-    def nearest(self, eps: float, verified: bool):
-        fits = [(e, b) for e, v, b in self.entries if e >= eps and (v or not verified)]
+        rules = plan(graph)
+        self.nodes = sorted({p for i, n in enumerate(graph.nodes)
+                             for p in rules[i].refined_inputs(n)})
+        self.entries = []  # (eps, {node: (lo, hi)})
+
+    def nearest(self, eps: float):
+        fits = [(e, b) for e, b in self.entries if e >= eps]
         return min(fits, key=lambda f: f[0])[1] if fits else None
 
-    def add(self, eps: float, verified: bool, gb) -> None:
-        self.entries.append((float(eps), verified,
-                             {p: (gb.lo[p], gb.hi[p]) for p in self.nodes}))
+    def add(self, eps: float, gb) -> None:
+        self.entries.append((float(eps), {p: (gb.lo[p], gb.hi[p]) for p in self.nodes}))
 
 
 def _tiny_graph(rng):

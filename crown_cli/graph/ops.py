@@ -20,11 +20,10 @@ and offers four things:
 """
 from __future__ import annotations
 
+import sys
 from typing import List, Optional, Sequence
 
 import numpy as np
-
-import sys
 
 
 # Conv.transpose runs row by row (skipping zeros) where the rows fill less than this share of
