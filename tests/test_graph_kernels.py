@@ -413,3 +413,44 @@ def test_rows_of_inactive_relus_are_dropped_with_the_same_bounds(monkeypatch):
     assert sum(k for _, k in dropped) < sum(k for _, k in kept)  # fewer elements multiplied
     y = g.forward(x0[None] + rng.uniform(-0.05, 0.05, (2000, 12)))
     assert np.all(y >= out[0] - 1e-12) and np.all(y <= out[1] + 1e-12)
+
+
+def test_a_dense_nodes_bounds_start_from_its_weights_rows(monkeypatch):
+    """A dense node's bounds on the fast path start from its weight's rows over its input
+    (``graph_rows.weight_rows``), not from rows ``[I; -I]`` taken through it by a product:
+    no transpose of that node is taken, and the bounds equal the numpy twin's (which takes
+    the product) to its charge, and hold on sampled points."""
+    import crown_cli.engine.node_rules as node_rules
+    from crown_cli.graph.network import dense_graph
+    from crown_cli.network import MLP
+
+    rng = np.random.default_rng(8)
+    sizes = [10, 70, 90, 3]  # 90 rows: more than one block of the transposed copy
+    ws = [rng.normal(0, 1 / np.sqrt(m), (n, m)) for m, n in zip(sizes, sizes[1:])]
+    bs = [rng.normal(0, 0.5, n) for n in sizes[1:]]
+    g = dense_graph(MLP(ws, bs, "relu"))
+    x0 = rng.uniform(-1, 1, 10)
+    with using_kernels("numpy"):
+        ref = GraphBounds(g, x0, 0.1, 0, ibp=False)
+    seen = []
+    transpose = node_rules._transpose
+
+    def spy(gb, i, rows, kernels):
+        seen.append(i)
+        return transpose(gb, i, rows, kernels)
+
+    monkeypatch.setattr(node_rules, "_transpose", spy)
+    with using_kernels("numba"):
+        gb = GraphBounds(g, x0, 0.1, 0, ibp=False)
+    hidden = [n.inputs[0] for n in g.nodes if n.kind == "activation"]
+    assert hidden[1] not in seen and hidden[0] in seen  # the first product is not taken
+    for i in hidden:
+        np.testing.assert_allclose(gb.lo[i], ref.lo[i], rtol=1e-9, atol=1e-12)
+        np.testing.assert_allclose(gb.hi[i], ref.hi[i], rtol=1e-9, atol=1e-12)
+    x = x0[None] + rng.uniform(-0.1, 0.1, (3000, 10))
+    z = x
+    for k, (W, b) in enumerate(zip(ws, bs)):
+        z = z @ W.T + b
+        if k == 1:
+            assert np.all(z >= gb.lo[hidden[1]] - 1e-12) and np.all(z <= gb.hi[hidden[1]] + 1e-12)
+        z = np.maximum(z, 0)

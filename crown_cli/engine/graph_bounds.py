@@ -55,7 +55,7 @@ import numpy as np
 
 from crown_cli.engine.batch_steps import Lines
 from crown_cli.engine.deadline import check_deadline
-from crown_cli.engine.graph_rows import InputRows, fused_rows, unit_windows
+from crown_cli.engine.graph_rows import InputRows, fused_rows, unit_windows, weight_rows
 from crown_cli.engine.input_sets import Box, input_terms
 from crown_cli.engine.kernels import graph_kernels
 from crown_cli.engine.node_rules import AffineRule, InputRule, PoolLines, plan
@@ -359,8 +359,9 @@ class GraphBounds:
         for group in _tiles(rows, self.g.nodes[target].shape):
             for s in range(0, group.size, chunk):
                 idx = group[s:s + chunk]
-                win = None if fused is None else unit_windows(self.g.nodes[target], idx,
-                                                              self.dtype)
+                win = None if fused is None else (
+                    unit_windows(self.g.nodes[target], idx, self.dtype)
+                    or weight_rows(self, target, idx, self.dtype))
                 if win is None:
                     low = self.lower(target, _unit_rows(idx, m))
                 else:  # the fast path, its rows on windows from the start

@@ -181,7 +181,10 @@ def fused_rows(gb, target: int, Lam, kernels, dtype=np.float64):
     ``dtype`` float32 (the rows of :class:`Win` given their own): the rows and every product
     in float32, the sums in float64 (a steering pass: the charges do not cover float32)."""
     g = gb.g
-    if isinstance(Lam, Win):
+    start = None
+    if isinstance(Lam, WeightRows):
+        first, start = Lam.rows, Lam
+    elif isinstance(Lam, Win):
         first = Lam
     else:
         Lam = np.asarray(Lam, dtype)
@@ -191,6 +194,10 @@ def fused_rows(gb, target: int, Lam, kernels, dtype=np.float64):
     r = first.Pt.shape[3] if isinstance(first, Win) else first[1].shape[1]
     acc = np.zeros((3, r))  # constant, magnitude, charge
     pending: Dict[int, Union[Rows, Win]] = {target: first}
+    if start is not None:  # rows over the dense node's input, its bias taken
+        pending = {start.node: first}
+        acc[0], acc[1] = start.const, start.mag
+        target = start.node
 
     def give(j, rows):
         if j not in pending:
@@ -233,6 +240,36 @@ def fused_rows(gb, target: int, Lam, kernels, dtype=np.float64):
             rows = _unwin(rows, node, kernels)
         rule.back_t(gb, i, node, rows, walk)
     return walk.rows_over_input(), acc[0], acc[1], acc[2]
+
+
+class WeightRows(NamedTuple):
+    """The rows ``[I; -I]`` of some neurons of a dense node already taken through it: its
+    weight's rows ``[W_S; -W_S]`` over its input ``node`` (held transposed), and the bias's
+    ``[b_S; -b_S]`` as constants with their magnitudes. Exact: a product by 1 and sums of one
+    term take no rounding, so the step has no charge."""
+    node: int
+    rows: Rows
+    const: np.ndarray
+    mag: np.ndarray
+
+
+def weight_rows(gb, target: int, idx: np.ndarray, dtype=np.float64) -> Optional[WeightRows]:
+    """:class:`WeightRows` of the neurons ``idx`` of node ``target`` when it is a dense
+    (not sparse) layer of one input, else None."""
+    node = gb.g.nodes[target]
+    op = node.op
+    if not isinstance(op, Dense) or op.sparse or len(node.inputs) != 1:
+        return None
+    W = _weight(gb, target, dtype)
+    k = idx.size
+    Lt = np.empty((W.shape[1], 2 * k), dtype)
+    for s in range(0, k, 64):  # in blocks of rows: a transposed copy in one piece is slower
+        e = min(k, s + 64)
+        Lt[:, s:e] = W[idx[s:e]].T
+    np.negative(Lt[:, :k], out=Lt[:, k:])
+    b, absb = _bias(gb, target, np.float64)
+    return WeightRows(node.inputs[0], (None, Lt), np.concatenate([b[idx], -b[idx]]),
+                      np.concatenate([absb[idx], absb[idx]]))
 
 
 class _FastWalk:
