@@ -467,3 +467,53 @@ def test_a_wide_fanout_node_is_bounded_through_its_input(tmp_path, monkeypatch):
     assert np.array_equal(via.lo[diff], lo) and np.array_equal(via.hi[diff], hi)
     # refined itself (below the threshold), the node is narrower than through its input
     assert np.sum(own.hi[diff] - own.lo[diff]) < np.sum(via.hi[diff] - via.lo[diff])
+
+
+def test_maxpool_step_on_transposed_rows_charges_its_sums():
+    """The fast path's max pool step (``PoolRule.back_t``, rows held transposed) on
+    overlapping windows, where one input is the chosen input k* of several windows: its rows
+    over the input equal the exact rational sums of the windows' coefficients within the
+    charge it adds (times the inputs' magnitudes), on coefficients spread over 12 orders of
+    magnitude; and its constants are the upper lines' terms, as the numpy step's."""
+    from fractions import Fraction as F
+
+    from crown_cli.engine.node_rules import plan
+    from crown_cli.graph.pooling import MaxPool, pool_windows
+
+    rng = np.random.default_rng(4)
+    out, win, _ = pool_windows((2, 5, 5), (3, 3), (1, 1), (1, 1, 1, 1), (1, 1))
+    nodes = [Node("x", InputOp(0, 0, 50), (), (1, 2, 5, 5)),
+             Node("p", MaxPool(win, 50), (0,), (1,) + out)]
+    x0 = rng.uniform(-1, 1, 50)
+    x0[[12, 37]] = 5.0  # the centres dominate every window that holds them
+    gb = GraphBounds(Graph(nodes, 1), x0, 0.1, 0)
+    pool = gb.pools[1]
+    assert pool.terms > 1
+    m, r = pool.src.size, 6
+    Lt = rng.standard_normal((m, r)) * 10.0 ** rng.uniform(-6, 6, (m, r))
+
+    class Walk:
+        acc = np.zeros((3, r))
+        given = {}
+
+        def give(self, j, rows):
+            self.given[j] = rows
+
+    walk = Walk()
+    plan(gb.g)[1].back_t(gb, 1, nodes[1], (None, Lt), walk)
+    idx, Dt = walk.given[0]
+    D = np.zeros((50, r))
+    D[np.arange(50) if idx is None else idx] = Dt
+    use = (Lt >= 0) | pool.exact[:, None]
+    errs = []
+    for q in range(r):
+        exact = [F(0)] * 50
+        for j in range(m):
+            if use[j, q]:
+                exact[pool.src[j]] += F(Lt[j, q])
+        errs.append(sum(abs(F(D[e, q]) - exact[e]) * F(gb.absval[0][e]) for e in range(50)))
+        assert errs[-1] <= F(walk.acc[2, q]), q
+    assert max(errs) > 0  # the sums do round here: without the charge the bound would not hold
+    _, const, mag, _ = type(plan(gb.g)[1]).step(gb, 1, Lt.T)
+    np.testing.assert_allclose(walk.acc[0], const, rtol=1e-12)
+    np.testing.assert_allclose(walk.acc[1], mag, rtol=1e-12)

@@ -31,8 +31,8 @@ from typing import Optional, Tuple
 import numpy as np
 
 from crown_cli.engine.batch_steps import Lines, relax
-from crown_cli.engine.graph_rows import (Win, _bias, _fits, _full, _image, _lines, _take,
-                                         _transpose, _typed, _weight)
+from crown_cli.engine.graph_rows import (LIVE_SHARE, Win, _bias, _fits, _full, _image, _lines,
+                                         _take, _transpose, _typed, _weight)
 from crown_cli.engine.input_sets import Box
 from crown_cli.engine.kernels import graph_kernels
 from crown_cli.engine.rounding import ERR_SAFETY, TINY64, U64, gamma_n
@@ -700,11 +700,29 @@ class PoolRule(Rule):
         walk.give(p, D)
 
     def back_t(self, gb, i, node, rows, walk):
-        D, dconst, dmag, dcharge = self.step(gb, i, _full(rows, node.size).T)
-        walk.acc[0] += dconst
-        walk.acc[1] += dmag
-        walk.acc[2] += dcharge
-        walk.give(node.inputs[0], (None, np.ascontiguousarray(D.T, rows[1].dtype)))
+        """:meth:`step` on rows held transposed, without leaving that layout: each window's
+        coefficient goes to its input k* (the lower line) or into the constant (the upper);
+        the rows handed on are on the inputs some live window takes."""
+        import scipy.sparse as sp
+
+        pool, p = gb.pools[i], node.inputs[0]
+        idx, Lt = rows
+        src, hi, exact = (pool.src, pool.hi, pool.exact) if idx is None else \
+            (pool.src[idx], pool.hi[idx], pool.exact[idx])
+        use = (Lt >= 0.0) | exact[:, None]
+        c = np.where(use, 0.0, Lt * hi[:, None])  # (float64: a float32 pass's too)
+        walk.acc[0] += c.sum(axis=0)
+        walk.acc[1] += np.abs(c).sum(axis=0)
+        if pool.terms > 1:  # windows overlap: sums of up to T coefficients per input
+            walk.acc[2] += (gamma_n(pool.terms + 1, U64) * (gb.absval[p][src] @ np.abs(Lt))
+                            + TINY64 * pool.terms * float(gb.absval[p].sum()))
+        live, where = np.unique(src, return_inverse=True)
+        gather = sp.csr_matrix((np.ones(src.size, Lt.dtype), (where, np.arange(src.size))),
+                               shape=(live.size, src.size))
+        D = np.asarray(gather @ np.where(use, Lt, 0.0), Lt.dtype)
+        if live.size > LIVE_SHARE * gb.g.nodes[p].size:
+            live, D = None, _full((live, D), gb.g.nodes[p].size)
+        walk.give(p, (live, np.ascontiguousarray(D)))
 
     def relaxed(self, gb, i, node, vals, x, tape, free):
         """The window's lower input (or the row's weighted sum of the window) where the row
