@@ -307,10 +307,27 @@ def attention(rng):
     return g.model([("x", (1, 4, 3))], [g.op("Gemm", [f, g.rand(2, 12), g.rand(2)], transB=1)])
 
 
+def inception(rng):
+    """An inception block: x (1, 2, 6, 6) -> Conv -> Relu -> three branches (a 1x1 Conv, a
+    3x3 Conv, a 3x3 AveragePool counting the padding: a convolution by 1/9 per channel)
+    concatenated along the channels -> Relu -> Conv stride 2 -> Relu -> Flatten -> Gemm."""
+    g = G(rng)
+    x = g.op("Relu", [g.op("Conv", ["x", g.rand(4, 2, 3, 3), g.rand(4)], pads=[1, 1, 1, 1])])
+    b1 = g.op("Conv", [x, g.rand(3, 4, 1, 1), g.rand(3)])
+    b3 = g.op("Conv", [x, g.rand(2, 4, 3, 3), g.rand(2)], pads=[1, 1, 1, 1])
+    ap = g.op("AveragePool", [x], kernel_shape=[3, 3], strides=[1, 1], pads=[1, 1, 1, 1],
+              count_include_pad=1)
+    x = g.op("Relu", [g.op("Concat", [b1, b3, ap], axis=1)])
+    x = g.op("Relu", [g.op("Conv", [x, g.rand(4, 9, 3, 3), g.rand(4)], strides=[2, 2])])
+    x = g.op("Gemm", [g.op("Flatten", [x]), g.rand(3, 16), g.rand(3)], transB=1)
+    return g.model([("x", (1, 2, 6, 6))], [x])
+
+
 BUILDERS = {"dense": dense_chain, "conv": conv_net, "residual": residual, "shapes": shapes_net,
             "relu_residual": relu_residual,
             "two_inputs": two_inputs, "broadcast": broadcast_net, "normalised": normalised,
             "conv_maxpool": lambda rng: conv_net(rng, pool="MaxPool"),
             "conv_tanh": lambda rng: conv_net(rng, act="Tanh", bn=False),
             "elementary": elementary, "generator": generator, "attention": attention,
-            "powers": powers, "floors": floors, "gelu": gelu, "relu_forms": relu_forms}
+            "powers": powers, "floors": floors, "gelu": gelu, "relu_forms": relu_forms,
+            "inception": inception}

@@ -152,7 +152,8 @@ def test_conv_forward_kernel_equals_numpy_twin(layout):
 
 
 @pytest.mark.parametrize("kind", ["conv", "residual", "relu_residual", "shapes", "broadcast",
-                                  "normalised", "two_inputs", "conv_maxpool", "conv_tanh"])
+                                  "normalised", "two_inputs", "conv_maxpool", "conv_tanh",
+                                  "inception"])
 def test_graph_bounds_kernels_equal_numpy_on_every_operator(tmp_path, kind):
     """The fast path (rows held transposed, numba) against the numpy path on the test graphs
     of every operator kind: every node's bounds and the output's."""
@@ -454,3 +455,33 @@ def test_a_dense_nodes_bounds_start_from_its_weights_rows(monkeypatch):
         if k == 1:
             assert np.all(z >= gb.lo[hidden[1]] - 1e-12) and np.all(z <= gb.hi[hidden[1]] + 1e-12)
         z = np.maximum(z, 0)
+
+
+def test_inception_rows_stay_on_windows(tmp_path, monkeypatch):
+    """An inception block's average pool (one divisor: count_include_pad) loads as a
+    convolution by 1/9 per channel, and the channel concatenation hands each branch its
+    channels of the rows' windows (IndexMapRule.back_win) rather than leaving them; the
+    bounds equal the numpy twin's (the test above) and hold on sampled points."""
+    import crown_cli.engine.node_rules as node_rules
+    from test_graph_bounds import _graph
+
+    g = _graph(tmp_path, "inception", seed=4)
+    pools = [n.op for n in g.nodes if isinstance(n.op, Conv) and n.op.label]
+    assert len(pools) == 1 and pools[0].group == pools[0].in_shape[0]
+    assert np.all(pools[0].weight == 1.0 / 9.0) and pools[0].parameters() == 0
+    taken = []
+    back_win = node_rules.IndexMapRule.back_win
+
+    def spy(self, gb, i, node, win, walk):
+        done = back_win(self, gb, i, node, win, walk)
+        taken.append(done)
+        return done
+
+    monkeypatch.setattr(node_rules.IndexMapRule, "back_win", spy)
+    rng = np.random.default_rng(5)
+    x0 = rng.uniform(-1, 1, g.input_size)
+    gb = GraphBounds(g, x0, 0.2, 0)
+    lo, hi = gb.bounds()
+    assert taken and all(taken)
+    y = g.forward(x0[None] + rng.uniform(-0.2, 0.2, (3000, g.input_size)))
+    assert np.all(y >= lo - 1e-12) and np.all(y <= hi + 1e-12)

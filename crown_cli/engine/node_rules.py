@@ -36,8 +36,8 @@ from crown_cli.engine.graph_rows import (LIVE_SHARE, Win, _bias, _fits, _full, _
 from crown_cli.engine.input_sets import Box
 from crown_cli.engine.kernels import graph_kernels
 from crown_cli.engine.rounding import ERR_SAFETY, TINY64, U64, gamma_n
-from crown_cli.graph.ops import (ActivationOp, Affine, Conv, InputOp, Product, Sum, steer_dtype,
-                                  typed)
+from crown_cli.graph.ops import (ActivationOp, Affine, Conv, IndexMap, InputOp, Product, Sum,
+                                  steer_dtype, typed)
 from crown_cli.graph.pooling import MaxPool
 
 # the fast path drops the elements an activation zeroes (both slopes 0) from the rows it hands
@@ -341,6 +341,25 @@ class SumRule(AffineRule):
             return False
         for j, s in zip(node.inputs, node.op.signs):
             walk.give(j, win if s == 1.0 else Win(win.oy, win.ox, -win.Pt))
+        return True
+
+
+class IndexMapRule(AffineRule):
+    """Element moves: on windows, a concatenation of images along their channels (the
+    identity over the inputs' values in order, every input of the node's height and width)
+    hands each input its channels of the rows' windows; every other move takes rows on
+    live elements."""
+
+    def back_win(self, gb, i, node, win, walk):
+        op, shape = node.op, _image(node)
+        ins = [_image(gb.g.nodes[j]) for j in node.inputs]
+        if op.bias is not None or any(s is None or s[1:] != shape[1:] for s in ins) \
+                or not np.array_equal(op.src, np.arange(op.size)):
+            return False
+        c0 = 0
+        for j, s in zip(node.inputs, ins):
+            walk.give(j, Win(win.oy, win.ox, win.Pt[c0:c0 + s[0]]))
+            c0 += s[0]
         return True
 
 
@@ -819,7 +838,8 @@ class PoolLines:
 
 
 _RULES = [(InputOp, InputRule()), (ActivationOp, ActivationRule()), (MaxPool, PoolRule()),
-          (Conv, ConvRule()), (Sum, SumRule()), (Product, ProductRule())]
+          (Conv, ConvRule()), (Sum, SumRule()), (Product, ProductRule()),
+          (IndexMap, IndexMapRule())]
 _AFFINE = AffineRule()
 
 

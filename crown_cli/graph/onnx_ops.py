@@ -436,10 +436,18 @@ def _pool(b, node, ins, attrs):
         count = padded
     else:
         count = valid.sum(axis=1)
+    label = f"average pool {kernel[0]}x{kernel[1]}"
+    C, H, W = d.shape[1:]
+    if count.size and np.all(count == count[0]) and (kernel[0] < H or kernel[1] < W):
+        # one divisor for every window: a convolution of each channel by 1 / count (the
+        # same products), whose transpose keeps the bound's rows on their windows
+        op = Conv(np.full((C, 1) + tuple(kernel), 1.0 / count[0]), None, (C, H, W),
+                  strides, pads, dil, C, label)
+        if op.out_shape == tuple(out):
+            return [b.add(_label(node), op, (nid,), (1,) + out)]
     rows = np.repeat(np.arange(win.shape[0]), valid.sum(axis=1))
     M = sp.csr_matrix((1.0 / np.repeat(count, valid.sum(axis=1)), (rows, win[valid])),
                       shape=(win.shape[0], d.idx.size))
-    label = f"average pool {kernel[0]}x{kernel[1]}"
     return [b.add(_label(node), Dense(M, None, label), (nid,), (1,) + out)]
 
 

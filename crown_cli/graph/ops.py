@@ -236,8 +236,9 @@ class Conv(Affine):
     whole layer nor its dense matrix."""
 
     def __init__(self, weight, bias, in_shape, strides=(1, 1), pads=(0, 0, 0, 0),
-                 dilations=(1, 1), group=1):
+                 dilations=(1, 1), group=1, label: str = ""):
         self.weight = _owned(weight)
+        self.label = label  # what the loader made it of (an average pool), for inspect
         O, Cg, kh, kw = self.weight.shape
         C, H, W = (int(v) for v in in_shape)
         if C != Cg * group or O % group:
@@ -480,10 +481,14 @@ class Conv(Affine):
         return [np.ascontiguousarray(g[:, :, pt:pt + H, pl:pl + W]).reshape(r, -1)]
 
     def parameters(self) -> int:
+        if self.label:  # a fixed map the loader made (an average pool): nothing learned
+            return 0
         return int(self.weight.size + (0 if self.channel_bias is None else self.channel_bias.size))
 
     def describe(self) -> str:
         O, Cg, kh, kw = self.weight.shape
+        if self.label:
+            return f"{self.label}, {self.in_shape[0]} channels"
         extra = [f"stride {self.strides}" if self.strides != (1, 1) else "",
                  f"pads {self.pads}" if any(self.pads) else "",
                  f"dilation {self.dilations}" if self.dilations != (1, 1) else "",
@@ -501,7 +506,7 @@ class Conv(Affine):
         ao, co = A[:, 0], Cc[:, 0]
         b = co if self.channel_bias is None else ao * self.channel_bias + co
         return Conv(self.weight * ao[:, None, None, None], b, self.in_shape, self.strides,
-                    self.pads, self.dilations, self.group)
+                    self.pads, self.dilations, self.group, self.label)
 
     def after_scale(self, a, c):
         """``a * x + c`` (elementwise on the input) followed by this convolution, as one
@@ -509,7 +514,7 @@ class Conv(Affine):
         constant per input channel."""
         C = self.in_shape[0]
         A, Cc = a.reshape(C, -1), c.reshape(C, -1)
-        if any(self.pads) or not (np.all(A == A[:, :1]) and np.all(Cc == Cc[:, :1])):
+        if self.label or any(self.pads) or not (np.all(A == A[:, :1]) and np.all(Cc == Cc[:, :1])):
             return None
         O, Cg = self.weight.shape[:2]
         ach, cch = A[:, 0].reshape(self.group, Cg), Cc[:, 0].reshape(self.group, Cg)
