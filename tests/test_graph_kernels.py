@@ -485,3 +485,66 @@ def test_inception_rows_stay_on_windows(tmp_path, monkeypatch):
     assert taken and all(taken)
     y = g.forward(x0[None] + rng.uniform(-0.2, 0.2, (3000, g.input_size)))
     assert np.all(y >= lo - 1e-12) and np.all(y <= hi + 1e-12)
+
+
+@pytest.mark.parametrize("kernels", ["numba", "numpy"])
+def test_one_side_per_stable_neuron_gives_the_same_bounds(monkeypatch, kernels):
+    """Where only ReLUs read a node and only affine nodes read those ReLUs, its neurons
+    first take the one bound that can prove their sign (the lower where the value at the
+    centre is > 0, else the upper), and the other only where that one leaves the sign
+    open: the residual net's output bounds equal those of rows [I; -I] to rounding, with
+    fewer rows; every neuron CROWN leaves unstable has both of its CROWN bounds; the
+    intervals hold on sampled points. Where a max pool reads the ReLUs, both sides."""
+    from crown_cli.engine.graph_bounds import GraphBounds as GB
+
+    rng = np.random.default_rng(3)
+    g = resnet(rng)
+    x0 = rng.uniform(0, 1, g.input_size)
+    counts = {}
+    signed = GB._signed_bounds
+
+    def spy(self, target, rows, sign, l, u, tiles=True):
+        counts[self.mode] = counts.get(self.mode, 0) + (2 * rows.size if sign is None
+                                                       else rows.size)
+        return signed(self, target, rows, sign, l, u, tiles)
+
+    monkeypatch.setattr(GB, "_signed_bounds", spy)
+    out = {}
+    with using_kernels(kernels):
+        for mode in ("one", "both"):
+            monkeypatch.setattr(GB, "mode", mode, raising=False)
+            if mode == "both":
+                monkeypatch.setattr(GB, "_one_sided", lambda self, p, rows: False)
+            gb = GB(g, x0, 0.02, 0)
+            out[mode] = (gb, gb.bounds())
+    (one, (lo1, hi1)), (both, (lo2, hi2)) = out["one"], out["both"]
+    np.testing.assert_allclose(lo1, lo2, rtol=1e-9, atol=1e-12)
+    np.testing.assert_allclose(hi1, hi2, rtol=1e-9, atol=1e-12)
+    assert counts["one"] < 0.8 * counts["both"]
+    relu_inputs = [n.inputs[0] for n in g.nodes if n.kind == "activation"]
+    open_ = 0
+    for p in relu_inputs:
+        unst = (both.lo[p] < 0) & (both.hi[p] > 0)
+        open_ += int(unst.sum())
+        np.testing.assert_allclose(one.lo[p][unst], both.lo[p][unst], rtol=1e-9, atol=1e-12)
+        np.testing.assert_allclose(one.hi[p][unst], both.hi[p][unst], rtol=1e-9, atol=1e-12)
+        assert np.array_equal(unst, (one.lo[p] < 0) & (one.hi[p] > 0))
+    assert open_ > 0
+    _, vals = g.forward(x0[None] + rng.uniform(-0.02, 0.02, (2000, g.input_size)),
+                        return_all=True)
+    for i in range(len(g.nodes)):
+        assert np.all(vals[i] >= one.lo[i] - 1e-12) and np.all(vals[i] <= one.hi[i] + 1e-12)
+
+
+def test_a_max_pool_reading_the_relus_keeps_both_sides(tmp_path):
+    """A max pool's lines read its input's upper bounds: the ReLUs before it take both
+    sides (their upper bounds are CROWN's, not the interval's)."""
+    from test_graph_bounds import _graph
+
+    g = _graph(tmp_path, "conv_maxpool", seed=2)
+    x0 = np.random.default_rng(3).uniform(-1, 1, g.input_size)
+    gb = GraphBounds(g, x0, 0.1, 0)
+    before_pool = [n.inputs[0] for n in g.nodes if n.kind == "maxpool"]
+    relus = [i for i in before_pool if g.nodes[i].kind == "activation"]
+    assert relus
+    assert not gb._one_sided(g.nodes[relus[0]].inputs[0], np.arange(1))

@@ -132,11 +132,14 @@ def _tiles(rows, shape):
     return np.split(rows[order], cuts)
 
 
-def _unit_rows(idx, m):
-    """Rows ``[I; -I]`` of the neurons ``idx`` of an m-neuron node: (2 len(idx), m)."""
-    eye = np.zeros((idx.size, m))
-    eye[np.arange(idx.size), idx] = 1.0
-    return np.vstack([eye, -eye])
+def _unit_rows(idx, m, sign=None):
+    """Rows ``[I; -I]`` of the neurons ``idx`` of an m-neuron node: (2 len(idx), m); with
+    ``sign`` (+1 or -1 per entry of ``idx``), the rows ``sign[k] e_idx[k]``."""
+    if sign is None:
+        idx, sign = np.concatenate([idx, idx]), np.repeat([1.0, -1.0], idx.size)
+    rows = np.zeros((idx.size, m))
+    rows[np.arange(idx.size), idx] = sign
+    return rows
 
 
 @dataclass(frozen=True)
@@ -254,13 +257,34 @@ class GraphBounds:
             self._set(p, *self._interval(p, node))
             refined.add(p)
             return
-        l, u = self.node_bounds(p, rows)
+        l, u = self.node_bounds(p, rows, self._centre(p) if self._one_sided(p, rows) else None)
         if ibp:
             l, u = np.maximum(l, self.lo[p]), np.minimum(u, self.hi[p])
         self._set(p, l, u)
         if intermediate == "alpha":
             self._set(p, *self._alpha_bounds(p, alpha_iters, alpha_lr))
         refined.add(p)
+
+    def _one_sided(self, p, rows) -> bool:
+        """Whether node p's neurons need only the side of their bounds that proves their
+        sign (:meth:`node_bounds` with a guess): sign-stable activations read p (``rows``
+        not None: their lines need no more once the sign is proven), and only affine nodes
+        read those activations (nothing takes lines from their intervals: a max pool or a
+        product would, and their upper bounds stay the interval's). The neuron's value at
+        the centre is the guess: a neuron stable on the set has its sign there."""
+        if rows is None:
+            return False
+        g = self.g
+        return all(g.consumers[a] and all(isinstance(self.plan[c], AffineRule)
+                                          for c in g.consumers[a])
+                   for a in g.consumers[p])
+
+    def _centre(self, p) -> np.ndarray:
+        """Node p's value at the input set's centre (``x0``; a box's centre), float64."""
+        if getattr(self, "_centre_vals", None) is None:
+            with np.errstate(all="ignore"):
+                self._centre_vals = self.g.forward(self.x0[None], return_all=True)[1]
+        return np.asarray(self._centre_vals[p]).reshape(-1)
 
     def _through_input(self, p, n_rows: int) -> bool:
         """Whether node p (``n_rows`` neurons to refine) is bounded through its input
@@ -332,10 +356,14 @@ class GraphBounds:
         self.absval[i] = np.maximum(np.abs(lo), np.abs(hi))
 
     # -- bounds ------------------------------------------------------------------------------
-    def node_bounds(self, target: int, rows=None):
+    def node_bounds(self, target: int, rows=None, guess=None):
         """CROWN bounds (l, u) of node ``target``'s value: rows [I; -I], chunked to the row
         budget. With ``rows`` (indices) only those neurons are computed; the others keep
-        their interval."""
+        their interval. With ``guess`` (per neuron of the node, e.g. its value at the
+        centre), one side per neuron first: the lower bound where the guess is > 0, the
+        upper elsewhere (the side that can prove the sign, the only one a ReLU's lines need
+        once it is stable); the other side only for the neurons that side left unproven
+        (their other bound stays the interval's)."""
         m = self.g.nodes[target].size
         if rows is None:
             rows = np.arange(m)
@@ -349,25 +377,47 @@ class GraphBounds:
         if paired is not None and paired.any():
             # a neuron whose affine function is the negation of one bounded here takes
             # that one's bounds, negated and swapped: its rows are that one's rows
-            lo_k, hi_k = self.node_bounds(target, rows[~paired])
+            lo_k, hi_k = self.node_bounds(target, rows[~paired], guess)
             src, dst = mirror[paired], rows[paired]
             l[rows[~paired]], u[rows[~paired]] = lo_k[rows[~paired]], hi_k[rows[~paired]]
             l[dst], u[dst] = -hi_k[src], -lo_k[src]
             return l, u
+        if guess is None:
+            self._signed_bounds(target, rows, None, l, u)
+            return l, u
+        sign = np.where(np.asarray(guess)[rows] > 0.0, 1.0, -1.0)
+        self._signed_bounds(target, rows, sign, l, u)
+        # unproven: the side computed leaves the sign open (l <= 0 or u >= 0)
+        left = np.where(sign > 0.0, l[rows] <= 0.0, u[rows] >= 0.0)
+        if left.any():  # (few rows: one group, not one per tile)
+            self._signed_bounds(target, rows[left], -sign[left], l, u, tiles=False)
+        return l, u
+
+    def _signed_bounds(self, target: int, rows, sign, l, u, tiles: bool = True) -> None:
+        """One CROWN bound per (neuron, side) into ``l`` / ``u``: the lower bound of neuron
+        ``rows[k]`` where ``sign[k]`` is +1, its upper where -1 (``sign`` None: both)."""
+        m = self.g.nodes[target].size
+        side = None if sign is None else np.zeros(m)
+        if side is not None:
+            side[rows] = sign
         chunk = max(1, int(self.row_budget // row_bytes(self.g, target)))
         fused = graph_kernels()
-        for group in _tiles(rows, self.g.nodes[target].shape):
+        for group in _tiles(rows, self.g.nodes[target].shape) if tiles else [rows]:
             for s in range(0, group.size, chunk):
                 idx = group[s:s + chunk]
+                if side is None:  # rows [I; -I]
+                    idx, sg = np.concatenate([idx, idx]), np.repeat([1.0, -1.0], idx.size)
+                else:
+                    sg = side[idx]
                 win = None if fused is None else (
-                    unit_windows(self.g.nodes[target], idx, self.dtype)
-                    or weight_rows(self, target, idx, self.dtype))
+                    unit_windows(self.g.nodes[target], idx, self.dtype, sg)
+                    or weight_rows(self, target, idx, self.dtype, sg))
                 if win is None:
-                    low = self.lower(target, _unit_rows(idx, m))
+                    low = self.lower(target, _unit_rows(idx, m, sg))
                 else:  # the fast path, its rows on windows from the start
                     low = self._concretise(*fused_rows(self, target, win, fused, self.dtype))
-                l[idx], u[idx] = low[:idx.size], -low[idx.size:]
-        return l, u
+                up = sg > 0.0
+                l[idx[up]], u[idx[~up]] = low[up], -low[~up]
 
     def bounds(self, C=None, target: Optional[int] = None):
         """Lower and upper CROWN bounds of ``C @ value(target)`` (default: the output node,

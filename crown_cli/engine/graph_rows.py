@@ -102,20 +102,19 @@ def _image(node) -> Optional[Tuple[int, int, int]]:
     return (int(sh[1]), int(sh[2]), int(sh[3])) if len(sh) == 4 and sh[0] == 1 else None
 
 
-def unit_windows(node, idx, dtype=np.float64) -> Optional[Win]:
-    """The rows ``[I; -I]`` of the neurons ``idx`` of an image-shaped node on 1 x 1 windows
-    (None for a node of another shape)."""
+def unit_windows(node, idx, dtype=np.float64, sign=None) -> Optional[Win]:
+    """The rows ``sign[k] e_idx[k]`` over an image-shaped node on 1 x 1 windows (None for a
+    node of another shape; ``sign`` None: the rows ``[I; -I]`` of the neurons ``idx``)."""
     chw = _image(node)
     if chw is None:
         return None
+    if sign is None:
+        idx, sign = np.concatenate([idx, idx]), np.repeat([1.0, -1.0], idx.size)
     C, H, W = chw
-    k = idx.size
-    Pt = np.zeros((C, 1, 1, 2 * k), dtype)
+    Pt = np.zeros((C, 1, 1, idx.size), dtype)
     c, pos = idx // (H * W), idx % (H * W)
-    Pt[c, 0, 0, np.arange(k)] = 1.0
-    Pt[c, 0, 0, k + np.arange(k)] = -1.0
-    y, x = np.tile(pos // W, 2), np.tile(pos % W, 2)
-    return Win(y, x, Pt)
+    Pt[c, 0, 0, np.arange(idx.size)] = sign
+    return Win(pos // W, pos % W, Pt)
 
 
 def _unwin(win: Win, node, kernels) -> Rows:
@@ -253,23 +252,31 @@ class WeightRows(NamedTuple):
     mag: np.ndarray
 
 
-def weight_rows(gb, target: int, idx: np.ndarray, dtype=np.float64) -> Optional[WeightRows]:
-    """:class:`WeightRows` of the neurons ``idx`` of node ``target`` when it is a dense
-    (not sparse) layer of one input, else None."""
+def weight_rows(gb, target: int, idx: np.ndarray, dtype=np.float64,
+                sign=None) -> Optional[WeightRows]:
+    """:class:`WeightRows` of the rows ``sign[k] e_idx[k]`` over node ``target`` (``sign``
+    None: ``[I; -I]`` of the neurons ``idx``) when it is a dense (not sparse) layer of one
+    input, else None."""
     node = gb.g.nodes[target]
     op = node.op
     if not isinstance(op, Dense) or op.sparse or len(node.inputs) != 1:
         return None
     W = _weight(gb, target, dtype)
     k = idx.size
-    Lt = np.empty((W.shape[1], 2 * k), dtype)
-    for s in range(0, k, 64):  # in blocks of rows: a transposed copy in one piece is slower
-        e = min(k, s + 64)
-        Lt[:, s:e] = W[idx[s:e]].T
-    np.negative(Lt[:, :k], out=Lt[:, k:])
+    if sign is None:
+        Lt = np.empty((W.shape[1], 2 * k), dtype)
+        for s in range(0, k, 64):  # in blocks of rows: one transposed copy is slower
+            e = min(k, s + 64)
+            Lt[:, s:e] = W[idx[s:e]].T
+        np.negative(Lt[:, :k], out=Lt[:, k:])
+        idx, sign = np.concatenate([idx, idx]), np.repeat([1.0, -1.0], k)
+    else:
+        Lt = np.empty((W.shape[1], k), dtype)
+        for s in range(0, k, 64):
+            e = min(k, s + 64)
+            Lt[:, s:e] = W[idx[s:e]].T * sign[s:e].astype(dtype)  # times +-1: exact
     b, absb = _bias(gb, target, np.float64)
-    return WeightRows(node.inputs[0], (None, Lt), np.concatenate([b[idx], -b[idx]]),
-                      np.concatenate([absb[idx], absb[idx]]))
+    return WeightRows(node.inputs[0], (None, Lt), sign * b[idx], absb[idx])
 
 
 class _FastWalk:
