@@ -494,14 +494,19 @@ def test_one_side_per_stable_neuron_gives_the_same_bounds(monkeypatch, kernels):
     centre is > 0, else the upper), and the other only where that one leaves the sign
     open: the residual net's output bounds equal those of rows [I; -I] to rounding, with
     fewer rows; every neuron CROWN leaves unstable has both of its CROWN bounds; the
-    intervals hold on sampled points. Where a max pool reads the ReLUs, both sides."""
+    intervals hold on sampled points. Where a max pool reads the ReLUs, both sides (the
+    test below); and where a larger ball's bounds are known (GraphBounds(known=...)) or
+    fewer than ONE_SIDED_MIN neurons are refined, both sides at once."""
+    import crown_cli.engine.graph_bounds as graph_bounds
     from crown_cli.engine.graph_bounds import GraphBounds as GB
 
+    monkeypatch.setattr(graph_bounds, "ONE_SIDED_MIN", 1)  # (a small net)
+    monkeypatch.setattr(graph_bounds, "FEW_ROWS", 4)  # its second passes per tile too
     rng = np.random.default_rng(3)
     g = resnet(rng)
     x0 = rng.uniform(0, 1, g.input_size)
     counts = {}
-    signed = GB._signed_bounds
+    signed, one_sided = GB._signed_bounds, GB._one_sided
 
     def spy(self, target, rows, sign, l, u, tiles=True):
         counts[self.mode] = counts.get(self.mode, 0) + (2 * rows.size if sign is None
@@ -534,6 +539,11 @@ def test_one_side_per_stable_neuron_gives_the_same_bounds(monkeypatch, kernels):
                         return_all=True)
     for i in range(len(g.nodes)):
         assert np.all(vals[i] >= one.lo[i] - 1e-12) and np.all(vals[i] <= one.hi[i] + 1e-12)
+    p = next(p for p in relu_inputs if one_sided(one, p, np.arange(5)))
+    known = GB(g, x0, 0.02, 0, known={p: (both.lo[p], both.hi[p])})
+    assert not one_sided(known, p, np.arange(5))
+    monkeypatch.setattr(graph_bounds, "ONE_SIDED_MIN", 6)
+    assert not one_sided(one, p, np.arange(5)) and one_sided(one, p, np.arange(6))
 
 
 def test_a_max_pool_reading_the_relus_keeps_both_sides(tmp_path):

@@ -114,6 +114,10 @@ def least_bytes(graph) -> int:
 
 
 TILES = 2  # an image-shaped node's neurons are bounded in up to TILES x TILES spatial groups
+FEW_ROWS = 256  # a second pass of at most this many rows runs as one group, not per tile
+# one side per neuron first (GraphBounds._one_sided) from this many neurons to refine: below
+# it a second walk costs more than the rows it saves
+ONE_SIDED_MIN = 256
 
 
 def _tiles(rows, shape):
@@ -270,9 +274,12 @@ class GraphBounds:
         sign (:meth:`node_bounds` with a guess): sign-stable activations read p (``rows``
         not None: their lines need no more once the sign is proven), and only affine nodes
         read those activations (nothing takes lines from their intervals: a max pool or a
-        product would, and their upper bounds stay the interval's). The neuron's value at
-        the centre is the guess: a neuron stable on the set has its sign there."""
-        if rows is None:
+        product would, and their upper bounds stay the interval's), at least
+        :data:`ONE_SIDED_MIN` neurons to refine, and no bounds of p known already (those a
+        certify search takes from a larger ball leave mostly the neurons unstable there).
+        The neuron's value at the centre is the guess: a neuron stable on the set has its
+        sign there."""
+        if rows is None or rows.size < ONE_SIDED_MIN or p in self.known:
             return False
         g = self.g
         return all(g.consumers[a] and all(isinstance(self.plan[c], AffineRule)
@@ -390,7 +397,8 @@ class GraphBounds:
         # unproven: the side computed leaves the sign open (l <= 0 or u >= 0)
         left = np.where(sign > 0.0, l[rows] <= 0.0, u[rows] >= 0.0)
         if left.any():  # (few rows: one group, not one per tile)
-            self._signed_bounds(target, rows[left], -sign[left], l, u, tiles=False)
+            self._signed_bounds(target, rows[left], -sign[left], l, u,
+                                tiles=left.sum() > FEW_ROWS)
         return l, u
 
     def _signed_bounds(self, target: int, rows, sign, l, u, tiles: bool = True) -> None:
