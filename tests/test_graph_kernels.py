@@ -421,10 +421,12 @@ def test_a_dense_nodes_bounds_start_from_its_weights_rows(monkeypatch):
     (``graph_rows.weight_rows``), not from rows ``[I; -I]`` taken through it by a product:
     no transpose of that node is taken, and the bounds equal the numpy twin's (which takes
     the product) to its charge, and hold on sampled points."""
+    import crown_cli.engine.graph_rows as graph_rows
     import crown_cli.engine.node_rules as node_rules
     from crown_cli.graph.network import dense_graph
     from crown_cli.network import MLP
 
+    monkeypatch.setattr(graph_rows, "WEIGHT_ROWS_MIN", 1)  # (a small layer)
     rng = np.random.default_rng(8)
     sizes = [10, 70, 90, 3]  # 90 rows: more than one block of the transposed copy
     ws = [rng.normal(0, 1 / np.sqrt(m), (n, m)) for m, n in zip(sizes, sizes[1:])]
@@ -498,9 +500,11 @@ def test_one_side_per_stable_neuron_gives_the_same_bounds(monkeypatch, kernels):
     test below); and where a larger ball's bounds are known (GraphBounds(known=...)) or
     fewer than ONE_SIDED_MIN neurons are refined, both sides at once."""
     import crown_cli.engine.graph_bounds as graph_bounds
+    import crown_cli.engine.graph_rows as graph_rows
     from crown_cli.engine.graph_bounds import GraphBounds as GB
 
     monkeypatch.setattr(graph_bounds, "ONE_SIDED_MIN", 1)  # (a small net)
+    monkeypatch.setattr(graph_rows, "WEIGHT_ROWS_MIN", 1)  # its dense nodes' signed rows too
     monkeypatch.setattr(graph_bounds, "FEW_ROWS", 4)  # its second passes per tile too
     rng = np.random.default_rng(3)
     g = resnet(rng)

@@ -45,6 +45,10 @@ Rows = Tuple[Optional[np.ndarray], np.ndarray]  # (live element indices or None,
 WIN_SHARE = 0.75
 # rows on more than this share of a node's elements are held on all of them (idx None)
 LIVE_SHARE = 0.75
+# a dense node of at least this many outputs starts its bounds' rows from its weight's rows;
+# a smaller one from [I; -I] taken through it (a product that small costs little, and on
+# 2 cores the small nets measured faster that way: docs/benchmarks.md, graph-dense)
+WEIGHT_ROWS_MIN = 256
 
 
 class Win(NamedTuple):
@@ -102,14 +106,12 @@ def _image(node) -> Optional[Tuple[int, int, int]]:
     return (int(sh[1]), int(sh[2]), int(sh[3])) if len(sh) == 4 and sh[0] == 1 else None
 
 
-def unit_windows(node, idx, dtype=np.float64, sign=None) -> Optional[Win]:
+def unit_windows(node, idx, dtype, sign) -> Optional[Win]:
     """The rows ``sign[k] e_idx[k]`` over an image-shaped node on 1 x 1 windows (None for a
-    node of another shape; ``sign`` None: the rows ``[I; -I]`` of the neurons ``idx``)."""
+    node of another shape)."""
     chw = _image(node)
     if chw is None:
         return None
-    if sign is None:
-        idx, sign = np.concatenate([idx, idx]), np.repeat([1.0, -1.0], idx.size)
     C, H, W = chw
     Pt = np.zeros((C, 1, 1, idx.size), dtype)
     c, pos = idx // (H * W), idx % (H * W)
@@ -242,39 +244,31 @@ def fused_rows(gb, target: int, Lam, kernels, dtype=np.float64):
 
 
 class WeightRows(NamedTuple):
-    """The rows ``[I; -I]`` of some neurons of a dense node already taken through it: its
-    weight's rows ``[W_S; -W_S]`` over its input ``node`` (held transposed), and the bias's
-    ``[b_S; -b_S]`` as constants with their magnitudes. Exact: a product by 1 and sums of one
-    term take no rounding, so the step has no charge."""
+    """Rows ``+-e_j`` over a dense node already taken through it: its weight's rows ``+-W_j``
+    over its input ``node`` (held transposed), and the bias's ``+-b_j`` as constants with
+    their magnitudes. Exact: a product by 1 and sums of one term take no rounding, so the
+    step has no charge."""
     node: int
     rows: Rows
     const: np.ndarray
     mag: np.ndarray
 
 
-def weight_rows(gb, target: int, idx: np.ndarray, dtype=np.float64,
-                sign=None) -> Optional[WeightRows]:
-    """:class:`WeightRows` of the rows ``sign[k] e_idx[k]`` over node ``target`` (``sign``
-    None: ``[I; -I]`` of the neurons ``idx``) when it is a dense (not sparse) layer of one
-    input, else None."""
+def weight_rows(gb, target: int, idx: np.ndarray, dtype, sign) -> Optional[WeightRows]:
+    """:class:`WeightRows` of the rows ``sign[k] e_idx[k]`` over node ``target`` when it is a
+    dense (not sparse) layer of one input and :data:`WEIGHT_ROWS_MIN` outputs or more, else
+    None."""
     node = gb.g.nodes[target]
     op = node.op
-    if not isinstance(op, Dense) or op.sparse or len(node.inputs) != 1:
+    if not isinstance(op, Dense) or op.sparse or len(node.inputs) != 1 \
+            or op.size < WEIGHT_ROWS_MIN:
         return None
     W = _weight(gb, target, dtype)
     k = idx.size
-    if sign is None:
-        Lt = np.empty((W.shape[1], 2 * k), dtype)
-        for s in range(0, k, 64):  # in blocks of rows: one transposed copy is slower
-            e = min(k, s + 64)
-            Lt[:, s:e] = W[idx[s:e]].T
-        np.negative(Lt[:, :k], out=Lt[:, k:])
-        idx, sign = np.concatenate([idx, idx]), np.repeat([1.0, -1.0], k)
-    else:
-        Lt = np.empty((W.shape[1], k), dtype)
-        for s in range(0, k, 64):
-            e = min(k, s + 64)
-            Lt[:, s:e] = W[idx[s:e]].T * sign[s:e].astype(dtype)  # times +-1: exact
+    Lt = np.empty((W.shape[1], k), dtype)
+    for s in range(0, k, 64):  # in blocks of rows: one transposed copy is slower
+        e = min(k, s + 64)
+        Lt[:, s:e] = W[idx[s:e]].T * sign[s:e].astype(dtype)  # times +-1: exact
     b, absb = _bias(gb, target, np.float64)
     return WeightRows(node.inputs[0], (None, Lt), sign * b[idx], absb[idx])
 
