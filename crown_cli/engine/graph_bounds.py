@@ -136,11 +136,13 @@ def _tiles(rows, shape):
     return np.split(rows[order], cuts)
 
 
-def _unit_rows(idx, m, sign=None):
-    """Rows ``[I; -I]`` of the neurons ``idx`` of an m-neuron node: (2 len(idx), m); with
-    ``sign`` (+1 or -1 per entry of ``idx``), the rows ``sign[k] e_idx[k]``."""
-    if sign is None:
-        idx, sign = np.concatenate([idx, idx]), np.repeat([1.0, -1.0], idx.size)
+def _both_sides(idx):
+    """The rows ``[I; -I]`` of the neurons ``idx`` as (neuron, sign) per row."""
+    return np.concatenate([idx, idx]), np.repeat([1.0, -1.0], idx.size)
+
+
+def _unit_rows(idx, m, sign):
+    """The rows ``sign[k] e_idx[k]`` over an m-neuron node: (len(idx), m)."""
     rows = np.zeros((idx.size, m))
     rows[np.arange(idx.size), idx] = sign
     return rows
@@ -193,6 +195,7 @@ class GraphBounds:
         self.deadline = deadline
         self.dtype = np.dtype(o.dtype).type
         self.known = o.known or {}
+        self._centre_vals = None  # every node's value at x0 (_centre), when first needed
 
         if intermediate not in ("crown", "interval", "alpha", "forward"):
             raise ValueError("intermediate must be 'crown', 'interval', 'alpha' or 'forward', "
@@ -288,7 +291,7 @@ class GraphBounds:
 
     def _centre(self, p) -> np.ndarray:
         """Node p's value at the input set's centre (``x0``; a box's centre), float64."""
-        if getattr(self, "_centre_vals", None) is None:
+        if self._centre_vals is None:
             with np.errstate(all="ignore"):
                 self._centre_vals = self.g.forward(self.x0[None], return_all=True)[1]
         return np.asarray(self._centre_vals[p]).reshape(-1)
@@ -323,7 +326,9 @@ class GraphBounds:
         for s in range(0, rows.size, chunk):
             idx = rows[s:s + chunk]
             # l and u are verified bounds of these rows already (CROWN's, with the interval)
-            low = alpha_lower(self, p, _unit_rows(idx, l.size), ITERS if iters is None else iters,
+            both, sign = _both_sides(idx)
+            low = alpha_lower(self, p, _unit_rows(both, l.size, sign),
+                              ITERS if iters is None else iters,
                               LR if lr is None else lr, patience=INTERMEDIATE_PATIENCE,
                               crown=np.concatenate([l[idx], -u[idx]]))
             l[idx], u[idx] = np.fmax(l[idx], low[:idx.size]), np.fmin(u[idx], -low[idx.size:])
@@ -413,10 +418,7 @@ class GraphBounds:
         for group in _tiles(rows, self.g.nodes[target].shape) if tiles else [rows]:
             for s in range(0, group.size, chunk):
                 idx = group[s:s + chunk]
-                if side is None:  # rows [I; -I]
-                    idx, sg = np.concatenate([idx, idx]), np.repeat([1.0, -1.0], idx.size)
-                else:
-                    sg = side[idx]
+                idx, sg = _both_sides(idx) if side is None else (idx, side[idx])
                 win = None if fused is None else (
                     unit_windows(self.g.nodes[target], idx, self.dtype, sg)
                     or weight_rows(self, target, idx, self.dtype, sg))

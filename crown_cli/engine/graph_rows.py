@@ -182,9 +182,9 @@ def fused_rows(gb, target: int, Lam, kernels, dtype=np.float64):
     ``dtype`` float32 (the rows of :class:`Win` given their own): the rows and every product
     in float32, the sums in float64 (a steering pass: the charges do not cover float32)."""
     g = gb.g
-    start = None
-    if isinstance(Lam, WeightRows):
-        first, start = Lam.rows, Lam
+    start = Lam if isinstance(Lam, WeightRows) else None
+    if start is not None:  # rows over the dense node's input, its bias taken
+        target, first = start.node, start.rows
     elif isinstance(Lam, Win):
         first = Lam
     else:
@@ -194,11 +194,9 @@ def fused_rows(gb, target: int, Lam, kernels, dtype=np.float64):
         first = (idx0, np.ascontiguousarray((Lam if idx0 is None else Lam[:, idx0]).T))
     r = first.Pt.shape[3] if isinstance(first, Win) else first[1].shape[1]
     acc = np.zeros((3, r))  # constant, magnitude, charge
-    pending: Dict[int, Union[Rows, Win]] = {target: first}
-    if start is not None:  # rows over the dense node's input, its bias taken
-        pending = {start.node: first}
+    if start is not None:
         acc[0], acc[1] = start.const, start.mag
-        target = start.node
+    pending: Dict[int, Union[Rows, Win]] = {target: first}
 
     def give(j, rows):
         if j not in pending:

@@ -351,10 +351,9 @@ class IndexMapRule(AffineRule):
     live elements."""
 
     def back_win(self, gb, i, node, win, walk):
-        op, shape = node.op, _image(node)
+        shape = _image(node)
         ins = [_image(gb.g.nodes[j]) for j in node.inputs]
-        if op.bias is not None or any(s is None or s[1:] != shape[1:] for s in ins) \
-                or not np.array_equal(op.src, np.arange(op.size)):
+        if not node.op.in_order or any(s is None or s[1:] != shape[1:] for s in ins):
             return False
         c0 = 0
         for j, s in zip(node.inputs, ins):
@@ -699,11 +698,17 @@ class PoolRule(Rule):
         constant, magnitude, rounding charge) per row."""
         p = gb.g.nodes[i].inputs[0]
         D, dconst, dmag, T = gb.pools[i].back(L)
-        charge = 0.0
-        if T > 1:  # windows overlap: sums of up to T coefficients per input
-            charge = (gamma_n(T + 1, U64) * (np.abs(L) @ gb.pools[i].absval_of(gb.absval[p]))
-                      + TINY64 * T * float(gb.absval[p].sum()))
-        return D, dconst, dmag, charge
+        wsum = np.abs(L) @ gb.pools[i].absval_of(gb.absval[p]) if T > 1 else None
+        return D, dconst, dmag, PoolRule.overlap_charge(gb, p, T, wsum)
+
+    @staticmethod
+    def overlap_charge(gb, p, T: int, wsum):
+        """The rounding charge of a pool step's sums where windows overlap (T > 1: up to T
+        coefficients summed per input; ``wsum`` per row, sum |coefficient| |chosen input|),
+        else 0."""
+        if T <= 1:
+            return 0.0
+        return gamma_n(T + 1, U64) * wsum + TINY64 * T * float(gb.absval[p].sum())
 
     def back(self, gb, i, node, L, walk):
         """The default lines, or the caller's per-row lower-line weights (``walk.free``)."""
@@ -732,9 +737,9 @@ class PoolRule(Rule):
         c = np.where(use, 0.0, Lt * hi[:, None])  # (float64: a float32 pass's too)
         walk.acc[0] += c.sum(axis=0)
         walk.acc[1] += np.abs(c).sum(axis=0)
-        if pool.terms > 1:  # windows overlap: sums of up to T coefficients per input
-            walk.acc[2] += (gamma_n(pool.terms + 1, U64) * (gb.absval[p][src] @ np.abs(Lt))
-                            + TINY64 * pool.terms * float(gb.absval[p].sum()))
+        if pool.terms > 1:
+            walk.acc[2] += self.overlap_charge(gb, p, pool.terms,
+                                               gb.absval[p][src] @ np.abs(Lt))
         live, where = np.unique(src, return_inverse=True)
         gather = sp.csr_matrix((np.ones(src.size, Lt.dtype), (where, np.arange(src.size))),
                                shape=(live.size, src.size))

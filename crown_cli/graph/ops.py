@@ -546,6 +546,8 @@ class IndexMap(Affine):
         total = sum(self.n_in)
         counts = np.bincount(self.cols, minlength=total) if self.cols.size else np.zeros(total, int)
         self.unique = bool(counts.max(initial=0) <= 1)
+        # the inputs' values in order, all of them (a concatenation): the identity
+        self.in_order = self.size == total and bool(np.all(self.src == np.arange(total)))
         self.terms = 0 if self.unique else int(counts.max())
         self.terms_fwd = 0
         if self.valid.all():
