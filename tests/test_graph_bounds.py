@@ -517,3 +517,47 @@ def test_maxpool_step_on_transposed_rows_charges_its_sums():
     _, const, mag, _ = type(plan(gb.g)[1]).step(gb, 1, Lt.T)
     np.testing.assert_allclose(walk.acc[0], const, rtol=1e-12)
     np.testing.assert_allclose(walk.acc[1], mag, rtol=1e-12)
+
+
+@pytest.mark.parametrize("one_sided", [False, True])
+def test_dense_node_bounds_from_weight_rows_against_exact_arithmetic(monkeypatch, one_sided):
+    """A dense node's bounds started from its weight's rows (graph_rows.weight_rows, no
+    charge for that exact step) and, with ``one_sided``, one side per neuron first: on a
+    net whose second layer's rows are orthogonal to the first layer's columns (every
+    computed coefficient is rounding noise) and inputs of order 1e5, all first-layer ReLUs
+    active, the node's bounds lie outside the exact rational range of its value."""
+    from fractions import Fraction as F
+
+    import crown_cli.engine.graph_bounds as graph_bounds
+    import crown_cli.engine.graph_rows as graph_rows
+
+    monkeypatch.setattr(graph_rows, "WEIGHT_ROWS_MIN", 1)
+    monkeypatch.setattr(graph_bounds, "ONE_SIDED_MIN", 1 if one_sided else 10 ** 9)
+    starts = []
+    weight_rows = graph_rows.weight_rows
+
+    def spy(*args):
+        out = weight_rows(*args)
+        starts.append(out is not None)
+        return out
+
+    monkeypatch.setattr(graph_bounds, "weight_rows", spy)
+    for seed in range(20):
+        rng = np.random.default_rng(seed)
+        W1 = rng.uniform(0.5, 2.0, size=(6, 3))
+        W2 = np.linalg.svd(W1.T)[2][3:]  # (3, 6): rows orthogonal to W1's columns
+        b2 = rng.normal(0.0, 1e-6, 3)
+        x0 = rng.uniform(1e5, 2e5, 3)
+        nodes = [Node("x", InputOp(0, 0, 3), (), (1, 3)),
+                 Node("d1", Dense(W1, None), (0,), (1, 6)),
+                 Node("r1", ActivationOp("relu"), (1,), (1, 6)),
+                 Node("d2", Dense(W2, b2), (2,), (1, 3)),
+                 Node("r2", ActivationOp("relu"), (3,), (1, 3)),
+                 Node("d3", Dense(rng.normal(size=(2, 3)), None), (4,), (1, 2))]
+        gb = GraphBounds(Graph(nodes, 5), x0, 1.0, 0, ibp=False)
+        for j in range(3):
+            lam = [sum(F(W2[j, i]) * F(W1[i, t]) for i in range(6)) for t in range(3)]
+            val = sum(lv * F(x) for lv, x in zip(lam, x0)) + F(b2[j])
+            spread = sum(abs(lv) for lv in lam)
+            assert F(gb.lo[3][j]) <= val - spread and F(gb.hi[3][j]) >= val + spread, (seed, j)
+    assert starts and all(starts)
