@@ -123,15 +123,42 @@ def test_conv_transpose_is_the_adjoint(params):
 
 
 @pytest.mark.parametrize("params", CONV_PARAMS)
-def test_conv_of_a_few_rows_by_blas_equals_the_numpy_twin(params):
-    """Conv._conv_gemm (im2col and a BLAS product: what a convolution of at most GEMM_ROWS
-    rows runs) against the window-by-window numpy twin."""
-    rng = np.random.default_rng(8)
+@pytest.mark.parametrize("in_hw", [(7, 6), (4, 3)])
+def test_conv_by_blas_in_chunks_equals_the_numpy_twin(params, in_hw, monkeypatch):
+    """Conv._conv (im2col and BLAS products, chunks of rows of at most GEMM_BYTES of windows:
+    here 3 rows a chunk; each row's windows times the kernel on a 7x6 input, one product of
+    all windows on a 4x3 one) against the offset-by-offset numpy twin: float64 equal, float32
+    kept float32. One row's windows past GEMM_BYTES take the twin."""
+    import crown_cli.graph.ops as ops
+
+    rng = np.random.default_rng(9)
     g = params["group"]
-    op = Conv(rng.normal(size=(4, 4 // g, 3, 2)), rng.normal(size=4), (4, 7, 6), **params)
-    X = rng.normal(size=(3, op.n_in[0]))
-    np.testing.assert_allclose(op._conv_gemm(X, op.weight), op._conv_numpy(X, op.weight),
-                               rtol=1e-12, atol=1e-12)
+    op = Conv(rng.normal(size=(8, 8 // g, 3, 2)), rng.normal(size=8), (8,) + in_hw, **params)
+    monkeypatch.setattr(ops, "GEMM_BYTES", 3 * op.window_bytes())
+    X = rng.normal(size=(11, op.n_in[0]))
+    twin = op._conv_numpy(X, op.weight)
+    np.testing.assert_allclose(op._conv(X, op.weight), twin, rtol=1e-12, atol=1e-12)
+    y32 = op.linear([X.astype(np.float32)])
+    assert y32.dtype == np.float32
+    np.testing.assert_allclose(y32, twin, rtol=1e-4, atol=1e-4)
+    monkeypatch.setattr(ops, "GEMM_BYTES", op.window_bytes() - 1)
+    monkeypatch.setattr(Conv, "_conv_gemm", None)  # not called
+    np.testing.assert_allclose(op._conv(X, op.weight), twin, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("params", CONV_PARAMS)
+def test_conv_reach_is_where_the_transpose_of_live_outputs_lands(params):
+    """Conv.reach (the input positions a transpose of rows on some outputs touches) against
+    the transpose itself: positive weights, ones on the live outputs."""
+    rng = np.random.default_rng(10)
+    g = params["group"]
+    op = Conv(rng.uniform(0.5, 1.0, size=(4, 4 // g, 3, 2)), None, (4, 7, 6), **params)
+    for share in (0.05, 0.3, 1.0):
+        live = np.flatnonzero(rng.random(op.size) < share)
+        row = np.zeros((1, op.size))
+        row[0, live] = 1.0
+        landed = (op._transpose_numpy(row)[0][0] != 0.0).reshape(op.in_shape).any(axis=0)
+        np.testing.assert_array_equal(op.reach(live), landed)
 
 
 def test_other_ops_transpose_is_the_adjoint():

@@ -1,6 +1,6 @@
-"""numba kernels of the graph engine's steps: a 2-D convolution and its transpose
+"""numba kernels of the graph engine's steps: a 2-D convolution's transpose
 (:meth:`crown_cli.graph.ops.Conv.transpose`, the step every back-substitution through a
-convolution takes; :meth:`~crown_cli.graph.ops.Conv.linear` on a batch), an activation's
+convolution takes; the forward map is BLAS products, ``Conv._conv_gemm``), an activation's
 relaxation applied to rows, and the per-row sums :meth:`crown_cli.engine.graph_bounds.
 GraphBounds.lower` charges. Their numpy twins: ``Conv._conv_numpy`` and
 ``Conv._transpose_numpy`` (offset-by-offset products, the same products summed in another
@@ -68,58 +68,11 @@ def transpose_rows(L, weight, strides, dilations, pads, group, in_shape):
     return G
 
 
-@njit(cache=True, parallel=True)
-def conv_forward_t(Xt, weight, strides, dilations, pads, group, Yt):
-    """``Yt`` (O, OH, OW, N) = the convolution (no bias) of the batch held transposed ``Xt``
-    (C, H, W, N) with ``weight`` (O, C / group, kh, kw); ``pads``: top, left. Each output
-    sums its at most Cg * kh * kw products, the loop along the batch (vectorised)."""
-    O, OH, OW, N = Yt.shape
-    _, Cg, kh, kw = weight.shape
-    H, W = Xt.shape[1], Xt.shape[2]
-    Og = O // group
-    sh, sw = strides[0], strides[1]
-    dh, dw = dilations[0], dilations[1]
-    pt, pl = pads[0], pads[1]
-    for oy in prange(O * OH):
-        o = oy // OH
-        y = oy % OH
-        c0 = (o // Og) * Cg
-        for x in range(OW):
-            out = Yt[o, y, x]
-            for k in range(N):
-                out[k] = 0.0
-            for c in range(Cg):
-                for i in range(kh):
-                    yy = y * sh + i * dh - pt
-                    if yy < 0 or yy >= H:
-                        continue
-                    for j in range(kw):
-                        xx = x * sw + j * dw - pl
-                        if xx < 0 or xx >= W:
-                            continue
-                        w = weight[o, c, i, j]
-                        if w == 0.0:
-                            continue
-                        src = Xt[c0 + c, yy, xx]
-                        for k in range(N):
-                            out[k] += w * src[k]
-
-
 def conv_args(strides, dilations, pads, group):
     """A convolution's geometry as the kernels take it: strides, dilations, (top, left) pads
     as int64 arrays, and the group count."""
     return (np.asarray(strides, np.int64), np.asarray(dilations, np.int64),
             np.asarray(pads[:2], np.int64), int(group))
-
-
-def forward_rows(X, weight, strides, dilations, pads, group, out_shape):
-    """The convolution (N, O * OH * OW) of the batch ``X`` (N, C, H, W), without bias (the
-    batch held transposed inside: :func:`conv_forward_t`)."""
-    N = X.shape[0]
-    Yt = np.empty(tuple(out_shape) + (N,), np.result_type(X.dtype, weight.dtype))
-    conv_forward_t(np.ascontiguousarray(np.moveaxis(X, 0, -1)), weight,
-                   *conv_args(strides, dilations, pads, group), Yt)
-    return np.ascontiguousarray(Yt.reshape(-1, N).T)
 
 
 # -- rows held transposed: the fast path's layout (crown_cli/engine/graph_rows.py) ------------
