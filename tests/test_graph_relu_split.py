@@ -401,3 +401,110 @@ def test_float32_steering_evaluation_and_gradient_track_the_float64_ones(tmp_pat
     assert np.all(np.abs(v32 - v64) <= 1e-4 * scale)
     for g32, g64 in zip(bd.gradient(s32), bd.gradient(s64)):
         assert np.allclose(g32, g64, rtol=1e-3, atol=1e-4 * (1.0 + np.abs(g64).max()))
+
+
+def test_batches_shared_with_a_helper_process(tmp_path, monkeypatch):
+    """workers=2 (the graphs' default): batches of 16 children or more are bounded half here,
+    half by a forked helper process; the verdicts stay the MILP's (unsat 0.1% below the
+    exact minimum, sat above with a point the forward pass confirms), the helper ends with
+    the search, and a helper lost mid-search leaves the search to finish alone."""
+    from crown_cli.verification.bab import shared_batches
+    from crown_cli.verification.bab.workers import Helper, HelperLost, can_fork
+
+    if not can_fork():
+        pytest.skip("needs two cores and fork")
+    made = []
+
+    class Counting(Helper):
+        lose_at = None  # the recv() call that reports the process lost
+
+        def __init__(self, fn, single=False):
+            super().__init__(fn, single)
+            self.sent = 0
+            made.append(self)
+
+        def send(self, args):
+            self.sent += 1
+            super().send(args)
+
+        def recv(self):
+            out = super().recv()
+            if self.sent == self.lose_at:
+                raise HelperLost("simulated")
+            return out
+
+    monkeypatch.setattr(shared_batches, "Helper", Counting)
+    g = graph_of(tmp_path, "relu_residual", 7)
+    rng = np.random.default_rng(4)
+    x0 = rng.uniform(-1, 1, g.input_size)
+    lo, hi = x0 - 0.1, x0 + 0.1
+    row = rng.normal(size=g.output_size)
+    m, _ = graph_min(g, lo, hi, row)  # 1211 domains to unsat, 1413 to sat
+    for delta, want, lose in ((-1e-3, "unsat", None), (1e-3, "sat", None),
+                              (-1e-3, "unsat", 2)):
+        Counting.lose_at = lose
+        made.clear()
+        b = m + delta * (1 + abs(m))
+        r = grs.graph_relu_split(g, lo, hi, row[None], np.array([b]), time.monotonic() + 60)
+        assert r.verdict == want, (delta, r)
+        if want == "sat":
+            assert np.all((r.x >= lo) & (r.x <= hi)) and row @ g.forward(r.x) <= b
+        else:
+            assert made and made[0].sent >= (2 if lose else 3), (r, [h.sent for h in made])
+            assert len(made) == 1  # lost: no second fork, the search went on alone
+        assert shared_batches._HOLDERS == [] and all(not h.proc.is_alive() for h in made)
+    r1 = grs.graph_relu_split(g, lo, hi, row[None], np.array([m - 1e-3 * (1 + abs(m))]),
+                              time.monotonic() + 60, workers=1)
+    assert r1.verdict == "unsat"
+
+
+@pytest.mark.parametrize("lose", [False, True])
+def test_a_shared_batch_is_what_its_halves_give_here(tmp_path, monkeypatch, lose):
+    """shared_batches.assess_shared on a batch of children equals assess_part of its two
+    halves run in this process, array for array (the helper runs the same code on the same
+    data, a thread each); with the helper lost at the answer, the same again (both halves
+    bounded here), and the search goes on alone."""
+    from dataclasses import replace
+
+    from crown_cli.verification.bab import shared_batches
+    from crown_cli.verification.bab.relu_split import _Search
+    from crown_cli.verification.bab.workers import Helper, HelperLost, can_fork
+
+    if not can_fork():
+        pytest.skip("needs two cores and fork")
+
+    class Losing(Helper):
+        def recv(self):
+            super().recv()
+            raise HelperLost("simulated")
+
+    if lose:
+        monkeypatch.setattr(shared_batches, "Helper", Losing)
+    g = graph_of(tmp_path, "relu_residual", 7)
+    rng = np.random.default_rng(4)
+    x0 = rng.uniform(-1, 1, g.input_size)
+    lo, hi = x0 - 0.1, x0 + 0.1
+    row = rng.normal(size=g.output_size)
+    m, _ = graph_min(g, lo, hi, row)
+    gb = GraphBounds(g, *Box(lo, hi).args())
+    bd = grs.GraphBounder(g, gb, lo, hi, row[None], np.array([m - 1e-3 * (1 + abs(m))]))
+    search = _Search(bd, time.monotonic() + 60, replace(grs.GRAPH_OPTIONS, workers=1), None,
+                     None, None, time.monotonic())
+    steps = search.run()
+    while search.pool is None or len(search.pool) < 32:
+        next(steps)
+    kids, _ = search._branch(search.pool.pop(32))
+    n = kids.split.shape[0]
+    halves = [kids.take(np.arange(n // 2)), kids.take(np.arange(n // 2, n))]
+    want = [search.assess_part(h, 5) for h in halves]
+    search.workers = 2
+    got = shared_batches.assess_shared(search, kids, 5)
+    assert len(got) == 2
+    for w, o in zip(want, got):
+        for a, b in zip((w[0].split, w[0].alpha, w[0].beta, w[0].done) + w[1:5],
+                        (o[0].split, o[0].alpha, o[0].beta, o[0].done) + o[1:5]):
+            np.testing.assert_array_equal(a, b)
+        assert w[5] is None and o[5] is None
+    assert (search.workers, search.helper is None) == ((1, True) if lose else (2, False))
+    steps.close()
+    assert search.helper is None and shared_batches._HOLDERS == []

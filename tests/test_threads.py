@@ -1,4 +1,6 @@
 """The BLAS thread switch (crown_cli.engine.threads), the input split's block size and its pool of open boxes."""
+import os
+
 import numpy as np
 import scipy.linalg  # noqa: F401  (loads scipy's own OpenBLAS, which the numba kernels call)
 
@@ -29,8 +31,10 @@ def test_blas_threads_restores_after_an_error():
 def test_one_thread_sets_numba_and_blas_and_restores_them():
     import numba
 
+    from crown_cli.engine.kernels import choose_threading_layer
     from crown_cli.engine.threads import one_thread
 
+    choose_threading_layer(numba)  # (before its threads start: forked helpers need it)
     blas, nb = get_blas_threads(), numba.get_num_threads()
     try:
         with one_thread():
@@ -66,3 +70,22 @@ def test_box_pool_takes_the_worst_and_keeps_the_rest():
     # every row keeps its fields together
     assert np.array_equal(score[pool.view("lo")[:, 0].astype(int)], rest)
     assert len(pool.pop_worst(100)["score"]) == 43 and len(pool) == 0
+
+
+def test_numba_threads_started_by_one_thread_are_on_the_workqueue_layer():
+    """one_thread may be the first to start numba's threads (a dense search before any graph
+    kernel): they start on the workqueue layer, which a forked helper can use (numba's
+    OpenMP layer ends a forked child at its first parallel kernel)."""
+    import subprocess
+    import sys
+
+    code = ("import numba, crown_cli.engine.kernels.backsub\n"
+            "from crown_cli.engine.threads import one_thread\n"
+            "with one_thread():\n    pass\n"
+            "import crown_cli.engine.kernels.graph_steps\n"
+            "print(numba.threading_layer())\n")
+    env = {k: v for k, v in os.environ.items() if k != "NUMBA_THREADING_LAYER"}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env,
+                         timeout=300)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "workqueue"

@@ -54,10 +54,11 @@ VERIFY_NOT_SETTINGS = {"--model", "--spec", "--instances", "--root", "--output",
               help="Cap on the open domains of the branch and bound (memory); reaching it "
                    "ends the instance with unknown.")
 @click.option("--workers", type=click.IntRange(1, 2), default=None, metavar="N",
-              help="Processes for input splitting: 2 shares each round with a second "
+              help="Processes for branch and bound: 2 shares each round with a second "
                    "process (default: 2 on networks of one hidden layer of at most 128 "
-                   "neurons when the machine has two cores, else 1). Use 1 when running "
-                   "several crown processes at once.")
+                   "neurons when the machine has two cores, else 1; on other graphs 2, for "
+                   "input and ReLU splitting). Use 1 when running several crown processes "
+                   "at once.")
 @click.option("--attack-seed", "seed", type=click.IntRange(min=0), default=0, show_default=True,
               metavar="N", help="Seed of the attack's random starts; was --seed.")
 @click.option("--output", "-o", default="-", show_default=True, metavar="FILE",

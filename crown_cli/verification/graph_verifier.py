@@ -271,8 +271,9 @@ def _warm_graph(rng):
 class GraphVerifier(StagedVerifier):
     """:class:`crown_cli.verification.pipeline.Verifier`'s interface for a graph (the same
     opening, :class:`StagedVerifier`): one network, its stages and attack settings (the
-    fields of :class:`VerifyOptions`; ``workers``: input splitting's processes, default 2,
-    which only its wide rounds use (graphs of few inputs, boxes bounded at once));
+    fields of :class:`VerifyOptions`; ``workers``: branch and bound's processes, default
+    2: input splitting shares its wide rounds (graphs of few inputs, boxes bounded at once),
+    ReLU splitting its batches of 16 domains or more with a second process);
     :meth:`verify` per property. ``bab`` and ``max_domains``: input
     splitting on graphs of at most ``INPUT_SPLIT_MAX_DIM`` inputs, ReLU splitting on graphs
     with ReLU nodes."""
@@ -284,8 +285,8 @@ class GraphVerifier(StagedVerifier):
         self.requested = [s for s in o.stages if s in BOUND_STAGES]
         self.stages = [s for s in self.requested if s in GRAPH_STAGES]
         self.bab = o.bab
-        # input splitting's processes: a second one shares its wide rounds, each process on
-        # one thread (as on dense networks)
+        # branch and bound's processes: a second one shares input splitting's wide rounds
+        # and ReLU splitting's batches, each process on one thread
         self.workers = 2 if o.workers is None else o.workers
         # per graph bounded (this one; ReLU splitting's, :meth:`_split_graph`) and kind of
         # intermediate bounds, keyed by (id, alpha): (the last box, its GraphBounds)
@@ -509,6 +510,7 @@ class GraphVerifier(StagedVerifier):
                          lambda progress, c=cases[j]: graph_relu_split_steps(
                              sg, c.lo, c.hi, c.A, c.b, deadline,
                              max_domains=self.max_domains, progress=progress,
+                             workers=self.workers,
                              bounds=self._box_bounds(c.lo, c.hi, sg, alpha, deadline)))
                      for j in sorted(open_cases, key=lambda j: -margins.get(j, -np.inf))]
         settings = RaceSettings(kinds={"input split": "boxes", "ReLU split": "domains"},

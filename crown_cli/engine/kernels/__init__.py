@@ -4,6 +4,7 @@
 splitting have numba kernels of their own (:mod:`crown_cli.engine.kernels.relu_split`) whose
 twin is the numpy code in :mod:`crown_cli.verification.bab.bounder`.
 """
+import os
 from contextlib import contextmanager
 from importlib import import_module
 
@@ -53,6 +54,17 @@ def kernels():
 
         _KERNELS = module
     return _KERNELS
+
+
+def choose_threading_layer(numba) -> None:
+    """numba's threading layer for crown's parallel kernels, set before numba first starts
+    its threads (a kernel's first parallel run, or ``numba.set_num_threads`` /
+    ``get_num_threads``; later it no longer changes): "workqueue". numba's default here is
+    GNU OpenMP, whose threads a forked child cannot use once the parent has started them
+    (branch and bound's helper processes are forked: the child then ends at its first
+    kernel); the workqueue layer can. A user's own choice (NUMBA_THREADING_LAYER) stands."""
+    if "NUMBA_THREADING_LAYER" not in os.environ:
+        numba.config.THREADING_LAYER = "workqueue"
 
 
 def _numba_module(name: str):

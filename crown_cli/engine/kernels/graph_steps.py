@@ -12,18 +12,14 @@ row touches and the input elements they reach (an element no row touches adds ``
 no sum). A sum gathers at most ``(O / group) * kh * kw`` products, in whatever order, which is
 the count the rounding charge of :mod:`crown_cli.engine.graph_bounds` assumes.
 """
-import os
-
 import numba
 import numpy as np
 from numba import njit, prange
 
-# The kernels run their rows on every core (prange). numba's default threading layer here
-# is GNU OpenMP, which a forked child cannot use once the parent has started its threads
-# (verify's second worker is forked); the workqueue layer can. A user's own choice
-# (NUMBA_THREADING_LAYER) stands.
-if "NUMBA_THREADING_LAYER" not in os.environ:
-    numba.config.THREADING_LAYER = "workqueue"
+from crown_cli.engine.kernels import choose_threading_layer
+
+# The kernels run their rows on every core (prange), on the workqueue threading layer
+choose_threading_layer(numba)
 
 
 @njit(cache=True, parallel=True)

@@ -52,10 +52,11 @@ from crown_cli.verification.outcome import BabResult, finish, violations_of
 # the measurements): no per-domain intermediate bounds, branching anywhere, the root's node
 # bounds as given, no PGD attack (the graph pipeline attacks before its bound stages); 64
 # domains a batch since the steering runs in float32 (the tapes' memory of 32 in float64),
-# 5 Adam steps a batch (10 before: twice the domains for a better worst bound on sri_resnet_a)
+# 5 Adam steps a batch (10 before: twice the domains for a better worst bound on sri_resnet_a);
+# each batch shared with a second process (shared_batches: a thread each)
 GRAPH_OPTIONS = ReluSplitOptions(batch=64, iters=5, root_iters=30, branching="babsr",
                                  score="chords", interm=False, layer_window=0, tighten_root=False,
-                                 attack_restarts=0)
+                                 attack_restarts=0, workers=2)
 
 
 # S-shaped activations whose neurons are split too: at 0 where their input's interval holds it

@@ -71,6 +71,7 @@ from crown_cli.verification.bab.domains import DomainPool, Domains, ReluSplitPro
 from crown_cli.verification.bab.cut_search import CutSearch
 from crown_cli.verification.bab.cuts import Cuts, value_offsets
 from crown_cli.verification.bab.optimise import CutParams, optimise, optimise_open
+from crown_cli.verification.bab.shared_batches import assess_shared, release, shares
 
 
 def root_layer_bounds(weights, biases, lo, hi, activation="relu", leak=None, iters=20,
@@ -220,6 +221,9 @@ class ReluSplitOptions:
     # own cuts (a cutting-plane loop's next point: oval21 wide img6762 unsat in 32 s, open at
     # 720 s with "plain"), or "plain", of its bound without them (domain_cuts only)
     cut_point: str = "cuts"
+    # 2: each batch shared with a forked helper process, a thread each (searches without
+    # proof, cuts or per-domain bounds: graphs; shared_batches)
+    workers: int = 1
 
 
 def optimises_domain_bounds(weights) -> bool:
@@ -290,6 +294,8 @@ class _Search(CutSearch):
         self.stats = dict(domains=0, peak=1, batches=0, proven=0, t_interm=0.0, empty=0,
                           closed=0.0)
         self.stuck = 0  # domains with nothing left to split and no proof
+        # the second process bounding half of each batch (shared_batches), forked when needed
+        self.workers, self.helper = int(o.workers), None
         self.pool = None  # the open domains, from the root on
         # cuts: on a dense ReLU bounder, when neither a proof nor a test's charge is taken
         self.cut_sets = []  # decision sets waiting to be proven as cuts
@@ -383,7 +389,14 @@ class _Search(CutSearch):
 
     def run(self):
         """The search: the root, then batches of the worst open domains' children, until
-        none is open (``unsat``), a counterexample (``sat``), the deadline or the cap."""
+        none is open (``unsat``), a counterexample (``sat``), the deadline or the cap. Its
+        helper process, if it has one, ends with it (also when the caller closes it)."""
+        try:
+            return (yield from self._run())
+        finally:
+            release(self)
+
+    def _run(self):
         bd, stats = self.bd, self.stats
         if bd.m == 0:  # no output constraint: every point of the box violates
             return self.result("sat", bd.box.center.copy())
@@ -542,7 +555,17 @@ class _Search(CutSearch):
 
     def _bound(self, kids: Domains, iters, chords):
         """The children optimised, checked and pushed into the pool (the open ones): a
-        counterexample found on the way, or None."""
+        counterexample found on the way, or None. Shared with a helper process where
+        :func:`~crown_cli.verification.bab.shared_batches.shares` says so."""
+        if shares(self, kids.split.shape[0]):
+            self.stats["batches"] += 1
+            for half, score, proven, row, top, xv in assess_shared(self, kids, iters):
+                self.stats["domains"] += half.split.shape[0]
+                if xv is None:
+                    xv = self.enqueue(score, proven, row, None, half, top)
+                if xv is not None:
+                    return xv
+            return None
         cuts = self.bd_cuts()
         if cuts is None:
             score, proven, row, state, xv = self.assess(
@@ -641,17 +664,30 @@ class _Search(CutSearch):
                 return score, proven, row, state, xv
         return score, proven, row, state, None
 
-    def enqueue(self, score, proven, row, state, d: Domains):
+    def assess_part(self, d: Domains, iters):
+        """:meth:`assess` of the domains ``d`` (without per-domain bounds, cuts or proof)
+        and the branching candidates of the open ones: ``(d, score, proven, row, top, xv)``,
+        ``d``'s slopes, multipliers and proven cases updated in place (what a helper process
+        runs on its half of a batch: :mod:`~crown_cli.verification.bab.shared_batches`)."""
+        score, proven, row, state, xv = self.assess(d.split, d.alpha, d.beta, d.done, iters,
+                                                    count=False)
+        openi = np.flatnonzero(~proven)
+        top = None if xv is not None or openi.size == 0 else \
+            self._candidates(state, d, row, openi)
+        return d, score, proven, row, top, xv
+
+    def enqueue(self, score, proven, row, state, d: Domains, top=None):
         """Count the proven domains of the batch ``d``, push the open ones with their
-        branching candidates; an open domain with none (fully split) is settled by
-        :meth:`_leaf`. A counterexample found there, or None."""
+        branching candidates (``top``, else from ``state``); an open domain with none (fully
+        split) is settled by :meth:`_leaf`. A counterexample found there, or None."""
         stats = self.stats
         openi = np.flatnonzero(~proven)
         stats["proven"] += int(proven.sum())
         stats["closed"] += float(np.sum(0.5 ** d.depth[proven]))
         if openi.size == 0:
             return None
-        top = self._candidates(state, d, row, openi)
+        if top is None:
+            top = self._candidates(state, d, row, openi)
         # no candidate column at all (nothing unstable to split): every open domain is a leaf
         keep = top[:, 0] >= 0 if top.shape[1] else np.zeros(top.shape[0], bool)
         for i in np.flatnonzero(~keep):
