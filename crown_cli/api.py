@@ -453,8 +453,9 @@ def verify(model, spec, timeout: float = VERIFY_TIMEOUT, *,
         bab: branch and bound after the bound stages (ReLU and leaky ReLU networks).
         max_domains: cap on the open domains of the branch and bound.
         seed: seed of the attack's random starts.
-        workers: processes for input splitting, 1 or 2 (None: 2 on networks of one hidden
-            layer of at most 128 neurons when the machine has two cores, else 1; ``--workers``).
+        workers: branch and bound's processes, 1 or 2 (None: 2 on networks of one hidden
+            layer of at most 128 neurons and on other graphs when the machine has two cores,
+            else 1; ``--workers``).
         log: None, or a function receiving a text line per stage (``crown verify -v``).
 
     Returns:
