@@ -432,3 +432,42 @@ for n in names:
     assert len(lines) == 9
     for line in lines:
         assert line.endswith("['float32', 'float64']"), line
+
+
+@pytest.mark.parametrize("lose", [False, True])
+def test_two_processes_write_the_rows_of_one(tmp_path, monkeypatch, lose):
+    """crown certify on a graph network (a max pool: not lowered) with --workers 2 (every
+    other image certified by a forked helper, a thread each; the graphs' default) writes the
+    rows --workers 1 writes, in the same order, misclassified images, the untargeted floor
+    and the attack's distortions included (all but the seconds); with the helper lost at
+    its first answer the run finishes alone with the same rows."""
+    from crown_cli.verification.bab import workers
+    from crown_cli.verification.bab.workers import HelperLost, can_fork
+
+    if not can_fork():
+        pytest.skip("needs two cores and fork")
+    if lose:
+        def lost(self):
+            raise HelperLost("simulated")
+        monkeypatch.setattr(workers.Helper, "recv", lost)
+    path = os.path.join(str(tmp_path), "pool.onnx")
+    onnx.save(BUILDERS["conv_maxpool"](np.random.default_rng(5)), path)
+    g = load_graph(path)
+    rng = np.random.default_rng(7)
+    x = rng.uniform(-1, 1, size=(5, g.input_size))
+    y = np.argmax(g.forward(to_graph_layout(g, x)), axis=1)
+    y[2] = (y[2] + 1) % g.output_size  # one misclassified image
+    images = os.path.join(str(tmp_path), "im.npz")
+    np.savez(images, x=x, y=y)
+    rows = {}
+    for w in ("1", "2"):
+        out = os.path.join(str(tmp_path), f"rows{w}.csv")
+        r = CliRunner().invoke(cli, ["certify", "--model", path, "--images", images, "--norm",
+                                     "inf,2", "--target", "runner-up,untargeted", "--attack",
+                                     "pgd", "--workers", w, "-o", out, "-q"])
+        assert r.exit_code == 0, r.output
+        rows[w] = [{k: v for k, v in row.items() if not k.endswith("time_s")}
+                   for row in read_rows(out)]
+    assert len(rows["1"]) == 20 and rows["1"] == rows["2"]
+    assert sum(row["status"] == "misclassified" for row in rows["2"]) == 4
+    assert all(row["attack_eps"] != "" for row in rows["2"] if row["status"] == "certified")

@@ -75,6 +75,17 @@ class AttackRuns:
     warn: Optional[Callable[[str], None]] = None
 
 
+@dataclass(frozen=True)
+class RunOptions:
+    """:func:`certify_images`'s settings: a progress bar; ``skip(row_key)``, the row a
+    resumed file already holds (or None); the attack runs; the processes (1 or 2)."""
+
+    progress: bool = True
+    skip: Optional[Callable[[Tuple[str, ...]], Optional[Dict[str, object]]]] = None
+    attacks: Optional["AttackRuns"] = None
+    workers: int = 1
+
+
 def certify_images(
     certifiers: Sequence[Certifier],
     x: np.ndarray,
@@ -83,11 +94,10 @@ def certify_images(
     target_types: Sequence[str],
     seed: int,
     emit: Callable[[Dict[str, object]], None],
-    progress: bool = True,
-    skip: Optional[Callable[[Tuple[str, ...]], Optional[Dict[str, object]]]] = None,
-    attacks: Optional[AttackRuns] = None,
+    **options,
 ) -> Summary:
-    """Certify x[i] for i in ``indices`` (ascending) with every certifier and target type.
+    """Certify x[i] for i in ``indices`` (ascending) with every certifier and target type;
+    ``options`` the fields of :class:`RunOptions` (keywords).
 
     The random-target stream is replayed from image 0, so image i gets the same random target
     whatever ``--start`` is. The rows of an image and certifier go to ``emit`` as soon as
@@ -108,7 +118,17 @@ def certify_images(
     ``--proof``; the certifier records its proofs) hands it every certified row's certificate;
     a targeted row raised to the untargeted radius gets the untargeted certificate's case of
     its target.
+
+    ``workers`` 2: images are taken in pairs, the second one's certifications run in a forked
+    helper process (:class:`~crown_cli.verification.bab.workers.Helper`) while this process
+    certifies the first, each on one thread; everything else (the rows, their order, the
+    floors, attacks, resume, the summary) stays here, so each row is the one certification
+    of its image (a radius may move in its last digits, within the search's tolerance, as
+    BLAS on one thread sums in another order). Not with ``--proof`` (its certificates are
+    written by this process's certifiers); alone where no second core or fork is available.
     """
+    o = RunOptions(**options)
+    progress, skip, attacks, workers = o.progress, o.skip, o.attacks, o.workers
     indices = list(indices)
     first = certifiers[0]
     logits = first.logits(x[: indices[-1] + 1]) if indices else np.zeros((0, 0))
@@ -121,29 +141,135 @@ def certify_images(
     # the untargeted row first: its radius is a floor for the targeted ones (_raise_to_floor)
     order = sorted(target_types, key=lambda t: t != "untargeted")
     bar = _progress(len(indices), progress)
+    pair = _Pairs(certifiers, x, y, choices, order, skip, workers, len(indices))
+
+    def image(i):
+        sel = choices[i]
+        c = int(sel["predicted"])
+        label = int(y[i])
+        summary.images += 1
+        base = {"image": i, "label": label, "predicted": c}
+        misclassified = c != label
+        summary.misclassified += misclassified
+        for cert in certifiers:
+            done = rows.of(cert, base, sel, order, misclassified)
+            for ttype in target_types:  # in the order asked for
+                if ttype in done:
+                    emit(done[ttype])
+                    summary.rows += 1
+        if bar is not None:
+            bar.update(1)
+            if summary.certified_eps:
+                bar.set_postfix(eps=f"{summary.certified_eps[-1]:.4g}", refresh=False)
+
     try:
-        for i in indices:
-            sel = choices[i]
-            c = int(sel["predicted"])
-            label = int(y[i])
-            summary.images += 1
-            base = {"image": i, "label": label, "predicted": c}
-            misclassified = c != label
-            summary.misclassified += misclassified
-            for cert in certifiers:
-                done = rows.of(cert, base, sel, order, misclassified)
-                for ttype in target_types:  # in the order asked for
-                    if ttype in done:
-                        emit(done[ttype])
-                        summary.rows += 1
-            if bar is not None:
-                bar.update(1)
-                if summary.certified_eps:
-                    bar.set_postfix(eps=f"{summary.certified_eps[-1]:.4g}", refresh=False)
+        with pair.threads():
+            for k in range(0, len(indices), pair.step):
+                group = indices[k:k + pair.step]
+                if len(group) > 1:
+                    pair.send(group[1])
+                image(group[0])
+                if len(group) > 1:
+                    rows.ready = pair.recv()
+                    image(group[1])
+                    rows.ready = {}
     finally:
+        pair.close()
         if bar is not None:
             bar.close()
     return summary
+
+
+class _Pairs:
+    """:func:`certify_images`'s second process (``workers`` 2): each pair's second image's
+    certifications, run by a forked :class:`~crown_cli.verification.bab.workers.Helper`
+    (``step`` 2), or none (``step`` 1)."""
+
+    def __init__(self, certifiers, x, y, choices, order, skip, workers: int, n: int):
+        from crown_cli.verification.bab.workers import Helper, can_fork
+
+        self.certifiers, self.x, self.y, self.choices = certifiers, x, y, choices
+        self.order, self.skip = order, skip
+        self.helper = None
+        if workers > 1 and n > 1 and can_fork() and all(
+                getattr(c, "proof_writer", None) is None for c in certifiers):
+            try:
+                self.helper = Helper(self._run, single=True)
+            except OSError:  # no fork (process limits): alone
+                self.helper = None
+        self.step = 1 if self.helper is None else 2
+
+    def threads(self):
+        import contextlib
+
+        from crown_cli.engine.threads import one_thread
+
+        return one_thread() if self.helper is not None else contextlib.nullcontext()
+
+    def _jobs(self, i):
+        """Image i's certifications that :class:`_Rows` will ask for: (norm, method, target
+        type) -> targets (none for a misclassified image or rows a resumed file holds)."""
+        sel = self.choices[i]
+        c = int(sel["predicted"])
+        jobs = {}
+        if c != int(self.y[i]):
+            return c, jobs
+        for cert in self.certifiers:
+            for ttype in self.order:
+                target = sel[ttype]
+                row = {"image": i, "label": int(self.y[i]), "predicted": c,
+                       "target": "" if ttype == "untargeted" else target,
+                       "target_type": ttype, "norm": cert.norm, "method": cert.method}
+                if self.skip is not None and self.skip(row_key(row)):
+                    continue
+                jobs[(cert.norm, cert.method, ttype)] = \
+                    target if isinstance(target, list) else [target]
+        return c, jobs
+
+    def _run(self, i, c, jobs):
+        """(In the helper.) The certificates of image i, or the exception each raised."""
+        by = {(cert.norm, cert.method): cert for cert in self.certifiers}
+        out = {}
+        for key, targets in jobs.items():
+            try:
+                out[key] = by[key[:2]].certify(self.x[i], c, targets)
+            except Exception as exc:  # noqa: BLE001 - raised again where the row is made
+                out[key] = exc
+        return i, out
+
+    def send(self, i):
+        from crown_cli.verification.bab.workers import HelperLost
+
+        if self.helper is None:  # (lost: this process certifies the pair)
+            return
+        c, jobs = self._jobs(i)
+        try:
+            self.helper.send((i, c, jobs))
+        except HelperLost:
+            self._alone()
+
+    def recv(self):
+        """The certificates of the image sent last, by (norm, method, target type); {} when
+        the helper was lost (this process then certifies that image and the rest)."""
+        from crown_cli.verification.bab.workers import HelperLost
+
+        if self.helper is None:
+            return {}
+        try:
+            i, out = self.helper.recv()
+        except HelperLost:
+            self._alone()
+            return {}
+        return {(i,) + key: res for key, res in out.items()}
+
+    def _alone(self):
+        self.close()
+        self.step = 2  # (the loop's pairs stay; each is now certified here)
+
+    def close(self):
+        if self.helper is not None:
+            self.helper.close()
+            self.helper = None
 
 
 class _Rows:
@@ -152,6 +278,8 @@ class _Rows:
 
     def __init__(self, x, summary: Summary, skip, attacks: Optional[AttackRuns]):
         self.x, self.summary, self.skip, self.attacks = x, summary, skip, attacks
+        # certificates made by the second process, by (image, norm, method, target type)
+        self.ready: Dict[tuple, object] = {}
         self.attack_cache: Dict[tuple, object] = {}
         self.floor_src = None  # (Certificate, targets) of this image's untargeted row
 
@@ -189,7 +317,11 @@ class _Rows:
         targets = target if isinstance(target, list) else [target]
         t_row = time.perf_counter()
         try:
-            res = cert.certify(self.x[i], c, targets)
+            res = self.ready.pop((i, cert.norm, cert.method, row["target_type"]), None)
+            if res is None:
+                res = cert.certify(self.x[i], c, targets)
+            elif isinstance(res, Exception):
+                raise res
         except Exception as exc:  # noqa: BLE001 - recorded, the batch goes on
             if interrupted(exc):
                 raise KeyboardInterrupt from exc

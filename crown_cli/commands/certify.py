@@ -95,6 +95,13 @@ from crown_cli.errors import InputError
                    "and join the two with crown merge.")
 @click.option("--shard", default=None, metavar="K/N",
               help="Only the K-th of N round-robin parts of the images (K = 1..N), for job arrays.")
+@click.option("--workers", type=click.IntRange(1, 2), default=None, metavar="N",
+              help="Processes: 2 certifies every other image in a forked second process, "
+                   "each on one thread, the rows written in order by this one (a radius may "
+                   "move in its last digits, within --rtol, as BLAS on one thread sums in "
+                   "another order). Default: 2 on graph networks when the machine has two "
+                   "cores, else 1; 1 with --proof. Use 1 when running several crown "
+                   "processes at once.")
 @click.option("--kernels", default="auto", show_default=True,
               type=click.Choice(["auto", "numba", "numpy"]),
               help="Bound kernels: numba (compiled; loading them costs ~1 s once per run), "
@@ -157,7 +164,8 @@ def certify(**options):
             certifiers, x, y, indices, target_types, a.seed, _logged(write, a.verbose),
             progress=not a.quiet and not a.verbose, skip=job.skip,
             attacks=None if attacks is None else AttackRuns(
-                attacks, a.attack_seed, lambda msg: click.echo(msg, err=True)))
+                attacks, a.attack_seed, lambda msg: click.echo(msg, err=True)),
+            workers=a.workers if a.workers is not None else (2 if graph is not None else 1))
         if proofs is not None and not a.quiet:
             click.echo(proofs.summary(), err=True)
         note = misclassified_note(summary, x[indices] if len(indices) else x[:0])
@@ -201,6 +209,7 @@ class CertifyArgs:
     overwrite: bool
     resume: bool
     shard: Optional[str]
+    workers: Optional[int]
     kernels: str
     verbose: bool
     quiet: bool

@@ -25,9 +25,11 @@ SIDECAR_VERSION = 1
 # recorded per run, "kernels"), which may move an eps within --rtol.
 # --memory-budget only chunks a graph bound's rows (the same bounds, up to the order of sums).
 # --proof (certify) only writes certificates beside the rows.
+# --workers: certify's images in one or two processes (the same rows); verify's branch and
+# bound shared with a second process (the same search, at another speed).
 NOT_SETTINGS = {"--output", "--overwrite", "--resume", "--quiet", "--verbose", "--debug", "--model",
                 "--images", "--labels", "--start", "--num-images", "--shard", "--kernels",
-                "--memory-budget", "--proof"}
+                "--memory-budget", "--proof", "--workers"}
 # Options renamed so that one name means one thing in every command (issue 24): sidecars written
 # before keep the old names; they are read under the new ones, so --resume and merge still match.
 RENAMED = {"certify": {"--seed": "--target-seed"},
