@@ -403,6 +403,17 @@ def test_float32_steering_evaluation_and_gradient_track_the_float64_ones(tmp_pat
         assert np.allclose(g32, g64, rtol=1e-3, atol=1e-4 * (1.0 + np.abs(g64).max()))
 
 
+def residual_case(tmp_path):
+    """A residual graph, a box and an output row with its exact minimum there (MILP): a
+    search of about a thousand domains either side of the minimum."""
+    g = graph_of(tmp_path, "relu_residual", 7)
+    rng = np.random.default_rng(4)
+    x0 = rng.uniform(-1, 1, g.input_size)
+    lo, hi = x0 - 0.1, x0 + 0.1
+    row = rng.normal(size=g.output_size)
+    return (g, lo, hi, row) + (graph_min(g, lo, hi, row)[0],)
+
+
 def test_batches_shared_with_a_helper_process(tmp_path, monkeypatch):
     """workers=2 (the graphs' default): batches of 16 children or more are bounded half here,
     half by a forked helper process; the verdicts stay the MILP's (unsat 0.1% below the
@@ -434,12 +445,7 @@ def test_batches_shared_with_a_helper_process(tmp_path, monkeypatch):
             return out
 
     monkeypatch.setattr(shared_batches, "Helper", Counting)
-    g = graph_of(tmp_path, "relu_residual", 7)
-    rng = np.random.default_rng(4)
-    x0 = rng.uniform(-1, 1, g.input_size)
-    lo, hi = x0 - 0.1, x0 + 0.1
-    row = rng.normal(size=g.output_size)
-    m, _ = graph_min(g, lo, hi, row)  # 1211 domains to unsat, 1413 to sat
+    g, lo, hi, row, m = residual_case(tmp_path)  # 1211 domains to unsat, 1413 to sat
     for delta, want, lose in ((-1e-3, "unsat", None), (1e-3, "sat", None),
                               (-1e-3, "unsat", 2)):
         Counting.lose_at = lose
@@ -480,12 +486,7 @@ def test_a_shared_batch_is_what_its_halves_give_here(tmp_path, monkeypatch, lose
 
     if lose:
         monkeypatch.setattr(shared_batches, "Helper", Losing)
-    g = graph_of(tmp_path, "relu_residual", 7)
-    rng = np.random.default_rng(4)
-    x0 = rng.uniform(-1, 1, g.input_size)
-    lo, hi = x0 - 0.1, x0 + 0.1
-    row = rng.normal(size=g.output_size)
-    m, _ = graph_min(g, lo, hi, row)
+    g, lo, hi, row, m = residual_case(tmp_path)
     gb = GraphBounds(g, *Box(lo, hi).args())
     bd = grs.GraphBounder(g, gb, lo, hi, row[None], np.array([m - 1e-3 * (1 + abs(m))]))
     search = _Search(bd, time.monotonic() + 60, replace(grs.GRAPH_OPTIONS, workers=1), None,

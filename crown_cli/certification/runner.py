@@ -214,16 +214,13 @@ class _Pairs:
         jobs = {}
         if c != int(self.y[i]):
             return c, jobs
+        base = {"image": i, "label": int(self.y[i]), "predicted": c}
         for cert in self.certifiers:
             for ttype in self.order:
-                target = sel[ttype]
-                row = {"image": i, "label": int(self.y[i]), "predicted": c,
-                       "target": "" if ttype == "untargeted" else target,
-                       "target_type": ttype, "norm": cert.norm, "method": cert.method}
+                row = _new_row(base, cert, ttype, sel[ttype])
                 if self.skip is not None and self.skip(row_key(row)):
                     continue
-                jobs[(cert.norm, cert.method, ttype)] = \
-                    target if isinstance(target, list) else [target]
+                jobs[(cert.norm, cert.method, ttype)] = _target_list(sel[ttype])
         return c, jobs
 
     def _run(self, i, c, jobs):
@@ -246,7 +243,7 @@ class _Pairs:
         try:
             self.helper.send((i, c, jobs))
         except HelperLost:
-            self._alone()
+            self.close()  # lost: this process certifies the rest
 
     def recv(self):
         """The certificates of the image sent last, by (norm, method, target type); {} when
@@ -258,18 +255,27 @@ class _Pairs:
         try:
             i, out = self.helper.recv()
         except HelperLost:
-            self._alone()
+            self.close()  # lost: this process certifies the rest
             return {}
         return {(i,) + key: res for key, res in out.items()}
-
-    def _alone(self):
-        self.close()
-        self.step = 2  # (the loop's pairs stay; each is now certified here)
 
     def close(self):
         if self.helper is not None:
             self.helper.close()
             self.helper = None
+
+
+def _new_row(base, cert, ttype: str, target) -> Dict[str, object]:
+    """The row of image ``base`` for ``cert`` and target type ``ttype`` before its
+    certificate (``target`` the selector's: a class, or the list of every other class)."""
+    return dict(base, target="" if ttype == "untargeted" else target, target_type=ttype,
+                norm=cert.norm, method=cert.method, search=cert.search,
+                precision=cert.precision, rtol=cert.rtol)
+
+
+def _target_list(target) -> List[int]:
+    """The targets a certification takes for the selector's ``target``."""
+    return target if isinstance(target, list) else [target]
 
 
 class _Rows:
@@ -292,9 +298,7 @@ class _Rows:
         self.floor_src = None
         for ttype in order:
             target = sel[ttype]
-            row = dict(base, target="" if ttype == "untargeted" else target,
-                       target_type=ttype, norm=cert.norm, method=cert.method,
-                       search=cert.search, precision=cert.precision, rtol=cert.rtol)
+            row = _new_row(base, cert, ttype, target)
             there = self.skip(row_key(row)) if self.skip is not None else None
             if there:  # already in the resumed file: counted, not computed
                 summary.skipped += 1
@@ -314,7 +318,7 @@ class _Rows:
         """Fill ``row`` with its certificate (or the error it raised); returns the untargeted
         floor from here on."""
         summary, i, c = self.summary, row["image"], row["predicted"]
-        targets = target if isinstance(target, list) else [target]
+        targets = _target_list(target)
         t_row = time.perf_counter()
         try:
             res = self.ready.pop((i, cert.norm, cert.method, row["target_type"]), None)
