@@ -31,10 +31,8 @@ def test_blas_threads_restores_after_an_error():
 def test_one_thread_sets_numba_and_blas_and_restores_them():
     import numba
 
-    from crown_cli.engine.kernels import choose_threading_layer
     from crown_cli.engine.threads import one_thread
 
-    choose_threading_layer(numba)  # (before its threads start: forked helpers need it)
     blas, nb = get_blas_threads(), numba.get_num_threads()
     try:
         with one_thread():
@@ -72,20 +70,81 @@ def test_box_pool_takes_the_worst_and_keeps_the_rest():
     assert len(pool.pop_worst(100)["score"]) == 43 and len(pool) == 0
 
 
-def test_numba_threads_started_by_one_thread_are_on_the_workqueue_layer():
-    """one_thread may be the first to start numba's threads (a dense search before any graph
-    kernel): they start on the workqueue layer, which a forked helper can use (numba's
-    OpenMP layer ends a forked child at its first parallel kernel)."""
+def test_every_parallel_graph_kernel_has_a_serial_twin_that_gives_the_same_arrays():
+    """graph_steps.SERIAL: each parallel kernel compiled without threads (what a forked
+    helper runs), the plain functions calling twins; graph_kernels() hands them out after
+    use_serial_kernels (serial_kernels for a block) and the threaded ones otherwise."""
+    from numba.core.registry import CPUDispatcher
+
+    from crown_cli.engine import kernels
+    from crown_cli.engine.kernels import graph_steps
+
+    parallel = [k for k, f in vars(graph_steps).items()
+                if isinstance(f, CPUDispatcher) and f.targetoptions.get("parallel")]
+    assert len(parallel) >= 10
+    for k in parallel:
+        twin = getattr(graph_steps.SERIAL, k)
+        assert isinstance(twin, CPUDispatcher) and not twin.targetoptions.get("parallel"), k
+    assert graph_steps.SERIAL.transpose_rows.__globals__["conv_transpose"] is \
+        graph_steps.SERIAL.conv_transpose
+    rng = np.random.default_rng(0)
+    L, w = rng.normal(size=(5, 4, 6, 6)), rng.normal(size=(4, 3, 3, 3))
+    args = ((1, 1), (1, 1), (1, 1, 1, 1), 1, (3, 6, 6))
+    with kernels.serial_kernels():
+        assert kernels.graph_kernels() is graph_steps.SERIAL
+        G = kernels.graph_kernels().transpose_rows(L, w, *args)
+    assert kernels.graph_kernels() is graph_steps
+    np.testing.assert_array_equal(G, graph_steps.transpose_rows(L, w, *args))
+    St, Pt = rng.normal(size=(2, 40, 7))
+    a, b = St.copy(), St.copy()
+    ca, cb = np.zeros(7), np.zeros(7)
+    graph_steps.add_rows_t(a, Pt, np.abs(St[:, 0]), ca)
+    graph_steps.SERIAL.add_rows_t(b, Pt, np.abs(St[:, 0]), cb)
+    np.testing.assert_array_equal(a, b)
+    np.testing.assert_array_equal(ca, cb)
+
+
+HELPER_AFTER_THREADS = """
+import numba, numpy as np
+from crown_cli.engine.kernels import graph_kernels
+from crown_cli.verification.bab.workers import Helper
+def step(St, Pt):
+    S, c = St.copy(), np.zeros(St.shape[1])
+    graph_kernels().add_rows_t(S, Pt, np.ones(St.shape[0]), c)
+    return S, c
+rng = np.random.default_rng(0)
+St, Pt = rng.normal(size=(2, 300, 64))
+here = step(St, Pt)  # numba's threads start in this process, then a helper is forked
+h = Helper(step, single=True)
+h.send((St, Pt))
+there = h.recv()
+h.close()
+assert all(np.array_equal(a, b) for a, b in zip(here, there))
+print(numba.threading_layer())
+"""
+
+
+def test_a_forked_helper_runs_graph_kernels_after_this_process_started_numbas_threads():
+    """A helper forked after numba's threads started here computes what this process does,
+    on numba's default layer and, where it loads, on OpenMP's (whose threads a forked child
+    cannot use: it ended at its first parallel kernel before the helpers ran the serial
+    twins)."""
+    import importlib.util
     import subprocess
     import sys
 
-    code = ("import numba, crown_cli.engine.kernels.backsub\n"
-            "from crown_cli.engine.threads import one_thread\n"
-            "with one_thread():\n    pass\n"
-            "import crown_cli.engine.kernels.graph_steps\n"
-            "print(numba.threading_layer())\n")
-    env = {k: v for k, v in os.environ.items() if k != "NUMBA_THREADING_LAYER"}
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env,
-                         timeout=300)
-    assert out.returncode == 0, out.stderr
-    assert out.stdout.strip() == "workqueue"
+    layers = [None]
+    try:  # the OpenMP layer needs the system's libgomp
+        if importlib.util.find_spec("numba.np.ufunc.omppool"):
+            importlib.import_module("numba.np.ufunc.omppool")
+            layers.append("omp")
+    except ImportError:
+        pass
+    for layer in layers:
+        env = {k: v for k, v in os.environ.items() if k != "NUMBA_THREADING_LAYER"}
+        if layer:
+            env["NUMBA_THREADING_LAYER"] = layer
+        out = subprocess.run([sys.executable, "-c", HELPER_AFTER_THREADS],
+                             capture_output=True, text=True, env=env, timeout=300)
+        assert out.returncode == 0, (layer, out.stderr)
+        assert layer is None or out.stdout.strip() == layer

@@ -9,6 +9,7 @@ import numpy as np
 
 from crown_cli.certification.certifier import Certifier
 from crown_cli.certification.targets import TARGET_TYPES, TargetSelector
+from crown_cli.engine.kernels import serial_kernels
 from crown_cli.errors import InputError, interrupted
 from crown_cli.io.results import FAILED_STATUSES
 
@@ -137,6 +138,9 @@ def certify_images(
     summary = Summary()
     for cert in certifiers:  # kernel loading is start-up, not the first image's time
         cert.warm_up()
+        if workers > 1:  # the helper runs the graph kernels' serial twins: loaded before it forks
+            with serial_kernels():
+                cert.warm_up()
     rows = _Rows(x, summary, skip, attacks)
     # the untargeted row first: its radius is a floor for the targeted ones (_raise_to_floor)
     order = sorted(target_types, key=lambda t: t != "untargeted")

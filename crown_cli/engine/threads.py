@@ -89,10 +89,6 @@ def one_thread():
     loaded (a search shared by two processes on two cores: a second thread in each made a
     round 2x slower instead of 2x faster, docs/bab.md)."""
     numba = sys.modules.get("numba")
-    if numba is not None:  # (its threads may start here: on crown's layer)
-        from crown_cli.engine.kernels import choose_threading_layer
-
-        choose_threading_layer(numba)
     saved = numba.get_num_threads() if numba is not None else None
     if numba is not None:
         numba.set_num_threads(1)

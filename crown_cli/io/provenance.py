@@ -119,9 +119,6 @@ def threads() -> Dict[str, object]:
         try:
             import numba
 
-            from crown_cli.engine.kernels import choose_threading_layer
-
-            choose_threading_layer(numba)  # (its threads may start here)
             info["numba"] = int(numba.get_num_threads())
         except Exception:  # noqa: BLE001 - a thread count is informative only
             pass

@@ -324,15 +324,20 @@ class GraphVerifier(StagedVerifier):
         """Load (or, on a cold numba cache, compile) the graph kernels a verification can
         call, so that an instance's deadline is its own: this verifier's stages and branch
         and bound on a tiny graph of every node kind (:func:`_warm_graph`,
-        :meth:`StagedVerifier._warm_on`). Nothing with the numpy kernels."""
-        from crown_cli.engine.kernels import graph_kernels
+        :meth:`StagedVerifier._warm_on`), with ``workers`` 2 their serial twins too (which a
+        forked helper inherits loaded). Nothing with the numpy kernels."""
+        from crown_cli.engine.kernels import graph_kernels, serial_kernels
 
         if graph_kernels() is None:
             return None
         rng = np.random.default_rng(1)
         tiny = GraphVerifier(_warm_graph(rng), stages=self.stages, bab=self.bab,
                              **WARM_ATTACK)
-        return tiny._warm_on(rng, 0.05, timeout)
+        verdict = tiny._warm_on(rng, 0.05, timeout)
+        if self.workers > 1:  # a search's helper runs the serial twins: loaded before it forks
+            with serial_kernels():
+                tiny._warm_on(np.random.default_rng(1), 0.05, timeout)
+        return verdict
 
     @property
     def n_inputs(self) -> int:

@@ -8,9 +8,18 @@ import os
 from contextlib import contextmanager
 from importlib import import_module
 
+# GNU OpenMP (numba's threading layer here) keeps its threads spinning after a parallel kernel,
+# by default ~300,000 times (about a millisecond), which on 2 cores took the cores of the BLAS
+# products between kernels (the CIFAR conv case 2x slower); 1000 spins still catch the next
+# kernel of a run of them (docs/benchmarks.md). Set before numba loads the layer (at its
+# first parallel kernel); a user's own GOMP_SPINCOUNT or OMP_WAIT_POLICY stands.
+if "GOMP_SPINCOUNT" not in os.environ and "OMP_WAIT_POLICY" not in os.environ:
+    os.environ["GOMP_SPINCOUNT"] = "1000"
+
 KERNELS = ("numba", "numpy")
 _BACKEND = "numba"
 _KERNELS = None
+_SERIAL = False  # the graph kernels' serial twins (use_serial_kernels)
 
 
 def set_kernels(backend: str) -> None:
@@ -56,15 +65,27 @@ def kernels():
     return _KERNELS
 
 
-def choose_threading_layer(numba) -> None:
-    """numba's threading layer for crown's parallel kernels, set before numba first starts
-    its threads (a kernel's first parallel run, or ``numba.set_num_threads`` /
-    ``get_num_threads``; later it no longer changes): "workqueue". numba's default here is
-    GNU OpenMP, whose threads a forked child cannot use once the parent has started them
-    (branch and bound's helper processes are forked: the child then ends at its first
-    kernel); the workqueue layer can. A user's own choice (NUMBA_THREADING_LAYER) stands."""
-    if "NUMBA_THREADING_LAYER" not in os.environ:
-        numba.config.THREADING_LAYER = "workqueue"
+def use_serial_kernels() -> None:
+    """From now on this process runs the graph kernels' serial twins (the same code compiled
+    without numba's threads: ``graph_steps.SERIAL``). A forked helper process calls it first:
+    whatever threading layer numba chose (GNU OpenMP here, whose threads a forked child cannot
+    use once the parent started them: the child ends at its first parallel kernel; its
+    workqueue layer costs 60-130 us a parallel call, 0.8 us on OpenMP), a child that starts
+    no parallel kernel is safe, and a helper runs on one core anyway."""
+    global _SERIAL
+    _SERIAL = True
+
+
+@contextmanager
+def serial_kernels():
+    """:func:`use_serial_kernels` for the duration of a ``with`` block (a warm-up loading the
+    twins before a helper is forked, which then inherits them compiled)."""
+    global _SERIAL
+    previous, _SERIAL = _SERIAL, True
+    try:
+        yield
+    finally:
+        _SERIAL = previous
 
 
 def _numba_module(name: str):
@@ -91,5 +112,7 @@ def hull_kernels():
 
 
 def graph_kernels():
-    """The numba kernels of the graph back-substitution's steps (:mod:`.graph_steps`), or None."""
-    return _numba_module("graph_steps")
+    """The numba kernels of the graph back-substitution's steps (:mod:`.graph_steps`; their
+    serial twins ``graph_steps.SERIAL`` after :func:`use_serial_kernels`), or None."""
+    module = _numba_module("graph_steps")
+    return module.SERIAL if module is not None and _SERIAL else module

@@ -11,15 +11,15 @@ touches only that neuron's receptive field, so a transpose runs on the output el
 row touches and the input elements they reach (an element no row touches adds ``0 * w`` to
 no sum). A sum gathers at most ``(O / group) * kh * kw`` products, in whatever order, which is
 the count the rounding charge of :mod:`crown_cli.engine.graph_bounds` assumes.
+
+The kernels spread their loops over numba's threads (prange); :data:`SERIAL` holds their
+serial twins, the same functions compiled without threads, which a forked helper process
+runs (:func:`crown_cli.engine.kernels.use_serial_kernels`).
 """
-import numba
+import types
+
 import numpy as np
 from numba import njit, prange
-
-from crown_cli.engine.kernels import choose_threading_layer
-
-# The kernels run their rows on every core (prange), on the workqueue threading layer
-choose_threading_layer(numba)
 
 
 @njit(cache=True, parallel=True)
@@ -543,3 +543,27 @@ def win_scatter_t(Pt, oy, ox, where, H, W, Lt):
                     xx = ox[q] + b
                     if yy >= 0 and yy < H and xx >= 0 and xx < W:
                         Lt[where[(c * H + yy) * W + xx], q] = Pt[c, a, b, q]
+
+
+def _serial_twins(namespace: dict) -> types.SimpleNamespace:
+    """This module's contents with every parallel kernel compiled again without threads
+    (named ``<kernel>_serial``, so that numba caches it in a file of its own) and every plain
+    function bound to those twins (``transpose_rows``): the kernels
+    :func:`~crown_cli.engine.kernels.graph_kernels` hands a forked helper."""
+    from numba.core.registry import CPUDispatcher
+
+    twins = dict(namespace)  # the copies' globals: a twin calls twins
+    for name, obj in namespace.items():
+        if isinstance(obj, CPUDispatcher) and obj.targetoptions.get("parallel"):
+            f = obj.py_func
+            copy = types.FunctionType(f.__code__, twins, f.__name__ + "_serial",
+                                      f.__defaults__, f.__closure__)
+            copy.__qualname__, copy.__doc__ = f.__qualname__ + "_serial", f.__doc__
+            twins[name] = njit(cache=True)(copy)
+        elif isinstance(obj, types.FunctionType) and obj.__module__ == __name__:
+            twins[name] = types.FunctionType(obj.__code__, twins, obj.__name__,
+                                             obj.__defaults__, obj.__closure__)
+    return types.SimpleNamespace(**{k: v for k, v in twins.items() if not k.startswith("__")})
+
+
+SERIAL = _serial_twins(dict(globals()))

@@ -19,6 +19,7 @@ import signal
 import warnings
 from typing import Callable
 
+from crown_cli.engine.kernels import use_serial_kernels
 from crown_cli.engine.threads import one_thread
 
 
@@ -37,6 +38,7 @@ def can_fork() -> bool:
 
 def _serve(conn, fn: Callable, single: bool) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    use_serial_kernels()  # numba's threads are the parent's (OpenMP's end a forked child)
     # single: its own core, on one thread (the caller runs its half on one thread too)
     with one_thread() if single else contextlib.nullcontext():
         _answer(conn, fn)
