@@ -120,15 +120,20 @@ h.send((St, Pt))
 there = h.recv()
 h.close()
 assert all(np.array_equal(a, b) for a, b in zip(here, there))
+import os  # a plain fork too (a user's process pool): the child's kernels are the twins
+pid = os.fork()
+if pid == 0:
+    os._exit(0 if all(np.array_equal(a, b) for a, b in zip(here, step(St, Pt))) else 3)
+assert os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]) == 0
 print(numba.threading_layer())
 """
 
 
 def test_a_forked_helper_runs_graph_kernels_after_this_process_started_numbas_threads():
-    """A helper forked after numba's threads started here computes what this process does,
-    on numba's default layer and, where it loads, on OpenMP's (whose threads a forked child
-    cannot use: it ended at its first parallel kernel before the helpers ran the serial
-    twins)."""
+    """A helper forked after numba's threads started here, and a child of a plain fork,
+    compute what this process does, on numba's default layer and, where it loads, on
+    OpenMP's (whose threads a forked child cannot use: it ended at its first parallel kernel
+    before forked children ran the serial twins)."""
     import importlib.util
     import subprocess
     import sys

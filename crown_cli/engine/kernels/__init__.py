@@ -67,13 +67,17 @@ def kernels():
 
 def use_serial_kernels() -> None:
     """From now on this process runs the graph kernels' serial twins (the same code compiled
-    without numba's threads: ``graph_steps.SERIAL``). A forked helper process calls it first:
-    whatever threading layer numba chose (GNU OpenMP here, whose threads a forked child cannot
-    use once the parent started them: the child ends at its first parallel kernel; its
-    workqueue layer costs 60-130 us a parallel call, 0.8 us on OpenMP), a child that starts
-    no parallel kernel is safe, and a helper runs on one core anyway."""
+    without numba's threads: ``graph_steps.SERIAL``). Every forked child calls it (crown's
+    helpers, a user's process pool): whatever threading layer numba chose (GNU OpenMP here,
+    whose threads a forked child cannot use once the parent started them: the child ends at
+    its first parallel kernel; the workqueue layer costs 60-130 us a parallel call, 1-2 us
+    on OpenMP), a child that starts no parallel kernel is safe."""
     global _SERIAL
     _SERIAL = True
+
+
+if hasattr(os, "register_at_fork"):  # (POSIX)
+    os.register_at_fork(after_in_child=use_serial_kernels)
 
 
 @contextmanager

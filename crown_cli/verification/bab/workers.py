@@ -4,8 +4,10 @@ A search whose rounds bound hundreds of boxes at a time (input splitting) can gi
 each round to another process, which runs the same function on it while this process runs
 the other half: on two cores a round then takes about half the time. The helper is forked,
 so it starts with everything the search holds (network, property, compiled kernels) and only
-the boxes and what becomes of them cross the pipe. Nothing it returns is trusted more than
-this process's own work: it runs the same code on the same float64 arrays.
+the boxes and what becomes of them cross the pipe; like every forked child it runs the graph
+kernels' serial twins (:func:`crown_cli.engine.kernels.use_serial_kernels`). Nothing it
+returns is trusted more than this process's own work: it runs the same code on the same
+float64 arrays.
 
 The helper ignores SIGINT (Ctrl-C is this process's to handle) and ends when it is closed,
 when the pipe closes, or with this process (it is a daemon).
@@ -19,7 +21,6 @@ import signal
 import warnings
 from typing import Callable
 
-from crown_cli.engine.kernels import use_serial_kernels
 from crown_cli.engine.threads import one_thread
 
 
@@ -38,7 +39,6 @@ def can_fork() -> bool:
 
 def _serve(conn, fn: Callable, single: bool) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    use_serial_kernels()  # numba's threads are the parent's (OpenMP's end a forked child)
     # single: its own core, on one thread (the caller runs its half on one thread too)
     with one_thread() if single else contextlib.nullcontext():
         _answer(conn, fn)
