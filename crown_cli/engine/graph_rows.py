@@ -10,8 +10,9 @@ neuron's bound touches only that neuron's receptive field, and
 small part of each node below. Every step is then a loop over the live elements whose body
 runs along the r rows (contiguous, vectorised):
 
-- a convolution's transpose gathers, for each input element its live outputs reach, the
-  products of those outputs (at most (O / group) kh kw of them);
+- a convolution's transpose gathers, for each input position its live outputs reach, the
+  products of those outputs for every channel at once (at most (O / group) kh kw per
+  element);
 - an activation applies its lines element by element; a sum passes the rows on (negated);
 - a dense layer is one BLAS product; other nodes (element moves, scales, pools) take the
   whole rows and run their numpy steps.
