@@ -153,3 +153,21 @@ def test_a_forked_helper_runs_graph_kernels_after_this_process_started_numbas_th
                              capture_output=True, text=True, env=env, timeout=300)
         assert out.returncode == 0, (layer, out.stderr)
         assert layer is None or out.stdout.strip() == layer
+
+
+def test_openmp_spinning_is_shortened_unless_the_user_chose():
+    """Importing the kernels sets GOMP_SPINCOUNT=1000 (OpenMP's default spinning took the
+    BLAS products' cores), unless GOMP_SPINCOUNT or OMP_WAIT_POLICY is already set."""
+    import subprocess
+    import sys
+
+    code = ("import os, crown_cli.engine.kernels\n"
+            "print(os.environ.get('GOMP_SPINCOUNT'))\n")
+    base = {k: v for k, v in os.environ.items()
+            if k not in ("GOMP_SPINCOUNT", "OMP_WAIT_POLICY")}
+    for extra, want in (({}, "1000"), ({"GOMP_SPINCOUNT": "7"}, "7"),
+                        ({"OMP_WAIT_POLICY": "PASSIVE"}, "None")):
+        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                             env=dict(base, **extra), timeout=120)
+        assert out.returncode == 0, out.stderr
+        assert out.stdout.strip() == want, (extra, out.stdout)
