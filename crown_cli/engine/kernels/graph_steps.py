@@ -78,6 +78,20 @@ def conv_args(strides, dilations, pads, group):
 ROW_BLOCK = 64
 
 
+@njit(cache=True)
+def _add_products(acc, weight, o, i, j, row):
+    """``acc[cc] += weight[o, cc, i, j] * row`` for every channel cc of the group (zero
+    weights skipped): one output row's products in a transpose's sums, position by position
+    (:func:`conv_transpose_t`, :func:`win_conv_transpose_t`)."""
+    for cc in range(acc.shape[0]):
+        w = weight[o, cc, i, j]
+        if w == 0.0:
+            continue
+        a = acc[cc]
+        for k in range(row.shape[0]):
+            a[k] += w * row[k]
+
+
 @njit(cache=True, parallel=True)
 def conv_transpose_t(Lt, src, pos, weight, in_shape, out_shape, strides, dilations, pads,
                      group, Gt):
@@ -117,14 +131,7 @@ def conv_transpose_t(Lt, src, pos, weight, in_shape, out_shape, strides, dilatio
                     s = src[(o * OH + y) * OW + x]
                     if s < 0:
                         continue
-                    row = Lt[s]
-                    for cc in range(Cg):
-                        w = weight[o, cc, i, j]
-                        if w == 0.0:
-                            continue
-                        a = acc[cc]
-                        for k in range(r):
-                            a[k] += w * row[k]
+                    _add_products(acc, weight, o, i, j, Lt[s])
         for cc in range(Cg):
             out = Gt[(g * Cg + cc) * P + t]
             a = acc[cc]
@@ -444,14 +451,7 @@ def win_conv_transpose_t(Pt, oy, ox, weight, strides, dilations, group, in_hw, G
                     continue
                 x = tx // sw
                 for o in range(g * Og, (g + 1) * Og):
-                    src = Pt[o, y, x]
-                    for cc in range(Cg):
-                        wv = weight[o, cc, i, j]
-                        if wv == 0.0:
-                            continue
-                        s = acc[cc]
-                        for k in range(r):
-                            s[k] += wv * src[k]
+                    _add_products(acc, weight, o, i, j, Pt[o, y, x])
         for cc in range(Cg):
             out = Gt[g * Cg + cc, a, b]
             s = acc[cc]
