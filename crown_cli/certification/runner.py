@@ -138,9 +138,6 @@ def certify_images(
     summary = Summary()
     for cert in certifiers:  # kernel loading is start-up, not the first image's time
         cert.warm_up()
-        if workers > 1:  # the helper runs the graph kernels' serial twins: loaded before it forks
-            with serial_kernels():
-                cert.warm_up()
     rows = _Rows(x, summary, skip, attacks)
     # the untargeted row first: its radius is a floor for the targeted ones (_raise_to_floor)
     order = sorted(target_types, key=lambda t: t != "untargeted")
@@ -197,6 +194,9 @@ class _Pairs:
         self.helper = None
         if workers > 1 and n > 1 and can_fork() and all(
                 getattr(c, "proof_writer", None) is None for c in certifiers):
+            with serial_kernels():  # what the helper runs: loaded here, inherited compiled
+                for cert in certifiers:
+                    cert.warm_up()
             try:
                 self.helper = Helper(self._run, single=True)
             except OSError:  # no fork (process limits): alone
