@@ -27,13 +27,14 @@ def main():
         idx = None if live == 1.0 else np.sort(rng.choice(conv.size, int(live * conv.size),
                                                           replace=False))
         Lt = rng.normal(size=(conv.size if idx is None else idx.size, r))
-        targets = np.arange(conv.n_in[0])
+        targets = np.arange(conv.n_in[0])  # every element: every channel of every position
+        pos = np.arange(H * H)
         src = np.full(conv.size, -1, np.int64)
         src[np.arange(conv.size) if idx is None else idx] = np.arange(Lt.shape[0])
 
         def kernel():
             Gt = np.empty((targets.size, r))
-            kernels.conv_transpose_t(Lt, src, targets, conv.weight,
+            kernels.conv_transpose_t(Lt, src, pos, conv.weight,
                                      np.asarray(conv.in_shape, np.int64),
                                      np.asarray(conv.out_shape, np.int64),
                                      *kernels.conv_args(conv.strides, conv.dilations,
