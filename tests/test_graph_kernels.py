@@ -71,8 +71,8 @@ def test_conv_transpose_by_blas_equals_numpy_twin(layout, dtype):
     assert wide.blas_pays(None) and not wide.blas_pays(np.arange(wide.size // 2))
     assert not conv.blas_pays(None)
     Lt = rng.normal(size=(wide.size, 4))
-    targets = np.arange(wide.n_in[0])
-    np.testing.assert_allclose(wide.transpose_t(Lt, None, targets, wide.weight, graph_kernels()),
+    every = np.arange(wide.in_shape[1] * wide.in_shape[2])  # every position
+    np.testing.assert_allclose(wide.transpose_t(Lt, None, every, wide.weight, graph_kernels()),
                                wide._transpose_numpy(np.ascontiguousarray(Lt.T))[0].T,
                                rtol=1e-12, atol=1e-12)
 

@@ -87,9 +87,14 @@ def _on(rows: Rows, idx, n: int) -> np.ndarray:
 
 
 def _conv_live(op: Conv, idx):
-    """The input elements (flat indices, sorted) a convolution's transpose reaches from the
-    output elements ``idx``, every channel of each input position; None: (nearly) all."""
-    return None if idx is None else _every_channel(op.reach(idx), op.in_shape[0])
+    """(the input elements (flat indices, sorted) a convolution's transpose reaches from the
+    output elements ``idx``, every channel of each input position, or None for (nearly) all;
+    those positions (flat (H, W) indices, sorted))."""
+    if idx is None:
+        return None, np.arange(op.in_shape[1] * op.in_shape[2])
+    hit = op.reach(idx)
+    in_idx = _every_channel(hit, op.in_shape[0])
+    return in_idx, np.flatnonzero(hit.reshape(-1)) if in_idx is not None else np.arange(hit.size)
 
 
 def _every_channel(hit, C: int):
@@ -352,9 +357,8 @@ def _transpose(gb, i, rows: Rows, kernels):
     idx, Lt = rows
     dt = Lt.dtype
     if isinstance(op, Conv):
-        in_idx = _conv_live(op, idx)
-        targets = np.arange(op.n_in[0]) if in_idx is None else in_idx
-        return [(in_idx, op.transpose_t(Lt, idx, targets, _weight(gb, i, dt), kernels))]
+        in_idx, pos = _conv_live(op, idx)
+        return [(in_idx, op.transpose_t(Lt, idx, pos, _weight(gb, i, dt), kernels))]
     if isinstance(op, Dense) and not op.sparse:  # W^T Lt: one BLAS product
         W = _weight(gb, i, dt)
         return [(None, (W if idx is None else W[idx]).T @ Lt)]

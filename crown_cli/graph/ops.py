@@ -393,10 +393,9 @@ class Conv(Affine):
                                        self.strides, self.dilations, self.pads, self.group,
                                        self.in_shape)
             return [G.reshape(r, -1)]
-        hit = self.reach(live)
-        spatial = np.flatnonzero(hit.reshape(-1))
-        targets = (np.arange(self.in_shape[0])[:, None] * hit.size + spatial[None, :]).reshape(-1)
-        Gt = self.transpose_t(np.ascontiguousarray(Lam[:, live].T), live, targets,
+        spatial = np.flatnonzero(self.reach(live).reshape(-1))
+        targets = self.elements(spatial)
+        Gt = self.transpose_t(np.ascontiguousarray(Lam[:, live].T), live, spatial,
                               weight, kernels)
         if targets.size == n_in:
             return [np.ascontiguousarray(Gt.T)]
@@ -404,30 +403,33 @@ class Conv(Affine):
         G[:, targets] = Gt.T
         return [G]
 
-    def transpose_t(self, Lt, idx, targets, weight, kernels) -> np.ndarray:
+    def transpose_t(self, Lt, idx, pos, weight, kernels) -> np.ndarray:
         """The transposed convolution of rows held transposed on the output elements ``idx``
-        (None: all), ``Lt`` (k, r), on the input elements ``targets`` (flat, sorted: every
-        channel of the positions their products reach): (targets.size, r), by the numba kernel
-        ``conv_transpose_t`` with ``weight`` (this convolution's, in Lt's dtype), or by BLAS
+        (None: all), ``Lt`` (k, r), on every channel of the input positions ``pos`` (flat
+        (H, W) indices, sorted; every position their products reach), the elements
+        :meth:`elements` gives: (C * pos.size, r), by the numba kernel ``conv_transpose_t``
+        with ``weight`` (this convolution's, in Lt's dtype), or by BLAS
         (:meth:`transpose_blas_t`) where that is faster (:meth:`blas_pays`)."""
         if self.blas_pays(idx):
-            return self.transpose_blas_t(Lt, idx, targets, weight)
+            return self.transpose_blas_t(Lt, idx, self.elements(pos), weight)
         src = np.full(self.size, -1, np.int64)
         if idx is None:
             src[:] = np.arange(self.size)
         else:
             src[idx] = np.arange(idx.size)
-        C, H, W = self.in_shape
-        pos = np.asarray(targets[:targets.size // C], np.int64)
-        if targets.size != C * pos.size or not np.array_equal(
-                targets, (np.arange(C)[:, None] * (H * W) + pos[None, :]).reshape(-1)):
-            raise ValueError("Conv.transpose_t: targets must be every channel of positions")
-        Gt = np.empty((targets.size, Lt.shape[1]), Lt.dtype)
-        kernels.conv_transpose_t(Lt, src, pos, weight, np.asarray(self.in_shape, np.int64),
+        Gt = np.empty((self.in_shape[0] * pos.size, Lt.shape[1]), Lt.dtype)
+        kernels.conv_transpose_t(Lt, src, np.asarray(pos, np.int64), weight,
+                                 np.asarray(self.in_shape, np.int64),
                                  np.asarray(self.out_shape, np.int64),
                                  *kernels.conv_args(self.strides, self.dilations, self.pads,
                                                     self.group), Gt)
         return Gt
+
+    def elements(self, pos) -> np.ndarray:
+        """The input elements (flat (C, H, W) indices) of every channel at the positions
+        ``pos`` (flat (H, W) indices), channel by channel."""
+        C, H, W = self.in_shape
+        return (np.arange(C)[:, None] * (H * W) + np.asarray(pos)[None, :]).reshape(-1)
 
     def blas_pays(self, idx) -> bool:
         """Whether the BLAS transpose beats the kernel: both channel counts (per group) at
