@@ -8,7 +8,10 @@ counterpart of :class:`~crown_cli.verification.bab.bounder.Bounder`, under the o
   there are split, and the neurons of S-shaped activations whose root lines are apart
   (:data:`SMOOTH_SPLITS`: once each, at 0 or their interval's midpoint, each half with its own
   relaxation), numbered node by node (a "layer" of the search is one such node); every
-  domain keeps the root's node bounds (no per-domain intermediate bounds).
+  domain keeps the root's node bounds by default. With ``interm=True`` each child's split
+  ReLU nodes below its new split are bounded again on it (:meth:`GraphBounder.tighten`):
+  tighter per domain, but 3-8x fewer domains a second, which did not pay on the graphs
+  measured (docs/bab.md), so it is not the default.
 - A domain's rows (``A f(x) - b``, b rounded up one ulp) are bounded by one
   back-substitution with per-row lines (:meth:`GraphBounds.lower` with ``lines``): a
   split-active neuron is the identity, a split-inactive one 0 (exact on the domain), an open
@@ -49,7 +52,9 @@ from crown_cli.graph.sign_check import decided_outputs
 from crown_cli.verification.outcome import BabResult, finish, violations_of
 
 # The graph search's settings where they differ from the dense defaults (docs/bab.md has
-# the measurements): no per-domain intermediate bounds, branching anywhere, the root's node
+# the measurements): no per-domain intermediate bounds (interm: GraphBounder.tighten measured
+# slower to a verdict on sri_resnet_a and on a trained residual MNIST MLP), branching
+# anywhere, the root's node
 # bounds as given, no PGD attack (the graph pipeline attacks before its bound stages); 64
 # domains a batch since the steering runs in float32 (the tapes' memory of 32 in float64),
 # 5 Adam steps a batch (10 before: twice the domains for a better worst bound on sri_resnet_a);
@@ -95,7 +100,10 @@ class GraphBounder(CaseRows):
     :class:`CaseRows` takes them."""
 
     leak = 0.0
-    tightens = False  # no per-domain intermediate bounds (Bounder.tighten)
+    tightens = True  # per-domain bounds of the split ReLU nodes' inputs (:meth:`tighten`)
+    # bytes of rows (and their lines) per back-substitution pass of :meth:`tighten`
+    TIGHTEN_BYTES = 2 ** 26
+    weights = ()  # (the dense bounder's layers, from which the search sizes its defaults)
 
     def __init__(self, graph, gb: GraphBounds, lo, hi, A, b, groups=None):
         self.graph, self.gb = graph, gb
@@ -140,6 +148,14 @@ class GraphBounder(CaseRows):
         self.two_sided = np.concatenate(
             [np.full(c.size, h is not None) for c, h in zip(costs, self.halves)]) \
             if self.nU else np.zeros(0, bool)
+        # below[k, j]: split node j lies on a path into split node k (a split at j can move
+        # k's bounds)
+        anc = [set() for _ in graph.nodes]
+        for i, n in enumerate(graph.nodes):
+            for j in n.inputs:
+                anc[i] |= anc[j] | {j}
+        self.below = np.array([[j in anc[i] for j in self.nodes] for i in self.nodes],
+                              bool).reshape(self.L, self.L)
 
     @staticmethod
     def _halves(op, l, u):
@@ -166,13 +182,16 @@ class GraphBounder(CaseRows):
             np.zeros(idx.size)
             for i, idx, h in zip(self.nodes, self.ucols, self.halves)]).astype(np.float32)
 
-    def lines(self, split, alpha, beta, dtype=np.float64) -> Dict[int, Lines]:
+    def lines(self, split, alpha, beta, dtype=np.float64, chords=None,
+              upto=None) -> Dict[int, Lines]:
         """Per split node (ReLU, or smooth: :meth:`_smooth_lines`), the rows' lines:
         ``split`` (R, nU) int8 per row, ``alpha``, ``beta`` (R, nU); the ReLU nodes' lines
-        as ``dtype`` (float32 for a steering pass)."""
+        as ``dtype`` (float32 for a steering pass). ``chords`` (slopes, intercepts), each
+        (R, nU): the upper lines of the unsplit ReLU neurons from the rows' domain bounds
+        (:meth:`chords`), else the root's. ``upto``: only the first ``upto`` split nodes."""
         out = {}
         R = split.shape[0]
-        for k, (i, idx) in enumerate(zip(self.nodes, self.ucols)):
+        for k, (i, idx) in enumerate(zip(self.nodes[:upto], self.ucols)):
             o0, o1 = self.offsets[k], self.offsets[k + 1]
             base, n = self._root(i), self.graph.nodes[i].size
             sp = split[:, o0:o1]
@@ -182,16 +201,20 @@ class GraphBounder(CaseRows):
             lower = np.broadcast_to(np.asarray(base.lower, dtype), (R, n)).copy()
             fixed = np.where(sp > 0, 1.0, 0.0)
             lower[:, idx] = np.where(sp == 0, alpha[:, o0:o1], fixed)
-            if not sp.any():  # no row splits here: the root's upper lines, shared, no beta
+            if not sp.any() and chords is None:  # the root's upper lines, shared, no beta
                 out[i] = Lines(base.cols, lower, base.upper, upper_icpt=base.upper_icpt)
                 continue
             upper = np.broadcast_to(np.asarray(base.upper, dtype), (R, n)).copy()
             ui = np.zeros((R, n), dtype) if base.upper_icpt is None else \
                 np.broadcast_to(np.asarray(base.upper_icpt, dtype), (R, n)).copy()
+            if chords is not None:
+                upper[:, idx], ui[:, idx] = chords[0][:, o0:o1], chords[1][:, o0:o1]
             upper[:, idx] = np.where(sp == 0, upper[:, idx], fixed)
             ui[:, idx] = np.where(sp == 0, ui[:, idx], 0.0)
-            extra = np.zeros((R, n), dtype)
-            extra[:, idx] = -sp * beta[:, o0:o1]
+            extra = None
+            if sp.any():
+                extra = np.zeros((R, n), dtype)
+                extra[:, idx] = -sp * beta[:, o0:o1]
             out[i] = Lines(base.cols, lower, upper, upper_icpt=ui, extra=extra)
         return out
 
@@ -223,9 +246,10 @@ class GraphBounder(CaseRows):
         :meth:`gradient`, :meth:`corners` and the branching scores: (per node the tape entry
         (rows reaching it, side taken, ...), the rows carried to the input (N, d), the
         per-row splits (N, nU), the root chords' intercepts (N, nU), the engine's tape).
-        No ``charge`` hook and no per-domain ``chords`` (the root's lines hold everywhere)."""
-        if charge is not None or chords is not None:
-            raise ValueError("GraphBounder.evaluate: no charge hook and no per-domain chords")
+        ``chords``: per domain the upper lines of the unsplit ReLU neurons from its own
+        bounds (:meth:`chords`), else the root's. No ``charge`` hook."""
+        if charge is not None:
+            raise ValueError("GraphBounder.evaluate: no charge hook")
         B, m = split.shape[0], (self.m if rows is None else 1)
         N = B * m
         sp = np.repeat(split, m, axis=0) if m > 1 else split
@@ -233,6 +257,8 @@ class GraphBounder(CaseRows):
         dt = np.float64 if steer is None else steer
         al = alpha.reshape(N, self.nU).astype(dt)
         be = beta.reshape(N, self.nU).astype(dt)
+        if chords is not None and m > 1:
+            chords = tuple(np.repeat(c, m, axis=0) for c in chords)
         if rows is None:
             Lam, b_up = np.tile(self.A, (B, 1)), np.tile(self.b_up, B)
         else:
@@ -241,14 +267,98 @@ class GraphBounder(CaseRows):
         free = {i: (np.tile(v, (B, 1)) if rows is None else v[rows])
                 for i, v in self.mixes.items()} or None
         val = self.gb.lower(self.graph.output, Lam, free=free, tape=tape,
-                            lines=self.lines(sp, al, be, dt), steer=steer)
+                            lines=self.lines(sp, al, be, dt, chords), steer=steer)
         out = np.where(np.isnan(val), -np.inf, val - b_up).reshape(B, m)
         if not keep:
             return out
         Lx = tape.pop("Lx")
         per = [tape.get(i) or (np.zeros((N, self.graph.nodes[i].size)),)
                for i in self.nodes]
-        return out, (per, Lx, sp, np.broadcast_to(self.chord_t, (N, self.nU)), tape)
+        cost = np.broadcast_to(self.chord_t, (N, self.nU))
+        if chords is not None:  # BaBSR's cost of a ReLU neuron: its domain's chord
+            cost = np.where(self.two_sided, cost, chords[1])
+        return out, (per, Lx, sp, cost, tape)
+
+    def root_domain_bounds(self):
+        """The root's bounds (l, u) of every unstable neuron's input, each (nU,)."""
+        if self.nU == 0:
+            return np.zeros(0), np.zeros(0)
+        return tuple(np.concatenate([b[j][idx] for b, idx in zip(self.bounds, self.ucols)])
+                     for j in (0, 1))
+
+    def chords(self, dl, du):
+        """The upper lines (slope, intercept), each (B, nU) float64, of the unstable ReLU
+        neurons from per-domain bounds ``dl``, ``du`` (B, nU): CROWN's ReLU relaxation of
+        the domain's interval (sound in float64; a neuron the bounds make stable takes that
+        side's line). The smooth neurons' entries are the root's (their lines are the
+        halves')."""
+        from crown_cli.engine.relaxations import get_relaxation
+
+        dl = np.asarray(dl, np.float64)
+        if dl.size == 0:
+            return np.zeros(dl.shape), np.zeros(dl.shape)
+        aU, bU, _, _ = get_relaxation("relu", "crown")(np.ascontiguousarray(dl).ravel(),
+                                                       np.ascontiguousarray(du, np.float64).ravel())
+        return aU.reshape(dl.shape), bU.reshape(dl.shape)
+
+    def tighten(self, split, dl, du, start, max_bytes=None, deadline=None, max_width=None):
+        """Per-domain bounds of the unstable ReLU neurons' inputs after new splits (the
+        dense :meth:`Bounder.tighten`'s contract): ``split`` (B, nU) int8, ``dl``, ``du``
+        (B, nU) bounds valid on each domain (its parent's), ``start`` (B,): the split node
+        (index into ``nodes``) of the domain's new split. Each later split ReLU node that a
+        path from it reaches gets, per domain, the float64 lower bounds of the rows ``z_j``
+        and ``-z_j`` of its unstable neurons' inputs (:meth:`GraphBounds.lower` under the
+        domain's lines: split neurons exact, the others CROWN's adaptive lower line and the
+        chord of their domain bounds), intersected with ``dl``, ``du``; a neuron they prove
+        stable becomes an implied split (exact there). A split neuron's bounds take its
+        side of its threshold. Smooth nodes keep their bounds. Returns (split, dl, du,
+        empty): ``empty`` (B,) marks domains with some l > u (no point of the box meets
+        their splits). Past ``deadline`` the remaining passes are skipped (bounds valid,
+        only looser). ``max_width`` is not used."""
+        split, dl, du = split.copy(), np.array(dl, np.float64), np.array(du, np.float64)
+        t = self.split_at
+        dl = np.where(split > 0, np.maximum(dl, t), dl)
+        du = np.where(split < 0, np.minimum(du, t), du)
+        empty = np.any(dl > du, axis=1)
+        start = np.asarray(start)
+        budget = self.TIGHTEN_BYTES if max_bytes is None else max_bytes
+        for k in range(1, self.L):
+            if self.halves[k] is not None:
+                continue
+            doms = np.flatnonzero((start < k) & ~empty & self.below[k][start])
+            o0, o1 = self.offsets[k], self.offsets[k + 1]
+            R, p = o1 - o0, self.graph.nodes[self.nodes[k]].inputs[0]
+            width = max(self.graph.nodes[i].size for i in self.nodes[:k] + [p])
+            chunk = max(1, int(budget // (8 * 2 * R * (width * (4 + 4 * k) + 3 * self.nU))))
+            for c0 in range(0, doms.size, chunk):
+                if deadline is not None and time.monotonic() >= deadline:
+                    break
+                dd = doms[c0:c0 + chunk]
+                low = self._node_rows(k, p, split[dd], dl[dd], du[dd]).reshape(dd.size, 2 * R)
+                dl[dd, o0:o1] = np.maximum(dl[dd, o0:o1], low[:, :R])
+                du[dd, o0:o1] = np.minimum(du[dd, o0:o1], -low[:, R:])
+            sl, su, sp = dl[doms, o0:o1], du[doms, o0:o1], split[doms, o0:o1]
+            sp[(sp == 0) & (sl >= 0.0)] = 1
+            sp[(sp == 0) & (su <= 0.0)] = -1
+            split[doms, o0:o1] = sp
+            empty[doms] |= np.any(sl > su, axis=1)
+        return split, dl, du, empty
+
+    def _node_rows(self, k, p, split, dl, du):
+        """Verified float64 lower bounds of the rows ``z_j``, then ``-z_j``, of split node k's
+        unstable neurons' inputs (node p), on each domain of ``split``, ``dl``, ``du`` (D, ...):
+        (D * 2R,)."""
+        idx, D = self.ucols[k], split.shape[0]
+        R = idx.size
+        E = np.zeros((2 * R, self.graph.nodes[p].size))
+        E[np.arange(R), idx] = 1.0
+        E[R + np.arange(R), idx] = -1.0
+        # each domain's lines (CROWN's adaptive lower line of a free neuron on the domain's
+        # interval, the chord above), then one copy per row of the domain
+        al = np.where(du >= -dl, 1.0, 0.0)
+        lines = self.lines(split, al, np.zeros_like(al), np.float64, self.chords(dl, du), upto=k)
+        lines = {i: _repeat_rows(ln, 2 * R) for i, ln in lines.items()}
+        return self.gb.lower(p, np.tile(E, (D, 1)), lines=lines)
 
     def gradient(self, state, dtype=None):
         """d(sum of all bounds)/d alpha and d/d beta, each (N, nU) float64, at the state of
@@ -317,12 +427,21 @@ class GraphBounder(CaseRows):
         return (vals[g.output][1:] - F0).T, F0, C, e
 
 
+def _repeat_rows(lines: Lines, r: int) -> Lines:
+    """``lines`` with each per-row array (B, n) repeated r times row by row (B * r, n)."""
+    def rep(a):
+        return a if a is None or np.ndim(a) < 2 else np.repeat(a, r, axis=0)
+
+    return Lines(lines.cols, rep(lines.lower), rep(lines.upper), upper_icpt=rep(lines.upper_icpt),
+                 lower_icpt=rep(lines.lower_icpt), stable=lines.stable, extra=rep(lines.extra))
+
+
 def root_mixes(gb, target: int, A) -> Dict[int, np.ndarray]:
     """Per product node with a free mix of McCormick's planes, each row's mix (m, size)
     optimised at the root by :func:`~crown_cli.engine.graph_alpha.alpha_lower` (with the
     ReLU slopes, which the search optimises per domain instead); {} without such products.
-    Every domain keeps the root's node bounds, so the planes the mixes give are valid on
-    every subdomain."""
+    The planes the mixes give use the factors' root bounds, which hold on every subdomain
+    (per-domain bounds, ``interm``, narrow only ReLU nodes' inputs)."""
     from crown_cli.engine.graph_alpha import alpha_lower, free_mixes
 
     mixes = free_mixes(gb, target)

@@ -313,8 +313,8 @@ class _Search(CutSearch):
 
     def _resolve(self, o: ReluSplitOptions, weights):
         """The settings left to the network (None in ``o``) decided, and the domain cap. A
-        bounder without per-domain bounds (a graph's) has ``interm`` and ``layer_window``
-        off."""
+        graph's bounder has no dense layers (``weights`` empty): its ``interm`` and
+        ``layer_window`` are the options' (:data:`graph_bounder.GRAPH_OPTIONS`: off)."""
         bd = self.bd
         m, nU = bd.m, bd.nU
         # wide: a hidden layer too wide to recompute per domain at a useful rate (docs/bab.md)
