@@ -41,12 +41,20 @@ import numpy as np
 APPROX = ("tanh", "sigmoid", "leaky")
 
 
-def _build(seed, nn, torch):
+EXOTIC = ("pad", "up", "conv_mode", "same", "act2", "gap", "pool_pad", "avg_excl", "res_proj")
+
+
+def _build(seed, nn, torch, exotic=False, big=False):
     """(module, input shape, description, approx) of network ``seed``; approx: it has a node
-    crown and auto_LiRPA relax differently (APPROX, max pool)."""
+    crown and auto_LiRPA relax differently (APPROX, max pool). ``exotic``: also the layers
+    of :data:`EXOTIC` (paddings, upsampling, padding modes, "same" convolutions, other
+    activations, global average pooling, padded and ceil-mode pools, projected residuals).
+    ``big``: 16-32 pixels a side, up to 16 channels and 16,000 values a layer, where the
+    engine's paths for wide nodes (one side per neuron first, tiles, fused kernels) run."""
     rng = np.random.default_rng(seed)
     g = torch.Generator().manual_seed(seed)
-    C, H = int(rng.integers(1, 4)), int(rng.integers(5, 13))
+    C, H = int(rng.integers(1, 4)), int(rng.integers(16, 33) if big else rng.integers(5, 13))
+    wide, cap, side = (17, 16000, 40) if big else (9, 1500, 16)
     shape, desc, approx = (C, H, H), [f"in{C}x{H}"], False
 
     def bn(c):
@@ -85,16 +93,33 @@ def _build(seed, nn, torch):
         def forward(self, x):
             return torch.cat([self.p(x), self.q(x)], 1)
 
+    class ResProj(nn.Module):  # a strided residual block with a 1x1 projection shortcut
+        def __init__(self, c, cout):
+            super().__init__()
+            self.c1, self.c2 = nn.Conv2d(c, cout, 3, 2, 1), nn.Conv2d(cout, cout, 3, 1, 1)
+            self.sc = nn.Conv2d(c, cout, 1, 2, bias=False)
+
+        def forward(self, x):
+            return torch.relu(self.c2(torch.relu(self.c1(x))) + self.sc(x))
+
+    kinds = ["conv", "conv", "bn", "act", "avgpool", "maxpool", "convT", "res", "cat"]
     layers = []
     for _ in range(int(rng.integers(2, 6))):
         c, h = shape[0], shape[1]
-        kind = str(rng.choice(["conv", "conv", "bn", "act", "avgpool", "maxpool", "convT",
-                               "res", "cat"]))
-        if kind == "conv":
+        kind = str(rng.choice(kinds + list(EXOTIC) if exotic else kinds))
+        if kind in EXOTIC:
+            got = _exotic(kind, rng, nn, c, h, side)
+            if got is None:
+                continue
+            layer, shape, text, rough = got
+            layers.append(layer if kind != "res_proj" else ResProj(c, shape[0]))
+            desc.append(text)
+            approx |= rough
+        elif kind == "conv":
             k, s, p = int(rng.integers(1, 6)), int(rng.integers(1, 4)), int(rng.integers(0, 3))
             d = int(rng.choice([1, 1, 2]))
             p = min(p, (k - 1) * d)  # (padding beyond the kernel's reach: pure zeros)
-            cout = int(rng.integers(2, 9))
+            cout = int(rng.integers(2, wide))
             groups = 1
             if rng.random() < 0.25:
                 groups = c if rng.random() < 0.5 else int(np.gcd(c, cout))
@@ -128,7 +153,7 @@ def _build(seed, nn, torch):
             p = int(rng.integers(0, 2))
             cout = int(rng.integers(2, 6))
             ho = (h - 1) * s - 2 * p + k
-            if ho < 1 or ho > 16:
+            if ho < 1 or ho > side:
                 continue
             layers.append(nn.ConvTranspose2d(c, cout, k, s, p))
             shape = (cout, ho, ho)
@@ -142,10 +167,10 @@ def _build(seed, nn, torch):
             layers.append(Cat(c, c1, c2))
             shape = (c1 + c2, h, h)
             desc.append(f"cat{c1}+{c2}")
-        if shape[0] * shape[1] * shape[2] > 1500:
+        if shape[0] * shape[1] * shape[2] > cap:
             break
     name, a = act()
-    hidden = int(rng.integers(4, 33))
+    hidden = int(rng.integers(4, 65 if big else 33))
     layers += [a, nn.Flatten(), nn.Linear(int(np.prod(shape)), hidden)]
     name2, a2 = act()
     layers += [a2, nn.Linear(hidden, 10)]
@@ -159,6 +184,72 @@ def _build(seed, nn, torch):
                 if m.bias is not None:
                     m.bias.uniform_(-0.2, 0.2, generator=g)
     return model.eval(), (C, H, H), " ".join(desc), approx
+
+
+def _exotic(kind, rng, nn, c, h, side=16):
+    """One layer of the exotic kinds on a (c, h, h) input: (layer, output shape, text,
+    relaxed differently from auto_LiRPA), or None where it does not fit."""
+    if kind == "pad":
+        pads = tuple(int(v) for v in rng.integers(0, 3, 4))
+        mode = str(rng.choice(["zero", "reflect", "replicate"]))
+        if mode != "zero":
+            pads = tuple(min(v, h - 1) for v in pads)
+        layer = {"zero": nn.ZeroPad2d, "reflect": nn.ReflectionPad2d,
+                 "replicate": nn.ReplicationPad2d}[mode](pads)
+        ho, wo = h + pads[2] + pads[3], h + pads[0] + pads[1]
+        if ho != wo:  # (the draw keeps images square)
+            return None
+        return layer, (c, ho, ho), f"pad{mode[0]}{''.join(map(str, pads))}", False
+    if kind == "up":
+        if 2 * h > side:
+            return None
+        mode = str(rng.choice(["nearest", "bilinear"]))
+        layer = nn.Upsample(scale_factor=2, mode=mode) if mode == "nearest" else \
+            nn.Upsample(scale_factor=2, mode=mode, align_corners=bool(rng.random() < 0.5))
+        return layer, (c, 2 * h, 2 * h), f"up{mode[0]}", False
+    if kind == "conv_mode":
+        mode = str(rng.choice(["reflect", "replicate", "circular"]))
+        cout = int(rng.integers(2, 7))
+        if h < 2:
+            return None
+        return nn.Conv2d(c, cout, 3, 1, 1, padding_mode=mode), (cout, h, h), \
+            f"conv3{mode[:4]}->{cout}", False
+    if kind == "same":
+        k, cout = int(rng.integers(2, 6)), int(rng.integers(2, 7))
+        return nn.Conv2d(c, cout, k, 1, "same"), (cout, h, h), f"conv{k}same->{cout}", False
+    if kind == "act2":
+        name = str(rng.choice(["elu", "gelu", "silu", "softplus", "hardtanh", "relu6", "prelu",
+                               "hardswish", "mish", "hardsigmoid", "selu", "celu"]))
+        layer = {"elu": nn.ELU(), "gelu": nn.GELU(), "silu": nn.SiLU(), "softplus": nn.Softplus(),
+                 "hardtanh": nn.Hardtanh(), "relu6": nn.ReLU6(), "prelu": nn.PReLU(c),
+                 "hardswish": nn.Hardswish(), "mish": nn.Mish(), "hardsigmoid": nn.Hardsigmoid(),
+                 "selu": nn.SELU(), "celu": nn.CELU()}[name]
+        return layer, (c, h, h), name, True
+    if kind == "gap":
+        return nn.AdaptiveAvgPool2d(1), (c, 1, 1), "gap", False
+    if kind == "pool_pad":
+        ceil = bool(rng.random() < 0.5)
+        ho = -(-(h + 2 - 3) // 2) + 1 if ceil else (h + 2 - 3) // 2 + 1
+        if ceil and (ho - 1) * 2 >= h + 1:
+            ho -= 1
+        if ho < 1:
+            return None
+        return nn.MaxPool2d(3, 2, 1, ceil_mode=ceil), (c, ho, ho), \
+            f"maxpool3s2p1{'c' if ceil else ''}", True
+    if kind == "avg_excl":
+        ceil = bool(rng.random() < 0.5)
+        ho = -(-(h + 2 - 3) // 2) + 1 if ceil else (h + 2 - 3) // 2 + 1
+        if ceil and (ho - 1) * 2 >= h + 1:
+            ho -= 1
+        if ho < 1:
+            return None
+        return nn.AvgPool2d(3, 2, 1, ceil_mode=ceil, count_include_pad=False), (c, ho, ho), \
+            f"avgpool3s2p1x{'c' if ceil else ''}", False
+    if kind == "res_proj":
+        cout = int(rng.integers(2, 9))
+        return None if h < 2 else (None, (cout, (h - 1) // 2 + 1, (h - 1) // 2 + 1),
+                                   f"resproj->{cout}", False)
+    raise ValueError(kind)
 
 
 def _attack(model, torch, x, eps, C, norm="inf", steps=30, starts=4, seed=0):
@@ -250,6 +341,11 @@ def main():
     ap.add_argument("--nets", type=int, default=50)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--no-certify", action="store_true", help="bounds only")
+    ap.add_argument("--big", action="store_true", help="16-32 pixels a side, wider layers")
+    ap.add_argument("--dynamo", action="store_true",
+                    help="export with torch's dynamo exporter (needs onnxscript)")
+    ap.add_argument("--exotic", action="store_true",
+                    help="also paddings, upsampling, other activations, ... (EXOTIC)")
     args = ap.parse_args()
     sys.path.insert(0, os.path.abspath(args.lirpa))
     import torch
@@ -262,12 +358,21 @@ def main():
 
     warnings.filterwarnings("ignore")  # (torch's notes on the legacy exporter, per network)
     tmp = tempfile.mkdtemp()
-    bad = crashes = looser_nets = lirpa_wrong = lirpa_failed = 0
+    bad = crashes = looser_nets = lirpa_wrong = lirpa_failed = refused = 0
     for seed in range(args.seed, args.seed + args.nets):
         torch.set_default_dtype(torch.float32)
-        model, shape, desc, approx = _build(seed, nn, torch)
+        model, shape, desc, approx = _build(seed, nn, torch, args.exotic, args.big)
         path = os.path.join(tmp, f"net{seed}.onnx")
-        torch.onnx.export(model, torch.zeros((1,) + shape), path, opset_version=13, dynamo=False)
+        try:
+            if args.dynamo:  # torch's default exporter since 2.9 (needs onnxscript)
+                torch.onnx.export(model, (torch.zeros((1,) + shape),), path, dynamo=True,
+                                  verbose=False)
+            else:
+                torch.onnx.export(model, torch.zeros((1,) + shape), path, opset_version=13,
+                                  dynamo=False)
+        except Exception as e:  # (torch's exporter, not crown)
+            print(f"net {seed:3d} {desc}: export failed: {type(e).__name__} {str(e)[:100]}")
+            continue
         model = model.double()
         torch.set_default_dtype(torch.float64)
         rng = np.random.default_rng(seed)
@@ -287,6 +392,11 @@ def main():
         line = [f"net {seed:3d} {desc}:"]
         try:
             graph = crown_cli.load_model(path)
+        except crown_cli.InputError as e:  # refused by name: not a crash, but counted
+            refused += 1
+            print(" ".join(line), "REFUSED:", str(e)[:300], flush=True)
+            continue
+        try:
             fwd = float(np.max(np.abs(graph.forward(x.reshape(1, -1))[0] - z)))
             if fwd > 1e-5 * max(1.0, np.abs(z).max()):
                 raise RuntimeError(f"forward difference {fwd:.1e}")
@@ -340,6 +450,7 @@ def main():
                 traceback.print_exc()
         print(" ".join(line), flush=True)
     print(f"fuzz_lirpa: {args.nets} networks, {bad} violations, {crashes} crashes, "
+          f"{refused} refused by name, "
           f"{looser_nets} bound pairs looser than auto_LiRPA (ReLU-type); auto_LiRPA failed on "
           f"{lirpa_failed} and was unsound on {lirpa_wrong} of {2 * args.nets} bound pairs")
     return 1 if bad or crashes else 0
