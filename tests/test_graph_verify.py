@@ -19,7 +19,8 @@ from crown_cli.io.networks import load_network
 from crown_cli.io.vnnlib import parse_vnnlib_text
 from crown_cli.network import MLP
 from crown_cli.verification.bab.graph_bounder import exact_when_split
-from crown_cli.verification.graph_verifier import NO_BAB, GraphVerifier, graph_counterexample
+from crown_cli.verification.graph_verifier import (NO_BAB, GraphVerifier, graph_box_lower_bounds,
+                                                   graph_counterexample)
 from crown_cli.verification.outcome import violations_of
 from graph_models import BUILDERS, G, dense_chain
 from graph_oracles import graph_min, onnx_outputs
@@ -381,3 +382,39 @@ def test_alpha_intermediate_bounds_only_where_they_fit_before_the_deadline():
         assert gb is not w._box_bounds(lo, hi)
         assert np.sum(gb.hi[g.output] - gb.lo[g.output]) <= \
             np.sum(crown.hi[g.output] - crown.lo[g.output])
+
+
+@pytest.mark.parametrize("kind,quick", [("relu_residual", True), ("dense", False)])
+def test_image_sized_graphs_attack_briefly_before_the_crown_stage(tmp_path, monkeypatch, kind,
+                                                                  quick):
+    """A graph of more inputs than input splitting takes (relu_residual: 70) opens with a
+    quarter of the attack's starts, then the crown stage, then the other starts on the
+    cases left open, then the other stages; a small one (dense: 5 inputs) keeps the whole
+    attack first. An easy property ends at the crown stage after the short attack only."""
+    _, g = model_and_graph(tmp_path, kind, 3)
+    rng = np.random.default_rng(3)
+    x0 = rng.uniform(-1, 1, g.input_size)
+    lo, hi = x0 - 0.05, x0 + 0.05
+    row = rng.normal(size=g.output_size)
+    m, _ = graph_min(g, lo, hi, row)
+    events = []
+    real = GraphVerifier.box_lower_bounds
+
+    def bounds(self, stage, *args, **kw):
+        events.append(stage)
+        return real(self, stage, *args, **kw)
+
+    monkeypatch.setattr(GraphVerifier, "_box_attack",
+                        lambda self, lo, hi, problems, restarts, seed, deadline:
+                        events.append(("attack", restarts)))
+    monkeypatch.setattr(GraphVerifier, "box_lower_bounds", bounds)
+    v = decide(g, lo, hi, row, m - 10 * (1 + abs(m)), bab=False, attack_restarts=64)
+    assert v.result == "unsat" and v.stage == "crown"
+    assert events == ([("attack", 16), "crown"] if quick else [("attack", 64), "crown"])
+    events.clear()
+    # b between the crown stage's bound and the exact minimum: every stage runs
+    low = float(graph_box_lower_bounds(g, lo, hi, row[None], np.zeros(1))[0])
+    decide(g, lo, hi, row, low + 0.2 * (m - low), bab=False, attack_restarts=64)
+    head = events[:4]
+    assert head == ([("attack", 16), "crown", ("attack", 48), "alpha-crown"] if quick else
+                    [("attack", 64), "crown", "alpha-crown", ("attack", 64)])

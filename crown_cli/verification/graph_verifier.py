@@ -285,6 +285,10 @@ class GraphVerifier(StagedVerifier):
         self.requested = [s for s in o.stages if s in BOUND_STAGES]
         self.stages = [s for s in self.requested if s in GRAPH_STAGES]
         self.bab = o.bab
+        # images (more inputs than input splitting takes): the attack's passes cost more than
+        # the crown stage, so a quarter of the starts, then the crown stage, then the other
+        # starts (pipeline.QUICK_SHARE; docs/bab.md)
+        self.quick_opening = graph.input_size > INPUT_SPLIT_MAX_DIM
         # branch and bound's processes: a second one shares input splitting's wide rounds
         # and ReLU splitting's batches, each process on one thread
         self.workers = 2 if o.workers is None else o.workers

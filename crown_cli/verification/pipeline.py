@@ -72,6 +72,9 @@ ONE_THREAD_WIDTH = 128
 WARM_ATTACK = dict(attack_restarts=2, attack_steps=5, attack_time=0.05)
 WARM_SHARE = 0.1  # of the way from the stages' bound to the least sampled margin
 ATTACK_SHARE = 0.1  # of the timeout for the first attack (before any bound)
+# a quick opening (graph networks of image size: ``quick_opening``) runs 1/QUICK_SHARE of the
+# attack's starts before the crown stage, the others after it on the cases it left open
+QUICK_SHARE = 4
 ATTACK_MIN_S = 0.5
 # the crown stage bounds the boxes of a property with at least this many input boxes several
 # at a time where the network allows it (``many_boxes``: ReLU-type MLPs; nn4sys' lindex
@@ -177,30 +180,33 @@ class StagedVerifier:
         return bool(np.all(self._crown_lower(lo, hi, -A, -np.asarray(b, np.float64)) >= 0.0))
 
     def _attack(self, cases, groups, deadline: float, budget: float, seed: int,
-                scale: int = 1):
+                scale: int = 1, restarts: Optional[int] = None):
         """(case index, x) of a verified counterexample, or None. One descent per input box
-        on all its cases at once (:meth:`_box_attack`), ``scale`` times the restarts."""
+        on all its cases at once (:meth:`_box_attack`), ``scale`` times the restarts (or
+        ``restarts``)."""
         stop = min(deadline, time.monotonic() + budget)
+        runs = scale * self.attack_restarts if restarts is None else restarts
         for g, members in enumerate(groups):
             if time.monotonic() >= stop:
                 break
             c0 = cases[members[0]]
             found = self._box_attack(c0.lo, c0.hi, [(cases[j].A, cases[j].b) for j in members],
-                                     scale * self.attack_restarts, seed + g, stop)
+                                     runs, seed + g, stop)
             if found is not None:
                 return members[found[0]], found[1]
         return None
 
-    def _bound_stages(self, cases, deadline: float, done, log):
-        """The bound stages in turn on every open case (one back-substitution per input
-        box). Returns (the verdict if they decided or the deadline passed, else None; the
-        open cases; each case's best row margin; the last stage run)."""
+    def _bound_stages(self, cases, deadline: float, done, log, stages=None, opened=None):
+        """The bound stages (``stages``, default all) in turn on every open case (one
+        back-substitution per input box); ``opened``: (open cases, margins, stage) left by
+        earlier stages. Returns (the verdict if they decided or the deadline passed, else
+        None; the open cases; each case's best row margin; the last stage run)."""
         n = len(cases)
-        open_cases, margins, stage = list(range(n)), {}, "attack"
-        if log is not None:
+        open_cases, margins, stage = opened or (list(range(n)), {}, "attack")
+        if log is not None and opened is None:
             for name, why in getattr(self, "skipped", ()):
                 log(f"{name}: skipped ({why})")
-        for stage in self.stages:
+        for stage in self.stages if stages is None else stages:
             still = []
             boxes = _by_box(cases, open_cases)
             if stage == "crown" and len(boxes) >= MANY_BOXES and \
@@ -296,13 +302,33 @@ class StagedVerifier:
             return done("unsat", "parse", None, 0)
         budget = self.attack_time if self.attack_time is not None else max(ATTACK_MIN_S,
                                                                             ATTACK_SHARE * timeout)
-        found = self._attack(cases, _by_box(cases, range(n)), deadline, budget, self.seed)
+        # a verifier with a quick opening: 1/QUICK_SHARE of the starts, then the crown stage,
+        # then the other starts on the cases left open before the other stages; else the
+        # whole attack first
+        quick = getattr(self, "quick_opening", False) and "crown" in self.stages[:1] \
+            and self.attack_restarts >= QUICK_SHARE
+        first = self.attack_restarts // QUICK_SHARE if quick else self.attack_restarts
+        found = self._attack(cases, _by_box(cases, range(n)), deadline, budget, self.seed,
+                             restarts=first)
         if found is not None:
             j, x = found
             return done("sat", "attack", None, 0, x=x, y=self.outputs(x), case=j)
-        ended, open_cases, margins, stage = self._bound_stages(cases, deadline, done, log)
+        ended, open_cases, margins, stage = self._bound_stages(
+            cases, deadline, done, log, stages=self.stages[:1] if quick else None)
         if ended is not None:
             return ended
+        if quick:  # the rest of the starts
+            found = self._attack(cases, _by_box(cases, open_cases), deadline, budget,
+                                 self.seed + 1, restarts=self.attack_restarts - first)
+            if found is not None:
+                j, x = found
+                return done("sat", "attack", _worst(margins), n - len(open_cases), x=x,
+                            y=self.outputs(x), case=j)
+            ended, open_cases, margins, stage = self._bound_stages(
+                cases, deadline, done, log, stages=self.stages[1:],
+                opened=(open_cases, margins, stage))
+            if ended is not None:
+                return ended
         if time.monotonic() >= deadline:
             return done("timeout", stage, _worst(margins), n - len(open_cases))
         return cases, open_cases, margins, stage, deadline, budget, done
