@@ -78,13 +78,18 @@ def test_inputs_numbered_in_order(tmp_path):
     assert g.output_shapes == [(1, 2), (1, 2)]
 
 
-@pytest.mark.parametrize("mode", ["constant", "reflect", "edge"])
-def test_pad_modes(tmp_path, mode):
+@pytest.mark.parametrize("mode,pads", [
+    ("constant", [0, 0, 1, 2, 0, 0, 2, 1]), ("reflect", [0, 0, 1, 2, 0, 0, 2, 1]),
+    ("edge", [0, 0, 1, 2, 0, 0, 2, 1]), ("wrap", [0, 0, 1, 2, 0, 0, 2, 1]),
+    ("wrap", [0, 0, 4, 5, 0, 0, 0, 6])])  # (wrap: pads beyond the size go round again)
+def test_pad_modes(tmp_path, mode, pads):
+    """Every Pad mode against the reference evaluator (wrap: opset 19, the dynamo exporter's
+    form of PyTorch's circular padding)."""
     g = G(np.random.default_rng(0))
-    y = g.op("Pad", ["x", g.const([0, 0, 1, 2, 0, 0, 2, 1], np.int64)]
+    y = g.op("Pad", ["x", g.const(pads, np.int64)]
              + ([g.const(np.float32(-0.5))] if mode == "constant" else []), mode=mode)
     y = g.op("Conv", [y, g.rand(2, 3, 2, 2)])
-    model = g.model([("x", (1, 3, 4, 4))], [y])
+    model = g.model([("x", (1, 3, 4, 4))], [y], opset=19 if mode == "wrap" else 17)
     gr = load_graph(save(tmp_path, model))
     x = np.random.default_rng(1).normal(size=(3, 48))
     np.testing.assert_allclose(gr.forward(x), reference_outputs(model, x), rtol=1e-5, atol=1e-5)
@@ -362,3 +367,21 @@ def test_global_pools_and_reduce_mean(tmp_path, op, attrs, axes, opset):
         assert kinds == ["input", "activation"] and gr.output_size == 60
     elif op != "GlobalMaxPool":
         assert kinds == ["input", "activation", "affine"]
+
+
+def test_wrap_padding_is_the_torus(tmp_path):
+    """Pad mode wrap, independently of numpy's and the reference evaluator's own np.pad: out
+    element (c, i, j) is x's (c, (i - top) mod H, (j - left) mod W), also for pads larger
+    than the image."""
+    g = G(np.random.default_rng(0))
+    top, left, bottom, right = 5, 1, 2, 7
+    y = g.op("Pad", ["x", g.const([0, 0, top, left, 0, 0, bottom, right], np.int64)],
+             mode="wrap")
+    model = g.model([("x", (1, 2, 3, 4))], [y], opset=19)
+    gr = load_graph(save(tmp_path, model))
+    x = np.random.default_rng(2).normal(size=(2, 24))
+    out = gr.forward(x).reshape(2, 2, 3 + top + bottom, 4 + left + right)
+    X = x.reshape(2, 2, 3, 4)
+    for i in range(out.shape[2]):
+        for j in range(out.shape[3]):
+            np.testing.assert_array_equal(out[:, :, i, j], X[:, :, (i - top) % 3, (j - left) % 4])

@@ -258,8 +258,8 @@ def _pad(b, node, ins, attrs):
     x = ins[0]
     mode = attrs.get("mode", b"constant")
     mode = mode.decode() if isinstance(mode, bytes) else str(mode)
-    if mode not in ("constant", "reflect", "edge"):
-        b.fail(node, f"mode '{mode}' is not supported (constant, reflect, edge)")
+    if mode not in ("constant", "reflect", "edge", "wrap"):
+        b.fail(node, f"mode '{mode}' is not supported (constant, reflect, edge, wrap)")
     if b.opset < 11:
         pads, value, axes = attrs.get("pads"), float(attrs.get("value", 0.0)), None
     else:

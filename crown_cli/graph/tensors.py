@@ -125,7 +125,8 @@ def onnx_expand(a: np.ndarray, shape) -> np.ndarray:
 
 def onnx_pad(x: Value, pads, mode: str, value: float, axes=None) -> Value:
     """ONNX Pad (non-negative pads) of a constant or of data; constant padding of data adds
-    ``value`` to the table."""
+    ``value`` to the table. The modes are numpy's of the same names (ONNX's ``wrap``, opset
+    19: the tensor as a torus, e.g. PyTorch's circular padding, is numpy's ``wrap``)."""
     rank = len(x.shape)
     axes = list(range(rank)) if axes is None else [int(a) + rank if a < 0 else int(a) for a in axes]
     pads = [int(p) for p in np.asarray(pads).reshape(-1)]
