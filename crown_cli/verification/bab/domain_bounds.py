@@ -19,7 +19,7 @@ from crown_cli.engine.batch_steps import Lines, Rows, relax
 from crown_cli.engine.input_sets import box_lower
 from crown_cli.engine.kernels import relu_split_kernels as _kern
 from crown_cli.graph.ops import sparse_enough
-from crown_cli.verification.bab.domains import ReluSplitProblem
+from crown_cli.verification.bab.domains import ReluSplitProblem, tighten_layers
 from crown_cli.verification.bab.optimise import _optimise_rows
 
 
@@ -170,31 +170,14 @@ class DomainBounds:
             du[rr, cc] = np.minimum(du[rr, cc], -low[:, R:])
 
     def _tighten_layers(self, split, dl, du, start, layer, max_width=None):
-        """The frame of :meth:`tighten` and :meth:`tighten_opt`: split neurons' bounds take
-        their sign, then for each hidden layer k >= 1 ``layer(k, doms, split, dl, du)``
-        narrows (in place) the bounds of layer k's unstable neurons on the domains ``doms``
-        (those with ``start < k``, not yet empty), after which the neurons proven stable
-        become implied splits and domains with crossing bounds are marked empty; layers
-        wider than ``max_width`` (if given) are skipped. Returns (split, dl, du, empty)."""
-        split, dl, du = split.copy(), np.array(dl, np.float64), np.array(du, np.float64)
-        dl = np.where(split > 0, np.maximum(dl, 0.0), dl)
-        du = np.where(split < 0, np.minimum(du, 0.0), du)
-        empty = np.any(dl > du, axis=1)
-        start = np.asarray(start)
-        for k in range(1, self.L):
-            o0, o1 = self.offsets[k], self.offsets[k + 1]
-            if o1 == o0 or (max_width is not None and self.weights[k].shape[0] > max_width):
-                continue
-            doms = np.flatnonzero((start < k) & ~empty)
-            if doms.size == 0:
-                continue
-            layer(k, doms, split, dl, du)
-            sl, su, sp = dl[doms, o0:o1], du[doms, o0:o1], split[doms, o0:o1]
-            sp[(sp == 0) & (sl >= 0.0)] = 1
-            sp[(sp == 0) & (su <= 0.0)] = -1
-            split[doms, o0:o1] = sp
-            empty[doms] |= np.any(sl > su, axis=1)
-        return split, dl, du, empty
+        """The frame of :meth:`tighten` and :meth:`tighten_opt`
+        (:func:`~crown_cli.verification.bab.domains.tighten_layers`), hidden layers wider
+        than ``max_width`` (if given) skipped. Returns (split, dl, du, empty)."""
+        def reach(k, start):
+            wide = max_width is not None and self.weights[k].shape[0] > max_width
+            return None if wide else True
+
+        return tighten_layers(split, dl, du, start, self.offsets, layer, reach)
 
     def _sub(self, k):
         """The :class:`Bounder` of the rows ``z_kj`` and ``-z_kj`` of hidden layer k's R

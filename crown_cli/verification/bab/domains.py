@@ -262,3 +262,36 @@ class BoxPool:
 
     def __len__(self):
         return self.n
+
+
+def tighten_layers(split, dl, du, start, offsets, layer, reach, at=0.0):
+    """The frame of every bounder's per-domain bounds (``Bounder.tighten`` and
+    ``tighten_opt``, ``GraphBounder.tighten``): ``split`` (B, nU) int8, ``dl``, ``du`` (B, nU)
+    bounds valid on each domain, ``start`` (B,) the layer of each domain's new split. Split
+    neurons' bounds first take their side of their threshold ``at`` (0 for ReLU; (nU,) or a
+    number); then for each layer k >= 1 with unstable neurons (``offsets``) that
+    ``reach(k, start)`` does not skip (None; else a mask over the domains, or True),
+    ``layer(k, doms, split, dl, du)`` narrows in place the bounds of layer k's neurons on the
+    domains ``doms`` (those with ``start < k``, in the mask, not yet empty), after which the
+    neurons proven stable become implied splits and domains with crossing bounds are marked
+    empty. Returns (split, dl, du, empty)."""
+    split, dl, du = split.copy(), np.array(dl, np.float64), np.array(du, np.float64)
+    dl = np.where(split > 0, np.maximum(dl, at), dl)
+    du = np.where(split < 0, np.minimum(du, at), du)
+    empty = np.any(dl > du, axis=1)
+    start = np.asarray(start)
+    for k in range(1, len(offsets) - 1):
+        o0, o1 = offsets[k], offsets[k + 1]
+        keep = reach(k, start) if o1 > o0 else None
+        if keep is None:
+            continue
+        doms = np.flatnonzero((start < k) & ~empty & keep)
+        if doms.size == 0:
+            continue
+        layer(k, doms, split, dl, du)
+        sl, su, sp = dl[doms, o0:o1], du[doms, o0:o1], split[doms, o0:o1]
+        sp[(sp == 0) & (sl >= 0.0)] = 1
+        sp[(sp == 0) & (su <= 0.0)] = -1
+        split[doms, o0:o1] = sp
+        empty[doms] |= np.any(sl > su, axis=1)
+    return split, dl, du, empty

@@ -46,7 +46,7 @@ from crown_cli.engine.batch_steps import Lines
 from crown_cli.engine.graph_alpha import _minimiser, _relaxed_forward
 from crown_cli.engine.graph_bounds import GraphBounds
 from crown_cli.engine.input_sets import Box
-from crown_cli.verification.bab.domains import CaseRows
+from crown_cli.verification.bab.domains import CaseRows, tighten_layers
 from crown_cli.verification.bab.relu_split import ReluSplitOptions, _Search
 from crown_cli.graph.sign_check import decided_outputs
 from crown_cli.verification.outcome import BabResult, finish, violations_of
@@ -315,17 +315,12 @@ class GraphBounder(CaseRows):
         empty): ``empty`` (B,) marks domains with some l > u (no point of the box meets
         their splits). Past ``deadline`` the remaining passes are skipped (bounds valid,
         only looser). ``max_width`` is not used."""
-        split, dl, du = split.copy(), np.array(dl, np.float64), np.array(du, np.float64)
-        t = self.split_at
-        dl = np.where(split > 0, np.maximum(dl, t), dl)
-        du = np.where(split < 0, np.minimum(du, t), du)
-        empty = np.any(dl > du, axis=1)
-        start = np.asarray(start)
         budget = self.TIGHTEN_BYTES if max_bytes is None else max_bytes
-        for k in range(1, self.L):
-            if self.halves[k] is not None:
-                continue
-            doms = np.flatnonzero((start < k) & ~empty & self.below[k][start])
+
+        def reach(k, start):  # smooth nodes keep their bounds
+            return None if self.halves[k] is not None else self.below[k][start]
+
+        def layer(k, doms, split, dl, du):
             o0, o1 = self.offsets[k], self.offsets[k + 1]
             R, p = o1 - o0, self.graph.nodes[self.nodes[k]].inputs[0]
             width = max(self.graph.nodes[i].size for i in self.nodes[:k] + [p])
@@ -337,12 +332,9 @@ class GraphBounder(CaseRows):
                 low = self._node_rows(k, p, split[dd], dl[dd], du[dd]).reshape(dd.size, 2 * R)
                 dl[dd, o0:o1] = np.maximum(dl[dd, o0:o1], low[:, :R])
                 du[dd, o0:o1] = np.minimum(du[dd, o0:o1], -low[:, R:])
-            sl, su, sp = dl[doms, o0:o1], du[doms, o0:o1], split[doms, o0:o1]
-            sp[(sp == 0) & (sl >= 0.0)] = 1
-            sp[(sp == 0) & (su <= 0.0)] = -1
-            split[doms, o0:o1] = sp
-            empty[doms] |= np.any(sl > su, axis=1)
-        return split, dl, du, empty
+
+        return tighten_layers(split, dl, du, start, self.offsets, layer, reach,
+                              at=self.split_at)
 
     def _node_rows(self, k, p, split, dl, du):
         """Verified float64 lower bounds of the rows ``z_j``, then ``-z_j``, of split node k's

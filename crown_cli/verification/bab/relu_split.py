@@ -289,7 +289,7 @@ class _Search(CutSearch):
             self._proof_columns()
         self.o, self.deadline, self.charge, self.log, self.progress = o, deadline, charge, \
             log, progress
-        self._resolve(o, bd.weights if bd.tightens else [])
+        self._resolve(o, bd.weights)
         # closed: the share of the box's domain tree proven (a domain of d decisions: 2**-d)
         self.stats = dict(domains=0, peak=1, batches=0, proven=0, t_interm=0.0, empty=0,
                           closed=0.0)
