@@ -304,31 +304,27 @@ class StagedVerifier:
                                                                             ATTACK_SHARE * timeout)
         # a verifier with a quick opening: 1/QUICK_SHARE of the starts, then the crown stage,
         # then the other starts on the cases left open before the other stages; else the
-        # whole attack first
+        # whole attack first. Each phase: (starts, seed, stages)
         quick = getattr(self, "quick_opening", False) and "crown" in self.stages[:1] \
             and self.attack_restarts >= QUICK_SHARE
-        first = self.attack_restarts // QUICK_SHARE if quick else self.attack_restarts
-        found = self._attack(cases, _by_box(cases, range(n)), deadline, budget, self.seed,
-                             restarts=first)
-        if found is not None:
-            j, x = found
-            return done("sat", "attack", None, 0, x=x, y=self.outputs(x), case=j)
-        ended, open_cases, margins, stage = self._bound_stages(
-            cases, deadline, done, log, stages=self.stages[:1] if quick else None)
-        if ended is not None:
-            return ended
-        if quick:  # the rest of the starts
-            found = self._attack(cases, _by_box(cases, open_cases), deadline, budget,
-                                 self.seed + 1, restarts=self.attack_restarts - first)
+        first = self.attack_restarts // QUICK_SHARE
+        phases = [(first, self.seed, self.stages[:1]),
+                  (self.attack_restarts - first, self.seed + 1, self.stages[1:])] if quick \
+            else [(self.attack_restarts, self.seed, self.stages)]
+        open_cases, opened = range(n), None
+        for starts, seed, stages in phases:
+            found = self._attack(cases, _by_box(cases, open_cases), deadline, budget, seed,
+                                 restarts=starts)
             if found is not None:
                 j, x = found
+                margins = opened[1] if opened else {}
                 return done("sat", "attack", _worst(margins), n - len(open_cases), x=x,
                             y=self.outputs(x), case=j)
-            ended, open_cases, margins, stage = self._bound_stages(
-                cases, deadline, done, log, stages=self.stages[1:],
-                opened=(open_cases, margins, stage))
+            ended, open_cases, margins, stage = self._bound_stages(cases, deadline, done, log,
+                                                                   stages, opened)
             if ended is not None:
                 return ended
+            opened = (open_cases, margins, stage)
         if time.monotonic() >= deadline:
             return done("timeout", stage, _worst(margins), n - len(open_cases))
         return cases, open_cases, margins, stage, deadline, budget, done
