@@ -157,6 +157,12 @@ def test_verdicts_equal_the_milp_on_both_sides_of_the_minimum(tmp_path, kind, se
     3 candidates."""
     g = graph_of(tmp_path, kind, seed)
     assert grs.exact_when_split(g)
+    verdicts_either_side(g, kind, seed, branching=branching, fsb_k=3)
+
+
+def verdicts_either_side(g, kind, seed, **options):
+    """b 0.1% (relative) below the exact minimum (MILP) of a random row over a box: unsat;
+    0.1% above: sat, with a point in the box the float64 forward pass confirms."""
     rng = np.random.default_rng(seed + 1)
     x0 = rng.uniform(-1, 1, g.input_size)
     eps = {"dense": 0.2, "relu_residual": 0.1}.get(kind, 0.05)
@@ -166,7 +172,7 @@ def test_verdicts_equal_the_milp_on_both_sides_of_the_minimum(tmp_path, kind, se
     for delta, want in ((-1e-3, "unsat"), (1e-3, "sat")):
         b = m + delta * (1 + abs(m))
         r = grs.graph_relu_split(g, lo, hi, row[None], np.array([b]), time.monotonic() + 60,
-                                 branching=branching, fsb_k=3)
+                                 **options)
         assert r.verdict == want, (kind, seed, delta, r)
         if want == "sat":
             assert np.all((r.x >= lo) & (r.x <= hi)) and row @ g.forward(r.x) <= b
@@ -440,20 +446,7 @@ def test_per_domain_bounds_hold_on_their_domain_and_only_narrow(tmp_path, kind):
 def test_verdicts_with_per_domain_bounds_equal_the_milp(tmp_path, kind, seed):
     """interm=True (each child's split ReLU nodes below its new split bounded again on it):
     b 0.1% below the exact minimum unsat, 0.1% above sat with a confirmed point."""
-    g = graph_of(tmp_path, kind, seed)
-    rng = np.random.default_rng(seed + 1)
-    x0 = rng.uniform(-1, 1, g.input_size)
-    eps = {"relu_residual": 0.1}.get(kind, 0.05)
-    lo, hi = x0 - eps, x0 + eps
-    row = rng.normal(size=g.output_size)
-    m, _ = graph_min(g, lo, hi, row)
-    for delta, want in ((-1e-3, "unsat"), (1e-3, "sat")):
-        b = m + delta * (1 + abs(m))
-        r = grs.graph_relu_split(g, lo, hi, row[None], np.array([b]), time.monotonic() + 60,
-                                 interm=True, workers=1)
-        assert r.verdict == want, (kind, seed, delta, r)
-        if want == "sat":
-            assert np.all((r.x >= lo) & (r.x <= hi)) and row @ g.forward(r.x) <= b
+    verdicts_either_side(graph_of(tmp_path, kind, seed), kind, seed, interm=True, workers=1)
 
 
 def residual_case(tmp_path):
