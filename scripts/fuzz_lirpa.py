@@ -227,24 +227,18 @@ def _exotic(kind, rng, nn, c, h, side=16):
         return layer, (c, h, h), name, True
     if kind == "gap":
         return nn.AdaptiveAvgPool2d(1), (c, 1, 1), "gap", False
-    if kind == "pool_pad":
+    if kind in ("pool_pad", "avg_excl"):  # 3x3, stride 2, padding 1, maybe ceil mode
         ceil = bool(rng.random() < 0.5)
         ho = -(-(h + 2 - 3) // 2) + 1 if ceil else (h + 2 - 3) // 2 + 1
-        if ceil and (ho - 1) * 2 >= h + 1:
+        if ceil and (ho - 1) * 2 >= h + 1:  # (PyTorch: no window starting in the padding)
             ho -= 1
         if ho < 1:
             return None
-        return nn.MaxPool2d(3, 2, 1, ceil_mode=ceil), (c, ho, ho), \
-            f"maxpool3s2p1{'c' if ceil else ''}", True
-    if kind == "avg_excl":
-        ceil = bool(rng.random() < 0.5)
-        ho = -(-(h + 2 - 3) // 2) + 1 if ceil else (h + 2 - 3) // 2 + 1
-        if ceil and (ho - 1) * 2 >= h + 1:
-            ho -= 1
-        if ho < 1:
-            return None
+        tag = "c" if ceil else ""
+        if kind == "pool_pad":
+            return nn.MaxPool2d(3, 2, 1, ceil_mode=ceil), (c, ho, ho), f"maxpool3s2p1{tag}", True
         return nn.AvgPool2d(3, 2, 1, ceil_mode=ceil, count_include_pad=False), (c, ho, ho), \
-            f"avgpool3s2p1x{'c' if ceil else ''}", False
+            f"avgpool3s2p1x{tag}", False
     if kind == "res_proj":
         cout = int(rng.integers(2, 9))
         return None if h < 2 else (None, (cout, (h - 1) // 2 + 1, (h - 1) // 2 + 1),
