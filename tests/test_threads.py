@@ -171,3 +171,40 @@ def test_openmp_spinning_is_shortened_unless_the_user_chose():
                              env=dict(base, **extra), timeout=120)
         assert out.returncode == 0, out.stderr
         assert out.stdout.strip() == want, (extra, out.stdout)
+
+
+def test_malloc_keeps_freed_blocks_for_the_next_step_unless_the_user_chose():
+    """Importing the kernels fixes glibc's mmap and trim thresholds: arrays of a few MB made and
+    freed step after step then reuse the heap's pages instead of faulting fresh ones in (20,000
+    page faults below without it); a user's own MALLOC_TOP_PAD_ leaves malloc alone."""
+    import platform
+    import subprocess
+    import sys
+
+    if platform.libc_ver()[0] != "glibc":  # the setting is glibc's; elsewhere nothing changes
+        import crown_cli.engine.kernels as k
+        assert not k.MALLOC_TUNED
+        return
+    code = ("import resource, sys, numpy as np\n"
+            "if sys.argv[1] == '1':\n"
+            "    import crown_cli.engine.kernels as k\n"
+            "    print(k.MALLOC_TUNED)\n"
+            "def faults():\n"
+            "    r0 = resource.getrusage(resource.RUSAGE_SELF).ru_minflt\n"
+            "    for n in (3_000_000, 1_000_000, 2_500_000, 700_000) * 5:\n"
+            "        a = np.ones(n); b = np.zeros(n); b += a; del a, b\n"
+            "    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt - r0\n"
+            "faults()\n"
+            "print(faults())\n")
+    base = {k: v for k, v in os.environ.items() if not k.startswith("MALLOC_")}
+
+    def run(arg, **extra):
+        out = subprocess.run([sys.executable, "-c", code, arg], capture_output=True, text=True,
+                             env=dict(base, **extra), timeout=120)
+        assert out.returncode == 0, out.stderr
+        return out.stdout.split()
+
+    tuned, plain, chosen = run("1"), run("0"), run("1", MALLOC_TOP_PAD_="0")
+    assert tuned[0] == "True" and int(tuned[1]) < 500, tuned
+    assert int(plain[0]) > 5000, plain  # the case the setting is for
+    assert chosen[0] == "False" and int(chosen[1]) > 5000, chosen

@@ -16,6 +16,37 @@ from importlib import import_module
 if "GOMP_SPINCOUNT" not in os.environ and "OMP_WAIT_POLICY" not in os.environ:
     os.environ["GOMP_SPINCOUNT"] = "1000"
 
+
+# glibc's malloc hands freed blocks of a few MB back to the system and takes them again at the
+# next step, which then faults every page of its new arrays in anew: 18,000 page faults and
+# about 15% of the time of one float64 CROWN bound of the ResNet bench case (docs/benchmarks.md).
+# A fixed mmap threshold of 32 MB (blocks below it from the heap) and a trim threshold of 64 MB
+# (free memory the heap keeps) end that. Process-wide and Linux glibc only; a user's own
+# MALLOC_MMAP_THRESHOLD_, MALLOC_TRIM_THRESHOLD_ or MALLOC_TOP_PAD_ stands.
+MALLOC_MMAP_THRESHOLD = 32 << 20
+MALLOC_TRIM_THRESHOLD = 64 << 20
+
+
+def _tune_malloc() -> bool:
+    """Set glibc's thresholds (above); True where they were set."""
+    import sys
+
+    if not sys.platform.startswith("linux") or any(
+            k in os.environ for k in ("MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_",
+                                      "MALLOC_TOP_PAD_")):
+        return False
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL("libc.so.6")
+        return bool(libc.gnu_get_libc_version and libc.mallopt(-3, MALLOC_MMAP_THRESHOLD)
+                    and libc.mallopt(-1, MALLOC_TRIM_THRESHOLD))  # M_MMAP_, M_TRIM_THRESHOLD
+    except (OSError, AttributeError):  # not glibc
+        return False
+
+
+MALLOC_TUNED = _tune_malloc()
+
 KERNELS = ("numba", "numpy")
 _BACKEND = "numba"
 _KERNELS = None
