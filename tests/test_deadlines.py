@@ -103,8 +103,8 @@ else:
                                               [70, 40, 40, 3])]
 if {warm!r}:
     warm_up(first)
-from crown_cli.engine.kernels import backsub, batched, graph_steps, hull, relu_split
-mods = [backsub, batched, graph_steps, hull, relu_split]
+from crown_cli.engine.kernels import box_steps, dense_steps, graph_steps, hull, relu_split
+mods = [box_steps, dense_steps, graph_steps, hull, relu_split]
 def signatures(mods):
     return {{(getattr(m, "__name__", "SERIAL"), k): len(f.signatures) for m in mods
              for k, f in vars(m).items() if hasattr(f, "signatures")}}

@@ -6,8 +6,8 @@ import pytest
 from conftest import random_network
 from crown_cli.engine import dense_crown as crown
 from crown_cli.engine.kernels import KERNELS, kernels, kernels_backend, set_kernels, using_kernels
-from crown_cli.engine.kernels import backsub as nb
-from crown_cli.engine.kernels import backsub_numpy as vn
+from crown_cli.engine.kernels import dense_steps as nb
+from crown_cli.engine.kernels import dense_steps_numpy as vn
 from crown_cli.certification.certifier import Certifier
 from crown_cli.engine.relaxations import get_relaxation
 from crown_cli.engine.relaxations import extra

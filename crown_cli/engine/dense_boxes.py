@@ -9,7 +9,7 @@ input splitting.
   step is one large GEMM ``(N * rows, n_i) @ W_i`` over every box and row at once; only the
   slope scaling is per box. Each step is the engine's batched back-substitution
   (:mod:`crown_cli.engine.batch_steps`), its scaling fused into a numba kernel
-  (:mod:`crown_cli.engine.kernels.batched`).
+  (:mod:`crown_cli.engine.kernels.box_steps`).
 - :func:`alpha_row_bound`: one row per box re-bounded with the unstable ReLUs' lower slopes
   optimised (alpha-CROWN on the last layer, the hidden bounds kept), then verified like the
   rows of :func:`batch_lower_bounds`.
@@ -34,7 +34,7 @@ import numpy as np
 from crown_cli.activations import default_alpha, supporting
 from crown_cli.engine.batch_steps import Lines, Rows, relax
 from crown_cli.engine.input_sets import box_lower, centre_radius
-from crown_cli.engine.kernels import batched_kernels
+from crown_cli.engine.kernels import box_step_kernels
 from crown_cli.engine.optim import Adam, AdamSettings, BestIterate
 from crown_cli.engine.relaxations import relu_numpy
 from crown_cli.engine.rounding import (U64, final_sum_rtol, margin_rows_rounding, step_weights,
@@ -71,14 +71,14 @@ def _step(acc: Rows, relax_i, W_i, b_i, absb_i, zero_bL, v, t):
     step's product rounding ``|D| @ v`` + t (:func:`_step_weights`, per box) is charged.
     Columns whose neuron is inactive (zero slopes and intercepts) in every box drop out. The
     scaling runs in the kernels chosen by ``set_kernels``: the fused numba loop
-    (:mod:`crown_cli.engine.kernels.batched`), or the engine's :func:`~crown_cli.engine.batch_steps.relax`
+    (:mod:`crown_cli.engine.kernels.box_steps`), or the engine's :func:`~crown_cli.engine.batch_steps.relax`
     (its twin)."""
     aU, bU, aL, bL = relax_i
     Lam = acc.Lam
     N, r, n = Lam.shape
     cols = np.flatnonzero(np.any((aU != 0.0) | (aL != 0.0) | (bU != 0.0) | (bL != 0.0), axis=0))
     Wc = W_i if cols.shape[0] == n else W_i[cols]
-    kern = batched_kernels()
+    kern = box_step_kernels()
     if kern is None:
         lines = Lines(cols, aL[:, None, cols], aU[:, None, cols], bU[:, None, cols],
                       None if zero_bL else bL[:, None, cols])

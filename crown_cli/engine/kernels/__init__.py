@@ -1,6 +1,6 @@
 """The kernels the engine calls: a process-wide switch between the numba kernels
-(:mod:`crown_cli.engine.kernels.backsub`, compiled, cached on disk) and their numpy twins
-(:mod:`crown_cli.engine.kernels.backsub_numpy`, no start-up cost). The float32 steps of ReLU
+(:mod:`crown_cli.engine.kernels.dense_steps`, compiled, cached on disk) and their numpy twins
+(:mod:`crown_cli.engine.kernels.dense_steps_numpy`, no start-up cost). The float32 steps of ReLU
 splitting have numba kernels of their own (:mod:`crown_cli.engine.kernels.relu_split`) whose
 twin is the numpy code in :mod:`crown_cli.verification.bab.bounder`.
 """
@@ -88,9 +88,9 @@ def kernels():
     global _KERNELS
     if _KERNELS is None:
         if _BACKEND == "numpy":
-            from crown_cli.engine.kernels import backsub_numpy as module
+            from crown_cli.engine.kernels import dense_steps_numpy as module
         else:
-            from crown_cli.engine.kernels import backsub as module
+            from crown_cli.engine.kernels import dense_steps as module
 
         _KERNELS = module
     return _KERNELS
@@ -136,9 +136,9 @@ def relu_split_kernels():
     return _numba_module("relu_split")
 
 
-def batched_kernels():
-    """The numba kernel of the batched engine's slope scaling (:mod:`.batched`), or None."""
-    return _numba_module("batched")
+def box_step_kernels():
+    """The numba kernel of the box engine's slope scaling (:mod:`.box_steps`), or None."""
+    return _numba_module("box_steps")
 
 
 def hull_kernels():

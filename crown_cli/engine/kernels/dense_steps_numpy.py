@@ -1,4 +1,4 @@
-"""The kernels of :mod:`crown_cli.engine.kernels.backsub` in vectorised numpy, for runs too short to repay
+"""The kernels of :mod:`crown_cli.engine.kernels.dense_steps` in vectorised numpy, for runs too short to repay
 numba's start-up (``crown_cli.engine.kernels.set_kernels("numpy")``; about 1 s saved, paid back by slower
 evaluations after a few images of a large network).
 
@@ -81,7 +81,7 @@ def _intercepts(V, pos, bS, bO):
 
 
 def relax_shared(Lam, aU, bU, aL, bL, bias, agree, diff, icols):
-    """:func:`crown_cli.engine.kernels.backsub.relax_shared` (same arguments, results and dtypes) in numpy."""
+    """:func:`crown_cli.engine.kernels.dense_steps.relax_shared` (same arguments, results and dtypes) in numpy."""
     r, n = Lam.shape
     DS = np.empty((r, agree.shape[0]), Lam.dtype)
     DU = np.empty((r, diff.shape[0]), Lam.dtype)
