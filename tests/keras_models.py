@@ -22,6 +22,8 @@ import h5py
 import numpy as np
 
 ROLES = {"Dense": ["kernel", "bias"], "Conv2D": ["kernel", "bias"],
+         "DepthwiseConv2D": ["depthwise_kernel", "bias"],
+         "SeparableConv2D": ["depthwise_kernel", "pointwise_kernel", "bias"],
          "BatchNormalization": ["gamma", "beta", "moving_mean", "moving_variance"]}
 
 
@@ -135,6 +137,28 @@ def reference(layers, inputs, outputs, xs, drop_output_act=False):
                 y = _act(act, _conv(ins[0], w["kernel"], w.get("bias"), _two(c.get("strides", 1)),
                                     c.get("padding") == "same", _two(c.get("dilation_rate", 1)),
                                     c.get("groups", 1)))
+            elif l.cls in ("DepthwiseConv2D", "SeparableConv2D"):
+                # TensorFlow's depthwise order: output channel c * multiplier + m reads c
+                K = w["depthwise_kernel"]
+                kh, kw, C, dm = K.shape
+                sep = l.cls == "SeparableConv2D"
+                y = _conv(ins[0], K.reshape(kh, kw, 1, C * dm), None if sep else w.get("bias"),
+                          _two(c.get("strides", 1)), c.get("padding") == "same",
+                          _two(c.get("dilation_rate", 1)), C)
+                if sep:  # then the pointwise 1 x 1 convolution, its bias
+                    y = y @ w["pointwise_kernel"][0, 0] + w.get("bias", 0.0)
+                y = _act(act, y)
+            elif l.cls in ("GlobalAveragePooling2D", "GlobalMaxPooling2D"):
+                fn = np.max if l.cls == "GlobalMaxPooling2D" else np.mean
+                y = fn(ins[0], axis=(0, 1), keepdims=bool(c.get("keepdims", False)))
+            elif l.cls == "Rescaling":
+                y = ins[0] * np.asarray(c["scale"]) + np.asarray(c.get("offset", 0.0))
+            elif l.cls == "UpSampling2D":
+                sh, sw = _two(c.get("size", 2))
+                y = np.repeat(np.repeat(ins[0], sh, axis=0), sw, axis=1)
+            elif l.cls == "Cropping2D":
+                (t, b_), (lf, r) = c["cropping"]
+                y = ins[0][t:ins[0].shape[0] - b_, lf:ins[0].shape[1] - r]
             elif l.cls == "Dense":
                 y = _act(act, ins[0] @ w["kernel"] + w.get("bias", 0.0))
             elif l.cls == "BatchNormalization":
@@ -203,6 +227,23 @@ def _shape_rules(layers, inputs):
             dims = [(n + sum(_pads(n, k, a, 1, same)) - k) // a + 1
                     for n, k, a in ((H, size[0], st[0]), (W, size[1], st[1]))]
             shapes[l.name] = (dims[0], dims[1], C)
+        elif l.cls in ("DepthwiseConv2D", "SeparableConv2D"):
+            H, W, C = s[0]
+            kh, kw, _, dm = l.weights["depthwise_kernel"].shape
+            st, dl = _two(c.get("strides", 1)), _two(c.get("dilation_rate", 1))
+            same = c.get("padding") == "same"
+            dims = [(n + sum(_pads(n, k, a, d, same)) - d * (k - 1) - 1) // a + 1
+                    for n, k, a, d in ((H, kh, st[0], dl[0]), (W, kw, st[1], dl[1]))]
+            out = c["filters"] if l.cls == "SeparableConv2D" else C * dm
+            shapes[l.name] = (dims[0], dims[1], out)
+        elif l.cls in ("GlobalAveragePooling2D", "GlobalMaxPooling2D"):
+            shapes[l.name] = (1, 1, s[0][2]) if c.get("keepdims") else (s[0][2],)
+        elif l.cls == "UpSampling2D":
+            sh, sw = _two(c.get("size", 2))
+            shapes[l.name] = (s[0][0] * sh, s[0][1] * sw, s[0][2])
+        elif l.cls == "Cropping2D":
+            (t, b_), (lf, r) = c["cropping"]
+            shapes[l.name] = (s[0][0] - t - b_, s[0][1] - lf - r, s[0][2])
         elif l.cls == "Dense":
             shapes[l.name] = s[0][:-1] + (l.weights["kernel"].shape[1],)
         elif l.cls == "Flatten":
@@ -457,3 +498,59 @@ def merges(rng):
           weights={"kernel": _w(rng, 3, 2), "bias": _w(rng, 2)}),
     ]
     return layers, {"img": (3, 4, 1), "vec": (4,)}, ["o1", "o2"]
+
+
+def mobile(rng):
+    """The layers of MobileNet-style and Keras-tutorial models: Rescaling (per channel and
+    plain), DepthwiseConv2D (depth multiplier 2, strides, same padding), SeparableConv2D,
+    UpSampling2D, Cropping2D, GlobalAveragePooling2D (and with keepdims), GlobalMaxPooling2D."""
+    x = "image"
+    layers = [
+        L("InputLayer", x),
+        L("Rescaling", "scale", [x], scale=[0.5, -0.25], offset=[0.1, 0.0]),
+        L("DepthwiseConv2D", "dw", ["scale"], kernel_size=[3, 3], strides=[2, 2],
+          padding="same", depth_multiplier=2, activation="relu", use_bias=True,
+          dilation_rate=[1, 1], weights={"depthwise_kernel": _w(rng, 3, 3, 2, 2),
+                                         "bias": _w(rng, 4)}),
+        L("SeparableConv2D", "sep", ["dw"], filters=3, kernel_size=[2, 2], strides=[1, 1],
+          padding="valid", depth_multiplier=1, activation="linear", use_bias=True,
+          dilation_rate=[1, 1], weights={"depthwise_kernel": _w(rng, 2, 2, 4, 1),
+                                         "pointwise_kernel": _w(rng, 1, 1, 4, 3),
+                                         "bias": _w(rng, 3)}),
+        L("ReLU", "r", ["sep"]),
+        L("UpSampling2D", "up", ["r"], size=[2, 3], interpolation="nearest"),
+        L("Cropping2D", "crop", ["up"], cropping=[[1, 0], [2, 1]]),
+        L("GlobalAveragePooling2D", "gap", ["crop"], keepdims=False),
+        L("GlobalMaxPooling2D", "gmp", ["crop"], keepdims=False),
+        L("GlobalAveragePooling2D", "gapk", ["r"], keepdims=True),
+        L("Flatten", "fk", ["gapk"]),
+        L("Concatenate", "cat", ["gap", "gmp", "fk"], axis=-1),
+        L("Rescaling", "half", ["cat"], scale=0.5, offset=0.0),
+        L("Dense", "out", ["half"], units=3, activation="softmax", use_bias=True,
+          weights={"kernel": _w(rng, 9, 3), "bias": _w(rng, 3)}),
+    ]
+    return layers, {x: (8, 7, 2)}, ["out"]
+
+
+def tutorial(rng):
+    """A Sequential image classifier as Keras' tutorials write it: Rescaling(1 / 255) first,
+    convolutions, SeparableConv2D, GlobalAveragePooling2D, Dense."""
+    layers = [
+        L("InputLayer", "input"),
+        L("Rescaling", "rescale", ["input"], scale=1.0 / 255.0, offset=0.0),
+        L("Conv2D", "c1", ["rescale"], filters=4, kernel_size=[3, 3], strides=[2, 2],
+          padding="same", activation="relu", use_bias=True, dilation_rate=[1, 1],
+          weights={"kernel": _w(rng, 3, 3, 3, 4), "bias": _w(rng, 4, scale=0.1)}),
+        L("DepthwiseConv2D", "dw", ["c1"], kernel_size=[3, 3], strides=[1, 1], padding="valid",
+          depth_multiplier=1, activation="relu6", use_bias=False, dilation_rate=[1, 1],
+          weights={"depthwise_kernel": _w(rng, 3, 3, 4, 1)}),
+        L("SeparableConv2D", "sep", ["dw"], filters=5, kernel_size=[3, 3], strides=[1, 1],
+          padding="same", depth_multiplier=2, activation="relu", use_bias=True,
+          dilation_rate=[1, 1], weights={"depthwise_kernel": _w(rng, 3, 3, 4, 2),
+                                         "pointwise_kernel": _w(rng, 1, 1, 8, 5),
+                                         "bias": _w(rng, 5)}),
+        L("GlobalAveragePooling2D", "gap", ["sep"], keepdims=False),
+        L("Dense", "logits", ["gap"], units=4, activation="linear", use_bias=True,
+          weights={"kernel": _w(rng, 5, 4), "bias": _w(rng, 4)}),
+    ]
+    return layers, {"input": (9, 10, 3)}, ["logits"]

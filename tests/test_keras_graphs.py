@@ -23,7 +23,8 @@ from crown_cli.network import MLP
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
 MODELS = {"branched": km.branched, "mnist_conv": km.mnist_conv, "reshaped": km.reshaped,
-          "merges": km.merges, "gated": km.gated}
+          "merges": km.merges, "gated": km.gated, "mobile": km.mobile,
+          "tutorial": km.tutorial}
 WRITERS = {"h5": km.save_h5, "keras": km.save_keras3}
 
 
@@ -38,7 +39,8 @@ def _write(tmp_path, model, ext, sequential=False, seed=0):
 @pytest.mark.parametrize("model,sequential", [("branched", False), ("mnist_conv", False),
                                               ("mnist_conv", True), ("reshaped", False),
                                               ("reshaped", True), ("merges", False),
-                                              ("gated", True)])
+                                              ("gated", True), ("mobile", False),
+                                              ("tutorial", True), ("tutorial", False)])
 def test_forward_equals_an_independent_numpy_network(tmp_path, model, sequential, ext):
     path, (layers, inputs, outputs) = _write(tmp_path, model, ext, sequential)
     g = load_network(path)
@@ -82,7 +84,7 @@ def test_flatten_takes_keras_channels_last_order(tmp_path):
     np.testing.assert_array_equal(g.forward(x), [x[1], x[2]])
 
 
-@pytest.mark.parametrize("model", ["branched", "gated"])
+@pytest.mark.parametrize("model", ["branched", "gated", "mobile", "tutorial"])
 def test_crown_bounds_hold_on_sampled_inputs(tmp_path, model):
     from crown_cli.engine.graph_bounds import GraphBounds
 
@@ -171,6 +173,29 @@ def test_unsupported_settings_name_the_layer(tmp_path):
     layers[1].config["padding"] = "causal"
     km.save_h5(tmp_path / "causal.h5", layers, inputs, outputs)
     assert "padding 'causal' is not supported" in _bad(tmp_path / "causal.h5")
+
+
+def test_unsupported_settings_of_the_mobile_layers_name_the_layer(tmp_path):
+    def bad(edit, ext="keras"):
+        layers, inputs, outputs = km.mobile(np.random.default_rng(0))
+        edit({l.name: l for l in layers})
+        path = tmp_path / f"m{len(list(tmp_path.iterdir()))}.{ext}"
+        WRITERS[ext](path, layers, inputs, outputs)
+        return _bad(path)
+
+    assert "layer 'up' (UpSampling2D): interpolation 'bilinear' is not supported" in bad(
+        lambda L: L["up"].config.update(interpolation="bilinear"))
+    assert "layer 'crop' (Cropping2D): cropping [[10, 0], [2, 1]] does not fit" in bad(
+        lambda L: L["crop"].config.update(cropping=[[10, 0], [2, 1]]))
+    assert "layer 'scale' (Rescaling): scale of 3 values for 2 channels" in bad(
+        lambda L: L["scale"].config.update(scale=[1.0, 2.0, 3.0]))
+    assert "layer 'dw' (DepthwiseConv2D): depthwise kernel of shape (3, 3, 3, 2)" in bad(
+        lambda L: L["dw"].weights.update(depthwise_kernel=np.ones((3, 3, 3, 2))))
+    assert "layer 'sep' (SeparableConv2D): no 'pointwise_kernel' weights" in bad(
+        lambda L: L["sep"].weights.pop("pointwise_kernel"), "h5")  # (a .keras file's
+    # variables are positional: there the bias would stand in the pointwise kernel's place)
+    assert "layer 'sep' (SeparableConv2D): pointwise kernel of shape (3,)" in bad(
+        lambda L: L["sep"].weights.pop("pointwise_kernel"))
 
 
 def test_a_shared_layer_is_refused(tmp_path):

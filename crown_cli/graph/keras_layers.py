@@ -173,6 +173,49 @@ def _conv2d(b, node, layer, ins):
     return _activate(b, node, out, _activation_name(conf))
 
 
+def _depthwise_weight(b, node, layer, C):
+    """A depthwise kernel (kh, kw, C, depth multiplier) as the ONNX weight of a convolution
+    of C groups, (C * multiplier, 1, kh, kw): output channel c * multiplier + m reads input
+    channel c (TensorFlow's order)."""
+    K = layer.weights.get("depthwise_kernel")
+    K = _weight(b, node, layer, "kernel" if K is None else "depthwise_kernel")
+    if K.ndim != 4 or K.shape[2] != C:
+        b.fail(node, f"depthwise kernel of shape {K.shape}, expected (kh, kw, {C}, "
+                     "depth_multiplier)")
+    kh, kw, _, dm = K.shape
+    return K.transpose(2, 3, 0, 1).reshape(C * dm, 1, kh, kw)
+
+
+def _depthwise(b, node, layer, ins):
+    """DepthwiseConv2D, and SeparableConv2D (its depthwise step, then a 1 x 1 convolution
+    by the pointwise kernel): convolutions of the ONNX handler."""
+    from crown_cli.graph.onnx_ops import _conv
+
+    d, conf = ins[0], layer.conf
+    _channels_last(b, node, conf)
+    _image(b, node, d)
+    C = d.shape[1]
+    W = _depthwise_weight(b, node, layer, C)
+    sep = layer.cls == "SeparableConv2D"
+    bias = _weight(b, node, layer, "bias", required=False) if conf.get("use_bias", True) else None
+    strides = _pair(conf.get("strides", 1), "strides", b, node)
+    dil = _pair(conf.get("dilation_rate", 1), "dilation_rate", b, node)
+    pads = _padding(b, node, conf, d.shape[2:], W.shape[2:], strides, dil)
+    attrs = {"strides": strides, "pads": pads, "dilations": dil, "group": C}
+    first = [d, Const(W)] + ([Const(bias)] if bias is not None and not sep else [])
+    name = node.name + "/depthwise" if sep else node.name
+    out = _conv(b, KNode(name, node.cls, node.input, "Conv"), first, attrs)[0]
+    if sep:
+        P = _weight(b, node, layer, "pointwise_kernel")
+        if P.ndim != 4 or P.shape[:3] != (1, 1, W.shape[0]):
+            b.fail(node, f"pointwise kernel of shape {P.shape}, expected (1, 1, "
+                         f"{W.shape[0]}, filters)")
+        second = [out, Const(P.transpose(3, 2, 0, 1))] + ([Const(bias)] if bias is not None
+                                                          else [])
+        out = _conv(b, KNode(node.name, node.cls, node.input, "Conv"), second, {})[0]
+    return _activate(b, node, out, _activation_name(conf))
+
+
 def _dense(b, node, layer, ins):
     d, conf = ins[0], layer.conf
     K = _weight(b, node, layer, "kernel")
@@ -252,6 +295,68 @@ def _pool(b, node, layer, ins):
     op = "MaxPool" if layer.cls == "MaxPooling2D" else "AveragePool"
     attrs = {"kernel_shape": size, "strides": strides, "pads": pads, "count_include_pad": 0}
     return onnx_pool(b, KNode(node.name, node.cls, node.input, op), [d], attrs)[0]
+
+
+def _global_pool(b, node, layer, ins):
+    """GlobalAveragePooling2D / GlobalMaxPooling2D: a pool over the whole image, (1, C) or
+    with ``keepdims`` (1, 1, 1, C)."""
+    from crown_cli.graph.onnx_ops import _global_pool as onnx_global
+
+    d, conf = ins[0], layer.conf
+    _channels_last(b, node, conf)
+    _image(b, node, d)
+    op = "GlobalMaxPool" if layer.cls == "GlobalMaxPooling2D" else "GlobalAveragePool"
+    out = onnx_global(b, KNode(node.name, node.cls, node.input, op), [d], {})[0]
+    return out if conf.get("keepdims", False) else T.view(out, lambda a: a.reshape(1, -1))
+
+
+def _rescaling(b, node, layer, ins):
+    """Rescaling: ``x * scale + offset`` (numbers, or one per channel of the last axis)."""
+    d, conf = ins[0], layer.conf
+    if len(d.shape) not in (2, 4):
+        b.fail(node, f"input of shape {to_keras(d).shape[1:]}: features or an image only")
+    C = d.shape[1]
+    bshape = (1, C) + (1,) * (len(d.shape) - 2)
+    out = []
+    for key, default in (("scale", 1.0), ("offset", 0.0)):
+        v = conf.get(key, default)
+        v = np.asarray(default if v is None else v, np.float64).reshape(-1)
+        if v.size not in (1, C):
+            b.fail(node, f"{key} of {v.size} values for {C} channels")
+        out.append(np.broadcast_to(v, (C,)).reshape(bshape))
+    return b.scale(node, d, out[0], out[1], node.input[0])
+
+
+def _upsampling(b, node, layer, ins):
+    """UpSampling2D, nearest: each pixel repeated (a move of elements)."""
+    d, conf = ins[0], layer.conf
+    _channels_last(b, node, conf)
+    _image(b, node, d)
+    if str(conf.get("interpolation", "nearest")).lower() != "nearest":
+        b.fail(node, f"interpolation '{conf.get('interpolation')}' is not supported "
+                     "(nearest)")
+    sh, sw = _pair(conf.get("size", 2), "size", b, node)
+    if sh < 1 or sw < 1:
+        b.fail(node, f"size {[sh, sw]}: positive integers needed")
+    return T.view(d, lambda a: np.repeat(np.repeat(a, sh, axis=2), sw, axis=3))
+
+
+def _cropping(b, node, layer, ins):
+    """Cropping2D: rows and columns cut from the borders (a move of elements)."""
+    d, conf = ins[0], layer.conf
+    _channels_last(b, node, conf)
+    _image(b, node, d)
+    c = conf.get("cropping", 0)
+    if isinstance(c, int):
+        (t, bt), (left, r) = (c, c), (c, c)
+    elif all(isinstance(v, int) for v in c):
+        (t, bt), (left, r) = (c[0], c[0]), (c[1], c[1])
+    else:
+        (t, bt), (left, r) = c
+    H, W = d.shape[2:]
+    if min(t, bt, left, r) < 0 or t + bt >= H or left + r >= W:
+        b.fail(node, f"cropping {[[t, bt], [left, r]]} does not fit an image of {H} x {W}")
+    return T.view(d, lambda a: a[:, :, t:H - bt, left:W - r])
 
 
 def _zero_padding(b, node, layer, ins):
@@ -349,7 +454,10 @@ def _identity(b, node, layer, ins):
 
 
 HANDLERS = {"Conv2D": _conv2d, "Dense": _dense, "BatchNormalization": _batchnorm,
+            "DepthwiseConv2D": _depthwise, "SeparableConv2D": _depthwise,
             "AveragePooling2D": _pool, "MaxPooling2D": _pool, "ZeroPadding2D": _zero_padding,
+            "GlobalAveragePooling2D": _global_pool, "GlobalMaxPooling2D": _global_pool,
+            "Rescaling": _rescaling, "UpSampling2D": _upsampling, "Cropping2D": _cropping,
             "Flatten": _flatten, "Reshape": _reshape, "Add": _add, "Subtract": _add,
             "Average": _add, "Concatenate": _concatenate, "Activation": _act_layer,
             "Softmax": _act_layer, "Lambda": _act_layer, "ReLU": _act_layer,
