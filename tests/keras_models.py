@@ -24,6 +24,7 @@ import numpy as np
 ROLES = {"Dense": ["kernel", "bias"], "Conv2D": ["kernel", "bias"],
          "DepthwiseConv2D": ["depthwise_kernel", "bias"],
          "SeparableConv2D": ["depthwise_kernel", "pointwise_kernel", "bias"],
+         "Normalization": ["mean", "variance", "count"],
          "BatchNormalization": ["gamma", "beta", "moving_mean", "moving_variance"]}
 
 
@@ -151,6 +152,15 @@ def reference(layers, inputs, outputs, xs, drop_output_act=False):
             elif l.cls in ("GlobalAveragePooling2D", "GlobalMaxPooling2D"):
                 fn = np.max if l.cls == "GlobalMaxPooling2D" else np.mean
                 y = fn(ins[0], axis=(0, 1), keepdims=bool(c.get("keepdims", False)))
+            elif l.cls in ("Multiply", "Maximum", "Minimum"):
+                fn = {"Multiply": np.multiply, "Maximum": np.maximum, "Minimum": np.minimum}[l.cls]
+                y = ins[0]
+                for v in ins[1:]:
+                    y = fn(y, v)  # numpy's broadcasting, Keras' (without the batch axis)
+            elif l.cls == "Normalization":
+                mean = w.get("mean", c.get("mean"))
+                var = w.get("variance", c.get("variance"))
+                y = (ins[0] - np.asarray(mean)) / np.maximum(np.sqrt(np.asarray(var)), 1e-7)
             elif l.cls == "Rescaling":
                 y = ins[0] * np.asarray(c["scale"]) + np.asarray(c.get("offset", 0.0))
             elif l.cls == "UpSampling2D":
@@ -244,6 +254,11 @@ def _shape_rules(layers, inputs):
         elif l.cls == "Cropping2D":
             (t, b_), (lf, r) = c["cropping"]
             shapes[l.name] = (s[0][0] - t - b_, s[0][1] - lf - r, s[0][2])
+        elif l.cls in ("Multiply", "Maximum", "Minimum"):
+            try:
+                shapes[l.name] = tuple(np.broadcast_shapes(*s))
+            except ValueError:  # (a file crown must refuse)
+                shapes[l.name] = s[0]
         elif l.cls == "Dense":
             shapes[l.name] = s[0][:-1] + (l.weights["kernel"].shape[1],)
         elif l.cls == "Flatten":
@@ -554,3 +569,43 @@ def tutorial(rng):
           weights={"kernel": _w(rng, 5, 4), "bias": _w(rng, 4)}),
     ]
     return layers, {"input": (9, 10, 3)}, ["logits"]
+
+
+def efficient(rng):
+    """EfficientNet's layers: Rescaling, an adapted Normalization, swish convolutions, a
+    squeeze-and-excitation block (GlobalAveragePooling2D with keepdims, 1x1 convolutions,
+    Multiply of (1, 1, C) by (H, W, C)), a Multiply of (C,) by (H, W, C) (ranks differ), Add,
+    Maximum and Minimum of data."""
+    x = "image"
+    conv = lambda name, src, k, cin, cout, act, **kw: L(  # noqa: E731
+        "Conv2D", name, [src], filters=cout, kernel_size=[k, k], strides=[1, 1],
+        padding=kw.get("padding", "same"), activation=act, use_bias=True, dilation_rate=[1, 1],
+        weights={"kernel": _w(rng, k, k, cin, cout), "bias": _w(rng, cout, scale=0.2)})
+    layers = [
+        L("InputLayer", x),
+        L("Rescaling", "rescale", [x], scale=0.5, offset=0.0),
+        L("Normalization", "norm", ["rescale"], axis=-1, invert=False,
+          weights={"mean": _w(rng, 3, scale=0.2), "variance": _f32(0.5 + np.abs(_w(rng, 3))),
+                   "count": np.float32(100.0)}),
+        conv("stem", "norm", 3, 3, 4, "swish"),
+        L("DepthwiseConv2D", "dw", ["stem"], kernel_size=[3, 3], strides=[1, 1],
+          padding="same", depth_multiplier=1, activation="swish", use_bias=True,
+          dilation_rate=[1, 1], weights={"depthwise_kernel": _w(rng, 3, 3, 4, 1),
+                                         "bias": _w(rng, 4, scale=0.2)}),
+        L("GlobalAveragePooling2D", "squeeze", ["dw"], keepdims=True),
+        conv("se_reduce", "squeeze", 1, 4, 2, "swish"),
+        conv("se_expand", "se_reduce", 1, 2, 4, "sigmoid"),
+        L("Multiply", "excite", ["dw", "se_expand"]),
+        conv("project", "excite", 1, 4, 4, "linear"),
+        L("Add", "residual", ["project", "stem"]),
+        L("GlobalAveragePooling2D", "gate_vec", ["residual"], keepdims=False),
+        L("Activation", "gate", ["gate_vec"], activation="sigmoid"),
+        L("Multiply", "gated", ["residual", "gate"]),
+        L("Maximum", "hi", ["gated", "project"]),
+        L("Minimum", "lo", ["gated", "stem", "dw"]),
+        L("Concatenate", "both", ["hi", "lo"], axis=-1),
+        L("GlobalAveragePooling2D", "pool", ["both"], keepdims=False),
+        L("Dense", "logits", ["pool"], units=3, activation="softmax", use_bias=True,
+          weights={"kernel": _w(rng, 8, 3), "bias": _w(rng, 3)}),
+    ]
+    return layers, {x: (5, 6, 3)}, ["logits"]

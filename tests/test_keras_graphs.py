@@ -24,7 +24,7 @@ from crown_cli.network import MLP
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
 MODELS = {"branched": km.branched, "mnist_conv": km.mnist_conv, "reshaped": km.reshaped,
           "merges": km.merges, "gated": km.gated, "mobile": km.mobile,
-          "tutorial": km.tutorial}
+          "tutorial": km.tutorial, "efficient": km.efficient}
 WRITERS = {"h5": km.save_h5, "keras": km.save_keras3}
 
 
@@ -40,7 +40,8 @@ def _write(tmp_path, model, ext, sequential=False, seed=0):
                                               ("mnist_conv", True), ("reshaped", False),
                                               ("reshaped", True), ("merges", False),
                                               ("gated", True), ("mobile", False),
-                                              ("tutorial", True), ("tutorial", False)])
+                                              ("tutorial", True), ("tutorial", False),
+                                              ("efficient", False)])
 def test_forward_equals_an_independent_numpy_network(tmp_path, model, sequential, ext):
     path, (layers, inputs, outputs) = _write(tmp_path, model, ext, sequential)
     g = load_network(path)
@@ -84,7 +85,7 @@ def test_flatten_takes_keras_channels_last_order(tmp_path):
     np.testing.assert_array_equal(g.forward(x), [x[1], x[2]])
 
 
-@pytest.mark.parametrize("model", ["branched", "gated", "mobile", "tutorial"])
+@pytest.mark.parametrize("model", ["branched", "gated", "mobile", "tutorial", "efficient"])
 def test_crown_bounds_hold_on_sampled_inputs(tmp_path, model):
     from crown_cli.engine.graph_bounds import GraphBounds
 
@@ -196,6 +197,39 @@ def test_unsupported_settings_of_the_mobile_layers_name_the_layer(tmp_path):
     # variables are positional: there the bias would stand in the pointwise kernel's place)
     assert "layer 'sep' (SeparableConv2D): pointwise kernel of shape (3,)" in bad(
         lambda L: L["sep"].weights.pop("pointwise_kernel"))
+
+
+def test_unsupported_settings_of_normalization_and_merges_name_the_layer(tmp_path):
+    def bad(edit, ext="h5"):
+        layers, inputs, outputs = km.efficient(np.random.default_rng(0))
+        edit({l.name: l for l in layers})
+        path = tmp_path / f"e{len(list(tmp_path.iterdir()))}.{ext}"
+        WRITERS[ext](path, layers, inputs, outputs)
+        return _bad(path)
+
+    assert "layer 'norm' (Normalization): invert=True is not supported" in bad(
+        lambda L: L["norm"].config.update(invert=True))
+    assert "layer 'norm' (Normalization): axis 1: only the last (channel) axis" in bad(
+        lambda L: L["norm"].config.update(axis=1))
+    assert "layer 'norm' (Normalization): no mean and variance" in bad(
+        lambda L: L["norm"].weights.clear())
+    assert "layer 'norm' (Normalization): a negative variance" in bad(
+        lambda L: L["norm"].weights.update(variance=-np.ones(3)))
+    assert "layer 'excite' (Multiply): inputs of shapes" in bad(
+        lambda L: setattr(L["excite"], "inputs", ["dw", "se_reduce"]), "keras")
+
+
+def test_a_normalization_given_its_statistics_in_the_config_loads(tmp_path):
+    layers, inputs, outputs = km.efficient(np.random.default_rng(0))
+    norm = next(l for l in layers if l.name == "norm")
+    norm.config.update(mean=[0.1, -0.2, 0.3], variance=[4.0, 0.25, 1.0])
+    norm.weights = {}
+    path = tmp_path / "given.keras"
+    km.save_keras3(path, layers, inputs, outputs)
+    g = load_network(str(path))
+    x = np.random.default_rng(1).normal(size=(4, g.input_size))
+    want = km.reference(layers, inputs, outputs, x, drop_output_act=True)
+    np.testing.assert_allclose(g.forward(x), want, rtol=1e-12, atol=1e-12)
 
 
 def test_a_shared_layer_is_refused(tmp_path):

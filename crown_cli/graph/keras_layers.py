@@ -406,6 +406,69 @@ def _add(b, node, layer, ins):
     return out
 
 
+def _elementwise(b, node, layer, ins):
+    """Multiply (a product node of two data tensors, McCormick's planes), Maximum and Minimum
+    (ReLU nodes, as ONNX Max / Min), with Keras' broadcasting over axes of size 1 (a
+    squeeze-and-excitation's (1, 1, C) against (H, W, C)); inputs of two ranks broadcast in
+    Keras' own order."""
+    from crown_cli.graph import onnx_relu_forms as forms
+    from crown_cli.graph.onnx_ops import _binary
+
+    if len(ins) < 2:
+        b.fail(node, "needs two or more inputs")
+    op = {"Multiply": "Mul", "Maximum": "Max", "Minimum": "Min"}[layer.cls]
+    try:
+        np.broadcast_shapes(*[to_keras(d).shape for d in ins])
+    except ValueError:
+        b.fail(node, f"inputs of shapes {[to_keras(d).shape[1:] for d in ins]} do not "
+                     "broadcast")
+    out = ins[0]
+    for k, d in enumerate(ins[1:]):
+        label = node.name if k == len(ins) - 2 else f"{node.name}/{k}"
+        kn = KNode(label, node.cls, node.input[:2], op)
+        same = len(out.shape) == len(d.shape)
+        pair = [out, d] if same else [to_keras(out), to_keras(d)]
+        fn = _binary if op == "Mul" else forms.max_min
+        out = fn(b, kn, pair, {})[0]
+        if not same:
+            out = to_inner(out)
+    return out
+
+
+def _normalization(b, node, layer, ins):
+    """Normalization (not inverted, on the last axis or on all): ``(x - mean) /
+    max(sqrt(variance), 1e-7)`` (Keras' epsilon), the adapted weights or the config's."""
+    d, conf = ins[0], layer.conf
+    if conf.get("invert", False):
+        b.fail(node, "invert=True is not supported")
+    axis = conf.get("axis", -1)
+    axis = axis[0] if isinstance(axis, (list, tuple)) and len(axis) == 1 else axis
+    rank = len(d.shape)
+    if axis is not None and (not isinstance(axis, int) or axis % rank != rank - 1):
+        b.fail(node, f"axis {axis}: only the last (channel) axis or None is supported")
+    C = d.shape[1] if rank in (2, 4) else None
+    if C is None:
+        b.fail(node, f"input of shape {to_keras(d).shape[1:]}: features or an image only")
+    stats = []
+    for key in ("mean", "variance"):
+        v = _weight(b, node, layer, key, required=False)
+        if v is None and conf.get(key) is not None:
+            v = np.asarray(conf[key], np.float64)
+        if v is None:
+            b.fail(node, "no mean and variance (an adapted layer's weights, or mean= and "
+                         "variance= in its config)")
+        v = v.reshape(-1)
+        if v.size not in (1, C) or not np.all(np.isfinite(v)):
+            b.fail(node, f"{key} of {v.size} values for {C} channels")
+        stats.append(np.broadcast_to(v, (C,)))
+    mean, var = stats
+    if np.any(var < 0):
+        b.fail(node, "a negative variance")
+    a = 1.0 / np.maximum(np.sqrt(var), 1e-7)
+    bshape = (1, C) + (1,) * (rank - 2)
+    return b.scale(node, d, a.reshape(bshape), (-mean * a).reshape(bshape), node.input[0])
+
+
 def _concatenate(b, node, layer, ins):
     rank = len(ins[0].shape)
     if len(ins) < 2 or any(len(d.shape) != rank for d in ins):
@@ -458,6 +521,8 @@ HANDLERS = {"Conv2D": _conv2d, "Dense": _dense, "BatchNormalization": _batchnorm
             "AveragePooling2D": _pool, "MaxPooling2D": _pool, "ZeroPadding2D": _zero_padding,
             "GlobalAveragePooling2D": _global_pool, "GlobalMaxPooling2D": _global_pool,
             "Rescaling": _rescaling, "UpSampling2D": _upsampling, "Cropping2D": _cropping,
+            "Normalization": _normalization, "Multiply": _elementwise,
+            "Maximum": _elementwise, "Minimum": _elementwise,
             "Flatten": _flatten, "Reshape": _reshape, "Add": _add, "Subtract": _add,
             "Average": _add, "Concatenate": _concatenate, "Activation": _act_layer,
             "Softmax": _act_layer, "Lambda": _act_layer, "ReLU": _act_layer,
@@ -509,7 +574,7 @@ def build(path: str, layers, inputs, outputs, keras3: bool) -> Graph:
         node = KNode(layer.name, layer.cls, [_tensor(r) for r in layer.inbound])
         if not layer.inbound:
             b.fail(node, "reads no tensor")
-        if len(layer.inbound) > 1 and handler not in (_add, _concatenate):
+        if len(layer.inbound) > 1 and handler not in (_add, _concatenate, _elementwise):
             b.fail(node, f"reads {len(layer.inbound)} tensors; it takes one")
         b.fresh = None
         out = handler(b, node, layer, [b.tensors[n] for n in node.input])
