@@ -232,6 +232,30 @@ def test_a_normalization_given_its_statistics_in_the_config_loads(tmp_path):
     np.testing.assert_allclose(g.forward(x), want, rtol=1e-12, atol=1e-12)
 
 
+@pytest.mark.parametrize("shape", [(4, 4), (3, 4), (2, 3, 4, 4)])
+def test_per_channel_layers_scale_the_last_axis_of_any_rank(tmp_path, shape):
+    """BatchNormalization, Normalization and Rescaling on a sequence (steps, C) or a volume
+    take their values per channel, Keras' last axis (they had taken a (4, 4) sequence's
+    per-step values: wrong outputs, no error)."""
+    rng = np.random.default_rng(0)
+    layers = [km.L("InputLayer", "seq"), km._bn(rng, "bn", "seq", 4),
+              km.L("Rescaling", "rs", ["bn"], scale=[0.5, -1.0, 2.0, 1.5], offset=0.25),
+              km.L("Normalization", "nz", ["rs"], axis=-1,
+                   weights={"mean": km._w(rng, 4), "variance": km._f32(1 + np.abs(km._w(rng, 4))),
+                            "count": np.float32(10.0)}),
+              km.L("Flatten", "f", ["nz"]),
+              km.L("Dense", "out", ["f"], units=2, activation="linear", use_bias=True,
+                   weights={"kernel": km._w(rng, int(np.prod(shape)), 2), "bias": km._w(rng, 2)})]
+    inputs = {"seq": shape}
+    for ext in ("h5", "keras"):
+        path = tmp_path / f"s.{ext}"
+        WRITERS[ext](path, layers, inputs, ["out"])
+        g = load_network(str(path))
+        x = rng.normal(size=(5, g.input_size))
+        np.testing.assert_allclose(g.forward(x), km.reference(layers, inputs, ["out"], x),
+                                   rtol=1e-12, atol=1e-12)
+
+
 def test_a_shared_layer_is_refused(tmp_path):
     path, _ = _write(tmp_path, "branched", "keras")
     with zipfile.ZipFile(path) as zf:

@@ -257,6 +257,16 @@ def _permuted_source(b, d: Data):
     return d.sources[0]
 
 
+def _channels(d: Data):
+    """(C, the shape C values broadcast to) of a tensor's Keras last axis in the builder's
+    order: an image's (1, C, H, W) holds it at axis 1, as features (1, C) do; a tensor of
+    another rank is held in Keras' own order, its channels last."""
+    rank = len(d.shape)
+    if rank in (2, 4):
+        return d.shape[1], (1, d.shape[1]) + (1,) * (rank - 2)
+    return d.shape[-1], (1,) * (rank - 1) + (d.shape[-1],)
+
+
 def _batchnorm(b, node, layer, ins):
     d, conf = ins[0], layer.conf
     axis = conf.get("axis", -1)
@@ -264,7 +274,7 @@ def _batchnorm(b, node, layer, ins):
     rank = len(d.shape)
     if not isinstance(axis, int) or axis % rank != rank - 1:
         b.fail(node, f"axis {axis}: only the last (channel) axis is supported")
-    C = d.shape[1]
+    C, bshape = _channels(d)
     mean = _weight(b, node, layer, "moving_mean")
     var = _weight(b, node, layer, "moving_variance")
     gamma = _weight(b, node, layer, "gamma", required=False)
@@ -276,7 +286,6 @@ def _batchnorm(b, node, layer, ins):
         b.fail(node, f"needs {C} values per weight and moving_variance + epsilon > 0")
     a = gamma / np.sqrt(var + eps)
     c = beta - mean * a
-    bshape = (1, C) + (1,) * (rank - 2)
     return b.scale(node, d, a.reshape(bshape), c.reshape(bshape), node.input[0])
 
 
@@ -313,10 +322,7 @@ def _global_pool(b, node, layer, ins):
 def _rescaling(b, node, layer, ins):
     """Rescaling: ``x * scale + offset`` (numbers, or one per channel of the last axis)."""
     d, conf = ins[0], layer.conf
-    if len(d.shape) not in (2, 4):
-        b.fail(node, f"input of shape {to_keras(d).shape[1:]}: features or an image only")
-    C = d.shape[1]
-    bshape = (1, C) + (1,) * (len(d.shape) - 2)
+    C, bshape = _channels(d)
     out = []
     for key, default in (("scale", 1.0), ("offset", 0.0)):
         v = conf.get(key, default)
@@ -446,9 +452,7 @@ def _normalization(b, node, layer, ins):
     rank = len(d.shape)
     if axis is not None and (not isinstance(axis, int) or axis % rank != rank - 1):
         b.fail(node, f"axis {axis}: only the last (channel) axis or None is supported")
-    C = d.shape[1] if rank in (2, 4) else None
-    if C is None:
-        b.fail(node, f"input of shape {to_keras(d).shape[1:]}: features or an image only")
+    C, bshape = _channels(d)
     stats = []
     for key in ("mean", "variance"):
         v = _weight(b, node, layer, key, required=False)
@@ -465,7 +469,6 @@ def _normalization(b, node, layer, ins):
     if np.any(var < 0):
         b.fail(node, "a negative variance")
     a = 1.0 / np.maximum(np.sqrt(var), 1e-7)
-    bshape = (1, C) + (1,) * (rank - 2)
     return b.scale(node, d, a.reshape(bshape), (-mean * a).reshape(bshape), node.input[0])
 
 
