@@ -21,7 +21,7 @@ import zipfile
 import h5py
 import numpy as np
 
-ROLES = {"Dense": ["kernel", "bias"], "Conv2D": ["kernel", "bias"],
+ROLES = {"Dense": ["kernel", "bias"], "Conv2D": ["kernel", "bias"], "Conv1D": ["kernel", "bias"],
          "DepthwiseConv2D": ["depthwise_kernel", "bias"],
          "SeparableConv2D": ["depthwise_kernel", "pointwise_kernel", "bias"],
          "Normalization": ["mean", "variance", "count"],
@@ -152,6 +152,31 @@ def reference(layers, inputs, outputs, xs, drop_output_act=False):
             elif l.cls in ("GlobalAveragePooling2D", "GlobalMaxPooling2D"):
                 fn = np.max if l.cls == "GlobalMaxPooling2D" else np.mean
                 y = fn(ins[0], axis=(0, 1), keepdims=bool(c.get("keepdims", False)))
+            elif l.cls == "Conv1D":  # a 2-D convolution of height 1; causal: zeros first
+                pad = c.get("padding")
+                seq = ins[0]
+                k, dil = w["kernel"].shape[0], _two(c.get("dilation_rate", 1))[0]
+                if pad == "causal":
+                    seq = np.concatenate([np.zeros(((k - 1) * dil, seq.shape[1])), seq])
+                y = _conv(seq[None], w["kernel"][None], w.get("bias"),
+                          [1, _two(c.get("strides", 1))[0]], pad == "same", [1, dil],
+                          c.get("groups", 1))[0]
+                y = _act(act, y)
+            elif l.cls in ("MaxPooling1D", "AveragePooling1D"):
+                p = _two(c["pool_size"])[0]
+                st = _two(c.get("strides") or p)[0]
+                y = _pool(ins[0][None], [1, p], [1, st], c.get("padding") == "same",
+                          "max" if l.cls == "MaxPooling1D" else "avg")[0]
+            elif l.cls in ("GlobalAveragePooling1D", "GlobalMaxPooling1D"):
+                fn = np.max if l.cls == "GlobalMaxPooling1D" else np.mean
+                y = fn(ins[0], axis=0, keepdims=bool(c.get("keepdims", False)))
+            elif l.cls == "ZeroPadding1D":
+                y = np.pad(ins[0], (tuple(c["padding"]), (0, 0)))
+            elif l.cls == "Cropping1D":
+                lo, hi = c["cropping"]
+                y = ins[0][lo:ins[0].shape[0] - hi]
+            elif l.cls == "UpSampling1D":
+                y = np.repeat(ins[0], c.get("size", 2), axis=0)
             elif l.cls in ("Multiply", "Maximum", "Minimum"):
                 fn = {"Multiply": np.multiply, "Maximum": np.maximum, "Minimum": np.minimum}[l.cls]
                 y = ins[0]
@@ -254,6 +279,25 @@ def _shape_rules(layers, inputs):
         elif l.cls == "Cropping2D":
             (t, b_), (lf, r) = c["cropping"]
             shapes[l.name] = (s[0][0] - t - b_, s[0][1] - lf - r, s[0][2])
+        elif l.cls == "Conv1D":
+            n, k = s[0][0], l.weights["kernel"].shape[0]
+            st, dl = _two(c.get("strides", 1))[0], _two(c.get("dilation_rate", 1))[0]
+            pad = c.get("padding")
+            p = (k - 1) * dl if pad == "causal" else sum(_pads(n, k, st, dl, pad == "same"))
+            shapes[l.name] = ((n + p - dl * (k - 1) - 1) // st + 1, l.weights["kernel"].shape[2])
+        elif l.cls in ("MaxPooling1D", "AveragePooling1D"):
+            n, p = s[0][0], _two(c["pool_size"])[0]
+            st = _two(c.get("strides") or p)[0]
+            shapes[l.name] = ((n + sum(_pads(n, p, st, 1, c.get("padding") == "same")) - p)
+                              // st + 1, s[0][1])
+        elif l.cls in ("GlobalAveragePooling1D", "GlobalMaxPooling1D"):
+            shapes[l.name] = (1, s[0][1]) if c.get("keepdims") else (s[0][1],)
+        elif l.cls == "ZeroPadding1D":
+            shapes[l.name] = (s[0][0] + sum(c["padding"]), s[0][1])
+        elif l.cls == "Cropping1D":
+            shapes[l.name] = (s[0][0] - sum(c["cropping"]), s[0][1])
+        elif l.cls == "UpSampling1D":
+            shapes[l.name] = (s[0][0] * c.get("size", 2), s[0][1])
         elif l.cls in ("Multiply", "Maximum", "Minimum"):
             try:
                 shapes[l.name] = tuple(np.broadcast_shapes(*s))
@@ -609,3 +653,59 @@ def efficient(rng):
           weights={"kernel": _w(rng, 8, 3), "bias": _w(rng, 3)}),
     ]
     return layers, {x: (5, 6, 3)}, ["logits"]
+
+
+def sequence(rng):
+    """A 1-D convolutional model on a sequence (steps, channels): Conv1D (same, causal with
+    dilation, valid with strides), MaxPooling1D, AveragePooling1D (same), ZeroPadding1D,
+    Cropping1D, UpSampling1D, a BatchNormalization and a Dense on the sequence's channels,
+    GlobalAveragePooling1D and GlobalMaxPooling1D (keepdims)."""
+    x = "signal"
+
+    def conv(name, src, k, cin, cout, act, **kw):
+        return L("Conv1D", name, [src], filters=cout, kernel_size=[k], activation=act,
+                 use_bias=True, strides=[kw.get("strides", 1)], padding=kw.get("padding", "same"),
+                 dilation_rate=[kw.get("dilation", 1)], groups=1,
+                 weights={"kernel": _w(rng, k, cin, cout), "bias": _w(rng, cout, scale=0.2)})
+
+    layers = [
+        L("InputLayer", x),
+        conv("c1", x, 3, 3, 4, "relu"),
+        conv("c2", "c1", 2, 4, 4, "tanh", padding="causal", dilation=2),
+        L("MaxPooling1D", "mp", ["c2"], pool_size=[2], strides=[2], padding="valid"),
+        L("AveragePooling1D", "ap", ["mp"], pool_size=[2], strides=[1], padding="same"),
+        _bn(rng, "bn", "ap", 4),
+        L("ZeroPadding1D", "zp", ["bn"], padding=[1, 2]),
+        L("Cropping1D", "cr", ["zp"], cropping=[1, 0]),
+        L("UpSampling1D", "up", ["cr"], size=2),
+        conv("c3", "up", 3, 4, 3, "relu", padding="valid", strides=2),
+        L("Dense", "mix", ["c3"], units=3, activation="sigmoid", use_bias=True,
+          weights={"kernel": _w(rng, 3, 3), "bias": _w(rng, 3)}),
+        L("GlobalAveragePooling1D", "gap", ["mix"], keepdims=False),
+        L("GlobalMaxPooling1D", "gmp", ["c3"], keepdims=True),
+        L("Flatten", "fl", ["gmp"]),
+        L("Flatten", "fseq", ["mix"]),
+        L("Concatenate", "cat", ["gap", "fl", "fseq"], axis=-1),
+        L("Dense", "out", ["cat"], units=2, activation="linear", use_bias=True,
+          weights={"kernel": _w(rng, 27, 2), "bias": _w(rng, 2)}),
+    ]
+    return layers, {x: (12, 3)}, ["out"]
+
+
+def sequence_chain(rng):
+    """A Sequential 1-D model as written for time series: Conv1D, MaxPooling1D, Conv1D
+    (causal), GlobalAveragePooling1D, Dense."""
+    layers = [
+        L("InputLayer", "input"),
+        L("Conv1D", "c1", ["input"], filters=5, kernel_size=[4], strides=[2], padding="valid",
+          dilation_rate=[1], activation="relu", use_bias=True, groups=1,
+          weights={"kernel": _w(rng, 4, 2, 5), "bias": _w(rng, 5, scale=0.2)}),
+        L("MaxPooling1D", "mp", ["c1"], pool_size=[3], strides=[1], padding="same"),
+        L("Conv1D", "c2", ["mp"], filters=3, kernel_size=[3], strides=[1], padding="causal",
+          dilation_rate=[1], activation="relu", use_bias=False, groups=1,
+          weights={"kernel": _w(rng, 3, 5, 3)}),
+        L("GlobalAveragePooling1D", "gap", ["c2"]),
+        L("Dense", "out", ["gap"], units=4, activation="softmax", use_bias=True,
+          weights={"kernel": _w(rng, 3, 4), "bias": _w(rng, 4)}),
+    ]
+    return layers, {"input": (15, 2)}, ["out"]

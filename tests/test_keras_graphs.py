@@ -24,7 +24,8 @@ from crown_cli.network import MLP
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
 MODELS = {"branched": km.branched, "mnist_conv": km.mnist_conv, "reshaped": km.reshaped,
           "merges": km.merges, "gated": km.gated, "mobile": km.mobile,
-          "tutorial": km.tutorial, "efficient": km.efficient}
+          "tutorial": km.tutorial, "efficient": km.efficient,
+          "sequence": km.sequence, "sequence_chain": km.sequence_chain}
 WRITERS = {"h5": km.save_h5, "keras": km.save_keras3}
 
 
@@ -41,7 +42,8 @@ def _write(tmp_path, model, ext, sequential=False, seed=0):
                                               ("reshaped", True), ("merges", False),
                                               ("gated", True), ("mobile", False),
                                               ("tutorial", True), ("tutorial", False),
-                                              ("efficient", False)])
+                                              ("efficient", False), ("sequence", False),
+                                              ("sequence_chain", True)])
 def test_forward_equals_an_independent_numpy_network(tmp_path, model, sequential, ext):
     path, (layers, inputs, outputs) = _write(tmp_path, model, ext, sequential)
     g = load_network(path)
@@ -85,7 +87,8 @@ def test_flatten_takes_keras_channels_last_order(tmp_path):
     np.testing.assert_array_equal(g.forward(x), [x[1], x[2]])
 
 
-@pytest.mark.parametrize("model", ["branched", "gated", "mobile", "tutorial", "efficient"])
+@pytest.mark.parametrize("model", ["branched", "gated", "mobile", "tutorial", "efficient",
+                                   "sequence"])
 def test_crown_bounds_hold_on_sampled_inputs(tmp_path, model):
     from crown_cli.engine.graph_bounds import GraphBounds
 
@@ -217,6 +220,31 @@ def test_unsupported_settings_of_normalization_and_merges_name_the_layer(tmp_pat
         lambda L: L["norm"].weights.update(variance=-np.ones(3)))
     assert "layer 'excite' (Multiply): inputs of shapes" in bad(
         lambda L: setattr(L["excite"], "inputs", ["dw", "se_reduce"]), "keras")
+
+
+def test_unsupported_settings_of_the_1d_layers_name_the_layer(tmp_path):
+    def bad(edit):
+        layers, inputs, outputs = km.sequence(np.random.default_rng(0))
+        edit({l.name: l for l in layers})
+        path = tmp_path / f"q{len(list(tmp_path.iterdir()))}.h5"
+        km.save_h5(path, layers, inputs, outputs)
+        return _bad(path)
+
+    assert "layer 'c1' (Conv1D): padding 'full' is not supported (valid, same, causal)" in bad(
+        lambda L: L["c1"].config.update(padding="full"))
+    assert "layer 'mp' (MaxPooling1D): padding 'causal' is not supported (valid, same)" in bad(
+        lambda L: L["mp"].config.update(padding="causal"))
+    assert "layer 'cr' (Cropping1D): cropping [5, 4] does not fit a sequence of 9 steps" in bad(
+        lambda L: L["cr"].config.update(cropping=[5, 4]))
+    assert "layer 'c1' (Conv1D): kernel of shape (3, 3, 4, 1), expected (k, C / groups" in bad(
+        lambda L: L["c1"].weights.update(kernel=np.ones((3, 3, 4, 1))))
+    layers, inputs, outputs = km.mobile(np.random.default_rng(0))
+    layers.insert(2, km.L("Conv1D", "c1d", ["scale"], filters=2, kernel_size=[3],
+                          weights={"kernel": np.ones((3, 2, 2))}))
+    layers[3].inputs = ["c1d"]
+    km.save_h5(tmp_path / "img.h5", layers, inputs, outputs)
+    assert "layer 'c1d' (Conv1D): needs a sequence input (steps, C), got shape (8, 7, 2)" in \
+        _bad(tmp_path / "img.h5")
 
 
 def test_a_normalization_given_its_statistics_in_the_config_loads(tmp_path):

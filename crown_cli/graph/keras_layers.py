@@ -173,6 +173,117 @@ def _conv2d(b, node, layer, ins):
     return _activate(b, node, out, _activation_name(conf))
 
 
+# -- sequences (Keras (1, steps, C), held in Keras' order): 1-D layers run as 2-D ones on the
+# image (1, C, 1, steps), their activation applied there, and the result viewed back
+
+def _seq(b, node, d):
+    if len(d.shape) != 3:
+        b.fail(node, f"needs a sequence input (steps, C), got shape {to_keras(d).shape[1:]}")
+
+
+def _seq_image(d: Data) -> Data:
+    """A sequence (1, steps, C) as the image (1, C, 1, steps)."""
+    return T.view(d, lambda a: a.transpose(0, 2, 1)[:, :, None, :])
+
+
+def _image_seq(d: Data) -> Data:
+    """An image (1, C, 1, steps) as the sequence (1, steps, C)."""
+    return T.view(d, lambda a: a[:, :, 0, :].transpose(0, 2, 1))
+
+
+def _one(v, what, b, node):
+    v = [v] if isinstance(v, (int, float)) else list(v)
+    if len(v) != 1:
+        b.fail(node, f"{what} {v}: expected one value")
+    return int(v[0])
+
+
+def _padding1d(b, node, conf, n, k, s, dil, causal_ok=True):
+    """(left, right) of Keras' 1-D ``valid``, ``same`` (TensorFlow's: the extra one at the
+    right) or ``causal`` padding ((k - 1) dilation zeros on the left)."""
+    mode = str(conf.get("padding", "valid")).lower()
+    if mode == "causal" and causal_ok:
+        return (k - 1) * dil, 0
+    if mode == "valid":
+        return 0, 0
+    if mode != "same":
+        b.fail(node, f"padding '{mode}' is not supported (valid, same"
+                     f"{', causal' if causal_ok else ''})")
+    out = -(-n // s)
+    total = max((out - 1) * s + (k - 1) * dil + 1 - n, 0)
+    return total // 2, total - total // 2
+
+
+def _conv1d(b, node, layer, ins):
+    from crown_cli.graph.onnx_ops import _conv
+
+    d, conf = ins[0], layer.conf
+    _channels_last(b, node, conf)
+    _seq(b, node, d)
+    K = _weight(b, node, layer, "kernel")
+    if K.ndim != 3:
+        b.fail(node, f"kernel of shape {K.shape}, expected (k, C / groups, filters)")
+    bias = _weight(b, node, layer, "bias", required=False) if conf.get("use_bias", True) else None
+    s = _one(conf.get("strides", 1), "strides", b, node)
+    dil = _one(conf.get("dilation_rate", 1), "dilation_rate", b, node)
+    left, right = _padding1d(b, node, conf, d.shape[1], K.shape[0], s, dil)
+    attrs = {"strides": [1, s], "pads": [0, left, 0, right], "dilations": [1, dil],
+             "group": int(conf.get("groups", 1))}
+    W = K.transpose(2, 1, 0)[:, :, None, :]  # (k, C/g, F) -> (F, C/g, 1, k)
+    conv_ins = [_seq_image(d), Const(W)] + ([Const(bias)] if bias is not None else [])
+    out = _conv(b, KNode(node.name, node.cls, node.input, "Conv"), conv_ins, attrs)[0]
+    return _image_seq(_activate(b, node, out, _activation_name(conf)))
+
+
+def _pool1d(b, node, layer, ins):
+    from crown_cli.graph.onnx_ops import _pool as onnx_pool
+
+    d, conf = ins[0], layer.conf
+    _channels_last(b, node, conf)
+    _seq(b, node, d)
+    p = _one(conf.get("pool_size", 2), "pool_size", b, node)
+    s = conf.get("strides")
+    s = p if s is None else _one(s, "strides", b, node)
+    left, right = _padding1d(b, node, conf, d.shape[1], p, s, 1, causal_ok=False)
+    op = "MaxPool" if layer.cls == "MaxPooling1D" else "AveragePool"
+    attrs = {"kernel_shape": [1, p], "strides": [1, s], "pads": [0, left, 0, right],
+             "count_include_pad": 0}
+    return _image_seq(onnx_pool(b, KNode(node.name, node.cls, node.input, op),
+                                [_seq_image(d)], attrs)[0])
+
+
+def _global_pool1d(b, node, layer, ins):
+    from crown_cli.graph.onnx_ops import _global_pool as onnx_global
+
+    d, conf = ins[0], layer.conf
+    _channels_last(b, node, conf)
+    _seq(b, node, d)
+    op = "GlobalMaxPool" if layer.cls == "GlobalMaxPooling1D" else "GlobalAveragePool"
+    out = onnx_global(b, KNode(node.name, node.cls, node.input, op), [_seq_image(d)], {})[0]
+    return _image_seq(out) if conf.get("keepdims", False) else \
+        T.view(out, lambda a: a.reshape(1, -1))
+
+
+def _moves1d(b, node, layer, ins):
+    """ZeroPadding1D, Cropping1D, UpSampling1D: moves of a sequence's steps."""
+    d, conf = ins[0], layer.conf
+    _seq(b, node, d)
+    n = d.shape[1]
+    if layer.cls == "UpSampling1D":
+        k = _one(conf.get("size", 2), "size", b, node)
+        if k < 1:
+            b.fail(node, f"size {k}: a positive integer needed")
+        return T.view(d, lambda a: np.repeat(a, k, axis=1))
+    key = "padding" if layer.cls == "ZeroPadding1D" else "cropping"
+    v = conf.get(key, 1 if key == "padding" else 0)
+    lo, hi = (v, v) if isinstance(v, int) else (int(v[0]), int(v[1]))
+    if min(lo, hi) < 0 or (key == "cropping" and lo + hi >= n):
+        b.fail(node, f"{key} {[lo, hi]} does not fit a sequence of {n} steps")
+    if key == "padding":
+        return T.onnx_pad(d, [lo, hi], "constant", 0.0, axes=[1])
+    return T.view(d, lambda a: a[:, lo:n - hi])
+
+
 def _depthwise_weight(b, node, layer, C):
     """A depthwise kernel (kh, kw, C, depth multiplier) as the ONNX weight of a convolution
     of C groups, (C * multiplier, 1, kh, kw): output channel c * multiplier + m reads input
@@ -230,9 +341,19 @@ def _dense(b, node, layer, ins):
         conv_ins = [d, Const(K.T[:, :, None, None])] + ([Const(bias)] if bias is not None else [])
         out = _conv(b, KNode(node.name, node.cls, node.input, "Conv"), conv_ins, {})[0]
         return _activate(b, node, out, _activation_name(conf))
+    if len(d.shape) == 3:  # on the channels of a sequence: a 1x1 convolution, too
+        from crown_cli.graph.onnx_ops import _conv
+
+        if d.shape[2] != K.shape[0]:
+            b.fail(node, f"kernel of shape {K.shape} does not fit {d.shape[2]} channels")
+        conv_ins = [_seq_image(d), Const(K.T[:, :, None, None])] + \
+            ([Const(bias)] if bias is not None else [])
+        out = _conv(b, KNode(node.name, node.cls, node.input, "Conv"), conv_ins, {})[0]
+        return _image_seq(_activate(b, node, out, _activation_name(conf)))
     if len(d.shape) != 2 or d.shape[1] != K.shape[0]:
         b.fail(node, f"kernel of shape {K.shape} does not fit an input of shape "
-                     f"{to_keras(d).shape[1:]} (Dense on features or image channels only)")
+                     f"{to_keras(d).shape[1:]} (Dense on features, sequences or image "
+                     "channels only)")
     W = K.T
     src = _permuted_source(b, d)
     if src is None:
@@ -524,6 +645,9 @@ HANDLERS = {"Conv2D": _conv2d, "Dense": _dense, "BatchNormalization": _batchnorm
             "AveragePooling2D": _pool, "MaxPooling2D": _pool, "ZeroPadding2D": _zero_padding,
             "GlobalAveragePooling2D": _global_pool, "GlobalMaxPooling2D": _global_pool,
             "Rescaling": _rescaling, "UpSampling2D": _upsampling, "Cropping2D": _cropping,
+            "Conv1D": _conv1d, "MaxPooling1D": _pool1d, "AveragePooling1D": _pool1d,
+            "GlobalAveragePooling1D": _global_pool1d, "GlobalMaxPooling1D": _global_pool1d,
+            "ZeroPadding1D": _moves1d, "Cropping1D": _moves1d, "UpSampling1D": _moves1d,
             "Normalization": _normalization, "Multiply": _elementwise,
             "Maximum": _elementwise, "Minimum": _elementwise,
             "Flatten": _flatten, "Reshape": _reshape, "Add": _add, "Subtract": _add,
