@@ -22,6 +22,7 @@ import h5py
 import numpy as np
 
 ROLES = {"Dense": ["kernel", "bias"], "Conv2D": ["kernel", "bias"], "Conv1D": ["kernel", "bias"],
+         "Conv2DTranspose": ["kernel", "bias"], "PReLU": ["alpha"],
          "DepthwiseConv2D": ["depthwise_kernel", "bias"],
          "SeparableConv2D": ["depthwise_kernel", "pointwise_kernel", "bias"],
          "Normalization": ["mean", "variance", "count"],
@@ -97,6 +98,38 @@ def _conv(x, K, bias, strides, same, dil, groups):
     return out
 
 
+def _deconv_length(n, k, s, d, same, output_padding):
+    """Keras' ``deconv_output_length``."""
+    k = k + (k - 1) * (d - 1)
+    if output_padding is None:
+        return n * s + (0 if same else max(k - s, 0))
+    return (n - 1) * s + k - 2 * (k // 2 if same else 0) + output_padding
+
+
+def _conv_transpose(x, K, bias, strides, same, dil, output_padding):
+    """TensorFlow's conv2d_transpose: every input pixel's products spread into the full output
+    ((n - 1) s + k), then TensorFlow's SAME placement: the excess over Keras' output length
+    cut off half (rounded down) at the start, the rest at the end; a shortfall zeros at the
+    end."""
+    H, W, C = x.shape
+    kh, kw, F, _ = K.shape
+    full = [(H - 1) * strides[0] + (kh - 1) * dil[0] + 1, (W - 1) * strides[1] + (kw - 1) * dil[1] + 1]
+    y = np.zeros((full[0], full[1], F))
+    for i in range(H):
+        for j in range(W):
+            for a in range(kh):
+                for c in range(kw):
+                    y[i * strides[0] + a * dil[0], j * strides[1] + c * dil[1]] += K[a, c] @ x[i, j]
+    op = [None, None] if output_padding is None else _two(output_padding)
+    out = [_deconv_length(n, k, st, dl, same, o)
+           for n, k, st, dl, o in ((H, kh, strides[0], dil[0], op[0]), (W, kw, strides[1], dil[1], op[1]))]
+    res = np.zeros((out[0], out[1], F))
+    start = [max(f - o, 0) // 2 for f, o in zip(full, out)]
+    part = y[start[0]:start[0] + out[0], start[1]:start[1] + out[1]]
+    res[:part.shape[0], :part.shape[1]] = part
+    return res + (0.0 if bias is None else bias)
+
+
 def _pool(x, size, strides, same, kind):
     H, W, C = x.shape
     (pt, pb), (pl, pr) = _pads(H, size[0], strides[0], 1, same), _pads(W, size[1], strides[1], 1, same)
@@ -152,6 +185,15 @@ def reference(layers, inputs, outputs, xs, drop_output_act=False):
             elif l.cls in ("GlobalAveragePooling2D", "GlobalMaxPooling2D"):
                 fn = np.max if l.cls == "GlobalMaxPooling2D" else np.mean
                 y = fn(ins[0], axis=(0, 1), keepdims=bool(c.get("keepdims", False)))
+            elif l.cls == "Conv2DTranspose":
+                y = _act(act, _conv_transpose(ins[0], w["kernel"], w.get("bias"),
+                                              _two(c.get("strides", 1)), c.get("padding") == "same",
+                                              _two(c.get("dilation_rate", 1)),
+                                              c.get("output_padding")))
+            elif l.cls == "PReLU":
+                y = np.maximum(ins[0], 0) + w["alpha"] * np.minimum(ins[0], 0)
+            elif l.cls == "Permute":
+                y = ins[0].transpose([d - 1 for d in c["dims"]])
             elif l.cls == "Conv1D":  # a 2-D convolution of height 1; causal: zeros first
                 pad = c.get("padding")
                 seq = ins[0]
@@ -279,6 +321,16 @@ def _shape_rules(layers, inputs):
         elif l.cls == "Cropping2D":
             (t, b_), (lf, r) = c["cropping"]
             shapes[l.name] = (s[0][0] - t - b_, s[0][1] - lf - r, s[0][2])
+        elif l.cls == "Conv2DTranspose":
+            H, W, _ = s[0]
+            kh, kw, F, _ = l.weights["kernel"].shape
+            st, dl = _two(c.get("strides", 1)), _two(c.get("dilation_rate", 1))
+            op = c.get("output_padding")
+            op = [None, None] if op is None else _two(op)
+            shapes[l.name] = (_deconv_length(H, kh, st[0], dl[0], c.get("padding") == "same", op[0]),
+                              _deconv_length(W, kw, st[1], dl[1], c.get("padding") == "same", op[1]), F)
+        elif l.cls == "Permute":
+            shapes[l.name] = tuple(s[0][d - 1] for d in c["dims"])
         elif l.cls == "Conv1D":
             n, k = s[0][0], l.weights["kernel"].shape[0]
             st, dl = _two(c.get("strides", 1))[0], _two(c.get("dilation_rate", 1))[0]
@@ -709,3 +761,34 @@ def sequence_chain(rng):
           weights={"kernel": _w(rng, 3, 4), "bias": _w(rng, 4)}),
     ]
     return layers, {"input": (15, 2)}, ["out"]
+
+
+def decoder(rng):
+    """Conv2DTranspose (same with strides, valid with dilation, valid with output_padding,
+    a 1x1 kernel under stride 2: zeros at the end), PReLU (shared over the image, and per
+    element), Permute."""
+    def convt(name, src, k, cin, cout, act, **kw):
+        return L("Conv2DTranspose", name, [src], filters=cout, kernel_size=[k, k],
+                 strides=kw.get("strides", [1, 1]), padding=kw.get("padding", "valid"),
+                 output_padding=kw.get("output_padding"), dilation_rate=kw.get("dil", [1, 1]),
+                 activation=act, use_bias=True,
+                 weights={"kernel": _w(rng, k, k, cout, cin), "bias": _w(rng, cout, scale=0.2)})
+
+    layers = [
+        L("InputLayer", "z"),
+        convt("t1", "z", 3, 2, 3, "linear", strides=[2, 2], padding="same"),
+        L("PReLU", "p1", ["t1"], shared_axes=[1, 2],
+          weights={"alpha": _w(rng, 1, 1, 3, scale=0.3)}),
+        convt("t2", "p1", 2, 3, 2, "relu", dil=[2, 1]),
+        convt("t3", "t2", 3, 2, 2, "tanh", strides=[2, 1], output_padding=[1, 0]),
+        convt("t4", "t3", 1, 2, 2, "linear", strides=[2, 2]),
+        L("Permute", "perm", ["t4"], dims=[2, 1, 3]),
+        L("PReLU", "p2", ["perm"], weights={"alpha": _w(rng, 14, 36, 2, scale=0.5)}),
+        L("Conv2D", "down", ["p2"], filters=2, kernel_size=[4, 4], strides=[4, 4],
+          padding="valid", activation="relu", use_bias=True, dilation_rate=[1, 1],
+          weights={"kernel": _w(rng, 4, 4, 2, 2), "bias": _w(rng, 2)}),
+        L("Flatten", "f", ["down"]),
+        L("Dense", "out", ["f"], units=3, activation="linear", use_bias=True,
+          weights={"kernel": _w(rng, 54, 3), "bias": _w(rng, 3)}),
+    ]
+    return layers, {"z": (3, 2, 2)}, ["out"]

@@ -25,7 +25,7 @@ FIXTURES = Path(__file__).resolve().parent / "fixtures"
 MODELS = {"branched": km.branched, "mnist_conv": km.mnist_conv, "reshaped": km.reshaped,
           "merges": km.merges, "gated": km.gated, "mobile": km.mobile,
           "tutorial": km.tutorial, "efficient": km.efficient,
-          "sequence": km.sequence, "sequence_chain": km.sequence_chain}
+          "sequence": km.sequence, "sequence_chain": km.sequence_chain, "decoder": km.decoder}
 WRITERS = {"h5": km.save_h5, "keras": km.save_keras3}
 
 
@@ -43,7 +43,7 @@ def _write(tmp_path, model, ext, sequential=False, seed=0):
                                               ("gated", True), ("mobile", False),
                                               ("tutorial", True), ("tutorial", False),
                                               ("efficient", False), ("sequence", False),
-                                              ("sequence_chain", True)])
+                                              ("sequence_chain", True), ("decoder", True)])
 def test_forward_equals_an_independent_numpy_network(tmp_path, model, sequential, ext):
     path, (layers, inputs, outputs) = _write(tmp_path, model, ext, sequential)
     g = load_network(path)
@@ -88,7 +88,7 @@ def test_flatten_takes_keras_channels_last_order(tmp_path):
 
 
 @pytest.mark.parametrize("model", ["branched", "gated", "mobile", "tutorial", "efficient",
-                                   "sequence"])
+                                   "sequence", "decoder"])
 def test_crown_bounds_hold_on_sampled_inputs(tmp_path, model):
     from crown_cli.engine.graph_bounds import GraphBounds
 
@@ -245,6 +245,23 @@ def test_unsupported_settings_of_the_1d_layers_name_the_layer(tmp_path):
     km.save_h5(tmp_path / "img.h5", layers, inputs, outputs)
     assert "layer 'c1d' (Conv1D): needs a sequence input (steps, C), got shape (8, 7, 2)" in \
         _bad(tmp_path / "img.h5")
+
+
+def test_unsupported_settings_of_transposed_convolutions_prelu_permute_name_the_layer(
+        tmp_path):
+    def bad(edit):
+        layers, inputs, outputs = km.decoder(np.random.default_rng(0))
+        edit({l.name: l for l in layers})
+        path = tmp_path / f"d{len(list(tmp_path.iterdir()))}.h5"
+        km.save_h5(path, layers, inputs, outputs)
+        return _bad(path)
+
+    assert "layer 't1' (Conv2DTranspose): kernel of shape (3, 3, 3, 3), expected (kh, kw, " \
+        "filters, 2)" in bad(lambda L: L["t1"].weights.update(kernel=np.ones((3, 3, 3, 3))))
+    assert "layer 'p1' (PReLU): alpha of shape (1, 1, 2) does not fit the input's (6, 4, 3)" \
+        in bad(lambda L: L["p1"].weights.update(alpha=np.ones((1, 1, 2))))
+    assert "layer 'perm' (Permute): dims [1, 1, 3] are not a permutation of 1..3" in bad(
+        lambda L: L["perm"].config.update(dims=[1, 1, 3]))
 
 
 def test_a_normalization_given_its_statistics_in_the_config_loads(tmp_path):

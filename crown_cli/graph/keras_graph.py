@@ -31,7 +31,8 @@ from crown_cli.errors import InputError, read_header
 
 # weight roles of a layer's variables in the order Keras 3 stores them (``vars/0, 1, ...``)
 _VAR_ROLES = {"Dense": ("kernel", "bias"), "Conv2D": ("kernel", "bias"),
-              "Conv1D": ("kernel", "bias"),
+              "Conv1D": ("kernel", "bias"), "Conv2DTranspose": ("kernel", "bias"),
+              "PReLU": ("alpha",),
               "DepthwiseConv2D": ("depthwise_kernel", "bias"),
               "SeparableConv2D": ("depthwise_kernel", "pointwise_kernel", "bias"),
               "Normalization": ("mean", "variance", "count")}

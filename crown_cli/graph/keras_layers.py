@@ -327,6 +327,47 @@ def _depthwise(b, node, layer, ins):
     return _activate(b, node, out, _activation_name(conf))
 
 
+def _conv2d_transpose(b, node, layer, ins):
+    """Conv2DTranspose: ONNX's ConvTranspose (the adjoint of the convolution, kernel
+    (kh, kw, filters, C) as (C, filters, kh, kw)) with Keras' output size (its
+    ``deconv_output_length``: ``valid`` n s + max(k - s, 0), ``same`` n s, or with
+    ``output_padding``) and TensorFlow's placement: of the full (n - 1) s + k the first half
+    (rounded down) of the excess is cut off, a shortfall is zeros at the end."""
+    from crown_cli.graph.onnx_ops import _conv_transpose
+
+    d, conf = ins[0], layer.conf
+    _channels_last(b, node, conf)
+    _image(b, node, d)
+    K = _weight(b, node, layer, "kernel")
+    if K.ndim != 4 or K.shape[3] != d.shape[1]:
+        b.fail(node, f"kernel of shape {K.shape}, expected (kh, kw, filters, {d.shape[1]})")
+    bias = _weight(b, node, layer, "bias", required=False) if conf.get("use_bias", True) else None
+    strides = _pair(conf.get("strides", 1), "strides", b, node)
+    dil = _pair(conf.get("dilation_rate", 1), "dilation_rate", b, node)
+    mode = str(conf.get("padding", "valid")).lower()
+    if mode not in ("valid", "same"):
+        b.fail(node, f"padding '{mode}' is not supported (valid, same)")
+    outpad = conf.get("output_padding")
+    outpad = None if outpad is None else _pair(outpad, "output_padding", b, node)
+    pads, extra = [0, 0, 0, 0], [0, 0]
+    for a in (0, 1):
+        n, s, k = d.shape[2 + a], strides[a], (K.shape[a] - 1) * dil[a] + 1
+        if outpad is None:
+            out = n * s + (max(k - s, 0) if mode == "valid" else 0)
+        else:
+            out = (n - 1) * s + k - 2 * (k // 2 if mode == "same" else 0) + outpad[a]
+        excess = (n - 1) * s + k - out
+        if excess >= 0:
+            pads[a], pads[a + 2] = excess // 2, excess - excess // 2
+        else:
+            extra[a] = -excess
+    attrs = {"strides": strides, "dilations": dil, "pads": pads, "output_padding": extra}
+    conv_ins = [d, Const(K.transpose(3, 2, 0, 1))] + ([Const(bias)] if bias is not None else [])
+    out = _conv_transpose(b, KNode(node.name, node.cls, node.input, "ConvTranspose"), conv_ins,
+                          attrs)[0]
+    return _activate(b, node, out, _activation_name(conf))
+
+
 def _dense(b, node, layer, ins):
     d, conf = ins[0], layer.conf
     K = _weight(b, node, layer, "kernel")
@@ -636,6 +677,34 @@ def _act_layer(b, node, layer, ins):
     return _activate(b, node, ins[0], name, _layer_alpha(cls, conf))
 
 
+def _prelu(b, node, layer, ins):
+    """PReLU: ``max(x, 0) + alpha min(x, 0)`` with the layer's alpha (the input's shape, 1
+    along ``shared_axes``), as ONNX PRelu (a leaky ReLU where one slope in [0, 1] serves
+    every element)."""
+    from crown_cli.graph import onnx_relu_forms as forms
+
+    d = ins[0]
+    a = _weight(b, node, layer, "alpha")
+    keras_shape = to_keras(d).shape[1:]
+    try:
+        a = np.broadcast_to(a, keras_shape)
+    except ValueError:
+        b.fail(node, f"alpha of shape {a.shape} does not fit the input's {keras_shape}")
+    a = a[None].transpose(0, 3, 1, 2) if len(d.shape) == 4 else a[None]
+    return forms.prelu(b, KNode(node.name, node.cls, node.input, "PRelu"), [d, Const(a)],
+                       {})[0]
+
+
+def _permute(b, node, layer, ins):
+    """Permute: the non-batch axes reordered (``dims`` numbered from 1)."""
+    d = ins[0]
+    dims = [int(v) for v in layer.conf.get("dims", [])]
+    rank = len(d.shape)
+    if sorted(dims) != list(range(1, rank)):
+        b.fail(node, f"dims {dims} are not a permutation of 1..{rank - 1}")
+    return to_inner(T.view(to_keras(d), lambda a: a.transpose([0] + dims)))
+
+
 def _identity(b, node, layer, ins):
     return ins[0]
 
@@ -645,6 +714,7 @@ HANDLERS = {"Conv2D": _conv2d, "Dense": _dense, "BatchNormalization": _batchnorm
             "AveragePooling2D": _pool, "MaxPooling2D": _pool, "ZeroPadding2D": _zero_padding,
             "GlobalAveragePooling2D": _global_pool, "GlobalMaxPooling2D": _global_pool,
             "Rescaling": _rescaling, "UpSampling2D": _upsampling, "Cropping2D": _cropping,
+            "Conv2DTranspose": _conv2d_transpose, "PReLU": _prelu, "Permute": _permute,
             "Conv1D": _conv1d, "MaxPooling1D": _pool1d, "AveragePooling1D": _pool1d,
             "GlobalAveragePooling1D": _global_pool1d, "GlobalMaxPooling1D": _global_pool1d,
             "ZeroPadding1D": _moves1d, "Cropping1D": _moves1d, "UpSampling1D": _moves1d,
