@@ -58,6 +58,31 @@ def test_forward_equals_an_independent_numpy_network(tmp_path, model, sequential
     np.testing.assert_allclose(g.forward(x), want, rtol=1e-12, atol=1e-12)
 
 
+REAL = sorted((FIXTURES / "keras_graphs").glob("*.expected.npz"))
+
+
+def _real_files(npz):
+    name, tag = npz.name[:-len(".expected.npz")].rsplit(".", 1)
+    return [npz.parent / f"{name}.{tag}.h5"] + ([npz.parent / f"{name}.keras"] if tag == "k3"
+                                                 else [])
+
+
+@pytest.mark.parametrize("npz", REAL, ids=[p.name[:-len(".expected.npz")] for p in REAL])
+def test_forward_equals_keras_own_predictions_on_files_keras_wrote(npz):
+    """Files written by Keras itself (scripts/make_keras_graph_fixtures.py: Keras 3's .keras
+    and .h5, the Keras 2 API's .h5) with the layers of MobileNet-, EfficientNet-, sequence and
+    decoder models, against ``model.predict`` (float32)."""
+    want = np.load(npz)
+    assert len(REAL) >= 7  # (k3: 4 models, k2: 3 or more)
+    for path in _real_files(npz):
+        g = load_network(str(path))
+        assert isinstance(g, Graph)
+        got = g.forward(want["x"])
+        scale = max(1.0, float(np.abs(want["logits"]).max()))
+        np.testing.assert_allclose(got, want["logits"], rtol=0, atol=2e-6 * scale,
+                                   err_msg=f"{path.name} ({want['writer']})")
+
+
 def test_an_output_softmax_is_dropped_and_a_hidden_one_refused(tmp_path):
     path, (layers, inputs, outputs) = _write(tmp_path, "branched", "h5")
     g = load_network(path)

@@ -1,0 +1,170 @@
+"""Write Keras graph-model test fixtures with the real Keras writers and Keras' own predictions.
+
+The models use the layers of MobileNet-, EfficientNet-, Xception- and tutorial-style image
+classifiers, 1-D sequence models and decoders (``mobile``, ``efficient``, ``sequence``,
+``decoder`` below: DepthwiseConv2D, SeparableConv2D, global pools, Rescaling, Normalization,
+Multiply, Maximum / Minimum, Conv1D with causal padding, 1-D pools and moves, Dense and
+BatchNormalization on sequences, Conv2DTranspose, PReLU, Permute, UpSampling2D, Cropping2D).
+Each gets fixed, seeded weights and is saved into ``tests/fixtures/keras_graphs/`` by every
+writer at hand:
+
+* ``<name>.keras``      Keras 3's archive (``model.save('m.keras')``);
+* ``<name>.k3.h5``      Keras 3's legacy HDF5 (``model.save('m.h5')``);
+* ``<name>.k2.h5``      the Keras 2 API's HDF5 (``tf_keras``), when installed;
+
+and ``<name>.expected.npz`` beside them with ``x`` (inputs, flattened row-major in the
+model's own (H, W, C) / (steps, C) order), ``logits`` (``model.predict(x)``, float32 as Keras
+computes them) and ``writer`` (the Keras versions). The test suite
+(tests/test_keras_graphs.py) reads the committed files with h5py only and holds crown's
+forward pass to Keras' predictions.
+
+TensorFlow is NOT a dependency of crown_cli; this script needs a separate venv::
+
+    python3 -m venv /tmp/kvenv
+    /tmp/kvenv/bin/pip install tensorflow-cpu tf-keras
+
+run from the repository root::
+
+    /tmp/kvenv/bin/python scripts/make_keras_graph_fixtures.py
+"""
+from __future__ import annotations
+
+import os
+import sys
+
+import numpy as np
+
+OUT = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tests",
+                   "fixtures", "keras_graphs")
+
+
+def mobile(k):
+    L = k.layers
+    x = k.Input((8, 7, 2), name="image")
+    y = L.Rescaling(0.5, offset=0.1, name="scale")(x)
+    y = L.DepthwiseConv2D(3, strides=2, padding="same", depth_multiplier=2, activation="relu",
+                          name="dw")(y)
+    y = L.SeparableConv2D(3, 2, padding="valid", name="sep")(y)
+    r = L.ReLU(name="r")(y)
+    up = L.UpSampling2D((2, 3), name="up")(r)
+    crop = L.Cropping2D(((1, 0), (2, 1)), name="crop")(up)
+    gap = L.GlobalAveragePooling2D(name="gap")(crop)
+    gmp = L.GlobalMaxPooling2D(name="gmp")(crop)
+    gapk = L.Flatten(name="fk")(L.GlobalAveragePooling2D(keepdims=True, name="gapk")(r))
+    y = L.Concatenate(name="cat")([gap, gmp, gapk])
+    y = L.Dense(3, name="out")(y)
+    return k.Model(x, y), [(8, 7, 2)]
+
+
+def efficient(k):
+    L = k.layers
+    x = k.Input((5, 6, 3), name="image")
+    y = L.Rescaling(0.5, name="rescale")(x)
+    norm = L.Normalization(axis=-1, name="norm")
+    norm.adapt(np.random.default_rng(7).normal(0.2, 1.5, size=(64, 5, 6, 3)).astype("float32"))
+    y = norm(y)
+    stem = L.Conv2D(4, 3, padding="same", activation="swish", name="stem")(y)
+    dw = L.DepthwiseConv2D(3, padding="same", activation="swish", name="dw")(stem)
+    se = L.GlobalAveragePooling2D(keepdims=True, name="squeeze")(dw)
+    se = L.Conv2D(2, 1, activation="swish", name="se_reduce")(se)
+    se = L.Conv2D(4, 1, activation="sigmoid", name="se_expand")(se)
+    y = L.Multiply(name="excite")([dw, se])
+    proj = L.Conv2D(4, 1, name="project")(y)
+    y = L.Add(name="residual")([proj, stem])
+    hi = L.Maximum(name="hi")([y, proj])
+    lo = L.Minimum(name="lo")([y, stem, dw])
+    y = L.Concatenate(name="both")([hi, lo])
+    y = L.GlobalAveragePooling2D(name="pool")(y)
+    y = L.Dense(3, name="logits")(y)
+    return k.Model(x, y), [(5, 6, 3)]
+
+
+def sequence(k):
+    L = k.layers
+    x = k.Input((12, 3), name="signal")
+    y = L.Conv1D(4, 3, padding="same", activation="relu", name="c1")(x)
+    y = L.Conv1D(4, 2, padding="causal", dilation_rate=2, activation="tanh", name="c2")(y)
+    y = L.MaxPooling1D(2, name="mp")(y)
+    y = L.AveragePooling1D(2, strides=1, padding="same", name="ap")(y)
+    y = L.BatchNormalization(name="bn")(y)
+    y = L.ZeroPadding1D((1, 2), name="zp")(y)
+    y = L.Cropping1D((1, 0), name="cr")(y)
+    y = L.UpSampling1D(2, name="up")(y)
+    c3 = L.Conv1D(3, 3, strides=2, activation="relu", name="c3")(y)
+    mix = L.Dense(3, activation="sigmoid", name="mix")(c3)
+    gap = L.GlobalAveragePooling1D(name="gap")(mix)
+    gmp = L.Flatten(name="fl")(L.GlobalMaxPooling1D(keepdims=True, name="gmp")(c3))
+    y = L.Concatenate(name="cat")([gap, gmp, L.Flatten(name="fseq")(mix)])
+    y = L.Dense(2, name="out")(y)
+    return k.Model(x, y), [(12, 3)]
+
+
+def decoder(k):
+    L = k.layers
+    x = k.Input((3, 2, 2), name="z")
+    y = L.Conv2DTranspose(3, 3, strides=2, padding="same", name="t1")(x)
+    y = L.PReLU(shared_axes=[1, 2], name="p1")(y)
+    y = L.Conv2DTranspose(2, 2, dilation_rate=2, activation="relu", name="t2")(y)
+    y = L.Conv2DTranspose(2, 3, strides=(2, 1), output_padding=(1, 0), activation="tanh",
+                          name="t3")(y)
+    y = L.Conv2DTranspose(2, 1, strides=2, name="t4")(y)
+    y = L.Conv2DTranspose(2, 3, strides=2, padding="same", output_padding=1, name="t5")(y)
+    y = L.Permute((2, 1, 3), name="perm")(y)
+    y = L.PReLU(name="p2")(y)
+    y = L.Conv2D(2, 8, strides=8, activation="relu", name="down")(y)
+    y = L.Flatten(name="f")(y)
+    y = L.Dense(3, name="out")(y)
+    return k.Model(x, y), [(3, 2, 2)]
+
+
+MODELS = {"mobile": mobile, "efficient": efficient, "sequence": sequence, "decoder": decoder}
+
+
+def seeded(model, seed):
+    """Fixed weights: normal(0, 0.5); batch-norm variances positive; a Normalization keeps
+    its adapted statistics."""
+    rng = np.random.default_rng(seed)
+    for layer in model.layers:
+        if type(layer).__name__ == "Normalization":
+            continue
+        ws = []
+        for w, v in zip(layer.get_weights(), layer.weights):
+            name = getattr(v, "path", None) or v.name
+            if "moving_variance" in name:
+                ws.append((0.5 + np.abs(rng.normal(0, 0.5, w.shape))).astype(w.dtype))
+            else:
+                ws.append(rng.normal(0, 0.5, w.shape).astype(w.dtype))
+        layer.set_weights(ws)
+
+
+def write(keras, tag, writer):
+    os.makedirs(OUT, exist_ok=True)
+    for seed, (name, make) in enumerate(MODELS.items()):
+        model, shapes = make(keras)
+        seeded(model, seed)
+        rng = np.random.default_rng(100 + seed)
+        x = rng.normal(0, 1, size=(5,) + shapes[0]).astype("float32")
+        logits = np.asarray(model.predict(x, verbose=0), np.float64)
+        paths = [f"{name}.{tag}.h5"] + ([f"{name}.keras"] if tag == "k3" else [])
+        for p in paths:
+            model.save(os.path.join(OUT, p))
+        npz = os.path.join(OUT, f"{name}.{tag}.expected.npz")
+        np.savez(npz, x=x.reshape(5, -1).astype(np.float64), logits=logits, writer=writer)
+        print(f"{name}: {', '.join(paths)} ({writer})")
+
+
+def main():
+    import keras
+
+    write(keras, "k3", f"keras {keras.__version__}")
+    try:
+        os.environ["TF_USE_LEGACY_KERAS"] = "1"
+        import tf_keras
+    except ImportError:
+        print("tf_keras not installed: no Keras 2 files", file=sys.stderr)
+        return
+    write(tf_keras, "k2", f"tf_keras {tf_keras.__version__}")
+
+
+if __name__ == "__main__":
+    main()
