@@ -4,7 +4,9 @@ The models use the layers of MobileNet-, EfficientNet-, Xception- and tutorial-s
 classifiers, 1-D sequence models and decoders (``mobile``, ``efficient``, ``sequence``,
 ``decoder`` below: DepthwiseConv2D, SeparableConv2D, global pools, Rescaling, Normalization,
 Multiply, Maximum / Minimum, Conv1D with causal padding, 1-D pools and moves, Dense and
-BatchNormalization on sequences, Conv2DTranspose, PReLU, Permute, UpSampling2D, Cropping2D).
+BatchNormalization on sequences, Conv2DTranspose, PReLU, Permute, UpSampling2D, Cropping2D)
+and models used as layers (``nested``, ``transfer``: a functional base, Sequential
+augmentation and head).
 Each gets fixed, seeded weights and is saved into ``tests/fixtures/keras_graphs/`` by every
 writer at hand:
 
@@ -117,14 +119,59 @@ def decoder(k):
     return k.Model(x, y), [(3, 2, 2)]
 
 
-MODELS = {"mobile": mobile, "efficient": efficient, "sequence": sequence, "decoder": decoder}
+def _base(k, name):
+    L = k.layers
+    inp = k.Input((6, 6, 2), name="img")
+    y = L.Conv2D(3, 3, padding="same", name="conv")(inp)
+    y = L.BatchNormalization(name="bn")(y)
+    return k.Model(inp, L.ReLU(name="relu")(y), name=name)
+
+
+def _augment(k):
+    L = k.layers
+    return k.Sequential([L.RandomFlip("horizontal", name="flip"),
+                         L.RandomRotation(0.1, name="rot"), L.RandomZoom(0.1, name="zoom"),
+                         L.RandomContrast(0.1, name="contrast")], name="augment")
+
+
+def nested(k):
+    """Models as layers: an augmentation Sequential, a functional base called on a new input
+    (Keras 2 numbers that call node 1), a Sequential head."""
+    L = k.layers
+    x = k.Input((6, 6, 2), name="x")
+    z = L.Rescaling(0.5, name="rescale")(_augment(k)(x))
+    z = _base(k, "base")(z)
+    head = k.Sequential([L.GlobalAveragePooling2D(name="gap"), L.Dense(3, name="out")],
+                        name="head")
+    return k.Model(x, head(z)), [(6, 6, 2)]
+
+
+def transfer(k):
+    """A Sequential as Keras' transfer-learning tutorials write it: augmentation, a base
+    model, a pooling and a Dense head."""
+    L = k.layers
+    model = k.Sequential([k.Input((6, 6, 2)), _augment(k), _base(k, "base"),
+                          L.GlobalAveragePooling2D(name="gap"), L.Dropout(0.2, name="drop"),
+                          L.Dense(4, name="out")], name="transfer")
+    return model, [(6, 6, 2)]
+
+
+MODELS = {"mobile": mobile, "efficient": efficient, "sequence": sequence, "decoder": decoder,
+          "nested": nested, "transfer": transfer}
 
 
 def seeded(model, seed):
     """Fixed weights: normal(0, 0.5); batch-norm variances positive; a Normalization keeps
     its adapted statistics."""
     rng = np.random.default_rng(seed)
+    _seed_layers(model, rng)
+
+
+def _seed_layers(model, rng):
     for layer in model.layers:
+        if hasattr(layer, "layers"):  # a model used as a layer
+            _seed_layers(layer, rng)
+            continue
         if type(layer).__name__ == "Normalization":
             continue
         ws = []

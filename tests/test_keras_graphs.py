@@ -73,7 +73,7 @@ def test_forward_equals_keras_own_predictions_on_files_keras_wrote(npz):
     and .h5, the Keras 2 API's .h5) with the layers of MobileNet-, EfficientNet-, sequence and
     decoder models, against ``model.predict`` (float32)."""
     want = np.load(npz)
-    assert len(REAL) >= 7  # (k3: 4 models, k2: 3 or more)
+    assert len(REAL) >= 12  # (6 models, each by Keras 3 and by tf_keras)
     for path in _real_files(npz):
         g = load_network(str(path))
         assert isinstance(g, Graph)
@@ -81,6 +81,22 @@ def test_forward_equals_keras_own_predictions_on_files_keras_wrote(npz):
         scale = max(1.0, float(np.abs(want["logits"]).max()))
         np.testing.assert_allclose(got, want["logits"], rtol=0, atol=2e-6 * scale,
                                    err_msg=f"{path.name} ({want['writer']})")
+
+
+def test_a_model_used_as_a_layer_must_have_one_output(tmp_path):
+    import shutil
+
+    import h5py
+
+    path = tmp_path / "two.h5"
+    shutil.copy(FIXTURES / "keras_graphs" / "nested.k3.h5", path)
+    with h5py.File(path, "r+") as f:
+        cfg = json.loads(f.attrs["model_config"])
+        base = next(l for l in cfg["config"]["layers"] if l["config"].get("name") == "base")
+        base["config"]["output_layers"] = [["relu", 0, 0], ["bn", 0, 0]]
+        f.attrs["model_config"] = json.dumps(cfg)
+    assert "layer 'base' (Functional) has 2 outputs; a model used as a layer must have one" \
+        in _bad(path)
 
 
 def test_an_output_softmax_is_dropped_and_a_hidden_one_refused(tmp_path):

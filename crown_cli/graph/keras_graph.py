@@ -30,6 +30,9 @@ import numpy as np
 from crown_cli.errors import InputError, read_header
 
 # weight roles of a layer's variables in the order Keras 3 stores them (``vars/0, 1, ...``)
+MODEL_CLASSES = ("Functional", "Model", "Sequential")  # a model used as a layer: inlined
+NESTED = "__layers__"  # a model layer's weights: {inner layer name: its weights}
+ALIAS = "__alias__"  # an identity layer naming an inlined model's input or output
 _VAR_ROLES = {"Dense": ("kernel", "bias"), "Conv2D": ("kernel", "bias"),
               "Conv1D": ("kernel", "bias"), "Conv2DTranspose": ("kernel", "bias"),
               "PReLU": ("alpha",),
@@ -129,10 +132,7 @@ def read_keras(path: str, budget: float) -> Optional[Tuple[List[KerasLayer], lis
             return None
         config, layers, keras3, arrays = read_keras_zip(path)
         cls = config.get("class_name", "")
-        weights = []
-        for layer, (name, found) in zip(layers, arrays):
-            conf = layer.get("config", {}) or {}
-            weights.append(dict(zip(_roles(layer.get("class_name", ""), conf, len(found)), found)))
+        weights = _zip_weights(layers, arrays)
     elif magic == b"\x89HDF\r\n\x1a\n":
         config, layers, weights, keras3 = _read_h5(path, budget)
         if config is None:
@@ -140,10 +140,35 @@ def read_keras(path: str, budget: float) -> Optional[Tuple[List[KerasLayer], lis
         cls = config.get("class_name", "")
     else:
         return None
+    _check_sizes(path, layers, weights, budget)
+    return _topology(path, config, cls, layers, weights) + (keras3,)
+
+
+def _zip_weights(layers, arrays) -> List[dict]:
+    """Per layer, its weights by role (:func:`_roles`); a model used as a layer:
+    ``{NESTED: {inner layer name: its weights}}``."""
+    out = []
+    for layer, (_, found) in zip(layers, arrays):
+        cls = layer.get("class_name", "")
+        conf = layer.get("config", {}) or {}
+        if cls in MODEL_CLASSES:
+            inner = conf.get("layers") if isinstance(conf.get("layers"), list) else []
+            out.append({NESTED: {_layer_name(lay): w for lay, w in
+                                 zip(inner, _zip_weights(inner, found))}})
+        else:
+            out.append(dict(zip(_roles(cls, conf, len(found)), found)))
+    return out
+
+
+def _check_sizes(path, layers, weights, budget) -> None:
     for layer, w in zip(layers, weights):
         for role, a in w.items():
-            _check_size(path, f"{_layer_name(layer)}/{role}", a.shape, budget)
-    return _topology(path, config, cls, layers, weights) + (keras3,)
+            if role == NESTED:
+                for inner, iw in a.items():
+                    _check_sizes(path, [{"config": {"name": f"{_layer_name(layer)}/{inner}"}}],
+                                 [iw], budget)
+            else:
+                _check_size(path, f"{_layer_name(layer)}/{role}", a.shape, budget)
 
 
 def _layer_name(layer: dict) -> str:
@@ -179,14 +204,20 @@ def _read_h5(path: str, budget: float):
                 conf = layer.get("config", {}) or {}
                 name = conf.get("name") or layer.get("name") or ""
                 found = {}
+                nested = layer.get("class_name", "") in MODEL_CLASSES
                 if name in g:
                     lg = g[name]
                     for wn in (_decode(n) for n in lg.attrs.get("weight_names", [])):
                         ds = lg[wn]
                         _check_size(path, wn, ds.shape, budget)  # before reading it
-                        role = wn.split("/")[-1].split(":")[0]
-                        found[role] = np.asarray(ds[()])
-                weights.append(found)
+                        parts = wn.split("/")
+                        role = parts[-1].split(":")[0]
+                        if nested:  # "<inner layer>/<role>": one dict per inner layer
+                            inner = parts[-2] if len(parts) > 1 else ""
+                            found.setdefault(inner, {})[role] = np.asarray(ds[()])
+                        else:
+                            found[role] = np.asarray(ds[()])
+                weights.append({NESTED: found} if nested else found)
     except InputError:
         raise
     except (ValueError, TypeError) as exc:
@@ -198,52 +229,94 @@ def _read_h5(path: str, budget: float):
 
 
 def _topology(path: str, config: dict, cls: str, layers: list, weights: list):
-    """Layers with their inbound tensors, the inputs with their shapes, the outputs."""
+    """Layers with their inbound tensors, the inputs with their shapes, the outputs. A model
+    used as a layer (transfer learning's base, a Sequential of augmentation layers) is
+    inlined: its layers named ``<model>/<layer>``, its inputs identities of the tensors the
+    model layer reads, and an identity named as the model layer reading its output."""
     conf_all = config.get("config") or {}
+    if cls not in MODEL_CLASSES:
+        raise InputError(f"{path}: the model is a {cls or 'unknown class'}; expected a "
+                         "Sequential or functional model")
     out_layers: List[KerasLayer] = []
+    inputs, outputs = _model(path, cls, conf_all, layers, weights, "", None, out_layers)
     if cls == "Sequential":
-        shape = None
-        prev: Optional[str] = None
+        if not inputs[0][1]:
+            inputs = [(inputs[0][0], conf_all.get("build_input_shape"))]
+        if not out_layers:
+            raise InputError(f"{path}: the Sequential model has no layers")
+    elif not inputs or not outputs:
+        raise InputError(f"{path}: the functional model config lists no input_layers or "
+                         "output_layers")
+    return out_layers, inputs, outputs
+
+
+def _model(path, cls, conf_all, layers, weights, prefix, feeds, out_layers):
+    """Append the KerasLayers of one model's ``layers`` (names prefixed by ``prefix``) to
+    ``out_layers``; ``feeds``: the refs its inputs read (None: the file's own inputs).
+    Returns (inputs [(name, shape)], outputs [refs])."""
+    def named(n):
+        return prefix + n
+
+    models = {_layer_name(lay) for lay in layers if lay.get("class_name", "") in MODEL_CLASSES}
+
+    def ref(r):  # a model layer's output is its alias, whichever call of the model made it
+        return (named(r[0]), 0 if r[0] in models else r[1], r[2])
+
+    def add(name, lcls, conf, inbound, w):
+        if lcls in MODEL_CLASSES:
+            inner = conf.get("layers") if isinstance(conf.get("layers"), list) else []
+            found = w.get(NESTED, {})
+            inner_w = [found.get(_layer_name(lay)) or {NESTED: found} if
+                       lay.get("class_name", "") in MODEL_CLASSES else
+                       found.get(_layer_name(lay), {}) for lay in inner]
+            _, outs = _model(path, lcls, conf, inner, inner_w, named(name) + "/", inbound,
+                             out_layers)
+            if len(outs) != 1:
+                raise InputError(f"{path}: layer '{named(name)}' ({lcls}) has {len(outs)} "
+                                 "outputs; a model used as a layer must have one")
+            out_layers.append(KerasLayer(named(name), ALIAS, {}, outs, {}))
+        else:
+            out_layers.append(KerasLayer(named(name), lcls, conf, inbound, w))
+
+    inputs = []
+    if cls == "Sequential":
+        shape, prev = None, None
         for layer, w in zip(layers, weights):
             lcls = layer.get("class_name", "")
             conf = layer.get("config", {}) or {}
-            name = conf.get("name") or layer.get("name") or ""
+            name = _layer_name(layer)
             if shape is None:
                 shape = _shape_of(conf)
             if lcls == "InputLayer":
                 continue
             if prev is None:
-                prev = "__input__"
-            out_layers.append(KerasLayer(name, lcls, conf, [(prev, 0, 0)], w))
-            prev = name
-        if shape is None:
-            shape = conf_all.get("build_input_shape")
-        if not out_layers:
-            raise InputError(f"{path}: the Sequential model has no layers")
-        return out_layers, [("__input__", shape)], [(prev, 0, 0)]
-    if cls not in ("Functional", "Model"):
-        raise InputError(f"{path}: the model is a {cls or 'unknown class'}; expected a "
-                         "Sequential or functional model")
-    inputs = []
+                prev = feeds[0] if feeds else ("__input__", 0, 0)
+            add(name, lcls, conf, [prev], w)
+            prev = (named(name), 0, 0)
+        if prev is None:
+            raise InputError(f"{path}: the Sequential model {prefix or ''}has no layers")
+        return [("__input__", shape)], [prev]
     by_name = {}
     for layer, w in zip(layers, weights):
         lcls = layer.get("class_name", "")
         conf = layer.get("config", {}) or {}
-        name = conf.get("name") or layer.get("name") or ""
+        name = _layer_name(layer)
         by_name[name] = (lcls, conf)
         if lcls == "InputLayer":
             continue
-        out_layers.append(KerasLayer(name, lcls, conf, _inbound(path, layer, name), w))
-    for name, _, _ in _refs(conf_all.get("input_layers")):
+        add(name, lcls, conf, [ref(r) for r in _inbound(path, layer, name)], w)
+    for k, (name, _, _) in enumerate(_refs(conf_all.get("input_layers"))):
         lcls, conf = by_name.get(name, ("", {}))
         if lcls != "InputLayer":
-            raise InputError(f"{path}: model input '{name}' is not an InputLayer")
-        inputs.append((name, _shape_of(conf)))
-    outputs = _refs(conf_all.get("output_layers"))
-    if not inputs or not outputs:
-        raise InputError(f"{path}: the functional model config lists no input_layers or "
-                         "output_layers")
-    return out_layers, inputs, outputs
+            raise InputError(f"{path}: model input '{named(name)}' is not an InputLayer")
+        if feeds is None:
+            inputs.append((name, _shape_of(conf)))
+        elif k < len(feeds):  # an inlined model's input: what the model layer reads
+            out_layers.append(KerasLayer(named(name), ALIAS, {}, [feeds[k]], {}))
+        else:
+            raise InputError(f"{path}: layer '{prefix[:-1]}' reads {len(feeds)} tensors; its "
+                             "model has more inputs")
+    return inputs, [ref(r) for r in _refs(conf_all.get("output_layers"))]
 
 
 def load_keras_graph(path: str, memory_budget: Optional[float] = None):

@@ -27,7 +27,11 @@ DROPPED_OUTPUTS = ("softmax", "sigmoid", "tanh", "arctan")
 GRAPH_ACTIVATIONS = {"gelu": "gelu", "swish": "silu", "silu": "silu", "mish": "mish",
                      "hard_swish": "hardswish", "hard_silu": "hardswish"}
 IDENTITY_LAYERS = ("Dropout", "SpatialDropout1D", "SpatialDropout2D", "GaussianNoise",
-                   "GaussianDropout", "AlphaDropout", "ActivityRegularization")
+                   "GaussianDropout", "AlphaDropout", "ActivityRegularization",
+                   # data augmentation (Keras' preprocessing layers): the identity outside
+                   # training
+                   "RandomFlip", "RandomRotation", "RandomZoom", "RandomTranslation",
+                   "RandomContrast", "RandomBrightness")
 
 
 class KNode:
@@ -724,8 +728,10 @@ HANDLERS = {"Conv2D": _conv2d, "Dense": _dense, "BatchNormalization": _batchnorm
             "Average": _add, "Concatenate": _concatenate, "Activation": _act_layer,
             "Softmax": _act_layer, "Lambda": _act_layer, "ReLU": _act_layer,
             "LeakyReLU": _act_layer, "ELU": _act_layer,
+            "__alias__": _identity,  # an inlined model's input or output (keras_graph)
             **{c: _identity for c in IDENTITY_LAYERS}}
-SUPPORTED = ", ".join(["InputLayer"] + sorted(HANDLERS))
+SUPPORTED = ", ".join(["InputLayer", "Functional / Sequential (a model as a layer)"] +
+                      sorted(h for h in HANDLERS if not h.startswith("__")))
 
 
 def _tensor(ref) -> str:

@@ -392,6 +392,8 @@ def _load_keras_zip(path: str) -> MLP:
             continue  # not among a Sequential model's layers in the weights file
         if lcls == "Dense" and not found:
             raise InputError(f"{path}: Dense layer '{name}' has no weights in model.weights.h5")
+        if lcls in MODEL_CLASSES:  # (the graph reader inlines it)
+            raise InputError(f"{path}: layer '{name}' is a model ({lcls}), not a Dense layer")
         _check_chain(layer, prev, name, path)
         prev = name
         entries.append((name, lcls, layer.get("config", {}) or {}, found))
@@ -433,38 +435,54 @@ def read_keras_zip(path: str):
     keras3 = str(meta.get("keras_version", "3")).startswith("3")
     try:
         with h5py.File(io.BytesIO(weights_bytes), "r") as f:
-            groups = f["layers"] if "layers" in f else {}
-            by_name = {}  # layer name -> its group of variables
-            for key in groups:
-                vg = groups[key]["vars"] if "vars" in groups[key] else None
-                if vg is not None:
-                    by_name[_decode(vg.attrs.get("name", key))] = vg
-            used = {}
-            out = []
-            for layer in layers:
-                lcls = layer.get("class_name", "") if isinstance(layer, dict) else ""
-                conf = (layer.get("config", {}) or {}) if isinstance(layer, dict) else {}
-                name = conf.get("name") or layer.get("name") or ""
-                if lcls == "InputLayer" and cls == "Sequential":
-                    out.append((name, []))  # not among a Sequential model's weight keys
-                    continue
-                base = _snake_case(lcls)  # the key Keras gives this layer in the weights file
-                used[base] = used.get(base, -1) + 1
-                key = base if used[base] == 0 else f"{base}_{used[base]}"
-                vg = by_name.get(name)
-                if vg is None and key in groups and "vars" in groups[key]:
-                    vg = groups[key]["vars"]
-                arrays = []
-                if vg is not None:
-                    idx = sorted(int(k) for k in vg if k.isdigit())
-                    arrays = [np.asarray(vg[str(i)][()]) for i in idx]
-                out.append((name, arrays))
+            out = _zip_layer_arrays(f["layers"] if "layers" in f else {}, layers, cls)
     except InputError:
         raise
     except Exception as exc:  # noqa: BLE001 - HDF5 errors of a corrupt weights file
         raise InputError(f"{path}: cannot read model.weights.h5 in the Keras archive "
                          f"({type(exc).__name__}: {exc})") from None
     return config, layers, keras3, out
+
+
+MODEL_CLASSES = ("Functional", "Model", "Sequential")  # a model used as a layer
+
+
+def _zip_layer_arrays(groups, layers, cls: str):
+    """Per layer of a model (its config's ``layers``), (name, its weight arrays in order) from
+    the weights file's ``groups`` (``<key>/vars/0, 1, ...``); a model used as a layer gives
+    (name, the same list of its own layers, from ``<key>/layers``)."""
+    by_name = {}  # layer name -> its group of variables
+    for key in groups:
+        vg = groups[key]["vars"] if "vars" in groups[key] else None
+        if vg is not None:
+            by_name[_decode(vg.attrs.get("name", key))] = vg
+    used = {}
+    out = []
+    for layer in layers:
+        lcls = layer.get("class_name", "") if isinstance(layer, dict) else ""
+        conf = (layer.get("config", {}) or {}) if isinstance(layer, dict) else {}
+        name = conf.get("name") or layer.get("name") or ""
+        if lcls == "InputLayer" and cls == "Sequential":
+            out.append((name, []))  # not among a Sequential model's weight keys
+            continue
+        base = _snake_case(lcls)  # the key Keras gives this layer in the weights file
+        used[base] = used.get(base, -1) + 1
+        key = base if used[base] == 0 else f"{base}_{used[base]}"
+        if lcls in MODEL_CLASSES:
+            inner = conf.get("layers")
+            sub = groups[key]["layers"] if key in groups and "layers" in groups[key] else {}
+            out.append((name, _zip_layer_arrays(sub, inner if isinstance(inner, list) else [],
+                                                lcls)))
+            continue
+        vg = by_name.get(name)
+        if vg is None and key in groups and "vars" in groups[key]:
+            vg = groups[key]["vars"]
+        arrays = []
+        if vg is not None:
+            idx = sorted(int(k) for k in vg if k.isdigit())
+            arrays = [np.asarray(vg[str(i)][()]) for i in idx]
+        out.append((name, arrays))
+    return out
 
 
 def _check_chain(layer: dict, prev: Optional[str], name: str, path: str) -> None:
