@@ -5,8 +5,8 @@ classifiers, 1-D sequence models and decoders (``mobile``, ``efficient``, ``sequ
 ``decoder`` below: DepthwiseConv2D, SeparableConv2D, global pools, Rescaling, Normalization,
 Multiply, Maximum / Minimum, Conv1D with causal padding, 1-D pools and moves, Dense and
 BatchNormalization on sequences, Conv2DTranspose, PReLU, Permute, UpSampling2D, Cropping2D)
-and models used as layers (``nested``, ``transfer``: a functional base, Sequential
-augmentation and head).
+models used as layers (``nested``, ``transfer``: a functional base, Sequential
+augmentation and head) and arithmetic on tensors (``arithmetic``).
 Each gets fixed, seeded weights and is saved into ``tests/fixtures/keras_graphs/`` by every
 writer at hand:
 
@@ -156,8 +156,25 @@ def transfer(k):
     return model, [(6, 6, 2)]
 
 
+def arithmetic(k):
+    """Arithmetic on tensors written as Python operators, which Keras records as ops
+    (Keras 3: ``keras.src.ops.numpy`` Add, Multiply, ...; the Keras 2 API: TFOpLambda):
+    MobileNetV3's hard sigmoid ``relu6(x + 3) * (1 / 6)``, a number minus a tensor, a
+    division by a number, a negation, a per-channel constant."""
+    L = k.layers
+    x = k.Input((6, 6, 2), name="x")
+    y = L.Conv2D(3, 3, padding="same", name="conv")(x)
+    h = L.ReLU(6.0, name="relu6")(y + 3.0) * (1.0 / 6.0)
+    y = L.Multiply(name="hswish")([y, h])
+    z = -((1.5 - y) / 4.0)
+    z = z * np.array([0.5, -1.0, 2.0], "float32") + np.array([0.1, 0.2, 0.3], "float32")
+    y = L.Concatenate(name="cat")([y, z])
+    y = L.GlobalAveragePooling2D(name="gap")(y)
+    return k.Model(x, L.Dense(3, name="out")(y)), [(6, 6, 2)]
+
+
 MODELS = {"mobile": mobile, "efficient": efficient, "sequence": sequence, "decoder": decoder,
-          "nested": nested, "transfer": transfer}
+          "nested": nested, "transfer": transfer, "arithmetic": arithmetic}
 
 
 def seeded(model, seed):

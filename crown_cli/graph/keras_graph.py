@@ -33,6 +33,12 @@ from crown_cli.errors import InputError, read_header
 MODEL_CLASSES = ("Functional", "Model", "Sequential")  # a model used as a layer: inlined
 NESTED = "__layers__"  # a model layer's weights: {inner layer name: its weights}
 ALIAS = "__alias__"  # an identity layer naming an inlined model's input or output
+OPS_CLASSES = ("Add", "Subtract", "Multiply", "Divide", "TrueDivide", "Negative")
+# the Keras 2 API's TFOpLambda functions read as Keras 3's ops (keras_layers._op)
+TF_OPS = {"__operators__.add": "ops.Add", "math.add": "ops.Add",
+          "math.subtract": "ops.Subtract", "math.multiply": "ops.Multiply",
+          "math.truediv": "ops.TrueDivide", "math.divide": "ops.Divide",
+          "math.negative": "ops.Negative"}
 _VAR_ROLES = {"Dense": ("kernel", "bias"), "Conv2D": ("kernel", "bias"),
               "Conv1D": ("kernel", "bias"), "Conv2DTranspose": ("kernel", "bias"),
               "PReLU": ("alpha",),
@@ -96,11 +102,52 @@ def _inbound(path: str, layer: dict, name: str) -> List[Tuple[str, int, int]]:
     out: List[Tuple[str, int, int]] = []
     if isinstance(node, dict):
         _history(node.get("args", []), out)
+        args = node.get("args", [])
+        if isinstance(args, list) and any(_constant(a) is not None for a in args):
+            # a Keras 3 op of tensors and numbers (``x + 3.0``): the numbers in place
+            consts = {k: _constant(a) for k, a in enumerate(args)}
+            layer.setdefault("config", {})["__args__"] = [
+                ("const", v) if v is not None else ("tensor", None) for v in consts.values()]
     else:
+        if node and isinstance(node[0], str):  # a TFOpLambda's node: the one entry itself
+            node = [node]
         for entry in node:
-            if isinstance(entry, list) and entry and isinstance(entry[0], str):
+            if not (isinstance(entry, list) and entry and isinstance(entry[0], str)):
+                continue
+            # a Keras 2 TFOpLambda calls its function with x (a tensor, or a number as
+            # ["_CONSTANT_VALUE", -1, value]) and y among the kwargs (a number or a tensor)
+            kwargs = entry[3] if len(entry) > 3 and isinstance(entry[3], dict) else {}
+            args = []
+            if entry[0] == "_CONSTANT_VALUE":
+                args.append(("const", _constant(entry[2])))
+            else:
                 out.append((entry[0], int(entry[1]), int(entry[2])))
+                args.append(("tensor", None))
+            y = kwargs.get("y")
+            if isinstance(y, list) and len(y) == 3 and isinstance(y[0], str):
+                out.append((y[0], int(y[1]), int(y[2])))
+                args.append(("tensor", None))
+            elif _constant(y) is not None:
+                args.append(("const", _constant(y)))
+            if len(args) > 1 or args[0][0] == "const":
+                layer.setdefault("config", {})["__args__"] = args
     return out
+
+
+def _constant(a):
+    """A number or a (nested) list of numbers among an op's args, as an array; else None."""
+    if isinstance(a, bool):
+        return None
+    if isinstance(a, dict) and a.get("class_name") == "__numpy__":  # Keras 3's numpy array
+        a = (a.get("config") or {}).get("value")
+    if isinstance(a, (int, float)):
+        return np.asarray(float(a))
+    if isinstance(a, list) and a and not any(isinstance(v, dict) for v in a):
+        try:
+            return np.asarray(a, dtype=np.float64)
+        except (TypeError, ValueError):
+            return None
+    return None
 
 
 def _refs(obj) -> List[Tuple[str, int, int]]:
@@ -299,12 +346,22 @@ def _model(path, cls, conf_all, layers, weights, prefix, feeds, out_layers):
     by_name = {}
     for layer, w in zip(layers, weights):
         lcls = layer.get("class_name", "")
+        if str(layer.get("module", "")).startswith("keras.src.ops"):
+            lcls = "ops." + lcls  # a Keras 3 op on tensors (``x + 3.0``), not a layer
+        elif lcls == "TFOpLambda":  # the Keras 2 API's op on tensors
+            fn = str((layer.get("config") or {}).get("function", ""))
+            lcls = TF_OPS.get(fn, f"TFOpLambda {fn}")
         conf = layer.get("config", {}) or {}
         name = _layer_name(layer)
         by_name[name] = (lcls, conf)
         if lcls == "InputLayer":
             continue
-        add(name, lcls, conf, [ref(r) for r in _inbound(path, layer, name)], w)
+        refs = [ref(r) for r in _inbound(path, layer, name)]
+        conf = layer.get("config", {}) or {}
+        if lcls in OPS_CLASSES and (lcls in ("TrueDivide", "Negative", "Divide") or
+                                    "__args__" in conf):
+            lcls = "ops." + lcls  # an op with a number (a legacy .h5 has no module)
+        add(name, lcls, conf, refs, w)
     for k, (name, _, _) in enumerate(_refs(conf_all.get("input_layers"))):
         lcls, conf = by_name.get(name, ("", {}))
         if lcls != "InputLayer":

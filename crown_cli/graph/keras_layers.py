@@ -638,6 +638,51 @@ def _normalization(b, node, layer, ins):
     return b.scale(node, d, a.reshape(bshape), (-mean * a).reshape(bshape), node.input[0])
 
 
+def _op(b, node, layer, ins):
+    """A Keras 3 op on tensors and numbers, as a model's config records ``x + 3.0`` or
+    ``x * (1 / 6)`` (MobileNetV3's hard sigmoid): ``ops.Add``, ``ops.Subtract``,
+    ``ops.Multiply``, ``ops.Divide`` / ``ops.TrueDivide`` (by a constant), ``ops.Negative``;
+    numbers broadcast in Keras' order."""
+    from crown_cli.graph.onnx_ops import _binary, _neg
+
+    op = {"ops.Add": "Add", "ops.Subtract": "Sub", "ops.Multiply": "Mul", "ops.Divide": "Div",
+          "ops.TrueDivide": "Div", "ops.Negative": "Neg"}[layer.cls]
+    tensors = iter(ins)
+    args = layer.conf.get("__args__") or [("tensor", None)] * len(ins)
+    vals = []
+    for kind, v in args:
+        if kind == "tensor":
+            vals.append(next(tensors, None))
+        else:
+            vals.append(v)
+    if any(v is None for v in vals) or len(vals) != (1 if op == "Neg" else 2):
+        b.fail(node, f"takes {'one' if op == 'Neg' else 'two'} operands, got {len(vals)}")
+    names = iter(node.input)
+    kn = KNode(node.name, node.cls, [next(names, "") if isinstance(v, Data) else ""
+                                     for v in vals], op)
+    if op == "Neg":
+        return _neg(b, kn, vals, {})[0]
+    data = [v for v in vals if isinstance(v, Data)]
+    if len(data) == 2 and len(data[0].shape) != len(data[1].shape):
+        return to_inner(_binary(b, kn, [to_keras(v) for v in vals], {})[0])
+    ref = data[0]
+    ops = []
+    for v in vals:
+        if isinstance(v, Data):
+            ops.append(v)
+            continue
+        c = np.asarray(v, np.float64)
+        if c.ndim:  # a constant array: Keras' order, broadcast there, then the builder's
+            try:
+                c = np.broadcast_to(c, to_keras(ref).shape)
+            except ValueError:
+                b.fail(node, f"a constant of shape {c.shape} does not broadcast to "
+                             f"{to_keras(ref).shape[1:]}")
+            c = c.transpose(0, 3, 1, 2) if len(ref.shape) == 4 else c
+        ops.append(Const(c))
+    return _binary(b, kn, ops, {})[0]
+
+
 def _concatenate(b, node, layer, ins):
     rank = len(ins[0].shape)
     if len(ins) < 2 or any(len(d.shape) != rank for d in ins):
@@ -723,6 +768,8 @@ HANDLERS = {"Conv2D": _conv2d, "Dense": _dense, "BatchNormalization": _batchnorm
             "GlobalAveragePooling1D": _global_pool1d, "GlobalMaxPooling1D": _global_pool1d,
             "ZeroPadding1D": _moves1d, "Cropping1D": _moves1d, "UpSampling1D": _moves1d,
             "Normalization": _normalization, "Multiply": _elementwise,
+            **{f"ops.{k}": _op for k in ("Add", "Subtract", "Multiply", "Divide", "TrueDivide",
+                                          "Negative")},
             "Maximum": _elementwise, "Minimum": _elementwise,
             "Flatten": _flatten, "Reshape": _reshape, "Add": _add, "Subtract": _add,
             "Average": _add, "Concatenate": _concatenate, "Activation": _act_layer,
@@ -777,7 +824,7 @@ def build(path: str, layers, inputs, outputs, keras3: bool) -> Graph:
         node = KNode(layer.name, layer.cls, [_tensor(r) for r in layer.inbound])
         if not layer.inbound:
             b.fail(node, "reads no tensor")
-        if len(layer.inbound) > 1 and handler not in (_add, _concatenate, _elementwise):
+        if len(layer.inbound) > 1 and handler not in (_add, _concatenate, _elementwise, _op):
             b.fail(node, f"reads {len(layer.inbound)} tensors; it takes one")
         b.fresh = None
         out = handler(b, node, layer, [b.tensors[n] for n in node.input])
