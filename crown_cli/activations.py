@@ -65,6 +65,11 @@ def _reciprocal(z):
         return 1.0 / z
 
 
+def _sqrt(z):
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return np.sqrt(z)
+
+
 def _sign_surrogate(z, a):
     # a straight-through estimator at the scale of the layer: 1 / (1 + (z / s)^2) with s the
     # mean |z| of the point's layer (per row), so that the neurons nearest their jump carry
@@ -189,6 +194,8 @@ ACTIVATIONS: Dict[str, Activation] = {a.name: a for a in (
     # ONNX Pow of data by the constant 2 or 3
     Activation("square", lambda z, a: np.square(z), lambda z, a: 2.0 * z, mlp=False),
     Activation("cube", lambda z, a: z * z * z, lambda z, a: 3.0 * z * z, mlp=False),
+    # ONNX Sqrt of data (layer normalisation's 1 / sqrt(variance + eps)); NaN below 0, as numpy
+    Activation("sqrt", lambda z, a: _sqrt(z), lambda z, a: 0.5 / _sqrt(z), mlp=False),
     # ONNX Sign: -1, 0, 1 (binarised networks); a jump at 0, so bounds only (engine/relaxations/
     # sign.py: numpy) and a surrogate gradient for the attacks
     Activation("sign", lambda z, a: np.sign(z), lambda z, a: np.zeros_like(z, dtype=np.float64),

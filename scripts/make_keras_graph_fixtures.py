@@ -6,7 +6,8 @@ classifiers, 1-D sequence models and decoders (``mobile``, ``efficient``, ``sequ
 Multiply, Maximum / Minimum, Conv1D with causal padding, 1-D pools and moves, Dense and
 BatchNormalization on sequences, Conv2DTranspose, PReLU, Permute, UpSampling2D, Cropping2D)
 models used as layers (``nested``, ``transfer``: a functional base, Sequential
-augmentation and head) and arithmetic on tensors (``arithmetic``).
+augmentation and head), arithmetic on tensors (``arithmetic``) and layer normalisation
+(``normalised``).
 Each gets fixed, seeded weights and is saved into ``tests/fixtures/keras_graphs/`` by every
 writer at hand:
 
@@ -173,8 +174,27 @@ def arithmetic(k):
     return k.Model(x, L.Dense(3, name="out")(y)), [(6, 6, 2)]
 
 
+def normalised(k):
+    """LayerNormalization as ConvNeXt uses it (an image's channels, epsilon 1e-6) and as
+    transformers do (a sequence's features; over two axes), with and without its scale and
+    centre, GELU between."""
+    L = k.layers
+    img = k.Input((4, 5, 3), name="img")
+    y = L.Conv2D(4, 2, name="conv")(img)
+    y = L.LayerNormalization(epsilon=1e-6, name="ln_channels")(y)
+    y = L.Activation("gelu", name="gelu")(y)
+    y = L.Reshape((12, 4), name="tokens")(y)
+    y = L.Dense(6, name="proj")(y)
+    y = L.LayerNormalization(name="ln_features")(y)
+    y = L.LayerNormalization(axis=[1, 2], center=False, name="ln_both")(y)
+    y = L.LayerNormalization(scale=False, epsilon=0.1, name="ln_plain")(y)
+    y = L.Flatten(name="flat")(y)
+    return k.Model(img, L.Dense(3, name="out")(y)), [(4, 5, 3)]
+
+
 MODELS = {"mobile": mobile, "efficient": efficient, "sequence": sequence, "decoder": decoder,
-          "nested": nested, "transfer": transfer, "arithmetic": arithmetic}
+          "nested": nested, "transfer": transfer, "arithmetic": arithmetic,
+          "normalised": normalised}
 
 
 def seeded(model, seed):

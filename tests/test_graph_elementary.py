@@ -20,8 +20,9 @@ from graph_oracles import onnx_outputs
 # |f''| on an interval of width <= 1 around c (a bound for the tightness check)
 CURV = {"sin": lambda l, u: 1.0, "cos": lambda l, u: 1.0, "exp": lambda l, u: np.exp(u),
         "reciprocal": lambda l, u: 2.0 / min(abs(l), abs(u)) ** 3,
-        "square": lambda l, u: 2.0, "cube": lambda l, u: 6.0 * max(abs(l), abs(u))}
-FUNCTIONS = ["sin", "cos", "exp", "reciprocal", "square", "cube"]
+        "square": lambda l, u: 2.0, "cube": lambda l, u: 6.0 * max(abs(l), abs(u)),
+        "sqrt": lambda l, u: 1e300 if l <= 1e-100 else 0.25 / l ** 1.5}
+FUNCTIONS = ["sin", "cos", "exp", "reciprocal", "square", "cube", "sqrt"]
 
 
 def _intervals(name, rng, n=400):
@@ -30,6 +31,9 @@ def _intervals(name, rng, n=400):
     l, u = c - w, c + w
     if name == "exp":
         l, u = np.minimum(l, 20.0), np.minimum(u, 20.0)
+    if name == "sqrt":  # its domain z >= 0, from 0 itself up
+        a = np.abs(c) * rng.choice([0.0, 1e-6, 1.0], size=n)
+        l, u = a, a + 2 * w
     if name == "reciprocal":  # one side of 0, sometimes very close to it
         side = np.where(rng.random(n) < 0.5, 1.0, -1.0)
         a = np.abs(l) * 0.1 + rng.choice([1e-3, 0.1, 1.0], size=n)
@@ -89,12 +93,48 @@ def test_powers_hold_in_exact_arithmetic(name):
                     assert (gap >= 0) if upper else (gap <= 0), (name, l[i], u[i], upper)
 
 
+def test_sqrt_holds_in_exact_arithmetic():
+    """sqrt's lines against the function in rationals (squares compared, no rounding): the
+    chord below and the tangent above at the end-points, at the tangent's own point
+    1 / (4 k^2) and around it; intervals from 0, tiny, huge; below 0 no bound, on [0, 0]
+    the constant 0, up to +inf the constant sqrt(l) below."""
+    from fractions import Fraction as F
+
+    rng = np.random.default_rng(12)
+    a = np.abs(rng.normal(size=300)) * rng.choice([0.0, 1e-300, 1e-8, 1.0, 1e30], size=300)
+    w = np.abs(rng.normal(size=300)) * rng.choice([0.0, 1e-12, 0.3, 5.0, 1e20], size=300) * \
+        np.maximum(1.0, a)
+    l, u = a, a + w
+    aU, bU, aL, bL = get_relaxation("sqrt", "crown")(l, u)
+    for i in range(l.size):
+        lo, hi = F(float(l[i])), F(float(u[i]))
+        for k, b, upper in ((aU[i], bU[i], True), (aL[i], bL[i], False)):
+            k, b = F(float(k)), F(float(b))
+            pts = [lo, hi]
+            if k > 0:
+                t0 = 1 / (4 * k * k)
+                pts += [t0 + d * t0 / 2**40 for d in (-1, 0, 1)]
+            for t in pts:
+                if not lo <= t <= hi:
+                    continue
+                y = k * t + b  # the line at t against sqrt(t): compare y^2 with t
+                if upper:
+                    assert y >= 0 and y * y >= t, (l[i], u[i], "upper")
+                else:
+                    assert y <= 0 or y * y <= t, (l[i], u[i], "lower")
+    aU, bU, aL, bL = get_relaxation("sqrt", "crown")(np.array([-1e-9, 0.0, 4.0]),
+                                                     np.array([1.0, 0.0, np.inf]))
+    np.testing.assert_array_equal(bU, [np.inf, 0.0, np.inf])
+    np.testing.assert_array_equal(aU, 0.0)
+    assert bL[0] == -np.inf and bL[1] == 0.0 and 1.99 < bL[2] <= 2.0
+
+
 def test_pow_refuses_what_it_cannot_bound(tmp_path):
-    """Pow of data by an exponent other than 1, 2, 3, or by data: one line naming the node
+    """Pow of data by an exponent other than 0.5, 1, 2, 3, or by data: one line naming the node
     and the problem. Pow of constants folds."""
     from crown_cli.errors import InputError
 
-    for exponent, want in ((0.5, "exponent 0.5 (supported for data: 1, 2, 3)"),
+    for exponent, want in ((1.5, "exponent 1.5 (supported for data: 0.5, 1, 2, 3)"),
                            ("x", "the exponent must be a constant, not data"),
                            (np.array([2.0, 3.0]), "the exponent must be one number"),
                            (np.full(3, 2.0), "the exponent of shape (3,) does not fit the "
@@ -210,3 +250,53 @@ def test_elementary_graph_matches_onnx_and_folds_constants(tmp_path):
     for x in rng.normal(size=(5, 4)):
         np.testing.assert_allclose(graph.forward(x), onnx_outputs(model, x, [(1, 4)]),
                                    rtol=2e-5, atol=2e-5)
+
+
+@pytest.mark.parametrize("axis,biased", [(-1, True), (1, True), (2, False)])
+def test_layer_normalization_matches_onnx_and_its_bounds_hold(tmp_path, axis, biased):
+    """ONNX LayerNormalization (opset 17) over the axes from ``axis``: the forward pass
+    against onnx.reference, and CROWN's bounds against sampled points and the box's corners
+    (the construction: means, a square, Sqrt, a division by data)."""
+    rng = np.random.default_rng(3)
+    g = G(rng)
+    shape = (1, 3, 4)
+    norm = shape[axis:]
+    ins = ["x", g.const(rng.uniform(0.5, 1.5, norm))] + \
+        ([g.const(rng.normal(0, 0.3, norm))] if biased else [])
+    y = g.op("LayerNormalization", ins, axis=axis, epsilon=1e-3)
+    model = g.model([("x", shape)], [g.op("Relu", [y])])
+    graph = load_graph(_save(tmp_path, model))
+    x = rng.normal(size=(6, 12))
+    for xi in x:
+        np.testing.assert_allclose(graph.forward(xi), onnx_outputs(model, xi, [shape]),
+                                   atol=1e-5)
+    for eps in (0.01, 0.3):
+        lo, hi = GraphBounds(graph, x[0], eps, 0).bounds()
+        pts = x[0] + eps * rng.uniform(-1, 1, size=(4000, 12))
+        pts[:500] = x[0] + eps * np.sign(rng.normal(size=(500, 12)))
+        out = graph.forward(pts)
+        assert np.all(out >= lo) and np.all(out <= hi), (axis, eps)
+        assert np.all(np.isfinite(lo)) and np.all(np.isfinite(hi))
+
+
+def test_sqrt_of_data_matches_onnx_and_refuses_nothing_it_can_bound(tmp_path):
+    """Sqrt of data (and Pow by 0.5) as an activation node: the forward pass against
+    onnx.reference; on an input interval reaching below 0 the node has no bound (-inf, inf),
+    not nan."""
+    rng = np.random.default_rng(4)
+    g = G(rng)
+    pos = g.op("Add", [g.op("Relu", ["x"]), g.const(np.array(0.25))])
+    out = g.op("Concat", [g.op("Sqrt", [pos]), g.op("Pow", [pos, g.const(np.array(0.5))])],
+               axis=1)
+    model = g.model([("x", (1, 3))], [out])
+    graph = load_graph(_save(tmp_path, model))
+    for xi in rng.normal(size=(5, 3)):
+        np.testing.assert_allclose(graph.forward(xi), onnx_outputs(model, xi, [(1, 3)]),
+                                   rtol=1e-6)
+    g = G(rng)
+    model = g.model([("x", (1, 1))], [g.op("Sqrt", ["x"])])
+    graph = load_graph(_save(tmp_path, model, "raw"))
+    lo, hi = GraphBounds(graph, np.array([0.5]), 1.0, 0).bounds()
+    assert lo[0] == -np.inf and hi[0] == np.inf  # [-0.5, 1.5]: below 0
+    lo, hi = GraphBounds(graph, np.array([4.0]), 1.0, 0).bounds()
+    assert 1.7 < lo[0] <= np.sqrt(3.0) and np.sqrt(5.0) <= hi[0] < 2.3

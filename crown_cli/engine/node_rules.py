@@ -108,7 +108,7 @@ def activation_interval(op, method: str, l, u, z):
     rng = _RANGES.get(name) or ((-alpha, np.inf) if name == "elu" else None)
     if rng is not None:
         lo, hi = np.clip(lo, *rng), np.clip(hi, *rng)
-    if name in ("exp", "reciprocal", "square", "cube", "elu"):  # end-points' values, 4 ulps out
+    if name in ("exp", "reciprocal", "square", "cube", "elu", "sqrt"):  # end-points, 4 ulps out
         lo, hi = _monotone_range(name, l, u, lo, hi, alpha)
     if name == "floor":  # exact: floor is monotone and does not round
         lo, hi = np.fmax(lo, np.floor(l)), np.fmin(hi, np.floor(u))
@@ -402,7 +402,8 @@ def _monotone_range(name, l, u, lo, hi, alpha=None):
     the cube's [l^3, u^3] or the square's range (0 where [l, u] holds it, else the nearer
     end-point's square; the farther one's above), each end-point's value moved out by 4
     ulps (numpy's exp, expm1 and the division err by at most 1, the cube's two products and
-    ELU's alpha expm1 by 2): a quotient's denominator then keeps its sign."""
+    ELU's alpha expm1 by 2), sqrt's [sqrt(l), sqrt(u)] where l >= 0: a quotient's
+    denominator then keeps its sign."""
     with np.errstate(over="ignore", divide="ignore", invalid="ignore"):
         if name == "elu":
             a, b = (np.where(v > 0.0, v, alpha * np.expm1(np.minimum(v, 0.0))) for v in (l, u))
@@ -410,6 +411,9 @@ def _monotone_range(name, l, u, lo, hi, alpha=None):
             a, b = np.exp(l), np.exp(u)
         elif name == "cube":
             a, b = l * l * l, u * u * u
+        elif name == "sqrt":  # below 0 (NaN in the network) no bound
+            a = np.where(l >= 0.0, np.sqrt(np.maximum(l, 0.0)), -np.inf)
+            b = np.where(l >= 0.0, np.sqrt(np.maximum(u, 0.0)), np.inf)
         elif name == "square":
             near = np.where(l > 0.0, l, np.where(u < 0.0, u, 0.0))
             a, b = near * near, np.maximum(l * l, u * u)

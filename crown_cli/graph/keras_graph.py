@@ -65,9 +65,10 @@ def _decode(v) -> str:
 
 def _roles(cls: str, conf: dict, n: int) -> List[str]:
     """Roles of a layer's n variables, in Keras 3's storage order."""
-    if cls == "BatchNormalization":
+    if cls in ("BatchNormalization", "LayerNormalization"):
         roles = (["gamma"] if conf.get("scale", True) else []) + \
-                (["beta"] if conf.get("center", True) else []) + ["moving_mean", "moving_variance"]
+                (["beta"] if conf.get("center", True) else []) + \
+                (["moving_mean", "moving_variance"] if cls == "BatchNormalization" else [])
     else:
         roles = list(_VAR_ROLES.get(cls, ()))
     return roles[:n] + [f"var{k}" for k in range(len(roles), n)]

@@ -31,7 +31,8 @@ IDENTITY_LAYERS = ("Dropout", "SpatialDropout1D", "SpatialDropout2D", "GaussianN
                    # data augmentation (Keras' preprocessing layers): the identity outside
                    # training
                    "RandomFlip", "RandomRotation", "RandomZoom", "RandomTranslation",
-                   "RandomContrast", "RandomBrightness")
+                   "RandomContrast", "RandomBrightness",
+                   "StochasticDepth")  # (ConvNeXt's: a residual branch dropped in training)
 
 
 class KNode:
@@ -607,6 +608,49 @@ def _elementwise(b, node, layer, ins):
     return out
 
 
+def _layer_norm(b, node, layer, ins):
+    """LayerNormalization over the config's axes (Keras' numbering; the last by default):
+    ``(x - mean) / sqrt(var + epsilon) * gamma + beta``, the ONNX reader's construction
+    (:func:`crown_cli.graph.onnx_ops.normalize`)."""
+    from crown_cli.graph.onnx_ops import normalize
+
+    d, conf = ins[0], layer.conf
+    if conf.get("rms_scaling", False):
+        b.fail(node, "rms_scaling=True is not supported")
+    kshape = to_keras(d).shape
+    rank = len(kshape)
+    axes = conf.get("axis", -1)
+    axes = [axes] if isinstance(axes, int) else list(axes)
+    axes = sorted({int(a) % rank for a in axes})
+    if 0 in axes:
+        b.fail(node, f"axis {conf.get('axis')}: the batch axis is not normalised")
+    inner = [{1: 2, 2: 3, 3: 1}[a] for a in axes] if rank == 4 else axes
+    norm_shape = tuple(kshape[a] for a in axes)
+    params = []
+    for role in ("gamma", "beta"):
+        v = _weight(b, node, layer, role, required=False)
+        if v is not None:
+            if v.size != int(np.prod(norm_shape)):
+                b.fail(node, f"{role} of shape {v.shape} does not fit the normalised axes' "
+                             f"{norm_shape}")
+            v = v.reshape([kshape[a] if a in axes else 1 for a in range(rank)])
+            v = v.transpose(0, 3, 1, 2) if rank == 4 else v
+        params.append(v)
+    return normalize(b, node, d, inner, float(conf.get("epsilon", 1e-3)), *params)
+
+
+def _layer_scale(b, node, layer, ins):
+    """ConvNeXt's LayerScale (keras.applications): the input times its ``gamma``, one value
+    per channel (the last axis)."""
+    d = ins[0]
+    C, bshape = _channels(d)
+    g = layer.weights.get("gamma")
+    g = _weight(b, node, layer, "var0" if g is None else "gamma")
+    if g.size != C:
+        b.fail(node, f"gamma of {g.size} values for {C} channels")
+    return b.scale(node, d, g.reshape(bshape), None, node.input[0])
+
+
 def _normalization(b, node, layer, ins):
     """Normalization (not inverted, on the last axis or on all): ``(x - mean) /
     max(sqrt(variance), 1e-7)`` (Keras' epsilon), the adapted weights or the config's."""
@@ -767,7 +811,9 @@ HANDLERS = {"Conv2D": _conv2d, "Dense": _dense, "BatchNormalization": _batchnorm
             "Conv1D": _conv1d, "MaxPooling1D": _pool1d, "AveragePooling1D": _pool1d,
             "GlobalAveragePooling1D": _global_pool1d, "GlobalMaxPooling1D": _global_pool1d,
             "ZeroPadding1D": _moves1d, "Cropping1D": _moves1d, "UpSampling1D": _moves1d,
-            "Normalization": _normalization, "Multiply": _elementwise,
+            "Normalization": _normalization, "LayerNormalization": _layer_norm,
+            "LayerScale": _layer_scale,
+            "Multiply": _elementwise,
             **{f"ops.{k}": _op for k in ("Add", "Subtract", "Multiply", "Divide", "TrueDivide",
                                           "Negative")},
             "Maximum": _elementwise, "Minimum": _elementwise,

@@ -498,6 +498,60 @@ def _reduce_mean(b, node, ins, attrs):
     return [b.add(_label(node), Dense(M, None, label), (nid,), shape)]
 
 
+class _Part:
+    """A node of one step of a composite operator, as the handlers take nodes: its name,
+    the operator it plays, and its inputs (no tensor of its own: nothing folds into it)."""
+
+    def __init__(self, node, suffix: str, op_type: str, n: int):
+        self.name, self.op_type = f"{_label(node)}/{suffix}", op_type
+        self.input = [""] * n
+
+
+def normalize(b, node, d: Data, axes, eps: float, scale=None, bias=None) -> Data:
+    """``(d - mean) / sqrt(var + eps) * scale + bias`` with the mean and the (biased) variance
+    over ``axes`` (layer normalisation): averaging Dense nodes, a square, a sqrt, a division
+    by data (reciprocal and product nodes); ``scale`` and ``bias`` arrays broadcast to d's
+    shape (or None)."""
+    if not (eps > 0.0 and np.isfinite(eps)):
+        b.fail(node, f"epsilon {eps:g}: a positive number needed")
+    mean = _reduce_mean(b, _Part(node, "mean", "ReduceMean", 1), [d],
+                        {"axes": list(axes), "keepdims": 1})[0]
+    c = _binary(b, _Part(node, "centred", "Sub", 2), [d, mean], {})[0]
+    sq = _pow(b, _Part(node, "square", "Pow", 2), [c, Const(np.array(2.0))], {})[0]
+    var = _reduce_mean(b, _Part(node, "variance", "ReduceMean", 1), [sq],
+                       {"axes": list(axes), "keepdims": 1})[0]
+    v = _binary(b, _Part(node, "plus_eps", "Add", 2), [var, Const(np.array(float(eps)))], {})[0]
+    s = _activation(b, _Part(node, "std", "Sqrt", 1), [v], {})[0]
+    y = _binary(b, _Part(node, "normed", "Div", 2), [c, s], {})[0]
+    if scale is not None:
+        y = _binary(b, _Part(node, "scale", "Mul", 2), [y, Const(scale)], {})[0]
+    if bias is not None:
+        y = _binary(b, _Part(node, "bias", "Add", 2), [y, Const(bias)], {})[0]
+    return y
+
+
+def _layer_norm(b, node, ins, attrs):
+    """LayerNormalization (opset 17): over the axes from ``axis`` to the last, by
+    :func:`normalize`."""
+    d = b.data(node, ins[0])
+    rank = len(d.shape)
+    axis = int(attrs.get("axis", -1))
+    axis = axis + rank if axis < 0 else axis
+    if not 0 < axis < rank:
+        b.fail(node, f"axis {attrs.get('axis', -1)} is out of range for rank {rank} (the batch "
+                     "axis is not normalised)")
+    scale = b.fconst(node, ins[1], "the scale") if len(ins) > 1 and ins[1] is not None else None
+    bias = b.fconst(node, ins[2], "the bias") if len(ins) > 2 and ins[2] is not None else None
+    for what, v in (("scale", scale), ("bias", bias)):
+        if v is not None:
+            try:
+                np.broadcast_shapes(v.shape, d.shape[axis:])
+            except ValueError:
+                b.fail(node, f"the {what} of shape {v.shape} does not fit {d.shape[axis:]}")
+    return [normalize(b, node, d, range(axis, rank), float(attrs.get("epsilon", 1e-5)),
+                      scale, bias)]
+
+
 def _batchnorm(b, node, ins, attrs):
     d = b.data(node, ins[0])
     if int(attrs.get("training_mode", 0)):
@@ -515,7 +569,8 @@ def _batchnorm(b, node, ins, attrs):
 
 _ACT = {"Relu": "relu", "LeakyRelu": "leaky_relu", "Sigmoid": "sigmoid", "Tanh": "tanh",
         "Atan": "arctan", "Erf": "erf", "Elu": "elu", "Softplus": "softplus",
-        "HardSigmoid": "hard_sigmoid", "HardSwish": "hardswish", "Mish": "mish", "Sin": "sin", "Cos": "cos", "Exp": "exp", "Reciprocal": "reciprocal"}
+        "HardSigmoid": "hard_sigmoid", "HardSwish": "hardswish", "Mish": "mish", "Sin": "sin", "Cos": "cos", "Exp": "exp", "Reciprocal": "reciprocal",
+        "Sqrt": "sqrt"}
 _ACT_DEFAULT = {"LeakyRelu": 0.01, "Elu": 1.0, "HardSigmoid": 0.2}
 
 
@@ -641,12 +696,12 @@ def _step(b, node, ins, attrs):
     return [b.add(_label(node), ActivationOp(name), (nid,), x.shape)]
 
 
-_POWERS = {2.0: "square", 3.0: "cube"}
+_POWERS = {0.5: "sqrt", 2.0: "square", 3.0: "cube"}
 
 
 def _pow(b, node, ins, attrs):
-    """Pow by a constant exponent: of constants folded; of data 1 the data itself, 2 and 3
-    activation nodes (relaxations: crown_cli/engine/relaxations/elementary.py)."""
+    """Pow by a constant exponent: of constants folded; of data 1 the data itself, 0.5, 2 and
+    3 activation nodes (relaxations: crown_cli/engine/relaxations/elementary.py)."""
     x, y = ins[0], ins[1]
     if isinstance(x, Const) and isinstance(y, Const):
         return [Const(np.power(np.asarray(x.value, np.float64), np.asarray(y.value, np.float64)))]
@@ -666,7 +721,7 @@ def _pow(b, node, ins, attrs):
     if p == 1.0:
         return [d]
     if p not in _POWERS:
-        b.fail(node, f"exponent {p:g} (supported for data: 1, 2, 3)")
+        b.fail(node, f"exponent {p:g} (supported for data: 0.5, 1, 2, 3)")
     nid = b.node_of(d, _label(node))
     return [b.add(_label(node), ActivationOp(_POWERS[p]), (nid,), d.shape)]
 
@@ -709,12 +764,13 @@ HANDLERS = {
     "AveragePool": _pool, "MaxPool": _pool,
     "GlobalAveragePool": _global_pool, "GlobalMaxPool": _global_pool, "ReduceMean": _reduce_mean,
     "ReduceSum": _reduce_mean,
-    "BatchNormalization": _batchnorm, "Constant": _constant, "Shape": _shape,
+    "BatchNormalization": _batchnorm, "LayerNormalization": _layer_norm,
+    "Constant": _constant, "Shape": _shape,
     "ConstantOfShape": _constant_of_shape,
     "Equal": _const_fn(np.equal), "Where": _const_fn(np.where), "Less": _const_fn(np.less),
     "Greater": _const_fn(np.greater), "Not": _const_fn(np.logical_not),
     "Range": _range, "Floor": _step,
-    "Ceil": _const_fn(np.ceil), "Sqrt": _const_fn(np.sqrt), "Abs": relu_forms.absolute,
+    "Ceil": _const_fn(np.ceil), "Abs": relu_forms.absolute,
     "Min": relu_forms.max_min, "Max": relu_forms.max_min, "Clip": relu_forms.clip,
     "PRelu": relu_forms.prelu, "Sign": _step, "Pow": _pow, "Gelu": _gelu, "Swish": _swish,
     "Celu": _celu, "Selu": _selu,
@@ -755,8 +811,13 @@ _HOW = {
     "Cos": "as Sin", "Exp": "activation: chord above, midpoint tangent below",
     "Reciprocal": "activation (one side of 0): chord and midpoint tangent; across 0 no bound",
     "Pow": "by the constant 1: the identity; 2: activation, chord above and midpoint tangent "
-           "below; 3: the same on one side of 0, across it chord-slope lines; other exponents "
-           "of data refused",
+           "below; 3: the same on one side of 0, across it chord-slope lines; 0.5: as Sqrt; "
+           "other exponents of data refused",
+    "LayerNormalization": "(x - mean) / sqrt(variance + epsilon) * scale + bias over the axes "
+                          "from axis on: averaging Dense nodes, a square, Sqrt, a division by "
+                          "data (reciprocal and product nodes)",
+    "Sqrt": "activation (z >= 0): midpoint tangent above, chord below; below 0 no bound "
+            "(layer normalisation's 1 / sqrt(variance + eps): Sqrt, then a division)",
     "Gelu": "activation: least-area lines with exact intercepts (also PyTorch's exported "
             "pattern, Div, Erf, Add, Mul, Mul, fused at load); approximate='tanh' likewise "
             "(also the TorchScript exporter's Tanh chain, fused, its lines moved out by ~1e-8 "

@@ -49,6 +49,9 @@ def _lipschitz(op, z, e):
         if name == "reciprocal":
             near = np.abs(z) - e
             return np.where(near > 0.0, 1.0 / (near * near), np.inf)
+        if name == "sqrt":  # 1 / (2 sqrt t), largest at the interval's lower end
+            near = z - e
+            return np.where(near > 0.0, 0.5 / np.sqrt(near), np.inf)
     return {"relu": 1.0, "leaky_relu": max(1.0, abs(a or 0.0)), "tanh": 1.0, "sigmoid": 0.25,
             "arctan": 1.0, "erf": 1.1283791670955128, "gelu": 1.1289041451851549,
             "silu": 1.0998393201288670, "hardswish": 1.5, "softplus_t": 1.0, "mish": 1.0884981612517280,

@@ -102,6 +102,7 @@ RELAXATIONS = {
     "reciprocal": _fixed("elementary", "reciprocal_relaxation"),
     "square": _fixed("elementary", "square_relaxation"),
     "cube": _fixed("elementary", "cube_relaxation"),
+    "sqrt": _fixed("elementary", "sqrt_relaxation"),
     "sign": _fixed("sign", "sign_relaxation"),  # numpy under either kernels
     "floor": _fixed("floor", "floor_relaxation"),  # likewise
 }

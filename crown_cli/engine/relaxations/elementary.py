@@ -29,6 +29,10 @@ O(ulp^2) (its derivative is 0 there): far below the slack.
   of the end-points' cubes (monotone), moved out.
 - reciprocal: on l > 0 convex and decreasing (chord above, tangent at the midpoint below), on
   u < 0 the mirror image; an interval holding 0 has no bound (constant lines -inf, +inf).
+- sqrt (concave, increasing, on z >= 0): the tangent at the midpoint above, the chord below;
+  an interval reaching below 0 (where the network's own value would be NaN) has no bound,
+  one ending at 0 the constant lines of sqrt's values there, an unbounded one the constant
+  lines sqrt(l) below and +inf above.
 """
 import math
 
@@ -36,7 +40,7 @@ import numpy as np
 from numba import njit
 
 from crown_cli.engine.relaxations.sigmoid_family import (COS, CUBE, EXP, RECIPROCAL, SIN,
-                                                        SQUARE, _exact_intercept,
+                                                        SQRT, SQUARE, _exact_intercept,
                                                         _is_degenerate, _slack, _value)
 
 TWO_PI = 2.0 * math.pi
@@ -59,6 +63,8 @@ def _df(kind, t):
         return 2.0 * t
     if kind == CUBE:
         return 3.0 * t * t
+    if kind == SQRT:
+        return 0.5 / math.sqrt(t)
     return -1.0 / (t * t)
 
 
@@ -97,6 +103,13 @@ def _critical(kind, l, u, k):
             out[0] = t
             m = 1
         return out[:m]
+    if kind == SQRT:  # 1 / (2 sqrt t) = k: t = 1 / (4 k^2)
+        if k > 0.0:
+            t = 0.25 / (k * k)
+            if l <= t <= u:
+                out[0] = t
+                m = 1
+        return out[:m]
     if kind == CUBE:  # 3 t^2 = k: t = +-sqrt(k / 3)
         if k >= 0.0:
             t = math.sqrt(k / 3.0)
@@ -132,6 +145,8 @@ def _curvature_sign(kind, l, u):
         return 1 if l >= 0.0 else (-1 if u <= 0.0 else 0)
     if kind == RECIPROCAL:
         return 1 if l > 0.0 else (-1 if u < 0.0 else 0)
+    if kind == SQRT:
+        return -1
     # f'' = -f: sin is concave on [2 pi n, 2 pi n + pi], cos on [2 pi n - pi/2, 2 pi n + pi/2]
     shift = 0.0 if kind == SIN else 0.5 * math.pi
     a = (l + shift) / math.pi
@@ -144,7 +159,8 @@ def _curvature_sign(kind, l, u):
 
 @njit(cache=True)
 def elementary_relaxation(kind, l, u):
-    """(aU, bU, aL, bL) of f = sin, cos, exp or 1/z (``kind``) on [l, u] (1-D float64)."""
+    """(aU, bU, aL, bL) of f = sin, cos, exp, 1/z, z^2, z^3 or sqrt (``kind``) on [l, u]
+    (1-D float64)."""
     n = l.shape[0]
     aU = np.zeros(n)
     bU = np.empty(n)
@@ -167,6 +183,15 @@ def elementary_relaxation(kind, l, u):
         if kind == RECIPROCAL and li <= 0.0 <= ui:
             bU[i] = np.inf
             bL[i] = -np.inf
+            continue
+        if kind == SQRT and (li < 0.0 or ui <= 0.0 or not math.isfinite(ui)):
+            if li < 0.0:  # below 0 sqrt is NaN: no bound
+                bU[i] = np.inf
+                bL[i] = -np.inf
+            else:  # [0, 0]: the constant 0; [l, inf]: sqrt(l) below (increasing)
+                bU[i] = 0.0 if ui <= 0.0 else np.inf
+                s0 = math.sqrt(li)
+                bL[i] = max(0.0, s0 - _slack(0.0, s0, 0.0, s0))
             continue
         if kind == EXP and (ui > 709.0 or not math.isfinite(li)):
             # the chord would overflow: constants (exp increasing)
@@ -239,3 +264,8 @@ def square_relaxation(l, u):
 @njit(cache=True)
 def cube_relaxation(l, u):
     return elementary_relaxation(CUBE, l, u)
+
+
+@njit(cache=True)
+def sqrt_relaxation(l, u):
+    return elementary_relaxation(SQRT, l, u)

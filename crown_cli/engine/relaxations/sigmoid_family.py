@@ -61,6 +61,7 @@ RECIPROCAL = 9
 SQUARE = 10  # ONNX Pow with exponent 2 and 3
 CUBE = 11
 ERF = 12  # the S-shaped family's fourth member (ONNX Erf; PyTorch's exported GELU uses it)
+SQRT = 13  # elementary.py's square root (ONNX Sqrt of data: layer normalisation)
 TWO_OVER_SQRT_PI = 1.1283791670955126  # erf'(0) = 2 / sqrt(pi), within half an ulp
 LOG_TWO_OVER_SQRT_PI = 0.12078223763524522  # its logarithm, likewise
 
@@ -227,6 +228,8 @@ def _value(kind, p, t):
         return t * t
     if kind == CUBE:
         return t * t * t
+    if kind == SQRT:
+        return math.sqrt(max(t, 0.0))
     return 1.0 / t
 
 
