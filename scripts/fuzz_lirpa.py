@@ -41,14 +41,16 @@ import numpy as np
 APPROX = ("tanh", "sigmoid", "leaky")
 
 
-EXOTIC = ("pad", "up", "conv_mode", "same", "act2", "gap", "pool_pad", "avg_excl", "res_proj")
+EXOTIC = ("pad", "up", "conv_mode", "same", "act2", "gap", "pool_pad", "avg_excl", "res_proj",
+          "ln")
 
 
 def _build(seed, nn, torch, exotic=False, big=False):
     """(module, input shape, description, approx) of network ``seed``; approx: it has a node
     crown and auto_LiRPA relax differently (APPROX, max pool). ``exotic``: also the layers
     of :data:`EXOTIC` (paddings, upsampling, padding modes, "same" convolutions, other
-    activations, global average pooling, padded and ceil-mode pools, projected residuals).
+    activations, global average pooling, padded and ceil-mode pools, projected residuals,
+    layer normalisation).
     ``big``: 16-32 pixels a side, up to 16 channels and 16,000 values a layer, where the
     engine's paths for wide nodes (one side per neuron first, tiles, fused kernels) run."""
     rng = np.random.default_rng(seed)
@@ -239,6 +241,10 @@ def _exotic(kind, rng, nn, c, h, side=16):
             return nn.MaxPool2d(3, 2, 1, ceil_mode=ceil), (c, ho, ho), f"maxpool3s2p1{tag}", True
         return nn.AvgPool2d(3, 2, 1, ceil_mode=ceil, count_include_pad=False), (c, ho, ho), \
             f"avgpool3s2p1x{tag}", False
+    if kind == "ln":  # layer normalisation over the whole (c, h, h) image: means, a square,
+        # sqrt and a division by data (products)
+        return nn.LayerNorm([c, h, h], eps=float(rng.choice([1e-5, 1e-2]))), (c, h, h), "ln", \
+            True
     if kind == "res_proj":
         cout = int(rng.integers(2, 9))
         return None if h < 2 else (None, (cout, (h - 1) // 2 + 1, (h - 1) // 2 + 1),
