@@ -562,3 +562,34 @@ def test_a_max_pool_reading_the_relus_keeps_both_sides(tmp_path):
     relus = [i for i in before_pool if g.nodes[i].kind == "activation"]
     assert relus
     assert not gb._one_sided(g.nodes[relus[0]].inputs[0], np.arange(1))
+
+
+@pytest.mark.parametrize("name", ["mobile", "efficient", "decoder", "normalised", "arithmetic"])
+def test_graph_bounds_kernels_equal_numpy_on_keras_written_models(name):
+    """The fast path against the numpy path on the models Keras wrote
+    (tests/fixtures/keras_graphs): scalings (Rescaling, unfolded normalisations, the shifts
+    of ReLU6), element moves (paddings, croppings, upsampling, concatenations, permutations)
+    carried on their live elements; every node's bounds, and the output's holding on
+    sampled points."""
+    from pathlib import Path
+
+    from crown_cli.io.networks import load_network
+
+    g = load_network(str(Path(__file__).parent / "fixtures" / "keras_graphs" / f"{name}.keras"))
+    rng = np.random.default_rng(5)
+    x0 = rng.uniform(0, 1, g.input_size)
+    eps = 0.02
+    with using_kernels("numpy"):
+        ref = GraphBounds(g, x0, eps, 0)
+        ref_out = ref.bounds()
+    gb = GraphBounds(g, x0, eps, 0)
+    for i in range(len(g.nodes)):
+        np.testing.assert_allclose(gb.lo[i], ref.lo[i], rtol=1e-9, atol=1e-11)
+        np.testing.assert_allclose(gb.hi[i], ref.hi[i], rtol=1e-9, atol=1e-11)
+    lo, hi = gb.bounds()
+    for a, b in zip((lo, hi), ref_out):
+        np.testing.assert_allclose(a, b, rtol=1e-9, atol=1e-11)
+    pts = x0 + eps * rng.uniform(-1, 1, size=(2000, g.input_size))
+    pts[:300] = x0 + eps * np.sign(rng.normal(size=(300, g.input_size)))
+    y = g.forward(pts)
+    assert np.all(y >= lo) and np.all(y <= hi)

@@ -39,7 +39,7 @@ import numpy as np
 
 from crown_cli.engine.deadline import check_deadline
 from crown_cli.engine.rounding import U64
-from crown_cli.graph.ops import Conv, Dense, typed
+from crown_cli.graph.ops import Conv, Dense, IndexMap, Scale, typed
 
 Rows = Tuple[Optional[np.ndarray], np.ndarray]  # (live element indices or None, Lt (k, r))
 # rows leave their windows when a window would cover this share of the chunk's bounding box
@@ -362,6 +362,23 @@ def _transpose(gb, i, rows: Rows, kernels):
     if isinstance(op, Dense) and not op.sparse:  # W^T Lt: one BLAS product
         W = _weight(gb, i, dt)
         return [(None, (W if idx is None else W[idx]).T @ Lt)]
+    if isinstance(op, Scale):  # elementwise: each live element's rows times its factor
+        a = typed(op, "a", dt)
+        return [(idx, Lt * (a if idx is None else a[idx])[:, None])]
+    if isinstance(op, IndexMap) and op.unique:  # a move: the rows go to their sources, live
+        out = np.arange(op.size) if idx is None else np.asarray(idx)
+        live = op.valid[out]
+        src = op.src[out[live]]
+        order = np.argsort(src, kind="stable")
+        src, rows = src[order], Lt[np.flatnonzero(live)[order]]
+        moved, at = [], 0
+        for n in op.n_in:
+            lo, hi = np.searchsorted(src, [at, at + n])
+            sub = src[lo:hi] - at
+            full = sub.size == n  # (then every element, in order)
+            moved.append((None if full else sub, np.ascontiguousarray(rows[lo:hi])))
+            at += n
+        return moved
     if hasattr(op, "transpose_t") and not isinstance(op, Conv):  # sparse Dense, IndexMap
         return [(None, P) for P in op.transpose_t(Lt, idx)]
     L = np.ascontiguousarray(_full(rows, op.size).T)
