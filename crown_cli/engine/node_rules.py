@@ -36,8 +36,8 @@ from crown_cli.engine.graph_rows import (LIVE_SHARE, Win, _bias, _fits, _full, _
 from crown_cli.engine.input_sets import Box
 from crown_cli.engine.kernels import graph_kernels
 from crown_cli.engine.rounding import ERR_SAFETY, TINY64, U64, gamma_n
-from crown_cli.graph.ops import (ActivationOp, Affine, Conv, IndexMap, InputOp, Product, Sum,
-                                  steer_dtype, typed)
+from crown_cli.graph.ops import (ActivationOp, Affine, Conv, IndexMap, InputOp, Product, Scale,
+                                  Sum, steer_dtype, typed)
 from crown_cli.graph.pooling import MaxPool
 
 # the fast path drops the elements an activation zeroes (both slopes 0) from the rows it hands
@@ -359,6 +359,37 @@ class IndexMapRule(AffineRule):
         for j, s in zip(node.inputs, ins):
             walk.give(j, Win(win.oy, win.ox, win.Pt[c0:c0 + s[0]]))
             c0 += s[0]
+        return True
+
+
+class ScaleRule(AffineRule):
+    """An elementwise scaling ``a * x + c`` (Rescaling, an unfolded normalisation, a ReLU6's
+    shift): on windows, each row's window times ``a`` at the row's own positions (0 outside
+    the image), its constant and charge by the window sums of a convolution's bias."""
+
+    def back_win(self, gb, i, node, win, walk):
+        shape = _image(node)
+        if shape is None or _image(gb.g.nodes[node.inputs[0]]) != shape:
+            return False
+        C, H, W = shape
+        kernels = walk.kernels
+        r, dt = win.Pt.shape[3], win.Pt.dtype
+        h, w = win.Pt.shape[1:3]
+        b, absb = _bias(gb, i, dt)
+        absfwd = _typed(gb, ("absfwd", i), lambda: gb.absfwd[i], dt)
+        sums = np.empty((r, 3))
+        kernels.win_sums_t(win.Pt, win.oy, win.ox, b.reshape(shape), absb.reshape(shape),
+                           absfwd.reshape(shape), sums)
+        walk.acc[0] += sums[:, 0]
+        walk.acc[1] += sums[:, 1]
+        walk.acc[2] += self.charge(gb, i, sums[:, 2])
+        yy = win.oy[None, :] + np.arange(h)[:, None]  # (h, r): each row's image rows
+        xx = win.ox[None, :] + np.arange(w)[:, None]  # (w, r)
+        a = typed(node.op, "a", dt).reshape(shape)
+        A = a[:, np.clip(yy, 0, H - 1)[:, None, :], np.clip(xx, 0, W - 1)[None, :, :]]
+        inside = ((yy >= 0) & (yy < H))[:, None, :] & ((xx >= 0) & (xx < W))[None, :, :]
+        walk.give(node.inputs[0], Win(win.oy, win.ox, np.where(inside, win.Pt * A, 0.0)
+                                      .astype(dt, copy=False)))
         return True
 
 
@@ -848,7 +879,7 @@ class PoolLines:
 
 _RULES = [(InputOp, InputRule()), (ActivationOp, ActivationRule()), (MaxPool, PoolRule()),
           (Conv, ConvRule()), (Sum, SumRule()), (Product, ProductRule()),
-          (IndexMap, IndexMapRule())]
+          (IndexMap, IndexMapRule()), (Scale, ScaleRule())]
 _AFFINE = AffineRule()
 
 
