@@ -49,7 +49,8 @@ class Certification:
         status: ``certified``; ``capped`` (certified at ``max_eps``, the largest radius
             searched); ``not-certified`` (no radius > 0); ``misclassified`` (``label`` given
             and the network predicts another class: nothing certified); ``timeout``
-            (exact and lp-full after ``timeout`` seconds); ``optimal`` (exact).
+            (exact and lp-full, and a graph network's search, after ``timeout`` seconds);
+            ``optimal`` (exact).
         label: the true class passed in, or None.
         predicted: the class the network predicts for x (argmax of its logits); the class
             whose decision is certified.
@@ -237,7 +238,9 @@ def certify(model, x, label: Optional[int] = None, target: Union[str, int] = "ru
         rtol: relative width of the search's final bracket, in (0, 1).
         eps0: first radius tried (None: derived from the image).
         max_eps: largest radius searched (status ``capped`` there).
-        timeout: seconds for ``exact`` and ``lp-full`` (status ``timeout``, eps None).
+        timeout: seconds for ``exact`` and ``lp-full`` (status ``timeout``, eps None) and
+            for the radius search on a graph network (status ``timeout``, eps the largest
+            radius a float64 bound proved before it).
         alpha_iters, alpha_lr: alpha-crown's optimiser steps and step size (None: its
             defaults); only with ``method="alpha-crown"``.
         seed: seed of the ``"random"`` target (``--target-seed``).

@@ -471,3 +471,62 @@ def test_two_processes_write_the_rows_of_one(tmp_path, monkeypatch, lose):
     assert len(rows["1"]) == 20 and rows["1"] == rows["2"]
     assert sum(row["status"] == "misclassified" for row in rows["2"]) == 4
     assert all(row["attack_eps"] != "" for row in rows["2"] if row["status"] == "certified")
+
+
+@pytest.mark.parametrize("precision", ["float64", "mixed"])
+def test_a_search_past_its_timeout_reports_the_radius_proven_so_far(tmp_path, monkeypatch,
+                                                                     precision):
+    """GraphCertifier's timeout: evaluations made slow (50 ms each; the search takes 6), a 0.15 s budget. The
+    search ends within the budget plus one evaluation with status ``timeout`` and the
+    largest radius a float64 bound proved before it (0 when none did), which holds on
+    samples and is not more than the full search's."""
+    import time
+
+    _, _, g = load(tmp_path, "conv", seed=2)
+    rng = np.random.default_rng(3)
+    x0 = rng.uniform(-1, 1, g.input_size)
+    c = int(np.argmax(g.forward(x0)))
+    others = [t for t in range(g.output_size) if t != c]
+    full = GraphCertifier(g, norm="inf", precision=precision).certify(x0, c, others)
+    slow = GraphCertifier.lower_bound
+
+    def sleepy(self, *args, **kw):
+        time.sleep(0.05)
+        return slow(self, *args, **kw)
+
+    monkeypatch.setattr(GraphCertifier, "lower_bound", sleepy)
+    t0 = time.perf_counter()
+    res = GraphCertifier(g, norm="inf", precision=precision, timeout=0.15).certify(
+        x0, c, others)
+    took = time.perf_counter() - t0
+    assert res.status == "timeout" and took < 0.15 + 0.3, (res, took)
+    assert 0.0 <= res.eps <= full.eps and res.evaluations >= 2
+    assert res.eps == 0.0 or res.lower_bound > 0  # a radius only with its proof
+    pts = x0 + res.eps * rng.uniform(-1, 1, size=(2000, g.input_size))
+    assert np.all(np.argmax(g.forward(pts), axis=1) == c)
+    assert GraphCertifier(g, norm="inf", precision=precision, timeout=60).certify(
+        x0, c, others).status == "certified"
+
+
+def test_cli_timeout_on_a_graph_writes_timeout_rows_and_exits_3(tmp_path):
+    """crown certify --timeout on a graph network (a max pool: not lowered): a budget too
+    short for any evaluation gives every row status timeout with eps 0 (nothing proven),
+    exit code 3 (rows failed), the summary saying so; a long one certifies."""
+    path = os.path.join(str(tmp_path), "pool.onnx")
+    onnx.save(BUILDERS["conv_maxpool"](np.random.default_rng(5)), path)
+    g = load_graph(path)
+    rng = np.random.default_rng(6)
+    x = rng.uniform(-1, 1, size=(2, g.input_size))
+    images = os.path.join(str(tmp_path), "im.npz")
+    np.savez(images, x=x, y=np.argmax(g.forward(to_graph_layout(g, x)), axis=1))
+    out = os.path.join(str(tmp_path), "rows.csv")
+    r = CliRunner().invoke(cli, ["certify", "--model", path, "--images", images, "-o", out,
+                                 "--timeout", "1e-9"])
+    assert r.exit_code == 3, r.output
+    rows = read_rows(out)
+    assert len(rows) == 2 and all(row["status"] == "timeout" for row in rows)
+    assert all(float(row["eps"]) == 0.0 for row in rows)
+    assert "2 rows FAILED" in r.output
+    r = CliRunner().invoke(cli, ["certify", "--model", path, "--images", images, "-q",
+                                 "--timeout", "60"])
+    assert r.exit_code == 0 and r.output.count(",certified,") == 2, r.output

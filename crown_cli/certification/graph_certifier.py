@@ -29,6 +29,7 @@ from crown_cli.certification.attack import DEFAULT_RESTARTS, DEFAULT_STEPS, PGDA
 from crown_cli.certification.certifier import (Certificate, CertifySettings, RadiusSearch,
                                                check_alpha_options, first_order_start,
                                                parse_norm)
+from crown_cli.engine.deadline import DeadlineExceeded
 from crown_cli.engine.input_sets import NORMS
 from crown_cli.errors import InputError
 
@@ -132,7 +133,8 @@ class GraphCertifier(RadiusSearch):
         return self.graph.forward(x)
 
     def lower_bound(self, x0: np.ndarray, eps: float, C: np.ndarray,
-                    dtype=np.float64, balls: Optional["Balls"] = None) -> np.ndarray:
+                    dtype=np.float64, balls: Optional["Balls"] = None,
+                    deadline: Optional[float] = None) -> np.ndarray:
         """Verified float64 lower bounds of C @ f(x) over the eps-ball around x0, (r,)
         (``dtype`` float32: a steering estimate, not verified). ``balls``: the node bounds of
         the search's earlier evaluations around x0 (:class:`Balls`): a float32 pass takes
@@ -148,7 +150,8 @@ class GraphCertifier(RadiusSearch):
         known = balls.nearest(eps) if balls is not None and steer else None
         gb = GraphBounds(self.graph, x0, float(eps), self.qcode, method=self.family,
                          ibp=self.ibp, intermediate="alpha" if alpha and iters else "crown",
-                         alpha_iters=iters, alpha_lr=lr, dtype=dtype, known=known)
+                         alpha_iters=iters, alpha_lr=lr, dtype=dtype, known=known,
+                         deadline=deadline)
         if balls is not None:
             balls.add(eps, gb)
         if alpha:
@@ -173,11 +176,23 @@ class GraphCertifier(RadiusSearch):
         g0 = float(np.min(margins))
         eps0 = self.start_radius(x0, C, margins) if g0 > 0 else self.eps0
         balls = Balls(self.graph)
+        deadline = None if self.timeout is None else time.monotonic() + float(self.timeout)
+        proven = [0.0, g0, 0]  # the largest eps a float64 bound proved, its bound; evaluations
 
         def bound(dtype):
-            return lambda eps: float(np.min(self.lower_bound(x0, eps, C, dtype, balls)))
+            def fn(eps):
+                proven[2] += 1
+                low = float(np.min(self.lower_bound(x0, eps, C, dtype, balls, deadline)))
+                if dtype == np.float64 and low > 0.0 and eps > proven[0]:
+                    proven[0], proven[1] = eps, low
+                return low
+            return fn
 
-        res = self._radius(bound, g0, eps0)
+        try:
+            res = self._radius(bound, g0, eps0)
+        except DeadlineExceeded:  # the largest radius proven so far: still a certificate
+            return Certificate(proven[0], proven[1], g0, proven[2], "timeout",
+                               time.perf_counter() - t0)
         return Certificate(res.eps, res.lower_bound, g0, res.evaluations, res.status,
                            time.perf_counter() - t0)
 

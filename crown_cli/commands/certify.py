@@ -44,7 +44,8 @@ from crown_cli.errors import InputError
                    "tangent points of tanh, sigmoid, arctan; 0.1 on graph networks).")
 @click.option("--timeout", type=float, default=600.0, show_default=True, metavar="SECONDS",
               help="Seconds per image and target type for --method exact and lp-full "
-                   "(status 'timeout', no eps).")
+                   "(status 'timeout', no eps) and on graph networks (status 'timeout', the "
+                   "largest radius proven before it).")
 @click.option("--target", "target_spec", default="runner-up", show_default=True,
               metavar="LIST",
               help="runner-up, random, least or untargeted (comma-separated list allowed).")
