@@ -177,7 +177,7 @@ def arithmetic(k):
 def normalised(k):
     """LayerNormalization as ConvNeXt uses it (an image's channels, epsilon 1e-6) and as
     transformers do (a sequence's features; over two axes), with and without its scale and
-    centre, GELU between."""
+    centre, GELU between; GroupNormalization on an image's channels and on features."""
     L = k.layers
     img = k.Input((4, 5, 3), name="img")
     y = L.Conv2D(4, 2, name="conv")(img)
@@ -189,6 +189,13 @@ def normalised(k):
     y = L.LayerNormalization(axis=[1, 2], center=False, name="ln_both")(y)
     y = L.LayerNormalization(scale=False, epsilon=0.1, name="ln_plain")(y)
     y = L.Flatten(name="flat")(y)
+    z = L.Conv2D(6, 2, padding="same", name="conv6")(img)
+    z = L.GroupNormalization(groups=3, name="gn")(z)
+    z = L.GroupNormalization(groups=2, center=False, epsilon=0.01, name="gn2")(
+        L.ReLU(name="relu")(z))
+    z = L.GlobalAveragePooling2D(name="gap")(z)
+    z = L.GroupNormalization(groups=6, scale=False, name="gn_features")(z)
+    y = L.Concatenate(name="both")([y, z])
     return k.Model(img, L.Dense(3, name="out")(y)), [(4, 5, 3)]
 
 

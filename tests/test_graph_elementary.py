@@ -300,3 +300,23 @@ def test_sqrt_of_data_matches_onnx_and_refuses_nothing_it_can_bound(tmp_path):
     assert lo[0] == -np.inf and hi[0] == np.inf  # [-0.5, 1.5]: below 0
     lo, hi = GraphBounds(graph, np.array([4.0]), 1.0, 0).bounds()
     assert 1.7 < lo[0] <= np.sqrt(3.0) and np.sqrt(5.0) <= hi[0] < 2.3
+
+
+def test_instance_normalization_matches_onnx_and_its_bounds_hold(tmp_path):
+    """ONNX InstanceNormalization (each channel over its spatial axes; PyTorch's GroupNorm
+    and InstanceNorm2d exports) against onnx.reference, and CROWN's bounds against samples."""
+    rng = np.random.default_rng(5)
+    g = G(rng)
+    shape = (1, 3, 3, 4)
+    y = g.op("InstanceNormalization", ["x", g.const(rng.uniform(0.5, 1.5, 3)),
+                                       g.const(rng.normal(0, 0.3, 3))], epsilon=1e-2)
+    model = g.model([("x", shape)], [g.op("Relu", [y])])
+    graph = load_graph(_save(tmp_path, model))
+    x = rng.normal(size=(5, 36))
+    for xi in x:
+        np.testing.assert_allclose(graph.forward(xi), onnx_outputs(model, xi, [shape]),
+                                   atol=1e-5)
+    lo, hi = GraphBounds(graph, x[0], 0.05, 0).bounds()
+    pts = x[0] + 0.05 * rng.uniform(-1, 1, size=(4000, 36))
+    out = graph.forward(pts)
+    assert np.all(out >= lo) and np.all(out <= hi) and np.all(np.isfinite(lo))

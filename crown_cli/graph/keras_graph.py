@@ -65,7 +65,7 @@ def _decode(v) -> str:
 
 def _roles(cls: str, conf: dict, n: int) -> List[str]:
     """Roles of a layer's n variables, in Keras 3's storage order."""
-    if cls in ("BatchNormalization", "LayerNormalization"):
+    if cls in ("BatchNormalization", "LayerNormalization", "GroupNormalization"):
         roles = (["gamma"] if conf.get("scale", True) else []) + \
                 (["beta"] if conf.get("center", True) else []) + \
                 (["moving_mean", "moving_variance"] if cls == "BatchNormalization" else [])

@@ -639,6 +639,40 @@ def _layer_norm(b, node, layer, ins):
     return normalize(b, node, d, inner, float(conf.get("epsilon", 1e-3)), *params)
 
 
+def _group_norm(b, node, layer, ins):
+    """GroupNormalization (channels last): the channels in ``groups`` consecutive groups,
+    each group's values (its channels at every position) normalised together
+    (:func:`crown_cli.graph.onnx_ops.normalize` on the view (groups, channels / groups,
+    ...)), then ``gamma`` and ``beta`` per channel."""
+    from crown_cli.graph.onnx_ops import normalize
+
+    d, conf = ins[0], layer.conf
+    axis = conf.get("axis", -1)
+    rank = len(d.shape)
+    if rank not in (2, 4) or not isinstance(axis, int) or axis % rank != rank - 1:
+        b.fail(node, f"axis {axis} on shape {to_keras(d).shape[1:]}: the channels of features "
+                     "or of an image only")
+    C = d.shape[1]
+    G = int(conf.get("groups", 32))
+    if G < 1 or C % G:
+        b.fail(node, f"groups {G} does not divide {C} channels")
+    rest = d.shape[2:]
+    grouped = T.view(d, lambda a: a.reshape((1, G, C // G) + tuple(rest)))
+    y = normalize(b, node, grouped, range(2, 2 + 1 + len(rest)),
+                  float(conf.get("epsilon", 1e-3)))
+    y = T.view(y, lambda a: a.reshape(d.shape))
+    bshape = (1, C) + (1,) * len(rest)
+    gamma = _weight(b, node, layer, "gamma", required=False)
+    beta = _weight(b, node, layer, "beta", required=False)
+    for what, v in (("gamma", gamma), ("beta", beta)):
+        if v is not None and v.size != C:
+            b.fail(node, f"{what} of {v.size} values for {C} channels")
+    if gamma is None and beta is None:
+        return y
+    a = np.ones(bshape) if gamma is None else gamma.reshape(bshape)
+    return b.scale(node, y, a, None if beta is None else beta.reshape(bshape), None)
+
+
 def _layer_scale(b, node, layer, ins):
     """ConvNeXt's LayerScale (keras.applications): the input times its ``gamma``, one value
     per channel (the last axis)."""
@@ -812,7 +846,7 @@ HANDLERS = {"Conv2D": _conv2d, "Dense": _dense, "BatchNormalization": _batchnorm
             "GlobalAveragePooling1D": _global_pool1d, "GlobalMaxPooling1D": _global_pool1d,
             "ZeroPadding1D": _moves1d, "Cropping1D": _moves1d, "UpSampling1D": _moves1d,
             "Normalization": _normalization, "LayerNormalization": _layer_norm,
-            "LayerScale": _layer_scale,
+            "LayerScale": _layer_scale, "GroupNormalization": _group_norm,
             "Multiply": _elementwise,
             **{f"ops.{k}": _op for k in ("Add", "Subtract", "Multiply", "Divide", "TrueDivide",
                                           "Negative")},

@@ -552,6 +552,22 @@ def _layer_norm(b, node, ins, attrs):
                       scale, bias)]
 
 
+def _instance_norm(b, node, ins, attrs):
+    """InstanceNormalization: each (sample, channel)'s values over the spatial axes, then the
+    channel's scale and bias, by :func:`normalize` (PyTorch exports GroupNorm as this between
+    two reshapes)."""
+    d = b.data(node, ins[0])
+    if len(d.shape) < 3:
+        b.fail(node, f"needs data of shape (N, C, ...), got {d.shape}")
+    C = d.shape[1]
+    scale, bias = (b.fconst(node, v, w) for v, w in zip(ins[1:3], ("the scale", "the bias")))
+    if scale.size != C or bias.size != C:
+        b.fail(node, f"scale and bias of {scale.size} and {bias.size} values for {C} channels")
+    bshape = (1, C) + (1,) * (len(d.shape) - 2)
+    return [normalize(b, node, d, range(2, len(d.shape)), float(attrs.get("epsilon", 1e-5)),
+                      scale.reshape(bshape), bias.reshape(bshape))]
+
+
 def _batchnorm(b, node, ins, attrs):
     d = b.data(node, ins[0])
     if int(attrs.get("training_mode", 0)):
@@ -765,6 +781,7 @@ HANDLERS = {
     "GlobalAveragePool": _global_pool, "GlobalMaxPool": _global_pool, "ReduceMean": _reduce_mean,
     "ReduceSum": _reduce_mean,
     "BatchNormalization": _batchnorm, "LayerNormalization": _layer_norm,
+    "InstanceNormalization": _instance_norm,
     "Constant": _constant, "Shape": _shape,
     "ConstantOfShape": _constant_of_shape,
     "Equal": _const_fn(np.equal), "Where": _const_fn(np.where), "Less": _const_fn(np.less),
@@ -816,6 +833,8 @@ _HOW = {
     "LayerNormalization": "(x - mean) / sqrt(variance + epsilon) * scale + bias over the axes "
                           "from axis on: averaging Dense nodes, a square, Sqrt, a division by "
                           "data (reciprocal and product nodes)",
+    "InstanceNormalization": "as LayerNormalization over each channel's spatial axes "
+                             "(PyTorch's GroupNorm export: between two reshapes)",
     "Sqrt": "activation (z >= 0): midpoint tangent above, chord below; below 0 no bound "
             "(layer normalisation's 1 / sqrt(variance + eps): Sqrt, then a division)",
     "Gelu": "activation: least-area lines with exact intercepts (also PyTorch's exported "
