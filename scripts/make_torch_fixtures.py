@@ -29,6 +29,12 @@ Three small PyTorch models, the shapes users export, with fixed seeded weights, 
   and ``Celu``; the default one ``Gelu`` (approximate='tanh'), the TorchScript one (opset 17)
   its chain of ``Mul``, ``Add`` and ``Tanh`` (torch 2.14.1: ``--only selu_celu``).
 
+* ``tiny_vit``: input (1, 1, 8, 8) -> a vision transformer in miniature (patch embedding,
+  positions, a pre-norm block with ``nn.LayerNorm``, ``nn.MultiheadAttention`` and a GELU
+  MLP, the tokens' mean, a linear head): the exporters write ``LayerNormalization`` or its
+  ``ReduceMean`` / ``Pow`` / ``Sqrt`` / ``Div`` chain, attention's ``MatMul`` of data and
+  ``Softmax``, and a ``Mod`` of shape constants (torch 2.13: ``--only tiny_vit``).
+
 Each model is exported twice into ``tests/fixtures/torch/``:
 
 * ``<name>.onnx``: the default exporter of torch 2.x (``dynamo=True``, needs ``onnxscript``),
@@ -191,6 +197,33 @@ class SeluCelu(nn.Module):
         return self.fc4(nn.functional.gelu(self.fc3(x), approximate="tanh"))
 
 
+class TinyViT(nn.Module):
+    """A vision transformer in miniature: 4x4 patches of an 8x8 image embedded by a
+    convolution, learned positions, one pre-norm block (LayerNorm, two-head attention
+    (``nn.MultiheadAttention``), LayerNorm, a GELU MLP), a final LayerNorm, the tokens'
+    mean, a linear head."""
+
+    def __init__(self, d=8, heads=2):
+        super().__init__()
+        self.patch = nn.Conv2d(1, d, 4, 4)
+        self.pos = nn.Parameter(0.1 * torch.randn(1, 4, d))
+        self.n1, self.n2, self.norm = nn.LayerNorm(d), nn.LayerNorm(d), nn.LayerNorm(d)
+        self.att = nn.MultiheadAttention(d, heads, batch_first=True)
+        self.mlp = nn.Sequential(nn.Linear(d, 2 * d), nn.GELU(), nn.Linear(2 * d, d))
+        self.head = nn.Linear(d, 4)
+        with torch.no_grad():
+            for n in (self.n1, self.n2, self.norm):
+                n.weight.uniform_(0.5, 1.5)
+                n.bias.uniform_(-0.2, 0.2)
+
+    def forward(self, x):
+        t = self.patch(x).flatten(2).transpose(1, 2) + self.pos
+        y = self.n1(t)
+        t = t + self.att(y, y, y, need_weights=False)[0]
+        t = self.norm(t + self.mlp(self.n2(t)))
+        return self.head(t.mean(1))
+
+
 # name, class, input shape, input range (low, high), dynamic batch axis
 MODELS = [
     ("mnist_conv", MnistConv, (1, 1, 28, 28), (-0.5, 0.5), False),
@@ -200,6 +233,7 @@ MODELS = [
     ("gated", Gated, (1, 2, 6, 6), (-2.0, 2.0), False),
     ("softplus", SoftplusNet, (1, 4), (-1.0, 1.0), False),
     ("selu_celu", SeluCelu, (1, 4), (-2.0, 2.0), False),
+    ("tiny_vit", TinyViT, (1, 1, 8, 8), (0.0, 1.0), False),
 ]
 
 

@@ -39,7 +39,7 @@ from crown_cli.verification.graph_verifier import graph_counterexample
 from test_verify import box_property
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures" / "torch"
-NAMES = ["mnist_conv", "residual", "normalised", "gated", "selu_celu"]
+NAMES = ["mnist_conv", "residual", "normalised", "gated", "selu_celu", "tiny_vit"]
 # softplus_legacy (a plain Softplus) loads as an MLP: test_softplus_exports
 FILES = [f"{name}{suffix}" for name in NAMES for suffix in ("", "_legacy")] + ["softplus"]
 
@@ -58,6 +58,8 @@ COVERS = {
     "softplus": {"Softplus", "Greater", "Where"},
     "selu_celu": {"Selu", "Celu", "Gelu"},
     "selu_celu_legacy": {"Selu", "Celu", "Mul", "Add", "Tanh"},
+    "tiny_vit": {"LayerNormalization", "MatMul", "Softmax", "Gelu", "Transpose"},
+    "tiny_vit_legacy": {"LayerNormalization", "MatMul", "Softmax", "Erf", "Mod", "Sqrt", "Div"},
 }
 # what `crown inspect` must show: the loader's folds and the nodes the operators became
 INSPECT = {
@@ -84,6 +86,12 @@ INSPECT = {
                   "(folded: node_celu)"],
     "selu_celu_legacy": ["activations: elu, gelu_tanh", "/Mul_5/gelu_tanh",
                          "gelu_tanh (allowance 9.96e-09)", "(folded: /Selu, /Celu)"],
+    # layer normalisation: a square, sqrt, a division (reciprocal and product); attention's
+    # softmax (exp, a reciprocal) and products of data
+    "tiny_vit": ["activations: exp, gelu, reciprocal, sqrt, square", "node_layer_norm/std",
+                 "product of two data tensors"],
+    "tiny_vit_legacy": ["activations: exp, gelu, reciprocal, sqrt, square",
+                        "product of two data tensors"],
 }
 
 
@@ -305,3 +313,29 @@ def test_softplus_exports():
     assert (z > 20.0).any() and (z < 20.0).any()
     for net in (mlp, g):
         np.testing.assert_allclose(net.forward(flat), y, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("name", ["tiny_vit", "tiny_vit_legacy"])
+def test_tiny_vit_certified_radius_holds_against_samples_and_the_attack(name):
+    """The exported transformer (layer normalisation, attention, GELU): crown's CROWN radius
+    on each input keeps the class on 2000 samples of the l_inf ball (vertices among them)
+    and against the attack; the attack finds a change of class in a ball 30 times larger
+    (the check can fail)."""
+    g = load_network(path_of(name))
+    _, flat, _ = expected(name)
+    rng = np.random.default_rng(0)
+    for x0 in flat[:2]:
+        c = int(np.argmax(g.forward(x0)))
+        others = [t for t in range(g.output_size) if t != c]
+        res = GraphCertifier(g, norm="inf").certify(x0, c, others)
+        assert res.status == "certified" and res.eps > 0
+        cases = [((np.eye(g.output_size)[c] - np.eye(g.output_size)[t])[None], np.zeros(1))
+                 for t in others]
+        assert graph_counterexample(g, x0 - res.eps, x0 + res.eps, cases, restarts=16,
+                                    steps=50, seed=1) is None
+        pts = x0 + res.eps * rng.uniform(-1, 1, size=(2000, x0.size))
+        pts[:500] = x0 + res.eps * rng.choice([-1.0, 1.0], size=(500, x0.size))
+        assert np.all(np.argmax(g.forward(pts), axis=1) == c)
+        big = 30 * res.eps
+        assert graph_counterexample(g, x0 - big, x0 + big, cases, restarts=16, steps=50,
+                                    seed=1) is not None

@@ -552,6 +552,13 @@ def _layer_norm(b, node, ins, attrs):
                       scale, bias)]
 
 
+def _mod(b, node, ins, attrs):
+    """Mod of constants (shape arithmetic, e.g. PyTorch's attention export checking its head
+    size): numpy's ``mod`` (the divisor's sign, ONNX fmod 0) or ``fmod`` (fmod 1)."""
+    fn = np.fmod if int(attrs.get("fmod", 0)) else np.mod
+    return _const_fn(fn)(b, node, ins, attrs)
+
+
 def _instance_norm(b, node, ins, attrs):
     """InstanceNormalization: each (sample, channel)'s values over the spatial axes, then the
     channel's scale and bias, by :func:`normalize` (PyTorch exports GroupNorm as this between
@@ -787,7 +794,7 @@ HANDLERS = {
     "Equal": _const_fn(np.equal), "Where": _const_fn(np.where), "Less": _const_fn(np.less),
     "Greater": _const_fn(np.greater), "Not": _const_fn(np.logical_not),
     "Range": _range, "Floor": _step,
-    "Ceil": _const_fn(np.ceil), "Abs": relu_forms.absolute,
+    "Ceil": _const_fn(np.ceil), "Mod": _mod, "Abs": relu_forms.absolute,
     "Min": relu_forms.max_min, "Max": relu_forms.max_min, "Clip": relu_forms.clip,
     "PRelu": relu_forms.prelu, "Sign": _step, "Pow": _pow, "Gelu": _gelu, "Swish": _swish,
     "Celu": _celu, "Selu": _selu,
