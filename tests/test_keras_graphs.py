@@ -380,3 +380,27 @@ def test_keras_graph_only_activations_load_as_their_nodes(tmp_path):
     assert isinstance(g, Graph)
     assert [n.op.name for n in g.nodes if n.kind == "activation"] == \
         ["gelu", "silu", "mish", "hardswish", "relu", "relu", "relu", "relu"]
+
+
+def test_zero_padding_before_a_convolution_becomes_its_pads(tmp_path):
+    """ZeroPadding2D read by convolutions only: the convolutions pad the image themselves
+    (no element-move node between), with the same outputs as the reference; a padding
+    read by a pooling layer stays a move."""
+    from crown_cli.graph.ops import Conv, IndexMap
+
+    path, (layers, inputs, outputs) = _write(tmp_path, "merges", "h5")
+    g = load_network(path)
+    convs = [n for n in g.nodes if isinstance(n.op, Conv)]
+    assert len(convs) == 2 and all(g.nodes[n.inputs[0]].kind == "input" or
+                                   not isinstance(g.nodes[n.inputs[0]].op, IndexMap)
+                                   for n in convs), [g.nodes[n.inputs[0]].name for n in convs]
+    assert all(tuple(n.op.pads) == (1, 0, 0, 2) for n in convs)
+    layers.insert(3, km.L("MaxPooling2D", "mp", ["pad"], pool_size=[1, 1], strides=[1, 1],
+                          padding="valid"))
+    layers[4].inputs = ["mp"]  # ca reads the pooled padding
+    km.save_h5(tmp_path / "pooled.h5", layers, inputs, outputs)
+    g2 = load_network(str(tmp_path / "pooled.h5"))
+    x = np.random.default_rng(2).normal(size=(4, g2.input_size))
+    np.testing.assert_allclose(g2.forward(x), km.reference(layers, inputs, outputs, x,
+                                                           drop_output_act=True),
+                               rtol=1e-12, atol=1e-12)

@@ -158,6 +158,43 @@ def _activate(b, node, d: Data, act, alpha=None) -> Data:
 
 # -- layers with weights ---------------------------------------------------------------------
 
+def _unpadded(b, d: Data):
+    """(the node's own image, (top, left, bottom, right)) where ``d`` is a node's whole
+    image (1, C, H, W) padded with zeros (a ZeroPadding2D before a convolution), else None:
+    the convolution then pads it itself (no element move between them)."""
+    if len(d.sources) != 1 or len(d.shape) != 4:
+        return None
+    src = d.sources[0]
+    idx = d.idx[0]
+    C = idx.shape[0]
+    inside = np.argwhere(idx >= 0)
+    if inside.size == 0:
+        return None
+    (_, t, left), (_, bottom, right) = inside.min(axis=0), inside.max(axis=0)
+    H, W = int(bottom - t + 1), int(right - left + 1)
+    core = idx[:, t:t + H, left:left + W]  # the source's every element, in its own order
+    if C * H * W != b.nodes[src].size or \
+            not np.array_equal(core.reshape(-1), np.arange(C * H * W)):
+        return None
+    shape = (1, C, H, W)
+    outside = idx.copy()
+    outside[:, t:t + H, left:left + W] = -1 - d.table.size  # (a stand-in: counted below)
+    consts = outside[outside != -1 - d.table.size]
+    if np.any(consts >= 0) or np.any(d.table[-1 - consts] != 0.0):
+        return None
+    pads = [int(t), int(left), int(idx.shape[1] - t - H), int(idx.shape[2] - left - W)]
+    return Data.of_node(src, shape), pads
+
+
+def _fold_padding(b, d: Data, pads):
+    """``d`` and the convolution's ``pads``, a zero padding of a node's image taken into
+    them (:func:`_unpadded`)."""
+    u = _unpadded(b, d)
+    if u is None:
+        return d, pads
+    return u[0], [p + q for p, q in zip(pads, u[1])]
+
+
 def _conv2d(b, node, layer, ins):
     from crown_cli.graph.onnx_ops import _conv
 
@@ -171,6 +208,7 @@ def _conv2d(b, node, layer, ins):
     strides = _pair(conf.get("strides", 1), "strides", b, node)
     dil = _pair(conf.get("dilation_rate", 1), "dilation_rate", b, node)
     pads = _padding(b, node, conf, d.shape[2:], K.shape[:2], strides, dil)
+    d, pads = _fold_padding(b, d, pads)
     W = K.transpose(3, 2, 0, 1)  # (kh, kw, C/g, O) -> (O, C/g, kh, kw)
     attrs = {"strides": strides, "pads": pads, "dilations": dil, "group": int(conf.get("groups", 1))}
     conv_ins = [d, Const(W)] + ([Const(bias)] if bias is not None else [])
@@ -317,6 +355,7 @@ def _depthwise(b, node, layer, ins):
     strides = _pair(conf.get("strides", 1), "strides", b, node)
     dil = _pair(conf.get("dilation_rate", 1), "dilation_rate", b, node)
     pads = _padding(b, node, conf, d.shape[2:], W.shape[2:], strides, dil)
+    d, pads = _fold_padding(b, d, pads)
     attrs = {"strides": strides, "pads": pads, "dilations": dil, "group": C}
     first = [d, Const(W)] + ([Const(bias)] if bias is not None and not sep else [])
     name = node.name + "/depthwise" if sep else node.name
