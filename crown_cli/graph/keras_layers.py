@@ -88,12 +88,16 @@ def _padding(b, node, conf, hw, kernel, strides, dil):
         return [0, 0, 0, 0]
     if mode != "same":
         b.fail(node, f"padding '{mode}' is not supported (valid, same)")
-    pads = [0, 0, 0, 0]
-    for ax in range(2):
-        out = -(-hw[ax] // strides[ax])
-        total = max((out - 1) * strides[ax] + (kernel[ax] - 1) * dil[ax] + 1 - hw[ax], 0)
-        pads[ax], pads[ax + 2] = total // 2, total - total // 2
-    return pads
+    (t, bt), (left, r) = (_same(hw[ax], kernel[ax], strides[ax], dil[ax]) for ax in range(2))
+    return [t, left, bt, r]
+
+
+def _same(n, k, s, dil):
+    """TensorFlow's ``same`` padding of one axis of n values, kernel k, stride s, dilation
+    dil: (before, after), the extra one after."""
+    out = -(-n // s)
+    total = max((out - 1) * s + (k - 1) * dil + 1 - n, 0)
+    return total // 2, total - total // 2
 
 
 def _weight(b, node, layer, role, required=True):
@@ -252,9 +256,7 @@ def _padding1d(b, node, conf, n, k, s, dil, causal_ok=True):
     if mode != "same":
         b.fail(node, f"padding '{mode}' is not supported (valid, same"
                      f"{', causal' if causal_ok else ''})")
-    out = -(-n // s)
-    total = max((out - 1) * s + (k - 1) * dil + 1 - n, 0)
-    return total // 2, total - total // 2
+    return _same(n, k, s, dil)
 
 
 def _conv1d(b, node, layer, ins):
