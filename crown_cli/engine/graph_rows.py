@@ -365,21 +365,9 @@ def _transpose(gb, i, rows: Rows, kernels):
     if isinstance(op, Scale):  # elementwise: each live element's rows times its factor
         a = typed(op, "a", dt)
         return [(idx, Lt * (a if idx is None else a[idx])[:, None])]
-    if isinstance(op, IndexMap) and op.unique:  # a move: the rows go to their sources, live
-        out = np.arange(op.size) if idx is None else np.asarray(idx)
-        live = op.valid[out]
-        src = op.src[out[live]]
-        order = np.argsort(src, kind="stable")
-        src, rows = src[order], Lt[np.flatnonzero(live)[order]]
-        moved, at = [], 0
-        for n in op.n_in:
-            lo, hi = np.searchsorted(src, [at, at + n])
-            sub = src[lo:hi] - at
-            full = sub.size == n  # (then every element, in order)
-            moved.append((None if full else sub, np.ascontiguousarray(rows[lo:hi])))
-            at += n
-        return moved
-    if hasattr(op, "transpose_t") and not isinstance(op, Conv):  # sparse Dense, IndexMap
+    if isinstance(op, IndexMap):  # a move: the rows go to the sources they reach
+        return op.transpose_t(Lt, idx)
+    if hasattr(op, "transpose_t") and not isinstance(op, Conv):  # sparse Dense
         return [(None, P) for P in op.transpose_t(Lt, idx)]
     L = np.ascontiguousarray(_full(rows, op.size).T)
     return [(None, np.ascontiguousarray(P.T, dt)) for P in op.transpose(L)]

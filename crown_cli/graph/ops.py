@@ -609,23 +609,30 @@ class IndexMap(Affine):
         return _split(g, self.n_in)
 
     def transpose_t(self, Lt, idx):
-        """The transpose on rows held transposed: a scatter(-add) of the rows of ``Lt`` (the
-        coefficients of the outputs ``idx``; None: all) onto the inputs' elements, one
-        (n_j, r) array per input."""
+        """The transpose on rows held transposed: the rows of ``Lt`` (the coefficients of the
+        outputs ``idx``; None: all) scattered (added, where an element is taken twice) onto
+        the input elements they reach, and only those: per input, (its elements reached,
+        sorted, or None when all of them; their rows (k_j, r))."""
         out = np.arange(self.size) if idx is None else np.asarray(idx)
         live = self.valid[out]
         src, rows = self.src[out[live]], Lt[live]
-        G = np.zeros((sum(self.n_in), Lt.shape[1]), Lt.dtype)
         if self.unique:
-            G[src] = rows
+            order = np.argsort(src, kind="stable")
+            src, rows = src[order], rows[order]
         else:
             import scipy.sparse as sp
 
-            P = sp.csr_matrix((np.ones(src.size), (src, np.arange(src.size))),
-                              shape=(G.shape[0], src.size))
-            G = np.asarray(P @ rows, dtype=Lt.dtype)
-        cuts = np.cumsum(self.n_in)[:-1]
-        return [np.ascontiguousarray(g) for g in np.split(G, cuts, axis=0)]
+            src, inv = np.unique(src, return_inverse=True)
+            P = sp.csr_matrix((np.ones(inv.size), (inv, np.arange(inv.size))),
+                              shape=(src.size, inv.size))
+            rows = np.asarray(P @ rows, dtype=Lt.dtype)
+        moved, at = [], 0
+        for n in self.n_in:
+            lo, hi = np.searchsorted(src, [at, at + n])
+            sub = src[lo:hi] - at
+            moved.append((None if sub.size == n else sub, np.ascontiguousarray(rows[lo:hi])))
+            at += n
+        return moved
 
     def describe(self) -> str:
         kind = "permutation" if self.unique and self.valid.all() and self.size == sum(self.n_in) \
