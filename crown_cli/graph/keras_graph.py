@@ -28,9 +28,8 @@ from typing import Dict, List, Optional, Tuple
 import numpy as np
 
 from crown_cli.errors import InputError, read_header
+from crown_cli.io.models import MODEL_CLASSES  # a model used as a layer: inlined
 
-# weight roles of a layer's variables in the order Keras 3 stores them (``vars/0, 1, ...``)
-MODEL_CLASSES = ("Functional", "Model", "Sequential")  # a model used as a layer: inlined
 NESTED = "__layers__"  # a model layer's weights: {inner layer name: its weights}
 ALIAS = "__alias__"  # an identity layer naming an inlined model's input or output
 OPS_CLASSES = ("Add", "Subtract", "Multiply", "Divide", "TrueDivide", "Negative")
@@ -39,9 +38,10 @@ TF_OPS = {"__operators__.add": "ops.Add", "math.add": "ops.Add",
           "math.subtract": "ops.Subtract", "math.multiply": "ops.Multiply",
           "math.truediv": "ops.TrueDivide", "math.divide": "ops.Divide",
           "math.negative": "ops.Negative"}
+# weight roles of a layer's variables in the order Keras 3 stores them (``vars/0, 1, ...``)
 _VAR_ROLES = {"Dense": ("kernel", "bias"), "Conv2D": ("kernel", "bias"),
               "Conv1D": ("kernel", "bias"), "Conv2DTranspose": ("kernel", "bias"),
-              "PReLU": ("alpha",),
+              "PReLU": ("alpha",), "LayerScale": ("gamma",),
               "DepthwiseConv2D": ("depthwise_kernel", "bias"),
               "SeparableConv2D": ("depthwise_kernel", "pointwise_kernel", "bias"),
               "Normalization": ("mean", "variance", "count")}
@@ -104,11 +104,11 @@ def _inbound(path: str, layer: dict, name: str) -> List[Tuple[str, int, int]]:
     if isinstance(node, dict):
         _history(node.get("args", []), out)
         args = node.get("args", [])
-        if isinstance(args, list) and any(_constant(a) is not None for a in args):
+        consts = [_constant(a) for a in args] if isinstance(args, list) else []
+        if any(v is not None for v in consts):
             # a Keras 3 op of tensors and numbers (``x + 3.0``): the numbers in place
-            consts = {k: _constant(a) for k, a in enumerate(args)}
             layer.setdefault("config", {})["__args__"] = [
-                ("const", v) if v is not None else ("tensor", None) for v in consts.values()]
+                ("const", v) if v is not None else ("tensor", None) for v in consts]
     else:
         if node and isinstance(node[0], str):  # a TFOpLambda's node: the one entry itself
             node = [node]
@@ -128,8 +128,8 @@ def _inbound(path: str, layer: dict, name: str) -> List[Tuple[str, int, int]]:
             if isinstance(y, list) and len(y) == 3 and isinstance(y[0], str):
                 out.append((y[0], int(y[1]), int(y[2])))
                 args.append(("tensor", None))
-            elif _constant(y) is not None:
-                args.append(("const", _constant(y)))
+            elif (c := _constant(y)) is not None:
+                args.append(("const", c))
             if len(args) > 1 or args[0][0] == "const":
                 layer.setdefault("config", {})["__args__"] = args
     return out
@@ -352,13 +352,13 @@ def _model(path, cls, conf_all, layers, weights, prefix, feeds, out_layers):
         elif lcls == "TFOpLambda":  # the Keras 2 API's op on tensors
             fn = str((layer.get("config") or {}).get("function", ""))
             lcls = TF_OPS.get(fn, f"TFOpLambda {fn}")
-        conf = layer.get("config", {}) or {}
         name = _layer_name(layer)
-        by_name[name] = (lcls, conf)
         if lcls == "InputLayer":
+            by_name[name] = (lcls, layer.get("config", {}) or {})
             continue
-        refs = [ref(r) for r in _inbound(path, layer, name)]
+        refs = [ref(r) for r in _inbound(path, layer, name)]  # (an op's numbers into config)
         conf = layer.get("config", {}) or {}
+        by_name[name] = (lcls, conf)
         if lcls in OPS_CLASSES and (lcls in ("TrueDivide", "Negative", "Divide") or
                                     "__args__" in conf):
             lcls = "ops." + lcls  # an op with a number (a legacy .h5 has no module)

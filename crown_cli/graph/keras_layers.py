@@ -719,8 +719,7 @@ def _layer_scale(b, node, layer, ins):
     per channel (the last axis)."""
     d = ins[0]
     C, bshape = _channels(d)
-    g = layer.weights.get("gamma")
-    g = _weight(b, node, layer, "var0" if g is None else "gamma")
+    g = _weight(b, node, layer, "gamma")
     if g.size != C:
         b.fail(node, f"gamma of {g.size} values for {C} channels")
     return b.scale(node, d, g.reshape(bshape), None, node.input[0])
