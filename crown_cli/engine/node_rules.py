@@ -307,6 +307,20 @@ class AffineRule(Rule):
         for j, P in zip(node.inputs, op.transpose(L)):
             walk.give(j, P)
 
+    def win_terms(self, gb, i, win, shape, walk):
+        """The node's constant, its magnitude and the product rounding's charge per row of
+        the windows ``win`` over its (C, H, W) output ``shape`` (``back_t``'s sums on
+        windows), into ``walk.acc``."""
+        dt = win.Pt.dtype
+        b, absb = _bias(gb, i, dt)
+        absfwd = _typed(gb, ("absfwd", i), lambda: gb.absfwd[i], dt)
+        sums = np.empty((win.Pt.shape[3], 3))
+        walk.kernels.win_sums_t(win.Pt, win.oy, win.ox, b.reshape(shape), absb.reshape(shape),
+                                absfwd.reshape(shape), sums)
+        walk.acc[0] += sums[:, 0]
+        walk.acc[1] += sums[:, 1]
+        walk.acc[2] += self.charge(gb, i, sums[:, 2])
+
     def back_t(self, gb, i, node, rows, walk):
         idx, Lt = rows
         Lt = np.ascontiguousarray(Lt)
@@ -372,17 +386,9 @@ class ScaleRule(AffineRule):
         if shape is None or _image(gb.g.nodes[node.inputs[0]]) != shape:
             return False
         C, H, W = shape
-        kernels = walk.kernels
-        r, dt = win.Pt.shape[3], win.Pt.dtype
+        dt = win.Pt.dtype
         h, w = win.Pt.shape[1:3]
-        b, absb = _bias(gb, i, dt)
-        absfwd = _typed(gb, ("absfwd", i), lambda: gb.absfwd[i], dt)
-        sums = np.empty((r, 3))
-        kernels.win_sums_t(win.Pt, win.oy, win.ox, b.reshape(shape), absb.reshape(shape),
-                           absfwd.reshape(shape), sums)
-        walk.acc[0] += sums[:, 0]
-        walk.acc[1] += sums[:, 1]
-        walk.acc[2] += self.charge(gb, i, sums[:, 2])
+        self.win_terms(gb, i, win, shape, walk)
         yy = win.oy[None, :] + np.arange(h)[:, None]  # (h, r): each row's image rows
         xx = win.ox[None, :] + np.arange(w)[:, None]  # (w, r)
         a = typed(node.op, "a", dt).reshape(shape)
@@ -410,14 +416,7 @@ class ConvRule(AffineRule):
         _, IH, IW = op.in_shape
         if not _fits(oy, ox, h2, w2, IH, IW):
             return False
-        b, absb = _bias(gb, i, dt)
-        sums = np.empty((r, 3))
-        absfwd = _typed(gb, ("absfwd", i), lambda: gb.absfwd[i], dt)
-        kernels.win_sums_t(win.Pt, win.oy, win.ox, b.reshape(shape), absb.reshape(shape),
-                           absfwd.reshape(shape), sums)
-        walk.acc[0] += sums[:, 0]
-        walk.acc[1] += sums[:, 1]
-        walk.acc[2] += self.charge(gb, i, sums[:, 2])
+        self.win_terms(gb, i, win, shape, walk)
         Gt = np.empty((op.in_shape[0], h2, w2, r), dt)
         strides, dilations, _, group = kernels.conv_args(op.strides, op.dilations, op.pads,
                                                          op.group)
