@@ -75,6 +75,12 @@ def _channels_last(b, node, conf):
         b.fail(node, f"data_format {fmt} is not supported (channels_last only)")
 
 
+def _inner_axis(axis: int, rank: int) -> int:
+    """A Keras axis (0 the batch) in the builder's order: an image's (H, W, C) is held
+    (C, H, W)."""
+    return {1: 2, 2: 3, 3: 1}.get(axis, axis) if rank == 4 else axis
+
+
 def _image(b, node, d):
     if len(d.shape) != 4:
         b.fail(node, f"needs an image input (H, W, C), got shape {to_keras(d).shape[1:]}")
@@ -181,9 +187,9 @@ def _unpadded(b, d: Data):
             not np.array_equal(core.reshape(-1), np.arange(C * H * W)):
         return None
     shape = (1, C, H, W)
-    outside = idx.copy()
-    outside[:, t:t + H, left:left + W] = -1 - d.table.size  # (a stand-in: counted below)
-    consts = outside[outside != -1 - d.table.size]
+    border = np.ones(idx.shape, bool)
+    border[:, t:t + H, left:left + W] = False
+    consts = idx[border]  # every one a constant 0
     if np.any(consts >= 0) or np.any(d.table[-1 - consts] != 0.0):
         return None
     pads = [int(t), int(left), int(idx.shape[1] - t - H), int(idx.shape[2] - left - W)]
@@ -665,7 +671,7 @@ def _layer_norm(b, node, layer, ins):
     axes = sorted({int(a) % rank for a in axes})
     if 0 in axes:
         b.fail(node, f"axis {conf.get('axis')}: the batch axis is not normalised")
-    inner = [{1: 2, 2: 3, 3: 1}[a] for a in axes] if rank == 4 else axes
+    inner = [_inner_axis(a, rank) for a in axes]
     norm_shape = tuple(kshape[a] for a in axes)
     params = []
     for role in ("gamma", "beta"):
@@ -809,7 +815,7 @@ def _concatenate(b, node, layer, ins):
     axis = axis % rank
     if axis == 0:
         b.fail(node, "cannot concatenate along the batch axis")
-    inner = {1: 2, 2: 3, 3: 1}[axis] if rank == 4 else axis
+    inner = _inner_axis(axis, rank)
     sources, idxs, table = T.merge(ins, b.sizes())
     try:
         return Data(sources, np.concatenate(idxs, axis=inner), table)
