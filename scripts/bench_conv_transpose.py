@@ -34,7 +34,7 @@ def main():
 
         def kernel():
             Gt = np.empty((targets.size, r))
-            kernels.conv_transpose_t(Lt, src, pos, conv.weight,
+            kernels.conv_transpose_t(Lt, src, pos, np.arange(targets.size), conv.weight,
                                      np.asarray(conv.in_shape, np.int64),
                                      np.asarray(conv.out_shape, np.int64),
                                      *kernels.conv_args(conv.strides, conv.dilations,

@@ -123,10 +123,40 @@ def _modules(nn, torch):
             x = F.leaky_relu(self.c2(F.leaky_relu(self.c1(x), 0.1)), 0.1)
             return self.fc(F.adaptive_avg_pool2d(x, 1).flatten(1))
 
+    class Inverted(nn.Module):  # MobileNetV2's block: 1x1 expansion, depthwise 3x3, 1x1 projection
+        def __init__(self, cin, cout, stride, g, expand=3):
+            super().__init__()
+            h = cin * expand
+            self.e, self.be = nn.Conv2d(cin, h, 1, bias=False), bn(h, g)
+            self.d, self.bd = nn.Conv2d(h, h, 3, stride, 1, groups=h, bias=False), bn(h, g)
+            self.p, self.bp = nn.Conv2d(h, cout, 1, bias=False), bn(cout, g)
+            self.skip = cin == cout and stride == 1
+
+        def forward(self, x):
+            y = torch.relu(self.bd(self.d(torch.relu(self.be(self.e(x))))))
+            y = self.bp(self.p(y))
+            return x + y if self.skip else y
+
+    class Mobile(nn.Module):  # stem, four inverted residual blocks, global average pool
+        def __init__(self, g):
+            super().__init__()
+            self.c, self.b = nn.Conv2d(3, 8, 3, 2, 1, bias=False), bn(8, g)
+            self.blocks = nn.Sequential(Inverted(8, 8, 1, g), Inverted(8, 16, 2, g),
+                                        Inverted(16, 16, 1, g), Inverted(16, 24, 2, g))
+            self.fc = nn.Linear(24, 10)
+
+        def forward(self, x):
+            x = self.blocks(torch.relu(self.b(self.c(x))))
+            return self.fc(F.adaptive_avg_pool2d(x, 1).flatten(1))
+
     cifar = (3, 32, 32)
     return {"resbn": (ResBN, cifar, (0.001, 0.004)), "resbig": (ResBig, cifar, (0.0005,)),
             "vgg": (VGG, cifar, (0.001, 0.004)), "inception": (Inception, cifar, (0.001, 0.004)),
-            "smooth": (Smooth, (1, 28, 28), (0.001, 0.004)), "leaky": (Leaky, cifar, (0.001, 0.004))}
+            "smooth": (Smooth, (1, 28, 28), (0.001, 0.004)), "leaky": (Leaky, cifar, (0.001, 0.004)),
+            "mobile": (Mobile, cifar, (0.001, 0.004))}
+
+
+MATRIX_MODE = ("mobile",)  # auto_LiRPA's conv_mode for these: "matrix"
 
 
 def _best(f, repeat):
@@ -141,7 +171,7 @@ def _best(f, repeat):
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--lirpa", required=True, help="an auto_LiRPA checkout")
-    ap.add_argument("--archs", default="resbn,resbig,vgg,inception,smooth,leaky")
+    ap.add_argument("--archs", default="resbn,resbig,vgg,inception,smooth,leaky,mobile")
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--alpha", action="store_true")
     args = ap.parse_args()
@@ -177,12 +207,16 @@ def main():
             z = model(torch.tensor(x)).numpy()[0]
         c = int(np.argmax(z))
         C = np.eye(10)[[c] * 9] - np.eye(10)[[t for t in range(10) if t != c]]
-        bm = BoundedModule(model, torch.zeros((1,) + shape), device="cpu")
+        # grouped convolutions in auto_LiRPA's default "patches" mode gave bounds that the
+        # network's own value at the centre breaks (a050a3d; docs/benchmarks.md): "matrix"
+        mode = "matrix" if name in MATRIX_MODE else "patches"
+        bm = BoundedModule(model, torch.zeros((1,) + shape), device="cpu",
+                           bound_opts={"conv_mode": mode})
         bm.eval()
         model.eval()  # (BoundedModule leaves the module it traced in training mode)
         fwd = float(np.max(np.abs(graph.forward(x.reshape(1, -1))[0] - z)))
         print(f"{name:<10} {graph.input_size} inputs, {len(graph.nodes)} nodes; forward "
-              f"difference {fwd:.1e}")
+              f"difference {fwd:.1e}; auto_LiRPA conv_mode {mode}")
         Ct = torch.tensor(C[None])
         for eps in radii:
             ours, t_ours = _best(lambda: GraphBounds(graph, x.reshape(-1), eps, 0).bounds(C)[0],

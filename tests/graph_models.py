@@ -323,6 +323,27 @@ def inception(rng):
     return g.model([("x", (1, 2, 6, 6))], [x])
 
 
+def mobile(rng):
+    """MobileNetV2's pieces, biased so that many ReLUs are inactive: x (1, 3, 8, 8) -> Conv ->
+    Relu -> Add of a constant (a scaling with a constant: not folded into the padded Conv
+    after it) -> Conv -> Clip(0, 6) -> depthwise Conv (group 6) -> Clip(0, 6) -> 1x1 Conv ->
+    Add of the block's input (a residual without activation) -> Flatten -> Gemm."""
+    g = G(rng)
+    c = g.op("Conv", ["x", g.rand(4, 3, 3, 3, scale=0.3), g.const(rng.normal(-0.4, 0.3, 4))],
+             pads=[1, 1, 1, 1])
+    r = g.op("Add", [g.op("Relu", [c]), g.const(rng.normal(0.0, 0.2, (4, 1, 1)))])
+    e = g.op("Conv", [r, g.rand(6, 4, 3, 3, scale=0.3), g.const(rng.normal(-0.5, 0.3, 6))],
+             pads=[1, 1, 1, 1])
+    e = g.op("Clip", [e, g.const(np.array(0.0)), g.const(np.array(0.6))])
+    d = g.op("Conv", [e, g.rand(6, 1, 3, 3, scale=0.5), g.const(rng.normal(-0.3, 0.3, 6))],
+             group=6, pads=[1, 1, 1, 1])
+    d = g.op("Clip", [d, g.const(np.array(0.0)), g.const(np.array(0.6))])
+    p = g.op("Conv", [d, g.rand(4, 6, 1, 1), g.rand(4)])
+    h = g.op("Flatten", [g.op("Add", [p, r])])
+    return g.model([("x", (1, 3, 8, 8))], [g.op("Gemm", [h, g.rand(3, 256, scale=0.1), g.rand(3)],
+                                                transB=1)])
+
+
 BUILDERS = {"dense": dense_chain, "conv": conv_net, "residual": residual, "shapes": shapes_net,
             "relu_residual": relu_residual,
             "two_inputs": two_inputs, "broadcast": broadcast_net, "normalised": normalised,
@@ -330,4 +351,4 @@ BUILDERS = {"dense": dense_chain, "conv": conv_net, "residual": residual, "shape
             "conv_tanh": lambda rng: conv_net(rng, act="Tanh", bn=False),
             "elementary": elementary, "generator": generator, "attention": attention,
             "powers": powers, "floors": floors, "gelu": gelu, "relu_forms": relu_forms,
-            "inception": inception}
+            "inception": inception, "mobile": mobile}

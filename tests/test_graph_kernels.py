@@ -39,7 +39,9 @@ def test_conv_transpose_kernel_equals_numpy_twin(layout, density):
     from crown_cli.engine.graph_rows import _transpose
 
     live = np.flatnonzero(np.any(L != 0.0, axis=0))
-    gb = SimpleNamespace(g=SimpleNamespace(nodes=[SimpleNamespace(op=conv)]))
+    gb = SimpleNamespace(g=SimpleNamespace(nodes=[SimpleNamespace(op=conv, inputs=(1,)),
+                                                  SimpleNamespace(op=None, inputs=())]),
+                         lines={})
     (idx, Gt), = _transpose(gb, 0, (live, np.ascontiguousarray(L[:, live].T)), graph_kernels())
     full = np.zeros((conv.n_in[0], 7))
     full[np.arange(conv.n_in[0]) if idx is None else idx] = Gt
@@ -371,7 +373,7 @@ def test_product_step_kernel_equals_numpy_twin(dtype):
 def test_rows_of_inactive_relus_are_dropped_with_the_same_bounds(monkeypatch):
     """The fast path hands on no rows for ReLUs inactive on the whole set (both slopes 0):
     on a dense chain where about half of them are, its bounds equal the numpy twin's and
-    those of the fast path that keeps every element (node_rules.DEAD_SHARE above 1), and
+    those of the fast path that keeps every element (graph_rows.DEAD_SHARE above 1), and
     the smaller products are the ones taken."""
     import crown_cli.engine.node_rules as node_rules
     from crown_cli.graph.network import dense_graph
@@ -394,8 +396,10 @@ def test_rows_of_inactive_relus_are_dropped_with_the_same_bounds(monkeypatch):
         return transpose(gb, i, rows, kernels)
 
     outs = []
-    for share in (node_rules.DEAD_SHARE, 2.0):
-        monkeypatch.setattr(node_rules, "DEAD_SHARE", share)
+    from crown_cli.engine import graph_rows
+
+    for share in (graph_rows.DEAD_SHARE, 2.0):
+        monkeypatch.setattr(graph_rows, "DEAD_SHARE", share)
         monkeypatch.setattr(node_rules, "_transpose", spy)
         seen.clear()
         with using_kernels("numba"):
@@ -413,6 +417,57 @@ def test_rows_of_inactive_relus_are_dropped_with_the_same_bounds(monkeypatch):
     assert min(inactive) >= 0.1 * 30  # each ReLU node has inactive neurons to drop
     assert sum(k for _, k in dropped) < sum(k for _, k in kept)  # fewer elements multiplied
     y = g.forward(x0[None] + rng.uniform(-0.05, 0.05, (2000, 12)))
+    assert np.all(y >= out[0] - 1e-12) and np.all(y <= out[1] + 1e-12)
+
+
+def test_rows_reach_only_what_activations_hand_on(tmp_path, monkeypatch):
+    """On a MobileNet-style graph (clipped ReLUs as relu(x) - relu(x - 6), a depthwise
+    convolution, a ReLU then a scaling with a constant, a residual sum), the fast path keeps
+    rows only on the elements an activation hands on (lines not all 0), through sums and
+    scalings, and the convolutions' transposes compute only those: every node's bounds equal
+    the numpy twin's and those of the fast path that keeps every element
+    (graph_rows.DEAD_SHARE above 1); fewer elements are computed; sampled points hold."""
+    import onnx
+
+    from crown_cli.engine import graph_rows
+    from crown_cli.graph.onnx_graph import load_graph
+    from graph_models import mobile
+
+    path = str(tmp_path / "mobile.onnx")
+    onnx.save(mobile(np.random.default_rng(4)), path)
+    g = load_graph(path)
+    rng = np.random.default_rng(5)
+    x0 = rng.uniform(-1, 1, g.input_size)
+    eps = 0.01
+    with using_kernels("numpy"):
+        ref = GraphBounds(g, x0, eps, 0)
+        ref_out = ref.bounds()
+    computed = []
+    transpose_t = Conv.transpose_t
+
+    def spy(self, Lt, idx, pos, weight, kernels, on=None):
+        out = transpose_t(self, Lt, idx, pos, weight, kernels, on)
+        computed.append(out.shape[0])
+        return out
+
+    monkeypatch.setattr(Conv, "transpose_t", spy)
+    runs = []
+    for share in (graph_rows.DEAD_SHARE, 2.0):
+        monkeypatch.setattr(graph_rows, "DEAD_SHARE", share)
+        computed.clear()
+        with using_kernels("numba"):
+            gb = GraphBounds(g, x0, eps, 0)
+            runs.append((gb, gb.bounds(), sum(computed)))
+    (gb, out, fewer), (gb_all, out_all, every) = runs
+    for i in range(len(g.nodes)):
+        for a in (gb, gb_all):
+            np.testing.assert_allclose(a.lo[i], ref.lo[i], rtol=1e-9, atol=1e-12)
+            np.testing.assert_allclose(a.hi[i], ref.hi[i], rtol=1e-9, atol=1e-12)
+    for a, b, c in zip(out, out_all, ref_out):
+        np.testing.assert_allclose(a, c, rtol=1e-9, atol=1e-12)
+        np.testing.assert_allclose(b, c, rtol=1e-9, atol=1e-12)
+    assert fewer < 0.9 * every, (fewer, every)
+    y = g.forward(x0[None] + rng.uniform(-eps, eps, (2000, x0.size)))
     assert np.all(y >= out[0] - 1e-12) and np.all(y <= out[1] + 1e-12)
 
 

@@ -39,13 +39,18 @@ import numpy as np
 
 from crown_cli.engine.deadline import check_deadline
 from crown_cli.engine.rounding import U64
-from crown_cli.graph.ops import Conv, Dense, IndexMap, Scale, typed
+from crown_cli.graph.ops import Conv, Dense, IndexMap, Scale, Sum, typed
 
 Rows = Tuple[Optional[np.ndarray], np.ndarray]  # (live element indices or None, Lt (k, r))
 # rows leave their windows when a window would cover this share of the chunk's bounding box
 WIN_SHARE = 0.75
 # rows on more than this share of a node's elements are held on all of them (idx None)
 LIVE_SHARE = 0.75
+# rows given to an activation are kept on the elements whose lines are not all 0 (a ReLU
+# inactive on the whole set hands on rows of exact zeros and adds nothing to any sum) when
+# those it drops are at least this share of its elements (fewer: the copy costs more than the
+# smaller steps save); node_rules drops elements of slope 0 by the same share
+DEAD_SHARE = 0.1
 # a dense node of at least this many outputs starts its bounds' rows from its weight's rows;
 # a smaller one from [I; -I] taken through it (a product that small costs little, and on
 # 2 cores the small nets measured faster that way: docs/benchmarks.md, graph-dense)
@@ -72,6 +77,59 @@ def _full(rows: Rows, n: int) -> np.ndarray:
 
 def _take(vec, idx):
     return vec if idx is None else np.ascontiguousarray(vec[idx])
+
+
+def needed(gb, j) -> Optional[np.ndarray]:
+    """The elements of node j (sorted flat indices) that rows given to it carry to the input,
+    when the others are at least :data:`DEAD_SHARE` of the node; else None (every element).
+    An activation hands on nothing from an element whose lines are all 0 (a ReLU inactive on
+    the whole set: the step multiplies its rows by 0 and adds 0 to every sum and charge); an
+    elementwise sum or scaling hands element e to element e of its inputs, and a scaling's
+    constant at e counts (a clipped ReLU's ``relu(x) - relu(x - 6)``)."""
+    mask = _needed_mask(gb, j)
+    if mask is None:
+        return None
+    cache = gb.__dict__.setdefault("_needed", {})
+    if j not in cache:
+        keep = np.flatnonzero(mask)
+        cache[j] = keep if keep.size <= (1.0 - DEAD_SHARE) * mask.size else None
+    return cache[j]
+
+
+def _needed_mask(gb, j) -> Optional[np.ndarray]:
+    """:func:`needed`'s elements as a mask, whatever their share (None: every element);
+    kept on ``gb`` (the lines of a bound's activations do not change)."""
+    cache = gb.__dict__.setdefault("_needed_mask", {})
+    if j in cache:
+        return cache[j]
+    node = gb.g.nodes[j]
+    mask = None
+    ln = gb.lines.get(j)
+    if ln is not None:
+        mask = np.zeros(node.size, bool)
+        for a in (ln.lower, ln.upper, ln.lower_icpt, ln.upper_icpt):
+            if a is not None:
+                mask |= np.broadcast_to(np.asarray(a) != 0, mask.shape)
+    elif isinstance(node.op, (Scale, Sum)) and node.inputs and \
+            all(gb.g.nodes[k].size == node.size for k in node.inputs):
+        parts = [_needed_mask(gb, k) for k in node.inputs]
+        if all(m is not None for m in parts):
+            mask = np.logical_or.reduce(parts)
+            if getattr(node.op, "bias", None) is not None:
+                mask = mask | (node.op.bias != 0)
+    cache[j] = mask
+    return mask
+
+
+def restrict(rows: Rows, keep: Optional[np.ndarray]) -> Rows:
+    """The rows on the elements ``keep`` (sorted; None: all) only."""
+    if keep is None:
+        return rows
+    idx, Lt = rows
+    if idx is None:
+        return keep, Lt[keep]
+    on = np.isin(idx, keep, assume_unique=True)
+    return rows if on.all() else (idx[on], Lt[on])
 
 
 def _on(rows: Rows, idx, n: int) -> np.ndarray:
@@ -205,6 +263,10 @@ def fused_rows(gb, target: int, Lam, kernels, dtype=np.float64):
     pending: Dict[int, Union[Rows, Win]] = {target: first}
 
     def give(j, rows):
+        if not isinstance(rows, Win):
+            rows = restrict(rows, needed(gb, j))
+            if rows[0] is not None and rows[0].size == 0:
+                return  # nothing reaches the input through j
         if j not in pending:
             pending[j] = rows
             return
@@ -358,7 +420,15 @@ def _transpose(gb, i, rows: Rows, kernels):
     dt = Lt.dtype
     if isinstance(op, Conv):
         in_idx, pos = _conv_live(op, idx)
-        return [(in_idx, op.transpose_t(Lt, idx, pos, _weight(gb, i, dt), kernels))]
+        keep = needed(gb, gb.g.nodes[i].inputs[0])
+        if keep is None:
+            return [(in_idx, op.transpose_t(Lt, idx, pos, _weight(gb, i, dt), kernels))]
+        # only the elements the activation reading them hands on (the others: rows of zeros)
+        mask = np.zeros(op.n_in[0], bool)
+        mask[keep] = True
+        elements = op.elements(pos)
+        on = mask[elements]
+        return [(elements[on], op.transpose_t(Lt, idx, pos, _weight(gb, i, dt), kernels, on))]
     if isinstance(op, Dense) and not op.sparse:  # W^T Lt: one BLAS product
         W = _weight(gb, i, dt)
         return [(None, (W if idx is None else W[idx]).T @ Lt)]

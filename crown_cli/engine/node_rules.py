@@ -31,8 +31,9 @@ from typing import Optional, Tuple
 import numpy as np
 
 from crown_cli.engine.batch_steps import Lines, relax
+from crown_cli.engine import graph_rows
 from crown_cli.engine.graph_rows import (LIVE_SHARE, Win, _bias, _fits, _full, _image, _lines,
-                                         _take, _transpose, _typed, _weight)
+                                         _take, _transpose, _typed, _weight, needed, restrict)
 from crown_cli.engine.input_sets import Box
 from crown_cli.engine.kernels import graph_kernels
 from crown_cli.engine.rounding import ERR_SAFETY, TINY64, U64, gamma_n
@@ -40,10 +41,6 @@ from crown_cli.graph.ops import (ActivationOp, Affine, Conv, IndexMap, InputOp, 
                                   Sum, steer_dtype, typed)
 from crown_cli.graph.pooling import MaxPool
 
-# the fast path drops the elements an activation zeroes (both slopes 0) from the rows it hands
-# on when they are at least this share of its elements (fewer: the copy costs more than the
-# smaller products save)
-DEAD_SHARE = 0.1
 
 # Ranges every value of the activation lies in (intersected with the lines' interval)
 _RANGES = {"relu": (0.0, np.inf), "sigmoid": (0.0, 1.0), "tanh": (-1.0, 1.0),
@@ -345,8 +342,8 @@ class SumRule(AffineRule):
     as they are."""
 
     def back_t(self, gb, i, node, rows, walk):
-        idx, Lt = rows
         for j, s in zip(node.inputs, node.op.signs):
+            idx, Lt = restrict(rows, needed(gb, j))  # (before a negation's copy)
             walk.give(j, (idx, Lt if s == 1.0 else -Lt))
 
     def back_win(self, gb, i, node, win, walk):
@@ -541,16 +538,25 @@ class ActivationRule(Rule):
         p = node.inputs[0]
         r, dt = Lt.shape[1], Lt.dtype
         arrays = [_take(a, idx) for a in _lines(gb, i, p, dt)]
-        Dt, sums = np.empty_like(Lt), np.empty((r, 3))
-        walk.kernels.activation_step_t(np.ascontiguousarray(Lt), *arrays, Dt, sums)
+        # elements whose lines are both 0 (a ReLU inactive on the whole set) add nothing to
+        # any sum or charge and hand on rows of exact zeros: not read
+        read = np.flatnonzero((arrays[0] != 0) | (arrays[1] != 0) | (arrays[2] != 0) |
+                              (arrays[3] != 0))
+        if read.size > (1.0 - graph_rows.DEAD_SHARE) * Lt.shape[0]:
+            read = np.arange(Lt.shape[0])
+        else:
+            arrays = [a[read] for a in arrays]
+            idx = read if idx is None else idx[read]
+        Dt, sums = np.empty((read.size, r), dt), np.empty((r, 3))
+        walk.kernels.activation_step_t(np.ascontiguousarray(Lt), read, *arrays, Dt, sums)
         walk.acc[0] += sums[:, 0]
         walk.acc[1] += sums[:, 1]
         walk.acc[2] += self.charge(sums[:, 2], _take(gb.absval[p], idx))
-        # elements whose both lines have slope 0 (a ReLU inactive on the whole set) hand on
-        # rows of exact zeros: dropped, so the products below skip them (as the dense
-        # engine drops inactive columns)
+        # elements whose both lines have slope 0 (a ReLU inactive on the whole set, a
+        # clipped one saturated) hand on rows of exact zeros: dropped, so the products
+        # below skip them (as the dense engine drops inactive columns)
         dead = (arrays[0] == 0) & (arrays[1] == 0)
-        if np.count_nonzero(dead) >= DEAD_SHARE * dead.size:
+        if np.count_nonzero(dead) >= graph_rows.DEAD_SHARE * dead.size:
             keep = np.flatnonzero(~dead)
             idx, Dt = (keep if idx is None else idx[keep]), np.ascontiguousarray(Dt[keep])
         walk.give(p, (idx, Dt))

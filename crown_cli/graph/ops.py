@@ -403,22 +403,31 @@ class Conv(Affine):
         G[:, targets] = Gt.T
         return [G]
 
-    def transpose_t(self, Lt, idx, pos, weight, kernels) -> np.ndarray:
+    def transpose_t(self, Lt, idx, pos, weight, kernels, on=None) -> np.ndarray:
         """The transposed convolution of rows held transposed on the output elements ``idx``
         (None: all), ``Lt`` (k, r), on every channel of the input positions ``pos`` (flat
         (H, W) indices, sorted; every position their products reach), the elements
-        :meth:`elements` gives: (C * pos.size, r), by the numba kernel ``conv_transpose_t``
-        with ``weight`` (this convolution's, in Lt's dtype), or by BLAS
-        (:meth:`transpose_blas_t`) where that is faster (:meth:`blas_pays`)."""
+        :meth:`elements` gives, or those of them ``on`` (bool, one per element) marks:
+        (elements, r), by the numba kernel ``conv_transpose_t`` with ``weight`` (this
+        convolution's, in Lt's dtype), or by BLAS (:meth:`transpose_blas_t`) where that is
+        faster (:meth:`blas_pays`)."""
         if self.blas_pays(idx):
-            return self.transpose_blas_t(Lt, idx, self.elements(pos), weight)
+            targets = self.elements(pos)
+            return self.transpose_blas_t(Lt, idx, targets if on is None else targets[on],
+                                         weight)
         src = np.full(self.size, -1, np.int64)
         if idx is None:
             src[:] = np.arange(self.size)
         else:
             src[idx] = np.arange(idx.size)
-        Gt = np.empty((self.in_shape[0] * pos.size, Lt.shape[1]), Lt.dtype)
-        kernels.conv_transpose_t(Lt, src, np.asarray(pos, np.int64), weight,
+        n = self.in_shape[0] * pos.size
+        if on is None:
+            dst = np.arange(n, dtype=np.int64)
+        else:
+            dst = np.where(on, np.cumsum(on) - 1, -1).astype(np.int64)
+            n = int(np.count_nonzero(on))
+        Gt = np.empty((n, Lt.shape[1]), Lt.dtype)
+        kernels.conv_transpose_t(Lt, src, np.asarray(pos, np.int64), dst, weight,
                                  np.asarray(self.in_shape, np.int64),
                                  np.asarray(self.out_shape, np.int64),
                                  *kernels.conv_args(self.strides, self.dilations, self.pads,

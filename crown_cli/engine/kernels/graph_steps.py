@@ -79,13 +79,13 @@ ROW_BLOCK = 64
 
 
 @njit(cache=True)
-def _add_products(acc, weight, o, i, j, row):
-    """``acc[cc] += weight[o, cc, i, j] * row`` for every channel cc of the group (zero
-    weights skipped): one output row's products in a transpose's sums, position by position
-    (:func:`conv_transpose_t`, :func:`win_conv_transpose_t`)."""
+def _add_products(acc, weight, o, i, j, row, on):
+    """``acc[cc] += weight[o, cc, i, j] * row`` for every channel cc of the group that is
+    ``on`` (zero weights skipped): one output row's products in a transpose's sums, position
+    by position (:func:`conv_transpose_t`, :func:`win_conv_transpose_t`)."""
     for cc in range(acc.shape[0]):
         w = weight[o, cc, i, j]
-        if w == 0.0:
+        if w == 0.0 or not on[cc]:
             continue
         a = acc[cc]
         for k in range(row.shape[0]):
@@ -93,14 +93,15 @@ def _add_products(acc, weight, o, i, j, row):
 
 
 @njit(cache=True, parallel=True)
-def conv_transpose_t(Lt, src, pos, weight, in_shape, out_shape, strides, dilations, pads,
-                     group, Gt):
+def conv_transpose_t(Lt, src, pos, dst, weight, in_shape, out_shape, strides, dilations,
+                     pads, group, Gt):
     """The transposed convolution of rows held transposed on the live output elements:
     ``Lt`` (k, r) holds output element e's rows at ``Lt[src[e]]`` (``src`` (O * OH * OW,),
     -1 where every row is 0). For every channel c and input position ``pos[t]`` (flat (H, W)
-    index), ``Gt[c * P + t]`` (r,) = the rows over input element (c, pos[t]), which gathers
-    its at most (O / group) * kh * kw products. Position by position: each output row read
-    serves every channel of its group (1.1-1.7x the element-by-element loop's speed).
+    index) with ``dst[c * P + t] >= 0``, ``Gt[dst[c * P + t]]`` (r,) = the rows over input
+    element (c, pos[t]), which gathers its at most (O / group) * kh * kw products; elements
+    of ``dst`` -1 are skipped. Position by position: each output row read serves every
+    channel of its group (1.1-1.7x the element-by-element loop's speed).
     ``weight`` (O, C / group, kh, kw); ``pads``: top, left."""
     r = Gt.shape[1]
     P = pos.shape[0]
@@ -114,6 +115,11 @@ def conv_transpose_t(Lt, src, pos, weight, in_shape, out_shape, strides, dilatio
     for tg in prange(P * group):
         t = tg // group
         g = tg % group
+        on = np.empty(Cg, np.bool_)
+        for cc in range(Cg):
+            on[cc] = dst[(g * Cg + cc) * P + t] >= 0
+        if not on.any():
+            continue
         yy = pos[t] // W
         xx = pos[t] % W
         acc = np.zeros((Cg, r), Gt.dtype)
@@ -131,9 +137,12 @@ def conv_transpose_t(Lt, src, pos, weight, in_shape, out_shape, strides, dilatio
                     s = src[(o * OH + y) * OW + x]
                     if s < 0:
                         continue
-                    _add_products(acc, weight, o, i, j, Lt[s])
+                    _add_products(acc, weight, o, i, j, Lt[s], on)
         for cc in range(Cg):
-            out = Gt[(g * Cg + cc) * P + t]
+            d = dst[(g * Cg + cc) * P + t]
+            if d < 0:
+                continue
+            out = Gt[d]
             a = acc[cc]
             for k in range(r):
                 out[k] = a[k]
@@ -214,12 +223,14 @@ def input_terms_t(Lt, x0, qcode, out):
 
 
 @njit(cache=True, parallel=True)
-def activation_step_t(Lt, lower, upper, lower_icpt, upper_icpt, absval, Dt, out):
-    """One activation node's step on rows held transposed, Lt (n, r): ``Dt = Lt * slope``
-    (the lower line's where the coefficient is >= 0, the upper line's elsewhere); per row
-    ``out[row] = (sum of the intercept terms, sum of their magnitudes, sum |D| * absval)``.
-    Twin: :func:`crown_cli.engine.batch_steps.relax` and the sums of ``GraphBounds._rows``."""
-    n, r = Lt.shape
+def activation_step_t(Lt, read, lower, upper, lower_icpt, upper_icpt, absval, Dt, out):
+    """One activation node's step on rows held transposed, of the elements ``Lt[read]``
+    (``Lt`` (m, r); ``read`` (n,), the others' lines are 0): ``Dt = Lt[read] * slope`` (the
+    lower line's where the coefficient is >= 0, the upper line's elsewhere; the lines (n,)
+    in ``read``'s order); per row ``out[row] = (sum of the intercept terms, sum of their
+    magnitudes, sum |D| * absval)``. Twin: :func:`crown_cli.engine.batch_steps.relax` and
+    the sums of ``GraphBounds._rows``."""
+    n, r = Dt.shape
     nb = (r + ROW_BLOCK - 1) // ROW_BLOCK
     for blk in prange(nb):
         a0 = blk * ROW_BLOCK
@@ -231,8 +242,9 @@ def activation_step_t(Lt, lower, upper, lower_icpt, upper_icpt, absval, Dt, out)
             sl, su = lower[k], upper[k]
             tl, tu = lower_icpt[k], upper_icpt[k]
             z = absval[k]
+            row = Lt[read[k]]
             for q in range(a0, a1):
-                v = Lt[k, q]
+                v = row[q]
                 if v >= 0.0:
                     d = v * sl
                     t = v * tl
@@ -440,6 +452,7 @@ def win_conv_transpose_t(Pt, oy, ox, weight, strides, dilations, group, in_hw, G
         a = (abg // group) // w2
         b = (abg // group) % w2
         acc = np.zeros((Cg, r), Gt.dtype)
+        on = np.ones(Cg, np.bool_)
         for i in range(kh):
             ty = a - i * dh
             if ty < 0 or ty % sh != 0 or ty // sh >= h:
@@ -451,7 +464,7 @@ def win_conv_transpose_t(Pt, oy, ox, weight, strides, dilations, group, in_hw, G
                     continue
                 x = tx // sw
                 for o in range(g * Og, (g + 1) * Og):
-                    _add_products(acc, weight, o, i, j, Pt[o, y, x])
+                    _add_products(acc, weight, o, i, j, Pt[o, y, x], on)
         for cc in range(Cg):
             out = Gt[g * Cg + cc, a, b]
             s = acc[cc]
