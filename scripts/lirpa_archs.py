@@ -14,6 +14,8 @@ class, at each radius (l_inf):
 - seconds per bound, best of ``--repeat`` (crown: ``GraphBounds(...).bounds(C)`` from the
   input set; auto_LiRPA: ``compute_bounds(method="CROWN")``), and their ratio.
 
+With ``--nodes`` also every ReLU input's bounds at the larger radius on both sides, and the
+sampled values each leaves out (``--conv-mode`` sets auto_LiRPA's mode for every network).
 With ``--alpha`` also alpha-CROWN at the larger radius, 20 iterations on both sides (crown:
 ``GraphBounds(intermediate="alpha")`` and ``alpha_lower``; auto_LiRPA: ``CROWN-Optimized``):
 the smallest bound of each, the rows where each is tighter, and their times (vgg skipped:
@@ -168,12 +170,56 @@ def _best(f, repeat):
     return out, best
 
 
+def _nodes(graph, bm, torch, x, eps, pts, xt, Ct):
+    """Per ReLU node: crown's bounds of its input against auto_LiRPA's (the BoundRelu's
+    input's ``lower`` / ``upper`` after a CROWN bound of the margins; nodes matched by their
+    values at the centre), and how many values of the sampled points ``pts`` each side's
+    bounds leave out."""
+    from crown_cli.engine.graph_bounds import GraphBounds
+
+    relus = [n for n in bm.nodes() if type(n).__name__ == "BoundRelu"]
+    with torch.no_grad():
+        bm(torch.tensor(x))
+    centre = {n.name: n.inputs[0].forward_value.detach().numpy().reshape(-1).copy()
+              for n in relus}
+    bm.compute_bounds(x=(xt,), C=Ct, method="CROWN", bound_upper=False)
+    gb = GraphBounds(graph, x.reshape(-1), eps, 0)
+    gb.bounds()
+    _, at_centre = graph.forward(x.reshape(1, -1), return_all=True)
+    _, sampled = graph.forward(pts, return_all=True)
+    for i, node in enumerate(graph.nodes):
+        if node.kind != "activation" or node.op.name != "relu":
+            continue
+        p = node.inputs[0]
+        v0 = np.asarray(at_centre[p]).reshape(-1)
+        match = [n for n in relus if centre[n.name].size == v0.size
+                 and np.max(np.abs(centre[n.name] - v0)) < 1e-5]
+        if len(match) != 1:
+            continue
+        lo = match[0].inputs[0].lower.detach().numpy().reshape(-1)
+        hi = match[0].inputs[0].upper.detach().numpy().reshape(-1)
+        v = np.asarray(sampled[p]).reshape(len(pts), -1)
+        tol = 1e-6 * max(1.0, float(np.abs(v).max()))  # the two forward passes' difference
+        out_ours = int(np.sum((v < gb.lo[p] - tol) | (v > gb.hi[p] + tol)))
+        out_theirs = int(np.sum((v < lo - tol) | (v > hi + tol)))
+        print(f"    node {p} {tuple(node.shape)}: largest difference "
+              f"{max(np.abs(lo - gb.lo[p]).max(), np.abs(hi - gb.hi[p]).max()):.1e}; "
+              f"sampled values outside crown's {out_ours}, auto_LiRPA's {out_theirs} "
+              f"of {v.size}")
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--lirpa", required=True, help="an auto_LiRPA checkout")
     ap.add_argument("--archs", default="resbn,resbig,vgg,inception,smooth,leaky,mobile")
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--alpha", action="store_true")
+    ap.add_argument("--conv-mode", choices=("patches", "matrix"), default=None,
+                    help="auto_LiRPA's conv_mode for every network (default: matrix for "
+                         "MATRIX_MODE, else patches)")
+    ap.add_argument("--nodes", action="store_true",
+                    help="also each ReLU input's bounds on both sides at the larger radius: "
+                         "the largest difference, and the sampled values outside each")
     args = ap.parse_args()
     sys.path.insert(0, os.path.abspath(args.lirpa))
     import torch
@@ -209,7 +255,7 @@ def main():
         C = np.eye(10)[[c] * 9] - np.eye(10)[[t for t in range(10) if t != c]]
         # grouped convolutions in auto_LiRPA's default "patches" mode gave bounds that the
         # network's own value at the centre breaks (a050a3d; docs/benchmarks.md): "matrix"
-        mode = "matrix" if name in MATRIX_MODE else "patches"
+        mode = args.conv_mode or ("matrix" if name in MATRIX_MODE else "patches")
         bm = BoundedModule(model, torch.zeros((1,) + shape), device="cpu",
                            bound_opts={"conv_mode": mode})
         bm.eval()
@@ -235,6 +281,8 @@ def main():
                   f"rel {rel.max():.1e}, tighter {int(np.sum(ours > theirs + tol))} looser "
                   f"{int(np.sum(ours < theirs - tol))}, sampled {int(np.sum(ours > margins))}; "
                   f"{t_ours:.3f} s against {t_theirs:.3f} s ({t_theirs / t_ours:.2f}x)")
+            if args.nodes and eps == radii[-1]:
+                _nodes(graph, bm, torch, x, eps, pts, xt, Ct)
         if args.alpha and name != "vgg":
             eps = radii[-1]
             t0 = time.perf_counter()
