@@ -96,6 +96,13 @@ def needed(gb, j) -> Optional[np.ndarray]:
     return cache[j]
 
 
+def hands_nothing(gb, j) -> bool:
+    """Whether no element of node j is :func:`needed` (the second branch of a clipped ReLU
+    that never reaches its clip on the set: rows given to it are dropped, windows too)."""
+    mask = _needed_mask(gb, j)
+    return mask is not None and not mask.any()
+
+
 def _needed_mask(gb, j) -> Optional[np.ndarray]:
     """:func:`needed`'s elements as a mask, whatever their share (None: every element);
     kept on ``gb`` (the lines of a bound's activations do not change)."""
@@ -263,10 +270,12 @@ def fused_rows(gb, target: int, Lam, kernels, dtype=np.float64):
     pending: Dict[int, Union[Rows, Win]] = {target: first}
 
     def give(j, rows):
+        if hands_nothing(gb, j):
+            return  # nothing reaches the input through j
         if not isinstance(rows, Win):
             rows = restrict(rows, needed(gb, j))
             if rows[0] is not None and rows[0].size == 0:
-                return  # nothing reaches the input through j
+                return
         if j not in pending:
             pending[j] = rows
             return

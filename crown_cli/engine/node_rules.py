@@ -33,7 +33,8 @@ import numpy as np
 from crown_cli.engine.batch_steps import Lines, relax
 from crown_cli.engine import graph_rows
 from crown_cli.engine.graph_rows import (LIVE_SHARE, Win, _bias, _fits, _full, _image, _lines,
-                                         _take, _transpose, _typed, _weight, needed, restrict)
+                                         _take, _transpose, _typed, _weight, hands_nothing,
+                                         needed, restrict)
 from crown_cli.engine.input_sets import Box
 from crown_cli.engine.kernels import graph_kernels
 from crown_cli.engine.rounding import ERR_SAFETY, TINY64, U64, gamma_n
@@ -343,6 +344,8 @@ class SumRule(AffineRule):
 
     def back_t(self, gb, i, node, rows, walk):
         for j, s in zip(node.inputs, node.op.signs):
+            if hands_nothing(gb, j):
+                continue
             idx, Lt = restrict(rows, needed(gb, j))  # (before a negation's copy)
             walk.give(j, (idx, Lt if s == 1.0 else -Lt))
 
@@ -351,7 +354,8 @@ class SumRule(AffineRule):
         if any(_image(gb.g.nodes[j]) != shape for j in node.inputs):
             return False
         for j, s in zip(node.inputs, node.op.signs):
-            walk.give(j, win if s == 1.0 else Win(win.oy, win.ox, -win.Pt))
+            if not hands_nothing(gb, j):
+                walk.give(j, win if s == 1.0 else Win(win.oy, win.ox, -win.Pt))
         return True
 
 
