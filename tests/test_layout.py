@@ -98,6 +98,7 @@ ALLOWED = {
     "crown_cli/engine/relaxations/sigmoid_family.py:steer_tangent_lines",
     "crown_cli/engine/kernels/box_steps.py:scale",
     "crown_cli/engine/kernels/graph_steps.py:conv_transpose_t",
+    "crown_cli/engine/kernels/graph_steps.py:win_activation_t",
     "crown_cli/engine/kernels/relu_split.py:back32",
     "crown_cli/engine/kernels/relu_split.py:interm_step64",
 }

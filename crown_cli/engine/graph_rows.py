@@ -357,6 +357,7 @@ class _FastWalk:
         self.acc, self.give, self.kernels = acc, give, kernels
         self.r, self.d = r, d
         self.Lx = None
+        self.pre: Dict[int, np.ndarray] = {}  # an affine node's sums taken by its activation
 
     def to_input(self, offset: int, rows: Rows, size: int) -> None:
         """The rows over the input elements ``offset .. offset + size``: a graph of one input
@@ -414,6 +415,24 @@ def _lines(gb, i, p, dtype):
     return [_typed(gb, (name, i), lambda a=getattr(ln, name): a, dtype)
             for name in ("lower", "upper", "lower_icpt", "upper_icpt")] + \
         [_typed(gb, ("absval", p), lambda: gb.absval[p], dtype)]
+
+
+def input_terms_fused(gb, i, p) -> bool:
+    """Whether activation node i's step also takes the sums of its input p (a convolution or
+    a dense layer read by i alone): p's rows are then exactly the rows i hands on, and p's
+    step takes the sums i computed (``_FastWalk.pre``) instead of reading the rows again."""
+    return isinstance(gb.g.nodes[p].op, (Conv, Dense)) and gb.g.consumers[p] == [i]
+
+
+def affine_terms(gb, i, dtype) -> np.ndarray:
+    """Affine node i's (bias, |bias|, forward magnitude) as one (3, n) array of ``dtype``:
+    what its step sums over the rows (``affine_terms_t``), kept on ``gb``."""
+    cache = gb.__dict__.setdefault("_affine_terms", {})
+    if (i, dtype) not in cache:
+        b, absb = _bias(gb, i, dtype)
+        absfwd = _typed(gb, ("absfwd", i), lambda: gb.absfwd[i], dtype)
+        cache[i, dtype] = np.ascontiguousarray(np.stack([b, absb, absfwd]))
+    return cache[i, dtype]
 
 
 def _weight(gb, i, dtype):

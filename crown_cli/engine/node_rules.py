@@ -33,8 +33,9 @@ import numpy as np
 from crown_cli.engine.batch_steps import Lines, relax
 from crown_cli.engine import graph_rows
 from crown_cli.engine.graph_rows import (LIVE_SHARE, Win, _bias, _fits, _full, _image, _lines,
-                                         _take, _transpose, _typed, _weight, hands_nothing,
-                                         needed, restrict)
+                                         _take, _transpose, _typed, _weight, affine_terms,
+                                         hands_nothing, input_terms_fused, needed,
+                                         restrict)
 from crown_cli.engine.input_sets import Box
 from crown_cli.engine.kernels import graph_kernels
 from crown_cli.engine.rounding import ERR_SAFETY, TINY64, U64, gamma_n
@@ -310,11 +311,13 @@ class AffineRule(Rule):
         the windows ``win`` over its (C, H, W) output ``shape`` (``back_t``'s sums on
         windows), into ``walk.acc``."""
         dt = win.Pt.dtype
-        b, absb = _bias(gb, i, dt)
-        absfwd = _typed(gb, ("absfwd", i), lambda: gb.absfwd[i], dt)
-        sums = np.empty((win.Pt.shape[3], 3))
-        walk.kernels.win_sums_t(win.Pt, win.oy, win.ox, b.reshape(shape), absb.reshape(shape),
-                                absfwd.reshape(shape), sums)
+        sums = walk.pre.pop(i, None)  # taken by the activation that reads this node
+        if sums is None:
+            b, absb = _bias(gb, i, dt)
+            absfwd = _typed(gb, ("absfwd", i), lambda: gb.absfwd[i], dt)
+            sums = np.empty((win.Pt.shape[3], 3))
+            walk.kernels.win_sums_t(win.Pt, win.oy, win.ox, b.reshape(shape),
+                                    absb.reshape(shape), absfwd.reshape(shape), sums)
         walk.acc[0] += sums[:, 0]
         walk.acc[1] += sums[:, 1]
         walk.acc[2] += self.charge(gb, i, sums[:, 2])
@@ -323,11 +326,13 @@ class AffineRule(Rule):
         idx, Lt = rows
         Lt = np.ascontiguousarray(Lt)
         r, dt = Lt.shape[1], Lt.dtype
-        sums = np.empty((r, 3))
-        b, absb = _bias(gb, i, dt)
-        absfwd = _typed(gb, ("absfwd", i), lambda: gb.absfwd[i], dt)
-        walk.kernels.affine_terms_t(Lt, _take(b, idx), _take(absb, idx), _take(absfwd, idx),
-                                    sums)
+        sums = walk.pre.pop(i, None)  # taken by the activation that reads this node
+        if sums is None:
+            sums = np.empty((r, 3))
+            b, absb = _bias(gb, i, dt)
+            absfwd = _typed(gb, ("absfwd", i), lambda: gb.absfwd[i], dt)
+            walk.kernels.affine_terms_t(Lt, _take(b, idx), _take(absb, idx),
+                                        _take(absfwd, idx), sums)
         walk.acc[0] += sums[:, 0]
         walk.acc[1] += sums[:, 1]
         walk.acc[2] += self.charge(gb, i, sums[:, 2])
@@ -551,11 +556,19 @@ class ActivationRule(Rule):
         else:
             arrays = [a[read] for a in arrays]
             idx = read if idx is None else idx[read]
-        Dt, sums = np.empty((read.size, r), dt), np.empty((r, 3))
-        walk.kernels.activation_step_t(np.ascontiguousarray(Lt), read, *arrays, Dt, sums)
+        fuse = input_terms_fused(gb, i, p)
+        terms = np.empty((3, 0), dt)
+        if fuse:
+            terms = affine_terms(gb, p, dt)
+            terms = terms if idx is None else np.ascontiguousarray(terms[:, idx])
+        Dt, sums = np.empty((read.size, r), dt), np.empty((r, 6 if fuse else 3))
+        walk.kernels.activation_step_t(np.ascontiguousarray(Lt), read, *arrays, terms, Dt,
+                                       sums)
         walk.acc[0] += sums[:, 0]
         walk.acc[1] += sums[:, 1]
         walk.acc[2] += self.charge(sums[:, 2], _take(gb.absval[p], idx))
+        if fuse:
+            walk.pre[p] = sums[:, 3:]
         # elements whose both lines have slope 0 (a ReLU inactive on the whole set, a
         # clipped one saturated) hand on rows of exact zeros: dropped, so the products
         # below skip them (as the dense engine drops inactive columns)
@@ -572,12 +585,17 @@ class ActivationRule(Rule):
             return False
         r, dt = win.Pt.shape[3], win.Pt.dtype
         arrays = _lines(gb, i, p, dt)
-        Dt, sums = np.empty_like(win.Pt), np.empty((r, 3))
+        fuse = input_terms_fused(gb, i, p)
+        terms = affine_terms(gb, p, dt).reshape((3,) + shape) if fuse else \
+            np.empty((3, 0, 0, 0), dt)
+        Dt, sums = np.empty_like(win.Pt), np.empty((r, 6 if fuse else 3))
         walk.kernels.win_activation_t(win.Pt, win.oy, win.ox,
-                                      *[a.reshape(shape) for a in arrays], Dt, sums)
+                                      *[a.reshape(shape) for a in arrays], terms, Dt, sums)
         walk.acc[0] += sums[:, 0]
         walk.acc[1] += sums[:, 1]
         walk.acc[2] += self.charge(sums[:, 2], gb.absval[p])
+        if fuse:
+            walk.pre[p] = sums[:, 3:]
         walk.give(p, Win(win.oy, win.ox, Dt))
         return True
 

@@ -223,14 +223,17 @@ def input_terms_t(Lt, x0, qcode, out):
 
 
 @njit(cache=True, parallel=True)
-def activation_step_t(Lt, read, lower, upper, lower_icpt, upper_icpt, absval, Dt, out):
+def activation_step_t(Lt, read, lower, upper, lower_icpt, upper_icpt, absval, terms, Dt, out):
     """One activation node's step on rows held transposed, of the elements ``Lt[read]``
     (``Lt`` (m, r); ``read`` (n,), the others' lines are 0): ``Dt = Lt[read] * slope`` (the
     lower line's where the coefficient is >= 0, the upper line's elsewhere; the lines (n,)
-    in ``read``'s order); per row ``out[row] = (sum of the intercept terms, sum of their
-    magnitudes, sum |D| * absval)``. Twin: :func:`crown_cli.engine.batch_steps.relax` and
-    the sums of ``GraphBounds._rows``."""
+    in ``read``'s order); per row ``out[row, :3] = (sum of the intercept terms, sum of their
+    magnitudes, sum |D| * absval)``. With ``terms`` (3, n) (not (3, 0)), also the affine
+    input's sums over the rows D, as :func:`affine_terms_t` would take them:
+    ``out[row, 3:] = (D @ terms[0], |D| @ terms[1], |D| @ terms[2])``. Twin:
+    :func:`crown_cli.engine.batch_steps.relax` and the sums of ``GraphBounds._rows``."""
     n, r = Dt.shape
+    fuse = terms.shape[1] > 0
     nb = (r + ROW_BLOCK - 1) // ROW_BLOCK
     for blk in prange(nb):
         a0 = blk * ROW_BLOCK
@@ -238,11 +241,33 @@ def activation_step_t(Lt, read, lower, upper, lower_icpt, upper_icpt, absval, Dt
         c = np.zeros(a1 - a0)
         m = np.zeros(a1 - a0)
         ch = np.zeros(a1 - a0)
+        f0 = np.zeros(a1 - a0)
+        f1 = np.zeros(a1 - a0)
+        f2 = np.zeros(a1 - a0)
         for k in range(n):
             sl, su = lower[k], upper[k]
             tl, tu = lower_icpt[k], upper_icpt[k]
             z = absval[k]
             row = Lt[read[k]]
+            if fuse:
+                b0, b1, b2 = terms[0, k], terms[1, k], terms[2, k]
+                for q in range(a0, a1):
+                    v = row[q]
+                    if v >= 0.0:
+                        d = v * sl
+                        t = v * tl
+                    else:
+                        d = v * su
+                        t = v * tu
+                    Dt[k, q] = d
+                    ad = abs(d)
+                    c[q - a0] += t
+                    m[q - a0] += abs(t)
+                    ch[q - a0] += ad * z
+                    f0[q - a0] += d * b0
+                    f1[q - a0] += ad * b1
+                    f2[q - a0] += ad * b2
+                continue
             for q in range(a0, a1):
                 v = row[q]
                 if v >= 0.0:
@@ -259,6 +284,10 @@ def activation_step_t(Lt, read, lower, upper, lower_icpt, upper_icpt, absval, Dt
             out[q, 0] = c[q - a0]
             out[q, 1] = m[q - a0]
             out[q, 2] = ch[q - a0]
+            if fuse:
+                out[q, 3] = f0[q - a0]
+                out[q, 4] = f1[q - a0]
+                out[q, 5] = f2[q - a0]
 
 
 @njit(cache=True, parallel=True)
@@ -475,12 +504,16 @@ def win_conv_transpose_t(Pt, oy, ox, weight, strides, dilations, group, in_hw, G
 
 
 @njit(cache=True, parallel=True)
-def win_activation_t(Pt, oy, ox, lower, upper, lower_icpt, upper_icpt, absval, Dt, out):
+def win_activation_t(Pt, oy, ox, lower, upper, lower_icpt, upper_icpt, absval, terms, Dt,
+                     out):
     """:func:`activation_step_t` on windows: ``Pt`` (C, h, w, r) at (oy, ox), the lines and
     ``absval`` as (C, H, W) arrays read at each row's own positions; ``Dt`` the rows' new
-    windows (same place), ``out[q]`` = (intercept sum, its magnitude, sum |D| absval)."""
+    windows (same place), ``out[q, :3]`` = (intercept sum, its magnitude, sum |D| absval);
+    with ``terms`` (3, C, H, W) (not (3, 0, 0, 0)) also ``out[q, 3:]``, the affine input's
+    sums over D as :func:`win_sums_t` would take them."""
     C, h, w, r = Pt.shape
     H, W = lower.shape[1], lower.shape[2]
+    fuse = terms.shape[1] > 0
     nb = (r + ROW_BLOCK - 1) // ROW_BLOCK
     for blk in prange(nb):
         a0 = blk * ROW_BLOCK
@@ -488,6 +521,9 @@ def win_activation_t(Pt, oy, ox, lower, upper, lower_icpt, upper_icpt, absval, D
         cs = np.zeros(a1 - a0)
         ms = np.zeros(a1 - a0)
         ch = np.zeros(a1 - a0)
+        f0 = np.zeros(a1 - a0)
+        f1 = np.zeros(a1 - a0)
+        f2 = np.zeros(a1 - a0)
         for c in range(C):
             for a in range(h):
                 for b in range(w):
@@ -505,13 +541,22 @@ def win_activation_t(Pt, oy, ox, lower, upper, lower_icpt, upper_icpt, absval, D
                             d = v * upper[c, yy, xx]
                             t = v * upper_icpt[c, yy, xx]
                         Dt[c, a, b, q] = d
+                        ad = abs(d)
                         cs[q - a0] += t
                         ms[q - a0] += abs(t)
-                        ch[q - a0] += abs(d) * absval[c, yy, xx]
+                        ch[q - a0] += ad * absval[c, yy, xx]
+                        if fuse and d != 0.0:
+                            f0[q - a0] += d * terms[0, c, yy, xx]
+                            f1[q - a0] += ad * terms[1, c, yy, xx]
+                            f2[q - a0] += ad * terms[2, c, yy, xx]
         for q in range(a0, a1):
             out[q, 0] = cs[q - a0]
             out[q, 1] = ms[q - a0]
             out[q, 2] = ch[q - a0]
+            if fuse:
+                out[q, 3] = f0[q - a0]
+                out[q, 4] = f1[q - a0]
+                out[q, 5] = f2[q - a0]
 
 
 @njit(cache=True, parallel=True)
