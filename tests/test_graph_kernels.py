@@ -370,6 +370,28 @@ def test_product_step_kernel_equals_numpy_twin(dtype):
     np.testing.assert_allclose(out, want, rtol=1e-12, atol=1e-12)
 
 
+def _with_and_without_drop(monkeypatch, g, x0, eps, ref, ref_out, seen):
+    """The fast path's bounds with the drop of elements that carry nothing
+    (graph_rows.DEAD_SHARE as it is) and without it (above 1): per run (GraphBounds, its
+    output bounds, what the spy appended to ``seen`` meanwhile), after checking that every
+    node's bounds and the output's equal the numpy twin's (``ref``, ``ref_out``)."""
+    from crown_cli.engine import graph_rows
+
+    runs = []
+    for share in (graph_rows.DEAD_SHARE, 2.0):
+        monkeypatch.setattr(graph_rows, "DEAD_SHARE", share)
+        seen.clear()
+        with using_kernels("numba"):
+            gb = GraphBounds(g, x0, eps, 0)
+            runs.append((gb, gb.bounds(), list(seen)))
+        for i in range(len(g.nodes)):
+            np.testing.assert_allclose(gb.lo[i], ref.lo[i], rtol=1e-9, atol=1e-12)
+            np.testing.assert_allclose(gb.hi[i], ref.hi[i], rtol=1e-9, atol=1e-12)
+        for a, c in zip(runs[-1][1], ref_out):
+            np.testing.assert_allclose(a, c, rtol=1e-9, atol=1e-12)
+    return runs
+
+
 def test_rows_of_inactive_relus_are_dropped_with_the_same_bounds(monkeypatch):
     """The fast path hands on no rows for ReLUs inactive on the whole set (both slopes 0):
     on a dense chain where about half of them are, its bounds equal the numpy twin's and
@@ -395,24 +417,9 @@ def test_rows_of_inactive_relus_are_dropped_with_the_same_bounds(monkeypatch):
         seen.append((i, rows[1].shape[0]))
         return transpose(gb, i, rows, kernels)
 
-    outs = []
-    from crown_cli.engine import graph_rows
-
-    for share in (graph_rows.DEAD_SHARE, 2.0):
-        monkeypatch.setattr(graph_rows, "DEAD_SHARE", share)
-        monkeypatch.setattr(node_rules, "_transpose", spy)
-        seen.clear()
-        with using_kernels("numba"):
-            gb = GraphBounds(g, x0, 0.05, 0)
-            outs.append((gb, gb.bounds(), list(seen)))
-    (gb, out, dropped), (gb_all, out_all, kept) = outs
-    for i in range(len(g.nodes)):
-        for a in (gb, gb_all):
-            np.testing.assert_allclose(a.lo[i], ref.lo[i], rtol=1e-9, atol=1e-12)
-            np.testing.assert_allclose(a.hi[i], ref.hi[i], rtol=1e-9, atol=1e-12)
-    for a, b, c in zip(out, out_all, ref_out):
-        np.testing.assert_allclose(a, c, rtol=1e-9, atol=1e-12)
-        np.testing.assert_allclose(b, c, rtol=1e-9, atol=1e-12)
+    monkeypatch.setattr(node_rules, "_transpose", spy)
+    (gb, out, dropped), (_, _, kept) = _with_and_without_drop(monkeypatch, g, x0, 0.05, ref,
+                                                              ref_out, seen)
     inactive = [int(np.sum(gb.hi[n.inputs[0]] <= 0)) for n in g.nodes if n.kind == "activation"]
     assert min(inactive) >= 0.1 * 30  # each ReLU node has inactive neurons to drop
     assert sum(k for _, k in dropped) < sum(k for _, k in kept)  # fewer elements multiplied
@@ -429,7 +436,6 @@ def test_rows_reach_only_what_activations_hand_on(tmp_path, monkeypatch):
     (graph_rows.DEAD_SHARE above 1); fewer elements are computed; sampled points hold."""
     import onnx
 
-    from crown_cli.engine import graph_rows
     from crown_cli.graph.onnx_graph import load_graph
     from graph_models import mobile
 
@@ -451,21 +457,9 @@ def test_rows_reach_only_what_activations_hand_on(tmp_path, monkeypatch):
         return out
 
     monkeypatch.setattr(Conv, "transpose_t", spy)
-    runs = []
-    for share in (graph_rows.DEAD_SHARE, 2.0):
-        monkeypatch.setattr(graph_rows, "DEAD_SHARE", share)
-        computed.clear()
-        with using_kernels("numba"):
-            gb = GraphBounds(g, x0, eps, 0)
-            runs.append((gb, gb.bounds(), sum(computed)))
-    (gb, out, fewer), (gb_all, out_all, every) = runs
-    for i in range(len(g.nodes)):
-        for a in (gb, gb_all):
-            np.testing.assert_allclose(a.lo[i], ref.lo[i], rtol=1e-9, atol=1e-12)
-            np.testing.assert_allclose(a.hi[i], ref.hi[i], rtol=1e-9, atol=1e-12)
-    for a, b, c in zip(out, out_all, ref_out):
-        np.testing.assert_allclose(a, c, rtol=1e-9, atol=1e-12)
-        np.testing.assert_allclose(b, c, rtol=1e-9, atol=1e-12)
+    (_, out, fewer), (_, _, every) = _with_and_without_drop(monkeypatch, g, x0, eps, ref,
+                                                            ref_out, computed)
+    fewer, every = sum(fewer), sum(every)
     assert fewer < 0.9 * every, (fewer, every)
     y = g.forward(x0[None] + rng.uniform(-eps, eps, (2000, x0.size)))
     assert np.all(y >= out[0] - 1e-12) and np.all(y <= out[1] + 1e-12)

@@ -249,25 +249,9 @@ def activation_step_t(Lt, read, lower, upper, lower_icpt, upper_icpt, absval, te
             tl, tu = lower_icpt[k], upper_icpt[k]
             z = absval[k]
             row = Lt[read[k]]
-            if fuse:
-                b0, b1, b2 = terms[0, k], terms[1, k], terms[2, k]
-                for q in range(a0, a1):
-                    v = row[q]
-                    if v >= 0.0:
-                        d = v * sl
-                        t = v * tl
-                    else:
-                        d = v * su
-                        t = v * tu
-                    Dt[k, q] = d
-                    ad = abs(d)
-                    c[q - a0] += t
-                    m[q - a0] += abs(t)
-                    ch[q - a0] += ad * z
-                    f0[q - a0] += d * b0
-                    f1[q - a0] += ad * b1
-                    f2[q - a0] += ad * b2
-                continue
+            b0 = terms[0, k] if fuse else 0.0
+            b1 = terms[1, k] if fuse else 0.0
+            b2 = terms[2, k] if fuse else 0.0
             for q in range(a0, a1):
                 v = row[q]
                 if v >= 0.0:
@@ -277,9 +261,14 @@ def activation_step_t(Lt, read, lower, upper, lower_icpt, upper_icpt, absval, te
                     d = v * su
                     t = v * tu
                 Dt[k, q] = d
+                ad = abs(d)
                 c[q - a0] += t
                 m[q - a0] += abs(t)
-                ch[q - a0] += abs(d) * z
+                ch[q - a0] += ad * z
+                if fuse:
+                    f0[q - a0] += d * b0
+                    f1[q - a0] += ad * b1
+                    f2[q - a0] += ad * b2
         for q in range(a0, a1):
             out[q, 0] = c[q - a0]
             out[q, 1] = m[q - a0]
