@@ -263,7 +263,10 @@ class InputRule(Rule):
 
 
 class AffineRule(Rule):
-    held = 1  # the forward magnitude absfwd
+    # the forward magnitude absfwd; on the fast path its bias and |bias| (graph_rows._bias)
+    # and the three stacked (graph_rows.affine_terms), and float32 copies of them (the
+    # steering passes: three floats' worth)
+    held = 9
 
     def interval(self, gb, i, node):
         ins = node.inputs
