@@ -13,7 +13,9 @@ runs along the r rows (contiguous, vectorised):
 - a convolution's transpose gathers, for each input position its live outputs reach, the
   products of those outputs for every channel at once (at most (O / group) kh kw per
   element);
-- an activation applies its lines element by element; a sum passes the rows on (negated);
+- an activation applies its lines element by element, and rows are kept only on the elements
+  it hands on (:func:`needed`: lines not all 0; through elementwise sums and scalings), which
+  the convolution above it computes alone; a sum passes the rows on (negated);
 - a dense layer is one BLAS product; other nodes (element moves, scales, pools) take the
   whole rows and run their numpy steps.
 
@@ -451,7 +453,7 @@ def _transpose(gb, i, rows: Rows, kernels):
         keep = needed(gb, gb.g.nodes[i].inputs[0])
         if keep is None:
             return [(in_idx, op.transpose_t(Lt, idx, pos, _weight(gb, i, dt), kernels))]
-        # only the elements the activation reading them hands on (the others: rows of zeros)
+        # only the elements the input hands on (an activation's, or a sum's of activations)
         mask = np.zeros(op.n_in[0], bool)
         mask[keep] = True
         elements = op.elements(pos)
