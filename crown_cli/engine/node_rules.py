@@ -550,8 +550,8 @@ class ActivationRule(Rule):
         p = node.inputs[0]
         r, dt = Lt.shape[1], Lt.dtype
         arrays = [_take(a, idx) for a in _lines(gb, i, p, dt)]
-        # elements whose lines are both 0 (a ReLU inactive on the whole set) add nothing to
-        # any sum or charge and hand on rows of exact zeros: not read
+        # elements whose lines are all 0, slopes and intercepts (a ReLU inactive on the whole
+        # set), add nothing to any sum or charge and hand on rows of exact zeros: not read
         read = np.flatnonzero((arrays[0] != 0) | (arrays[1] != 0) | (arrays[2] != 0) |
                               (arrays[3] != 0))
         if read.size > (1.0 - graph_rows.DEAD_SHARE) * Lt.shape[0]:
