@@ -43,6 +43,35 @@ def _race(runs, n_cases, timeout=5.0, **kw):
     return out, time.monotonic() - t0
 
 
+def test_searches_left_unfinished_are_closed_when_the_race_ends():
+    """A run still going when the race returns (timeout, or another run's verdict) has its
+    generator closed before race returns: its cleanup (a ReLU splitting's helper process)
+    runs then, not at interpreter exit (where it printed "Exception ignored in: <generator
+    graph_relu_split_steps>" with an OSError)."""
+    closed, started = [], []
+
+    def endless(strategy):
+        def start(progress):
+            def gen():
+                started.append(strategy)
+                try:
+                    while True:
+                        time.sleep(0.002)
+                        progress(1, 1, -0.5)
+                        yield 0.0
+                finally:
+                    closed.append(strategy)
+            return gen()
+        return Run([0], strategy, start)
+
+    out, _ = _race([endless("a"), endless("a")], 1, timeout=0.3)
+    assert out["result"] == "timeout" and closed == started == ["a", "a"]
+    closed.clear()
+    started.clear()
+    out, _ = _race([endless("a"), _run([0], "a", "unsat", 20, 0.05)], 1)
+    assert out["result"] == "unsat" and closed == started == ["a"]
+
+
 def test_shares_follow_the_measured_rate_with_a_floor():
     fast = Run([0], "a", None, closed=0.5, spent=1.0)
     slow = Run([0], "b", None, closed=0.01, spent=1.0)

@@ -167,6 +167,14 @@ class _Race:
 
     # -- the turns ---------------------------------------------------------------------------
     def run(self):
+        try:
+            return self._turns()
+        finally:  # searches left unfinished end here (their helper processes and pools let
+            for r in self.runs:  # go now, not when the interpreter collects them at exit)
+                if r.gen is not None:
+                    r.gen.close()
+
+    def _turns(self):
         while True:
             for r in self.runs:  # runs whose cases another run proved
                 if not r.over and all(j in self.proven for j in r.members):

@@ -104,4 +104,7 @@ class Helper:
         if self.proc.is_alive():
             self.proc.terminate()
             self.proc.join(1.0)
-        self.conn.close()
+        try:
+            self.conn.close()
+        except OSError:  # its descriptor already gone (a close at interpreter exit)
+            pass
