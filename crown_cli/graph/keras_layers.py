@@ -205,24 +205,37 @@ def _fold_padding(b, d: Data, pads):
     return u[0], [p + q for p, q in zip(pads, u[1])]
 
 
-def _conv2d(b, node, layer, ins):
+def _layer_bias(b, node, layer):
+    """The layer's bias weight; None where it has none (``use_bias`` False, or no weight)."""
+    if not layer.conf.get("use_bias", True):
+        return None
+    return _weight(b, node, layer, "bias", required=False)
+
+
+def _conv_of(b, node, d, W, bias, attrs, name=None):
+    """The ONNX handler's convolution of ``d`` by ``W`` (O, C / groups, kh, kw) plus ``bias``
+    (None: none), its node named ``name`` (default the layer's)."""
     from crown_cli.graph.onnx_ops import _conv
 
+    ins = [d, Const(W)] + ([Const(bias)] if bias is not None else [])
+    return _conv(b, KNode(name or node.name, node.cls, node.input, "Conv"), ins, attrs)[0]
+
+
+def _conv2d(b, node, layer, ins):
     d, conf = ins[0], layer.conf
     _channels_last(b, node, conf)
     _image(b, node, d)
     K = _weight(b, node, layer, "kernel")
     if K.ndim != 4:
         b.fail(node, f"kernel of shape {K.shape}, expected (kh, kw, C / groups, filters)")
-    bias = _weight(b, node, layer, "bias", required=False) if conf.get("use_bias", True) else None
+    bias = _layer_bias(b, node, layer)
     strides = _pair(conf.get("strides", 1), "strides", b, node)
     dil = _pair(conf.get("dilation_rate", 1), "dilation_rate", b, node)
     pads = _padding(b, node, conf, d.shape[2:], K.shape[:2], strides, dil)
     d, pads = _fold_padding(b, d, pads)
     W = K.transpose(3, 2, 0, 1)  # (kh, kw, C/g, O) -> (O, C/g, kh, kw)
     attrs = {"strides": strides, "pads": pads, "dilations": dil, "group": int(conf.get("groups", 1))}
-    conv_ins = [d, Const(W)] + ([Const(bias)] if bias is not None else [])
-    out = _conv(b, KNode(node.name, node.cls, node.input, "Conv"), conv_ins, attrs)[0]
+    out = _conv_of(b, node, d, W, bias, attrs)
     return _activate(b, node, out, _activation_name(conf))
 
 
@@ -266,23 +279,20 @@ def _padding1d(b, node, conf, n, k, s, dil, causal_ok=True):
 
 
 def _conv1d(b, node, layer, ins):
-    from crown_cli.graph.onnx_ops import _conv
-
     d, conf = ins[0], layer.conf
     _channels_last(b, node, conf)
     _seq(b, node, d)
     K = _weight(b, node, layer, "kernel")
     if K.ndim != 3:
         b.fail(node, f"kernel of shape {K.shape}, expected (k, C / groups, filters)")
-    bias = _weight(b, node, layer, "bias", required=False) if conf.get("use_bias", True) else None
+    bias = _layer_bias(b, node, layer)
     s = _one(conf.get("strides", 1), "strides", b, node)
     dil = _one(conf.get("dilation_rate", 1), "dilation_rate", b, node)
     left, right = _padding1d(b, node, conf, d.shape[1], K.shape[0], s, dil)
     attrs = {"strides": [1, s], "pads": [0, left, 0, right], "dilations": [1, dil],
              "group": int(conf.get("groups", 1))}
     W = K.transpose(2, 1, 0)[:, :, None, :]  # (k, C/g, F) -> (F, C/g, 1, k)
-    conv_ins = [_seq_image(d), Const(W)] + ([Const(bias)] if bias is not None else [])
-    out = _conv(b, KNode(node.name, node.cls, node.input, "Conv"), conv_ins, attrs)[0]
+    out = _conv_of(b, node, _seq_image(d), W, bias, attrs)
     return _image_seq(_activate(b, node, out, _activation_name(conf)))
 
 
@@ -351,31 +361,26 @@ def _depthwise_weight(b, node, layer, C):
 def _depthwise(b, node, layer, ins):
     """DepthwiseConv2D, and SeparableConv2D (its depthwise step, then a 1 x 1 convolution
     by the pointwise kernel): convolutions of the ONNX handler."""
-    from crown_cli.graph.onnx_ops import _conv
-
     d, conf = ins[0], layer.conf
     _channels_last(b, node, conf)
     _image(b, node, d)
     C = d.shape[1]
     W = _depthwise_weight(b, node, layer, C)
     sep = layer.cls == "SeparableConv2D"
-    bias = _weight(b, node, layer, "bias", required=False) if conf.get("use_bias", True) else None
+    bias = _layer_bias(b, node, layer)
     strides = _pair(conf.get("strides", 1), "strides", b, node)
     dil = _pair(conf.get("dilation_rate", 1), "dilation_rate", b, node)
     pads = _padding(b, node, conf, d.shape[2:], W.shape[2:], strides, dil)
     d, pads = _fold_padding(b, d, pads)
     attrs = {"strides": strides, "pads": pads, "dilations": dil, "group": C}
-    first = [d, Const(W)] + ([Const(bias)] if bias is not None and not sep else [])
-    name = node.name + "/depthwise" if sep else node.name
-    out = _conv(b, KNode(name, node.cls, node.input, "Conv"), first, attrs)[0]
+    out = _conv_of(b, node, d, W, None if sep else bias, attrs,
+                   node.name + "/depthwise" if sep else None)
     if sep:
         P = _weight(b, node, layer, "pointwise_kernel")
         if P.ndim != 4 or P.shape[:3] != (1, 1, W.shape[0]):
             b.fail(node, f"pointwise kernel of shape {P.shape}, expected (1, 1, "
                          f"{W.shape[0]}, filters)")
-        second = [out, Const(P.transpose(3, 2, 0, 1))] + ([Const(bias)] if bias is not None
-                                                          else [])
-        out = _conv(b, KNode(node.name, node.cls, node.input, "Conv"), second, {})[0]
+        out = _conv_of(b, node, out, P.transpose(3, 2, 0, 1), bias, {})
     return _activate(b, node, out, _activation_name(conf))
 
 
@@ -393,7 +398,7 @@ def _conv2d_transpose(b, node, layer, ins):
     K = _weight(b, node, layer, "kernel")
     if K.ndim != 4 or K.shape[3] != d.shape[1]:
         b.fail(node, f"kernel of shape {K.shape}, expected (kh, kw, filters, {d.shape[1]})")
-    bias = _weight(b, node, layer, "bias", required=False) if conf.get("use_bias", True) else None
+    bias = _layer_bias(b, node, layer)
     strides = _pair(conf.get("strides", 1), "strides", b, node)
     dil = _pair(conf.get("dilation_rate", 1), "dilation_rate", b, node)
     mode = str(conf.get("padding", "valid")).lower()
@@ -423,25 +428,18 @@ def _conv2d_transpose(b, node, layer, ins):
 def _dense(b, node, layer, ins):
     d, conf = ins[0], layer.conf
     K = _weight(b, node, layer, "kernel")
-    bias = _weight(b, node, layer, "bias", required=False) if conf.get("use_bias", True) else None
+    bias = _layer_bias(b, node, layer)
     if K.ndim != 2:
         b.fail(node, f"kernel of shape {K.shape}, expected (inputs, units)")
     if len(d.shape) == 4:  # on the channels of an image: a 1x1 convolution
-        from crown_cli.graph.onnx_ops import _conv
-
         if d.shape[1] != K.shape[0]:
             b.fail(node, f"kernel of shape {K.shape} does not fit {d.shape[1]} channels")
-        conv_ins = [d, Const(K.T[:, :, None, None])] + ([Const(bias)] if bias is not None else [])
-        out = _conv(b, KNode(node.name, node.cls, node.input, "Conv"), conv_ins, {})[0]
+        out = _conv_of(b, node, d, K.T[:, :, None, None], bias, {})
         return _activate(b, node, out, _activation_name(conf))
     if len(d.shape) == 3:  # on the channels of a sequence: a 1x1 convolution, too
-        from crown_cli.graph.onnx_ops import _conv
-
         if d.shape[2] != K.shape[0]:
             b.fail(node, f"kernel of shape {K.shape} does not fit {d.shape[2]} channels")
-        conv_ins = [_seq_image(d), Const(K.T[:, :, None, None])] + \
-            ([Const(bias)] if bias is not None else [])
-        out = _conv(b, KNode(node.name, node.cls, node.input, "Conv"), conv_ins, {})[0]
+        out = _conv_of(b, node, _seq_image(d), K.T[:, :, None, None], bias, {})
         return _image_seq(_activate(b, node, out, _activation_name(conf)))
     if len(d.shape) != 2 or d.shape[1] != K.shape[0]:
         b.fail(node, f"kernel of shape {K.shape} does not fit an input of shape "
