@@ -198,6 +198,16 @@ def _bad(path, **kw):
     return msg
 
 
+def _bad_edited(tmp_path, build, edit, ext):
+    """``_bad`` of the model ``build`` makes, written as ``ext`` after ``edit`` (on its layers
+    by name) changed it; each call a file of its own."""
+    layers, inputs, outputs = build(np.random.default_rng(0))
+    edit({l.name: l for l in layers})
+    path = tmp_path / f"{build.__name__}{len(list(tmp_path.iterdir()))}.{ext}"
+    WRITERS[ext](path, layers, inputs, outputs)
+    return _bad(path)
+
+
 @pytest.mark.parametrize("ext", ["h5", "keras"])
 def test_unknown_layer_is_refused_in_one_line(tmp_path, ext):
     layers, inputs, outputs = km.mnist_conv(np.random.default_rng(0))
@@ -222,11 +232,7 @@ def test_unsupported_settings_name_the_layer(tmp_path):
 
 def test_unsupported_settings_of_the_mobile_layers_name_the_layer(tmp_path):
     def bad(edit, ext="keras"):
-        layers, inputs, outputs = km.mobile(np.random.default_rng(0))
-        edit({l.name: l for l in layers})
-        path = tmp_path / f"m{len(list(tmp_path.iterdir()))}.{ext}"
-        WRITERS[ext](path, layers, inputs, outputs)
-        return _bad(path)
+        return _bad_edited(tmp_path, km.mobile, edit, ext)
 
     assert "layer 'up' (UpSampling2D): interpolation 'bilinear' is not supported" in bad(
         lambda L: L["up"].config.update(interpolation="bilinear"))
@@ -245,11 +251,7 @@ def test_unsupported_settings_of_the_mobile_layers_name_the_layer(tmp_path):
 
 def test_unsupported_settings_of_normalization_and_merges_name_the_layer(tmp_path):
     def bad(edit, ext="h5"):
-        layers, inputs, outputs = km.efficient(np.random.default_rng(0))
-        edit({l.name: l for l in layers})
-        path = tmp_path / f"e{len(list(tmp_path.iterdir()))}.{ext}"
-        WRITERS[ext](path, layers, inputs, outputs)
-        return _bad(path)
+        return _bad_edited(tmp_path, km.efficient, edit, ext)
 
     assert "layer 'norm' (Normalization): invert=True is not supported" in bad(
         lambda L: L["norm"].config.update(invert=True))
@@ -265,11 +267,7 @@ def test_unsupported_settings_of_normalization_and_merges_name_the_layer(tmp_pat
 
 def test_unsupported_settings_of_the_1d_layers_name_the_layer(tmp_path):
     def bad(edit):
-        layers, inputs, outputs = km.sequence(np.random.default_rng(0))
-        edit({l.name: l for l in layers})
-        path = tmp_path / f"q{len(list(tmp_path.iterdir()))}.h5"
-        km.save_h5(path, layers, inputs, outputs)
-        return _bad(path)
+        return _bad_edited(tmp_path, km.sequence, edit, "h5")
 
     assert "layer 'c1' (Conv1D): padding 'full' is not supported (valid, same, causal)" in bad(
         lambda L: L["c1"].config.update(padding="full"))
@@ -291,11 +289,7 @@ def test_unsupported_settings_of_the_1d_layers_name_the_layer(tmp_path):
 def test_unsupported_settings_of_transposed_convolutions_prelu_permute_name_the_layer(
         tmp_path):
     def bad(edit):
-        layers, inputs, outputs = km.decoder(np.random.default_rng(0))
-        edit({l.name: l for l in layers})
-        path = tmp_path / f"d{len(list(tmp_path.iterdir()))}.h5"
-        km.save_h5(path, layers, inputs, outputs)
-        return _bad(path)
+        return _bad_edited(tmp_path, km.decoder, edit, "h5")
 
     assert "layer 't1' (Conv2DTranspose): kernel of shape (3, 3, 3, 3), expected (kh, kw, " \
         "filters, 2)" in bad(lambda L: L["t1"].weights.update(kernel=np.ones((3, 3, 3, 3))))
