@@ -88,7 +88,7 @@ def needed(gb, j) -> Optional[np.ndarray]:
     the whole set: the step multiplies its rows by 0 and adds 0 to every sum and charge); an
     elementwise sum or scaling hands element e to element e of its inputs, and a scaling's
     constant at e counts (a clipped ReLU's ``relu(x) - relu(x - 6)``)."""
-    mask = _needed_mask(gb, j)
+    mask = needed_mask(gb, j)
     if mask is None:
         return None
     cache = gb.__dict__.setdefault("_needed", {})
@@ -101,11 +101,11 @@ def needed(gb, j) -> Optional[np.ndarray]:
 def hands_nothing(gb, j) -> bool:
     """Whether no element of node j is :func:`needed` (the second branch of a clipped ReLU
     that never reaches its clip on the set: rows given to it are dropped, windows too)."""
-    mask = _needed_mask(gb, j)
+    mask = needed_mask(gb, j)
     return mask is not None and not mask.any()
 
 
-def _needed_mask(gb, j) -> Optional[np.ndarray]:
+def needed_mask(gb, j) -> Optional[np.ndarray]:
     """:func:`needed`'s elements as a mask, whatever their share (None: every element);
     kept on ``gb`` (the lines of a bound's activations do not change)."""
     cache = gb.__dict__.setdefault("_needed_mask", {})
@@ -121,7 +121,7 @@ def _needed_mask(gb, j) -> Optional[np.ndarray]:
                 mask |= np.broadcast_to(np.asarray(a) != 0, mask.shape)
     elif isinstance(node.op, (Scale, Sum)) and node.inputs and \
             all(gb.g.nodes[k].size == node.size for k in node.inputs):
-        parts = [_needed_mask(gb, k) for k in node.inputs]
+        parts = [needed_mask(gb, k) for k in node.inputs]
         if all(m is not None for m in parts):
             mask = np.logical_or.reduce(parts)
             if getattr(node.op, "bias", None) is not None:
@@ -130,14 +130,15 @@ def _needed_mask(gb, j) -> Optional[np.ndarray]:
     return mask
 
 
-def restrict(rows: Rows, keep: Optional[np.ndarray]) -> Rows:
-    """The rows on the elements ``keep`` (sorted; None: all) only."""
+def restrict(gb, j, rows: Rows) -> Rows:
+    """The rows given to node j on its :func:`needed` elements only."""
+    keep = needed(gb, j)
     if keep is None:
         return rows
     idx, Lt = rows
     if idx is None:
         return keep, Lt[keep]
-    on = np.isin(idx, keep, assume_unique=True)
+    on = needed_mask(gb, j)[idx]
     return rows if on.all() else (idx[on], Lt[on])
 
 
@@ -275,7 +276,7 @@ def fused_rows(gb, target: int, Lam, kernels, dtype=np.float64):
         if hands_nothing(gb, j):
             return  # nothing reaches the input through j
         if not isinstance(rows, Win):
-            rows = restrict(rows, needed(gb, j))
+            rows = restrict(gb, j, rows)
             if rows[0] is not None and rows[0].size == 0:
                 return
         if j not in pending:
@@ -450,14 +451,12 @@ def _transpose(gb, i, rows: Rows, kernels):
     dt = Lt.dtype
     if isinstance(op, Conv):
         in_idx, pos = _conv_live(op, idx)
-        keep = needed(gb, gb.g.nodes[i].inputs[0])
-        if keep is None:
+        j = gb.g.nodes[i].inputs[0]
+        if needed(gb, j) is None:
             return [(in_idx, op.transpose_t(Lt, idx, pos, _weight(gb, i, dt), kernels))]
         # only the elements the input hands on (an activation's, or a sum's of activations)
-        mask = np.zeros(op.n_in[0], bool)
-        mask[keep] = True
         elements = op.elements(pos)
-        on = mask[elements]
+        on = needed_mask(gb, j)[elements]
         return [(elements[on], op.transpose_t(Lt, idx, pos, _weight(gb, i, dt), kernels, on))]
     if isinstance(op, Dense) and not op.sparse:  # W^T Lt: one BLAS product
         W = _weight(gb, i, dt)

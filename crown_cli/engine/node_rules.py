@@ -34,7 +34,7 @@ from crown_cli.engine.batch_steps import Lines, relax
 from crown_cli.engine import graph_rows
 from crown_cli.engine.graph_rows import (LIVE_SHARE, Win, _bias, _fits, _full, _image, _lines,
                                          _take, _transpose, _typed, _weight, affine_terms,
-                                         hands_nothing, input_terms_fused, needed,
+                                         hands_nothing, input_terms_fused, needed_mask,
                                          restrict)
 from crown_cli.engine.input_sets import Box
 from crown_cli.engine.kernels import graph_kernels
@@ -354,7 +354,7 @@ class SumRule(AffineRule):
         for j, s in zip(node.inputs, node.op.signs):
             if hands_nothing(gb, j):
                 continue
-            idx, Lt = restrict(rows, needed(gb, j))  # (before a negation's copy)
+            idx, Lt = restrict(gb, j, rows)  # (before a negation's copy)
             walk.give(j, (idx, Lt if s == 1.0 else -Lt))
 
     def back_win(self, gb, i, node, win, walk):
@@ -552,8 +552,7 @@ class ActivationRule(Rule):
         arrays = [_take(a, idx) for a in _lines(gb, i, p, dt)]
         # elements whose lines are all 0, slopes and intercepts (a ReLU inactive on the whole
         # set), add nothing to any sum or charge and hand on rows of exact zeros: not read
-        read = np.flatnonzero((arrays[0] != 0) | (arrays[1] != 0) | (arrays[2] != 0) |
-                              (arrays[3] != 0))
+        read = np.flatnonzero(_take(needed_mask(gb, i), idx))
         if read.size > (1.0 - graph_rows.DEAD_SHARE) * Lt.shape[0]:
             read = np.arange(Lt.shape[0])
         else:
