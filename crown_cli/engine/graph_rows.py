@@ -81,34 +81,17 @@ def _take(vec, idx):
     return vec if idx is None else np.ascontiguousarray(vec[idx])
 
 
-def needed(gb, j) -> Optional[np.ndarray]:
-    """The elements of node j (sorted flat indices) that rows given to it carry to the input,
-    when the others are at least :data:`DEAD_SHARE` of the node; else None (every element).
-    An activation hands on nothing from an element whose lines are all 0 (a ReLU inactive on
-    the whole set: the step multiplies its rows by 0 and adds 0 to every sum and charge); an
-    elementwise sum or scaling hands element e to element e of its inputs, and a scaling's
-    constant at e counts (a clipped ReLU's ``relu(x) - relu(x - 6)``)."""
-    mask = needed_mask(gb, j)
-    if mask is None:
-        return None
-    cache = gb.__dict__.setdefault("_needed", {})
-    if j not in cache:
-        keep = np.flatnonzero(mask)
-        cache[j] = keep if keep.size <= (1.0 - DEAD_SHARE) * mask.size else None
-    return cache[j]
+class _Need(NamedTuple):
+    """What rows given to a node carry to the input (:func:`needed`), worked out once."""
+    mask: Optional[np.ndarray]  # the elements, whatever their share; None: every element
+    keep: Optional[np.ndarray]  # their indices where they leave DEAD_SHARE out; else None
+    nothing: bool  # no element at all
 
 
-def hands_nothing(gb, j) -> bool:
-    """Whether no element of node j is :func:`needed` (the second branch of a clipped ReLU
-    that never reaches its clip on the set: rows given to it are dropped, windows too)."""
-    mask = needed_mask(gb, j)
-    return mask is not None and not mask.any()
-
-
-def needed_mask(gb, j) -> Optional[np.ndarray]:
-    """:func:`needed`'s elements as a mask, whatever their share (None: every element);
-    kept on ``gb`` (the lines of a bound's activations do not change)."""
-    cache = gb.__dict__.setdefault("_needed_mask", {})
+def _need(gb, j) -> _Need:
+    """Node j's :class:`_Need`, kept on ``gb`` (the lines of a bound's activations are set
+    once, with their intervals)."""
+    cache = gb.__dict__.setdefault("_need", {})
     if j in cache:
         return cache[j]
     node = gb.g.nodes[j]
@@ -121,13 +104,37 @@ def needed_mask(gb, j) -> Optional[np.ndarray]:
                 mask |= np.broadcast_to(np.asarray(a) != 0, mask.shape)
     elif isinstance(node.op, (Scale, Sum)) and node.inputs and \
             all(gb.g.nodes[k].size == node.size for k in node.inputs):
-        parts = [needed_mask(gb, k) for k in node.inputs]
+        parts = [_need(gb, k).mask for k in node.inputs]
         if all(m is not None for m in parts):
             mask = np.logical_or.reduce(parts)
             if getattr(node.op, "bias", None) is not None:
                 mask = mask | (node.op.bias != 0)
-    cache[j] = mask
-    return mask
+    keep = None if mask is None else np.flatnonzero(mask)
+    if keep is not None and keep.size > (1.0 - DEAD_SHARE) * mask.size:
+        keep = None
+    cache[j] = _Need(mask, keep, mask is not None and not mask.any())
+    return cache[j]
+
+
+def needed(gb, j) -> Optional[np.ndarray]:
+    """The elements of node j (sorted flat indices) that rows given to it carry to the input,
+    when the others are at least :data:`DEAD_SHARE` of the node; else None (every element).
+    An activation hands on nothing from an element whose lines are all 0 (a ReLU inactive on
+    the whole set: the step multiplies its rows by 0 and adds 0 to every sum and charge); an
+    elementwise sum or scaling hands element e to element e of its inputs, and a scaling's
+    constant at e counts (a clipped ReLU's ``relu(x) - relu(x - 6)``)."""
+    return _need(gb, j).keep
+
+
+def needed_mask(gb, j) -> Optional[np.ndarray]:
+    """:func:`needed`'s elements as a mask, whatever their share (None: every element)."""
+    return _need(gb, j).mask
+
+
+def hands_nothing(gb, j) -> bool:
+    """Whether no element of node j is :func:`needed` (the second branch of a clipped ReLU
+    that never reaches its clip on the set: rows given to it are dropped, windows too)."""
+    return _need(gb, j).nothing
 
 
 def restrict(gb, j, rows: Rows) -> Rows:
@@ -138,7 +145,7 @@ def restrict(gb, j, rows: Rows) -> Rows:
     idx, Lt = rows
     if idx is None:
         return keep, Lt[keep]
-    on = needed_mask(gb, j)[idx]
+    on = _need(gb, j).mask[idx]
     return rows if on.all() else (idx[on], Lt[on])
 
 
