@@ -8,6 +8,10 @@ numba) load at the first call.
 
 __version__ = "0.1.0"
 
+from crown_cli.runtime import shorten_thread_waits  # before numpy loads OpenBLAS
+
+shorten_thread_waits()
+
 from crown_cli.api import Certification, certify, load_images, load_model, verify  # noqa: E402
 from crown_cli.errors import InputError  # noqa: E402
 

@@ -23,7 +23,7 @@ def cli():
     """Certified robustness of neural-network classifiers with CROWN (NeurIPS 2018): MLPs and
     feed-forward graphs (convolutions, pooling, branches) from NPZ, HDF5, Keras or ONNX files.
     certify: certified radii per image; verify: VNN-LIB properties; report, merge, inspect."""
-    from crown_cli.allocator import tune_allocator
+    from crown_cli.runtime import tune_allocator
 
     tune_allocator()
 

@@ -287,15 +287,15 @@ def test_progress_bar_only_on_a_terminal(tmp_path, monkeypatch):
 
 
 def test_the_crown_command_tunes_glibcs_allocator(monkeypatch):
-    """crown_cli/allocator.py: on Linux with glibc both mallopt calls succeed, and the crown
+    """crown_cli/runtime.py: on Linux with glibc both mallopt calls succeed, and the crown
     group calls it before any command."""
     import platform
 
-    from crown_cli import allocator
+    from crown_cli import runtime
 
-    ok = allocator.tune_allocator()
+    ok = runtime.tune_allocator()
     assert ok == (sys.platform.startswith("linux") and platform.libc_ver()[0] == "glibc")
     calls = []
-    monkeypatch.setattr(allocator, "tune_allocator", lambda: calls.append(1) or True)
+    monkeypatch.setattr(runtime, "tune_allocator", lambda: calls.append(1) or True)
     r = CliRunner().invoke(cli, ["inspect", "--model", "nothing.npz"])
     assert r.exit_code == 2 and calls == [1], r.output

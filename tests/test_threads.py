@@ -156,7 +156,7 @@ def test_a_forked_helper_runs_graph_kernels_after_this_process_started_numbas_th
 
 
 def test_openmp_spinning_is_shortened_unless_the_user_chose():
-    """Importing the kernels sets GOMP_SPINCOUNT=1000 (OpenMP's default spinning took the
+    """Importing crown_cli sets GOMP_SPINCOUNT=1000 (OpenMP's default spinning took the
     BLAS products' cores), unless GOMP_SPINCOUNT or OMP_WAIT_POLICY is already set."""
     import subprocess
     import sys
@@ -167,6 +167,30 @@ def test_openmp_spinning_is_shortened_unless_the_user_chose():
             if k not in ("GOMP_SPINCOUNT", "OMP_WAIT_POLICY")}
     for extra, want in (({}, "1000"), ({"GOMP_SPINCOUNT": "7"}, "7"),
                         ({"OMP_WAIT_POLICY": "PASSIVE"}, "None")):
+        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                             env=dict(base, **extra), timeout=120)
+        assert out.returncode == 0, out.stderr
+        assert out.stdout.strip() == want, (extra, out.stdout)
+
+
+def test_openblas_spinning_is_shortened_before_numpy_loads_it():
+    """Importing crown_cli sets OPENBLAS_THREAD_TIMEOUT=20 (OpenBLAS's default spinning took
+    numba's second thread) before anything of crown_cli imports numpy, whose OpenBLAS reads it
+    once when it loads; a user's own value stands."""
+    import subprocess
+    import sys
+
+    code = ("import os, sys\n"
+            "seen = []\n"
+            "class Watch:\n"
+            "    def find_spec(self, name, path=None, target=None):\n"
+            "        if name == 'numpy' and not seen:\n"
+            "            seen.append(os.environ.get('OPENBLAS_THREAD_TIMEOUT'))\n"
+            "sys.meta_path.insert(0, Watch())\n"
+            "import crown_cli.cli\n"
+            "print(seen, 'numpy' in sys.modules)\n")
+    base = {k: v for k, v in os.environ.items() if k != "OPENBLAS_THREAD_TIMEOUT"}
+    for extra, want in (({}, "['20'] True"), ({"OPENBLAS_THREAD_TIMEOUT": "6"}, "['6'] True")):
         out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                              env=dict(base, **extra), timeout=120)
         assert out.returncode == 0, out.stderr

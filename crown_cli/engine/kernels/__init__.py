@@ -8,44 +8,11 @@ import os
 from contextlib import contextmanager
 from importlib import import_module
 
-# GNU OpenMP (numba's threading layer here) keeps its threads spinning after a parallel kernel,
-# by default ~300,000 times (about a millisecond), which on 2 cores took the cores of the BLAS
-# products between kernels (the CIFAR conv case 2x slower); 1000 spins still catch the next
-# kernel of a run of them (docs/benchmarks.md). Set before numba loads the layer (at its
-# first parallel kernel); a user's own GOMP_SPINCOUNT or OMP_WAIT_POLICY stands.
-if "GOMP_SPINCOUNT" not in os.environ and "OMP_WAIT_POLICY" not in os.environ:
-    os.environ["GOMP_SPINCOUNT"] = "1000"
+from crown_cli.runtime import tune_allocator
 
-
-# glibc's malloc hands freed blocks of a few MB back to the system and takes them again at the
-# next step, which then faults every page of its new arrays in anew: 18,000 page faults and
-# about 15% of the time of one float64 CROWN bound of the ResNet bench case (docs/benchmarks.md).
-# A fixed mmap threshold of 32 MB (blocks below it from the heap) and a trim threshold of 64 MB
-# (free memory the heap keeps) end that. Process-wide and Linux glibc only; a user's own
-# MALLOC_MMAP_THRESHOLD_, MALLOC_TRIM_THRESHOLD_ or MALLOC_TOP_PAD_ stands.
-MALLOC_MMAP_THRESHOLD = 32 << 20
-MALLOC_TRIM_THRESHOLD = 64 << 20
-
-
-def _tune_malloc() -> bool:
-    """Set glibc's thresholds (above); True where they were set."""
-    import sys
-
-    if not sys.platform.startswith("linux") or any(
-            k in os.environ for k in ("MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_",
-                                      "MALLOC_TOP_PAD_")):
-        return False
-    try:
-        import ctypes
-
-        libc = ctypes.CDLL("libc.so.6")
-        return bool(libc.gnu_get_libc_version and libc.mallopt(-3, MALLOC_MMAP_THRESHOLD)
-                    and libc.mallopt(-1, MALLOC_TRIM_THRESHOLD))  # M_MMAP_, M_TRIM_THRESHOLD
-    except (OSError, AttributeError):  # not glibc
-        return False
-
-
-MALLOC_TUNED = _tune_malloc()
+# glibc's allocator tuned for the bound loops' arrays (crown_cli/runtime.py); OpenMP's and
+# OpenBLAS's thread waits were shortened when crown_cli was imported.
+MALLOC_TUNED = tune_allocator()
 
 KERNELS = ("numba", "numpy")
 _BACKEND = "numba"

@@ -1,0 +1,58 @@
+"""Process-wide settings crown makes for speed, each one unless the user chose it first.
+
+- Thread waits (:func:`shorten_thread_waits`, run when ``crown_cli`` is imported). GNU OpenMP
+  (numba's threading layer here) keeps its threads spinning about a millisecond after a
+  parallel kernel, and OpenBLAS (numpy's BLAS in the Linux wheels) its threads about 2^28
+  cycles (~0.1 s) after a product. On 2 cores either one takes the core the other's next
+  call needs: OpenMP's took the BLAS products' (the CIFAR conv case 2x slower), OpenBLAS's
+  took numba's second thread between the graph engine's small products and its kernels (the
+  bench ResNet's CROWN bound 20% slower, docs/benchmarks.md). ``GOMP_SPINCOUNT=1000`` and
+  ``OPENBLAS_THREAD_TIMEOUT=20`` (2^20 cycles, well under a millisecond) still catch the next
+  call of a run of them. Both are read when the library loads, so they act only where
+  ``crown_cli`` is imported before numpy (the ``crown`` command, and scripts that import it
+  first); a user's own ``GOMP_SPINCOUNT``, ``OMP_WAIT_POLICY`` or ``OPENBLAS_THREAD_TIMEOUT``
+  stands.
+- glibc's allocator (:func:`tune_allocator`, run when the engine's kernels load and by the
+  ``crown`` command). The bound loops allocate and free arrays of 0.1-50 MB thousands of
+  times a second. glibc serves blocks above its mmap threshold (128 KiB at first, raised only
+  after a larger block is freed) with fresh ``mmap`` pages and unmaps them on ``free``, so
+  every such array costs its page faults again: on a ReLU-splitting certificate of mnistfc
+  256x2 ``crown check`` spent 11 of its 27 s in the kernel (7.9 million minor faults), and
+  one CROWN bound of the bench ResNet took 18,000 faults (about 15% of its time). A fixed
+  threshold of 64 MiB keeps such blocks in the heap, whose freed memory is reused; the
+  heap's top is returned to the system past 128 MiB. A user's own ``MALLOC_MMAP_THRESHOLD_``,
+  ``MALLOC_TRIM_THRESHOLD_`` or ``MALLOC_TOP_PAD_`` leaves malloc alone; elsewhere than glibc
+  on Linux this does nothing.
+"""
+import ctypes
+import os
+import sys
+
+GOMP_SPINCOUNT = "1000"
+OPENBLAS_THREAD_TIMEOUT = "20"
+M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3  # mallopt's parameter numbers (malloc.h)
+MMAP_THRESHOLD = 64 * 2 ** 20
+TRIM_THRESHOLD = 128 * 2 ** 20
+_MALLOC_ENV = ("MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_", "MALLOC_TOP_PAD_")
+
+
+def shorten_thread_waits() -> None:
+    """Set OpenMP's and OpenBLAS's spinning after a call (above) in ``os.environ``, where the
+    user has not."""
+    if "GOMP_SPINCOUNT" not in os.environ and "OMP_WAIT_POLICY" not in os.environ:
+        os.environ["GOMP_SPINCOUNT"] = GOMP_SPINCOUNT
+    os.environ.setdefault("OPENBLAS_THREAD_TIMEOUT", OPENBLAS_THREAD_TIMEOUT)
+
+
+def tune_allocator() -> bool:
+    """Set glibc's mmap and trim thresholds for this process (and the workers it forks);
+    True when both were set."""
+    if not sys.platform.startswith("linux") or any(k in os.environ for k in _MALLOC_ENV):
+        return False
+    try:
+        mallopt = ctypes.CDLL(None).mallopt
+    except (OSError, AttributeError):  # not glibc
+        return False
+    mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
+    return (mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD) == 1
+            and mallopt(M_TRIM_THRESHOLD, TRIM_THRESHOLD) == 1)
