@@ -748,6 +748,8 @@ def main():
     args = ap.parse_args()
     if args.worker:
         sys.path.insert(0, os.environ.get("PYTHONPATH") or ROOT)
+        if args.worker != "resnet-lirpa":  # as the crown command does: crown_cli before numpy
+            import crown_cli  # noqa: F401  (its process settings, crown_cli/runtime.py)
         return worker(args.worker, args.images, args.check, args.bab_seconds, args.vnncomp)
     cases = [c.strip() for c in args.cases.split(",") if c.strip()]
     unknown = [c for c in cases if c not in CASES]
