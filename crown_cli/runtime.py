@@ -6,9 +6,10 @@
   cycles (~0.1 s) after a product. On 2 cores either one takes the core the other's next
   call needs: OpenMP's took the BLAS products' (the CIFAR conv case 2x slower), OpenBLAS's
   took numba's second thread between the graph engine's small products and its kernels (the
-  bench ResNet's CROWN bound 20% slower, docs/benchmarks.md). ``GOMP_SPINCOUNT=1000`` and
-  ``OPENBLAS_THREAD_TIMEOUT=20`` (2^20 cycles, well under a millisecond) still catch the next
-  call of a run of them. Both are read when the library loads, so they act only where
+  bench ResNet's CROWN bound 20% slower, docs/benchmarks.md). ``OPENBLAS_THREAD_TIMEOUT=20``
+  (2^20 cycles, well under a millisecond) still catches the next product of a run of them;
+  with it, ``GOMP_SPINCOUNT=30000`` (about 0.1 ms) keeps numba's threads awake from one
+  kernel to the next (the conv case 1.3x faster than at 1000; 10,000-300,000 alike). Both are read when the library loads, so they act only where
   ``crown_cli`` is imported before numpy (the ``crown`` command, and scripts that import it
   first); a user's own ``GOMP_SPINCOUNT``, ``OMP_WAIT_POLICY`` or ``OPENBLAS_THREAD_TIMEOUT``
   stands.
@@ -28,7 +29,7 @@ import ctypes
 import os
 import sys
 
-GOMP_SPINCOUNT = "1000"
+GOMP_SPINCOUNT = "30000"
 OPENBLAS_THREAD_TIMEOUT = "20"
 M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3  # mallopt's parameter numbers (malloc.h)
 MMAP_THRESHOLD = 64 * 2 ** 20

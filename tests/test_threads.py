@@ -156,8 +156,9 @@ def test_a_forked_helper_runs_graph_kernels_after_this_process_started_numbas_th
 
 
 def test_openmp_spinning_is_shortened_unless_the_user_chose():
-    """Importing crown_cli sets GOMP_SPINCOUNT=1000 (OpenMP's default spinning took the
-    BLAS products' cores), unless GOMP_SPINCOUNT or OMP_WAIT_POLICY is already set."""
+    """Importing crown_cli sets GOMP_SPINCOUNT=30000 (OpenMP's default spinning, with
+    OpenBLAS's, took the BLAS products' cores), unless GOMP_SPINCOUNT or OMP_WAIT_POLICY is
+    already set."""
     import subprocess
     import sys
 
@@ -165,7 +166,7 @@ def test_openmp_spinning_is_shortened_unless_the_user_chose():
             "print(os.environ.get('GOMP_SPINCOUNT'))\n")
     base = {k: v for k, v in os.environ.items()
             if k not in ("GOMP_SPINCOUNT", "OMP_WAIT_POLICY")}
-    for extra, want in (({}, "1000"), ({"GOMP_SPINCOUNT": "7"}, "7"),
+    for extra, want in (({}, "30000"), ({"GOMP_SPINCOUNT": "7"}, "7"),
                         ({"OMP_WAIT_POLICY": "PASSIVE"}, "None")):
         out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                              env=dict(base, **extra), timeout=120)
