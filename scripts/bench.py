@@ -79,6 +79,7 @@ crown_cli package of another checkout (e.g. ``git worktree add /tmp/before <rev>
 the before/after time ratios measured in this one run.
 """
 import argparse
+import importlib
 import json
 import os
 import resource
@@ -749,7 +750,7 @@ def main():
     if args.worker:
         sys.path.insert(0, os.environ.get("PYTHONPATH") or ROOT)
         if args.worker != "resnet-lirpa":  # as the crown command does: crown_cli before numpy
-            import crown_cli  # noqa: F401  (its process settings, crown_cli/runtime.py)
+            importlib.import_module("crown_cli")  # its process settings (crown_cli/runtime.py)
         return worker(args.worker, args.images, args.check, args.bab_seconds, args.vnncomp)
     cases = [c.strip() for c in args.cases.split(",") if c.strip()]
     unknown = [c for c in cases if c not in CASES]
