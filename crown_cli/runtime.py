@@ -9,7 +9,10 @@
   bench ResNet's CROWN bound 20% slower, docs/benchmarks.md). ``OPENBLAS_THREAD_TIMEOUT=20``
   (2^20 cycles, well under a millisecond) still catches the next product of a run of them;
   with it, ``GOMP_SPINCOUNT=30000`` (about 0.1 ms) keeps numba's threads awake from one
-  kernel to the next (the conv case 1.3x faster than at 1000; 10,000-300,000 alike). Both are read when the library loads, so they act only where
+  kernel to the next (the conv case 1.3x faster than at 1000; 10,000-300,000 alike). Where
+  numpy was imported before ``crown_cli`` (and the user set no ``OPENBLAS_THREAD_TIMEOUT``),
+  OpenBLAS keeps its long spin, and numba's threads kept awake beside it make things worse
+  (the ResNet bound 0.39 -> 0.64 s): there OpenMP's spin stays short, ``GOMP_SPINCOUNT=1000``. Both are read when the library loads, so they act only where
   ``crown_cli`` is imported before numpy (the ``crown`` command, and scripts that import it
   first); a user's own ``GOMP_SPINCOUNT``, ``OMP_WAIT_POLICY`` or ``OPENBLAS_THREAD_TIMEOUT``
   stands.
@@ -30,6 +33,7 @@ import os
 import sys
 
 GOMP_SPINCOUNT = "30000"
+GOMP_SPINCOUNT_BESIDE_OPENBLAS = "1000"  # where OpenBLAS loaded with its own long spin
 OPENBLAS_THREAD_TIMEOUT = "20"
 M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3  # mallopt's parameter numbers (malloc.h)
 MMAP_THRESHOLD = 64 * 2 ** 20
@@ -40,9 +44,11 @@ _MALLOC_ENV = ("MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_", "MALLOC_TOP_P
 def shorten_thread_waits() -> None:
     """Set OpenMP's and OpenBLAS's spinning after a call (above) in ``os.environ``, where the
     user has not."""
-    if "GOMP_SPINCOUNT" not in os.environ and "OMP_WAIT_POLICY" not in os.environ:
-        os.environ["GOMP_SPINCOUNT"] = GOMP_SPINCOUNT
+    blas_spins = "numpy" in sys.modules and "OPENBLAS_THREAD_TIMEOUT" not in os.environ
     os.environ.setdefault("OPENBLAS_THREAD_TIMEOUT", OPENBLAS_THREAD_TIMEOUT)
+    if "GOMP_SPINCOUNT" not in os.environ and "OMP_WAIT_POLICY" not in os.environ:
+        os.environ["GOMP_SPINCOUNT"] = \
+            GOMP_SPINCOUNT_BESIDE_OPENBLAS if blas_spins else GOMP_SPINCOUNT
 
 
 def tune_allocator() -> bool:

@@ -157,21 +157,27 @@ def test_a_forked_helper_runs_graph_kernels_after_this_process_started_numbas_th
 
 def test_openmp_spinning_is_shortened_unless_the_user_chose():
     """Importing crown_cli sets GOMP_SPINCOUNT=30000 (OpenMP's default spinning, with
-    OpenBLAS's, took the BLAS products' cores), unless GOMP_SPINCOUNT or OMP_WAIT_POLICY is
-    already set."""
+    OpenBLAS's, took the BLAS products' cores), or 1000 where numpy (so OpenBLAS, with its own
+    long spin) was loaded first, unless GOMP_SPINCOUNT or OMP_WAIT_POLICY is already set."""
     import subprocess
     import sys
 
-    code = ("import os, crown_cli.engine.kernels\n"
+    code = ("import os, sys\n"
+            "if sys.argv[1] == 'numpy first':\n"
+            "    import numpy\n"
+            "import crown_cli.engine.kernels\n"
             "print(os.environ.get('GOMP_SPINCOUNT'))\n")
     base = {k: v for k, v in os.environ.items()
-            if k not in ("GOMP_SPINCOUNT", "OMP_WAIT_POLICY")}
-    for extra, want in (({}, "30000"), ({"GOMP_SPINCOUNT": "7"}, "7"),
-                        ({"OMP_WAIT_POLICY": "PASSIVE"}, "None")):
-        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                             env=dict(base, **extra), timeout=120)
+            if k not in ("GOMP_SPINCOUNT", "OMP_WAIT_POLICY", "OPENBLAS_THREAD_TIMEOUT")}
+    for first, extra, want in (("crown_cli", {}, "30000"), ("numpy first", {}, "1000"),
+                               ("numpy first", {"OPENBLAS_THREAD_TIMEOUT": "20"}, "30000"),
+                               ("crown_cli", {"GOMP_SPINCOUNT": "7"}, "7"),
+                               ("numpy first", {"GOMP_SPINCOUNT": "7"}, "7"),
+                               ("crown_cli", {"OMP_WAIT_POLICY": "PASSIVE"}, "None")):
+        out = subprocess.run([sys.executable, "-c", code, first], capture_output=True,
+                             text=True, env=dict(base, **extra), timeout=120)
         assert out.returncode == 0, out.stderr
-        assert out.stdout.strip() == want, (extra, out.stdout)
+        assert out.stdout.strip() == want, (first, extra, out.stdout)
 
 
 def test_openblas_spinning_is_shortened_before_numpy_loads_it():
