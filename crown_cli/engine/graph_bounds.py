@@ -118,6 +118,9 @@ FEW_ROWS = 256  # a second pass of at most this many rows runs as one group, not
 # one side per neuron first (GraphBounds._one_sided) from this many neurons to refine: below
 # it a second walk costs more than the rows it saves
 ONE_SIDED_MIN = 256
+# ... and the other side too where the interval's lies more than this many times as far from the
+# centre as the side computed
+OTHER_SIDE_RATIO = 1000.0
 
 
 def _tiles(rows, shape):
@@ -397,10 +400,18 @@ class GraphBounds:
         if guess is None:
             self._signed_bounds(target, rows, None, l, u)
             return l, u
-        sign = np.where(np.asarray(guess)[rows] > 0.0, 1.0, -1.0)
+        centre = np.asarray(guess)[rows]
+        sign = np.where(centre > 0.0, 1.0, -1.0)
         self._signed_bounds(target, rows, sign, l, u)
-        # unproven: the side computed leaves the sign open (l <= 0 or u >= 0)
-        left = np.where(sign > 0.0, l[rows] <= 0.0, u[rows] >= 0.0)
+        # unproven: the side computed leaves the sign open (l <= 0 or u >= 0); or too wide:
+        # the other side, still the interval's, lies more than OTHER_SIDE_RATIO times as far
+        # from the centre as the side computed (intervals compound with depth: on deep
+        # networks the magnitudes they give the rounding charges and later intervals grow
+        # without bound, docs/benchmarks.md)
+        near = np.where(sign > 0.0, centre - l[rows], u[rows] - centre)
+        far = np.where(sign > 0.0, u[rows] - centre, centre - l[rows])
+        left = np.where(sign > 0.0, l[rows] <= 0.0, u[rows] >= 0.0) | \
+            (far > OTHER_SIDE_RATIO * np.maximum(near, 0.0))
         if left.any():  # (few rows: one group, not one per tile)
             self._signed_bounds(target, rows[left], -sign[left], l, u,
                                 tiles=left.sum() > FEW_ROWS)
