@@ -378,7 +378,8 @@ class GraphBounds:
         centre), one side per neuron first: the lower bound where the guess is > 0, the
         upper elsewhere (the side that can prove the sign, the only one a ReLU's lines need
         once it is stable); the other side only for the neurons that side left unproven
-        (their other bound stays the interval's)."""
+        (their other bound stays the interval's), or whose interval side lies more than
+        :data:`OTHER_SIDE_RATIO` times as far from the guess as the side computed."""
         m = self.g.nodes[target].size
         if rows is None:
             rows = np.arange(m)
