@@ -12,9 +12,11 @@
   kernel to the next (the conv case 1.3x faster than at 1000; 10,000-300,000 alike). Where
   numpy was imported before ``crown_cli`` (and the user set no ``OPENBLAS_THREAD_TIMEOUT``),
   OpenBLAS keeps its long spin, and numba's threads kept awake beside it make things worse
-  (the ResNet bound 0.39 -> 0.64 s): there OpenMP's spin stays short, ``GOMP_SPINCOUNT=1000``. Both are read when the library loads, so they act only where
+  (the ResNet bound 0.39 -> 0.64 s): there OpenMP's spin stays short,
+  ``GOMP_SPINCOUNT=1000``. OpenMP reads its setting when numba loads its threading layer (at
+  the first parallel kernel), OpenBLAS when numpy loads it: so the second acts only where
   ``crown_cli`` is imported before numpy (the ``crown`` command, and scripts that import it
-  first); a user's own ``GOMP_SPINCOUNT``, ``OMP_WAIT_POLICY`` or ``OPENBLAS_THREAD_TIMEOUT``
+  first). A user's own ``GOMP_SPINCOUNT``, ``OMP_WAIT_POLICY`` or ``OPENBLAS_THREAD_TIMEOUT``
   stands.
 - glibc's allocator (:func:`tune_allocator`, run when the engine's kernels load and by the
   ``crown`` command). The bound loops allocate and free arrays of 0.1-50 MB thousands of

@@ -124,8 +124,6 @@ def _module(*names):
     ``--before`` may run a checkout of either layout. The old name comes first: an editable
     install of the new layout can serve its subpackages to a process whose PYTHONPATH points
     at an old checkout, which must not be measured as the old code."""
-    import importlib
-
     for i, name in enumerate(names):
         try:
             return importlib.import_module(name)

@@ -155,38 +155,44 @@ def test_a_forked_helper_runs_graph_kernels_after_this_process_started_numbas_th
         assert layer is None or out.stdout.strip() == layer
 
 
+def _fresh(code, args=(), drop=(), **extra):
+    """stdout of ``python -c code *args`` in a fresh process whose environment lacks every
+    variable ``drop`` names (a name ending in ``*``: every one it starts), plus ``extra``;
+    the run must succeed."""
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items()
+           if not any(k == d or (d.endswith("*") and k.startswith(d[:-1])) for d in drop)}
+    out = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True,
+                         env=dict(env, **extra), timeout=120)
+    assert out.returncode == 0, out.stderr
+    return out.stdout
+
+
 def test_openmp_spinning_is_shortened_unless_the_user_chose():
     """Importing crown_cli sets GOMP_SPINCOUNT=30000 (OpenMP's default spinning, with
     OpenBLAS's, took the BLAS products' cores), or 1000 where numpy (so OpenBLAS, with its own
     long spin) was loaded first, unless GOMP_SPINCOUNT or OMP_WAIT_POLICY is already set."""
-    import subprocess
-    import sys
-
     code = ("import os, sys\n"
             "if sys.argv[1] == 'numpy first':\n"
             "    import numpy\n"
             "import crown_cli.engine.kernels\n"
             "print(os.environ.get('GOMP_SPINCOUNT'))\n")
-    base = {k: v for k, v in os.environ.items()
-            if k not in ("GOMP_SPINCOUNT", "OMP_WAIT_POLICY", "OPENBLAS_THREAD_TIMEOUT")}
+    drop = ("GOMP_SPINCOUNT", "OMP_WAIT_POLICY", "OPENBLAS_THREAD_TIMEOUT")
     for first, extra, want in (("crown_cli", {}, "30000"), ("numpy first", {}, "1000"),
                                ("numpy first", {"OPENBLAS_THREAD_TIMEOUT": "20"}, "30000"),
                                ("crown_cli", {"GOMP_SPINCOUNT": "7"}, "7"),
                                ("numpy first", {"GOMP_SPINCOUNT": "7"}, "7"),
                                ("crown_cli", {"OMP_WAIT_POLICY": "PASSIVE"}, "None")):
-        out = subprocess.run([sys.executable, "-c", code, first], capture_output=True,
-                             text=True, env=dict(base, **extra), timeout=120)
-        assert out.returncode == 0, out.stderr
-        assert out.stdout.strip() == want, (first, extra, out.stdout)
+        out = _fresh(code, [first], drop, **extra)
+        assert out.strip() == want, (first, extra, out)
 
 
 def test_openblas_spinning_is_shortened_before_numpy_loads_it():
     """Importing crown_cli sets OPENBLAS_THREAD_TIMEOUT=20 (OpenBLAS's default spinning took
     numba's second thread) before anything of crown_cli imports numpy, whose OpenBLAS reads it
     once when it loads; a user's own value stands."""
-    import subprocess
-    import sys
-
     code = ("import os, sys\n"
             "seen = []\n"
             "class Watch:\n"
@@ -196,12 +202,9 @@ def test_openblas_spinning_is_shortened_before_numpy_loads_it():
             "sys.meta_path.insert(0, Watch())\n"
             "import crown_cli.cli\n"
             "print(seen, 'numpy' in sys.modules)\n")
-    base = {k: v for k, v in os.environ.items() if k != "OPENBLAS_THREAD_TIMEOUT"}
     for extra, want in (({}, "['20'] True"), ({"OPENBLAS_THREAD_TIMEOUT": "6"}, "['6'] True")):
-        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                             env=dict(base, **extra), timeout=120)
-        assert out.returncode == 0, out.stderr
-        assert out.stdout.strip() == want, (extra, out.stdout)
+        out = _fresh(code, (), ("OPENBLAS_THREAD_TIMEOUT",), **extra)
+        assert out.strip() == want, (extra, out)
 
 
 def test_malloc_keeps_freed_blocks_for_the_next_step_unless_the_user_chose():
@@ -209,8 +212,6 @@ def test_malloc_keeps_freed_blocks_for_the_next_step_unless_the_user_chose():
     freed step after step then reuse the heap's pages instead of faulting fresh ones in (20,000
     page faults below without it); a user's own MALLOC_TOP_PAD_ leaves malloc alone."""
     import platform
-    import subprocess
-    import sys
 
     if platform.libc_ver()[0] != "glibc":  # the setting is glibc's; elsewhere nothing changes
         import crown_cli.engine.kernels as k
@@ -227,13 +228,9 @@ def test_malloc_keeps_freed_blocks_for_the_next_step_unless_the_user_chose():
             "    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt - r0\n"
             "faults()\n"
             "print(faults())\n")
-    base = {k: v for k, v in os.environ.items() if not k.startswith("MALLOC_")}
 
     def run(arg, **extra):
-        out = subprocess.run([sys.executable, "-c", code, arg], capture_output=True, text=True,
-                             env=dict(base, **extra), timeout=120)
-        assert out.returncode == 0, out.stderr
-        return out.stdout.split()
+        return _fresh(code, [arg], ("MALLOC_*",), **extra).split()
 
     tuned, plain, chosen = run("1"), run("0"), run("1", MALLOC_TOP_PAD_="0")
     assert tuned[0] == "True" and int(tuned[1]) < 500, tuned
