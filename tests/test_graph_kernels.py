@@ -8,7 +8,7 @@ import pytest
 from crown_cli.engine.graph_bounds import GraphBounds
 from crown_cli.engine.kernels import graph_kernels, using_kernels
 from crown_cli.graph.network import Graph, Node
-from crown_cli.graph.ops import ActivationOp, Conv, Dense, InputOp, Sum
+from crown_cli.graph.ops import ActivationOp, Conv, Dense, InputOp, Scale, Sum
 
 LAYOUTS = [  # weight shape, input shape, strides, pads (t, l, b, r), dilations, group
     ((4, 2, 3, 3), (2, 7, 6), (1, 1), (1, 1, 1, 1), (1, 1), 1),
@@ -293,6 +293,76 @@ def test_input_rows_terms_equal_input_terms(qcode, live, dtype):
     got = rows.terms(x0, q, graph_kernels())
     for g, w in zip(got, want):
         np.testing.assert_allclose(g, w, rtol=1e-12 if dtype == np.float64 else 1e-6)
+
+
+@pytest.mark.parametrize("qcode", [0, "box"])
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+def test_window_input_rows_terms_equal_input_terms(qcode, dtype):
+    """Rows that reach an image input on their windows are concretised from the windows
+    (graph_rows.WinInputRows): the three sums equal input_sets.input_terms of the rows
+    written out in full, and ``full()`` writes each window into its place (windows reaching
+    past the border hold 0 there, as the fast path's do)."""
+    from crown_cli.engine.graph_rows import Win, WinInputRows
+    from crown_cli.engine.input_sets import Box, input_terms
+
+    rng = np.random.default_rng(12)
+    C, H, W, h, w, r = 3, 9, 7, 4, 3, 50
+    oy, ox = rng.integers(-2, H - 1, r), rng.integers(-1, W - 1, r)
+    Pt = rng.normal(size=(C, h, w, r))
+    want_full = np.zeros((r, C, H, W))
+    for q in range(r):
+        for a in range(h):
+            for b in range(w):
+                y, x = oy[q] + a, ox[q] + b
+                if 0 <= y < H and 0 <= x < W:
+                    want_full[q, :, y, x] = Pt[:, a, b, q]
+                else:
+                    Pt[:, a, b, q] = 0.0
+    Pt = Pt.astype(dtype)
+    d = C * H * W
+    x0 = rng.normal(size=d)
+    q = Box(x0 - rng.uniform(0, 1, d), x0 + rng.uniform(0, 1, d)) if qcode == "box" else qcode
+    rows = WinInputRows(Win(oy, ox, Pt), (C, H, W), d)
+    full = rows.full()
+    np.testing.assert_array_equal(full, want_full.reshape(r, d).astype(dtype))
+    with using_kernels("numpy"):
+        want = input_terms(full.astype(np.float64), x0, q)
+    got = rows.terms(x0, q, graph_kernels())
+    for g, w_ in zip(got, want):
+        np.testing.assert_allclose(g, w_, rtol=1e-12)
+
+
+def test_sums_taken_by_an_activation_are_dropped_when_another_reader_adds_rows():
+    """A convolution read by a ReLU and by a scaling, both summed: the ReLU's step (visited
+    first) takes the convolution's sums over its rows, and the scaling's rows, given after,
+    make them incomplete; the convolution's step must sum its merged rows again. Every
+    node's bounds equal the numpy twin's (which sums once, over the merged rows)."""
+    rng = np.random.default_rng(13)
+    s = 8
+    conv = Conv(rng.normal(0, 0.5, (4, 3, 3, 3)), rng.normal(0, 0.5, 4), (3, s, s), (1, 1),
+                (1, 1, 1, 1))
+    sh, n = (1,) + conv.out_shape, conv.size
+    nodes = [Node("x", InputOp(0, 0, 3 * s * s), (), (1, 3, s, s)),
+             Node("c", conv, (0,), sh),
+             Node("scaled", Scale(rng.uniform(0.5, 1.5, n), rng.normal(0, 0.3, n)), (1,), sh),
+             Node("r", ActivationOp("relu"), (1,), sh),
+             Node("s", Sum([1.0, -1.0], n), (2, 3), sh),
+             Node("rs", ActivationOp("relu"), (4,), sh),
+             Node("f", Dense(rng.normal(0, 0.2, (5, n)), rng.normal(0, 0.1, 5)), (5,), (1, 5))]
+    g = Graph(nodes, 6)
+    x0 = rng.uniform(0, 1, g.input_size)
+    with using_kernels("numpy"):
+        ref = GraphBounds(g, x0, 0.05, 0)
+        ref_out = ref.bounds()
+    gb = GraphBounds(g, x0, 0.05, 0)
+    out = gb.bounds()
+    p = g.nodes[3].inputs[0]
+    assert np.sum((gb.lo[p] < 0) & (gb.hi[p] > 0)) > 10
+    for i in range(len(g.nodes)):
+        np.testing.assert_allclose(gb.lo[i], ref.lo[i], rtol=1e-9, atol=1e-12)
+        np.testing.assert_allclose(gb.hi[i], ref.hi[i], rtol=1e-9, atol=1e-12)
+    for a, b in zip(out, ref_out):
+        np.testing.assert_allclose(a, b, rtol=1e-9, atol=1e-12)
 
 
 @pytest.mark.parametrize("kind", ["residual", "relu_residual", "conv_maxpool", "conv_tanh"])

@@ -55,7 +55,7 @@ import numpy as np
 
 from crown_cli.engine.batch_steps import Lines
 from crown_cli.engine.deadline import check_deadline
-from crown_cli.engine.graph_rows import InputRows, fused_rows, unit_windows, weight_rows
+from crown_cli.engine.graph_rows import FastInput, fused_rows, unit_windows, weight_rows
 from crown_cli.engine.input_sets import Box, input_terms
 from crown_cli.engine.kernels import graph_kernels
 from crown_cli.engine.node_rules import AffineRule, InputRule, PoolLines, plan
@@ -485,15 +485,15 @@ class GraphBounds:
                 Lam = np.asarray(Lam, np.float64 if steer is None else steer)
                 Lx, const, mag, charge = self._rows(target, Lam, free, tape, lines)
             low = self._concretise(Lx, const, mag, charge)
-        if rows and isinstance(Lx, InputRows):
+        if rows and isinstance(Lx, FastInput):
             Lx = Lx.full()
         return (low, Lx) if rows else low
 
     def _concretise(self, Lx, const, mag, charge):
         """Verified lower bounds of the rows ``Lx`` over the flat input (an (r, d) array or
-        the fast path's :class:`~crown_cli.engine.graph_rows.InputRows`) plus ``const``, over
+        the fast path's :class:`~crown_cli.engine.graph_rows.InputRows` or ``WinInputRows``) plus ``const``, over
         the input set, widened by the rounding allowance and the charges."""
-        if isinstance(Lx, InputRows):
+        if isinstance(Lx, FastInput):
             lin, nrm, xm = Lx.terms(self.x0, self.qcode, graph_kernels())
         else:
             lin, nrm, xm = input_terms(Lx, self.x0, self.qcode)

@@ -203,7 +203,12 @@ def unit_windows(node, idx, dtype, sign) -> Optional[Win]:
 def _unwin(win: Win, node, kernels) -> Rows:
     """Rows on windows as rows on their live elements (every channel of each position some
     row's window covers)."""
-    C, H, W = _image(node)
+    return _unwin_chw(win, _image(node), kernels)
+
+
+def _unwin_chw(win: Win, chw, kernels) -> Rows:
+    """:func:`_unwin` over an image of shape ``chw`` (C, H, W)."""
+    C, H, W = chw
     h, w = win.Pt.shape[1:3]
     hit = np.zeros((H, W), bool)
     for y, x in set(zip(win.oy.tolist(), win.ox.tolist())):
@@ -289,6 +294,7 @@ def fused_rows(gb, target: int, Lam, kernels, dtype=np.float64):
         if j not in pending:
             pending[j] = rows
             return
+        walk.merged(j)
         a, b = pending[j], rows
         if isinstance(a, Win) and isinstance(b, Win):
             S = _win_sum(a, b)
@@ -313,7 +319,7 @@ def fused_rows(gb, target: int, Lam, kernels, dtype=np.float64):
         acc[2] += 2.0 * U64 * sums
         pending[j] = (idx, St)
 
-    walk = _FastWalk(acc, give, kernels, r, g.input_size)
+    walk = _FastWalk(acc, give, kernels, r, g.input_size, pending)
     for i in range(target, -1, -1):
         rows = pending.pop(i, None)
         if rows is None:
@@ -363,11 +369,17 @@ class _FastWalk:
     ``back_win`` take it: ``acc`` (3, r) constant, magnitude, charge per row; ``give(j,
     rows)``; the numba kernels; the rows over the flat input (:meth:`to_input`)."""
 
-    def __init__(self, acc, give, kernels, r: int, d: int):
+    def __init__(self, acc, give, kernels, r: int, d: int, pending):
         self.acc, self.give, self.kernels = acc, give, kernels
         self.r, self.d = r, d
         self.Lx = None
+        self.pending = pending  # the rows given to each node not yet visited
         self.pre: Dict[int, np.ndarray] = {}  # an affine node's sums taken by its activation
+
+    def merged(self, j: int) -> None:
+        """Node j gets rows from a second reader: sums an activation took over the first
+        one's rows (:func:`input_terms_fused`) no longer cover them."""
+        self.pre.pop(j, None)
 
     def to_input(self, offset: int, rows: Rows, size: int) -> None:
         """The rows over the input elements ``offset .. offset + size``: a graph of one input
@@ -408,6 +420,44 @@ class InputRows(NamedTuple):
         return out[:, 0], nrm, out[:, 2]
 
 
+class WinInputRows(NamedTuple):
+    """Rows over the flat input of a graph whose one input is an image (C, H, W), still on
+    their windows (:class:`Win`): concretised from the windows, no rows over the whole
+    input written first."""
+    win: Win
+    chw: Tuple[int, int, int]
+    d: int
+
+    def full(self) -> np.ndarray:
+        """(r, d), C-ordered."""
+        from crown_cli.engine.kernels import graph_kernels
+
+        return InputRows(*_unwin_chw(self.win, self.chw, graph_kernels()), self.d).full()
+
+    def terms(self, x0, qcode, kernels):
+        """:meth:`InputRows.terms` from the windows, for an l_inf ball (``qcode`` 0, the dual
+        norm l1) or a :class:`~crown_cli.engine.input_sets.Box` (:func:`concretes_windows`):
+        per row (a . x0, sum |a_k| w_k, sum |a_k x0_k|) with w 1 or the box's radius."""
+        from crown_cli.engine.input_sets import Box
+
+        x = np.asarray(x0, np.float64).reshape(self.chw)
+        w = qcode.radius.reshape(self.chw) if isinstance(qcode, Box) else np.ones(self.chw)
+        out = np.empty((self.win.Pt.shape[3], 3))
+        kernels.win_sums_t(self.win.Pt, self.win.oy, self.win.ox, x, np.abs(x), w, out)
+        return out[:, 0], out[:, 2], out[:, 1]
+
+
+def concretes_windows(gb) -> bool:
+    """Whether rows reaching the input on windows are concretised from them
+    (:class:`WinInputRows`): a graph of one image input, over an l_inf ball or a box."""
+    from crown_cli.engine.input_sets import Box
+
+    return isinstance(gb.qcode, Box) or gb.qcode == 0
+
+
+FastInput = (InputRows, WinInputRows)  # what the fast path leaves over the input
+
+
 def _bias(gb, i, dtype):
     """Affine node i's bias and its magnitude (zeros without one) as ``dtype``, kept on
     ``gb``."""
@@ -427,11 +477,14 @@ def _lines(gb, i, p, dtype):
         [_typed(gb, ("absval", p), lambda: gb.absval[p], dtype)]
 
 
-def input_terms_fused(gb, i, p) -> bool:
-    """Whether activation node i's step also takes the sums of its input p (a convolution or
-    a dense layer read by i alone): p's rows are then exactly the rows i hands on, and p's
-    step takes the sums i computed (``_FastWalk.pre``) instead of reading the rows again."""
-    return isinstance(gb.g.nodes[p].op, (Conv, Dense)) and gb.g.consumers[p] == [i]
+def input_terms_fused(gb, i, p, walk) -> bool:
+    """Whether activation node i's step also takes the sums of its input p, a convolution or
+    a dense layer that has no rows yet: p's step takes the sums i computed (``_FastWalk.pre``)
+    instead of reading its rows again, unless another of p's readers gives p rows too (then
+    the sums are dropped, :meth:`_FastWalk.merged`). Where i reads p alone that cannot
+    happen; where p has other readers they often hand nothing on (the branch of a clipped
+    ReLU ``relu(x) - relu(x - 6)`` that never reaches its clip on the set)."""
+    return isinstance(gb.g.nodes[p].op, (Conv, Dense)) and p not in walk.pending
 
 
 def affine_terms(gb, i, dtype) -> np.ndarray:

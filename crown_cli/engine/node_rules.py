@@ -32,10 +32,10 @@ import numpy as np
 
 from crown_cli.engine.batch_steps import Lines, relax
 from crown_cli.engine import graph_rows
-from crown_cli.engine.graph_rows import (LIVE_SHARE, Win, _bias, _fits, _full, _image, _lines,
-                                         _take, _transpose, _typed, _weight, affine_terms,
-                                         hands_nothing, input_terms_fused, needed_mask,
-                                         restrict)
+from crown_cli.engine.graph_rows import (LIVE_SHARE, Win, WinInputRows, _bias, _fits, _full,
+                                         _image, _lines, _take, _transpose, _typed, _weight,
+                                         affine_terms, concretes_windows, hands_nothing,
+                                         input_terms_fused, needed_mask, restrict)
 from crown_cli.engine.input_sets import Box
 from crown_cli.engine.kernels import graph_kernels
 from crown_cli.engine.rounding import ERR_SAFETY, TINY64, U64, gamma_n
@@ -257,6 +257,15 @@ class InputRule(Rule):
 
     def back_t(self, gb, i, node, rows, walk):
         walk.to_input(node.op.offset, rows, node.size)
+
+    def back_win(self, gb, i, node, win, walk):
+        # the graph's one input, an image: its rows stay on their windows until concretised
+        chw = _image(node)
+        if chw is None or node.op.offset != 0 or node.size != walk.d or walk.Lx is not None \
+                or not concretes_windows(gb):
+            return False
+        walk.Lx = WinInputRows(win, chw, walk.d)
+        return True
 
     def relaxed(self, gb, i, node, vals, x, tape, free):
         return x[:, node.op.offset:node.op.offset + node.op.size]
@@ -558,7 +567,7 @@ class ActivationRule(Rule):
         else:
             arrays = [a[read] for a in arrays]
             idx = read if idx is None else idx[read]
-        fuse = input_terms_fused(gb, i, p)
+        fuse = input_terms_fused(gb, i, p, walk)
         terms = np.empty((3, 0), dt)
         if fuse:
             terms = affine_terms(gb, p, dt)
@@ -569,8 +578,6 @@ class ActivationRule(Rule):
         walk.acc[0] += sums[:, 0]
         walk.acc[1] += sums[:, 1]
         walk.acc[2] += self.charge(sums[:, 2], _take(gb.absval[p], idx))
-        if fuse:
-            walk.pre[p] = sums[:, 3:]
         # elements whose both lines have slope 0 (a ReLU inactive on the whole set, a
         # clipped one saturated) hand on rows of exact zeros: dropped, so the products
         # below skip them (as the dense engine drops inactive columns)
@@ -579,6 +586,8 @@ class ActivationRule(Rule):
             keep = np.flatnonzero(~dead)
             idx, Dt = (keep if idx is None else idx[keep]), np.ascontiguousarray(Dt[keep])
         walk.give(p, (idx, Dt))
+        if fuse and p in walk.pending:  # p's rows are these alone (it had none before)
+            walk.pre[p] = sums[:, 3:]
 
     def back_win(self, gb, i, node, win, walk):
         p = node.inputs[0]
@@ -587,7 +596,7 @@ class ActivationRule(Rule):
             return False
         r, dt = win.Pt.shape[3], win.Pt.dtype
         arrays = _lines(gb, i, p, dt)
-        fuse = input_terms_fused(gb, i, p)
+        fuse = input_terms_fused(gb, i, p, walk)
         terms = affine_terms(gb, p, dt).reshape((3,) + shape) if fuse else \
             np.empty((3, 0, 0, 0), dt)
         Dt, sums = np.empty_like(win.Pt), np.empty((r, 6 if fuse else 3))
@@ -596,9 +605,9 @@ class ActivationRule(Rule):
         walk.acc[0] += sums[:, 0]
         walk.acc[1] += sums[:, 1]
         walk.acc[2] += self.charge(sums[:, 2], gb.absval[p])
-        if fuse:
-            walk.pre[p] = sums[:, 3:]
         walk.give(p, Win(win.oy, win.ox, Dt))
+        if fuse and p in walk.pending:  # p's rows are these alone (it had none before)
+            walk.pre[p] = sums[:, 3:]
         return True
 
     def relaxed(self, gb, i, node, vals, x, tape, free):
