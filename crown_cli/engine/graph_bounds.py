@@ -123,18 +123,21 @@ ONE_SIDED_MIN = 256
 OTHER_SIDE_RATIO = 1000.0
 
 
-def _tiles(rows, shape):
+def _tiles(rows, shape, grid: int = TILES):
     """The neurons ``rows`` of a node in groups whose rows back-substitute together: on an
     image-shaped node (1, C, H, W) under the numba kernels, one group per tile of a
-    TILES x TILES grid over (H, W) (every channel), so that each group's rows stay on few live
-    elements of each node below (:mod:`crown_cli.engine.graph_rows`); else one group."""
+    ``grid`` x ``grid`` grid over (H, W) (every channel), so that each group's rows stay on few live
+    elements of each node below (:mod:`crown_cli.engine.graph_rows`), its neurons position
+    by position (the channels of one position consecutive: their rows' windows lie at one
+    place, which the windows kernels read once for them, ``graph_rows.window_runs``); else
+    one group."""
     if len(shape) != 4 or graph_kernels() is None or rows.size == 0:
         return [rows]
     H, W = int(shape[2]), int(shape[3])
-    th, tw = -(-H // TILES), -(-W // TILES)
+    th, tw = -(-H // grid), -(-W // grid)
     pos = rows % (H * W)
-    tile = (pos // W) // th * TILES + (pos % W) // tw
-    order = np.argsort(tile, kind="stable")
+    tile = (pos // W) // th * grid + (pos % W) // tw
+    order = np.lexsort((rows // (H * W), pos, tile))
     cuts = np.flatnonzero(np.diff(tile[order])) + 1
     return np.split(rows[order], cuts)
 
@@ -427,7 +430,7 @@ class GraphBounds:
             side[rows] = sign
         chunk = max(1, int(self.row_budget // row_bytes(self.g, target)))
         fused = graph_kernels()
-        for group in _tiles(rows, self.g.nodes[target].shape) if tiles else [rows]:
+        for group in _tiles(rows, self.g.nodes[target].shape, TILES if tiles else 1):
             for s in range(0, group.size, chunk):
                 idx = group[s:s + chunk]
                 idx, sg = _both_sides(idx) if side is None else (idx, side[idx])

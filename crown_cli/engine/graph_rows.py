@@ -200,6 +200,24 @@ def unit_windows(node, idx, dtype, sign) -> Optional[Win]:
     return Win(pos // W, pos % W, Pt)
 
 
+def window_runs(win: Win) -> np.ndarray:
+    """The rows of ``win`` as runs of consecutive rows whose windows lie at one place, each
+    at most ROW_BLOCK rows (the windows kernels' unit of work: a place's values are read once
+    for its run): the runs' starts and, last, the row count. Rows of one neuron position
+    are consecutive (:meth:`GraphBounds._signed_bounds` orders them so); rows in any other
+    order only make shorter runs."""
+    from crown_cli.engine.kernels.graph_steps import ROW_BLOCK
+
+    oy, ox = win.oy, win.ox
+    r = oy.size
+    cuts = np.flatnonzero((oy[1:] != oy[:-1]) | (ox[1:] != ox[:-1])) + 1
+    starts = np.concatenate([[0], cuts])
+    pieces = -(-(np.append(cuts, r) - starts) // ROW_BLOCK)
+    first = np.repeat(np.cumsum(pieces) - pieces, pieces)
+    sub = np.repeat(starts, pieces) + (np.arange(first.size) - first) * ROW_BLOCK
+    return np.append(sub, r).astype(np.int64)
+
+
 def _unwin(win: Win, node, kernels) -> Rows:
     """Rows on windows as rows on their live elements (every channel of each position some
     row's window covers)."""
@@ -304,7 +322,7 @@ def fused_rows(gb, target: int, Lam, kernels, dtype=np.float64):
                     z = _typed(gb, ("absval", j), lambda: gb.absval[j],
                                S.Pt.dtype).reshape(C, H, W)
                     sums = np.empty((r, 3))
-                    kernels.win_sums_t(S.Pt, S.oy, S.ox, z, z, z, sums)
+                    kernels.win_sums_t(S.Pt, S.oy, S.ox, window_runs(S), z, z, z, sums)
                     acc[2] += 2.0 * U64 * sums[:, 2]
                 pending[j] = S
                 return
@@ -443,7 +461,8 @@ class WinInputRows(NamedTuple):
         x = np.asarray(x0, np.float64).reshape(self.chw)
         w = qcode.radius.reshape(self.chw) if isinstance(qcode, Box) else np.ones(self.chw)
         out = np.empty((self.win.Pt.shape[3], 3))
-        kernels.win_sums_t(self.win.Pt, self.win.oy, self.win.ox, x, np.abs(x), w, out)
+        kernels.win_sums_t(self.win.Pt, self.win.oy, self.win.ox, window_runs(self.win), x,
+                           np.abs(x), w, out)
         return out[:, 0], out[:, 2], out[:, 1]
 
 

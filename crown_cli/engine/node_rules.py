@@ -35,7 +35,8 @@ from crown_cli.engine import graph_rows
 from crown_cli.engine.graph_rows import (LIVE_SHARE, Win, WinInputRows, _bias, _fits, _full,
                                          _image, _lines, _take, _transpose, _typed, _weight,
                                          affine_terms, concretes_windows, hands_nothing,
-                                         input_terms_fused, needed_mask, restrict)
+                                         input_terms_fused, needed_mask, restrict,
+                                         window_runs)
 from crown_cli.engine.input_sets import Box
 from crown_cli.engine.kernels import graph_kernels
 from crown_cli.engine.rounding import ERR_SAFETY, TINY64, U64, gamma_n
@@ -328,7 +329,7 @@ class AffineRule(Rule):
             b, absb = _bias(gb, i, dt)
             absfwd = _typed(gb, ("absfwd", i), lambda: gb.absfwd[i], dt)
             sums = np.empty((win.Pt.shape[3], 3))
-            walk.kernels.win_sums_t(win.Pt, win.oy, win.ox, b.reshape(shape),
+            walk.kernels.win_sums_t(win.Pt, win.oy, win.ox, window_runs(win), b.reshape(shape),
                                     absb.reshape(shape), absfwd.reshape(shape), sums)
         walk.acc[0] += sums[:, 0]
         walk.acc[1] += sums[:, 1]
@@ -600,7 +601,7 @@ class ActivationRule(Rule):
         terms = affine_terms(gb, p, dt).reshape((3,) + shape) if fuse else \
             np.empty((3, 0, 0, 0), dt)
         Dt, sums = np.empty_like(win.Pt), np.empty((r, 6 if fuse else 3))
-        walk.kernels.win_activation_t(win.Pt, win.oy, win.ox,
+        walk.kernels.win_activation_t(win.Pt, win.oy, win.ox, window_runs(win),
                                       *[a.reshape(shape) for a in arrays], terms, Dt, sums)
         walk.acc[0] += sums[:, 0]
         walk.acc[1] += sums[:, 1]

@@ -493,95 +493,107 @@ def win_conv_transpose_t(Pt, oy, ox, weight, strides, dilations, group, in_hw, G
 
 
 @njit(cache=True, parallel=True)
-def win_activation_t(Pt, oy, ox, lower, upper, lower_icpt, upper_icpt, absval, terms, Dt,
-                     out):
+def win_activation_t(Pt, oy, ox, runs, lower, upper, lower_icpt, upper_icpt, absval, terms,
+                     Dt, out):
     """:func:`activation_step_t` on windows: ``Pt`` (C, h, w, r) at (oy, ox), the lines and
     ``absval`` as (C, H, W) arrays read at each row's own positions; ``Dt`` the rows' new
     windows (same place), ``out[q, :3]`` = (intercept sum, its magnitude, sum |D| absval);
     with ``terms`` (3, C, H, W) (not (3, 0, 0, 0)) also ``out[q, 3:]``, the affine input's
-    sums over D as :func:`win_sums_t` would take them."""
+    sums over D as :func:`win_sums_t` would take them. ``runs``: the rows in runs
+    ``runs[g] .. runs[g + 1]`` of one window place each (:func:`crown_cli.engine.graph_rows.window_runs`), so that a
+    position's lines are read once for the run."""
     C, h, w, r = Pt.shape
     H, W = lower.shape[1], lower.shape[2]
     fuse = terms.shape[1] > 0
-    nb = (r + ROW_BLOCK - 1) // ROW_BLOCK
-    for blk in prange(nb):
-        a0 = blk * ROW_BLOCK
-        a1 = min(r, a0 + ROW_BLOCK)
-        cs = np.zeros(a1 - a0)
-        ms = np.zeros(a1 - a0)
-        ch = np.zeros(a1 - a0)
-        f0 = np.zeros(a1 - a0)
-        f1 = np.zeros(a1 - a0)
-        f2 = np.zeros(a1 - a0)
+    for g in prange(runs.size - 1):
+        q0, q1 = runs[g], runs[g + 1]
+        cs = np.zeros(q1 - q0)
+        ms = np.zeros(q1 - q0)
+        ch = np.zeros(q1 - q0)
+        f0 = np.zeros(q1 - q0)
+        f1 = np.zeros(q1 - q0)
+        f2 = np.zeros(q1 - q0)
         for c in range(C):
             for a in range(h):
+                yy = oy[q0] + a
                 for b in range(w):
-                    for q in range(a0, a1):
-                        yy = oy[q] + a
-                        xx = ox[q] + b
+                    xx = ox[q0] + b
+                    if yy < 0 or yy >= H or xx < 0 or xx >= W:
+                        for q in range(q0, q1):
+                            Dt[c, a, b, q] = 0.0
+                        continue
+                    sl, su = lower[c, yy, xx], upper[c, yy, xx]
+                    tl, tu = lower_icpt[c, yy, xx], upper_icpt[c, yy, xx]
+                    z = absval[c, yy, xx]
+                    b0 = terms[0, c, yy, xx] if fuse else 0.0
+                    b1 = terms[1, c, yy, xx] if fuse else 0.0
+                    b2 = terms[2, c, yy, xx] if fuse else 0.0
+                    for q in range(q0, q1):
                         v = Pt[c, a, b, q]
-                        if v == 0.0 or yy < 0 or yy >= H or xx < 0 or xx >= W:
+                        if v == 0.0:
                             Dt[c, a, b, q] = 0.0
                             continue
                         if v >= 0.0:
-                            d = v * lower[c, yy, xx]
-                            t = v * lower_icpt[c, yy, xx]
+                            d = v * sl
+                            t = v * tl
                         else:
-                            d = v * upper[c, yy, xx]
-                            t = v * upper_icpt[c, yy, xx]
+                            d = v * su
+                            t = v * tu
                         Dt[c, a, b, q] = d
                         ad = abs(d)
-                        cs[q - a0] += t
-                        ms[q - a0] += abs(t)
-                        ch[q - a0] += ad * absval[c, yy, xx]
+                        cs[q - q0] += t
+                        ms[q - q0] += abs(t)
+                        ch[q - q0] += ad * z
                         if fuse and d != 0.0:
-                            f0[q - a0] += d * terms[0, c, yy, xx]
-                            f1[q - a0] += ad * terms[1, c, yy, xx]
-                            f2[q - a0] += ad * terms[2, c, yy, xx]
-        for q in range(a0, a1):
-            out[q, 0] = cs[q - a0]
-            out[q, 1] = ms[q - a0]
-            out[q, 2] = ch[q - a0]
+                            f0[q - q0] += d * b0
+                            f1[q - q0] += ad * b1
+                            f2[q - q0] += ad * b2
+        for q in range(q0, q1):
+            out[q, 0] = cs[q - q0]
+            out[q, 1] = ms[q - q0]
+            out[q, 2] = ch[q - q0]
             if fuse:
-                out[q, 3] = f0[q - a0]
-                out[q, 4] = f1[q - a0]
-                out[q, 5] = f2[q - a0]
+                out[q, 3] = f0[q - q0]
+                out[q, 4] = f1[q - q0]
+                out[q, 5] = f2[q - q0]
 
 
 @njit(cache=True, parallel=True)
-def win_sums_t(Pt, oy, ox, v0, v1, v2, out):
+def win_sums_t(Pt, oy, ox, runs, v0, v1, v2, out):
     """Per row of the windows ``Pt`` (C, h, w, r) at (oy, ox): ``out[q] = (sum P v0,
     sum |P| v1, sum |P| v2)`` with the (C, H, W) arrays read at the row's own positions (an
     affine node's constant, magnitude and rounding weight: ``v0`` its bias, ``v1`` |bias|,
-    ``v2`` its forward magnitude; or a sum's charge: ``v2`` the node's absval)."""
+    ``v2`` its forward magnitude; or a sum's charge: ``v2`` the node's absval; or the input's
+    terms). ``runs`` as :func:`win_activation_t`'s."""
     C, h, w, r = Pt.shape
     H, W = v0.shape[1], v0.shape[2]
-    nb = (r + ROW_BLOCK - 1) // ROW_BLOCK
-    for blk in prange(nb):
-        a0 = blk * ROW_BLOCK
-        a1 = min(r, a0 + ROW_BLOCK)
-        s0 = np.zeros(a1 - a0)
-        s1 = np.zeros(a1 - a0)
-        s2 = np.zeros(a1 - a0)
+    for g in prange(runs.size - 1):
+        q0, q1 = runs[g], runs[g + 1]
+        s0 = np.zeros(q1 - q0)
+        s1 = np.zeros(q1 - q0)
+        s2 = np.zeros(q1 - q0)
         for c in range(C):
             for a in range(h):
+                yy = oy[q0] + a
+                if yy < 0 or yy >= H:
+                    continue
                 for b in range(w):
-                    for q in range(a0, a1):
+                    xx = ox[q0] + b
+                    if xx < 0 or xx >= W:
+                        continue
+                    e0, e1, e2 = v0[c, yy, xx], v1[c, yy, xx], v2[c, yy, xx]
+                    for q in range(q0, q1):
                         v = Pt[c, a, b, q]
                         if v == 0.0:
                             continue
-                        yy = oy[q] + a
-                        xx = ox[q] + b
-                        if yy < 0 or yy >= H or xx < 0 or xx >= W:
-                            continue
                         av = abs(v)
-                        s0[q - a0] += v * v0[c, yy, xx]
-                        s1[q - a0] += av * v1[c, yy, xx]
-                        s2[q - a0] += av * v2[c, yy, xx]
-        for q in range(a0, a1):
-            out[q, 0] = s0[q - a0]
-            out[q, 1] = s1[q - a0]
-            out[q, 2] = s2[q - a0]
+                        s0[q - q0] += v * e0
+                        s1[q - q0] += av * e1
+                        s2[q - q0] += av * e2
+        for q in range(q0, q1):
+            out[q, 0] = s0[q - q0]
+            out[q, 1] = s1[q - q0]
+            out[q, 2] = s2[q - q0]
 
 
 @njit(cache=True, parallel=True)
