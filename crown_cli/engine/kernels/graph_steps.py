@@ -158,23 +158,25 @@ def affine_terms_t(Lt, bias, absbias, absfwd, out):
     for blk in prange(nb):
         a0 = blk * ROW_BLOCK
         a1 = min(r, a0 + ROW_BLOCK)
-        c = np.zeros(a1 - a0)
-        a = np.zeros(a1 - a0)
-        w = np.zeros(a1 - a0)
+        n = a1 - a0
+        c = np.zeros(n)
+        a = np.zeros(n)
+        w = np.zeros(n)
         for k in range(m):
             bk = bias[k]
             ak = absbias[k]
             fk = absfwd[k]
-            for q in range(a0, a1):
-                v = Lt[k, q]
+            row = Lt[k, a0:a1]  # a slice and a loop from 0: vectorised (see activation_step_t)
+            for q in range(n):
+                v = row[q]
                 av = abs(v)
-                c[q - a0] += v * bk
-                a[q - a0] += av * ak
-                w[q - a0] += av * fk
-        for q in range(a0, a1):
-            out[q, 0] = c[q - a0]
-            out[q, 1] = a[q - a0]
-            out[q, 2] = w[q - a0]
+                c[q] += v * bk
+                a[q] += av * ak
+                w[q] += av * fk
+        for q in range(n):
+            out[a0 + q, 0] = c[q]
+            out[a0 + q, 1] = a[q]
+            out[a0 + q, 2] = w[q]
 
 
 @njit(cache=True, parallel=True)
@@ -188,38 +190,38 @@ def input_terms_t(Lt, x0, qcode, out):
     for blk in prange(nb):
         a0 = blk * ROW_BLOCK
         a1 = min(r, a0 + ROW_BLOCK)
-        lin = np.zeros(a1 - a0)
-        nrm = np.zeros(a1 - a0)
-        mag = np.zeros(a1 - a0)
+        w = a1 - a0
+        lin = np.zeros(w)
+        nrm = np.zeros(w)
+        mag = np.zeros(w)
         for k in range(n):
             xk = x0[k]
             axk = abs(xk)
-            row = Lt[k]
+            row = Lt[k, a0:a1]  # a slice and a loop from 0: vectorised (see activation_step_t)
             if qcode == 0:
-                for q in range(a0, a1):
+                for q in range(w):
                     v = np.float64(row[q])
                     av = abs(v)
-                    lin[q - a0] += v * xk
-                    mag[q - a0] += av * axk
-                    nrm[q - a0] += av
+                    lin[q] += v * xk
+                    mag[q] += av * axk
+                    nrm[q] += av
             elif qcode == 1:
-                for q in range(a0, a1):
+                for q in range(w):
                     v = np.float64(row[q])
-                    lin[q - a0] += v * xk
-                    mag[q - a0] += abs(v) * axk
-                    nrm[q - a0] += row[q] * row[q]  # squared in the rows' dtype
+                    lin[q] += v * xk
+                    mag[q] += abs(v) * axk
+                    nrm[q] += row[q] * row[q]  # squared in the rows' dtype
             else:
-                for q in range(a0, a1):
+                for q in range(w):
                     v = np.float64(row[q])
                     av = abs(v)
-                    lin[q - a0] += v * xk
-                    mag[q - a0] += av * axk
-                    if av > nrm[q - a0]:
-                        nrm[q - a0] = av
-        for q in range(a0, a1):
-            out[q, 0] = lin[q - a0]
-            out[q, 1] = np.sqrt(nrm[q - a0]) if qcode == 1 else nrm[q - a0]
-            out[q, 2] = mag[q - a0]
+                    lin[q] += v * xk
+                    mag[q] += av * axk
+                    nrm[q] = av if av > nrm[q] else nrm[q]
+        for q in range(w):
+            out[a0 + q, 0] = lin[q]
+            out[a0 + q, 1] = np.sqrt(nrm[q]) if qcode == 1 else nrm[q]
+            out[a0 + q, 2] = mag[q]
 
 
 @njit(cache=True, parallel=True)
@@ -238,45 +240,54 @@ def activation_step_t(Lt, read, lower, upper, lower_icpt, upper_icpt, absval, te
     for blk in prange(nb):
         a0 = blk * ROW_BLOCK
         a1 = min(r, a0 + ROW_BLOCK)
-        c = np.zeros(a1 - a0)
-        m = np.zeros(a1 - a0)
-        ch = np.zeros(a1 - a0)
-        f0 = np.zeros(a1 - a0)
-        f1 = np.zeros(a1 - a0)
-        f2 = np.zeros(a1 - a0)
+        w = a1 - a0
+        c = np.zeros(w)
+        m = np.zeros(w)
+        ch = np.zeros(w)
+        f0 = np.zeros(w)
+        f1 = np.zeros(w)
+        f2 = np.zeros(w)
         for k in range(n):
             sl, su = lower[k], upper[k]
             tl, tu = lower_icpt[k], upper_icpt[k]
             z = absval[k]
-            row = Lt[read[k]]
-            b0 = terms[0, k] if fuse else 0.0
-            b1 = terms[1, k] if fuse else 0.0
-            b2 = terms[2, k] if fuse else 0.0
-            for q in range(a0, a1):
-                v = row[q]
-                if v >= 0.0:
-                    d = v * sl
-                    t = v * tl
-                else:
-                    d = v * su
-                    t = v * tu
-                Dt[k, q] = d
-                ad = abs(d)
-                c[q - a0] += t
-                m[q - a0] += abs(t)
-                ch[q - a0] += ad * z
-                if fuse:
-                    f0[q - a0] += d * b0
-                    f1[q - a0] += ad * b1
-                    f2[q - a0] += ad * b2
-        for q in range(a0, a1):
-            out[q, 0] = c[q - a0]
-            out[q, 1] = m[q - a0]
-            out[q, 2] = ch[q - a0]
+            row = Lt[read[k], a0:a1]
+            drow = Dt[k, a0:a1]
+            # two loops, the sums' branch taken outside: each then runs vectorised, the
+            # line chosen by a select (2x the one loop with the branch inside, measured)
             if fuse:
-                out[q, 3] = f0[q - a0]
-                out[q, 4] = f1[q - a0]
-                out[q, 5] = f2[q - a0]
+                b0, b1, b2 = terms[0, k], terms[1, k], terms[2, k]
+                for q in range(w):
+                    v = row[q]
+                    pos = v >= 0.0
+                    d = v * (sl if pos else su)
+                    t = v * (tl if pos else tu)
+                    drow[q] = d
+                    ad = abs(d)
+                    c[q] += t
+                    m[q] += abs(t)
+                    ch[q] += ad * z
+                    f0[q] += d * b0
+                    f1[q] += ad * b1
+                    f2[q] += ad * b2
+            else:
+                for q in range(w):
+                    v = row[q]
+                    pos = v >= 0.0
+                    d = v * (sl if pos else su)
+                    t = v * (tl if pos else tu)
+                    drow[q] = d
+                    c[q] += t
+                    m[q] += abs(t)
+                    ch[q] += abs(d) * z
+        for q in range(w):
+            out[a0 + q, 0] = c[q]
+            out[a0 + q, 1] = m[q]
+            out[a0 + q, 2] = ch[q]
+            if fuse:
+                out[a0 + q, 3] = f0[q]
+                out[a0 + q, 4] = f1[q]
+                out[a0 + q, 5] = f2[q]
 
 
 @njit(cache=True, parallel=True)
@@ -321,13 +332,16 @@ def add_rows_t(St, Pt, absval, charge):
     for blk in prange(nb):
         a0 = blk * ROW_BLOCK
         a1 = min(r, a0 + ROW_BLOCK)
-        ch = np.zeros(a1 - a0)
+        w = a1 - a0
+        ch = np.zeros(w)
         for k in range(n):
             z = absval[k]
-            for q in range(a0, a1):
-                v = St[k, q] + Pt[k, q]
-                St[k, q] = v
-                ch[q - a0] += abs(v) * z
+            srow = St[k, a0:a1]
+            prow = Pt[k, a0:a1]
+            for q in range(w):
+                v = srow[q] + prow[q]
+                srow[q] = v
+                ch[q] += abs(v) * z
         for q in range(a0, a1):
             charge[q] += ch[q - a0]
 
@@ -525,37 +539,45 @@ def win_activation_t(Pt, oy, ox, runs, lower, upper, lower_icpt, upper_icpt, abs
                     sl, su = lower[c, yy, xx], upper[c, yy, xx]
                     tl, tu = lower_icpt[c, yy, xx], upper_icpt[c, yy, xx]
                     z = absval[c, yy, xx]
-                    b0 = terms[0, c, yy, xx] if fuse else 0.0
-                    b1 = terms[1, c, yy, xx] if fuse else 0.0
-                    b2 = terms[2, c, yy, xx] if fuse else 0.0
-                    for q in range(q0, q1):
-                        v = Pt[c, a, b, q]
-                        if v == 0.0:
-                            Dt[c, a, b, q] = 0.0
-                            continue
-                        if v >= 0.0:
-                            d = v * sl
-                            t = v * tl
-                        else:
-                            d = v * su
-                            t = v * tu
-                        Dt[c, a, b, q] = d
-                        ad = abs(d)
-                        cs[q - q0] += t
-                        ms[q - q0] += abs(t)
-                        ch[q - q0] += ad * z
-                        if fuse and d != 0.0:
-                            f0[q - q0] += d * b0
-                            f1[q - q0] += ad * b1
-                            f2[q - q0] += ad * b2
-        for q in range(q0, q1):
-            out[q, 0] = cs[q - q0]
-            out[q, 1] = ms[q - q0]
-            out[q, 2] = ch[q - q0]
+                    prow = Pt[c, a, b, q0:q1]
+                    drow = Dt[c, a, b, q0:q1]
+                    # selects, not branches, and the sums' choice outside the loop: vectorised
+                    # (see activation_step_t); a coefficient 0 adds nothing (not 0 * inf)
+                    if fuse:
+                        b0, b1, b2 = terms[0, c, yy, xx], terms[1, c, yy, xx], terms[2, c, yy, xx]
+                        for q in range(q1 - q0):
+                            v = prow[q]
+                            pos = v >= 0.0
+                            nz = v != 0.0
+                            d = v * (sl if pos else su) if nz else 0.0
+                            t = v * (tl if pos else tu) if nz else 0.0
+                            drow[q] = d
+                            ad = abs(d)
+                            cs[q] += t
+                            ms[q] += abs(t)
+                            ch[q] += ad * z if nz else 0.0
+                            f0[q] += d * b0 if d != 0.0 else 0.0
+                            f1[q] += ad * b1 if d != 0.0 else 0.0
+                            f2[q] += ad * b2 if d != 0.0 else 0.0
+                    else:
+                        for q in range(q1 - q0):
+                            v = prow[q]
+                            pos = v >= 0.0
+                            nz = v != 0.0
+                            d = v * (sl if pos else su) if nz else 0.0
+                            t = v * (tl if pos else tu) if nz else 0.0
+                            drow[q] = d
+                            cs[q] += t
+                            ms[q] += abs(t)
+                            ch[q] += abs(d) * z if nz else 0.0
+        for q in range(q1 - q0):
+            out[q0 + q, 0] = cs[q]
+            out[q0 + q, 1] = ms[q]
+            out[q0 + q, 2] = ch[q]
             if fuse:
-                out[q, 3] = f0[q - q0]
-                out[q, 4] = f1[q - q0]
-                out[q, 5] = f2[q - q0]
+                out[q0 + q, 3] = f0[q]
+                out[q0 + q, 4] = f1[q]
+                out[q0 + q, 5] = f2[q]
 
 
 @njit(cache=True, parallel=True)
@@ -582,18 +604,18 @@ def win_sums_t(Pt, oy, ox, runs, v0, v1, v2, out):
                     if xx < 0 or xx >= W:
                         continue
                     e0, e1, e2 = v0[c, yy, xx], v1[c, yy, xx], v2[c, yy, xx]
-                    for q in range(q0, q1):
-                        v = Pt[c, a, b, q]
-                        if v == 0.0:
-                            continue
+                    prow = Pt[c, a, b, q0:q1]
+                    for q in range(q1 - q0):  # selects: vectorised (see win_activation_t)
+                        v = prow[q]
+                        nz = v != 0.0
                         av = abs(v)
-                        s0[q - q0] += v * e0
-                        s1[q - q0] += av * e1
-                        s2[q - q0] += av * e2
-        for q in range(q0, q1):
-            out[q, 0] = s0[q - q0]
-            out[q, 1] = s1[q - q0]
-            out[q, 2] = s2[q - q0]
+                        s0[q] += v * e0 if nz else 0.0
+                        s1[q] += av * e1 if nz else 0.0
+                        s2[q] += av * e2 if nz else 0.0
+        for q in range(q1 - q0):
+            out[q0 + q, 0] = s0[q]
+            out[q0 + q, 1] = s1[q]
+            out[q0 + q, 2] = s2[q]
 
 
 @njit(cache=True, parallel=True)
