@@ -302,25 +302,27 @@ def product_step_t(Lt, a, b, icL, icU, z1, z2, D1t, D2t, out):
     for blk in prange(nb):
         a0 = blk * ROW_BLOCK
         a1 = min(r, a0 + ROW_BLOCK)
-        c = np.zeros(a1 - a0)
-        m = np.zeros(a1 - a0)
-        ch = np.zeros(a1 - a0)
+        nq = a1 - a0
+        c = np.zeros(nq)
+        m = np.zeros(nq)
+        ch = np.zeros(nq)
         for k in range(n):
             ak, bk = a[k], b[k]
             tl, tu = icL[k], icU[k]
             w = abs(ak) * z1[k] + abs(bk) * z2[k]
-            for q in range(a0, a1):
-                v = Lt[k, q]
-                D1t[k, q] = v * ak
-                D2t[k, q] = v * bk
-                t = v * tl if v >= 0.0 else v * tu
-                c[q - a0] += t
-                m[q - a0] += abs(t)
-                ch[q - a0] += abs(v) * w
-        for q in range(a0, a1):
-            out[q, 0] = c[q - a0]
-            out[q, 1] = m[q - a0]
-            out[q, 2] = ch[q - a0]
+            row, d1, d2 = Lt[k, a0:a1], D1t[k, a0:a1], D2t[k, a0:a1]
+            for q in range(nq):  # slices, selects: vectorised (see activation_step_t)
+                v = row[q]
+                d1[q] = v * ak
+                d2[q] = v * bk
+                t = v * (tl if v >= 0.0 else tu)
+                c[q] += t
+                m[q] += abs(t)
+                ch[q] += abs(v) * w
+        for q in range(nq):
+            out[a0 + q, 0] = c[q]
+            out[a0 + q, 1] = m[q]
+            out[a0 + q, 2] = ch[q]
 
 
 @njit(cache=True, parallel=True)
