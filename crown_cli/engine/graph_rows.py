@@ -301,6 +301,7 @@ def fused_rows(gb, target: int, Lam, kernels, dtype=np.float64):
     if start is not None:
         acc[0], acc[1] = start.const, start.mag
     pending: Dict[int, Union[Rows, Win]] = {target: first}
+    pre: Dict[int, np.ndarray] = {}  # an affine node's sums taken by its activation
 
     def give(j, rows):
         if hands_nothing(gb, j):
@@ -312,7 +313,7 @@ def fused_rows(gb, target: int, Lam, kernels, dtype=np.float64):
         if j not in pending:
             pending[j] = rows
             return
-        walk.merged(j)
+        pre.pop(j, None)  # sums an activation took over the first rows no longer cover them
         a, b = pending[j], rows
         if isinstance(a, Win) and isinstance(b, Win):
             S = _win_sum(a, b)
@@ -337,7 +338,7 @@ def fused_rows(gb, target: int, Lam, kernels, dtype=np.float64):
         acc[2] += 2.0 * U64 * sums
         pending[j] = (idx, St)
 
-    walk = _FastWalk(acc, give, kernels, r, g.input_size, pending)
+    walk = _FastWalk(acc, give, kernels, r, g.input_size, pending, pre)
     for i in range(target, -1, -1):
         rows = pending.pop(i, None)
         if rows is None:
@@ -387,17 +388,14 @@ class _FastWalk:
     ``back_win`` take it: ``acc`` (3, r) constant, magnitude, charge per row; ``give(j,
     rows)``; the numba kernels; the rows over the flat input (:meth:`to_input`)."""
 
-    def __init__(self, acc, give, kernels, r: int, d: int, pending):
+    def __init__(self, acc, give, kernels, r: int, d: int, pending, pre):
+        # give, pending and pre are the walk's (fused_rows); give does not refer to the walk
+        # (a reference cycle would keep the rows alive until the garbage collector runs)
         self.acc, self.give, self.kernels = acc, give, kernels
         self.r, self.d = r, d
         self.Lx = None
         self.pending = pending  # the rows given to each node not yet visited
-        self.pre: Dict[int, np.ndarray] = {}  # an affine node's sums taken by its activation
-
-    def merged(self, j: int) -> None:
-        """Node j gets rows from a second reader: sums an activation took over the first
-        one's rows (:func:`input_terms_fused`) no longer cover them."""
-        self.pre.pop(j, None)
+        self.pre = pre  # an affine node's sums taken by its activation (input_terms_fused)
 
     def to_input(self, offset: int, rows: Rows, size: int) -> None:
         """The rows over the input elements ``offset .. offset + size``: a graph of one input
@@ -500,7 +498,7 @@ def input_terms_fused(gb, i, p, walk) -> bool:
     """Whether activation node i's step also takes the sums of its input p, a convolution or
     a dense layer that has no rows yet: p's step takes the sums i computed (``_FastWalk.pre``)
     instead of reading its rows again, unless another of p's readers gives p rows too (then
-    the sums are dropped, :meth:`_FastWalk.merged`). Where i reads p alone that cannot
+    ``fused_rows``' ``give`` drops the sums). Where i reads p alone that cannot
     happen; where p has other readers they often hand nothing on (the branch of a clipped
     ReLU ``relu(x) - relu(x - 6)`` that never reaches its clip on the set)."""
     return isinstance(gb.g.nodes[p].op, (Conv, Dense)) and p not in walk.pending
