@@ -126,11 +126,11 @@ OTHER_SIDE_RATIO = 1000.0
 def _tiles(rows, shape, grid: int = TILES):
     """The neurons ``rows`` of a node in groups whose rows back-substitute together: on an
     image-shaped node (1, C, H, W) under the numba kernels, one group per tile of a
-    ``grid`` x ``grid`` grid over (H, W) (every channel), so that each group's rows stay on few live
-    elements of each node below (:mod:`crown_cli.engine.graph_rows`), its neurons position
-    by position (the channels of one position consecutive: their rows' windows lie at one
-    place, which the windows kernels read once for them, ``graph_rows.window_runs``); else
-    one group."""
+    ``grid`` x ``grid`` grid over (H, W) (every channel), so that each group's rows stay on
+    few live elements of each node below (:mod:`crown_cli.engine.graph_rows`), its neurons
+    position by position (the channels of one position consecutive: their rows' windows lie
+    at one place, which the windows kernels read once for them, ``graph_rows.window_runs``);
+    else one group."""
     if len(shape) != 4 or graph_kernels() is None or rows.size == 0:
         return [rows]
     H, W = int(shape[2]), int(shape[3])
@@ -494,8 +494,9 @@ class GraphBounds:
 
     def _concretise(self, Lx, const, mag, charge):
         """Verified lower bounds of the rows ``Lx`` over the flat input (an (r, d) array or
-        the fast path's :class:`~crown_cli.engine.graph_rows.InputRows` or ``WinInputRows``) plus ``const``, over
-        the input set, widened by the rounding allowance and the charges."""
+        the fast path's :class:`~crown_cli.engine.graph_rows.InputRows` or ``WinInputRows``)
+        plus ``const``, over the input set, widened by the rounding allowance and the
+        charges."""
         if isinstance(Lx, FastInput):
             lin, nrm, xm = Lx.terms(self.x0, self.qcode, graph_kernels())
         else:

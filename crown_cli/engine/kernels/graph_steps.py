@@ -516,8 +516,9 @@ def win_activation_t(Pt, oy, ox, runs, lower, upper, lower_icpt, upper_icpt, abs
     windows (same place), ``out[q, :3]`` = (intercept sum, its magnitude, sum |D| absval);
     with ``terms`` (3, C, H, W) (not (3, 0, 0, 0)) also ``out[q, 3:]``, the affine input's
     sums over D as :func:`win_sums_t` would take them. ``runs``: the rows in runs
-    ``runs[g] .. runs[g + 1]`` of one window place each (:func:`crown_cli.engine.graph_rows.window_runs`), so that a
-    position's lines are read once for the run."""
+    ``runs[g] .. runs[g + 1]`` of one window place each
+    (:func:`crown_cli.engine.graph_rows.window_runs`), so that a position's lines are read
+    once for the run."""
     C, h, w, r = Pt.shape
     H, W = lower.shape[1], lower.shape[2]
     fuse = terms.shape[1] > 0
@@ -546,7 +547,9 @@ def win_activation_t(Pt, oy, ox, runs, lower, upper, lower_icpt, upper_icpt, abs
                     # selects, not branches, and the sums' choice outside the loop: vectorised
                     # (see activation_step_t); a coefficient 0 adds nothing (not 0 * inf)
                     if fuse:
-                        b0, b1, b2 = terms[0, c, yy, xx], terms[1, c, yy, xx], terms[2, c, yy, xx]
+                        b0 = terms[0, c, yy, xx]
+                        b1 = terms[1, c, yy, xx]
+                        b2 = terms[2, c, yy, xx]
                         for q in range(q1 - q0):
                             v = prow[q]
                             pos = v >= 0.0
