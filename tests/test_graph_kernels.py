@@ -175,6 +175,23 @@ def test_graph_bounds_kernels_equal_numpy_on_every_operator(tmp_path, kind):
 
 
 
+def _windows_in_place(Pt, oy, ox, H, W):
+    """What rows on windows (``Pt`` (C, h, w, r) at (oy, ox)) are over the whole (C, H, W)
+    node, by plain loops: (r, C, H, W). ``Pt``'s coefficients outside the node are set to 0
+    (the windows' rule)."""
+    C, h, w, r = Pt.shape
+    L = np.zeros((r, C, H, W))
+    for q in range(r):
+        for a in range(h):
+            for b in range(w):
+                y, x = oy[q] + a, ox[q] + b
+                if 0 <= y < H and 0 <= x < W:
+                    L[q, :, y, x] = Pt[:, a, b, q]
+                else:
+                    Pt[:, a, b, q] = 0.0
+    return L
+
+
 @pytest.mark.parametrize("layout", LAYOUTS)
 def test_window_conv_transpose_equals_numpy_twin(layout):
     """Rows on windows of their own (the fast path's form for an intermediate bound's rows,
@@ -193,16 +210,7 @@ def test_window_conv_transpose_equals_numpy_twin(layout):
         r = 9
         oy, ox = rng.integers(-h, OH, r), rng.integers(-w, OW, r)
         Pt = rng.normal(size=(O, h, w, r))
-        # what the rows are over the whole output: the windows' coefficients inside it
-        L = np.zeros((r, O, OH, OW))
-        for q in range(r):
-            for a in range(h):
-                for b in range(w):
-                    y, x = oy[q] + a, ox[q] + b
-                    if 0 <= y < OH and 0 <= x < OW:
-                        L[q, :, y, x] = Pt[:, a, b, q]
-                    else:
-                        Pt[:, a, b, q] = 0.0  # the windows' rule: 0 outside the node
+        L = _windows_in_place(Pt, oy, ox, OH, OW)
         want = conv._transpose_numpy(L.reshape(r, -1))[0]
         (sh, sw), (dh, dw) = conv.strides, conv.dilations
         kh, kw = wshape[2:]
@@ -309,15 +317,7 @@ def test_window_input_rows_terms_equal_input_terms(qcode, dtype):
     C, H, W, h, w, r = 3, 9, 7, 4, 3, 50
     oy, ox = rng.integers(-2, H - 1, r), rng.integers(-1, W - 1, r)
     Pt = rng.normal(size=(C, h, w, r))
-    want_full = np.zeros((r, C, H, W))
-    for q in range(r):
-        for a in range(h):
-            for b in range(w):
-                y, x = oy[q] + a, ox[q] + b
-                if 0 <= y < H and 0 <= x < W:
-                    want_full[q, :, y, x] = Pt[:, a, b, q]
-                else:
-                    Pt[:, a, b, q] = 0.0
+    want_full = _windows_in_place(Pt, oy, ox, H, W)
     Pt = Pt.astype(dtype)
     d = C * H * W
     x0 = rng.normal(size=d)

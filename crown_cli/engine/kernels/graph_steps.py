@@ -92,6 +92,16 @@ def _add_products(acc, weight, o, i, j, row, on):
             a[k] += w * row[k]
 
 
+@njit(cache=True)
+def _put_sums(out, q0, s0, s1, s2, col):
+    """``out[q0 + q, col:col + 3] = (s0[q], s1[q], s2[q])``: a block of rows' three sums
+    written out (the row kernels below)."""
+    for q in range(s0.shape[0]):
+        out[q0 + q, col] = s0[q]
+        out[q0 + q, col + 1] = s1[q]
+        out[q0 + q, col + 2] = s2[q]
+
+
 @njit(cache=True, parallel=True)
 def conv_transpose_t(Lt, src, pos, dst, weight, in_shape, out_shape, strides, dilations,
                      pads, group, Gt):
@@ -173,10 +183,7 @@ def affine_terms_t(Lt, bias, absbias, absfwd, out):
                 c[q] += v * bk
                 a[q] += av * ak
                 w[q] += av * fk
-        for q in range(n):
-            out[a0 + q, 0] = c[q]
-            out[a0 + q, 1] = a[q]
-            out[a0 + q, 2] = w[q]
+        _put_sums(out, a0, c, a, w, 0)
 
 
 @njit(cache=True, parallel=True)
@@ -280,14 +287,9 @@ def activation_step_t(Lt, read, lower, upper, lower_icpt, upper_icpt, absval, te
                     c[q] += t
                     m[q] += abs(t)
                     ch[q] += abs(d) * z
-        for q in range(w):
-            out[a0 + q, 0] = c[q]
-            out[a0 + q, 1] = m[q]
-            out[a0 + q, 2] = ch[q]
-            if fuse:
-                out[a0 + q, 3] = f0[q]
-                out[a0 + q, 4] = f1[q]
-                out[a0 + q, 5] = f2[q]
+        _put_sums(out, a0, c, m, ch, 0)
+        if fuse:
+            _put_sums(out, a0, f0, f1, f2, 3)
 
 
 @njit(cache=True, parallel=True)
@@ -319,10 +321,7 @@ def product_step_t(Lt, a, b, icL, icU, z1, z2, D1t, D2t, out):
                 c[q] += t
                 m[q] += abs(t)
                 ch[q] += abs(v) * w
-        for q in range(nq):
-            out[a0 + q, 0] = c[q]
-            out[a0 + q, 1] = m[q]
-            out[a0 + q, 2] = ch[q]
+        _put_sums(out, a0, c, m, ch, 0)
 
 
 @njit(cache=True, parallel=True)
@@ -575,14 +574,9 @@ def win_activation_t(Pt, oy, ox, runs, lower, upper, lower_icpt, upper_icpt, abs
                             cs[q] += t
                             ms[q] += abs(t)
                             ch[q] += abs(d) * z if nz else 0.0
-        for q in range(q1 - q0):
-            out[q0 + q, 0] = cs[q]
-            out[q0 + q, 1] = ms[q]
-            out[q0 + q, 2] = ch[q]
-            if fuse:
-                out[q0 + q, 3] = f0[q]
-                out[q0 + q, 4] = f1[q]
-                out[q0 + q, 5] = f2[q]
+        _put_sums(out, q0, cs, ms, ch, 0)
+        if fuse:
+            _put_sums(out, q0, f0, f1, f2, 3)
 
 
 @njit(cache=True, parallel=True)
@@ -617,10 +611,7 @@ def win_sums_t(Pt, oy, ox, runs, v0, v1, v2, out):
                         s0[q] += v * e0 if nz else 0.0
                         s1[q] += av * e1 if nz else 0.0
                         s2[q] += av * e2 if nz else 0.0
-        for q in range(q1 - q0):
-            out[q0 + q, 0] = s0[q]
-            out[q0 + q, 1] = s1[q]
-            out[q0 + q, 2] = s2[q]
+        _put_sums(out, q0, s0, s1, s2, 0)
 
 
 @njit(cache=True, parallel=True)
