@@ -62,10 +62,12 @@ WEIGHT_ROWS_MIN = 256
 class Win(NamedTuple):
     """Rows on windows of an image-shaped node (C, H, W): ``Pt`` (C, h, w, r), row q's
     window at (oy[q], ox[q]) in the node's (H, W) coordinates (it may reach past the border,
-    where every coefficient is 0)."""
+    where every coefficient is 0). ``runs``: :func:`window_runs` of the rows, made once per
+    chunk (every step moves all origins by one injective map, so equal places stay equal)."""
     oy: np.ndarray
     ox: np.ndarray
     Pt: np.ndarray
+    runs: Optional[np.ndarray] = None
 
 
 def _full(rows: Rows, n: int) -> np.ndarray:
@@ -197,7 +199,8 @@ def unit_windows(node, idx, dtype, sign) -> Optional[Win]:
     Pt = np.zeros((C, 1, 1, idx.size), dtype)
     c, pos = idx // (H * W), idx % (H * W)
     Pt[c, 0, 0, np.arange(idx.size)] = sign
-    return Win(pos // W, pos % W, Pt)
+    oy, ox = pos // W, pos % W
+    return Win(oy, ox, Pt, _runs(oy, ox))
 
 
 def window_runs(win: Win) -> np.ndarray:
@@ -206,9 +209,12 @@ def window_runs(win: Win) -> np.ndarray:
     for its run): the runs' starts and, last, the row count. Rows of one neuron position
     are consecutive (:meth:`GraphBounds._signed_bounds` orders them so); rows in any other
     order only make shorter runs."""
+    return _runs(win.oy, win.ox) if win.runs is None else win.runs
+
+
+def _runs(oy, ox) -> np.ndarray:
     from crown_cli.engine.kernels.graph_steps import ROW_BLOCK
 
-    oy, ox = win.oy, win.ox
     r = oy.size
     cuts = np.flatnonzero((oy[1:] != oy[:-1]) | (ox[1:] != ox[:-1])) + 1
     starts = np.concatenate([[0], cuts])
@@ -265,7 +271,7 @@ def _win_sum(a: Win, b: Win) -> Optional[Win]:
     St = np.zeros((C, h, w, r), a.Pt.dtype)
     St[:, -y0:-y0 + ha, -x0:-x0 + wa] = a.Pt
     St[:, dy - y0:dy - y0 + hb, dx - x0:dx - x0 + wb] += b.Pt
-    return Win(a.oy + y0, a.ox + x0, St)
+    return Win(a.oy + y0, a.ox + x0, St, a.runs)  # b's places are a's moved alike
 
 
 def _typed(gb, key, make, dtype):

@@ -373,7 +373,7 @@ class SumRule(AffineRule):
             return False
         for j, s in zip(node.inputs, node.op.signs):
             if not hands_nothing(gb, j):
-                walk.give(j, win if s == 1.0 else Win(win.oy, win.ox, -win.Pt))
+                walk.give(j, win if s == 1.0 else win._replace(Pt=-win.Pt))
         return True
 
 
@@ -390,7 +390,7 @@ class IndexMapRule(AffineRule):
             return False
         c0 = 0
         for j, s in zip(node.inputs, ins):
-            walk.give(j, Win(win.oy, win.ox, win.Pt[c0:c0 + s[0]]))
+            walk.give(j, win._replace(Pt=win.Pt[c0:c0 + s[0]]))
             c0 += s[0]
         return True
 
@@ -413,8 +413,8 @@ class ScaleRule(AffineRule):
         a = typed(node.op, "a", dt).reshape(shape)
         A = a[:, np.clip(yy, 0, H - 1)[:, None, :], np.clip(xx, 0, W - 1)[None, :, :]]
         inside = ((yy >= 0) & (yy < H))[:, None, :] & ((xx >= 0) & (xx < W))[None, :, :]
-        walk.give(node.inputs[0], Win(win.oy, win.ox, np.where(inside, win.Pt * A, 0.0)
-                                      .astype(dt, copy=False)))
+        walk.give(node.inputs[0], win._replace(Pt=np.where(inside, win.Pt * A, 0.0)
+                                               .astype(dt, copy=False)))
         return True
 
 
@@ -441,7 +441,7 @@ class ConvRule(AffineRule):
                                                          op.group)
         kernels.win_conv_transpose_t(win.Pt, oy, ox, _weight(gb, i, dt), strides, dilations,
                                      group, np.asarray((IH, IW), np.int64), Gt)
-        walk.give(node.inputs[0], Win(oy, ox, Gt))
+        walk.give(node.inputs[0], Win(oy, ox, Gt, window_runs(win)))  # places moved alike
         return True
 
 
@@ -606,7 +606,7 @@ class ActivationRule(Rule):
         walk.acc[0] += sums[:, 0]
         walk.acc[1] += sums[:, 1]
         walk.acc[2] += self.charge(sums[:, 2], gb.absval[p])
-        walk.give(p, Win(win.oy, win.ox, Dt))
+        walk.give(p, win._replace(Pt=Dt))
         if fuse and p in walk.pending:  # p's rows are these alone (it had none before)
             walk.pre[p] = sums[:, 3:]
         return True
