@@ -315,6 +315,37 @@ def test_alpha_crown_on_graphs_takes_its_iterations_and_stays_sound(tmp_path):
         GraphCertifier(g, method="alpha-crown", alpha_iters=-1)
 
 
+def test_alpha_crown_moves_tangents_on_an_s_shaped_residual_graph(tmp_path):
+    """alpha-crown on a residual tanh graph (not lowered; a sigmoid output): before, only
+    ReLU-type lines were free on graphs and its radius was CROWN's; the tangent points
+    (engine.graph_alpha.Tangents) certify more on some image, never less, and no attack
+    finds a counterexample inside the ball."""
+    from crown_cli.graph.lower import lowered
+
+    path = os.path.join(str(tmp_path), "res_tanh.onnx")
+    onnx.save(BUILDERS["residual"](np.random.default_rng(2), act="Tanh"), path)
+    g = load_graph(path)
+    assert lowered(g) is None and "relu" not in g.activations()
+    rng = np.random.default_rng(3)
+    X = rng.uniform(-1, 1, size=(4, g.input_size))
+    y = np.argmax(g.forward(X), axis=1)
+    crown = GraphCertifier(g, method="crown", precision="float64")
+    alpha = GraphCertifier(g, method="alpha-crown")
+    gained = 0
+    for k in range(X.shape[0]):
+        t = int(np.argsort(g.forward(X[k]))[-2])
+        c = crown.certify(X[k], int(y[k]), [t]).eps
+        a = alpha.certify(X[k], int(y[k]), [t]).eps
+        assert a >= c * (1 - 2e-4)
+        gained += a > c * 1.01
+        A = np.zeros((1, g.output_size))
+        A[0, int(y[k])], A[0, t] = 1.0, -1.0
+        found = graph_counterexample(g, X[k] - a, X[k] + a, [(A, np.zeros(1))],
+                                     restarts=32, steps=200, seed=k)
+        assert found is None
+    assert gained, "alpha-crown never beat crown: the test would show nothing"
+
+
 @pytest.mark.parametrize("kind", sorted(MODELS))
 @pytest.mark.parametrize("norm", ["inf", "2"])
 def test_mixed_precision_radius_is_float64_verified(tmp_path, kind, norm):

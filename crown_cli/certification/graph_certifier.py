@@ -4,8 +4,9 @@ float64 :class:`crown_cli.engine.graph_bounds.GraphBounds` (every rounding charg
 
 Methods: ``crown``, ``crown-paper`` and ``fast-lin`` (the relaxation family of every
 activation node; fast-lin on ReLU-type activations only), and ``alpha-crown``: the ReLU and
-leaky ReLU lower slopes (and max pool lower lines) optimised for the margin rows and, as in
-the dense engine's alpha-CROWN, for every unstable intermediate neuron's bounds
+leaky ReLU lower slopes, max pool lower lines, products' planes and the tangent points of
+tanh, sigmoid and arctan optimised for the margin rows and, as in the dense engine's
+alpha-CROWN, for every unstable intermediate neuron's bounds
 (:mod:`crown_cli.engine.graph_alpha`; other activations keep CROWN's lines). Every other method is
 refused by name (InputError) until it runs on graphs. With ``precision="mixed"`` (the default,
 as the dense engine's) the search of ``crown``, ``crown-paper`` and ``fast-lin`` steers with

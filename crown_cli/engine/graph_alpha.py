@@ -33,6 +33,16 @@ averaged plane); the row keeps the slopes of the mix and the intercept is the ex
 of the bilinear gap over the box's corners (:func:`~crown_cli.engine.node_rules.mixed_planes`),
 so every t gives a valid plane. Its derivative in t is the coefficient times the slopes'
 derivative applied to the factors' relaxed values less the corner's.
+
+tanh, sigmoid and arctan nodes are a fourth (:class:`Tangents`), as in the dense engine's
+alpha-CROWN (:class:`crown_cli.engine.alpha_crown.SmoothRelax`): each (row, neuron) has a
+variable theta in [0, 1] that places the tangent point of the line the row's coefficient
+picks (the lower where it is >= 0) within the range where every tangent is a valid line
+(``sigmoid_family.tangent_ranges``; theta = 1/2 is CROWN's point). Steering passes take the
+tangent ``act(d) - act'(d) d``; its derivative in theta is the coefficient times
+``act''(d) dd/dtheta (z(x*) - d)``. The float64 bound takes the slope act'(d) with the exact,
+rounding-padded intercept CROWN itself uses for a slope (``sound_tangent_lines``), valid for
+any d, through :meth:`GraphBounds.lower`'s per-row ``lines``.
 """
 from __future__ import annotations
 
@@ -40,9 +50,11 @@ from typing import Dict, Optional, Tuple
 
 import numpy as np
 
+from crown_cli.engine.batch_steps import Lines
 from crown_cli.engine.deadline import check_deadline
 from crown_cli.engine.input_sets import Box
 from crown_cli.engine.optim import Adam, AdamSettings, BestIterate
+from crown_cli.engine.relaxations import sigmoid_family as sf
 from crown_cli.engine.rounding import steering_quiet
 
 STEER = AdamSettings(eps=1e-12)
@@ -53,6 +65,10 @@ STEER_DTYPE = np.float32
 # case's three images 20 steps end higher than at a constant 0.1 and stop 1.7x sooner
 # (docs/benchmarks.md); the decay lets long runs settle (a constant 0.5 oscillates)
 ITERS, LR, LR_DECAY = 20, 0.5, 0.98
+# tangent points step at this share of the step size: the dense engine's defaults (0.5 for
+# slopes, 0.05 for tanh, sigmoid and arctan); on an MNIST tanh / sigmoid CNN's margin rows
+# 0.05 ended higher than 0.1, 0.2 and 0.5 (docs/benchmarks.md)
+TANGENT_LR_RATIO = 0.1
 # max pool weights: mirror ascent (Adam's per-coordinate steps spread a window's weight over
 # all its inputs at once and lowered the bound on verivital's Convnet_maxpool)
 POOL_LR, POOL_FLOOR = 3.0, 1e-6
@@ -107,11 +123,88 @@ def free_mixes(gb, upto: Optional[int] = None) -> Dict[int, np.ndarray]:
     return _per_node(gb, upto, "free_mix")
 
 
+TANGENT_KINDS = {"tanh": sf.TANH, "sigmoid": sf.SIGMOID, "arctan": sf.ARCTAN}
+
+
+class Tangents:
+    """An S-shaped activation node's valid lines as tangents: per neuron the range of
+    tangent points of each side (``sigmoid_family.tangent_ranges`` on its input's bounds),
+    ``cols`` the neurons with a free side, CROWN's own lines for the rest."""
+
+    def __init__(self, gb, i: int):
+        node = gb.g.nodes[i]
+        p = node.inputs[0]
+        self.kind, self.code = node.op.name, TANGENT_KINDS[node.op.name]
+        self.l = np.ascontiguousarray(gb.lo[p], np.float64)
+        self.u = np.ascontiguousarray(gb.hi[p], np.float64)
+        fU, a0U, amU, a1U, fL, a0L, amL, a1L, _, _ = sf.tangent_ranges(self.code, self.l,
+                                                                         self.u)
+        self.cols = np.flatnonzero(fL | fU)
+        c = self.cols
+        self.free = np.ascontiguousarray(np.stack([fL[c], fU[c]]))  # (2, k): lower, upper
+        # (6, k): the lower side's range (a0, am, a1), then the upper's
+        self.ranges = np.ascontiguousarray(np.stack([a0L[c], amL[c], a1L[c],
+                                                     a0U[c], amU[c], a1U[c]]))
+        self.crown = gb.lines[i]  # CROWN's lines (sound): the sides that are not free
+
+    def _crown_rows(self, r, dt):
+        cr = self.crown
+        return [np.tile(np.asarray(a, dt), (r, 1))
+                for a in (cr.lower, cr.lower_icpt, cr.upper, cr.upper_icpt)]
+
+    def lines(self, theta, sound: bool) -> Lines:
+        """Each row's lines at its variables ``theta`` (r, k) on :attr:`cols`: steering
+        tangents in theta's dtype (``sigmoid_family.tangent_rows``), or (``sound``) float64
+        lines valid on every neuron's interval: the slope act'(d) with the exact intercept
+        for it (``sound_tangent_lines``), whatever d is."""
+        r = theta.shape[0]
+        SL, BL, SU, BU = self._crown_rows(r, np.float64 if sound else theta.dtype)
+        if sound:
+            for s, S, B in ((0, SL, BL), (1, SU, BU)):
+                q, k = np.nonzero(np.broadcast_to(self.free[s], theta.shape))
+                a0, am, a1 = self.ranges[3 * s:3 * s + 3, k]
+                t = theta[q, k].astype(np.float64)  # theta_point, elementwise
+                d = np.where(t <= 0.5, am - (1.0 - 2.0 * t) * (am - a0),
+                             am + (2.0 * t - 1.0) * (a1 - am))
+                j = self.cols[k]
+                S[q, j], B[q, j] = sf.sound_tangent_lines(self.code, self.l[j], self.u[j],
+                                                          d, np.full(q.size, s == 1))
+        else:
+            sf.tangent_rows(self.code, np.ascontiguousarray(theta), self.cols, self.free,
+                            self.ranges, SL, BL, SU, BU)
+        return Lines(self.crown.cols, SL, SU, upper_icpt=BU, lower_icpt=BL)
+
+    def gradient(self, L, pos, z, theta):
+        """d bound / d theta (r, k): the coefficient ``L`` times act''(d) dd/dtheta (z - d)
+        on the side each row took (``pos``: the lower), 0 where that side is not free
+        (``sigmoid_family.tangent_gradient_rows``)."""
+        grad = np.empty_like(theta)
+        sf.tangent_gradient_rows(self.code, np.ascontiguousarray(theta), self.cols, self.free,
+                                 self.ranges, np.ascontiguousarray(L), np.ascontiguousarray(pos),
+                                 np.ascontiguousarray(z), grad)
+        return grad
+
+
+def free_tangents(gb, upto: Optional[int] = None) -> Dict[int, Tangents]:
+    """Per tanh, sigmoid or arctan node (up to node ``upto``) with some neuron whose line
+    may move along the function: its :class:`Tangents`."""
+    out = {}
+    for i, node in enumerate(gb.g.nodes[:None if upto is None else upto + 1]):
+        if node.kind == "activation" and node.op.name in TANGENT_KINDS \
+                and gb.lines.get(i) is not None:
+            t = Tangents(gb, i)
+            if t.cols.size:
+                out[i] = t
+    return out
+
+
 def free_below(gb, p: int) -> bool:
     """Whether alpha-CROWN can tighten the bounds of node p over CROWN's: some node up to p
-    has free lower slopes (:func:`free_slopes`), free max pool weights (:func:`free_pools`)
-    or a free mix of a product's planes (:func:`free_mixes`)."""
-    return bool(free_slopes(gb, p) or free_pools(gb, p) or free_mixes(gb, p))
+    has free lower slopes (:func:`free_slopes`), free max pool weights (:func:`free_pools`),
+    a free mix of a product's planes (:func:`free_mixes`) or free tangents
+    (:func:`free_tangents`)."""
+    return bool(free_slopes(gb, p) or free_pools(gb, p) or free_mixes(gb, p)
+                or free_tangents(gb, p))
 
 
 def simplex_ascent(w: np.ndarray, grad: np.ndarray, valid: np.ndarray,
@@ -125,13 +218,13 @@ def simplex_ascent(w: np.ndarray, grad: np.ndarray, valid: np.ndarray,
     return v / v.sum(axis=-1, keepdims=True)
 
 
-def _steer_pass(gb, target, Lam, free):
+def _steer_pass(gb, target, Lam, free, lines):
     """The rows' bounds at their own free parameters (:meth:`GraphBounds.lower` in
-    :data:`STEER_DTYPE`: an estimate that steers), each row's minimiser over the input set
-    (in that dtype), and the tape of the back-substitution (per visited node the rows that
-    reached it and their lines)."""
+    :data:`STEER_DTYPE`: an estimate that steers; ``lines``: the tangent nodes' per-row
+    lines), each row's minimiser over the input set (in that dtype), and the tape of the
+    back-substitution (per visited node the rows that reached it and their lines)."""
     tape = {}
-    val = gb.lower(target, Lam, free=free, tape=tape, steer=STEER_DTYPE)
+    val = gb.lower(target, Lam, free=free, tape=tape, steer=STEER_DTYPE, lines=lines or None)
     return val, _minimiser(gb, tape.pop("Lx")).astype(STEER_DTYPE, copy=False), tape
 
 
@@ -178,9 +271,9 @@ def _mix_gradient(gb, i, tape_i, vals):
 def _steps(gb, keys, tape, vals, state, kinds, step):
     """One ascent step of every free node's parameters from a steering pass: ``state`` =
     (free, own, cols, opt) as :func:`alpha_lower` keeps them (updated in place), ``kinds`` =
-    (slopes, pools), ``step`` = (iteration, learning rate)."""
+    (slopes, pools, tangents), ``step`` = (iteration, learning rate)."""
     free, own, cols, opt = state
-    slopes, pools = kinds
+    slopes, pools, tangents = kinds
     it, lr = step
     for i in keys:
         if i not in tape:
@@ -189,14 +282,19 @@ def _steps(gb, keys, tape, vals, state, kinds, step):
             free[i] = own[i] = _pool_step(gb, i, pools[i], tape[i], vals, free[i])
             continue
         c = cols[i]
+        z = vals[gb.g.nodes[i].inputs[0]]
         if i in slopes:  # d bound / d slope_j = L_j z_j(x*) where the lower line is taken
             L, pos = tape[i][0][:, c], tape[i][1][:, c]
-            grad = np.where(pos, L * vals[gb.g.nodes[i].inputs[0]][:, c], 0.0)
+            grad = np.where(pos, L * z[:, c], 0.0)
+        elif i in tangents:
+            grad = tangents[i].gradient(tape[i][0], tape[i][1], z, own[i])
         else:
             grad = _mix_gradient(gb, i, tape[i], vals)[:, c]
-        step = opt[i].propose(own[i], grad, it + 1, lr)
+        step = opt[i].propose(own[i], grad, it + 1,
+                              lr * TANGENT_LR_RATIO if i in tangents else lr)
         own[i] = np.where(np.isfinite(step), step, own[i])
-        free[i][:, c] = own[i]
+        if i in free:
+            free[i][:, c] = own[i]
 
 
 def _float64_params(gb, i, p, cols, slope, r):
@@ -216,35 +314,40 @@ def alpha_lower(gb, target: int, Lam: np.ndarray, iters: int = ITERS, lr: float 
                 crown: Optional[np.ndarray] = None):
     """Verified float64 lower bounds of ``Lam @ value(target)`` (rows (r, size)), each the
     larger of CROWN's and the bound at the free parameters optimised for that row: the lower
-    slopes of ReLU and leaky ReLU neurons and the mixes of products' McCormick planes
-    (projected Adam, step ``lr`` times :data:`LR_DECAY` per step), the max pool lower-line
+    slopes of ReLU and leaky ReLU neurons, the mixes of products' McCormick planes and the
+    tangent points of tanh, sigmoid and arctan neurons (projected Adam, step ``lr`` times
+    :data:`LR_DECAY` per step), the max pool lower-line
     weights (mirror ascent on the simplex of each window). With ``patience``: fewer steps
     once the sum of the rows' best bounds has gained less than ``tol`` times its first size
     in ``patience`` consecutive steps (as the dense engine's alpha-CROWN stops). ``keep``:
     also the parameters of each row's best bound ({node: (r, ...)}, as
     :meth:`GraphBounds.lower` takes them as ``free``; CROWN's where nothing beat it; {}
-    where nothing is free). ``crown``: verified lower bounds of the rows the caller already
+    where nothing is free; not the tangents', which ``free`` does not take). ``crown``: verified lower bounds of the rows the caller already
     has (CROWN's), in place of computing them."""
     Lam = np.ascontiguousarray(Lam, dtype=np.float64)
     crown = gb.lower(target, Lam) if crown is None else crown
     slopes, pools, mixes = free_slopes(gb, target), free_pools(gb, target), \
         free_mixes(gb, target)
-    if not (slopes or pools or mixes) or iters <= 0:
+    tangents = free_tangents(gb, target)
+    if not (slopes or pools or mixes or tangents) or iters <= 0:
         return (crown, {}) if keep else crown
     r = Lam.shape[0]
     free = {i: np.repeat(gb.lines[i].lower[None].astype(STEER_DTYPE), r, axis=0)
             for i in slopes}
     free.update({i: pl.one_hot(r) for i, pl in pools.items()})
     free.update({i: np.full((r, on.size), 0.5, STEER_DTYPE) for i, on in mixes.items()})
-    keys = sorted(free)
+    keys = sorted(list(free) + list(tangents))
     # slopes and mixes are stepped on their free neurons' columns only (``cols``): the rest
-    # of each (r, size) array keeps CROWN's value; pools step their whole (r, m, K) weights
-    cols = {i: np.flatnonzero(slopes[i][0] if i in slopes else mixes[i]) for i in keys
+    # of each (r, size) array keeps CROWN's value; pools step their whole (r, m, K) weights;
+    # tangents their variables theta (r, k) on their free columns (1/2: CROWN's lines)
+    cols = {i: np.flatnonzero(slopes[i][0] if i in slopes else mixes[i]) for i in free
             if i not in pools}
     own = {i: np.ascontiguousarray(free[i][:, cols[i]]) if i in cols else free[i]
-           for i in keys}
+           for i in free}
+    for i, t in tangents.items():
+        cols[i], own[i] = t.cols, np.full((r, t.cols.size), 0.5, STEER_DTYPE)
     best = BestIterate(r, *[own[i] for i in keys])
-    # projected Adam on the slopes (in [least slope, 1]) and the mixes (in [0, 1])
+    # projected Adam on the slopes (in [least slope, 1]), the mixes and tangents (in [0, 1])
     opt = {i: Adam(own[i], STEER, lo=slopes[i][1] if i in slopes else 0.0, hi=1.0)
            for i in cols}
     top, stale, scale = -np.inf, 0, None
@@ -253,7 +356,8 @@ def alpha_lower(gb, target: int, Lam: np.ndarray, iters: int = ITERS, lr: float 
     upto = max(j for i in keys for j in gb.g.nodes[i].inputs)
     for it in range(iters + 1):
         check_deadline(gb.deadline)
-        val, x, tape = _steer_pass(gb, target, Lam, free)
+        lines = {i: t.lines(own[i], sound=False) for i, t in tangents.items()}
+        val, x, tape = _steer_pass(gb, target, Lam, free, lines)
         best.offer(np.where(np.isfinite(val), val, -np.inf), *[own[i] for i in keys])
         if it == iters:
             break
@@ -268,14 +372,16 @@ def alpha_lower(gb, target: int, Lam: np.ndarray, iters: int = ITERS, lr: float 
                     break
         vals = _relaxed_forward(gb, target, x, tape, free, upto)
         with np.errstate(over="ignore", invalid="ignore"):  # float32: steps kept if finite
-            _steps(gb, keys, tape, vals, (free, own, cols, opt), (slopes, pools),
+            _steps(gb, keys, tape, vals, (free, own, cols, opt), (slopes, pools, tangents),
                    (it, lr * LR_DECAY ** it))
-    kept = {}
+    kept, lines = {}, {}
     for i, p in zip(keys, best.params):
-        if i in cols:  # CROWN's values off the free columns, the best iterate's on them
+        if i in tangents:  # the sound lines at the best variables (projected onto [0, 1])
+            lines[i] = tangents[i].lines(np.clip(p.astype(np.float64), 0.0, 1.0), sound=True)
+        elif i in cols:  # CROWN's values off the free columns, the best iterate's on them
             kept[i] = _float64_params(gb, i, p, cols[i], slopes.get(i), r)
         else:
             kept[i] = p
     # the verified float64 bound at each row's best parameters; CROWN's where it is higher
-    low = np.fmax(crown, gb.lower(target, Lam, free=kept))
+    low = np.fmax(crown, gb.lower(target, Lam, free=kept, lines=lines or None))
     return (low, kept) if keep else low

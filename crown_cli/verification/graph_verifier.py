@@ -44,9 +44,9 @@ from crown_cli.verification.pipeline import (BOUND_STAGES, INPUT_SPLIT_MAX_DIM, 
                                              StagedVerifier, Verdict, Verifier, VerifyOptions,
                                              _by_box, _worst)
 
-# Bound stages available on graphs (alpha-crown: ReLU slopes and max pool lower lines
-# optimised for the output rows and for every unstable intermediate neuron's bounds:
-# crown_cli.engine.graph_alpha)
+# Bound stages available on graphs (alpha-crown: ReLU slopes, max pool lower lines, products'
+# planes and tanh / sigmoid / arctan tangent points optimised for the output rows and for
+# every unstable intermediate neuron's bounds: crown_cli.engine.graph_alpha)
 GRAPH_STAGES = ("crown", "alpha-crown")
 # after the bounds, at most this many more attack runs with fresh starts on the open cases
 MORE_ATTACKS = 3
