@@ -74,6 +74,10 @@ INTERMEDIATE_PATIENCE = 2
 # bytes per row and product neuron of alpha-CROWN's mixed planes (node_rules.mixed_planes: the
 # corners' gaps and errors, the slopes, intercepts and corners, the gradient)
 MIX_BYTES = 128
+# bytes per row and tanh / sigmoid / arctan neuron of alpha-CROWN's tangent points
+# (graph_alpha.Tangents: the variable, its moments and best iterate, four float32 steering
+# lines, four float64 lines of the verified pass)
+TANGENT_BYTES = 64
 # An affine node that would need at least FANOUT_MIN CROWN neurons and FANOUT times as many as
 # its input has elements (softmax's differences x_j - x_i of every pair: 14,739 from 867 on
 # vit ibp_3_3_8) is bounded through its input instead: the input refined, the node's interval
@@ -318,16 +322,20 @@ class GraphBounds:
         not a sign-stable activation) tightened by :func:`~crown_cli.engine.graph_alpha.
         alpha_lower` on their rows ``[I; -I]``, in chunks: each row keeps per node below p
         its lines and values (about 3 floats per neuron, :data:`MIX_BYTES` more per product
-        neuron)."""
-        from crown_cli.engine.graph_alpha import ITERS, LR, alpha_lower, free_below
+        neuron, :data:`TANGENT_BYTES` more per tanh, sigmoid or arctan neuron)."""
+        from crown_cli.engine.graph_alpha import ITERS, LR, TANGENT_KINDS, alpha_lower, \
+            free_below
 
         l, u = self.lo[p].copy(), self.hi[p].copy()
         rows = self._rows_to_refine(p)
         rows = np.arange(l.size) if rows is None else rows[(l[rows] < 0.0) & (u[rows] > 0.0)]
         if rows.size == 0 or not free_below(self, p):
             return l, u
-        per_row = 24 * sum(n.size for n in self.g.nodes[:p + 1]) + row_bytes(self.g, p) \
-            + MIX_BYTES * sum(n.size for n in self.g.nodes[:p + 1] if n.kind == "product")
+        below = self.g.nodes[:p + 1]
+        per_row = 24 * sum(n.size for n in below) + row_bytes(self.g, p) \
+            + MIX_BYTES * sum(n.size for n in below if n.kind == "product") \
+            + TANGENT_BYTES * sum(n.size for n in below if n.kind == "activation"
+                                  and n.op.name in TANGENT_KINDS)
         chunk = max(1, int(self.row_budget // per_row) // 2)
         for s in range(0, rows.size, chunk):
             idx = rows[s:s + chunk]
