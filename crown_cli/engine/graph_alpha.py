@@ -322,8 +322,9 @@ def alpha_lower(gb, target: int, Lam: np.ndarray, iters: int = ITERS, lr: float 
     in ``patience`` consecutive steps (as the dense engine's alpha-CROWN stops). ``keep``:
     also the parameters of each row's best bound ({node: (r, ...)}, as
     :meth:`GraphBounds.lower` takes them as ``free``; CROWN's where nothing beat it; {}
-    where nothing is free; not the tangents', which ``free`` does not take). ``crown``: verified lower bounds of the rows the caller already
-    has (CROWN's), in place of computing them."""
+    where nothing is free; not the tangents', which ``free`` does not take). ``crown``:
+    verified lower bounds of the rows the caller already has (CROWN's), in place of
+    computing them."""
     Lam = np.ascontiguousarray(Lam, dtype=np.float64)
     crown = gb.lower(target, Lam) if crown is None else crown
     slopes, pools, mixes = free_slopes(gb, target), free_pools(gb, target), \
