@@ -40,7 +40,6 @@ from crown_cli.engine.optim import AdamSettings, KeyedAdam
 from crown_cli.engine.dense_crown import Network, _mm, back_substitute, first_layer_center, hidden_layer_bounds
 from crown_cli.engine.batch_steps import Rows
 from crown_cli.engine.input_sets import Box, input_terms
-from crown_cli.engine.relaxations.sigmoid_family import smooth_fns
 from crown_cli.engine.rounding import ERR_SAFETY, widen as _widen, rounding_weights
 
 U64 = 2.0 ** -53  # unit roundoff of float64
@@ -115,6 +114,24 @@ class LayerRelax:
 
 
 
+def _smooth_fns(kind, t):
+    """act(t), act'(t), act''(t) elementwise in t's dtype (steering: no rounding control)."""
+    if kind == "tanh":
+        f = np.tanh(t)
+        e = np.exp(-2.0 * np.abs(t))
+        f1 = 4.0 * e / ((1.0 + e) * (1.0 + e))  # sech^2 without cancellation
+        return f, f1, -2.0 * f * f1
+    if kind == "sigmoid":
+        e = np.exp(-np.abs(t))
+        big = 1.0 / (1.0 + e)  # sigmoid(|t|)
+        small = e / (1.0 + e)  # sigmoid(-|t|)
+        f = np.where(t >= 0.0, big, small)
+        f1 = big * small
+        return f, f1, f1 * (1.0 - 2.0 * f)
+    w = 1.0 / (1.0 + t * t)
+    return np.arctan(t), w, -2.0 * t * w * w
+
+
 class SmoothRelax:
     """The relaxation of one tanh / sigmoid / arctan layer at bounds (l, u) with free
     tangent points (the alpha-CROWN counterpart of :class:`LayerRelax`).
@@ -160,8 +177,8 @@ class SmoothRelax:
         j = np.flatnonzero(self.chord)
         if j.size:
             lj, uj = l[j], u[j]
-            fl, f1l, _ = smooth_fns(activation, lj)
-            fu, f1u, _ = smooth_fns(activation, uj)
+            fl, f1l, _ = _smooth_fns(activation, lj)
+            fu, f1u, _ = _smooth_fns(activation, uj)
             w = uj - lj
             sl = (fu - fl) / w
             self.ds_dl[j] = (sl - f1l) / w
@@ -208,7 +225,7 @@ class SmoothRelax:
         B0 = np.where(pu, self.bL, self.bU)
         d, free, span = self.tangent_points(A, pu)
         d = d.astype(dtype, copy=False)
-        f, f1, f2 = smooth_fns(self.kind, d)
+        f, f1, f2 = _smooth_fns(self.kind, d)
         Su = np.where(free, f1, S0.astype(dtype))
         Bu = np.where(free, f - f1 * d, B0)
         dk = f2 * span.astype(dtype)  # d slope / d theta

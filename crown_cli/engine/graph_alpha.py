@@ -135,44 +135,31 @@ class Tangents:
         node = gb.g.nodes[i]
         p = node.inputs[0]
         self.kind, self.code = node.op.name, TANGENT_KINDS[node.op.name]
-        self.l = np.ascontiguousarray(gb.lo[p], np.float64)
-        self.u = np.ascontiguousarray(gb.hi[p], np.float64)
-        fU, a0U, amU, a1U, fL, a0L, amL, a1L, _, _ = sf.tangent_ranges(self.code, self.l,
-                                                                         self.u)
+        l = np.ascontiguousarray(gb.lo[p], np.float64)
+        u = np.ascontiguousarray(gb.hi[p], np.float64)
+        fU, a0U, amU, a1U, fL, a0L, amL, a1L, _, _ = sf.tangent_ranges(self.code, l, u)
         self.cols = np.flatnonzero(fL | fU)
         c = self.cols
+        self.bounds = np.ascontiguousarray(np.stack([l[c], u[c]]))  # (2, k): the intervals
         self.free = np.ascontiguousarray(np.stack([fL[c], fU[c]]))  # (2, k): lower, upper
         # (6, k): the lower side's range (a0, am, a1), then the upper's
         self.ranges = np.ascontiguousarray(np.stack([a0L[c], amL[c], a1L[c],
                                                      a0U[c], amU[c], a1U[c]]))
         self.crown = gb.lines[i]  # CROWN's lines (sound): the sides that are not free
 
-    def _crown_rows(self, r, dt):
-        cr = self.crown
-        return [np.tile(np.asarray(a, dt), (r, 1))
-                for a in (cr.lower, cr.lower_icpt, cr.upper, cr.upper_icpt)]
-
     def lines(self, theta, sound: bool) -> Lines:
-        """Each row's lines at its variables ``theta`` (r, k) on :attr:`cols`: steering
-        tangents in theta's dtype (``sigmoid_family.tangent_rows``), or (``sound``) float64
-        lines valid on every neuron's interval: the slope act'(d) with the exact intercept
-        for it (``sound_tangent_lines``), whatever d is."""
+        """Each row's lines at its variables ``theta`` (r, k) on :attr:`cols`
+        (``sigmoid_family.tangent_rows``): steering tangents in theta's dtype, or
+        (``sound``) float64 lines valid on every neuron's interval: the slope act'(d) with
+        the exact intercept for it, whatever d is."""
         r = theta.shape[0]
-        SL, BL, SU, BU = self._crown_rows(r, np.float64 if sound else theta.dtype)
-        if sound:
-            for s, S, B in ((0, SL, BL), (1, SU, BU)):
-                q, k = np.nonzero(np.broadcast_to(self.free[s], theta.shape))
-                a0, am, a1 = self.ranges[3 * s:3 * s + 3, k]
-                t = theta[q, k].astype(np.float64)  # theta_point, elementwise
-                d = np.where(t <= 0.5, am - (1.0 - 2.0 * t) * (am - a0),
-                             am + (2.0 * t - 1.0) * (a1 - am))
-                j = self.cols[k]
-                S[q, j], B[q, j] = sf.sound_tangent_lines(self.code, self.l[j], self.u[j],
-                                                          d, np.full(q.size, s == 1))
-        else:
-            sf.tangent_rows(self.code, np.ascontiguousarray(theta), self.cols, self.free,
-                            self.ranges, SL, BL, SU, BU)
-        return Lines(self.crown.cols, SL, SU, upper_icpt=BU, lower_icpt=BL)
+        cr = self.crown
+        out = np.empty((4, r, cr.cols.size), np.float64 if sound else theta.dtype)
+        for a, line in enumerate((cr.lower, cr.lower_icpt, cr.upper, cr.upper_icpt)):
+            out[a] = line  # CROWN's, on every row
+        sf.tangent_rows(self.code, np.ascontiguousarray(theta), self.cols, self.free,
+                        self.ranges, self.bounds, sound, out)
+        return Lines(cr.cols, out[0], out[2], upper_icpt=out[3], lower_icpt=out[1])
 
     def gradient(self, L, pos, z, theta):
         """d bound / d theta (r, k): the coefficient ``L`` times act''(d) dd/dtheta (z - d)

@@ -433,25 +433,6 @@ def erf_relaxation(l, u, paper=False):
 
 
 # ---------------------------------------------------------------------------------------------
-def smooth_fns(kind, t):
-    """act(t), act'(t), act''(t) elementwise in t's dtype for ``kind`` "tanh", "sigmoid" or
-    "arctan" (numpy; steering: no rounding control)."""
-    if kind == "tanh":
-        f = np.tanh(t)
-        e = np.exp(-2.0 * np.abs(t))
-        f1 = 4.0 * e / ((1.0 + e) * (1.0 + e))  # sech^2 without cancellation
-        return f, f1, -2.0 * f * f1
-    if kind == "sigmoid":
-        e = np.exp(-np.abs(t))
-        big = 1.0 / (1.0 + e)  # sigmoid(|t|)
-        small = e / (1.0 + e)  # sigmoid(-|t|)
-        f = np.where(t >= 0.0, big, small)
-        f1 = big * small
-        return f, f1, f1 * (1.0 - 2.0 * f)
-    w = 1.0 / (1.0 + t * t)
-    return np.arctan(t), w, -2.0 * t * w * w
-
-
 # alpha-CROWN: the families of valid tangent lines (crown_cli.engine.alpha_crown.SmoothRelax)
 # ---------------------------------------------------------------------------------------------
 
@@ -684,13 +665,16 @@ def steer_tangent_backward(gS, wL, free, dS, dB, lower, A, Dt, F2, chord):
 
 
 @njit(cache=True)
-def tangent_rows(kind, theta, cols, free, ranges, SL, BL, SU, BU):
-    """Both lines of every row at its variables ``theta`` (r, k) on the columns ``cols`` for
-    steering (graph alpha-CROWN's :class:`~crown_cli.engine.graph_alpha.Tangents`): where a
-    side is free (``free`` (2, k): lower, upper) the tangent ``act(d) - act'(d) d`` at the
-    :func:`theta_point` d of the side's range (``ranges`` (6, k): a0, am, a1 of the lower
-    side, then of the upper), written into the slopes and intercepts (r, n) of that side;
-    elsewhere they keep what they hold (CROWN's lines)."""
+def tangent_rows(kind, theta, cols, free, ranges, bounds, sound, out):
+    """Both lines of every row at its variables ``theta`` (r, k) on the columns ``cols``
+    (graph alpha-CROWN's :class:`~crown_cli.engine.graph_alpha.Tangents`): where a side is
+    free (``free`` (2, k): lower, upper) the tangent at the :func:`theta_point` d of the
+    side's range (``ranges`` (6, k): a0, am, a1 of the lower side, then of the upper),
+    written into ``out`` (4, r, n): lower slopes, lower intercepts, upper slopes, upper
+    intercepts; elsewhere they keep what they hold (CROWN's lines). Steering: the intercept
+    ``act(d) - act'(d) d``; ``sound``: the slope act'(d) with the exact intercept of
+    :func:`sound_tangent_lines` on the neuron's interval (``bounds`` (2, k): l, u), valid
+    in float64 whatever d is."""
     r, k = theta.shape
     for i in range(r):
         for q in range(k):
@@ -702,13 +686,12 @@ def tangent_rows(kind, theta, cols, free, ranges, SL, BL, SU, BU):
                 d, _ = theta_point(ranges[3 * s, q], ranges[3 * s + 1, q], ranges[3 * s + 2, q],
                                    t)
                 slope = _dact(kind, d)
-                icpt = _act(kind, d) - slope * d
-                if s == 0:
-                    SL[i, j] = slope
-                    BL[i, j] = icpt
+                if sound:
+                    icpt = _intercept(kind, bounds[0, q], bounds[1, q], slope, s == 1)
                 else:
-                    SU[i, j] = slope
-                    BU[i, j] = icpt
+                    icpt = _act(kind, d) - slope * d
+                out[2 * s, i, j] = slope
+                out[2 * s + 1, i, j] = icpt
 
 
 @njit(cache=True)
