@@ -547,7 +547,7 @@ def test_a_dense_nodes_bounds_start_from_its_weights_rows(monkeypatch):
 
     monkeypatch.setattr(graph_rows, "WEIGHT_ROWS_MIN", 1)  # (a small layer)
     rng = np.random.default_rng(8)
-    sizes = [10, 70, 90, 3]  # 90 rows: more than one block of the transposed copy
+    sizes = [10, 70, 90, 3]  # 90 rows: more than one tile of weight_rows_t
     ws = [rng.normal(0, 1 / np.sqrt(m), (n, m)) for m, n in zip(sizes, sizes[1:])]
     bs = [rng.normal(0, 0.5, n) for n in sizes[1:]]
     g = dense_graph(MLP(ws, bs, "relu"))
@@ -576,6 +576,21 @@ def test_a_dense_nodes_bounds_start_from_its_weights_rows(monkeypatch):
         if k == 1:
             assert np.all(z >= gb.lo[hidden[1]] - 1e-12) and np.all(z <= gb.hi[hidden[1]] + 1e-12)
         z = np.maximum(z, 0)
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+@pytest.mark.parametrize("layout", ["C", "F"])
+def test_weight_rows_kernel_equals_numpy_twin(dtype, layout):
+    """``weight_rows_t``: a dense weight's rows (chosen, repeated, signed) held transposed,
+    equal to numpy's ``(sign * W[idx]).T`` exactly, for weights in either memory order and
+    sizes that are not whole tiles."""
+    rng = np.random.default_rng(3)
+    W = np.asarray(rng.normal(size=(77, 45)), dtype, order=layout)
+    idx = np.concatenate([rng.permutation(77)[:40], rng.permutation(77)[:33]])
+    sign = rng.choice([-1.0, 1.0], idx.size).astype(dtype)
+    Lt = np.full((45, idx.size), np.nan, dtype)
+    graph_kernels().weight_rows_t(W, idx, sign, Lt)
+    np.testing.assert_array_equal(Lt, (sign[:, None] * W[idx]).T)
 
 
 def test_inception_rows_stay_on_windows(tmp_path, monkeypatch):

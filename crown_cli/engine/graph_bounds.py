@@ -444,7 +444,7 @@ class GraphBounds:
                 idx, sg = _both_sides(idx) if side is None else (idx, side[idx])
                 win = None if fused is None else (
                     unit_windows(self.g.nodes[target], idx, self.dtype, sg)
-                    or weight_rows(self, target, idx, self.dtype, sg))
+                    or weight_rows(self, target, idx, self.dtype, sg, fused))
                 if win is None:
                     low = self.lower(target, _unit_rows(idx, m, sg))
                 else:  # the fast path, its rows on windows from the start

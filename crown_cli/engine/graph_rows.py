@@ -370,7 +370,8 @@ class WeightRows(NamedTuple):
     mag: np.ndarray
 
 
-def weight_rows(gb, target: int, idx: np.ndarray, dtype, sign) -> Optional[WeightRows]:
+def weight_rows(gb, target: int, idx: np.ndarray, dtype, sign,
+                kernels) -> Optional[WeightRows]:
     """:class:`WeightRows` of the rows ``sign[k] e_idx[k]`` over node ``target`` when it is a
     dense (not sparse) layer of one input and :data:`WEIGHT_ROWS_MIN` outputs or more, else
     None."""
@@ -380,11 +381,8 @@ def weight_rows(gb, target: int, idx: np.ndarray, dtype, sign) -> Optional[Weigh
             or op.size < WEIGHT_ROWS_MIN:
         return None
     W = _weight(gb, target, dtype)
-    k = idx.size
-    Lt = np.empty((W.shape[1], k), dtype)
-    for s in range(0, k, 64):  # in blocks of rows: one transposed copy is slower
-        e = min(k, s + 64)
-        Lt[:, s:e] = W[idx[s:e]].T * sign[s:e].astype(dtype)  # times +-1: exact
+    Lt = np.empty((W.shape[1], idx.size), dtype)
+    kernels.weight_rows_t(W, np.asarray(idx, np.int64), np.asarray(sign, dtype), Lt)
     b, absb = _bias(gb, target, np.float64)
     return WeightRows(node.inputs[0], (None, Lt), sign * b[idx], absb[idx])
 
