@@ -53,7 +53,8 @@ def test_conv_transpose_kernel_equals_numpy_twin(layout, density):
 def test_conv_transpose_by_blas_equals_numpy_twin(layout, dtype):
     """Conv.transpose_blas_t (one product per kernel offset and group) on rows held
     transposed, all output elements live or a subset, against the numpy twin; and the
-    dispatch: BLAS from 32 channels with most outputs live, the kernel otherwise, the same
+    dispatch: BLAS from 32 channels where the kernel would take most of its products (live
+    outputs, inputs asked for, offsets inside the image), the kernel otherwise, the same
     numbers either way."""
     wshape, in_shape, strides, pads, dil, group = layout
     rng = np.random.default_rng(wshape[0] + 10 * group)
@@ -72,6 +73,14 @@ def test_conv_transpose_by_blas_equals_numpy_twin(layout, dtype):
     wide = Conv(rng.normal(size=(32, 32, 3, 3)), None, (32, 6, 6), (1, 1), (1, 1, 1, 1))
     assert wide.blas_pays(None) and not wide.blas_pays(np.arange(wide.size // 2))
     assert not conv.blas_pays(None)
+    # BLAS takes every offset at every input element: not where the kernel's share is small
+    every = np.arange(36)
+    assert wide._inside() == pytest.approx((16 / 18) ** 2)  # 2 of 18 pairs a side in the pad
+    assert wide.blas_pays(None, every, np.ones(32 * 36, bool))
+    assert not wide.blas_pays(None, every, np.arange(32 * 36) % 2 == 0)  # half the inputs
+    assert not wide.blas_pays(None, every[:18])  # half the positions
+    point = Conv(rng.normal(size=(32, 32, 3, 3)), None, (32, 1, 1), (1, 1), (1, 1, 1, 1))
+    assert point._inside() == pytest.approx(1 / 9) and not point.blas_pays(None)
     Lt = rng.normal(size=(wide.size, 4))
     every = np.arange(wide.in_shape[1] * wide.in_shape[2])  # every position
     np.testing.assert_allclose(wide.transpose_t(Lt, None, every, wide.weight, graph_kernels()),
