@@ -439,8 +439,9 @@ class ConvRule(AffineRule):
         Gt = np.empty((op.in_shape[0], h2, w2, r), dt)
         strides, dilations, _, group = kernels.conv_args(op.strides, op.dilations, op.pads,
                                                          op.group)
-        kernels.win_conv_transpose_t(win.Pt, oy, ox, _weight(gb, i, dt), strides, dilations,
-                                     group, np.asarray((IH, IW), np.int64), Gt)
+        kernels.win_conv_transpose_t(np.ascontiguousarray(win.Pt), oy, ox, _weight(gb, i, dt),
+                                     strides, dilations, group, np.asarray((IH, IW), np.int64),
+                                     Gt)
         walk.give(node.inputs[0], Win(oy, ox, Gt, window_runs(win)))  # places moved alike
         return True
 

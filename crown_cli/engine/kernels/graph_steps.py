@@ -79,17 +79,52 @@ ROW_BLOCK = 64
 
 
 @njit(cache=True)
-def _add_products(acc, weight, o, i, j, row, on):
-    """``acc[cc] += weight[o, cc, i, j] * row`` for every channel cc of the group that is
-    ``on`` (zero weights skipped): one output row's products in a transpose's sums, position
-    by position (:func:`conv_transpose_t`, :func:`win_conv_transpose_t`)."""
-    for cc in range(acc.shape[0]):
-        w = weight[o, cc, i, j]
-        if w == 0.0 or not on[cc]:
-            continue
-        a = acc[cc]
-        for k in range(row.shape[0]):
-            a[k] += w * row[k]
+def _axpy(a, w, row):
+    """``a += w * row``."""
+    for k in range(row.shape[0]):
+        a[k] += w * row[k]
+
+
+@njit(cache=True)
+def _add_products(acc, weight, L, rows, wo, wi, wj, n, on):
+    """``acc[cc] += sum_m weight[wo[m], cc, wi[m], wj[m]] * L[rows[m]]`` over the first n
+    (row, kernel offset) pairs, for every channel cc of the group that is ``on``: one
+    position's sums in a transpose (:func:`conv_transpose_t`, :func:`win_conv_transpose_t`).
+    Four products per pass over ``acc[cc]`` (1.3-1.45x one pass each: fewer loads and stores
+    of the sums per product), a zero weight's product skipped (as one pass each). The same
+    products, summed in another order."""
+    r = acc.shape[1]
+    m = 0
+    while m + 4 <= n:
+        R0, R1, R2, R3 = L[rows[m]], L[rows[m + 1]], L[rows[m + 2]], L[rows[m + 3]]
+        for cc in range(acc.shape[0]):
+            if not on[cc]:
+                continue
+            w0 = weight[wo[m], cc, wi[m], wj[m]]
+            w1 = weight[wo[m + 1], cc, wi[m + 1], wj[m + 1]]
+            w2 = weight[wo[m + 2], cc, wi[m + 2], wj[m + 2]]
+            w3 = weight[wo[m + 3], cc, wi[m + 3], wj[m + 3]]
+            a = acc[cc]
+            if w0 != 0.0 and w1 != 0.0 and w2 != 0.0 and w3 != 0.0:
+                for k in range(r):
+                    a[k] += w0 * R0[k] + w1 * R1[k] + w2 * R2[k] + w3 * R3[k]
+            else:
+                if w0 != 0.0:
+                    _axpy(a, w0, R0)
+                if w1 != 0.0:
+                    _axpy(a, w1, R1)
+                if w2 != 0.0:
+                    _axpy(a, w2, R2)
+                if w3 != 0.0:
+                    _axpy(a, w3, R3)
+        m += 4
+    while m < n:
+        R0 = L[rows[m]]
+        for cc in range(acc.shape[0]):
+            w0 = weight[wo[m], cc, wi[m], wj[m]]
+            if on[cc] and w0 != 0.0:
+                _axpy(acc[cc], w0, R0)
+        m += 1
 
 
 @njit(cache=True)
@@ -132,7 +167,9 @@ def conv_transpose_t(Lt, src, pos, dst, weight, in_shape, out_shape, strides, di
             continue
         yy = pos[t] // W
         xx = pos[t] % W
-        acc = np.zeros((Cg, r), Gt.dtype)
+        pairs = np.empty((4, Og * kh * kw), np.int64)  # row, output channel, offset i, j
+        rows, wo, wi, wj = pairs[0], pairs[1], pairs[2], pairs[3]
+        n = 0
         for i in range(kh):
             ty = yy + pt - i * dh
             if ty < 0 or ty % sh != 0 or ty // sh >= OH:
@@ -147,7 +184,10 @@ def conv_transpose_t(Lt, src, pos, dst, weight, in_shape, out_shape, strides, di
                     s = src[(o * OH + y) * OW + x]
                     if s < 0:
                         continue
-                    _add_products(acc, weight, o, i, j, Lt[s], on)
+                    rows[n], wo[n], wi[n], wj[n] = s, o, i, j
+                    n += 1
+        acc = np.zeros((Cg, r), Gt.dtype)
+        _add_products(acc, weight, Lt, rows, wo, wi, wj, n, on)
         for cc in range(Cg):
             d = dst[(g * Cg + cc) * P + t]
             if d < 0:
@@ -493,6 +533,7 @@ def win_conv_transpose_t(Pt, oy, ox, weight, strides, dilations, group, in_hw, G
     products; position by position, each output row read serving every channel of its
     group."""
     O, h, w, r = Pt.shape
+    P2 = Pt.reshape(O * h * w, r)  # window element (o, y, x)'s rows at (o * h + y) * w + x
     _, Cg, kh, kw = weight.shape
     h2, w2 = Gt.shape[1], Gt.shape[2]
     H, W = in_hw[0], in_hw[1]
@@ -503,8 +544,10 @@ def win_conv_transpose_t(Pt, oy, ox, weight, strides, dilations, group, in_hw, G
         g = abg % group
         a = (abg // group) // w2
         b = (abg // group) % w2
-        acc = np.zeros((Cg, r), Gt.dtype)
         on = np.ones(Cg, np.bool_)
+        pairs = np.empty((4, Og * kh * kw), np.int64)  # row, output channel, offset i, j
+        rows, wo, wi, wj = pairs[0], pairs[1], pairs[2], pairs[3]
+        n = 0
         for i in range(kh):
             ty = a - i * dh
             if ty < 0 or ty % sh != 0 or ty // sh >= h:
@@ -516,7 +559,10 @@ def win_conv_transpose_t(Pt, oy, ox, weight, strides, dilations, group, in_hw, G
                     continue
                 x = tx // sw
                 for o in range(g * Og, (g + 1) * Og):
-                    _add_products(acc, weight, o, i, j, Pt[o, y, x], on)
+                    rows[n], wo[n], wi[n], wj[n] = (o * h + y) * w + x, o, i, j
+                    n += 1
+        acc = np.zeros((Cg, r), Gt.dtype)
+        _add_products(acc, weight, P2, rows, wo, wi, wj, n, on)
         for cc in range(Cg):
             out = Gt[g * Cg + cc, a, b]
             s = acc[cc]
