@@ -49,6 +49,48 @@ def test_conv_transpose_kernel_equals_numpy_twin(layout, density):
 
 
 @pytest.mark.parametrize("layout", LAYOUTS)
+def test_conv_transpose_kernels_skip_zero_weights(layout):
+    """Kernels with half the weights 0 (the four-products pass falls back to one product at
+    a time wherever one of its four weights is 0): rows held transposed and rows on windows
+    equal the numpy twin; and a row whose only coefficients meet zero weights gives exact
+    zeros (a zero weight's product is skipped, never 0 * inf)."""
+    from types import SimpleNamespace
+
+    from crown_cli.engine.graph_rows import Win, _unwin
+
+    wshape, in_shape, strides, pads, dil, group = layout
+    rng = np.random.default_rng(wshape[0] + 29)
+    weight = rng.normal(size=wshape) * (rng.uniform(size=wshape) < 0.5)
+    conv = Conv(weight, None, in_shape, strides, pads, dil, group)
+    L = rng.normal(size=(6, conv.size))
+    want = conv._transpose_numpy(L)[0]
+    np.testing.assert_allclose(conv.transpose(L)[0], want, rtol=1e-13,
+                               atol=1e-13 * np.abs(want).max())
+    kernels = graph_kernels()
+    O, OH, OW = conv.out_shape
+    Pt = np.ascontiguousarray(L.reshape(6, O, OH, OW).transpose(1, 2, 3, 0))
+    (sh, sw), (dh, dw) = conv.strides, conv.dilations
+    kh, kw = wshape[2:]
+    h2, w2 = (OH - 1) * sh + (kh - 1) * dh + 1, (OW - 1) * sw + (kw - 1) * dw + 1
+    iy, ix = np.full(6, -conv.pads[0]), np.full(6, -conv.pads[1])
+    Gt = np.empty((in_shape[0], h2, w2, 6))
+    st, di, _, gr = kernels.conv_args(conv.strides, conv.dilations, conv.pads, conv.group)
+    kernels.win_conv_transpose_t(Pt, iy, ix, conv.weight, st, di, gr,
+                                 np.asarray(in_shape[1:], np.int64), Gt)
+    idx, got = _unwin(Win(iy, ix, Gt), SimpleNamespace(shape=(1,) + tuple(in_shape)), kernels)
+    full = np.zeros((conv.n_in[0], 6))
+    full[np.arange(conv.n_in[0]) if idx is None else idx] = got
+    np.testing.assert_allclose(full.T, want, rtol=1e-13, atol=1e-13 * np.abs(want).max())
+    # an output channel all of whose weights are 0, its rows inf: nothing reaches the input
+    dead = conv.weight.copy()
+    dead[0] = 0.0
+    zero = Conv(dead, None, in_shape, strides, pads, dil, group)
+    L = np.zeros((2, conv.size))
+    L[:, :OH * OW] = np.inf  # output channel 0's elements
+    assert np.all(zero.transpose(L)[0] == 0.0)
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
 @pytest.mark.parametrize("dtype", [np.float64, np.float32])
 def test_conv_transpose_by_blas_equals_numpy_twin(layout, dtype):
     """Conv.transpose_blas_t (one product per kernel offset and group) on rows held
