@@ -144,6 +144,52 @@ def test_intermediate_alpha_takes_tangents_and_stays_sound(tmp_path):
     assert np.any(alpha.lo[p] > crown.lo[p] + 1e-6)
 
 
+def test_intermediate_alpha_skips_neurons_whose_lines_are_already_close(tmp_path, monkeypatch):
+    """Intermediate alpha-CROWN on a node read by tanh optimises only the neurons whose tanh
+    lines lie ALPHA_GAP_MIN apart or more somewhere on their interval (GraphBounds._loose):
+    the others keep CROWN's bounds, the bounds stay sound, and with the threshold 0 every
+    neuron is optimised (the rows handed to alpha_lower counted)."""
+    import crown_cli.engine.graph_alpha as graph_alpha
+    import crown_cli.engine.graph_bounds as graph_bounds
+    from crown_cli.engine.node_rules import activation_interval, line_gap
+
+    g = _graph(tmp_path, "Tanh", 7, sizes=(4, 12, 10, 8, 3))
+    x0 = np.random.default_rng(7).uniform(-1.0, 1.0, g.input_size)
+    box = Box(x0 - 0.15, x0 + 0.15)  # the second layer's gaps 0.003-0.06
+    rows = []
+    alpha_lower = graph_alpha.alpha_lower
+
+    def spy(gb, p, Lam, *args, **kw):
+        rows.append((p, np.flatnonzero(np.abs(Lam).sum(axis=0))))
+        return alpha_lower(gb, p, Lam, *args, **kw)
+
+    monkeypatch.setattr(graph_alpha, "alpha_lower", spy)
+    crown = GraphBounds(g, *box.args())
+    alpha = GraphBounds(g, *box.args(), intermediate="alpha")
+    X = np.random.default_rng(8).uniform(box.lo, box.hi, (20000, g.input_size))
+    _, vals = g.forward(X, return_all=True)
+    second = [i for i in range(len(g.nodes)) if g.nodes[i].kind == "activation"][1]
+    p = g.nodes[second].inputs[0]
+    lines, _, _ = activation_interval(g.nodes[second].op, "crown", crown.lo[p], crown.hi[p],
+                                      crown.absval[p])
+    gap = line_gap(crown.lo[p], crown.hi[p], *lines)
+    close = gap < graph_bounds.ALPHA_GAP_MIN
+    assert close.any() and (~close).any()  # the case has both kinds
+    took = np.concatenate([r for q, r in rows if q == p])
+    assert set(took.tolist()) == set(np.flatnonzero(~close).tolist())
+    assert np.array_equal(alpha.lo[p][close], crown.lo[p][close])
+    assert np.array_equal(alpha.hi[p][close], crown.hi[p][close])
+    for i in range(len(g.nodes)):
+        if alpha.lo[i] is not None:
+            v = np.asarray(vals[i]).reshape(X.shape[0], -1)
+            assert np.all(alpha.lo[i] <= v.min(axis=0) + 1e-9)
+            assert np.all(alpha.hi[i] >= v.max(axis=0) - 1e-9)
+    rows.clear()
+    monkeypatch.setattr(graph_bounds, "ALPHA_GAP_MIN", 0.0)
+    GraphBounds(g, *box.args(), intermediate="alpha")
+    assert set(np.concatenate([r for q, r in rows if q == p]).tolist()) == set(range(gap.size))
+
+
 def test_tangents_are_not_offered_where_no_line_is_free(tmp_path):
     g = _graph(tmp_path, "Tanh", 9)
     x0 = np.random.default_rng(9).uniform(-1.0, 1.0, g.input_size)

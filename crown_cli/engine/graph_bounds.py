@@ -58,7 +58,8 @@ from crown_cli.engine.deadline import check_deadline
 from crown_cli.engine.graph_rows import FastInput, fused_rows, unit_windows, weight_rows
 from crown_cli.engine.input_sets import Box, input_terms
 from crown_cli.engine.kernels import graph_kernels
-from crown_cli.engine.node_rules import AffineRule, InputRule, PoolLines, plan
+from crown_cli.engine.node_rules import (AffineRule, InputRule, PoolLines, activation_interval,
+                                         line_gap, plan)
 from crown_cli.graph.ops import Dense, IndexMap, steer_dtype
 from crown_cli.engine.rounding import ERR_SAFETY, U64, steering_quiet, sum_rtol, widen
 ROW_BUDGET = 256 * 2 ** 20  # bytes of rows per back-substitution pass (identity rows chunked)
@@ -71,6 +72,11 @@ ROW_PEAK = 8
 # intermediate="alpha": the optimisation of each node's rows stops early after this many steps
 # without gaining 1e-3 of the rows' summed bound (graph_alpha.alpha_lower's patience)
 INTERMEDIATE_PATIENCE = 2
+# ... and a neuron read by activations that are not sign-stable (tanh, sigmoid, GELU, ...) is
+# optimised only where its readers' CROWN lines lie at least this far apart over its
+# interval: tighter bounds can only narrow that gap (docs/benchmarks.md: on residual tanh and
+# sigmoid MNIST CNNs half the time, radii 0.04-0.15% lower)
+ALPHA_GAP_MIN = 0.01
 # bytes per row and product neuron of alpha-CROWN's mixed planes (node_rules.mixed_planes: the
 # corners' gaps and errors, the slopes, intercepts and corners, the gradient)
 MIX_BYTES = 128
@@ -318,17 +324,18 @@ class GraphBounds:
             not isinstance(self.plan[node.inputs[0]], InputRule)
 
     def _alpha_bounds(self, p, iters, lr):
-        """Node p's bounds with the neurons CROWN left unstable (all neurons when a reader is
-        not a sign-stable activation) tightened by :func:`~crown_cli.engine.graph_alpha.
-        alpha_lower` on their rows ``[I; -I]``, in chunks: each row keeps per node below p
-        its lines and values (about 3 floats per neuron, :data:`MIX_BYTES` more per product
-        neuron, :data:`TANGENT_BYTES` more per tanh, sigmoid or arctan neuron)."""
+        """Node p's bounds with the neurons CROWN left unstable (when a reader is not a
+        sign-stable activation: those whose readers' lines are apart, :meth:`_loose`)
+        tightened by :func:`~crown_cli.engine.graph_alpha.alpha_lower` on their rows
+        ``[I; -I]``, in chunks: each row keeps per node below p its lines and values
+        (about 3 floats per neuron, :data:`MIX_BYTES` more per product neuron,
+        :data:`TANGENT_BYTES` more per tanh, sigmoid or arctan neuron)."""
         from crown_cli.engine.graph_alpha import ITERS, LR, TANGENT_KINDS, alpha_lower, \
             free_below
 
         l, u = self.lo[p].copy(), self.hi[p].copy()
         rows = self._rows_to_refine(p)
-        rows = np.arange(l.size) if rows is None else rows[(l[rows] < 0.0) & (u[rows] > 0.0)]
+        rows = self._loose(p) if rows is None else rows[(l[rows] < 0.0) & (u[rows] > 0.0)]
         if rows.size == 0 or not free_below(self, p):
             return l, u
         below = self.g.nodes[:p + 1]
@@ -347,6 +354,24 @@ class GraphBounds:
                               crown=np.concatenate([l[idx], -u[idx]]))
             l[idx], u[idx] = np.fmax(l[idx], low[:idx.size]), np.fmin(u[idx], -low[idx.size:])
         return l, u
+
+    def _loose(self, p):
+        """The neurons of node p whose readers' CROWN lines lie at least
+        :data:`ALPHA_GAP_MIN` apart somewhere on its interval (every neuron when a reader is
+        not an activation): where every reader's lines are closer, the neuron's bounds,
+        however tight, change those lines by less (later nodes see the neuron only through
+        them and through intervals)."""
+        l, u = self.lo[p], self.hi[p]
+        readers = [self.g.nodes[a] for a in self.g.consumers[p]]
+        if not readers or any(n.kind != "activation" for n in readers):
+            return np.arange(l.size)
+        gap = np.zeros(l.size)
+        with np.errstate(invalid="ignore", over="ignore"):
+            for n in readers:
+                lines, _, _ = activation_interval(n.op, self.method_name, l, u, self.absval[p])
+                gap = np.maximum(gap, line_gap(l, u, *(np.broadcast_to(a, l.shape)
+                                                        for a in lines)))
+        return np.flatnonzero(~(gap < ALPHA_GAP_MIN))  # an unbounded neuron stays (nan, inf)
 
     def _rows_to_refine(self, p):
         """The neurons of node p whose CROWN bounds can change a relaxation: when only

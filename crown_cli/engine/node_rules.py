@@ -83,6 +83,11 @@ def affine_interval(op, los, his):
     return outward(yc - yr, yc + yr, err)
 
 
+def line_gap(l, u, aU, bU, aL, bL):
+    """The largest distance between an upper and a lower line over [l, u] (at an end)."""
+    return np.maximum((aU - aL) * l + (bU - bL), (aU - aL) * u + (bU - bL))
+
+
 def activation_interval(op, method: str, l, u, z):
     """An activation's relaxation on its input's interval [l, u] (arrays of any one shape;
     ``z`` >= max(|l|, |u|)): its lines ``(aU, bU, aL, bL)`` (each l's shape, or broadcastable

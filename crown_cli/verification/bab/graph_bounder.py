@@ -45,6 +45,7 @@ import numpy as np
 from crown_cli.engine.batch_steps import Lines
 from crown_cli.engine.graph_alpha import _minimiser, _relaxed_forward
 from crown_cli.engine.graph_bounds import GraphBounds
+from crown_cli.engine.node_rules import line_gap
 from crown_cli.engine.input_sets import Box
 from crown_cli.verification.bab.domains import CaseRows, tighten_layers
 from crown_cli.verification.bab.relu_split import ReluSplitOptions, _Search
@@ -76,11 +77,6 @@ def splittable_nodes(graph) -> List[int]:
     (:data:`SMOOTH_SPLITS`)."""
     return [i for i, n in enumerate(graph.nodes)
             if n.kind == "activation" and (n.op.name == "relu" or n.op.name in SMOOTH_SPLITS)]
-
-
-def _line_gap(l, u, aU, bU, aL, bL):
-    """The largest distance between an upper and a lower line over [l, u] (at an end)."""
-    return np.maximum((aU - aL) * l + (bU - bL), (aU - aL) * u + (bU - bL))
 
 
 def exact_when_split(graph) -> bool:
@@ -126,7 +122,7 @@ class GraphBounder(CaseRows):
             else:
                 root = [np.broadcast_to(np.asarray(getattr(self._root(i), k), np.float64), (n,))
                         for k in ("upper", "upper_icpt", "lower", "lower_icpt")]
-                gap = _line_gap(l, u, *root)
+                gap = line_gap(l, u, *root)
                 idx = np.flatnonzero(np.isfinite(l) & np.isfinite(u) & (gap > SMOOTH_MIN_GAP))
                 half = self._halves(graph.nodes[i].op, l[idx], u[idx])
                 cost = gap[idx]
