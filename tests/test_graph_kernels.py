@@ -534,9 +534,9 @@ def test_rows_of_inactive_relus_are_dropped_with_the_same_bounds(monkeypatch):
     seen = []
     transpose = node_rules._transpose
 
-    def spy(gb, i, rows, kernels):
+    def spy(gb, i, rows, kernels, *shared):
         seen.append((i, rows[1].shape[0]))
-        return transpose(gb, i, rows, kernels)
+        return transpose(gb, i, rows, kernels, *shared)
 
     monkeypatch.setattr(node_rules, "_transpose", spy)
     (gb, out, dropped), (_, _, kept) = _with_and_without_drop(monkeypatch, g, x0, 0.05, ref,
@@ -608,9 +608,9 @@ def test_a_dense_nodes_bounds_start_from_its_weights_rows(monkeypatch):
     seen = []
     transpose = node_rules._transpose
 
-    def spy(gb, i, rows, kernels):
+    def spy(gb, i, rows, kernels, *shared):
         seen.append(i)
-        return transpose(gb, i, rows, kernels)
+        return transpose(gb, i, rows, kernels, *shared)
 
     monkeypatch.setattr(node_rules, "_transpose", spy)
     with using_kernels("numba"):
@@ -824,3 +824,102 @@ def test_graph_bounds_kernels_equal_numpy_on_keras_written_models(name):
     pts[:300] = x0 + eps * np.sign(rng.normal(size=(300, g.input_size)))
     y = g.forward(pts)
     assert np.all(y >= lo) and np.all(y <= hi)
+
+
+def test_activation_step_reads_rows_that_are_pairs_from_their_first_half():
+    """``activation_step_t`` given E alone (r / 2 columns) for the rows [E; -E] writes what
+    it writes given both halves, bit for bit: the steps, the intercept sums, magnitudes and
+    charges, and the fused affine sums (float64 and float32)."""
+    from crown_cli.engine.kernels import graph_steps
+
+    rng = np.random.default_rng(3)
+    for dt in (np.float64, np.float32):
+        for h in (5, 64, 97):  # within one row block, exactly blocks, and a ragged block
+            E = rng.normal(size=(30, h)).astype(dt)
+            read = np.sort(rng.choice(30, 21, replace=False)).astype(np.int64)
+            lines = [rng.normal(size=21).astype(dt) for _ in range(4)]
+            lines[1][:7] = lines[0][:7]  # some elements with one slope
+            absval = rng.uniform(0, 2, 21).astype(dt)
+            for terms in (np.empty((3, 0), dt), rng.uniform(0, 1, (3, 21)).astype(dt)):
+                cols = 3 + 3 * (terms.shape[1] > 0)
+                want_D, want = np.empty((21, 2 * h), dt), np.empty((2 * h, cols))
+                graph_steps.activation_step_t(np.ascontiguousarray(np.hstack([E, -E])), read,
+                                              *lines, absval, terms, want_D, want)
+                got_D, got = np.empty((21, 2 * h), dt), np.empty((2 * h, cols))
+                graph_steps.activation_step_t(E, read, *lines, absval, terms, got_D, got)
+                np.testing.assert_array_equal(got_D, want_D)
+                np.testing.assert_array_equal(got, want)
+
+
+def test_paired_product_equals_the_plain_product():
+    """``graph_rows._paired_product``: rows that are pairs on their first n_a elements give
+    the plain product W^T Lt to rounding."""
+    from crown_cli.engine.graph_rows import _paired_product
+
+    rng = np.random.default_rng(4)
+    W = rng.normal(size=(50, 17))
+    E = rng.normal(size=(50, 9))
+    F = rng.normal(size=(50, 9))
+    n_a = 20
+    F[:n_a] = -E[:n_a]
+    Lt = np.hstack([E, F])
+    want = W.T @ Lt
+    np.testing.assert_allclose(_paired_product(W, Lt, n_a), want, rtol=1e-13,
+                               atol=1e-13 * np.abs(want).max())
+
+
+def test_both_sides_of_a_dense_node_share_their_products(monkeypatch):
+    """Both sides of a dense node's neurons (rows [I; -I], ibp=False) on the fast path: the
+    weight's rows are written once (E for [E; -E]), the next dense node's products on the
+    elements where the ReLU's two lines have one slope are shared (``_transpose`` told how
+    many), and every node's bounds equal the numpy twin's to the charges' order and hold
+    on sampled points. The first layer takes its interval (exact for an affine map of the
+    input over an l_inf ball): no rows of its own."""
+    import crown_cli.engine.graph_rows as graph_rows
+    import crown_cli.engine.node_rules as node_rules
+    from crown_cli.graph.network import dense_graph
+    from crown_cli.network import MLP
+
+    monkeypatch.setattr(graph_rows, "WEIGHT_ROWS_MIN", 1)
+    monkeypatch.setattr(graph_rows, "PAIRED_MIN", 4)
+    rng = np.random.default_rng(9)
+    sizes = [10, 60, 80, 50, 3]
+    ws = [rng.normal(0, 1.5 / np.sqrt(m), (n, m)) for m, n in zip(sizes, sizes[1:])]
+    bs = [rng.normal(0.2, 0.5, n) for n in sizes[1:]]
+    g = dense_graph(MLP(ws, bs, "relu"))
+    x0 = rng.uniform(-1, 1, 10)
+    eps = 0.08
+    with using_kernels("numpy"):
+        ref = GraphBounds(g, x0, eps, 0, ibp=False)
+    shared, starts = [], []
+    transpose, weight_rows = node_rules._transpose, graph_rows.weight_rows
+
+    def spy(gb, i, rows, kernels, n_a=None):
+        shared.append((i, n_a))
+        return transpose(gb, i, rows, kernels, n_a)
+
+    def spy_rows(*args):
+        out = weight_rows(*args)
+        starts.append((args[1], out.paired, out.rows[1].shape[1], args[2].size))
+        return out
+
+    import crown_cli.engine.graph_bounds as graph_bounds
+    monkeypatch.setattr(node_rules, "_transpose", spy)
+    monkeypatch.setattr(graph_bounds, "weight_rows", spy_rows)
+    with using_kernels("numba"):
+        gb = GraphBounds(g, x0, eps, 0, ibp=False)
+    dense = [i for i, n in enumerate(g.nodes) if n.kind == "affine"]
+    assert starts and all(p and 2 * w == k for _, p, w, k in starts)  # E alone
+    assert dense[0] not in [t for t, _, _, _ in starts]  # the first layer: its interval
+    assert any(n_a for _, n_a in shared)  # some products shared
+    for i in range(len(g.nodes)):
+        np.testing.assert_allclose(gb.lo[i], ref.lo[i], rtol=1e-9, atol=1e-12)
+        np.testing.assert_allclose(gb.hi[i], ref.hi[i], rtol=1e-9, atol=1e-12)
+    np.testing.assert_array_equal(gb.lo[dense[0]], GraphBounds(g, x0, eps, 0).lo[dense[0]])
+    x = x0[None] + rng.uniform(-eps, eps, (4000, 10))
+    z = x
+    for k, (W, b) in enumerate(zip(ws, bs)):
+        z = z @ W.T + b
+        p = dense[k]
+        assert np.all(z >= gb.lo[p] - 1e-12) and np.all(z <= gb.hi[p] + 1e-12)
+        z = np.maximum(z, 0)

@@ -265,7 +265,7 @@ class GraphBounds:
         sources' refined bounds through its interval, which copies them exactly, instead of
         rows of its own (as many as its elements)."""
         intermediate, ibp, alpha_iters, alpha_lr = how
-        if p in refined or (ibp and self._exact(p)):
+        if p in refined or self._exact(p):
             return
         node = self.g.nodes[p]
         if isinstance(node.op, IndexMap) and node.inputs and not node.op.unique:

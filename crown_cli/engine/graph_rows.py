@@ -57,6 +57,13 @@ DEAD_SHARE = 0.1
 # a smaller one from [I; -I] taken through it (a product that small costs little, and on
 # 2 cores the small nets measured faster that way: docs/benchmarks.md, graph-dense)
 WEIGHT_ROWS_MIN = 256
+# rows that are pairs share their products on a dense node's elements where both lines of
+# the activation before it have one slope, when there are at least this many (each share
+# costs a second product call and two sums per result)
+PAIRED_MIN = 32
+# a dense node's transpose of at most this many rows on some of its elements: the rows
+# written out over every element (zeros elsewhere) rather than the weight's rows gathered
+FEW_ROWS_SCATTER = 8
 
 
 class Win(NamedTuple):
@@ -295,6 +302,9 @@ def fused_rows(gb, target: int, Lam, kernels, dtype=np.float64):
     start = Lam if isinstance(Lam, WeightRows) else None
     if start is not None:  # rows over the dense node's input, its bias taken
         target, first = start.node, start.rows
+        if start.paired and not getattr(gb.plan[target], "reads_pairs", False):
+            first = (None, np.hstack([first[1], -first[1]]))  # [E; -E] written out
+            start = start._replace(paired=False)
     elif isinstance(Lam, Win):
         first = Lam
     else:
@@ -303,11 +313,16 @@ def fused_rows(gb, target: int, Lam, kernels, dtype=np.float64):
         idx0 = None if live.size > LIVE_SHARE * Lam.shape[1] else live
         first = (idx0, np.ascontiguousarray((Lam if idx0 is None else Lam[:, idx0]).T))
     r = first.Pt.shape[3] if isinstance(first, Win) else first[1].shape[1]
+    if start is not None and start.paired:
+        r *= 2  # E's rows held, [E; -E] meant
     acc = np.zeros((3, r))  # constant, magnitude, charge
     if start is not None:
         acc[0], acc[1] = start.const, start.mag
     pending: Dict[int, Union[Rows, Win]] = {target: first}
     pre: Dict[int, np.ndarray] = {}  # an affine node's sums taken by its activation
+    # rows that are pairs (row k + r/2 = -row k): -1 at the node whose rows are exactly so,
+    # n_a at a dense node whose first n_a live elements' rows are (PAIRED_MIN or more)
+    paired: Dict[int, int] = {target: -1} if start is not None and start.paired else {}
 
     def give(j, rows):
         if hands_nothing(gb, j):
@@ -320,6 +335,7 @@ def fused_rows(gb, target: int, Lam, kernels, dtype=np.float64):
             pending[j] = rows
             return
         pre.pop(j, None)  # sums an activation took over the first rows no longer cover them
+        paired.pop(j, None)  # nor are the sum's rows pairs
         a, b = pending[j], rows
         if isinstance(a, Win) and isinstance(b, Win):
             S = _win_sum(a, b)
@@ -344,7 +360,7 @@ def fused_rows(gb, target: int, Lam, kernels, dtype=np.float64):
         acc[2] += 2.0 * U64 * sums
         pending[j] = (idx, St)
 
-    walk = _FastWalk(acc, give, kernels, r, g.input_size, pending, pre)
+    walk = _FastWalk(acc, give, kernels, r, g.input_size, pending, pre, paired)
     for i in range(target, -1, -1):
         rows = pending.pop(i, None)
         if rows is None:
@@ -363,11 +379,25 @@ class WeightRows(NamedTuple):
     """Rows ``+-e_j`` over a dense node already taken through it: its weight's rows ``+-W_j``
     over its input ``node`` (held transposed), and the bias's ``+-b_j`` as constants with
     their magnitudes. Exact: a product by 1 and sums of one term take no rounding, so the
-    step has no charge."""
+    step has no charge. ``paired``: the rows are ``[E; -E]`` (both sides of each neuron,
+    :func:`paired_signs`) and ``rows`` holds E's alone, which an activation's step reads
+    for both (``activation_step_t``) and whose products on the next dense layer it shares
+    (``ActivationRule.back_t``, :func:`_transpose`); ``fused_rows`` writes both out for
+    any other node."""
     node: int
     rows: Rows
     const: np.ndarray
     mag: np.ndarray
+    paired: bool = False
+
+
+def paired_signs(idx: np.ndarray, sign) -> bool:
+    """Whether the rows ``sign[k] e_idx[k]`` are ``[E; -E]``: the same neurons twice, +1
+    then -1."""
+    h = idx.size // 2
+    sign = np.asarray(sign)
+    return h > 0 and idx.size == 2 * h and np.array_equal(idx[:h], idx[h:]) and \
+        bool(np.all(sign[:h] == 1.0)) and bool(np.all(sign[h:] == -1.0))
 
 
 def weight_rows(gb, target: int, idx: np.ndarray, dtype, sign,
@@ -381,10 +411,13 @@ def weight_rows(gb, target: int, idx: np.ndarray, dtype, sign,
             or op.size < WEIGHT_ROWS_MIN:
         return None
     W = _weight(gb, target, dtype)
-    Lt = np.empty((W.shape[1], idx.size), dtype)
-    kernels.weight_rows_t(W, np.asarray(idx, np.int64), np.asarray(sign, dtype), Lt)
+    paired = paired_signs(idx, sign)
+    first = idx[:idx.size // 2] if paired else idx  # rows [E; -E]: E alone
+    Lt = np.empty((W.shape[1], first.size), dtype)
+    kernels.weight_rows_t(W, np.asarray(first, np.int64),
+                          np.asarray(sign[:first.size], dtype), Lt)
     b, absb = _bias(gb, target, np.float64)
-    return WeightRows(node.inputs[0], (None, Lt), sign * b[idx], absb[idx])
+    return WeightRows(node.inputs[0], (None, Lt), sign * b[idx], absb[idx], paired)
 
 
 class _FastWalk:
@@ -392,7 +425,7 @@ class _FastWalk:
     ``back_win`` take it: ``acc`` (3, r) constant, magnitude, charge per row; ``give(j,
     rows)``; the numba kernels; the rows over the flat input (:meth:`to_input`)."""
 
-    def __init__(self, acc, give, kernels, r: int, d: int, pending, pre):
+    def __init__(self, acc, give, kernels, r: int, d: int, pending, pre, paired):
         # give, pending and pre are the walk's (fused_rows); give does not refer to the walk
         # (a reference cycle would keep the rows alive until the garbage collector runs)
         self.acc, self.give, self.kernels = acc, give, kernels
@@ -400,6 +433,7 @@ class _FastWalk:
         self.Lx = None
         self.pending = pending  # the rows given to each node not yet visited
         self.pre = pre  # an affine node's sums taken by its activation (input_terms_fused)
+        self.paired = paired  # rows that are pairs (fused_rows)
 
     def to_input(self, offset: int, rows: Rows, size: int) -> None:
         """The rows over the input elements ``offset .. offset + size``: a graph of one input
@@ -525,11 +559,28 @@ def _weight(gb, i, dtype):
     return typed(op, "weight" if isinstance(op, Conv) else "W", dtype)
 
 
-def _transpose(gb, i, rows: Rows, kernels):
-    """The rows pulled back through affine node i: one (idx, Lt) per input."""
+def _paired_product(Wk, Lt, n_a: int) -> np.ndarray:
+    """``Wk^T Lt`` for rows that are pairs on the first ``n_a`` elements (``Lt[:n_a, h:] ==
+    -Lt[:n_a, :h]``, h = r/2): those elements' products once, ``A = Wk[:n_a]^T Lt[:n_a, :h]``,
+    added to the first half and taken from the second. The same products in another order,
+    one more sum per element: within the step's charge (gamma_{T+1})."""
+    h = Lt.shape[1] // 2
+    A = Wk[:n_a].T @ Lt[:n_a, :h]
+    P = Wk[n_a:].T @ Lt[n_a:]
+    P[:, :h] += A
+    P[:, h:] -= A
+    return P
+
+
+def _transpose(gb, i, rows: Rows, kernels, shared: Optional[int] = None):
+    """The rows pulled back through affine node i: one (idx, Lt) per input. ``shared``
+    (a dense node): the rows are pairs, ``Lt[:shared, r/2:] == -Lt[:shared, :r/2]``, whose
+    products on those elements are made once (``ActivationRule.back_t``)."""
     op = gb.g.nodes[i].op
     idx, Lt = rows
     dt = Lt.dtype
+    if shared and isinstance(op, Dense) and not op.sparse and idx is not None:
+        return [(None, _paired_product(_weight(gb, i, dt)[idx], Lt, shared))]
     if isinstance(op, Conv):
         in_idx, pos = _conv_live(op, idx)
         j = gb.g.nodes[i].inputs[0]
@@ -541,6 +592,8 @@ def _transpose(gb, i, rows: Rows, kernels):
         return [(elements[on], op.transpose_t(Lt, idx, pos, _weight(gb, i, dt), kernels, on))]
     if isinstance(op, Dense) and not op.sparse:  # W^T Lt: one BLAS product
         W = _weight(gb, i, dt)
+        if idx is not None and Lt.shape[1] <= FEW_ROWS_SCATTER:  # W read once, not copied
+            return [(None, W.T @ _full(rows, W.shape[0]))]
         return [(None, (W if idx is None else W[idx]).T @ Lt)]
     if isinstance(op, Scale):  # elementwise: each live element's rows times its factor
         a = typed(op, "a", dt)

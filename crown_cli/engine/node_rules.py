@@ -40,8 +40,8 @@ from crown_cli.engine.graph_rows import (LIVE_SHARE, Win, WinInputRows, _bias, _
 from crown_cli.engine.input_sets import Box
 from crown_cli.engine.kernels import graph_kernels
 from crown_cli.engine.rounding import ERR_SAFETY, TINY64, U64, gamma_n
-from crown_cli.graph.ops import (ActivationOp, Affine, Conv, IndexMap, InputOp, Product, Scale,
-                                  Sum, steer_dtype, typed)
+from crown_cli.graph.ops import (ActivationOp, Affine, Conv, Dense, IndexMap, InputOp, Product,
+                                  Scale, Sum, steer_dtype, typed)
 from crown_cli.graph.pooling import MaxPool
 
 
@@ -354,8 +354,9 @@ class AffineRule(Rule):
         walk.acc[0] += sums[:, 0]
         walk.acc[1] += sums[:, 1]
         walk.acc[2] += self.charge(gb, i, sums[:, 2])
-        for j, moved in zip(node.inputs, _transpose(gb, i, (idx, Lt), walk.kernels)):
-            walk.give(j, moved)
+        moved = _transpose(gb, i, (idx, Lt), walk.kernels, walk.paired.pop(i, None))
+        for j, P in zip(node.inputs, moved):
+            walk.give(j, P)
 
     def relaxed(self, gb, i, node, vals, x, tape, free):
         return node.op.forward([vals[j] for j in node.inputs])
@@ -484,6 +485,7 @@ class ActivationRule(Rule):
     refines_input = True
     exact_interval = True  # its lines' range on its input's bounds, what CROWN would give
     held = 5  # four lines and the input's magnitude
+    reads_pairs = True  # back_t takes rows [E; -E] as E alone (graph_rows.WeightRows)
 
     def interval(self, gb, i, node):
         """The relaxation from the input's interval (kept in ``gb.lines``), and the interval
@@ -564,12 +566,18 @@ class ActivationRule(Rule):
     def back_t(self, gb, i, node, rows, walk):
         idx, Lt = rows
         p = node.inputs[0]
-        r, dt = Lt.shape[1], Lt.dtype
+        r, dt = walk.r, Lt.dtype  # Lt of r / 2 columns: rows [E; -E] as E alone
         arrays = [_take(a, idx) for a in _lines(gb, i, p, dt)]
         # elements whose lines are all 0, slopes and intercepts (a ReLU inactive on the whole
         # set), add nothing to any sum or charge and hand on rows of exact zeros: not read
         read = np.flatnonzero(_take(needed_mask(gb, i), idx))
-        if read.size > (1.0 - graph_rows.DEAD_SHARE) * Lt.shape[0]:
+        shared = self._shared(gb, p, walk.paired.pop(i, None), arrays, read)
+        if shared is not None:  # rows that are pairs: the elements both lines agree on first
+            read, n_a = shared
+            arrays = [a[read] for a in arrays]
+            idx = read if idx is None else idx[read]
+            walk.paired[p] = n_a
+        elif read.size > (1.0 - graph_rows.DEAD_SHARE) * Lt.shape[0]:
             read = np.arange(Lt.shape[0])
         else:
             arrays = [a[read] for a in arrays]
@@ -589,12 +597,30 @@ class ActivationRule(Rule):
         # clipped one saturated) hand on rows of exact zeros: dropped, so the products
         # below skip them (as the dense engine drops inactive columns)
         dead = (arrays[0] == 0) & (arrays[1] == 0)
-        if np.count_nonzero(dead) >= graph_rows.DEAD_SHARE * dead.size:
+        if shared is None and np.count_nonzero(dead) >= graph_rows.DEAD_SHARE * dead.size:
             keep = np.flatnonzero(~dead)
             idx, Dt = (keep if idx is None else idx[keep]), np.ascontiguousarray(Dt[keep])
         walk.give(p, (idx, Dt))
         if fuse and p in walk.pending:  # p's rows are these alone (it had none before)
             walk.pre[p] = sums[:, 3:]
+
+    @staticmethod
+    def _shared(gb, p, paired, arrays, read):
+        """For rows that are pairs (``paired`` -1: row k + r/2 is -row k) and an input p that
+        is a dense layer: the elements to read, those whose two lines have one slope first
+        (their rows stay pairs: ``-c s`` is ``-(c s)`` exactly), then the others, elements
+        whose lines both have slope 0 left out; and how many come first. None where that
+        does not apply or the first are fewer than :data:`graph_rows.PAIRED_MIN`."""
+        op = gb.g.nodes[p].op
+        if paired != -1 or not isinstance(op, Dense) or op.sparse:
+            return None
+        lower, upper = arrays[0][read], arrays[1][read]
+        agree = lower == upper
+        live = (lower != 0) | (upper != 0)
+        first, rest = read[agree & live], read[~agree & live]
+        if first.size < graph_rows.PAIRED_MIN:
+            return None
+        return np.concatenate([first, rest]), first.size
 
     def back_win(self, gb, i, node, win, walk):
         p = node.inputs[0]

@@ -298,15 +298,24 @@ def activation_step_t(Lt, read, lower, upper, lower_icpt, upper_icpt, absval, te
     in ``read``'s order); per row ``out[row, :3] = (sum of the intercept terms, sum of their
     magnitudes, sum |D| * absval)``. With ``terms`` (3, n) (not (3, 0)), also the affine
     input's sums over the rows D, as :func:`affine_terms_t` would take them:
-    ``out[row, 3:] = (D @ terms[0], |D| @ terms[1], |D| @ terms[2])``. Twin:
+    ``out[row, 3:] = (D @ terms[0], |D| @ terms[1], |D| @ terms[2])``. ``Lt`` of r/2
+    columns: the rows are ``[L; -L]`` (both sides of each neuron, ``graph_rows.WeightRows``),
+    the second half read as the first negated (exact). Twin:
     :func:`crown_cli.engine.batch_steps.relax` and the sums of ``GraphBounds._rows``."""
     n, r = Dt.shape
     fuse = terms.shape[1] > 0
-    nb = (r + ROW_BLOCK - 1) // ROW_BLOCK
-    for blk in prange(nb):
-        a0 = blk * ROW_BLOCK
-        a1 = min(r, a0 + ROW_BLOCK)
-        w = a1 - a0
+    h = Lt.shape[1]  # r, or r / 2 for rows [L; -L]
+    halves = 1 if h == r else 2
+    nbh = (h + ROW_BLOCK - 1) // ROW_BLOCK
+    for blk in prange(halves * nbh):
+        half = blk // nbh
+        s0 = (blk - half * nbh) * ROW_BLOCK
+        w = min(h, s0 + ROW_BLOCK) - s0
+        a0 = s0 + half * h
+        sg = np.ones(1, Lt.dtype)
+        if half:
+            sg[0] = -sg[0]
+        sgn = sg[0]
         c = np.zeros(w)
         m = np.zeros(w)
         ch = np.zeros(w)
@@ -317,14 +326,14 @@ def activation_step_t(Lt, read, lower, upper, lower_icpt, upper_icpt, absval, te
             sl, su = lower[k], upper[k]
             tl, tu = lower_icpt[k], upper_icpt[k]
             z = absval[k]
-            row = Lt[read[k], a0:a1]
-            drow = Dt[k, a0:a1]
+            row = Lt[read[k], s0:s0 + w]
+            drow = Dt[k, a0:a0 + w]
             # two loops, the sums' branch taken outside: each then runs vectorised, the
             # line chosen by a select (2x the one loop with the branch inside, measured)
             if fuse:
                 b0, b1, b2 = terms[0, k], terms[1, k], terms[2, k]
                 for q in range(w):
-                    v = row[q]
+                    v = row[q] * sgn
                     pos = v >= 0.0
                     d = v * (sl if pos else su)
                     t = v * (tl if pos else tu)
@@ -338,7 +347,7 @@ def activation_step_t(Lt, read, lower, upper, lower_icpt, upper_icpt, absval, te
                     f2[q] += ad * b2
             else:
                 for q in range(w):
-                    v = row[q]
+                    v = row[q] * sgn
                     pos = v >= 0.0
                     d = v * (sl if pos else su)
                     t = v * (tl if pos else tu)
