@@ -853,7 +853,7 @@ def test_activation_step_reads_rows_that_are_pairs_from_their_first_half():
 
 def test_paired_product_equals_the_plain_product():
     """``graph_rows._paired_product``: rows that are pairs on their first n_a elements give
-    the plain product W^T Lt to rounding."""
+    the plain product W^T Lt to rounding; its kernel (``add_pairs_t``) the twin's numbers."""
     from crown_cli.engine.graph_rows import _paired_product
 
     rng = np.random.default_rng(4)
@@ -864,8 +864,9 @@ def test_paired_product_equals_the_plain_product():
     F[:n_a] = -E[:n_a]
     Lt = np.hstack([E, F])
     want = W.T @ Lt
-    np.testing.assert_allclose(_paired_product(W, Lt, n_a), want, rtol=1e-13,
-                               atol=1e-13 * np.abs(want).max())
+    twin = _paired_product(W, Lt, n_a)
+    np.testing.assert_allclose(twin, want, rtol=1e-13, atol=1e-13 * np.abs(want).max())
+    np.testing.assert_array_equal(_paired_product(W, Lt, n_a, graph_kernels()), twin)
 
 
 def test_both_sides_of_a_dense_node_share_their_products(monkeypatch):

@@ -559,16 +559,20 @@ def _weight(gb, i, dtype):
     return typed(op, "weight" if isinstance(op, Conv) else "W", dtype)
 
 
-def _paired_product(Wk, Lt, n_a: int) -> np.ndarray:
+def _paired_product(Wk, Lt, n_a: int, kernels=None) -> np.ndarray:
     """``Wk^T Lt`` for rows that are pairs on the first ``n_a`` elements (``Lt[:n_a, h:] ==
     -Lt[:n_a, :h]``, h = r/2): those elements' products once, ``A = Wk[:n_a]^T Lt[:n_a, :h]``,
-    added to the first half and taken from the second. The same products in another order,
-    one more sum per element: within the step's charge (gamma_{T+1})."""
+    added to the first half and taken from the second (``kernels.add_pairs_t``, else numpy).
+    The same products in another order, one more sum per element: within the step's charge
+    (gamma_{T+1})."""
     h = Lt.shape[1] // 2
     A = Wk[:n_a].T @ Lt[:n_a, :h]
     P = Wk[n_a:].T @ Lt[n_a:]
-    P[:, :h] += A
-    P[:, h:] -= A
+    if kernels is not None:
+        kernels.add_pairs_t(P, A)
+    else:
+        P[:, :h] += A
+        P[:, h:] -= A
     return P
 
 
@@ -580,7 +584,7 @@ def _transpose(gb, i, rows: Rows, kernels, shared: Optional[int] = None):
     idx, Lt = rows
     dt = Lt.dtype
     if shared and isinstance(op, Dense) and not op.sparse and idx is not None:
-        return [(None, _paired_product(_weight(gb, i, dt)[idx], Lt, shared))]
+        return [(None, _paired_product(_weight(gb, i, dt)[idx], Lt, shared, kernels))]
     if isinstance(op, Conv):
         in_idx, pos = _conv_live(op, idx)
         j = gb.g.nodes[i].inputs[0]

@@ -218,6 +218,21 @@ def weight_rows_t(W, idx, sign, Lt):
 
 
 @njit(cache=True, parallel=True)
+def add_pairs_t(P, A):
+    """``P[:, :h] += A`` and ``P[:, h:] -= A`` in one pass (P (n, 2h), A (n, h)): the shared
+    products of rows that are pairs (``graph_rows._paired_product``; twin: those two numpy
+    updates)."""
+    n, h = A.shape
+    for i in prange(n):
+        top = P[i, :h]
+        bottom = P[i, h:]
+        a = A[i]
+        for q in range(h):
+            top[q] += a[q]
+            bottom[q] -= a[q]
+
+
+@njit(cache=True, parallel=True)
 def affine_terms_t(Lt, bias, absbias, absfwd, out):
     """Per row of the rows held transposed, Lt (m, r): ``out[row] = (L @ bias, |L| @ |bias|,
     |L| @ absfwd)`` (an affine node's constant, its magnitude and the product rounding's
