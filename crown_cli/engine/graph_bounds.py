@@ -188,7 +188,8 @@ class GraphBounds:
     qcode 0 for l_inf, 1 for l_2, 2 for l_1; or ``Box.args()``). Keywords
     (:class:`BoundSettings`): ``method``: the relaxation
     family (``crown``, ``crown-paper``, ``fast-lin``). ``intermediate``: ``crown`` (CROWN
-    bounds of every activation's input, intersected with interval arithmetic when ``ibp``)
+    bounds of every activation's input, intersected with interval arithmetic when ``ibp``;
+    either way a node CROWN cannot tighten, :meth:`_exact`, keeps its interval)
     or ``interval``, or ``alpha`` (CROWN's, then each unstable neuron's bounds optimised
     over the lower slopes and max pool weights below it: at most ``alpha_iters`` steps of
     size ``alpha_lr``, default :data:`~crown_cli.engine.graph_alpha.ITERS` and ``LR``).
