@@ -354,6 +354,9 @@ def _resnet_alpha(graph, x, pick, eps):
     row = np.zeros((1, 10))
     row[0, c], row[0, t] = 1.0, -1.0
     crown = float(GraphBounds(graph, x[i], eps, 0).lower(graph.output, row)[0])
+    # a warm-up of one step: numba compiles the steering passes' kernels at their first call
+    # (every call in a --before worktree whose cache is new)
+    alpha_lower(GraphBounds(graph, x[i], eps, 0), graph.output, row, 1, lr)
     t0 = time.perf_counter()
     gb = GraphBounds(graph, x[i], eps, 0, intermediate="alpha", alpha_iters=ALPHA_ITERS)
     lb = float(alpha_lower(gb, graph.output, row, ALPHA_ITERS, lr)[0])

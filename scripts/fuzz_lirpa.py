@@ -23,7 +23,8 @@ And ``crown_cli.certify`` (crown, mixed precision) on the same input: its radius
 contradicted by PGD at that radius. One line per network; a summary; exit 1 on any
 violation or crash.
 
-    python scripts/fuzz_lirpa.py --lirpa DIR [--nets 50] [--seed 0]
+    python scripts/fuzz_lirpa.py --lirpa DIR [--nets 50] [--seed 0] [--big] [--exotic]
+        [--dense] [--dynamo]
 
 Needs torch and an auto_LiRPA checkout (``--lirpa``).
 """
@@ -45,14 +46,17 @@ EXOTIC = ("pad", "up", "conv_mode", "same", "act2", "gap", "pool_pad", "avg_excl
           "ln")
 
 
-def _build(seed, nn, torch, exotic=False, big=False):
+def _build(seed, nn, torch, exotic=False, big=False, dense=False):
     """(module, input shape, description, approx) of network ``seed``; approx: it has a node
     crown and auto_LiRPA relax differently (APPROX, max pool). ``exotic``: also the layers
     of :data:`EXOTIC` (paddings, upsampling, padding modes, "same" convolutions, other
     activations, global average pooling, padded and ceil-mode pools, projected residuals,
     layer normalisation).
     ``big``: 16-32 pixels a side, up to 16 channels and 16,000 values a layer, where the
-    engine's paths for wide nodes (one side per neuron first, tiles, fused kernels) run."""
+    engine's paths for wide nodes (one side per neuron first, tiles, fused kernels) run.
+    ``dense``: two hidden dense layers of 256-512 outputs after the convolutions, where a
+    dense node's bounds start from its weight's rows and both sides of its neurons are
+    pairs (``graph_rows.WeightRows``)."""
     rng = np.random.default_rng(seed)
     g = torch.Generator().manual_seed(seed)
     C, H = int(rng.integers(1, 4)), int(rng.integers(16, 33) if big else rng.integers(5, 13))
@@ -172,8 +176,14 @@ def _build(seed, nn, torch, exotic=False, big=False):
         if shape[0] * shape[1] * shape[2] > cap:
             break
     name, a = act()
-    hidden = int(rng.integers(4, 65 if big else 33))
+    hidden = int(rng.integers(256, 513)) if dense else int(rng.integers(4, 65 if big else 33))
     layers += [a, nn.Flatten(), nn.Linear(int(np.prod(shape)), hidden)]
+    if dense:  # a second wide dense layer: its bounds start from its weight's rows
+        name3, a3 = act()
+        wide2 = int(rng.integers(256, 401))
+        layers += [a3, nn.Linear(hidden, wide2)]
+        desc += [name, f"fc{hidden}"]
+        name, hidden = name3, wide2
     name2, a2 = act()
     layers += [a2, nn.Linear(hidden, 10)]
     desc += [name, f"fc{hidden}", name2, "fc10"]
@@ -342,6 +352,8 @@ def main():
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--no-certify", action="store_true", help="bounds only")
     ap.add_argument("--big", action="store_true", help="16-32 pixels a side, wider layers")
+    ap.add_argument("--dense", action="store_true",
+                    help="two hidden dense layers of 256-512 outputs (a weight's rows, pairs)")
     ap.add_argument("--dynamo", action="store_true",
                     help="export with torch's dynamo exporter (needs onnxscript)")
     ap.add_argument("--exotic", action="store_true",
@@ -361,7 +373,8 @@ def main():
     bad = crashes = looser_nets = lirpa_wrong = lirpa_failed = refused = 0
     for seed in range(args.seed, args.seed + args.nets):
         torch.set_default_dtype(torch.float32)
-        model, shape, desc, approx = _build(seed, nn, torch, args.exotic, args.big)
+        model, shape, desc, approx = _build(seed, nn, torch, args.exotic, args.big,
+                                            args.dense)
         path = os.path.join(tmp, f"net{seed}.onnx")
         try:
             if args.dynamo:  # torch's default exporter since 2.9 (needs onnxscript)
