@@ -924,3 +924,74 @@ def test_both_sides_of_a_dense_node_share_their_products(monkeypatch):
         p = dense[k]
         assert np.all(z >= gb.lo[p] - 1e-12) and np.all(z <= gb.hi[p] + 1e-12)
         z = np.maximum(z, 0)
+
+
+POOLS = [  # kernel, strides, pads (t, l, b, r), dilations, ceil_mode
+    ((2, 2), (2, 2), (0, 0, 0, 0), (1, 1), 0),  # VGG's: windows apart
+    ((3, 3), (2, 2), (1, 1, 1, 1), (1, 1), 0),  # a ResNet stem's: overlapping, padded
+    ((2, 2), (1, 1), (0, 0, 0, 0), (1, 1), 0),
+    ((2, 3), (2, 1), (0, 1, 1, 0), (2, 1), 0),  # dilated, uneven
+    ((2, 2), (2, 2), (0, 0, 0, 0), (1, 1), 1),  # ceil mode on an odd side
+]
+
+
+@pytest.mark.parametrize("pool", POOLS)
+def test_max_pools_pass_rows_on_windows(tmp_path, monkeypatch, pool):
+    """Rows on windows cross a max pool on windows (``PoolRule.back_win``,
+    ``win_pool_t``): every node's bounds and the output's equal those of rows written out
+    over the pool's input (the pool without its geometry) and the numpy twin's, the windows
+    step is taken, and sampled points hold."""
+    import onnx
+
+    from crown_cli.engine.kernels import graph_steps
+    from crown_cli.graph.onnx_graph import load_graph
+    from graph_models import G
+
+    kernel, strides, pads, dil, ceil = pool
+    rng = np.random.default_rng(sum(kernel) + 10 * strides[0] + ceil)
+    g = G(rng)
+    x = g.op("Conv", ["x", g.rand(4, 2, 3, 3), g.rand(4)], pads=[1, 1, 1, 1])
+    x = g.op("Relu", [x])
+    x = g.op("MaxPool", [x], kernel_shape=list(kernel), strides=list(strides), pads=list(pads),
+             dilations=list(dil), ceil_mode=ceil)
+    x = g.op("Conv", [x, g.rand(3, 4, 3, 3), g.rand(3)], pads=[1, 1, 1, 1])
+    x = g.op("Relu", [x])
+    x = g.op("Flatten", [x])
+    from graph_models import _shape
+    n = int(np.prod(_shape(g, "x", (1, 2, 16, 16), x)[1:]))
+    x = g.op("Gemm", [x, g.rand(3, n), g.rand(3)], transB=1)
+    path = str(tmp_path / "pool.onnx")
+    onnx.save(g.model([("x", (1, 2, 16, 16))], [x]), path)
+    graph = load_graph(path)
+    op = [n.op for n in graph.nodes if n.kind == "maxpool"][0]
+    assert op.geometry is not None
+    x0 = rng.uniform(-1, 1, graph.input_size)
+    eps = 0.08
+    calls = []
+    kernel_fn = graph_steps.win_pool_t
+
+    def spy(*args):
+        calls.append(args[0].shape)
+        return kernel_fn(*args)
+
+    monkeypatch.setattr(graph_steps, "win_pool_t", spy)
+    gb = GraphBounds(graph, x0, eps, 0)
+    out = gb.bounds()
+    assert calls  # the windows step ran
+    geometry, op.geometry = op.geometry, None
+    rows = GraphBounds(graph, x0, eps, 0)
+    with using_kernels("numpy"):
+        ref = GraphBounds(graph, x0, eps, 0)
+    op.geometry = geometry
+    for other in (rows, ref):
+        for i in range(len(graph.nodes)):
+            np.testing.assert_allclose(gb.lo[i], other.lo[i], rtol=1e-9, atol=1e-12)
+            np.testing.assert_allclose(gb.hi[i], other.hi[i], rtol=1e-9, atol=1e-12)
+    for a, b in zip(out, rows.bounds()):
+        np.testing.assert_allclose(a, b, rtol=1e-9, atol=1e-12)
+    pts = x0[None] + rng.uniform(-eps, eps, (3000, graph.input_size))
+    pts[:1000] = x0[None] + eps * np.sign(pts[:1000] - x0[None])
+    y, vals = graph.forward(pts, return_all=True)
+    for i in range(len(graph.nodes)):
+        v = np.asarray(vals[i]).reshape(len(pts), -1)
+        assert np.all(v >= gb.lo[i] - 1e-9) and np.all(v <= gb.hi[i] + 1e-9)

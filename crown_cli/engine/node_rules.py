@@ -829,6 +829,56 @@ class PoolRule(Rule):
             walk.charge + ch
         walk.give(p, D)
 
+    def back_win(self, gb, i, node, win, walk):
+        """:meth:`step` on windows, for a pool of known geometry (``MaxPool.geometry``):
+        each row's window over the output becomes one over the input (origin times the
+        stride less the padding; size grown by the strides and the kernel), every
+        coefficient at its window's chosen input or in the constant
+        (``graph_steps.win_pool_t``)."""
+        geo = getattr(node.op, "geometry", None)
+        shape, p = _image(node), node.inputs[0]
+        if geo is None or shape is None or _image(gb.g.nodes[p]) != tuple(geo[0]):
+            return False
+        (C, H, W), (kh, kw), (sh, sw), (pt, pl), (dh, dw) = geo
+        chosen = self._chosen(gb, i, shape, geo)
+        if chosen is None:
+            return False
+        pool = gb.pools[i]
+        h, w, r = win.Pt.shape[1], win.Pt.shape[2], win.Pt.shape[3]
+        noy, nox = win.oy * sh - pt, win.ox * sw - pl
+        Dt = np.zeros((C, (h - 1) * sh + (kh - 1) * dh + 1, (w - 1) * sw + (kw - 1) * dw + 1, r),
+                      win.Pt.dtype)
+        sums = np.empty((r, 3))
+        walk.kernels.win_pool_t(win.Pt, win.oy, win.ox, window_runs(win), *chosen,
+                                pool.hi.reshape(shape), pool.exact.reshape(shape),
+                                gb.absval[p][pool.src].reshape(shape), noy, nox, Dt, sums)
+        walk.acc[0] += sums[:, 0]
+        walk.acc[1] += sums[:, 1]
+        if pool.terms > 1:
+            walk.acc[2] += self.overlap_charge(gb, p, pool.terms, sums[:, 2])
+        walk.give(p, Win(noy, nox, Dt, window_runs(win)))  # places moved alike
+        return True
+
+    @staticmethod
+    def _chosen(gb, i, shape, geo):
+        """Each output position's chosen input as (row, column) arrays (C, OH, OW), kept on
+        ``gb``; None unless every one lies in its own channel within the kernel's reach of
+        the position (origin times the stride less the padding): what keeps the windows
+        kernel's writes inside each row's window over the input."""
+        cache = gb.__dict__.setdefault("_pool_chosen", {})
+        if i not in cache:
+            (C, H, W), (kh, kw), (sh, sw), (pt, pl), (dh, dw) = geo
+            src = gb.pools[i].src.reshape(shape)
+            within = src % (H * W)
+            ys, xs = within // W, within % W
+            dy = ys - (np.arange(shape[1]) * sh - pt)[None, :, None]
+            dx = xs - (np.arange(shape[2]) * sw - pl)[None, None, :]
+            ok = np.all(src // (H * W) == np.arange(C)[:, None, None]) and \
+                dy.min() >= 0 and dy.max() <= (kh - 1) * dh and \
+                dx.min() >= 0 and dx.max() <= (kw - 1) * dw
+            cache[i] = (np.ascontiguousarray(ys), np.ascontiguousarray(xs)) if ok else None
+        return cache[i]
+
     def back_t(self, gb, i, node, rows, walk):
         """:meth:`step` on rows held transposed, without leaving that layout: each window's
         coefficient goes to its input k* (the lower line) or into the constant (the upper);

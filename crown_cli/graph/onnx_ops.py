@@ -429,8 +429,9 @@ def _pool(b, node, ins, attrs):
     if node.op_type in ("MaxPool", "GlobalMaxPool"):
         if np.any(np.all(win < 0, axis=1)):
             b.fail(node, "a window lies entirely in the padding")
-        return [b.add(_label(node), MaxPool(win, d.idx.size, "x".join(map(str, kernel))), (nid,),
-                      (1,) + out)]
+        pool = MaxPool(win, d.idx.size, "x".join(map(str, kernel)),
+                       geometry=(tuple(d.shape[1:]), kernel, strides, pads[:2], dil))
+        return [b.add(_label(node), pool, (nid,), (1,) + out)]
     valid = win >= 0
     if int(attrs.get("count_include_pad", 0)):
         count = padded

@@ -10,15 +10,18 @@ import numpy as np
 class MaxPool:
     """Max over windows: ``windows`` (m, K) indices into the input, -1 where a window reaches
     into the padding (ignored). The bound engine relaxes it per window
-    (:class:`crown_cli.engine.node_rules.PoolLines`)."""
+    (:class:`crown_cli.engine.node_rules.PoolLines`). ``geometry`` (optional, a 2-D pool of
+    :func:`pool_windows`): (input (C, H, W), kernel, strides, pads (top, left), dilations),
+    with which rows on windows pass it on windows (``PoolRule.back_win``)."""
 
     kind = "maxpool"
 
-    def __init__(self, windows, n_in: int, label: str = ""):
+    def __init__(self, windows, n_in: int, label: str = "", geometry=None):
         self.windows = np.asarray(windows, dtype=np.int64)
         self.size = self.windows.shape[0]
         self.n_in = [int(n_in)]
         self.label = label
+        self.geometry = geometry
 
     def forward(self, xs):
         x = xs[0]

@@ -669,6 +669,53 @@ def win_activation_t(Pt, oy, ox, runs, lower, upper, lower_icpt, upper_icpt, abs
 
 
 @njit(cache=True, parallel=True)
+def win_pool_t(Pt, oy, ox, runs, src_y, src_x, hi, exact, absval, noy, nox, Dt, out):
+    """A max pool's step (its default lines, ``node_rules.PoolLines``) on windows: ``Pt``
+    (C, h, w, r) at (oy, ox) over the pool's (C, OH, OW) output; each coefficient v at an
+    output position goes, where v >= 0 or the window is exact, to the position's chosen
+    input (``src_y``, ``src_x``: its input row and column, (C, OH, OW)) in the row's window
+    over the input, ``Dt`` (C, h', w', r) at (noy, nox), zeros on entry; elsewhere into
+    the constant, v * hi. ``out[q] = (constant, its magnitude, sum |v| absval)`` over the
+    coefficients handed on (``absval`` (C, OH, OW): the chosen input's magnitude, the
+    overlap charge's weight). Positions past the output's border carry nothing. Twin:
+    ``PoolRule.back_t`` on the rows written out."""
+    C, h, w, r = Pt.shape
+    OH, OW = src_y.shape[1], src_y.shape[2]
+    for g in prange(runs.size - 1):
+        q0, q1 = runs[g], runs[g + 1]
+        n = q1 - q0
+        cs = np.zeros(n)
+        ms = np.zeros(n)
+        ch = np.zeros(n)
+        for c in range(C):
+            for a in range(h):
+                yy = oy[q0] + a
+                if yy < 0 or yy >= OH:
+                    continue
+                for b in range(w):
+                    xx = ox[q0] + b
+                    if xx < 0 or xx >= OW:
+                        continue
+                    ly = src_y[c, yy, xx] - noy[q0]
+                    lx = src_x[c, yy, xx] - nox[q0]
+                    hv = hi[c, yy, xx]
+                    ex = exact[c, yy, xx]
+                    z = absval[c, yy, xx]
+                    prow = Pt[c, a, b, q0:q1]
+                    drow = Dt[c, ly, lx, q0:q1]
+                    for q in range(n):
+                        v = prow[q]
+                        if v >= 0.0 or ex:
+                            drow[q] += v
+                            ch[q] += abs(v) * z
+                        else:
+                            t = np.float64(v) * hv
+                            cs[q] += t
+                            ms[q] += abs(t)
+        _put_sums(out, q0, cs, ms, ch, 0)
+
+
+@njit(cache=True, parallel=True)
 def win_sums_t(Pt, oy, ox, runs, v0, v1, v2, out):
     """Per row of the windows ``Pt`` (C, h, w, r) at (oy, ox): ``out[q] = (sum P v0,
     sum |P| v1, sum |P| v2)`` with the (C, H, W) arrays read at the row's own positions (an
