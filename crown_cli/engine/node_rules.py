@@ -849,9 +849,9 @@ class PoolRule(Rule):
         Dt = np.zeros((C, (h - 1) * sh + (kh - 1) * dh + 1, (w - 1) * sw + (kw - 1) * dw + 1, r),
                       win.Pt.dtype)
         sums = np.empty((r, 3))
-        walk.kernels.win_pool_t(win.Pt, win.oy, win.ox, window_runs(win), *chosen,
-                                pool.hi.reshape(shape), pool.exact.reshape(shape),
-                                gb.absval[p][pool.src].reshape(shape), noy, nox, Dt, sums)
+        lines = np.stack([pool.hi, pool.exact.astype(np.float64), gb.absval[p][pool.src]])
+        walk.kernels.win_pool_t(win.Pt, win.oy, win.ox, window_runs(win), chosen,
+                                lines.reshape((3,) + shape), np.stack([noy, nox]), Dt, sums)
         walk.acc[0] += sums[:, 0]
         walk.acc[1] += sums[:, 1]
         if pool.terms > 1:
@@ -861,7 +861,7 @@ class PoolRule(Rule):
 
     @staticmethod
     def _chosen(gb, i, shape, geo):
-        """Each output position's chosen input as (row, column) arrays (C, OH, OW), kept on
+        """Each output position's chosen input's (row, column), (2, C, OH, OW), kept on
         ``gb``; None unless every one lies in its own channel within the kernel's reach of
         the position (origin times the stride less the padding): what keeps the windows
         kernel's writes inside each row's window over the input."""
@@ -876,7 +876,7 @@ class PoolRule(Rule):
             ok = np.all(src // (H * W) == np.arange(C)[:, None, None]) and \
                 dy.min() >= 0 and dy.max() <= (kh - 1) * dh and \
                 dx.min() >= 0 and dx.max() <= (kw - 1) * dw
-            cache[i] = (np.ascontiguousarray(ys), np.ascontiguousarray(xs)) if ok else None
+            cache[i] = np.stack([ys, xs]) if ok else None
         return cache[i]
 
     def back_t(self, gb, i, node, rows, walk):

@@ -669,18 +669,19 @@ def win_activation_t(Pt, oy, ox, runs, lower, upper, lower_icpt, upper_icpt, abs
 
 
 @njit(cache=True, parallel=True)
-def win_pool_t(Pt, oy, ox, runs, src_y, src_x, hi, exact, absval, noy, nox, Dt, out):
+def win_pool_t(Pt, oy, ox, runs, chosen, lines, origin, Dt, out):
     """A max pool's step (its default lines, ``node_rules.PoolLines``) on windows: ``Pt``
     (C, h, w, r) at (oy, ox) over the pool's (C, OH, OW) output; each coefficient v at an
     output position goes, where v >= 0 or the window is exact, to the position's chosen
-    input (``src_y``, ``src_x``: its input row and column, (C, OH, OW)) in the row's window
-    over the input, ``Dt`` (C, h', w', r) at (noy, nox), zeros on entry; elsewhere into
-    the constant, v * hi. ``out[q] = (constant, its magnitude, sum |v| absval)`` over the
-    coefficients handed on (``absval`` (C, OH, OW): the chosen input's magnitude, the
-    overlap charge's weight). Positions past the output's border carry nothing. Twin:
-    ``PoolRule.back_t`` on the rows written out."""
+    input (``chosen`` (2, C, OH, OW): its input row and column) in the row's window over
+    the input, ``Dt`` (C, h', w', r) at ``origin`` (2, r), zeros on entry; elsewhere into
+    the constant, v * hi. ``lines`` (3, C, OH, OW): hi, 1 where the window is exact, the
+    chosen input's magnitude. ``out[q] = (constant, its magnitude, sum |v| magnitude)``,
+    the last over the coefficients handed on (the overlap charge's weight). Positions past
+    the output's border carry nothing. Twin: ``PoolRule.back_t`` on the rows written
+    out."""
     C, h, w, r = Pt.shape
-    OH, OW = src_y.shape[1], src_y.shape[2]
+    OH, OW = chosen.shape[2], chosen.shape[3]
     for g in prange(runs.size - 1):
         q0, q1 = runs[g], runs[g + 1]
         n = q1 - q0
@@ -696,11 +697,11 @@ def win_pool_t(Pt, oy, ox, runs, src_y, src_x, hi, exact, absval, noy, nox, Dt, 
                     xx = ox[q0] + b
                     if xx < 0 or xx >= OW:
                         continue
-                    ly = src_y[c, yy, xx] - noy[q0]
-                    lx = src_x[c, yy, xx] - nox[q0]
-                    hv = hi[c, yy, xx]
-                    ex = exact[c, yy, xx]
-                    z = absval[c, yy, xx]
+                    ly = chosen[0, c, yy, xx] - origin[0, q0]
+                    lx = chosen[1, c, yy, xx] - origin[1, q0]
+                    hv = lines[0, c, yy, xx]
+                    ex = lines[1, c, yy, xx] != 0.0
+                    z = lines[2, c, yy, xx]
                     prow = Pt[c, a, b, q0:q1]
                     drow = Dt[c, ly, lx, q0:q1]
                     for q in range(n):
