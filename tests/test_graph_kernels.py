@@ -869,13 +869,15 @@ def test_paired_product_equals_the_plain_product():
     np.testing.assert_array_equal(_paired_product(W, Lt, n_a, graph_kernels()), twin)
 
 
-def test_both_sides_of_a_dense_node_share_their_products(monkeypatch):
+@pytest.mark.parametrize("act", ["relu", "hard_sigmoid"])
+def test_both_sides_of_a_dense_node_share_their_products(monkeypatch, act):
     """Both sides of a dense node's neurons (rows [I; -I], ibp=False) on the fast path: the
     weight's rows are written once (E for [E; -E]), the next dense node's products on the
-    elements where the ReLU's two lines have one slope are shared (``_transpose`` told how
-    many), and every node's bounds equal the numpy twin's to the charges' order and hold
-    on sampled points. The first layer takes its interval (exact for an affine map of the
-    input over an l_inf ball): no rows of its own."""
+    elements where the activation's two lines have one slope are shared (``_transpose``
+    told how many), and every node's bounds equal the numpy twin's to the charges' order
+    and hold on sampled points. The first layer takes its interval (exact for an affine map
+    of the input over an l_inf ball): no rows of its own. hard_sigmoid: saturated neurons
+    have lines of slope 0 whose intercepts still count."""
     import crown_cli.engine.graph_rows as graph_rows
     import crown_cli.engine.node_rules as node_rules
     from crown_cli.graph.network import dense_graph
@@ -887,7 +889,9 @@ def test_both_sides_of_a_dense_node_share_their_products(monkeypatch):
     sizes = [10, 60, 80, 50, 3]
     ws = [rng.normal(0, 1.5 / np.sqrt(m), (n, m)) for m, n in zip(sizes, sizes[1:])]
     bs = [rng.normal(0.2, 0.5, n) for n in sizes[1:]]
-    g = dense_graph(MLP(ws, bs, "relu"))
+    if act == "hard_sigmoid":  # wide pre-activations: many neurons saturated on the set
+        ws = [w * 4.0 for w in ws]
+    g = dense_graph(MLP(ws, bs, act))
     x0 = rng.uniform(-1, 1, 10)
     eps = 0.08
     with using_kernels("numpy"):
@@ -918,12 +922,11 @@ def test_both_sides_of_a_dense_node_share_their_products(monkeypatch):
         np.testing.assert_allclose(gb.hi[i], ref.hi[i], rtol=1e-9, atol=1e-12)
     np.testing.assert_array_equal(gb.lo[dense[0]], GraphBounds(g, x0, eps, 0).lo[dense[0]])
     x = x0[None] + rng.uniform(-eps, eps, (4000, 10))
-    z = x
-    for k, (W, b) in enumerate(zip(ws, bs)):
-        z = z @ W.T + b
-        p = dense[k]
-        assert np.all(z >= gb.lo[p] - 1e-12) and np.all(z <= gb.hi[p] + 1e-12)
-        z = np.maximum(z, 0)
+    x[:2000] = x0[None] + eps * np.sign(x[:2000] - x0[None])
+    _, vals = g.forward(x, return_all=True)
+    for p in dense:
+        v = np.asarray(vals[p]).reshape(len(x), -1)
+        assert np.all(v >= gb.lo[p] - 1e-12) and np.all(v <= gb.hi[p] + 1e-12)
 
 
 POOLS = [  # kernel, strides, pads (t, l, b, r), dilations, ceil_mode

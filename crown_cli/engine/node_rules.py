@@ -573,7 +573,7 @@ class ActivationRule(Rule):
         read = np.flatnonzero(_take(needed_mask(gb, i), idx))
         shared = self._shared(gb, p, walk.paired.pop(i, None), arrays, read)
         if shared is not None:  # rows that are pairs: the elements both lines agree on first
-            read, n_a = shared
+            read, n_a, n_live = shared
             arrays = [a[read] for a in arrays]
             idx = read if idx is None else idx[read]
             walk.paired[p] = n_a
@@ -597,7 +597,9 @@ class ActivationRule(Rule):
         # clipped one saturated) hand on rows of exact zeros: dropped, so the products
         # below skip them (as the dense engine drops inactive columns)
         dead = (arrays[0] == 0) & (arrays[1] == 0)
-        if shared is None and np.count_nonzero(dead) >= graph_rows.DEAD_SHARE * dead.size:
+        if shared is not None:  # the elements of slope 0 came last: their rows are not handed on
+            idx, Dt = idx[:n_live], Dt[:n_live]
+        elif np.count_nonzero(dead) >= graph_rows.DEAD_SHARE * dead.size:
             keep = np.flatnonzero(~dead)
             idx, Dt = (keep if idx is None else idx[keep]), np.ascontiguousarray(Dt[keep])
         walk.give(p, (idx, Dt))
@@ -607,20 +609,22 @@ class ActivationRule(Rule):
     @staticmethod
     def _shared(gb, p, paired, arrays, read):
         """For rows that are pairs (``paired`` -1: row k + r/2 is -row k) and an input p that
-        is a dense layer: the elements to read, those whose two lines have one slope first
-        (their rows stay pairs: ``-c s`` is ``-(c s)`` exactly), then the others, elements
-        whose lines both have slope 0 left out; and how many come first. None where that
-        does not apply or the first are fewer than :data:`graph_rows.PAIRED_MIN`."""
+        is a dense layer: the elements to read, those whose two lines have one nonzero slope
+        first (their rows stay pairs: ``-c s`` is ``-(c s)`` exactly), then the others of
+        some nonzero slope, then those whose lines both have slope 0 (read for their
+        intercepts, a saturated neuron's, but their rows of zeros not handed on); how many
+        come first, and how many are handed on. None where that does not apply or the first
+        are fewer than :data:`graph_rows.PAIRED_MIN`."""
         op = gb.g.nodes[p].op
         if paired != -1 or not isinstance(op, Dense) or op.sparse:
             return None
         lower, upper = arrays[0][read], arrays[1][read]
-        agree = lower == upper
         live = (lower != 0) | (upper != 0)
-        first, rest = read[agree & live], read[~agree & live]
+        first = read[(lower == upper) & live]
         if first.size < graph_rows.PAIRED_MIN:
             return None
-        return np.concatenate([first, rest]), first.size
+        rest, dead = read[(lower != upper) & live], read[~live]
+        return np.concatenate([first, rest, dead]), first.size, first.size + rest.size
 
     def back_win(self, gb, i, node, win, walk):
         p = node.inputs[0]
