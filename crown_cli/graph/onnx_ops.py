@@ -308,6 +308,34 @@ def _as_2d(b, node, attrs, d: Data, W):
     return two, d4, W[:, :, None, :]
 
 
+def _zero_padding(b, d):
+    """(the unpadded image as data, pads (top, left, bottom, right)) when ``d`` (1, C, H, W)
+    is one node's whole image with rows and columns of zeros around it (an ONNX ``Pad``,
+    PyTorch's ``ZeroPad2d``), else None: a convolution reading it takes the padding as its
+    own, so that no element-moving node stands before it (rows on windows then cross it)."""
+    if not isinstance(d, T.Data) or len(d.sources) != 1 or d.idx.ndim != 4 or d.idx.shape[0] != 1:
+        return None
+    s = d.sources[0]
+    node_shape = tuple(b.nodes[s].shape)
+    inside = d.idx[0] >= 0
+    rows, cols = np.flatnonzero(inside.any(axis=(0, 2))), np.flatnonzero(inside.any(axis=(0, 1)))
+    if rows.size == 0 or cols.size == 0 or len(node_shape) != 4:
+        return None
+    C, Hp, Wp = d.idx.shape[1:]
+    t, bo, le, ri = int(rows[0]), Hp - 1 - int(rows[-1]), int(cols[0]), Wp - 1 - int(cols[-1])
+    H, W = Hp - t - bo, Wp - le - ri
+    if node_shape != (1, C, H, W) or t + bo + le + ri == 0:
+        return None
+    core = d.idx[0, :, t:Hp - bo, le:Wp - ri]
+    ring = np.ones((C, Hp, Wp), bool)
+    ring[:, t:Hp - bo, le:Wp - ri] = False
+    consts = d.idx[0][ring]
+    if not np.array_equal(core.reshape(-1), np.arange(C * H * W)) or np.any(consts >= 0) or \
+            not np.all(d.table[-1 - consts] == 0.0):
+        return None
+    return T.Data.of_node(s, node_shape), (t, le, bo, ri)
+
+
 def _conv(b, node, ins, attrs):
     d = b.data(node, ins[0])
     W = b.fconst(node, ins[1], "the weights")
@@ -321,6 +349,10 @@ def _conv(b, node, ins, attrs):
     if "kernel_shape" in attrs and list(attrs["kernel_shape"]) != list(W.shape[2:]):
         b.fail(node, f"kernel_shape {list(attrs['kernel_shape'])} differs from the weights' {W.shape}")
     strides, pads, dil = _spatial(b, node, attrs, d, W.shape[2:])
+    padded = _zero_padding(b, d)
+    if padded is not None:  # a Pad with zeros before: the convolution's own padding
+        d, extra = padded
+        pads = tuple(int(p) + int(e) for p, e in zip(pads, extra))
     try:
         op = Conv(W, bias, d.shape[1:], strides, pads, dil, int(attrs.get("group", 1)))
     except ValueError as exc:
