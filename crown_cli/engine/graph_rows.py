@@ -61,8 +61,9 @@ WEIGHT_ROWS_MIN = 256
 # the activation before it have one slope, when there are at least this many (each share
 # costs a second product call and two sums per result)
 PAIRED_MIN = 32
-# a dense node's transpose of at most this many rows on some of its elements: the rows
-# written out over every element (zeros elsewhere) rather than the weight's rows gathered
+# a dense node's transpose of at most this many rows on a third of its elements or more: the
+# rows written out over every element (zeros elsewhere), the weight read once in place,
+# rather than its live rows gathered (a copy, then read again)
 FEW_ROWS_SCATTER = 8
 
 
@@ -596,8 +597,8 @@ def _transpose(gb, i, rows: Rows, kernels, shared: Optional[int] = None):
         return [(elements[on], op.transpose_t(Lt, idx, pos, _weight(gb, i, dt), kernels, on))]
     if isinstance(op, Dense) and not op.sparse:  # W^T Lt: one BLAS product
         W = _weight(gb, i, dt)
-        if idx is not None and Lt.shape[1] <= FEW_ROWS_SCATTER:  # W read once, not copied
-            return [(None, W.T @ _full(rows, W.shape[0]))]
+        if idx is not None and Lt.shape[1] <= FEW_ROWS_SCATTER and 3 * idx.size >= W.shape[0]:
+            return [(None, W.T @ _full(rows, W.shape[0]))]  # W read once, not copied
         return [(None, (W if idx is None else W[idx]).T @ Lt)]
     if isinstance(op, Scale):  # elementwise: each live element's rows times its factor
         a = typed(op, "a", dt)
