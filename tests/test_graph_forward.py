@@ -95,24 +95,27 @@ def test_pad_modes(tmp_path, mode, pads):
     np.testing.assert_allclose(gr.forward(x), reference_outputs(model, x), rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.parametrize("value,mode,fold", [(0.0, "constant", True), (-0.5, "constant", False),
-                                              (0.0, "reflect", False)])
-def test_zero_padding_before_a_convolution_is_its_own(tmp_path, value, mode, fold):
+@pytest.mark.parametrize("value,mode,pads,fold", [
+    (0.0, "constant", [0, 0, 1, 1, 0, 0, 1, 0], True),
+    (0.0, "constant", [0, 0, 1, 2, 0, 0, 2, 1], False),  # a window would lie in the padding
+    (-0.5, "constant", [0, 0, 1, 1, 0, 0, 1, 0], False),
+    (0.0, "reflect", [0, 0, 1, 1, 0, 0, 1, 0], False)])
+def test_zero_padding_before_a_convolution_is_its_own(tmp_path, value, mode, pads, fold):
     """A Pad of zeros between an image node and a convolution becomes the convolution's
-    padding (no element-moving node in between: rows on windows cross it), the same function
-    as the reference evaluator's; a pad of another value or mode stays a node."""
+    padding (no element-moving node in between: rows on windows cross it) where no window
+    then lies wholly in the padding; the same function as the reference evaluator's; a pad
+    of another value or mode, or a wider one, stays a node."""
     g = G(np.random.default_rng(2))
     y = g.op("Conv", ["x", g.rand(3, 2, 3, 3)], pads=[1, 1, 1, 1])
     y = g.op("Relu", [y])
-    y = g.op("Pad", [y, g.const([0, 0, 1, 2, 0, 0, 2, 1], np.int64), g.const(np.float32(value))],
-             mode=mode)
+    y = g.op("Pad", [y, g.const(pads, np.int64), g.const(np.float32(value))], mode=mode)
     y = g.op("Conv", [y, g.rand(2, 3, 3, 3)], strides=[2, 2], pads=[0, 1, 0, 0])
     model = g.model([("x", (1, 2, 6, 6))], [y])
     gr = load_graph(save(tmp_path, model))
     convs = [n for n in gr.nodes if type(n.op).__name__ == "Conv"]
     assert (gr.nodes[convs[1].inputs[0]].kind == "activation") == fold
     if fold:
-        assert tuple(convs[1].op.pads) == (1, 3, 2, 1)
+        assert tuple(convs[1].op.pads) == (1, 2, 1, 0)
     x = np.random.default_rng(1).normal(size=(3, 72))
     np.testing.assert_allclose(gr.forward(x), reference_outputs(model, x), rtol=1e-5, atol=1e-5)
     from crown_cli.engine.graph_bounds import GraphBounds

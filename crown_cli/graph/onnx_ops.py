@@ -312,7 +312,8 @@ def _zero_padding(b, d):
     """(the unpadded image as data, pads (top, left, bottom, right)) when ``d`` (1, C, H, W)
     is one node's whole image with rows and columns of zeros around it (an ONNX ``Pad``,
     PyTorch's ``ZeroPad2d``), else None: a convolution reading it takes the padding as its
-    own, so that no element-moving node stands before it (rows on windows then cross it)."""
+    own where no window then lies wholly in the padding, so that no element-moving node
+    stands before it (rows on windows then cross it)."""
     if not isinstance(d, T.Data) or len(d.sources) != 1 or d.idx.ndim != 4 or d.idx.shape[0] != 1:
         return None
     s = d.sources[0]
@@ -351,8 +352,10 @@ def _conv(b, node, ins, attrs):
     strides, pads, dil = _spatial(b, node, attrs, d, W.shape[2:])
     padded = _zero_padding(b, d)
     if padded is not None:  # a Pad with zeros before: the convolution's own padding
-        d, extra = padded
-        pads = tuple(int(p) + int(e) for p, e in zip(pads, extra))
+        total = [int(p) + int(e) for p, e in zip(pads, padded[1])]
+        reach = [(int(k) - 1) * int(r) for k, r in zip(W.shape[2:], dil)] * 2
+        if all(t <= m for t, m in zip(total, reach)):  # no window wholly in the padding
+            d, pads = padded[0], tuple(total)
     try:
         op = Conv(W, bias, d.shape[1:], strides, pads, dil, int(attrs.get("group", 1)))
     except ValueError as exc:
