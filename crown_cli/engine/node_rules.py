@@ -849,9 +849,11 @@ class PoolRule(Rule):
             return False
         pool = gb.pools[i]
         h, w, r = win.Pt.shape[1], win.Pt.shape[2], win.Pt.shape[3]
+        h2, w2 = (h - 1) * sh + (kh - 1) * dh + 1, (w - 1) * sw + (kw - 1) * dw + 1
         noy, nox = win.oy * sh - pt, win.ox * sw - pl
-        Dt = np.zeros((C, (h - 1) * sh + (kh - 1) * dh + 1, (w - 1) * sw + (kw - 1) * dw + 1, r),
-                      win.Pt.dtype)
+        if not _fits(noy, nox, h2, w2, H, W):  # windows as large as the rows: leave them
+            return False
+        Dt = np.zeros((C, h2, w2, r), win.Pt.dtype)
         sums = np.empty((r, 3))
         lines = np.stack([pool.hi, pool.exact.astype(np.float64), gb.absval[p][pool.src]])
         walk.kernels.win_pool_t(win.Pt, win.oy, win.ox, window_runs(win), chosen,
