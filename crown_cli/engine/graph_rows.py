@@ -303,7 +303,7 @@ def fused_rows(gb, target: int, Lam, kernels, dtype=np.float64):
     start = Lam if isinstance(Lam, WeightRows) else None
     if start is not None:  # rows over the dense node's input, its bias taken
         target, first = start.node, start.rows
-        if start.paired and not getattr(gb.plan[target], "reads_pairs", False):
+        if start.paired and not gb.plan[target].reads_pairs:
             first = (None, np.hstack([first[1], -first[1]]))  # [E; -E] written out
             start = start._replace(paired=False)
     elif isinstance(Lam, Win):
@@ -584,8 +584,6 @@ def _transpose(gb, i, rows: Rows, kernels, shared: Optional[int] = None):
     op = gb.g.nodes[i].op
     idx, Lt = rows
     dt = Lt.dtype
-    if shared and isinstance(op, Dense) and not op.sparse and idx is not None:
-        return [(None, _paired_product(_weight(gb, i, dt)[idx], Lt, shared, kernels))]
     if isinstance(op, Conv):
         in_idx, pos = _conv_live(op, idx)
         j = gb.g.nodes[i].inputs[0]
@@ -597,6 +595,8 @@ def _transpose(gb, i, rows: Rows, kernels, shared: Optional[int] = None):
         return [(elements[on], op.transpose_t(Lt, idx, pos, _weight(gb, i, dt), kernels, on))]
     if isinstance(op, Dense) and not op.sparse:  # W^T Lt: one BLAS product
         W = _weight(gb, i, dt)
+        if shared and idx is not None:
+            return [(None, _paired_product(W[idx], Lt, shared, kernels))]
         if idx is not None and Lt.shape[1] <= FEW_ROWS_SCATTER and 3 * idx.size >= W.shape[0]:
             return [(None, W.T @ _full(rows, W.shape[0]))]  # W read once, not copied
         return [(None, (W if idx is None else W[idx]).T @ Lt)]

@@ -194,11 +194,14 @@ class Rule:
     """A node kind's rules (stateless: the node and the :class:`GraphBounds` ``gb`` are
     passed in). ``refines_input``: the node's input gets CROWN bounds before the node's
     interval is taken; ``exact_interval``: CROWN cannot tighten the node's interval;
-    ``held``: floats the bounds hold per neuron besides its interval and magnitude."""
+    ``held``: floats the bounds hold per neuron besides its interval and magnitude;
+    ``reads_pairs``: ``back_t`` takes rows ``[E; -E]`` held as E alone
+    (``graph_rows.WeightRows``)."""
 
     refines_input = False
     exact_interval = False
     held = 0
+    reads_pairs = False
 
     def interval(self, gb, i, node) -> Tuple[np.ndarray, np.ndarray]:
         raise NotImplementedError
@@ -485,7 +488,7 @@ class ActivationRule(Rule):
     refines_input = True
     exact_interval = True  # its lines' range on its input's bounds, what CROWN would give
     held = 5  # four lines and the input's magnitude
-    reads_pairs = True  # back_t takes rows [E; -E] as E alone (graph_rows.WeightRows)
+    reads_pairs = True
 
     def interval(self, gb, i, node):
         """The relaxation from the input's interval (kept in ``gb.lines``), and the interval
@@ -847,7 +850,6 @@ class PoolRule(Rule):
         chosen = self._chosen(gb, i, shape, geo)
         if chosen is None:
             return False
-        pool = gb.pools[i]
         h, w, r = win.Pt.shape[1], win.Pt.shape[2], win.Pt.shape[3]
         h2, w2 = (h - 1) * sh + (kh - 1) * dh + 1, (w - 1) * sw + (kw - 1) * dw + 1
         noy, nox = win.oy * sh - pt, win.ox * sw - pl
@@ -855,11 +857,11 @@ class PoolRule(Rule):
             return False
         Dt = np.zeros((C, h2, w2, r), win.Pt.dtype)
         sums = np.empty((r, 3))
-        lines = np.stack([pool.hi, pool.exact.astype(np.float64), gb.absval[p][pool.src]])
-        walk.kernels.win_pool_t(win.Pt, win.oy, win.ox, window_runs(win), chosen,
-                                lines.reshape((3,) + shape), np.stack([noy, nox]), Dt, sums)
+        walk.kernels.win_pool_t(win.Pt, win.oy, win.ox, window_runs(win), *chosen,
+                                np.stack([noy, nox]), Dt, sums)
         walk.acc[0] += sums[:, 0]
         walk.acc[1] += sums[:, 1]
+        pool = gb.pools[i]
         if pool.terms > 1:
             walk.acc[2] += self.overlap_charge(gb, p, pool.terms, sums[:, 2])
         walk.give(p, Win(noy, nox, Dt, window_runs(win)))  # places moved alike
@@ -867,14 +869,17 @@ class PoolRule(Rule):
 
     @staticmethod
     def _chosen(gb, i, shape, geo):
-        """Each output position's chosen input's (row, column), (2, C, OH, OW), kept on
-        ``gb``; None unless every one lies in its own channel within the kernel's reach of
-        the position (origin times the stride less the padding): what keeps the windows
-        kernel's writes inside each row's window over the input."""
+        """What ``win_pool_t`` reads of pool i, kept on ``gb``: each output position's
+        chosen input's (row, column), (2, C, OH, OW), and its lines (3, C, OH, OW): hi, 1
+        where the window is exact, the chosen input's magnitude. None unless every chosen
+        input lies in its own channel within the kernel's reach of the position (origin
+        times the stride less the padding): what keeps the kernel's writes inside each
+        row's window over the input."""
         cache = gb.__dict__.setdefault("_pool_chosen", {})
         if i not in cache:
             (C, H, W), (kh, kw), (sh, sw), (pt, pl), (dh, dw) = geo
-            src = gb.pools[i].src.reshape(shape)
+            pool = gb.pools[i]
+            src = pool.src.reshape(shape)
             within = src % (H * W)
             ys, xs = within // W, within % W
             dy = ys - (np.arange(shape[1]) * sh - pt)[None, :, None]
@@ -882,7 +887,9 @@ class PoolRule(Rule):
             ok = np.all(src // (H * W) == np.arange(C)[:, None, None]) and \
                 dy.min() >= 0 and dy.max() <= (kh - 1) * dh and \
                 dx.min() >= 0 and dx.max() <= (kw - 1) * dw
-            cache[i] = np.stack([ys, xs]) if ok else None
+            absval = gb.absval[gb.g.nodes[i].inputs[0]]
+            lines = np.stack([pool.hi, pool.exact.astype(np.float64), absval[pool.src]])
+            cache[i] = (np.stack([ys, xs]), lines.reshape((3,) + shape)) if ok else None
         return cache[i]
 
     def back_t(self, gb, i, node, rows, walk):
