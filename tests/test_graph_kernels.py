@@ -998,3 +998,64 @@ def test_max_pools_pass_rows_on_windows(tmp_path, monkeypatch, pool):
     for i in range(len(graph.nodes)):
         v = np.asarray(vals[i]).reshape(len(pts), -1)
         assert np.all(v >= gb.lo[i] - 1e-9) and np.all(v <= gb.hi[i] + 1e-9)
+
+
+def test_paired_product_and_pool_sums_err_within_their_charges():
+    """Exact rationals: the shared product of rows that are pairs errs, element by element,
+    by at most gamma_{T+1} of its products' magnitudes (T: the terms of a sum), the charge a
+    dense step takes; and a max pool on windows hands each chosen input the exact sum of its
+    coefficients within gamma_{T+1} of their magnitudes (overlapping windows, T > 1)."""
+    from fractions import Fraction as F
+    from types import SimpleNamespace
+
+    from crown_cli.engine.graph_rows import Win, _paired_product, _runs
+    from crown_cli.engine.node_rules import PoolLines, PoolRule
+    from crown_cli.engine.rounding import U64, gamma_n
+    from crown_cli.graph.pooling import MaxPool, pool_windows
+
+    rng = np.random.default_rng(11)
+    W = rng.normal(size=(40, 7)) * np.exp(rng.uniform(-8, 8, (40, 7)))
+    E, D = rng.normal(size=(40, 5)), rng.normal(size=(40, 5))
+    n_a = 25
+    D[:n_a] = -E[:n_a]
+    Lt = np.hstack([E, D])
+    P = _paired_product(W, Lt, n_a, graph_kernels())
+    g = gamma_n(W.shape[0] + 1, U64)
+    for j in range(W.shape[1]):
+        for q in range(Lt.shape[1]):
+            exact = sum(F(W[k, j]) * F(Lt[k, q]) for k in range(W.shape[0]))
+            mag = sum(abs(F(W[k, j]) * F(Lt[k, q])) for k in range(W.shape[0]))
+            assert abs(F(P[j, q]) - exact) <= F(g) * mag
+
+    # a 3x3 / stride 1 pool (each input chosen by up to 9 windows) on windows
+    C, H = 2, 7
+    (_, OH, OW), win, _ = pool_windows((C, H, H), (3, 3), (1, 1), (1, 1, 1, 1), (1, 1))
+    lo = rng.normal(size=C * H * H)
+    lo[::5] += 3.0  # some inputs win many windows
+    lines = PoolLines(win, lo, lo + rng.uniform(0.0, 0.1, lo.size))
+    r = 4
+    oy = np.zeros(r, np.int64)
+    ox = np.zeros(r, np.int64)
+    Pt = rng.normal(size=(C, OH, OW, r)) * np.exp(rng.uniform(-20, 20, (C, OH, OW, r)))
+    gb = SimpleNamespace(pools={1: lines}, absval=[np.ones(C * H * H)], lines={},
+                         g=SimpleNamespace(nodes=[SimpleNamespace(shape=(1, C, H, H)),
+                                                  SimpleNamespace(inputs=(0,))]))
+    geo = ((C, H, H), (3, 3), (1, 1), (1, 1), (1, 1))
+    chosen = PoolRule._chosen(gb, 1, (C, OH, OW), geo)
+    assert chosen is not None
+    Dt = np.zeros((C, OH + 2, OW + 2, r))
+    sums = np.empty((r, 3))
+    graph_kernels().win_pool_t(Pt, oy, ox, _runs(oy, ox), *chosen,
+                               np.stack([oy - 1, ox - 1]), Dt, sums)
+    g = gamma_n(lines.terms + 1, U64)
+    src = lines.src.reshape(C, OH, OW)
+    use = (Pt >= 0) | lines.exact.reshape(C, OH, OW)[..., None]
+    for q in range(r):
+        want = {}
+        for c, y, x in zip(*np.nonzero(use[..., q])):
+            want.setdefault(int(src[c, y, x]), []).append(F(Pt[c, y, x, q]))
+        for k, vs in want.items():
+            c, y, x = k // (H * H), (k % (H * H)) // H, k % H
+            got = F(Dt[c, y + 1, x + 1, q])
+            assert abs(got - sum(vs)) <= F(g) * sum(abs(v) for v in vs)
+        assert np.count_nonzero(Dt[..., q]) <= len(want)
