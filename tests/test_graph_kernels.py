@@ -1008,10 +1008,10 @@ def test_paired_product_and_pool_sums_err_within_their_charges():
     from fractions import Fraction as F
     from types import SimpleNamespace
 
-    from crown_cli.engine.graph_rows import Win, _paired_product, _runs
+    from crown_cli.engine.graph_rows import _paired_product, _runs
     from crown_cli.engine.node_rules import PoolLines, PoolRule
     from crown_cli.engine.rounding import U64, gamma_n
-    from crown_cli.graph.pooling import MaxPool, pool_windows
+    from crown_cli.graph.pooling import pool_windows
 
     rng = np.random.default_rng(11)
     W = rng.normal(size=(40, 7)) * np.exp(rng.uniform(-8, 8, (40, 7)))
