@@ -851,6 +851,58 @@ def test_activation_step_reads_rows_that_are_pairs_from_their_first_half():
                 np.testing.assert_array_equal(got, want)
 
 
+def test_steering_sums_are_the_charged_kernels_constants():
+    """A steering pass's sums (``out`` of 1 column, 2 with an activation's fused affine
+    sums) are the charged kernels' constants bit for bit, and the rows the same:
+    ``activation_step_t``, ``win_activation_t``, ``affine_terms_t``, ``win_sums_t``."""
+    from crown_cli.engine.kernels import graph_steps as ks
+    from crown_cli.engine.node_rules import _widths
+
+    rng = np.random.default_rng(8)
+
+    def both(kernel, args, D, fuse, n_out):
+        got = []
+        for steer in (False, True):
+            out = np.full((n_out, _widths(fuse, steer) if D is not None else
+                           (1 if steer else 3)), np.nan)
+            Dc = None if D is None else np.full_like(D, np.nan)
+            kernel(*args, *([] if Dc is None else [Dc]), out)
+            got.append((Dc, out))
+        (D0, o0), (D1, o1) = got
+        if D is not None:
+            np.testing.assert_array_equal(D1, D0)
+        np.testing.assert_array_equal(o1[:, 0], o0[:, 0])  # the constant
+        if fuse:
+            np.testing.assert_array_equal(o1[:, 1], o0[:, 3])  # the input's constant
+        assert np.all(np.isfinite(o1))
+
+    for dt in (np.float64, np.float32):
+        for h in (5, 97):
+            Lt = rng.normal(size=(30, h)).astype(dt)
+            Lt[rng.uniform(size=Lt.shape) < 0.3] = 0.0
+            read = np.sort(rng.choice(30, 21, replace=False)).astype(np.int64)
+            lines = [rng.normal(size=21).astype(dt) for _ in range(4)]
+            absval = rng.uniform(0, 2, 21).astype(dt)
+            for terms in (np.empty((3, 0), dt), rng.uniform(0, 1, (3, 21)).astype(dt)):
+                fuse = terms.shape[1] > 0
+                both(ks.activation_step_t, (Lt, read, *lines, absval, terms),
+                     np.empty((21, h), dt), fuse, h)
+            b3 = [rng.normal(size=30).astype(dt) for _ in range(3)]
+            both(ks.affine_terms_t, (Lt, *b3), None, False, h)
+            Pt = rng.normal(size=(3, 4, 4, h)).astype(dt)
+            Pt[rng.uniform(size=Pt.shape) < 0.3] = 0.0
+            oy, ox = rng.integers(-2, 6, h), rng.integers(-2, 6, h)
+            order = np.lexsort((ox, oy))
+            oy, ox = oy[order], ox[order]
+            runs = np.flatnonzero(np.r_[True, (np.diff(oy) != 0) | (np.diff(ox) != 0), True])
+            img = [rng.normal(size=(3, 7, 7)).astype(dt) for _ in range(5)]
+            for terms in (np.empty((3, 0, 0, 0), dt), rng.uniform(0, 1, (3, 3, 7, 7)).astype(dt)):
+                fuse = terms.shape[1] > 0
+                both(ks.win_activation_t, (Pt, oy, ox, runs, *img, terms), np.empty_like(Pt),
+                     fuse, h)
+            both(ks.win_sums_t, (Pt, oy, ox, runs, *img[:3]), None, False, h)
+
+
 def test_paired_product_equals_the_plain_product():
     """``graph_rows._paired_product``: rows that are pairs on their first n_a elements give
     the plain product W^T Lt to rounding; its kernel (``add_pairs_t``) the twin's numbers."""

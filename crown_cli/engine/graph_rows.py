@@ -362,6 +362,7 @@ def fused_rows(gb, target: int, Lam, kernels, dtype=np.float64):
         pending[j] = (idx, St)
 
     walk = _FastWalk(acc, give, kernels, r, g.input_size, pending, pre, paired)
+    walk.steer = (first.Pt if isinstance(first, Win) else first[1]).dtype != np.float64
     for i in range(target, -1, -1):
         rows = pending.pop(i, None)
         if rows is None:
@@ -435,6 +436,7 @@ class _FastWalk:
         self.pending = pending  # the rows given to each node not yet visited
         self.pre = pre  # an affine node's sums taken by its activation (input_terms_fused)
         self.paired = paired  # rows that are pairs (fused_rows)
+        self.steer = False  # float32 rows: a steering pass, its constants alone summed
 
     def to_input(self, offset: int, rows: Rows, size: int) -> None:
         """The rows over the input elements ``offset .. offset + size``: a graph of one input

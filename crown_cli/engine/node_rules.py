@@ -336,12 +336,18 @@ class AffineRule(Rule):
         if sums is None:
             b, absb = _bias(gb, i, dt)
             absfwd = _typed(gb, ("absfwd", i), lambda: gb.absfwd[i], dt)
-            sums = np.empty((win.Pt.shape[3], 3))
+            sums = np.empty((win.Pt.shape[3], 1 if walk.steer else 3))
             walk.kernels.win_sums_t(win.Pt, win.oy, win.ox, window_runs(win), b.reshape(shape),
                                     absb.reshape(shape), absfwd.reshape(shape), sums)
+        self._add_sums(gb, i, sums, walk)
+
+    def _add_sums(self, gb, i, sums, walk):
+        """The node's sums over the rows (constant, its magnitude, the product rounding's
+        weight; a steering pass's constant alone) into ``walk.acc``."""
         walk.acc[0] += sums[:, 0]
-        walk.acc[1] += sums[:, 1]
-        walk.acc[2] += self.charge(gb, i, sums[:, 2])
+        if sums.shape[1] > 1:
+            walk.acc[1] += sums[:, 1]
+            walk.acc[2] += self.charge(gb, i, sums[:, 2])
 
     def back_t(self, gb, i, node, rows, walk):
         idx, Lt = rows
@@ -349,14 +355,12 @@ class AffineRule(Rule):
         r, dt = Lt.shape[1], Lt.dtype
         sums = walk.pre.pop(i, None)  # taken by the activation that reads this node
         if sums is None:
-            sums = np.empty((r, 3))
+            sums = np.empty((r, 1 if walk.steer else 3))
             b, absb = _bias(gb, i, dt)
             absfwd = _typed(gb, ("absfwd", i), lambda: gb.absfwd[i], dt)
             walk.kernels.affine_terms_t(Lt, _take(b, idx), _take(absb, idx),
                                         _take(absfwd, idx), sums)
-        walk.acc[0] += sums[:, 0]
-        walk.acc[1] += sums[:, 1]
-        walk.acc[2] += self.charge(gb, i, sums[:, 2])
+        self._add_sums(gb, i, sums, walk)
         moved = _transpose(gb, i, (idx, Lt), walk.kernels, walk.paired.pop(i, None))
         for j, P in zip(node.inputs, moved):
             walk.give(j, P)
@@ -484,6 +488,19 @@ def _monotone_range(name, l, u, lo, hi, alpha=None):
     return np.fmax(lo, a), np.fmin(hi, b)
 
 
+def _widths(fuse: bool, steer: bool) -> int:
+    """Columns of an activation step's sums (``activation_step_t``): the intercept terms,
+    their magnitude and charge weight, with ``fuse`` the affine input's three sums after
+    them; a steering pass's intercept terms and the input's constant alone."""
+    return (2 if fuse else 1) if steer else (6 if fuse else 3)
+
+
+def _fused(sums, steer: bool) -> np.ndarray:
+    """The affine input's sums an activation step took (``_widths``' last columns), as
+    ``AffineRule._add_sums`` reads them."""
+    return sums[:, 1:] if steer else sums[:, 3:]
+
+
 class ActivationRule(Rule):
     refines_input = True
     exact_interval = True  # its lines' range on its input's bounds, what CROWN would give
@@ -590,12 +607,10 @@ class ActivationRule(Rule):
         if fuse:
             terms = affine_terms(gb, p, dt)
             terms = terms if idx is None else np.ascontiguousarray(terms[:, idx])
-        Dt, sums = np.empty((read.size, r), dt), np.empty((r, 6 if fuse else 3))
+        Dt, sums = np.empty((read.size, r), dt), np.empty((r, _widths(fuse, walk.steer)))
         walk.kernels.activation_step_t(np.ascontiguousarray(Lt), read, *arrays, terms, Dt,
                                        sums)
-        walk.acc[0] += sums[:, 0]
-        walk.acc[1] += sums[:, 1]
-        walk.acc[2] += self.charge(sums[:, 2], _take(gb.absval[p], idx))
+        self._add_sums(sums, lambda: _take(gb.absval[p], idx), walk)
         # elements whose both lines have slope 0 (a ReLU inactive on the whole set, a
         # clipped one saturated) hand on rows of exact zeros: dropped, so the products
         # below skip them (as the dense engine drops inactive columns)
@@ -607,7 +622,15 @@ class ActivationRule(Rule):
             idx, Dt = (keep if idx is None else idx[keep]), np.ascontiguousarray(Dt[keep])
         walk.give(p, (idx, Dt))
         if fuse and p in walk.pending:  # p's rows are these alone (it had none before)
-            walk.pre[p] = sums[:, 3:]
+            walk.pre[p] = _fused(sums, walk.steer)
+
+    def _add_sums(self, sums, absval, walk):
+        """The step's sums (intercept terms, their magnitude, sum |D| times ``absval()``; a
+        steering pass's intercept terms alone) into ``walk.acc``."""
+        walk.acc[0] += sums[:, 0]
+        if not walk.steer:
+            walk.acc[1] += sums[:, 1]
+            walk.acc[2] += self.charge(sums[:, 2], absval())
 
     @staticmethod
     def _shared(gb, p, paired, arrays, read):
@@ -639,15 +662,13 @@ class ActivationRule(Rule):
         fuse = input_terms_fused(gb, i, p, walk)
         terms = affine_terms(gb, p, dt).reshape((3,) + shape) if fuse else \
             np.empty((3, 0, 0, 0), dt)
-        Dt, sums = np.empty_like(win.Pt), np.empty((r, 6 if fuse else 3))
+        Dt, sums = np.empty_like(win.Pt), np.empty((r, _widths(fuse, walk.steer)))
         walk.kernels.win_activation_t(win.Pt, win.oy, win.ox, window_runs(win),
                                       *[a.reshape(shape) for a in arrays], terms, Dt, sums)
-        walk.acc[0] += sums[:, 0]
-        walk.acc[1] += sums[:, 1]
-        walk.acc[2] += self.charge(sums[:, 2], gb.absval[p])
+        self._add_sums(sums, lambda: gb.absval[p], walk)
         walk.give(p, win._replace(Pt=Dt))
         if fuse and p in walk.pending:  # p's rows are these alone (it had none before)
-            walk.pre[p] = sums[:, 3:]
+            walk.pre[p] = _fused(sums, walk.steer)
         return True
 
     def relaxed(self, gb, i, node, vals, x, tape, free):

@@ -236,8 +236,9 @@ def add_pairs_t(P, A):
 def affine_terms_t(Lt, bias, absbias, absfwd, out):
     """Per row of the rows held transposed, Lt (m, r): ``out[row] = (L @ bias, |L| @ |bias|,
     |L| @ absfwd)`` (an affine node's constant, its magnitude and the product rounding's
-    weight)."""
+    weight); ``out`` (r, 1): the constant alone (a steering pass)."""
     m, r = Lt.shape
+    charged = out.shape[1] >= 3
     nb = (r + ROW_BLOCK - 1) // ROW_BLOCK
     for blk in prange(nb):
         a0 = blk * ROW_BLOCK
@@ -251,13 +252,17 @@ def affine_terms_t(Lt, bias, absbias, absfwd, out):
             ak = absbias[k]
             fk = absfwd[k]
             row = Lt[k, a0:a1]  # a slice and a loop from 0: vectorised (see activation_step_t)
-            for q in range(n):
-                v = row[q]
-                av = abs(v)
-                c[q] += v * bk
-                a[q] += av * ak
-                w[q] += av * fk
-        _put_sums(out, a0, c, a, w, 0)
+            if charged:
+                for q in range(n):
+                    v = row[q]
+                    av = abs(v)
+                    c[q] += v * bk
+                    a[q] += av * ak
+                    w[q] += av * fk
+            else:
+                for q in range(n):
+                    c[q] += row[q] * bk
+        _put_all(out, a0, c, a, w, c, c, c, False, charged)
 
 
 @njit(cache=True, parallel=True)
@@ -319,6 +324,7 @@ def activation_step_t(Lt, read, lower, upper, lower_icpt, upper_icpt, absval, te
     :func:`crown_cli.engine.batch_steps.relax` and the sums of ``GraphBounds._rows``."""
     n, r = Dt.shape
     fuse = terms.shape[1] > 0
+    charged = out.shape[1] >= 3  # else a steering pass's: the constants alone
     h = Lt.shape[1]  # r, or r / 2 for rows [L; -L]
     halves = 1 if h == r else 2
     nbh = (h + ROW_BLOCK - 1) // ROW_BLOCK
@@ -343,9 +349,9 @@ def activation_step_t(Lt, read, lower, upper, lower_icpt, upper_icpt, absval, te
             z = absval[k]
             row = Lt[read[k], s0:s0 + w]
             drow = Dt[k, a0:a0 + w]
-            # two loops, the sums' branch taken outside: each then runs vectorised, the
+            # one loop per case, the case chosen outside: each then runs vectorised, the
             # line chosen by a select (2x the one loop with the branch inside, measured)
-            if fuse:
+            if fuse and charged:
                 b0, b1, b2 = terms[0, k], terms[1, k], terms[2, k]
                 for q in range(w):
                     v = row[q] * sgn
@@ -360,7 +366,7 @@ def activation_step_t(Lt, read, lower, upper, lower_icpt, upper_icpt, absval, te
                     f0[q] += d * b0
                     f1[q] += ad * b1
                     f2[q] += ad * b2
-            else:
+            elif charged:
                 for q in range(w):
                     v = row[q] * sgn
                     pos = v >= 0.0
@@ -370,9 +376,38 @@ def activation_step_t(Lt, read, lower, upper, lower_icpt, upper_icpt, absval, te
                     c[q] += t
                     m[q] += abs(t)
                     ch[q] += abs(d) * z
-        _put_sums(out, a0, c, m, ch, 0)
+            elif fuse:
+                b0 = terms[0, k]
+                for q in range(w):
+                    v = row[q] * sgn
+                    pos = v >= 0.0
+                    d = v * (sl if pos else su)
+                    drow[q] = d
+                    c[q] += v * (tl if pos else tu)
+                    f0[q] += d * b0
+            else:
+                for q in range(w):
+                    v = row[q] * sgn
+                    pos = v >= 0.0
+                    drow[q] = v * (sl if pos else su)
+                    c[q] += v * (tl if pos else tu)
+        _put_all(out, a0, c, m, ch, f0, f1, f2, fuse, charged)
+
+
+@njit(cache=True)
+def _put_all(out, q0, c, m, ch, f0, f1, f2, fuse, charged):
+    """An activation step's sums written out: ``out[q0 + q]`` = (c, m, ch) and with
+    ``fuse`` (f0, f1, f2) after them; a steering pass's (not ``charged``) c and with
+    ``fuse`` f0."""
+    if charged:
+        _put_sums(out, q0, c, m, ch, 0)
         if fuse:
-            _put_sums(out, a0, f0, f1, f2, 3)
+            _put_sums(out, q0, f0, f1, f2, 3)
+        return
+    for q in range(c.shape[0]):
+        out[q0 + q, 0] = c[q]
+        if fuse:
+            out[q0 + q, 1] = f0[q]
 
 
 @njit(cache=True, parallel=True)
@@ -610,6 +645,7 @@ def win_activation_t(Pt, oy, ox, runs, lower, upper, lower_icpt, upper_icpt, abs
     C, h, w, r = Pt.shape
     H, W = lower.shape[1], lower.shape[2]
     fuse = terms.shape[1] > 0
+    charged = out.shape[1] >= 3  # else a steering pass's: the constants alone
     for g in prange(runs.size - 1):
         q0, q1 = runs[g], runs[g + 1]
         cs = np.zeros(q1 - q0)
@@ -632,9 +668,9 @@ def win_activation_t(Pt, oy, ox, runs, lower, upper, lower_icpt, upper_icpt, abs
                     z = absval[c, yy, xx]
                     prow = Pt[c, a, b, q0:q1]
                     drow = Dt[c, a, b, q0:q1]
-                    # selects, not branches, and the sums' choice outside the loop: vectorised
+                    # selects, not branches, and the case chosen outside the loop: vectorised
                     # (see activation_step_t); a coefficient 0 adds nothing (not 0 * inf)
-                    if fuse:
+                    if fuse and charged:
                         b0 = terms[0, c, yy, xx]
                         b1 = terms[1, c, yy, xx]
                         b2 = terms[2, c, yy, xx]
@@ -652,7 +688,7 @@ def win_activation_t(Pt, oy, ox, runs, lower, upper, lower_icpt, upper_icpt, abs
                             f0[q] += d * b0 if d != 0.0 else 0.0
                             f1[q] += ad * b1 if d != 0.0 else 0.0
                             f2[q] += ad * b2 if d != 0.0 else 0.0
-                    else:
+                    elif charged:
                         for q in range(q1 - q0):
                             v = prow[q]
                             pos = v >= 0.0
@@ -663,9 +699,24 @@ def win_activation_t(Pt, oy, ox, runs, lower, upper, lower_icpt, upper_icpt, abs
                             cs[q] += t
                             ms[q] += abs(t)
                             ch[q] += abs(d) * z if nz else 0.0
-        _put_sums(out, q0, cs, ms, ch, 0)
-        if fuse:
-            _put_sums(out, q0, f0, f1, f2, 3)
+                    elif fuse:
+                        b0 = terms[0, c, yy, xx]
+                        for q in range(q1 - q0):
+                            v = prow[q]
+                            pos = v >= 0.0
+                            nz = v != 0.0
+                            d = v * (sl if pos else su) if nz else 0.0
+                            drow[q] = d
+                            cs[q] += v * (tl if pos else tu) if nz else 0.0
+                            f0[q] += d * b0 if d != 0.0 else 0.0
+                    else:
+                        for q in range(q1 - q0):
+                            v = prow[q]
+                            pos = v >= 0.0
+                            nz = v != 0.0
+                            drow[q] = v * (sl if pos else su) if nz else 0.0
+                            cs[q] += v * (tl if pos else tu) if nz else 0.0
+        _put_all(out, q0, cs, ms, ch, f0, f1, f2, fuse, charged)
 
 
 @njit(cache=True, parallel=True)
@@ -722,9 +773,11 @@ def win_sums_t(Pt, oy, ox, runs, v0, v1, v2, out):
     sum |P| v1, sum |P| v2)`` with the (C, H, W) arrays read at the row's own positions (an
     affine node's constant, magnitude and rounding weight: ``v0`` its bias, ``v1`` |bias|,
     ``v2`` its forward magnitude; or a sum's charge: ``v2`` the node's absval; or the input's
-    terms). ``runs`` as :func:`win_activation_t`'s."""
+    terms). ``runs`` as :func:`win_activation_t`'s. ``out`` (r, 1): the first sum alone (a
+    steering pass's constant)."""
     C, h, w, r = Pt.shape
     H, W = v0.shape[1], v0.shape[2]
+    charged = out.shape[1] >= 3
     for g in prange(runs.size - 1):
         q0, q1 = runs[g], runs[g + 1]
         s0 = np.zeros(q1 - q0)
@@ -741,14 +794,19 @@ def win_sums_t(Pt, oy, ox, runs, v0, v1, v2, out):
                         continue
                     e0, e1, e2 = v0[c, yy, xx], v1[c, yy, xx], v2[c, yy, xx]
                     prow = Pt[c, a, b, q0:q1]
-                    for q in range(q1 - q0):  # selects: vectorised (see win_activation_t)
-                        v = prow[q]
-                        nz = v != 0.0
-                        av = abs(v)
-                        s0[q] += v * e0 if nz else 0.0
-                        s1[q] += av * e1 if nz else 0.0
-                        s2[q] += av * e2 if nz else 0.0
-        _put_sums(out, q0, s0, s1, s2, 0)
+                    if charged:
+                        for q in range(q1 - q0):  # selects: vectorised (see win_activation_t)
+                            v = prow[q]
+                            nz = v != 0.0
+                            av = abs(v)
+                            s0[q] += v * e0 if nz else 0.0
+                            s1[q] += av * e1 if nz else 0.0
+                            s2[q] += av * e2 if nz else 0.0
+                    else:
+                        for q in range(q1 - q0):
+                            v = prow[q]
+                            s0[q] += v * e0 if v != 0.0 else 0.0
+        _put_all(out, q0, s0, s1, s2, s0, s0, s0, False, charged)
 
 
 @njit(cache=True, parallel=True)
