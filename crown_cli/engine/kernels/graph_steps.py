@@ -91,21 +91,40 @@ def _add_products(acc, weight, L, rows, wo, wi, wj, n, on):
     (row, kernel offset) pairs, for every channel cc of the group that is ``on``: one
     position's sums in a transpose (:func:`conv_transpose_t`, :func:`win_conv_transpose_t`).
     Four products per pass over ``acc[cc]`` (1.3-1.45x one pass each: fewer loads and stores
-    of the sums per product), a zero weight's product skipped (as one pass each). The same
-    products, summed in another order."""
+    of the sums per product), and two channels per pass where both are on and their eight
+    weights nonzero (each row read once for both: 1.1-1.2x); a zero weight's product skipped
+    (as one pass each). The same products, summed in another order (each channel's sums in
+    the same order whether paired or not)."""
     r = acc.shape[1]
+    C = acc.shape[0]
     m = 0
     while m + 4 <= n:
         R0, R1, R2, R3 = L[rows[m]], L[rows[m + 1]], L[rows[m + 2]], L[rows[m + 3]]
-        for cc in range(acc.shape[0]):
+        cc = 0
+        while cc < C:
             if not on[cc]:
+                cc += 1
                 continue
             w0 = weight[wo[m], cc, wi[m], wj[m]]
             w1 = weight[wo[m + 1], cc, wi[m + 1], wj[m + 1]]
             w2 = weight[wo[m + 2], cc, wi[m + 2], wj[m + 2]]
             w3 = weight[wo[m + 3], cc, wi[m + 3], wj[m + 3]]
+            full = w0 != 0.0 and w1 != 0.0 and w2 != 0.0 and w3 != 0.0
+            if full and cc + 1 < C and on[cc + 1]:
+                v0 = weight[wo[m], cc + 1, wi[m], wj[m]]
+                v1 = weight[wo[m + 1], cc + 1, wi[m + 1], wj[m + 1]]
+                v2 = weight[wo[m + 2], cc + 1, wi[m + 2], wj[m + 2]]
+                v3 = weight[wo[m + 3], cc + 1, wi[m + 3], wj[m + 3]]
+                if v0 != 0.0 and v1 != 0.0 and v2 != 0.0 and v3 != 0.0:
+                    a, b = acc[cc], acc[cc + 1]
+                    for k in range(r):
+                        x0, x1, x2, x3 = R0[k], R1[k], R2[k], R3[k]
+                        a[k] += w0 * x0 + w1 * x1 + w2 * x2 + w3 * x3
+                        b[k] += v0 * x0 + v1 * x1 + v2 * x2 + v3 * x3
+                    cc += 2
+                    continue
             a = acc[cc]
-            if w0 != 0.0 and w1 != 0.0 and w2 != 0.0 and w3 != 0.0:
+            if full:
                 for k in range(r):
                     a[k] += w0 * R0[k] + w1 * R1[k] + w2 * R2[k] + w3 * R3[k]
             else:
@@ -117,10 +136,11 @@ def _add_products(acc, weight, L, rows, wo, wi, wj, n, on):
                     _axpy(a, w2, R2)
                 if w3 != 0.0:
                     _axpy(a, w3, R3)
+            cc += 1
         m += 4
     while m < n:
         R0 = L[rows[m]]
-        for cc in range(acc.shape[0]):
+        for cc in range(C):
             w0 = weight[wo[m], cc, wi[m], wj[m]]
             if on[cc] and w0 != 0.0:
                 _axpy(acc[cc], w0, R0)
