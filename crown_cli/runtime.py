@@ -13,7 +13,9 @@
   numpy was imported before ``crown_cli`` (and the user set no ``OPENBLAS_THREAD_TIMEOUT``),
   OpenBLAS keeps its long spin, and numba's threads kept awake beside it make things worse
   (the ResNet bound 0.39 -> 0.64 s): there OpenMP's spin stays short,
-  ``GOMP_SPINCOUNT=1000``. OpenMP reads its setting when numba loads its threading layer (at
+  ``GOMP_SPINCOUNT=1000``, and a convolutional graph's bounds run with OpenBLAS on one thread
+  (``BLAS_SPINS``, :func:`crown_cli.engine.threads.quiet_blas`: the bench ResNet's bound
+  0.13 -> 0.08-0.11 s). OpenMP reads its setting when numba loads its threading layer (at
   the first parallel kernel), OpenBLAS when numpy loads it: so the second acts only where
   ``crown_cli`` is imported before numpy (the ``crown`` command, and scripts that import it
   first). A user's own ``GOMP_SPINCOUNT``, ``OMP_WAIT_POLICY`` or ``OPENBLAS_THREAD_TIMEOUT``
@@ -43,10 +45,17 @@ TRIM_THRESHOLD = 128 * 2 ** 20
 _MALLOC_ENV = ("MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_", "MALLOC_TOP_PAD_")
 
 
+# whether numpy had loaded OpenBLAS with its long spin before crown_cli could shorten it
+# (engine.threads.quiet_blas): set by shorten_thread_waits
+BLAS_SPINS = False
+
+
 def shorten_thread_waits() -> None:
     """Set OpenMP's and OpenBLAS's spinning after a call (above) in ``os.environ``, where the
     user has not."""
+    global BLAS_SPINS
     blas_spins = "numpy" in sys.modules and "OPENBLAS_THREAD_TIMEOUT" not in os.environ
+    BLAS_SPINS = blas_spins
     os.environ.setdefault("OPENBLAS_THREAD_TIMEOUT", OPENBLAS_THREAD_TIMEOUT)
     if "GOMP_SPINCOUNT" not in os.environ and "OMP_WAIT_POLICY" not in os.environ:
         os.environ["GOMP_SPINCOUNT"] = \

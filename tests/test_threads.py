@@ -236,3 +236,51 @@ def test_malloc_keeps_freed_blocks_for_the_next_step_unless_the_user_chose():
     assert tuned[0] == "True" and int(tuned[1]) < 500, tuned
     assert int(plain[0]) > 5000, plain  # the case the setting is for
     assert chosen[0] == "False" and int(chosen[1]) > 5000, chosen
+
+
+def test_quiet_blas_runs_a_convolutional_graphs_bounds_on_one_blas_thread(monkeypatch):
+    """Where numpy loaded OpenBLAS with its long spin (``runtime.BLAS_SPINS``), a graph with a
+    convolution is bounded (construction, ``lower``) and certified on one BLAS thread and the
+    counts are restored after; a chain of dense layers keeps them, and so does every graph
+    where OpenBLAS's spin was shortened."""
+    from crown_cli import runtime
+    from crown_cli.certification.graph_certifier import GraphCertifier, _tiny_graph
+    from crown_cli.engine import graph_bounds as gbm
+    from crown_cli.graph.network import dense_graph
+    from crown_cli.network import MLP
+
+    before = get_blas_threads()
+    seen = []
+    build, lower = gbm.GraphBounds._build, gbm.GraphBounds._lower
+
+    def spy_build(self, *args):
+        seen.append(("build", get_blas_threads()))
+        return build(self, *args)
+
+    def spy_lower(self, *args):
+        seen.append(("lower", get_blas_threads()))
+        return lower(self, *args)
+
+    monkeypatch.setattr(gbm.GraphBounds, "_build", spy_build)
+    monkeypatch.setattr(gbm.GraphBounds, "_lower", spy_lower)
+    rng = np.random.default_rng(0)
+    conv = _tiny_graph(rng)
+    x0 = rng.uniform(0, 1, conv.input_size)
+    dense = dense_graph(MLP([rng.normal(size=(6, 4)), rng.normal(size=(2, 6))],
+                            [np.zeros(6), np.zeros(2)], "relu"))
+    for spins in (True, False):
+        monkeypatch.setattr(runtime, "BLAS_SPINS", spins)
+        for g, x in ((conv, x0), (dense, rng.uniform(0, 1, 4))):
+            seen.clear()
+            gbm.GraphBounds(g, x, 0.01, 0).bounds(np.eye(2)[:1] - np.eye(2)[1:])
+            want = [1] * len(before) if spins and g is conv else before
+            assert seen and all(t == want for _, t in seen), (spins, seen)
+            assert {k for k, _ in seen} == {"build", "lower"}
+            assert get_blas_threads() == before
+    monkeypatch.setattr(runtime, "BLAS_SPINS", True)
+    seen.clear()
+    cert = GraphCertifier(conv, norm="inf", method="crown")
+    c = int(np.argmax(conv.forward(x0[None])[0]))
+    assert cert.certify(x0, c, [1 - c]).eps > 0
+    assert seen and all(t == [1] * len(before) for _, t in seen)
+    assert get_blas_threads() == before

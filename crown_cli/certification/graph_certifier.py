@@ -170,6 +170,12 @@ class GraphCertifier(RadiusSearch):
 
     def certify(self, x0: np.ndarray, c: int, targets: Sequence[int]) -> Certificate:
         """Largest eps such that f_c > f_t on the whole ball for every t in ``targets``."""
+        from crown_cli.engine.threads import quiet_blas
+
+        with quiet_blas(self.graph):  # its forward passes' products too
+            return self._certify(x0, c, targets)
+
+    def _certify(self, x0: np.ndarray, c: int, targets: Sequence[int]) -> Certificate:
         t0 = time.perf_counter()
         x0 = np.ascontiguousarray(x0, dtype=np.float64)
         C = self.margin_rows(c, targets)

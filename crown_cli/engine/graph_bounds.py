@@ -62,6 +62,7 @@ from crown_cli.engine.node_rules import (AffineRule, InputRule, PoolLines, activ
                                          line_gap, plan)
 from crown_cli.graph.ops import Dense, IndexMap, steer_dtype
 from crown_cli.engine.rounding import ERR_SAFETY, U64, steering_quiet, sum_rtol, widen
+from crown_cli.engine.threads import quiet_blas
 ROW_BUDGET = 256 * 2 ** 20  # bytes of rows per back-substitution pass (identity rows chunked)
 ROW_COPIES = 4  # per neuron: its two rows of [I; -I] as wide as the widest node, twice
 # The peak memory of a back-substitution pass, as a multiple of its row budget: the rows'
@@ -207,7 +208,10 @@ class GraphBounds:
     """
 
     def __init__(self, graph, x0, eps, qcode, **settings):
-        o = BoundSettings(**settings)
+        with quiet_blas(graph):
+            self._build(graph, x0, eps, qcode, BoundSettings(**settings))
+
+    def _build(self, graph, x0, eps, qcode, o):
         intermediate, deadline = o.intermediate, o.deadline
         self.deadline = deadline
         self.dtype = np.dtype(o.dtype).type
@@ -512,6 +516,10 @@ class GraphBounds:
         ``steer`` (np.float32): the numpy path's rows and products in that dtype, a steering
         estimate, **not verified** (alpha-CROWN's iterations; the answer is bounded again
         in float64)."""
+        with quiet_blas(self.g):
+            return self._lower(target, Lam, free, tape, lines, rows, steer)
+
+    def _lower(self, target, Lam, free, tape, lines, rows, steer):
         fused = graph_kernels()  # None under the numpy kernels: the twin below runs
         # float32 may overflow where float64 does not: that iterate only steers worse
         with steering_quiet(steer is not None):

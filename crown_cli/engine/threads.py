@@ -1,5 +1,6 @@
 """The number of threads of the BLAS libraries loaded in this process, set for a block of code:
-:func:`blas_threads`; with numba's too: :func:`one_thread`.
+:func:`blas_threads`; with numba's too: :func:`one_thread`; one BLAS thread for a
+convolutional graph's bounds where OpenBLAS spins long: :func:`quiet_blas`.
 
 The products of a small network's branch and bound (a few hundred neurons, boxes in batches)
 are too small to share between threads: on the 2-core machine of docs/benchmarks.md OpenBLAS's
@@ -98,3 +99,20 @@ def one_thread():
     finally:
         if numba is not None:
             numba.set_num_threads(saved)
+
+
+def quiet_blas(graph):
+    """:func:`blas_threads` (1) for a graph with a convolution where OpenBLAS keeps its threads
+    spinning about 0.1 s after each product (numpy loaded it before ``crown_cli`` could
+    shorten that: :data:`crown_cli.runtime.BLAS_SPINS`), else nothing. Such a graph's bounds
+    are numba kernels on both cores with small products between them, and OpenBLAS's spinning
+    second thread took the core numba's second thread needed: the bench ResNet's CROWN bound
+    took 0.13 s against 0.08-0.11 s on one BLAS thread, certify 1.25-1.55x
+    (docs/benchmarks.md). A chain of dense layers keeps both BLAS threads (its large products
+    are most of its time: 1.45x slower on one)."""
+    from crown_cli import runtime
+    from crown_cli.graph.ops import Conv
+
+    if not runtime.BLAS_SPINS or not any(isinstance(n.op, Conv) for n in graph.nodes):
+        return contextlib.nullcontext()
+    return blas_threads(1)
