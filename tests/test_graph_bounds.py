@@ -563,3 +563,62 @@ def test_dense_node_bounds_from_weight_rows_against_exact_arithmetic(monkeypatch
             spread = sum(abs(lv) for lv in lam)
             assert F(gb.lo[3][j]) <= val - spread and F(gb.hi[3][j]) >= val + spread, (seed, j)
     assert starts and all(starts)
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_active_relus_read_by_a_max_pool_take_their_crown_bounds(tmp_path, monkeypatch, seed):
+    """A ReLU read by a max pool hands the pool its intervals, so its input's active neurons
+    (not only the unstable ones) get CROWN bounds (``_rows_to_refine``); a ReLU read by
+    affine nodes only keeps the unstable ones. Against the unstable-only rule for both (the
+    rule before session 38, which left active neurons at their interval): every output bound
+    as tight or tighter and some tighter, sampled points inside."""
+    from graph_models import G, _shape
+
+    rng = np.random.default_rng(seed)
+    g = G(rng)
+    x = g.op("Conv", ["x", g.rand(4, 2, 3, 3), g.rand(4)], pads=[1, 1, 1, 1])
+    x = g.op("Relu", [x])
+    x = g.op("MaxPool", [x], kernel_shape=[2, 2], strides=[2, 2])
+    x = g.op("Conv", [x, g.rand(4, 4, 3, 3), g.rand(4)], pads=[1, 1, 1, 1])
+    x = g.op("Relu", [x])
+    x = g.op("MaxPool", [x], kernel_shape=[2, 2], strides=[2, 2])
+    x = g.op("Flatten", [x])
+    n = int(np.prod(_shape(g, "x", (1, 2, 12, 12), x)[1:]))
+    x = g.op("Gemm", [x, g.rand(3, n), g.rand(3)], transB=1)
+    path = str(tmp_path / "pools.onnx")
+    onnx.save(g.model([("x", (1, 2, 12, 12))], [x]), path)
+    graph = load_graph(path)
+    x0 = rng.uniform(-1, 1, graph.input_size)
+    eps = 0.05
+    gb = GraphBounds(graph, x0, eps, 0)
+    new = gb.bounds()
+    convs = [i for i, nd in enumerate(graph.nodes) if type(nd.op).__name__ == "Conv"]
+    # the first convolution's ReLU feeds a pool: its active neurons are refined too
+    p = convs[0]
+    assert gb._rows_to_refine(p).size == int(np.count_nonzero(gb.hi[p] > 0.0))
+
+    def unstable_only(self, q):
+        if all(self.plan[c].sign_stable(self.g.nodes[c]) for c in self.g.consumers[q]):
+            return np.flatnonzero((self.lo[q] < 0.0) & (self.hi[q] > 0.0))
+        return None
+
+    # a ReLU read by affine nodes alone (a residual network's): the unstable neurons only
+    res_path = str(tmp_path / "residual.onnx")
+    onnx.save(BUILDERS["residual"](np.random.default_rng(seed)), res_path)
+    res = load_graph(res_path)
+    rb = GraphBounds(res, rng.uniform(-1, 1, res.input_size), eps, 0)
+    read = [q for q, nd in enumerate(res.nodes) if nd.inputs and res.consumers[q]
+            and all(res.nodes[c].kind == "activation" and res.nodes[c].op.name == "relu"
+                    for c in res.consumers[q])]
+    assert read
+    for q in read:
+        want = np.flatnonzero((rb.lo[q] < 0.0) & (rb.hi[q] > 0.0))
+        assert np.array_equal(rb._rows_to_refine(q), want)
+    monkeypatch.setattr(GraphBounds, "_rows_to_refine", unstable_only)
+    old = GraphBounds(graph, x0, eps, 0).bounds()
+    assert np.all(new[0] >= old[0] - 1e-12) and np.all(new[1] <= old[1] + 1e-12)
+    assert np.max(np.concatenate([new[0] - old[0], old[1] - new[1]])) > 1e-6
+    pts = x0[None] + rng.uniform(-eps, eps, (4000, graph.input_size))
+    pts[:2000] = x0[None] + eps * np.sign(pts[:2000] - x0[None])
+    y = graph.forward(pts)
+    assert np.all(y >= new[0] - 1e-12) and np.all(y <= new[1] + 1e-12)

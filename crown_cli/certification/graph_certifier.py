@@ -230,8 +230,9 @@ class Balls:
 
 
 def _tiny_graph(rng):
-    """conv -> relu -> conv + skip -> relu -> dense (2 outputs) on a 2 x 6 x 6 input: every
-    kernel of the graph fast path, windows and live elements both."""
+    """conv -> relu -> conv + skip -> relu -> conv -> relu -> dense (2 outputs) on a 2 x 6 x 6
+    input: every kernel of the graph fast path, windows and live elements both (three 3 x 3
+    convolutions: a row's window outgrows the image, also in one tile)."""
     from crown_cli.graph.network import Graph, Node
     from crown_cli.graph.ops import ActivationOp, Conv, Dense, InputOp, Sum
 
@@ -243,9 +244,10 @@ def _tiny_graph(rng):
     nodes = [Node("x", InputOp(0, 0, 72), (), sh), Node("c1", conv(2), (0,), sh),
              Node("r1", ActivationOp("relu"), (1,), sh), Node("c2", conv(2), (2,), sh),
              Node("s", Sum([1.0, 1.0], 72), (3, 2), sh),
-             Node("r2", ActivationOp("relu"), (4,), sh),
-             Node("f", Dense(rng.normal(0, 0.2, (2, 72)), np.zeros(2)), (5,), (1, 2))]
-    return Graph(nodes, 6)
+             Node("r2", ActivationOp("relu"), (4,), sh), Node("c3", conv(2), (5,), sh),
+             Node("r3", ActivationOp("relu"), (6,), sh),
+             Node("f", Dense(rng.normal(0, 0.2, (2, 72)), np.zeros(2)), (7,), (1, 2))]
+    return Graph(nodes, 8)
 
 
 class GraphPGDAttack(PGDAttack):

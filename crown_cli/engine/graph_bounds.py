@@ -125,6 +125,12 @@ def least_bytes(graph) -> int:
 
 
 TILES = 2  # an image-shaped node's neurons are bounded in up to TILES x TILES spatial groups
+# ... on a float32 steering pass in STEER_TILES x STEER_TILES: fewer, larger walks (each walk's
+# Python work per node does not grow with its rows), whose rows keep their windows longer;
+# measured on the bench ResNet a float32 pass's kernels took 35 against 29-33 ms and the rest
+# 17-19 against 27-32 ms, certify 8-12% faster (a float64 pass's window kernels grew by more
+# than its walks saved: 90 against 79 ms, so it keeps TILES; docs/benchmarks.md, session 38)
+STEER_TILES = 1
 FEW_ROWS = 256  # a second pass of at most this many rows runs as one group, not per tile
 # one side per neuron first (GraphBounds._one_sided) from this many neurons to refine: below
 # it a second walk costs more than the rows it saves
@@ -381,9 +387,20 @@ class GraphBounds:
     def _rows_to_refine(self, p):
         """The neurons of node p whose CROWN bounds can change a relaxation: when only
         sign-stable activations (ReLU, leaky ReLU) read p, those its interval leaves
-        unstable (a stable one's lines do not depend on the interval); else None (all)."""
-        if all(self.plan[c].sign_stable(self.g.nodes[c]) for c in self.g.consumers[p]):
+        unstable (a stable one's lines do not depend on the interval), where only affine
+        nodes read those activations; where another node reads them (a max pool, a product:
+        their lines come from the activations' intervals, which an active neuron's bounds
+        are), also the active ones (a ReLU's inactive neurons give 0 whatever their bounds);
+        else None (all)."""
+        g = self.g
+        acts = g.consumers[p]
+        if not all(self.plan[c].sign_stable(g.nodes[c]) for c in acts):
+            return None
+        if all(g.consumers[a] and all(isinstance(self.plan[c], AffineRule)
+                                      for c in g.consumers[a]) for a in acts):
             return np.flatnonzero((self.lo[p] < 0.0) & (self.hi[p] > 0.0))
+        if all(g.nodes[a].op.name == "relu" for a in acts):
+            return np.flatnonzero(self.hi[p] > 0.0)
         return None
 
     def _exact(self, p) -> bool:
@@ -468,7 +485,8 @@ class GraphBounds:
             side[rows] = sign
         chunk = max(1, int(self.row_budget // row_bytes(self.g, target)))
         fused = graph_kernels()
-        for group in _tiles(rows, self.g.nodes[target].shape, TILES if tiles else 1):
+        grid = TILES if self.dtype == np.float64 else STEER_TILES
+        for group in _tiles(rows, self.g.nodes[target].shape, grid if tiles else 1):
             for s in range(0, group.size, chunk):
                 idx = group[s:s + chunk]
                 idx, sg = _both_sides(idx) if side is None else (idx, side[idx])
