@@ -592,7 +592,7 @@ def test_active_relus_read_by_a_max_pool_take_their_crown_bounds(tmp_path, monke
     eps = 0.05
     gb = GraphBounds(graph, x0, eps, 0)
     new = gb.bounds()
-    convs = [i for i, nd in enumerate(graph.nodes) if type(nd.op).__name__ == "Conv"]
+    convs = [i for i, nd in enumerate(graph.nodes) if isinstance(nd.op, Conv)]
     # the first convolution's ReLU feeds a pool: its active neurons are refined too
     p = convs[0]
     assert gb._rows_to_refine(p).size == int(np.count_nonzero(gb.hi[p] > 0.0))

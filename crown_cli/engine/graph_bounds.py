@@ -311,6 +311,11 @@ class GraphBounds:
         sign there."""
         if rows is None or rows.size < ONE_SIDED_MIN or p in self.known:
             return False
+        return self._readers_affine(p)
+
+    def _readers_affine(self, p) -> bool:
+        """Whether only affine nodes read the nodes that read p (no max pool or product
+        takes lines from their intervals)."""
         g = self.g
         return all(g.consumers[a] and all(isinstance(self.plan[c], AffineRule)
                                           for c in g.consumers[a])
@@ -396,8 +401,7 @@ class GraphBounds:
         acts = g.consumers[p]
         if not all(self.plan[c].sign_stable(g.nodes[c]) for c in acts):
             return None
-        if all(g.consumers[a] and all(isinstance(self.plan[c], AffineRule)
-                                      for c in g.consumers[a]) for a in acts):
+        if self._readers_affine(p):
             return np.flatnonzero((self.lo[p] < 0.0) & (self.hi[p] > 0.0))
         if all(g.nodes[a].op.name == "relu" for a in acts):
             return np.flatnonzero(self.hi[p] > 0.0)

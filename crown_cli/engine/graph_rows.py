@@ -361,8 +361,8 @@ def fused_rows(gb, target: int, Lam, kernels, dtype=np.float64):
         acc[2] += 2.0 * U64 * sums
         pending[j] = (idx, St)
 
-    walk = _FastWalk(acc, give, kernels, r, g.input_size, pending, pre, paired)
-    walk.steer = (first.Pt if isinstance(first, Win) else first[1]).dtype != np.float64
+    steer = (first.Pt if isinstance(first, Win) else first[1]).dtype != np.float64
+    walk = _FastWalk(acc, give, kernels, r, g.input_size, pending, pre, paired, steer)
     for i in range(target, -1, -1):
         rows = pending.pop(i, None)
         if rows is None:
@@ -427,7 +427,7 @@ class _FastWalk:
     ``back_win`` take it: ``acc`` (3, r) constant, magnitude, charge per row; ``give(j,
     rows)``; the numba kernels; the rows over the flat input (:meth:`to_input`)."""
 
-    def __init__(self, acc, give, kernels, r: int, d: int, pending, pre, paired):
+    def __init__(self, acc, give, kernels, r: int, d: int, pending, pre, paired, steer: bool):
         # give, pending and pre are the walk's (fused_rows); give does not refer to the walk
         # (a reference cycle would keep the rows alive until the garbage collector runs)
         self.acc, self.give, self.kernels = acc, give, kernels
@@ -436,7 +436,7 @@ class _FastWalk:
         self.pending = pending  # the rows given to each node not yet visited
         self.pre = pre  # an affine node's sums taken by its activation (input_terms_fused)
         self.paired = paired  # rows that are pairs (fused_rows)
-        self.steer = False  # float32 rows: a steering pass, its constants alone summed
+        self.steer = steer  # float32 rows: a steering pass, its constants alone summed
 
     def to_input(self, offset: int, rows: Rows, size: int) -> None:
         """The rows over the input elements ``offset .. offset + size``: a graph of one input

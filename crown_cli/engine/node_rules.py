@@ -345,7 +345,7 @@ class AffineRule(Rule):
         """The node's sums over the rows (constant, its magnitude, the product rounding's
         weight; a steering pass's constant alone) into ``walk.acc``."""
         walk.acc[0] += sums[:, 0]
-        if sums.shape[1] > 1:
+        if not walk.steer:
             walk.acc[1] += sums[:, 1]
             walk.acc[2] += self.charge(gb, i, sums[:, 2])
 
