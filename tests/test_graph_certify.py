@@ -378,7 +378,8 @@ def test_mixed_precision_radius_is_float64_verified(tmp_path, kind, norm):
 def test_a_search_reuses_larger_balls_bounds_soundly(tmp_path, kind, monkeypatch):
     """The certify search hands each float32 steering evaluation the node bounds of the
     smallest larger ball it evaluated (graph_certifier.Balls), and a float64 evaluation none
-    (its bound is its ball's own). With them every bound holds on the ball (sampled), and
+    (its bound is its ball's own); an evaluation without them takes the closest ball's as
+    hints (guesses of which neurons need both sides). With them every bound holds on the ball (sampled), and
     the radius holds against the attack and at the ball's corners."""
     import crown_cli.engine.graph_bounds as graph_bounds
     from crown_cli.certification.graph_certifier import Balls
@@ -393,7 +394,8 @@ def test_a_search_reuses_larger_balls_bounds_soundly(tmp_path, kind, monkeypatch
 
     def spy(graph, x, eps, qcode, **kw):
         gb = real(graph, x, eps, qcode, **kw)
-        gb.spied = (eps, np.dtype(kw.get("dtype", np.float64)) == np.float32, kw.get("known"))
+        gb.spied = (eps, np.dtype(kw.get("dtype", np.float64)) == np.float32, kw.get("known"),
+                    kw.get("hints"))
         seen.append(gb)
         return gb
 
@@ -402,14 +404,18 @@ def test_a_search_reuses_larger_balls_bounds_soundly(tmp_path, kind, monkeypatch
     got = cert.certify(x0, c, [t])
     assert got.status == "certified"
     balls = {id(gb.lo[p]): (gb.spied[0], gb.spied[1]) for gb in seen for p in Balls(g).nodes}
-    reused = 0
+    reused = hinted = 0
     for gb in seen:
-        eps, f32, known = gb.spied
+        eps, f32, known, hints = gb.spied
         for p, (lo, hi) in (known or {}).items():
             src_eps, src_f32 = balls[id(lo)]
             assert src_eps >= eps and f32  # a larger ball's, and only for steering
             reused += 1
+        # an evaluation without them takes an evaluated ball's bounds as guesses (hints)
+        assert known is None or hints is None
+        hinted += all(id(lo) in balls for lo, _ in (hints or {}).values()) and bool(hints)
     assert reused, "no evaluation took a larger ball's bounds: the test would show nothing"
+    assert hinted, "no evaluation took hints"
     seen.clear()  # a float64 search: its evaluations have larger float64 balls, and take none
     assert GraphCertifier(g, norm="inf", precision="float64").certify(x0, c, [t]).eps > 0
     assert len(seen) > 2 and all(gb.spied[2] is None for gb in seen)

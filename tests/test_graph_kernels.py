@@ -736,6 +736,69 @@ def test_one_side_per_stable_neuron_gives_the_same_bounds(monkeypatch, kernels):
 
 
 @pytest.mark.parametrize("kernels", ["numba", "numpy"])
+def test_hints_put_both_sides_of_unstable_neurons_in_the_first_walk(monkeypatch, kernels):
+    """GraphBounds(hints=...): bounds of another pass, taken only as guesses. Where a node's
+    neurons are bounded one side first, those the hints leave unstable get both sides in
+    the first walk: with the ball's own bounds as hints no node needs a second walk (it
+    does without them), and the bounds equal those without hints to rounding; with hints
+    that are wrong (every neuron unstable, or each stable with a random sign) the output's
+    bounds are the same and the nodes' sides that matter too."""
+    import crown_cli.engine.graph_bounds as graph_bounds
+    import crown_cli.engine.graph_rows as graph_rows
+    from crown_cli.engine.graph_bounds import GraphBounds as GB, _sides
+
+    idx, sg = _sides(np.array([3, 5, 7, 9]), np.array([1.0, 0.0, -1.0, 0.0]))
+    assert idx.tolist() == [3, 5, 5, 7, 9, 9] and sg.tolist() == [1, 1, -1, -1, 1, -1]
+    monkeypatch.setattr(graph_bounds, "ONE_SIDED_MIN", 1)  # (a small net)
+    monkeypatch.setattr(graph_rows, "WEIGHT_ROWS_MIN", 1)  # its dense nodes' signed rows too
+    rng = np.random.default_rng(5)
+    g = resnet(rng)
+    x0 = rng.uniform(0, 1, g.input_size)
+    signed = GB._signed_bounds
+    seconds = []
+
+    def spy(self, target, rows, sign, l, u, tiles=True):
+        if sign is not None:  # a walk of signed rows after another one: a second pass
+            seconds.append(target in self.walked)
+            self.walked.add(target)
+        return signed(self, target, rows, sign, l, u, tiles)
+
+    monkeypatch.setattr(GB, "_signed_bounds", spy)
+    monkeypatch.setattr(GB, "walked", None, raising=False)
+    relu_inputs = [n.inputs[0] for n in g.nodes if n.kind == "activation"]
+
+    def run(hints):
+        seconds.clear()
+        with using_kernels(kernels):
+            gb = GB.__new__(GB)
+            gb.walked = set()
+            gb.__init__(g, x0, 0.02, 0, hints=hints)
+            return gb, gb.bounds(), any(seconds)
+
+    ref, (lo, hi), second = run(None)
+    assert second  # without hints some neuron needs its other side in a second walk
+    own = {p: (ref.lo[p], ref.hi[p]) for p in relu_inputs}
+    wide = {p: (np.full(ref.lo[p].shape, -1.0), np.full(ref.lo[p].shape, 1.0))
+            for p in relu_inputs}
+    flip = {p: (s, -s) for p in relu_inputs
+            for s in [rng.choice([-1.0, 1.0], ref.lo[p].shape)]}
+    for hints in (own, wide, flip):
+        gb, (lo2, hi2), second = run(hints)
+        assert second == (hints is flip)
+        np.testing.assert_allclose(lo2, lo, rtol=1e-9, atol=1e-12)
+        np.testing.assert_allclose(hi2, hi, rtol=1e-9, atol=1e-12)
+        for p in relu_inputs:  # the same where a side was computed both ways
+            if hints is own:
+                np.testing.assert_allclose(gb.lo[p], ref.lo[p], rtol=1e-9, atol=1e-12)
+                np.testing.assert_allclose(gb.hi[p], ref.hi[p], rtol=1e-9, atol=1e-12)
+            # wrong hints: a stable neuron's other side computed too (CROWN's, not the
+            # interval's), which its ReLU's lines do not read
+            assert np.all(gb.lo[p] >= ref.lo[p] - 1e-9) and np.all(gb.hi[p] <= ref.hi[p] + 1e-9)
+            assert np.array_equal((gb.lo[p] < 0) & (gb.hi[p] > 0),
+                                  (ref.lo[p] < 0) & (ref.hi[p] > 0))
+
+
+@pytest.mark.parametrize("kernels", ["numba", "numpy"])
 def test_one_side_first_does_not_let_deep_intervals_compound(monkeypatch, kernels):
     """A neuron proven stable by its one CROWN side also takes the other where the
     interval's lies more than OTHER_SIDE_RATIO times as far from the centre: else intervals

@@ -149,10 +149,12 @@ class GraphCertifier(RadiusSearch):
         # search's path (CROWN is not monotone in its intervals, and alpha-CROWN's stop is not)
         steer = np.dtype(dtype) == np.float32
         known = balls.nearest(eps) if balls is not None and steer else None
+        # without them, the closest ball's bounds guess which neurons need both sides
+        hints = balls.closest(eps) if balls is not None and known is None else None
         gb = GraphBounds(self.graph, x0, float(eps), self.qcode, method=self.family,
                          ibp=self.ibp, intermediate="alpha" if alpha and iters else "crown",
                          alpha_iters=iters, alpha_lr=lr, dtype=dtype, known=known,
-                         deadline=deadline)
+                         hints=hints, deadline=deadline)
         if balls is not None:
             balls.add(eps, gb)
         if alpha:
@@ -210,7 +212,8 @@ class Balls:
     takes, as known, those of the smallest ball evaluated at eps or above (a ReLU neuron
     stable there takes no rows; its bounds tighten the others'). The certifier gives none to
     a float64 evaluation, whose bound is then its ball's own whatever the search's path.
-    Kept: the nodes the engine refines before a relaxation reads them
+    An evaluation without them takes the closest ball's as guesses of where both sides of a
+    neuron are needed (:meth:`closest`). Kept: the nodes the engine refines before a relaxation reads them
     (``refined_inputs`` of the node rules: the inputs of activations, max pools, products)."""
 
     def __init__(self, graph):
@@ -224,6 +227,14 @@ class Balls:
     def nearest(self, eps: float):
         fits = [(e, b) for e, b in self.entries if e >= eps]
         return min(fits, key=lambda f: f[0])[1] if fits else None
+
+    def closest(self, eps: float):
+        """The bounds of the ball evaluated nearest to eps (by ratio), or None: guesses of
+        which neurons are stable (``GraphBounds``' ``hints``), never bounds."""
+        if not self.entries:
+            return None
+        return min(self.entries, key=lambda e: abs(np.log(e[0] / eps)) if e[0] > 0 and eps > 0
+                   else np.inf)[1]
 
     def add(self, eps: float, gb) -> None:
         self.entries.append((float(eps), {p: (gb.lo[p], gb.hi[p]) for p in self.nodes}))

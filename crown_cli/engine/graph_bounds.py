@@ -164,6 +164,18 @@ def _both_sides(idx):
     return np.concatenate([idx, idx]), np.repeat([1.0, -1.0], idx.size)
 
 
+def _sides(idx, sign):
+    """The rows of the neurons ``idx`` as (neuron, sign) per row: one row of sign ``sign[k]``
+    per neuron, two next to each other (+1, -1) where it is 0."""
+    n = np.where(sign == 0.0, 2, 1)
+    if n.size == 0 or n.max() == 1:
+        return idx, sign
+    out, sg = np.repeat(idx, n), np.repeat(sign, n)
+    second = np.cumsum(n)[n == 2] - 1  # each pair's second row
+    sg[second - 1], sg[second] = 1.0, -1.0
+    return out, sg
+
+
 def _unit_rows(idx, m, sign):
     """The rows ``sign[k] e_idx[k]`` over an m-neuron node: (len(idx), m)."""
     rows = np.zeros((idx.size, m))
@@ -185,6 +197,7 @@ class BoundSettings:
     deadline: Optional[float] = None
     dtype: Any = np.float64
     known: Optional[Dict[int, Tuple[np.ndarray, np.ndarray]]] = None
+    hints: Optional[Dict[int, Tuple[np.ndarray, np.ndarray]]] = None
 
 
 class GraphBounds:
@@ -211,6 +224,10 @@ class GraphBounds:
     node's bounds are intersected with them as they are set, so a ReLU neuron they prove
     stable takes no rows. The caller answers for them: bounds of a float32 pass only steer
     another float32 pass.
+    ``hints`` ({node: (lo, hi)}, optional): bounds of another pass on a nearby set, taken
+    only as guesses (never as bounds): where a node's neurons are bounded one side first
+    (:meth:`node_bounds`), a neuron they leave unstable has both sides in the first walk
+    instead of one side per walk.
     """
 
     def __init__(self, graph, x0, eps, qcode, **settings):
@@ -222,6 +239,7 @@ class GraphBounds:
         self.deadline = deadline
         self.dtype = np.dtype(o.dtype).type
         self.known = o.known or {}
+        self.hints = o.hints or {}
         self._centre_vals = None  # every node's value at x0 (_centre), when first needed
 
         if intermediate not in ("crown", "interval", "alpha", "forward"):
@@ -291,7 +309,10 @@ class GraphBounds:
             self._set(p, *self._interval(p, node))
             refined.add(p)
             return
-        l, u = self.node_bounds(p, rows, self._centre(p) if self._one_sided(p, rows) else None)
+        if self._one_sided(p, rows):
+            l, u = self.node_bounds(p, rows, self._centre(p), self._unstable_hint(p))
+        else:
+            l, u = self.node_bounds(p, rows)
         if ibp:
             l, u = np.maximum(l, self.lo[p]), np.minimum(u, self.hi[p])
         self._set(p, l, u)
@@ -312,6 +333,13 @@ class GraphBounds:
         if rows is None or rows.size < ONE_SIDED_MIN or p in self.known:
             return False
         return self._readers_affine(p)
+
+    def _unstable_hint(self, p):
+        """Node p's neurons that :attr:`hints` leave of unknown sign (a mask), or None."""
+        if p not in self.hints:
+            return None
+        lo, hi = self.hints[p]
+        return ~((lo > 0.0) | (hi < 0.0))
 
     def _readers_affine(self, p) -> bool:
         """Whether only affine nodes read the nodes that read p (no max pool or product
@@ -433,15 +461,17 @@ class GraphBounds:
         self.absval[i] = np.maximum(np.abs(lo), np.abs(hi))
 
     # -- bounds ------------------------------------------------------------------------------
-    def node_bounds(self, target: int, rows=None, guess=None):
+    def node_bounds(self, target: int, rows=None, guess=None, both=None):
         """CROWN bounds (l, u) of node ``target``'s value: rows [I; -I], chunked to the row
         budget. With ``rows`` (indices) only those neurons are computed; the others keep
         their interval. With ``guess`` (per neuron of the node, e.g. its value at the
         centre), one side per neuron first: the lower bound where the guess is > 0, the
         upper elsewhere (the side that can prove the sign, the only one a ReLU's lines need
-        once it is stable); the other side only for the neurons that side left unproven
-        (their other bound stays the interval's), or whose interval side lies more than
-        :data:`OTHER_SIDE_RATIO` times as far from the guess as the side computed."""
+        once it is stable), and both sides at once for the neurons of the mask ``both``
+        (optional: those a nearby set's bounds leave unstable); the other side only for the
+        neurons that side left unproven (their other bound stays the interval's), or whose
+        interval side lies more than :data:`OTHER_SIDE_RATIO` times as far from the guess as
+        the side computed."""
         m = self.g.nodes[target].size
         if rows is None:
             rows = np.arange(m)
@@ -455,7 +485,7 @@ class GraphBounds:
         if paired is not None and paired.any():
             # a neuron whose affine function is the negation of one bounded here takes
             # that one's bounds, negated and swapped: its rows are that one's rows
-            lo_k, hi_k = self.node_bounds(target, rows[~paired], guess)
+            lo_k, hi_k = self.node_bounds(target, rows[~paired], guess, both)
             src, dst = mirror[paired], rows[paired]
             l[rows[~paired]], u[rows[~paired]] = lo_k[rows[~paired]], hi_k[rows[~paired]]
             l[dst], u[dst] = -hi_k[src], -lo_k[src]
@@ -465,6 +495,8 @@ class GraphBounds:
             return l, u
         centre = np.asarray(guess)[rows]
         sign = np.where(centre > 0.0, 1.0, -1.0)
+        if both is not None:
+            sign[both[rows]] = 0.0
         self._signed_bounds(target, rows, sign, l, u)
         # unproven: the side computed leaves the sign open (l <= 0 or u >= 0); or too wide:
         # the other side, still the interval's, lies more than OTHER_SIDE_RATIO times as far
@@ -473,8 +505,8 @@ class GraphBounds:
         # without bound, docs/benchmarks.md)
         near = np.where(sign > 0.0, centre - l[rows], u[rows] - centre)
         far = np.where(sign > 0.0, u[rows] - centre, centre - l[rows])
-        left = np.where(sign > 0.0, l[rows] <= 0.0, u[rows] >= 0.0) | \
-            (far > OTHER_SIDE_RATIO * np.maximum(near, 0.0))
+        left = (np.where(sign > 0.0, l[rows] <= 0.0, u[rows] >= 0.0) |
+                (far > OTHER_SIDE_RATIO * np.maximum(near, 0.0))) & (sign != 0.0)
         if left.any():  # (few rows: one group, not one per tile)
             self._signed_bounds(target, rows[left], -sign[left], l, u,
                                 tiles=left.sum() > FEW_ROWS)
@@ -482,18 +514,29 @@ class GraphBounds:
 
     def _signed_bounds(self, target: int, rows, sign, l, u, tiles: bool = True) -> None:
         """One CROWN bound per (neuron, side) into ``l`` / ``u``: the lower bound of neuron
-        ``rows[k]`` where ``sign[k]`` is +1, its upper where -1 (``sign`` None: both)."""
-        m = self.g.nodes[target].size
+        ``rows[k]`` where ``sign[k]`` is +1, its upper where -1, both where 0 (``sign``
+        None: both for every neuron). Both sides of a neuron are two rows of one walk: on an
+        image-shaped node next to each other (their windows at one place), else as the
+        pairs ``[I; -I]`` of a walk of their own (a dense node's products shared)."""
+        node = self.g.nodes[target]
+        m = node.size
+        if sign is not None and (sign == 0.0).any() and len(node.shape) != 4:
+            self._signed_bounds(target, rows[sign == 0.0], None, l, u, tiles)
+            rows, sign = rows[sign != 0.0], sign[sign != 0.0]
+            if rows.size == 0:
+                return
         side = None if sign is None else np.zeros(m)
         if side is not None:
             side[rows] = sign
         chunk = max(1, int(self.row_budget // row_bytes(self.g, target)))
+        if side is not None and (sign == 0.0).any():
+            chunk = max(1, chunk // 2)  # each neuron up to two rows
         fused = graph_kernels()
         grid = TILES if self.dtype == np.float64 else STEER_TILES
-        for group in _tiles(rows, self.g.nodes[target].shape, grid if tiles else 1):
+        for group in _tiles(rows, node.shape, grid if tiles else 1):
             for s in range(0, group.size, chunk):
                 idx = group[s:s + chunk]
-                idx, sg = _both_sides(idx) if side is None else (idx, side[idx])
+                idx, sg = _both_sides(idx) if side is None else _sides(idx, side[idx])
                 win = None if fused is None else (
                     unit_windows(self.g.nodes[target], idx, self.dtype, sg)
                     or weight_rows(self, target, idx, self.dtype, sg, fused))
