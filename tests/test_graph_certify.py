@@ -80,6 +80,7 @@ def test_radius_equals_dense_engine(tmp_path, kind, norm, method):
     dense = Certifier(ws, bs, act, norm=norm, method=method, precision="float64")
     exact = GraphCertifier(g, norm=norm, method=method, ibp=False, precision="float64")
     exact.START_FRACTION = dense.START_FRACTION  # the same search path: the same radius
+    exact.UP_POWER = dense.UP_POWER
     default = GraphCertifier(g, norm=norm, method=method)
     rng = np.random.default_rng(1)
     for _ in range(2):

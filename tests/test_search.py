@@ -115,6 +115,23 @@ def test_a_certified_start_steps_up_to_just_above_the_root(start):
     assert root < e2 <= 1.15 * root and v2 <= 0
 
 
+@pytest.mark.parametrize("start", [0.5, 0.7, 0.95])
+def test_a_pair_of_powers_sets_the_first_step_up(start):
+    # power=(down, up): the step up from a certified start aims at the root of a drop
+    # growing like eps^up (the graph certifier's 1.5, whatever its depth), the step down
+    # keeps `down`
+    g0, root = 0.5, 0.01
+    rec = Recorder(lambda e: g0 - g0 * (e / root) ** 1.5)
+    certified_radius(rec, g0, eps0=start * root, rtol=1e-4, power=(6.0, 1.5))
+    assert rec.calls[1][0] == pytest.approx(root, rel=1e-9)
+    rec = Recorder(lambda e: g0 - g0 * (e / root) ** 1.5)
+    certified_radius(rec, g0, eps0=start * root, rtol=1e-4, power=6.0)  # up: 3 (half of 6)
+    assert rec.calls[1][0] < root
+    down = Recorder(lambda e: g0 - g0 * (e / root) ** 6.0)
+    certified_radius(down, g0, eps0=2 * root, rtol=1e-4, power=(6.0, 1.5))
+    assert down.calls[1][0] == pytest.approx(root, rel=1e-9)
+
+
 @pytest.mark.parametrize("shape", ["linear", "concave", "convex", "kinked"])
 @pytest.mark.parametrize("root", ROOTS)
 def test_stop_at_estimate_returns_an_unevaluated_candidate_near_the_root(shape, root):

@@ -145,6 +145,7 @@ class RadiusSearch:
     F32_RTOL = 0.5
     START_FRACTION = 0.5  # start_radius: this / (hidden layers) of the first-order distance
     POWER_PER_LAYER = 1.0  # the search's power law for the first step down, per hidden layer
+    UP_POWER = None  # ... and for the steps up (None: half of it, at least 1.5)
 
     def _search_settings(self, o: CertifySettings, input_size: int,
                          float64_only: bool = False) -> None:
@@ -173,8 +174,9 @@ class RadiusSearch:
         return margin_rows(c, targets, self.n_classes)
 
     def _search(self, fn, g0, eps0, rtol, stop_at_estimate=False) -> SearchResult:
+        power = max(2.0, self.POWER_PER_LAYER * self.num_hidden)
         return certified_radius(fn, g0, eps0, rtol=rtol, eps_max=self.eps_max, method=self.search,
-                                power=max(2.0, self.POWER_PER_LAYER * self.num_hidden),
+                                power=power if self.UP_POWER is None else (power, self.UP_POWER),
                                 stop_at_estimate=stop_at_estimate)
 
     def _radius(self, bound, g0: float, eps0: float) -> SearchResult:

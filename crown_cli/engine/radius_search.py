@@ -85,6 +85,8 @@ def certified_radius(
     ``power`` (interp only) is the growth assumed for the drop g0 - lower_bound(eps) when the
     first radius is not certified: the next radius tried is eps0 * (g0 / drop)^(1/power).
     Deeper networks have faster-growing drops (the certifier passes the hidden depth, min 2).
+    Going up from a certified first radius the degree is half of it, at least 1.5; a pair
+    ``(down, up)`` gives both.
 
     ``stop_at_estimate`` (interp only): once successive root estimates agree and the estimate
     lies within the same distance above the certified end of the bracket (where the search
@@ -157,6 +159,7 @@ def _bracket_decimal(f, g0, eps0, eps_max, eps_min, max_evals):
 
 def _bracket_secant(f, g0, eps0, eps_max, eps_min, max_evals, power=2.0):
     """Bracket the root, each step aimed by the secant through the last two points."""
+    power, up = power if isinstance(power, tuple) else (power, max(1.5, 0.5 * power))
     e = eps0
     v = f(e)
     if v > 0:
@@ -170,7 +173,7 @@ def _bracket_secant(f, g0, eps0, eps_max, eps_min, max_evals, power=2.0):
             # this lands 0-10% above the root, the smallest failing radius the later
             # evaluations can reuse stable neurons from)
             drop = g0 - flo
-            guess = lo * (g0 / drop) ** (1.0 / max(1.5, 0.5 * power)) if drop > 0 else math.inf
+            guess = lo * (g0 / drop) ** (1.0 / up) if drop > 0 else math.inf
             e = min(max(guess, factor * lo), 1e4 * lo, eps_max)
             v = f(e)
             if v > 0:
