@@ -92,9 +92,9 @@ class GraphCertifier(RadiusSearch):
     START_FRACTION = 1.0
     # going up from a certified radius, the drop's power law of degree 1.5 whatever the depth
     # (the dense certifier's half of it is 2.5 on the bench ResNet): measured from the first
-    # radius to the root, 1.06-2.07 (medians) on eight convolutional and residual networks,
-    # so that 2.5 kept landing below the root, and each step up, with no larger ball's bounds,
-    # costs about twice one down (docs/benchmarks.md, session 39)
+    # radius to the root, 1.06-2.07 (per-network medians) on five convolutional and residual
+    # networks, so that 2.5 kept landing below the root, and each step up, with no larger
+    # ball's bounds, costs about twice one down (docs/benchmarks.md, session 39)
     UP_POWER = 1.5
 
     def __init__(self, graph, ibp: bool = True, **settings):
