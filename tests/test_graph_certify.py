@@ -380,8 +380,8 @@ def test_a_search_reuses_larger_balls_bounds_soundly(tmp_path, kind, monkeypatch
     """The certify search hands each float32 steering evaluation the node bounds of the
     smallest larger ball it evaluated (graph_certifier.Balls), and a float64 evaluation none
     (its bound is its ball's own); an evaluation without them takes the closest ball's as
-    hints (guesses of which neurons need both sides). With them every bound holds on the ball (sampled), and
-    the radius holds against the attack and at the ball's corners."""
+    hints (guesses of which neurons need both sides). With them every bound holds on the
+    ball (sampled), and the radius holds against the attack and at the ball's corners."""
     import crown_cli.engine.graph_bounds as graph_bounds
     from crown_cli.certification.graph_certifier import Balls
 

@@ -219,8 +219,9 @@ class Balls:
     stable there takes no rows; its bounds tighten the others'). The certifier gives none to
     a float64 evaluation, whose bound is then its ball's own whatever the search's path.
     An evaluation without them takes the closest ball's as guesses of where both sides of a
-    neuron are needed (:meth:`closest`). Kept: the nodes the engine refines before a relaxation reads them
-    (``refined_inputs`` of the node rules: the inputs of activations, max pools, products)."""
+    neuron are needed (:meth:`closest`). Kept: the nodes the engine refines before a
+    relaxation reads them (``refined_inputs`` of the node rules: the inputs of activations,
+    max pools, products)."""
 
     def __init__(self, graph):
         from crown_cli.engine.node_rules import plan
