@@ -316,6 +316,43 @@ def test_alpha_crown_on_graphs_takes_its_iterations_and_stays_sound(tmp_path):
         GraphCertifier(g, method="alpha-crown", alpha_iters=-1)
 
 
+def test_alpha_crown_starts_next_to_crowns_radius(tmp_path, monkeypatch):
+    """alpha-crown's search on a graph first finds CROWN's radius by a float32 search to
+    1e-2 and starts at ALPHA_START times it (alpha-CROWN's radius lies within a few percent
+    above); its certificate counts those evaluations too. With --eps0 given, or no
+    iterations, the search starts where it is told."""
+    path = os.path.join(str(tmp_path), "res.onnx")
+    onnx.save(BUILDERS["relu_residual"](np.random.default_rng(0)), path)
+    g = load_graph(path)
+    rng = np.random.default_rng(2)
+    x0 = rng.uniform(-1, 1, g.input_size)
+    y = g.forward(x0)
+    c, t = int(np.argmax(y)), int(np.argsort(y)[-2])
+    calls = []
+    real = GraphCertifier.lower_bound
+
+    def spy(self, x, eps, C, dtype=np.float64, balls=None, deadline=None, crown=False):
+        low = real(self, x, eps, C, dtype, balls, deadline, crown)
+        calls.append((eps, np.dtype(dtype) == np.float32, crown, float(np.min(low))))
+        return low
+
+    monkeypatch.setattr(GraphCertifier, "lower_bound", spy)
+    alpha = GraphCertifier(g, method="alpha-crown")
+    got = alpha.certify(x0, c, [t])
+    start = [k for k, call in enumerate(calls) if not call[2]][0]
+    assert start > 0 and all(f32 and crown for _, f32, crown, _ in calls[:start])
+    lo = max(e for e, _, _, v in calls[:start] if v > 0)  # the float32 search's radius
+    assert calls[start][0] == pytest.approx(alpha.ALPHA_START * lo, rel=1e-12)
+    assert not any(crown for _, _, crown, _ in calls[start:])
+    assert got.evaluations == len(calls) and got.eps > 0
+    crown = GraphCertifier(g, method="crown", precision="float64").certify(x0, c, [t])
+    assert got.eps >= crown.eps * (1 - 2e-4)
+    for kw in ({"eps0": 0.01}, {"alpha_iters": 0}):
+        calls.clear()
+        GraphCertifier(g, method="alpha-crown", **kw).certify(x0, c, [t])
+        assert not any(crown for _, _, crown, _ in calls)
+
+
 def test_alpha_crown_moves_tangents_on_an_s_shaped_residual_graph(tmp_path):
     """alpha-crown on a residual tanh graph (not lowered; a sigmoid output): before, only
     ReLU-type lines were free on graphs and its radius was CROWN's; the tangent points

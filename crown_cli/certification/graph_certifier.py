@@ -12,7 +12,8 @@ refused by name (InputError) until it runs on graphs. With ``precision="mixed"``
 as the dense engine's) the search of ``crown``, ``crown-paper`` and ``fast-lin`` steers with
 float32 bounds (:class:`~crown_cli.engine.graph_bounds.GraphBounds` ``dtype=float32``) and
 verifies its answer in float64 (:func:`~crown_cli.engine.radius_search.mixed_search`, the
-dense certifier's); ``alpha-crown`` and ``precision="float64"`` evaluate in float64 only.
+dense certifier's); ``alpha-crown`` and ``precision="float64"`` evaluate in float64 only,
+``alpha-crown`` from next to CROWN's radius (:meth:`GraphCertifier._crown_start`).
 The dense engine's stable-neuron reuse is not there yet.
 
 Images: crown's image vectors are row-major (height, width, channel); :func:`to_graph_layout`
@@ -96,6 +97,8 @@ class GraphCertifier(RadiusSearch):
     # networks, so that 2.5 kept landing below the root, and each step up, with no larger
     # ball's bounds, costs about twice one down (docs/benchmarks.md, session 39)
     UP_POWER = 1.5
+    ALPHA_START = 1.02  # alpha-crown's search starts at this times CROWN's radius ...
+    CROWN_START_RTOL = 1e-2  # ... which a float32 search finds to this tolerance
 
     def __init__(self, graph, ibp: bool = True, **settings):
         from crown_cli.engine.graph_alpha import ITERS, LR
@@ -141,15 +144,16 @@ class GraphCertifier(RadiusSearch):
 
     def lower_bound(self, x0: np.ndarray, eps: float, C: np.ndarray,
                     dtype=np.float64, balls: Optional["Balls"] = None,
-                    deadline: Optional[float] = None) -> np.ndarray:
+                    deadline: Optional[float] = None, crown: bool = False) -> np.ndarray:
         """Verified float64 lower bounds of C @ f(x) over the eps-ball around x0, (r,)
         (``dtype`` float32: a steering estimate, not verified). ``balls``: the node bounds of
         the search's earlier evaluations around x0 (:class:`Balls`): a float32 pass takes
-        the nearest larger ball's as known; every pass adds its own."""
+        the nearest larger ball's as known; every pass adds its own. ``crown``: CROWN's
+        bound whatever the method (where alpha-crown's search starts)."""
         from crown_cli.engine.graph_alpha import alpha_lower
         from crown_cli.engine.graph_bounds import GraphBounds
 
-        alpha = self.method == "alpha-crown"
+        alpha = self.method == "alpha-crown" and not crown
         iters, lr = self.alpha_iters, self.alpha_lr
         # only a steering pass takes them: a verified bound is the ball's own, whatever the
         # search's path (CROWN is not monotone in its intervals, and alpha-CROWN's stop is not)
@@ -194,22 +198,37 @@ class GraphCertifier(RadiusSearch):
         deadline = None if self.timeout is None else time.monotonic() + float(self.timeout)
         proven = [0.0, g0, 0]  # the largest eps a float64 bound proved, its bound; evaluations
 
-        def bound(dtype):
+        def bound(dtype, crown=False):
             def fn(eps):
                 proven[2] += 1
-                low = float(np.min(self.lower_bound(x0, eps, C, dtype, balls, deadline)))
+                low = float(np.min(self.lower_bound(x0, eps, C, dtype, balls, deadline,
+                                                    crown)))
                 if dtype == np.float64 and low > 0.0 and eps > proven[0]:
                     proven[0], proven[1] = eps, low
                 return low
             return fn
 
         try:
+            if self.method == "alpha-crown" and self.alpha_iters and g0 > 0 \
+                    and self.auto_eps0 and self.search == "interp":
+                eps0 = self._crown_start(bound(np.float32, crown=True), g0, eps0)
             res = self._radius(bound, g0, eps0)
         except DeadlineExceeded:  # the largest radius proven so far: still a certificate
             return Certificate(proven[0], proven[1], g0, proven[2], "timeout",
                                time.perf_counter() - t0)
-        return Certificate(res.eps, res.lower_bound, g0, res.evaluations, res.status,
+        # (every evaluation, alpha-crown's float32 CROWN start among them)
+        return Certificate(res.eps, res.lower_bound, g0, proven[2], res.status,
                            time.perf_counter() - t0)
+
+
+    def _crown_start(self, crown32, g0: float, eps0: float) -> float:
+        """alpha-crown's first radius: :data:`ALPHA_START` times CROWN's, found by a float32
+        search to :data:`CROWN_START_RTOL` (``crown32``: CROWN's float32 bound as a function
+        of eps), or ``eps0`` where CROWN certifies nothing. alpha-CROWN's radius is at
+        least CROWN's and mostly within a few percent of it (1.001-1.047 on the bench
+        ResNet, cifar_base_kw and Convnet_maxpool), so its search starts next to its root."""
+        est = self._search(crown32, g0, eps0, self.CROWN_START_RTOL)
+        return min(est.eps * self.ALPHA_START, self.eps_max) if est.eps > 0 else eps0
 
 
 class Balls:
