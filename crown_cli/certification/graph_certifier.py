@@ -220,7 +220,6 @@ class GraphCertifier(RadiusSearch):
         return Certificate(res.eps, res.lower_bound, g0, proven[2], res.status,
                            time.perf_counter() - t0)
 
-
     def _crown_start(self, crown32, g0: float, eps0: float) -> float:
         """alpha-crown's first radius: :data:`ALPHA_START` times CROWN's, found by a float32
         search to :data:`CROWN_START_RTOL` (``crown32``: CROWN's float32 bound as a function
@@ -259,8 +258,8 @@ class Balls:
         which neurons are stable (``GraphBounds``' ``hints``), never bounds."""
         if not self.entries:
             return None
-        return min(self.entries, key=lambda e: abs(np.log(e[0] / eps)) if e[0] > 0 and eps > 0
-                   else np.inf)[1]
+        # (every ball's eps > 0: the search never evaluates at 0)
+        return min(self.entries, key=lambda e: abs(np.log(e[0] / eps)))[1]
 
     def add(self, eps: float, gb) -> None:
         self.entries.append((float(eps), {p: (gb.lo[p], gb.hi[p]) for p in self.nodes}))

@@ -520,16 +520,17 @@ class GraphBounds:
         pairs ``[I; -I]`` of a walk of their own (a dense node's products shared)."""
         node = self.g.nodes[target]
         m = node.size
-        if sign is not None and (sign == 0.0).any() and len(node.shape) != 4:
+        both = sign is not None and bool((sign == 0.0).any())
+        if both and len(node.shape) != 4:
             self._signed_bounds(target, rows[sign == 0.0], None, l, u, tiles)
-            rows, sign = rows[sign != 0.0], sign[sign != 0.0]
+            rows, sign, both = rows[sign != 0.0], sign[sign != 0.0], False
             if rows.size == 0:
                 return
         side = None if sign is None else np.zeros(m)
         if side is not None:
             side[rows] = sign
         chunk = max(1, int(self.row_budget // row_bytes(self.g, target)))
-        if side is not None and (sign == 0.0).any():
+        if both:
             chunk = max(1, chunk // 2)  # each neuron up to two rows
         fused = graph_kernels()
         grid = TILES if self.dtype == np.float64 else STEER_TILES
