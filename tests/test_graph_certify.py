@@ -492,7 +492,7 @@ from crown_cli.certification.graph_certifier import GraphCertifier
 from crown_cli.engine.kernels import graph_kernels
 from crown_cli.graph.onnx_graph import load_graph
 k = graph_kernels()
-names = ("conv_transpose_t", "activation_step_t", "affine_terms_t", "add_rows_t",
+names = ("conv_transpose_t", "activation_step_t", "affine_terms_t", "merge_rows_t",
          "input_terms_t", "win_conv_transpose_t", "win_activation_t", "win_sums_t",
          "win_scatter_t")
 assert all(not getattr(k, n).signatures for n in names)

@@ -466,6 +466,46 @@ def test_rows_with_any_lines_kernels_equal_numpy(tmp_path, kind):
 
 
 @pytest.mark.parametrize("dtype", [np.float64, np.float32])
+@pytest.mark.parametrize("which", ["both", "a_all", "b_all", "same"])
+def test_merge_rows_kernel_equals_numpy_sum(dtype, which):
+    """``merge_rows_t`` (rows a node receives from a second consumer, on the union of their
+    live elements, ``graph_rows._union``) against numpy: the rows written out over every
+    element and added, on the union's elements; the charge sum |S| z per row (float64)
+    over the union; a float32 sum stays float32, and an element that one side lacks takes
+    the other's value exactly (-0.0 + 0 as the sum with a row of zeros)."""
+    from crown_cli.engine.graph_rows import _union
+    from crown_cli.engine.kernels import graph_steps
+
+    rng = np.random.default_rng(7)
+    n, r = 90, 70  # rows past one ROW_BLOCK (64)
+    ia = np.sort(rng.choice(n, 40, replace=False))
+    ib = np.sort(rng.choice(n, 55, replace=False))
+    ia, ib = {"both": (ia, ib), "a_all": (None, ib), "b_all": (ia, None),
+              "same": (ia, ia)}[which]
+    La = rng.normal(size=(n if ia is None else ia.size, r)).astype(dtype)
+    Lb = rng.normal(size=(n if ib is None else ib.size, r)).astype(dtype)
+    La[0, :3] = -0.0
+    z = rng.uniform(0, 2, n).astype(dtype)
+    idx, ma, mb = _union(ia, ib, n)
+    full = np.zeros((n, r), dtype)
+    full[slice(None) if ia is None else ia] += La
+    full[slice(None) if ib is None else ib] += Lb
+    keep = np.arange(n) if idx is None else idx
+    if ia is not None and ib is not None:
+        np.testing.assert_array_equal(idx, np.union1d(ia, ib))
+    St, charge = np.empty((keep.size, r), dtype), np.full(r, 0.5)
+    zk = np.ascontiguousarray(z[keep])
+    for k in (graph_steps, graph_steps.SERIAL):
+        S, c = St.copy(), charge.copy()
+        k.merge_rows_t(La, ma, Lb, mb, zk, S, c)
+        assert S.dtype == dtype
+        np.testing.assert_array_equal(S, full[keep])
+        assert not np.signbit(S[S == 0.0]).any()
+        want = 0.5 + (np.abs(full[keep]) * zk[:, None]).astype(np.float64).sum(axis=0)
+        np.testing.assert_allclose(c, want, rtol=1e-12 if dtype == np.float64 else 1e-6)
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
 def test_product_step_kernel_equals_numpy_twin(dtype):
     """``product_step_t`` (a product node's step on rows held transposed) against the numpy
     lines of ``ProductRule.back_t``: the rows given to both factors and the per-row sums of

@@ -96,10 +96,11 @@ def test_every_parallel_graph_kernel_has_a_serial_twin_that_gives_the_same_array
     assert kernels.graph_kernels() is graph_steps
     np.testing.assert_array_equal(G, graph_steps.transpose_rows(L, w, *args))
     St, Pt = rng.normal(size=(2, 40, 7))
-    a, b = St.copy(), St.copy()
+    a, b = np.empty_like(St), np.empty_like(St)
     ca, cb = np.zeros(7), np.zeros(7)
-    graph_steps.add_rows_t(a, Pt, np.abs(St[:, 0]), ca)
-    graph_steps.SERIAL.add_rows_t(b, Pt, np.abs(St[:, 0]), cb)
+    m = np.arange(40)
+    graph_steps.merge_rows_t(St, m, Pt, m, np.abs(St[:, 0]), a, ca)
+    graph_steps.SERIAL.merge_rows_t(St, m, Pt, m, np.abs(St[:, 0]), b, cb)
     np.testing.assert_array_equal(a, b)
     np.testing.assert_array_equal(ca, cb)
 
@@ -109,8 +110,8 @@ import numba, numpy as np
 from crown_cli.engine.kernels import graph_kernels
 from crown_cli.verification.bab.workers import Helper
 def step(St, Pt):
-    S, c = St.copy(), np.zeros(St.shape[1])
-    graph_kernels().add_rows_t(S, Pt, np.ones(St.shape[0]), c)
+    S, c, m = np.empty_like(St), np.zeros(St.shape[1]), np.arange(St.shape[0])
+    graph_kernels().merge_rows_t(St, m, Pt, m, np.ones(St.shape[0]), S, c)
     return S, c
 rng = np.random.default_rng(0)
 St, Pt = rng.normal(size=(2, 300, 64))

@@ -159,16 +159,21 @@ def restrict(gb, j, rows: Rows) -> Rows:
     return rows if on.all() else (idx[on], Lt[on])
 
 
-def _on(rows: Rows, idx, n: int) -> np.ndarray:
-    """The rows on the elements ``idx`` (a superset of theirs; None: all n)."""
-    own, Lt = rows
-    if idx is None:
-        return _full(rows, n)
-    if own is not None and own.size == idx.size:
-        return Lt  # the same set (idx is a superset of own)
-    out = np.zeros((idx.size, Lt.shape[1]), Lt.dtype)
-    out[np.searchsorted(idx, own)] = Lt
-    return out
+def _union(ia, ib, n: int):
+    """The union of two rows' live elements (sorted flat indices, None: all n) and, per
+    element of it, its row in each (-1 where that one has none)."""
+    idx = None
+    if ia is not None and ib is not None:
+        mask = np.zeros(n, bool)
+        mask[ia] = True
+        mask[ib] = True
+        idx = np.flatnonzero(mask)
+
+    def rows_of(own):
+        at = np.full(n, -1, np.int64)
+        at[slice(None) if own is None else own] = np.arange(n if own is None else own.size)
+        return at if idx is None else at[idx]
+    return idx, rows_of(ia), rows_of(ib)
 
 
 def _conv_live(op: Conv, idx):
@@ -353,11 +358,12 @@ def fused_rows(gb, target: int, Lam, kernels, dtype=np.float64):
         n = g.nodes[j].size
         a = _unwin(a, g.nodes[j], kernels) if isinstance(a, Win) else a
         b = _unwin(b, g.nodes[j], kernels) if isinstance(b, Win) else b
-        idx = None if a[0] is None or b[0] is None else np.union1d(a[0], b[0])
-        St = np.array(_on(a, idx, n), order="C")  # added into in place: our own copy
+        idx, ma, mb = _union(a[0], b[0], n)
+        St = np.empty((n if idx is None else idx.size, r), a[1].dtype)
         sums = np.zeros(r)
         z = _typed(gb, ("absval", j), lambda: gb.absval[j], St.dtype)
-        kernels.add_rows_t(St, np.ascontiguousarray(_on(b, idx, n)), _take(z, idx), sums)
+        kernels.merge_rows_t(np.ascontiguousarray(a[1]), ma, np.ascontiguousarray(b[1]), mb,
+                             _take(z, idx), St, sums)
         acc[2] += 2.0 * U64 * sums
         pending[j] = (idx, St)
 

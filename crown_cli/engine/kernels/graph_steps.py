@@ -463,10 +463,13 @@ def product_step_t(Lt, a, b, icL, icU, z1, z2, D1t, D2t, out):
 
 
 @njit(cache=True, parallel=True)
-def add_rows_t(St, Pt, absval, charge):
-    """``St += Pt`` (rows held transposed, (n, r)) in place and ``charge[q] += sum_k
-    |St[k, q]| absval[k]`` (a node receiving rows from a second consumer)."""
+def merge_rows_t(La, ma, Lb, mb, absval, St, charge):
+    """Two sets of rows held transposed summed onto the union of their elements (a node
+    receiving rows from a second consumer): ``St[k] = La[ma[k]] + Lb[mb[k]]`` (n, r), a
+    term 0 where its index is -1, and ``charge[q] += sum_k |St[k, q]| absval[k]``. Each
+    input read once, each sum written once."""
     n, r = St.shape
+    zero = np.zeros(1, St.dtype)[0]  # (of the rows' type: a float32 sum stays float32)
     nb = (r + ROW_BLOCK - 1) // ROW_BLOCK
     for blk in prange(nb):
         a0 = blk * ROW_BLOCK
@@ -476,11 +479,21 @@ def add_rows_t(St, Pt, absval, charge):
         for k in range(n):
             z = absval[k]
             srow = St[k, a0:a1]
-            prow = Pt[k, a0:a1]
-            for q in range(w):
-                v = srow[q] + prow[q]
-                srow[q] = v
-                ch[q] += abs(v) * z
+            ia, ib = ma[k], mb[k]
+            if ia >= 0 and ib >= 0:
+                ra, rb = La[ia, a0:a1], Lb[ib, a0:a1]
+                for q in range(w):
+                    v = ra[q] + rb[q]
+                    srow[q] = v
+                    ch[q] += abs(v) * z
+            elif ia >= 0 or ib >= 0:  # one term: itself (+ 0, as the sum with a 0 row)
+                ra = La[ia, a0:a1] if ia >= 0 else Lb[ib, a0:a1]
+                for q in range(w):
+                    v = ra[q] + zero
+                    srow[q] = v
+                    ch[q] += abs(v) * z
+            else:
+                srow[:] = 0.0
         for q in range(a0, a1):
             charge[q] += ch[q - a0]
 
