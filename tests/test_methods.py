@@ -410,6 +410,24 @@ def test_cli_exact_timeout_status(tmp_path):
     assert "mean certified eps n/a over 0 rows" in res.output
 
 
+def test_exact_deadline_holds_inside_its_lp_full_bounds():
+    """--method exact's deadline is checked between the LP-Full bounds' LPs (one per hidden
+    neuron, before each margin MILP) and bounds its region LPs: on a network whose LP-Full
+    bounds take seconds, a deadline of 1 s (its first margin MILP starts after about 0.4 s)
+    ends the search with status timeout well before them (before: after the whole LP-Full
+    pass, 6-8 s)."""
+    import time
+
+    weights, biases = random_mlp([784, 100, 100, 10], 0)
+    x0 = np.random.default_rng(0).uniform(0, 1, 784)
+    order = _order(weights, biases, x0)
+    t = time.perf_counter()
+    res = min_distortion(Network(weights, biases), x0, order[0], [order[1]], "inf", timeout=1.0)
+    took = time.perf_counter() - t
+    assert res.status == "timeout" and res.eps is None
+    assert took < 1.0 + 1.0, took
+
+
 def test_op_norm_capped_at_max_eps():
     weights, biases = _model("mnist_2x20.h5")
     x0 = _images()[0][0]

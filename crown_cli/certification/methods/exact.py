@@ -45,6 +45,7 @@ import numpy as np
 import scipy.sparse as sp
 from scipy.optimize import Bounds, LinearConstraint, milp
 
+from crown_cli.engine.deadline import DeadlineExceeded
 from crown_cli.engine.dense_crown import Network
 from crown_cli.certification.methods.lp_full import lp_full_bounds
 
@@ -244,9 +245,12 @@ def _solve_margin(net: Network, x0, c, t, norm, radius, bounds, time_limit):
     return M.solve(cost, time_limit), in_cols
 
 
-def _region_lp(net: Network, x0, x_ref, c, t, norm, radius):
+def _region_lp(net: Network, x0, x_ref, c, t, norm, radius, time_limit=1e9):
     """Least distortion of a flip inside x_ref's linear region (the activation pattern of
-    x_ref fixed: the network is affine there, so the LP is exact on the region)."""
+    x_ref fixed: the network is affine there, so the LP is exact on the region); None where
+    HiGHS ends without it (``time_limit`` seconds, or none left)."""
+    if time_limit <= 0:
+        return None
     d = x0.size
     M = _Model()
     in_cols, _ = _input(M, x0, norm, radius)
@@ -269,7 +273,7 @@ def _region_lp(net: Network, x0, x_ref, c, t, norm, radius):
     rowd = row if norm == "inf" else np.hstack([row, -row])
     M.rows.add(in_cols, rowd, -np.inf, -(row @ x0 + go[c] - go[t]))
     cost = _distortion_objective(M, in_cols, norm, radius)
-    res = M.solve(cost, 1e9, relax=True)
+    res = M.solve(cost, time_limit, relax=True)
     if res.status != 0:
         return None
     return x0 + _offset(res.x, in_cols, norm, d)
@@ -309,10 +313,11 @@ class _Target:
         return self.deadline - time.perf_counter()
 
     def consider(self, z, radius):
-        """Keep z, or the closest flip of its linear region, if it really flips."""
+        """Keep z, or the closest flip of its linear region, if it really flips (the region's
+        LP within the time left: none past it)."""
         W, b = self.net.W, self.net.b
         pts = [z]
-        r = _region_lp(self.net, self.x0, z, self.c, self.t, self.norm, radius)
+        r = _region_lp(self.net, self.x0, z, self.c, self.t, self.norm, radius, self.left())
         if r is not None:
             pts.append(r)
         for p in pts:
@@ -324,7 +329,11 @@ class _Target:
         """(status, point): 'clear' if nothing flips within radius, 'flip' with a point,
         'timeout'."""
         W, b = self.net.W, self.net.b
-        bounds, _, _ = lp_full_bounds(self.net, self.x0, radius, self.norm)
+        try:  # one LP per hidden neuron: checked against the deadline between them
+            bounds, _, _ = lp_full_bounds(self.net, self.x0, radius, self.norm,
+                                          deadline=time.monotonic() + self.left())
+        except DeadlineExceeded:
+            return "timeout", None
         if self.left() <= 0:
             return "timeout", None
         res, in_cols = _solve_margin(self.net, self.x0, self.c, self.t, self.norm, radius, bounds,
