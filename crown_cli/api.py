@@ -332,6 +332,8 @@ def _checked(o: _CertifyOptions) -> _CertifyOptions:
         raise InputError(f"eps0: must be > 0, got {o.eps0}")
     if not _number(o.max_eps, "max_eps") > 0:
         raise InputError(f"max_eps: must be > 0, got {o.max_eps}")
+    if o.eps0 is not None and o.eps0 > o.max_eps:
+        raise InputError(f"eps0: must be at most max_eps ({o.max_eps:g}), got {o.eps0}")
     if o.search not in SEARCHES:
         raise InputError(f"search: unknown search {o.search!r} (choose from "
                          f"{', '.join(SEARCHES)})")

@@ -182,6 +182,7 @@ def test_subprocess_one_liner_gives_the_cli_eps(tmp_path):
     (dict(rtol=2.0), "rtol: must lie in (0, 1), got 2.0"),
     (dict(eps0=0.0), "eps0: must be > 0, got 0.0"),
     (dict(max_eps=-1), "max_eps: must be > 0, got -1"),
+    (dict(eps0=0.01, max_eps=0.001), "eps0: must be at most max_eps (0.001), got 0.01"),
     (dict(timeout=0), "timeout: must be > 0, got 0"),
     (dict(alpha_iters=3), "alpha_iters/alpha_lr: need method alpha-crown"),
     (dict(method="alpha-crown", alpha_iters=-1), "alpha_iters: must be an integer >= 0, got -1"),

@@ -257,6 +257,33 @@ def test_cifar_model_on_the_default_images_points_at_the_shipped_cifar_images(tm
     assert not (tmp_path / "r.csv").exists()
 
 
+def test_max_eps_below_the_default_start_caps_every_norm(tmp_path):
+    """--max-eps below the search's default first radius (the paper's, by norm: 0.01 for
+    l_inf on MNIST, 0.2 for l_2, 0.3 for l_1) is the largest radius reported: each row
+    certified at most there, or capped at it (before: the cap rose to the default start,
+    rows capped at 0.01 / 0.2 / 0.3 or certified above 0.001); on a graph network too (the
+    API, a residual ONNX net)."""
+    import crown_cli
+
+    out = tmp_path / "r.csv"
+    res = run("certify", "--model", SMALL, "-n", 2, "--norm", "inf,2,1", "--max-eps", 0.001,
+              "-o", out)
+    assert res.exit_code == 0, res.output
+    with open(out) as f:
+        rows = list(csv.DictReader(f))
+    assert len(rows) == 6 and {r["norm"] for r in rows} == {"inf", "2", "1"}
+    for r in rows:
+        assert float(r["eps"]) <= 0.001 and (r["status"] == "capped") == (float(r["eps"]) == 0.001)
+    assert all(r["status"] == "capped" for r in rows)  # every image holds 0.001 on this net
+    path = save(residual(np.random.default_rng(0)), tmp_path / "res.onnx")
+    model = crown_cli.load_model(str(path))
+    assert model.dense is None  # the graph engine's certifier
+    x = np.random.default_rng(1).uniform(0, 1, 4)
+    for norm in ("inf", "2", "1"):
+        r = crown_cli.certify(model, x, norm=norm, max_eps=1e-3)
+        assert r.eps <= 1e-3 and r.status in ("capped", "certified"), (norm, r)
+
+
 # ------------------------------------------------------------------------ 6: input scaling
 
 

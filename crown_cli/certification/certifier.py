@@ -164,10 +164,16 @@ class RadiusSearch:
         # no --eps0: the CROWN search starts from each image's first-order estimate (see
         # start_radius); the paper's fixed start remains for the other methods
         self.auto_eps0 = eps0 is None
-        self.eps0 = default_eps0(self.norm, input_size) if eps0 is None else float(eps0)
-        if not self.eps0 > 0:
-            raise InputError(f"--eps0: must be > 0, got {eps0}")
-        self.eps_max = max(float(o.eps_max), self.eps0)
+        self.eps_max = float(o.eps_max)
+        if not self.eps_max > 0:
+            raise InputError(f"--max-eps: must be > 0, got {o.eps_max}")
+        if eps0 is None:  # the paper's start, at most the largest radius searched
+            self.eps0 = min(default_eps0(self.norm, input_size), self.eps_max)
+        else:
+            self.eps0 = float(eps0)
+            if not (self.eps0 > 0 and self.eps0 <= self.eps_max):
+                raise InputError(f"--eps0: must be > 0 and at most --max-eps "
+                                 f"({self.eps_max:g}), got {eps0}")
 
     def margin_rows(self, c: int, targets: Sequence[int]) -> np.ndarray:
         """C (r, classes) with rows e_c - e_t."""
