@@ -59,7 +59,7 @@ def test_every_certified_row_has_a_certificate_crown_check_accepts(written):
     assert len(certified) == 12 and len(names) == 12
     for r in certified:
         t = "untargeted" if r["target_type"] == "untargeted" else f"runner-up_{r['target']}"
-        path = os.path.join(out, f"{int(r['image']):05d}_{r['method']}_{t}.proof")
+        path = os.path.join(out, f"{int(r['image']):05d}_linf_{r['method']}_{t}.proof")
         st = check_certify(MODEL, IMAGES, path)
         assert st["eps"] == float(r["eps"]) and st["image"] == int(r["image"])
         assert st["class"] == int(r["label"]) and st["nodes"] == st["cases"]
@@ -80,7 +80,7 @@ def test_a_radius_beyond_an_adversarial_example_is_rejected(written, tmp_path):
 
     _, out, rows, _ = written
     r = next(r for r in rows if r["method"] == "crown" and r["target_type"] == "runner-up")
-    path = os.path.join(out, f"{int(r['image']):05d}_crown_runner-up_{r['target']}.proof")
+    path = os.path.join(out, f"{int(r['image']):05d}_linf_crown_runner-up_{r['target']}.proof")
     header, z = _read(path)
     mlp = crown_model(MODEL)
     x0, c, t = z["x0"], header["class"], header["targets"][0]
@@ -102,7 +102,7 @@ def test_a_radius_beyond_an_adversarial_example_is_rejected(written, tmp_path):
 
 def test_another_image_or_a_changed_x0_is_rejected(written, tmp_path):
     _, out, rows, _ = written
-    path = os.path.join(out, sorted(n for n in os.listdir(out) if n.startswith("00000_crown_r"))[0])
+    path = os.path.join(out, sorted(n for n in os.listdir(out) if n.startswith("00000_linf_crown_r"))[0])
     header, z = _read(path)
     x0 = z["x0"].copy()
     x0[300] += 2.0 ** -20
@@ -236,6 +236,22 @@ def test_a_targeted_row_at_the_untargeted_radius_takes_that_certificates_case(tm
     assert path and not warnings
     st = check_certify(MODEL, IMAGES, path)
     assert st["targets"] == [others[4]] and st["eps"] == res.eps
+
+
+def test_a_run_over_several_norms_keeps_one_certificate_per_row(tmp_path):
+    """--proof with --norm inf,2,1: one file per certified row, each naming its norm (the
+    file name had no norm before session 40: 12 certificates reported, 4 files left, every
+    one the l_1 row's), each accepted by crown check with the row's norm and eps."""
+    out, rows, res = _certify(tmp_path, "-n", "2", "--norm", "inf,2,1", "--target",
+                              "runner-up,untargeted")
+    certified = [r for r in rows if r["status"] == "certified"]
+    names = sorted(os.listdir(out))
+    assert len(certified) == 12 and len(names) == 12
+    for r in certified:
+        t = "untargeted" if r["target_type"] == "untargeted" else f"runner-up_{r['target']}"
+        path = os.path.join(out, f"{int(r['image']):05d}_l{r['norm']}_crown_{t}.proof")
+        assert _read(path)[0]["norm"] == r["norm"]
+        assert check_certify(MODEL, IMAGES, path)["eps"] == float(r["eps"])
 
 
 @pytest.mark.parametrize("norm", ["2", "1"])

@@ -27,12 +27,14 @@ PROOF_NORMS = ("inf", "2", "1")
 PROOF_METHODS = ("crown", "alpha-crown")
 
 
-def proof_file(image: int, method: str, target_type: str, target) -> str:
-    """``{image:05d}_{method}_{target_type}_{target}.proof``; untargeted rows:
-    ``{image:05d}_{method}_untargeted.proof``."""
+def proof_file(image: int, norm: str, method: str, target_type: str, target) -> str:
+    """``{image:05d}_l{norm}_{method}_{target_type}_{target}.proof``; untargeted rows:
+    ``{image:05d}_l{norm}_{method}_untargeted.proof`` (one file per row of a run over
+    several norms, methods and targets)."""
+    stem = f"{image:05d}_l{norm}_{method}_{target_type}"
     if target_type == "untargeted" or target in ("", None) or isinstance(target, list):
-        return f"{image:05d}_{method}_{target_type}.proof"
-    return f"{image:05d}_{method}_{target_type}_{int(target)}.proof"
+        return f"{stem}.proof"
+    return f"{stem}_{int(target)}.proof"
 
 
 def check_scope(norms: Sequence[str], methods: Sequence[str], model_path: str, mlp, graph,
@@ -120,8 +122,8 @@ class ProofWriter:
                   "target_type": row["target_type"], "targets": [int(t) for t in targets],
                   "norm": str(row["norm"]), "method": method, "eps": eps,
                   "cases": len(targets)}
-        path = os.path.join(self.folder, proof_file(row["image"], method, row["target_type"],
-                                                    row["target"]))
+        path = os.path.join(self.folder, proof_file(row["image"], str(row["norm"]), method,
+                                                    row["target_type"], row["target"]))
         os.makedirs(self.folder, exist_ok=True)
         _save(path, header, arrays)
         from crown_cli import check as checker
