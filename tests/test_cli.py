@@ -172,10 +172,17 @@ def test_usage_errors_exit_2():
     assert run("certify", "--model", SMALL, "--num-images", "0").exit_code == 2
 
 
-def test_debug_shows_the_exception(tmp_path):
+def test_debug_shows_the_traceback_and_keeps_the_exit_code(tmp_path):
+    """--debug on bad input: the traceback, then the same one-line message and exit code 2
+    (before: exit code 1, the code of an internal error)."""
     res = run("certify", "--model", str(tmp_path / "missing.h5"), "--debug")
-    assert res.exit_code != 0 and res.exception is not None
-    assert "model file not found" in str(res.exception)
+    assert res.exit_code == 2
+    err = res.stderr
+    assert "Traceback (most recent call last)" in err and "InputError" in err
+    assert err.strip().splitlines()[-1].startswith("crown: error: ")
+    assert "model file not found" in err.strip().splitlines()[-1]
+    plain = run("certify", "--model", str(tmp_path / "missing.h5"))
+    assert plain.exit_code == 2 and "Traceback" not in plain.stderr
 
 
 # ----------------------------------------------------------------------------- subprocess

@@ -7,6 +7,7 @@ import functools
 import os
 import sys
 import time
+import traceback
 from typing import List
 
 import click
@@ -47,7 +48,9 @@ def _stdout_to_devnull() -> None:
 
 
 def _handle_errors(fn):
-    """Turn InputError into a one-line message and exit code 2; ``--debug`` keeps tracebacks."""
+    """Turn InputError into a one-line message and exit code 2 (``--debug``: after its
+    traceback); any other exception into a one-line internal error, exit code 1 (``--debug``:
+    raised, with its traceback)."""
 
     @click.option("--debug", is_flag=True, help="Show full tracebacks on errors.")
     @functools.wraps(fn)
@@ -55,8 +58,8 @@ def _handle_errors(fn):
         try:
             return fn(*args, **kwargs)
         except InputError as exc:
-            if debug:
-                raise
+            if debug:  # the traceback, then the same message and exit code 2 (bad input)
+                traceback.print_exc()
             raise CrownError(str(exc)) from None
         except (click.ClickException, click.exceptions.Exit, click.Abort):
             raise
