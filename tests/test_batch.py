@@ -381,7 +381,7 @@ def test_a_row_that_raises_gets_status_error_and_exit_3(tmp_path, monkeypatch):
     assert res.exit_code == 3
     assert ("crown: row failed: image 2, target runner-up 2, norm 2, method crown: "
             "FloatingPointError: boom") in res.stderr
-    assert "1 rows FAILED" in res.stderr
+    assert "1 rows FAILED (status error)" in res.stderr and "timed out" not in res.stderr
     rows = read_rows(out)
     assert len(rows) == 8
     assert [(r["image"], r["norm"]) for r in rows if r["status"] == "error"] == [("2", "2")]

@@ -31,6 +31,7 @@ class Summary:
     evaluations: List[int] = field(default_factory=list)
     skipped: int = 0  # rows already in the output (--resume)
     failed: int = 0  # rows with status error or timeout
+    timed_out: int = 0  # of them, with status timeout
     errors: List[str] = field(default_factory=list)  # one line per row whose certification raised
 
     def line(self, wall_s: float, output: str) -> str:
@@ -52,7 +53,9 @@ class Summary:
             f"{evals} evaluations/row; "
             f"{wall_s:.1f} s total -> {dest}"
             + (f"; {self.skipped} rows already there (resumed)" if self.skipped else "")
-            + (f"; {self.failed} rows FAILED" if self.failed else "")
+            + (f"; {self.failed - self.timed_out} rows FAILED (status error)"
+               if self.failed > self.timed_out else "")
+            + (f"; {self.timed_out} rows timed out (status timeout)" if self.timed_out else "")
         )
 
 
@@ -315,6 +318,7 @@ class _Rows:
             else:
                 floor = self._certify(row, cert, ttype, target, floor)
             summary.failed += row.get("status") in FAILED_STATUSES
+            summary.timed_out += row.get("status") == "timeout"
             rows[ttype] = row
         return rows
 
