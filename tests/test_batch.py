@@ -213,6 +213,16 @@ def test_shards_are_round_robin():
     assert sorted(i for p in parts for i in p) == list(range(100))
 
 
+def test_a_shard_with_no_image_says_so(tmp_path):
+    """More shards than images: the empty shard writes its header, exit code 0, and a note
+    saying that none of the images falls in it (before: silent)."""
+    out = tmp_path / "r.csv"
+    res = run("certify", "--model", SMALL, "-n", "1", "--shard", "2/2", "-o", out)
+    assert res.exit_code == 0
+    assert "crown: note: --shard 2/2: none of the 1 images 0..0 falls in this shard" in res.stderr
+    assert read_rows(out) == []
+
+
 @pytest.mark.parametrize("fmt", ["csv", "jsonl"])
 def test_merged_shards_equal_the_unsharded_run(tmp_path, fmt):
     args = ["--start", "2", "-n", "11", "--target", "random,runner-up", "--norm", "inf,1",

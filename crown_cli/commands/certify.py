@@ -138,6 +138,9 @@ def certify(**options):
                    f"so images {start}..{x.shape[0] - 1} ({x.shape[0] - start}) are certified",
                    err=True)
     indices = shard_indices(range(start, stop), parse_shard(a.shard))
+    if len(indices) == 0:  # a shard past the images (more shards than images)
+        click.echo(f"crown: note: --shard {a.shard}: none of the {stop - start} images "
+                   f"{start}..{stop - 1} falls in this shard; no rows", err=True)
     job = OutputJob(option_values(click.get_current_context()),
                     OutputFile(a.output, out_format, a.overwrite, a.resume), a.model_path,
                     net if graph is None else _GraphInfo(graph), a.images_path, x, y, indices)
