@@ -38,6 +38,22 @@ def test_matches_reference_procedure_over_many_images():
     assert [(s["predicted"], s["runner-up"], s["least"], s["random"]) for s in got] == ref
 
 
+@pytest.mark.parametrize("z", [[0.0, 0.0], [1.0, 1.0, 0.0], [2.0, 2.0, 2.0, 1.0],
+                               [5.0] * 10, [0.3, 0.9, 0.9, 0.9, -1.0]])
+def test_a_tie_with_the_predicted_class_never_targets_it(z):
+    """Logits tied at the top (or all equal): runner-up and least are classes other than the
+    predicted one (argsort's second last or argmin can be the predicted class itself on a
+    tie: a row certifying the margin of a class against itself, eps 0); without a tie the
+    paper's choice, as the reference procedure."""
+    z = np.array(z)
+    sel = TargetSelector().select(z)
+    c = sel["predicted"]
+    assert c == int(np.argmax(z))
+    assert sel["runner-up"] != c and sel["least"] != c
+    assert z[sel["runner-up"]] == max(z[t] for t in range(z.size) if t != c)
+    assert z[sel["least"]] == min(z[t] for t in range(z.size) if t != c)
+
+
 def test_seed_changes_random_targets_only():
     logits = np.random.default_rng(1).normal(size=(50, 10))
     a, b = select_all(logits, 1215), select_all(logits, 7)

@@ -1,6 +1,7 @@
 """Target-class selection exactly as in the paper's experiments (reference-setup.md, Targets).
 
-For logits z: predicted c = argmax z, least = argmin z, runner-up = argsort(z)[-2]; the random
+For logits z: predicted c = argmax z, least = argmin z, runner-up = argsort(z)[-2] (where a tie
+with c would make either c itself, the class next to it in that order that is not c); the random
 target comes from Python's ``random`` seeded once (default 1215) and advanced for every image
 in index order, misclassified ones included. ``untargeted`` stands for all classes but c.
 """
@@ -46,6 +47,10 @@ class TargetSelector:
         c = int(np.argmax(z))
         least = int(np.argmin(z))
         runner_up = int(order[-2])
+        if runner_up == c or least == c:  # a tie with the predicted class: another class
+            others = order[order != c]
+            runner_up = int(others[-1]) if runner_up == c else runner_up
+            least = int(others[0]) if least == c else least
         excluded = {least, runner_up, c}
         if n - len(excluded) < 1:
             rnd = None  # no class left for a random target (fewer than 4 classes)
