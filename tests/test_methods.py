@@ -428,6 +428,31 @@ def test_exact_deadline_holds_inside_its_lp_full_bounds():
     assert took < 1.0 + 1.0, took
 
 
+@pytest.mark.parametrize("sizes", [[20, 10], [20, 1, 10]])
+def test_no_hidden_layer_or_one_unit_every_method_certifies(sizes):
+    """A network without a hidden layer (affine: CROWN's bound is exact) and one with a
+    single hidden unit: crown, alpha-crown (no slope to optimise without a hidden layer),
+    lp-full and exact each give a radius for l_inf and l_1 (alpha-crown and exact raised
+    IndexError / ValueError there before: no hidden bounds, no MILP rows), exact within the
+    search's tolerance of CROWN on the affine network and at least CROWN's on both."""
+    weights, biases = random_mlp(sizes, 3)
+    x0 = np.random.default_rng(4).uniform(0, 1, sizes[0])
+    order = _order(weights, biases, x0)
+    c, t = order[0], order[1]
+    for norm in ("inf", "1"):
+        eps = {}
+        for m in ("crown", "alpha-crown", "lp-full", "exact"):
+            res = Certifier(weights, biases, "relu", norm=norm, method=m,
+                            timeout=60).certify(x0, c, [t])
+            assert res.eps is not None and res.eps > 0, (m, norm, res)
+            eps[m] = res.eps
+        assert eps["alpha-crown"] >= eps["crown"]
+        assert eps["exact"] >= eps["crown"] * (1 - 1e-3)
+        if len(sizes) == 2:
+            assert eps["exact"] == pytest.approx(eps["crown"], rel=1e-3)
+            assert eps["alpha-crown"] == eps["crown"]
+
+
 def test_op_norm_capped_at_max_eps():
     weights, biases = _model("mnist_2x20.h5")
     x0 = _images()[0][0]

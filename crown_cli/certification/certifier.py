@@ -303,7 +303,8 @@ class Certifier(RadiusSearch):
         """
         if self.quad is not None:
             return self.quad.lower_bound(x0, float(eps), C, first)
-        if self.method in ALPHA_METHODS and dtype == np.float64 and self.alpha_iters > 0:
+        if self.method in ALPHA_METHODS and dtype == np.float64 and self.alpha_iters > 0 \
+                and self.net.num_hidden > 0:  # no hidden layer: no slope, CROWN's is exact
             ab = self._alpha_bounds(np.ascontiguousarray(x0, dtype=np.float64), C, first)
             patience, tol = self._alpha_stopping()
             ab.optimise(float(eps), self.alpha_iters, self.alpha_lr, patience=patience, tol=tol)
@@ -351,7 +352,7 @@ class Certifier(RadiusSearch):
         proof = {"kind": "crown"} if self.record_proof else None
         if self.quad is not None:
             res = self._quad_search(x0, C, first, g0, res)
-        if self.method in ALPHA_METHODS:
+        if self.method in ALPHA_METHODS and self.net.num_hidden > 0:  # (none: affine, exact)
             res, rec = self._alpha_search(x0, C, first, g0, res)
             if rec is not None and proof is not None:
                 proof = {"kind": "alpha", "record": rec}

@@ -159,9 +159,10 @@ class _Model:
 
     def solve(self, cost, time_limit, relax=False):
         integ = np.zeros(self.nvar) if relax else np.concatenate(self.integ)
+        rows = [self.rows.constraint(self.nvar)] if self.rows.n else []  # (none: a dead net)
         return milp(cost, integrality=integ,
                     bounds=Bounds(np.concatenate(self.lo), np.concatenate(self.hi)),
-                    constraints=[self.rows.constraint(self.nvar)],
+                    constraints=rows,
                     options={"time_limit": max(float(time_limit), 0.01),
                              "mip_rel_gap": MIP_REL_GAP, "disp": False})
 
@@ -329,6 +330,14 @@ class _Target:
         """(status, point): 'clear' if nothing flips within radius, 'flip' with a point,
         'timeout'."""
         W, b = self.net.W, self.net.b
+        if self.net.num_hidden == 0:  # affine: the margin's least value on the ball directly
+            a = W[-1][self.c] - W[-1][self.t]
+            m0 = float(a @ self.x0 + b[-1][self.c] - b[-1][self.t])
+            if m0 - radius * np.linalg.norm(a, {"inf": 1, "1": np.inf}[self.norm]) > 0.0:
+                return "clear", None
+            z = _region_lp(self.net, self.x0, self.x0, self.c, self.t, self.norm, radius,
+                           self.left())
+            return ("flip", z) if z is not None else ("timeout", None)
         try:  # one LP per hidden neuron: checked against the deadline between them
             bounds, _, _ = lp_full_bounds(self.net, self.x0, radius, self.norm,
                                           deadline=time.monotonic() + self.left())

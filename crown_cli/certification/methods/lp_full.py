@@ -195,7 +195,7 @@ def lp_full_bounds(net: Network, x0, eps: float, norm: str, crown_relax=None, de
     """
     relax = get_relaxation("relu", "crown") if crown_relax is None else crown_relax
     crown_bounds, _ = hidden_layer_bounds(net, x0, float(eps), NORMS[norm], relax)
-    bounds = [crown_bounds[0]]
+    bounds = crown_bounds[:1]  # (none without a hidden layer)
     solved = failed = 0
     for k in range(1, net.num_hidden):
         cl, cu = crown_bounds[k]
