@@ -142,7 +142,8 @@ def _s(field, text):
 
 def tensor(name, a, raw=True):
     a = np.asarray(a)
-    dt = {np.dtype(np.float32): 1, np.dtype(np.float64): 11, np.dtype(np.int64): 7}[a.dtype]
+    dt = {np.dtype(np.float32): 1, np.dtype(np.float64): 11, np.dtype(np.int64): 7,
+          np.dtype(bool): 9}[a.dtype]
     msg = b"".join(_key(1, 0) + _varint(d) for d in a.shape) + _key(2, 0) + _varint(dt) + _s(8, name)
     if raw:
         return msg + _ld(9, a.astype(a.dtype.newbyteorder("<")).tobytes())

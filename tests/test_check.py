@@ -147,6 +147,35 @@ def test_onnx_reader_rejects_an_operator_outside_the_scope(tmp_path):
         load_model(str(tmp_path / "s.onnx"))
 
 
+@pytest.mark.parametrize("mode", [None, False, True])
+def test_onnx_reader_takes_an_inference_dropout_as_the_identity(tmp_path, mode):
+    """Dropout (as PyTorch exports a model in eval mode, e.g. collins_rul_cnn's, whose
+    `crown verify --proof` certificates the checker rejected for it): the identity where its
+    training_mode is absent or a constant false (an older opset's `ratio` attribute too),
+    the same network as without it; refused where it is true."""
+    ws, bs = random_network([3, 4, 2], seed=2)
+    extra = [] if mode is None else ["ratio", "train"]
+    nodes = [cc.node("Gemm", ["x", "W0", "b0"], ["g"], transB=1), cc.node("Relu", ["g"], ["r"]),
+             cc.node("Dropout", ["r"] + extra, ["d"], name="drop",
+                     **({"ratio": 0.25} if mode is None else {})),
+             cc.node("Gemm", ["d", "W1", "b1"], ["y"], transB=1)]
+    inits = [cc.tensor("W0", ws[0]), cc.tensor("b0", bs[0]), cc.tensor("W1", ws[1]),
+             cc.tensor("b1", bs[1])]
+    if mode is not None:
+        inits += [cc.tensor("ratio", np.array(0.5)), cc.tensor("train", np.array(mode))]
+    path = tmp_path / "d.onnx"
+    path.write_bytes(cc.model(nodes, inits, ("x", [1, 3]), ("y", [1, 2])))
+    if mode:
+        with pytest.raises(Reject, match="Dropout node drop: a Dropout whose training_mode"):
+            load_model(str(path))
+        return
+    net = load_model(str(path))
+    assert net.sizes == [3, 4, 2]
+    x = np.random.default_rng(0).uniform(-1, 1, (5, 3))
+    np.testing.assert_allclose(net.forward(x), np.maximum(x @ ws[0].T + bs[0], 0) @ ws[1].T
+                               + bs[1], rtol=1e-12, atol=1e-12)
+
+
 def test_npz_reader_matches_the_layers(tmp_path):
     ws, bs = random_network([3, 6, 2], seed=2)
     net = load_model(write_npz(tmp_path / "n.npz", ws, bs))

@@ -5,15 +5,15 @@ import numpy as np
 from .network import Network, Reject
 
 # TensorProto data types: numpy dtype and the repeated field holding the values
-_TYPES = {1: ("<f4", 4), 11: ("<f8", 10), 7: ("<i8", 7), 6: ("<i4", 5)}
+_TYPES = {1: ("<f4", 4), 11: ("<f8", 10), 7: ("<i8", 7), 6: ("<i4", 5), 9: ("|u1", 5)}
 _WINDOW = {"auto_pad", "kernel_shape", "pads", "strides"}
 _ATTRS = {"Gemm": {"alpha", "beta", "transA", "transB"}, "Flatten": {"axis"},
           "Reshape": {"allowzero"}, "Conv": _WINDOW | {"dilations", "group"},
           "AveragePool": _WINDOW | {"ceil_mode", "count_include_pad"},
           "MaxPool": _WINDOW | {"ceil_mode", "dilations", "storage_order"},
-          "Pad": {"mode", "pads", "value"}}
+          "Pad": {"mode", "pads", "value"}, "Dropout": {"seed", "ratio", "is_test"}}
 _OPS = {"Gemm", "MatMul", "Add", "Sub", "Relu", "Flatten", "Reshape", "Identity", "Conv",
-        "AveragePool", "MaxPool", "Pad"}
+        "AveragePool", "MaxPool", "Pad", "Dropout"}
 
 
 def _varint(buf, i):
@@ -155,6 +155,13 @@ def read_onnx(data):
                          "operators and ReLUs)")
         if set(attrs) - _ATTRS.get(op, set()):
             raise Reject(f"{where}: attributes {sorted(set(attrs) - _ATTRS.get(op, set()))} not supported")
+        if op == "Dropout":  # at inference the identity (ONNX), unless training_mode is true
+            mode = ins[2] if len(ins) > 2 else ""  # (opset 6 and below: is_test 0 trains)
+            if mode and (mode not in consts or np.any(consts[mode])) or \
+                    attrs.get("is_test", 1) == 0:
+                raise Reject(f"{where}: a Dropout whose training_mode is not a constant false "
+                             "is not the identity")
+            ins = ins[:1]
         const = [consts[x] for x in ins if x in consts]
         if [x for x in ins if x not in consts] != [cur] or len(outs) != 1:
             raise Reject(f"{where}: not a chain (its data input is not the previous node's output)")
@@ -171,7 +178,7 @@ def read_onnx(data):
 def _apply(op, data_first, const, attrs, shape, ops, where):
     """Append the node's affine operations to ``ops``; the data's shape after it."""
     n = int(np.prod(shape))
-    if op in ("Relu", "Identity"):
+    if op in ("Relu", "Identity", "Dropout"):
         return shape
     if op in ("Conv", "AveragePool", "MaxPool", "Pad"):
         if not data_first:
