@@ -129,6 +129,14 @@ def test_certify_options_and_kernels_as_the_cli(tmp_path, model, images):
     assert crown_cli.certify(SMALL, x[0].reshape(28, 28), target=ru.target).eps == ru.eps
 
 
+@pytest.mark.parametrize("a,b", [("2", 2.0), ("1", 1.0), ("inf", float("inf")), ("2", 2)])
+def test_a_norm_as_a_number_is_the_norm(model, images, a, b):
+    """norm=2.0 and 1.0 (floats, as float('inf') is) name the l_2 and l_1 norms (they were
+    refused as "unknown norm '2.0'")."""
+    x = images[0][0]
+    assert crown_cli.certify(model, x, norm=b).eps == crown_cli.certify(model, x, norm=a).eps
+
+
 def test_misclassified_like_the_cli(tmp_path, model, images):
     x, y = images
     pred = np.argmax(model.forward(x), axis=1)

@@ -79,7 +79,7 @@ def first_order_start(J: np.ndarray, g0, norm: str, fraction: float, n_hidden: i
 
 def parse_norm(norm: str) -> str:
     key = str(norm).strip().lower().lstrip("l").replace("_", "")
-    key = {"infinity": "inf", "i": "inf"}.get(key, key)
+    key = {"infinity": "inf", "i": "inf", "2.0": "2", "1.0": "1"}.get(key, key)  # (2.0: a float)
     if key not in NORMS:
         raise InputError(f"--norm: unknown norm '{norm}' (choose from inf, 2, 1)")
     return key
