@@ -62,6 +62,20 @@ def test_idx_truncated(tmp_path):
         read_idx(str(p))
 
 
+def test_idx_header_with_a_wrong_dims_count_names_the_header(tmp_path):
+    """An images file whose magic number gives 4 dims for a 3-dim file (0x0804 for 0x0803):
+    its last size reads as 0; the message names the header (it said "images have 0 values
+    each but the model expects 784 inputs")."""
+    p = tmp_path / "t10k-images-idx3-ubyte"
+    write_idx(p, np.zeros((5, 28, 28), np.uint8))
+    data = bytearray(p.read_bytes())
+    data[3] = 4
+    p.write_bytes(bytes(data))
+    with pytest.raises(InputError, match=r"not an IDX file of data \(magic number 0x00000804: 4 "
+                                         r"dims, sizes \(5, 28, 28, 0\)\)"):
+        read_idx(str(p))
+
+
 def test_cifar_csv(tmp_path):
     rng = np.random.default_rng(1)
     pix = rng.integers(0, 256, size=(3, 3072))

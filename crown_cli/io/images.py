@@ -74,6 +74,9 @@ def read_idx(path: str, ndim_expected: Optional[int] = None, kind: str = "IDX") 
     if len(data) < header:
         raise InputError(f"{path}: truncated IDX header")
     dims = tuple(int.from_bytes(data[4 + 4 * i: 8 + 4 * i], "big") for i in range(ndim))
+    if 0 in dims[1:]:  # e.g. a wrong magic number whose dims count takes a 0 for a size
+        raise InputError(f"{path}: not an {kind} file of data (magic number 0x{magic:08x}: "
+                         f"{ndim} dims, sizes {dims})")
     dtype = np.dtype(IDX_DTYPES[code])
     count = int(np.prod(dims))
     if len(data) - header < count * dtype.itemsize:
