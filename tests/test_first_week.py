@@ -284,6 +284,21 @@ def test_max_eps_below_the_default_start_caps_every_norm(tmp_path):
         assert r.eps <= 1e-3 and r.status in ("capped", "certified"), (norm, r)
 
 
+def test_float_images_in_pixel_units_get_a_note(tmp_path, mnist100):
+    """A float NPZ whose x holds 0..255 pixel values is taken in the model's own units (only
+    uint8 x is scaled): a note says so (before: silent, radii 255x the intended ones); the
+    same images as uint8, scaled, get none."""
+    x, y = mnist100
+    pix = np.round((x[:2] + 0.5) * 255)
+    for name, arr, noted in (("f.npz", pix, True), ("u.npz", pix.astype(np.uint8), False)):
+        np.savez(tmp_path / name, x=arr, y=y[:2])
+        res = run("certify", "--model", SMALL, "--images", tmp_path / name, "-n", 1, "-q",
+                  "-o", tmp_path / (name + ".csv"))
+        assert res.exit_code == 0
+        assert ("image values reach 255; they are taken in the model's own units" in
+                res.stderr) == noted
+
+
 # ------------------------------------------------------------------------ 6: input scaling
 
 
