@@ -306,6 +306,12 @@ def test_merge_warns_about_missing_shards_and_keeps_existing_output(two_parts):
     res = run("merge", t / "p1.csv", "-o", t / "m.csv", "--overwrite")
     assert res.exit_code == 0
     assert "crown: warning: shards 2/2 are not among the parts" in res.stderr
+    with open(str(t / "m.csv") + ".json") as fh:  # the sidecar records the gap too
+        cov = json.load(fh)["coverage"]
+    assert cov["shards_missing"] == "shards 2/2 are not among the parts"
+    assert run("merge", t / "p1.csv", t / "p2.csv", "-o", t / "m.csv", "--overwrite").exit_code == 0
+    with open(str(t / "m.csv") + ".json") as fh:
+        assert "shards_missing" not in json.load(fh)["coverage"]
 
 
 # ----------------------------------------------------------------------------- formats, provenance

@@ -595,6 +595,9 @@ def merge_files(parts: Sequence[str], output: str, overwrite: bool = False) -> D
         "merged": {"at": pv.now(), "command": sys.argv[:], "versions": pv.versions()},
         "runs": runs,
     }
+    gap = missing_shards(merged)
+    if gap is not None:  # each part's run finished ("complete"), but not every shard is here
+        merged["coverage"]["shards_missing"] = gap
     if output == "-":
         if fmt == "csv":
             sys.stdout.write(csv_line(dict(zip(columns, columns)), columns))
