@@ -54,6 +54,19 @@ BASIC = [
 ]
 
 
+def test_a_cut_last_line_is_refused_naming_it(tmp_path):
+    """A result file whose last row is cut (a killed run) is refused, as crown merge does (it
+    was tabled with the cut row as a row of unknown settings, and a warning about them)."""
+    path = write_csv(tmp_path / "r.csv", BASIC)
+    data = open(path, "rb").read()
+    open(path, "wb").write(data[:-12])
+    res = run(path)
+    assert res.exit_code == 2
+    assert f"crown: error: {path}: last line is incomplete (a killed run)" in res.stderr
+    open(path, "wb").write(data)
+    assert run(path).exit_code == 0
+
+
 def test_averages_improvement_and_times(tmp_path):
     path = write_csv(tmp_path / "net_a.csv", BASIC)
     res = run(path)

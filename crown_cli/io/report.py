@@ -130,13 +130,18 @@ def result_format(path: str) -> str:
 def read_results(path: str) -> List[Dict[str, str]]:
     """Rows of a result file (CSV or JSON Lines, see :func:`result_format`) as dicts of strings.
 
-    Each row gets a ``network`` entry. Raises InputError for a missing or empty file, for a
-    ``crown verify`` result file and for a missing required column (naming the file and the
-    column).
+    Each row gets a ``network`` entry. Raises InputError for a missing or empty file, one whose
+    last line is cut (a killed run), for a ``crown verify`` result file and for a missing
+    required column (naming the file and the column).
     """
     if not os.path.isfile(path):
         raise InputError(f"{path}: result file not found")
     fmt = result_format(path)
+    with open(path, "rb") as fh:  # rows are written whole: a last line without its end is cut
+        fh.seek(max(0, os.path.getsize(path) - 1))
+        if os.path.getsize(path) and fh.read(1) != b"\n":
+            raise InputError(f"{path}: last line is incomplete (a killed run); finish it with "
+                             "crown certify --resume first")
     try:
         with open(path, newline="", encoding="utf-8") as fh:
             if fmt == "jsonl":
