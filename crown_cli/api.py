@@ -272,7 +272,9 @@ def certify(model, x, label: Optional[int] = None, target: Union[str, int] = "ru
 
     x0 = as_input(x, net.input_size)
     if label is not None:
-        if isinstance(label, bool) or not isinstance(label, Integral) or not 0 <= label < n:
+        if isinstance(label, bool) or not isinstance(label, Integral):
+            raise InputError(f"label: must be an integer class index, got {label!r}")
+        if not 0 <= label < n:
             raise InputError(f"label: {label!r} is not a class of the model (0..{n - 1})")
         label = int(label)
     target_type, target_class = _target(target, n)

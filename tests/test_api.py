@@ -187,6 +187,7 @@ def test_subprocess_one_liner_gives_the_cli_eps(tmp_path):
                               "crown-quad, alpha-crown,"),
     (dict(label=12), "label: 12 is not a class of the model (0..9)"),
     (dict(label=-1), "label: -1 is not a class of the model (0..9)"),
+    (dict(label=7.0), "label: must be an integer class index, got 7.0"),
     (dict(rtol=2.0), "rtol: must lie in (0, 1), got 2.0"),
     (dict(eps0=0.0), "eps0: must be > 0, got 0.0"),
     (dict(max_eps=-1), "max_eps: must be > 0, got -1"),
