@@ -119,7 +119,7 @@ def _dense(b, node, d: Data, W: np.ndarray, left: bool, bias, label: str, tensor
                                         and nnz <= SPARSE_LOAD_DENSITY * core.size)
     need = nnz * rep * inner * 16 if sparse else core.size * 8
     if need > b.budget:
-        b.fail(node, f"its weights need {need / 2 ** 30:.1f} GiB as float64 "
+        b.fail(node, f"its weights need {need / 2 ** 30:.3g} GiB as float64 "
                      f"({'sparse' if sparse else 'dense'}, shape {tuple(core.shape)}), over the "
                      f"budget of {b.budget / 2 ** 30:g} GiB (--memory-budget)")
     if sparse:
