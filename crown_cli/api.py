@@ -182,8 +182,9 @@ def load_images(path: Optional[Union[str, os.PathLike]] = None,
     """
     from crown_cli.io.images import load_images as _load
 
-    return _load(None if path is None else os.fspath(path),
-                 None if labels is None else os.fspath(labels))
+    with _options():  # (--labels: labels)
+        return _load(None if path is None else os.fspath(path),
+                     None if labels is None else os.fspath(labels))
 
 
 def _as_model(model):

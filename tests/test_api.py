@@ -230,6 +230,16 @@ def test_certify_errors_for_models(tmp_path):
         crown_cli.certify(str(path), x + 0.1 * np.arange(784) / 784, target="random")
 
 
+def test_load_images_names_its_parameters():
+    """load_images' messages name the Python parameter (labels), not the CLI option."""
+    import crown_cli
+
+    shipped = crown_cli.__file__.replace("__init__.py", "data/mnist_test_100.npz")
+    with pytest.raises(InputError) as err:
+        crown_cli.load_images(shipped, labels=shipped)
+    assert str(err.value).startswith("labels: only used with IDX image files, not ")
+
+
 def test_load_model_messages_are_the_clis(tmp_path):
     bad = tmp_path / "bad.h5"
     bad.write_bytes(b"not a model at all")
