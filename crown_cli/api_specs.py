@@ -12,6 +12,8 @@ def as_input(x, d: int, name: str = "x"):
     """x as a contiguous float64 vector of d finite values, or an InputError."""
     import numpy as np
 
+    if np.iscomplexobj(x):  # (numpy would drop the imaginary parts with a warning only)
+        raise InputError(f"{name}: expected real numbers, got complex values")
     try:
         arr = np.asarray(x, dtype=np.float64)
     except (TypeError, ValueError):

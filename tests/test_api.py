@@ -173,6 +173,7 @@ def test_subprocess_one_liner_gives_the_cli_eps(tmp_path):
 @pytest.mark.parametrize("kwargs, message", [
     (dict(x=np.zeros(100)), "x: has 100 values (shape (100,)) but the model expects 784 inputs"),
     (dict(x=np.full(784, np.nan)), "x: contains NaN or infinite values"),
+    (dict(x=np.zeros(784, complex)), "x: expected real numbers, got complex values"),
     (dict(x="abc"), "x: expected an array of numbers"),
     (dict(target="second"), "target: unknown target 'second' (choose from runner-up, random, "
                             "least, untargeted)"),

@@ -294,7 +294,8 @@ def _typed(gb, key, make, dtype):
         return make()
     cache = gb.__dict__.setdefault("_typed", {})
     if key not in cache:
-        cache[key] = np.ascontiguousarray(make(), dtype)
+        with np.errstate(over="ignore"):  # beyond float32's range: inf, which steers only
+            cache[key] = np.ascontiguousarray(make(), dtype)
     return cache[key]
 
 
