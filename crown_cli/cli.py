@@ -217,7 +217,7 @@ def merge(parts, output, overwrite, verbose, quiet):
     The parts must agree (model SHA-256 and every result-affecting option, from their
     sidecars), be complete and not overlap. Exit code 3 if the merged rows include failed ones.
     """
-    from crown_cli.io.result_files import merge_files, missing_shards
+    from crown_cli.io.result_files import merge_files
 
     merged = merge_files(list(parts), output, overwrite)
     if verbose:
@@ -226,7 +226,7 @@ def merge(parts, output, overwrite, verbose, quiet):
             shard = (cov.get("options") or {}).get("--shard")
             click.echo(f"crown: {part['file']}: {part['rows']} rows"
                        + (f", shard {shard}" if shard else ""), err=True)
-    note = missing_shards(merged)
+    note = merged["coverage"].get("shards_missing")  # (merge_files' missing_shards)
     if note:
         click.echo(f"crown: warning: {note}", err=True)
     if not quiet:

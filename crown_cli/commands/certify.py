@@ -262,8 +262,9 @@ def _network_and_images(a: CertifyArgs, methods, target_types):
                                                   memory_budget=a.memory_budget))
     net = graph if mlp is None else mlp
     x, y = load_images(images_path, a.labels_path)
-    if images_path is not None and x.size and float(np.max(x)) > 2.0:  # (a float NPZ, say)
-        click.echo(f"crown: note: {images_path}: image values reach {float(np.max(x)):g}; "
+    top = float(np.max(x)) if x.size else 0.0
+    if images_path is not None and top > 2.0:  # (a float NPZ of 0..255 pixels, say)
+        click.echo(f"crown: note: {images_path}: image values reach {top:g}; "
                    "they are taken in the model's own units (only uint8 pixels are scaled, to "
                    "pixel / 255 - 0.5), so the radii are in those units too", err=True)
     if layout is not None and x.shape[1] == layout.input_size:

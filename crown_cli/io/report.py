@@ -39,6 +39,7 @@ from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Sequence, Tuple
 
 from crown_cli.errors import InputError
+from crown_cli.io.results import check_last_line
 
 REQUIRED_COLUMNS = ("image", "target_type", "norm", "method", "eps", "time_s", "status")
 SETTING_COLUMNS = ("search", "precision", "rtol", "alpha_iters", "alpha_lr")
@@ -137,11 +138,10 @@ def read_results(path: str) -> List[Dict[str, str]]:
     if not os.path.isfile(path):
         raise InputError(f"{path}: result file not found")
     fmt = result_format(path)
-    with open(path, "rb") as fh:  # rows are written whole: a last line without its end is cut
-        fh.seek(max(0, os.path.getsize(path) - 1))
-        if os.path.getsize(path) and fh.read(1) != b"\n":
-            raise InputError(f"{path}: last line is incomplete (a killed run); finish it with "
-                             "crown certify --resume first")
+    with open(path, "rb") as fh:
+        fh.seek(0, os.SEEK_END)
+        fh.seek(max(0, fh.tell() - 1))
+        check_last_line(path, fh.read(1))
     try:
         with open(path, newline="", encoding="utf-8") as fh:
             if fmt == "jsonl":

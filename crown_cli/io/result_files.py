@@ -20,7 +20,7 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 from crown_cli.errors import InputError
 from crown_cli.io.results import COLUMNS, format_value
-from crown_cli.io.results import FAILED_STATUSES
+from crown_cli.io.results import FAILED_STATUSES, check_last_line
 
 FORMATS = ("csv", "jsonl")
 EXTENSIONS = {".csv": "csv", ".jsonl": "jsonl"}
@@ -314,9 +314,7 @@ def read_result_file(path: str):
         raise InputError(f"{path}: result file not found")
     with open(path, "rb") as fh:
         data = fh.read()
-    if data and not data.endswith(b"\n"):
-        raise InputError(f"{path}: last line is incomplete (a killed run); finish it with "
-                         "crown certify --resume first")
+    check_last_line(path, data[-1:])
     try:
         return parse_rows(path, data.decode("utf-8"))
     except UnicodeDecodeError:

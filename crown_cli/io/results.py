@@ -18,6 +18,16 @@ COLUMNS = (
 FAILED_STATUSES = ("error", "timeout")
 
 
+def check_last_line(path: str, last: bytes) -> None:
+    """InputError when a result file's last byte ``last`` (b"" for an empty file) does not end
+    a line: rows are written whole, so its last row was cut (a killed run)."""
+    from crown_cli.errors import InputError
+
+    if last and last != b"\n":
+        raise InputError(f"{path}: last line is incomplete (a killed run); finish it with "
+                         "crown certify --resume first")
+
+
 def format_value(value) -> str:
     """Exact text for floats (repr round-trips, so a verified eps is never rounded up)."""
     if value is None:
