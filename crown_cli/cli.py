@@ -100,7 +100,7 @@ def _inspect_graph(model_path, g):
 
 
 @cli.command()
-@click.option("--model", "model_path", default=None, metavar="FILE", help="ONNX or NPZ model.")
+@click.option("--model", "model_path", default=None, metavar="FILE", help="ONNX, NPZ or Keras HDF5 model.")
 @click.option("--spec", "spec_path", default=None, metavar="FILE", help="VNN-LIB property.")
 @click.option("--instances", "instances_path", default=None, metavar="FILE",
               help="An instance list (onnx,vnnlib,timeout per line, relative to its folder).")

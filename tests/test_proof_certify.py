@@ -19,10 +19,10 @@ MODEL = os.path.join(ROOT, "models", "mnist_3x20.h5")
 IMAGES = os.path.join(ROOT, "crown_cli", "data", "mnist_test_100.npz")
 
 
-def _certify(tmp_path, *args, model=MODEL):
+def _certify(tmp_path, *args, model=MODEL, images=IMAGES):
     out = tmp_path / "proofs"
     res = CliRunner().invoke(cli, [
-        "certify", "--model", str(model), "--images", IMAGES, "-q", "--overwrite",
+        "certify", "--model", str(model), "--images", images, "-q", "--overwrite",
         "-o", str(tmp_path / "rows.csv"), "--proof", str(out), *args])
     assert res.exit_code == 0, res.output + res.stderr
     import csv
@@ -220,6 +220,7 @@ def test_a_targeted_row_at_the_untargeted_radius_takes_that_certificates_case(tm
     from crown_cli.certification.certifier import Certifier
     from crown_cli.certification.proofs import ProofWriter
     from crown_cli.io.models import load_model as crown_model
+    from crown_cli.verification.proof import dense_shape
 
     mlp = crown_model(MODEL)
     cert = Certifier(mlp.weights, mlp.biases, "relu", method=method)
@@ -229,7 +230,8 @@ def test_a_targeted_row_at_the_untargeted_radius_takes_that_certificates_case(tm
     others = [t for t in range(10) if t != c]
     res = cert.certify(x0, c, others)
     warnings = []
-    w = ProofWriter(str(tmp_path), MODEL, IMAGES, None, mlp.weights, warnings.append)
+    w = ProofWriter(str(tmp_path), MODEL, IMAGES, None, dense_shape(mlp.weights),
+                    warnings.append)
     row = {"image": 2, "target_type": "least", "target": others[4], "method": method,
            "norm": "inf", "eps": res.eps}
     path = w.write(row, method, x0, c, others, res, [others[4]])
@@ -311,3 +313,127 @@ def test_ball_minimum_below_the_exact_one_and_close(p):
             exact = mpmath.mpf(exact.numerator) / exact.denominator
         assert mpmath.mpf(v[r]) <= exact
         assert exact - mpmath.mpf(v[r]) <= 1e-12 * (1 + abs(exact))
+
+
+# ---- ONNX chains: the graph engine's CROWN radii and a lowered chain's, crown's (H, W, C)
+# images taken channel-first by both
+
+CIFAR_MODEL = os.path.join(ROOT, "models", "cifar_base_kw.onnx")
+CIFAR = os.path.join(ROOT, "crown_cli", "data", "cifar10_test_100.npz")
+
+
+def test_onnx_conv_chain_on_the_graph_engine_gets_certificates_crown_check_accepts(tmp_path):
+    """cifar_base_kw.onnx (an input normalisation Sub/Div, two convolutions, two dense
+    layers; not lowered: the graph engine's radii): every certified row's certificate is
+    accepted by ``crown check``, its x0 is the image channel-first, and the same certificate
+    at three times its radius is rejected by the bound."""
+    from crown_cli.check import model_layout
+    from crown_cli.certification.graph_certifier import to_graph_layout
+    from crown_cli.io.networks import engine_form, load_network
+
+    graph = load_network(CIFAR_MODEL)
+    assert engine_form(graph)[1] is graph  # the graph engine, not a lowered chain
+    out, rows, _ = _certify(tmp_path, "-n", "2", "--norm", "inf,2", model=CIFAR_MODEL,
+                          images=CIFAR)
+    assert len(rows) == 4 and all(r["status"] == "certified" for r in rows)
+    res = CliRunner().invoke(cli, ["check", "--model", CIFAR_MODEL, "--images", CIFAR,
+                                   "--proof", str(out)])
+    assert res.exit_code == 0 and res.output.count(": accepted (image ") == 4, res.output
+    row, = [r for r in rows if r["image"] == "1" and r["norm"] == "inf"]
+    path = os.path.join(out, f"00001_linf_crown_runner-up_{row['target']}.proof")
+    header, z = _read(path)
+    from crown_cli.io.images import load_images
+
+    x1 = load_images(CIFAR)[0][1]  # (pixel / 255 - 0.5, crown's (H, W, C) order)
+    assert np.array_equal(z["x0"], to_graph_layout(graph, x1[None])[0])
+    assert np.array_equal(z["x0"], model_layout(load_model(CIFAR_MODEL), x1))
+    assert not np.array_equal(z["x0"], x1)  # (channel-first is another order)
+    assert header["network"] == {"inputs": 3072, "hidden": [2048, 1024, 100], "outputs": 10,
+                                 "activation": "relu"}
+    eps = 3 * header["eps"]
+    lo, hi = ball_box(z["x0"], eps)
+    bad = _write(tmp_path / "wide.proof", dict(header, eps=eps), dict(z, c0_lo=lo, c0_hi=hi))
+    with pytest.raises(Reject, match="target"):
+        check_certify(CIFAR_MODEL, CIFAR, bad)
+
+
+def _certify_with_images(tmp_path, model, x, *args):
+    """crown certify --proof of ``model`` on images x (N, n) labelled with the model's own
+    classes (crown certifies correctly classified images only)."""
+    from crown_cli.certification.graph_certifier import to_graph_layout
+    from crown_cli.io.networks import load_network
+
+    graph = load_network(str(model))
+    y = np.argmax(graph.forward(to_graph_layout(graph, x)), axis=1)
+    images = tmp_path / "images.npz"
+    np.savez(images, x=x, y=y)
+    out = tmp_path / "p"
+    res = CliRunner().invoke(cli, ["certify", "--model", str(model), "--images", str(images),
+                                   "-q", "-o", str(tmp_path / "r.csv"), "--proof", str(out),
+                                   *args])
+    assert res.exit_code == 0, res.output + res.stderr
+    return images, out, res
+
+
+def test_lowered_onnx_chain_with_mul_and_div_gets_certificates_crown_check_accepts(tmp_path):
+    """An ONNX chain with a per-channel Sub and Div of its (1, 2, 4, 5) input and a Mul after
+    a Relu, lowered to the dense engine: certificates of l_inf and l_2 radii, accepted; the
+    checker reads Mul and Div as crown does (the same outputs at random points)."""
+    import onnx
+    import graph_models as gm
+    from crown_cli.certification.graph_certifier import to_graph_layout
+    from crown_cli.graph.lower import lowered
+    from crown_cli.io.networks import load_network
+
+    model = tmp_path / "normalised.onnx"
+    onnx.save(gm.normalised(np.random.default_rng(1)), str(model))
+    graph = load_network(str(model))
+    assert lowered(graph) is not None
+    x = np.random.default_rng(2).uniform(0.0, 1.0, (4, 40))
+    net = load_model(str(model))
+    assert [op[0] for op in net.layers[0]][:3] == ["add", "div", "mat"]
+    assert np.allclose(net.forward(to_graph_layout(graph, x)),
+                       graph.forward(to_graph_layout(graph, x)), rtol=1e-12, atol=1e-12)
+    images, out, _ = _certify_with_images(tmp_path, model, x, "--norm", "inf,2")
+    n = len(os.listdir(out))
+    assert n == 8
+    res = CliRunner().invoke(cli, ["check", "--model", str(model), "--images", str(images),
+                                   "--proof", str(out)])
+    assert res.exit_code == 0 and res.output.count(": accepted (image ") == n, res.output
+
+
+def test_checker_intervals_of_mul_and_div_hold_their_points():
+    """The checker's interval bounds through an elementwise Mul and Div (negative factors
+    among them) contain the operations' values at random points of the box."""
+    from crown_cli.check.bounds import interval
+
+    rng = np.random.default_rng(3)
+    a, d = rng.normal(size=6), rng.choice([-3.0, -0.7, 0.3, 7.0], size=6)
+    lo = rng.normal(size=(1, 6))
+    hi = lo + rng.uniform(0.0, 2.0, size=(1, 6))
+    L, H = interval([("scale", a), ("div", d)], lo, hi)
+    pts = rng.uniform(lo, hi, size=(2000, 6))
+    vals = (a * pts) / d
+    assert np.all(L <= vals) and np.all(vals <= H)
+    assert np.all(H - L <= np.abs(a / d) * (hi - lo) * (1 + 1e-12) + 1e-300)
+
+
+@pytest.mark.parametrize("make, args, message", [
+    ("normalised", ["--method", "alpha-crown"], "--proof: certificates of radii of ONNX models "
+                                                "cover --method crown only, not alpha-crown"),
+    ("relu_residual", [], "--proof: crown check cannot read "),
+])
+def test_onnx_proof_refused_outside_the_checkers_scope(tmp_path, make, args, message):
+    import onnx
+    import graph_models as gm
+
+    model = tmp_path / f"{make}.onnx"
+    onnx.save(getattr(gm, make)(np.random.default_rng(4)), str(model))
+    n_in = 40 if make == "normalised" else 70
+    np.savez(tmp_path / "im.npz", x=np.zeros((1, n_in)), y=np.zeros(1, np.int64))
+    res = CliRunner().invoke(cli, [
+        "certify", "--model", str(model), "--images", str(tmp_path / "im.npz"), "-q",
+        "-o", str(tmp_path / "r.csv"), "--proof", str(tmp_path / "p"), *args])
+    assert res.exit_code == 2, res.output
+    assert error_line(res).startswith(f"crown: error: {message}")
+    assert not os.path.exists(tmp_path / "p")

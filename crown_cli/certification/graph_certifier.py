@@ -97,6 +97,8 @@ class GraphCertifier(RadiusSearch):
     # networks, so that 2.5 kept landing below the root, and each step up, with no larger
     # ball's bounds, costs about twice one down (docs/benchmarks.md, session 39)
     UP_POWER = 1.5
+    record_proof = False  # crown certify --proof (method crown): say the bound is CROWN's
+    proof_writer = None  # crown certify --proof: the ProofWriter its certified rows go to
     ALPHA_START = 1.02  # alpha-crown's search starts at this times CROWN's radius ...
     CROWN_START_RTOL = 1e-2  # ... which a float32 search finds to this tolerance
 
@@ -217,8 +219,9 @@ class GraphCertifier(RadiusSearch):
             return Certificate(proven[0], proven[1], g0, proven[2], "timeout",
                                time.perf_counter() - t0)
         # (every evaluation, alpha-crown's float32 CROWN start among them)
+        proof = {"kind": "crown"} if self.record_proof and self.method == "crown" else None
         return Certificate(res.eps, res.lower_bound, g0, proven[2], res.status,
-                           time.perf_counter() - t0)
+                           time.perf_counter() - t0, proof)
 
     def _crown_start(self, crown32, g0: float, eps0: float) -> float:
         """alpha-crown's first radius: :data:`ALPHA_START` times CROWN's, found by a float32

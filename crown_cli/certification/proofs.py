@@ -19,7 +19,6 @@ from typing import Callable, Dict, List, Optional, Sequence
 import numpy as np
 
 from crown_cli.errors import InputError
-from crown_cli.verification.proof import dense_shape
 from crown_cli.verification.proof import file_entry as _file
 from crown_cli.verification.proof import write_archive as _save
 
@@ -38,8 +37,9 @@ def proof_file(image: int, norm: str, method: str, target_type: str, target) -> 
 
 
 def check_scope(norms: Sequence[str], methods: Sequence[str], model_path: str, mlp, graph,
-                weights, images_path: Optional[str]) -> None:
-    """InputError (one line) naming what ``--proof`` does not cover."""
+                weights, images_path: Optional[str]) -> dict:
+    """InputError (one line) naming what ``--proof`` does not cover; else the certificates'
+    ``network`` entry (the sizes ``crown check`` reads the model with)."""
     bad = [n for n in norms if n not in PROOF_NORMS]
     if bad:
         raise InputError(f"--proof: certificates of radii cover --norm inf, 2 and 1, not {bad[0]}")
@@ -47,43 +47,56 @@ def check_scope(norms: Sequence[str], methods: Sequence[str], model_path: str, m
     if bad:
         raise InputError(f"--proof: certificates of radii cover --method crown and alpha-crown "
                          f"only, not {bad[0]}")
-    if graph is not None or mlp is None:
-        raise InputError(f"--proof: certificates of radii cover dense ReLU networks, not the graph "
-                         f"network {model_path}")
-    if mlp.activation != "relu":
-        raise InputError(f"--proof: certificates of radii cover ReLU networks, not "
-                         f"{mlp.activation} ({model_path})")
-    if len(weights) != len(mlp.weights):
-        raise InputError(f"--proof: certificates of radii cover networks whose last layer has no "
-                         f"activation or an order-preserving one ({model_path})")
-    from crown_cli import check as checker
-
     with open(model_path, "rb") as fh:
         head = fh.read(8)
-    if not (head[:2] == b"PK" or head == b"\x89HDF\r\n\x1a\n"):
-        raise InputError(f"--proof: certificates of radii cover Keras HDF5 and NPZ models, not "
-                         f"{model_path}")
+    onnx = not (head[:2] == b"PK" or head == b"\x89HDF\r\n\x1a\n")
+    if onnx:  # a chain the checker reads, on either engine; CROWN's default slopes only
+        bad = [m for m in methods if m != "crown"]
+        if bad:
+            raise InputError(f"--proof: certificates of radii of ONNX models cover --method "
+                             f"crown only, not {bad[0]} ({model_path})")
+    else:
+        if graph is not None or mlp is None:
+            raise InputError(f"--proof: certificates of radii of Keras and NPZ models cover dense "
+                             f"ReLU networks, not the graph network {model_path}")
+        if mlp.activation != "relu":
+            raise InputError(f"--proof: certificates of radii cover ReLU networks, not "
+                             f"{mlp.activation} ({model_path})")
+        if len(weights) != len(mlp.weights):
+            raise InputError(f"--proof: certificates of radii cover networks whose last layer has "
+                             f"no activation or an order-preserving one ({model_path})")
+    from crown_cli import check as checker
+
     try:
         net = checker.load_model(model_path)
     except (checker.Reject, checker.CheckError) as exc:
         raise InputError(f"--proof: crown check cannot read {model_path}: {exc}") from None
-    sizes = [weights[0].shape[1]] + [w.shape[0] for w in weights]
-    if list(net.sizes) != sizes:
-        raise InputError(f"--proof: crown check reads {model_path} as layers {net.sizes}, crown "
-                         f"as {sizes}")
+    if onnx:
+        n_in = graph.input_size if graph is not None else mlp.weights[0].shape[1]
+        n_out = graph.output_size if graph is not None else mlp.weights[-1].shape[0]
+        if (net.sizes[0], net.sizes[-1]) != (n_in, n_out):
+            raise InputError(f"--proof: crown check reads {model_path} as {net.sizes[0]} inputs "
+                             f"and {net.sizes[-1]} outputs, crown as {n_in} and {n_out}")
+    else:
+        sizes = [weights[0].shape[1]] + [w.shape[0] for w in weights]
+        if list(net.sizes) != sizes:
+            raise InputError(f"--proof: crown check reads {model_path} as layers {net.sizes}, "
+                             f"crown as {sizes}")
     if images_path is not None:
         with open(images_path, "rb") as fh:
             head = fh.read(2)
         if head not in (b"PK", b"\x1f\x8b", b"\x00\x00"):
             raise InputError(f"--proof: certificates of radii cover NPZ and IDX image files, not "
                              f"{images_path}")
+    return {"inputs": int(net.sizes[0]), "hidden": [int(h) for h in net.hidden],
+            "outputs": int(net.sizes[-1]), "activation": "relu"}
 
 
 class ProofWriter:
     """Writes (and checks) the certificate of each certified row into ``folder``."""
 
     def __init__(self, folder: str, model_path: str, images_path: Optional[str],
-                 labels_path: Optional[str], weights, warn: Callable[[str], None]):
+                 labels_path: Optional[str], network: dict, warn: Callable[[str], None]):
         from crown_cli.io.images import DEFAULT_IMAGES, _labels_path_for
 
         self.folder, self.model_path, self.warn = folder, model_path, warn
@@ -96,7 +109,7 @@ class ProofWriter:
         self.files = {"model": _file(model_path), "images": _file(self.images_path)}
         if idx:
             self.files["labels"] = _file(self.labels_path)
-        self.network = dense_shape(weights)
+        self.network = network  # check_scope's: the sizes crown check reads the model with
         self.hidden = self.network["hidden"]
         self.offsets = np.concatenate([[0], np.cumsum(self.hidden)]).astype(np.int64)
         self.written = self.rejected = 0

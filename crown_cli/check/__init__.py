@@ -19,7 +19,7 @@ from .onnx_reader import read_onnx
 from .vnnlib_reader import read_vnnlib
 
 __all__ = ["CheckError", "Reject", "Network", "check", "check_certify", "ball_box",
-           "load_model", "load_property", "proof_name"]
+           "load_model", "load_property", "model_layout", "proof_name"]
 
 
 def _bytes(path, what):
@@ -41,6 +41,18 @@ def load_model(path, data=None):
         return read_onnx(data)
     except (ValueError, IndexError, KeyError, TypeError) as exc:
         raise CheckError(f"{path}: cannot parse the ONNX file ({type(exc).__name__}: {exc})") from None
+
+
+def model_layout(net, x):
+    """An image of an image file (row-major (H, W, C), crown's order) as the model takes it:
+    channel-first where the model is an ONNX file whose input is (1, C, H, W) with C > 1 and
+    the image has C H W values (docs/proofs.md); else as it is."""
+    shape = net.input_shape
+    if shape is None or len(shape) != 4 or shape[0] != 1 or shape[1] == 1 or \
+            x.size != int(np.prod(shape)):
+        return x
+    C, H, W = shape[1:]
+    return np.ascontiguousarray(x.reshape(H, W, C).transpose(2, 0, 1).reshape(-1))
 
 
 def load_property(path, n_in, n_out, data=None):
@@ -208,6 +220,7 @@ def check_certify(model_path, images_path, proof_path, labels_path=None):
     if not isinstance(index, int) or isinstance(index, bool) or index < 0:
         raise Reject(f"header index {index!r}")
     x, label, _ = read_image(images_path, index, labels_path)
+    x = model_layout(net, x)
     if x.shape != (n_in,):
         raise Reject(f"image {index} has {x.size} values, the model {n_in} inputs")
     if c != label or isinstance(c, bool):

@@ -132,13 +132,15 @@ def _through(ops, L, c, q, M, at):
                     j, v = hot
                     q = q + up(gamma(len(WT)) * (np.abs(v) * reach[at, j]))
                     L, hot = v[:, None] * WT[j], None
-        elif op[0] == "scale":
+        elif op[0] in ("scale", "div"):  # rows times a (or over d), each entry rounded once:
+            a = op[1]  # |fl(L a) - L a| <= u |fl(L a)| (1 + u), which up() covers
             if hot is None:
-                L = op[1] * L
+                L = a * L if op[0] == "scale" else L / a
                 with np.errstate(invalid="ignore"):
                     q = q + up(U * (np.abs(L) * _mag(M[i])[at]).sum(1))
             else:
-                hot = (hot[0], op[1] * hot[1])
+                a = a if np.ndim(a) == 0 else a[hot[0]]
+                hot = (hot[0], a * hot[1] if op[0] == "scale" else hot[1] / a)
                 with np.errstate(invalid="ignore"):
                     q = q + up(U * (np.abs(hot[1]) * _mag(M[i])[at, hot[0]]))
         elif op[2] != 0.0:  # + s v: L . (s v) >= |s| (lower bound of sign(s) L . v)
@@ -248,9 +250,11 @@ def interval(ops, lo, hi):
             with np.errstate(invalid="ignore"):
                 err = up(g * ((np.abs(lo) + np.abs(hi)) @ aW))
                 lo, hi = down(lo @ Wp + hi @ Wn - err), -down(-(hi @ Wp + lo @ Wn) - err)
-        elif op[0] == "scale":
+        elif op[0] in ("scale", "div"):  # each end rounded once, then one float outward
             a = op[1]
-            lo, hi = (a * lo, a * hi) if a >= 0 else (a * hi, a * lo)
+            f = (lambda v: a * v) if op[0] == "scale" else (lambda v: v / a)
+            with np.errstate(invalid="ignore"):
+                lo, hi = np.where(a >= 0, f(lo), f(hi)), np.where(a >= 0, f(hi), f(lo))
             lo, hi = down(lo), -down(-hi)
         else:
             t = op[2] * op[1]

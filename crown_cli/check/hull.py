@@ -17,6 +17,14 @@ def _affine(ops, n_in):
             W = _F(op[1])
             M = scale * W if M is None else M.dot(W)
             t = t.dot(W)
+        elif op[0] in ("scale", "div") and np.ndim(op[1]):  # elementwise: x diag(a)
+            a = _F(op[1]) if op[0] == "scale" else 1 / _F(op[1])
+            if M is None:
+                M = np.diag(scale * a).astype(object)
+                M[M == 0] = Fraction(0)
+            else:
+                M = M * a
+            t = t * a
         elif op[0] == "scale":
             a = Fraction(op[1])
             scale, t = (scale * a, a * t) if M is None else (scale, a * t)
@@ -37,7 +45,9 @@ def _row_back(ops, row):
         if op[0] == "mat":
             row = _F(op[1]).dot(row)
         elif op[0] == "scale":
-            row = Fraction(op[1]) * row
+            row = (_F(op[1]) if np.ndim(op[1]) else Fraction(op[1])) * row
+        elif op[0] == "div":
+            row = row / _F(op[1])
         else:
             const += row.dot(Fraction(op[2]) * _F(op[1]))
     return row, const

@@ -1,10 +1,12 @@
 """The network as the checker reads it: affine operations per layer, ReLUs between layers.
 
 ``layers[k]`` (k = 0..K) is the list of operations of G_{k+1}, each kept as the file wrote it:
-``("mat", W)`` y = x @ W (W: (n_in, n_out) float64), ``("scale", a)`` y = a x, ``("add", c, s)``
+``("mat", W)`` y = x @ W (W: (n_in, n_out) float64), ``("scale", a)`` y = a x (a a float, or
+(n,) elementwise), ``("div", d)`` y = x / d (d (n,), elementwise, no 0), ``("add", c, s)``
 y = x + s c (c: (n,) float64, s a float), ``("maxpool", windows)`` y_i = max of x over the
 indices windows[i] (int64, (n_out, K); -1 for none). Values read from float32 are converted
-exactly.
+exactly; every operation is one of real numbers (the float64 arithmetic of bounds.py charges
+its rounding).
 """
 import numpy as np
 
@@ -26,7 +28,10 @@ class Reject(Exception):
 
 
 class Network:
-    """A chain y = G_{K+1}(relu(... relu(G_1(x)))); ``sizes`` = [n_0, n_1, .., n_{K+1}]."""
+    """A chain y = G_{K+1}(relu(... relu(G_1(x)))); ``sizes`` = [n_0, n_1, .., n_{K+1}];
+    ``input_shape``: an ONNX model's input shape (None for other files)."""
+
+    input_shape = None
 
     def __init__(self, layers, sizes):
         self.layers, self.sizes = layers, sizes
@@ -53,6 +58,8 @@ class Network:
                     x = window_values(x, op[1]).max(axis=2)
                 elif op[0] == "scale":
                     x = op[1] * x
+                elif op[0] == "div":
+                    x = x / op[1]
                 else:
                     x = x + op[2] * op[1]
         return x

@@ -12,8 +12,8 @@ _ATTRS = {"Gemm": {"alpha", "beta", "transA", "transB"}, "Flatten": {"axis"},
           "AveragePool": _WINDOW | {"ceil_mode", "count_include_pad"},
           "MaxPool": _WINDOW | {"ceil_mode", "dilations", "storage_order"},
           "Pad": {"mode", "pads", "value"}, "Dropout": {"seed", "ratio", "is_test"}}
-_OPS = {"Gemm", "MatMul", "Add", "Sub", "Relu", "Flatten", "Reshape", "Identity", "Conv",
-        "AveragePool", "MaxPool", "Pad", "Dropout"}
+_OPS = {"Gemm", "MatMul", "Add", "Sub", "Mul", "Div", "Relu", "Flatten", "Reshape", "Identity",
+        "Conv", "AveragePool", "MaxPool", "Pad", "Dropout"}
 
 
 def _varint(buf, i):
@@ -172,7 +172,9 @@ def read_onnx(data):
         cur = outs[0]
     if cur != outputs[0]:
         raise Reject(f"the graph output {outputs[0]} is not the end of the chain ({cur})")
-    return Network(layers, sizes + [int(np.prod(shape))])
+    net = Network(layers, sizes + [int(np.prod(shape))])
+    net.input_shape = tuple(_shape(inputs[0][1]))
+    return net
 
 
 def _apply(op, data_first, const, attrs, shape, ops, where):
@@ -204,6 +206,16 @@ def _apply(op, data_first, const, attrs, shape, ops, where):
             ops.append(("scale", -1.0))
         ops.append(("add", np.broadcast_to(c, shape).ravel().copy(),
                     -1.0 if op == "Sub" and data_first else 1.0))
+        return shape
+    if op in ("Mul", "Div"):  # elementwise by a constant (an input normalisation's 1 / std)
+        c = np.asarray(const[0], np.float64)
+        if (op == "Div" and not data_first) or np.broadcast_shapes(shape, c.shape) != tuple(shape):
+            raise Reject(f"{where}: not the data {'divided' if op == 'Div' else 'multiplied'} "
+                         f"by a constant of its shape or fewer dimensions ({c.shape})")
+        c = np.broadcast_to(c, shape).ravel().copy()
+        if op == "Div" and not np.all(c != 0):
+            raise Reject(f"{where}: a division by 0")
+        ops.append(("scale" if op == "Mul" else "div", c))
         return shape
     w = const[0]
     if op == "Gemm":

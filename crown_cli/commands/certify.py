@@ -81,8 +81,9 @@ from crown_cli.errors import InputError
               metavar="N", help="Seed of the attack's random starts.")
 @click.option("--proof", "proof_path", default=None, metavar="DIR",
               help="Write a certificate of each certified row to DIR, checked by crown check "
-                   "(docs/proofs.md; --norm inf, 2 or 1, --method crown or alpha-crown, dense ReLU "
-                   "networks in HDF5 or NPZ files, NPZ or IDX images).")
+                   "(docs/proofs.md; --norm inf, 2 or 1; --method crown or alpha-crown on dense "
+                   "ReLU networks in HDF5 or NPZ files, crown on ONNX ReLU chains; NPZ or IDX "
+                   "images).")
 @click.option("--output", "-o", default="-", show_default=True, metavar="FILE",
               help="Result file to write ('-': stdout); a provenance sidecar <output>.json goes beside it.")
 @click.option("--format", "out_format", default=None, type=click.Choice(["csv", "jsonl"]),
@@ -155,9 +156,9 @@ def certify(**options):
         from crown_cli.certification.proofs import ProofWriter, check_scope
 
         weights = None if graph is not None else net.margin_layers()[0]
-        check_scope(norms, methods, a.model_path, None if graph is not None else net, graph,
-                    weights, a.images_path)
-        proofs = ProofWriter(a.proof_path, a.model_path, a.images_path, a.labels_path, weights,
+        network = check_scope(norms, methods, a.model_path, None if graph is not None else net,
+                              graph, weights, a.images_path)
+        proofs = ProofWriter(a.proof_path, a.model_path, a.images_path, a.labels_path, network,
                              lambda msg: click.echo(msg, err=True))
         for cert in certifiers:
             cert.record_proof = True
