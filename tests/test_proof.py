@@ -496,3 +496,55 @@ def test_node_bounds_shared_across_cases_only_along_equal_paths(tmp_path):
     b["arg"][relu[0]] = (a["arg"][relu[0]] + 7) % int(net.offsets[-1])
     with pytest.raises(Reject):
         cert.walk(net, b, child1, bf, [Fraction(inst["t"])], cache=cache)
+
+
+@pytest.mark.parametrize("conv", [False, True])
+def test_residual_graph_verify_certificate_accepted(tmp_path, conv):
+    """An unsat the crown stage proves on a residual network (identity and projected skips,
+    a Sub of two data tensors; on the graph engine): the certificate is written and
+    accepted, its network the sizes the checker numbers its layers with; a property the
+    network violates at a point of the box gets no certificate the checker would accept."""
+    from click.testing import CliRunner
+
+    import hashlib
+    import json
+
+    from crown_cli.check import load_model as checker_model
+    from crown_cli.cli import cli as main
+    from crown_cli.io.networks import load_network
+    from test_proof_certify import _residual_onnx
+
+    m, n_in = _residual_onnx(np.random.default_rng(5), conv)
+    model = tmp_path / "res.onnx"
+    model.write_bytes(m.SerializeToString())
+    graph = load_network(str(model))
+    rng = np.random.default_rng(0)
+    x0 = rng.uniform(0.0, 1.0, n_in)
+    lo, hi = x0 - 0.01, x0 + 0.01
+    y = graph.forward(rng.uniform(lo, hi, (3000, n_in)))
+    margin = y[:, 0] - y[:, 1]
+    t = float(margin.min()) - 2.0 * float(np.ptp(margin)) - 0.1  # unsafe: margin <= t
+    spec = write_property(tmp_path / "p.vnnlib", lo.tolist(), hi.tolist(),
+                          [([1.0, -1.0, 0.0], t)])
+    proof = str(tmp_path / "c.proof")
+    r = CliRunner().invoke(main, ["verify", "--model", str(model), "--spec", spec, "--timeout",
+                                  "60", "--proof", proof, "-v"])
+    assert r.exit_code == 0 and "unsat (crown;" in r.output, r.output
+    r = CliRunner().invoke(main, ["check", "--model", str(model), "--spec", spec, "--proof",
+                                  proof])
+    assert r.exit_code == 0 and "accepted" in r.output, r.output
+    head = json.loads(bytes(_arrays(proof)["header"]))
+    assert head["network"]["hidden"] == [int(h) for h in checker_model(str(model)).hidden]
+    # the same certificate for a property the network violates (its threshold above a
+    # margin of the box's centre): rejected
+    t_bad = float(graph.forward(x0[None])[0, 0] - graph.forward(x0[None])[0, 1]) + 0.01
+    bad_spec = write_property(tmp_path / "q.vnnlib", lo.tolist(), hi.tolist(),
+                              [([1.0, -1.0, 0.0], t_bad)])
+    a = _arrays(proof)
+    head["property"]["sha256"] = hashlib.sha256(open(bad_spec, "rb").read()).hexdigest()
+    a["header"] = np.frombuffer(json.dumps(head).encode(), np.uint8)
+    a["c0_b"] = np.array([t_bad])
+    _resave(proof, a)
+    r = CliRunner().invoke(main, ["check", "--model", str(model), "--spec", bad_spec,
+                                  "--proof", proof])
+    assert r.exit_code == 1 and "rejected" in r.output and "is not > b_i" in r.output, r.output

@@ -437,3 +437,94 @@ def test_onnx_proof_refused_outside_the_checkers_scope(tmp_path, make, args, mes
     assert res.exit_code == 2, res.output
     assert error_line(res).startswith(f"crown: error: {message}")
     assert not os.path.exists(tmp_path / "p")
+
+
+def _residual_onnx(rng, conv=False):
+    """ReLUs and sums of data tensors only: a -> relu(W2 relu(W1 a) + a) (an identity skip),
+    then a block with a projected skip (a Gemm on it) and a Sub of two data tensors, a Gemm
+    to 3 outputs; ``conv``: the same blocks as 3x3 convolutions on (1, 2, 5, 5), flattened."""
+    import graph_models as gm
+
+    g = gm.G(rng)
+    if conv:
+        c = lambda x, ci, co: g.op("Conv", [x, g.rand(co, ci, 3, 3, scale=0.4), g.rand(co)],  # noqa: E731
+                                   pads=[1, 1, 1, 1])
+        a = g.op("Relu", [c("x", 2, 3)])
+        b = g.op("Relu", [g.op("Add", [c(g.op("Relu", [c(a, 3, 3)]), 3, 3), a])])
+        p = g.op("Conv", [b, g.rand(3, 3, 1, 1), g.rand(3)])
+        d = g.op("Relu", [g.op("Sub", [c(g.op("Relu", [c(b, 3, 3)]), 3, 3), p])])
+        out = g.op("Gemm", [g.op("Flatten", [d]), g.rand(3, 75, scale=0.3), g.rand(3)],
+                   transB=1)
+        return g.model([("x", (1, 2, 5, 5))], [out]), 50
+    f = lambda x, i, o: g.op("Gemm", [x, g.rand(o, i), g.rand(o)], transB=1)  # noqa: E731
+    a = g.op("Relu", [f("x", 6, 8)])
+    b = g.op("Relu", [g.op("Add", [f(g.op("Relu", [f(a, 8, 8)]), 8, 8), a])])
+    d = g.op("Relu", [g.op("Sub", [f(g.op("Relu", [f(b, 8, 8)]), 8, 8), f(b, 8, 8)])])
+    out = f(g.op("Add", [d, b]), 8, 3)
+    return g.model([("x", (1, 6))], [out]), 6
+
+
+@pytest.mark.parametrize("conv", [False, True])
+def test_residual_onnx_certificates_accepted_and_a_false_radius_rejected(tmp_path, conv):
+    """Residual networks (identity and projected skips, a Sub of two data tensors, sums
+    read by a Gemm): the checker reads them as crown does (the same outputs), accepts the
+    certificate of every certified row (l_inf, l_2), and rejects a certificate moved to a
+    radius where the margin's exact minimum (MILP; on the convolutional one a point of the
+    box) is negative."""
+    import onnx
+    from graph_oracles import graph_min
+    from crown_cli.io.networks import load_network
+
+    m, n_in = _residual_onnx(np.random.default_rng(5), conv)
+    model = tmp_path / "res.onnx"
+    onnx.save(m, str(model))
+    graph, net = load_network(str(model)), load_model(str(model))
+    assert not net.chain and net.input_shape[0] == 1
+    x = np.random.default_rng(6).uniform(0.0, 1.0, (4, n_in))
+    from crown_cli.certification.graph_certifier import to_graph_layout
+
+    xg = to_graph_layout(graph, x)
+    assert np.allclose(net.forward(xg), graph.forward(xg), rtol=1e-12, atol=1e-12)
+    images, out, _ = _certify_with_images(tmp_path, model, x, "--norm", "inf,2")
+    names = sorted(os.listdir(out))
+    import csv
+
+    with open(tmp_path / "r.csv") as fh:
+        rows = [r for r in csv.DictReader(fh) if r["status"] == "certified"]
+    assert len(names) == len(rows) >= 6
+    res = CliRunner().invoke(cli, ["check", "--model", str(model), "--images", str(images),
+                                   "--proof", str(out)])
+    assert res.exit_code == 0 and res.output.count(": accepted (image ") == len(rows), res.output
+    # a false radius: where the exact minimum of the margin over the box is < 0
+    path = os.path.join(out, [n for n in names if "_linf_" in n][0])
+    header, z = _read(path)
+    row = np.zeros(3)
+    row[header["class"]], row[header["targets"][0]] = 1.0, -1.0
+    rng = np.random.default_rng(8)
+    for f in (1.5, 2, 4, 8, 16, 32, 64):
+        lo, hi = ball_box(z["x0"], f * header["eps"])
+        if conv:  # a concrete violation among random corners of the box (the MILP is slow)
+            X = np.where(rng.random((4000, lo.size)) < 0.5, lo, hi)
+            low = float(np.min(graph.forward(X) @ row))
+        else:
+            low, _ = graph_min(graph, lo, hi, row)
+        if low < -1e-6:
+            break
+    assert low < -1e-6
+    bad = _write(tmp_path / "far.proof", dict(header, eps=f * header["eps"]),
+                 dict(z, c0_lo=lo, c0_hi=hi))
+    with pytest.raises(Reject, match="target"):
+        check_certify(str(model), str(images), bad)
+
+
+def test_checker_refuses_a_max_pool_of_a_sum(tmp_path):
+    import onnx
+    import graph_models as gm
+
+    g = gm.G(np.random.default_rng(7))
+    a = g.op("Relu", [g.op("Conv", ["x", g.rand(2, 2, 1, 1), g.rand(2)])])
+    s = g.op("MaxPool", [g.op("Add", [a, "x"])], kernel_shape=[2, 2])
+    out = g.op("Gemm", [g.op("Flatten", [s]), g.rand(3, 8), g.rand(3)], transB=1)
+    onnx.save(g.model([("x", (1, 2, 4, 4))], [out]), str(tmp_path / "m.onnx"))
+    with pytest.raises(Reject, match="a max pool of a sum of data tensors is outside"):
+        load_model(str(tmp_path / "m.onnx"))

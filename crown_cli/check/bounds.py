@@ -192,25 +192,59 @@ def _relax(L, c, q, l, u, alpha, bs):
     return mu, c, q
 
 
+def _source(net, st, idx, j):
+    """Bounds of a_j (a_0 = x: the box; a_j = relu(z_j)) at the nodes ``idx`` of ``st``."""
+    if j == 0:
+        return st.lo[idx], st.hi[idx]
+    sl = slice(net.offsets[j - 1], net.offsets[j])
+    return np.maximum(st.l[idx, sl], 0.0), np.maximum(st.u[idx, sl], 0.0)
+
+
+def pre_interval(net, k, st, idx):
+    """Interval bounds of z_k at the nodes ``idx`` from the bounds of its terms' sources:
+    each term's :func:`interval`, the terms' sums rounded outward."""
+    lo = hi = None
+    for src, ops in net.terms[k - 1]:
+        tl, th = interval(ops, *_source(net, st, idx, src))
+        if lo is None:
+            lo, hi = tl, th
+        else:
+            with np.errstate(invalid="ignore"):
+                lo, hi = down(lo + tl), -down(-(hi + th))
+    return lo, hi
+
+
 def lower_bound(net, st, L, top, nodes, slopes, betas=None):
-    """Float lower bounds (R,) of rows L (R, n) on the output of G_top (z_top; y for K + 1),
-    row r over node ``nodes[r]`` of the batch state ``st``; ``slopes(m, l, u)`` and
-    ``betas(m)`` give the rows' alpha and beta * s (R, n_m) on hidden layer m (betas: None);
-    L may be rows of one nonzero each as ``(j, v, n)`` (:func:`_through`)."""
+    """Float lower bounds (R,) of rows L (R, n) on z_top (y for K + 1), row r over node
+    ``nodes[r]`` of the batch state ``st``; ``slopes(m, l, u)`` and ``betas(m)`` give the
+    rows' alpha and beta * s (R, n_m) on hidden layer m (betas: None); L may be rows of one
+    nonzero each as ``(j, v, n)`` (:func:`_through`). The rows go back through each term of
+    z_m to its source; rows reaching a source from several terms are summed, each sum's
+    rounding charged (``u |fl(A + B)|`` per coefficient, times the source's bound)."""
     R = len(L[0]) if isinstance(L, tuple) else L.shape[0]
     c, q = np.zeros(R), np.zeros(R)
     uniq, at = np.unique(nodes, return_inverse=True)
+    pend = {}  # rows over a_j reached so far
+    rows = L
     for m in range(top, 0, -1):
-        if m > 1:
-            sl = slice(net.offsets[m - 2], net.offsets[m - 1])
-            M = _sizes(net.layers[m - 1], np.maximum(st.l[uniq, sl], 0.0),
-                       np.maximum(st.u[uniq, sl], 0.0))  # relu(z) in [relu(l), relu(u)]
-        else:
-            M = _sizes(net.layers[0], st.lo[uniq], st.hi[uniq])
-        L, c, q = _through(net.layers[m - 1], L, c, q, M, at)
-        if m > 1:
+        if m < top:
+            rows = pend.pop(m, None)
+            if rows is None:  # no term reaches a_m: rows of zeros
+                continue
+            sl = slice(net.offsets[m - 1], net.offsets[m])
             l, u = st.l[nodes, sl], st.u[nodes, sl]
-            L, c, q = _relax(L, c, q, l, u, slopes(m - 1, l, u), betas and betas(m - 1))
+            rows, c, q = _relax(rows, c, q, l, u, slopes(m, l, u), betas and betas(m))
+        for src, ops in net.terms[m - 1]:
+            S = _source(net, st, uniq, src)
+            Ls, c, q = _through(ops, rows, c, q, _sizes(ops, *S), at)
+            if src in pend:
+                Ls = pend[src] + Ls
+                with np.errstate(invalid="ignore"):
+                    q = q + up(U * (np.abs(Ls) * _mag(S)[at]).sum(1))
+            pend[src] = Ls
+    L = pend.get(0)
+    if L is None:
+        L = np.zeros((R, net.sizes[0]))
     lo, hi = st.lo[nodes], st.hi[nodes]
     with np.errstate(all="ignore"):
         p = np.minimum(L * lo, L * hi)

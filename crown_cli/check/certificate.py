@@ -3,7 +3,7 @@ import hashlib
 
 import numpy as np
 
-from .bounds import interval, lower_bound
+from .bounds import lower_bound, pre_interval
 from .hull import hull_float, hull_holds
 from .network import Reject
 
@@ -317,12 +317,7 @@ def update(net, st, refresh, layer_slopes, rm=None, ids=None):
         l, u, sg = st.l[:, sl], st.u[:, sl], st.sg[:, sl]
         again = np.nonzero(refresh == 1)[0]
         if again.size:  # 1a (the root, input splits): interval bounds from the layer below
-            if k == 1:
-                il, iu = interval(net.layers[0], st.lo[again], st.hi[again])
-            else:
-                below = slice(net.offsets[k - 2], net.offsets[k - 1])
-                il, iu = interval(net.layers[k - 1], np.maximum(st.l[again, below], 0.0),
-                                  np.maximum(st.u[again, below], 0.0))
+            il, iu = pre_interval(net, k, st, again)
             l[again] = np.fmax(l[again], il)
             u[again] = np.fmin(u[again], iu)
         nodes, js = np.nonzero((l < 0) & (u > 0) & (refresh <= k)[:, None])

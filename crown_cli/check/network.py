@@ -28,41 +28,53 @@ class Reject(Exception):
 
 
 class Network:
-    """A chain y = G_{K+1}(relu(... relu(G_1(x)))); ``sizes`` = [n_0, n_1, .., n_{K+1}];
-    ``input_shape``: an ONNX model's input shape (None for other files)."""
+    """y = the last of z_1, .., z_{K+1}, each a sum of terms: ``terms[k]`` (k = 0..K) lists
+    z_{k+1}'s terms (src, ops), the operations ``ops`` applied to a_src (a_0 = x, a_j =
+    relu(z_j), src <= k), so that a residual connection is a term from an earlier layer.
+    ``sizes`` = [n_0, n_1, .., n_{K+1}]; ``chain``: every z_{k+1} is one term of a_k, and
+    ``layers[k]`` its operations (None for another network); ``input_shape``: an ONNX
+    model's input shape (None for other files)."""
 
     input_shape = None
 
-    def __init__(self, layers, sizes):
-        self.layers, self.sizes = layers, sizes
-        self.K = len(layers) - 1
+    def __init__(self, layers, sizes, terms=None):
+        self.terms = terms if terms is not None else [[(k, ops)] for k, ops in enumerate(layers)]
+        self.chain = all(len(t) == 1 and t[0][0] == k for k, t in enumerate(self.terms))
+        self.layers = [t[0][1] for t in self.terms] if self.chain else None
+        self.sizes = sizes
+        self.K = len(self.terms) - 1
         self.hidden = sizes[1:-1]
         self.offsets = np.concatenate([[0], np.cumsum(self.hidden)]).astype(np.int64)
         if max(sizes) > MAX_WIDTH:
             raise Reject(f"a layer of {max(sizes)} values is wider than {MAX_WIDTH}")
-        for ops in layers:
-            for op in ops:
-                if op[0] != "maxpool" and not all(np.all(np.isfinite(v)) for v in op[1:]):
-                    raise Reject("a weight is NaN or infinite")
+        for terms in self.terms:
+            for _, ops in terms:
+                for op in ops:
+                    if op[0] != "maxpool" and not all(np.all(np.isfinite(v)) for v in op[1:]):
+                        raise Reject("a weight is NaN or infinite")
 
     def forward(self, x):
         """Float64 outputs (B, n_out) for inputs (B, n_in) (not used by the check)."""
-        x = np.asarray(x, dtype=np.float64)
-        for k, ops in enumerate(self.layers):
-            if k:
-                x = np.maximum(x, 0.0)
-            for op in ops:
-                if op[0] == "mat":
-                    x = x @ op[1]
-                elif op[0] == "maxpool":
-                    x = window_values(x, op[1]).max(axis=2)
-                elif op[0] == "scale":
-                    x = op[1] * x
-                elif op[0] == "div":
-                    x = x / op[1]
-                else:
-                    x = x + op[2] * op[1]
-        return x
+        a = [np.asarray(x, dtype=np.float64)]
+        for k, terms in enumerate(self.terms):
+            z = sum(_apply_ops(ops, a[src]) for src, ops in terms)
+            a.append(np.maximum(z, 0.0))
+        return z
+
+
+def _apply_ops(ops, x):
+    for op in ops:
+        if op[0] == "mat":
+            x = x @ op[1]
+        elif op[0] == "maxpool":
+            x = window_values(x, op[1]).max(axis=2)
+        elif op[0] == "scale":
+            x = op[1] * x
+        elif op[0] == "div":
+            x = x / op[1]
+        else:
+            x = x + op[2] * op[1]
+    return x
 
 
 def load_arrays(path, what):

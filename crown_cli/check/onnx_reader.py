@@ -1,5 +1,6 @@
 """A minimal ONNX reader: the protobuf wire format decoded by hand (onnx.proto's field numbers),
-for chains of the operators of docs/proofs.md's scope."""
+for networks of the operators of docs/proofs.md's scope: affine operations, ReLUs and sums of
+data tensors (residual connections)."""
 import numpy as np
 
 from .network import Network, Reject
@@ -135,8 +136,11 @@ def read_onnx(data):
     outputs = [_str(_fields(v).get(1)) for v in graph.get(12, [])]
     if len(inputs) != 1 or len(outputs) != 1:
         raise Reject(f"{len(inputs)} data inputs and {len(outputs)} outputs; one of each expected")
-    cur, shape = inputs[0][0], _shape(inputs[0][1])
-    layers, sizes = [[]], [int(np.prod(shape))]
+    shape = _shape(inputs[0][1])
+    # every data tensor as (terms, shape): a sum of terms (src, ops), the operations ops
+    # applied to a_src (0: the input, j: the output of the j-th Relu); a Relu starts a layer
+    tensors = {inputs[0][0]: ([(0, [])], shape)}
+    terms_of, sizes = [], [int(np.prod(shape))]
     for pos, nb in enumerate(graph.get(1, [])):
         nf = _fields(nb)
         ins, outs = [_str([v]) for v in nf.get(1, [])], [_str([v]) for v in nf.get(2, [])]
@@ -151,8 +155,8 @@ def read_onnx(data):
                                        else None)
             continue
         if op not in _OPS:
-            raise Reject(f"{where}: operator {op} is outside the checker's scope (chains of affine "
-                         "operators and ReLUs)")
+            raise Reject(f"{where}: operator {op} is outside the checker's scope (affine "
+                         "operators, ReLUs and sums of them)")
         if set(attrs) - _ATTRS.get(op, set()):
             raise Reject(f"{where}: attributes {sorted(set(attrs) - _ATTRS.get(op, set()))} not supported")
         if op == "Dropout":  # at inference the identity (ONNX), unless training_mode is true
@@ -163,16 +167,37 @@ def read_onnx(data):
                              "is not the identity")
             ins = ins[:1]
         const = [consts[x] for x in ins if x in consts]
-        if [x for x in ins if x not in consts] != [cur] or len(outs) != 1:
-            raise Reject(f"{where}: not a chain (its data input is not the previous node's output)")
-        shape = _apply(op, ins[0] == cur, const, attrs, shape, layers[-1], where)
+        data = [x for x in ins if x not in consts]
+        if len(outs) != 1 or not data or any(x not in tensors for x in data):
+            raise Reject(f"{where}: an input that is neither a constant nor an earlier node's "
+                         "output, or several outputs")
+        if op in ("Add", "Sub") and len(data) == 2:  # a sum of two data tensors
+            (ta, sa), (tb, sb) = tensors[data[0]], tensors[data[1]]
+            if tuple(sa) != tuple(sb):
+                raise Reject(f"{where}: data of shapes {sa} and {sb} (a broadcast)")
+            if op == "Sub":
+                tb = [(src, ops + [("scale", -1.0)]) for src, ops in tb]
+            tensors[outs[0]] = (ta + tb, sa)
+            continue
+        if len(data) != 1:
+            raise Reject(f"{where}: {len(data)} data inputs")
+        terms, shape = tensors[data[0]]
         if op == "Relu":
-            layers.append([])
+            terms_of.append(terms)
             sizes.append(int(np.prod(shape)))
-        cur = outs[0]
-    if cur != outputs[0]:
-        raise Reject(f"the graph output {outputs[0]} is not the end of the chain ({cur})")
-    net = Network(layers, sizes + [int(np.prod(shape))])
+            tensors[outs[0]] = ([(len(sizes) - 1, [])], shape)
+            continue
+        new = []  # the node's operations, applied to every term (its constants to the first)
+        shape = _apply(op, ins[0] == data[0], const, attrs, shape, new, where)
+        if len(terms) > 1 and any(o[0] == "maxpool" for o in new):
+            raise Reject(f"{where}: a max pool of a sum of data tensors is outside the "
+                         "checker's scope")
+        tensors[outs[0]] = ([(src, ops + (new if i == 0 else [o for o in new if o[0] != "add"]))
+                             for i, (src, ops) in enumerate(terms)], shape)
+    if outputs[0] not in tensors:
+        raise Reject(f"the graph output {outputs[0]} is not computed from the data input")
+    terms, shape = tensors[outputs[0]]
+    net = Network(None, sizes + [int(np.prod(shape))], terms_of + [terms])
     net.input_shape = tuple(_shape(inputs[0][1]))
     return net
 

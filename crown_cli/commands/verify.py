@@ -69,7 +69,8 @@ VERIFY_NOT_SETTINGS = {"--model", "--spec", "--instances", "--root", "--output",
                    ".jsonl: jsonl, else csv).")
 @click.option("--proof", "proof_path", default=None, metavar="FILE|DIR",
               help="Write a certificate of each unsat verdict (docs/proofs.md; ReLU chains of "
-                   "dense layers, convolutions and pools): to this file with --spec, into this "
+                   "dense layers, convolutions and pools, residual ReLU networks' crown "
+                   "stage): to this file with --spec, into this "
                    "directory with --instances (one file per instance). `crown check` checks "
                    "them.")
 @click.option("--overwrite", is_flag=True, help="Replace an existing --output file.")

@@ -228,17 +228,40 @@ class LoweredVerifier(Verifier):
 def proof_shape(graph) -> Optional[dict]:
     """The network of a certificate (docs/proofs.md) of ``graph``: inputs, hidden (the sizes
     of its ReLU nodes in chain order), outputs; None unless the graph is one chain of affine,
-    ReLU and max pool nodes (what ``crown check`` reads)."""
+    ReLU and max pool nodes, or another graph of ReLUs, affine nodes and sums of them that
+    ``crown check`` reads from the graph's ONNX file (a residual network; then the sizes
+    as the checker numbers its layers)."""
     from crown_cli.graph.lower import chain_order
 
     order, _ = chain_order(graph, kinds=("affine", "activation", "maxpool"))
     if order is None:
-        return None
+        return _checker_shape(graph)
     acts = [graph.nodes[i] for i in order if graph.nodes[i].kind == "activation"]
     if any(n.op.name != "relu" for n in acts):
         return None
     return {"inputs": int(graph.input_size), "hidden": [int(n.size) for n in acts],
             "outputs": int(graph.output_size), "activation": "relu"}
+
+
+def _checker_shape(graph) -> Optional[dict]:
+    """:func:`proof_shape` of a graph that is not a chain: the sizes ``crown check`` reads
+    its ONNX file with (None where it does not read it, or sees other sizes)."""
+    import os
+
+    from crown_cli import check as checker
+
+    path = getattr(graph, "source", None)
+    if not path or not os.path.isfile(path) or \
+            any(n.kind == "activation" and n.op.name != "relu" for n in graph.nodes):
+        return None
+    try:
+        net = checker.load_model(path)
+    except (checker.Reject, checker.CheckError):
+        return None
+    if (net.sizes[0], net.sizes[-1]) != (graph.input_size, graph.output_size):
+        return None
+    return {"inputs": int(net.sizes[0]), "hidden": [int(h) for h in net.hidden],
+            "outputs": int(net.sizes[-1]), "activation": "relu"}
 
 
 def _warm_graph(rng):

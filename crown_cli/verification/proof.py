@@ -313,8 +313,8 @@ def write_verdict_proof(verdict, verifier, model_path, spec_path, path) -> str:
     trees = getattr(verdict, "proof", None)
     if trees is None:
         return ("no certificate written: certificates cover ReLU networks of dense layers, "
-                "graphs lowered to them and chains of convolutions, max pools and ReLUs "
-                "(docs/proofs.md)")
+                "graphs lowered to them, chains of convolutions, max pools and ReLUs and "
+                "residual ReLU networks crown check reads (docs/proofs.md)")
     if any(t is None for t in trees):
         return "no certificate written: some case has no recorded proof (within the timeout)"
     save(path, trees, verifier.proof_shape, model_path, spec_path)
