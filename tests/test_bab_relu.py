@@ -965,3 +965,23 @@ def test_float32_steering_overflow_is_quiet_and_its_gradient_finite():
         _, state = bd.evaluate(split, alpha, beta * 3e38, np.float32, keep=True)
         gA, gB = bd.gradient(state)
     assert np.isfinite(gA).all() and np.isfinite(gB).all()
+
+
+def test_branch_scores_of_a_neuron_with_an_infinite_bound_are_not_nan():
+    """BaBSR's lower-line gap max(-(alpha - leak) l, (1 - alpha) u) at alpha = leak (or 1)
+    and an infinite l (or u) is the other side's gap, not 0 * inf = NaN (which sorts last
+    and left the neuron unsplit)."""
+    from types import SimpleNamespace
+
+    from crown_cli.verification.bab.branching import branch_scores
+
+    l = np.array([-np.inf, -1.0, -2.0])
+    u = np.array([1.0, np.inf, 3.0])
+    bd = SimpleNamespace(m=1, nU=3, L=1, offsets=[0, 3], ucols=[np.arange(3)], leak=0.0,
+                         bounds=[(l, u)])
+    Lu = np.array([[2.0, 1.0, 1.0]])
+    state = (([Lu],), np.zeros((1, 1)), None, np.zeros((1, 3)))
+    alpha = np.array([[[0.0, 1.0, 0.5]]])
+    sc = branch_scores(bd, state, np.zeros((1, 3)), alpha, np.array([0]))
+    assert not np.isnan(sc).any()
+    assert np.allclose(sc[0], [2.0 * 1.0, 1.0 * 1.0, 1.0 * max(0.5 * 2.0, 0.5 * 3.0)])

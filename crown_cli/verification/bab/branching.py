@@ -39,7 +39,7 @@ def branch_scores(bd: Bounder, state, split, alpha, rows, dl=None, du=None,
         else:
             l, u = dl[:, o0:o1], du[:, o0:o1]
         a = alpha[np.arange(B), rows, o0:o1].astype(np.float64)
-        gap_low = np.maximum(-(a - bd.leak) * l, (1.0 - a) * u)
+        gap_low = np.maximum(_times(bd.leak - a, l), _times(1.0 - a, u))
         gap_up = ctr[idx, o0:o1].astype(np.float64)
         if score == "chords":
             sc = np.maximum(-Lu, 0.0) * gap_up + 1e-3 * np.abs(Lu) * (u - l)
@@ -51,6 +51,14 @@ def branch_scores(bd: Bounder, state, split, alpha, rows, dl=None, du=None,
         sc[split[:, o0:o1] != 0] = -np.inf
         out[:, o0:o1] = sc
     return out
+
+
+def _times(f, b):
+    """``f * b`` with 0 where the factor f is 0 (a neuron's bound may be infinite, where the
+    gap of a line that does not reach that side is 0, not NaN: NaN scores sort last and the
+    neuron would never be split)."""
+    with np.errstate(invalid="ignore"):
+        return np.where(f == 0.0, 0.0, f * b)
 
 
 def _fsb_choice(bd: Bounder, split, alpha, beta, cand, chords=None, prow=None):
