@@ -690,3 +690,68 @@ def test_max_pool_rows_bound_every_sampled_point(strides):
         assert np.all(bound <= sampled), (bound, sampled)
         if spread == 3.0 and strides == (2, 2):
             assert np.all(sampled - bound < 0.05 * (1 + np.abs(sampled)))
+
+
+def test_residual_network_float_bound_below_the_exact_one_and_close():
+    """A network with residual terms (z3 = W3 a2 + b3 + a1, y = W4 a3 + b4 + D x): the
+    hidden bounds hold at sampled points, and the leaf's float bound (rows summed where two
+    terms reach one source, each sum's rounding charged) lies below the same linear bound
+    in exact rationals, and close to it; large weights make the rounding visible."""
+    from crown_cli.check.network import Network
+
+    rng = np.random.default_rng(11)
+    W = [rng.normal(size=s) * 1e3 for s in ((3, 5), (5, 5), (5, 5), (5, 2))]  # x @ W
+    b = [rng.normal(size=s[1]) for s in ((3, 5), (5, 5), (5, 5), (5, 2))]
+    D = rng.normal(size=(3, 2)) * 1e3
+    T = lambda k: [("mat", W[k]), ("add", b[k], 1.0)]  # noqa: E731
+    terms = [[(0, T(0))], [(1, T(1))], [(2, T(2)), (1, [])], [(3, T(3)), (0, [("mat", D)])]]
+    net = Network(None, [3, 5, 5, 5, 2], terms)
+    assert not net.chain
+    lo, hi = np.array([-0.3, -1.0, 0.2]), np.array([0.7, 0.5, 0.9])
+    st = state_of(net, lo, hi)
+    X = rng.uniform(lo, hi, (5000, 3))
+    a = [X]
+    for k, ts in enumerate(terms[:-1]):
+        z = sum(net_ops(ops, a[s]) for s, ops in ts)
+        sl = slice(net.offsets[k], net.offsets[k + 1])
+        assert np.all(st.l[0, sl] <= z) and np.all(z <= st.u[0, sl])
+        a.append(np.maximum(z, 0.0))
+    F = np.vectorize(Fraction, otypes=[object])
+    ls = [st.l[0, net.offsets[k]:net.offsets[k + 1]] for k in range(3)]
+    us = [st.u[0, net.offsets[k]:net.offsets[k + 1]] for k in range(3)]
+    for row in ([1.0, -1.0], [-0.5, 2.0]):
+        v = leaf_bound(net, st, row)
+        pend, c, lam = {}, Fraction(0), F(np.asarray(row))
+        for m in range(4, 0, -1):
+            if m < 4:  # rows over a_m -> z_m, the default slopes at the bounds
+                lam, mu = pend.pop(m), []
+                for j, (lj, uj) in enumerate(zip(F(ls[m - 1]), F(us[m - 1]))):
+                    if lj >= 0:
+                        mu.append(lam[j])
+                    elif uj <= 0:
+                        mu.append(Fraction(0))
+                    elif lam[j] >= 0:
+                        mu.append(lam[j] * (1 if uj >= -lj else 0))
+                    else:
+                        s = uj / (uj - lj)
+                        mu.append(lam[j] * s)
+                        c += lam[j] * (-s * lj)
+                lam = np.array(mu, dtype=object)
+            for src, ops in terms[m - 1]:
+                r = lam
+                for op in reversed(ops):
+                    if op[0] == "mat":
+                        r = F(op[1]).dot(r)
+                    else:
+                        c += r.dot(F(op[1]))
+                pend[src] = pend[src] + r if src in pend else r
+        ex = c + sum(min(q * Fraction(x), q * Fraction(y)) for q, x, y in zip(pend[0], lo, hi))
+        assert Fraction(v) <= ex, (v, float(ex))
+        assert float(ex) - v < 1e-9 * max(1.0, abs(float(ex))), (v, float(ex))
+        assert v <= np.min(net.forward(X) @ np.asarray(row))
+
+
+def net_ops(ops, x):
+    for op in ops:
+        x = x @ op[1] if op[0] == "mat" else x + op[2] * op[1]
+    return x
