@@ -243,6 +243,9 @@ def proof_shape(graph) -> Optional[dict]:
             "outputs": int(graph.output_size), "activation": "relu"}
 
 
+_CHECKER_SIZES: dict = {}  # the last model _checker_shape read: its key and sizes
+
+
 def _checker_shape(graph) -> Optional[dict]:
     """:func:`proof_shape` of a graph that is not a chain: the sizes ``crown check`` reads
     its ONNX file with (None where it does not read it, or sees other sizes)."""
@@ -254,14 +257,22 @@ def _checker_shape(graph) -> Optional[dict]:
     if not path or not os.path.isfile(path) or \
             any(n.kind == "activation" and n.op.name != "relu" for n in graph.nodes):
         return None
-    try:
-        net = checker.load_model(path)
-    except (checker.Reject, checker.CheckError):
+    st = os.stat(path)
+    key = (os.path.abspath(path), st.st_size, st.st_mtime_ns)
+    if _CHECKER_SIZES.get("key") != key:  # (an instance list's properties share a model)
+        try:
+            net = checker.load_model(path)
+            sizes = (list(net.sizes), [int(h) for h in net.hidden])
+        except (checker.Reject, checker.CheckError):
+            sizes = None
+        _CHECKER_SIZES.update(key=key, sizes=sizes)
+    if _CHECKER_SIZES["sizes"] is None:
         return None
-    if (net.sizes[0], net.sizes[-1]) != (graph.input_size, graph.output_size):
+    sizes, hidden = _CHECKER_SIZES["sizes"]
+    if (sizes[0], sizes[-1]) != (graph.input_size, graph.output_size):
         return None
-    return {"inputs": int(net.sizes[0]), "hidden": [int(h) for h in net.hidden],
-            "outputs": int(net.sizes[-1]), "activation": "relu"}
+    return {"inputs": int(sizes[0]), "hidden": hidden, "outputs": int(sizes[-1]),
+            "activation": "relu"}
 
 
 def _warm_graph(rng):
