@@ -23,8 +23,13 @@ And ``crown_cli.certify`` (crown, mixed precision) on the same input: its radius
 contradicted by PGD at that radius. One line per network; a summary; exit 1 on any
 violation or crash.
 
+With ``--proofs``, networks of ReLUs and the layers ``crown check`` reads (residual blocks
+among them); where it reads the exported file: ``crown certify --proof`` (method crown, l_inf or
+l_2, runner-up and untargeted), every certificate written must be accepted, and the first
+moved to 4 times its radius, where the attack finds a margin below 0, must be rejected.
+
     python scripts/fuzz_lirpa.py --lirpa DIR [--nets 50] [--seed 0] [--big] [--exotic]
-        [--dense] [--dynamo]
+        [--dense] [--dynamo] [--proofs]
 
 Needs torch and an auto_LiRPA checkout (``--lirpa``).
 """
@@ -46,7 +51,7 @@ EXOTIC = ("pad", "up", "conv_mode", "same", "act2", "gap", "pool_pad", "avg_excl
           "ln")
 
 
-def _build(seed, nn, torch, exotic=False, big=False, dense=False):
+def _build(seed, nn, torch, exotic=False, big=False, dense=False, relu=False):
     """(module, input shape, description, approx) of network ``seed``; approx: it has a node
     crown and auto_LiRPA relax differently (APPROX, max pool). ``exotic``: also the layers
     of :data:`EXOTIC` (paddings, upsampling, padding modes, "same" convolutions, other
@@ -56,7 +61,9 @@ def _build(seed, nn, torch, exotic=False, big=False, dense=False):
     engine's paths for wide nodes (one side per neuron first, tiles, fused kernels) run.
     ``dense``: two hidden dense layers of 256-512 outputs after the convolutions, where a
     dense node's bounds start from its weight's rows and both sides of its neurons are
-    pairs (``graph_rows.WeightRows``)."""
+    pairs (``graph_rows.WeightRows``). ``relu``: ReLU activations and the layers ``crown
+    check`` reads (convolutions with their batch norm folded, pools, residual blocks with
+    identity and projected shortcuts): the networks of ``--proofs``."""
     rng = np.random.default_rng(seed)
     g = torch.Generator().manual_seed(seed)
     C, H = int(rng.integers(1, 4)), int(rng.integers(16, 33) if big else rng.integers(5, 13))
@@ -74,7 +81,7 @@ def _build(seed, nn, torch, exotic=False, big=False, dense=False):
 
     def act():
         nonlocal approx
-        name = str(rng.choice(["relu", "relu", "leaky", "tanh", "sigmoid"]))
+        name = "relu" if relu else str(rng.choice(["relu", "relu", "leaky", "tanh", "sigmoid"]))
         approx |= name in APPROX
         return name, {"relu": nn.ReLU(), "leaky": nn.LeakyReLU(float(rng.choice([0.01, 0.2]))),
                       "tanh": nn.Tanh(), "sigmoid": nn.Sigmoid()}[name]
@@ -112,7 +119,9 @@ def _build(seed, nn, torch, exotic=False, big=False, dense=False):
     layers = []
     for _ in range(int(rng.integers(2, 6))):
         c, h = shape[0], shape[1]
-        kind = str(rng.choice(kinds + list(EXOTIC) if exotic else kinds))
+        kind = str(rng.choice(kinds + list(EXOTIC) if exotic else
+                              ["conv", "act", "avgpool", "maxpool", "res", "res_proj"] if relu
+                              else kinds))
         if kind in EXOTIC:
             got = _exotic(kind, rng, nn, c, h, side)
             if got is None:
@@ -345,6 +354,66 @@ def _cross_check(crown_cli, graph, model, torch, x, c, seed):
     return text, bad
 
 
+def _proof_check(path, graph, model, torch, x, c, seed, tmp):
+    """``crown certify --proof`` (method crown) of this network where ``crown check`` reads
+    its ONNX file: every certificate written must be accepted; the first moved to 4 times
+    its radius, where the attack finds a point of the margin below 0, must be rejected.
+    Returns (text, violations)."""
+    import json
+
+    from click.testing import CliRunner
+
+    from crown_cli import check as checker
+    from crown_cli.cli import cli
+
+    try:
+        checker.load_model(path)
+    except checker.Reject as e:
+        return f"proof: unread ({str(e)[:40]})", 0
+    norm = ("inf", "2")[seed % 2]
+    images = os.path.join(tmp, f"im{seed}.npz")
+    np.savez(images, x=x[0].transpose(1, 2, 0).reshape(1, -1), y=np.array([c]))
+    out = os.path.join(tmp, f"proofs{seed}")
+    res = CliRunner().invoke(cli, ["certify", "--model", path, "--images", images, "-q",
+                                   "--norm", norm, "--target", "runner-up,untargeted",
+                                   "-o", os.path.join(tmp, f"r{seed}.csv"), "--proof", out])
+    if res.exit_code != 0:
+        return f"proof: certify exit {res.exit_code} {res.output[-200:]} WRONG", 1
+    names = sorted(os.listdir(out)) if os.path.isdir(out) else []
+    rejected = res.stderr.count("crown check would reject")
+    bad, text = 0, f"proof l{norm}: {len(names)} written, {rejected} rejected"
+    if rejected:  # (not wrong: the checker's bound is below the engine's there)
+        why = res.stderr.split("crown check would reject it (", 1)[1].split("\n", 1)[0]
+        text += f" ({why[:200]})"
+    for n in names:
+        try:
+            checker.check_certify(path, images, os.path.join(out, n))
+        except checker.Reject as e:
+            bad, text = bad + 1, text + f" {n} REJECTED ({str(e)[:80]}) WRONG"
+    if not names:
+        return text, bad
+    with np.load(os.path.join(out, names[0]), allow_pickle=False) as z:
+        arrays = {k: z[k] for k in z.files}
+    header = json.loads(arrays.pop("header").tobytes().decode())
+    eps = 4 * header["eps"]
+    C = np.zeros((1, 10))
+    C[0, c], C[0, header["targets"][0]] = 1.0, -1.0
+    if np.any(_attack_margins(graph, model, torch, x, eps, C, norm=norm, steps=50,
+                              seed=seed) < 0):
+        lo, hi = checker.ball_box(arrays["x0"], eps)
+        arrays.update(c0_lo=lo, c0_hi=hi, header=np.frombuffer(
+            json.dumps(dict(header, eps=eps)).encode(), np.uint8))
+        far = os.path.join(tmp, f"far{seed}.proof")
+        with open(far, "wb") as fh:
+            np.savez(fh, **arrays)
+        try:
+            checker.check_certify(path, images, far)
+            bad, text = bad + 1, text + " 4r ACCEPTED past an attack WRONG"
+        except checker.Reject:
+            text += "; 4r rejected"
+    return text, bad
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--lirpa", required=True, help="an auto_LiRPA checkout")
@@ -358,6 +427,9 @@ def main():
                     help="export with torch's dynamo exporter (needs onnxscript)")
     ap.add_argument("--exotic", action="store_true",
                     help="also paddings, upsampling, other activations, ... (EXOTIC)")
+    ap.add_argument("--proofs", action="store_true",
+                    help="also crown certify --proof where crown check reads the network: "
+                         "every certificate accepted, one moved past an attack rejected")
     args = ap.parse_args()
     sys.path.insert(0, os.path.abspath(args.lirpa))
     import torch
@@ -374,7 +446,7 @@ def main():
     for seed in range(args.seed, args.seed + args.nets):
         torch.set_default_dtype(torch.float32)
         model, shape, desc, approx = _build(seed, nn, torch, args.exotic, args.big,
-                                            args.dense)
+                                            args.dense, relu=args.proofs)
         path = os.path.join(tmp, f"net{seed}.onnx")
         try:
             if args.dynamo:  # torch's default exporter since 2.9 (needs onnxscript)
@@ -460,6 +532,15 @@ def main():
             except Exception as e:
                 crashes += 1
                 line.append(f"CRASH certify/verify: {type(e).__name__} {str(e)[:200]}")
+                traceback.print_exc()
+        if args.proofs:
+            try:
+                text, wrong = _proof_check(path, graph, model, torch, x, c, seed, tmp)
+                line.append(text)
+                bad += wrong
+            except Exception as e:
+                crashes += 1
+                line.append(f"CRASH proof: {type(e).__name__} {str(e)[:200]}")
                 traceback.print_exc()
         print(" ".join(line), flush=True)
     print(f"fuzz_lirpa: {args.nets} networks, {bad} violations, {crashes} crashes, "

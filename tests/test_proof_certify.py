@@ -528,3 +528,27 @@ def test_checker_refuses_a_max_pool_of_a_sum(tmp_path):
     onnx.save(g.model([("x", (1, 2, 4, 4))], [out]), str(tmp_path / "m.onnx"))
     with pytest.raises(Reject, match="a max pool of a sum of data tensors is outside"):
         load_model(str(tmp_path / "m.onnx"))
+
+
+def test_max_pool_after_a_relu_certificates_accepted(tmp_path):
+    """Conv -> Relu -> MaxPool -> Conv -> Relu -> Gemm on the graph engine: the engine bounds
+    every neuron a max pool reads (the pool's lines take those bounds), and so does the
+    checker (step 1b), so that a radius at the edge of the engine's bound is accepted
+    (before, the checker kept the interval bounds of the pool's active inputs and rejected
+    them)."""
+    import onnx
+    import graph_models as gm
+
+    g = gm.G(np.random.default_rng(9))
+    a = g.op("Relu", [g.op("Conv", ["x", g.rand(4, 2, 3, 3), g.rand(4)], pads=[1, 1, 1, 1])])
+    p = g.op("MaxPool", [a], kernel_shape=[2, 2], strides=[2, 2])
+    b = g.op("Relu", [g.op("Conv", [p, g.rand(4, 4, 3, 3, scale=0.3), g.rand(4)],
+                           pads=[1, 1, 1, 1])])
+    out = g.op("Gemm", [g.op("Flatten", [b]), g.rand(3, 36, scale=0.3), g.rand(3)], transB=1)
+    model = tmp_path / "pool.onnx"
+    onnx.save(g.model([("x", (1, 2, 6, 6))], [out]), str(model))
+    assert load_model(str(model)).pool_fed == {1}
+    x = np.random.default_rng(10).uniform(0.0, 1.0, (4, 72))
+    images, out_dir, res = _certify_with_images(tmp_path, model, x, "--norm", "inf,2")
+    assert "would reject" not in res.stderr, res.stderr
+    assert len(os.listdir(out_dir)) == 8

@@ -320,7 +320,10 @@ def update(net, st, refresh, layer_slopes, rm=None, ids=None):
             il, iu = pre_interval(net, k, st, again)
             l[again] = np.fmax(l[again], il)
             u[again] = np.fmin(u[again], iu)
-        nodes, js = np.nonzero((l < 0) & (u > 0) & (refresh <= k)[:, None])
+        # 1b's neurons: those of unknown sign; of a layer whose ReLU output a max pool reads
+        # (its lines take the window inputs' bounds), every one not proven inactive
+        open_ = (u > 0) if k in net.pool_fed else (l < 0) & (u > 0)
+        nodes, js = np.nonzero(open_ & (refresh <= k)[:, None])
         rows = (np.concatenate([nodes, nodes]), np.concatenate([js, js]),
                 np.repeat([1.0, -1.0], nodes.size), np.full(2 * nodes.size, -1))
         if ent is not None:  # rows with multipliers: instead of those rows' own

@@ -43,6 +43,9 @@ class Network:
         self.layers = [t[0][1] for t in self.terms] if self.chain else None
         self.sizes = sizes
         self.K = len(self.terms) - 1
+        # hidden layers whose ReLU output a max pool reads (a term's first operation)
+        self.pool_fed = {src for terms in self.terms for src, ops in terms
+                         if src > 0 and ops and ops[0][0] == "maxpool"}
         self.hidden = sizes[1:-1]
         self.offsets = np.concatenate([[0], np.cumsum(self.hidden)]).astype(np.int64)
         if max(sizes) > MAX_WIDTH:
