@@ -755,3 +755,24 @@ def net_ops(ops, x):
     for op in ops:
         x = x @ op[1] if op[0] == "mat" else x + op[2] * op[1]
     return x
+
+
+@pytest.mark.parametrize("kw", [dict(), dict(strides=[2, 1], pads=[1, 0, 1, 2]),
+                                dict(dilations=[2, 2], pads=[2, 2, 2, 2]), dict(group=2)])
+def test_convolution_rows_back_by_kernel_position_equal_the_matrix_product(tmp_path, kw):
+    """A convolution's rows taken back a kernel position at a time (Taps.back, what the
+    linear bound runs) equal the product by its dense matrix, up to the order of the sums."""
+    import onnx
+    import graph_models as gm
+
+    from crown_cli.check import load_model
+
+    g = gm.G(np.random.default_rng(12))
+    w = g.rand(6, 4 // kw.get("group", 1), 3, 3)
+    out = g.op("Conv", ["x", w, g.rand(6)], **kw)
+    onnx.save(g.model([("x", (1, 4, 7, 8))], [out]), str(tmp_path / "c.onnx"))
+    op = load_model(str(tmp_path / "c.onnx")).terms[0][0][1][0]
+    assert op[0] == "mat" and len(op) == 3
+    L = np.random.default_rng(13).normal(size=(5, op[1].shape[1]))
+    want = L @ op[1].T
+    assert np.allclose(op[2].back(L), want, rtol=0, atol=1e-13 * np.abs(want).max())

@@ -127,7 +127,10 @@ def _through(ops, L, c, q, M, at):
                     # columns that are zero in every row (inactive neurons) add exact zeros:
                     # left out of the product (the charge holds for any order of the sum)
                     keep = np.flatnonzero(np.any(L != 0, axis=0))
-                    L = L[:, keep] @ WT[keep] if keep.size < 0.75 * len(WT) else L @ WT
+                    if len(op) > 2 and L.shape[0] > 1:  # a convolution: kernel position by position
+                        L = op[2].back(L)
+                    else:
+                        L = L[:, keep] @ WT[keep] if keep.size < 0.75 * len(WT) else L @ WT
                 else:
                     j, v = hot
                     q = q + up(gamma(len(WT)) * (np.abs(v) * reach[at, j]))

@@ -1,7 +1,8 @@
 """The network as the checker reads it: affine operations per layer, ReLUs between layers.
 
 ``layers[k]`` (k = 0..K) is the list of operations of G_{k+1}, each kept as the file wrote it:
-``("mat", W)`` y = x @ W (W: (n_in, n_out) float64), ``("scale", a)`` y = a x (a a float, or
+``("mat", W)`` y = x @ W (W: (n_in, n_out) float64; a convolution's has a third item, its
+weight and taps, which bounds.py takes rows back with), ``("scale", a)`` y = a x (a a float, or
 (n,) elementwise), ``("div", d)`` y = x / d (d (n,), elementwise, no 0), ``("add", c, s)``
 y = x + s c (c: (n,) float64, s a float), ``("maxpool", windows)`` y_i = max of x over the
 indices windows[i] (int64, (n_out, K); -1 for none). Values read from float32 are converted
@@ -53,7 +54,8 @@ class Network:
         for terms in self.terms:
             for _, ops in terms:
                 for op in ops:
-                    if op[0] != "maxpool" and not all(np.all(np.isfinite(v)) for v in op[1:]):
+                    vals = op[1:2] if op[0] == "mat" else op[1:]  # (a conv's taps: indices)
+                    if op[0] != "maxpool" and not all(np.all(np.isfinite(v)) for v in vals):
                         raise Reject("a weight is NaN or infinite")
 
     def forward(self, x):

@@ -260,6 +260,34 @@ def _apply(op, data_first, const, attrs, shape, ops, where):
     return shape
 
 
+class Taps:
+    """A convolution's matrix by kernel position: ``weight`` (Co, C / group, kh, kw),
+    ``group``, the input's (C, H W) and output's (Co, Ho Wo), and per position (ky, kx) the
+    input and output positions it joins (flat (H, W) indices inside the data)."""
+
+    def __init__(self, weight, group, ins, outs, taps):
+        self.weight, self.group, self.ins, self.outs, self.taps = weight, group, ins, outs, taps
+
+    def back(self, L):
+        """``L @ M.T`` for rows L (R, Co Ho Wo) over the output: per kernel position, each
+        output position's rows times the weight's channel block, added at its input position
+        (at most one output per input and position). Each entry of the result is a sum of the
+        same products as ``L @ M.T``'s, in another order (Higham's bound holds for any)."""
+        C, HW = self.ins
+        Co, HoWo = self.outs
+        R = L.shape[0]
+        Lr = L.reshape(R, Co, HoWo)
+        out = np.zeros((R, C, HW))
+        per, Cg = Co // self.group, C // self.group
+        for ky, kx, inp, outp in self.taps:
+            Lt = Lr[:, :, outp].transpose(0, 2, 1)  # (R, P, Co)
+            for gi in range(self.group):
+                w = self.weight[gi * per:(gi + 1) * per, :, ky, kx]  # (per, Cg)
+                part = Lt[:, :, gi * per:(gi + 1) * per] @ w  # (R, P, Cg)
+                out[:, gi * Cg:(gi + 1) * Cg, inp] += part.transpose(0, 2, 1)
+        return out.reshape(R, C * HW)
+
+
 MAX_ENTRIES = 2 ** 27  # the largest dense matrix a convolution or a pool is written as (1 GiB)
 
 
@@ -330,7 +358,10 @@ def _window(op, const, attrs, shape, ops, where):
             for ky, kx, inp, out in taps:
                 M[(gi * Cg + cg) * H * W + inp[None, :], cos * Ho * Wo + out[None, :]] = \
                     w[cos[:, 0], cg, ky, kx][:, None]
-    ops.append(("mat", M))
+    # the taps, with which bounds.py takes rows back through M a kernel position at a time
+    # (the same products as rows @ M.T, summed in another order)
+    ops.append(("mat", M, Taps(np.asarray(w, np.float64), g, (C, H * W), (Co, Ho * Wo),
+                               [(ky, kx, inp, out) for ky, kx, inp, out in taps])))
     if len(const) > 1:
         if const[1].size != Co:
             raise Reject(f"{where}: a bias of {const[1].size} values for {Co} channels")
