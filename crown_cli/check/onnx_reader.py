@@ -269,23 +269,24 @@ class Taps:
         self.weight, self.group, self.ins, self.outs, self.taps = weight, group, ins, outs, taps
 
     def back(self, L):
-        """``L @ M.T`` for rows L (R, Co Ho Wo) over the output: per kernel position, each
-        output position's rows times the weight's channel block, added at its input position
-        (at most one output per input and position). Each entry of the result is a sum of the
-        same products as ``L @ M.T``'s, in another order (Higham's bound holds for any)."""
+        """``L @ M.T`` for rows L (R, Co Ho Wo) over the output: every output position's rows
+        times the weight of each kernel position (one product per group), then each kernel
+        position's results added at the input positions it joins (at most one output per
+        input and position). Each entry of the result is a sum of the same products as
+        ``L @ M.T``'s, in another order (Higham's bound holds for any)."""
         C, HW = self.ins
         Co, HoWo = self.outs
         R = L.shape[0]
-        Lr = L.reshape(R, Co, HoWo)
-        out = np.zeros((R, C, HW))
+        Lr = L.reshape(R, Co, HoWo).transpose(0, 2, 1)  # (R, Ho Wo, Co)
+        out = np.zeros((R, HW, C))
         per, Cg = Co // self.group, C // self.group
-        for ky, kx, inp, outp in self.taps:
-            Lt = Lr[:, :, outp].transpose(0, 2, 1)  # (R, P, Co)
-            for gi in range(self.group):
-                w = self.weight[gi * per:(gi + 1) * per, :, ky, kx]  # (per, Cg)
-                part = Lt[:, :, gi * per:(gi + 1) * per] @ w  # (R, P, Cg)
-                out[:, gi * Cg:(gi + 1) * Cg, inp] += part.transpose(0, 2, 1)
-        return out.reshape(R, C * HW)
+        kh, kw = self.weight.shape[2:]
+        for gi in range(self.group):
+            w = self.weight[gi * per:(gi + 1) * per].reshape(per, Cg * kh * kw)
+            cols = (Lr[:, :, gi * per:(gi + 1) * per] @ w).reshape(R, HoWo, Cg, kh, kw)
+            for ky, kx, inp, outp in self.taps:
+                out[:, inp, gi * Cg:(gi + 1) * Cg] += cols[:, :, :, ky, kx][:, outp]
+        return np.ascontiguousarray(out.transpose(0, 2, 1)).reshape(R, C * HW)
 
 
 MAX_ENTRIES = 2 ** 27  # the largest dense matrix a convolution or a pool is written as (1 GiB)
