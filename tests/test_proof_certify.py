@@ -517,17 +517,38 @@ def test_residual_onnx_certificates_accepted_and_a_false_radius_rejected(tmp_pat
         check_certify(str(model), str(images), bad)
 
 
-def test_checker_refuses_a_max_pool_of_a_sum(tmp_path):
+def test_max_pools_of_affine_values_and_of_sums_certificates_accepted(tmp_path):
+    """Max pools whose input is no ReLU's output (a convolution's, a residual sum's) and a
+    pool two convolutions read: the checker reads each as an identity layer (every neuron
+    bounded in step 1b, a pool's rows from all its readers relaxed once, as the engine
+    does), computes what crown computes, and accepts the certificates of radii at the edge
+    of the engine's bound."""
     import onnx
     import graph_models as gm
+    from crown_cli.certification.graph_certifier import to_graph_layout
+    from crown_cli.io.networks import load_network
 
     g = gm.G(np.random.default_rng(7))
-    a = g.op("Relu", [g.op("Conv", ["x", g.rand(2, 2, 1, 1), g.rand(2)])])
-    s = g.op("MaxPool", [g.op("Add", [a, "x"])], kernel_shape=[2, 2])
-    out = g.op("Gemm", [g.op("Flatten", [s]), g.rand(3, 8), g.rand(3)], transB=1)
-    onnx.save(g.model([("x", (1, 2, 4, 4))], [out]), str(tmp_path / "m.onnx"))
-    with pytest.raises(Reject, match="a max pool of a sum of data tensors is outside"):
-        load_model(str(tmp_path / "m.onnx"))
+    p1 = g.op("MaxPool", [g.op("Conv", ["x", g.rand(3, 2, 3, 3), g.rand(3)], pads=[1, 1, 1, 1])],
+              kernel_shape=[2, 2], strides=[2, 2])
+    a1 = g.op("Relu", [p1])
+    s = g.op("Add", [g.op("Conv", [a1, g.rand(3, 3, 3, 3, scale=0.3), g.rand(3)],
+                          pads=[1, 1, 1, 1]), a1])
+    p2 = g.op("MaxPool", [s], kernel_shape=[2, 2], strides=[1, 1])
+    b = g.op("Relu", [g.op("Conv", [p2, g.rand(2, 3, 1, 1), g.rand(2)])])
+    c = g.op("Conv", [p2, g.rand(2, 3, 1, 1), g.rand(2)])
+    d = g.op("Relu", [g.op("Add", [b, c])])
+    out = g.op("Gemm", [g.op("Flatten", [d]), g.rand(3, 8), g.rand(3)], transB=1)
+    model = tmp_path / "pools.onnx"
+    onnx.save(g.model([("x", (1, 2, 6, 6))], [out]), str(model))
+    net, graph = load_model(str(model)), load_network(str(model))
+    assert len(net.identity) == 3  # the conv's pool input, the sum's, the pool read twice
+    x = np.random.default_rng(8).uniform(0.0, 1.0, (4, 72))
+    xg = to_graph_layout(graph, x)
+    assert np.allclose(net.forward(xg), graph.forward(xg), rtol=1e-12, atol=1e-12)
+    images, out_dir, res = _certify_with_images(tmp_path, model, x, "--norm", "inf,2")
+    assert "would reject" not in res.stderr, res.stderr
+    assert len(os.listdir(out_dir)) == 8
 
 
 def test_max_pool_after_a_relu_certificates_accepted(tmp_path):
@@ -552,3 +573,26 @@ def test_max_pool_after_a_relu_certificates_accepted(tmp_path):
     images, out_dir, res = _certify_with_images(tmp_path, model, x, "--norm", "inf,2")
     assert "would reject" not in res.stderr, res.stderr
     assert len(os.listdir(out_dir)) == 8
+
+
+def test_a_relu_split_of_an_identity_layers_neuron_is_rejected(tmp_path):
+    """A tree may split only ReLU inputs: a split of a neuron of an identity layer (a max
+    pool's input) is rejected by the structure check, one of a ReLU's is not."""
+    import onnx
+    import graph_models as gm
+    from crown_cli.check.certificate import structure
+
+    g = gm.G(np.random.default_rng(14))
+    p = g.op("MaxPool", [g.op("Conv", ["x", g.rand(2, 1, 3, 3), g.rand(2)])],
+             kernel_shape=[2, 2], strides=[2, 2])
+    out = g.op("Gemm", [g.op("Flatten", [g.op("Relu", [p])]), g.rand(3, 8), g.rand(3)],
+               transB=1)
+    onnx.save(g.model([("x", (1, 1, 6, 6))], [out]), str(tmp_path / "m.onnx"))
+    net = load_model(str(tmp_path / "m.onnx"))
+    assert net.identity == {1} and net.hidden == [32, 8]
+    a = dict(kind=np.array([2, 0, 0]), refresh=np.ones(3, np.int16),
+             alpha_at=np.full(3, -1), beta_at=np.full(3, -1), hull_at=np.full(3, -1),
+             alpha=np.zeros((0, 0)), beta=np.zeros((0, 0)), hull_s=np.zeros((0, 0)))
+    with pytest.raises(Reject, match="a ReLU split of neuron 5, which is no ReLU's input"):
+        structure(dict(a, arg=np.array([5, 0, 0])), net, 1)
+    assert list(structure(dict(a, arg=np.array([33, 0, 0])), net, 1)) == [2, -1, -1]

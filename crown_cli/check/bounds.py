@@ -200,6 +200,8 @@ def _source(net, st, idx, j):
     if j == 0:
         return st.lo[idx], st.hi[idx]
     sl = slice(net.offsets[j - 1], net.offsets[j])
+    if j in net.identity:
+        return st.l[idx, sl], st.u[idx, sl]
     return np.maximum(st.l[idx, sl], 0.0), np.maximum(st.u[idx, sl], 0.0)
 
 
@@ -234,9 +236,10 @@ def lower_bound(net, st, L, top, nodes, slopes, betas=None):
             rows = pend.pop(m, None)
             if rows is None:  # no term reaches a_m: rows of zeros
                 continue
-            sl = slice(net.offsets[m - 1], net.offsets[m])
-            l, u = st.l[nodes, sl], st.u[nodes, sl]
-            rows, c, q = _relax(rows, c, q, l, u, slopes(m, l, u), betas and betas(m))
+            if m not in net.identity:  # (an identity layer: the rows over z_m as they are)
+                sl = slice(net.offsets[m - 1], net.offsets[m])
+                l, u = st.l[nodes, sl], st.u[nodes, sl]
+                rows, c, q = _relax(rows, c, q, l, u, slopes(m, l, u), betas and betas(m))
         for src, ops in net.terms[m - 1]:
             S = _source(net, st, uniq, src)
             Ls, c, q = _through(ops, rows, c, q, _sizes(ops, *S), at)

@@ -191,6 +191,8 @@ def structure(a, net, m):
             raise Reject(f"node {i}: kind {k}")
         if not 0 <= arg[i] < limit[k]:
             raise Reject(f"node {i}: argument {arg[i]} out of range for kind {k}")
+        if k == 2 and not net.relu_neuron[arg[i]]:
+            raise Reject(f"node {i}: a ReLU split of neuron {arg[i]}, which is no ReLU's input")
         if k in (1, 2):
             stack += [(i, 1), (i, 0)]
     if stack:
@@ -322,7 +324,8 @@ def update(net, st, refresh, layer_slopes, rm=None, ids=None):
             u[again] = np.fmin(u[again], iu)
         # 1b's neurons: those of unknown sign; of a layer whose ReLU output a max pool reads
         # (its lines take the window inputs' bounds), every one not proven inactive
-        open_ = (u > 0) if k in net.pool_fed else (l < 0) & (u > 0)
+        open_ = np.ones_like(u, bool) if k in net.identity else \
+            (u > 0) if k in net.pool_fed else (l < 0) & (u > 0)
         nodes, js = np.nonzero(open_ & (refresh <= k)[:, None])
         rows = (np.concatenate([nodes, nodes]), np.concatenate([js, js]),
                 np.repeat([1.0, -1.0], nodes.size), np.full(2 * nodes.size, -1))

@@ -56,7 +56,7 @@ def _row_back(ops, row):
 def hull_holds(net, lo, hi, a_row, b, s, theta):
     """'' when the hull leaf's bound of ``a_row . y - b`` over the box [lo, hi] is > 0, else
     the reason (network outside the scope, a slope outside [0, 1], the bound)."""
-    if net.K != 1 or not net.chain or any(op[0] == "maxpool" for ops in net.layers for op in ops):
+    if net.K != 1 or not net.chain or net.identity or any(op[0] == "maxpool" for ops in net.layers for op in ops):
         return "a hull leaf needs a network of one hidden layer and affine operations"
     if not np.all((s >= 0) & (s <= 1)):
         return "a hull slope outside [0, 1]"
@@ -98,7 +98,7 @@ def hull_float(net, lo, hi, l1, u1, a_row, s, theta):
     rounding charged (the charges of bounds.py; ``l1``, ``u1``: the node's bounds of the
     hidden layer, valid on the box). None where the first layer is not one product followed by
     one addition (then only the exact check applies)."""
-    if not net.chain:
+    if not net.chain or net.identity:
         return None
     ops = net.layers[0]
     if net.K != 1 or [op[0] for op in ops] != ["mat", "add"] or ops[1][2] != 1.0 or \

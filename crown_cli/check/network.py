@@ -31,15 +31,19 @@ class Reject(Exception):
 class Network:
     """y = the last of z_1, .., z_{K+1}, each a sum of terms: ``terms[k]`` (k = 0..K) lists
     z_{k+1}'s terms (src, ops), the operations ``ops`` applied to a_src (a_0 = x, a_j =
-    relu(z_j), src <= k), so that a residual connection is a term from an earlier layer.
+    relu(z_j), or z_j for the layers ``identity``, src <= k), so that a residual connection
+    is a term from an earlier layer.
     ``sizes`` = [n_0, n_1, .., n_{K+1}]; ``chain``: every z_{k+1} is one term of a_k, and
     ``layers[k]`` its operations (None for another network); ``input_shape``: an ONNX
     model's input shape (None for other files)."""
 
     input_shape = None
 
-    def __init__(self, layers, sizes, terms=None):
+    def __init__(self, layers, sizes, terms=None, identity=()):
         self.terms = terms if terms is not None else [[(k, ops)] for k, ops in enumerate(layers)]
+        # hidden layers (1-based) whose a_j is z_j itself: a max pool's input that is no
+        # ReLU's output (the pool's lines take its neurons' bounds, which step 1b computes)
+        self.identity = frozenset(identity)
         self.chain = all(len(t) == 1 and t[0][0] == k for k, t in enumerate(self.terms))
         self.layers = [t[0][1] for t in self.terms] if self.chain else None
         self.sizes = sizes
@@ -49,6 +53,9 @@ class Network:
                          if src > 0 and ops and ops[0][0] == "maxpool"}
         self.hidden = sizes[1:-1]
         self.offsets = np.concatenate([[0], np.cumsum(self.hidden)]).astype(np.int64)
+        self.relu_neuron = np.ones(int(self.offsets[-1]), bool)  # (a ReLU split's neurons)
+        for j in self.identity:
+            self.relu_neuron[self.offsets[j - 1]:self.offsets[j]] = False
         if max(sizes) > MAX_WIDTH:
             raise Reject(f"a layer of {max(sizes)} values is wider than {MAX_WIDTH}")
         for terms in self.terms:
@@ -63,7 +70,7 @@ class Network:
         a = [np.asarray(x, dtype=np.float64)]
         for k, terms in enumerate(self.terms):
             z = sum(_apply_ops(ops, a[src]) for src, ops in terms)
-            a.append(np.maximum(z, 0.0))
+            a.append(z if k + 1 in self.identity else np.maximum(z, 0.0))
         return z
 
 

@@ -140,7 +140,23 @@ def read_onnx(data):
     # every data tensor as (terms, shape): a sum of terms (src, ops), the operations ops
     # applied to a_src (0: the input, j: the output of the j-th Relu); a Relu starts a layer
     tensors = {inputs[0][0]: ([(0, [])], shape)}
-    terms_of, sizes = [], [int(np.prod(shape))]
+    terms_of, sizes, identity = [], [int(np.prod(shape))], []
+    uses = {}  # how many nodes read each tensor
+    for nb in graph.get(1, []):
+        for v in _fields(nb).get(1, []):
+            uses[_str([v])] = uses.get(_str([v]), 0) + 1
+
+    def layer(terms, shape, relu):
+        """A hidden layer of these terms: a ReLU's, or (relu False) an identity layer, a max
+        pool's input that is no ReLU's output or its output that several nodes read (the
+        pool's lines take the bounds step 1b gives its neurons, and rows from all its
+        readers are relaxed once); the terms of its output."""
+        terms_of.append(terms)
+        sizes.append(int(np.prod(shape)))
+        if not relu:
+            identity.append(len(sizes) - 1)
+        return [(len(sizes) - 1, [])]
+
     for pos, nb in enumerate(graph.get(1, [])):
         nf = _fields(nb)
         ins, outs = [_str([v]) for v in nf.get(1, [])], [_str([v]) for v in nf.get(2, [])]
@@ -183,21 +199,21 @@ def read_onnx(data):
             raise Reject(f"{where}: {len(data)} data inputs")
         terms, shape = tensors[data[0]]
         if op == "Relu":
-            terms_of.append(terms)
-            sizes.append(int(np.prod(shape)))
-            tensors[outs[0]] = ([(len(sizes) - 1, [])], shape)
+            tensors[outs[0]] = (layer(terms, shape, True), shape)
             continue
+        if op == "MaxPool" and not (len(terms) == 1 and not terms[0][1]):
+            terms = layer(terms, shape, False)  # its input: an identity layer
         new = []  # the node's operations, applied to every term (its constants to the first)
         shape = _apply(op, ins[0] == data[0], const, attrs, shape, new, where)
-        if len(terms) > 1 and any(o[0] == "maxpool" for o in new):
-            raise Reject(f"{where}: a max pool of a sum of data tensors is outside the "
-                         "checker's scope")
-        tensors[outs[0]] = ([(src, ops + (new if i == 0 else [o for o in new if o[0] != "add"]))
-                             for i, (src, ops) in enumerate(terms)], shape)
+        terms = [(src, ops + (new if i == 0 else [o for o in new if o[0] != "add"]))
+                 for i, (src, ops) in enumerate(terms)]
+        if op == "MaxPool" and uses.get(outs[0], 0) > 1:
+            terms = layer(terms, shape, False)  # read by several nodes: relaxed once
+        tensors[outs[0]] = (terms, shape)
     if outputs[0] not in tensors:
         raise Reject(f"the graph output {outputs[0]} is not computed from the data input")
     terms, shape = tensors[outputs[0]]
-    net = Network(None, sizes + [int(np.prod(shape))], terms_of + [terms])
+    net = Network(None, sizes + [int(np.prod(shape))], terms_of + [terms], identity)
     net.input_shape = tuple(_shape(inputs[0][1]))
     return net
 

@@ -226,16 +226,19 @@ class LoweredVerifier(Verifier):
 
 
 def proof_shape(graph) -> Optional[dict]:
-    """The network of a certificate (docs/proofs.md) of ``graph``: inputs, hidden (the sizes
-    of its ReLU nodes in chain order), outputs; None unless the graph is one chain of affine,
-    ReLU and max pool nodes, or another graph of ReLUs, affine nodes and sums of them that
-    ``crown check`` reads from the graph's ONNX file (a residual network; then the sizes
-    as the checker numbers its layers)."""
+    """The network of a certificate (docs/proofs.md) of ``graph``: inputs, hidden sizes,
+    outputs, as ``crown check`` reads the graph's ONNX file (its ReLUs' inputs, and the
+    identity layers it makes of max pools' inputs: a residual network, a pool after a
+    convolution); for a graph without such a file, the sizes of its ReLU nodes where it is
+    one chain of affine, ReLU and max pool nodes; else None."""
     from crown_cli.graph.lower import chain_order
 
+    shape = _checker_shape(graph)
+    if shape is not None:
+        return shape
     order, _ = chain_order(graph, kinds=("affine", "activation", "maxpool"))
     if order is None:
-        return _checker_shape(graph)
+        return None
     acts = [graph.nodes[i] for i in order if graph.nodes[i].kind == "activation"]
     if any(n.op.name != "relu" for n in acts):
         return None
@@ -247,8 +250,8 @@ _CHECKER_SIZES: dict = {}  # the last model _checker_shape read: its key and siz
 
 
 def _checker_shape(graph) -> Optional[dict]:
-    """:func:`proof_shape` of a graph that is not a chain: the sizes ``crown check`` reads
-    its ONNX file with (None where it does not read it, or sees other sizes)."""
+    """:func:`proof_shape` from the graph's ONNX file: the sizes ``crown check`` reads it
+    with (None where it does not read it, or sees other sizes)."""
     import os
 
     from crown_cli import check as checker
