@@ -421,7 +421,7 @@ def test_checker_intervals_of_mul_and_div_hold_their_points():
 @pytest.mark.parametrize("make, args, message", [
     ("normalised", ["--method", "alpha-crown"], "--proof: certificates of radii of ONNX models "
                                                 "cover --method crown only, not alpha-crown"),
-    ("relu_residual", [], "--proof: crown check cannot read "),
+    ("residual", [], "--proof: crown check cannot read "),  # (tanh and sigmoid)
 ])
 def test_onnx_proof_refused_outside_the_checkers_scope(tmp_path, make, args, message):
     import onnx
@@ -429,7 +429,7 @@ def test_onnx_proof_refused_outside_the_checkers_scope(tmp_path, make, args, mes
 
     model = tmp_path / f"{make}.onnx"
     onnx.save(getattr(gm, make)(np.random.default_rng(4)), str(model))
-    n_in = 40 if make == "normalised" else 70
+    n_in = 40 if make == "normalised" else 4
     np.savez(tmp_path / "im.npz", x=np.zeros((1, n_in)), y=np.zeros(1, np.int64))
     res = CliRunner().invoke(cli, [
         "certify", "--model", str(model), "--images", str(tmp_path / "im.npz"), "-q",
@@ -596,3 +596,62 @@ def test_a_relu_split_of_an_identity_layers_neuron_is_rejected(tmp_path):
     with pytest.raises(Reject, match="a ReLU split of neuron 5, which is no ReLU's input"):
         structure(dict(a, arg=np.array([5, 0, 0])), net, 1)
     assert list(structure(dict(a, arg=np.array([33, 0, 0])), net, 1)) == [2, -1, -1]
+
+
+def _moves_onnx(rng):
+    """Element moves between ReLU layers: Slice and Concat of channels (with a constant
+    part), Transpose, a Pad of 0.5, a Gather that takes elements twice, Unsqueeze and
+    Squeeze; (1, 2, 4, 4) -> 3 outputs."""
+    import graph_models as gm
+
+    g = gm.G(rng)
+    i64 = lambda v: g.const(v, np.int64)  # noqa: E731
+    a = g.op("Relu", [g.op("Conv", ["x", g.rand(4, 2, 3, 3), g.rand(4)], pads=[1, 1, 1, 1])])
+    b = g.op("Slice", [a, i64([0]), i64([2]), i64([1])])
+    c = g.op("Slice", [a, i64([2]), i64([4]), i64([1])])
+    d = g.op("Concat", [g.op("Conv", [b, g.rand(2, 2, 1, 1), g.rand(2)]), c,
+                        g.const(np.full((1, 1, 4, 4), 0.25))], axis=1)
+    e = g.op("Transpose", [d], perm=[0, 1, 3, 2])
+    f = g.op("Pad", [e, i64([0, 0, 1, 1, 0, 0, 1, 1]), g.const(np.array(0.5))])
+    h = g.op("Flatten", [g.op("Relu", [g.op("Conv", [f, g.rand(3, 5, 3, 3, scale=0.3),
+                                                    g.rand(3)])])])
+    k = g.op("Gather", [h, i64([0, 1, 1, 5, 17, 17, 17, 30, 47])], axis=1)
+    k = g.op("Squeeze", [g.op("Unsqueeze", [k, i64([0])]), i64([0])])
+    out = g.op("Gemm", [k, g.rand(3, 9), g.rand(3)], transB=1)
+    return g.model([("x", (1, 2, 4, 4))], [out], opset=13)
+
+
+def test_element_moves_read_by_the_checker_and_certificates_accepted(tmp_path):
+    """Slice, Concat (a constant part among its inputs), Transpose, a Pad of a nonzero
+    value, a Gather that takes some elements twice (their rows summed, the sums charged),
+    Unsqueeze and Squeeze: the checker computes what crown computes, accepts every
+    certificate of the certified rows, and rejects one moved where a point of the box
+    breaks the margin."""
+    import onnx
+    from crown_cli.certification.graph_certifier import to_graph_layout
+    from crown_cli.io.networks import load_network
+
+    model = tmp_path / "moves.onnx"
+    onnx.save(_moves_onnx(np.random.default_rng(15)), str(model))
+    net, graph = load_model(str(model)), load_network(str(model))
+    assert any(op[0] == "take" for t in net.terms for _, ops in t for op in ops)
+    x = np.random.default_rng(16).uniform(0.0, 1.0, (4, 32))
+    xg = to_graph_layout(graph, x)
+    assert np.allclose(net.forward(xg), graph.forward(xg), rtol=1e-12, atol=1e-12)
+    images, out_dir, res = _certify_with_images(tmp_path, model, x, "--norm", "inf,2")
+    assert "would reject" not in res.stderr, res.stderr
+    names = sorted(os.listdir(out_dir))
+    assert len(names) >= 6
+    header, z = _read(os.path.join(out_dir, [n for n in names if "_linf_" in n][0]))
+    row = np.zeros(3)
+    row[header["class"]], row[header["targets"][0]] = 1.0, -1.0
+    rng = np.random.default_rng(17)
+    for f in (2, 4, 8, 16, 32, 64):
+        lo, hi = ball_box(z["x0"], f * header["eps"])
+        X = np.where(rng.random((4000, 32)) < 0.5, lo, hi)
+        if np.min(graph.forward(X) @ row) < 0:
+            break
+    bad = _write(tmp_path / "far.proof", dict(header, eps=f * header["eps"]),
+                 dict(z, c0_lo=lo, c0_hi=hi))
+    with pytest.raises(Reject, match="target"):
+        check_certify(str(model), str(images), bad)

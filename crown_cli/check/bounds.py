@@ -105,6 +105,24 @@ def _pool_back(win, L, c, q, lo, hi, at):
     return Lin, c, q
 
 
+def _take_back(idx, L, q, n_in, bounds, at):
+    """Rows over y (y_i = x_{idx_i}, 0 where idx_i = -1) as rows over x: each coefficient
+    added at its source element. Exact where no element is taken twice; else each sum of up
+    to ``share`` coefficients is charged gamma_share of their magnitudes times |x|."""
+    ok = idx >= 0
+    src = idx[ok]
+    Lx = np.zeros((L.shape[0], n_in))
+    share = np.bincount(src, minlength=n_in).max(initial=0)
+    if share <= 1:
+        Lx[:, src] = L[:, ok]
+        return Lx, q
+    np.add.at(Lx.T, src, L[:, ok].T)
+    with np.errstate(invalid="ignore"):
+        mag = _mag(bounds)[at][:, src]  # |x_src| per row
+        q = q + up(gamma(share) * (np.abs(L[:, ok]) * mag).sum(1))
+    return Lx, q
+
+
 def _through(ops, L, c, q, M, at):
     """Rows on the output of ``ops`` taken back to their input; M[i][at[r]]: the bound of |w_i|
     at row r's node. ``L`` may be given as ``(j, v, n)``: rows of one nonzero each, v_r at
@@ -135,6 +153,15 @@ def _through(ops, L, c, q, M, at):
                     j, v = hot
                     q = q + up(gamma(len(WT)) * (np.abs(v) * reach[at, j]))
                     L, hot = v[:, None] * WT[j], None
+        elif op[0] == "take":  # an element move: each coefficient to its source element
+            idx, n_in = op[1], op[2]
+            if hot is not None:
+                j, v = hot
+                src = idx[j]
+                hot = (np.maximum(src, 0), np.where(src >= 0, v, 0.0))
+                L = (None, None, n_in)  # (the hot rows' width, for _dense at the end)
+                continue
+            L, q = _take_back(idx, L, q, n_in, M[i], at)
         elif op[0] in ("scale", "div"):  # rows times a (or over d), each entry rounded once:
             a = op[1]  # |fl(L a) - L a| <= u |fl(L a)| (1 + u), which up() covers
             if hot is None:
@@ -290,6 +317,10 @@ def interval(ops, lo, hi):
             with np.errstate(invalid="ignore"):
                 err = up(g * ((np.abs(lo) + np.abs(hi)) @ aW))
                 lo, hi = down(lo @ Wp + hi @ Wn - err), -down(-(hi @ Wp + lo @ Wn) - err)
+        elif op[0] == "take":  # no arithmetic
+            ok = op[1] >= 0
+            w = np.maximum(op[1], 0)
+            lo, hi = np.where(ok, lo[:, w], 0.0), np.where(ok, hi[:, w], 0.0)
         elif op[0] in ("scale", "div"):  # each end rounded once, then one float outward
             a = op[1]
             f = (lambda v: a * v) if op[0] == "scale" else (lambda v: v / a)

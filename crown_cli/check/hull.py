@@ -9,10 +9,20 @@ from .bounds import U, _sizes, _through, down, gamma, up
 _F = np.vectorize(Fraction, otypes=[object])
 
 
+def _take_matrix(op):
+    """A ("take", idx, n) operation's matrix P (n, len(idx)): y = x @ P."""
+    idx, n = op[1], op[2]
+    P = np.zeros((n, idx.size))
+    P[idx[idx >= 0], np.flatnonzero(idx >= 0)] = 1.0
+    return P
+
+
 def _affine(ops, n_in):
     """G_1 as (M, t), z = x M + t exactly (M (n_in, n) and t (n,) of Fractions)."""
     M, scale, t = None, Fraction(1), np.array([Fraction(0)] * n_in, dtype=object)
     for op in ops:
+        if op[0] == "take":  # the element move as its 0/1 matrix (exact)
+            op = ("mat", _take_matrix(op))
         if op[0] == "mat":
             W = _F(op[1])
             M = scale * W if M is None else M.dot(W)
@@ -42,6 +52,8 @@ def _row_back(ops, row):
     """A row on the output of ``ops`` as (row on their input, constant), exactly."""
     const = Fraction(0)
     for op in reversed(ops):
+        if op[0] == "take":
+            op = ("mat", _take_matrix(op))
         if op[0] == "mat":
             row = _F(op[1]).dot(row)
         elif op[0] == "scale":

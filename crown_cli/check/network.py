@@ -3,7 +3,9 @@
 ``layers[k]`` (k = 0..K) is the list of operations of G_{k+1}, each kept as the file wrote it:
 ``("mat", W)`` y = x @ W (W: (n_in, n_out) float64; a convolution's has a third item, its
 weight and taps, which bounds.py takes rows back with), ``("scale", a)`` y = a x (a a float, or
-(n,) elementwise), ``("div", d)`` y = x / d (d (n,), elementwise, no 0), ``("add", c, s)``
+(n,) elementwise), ``("div", d)`` y = x / d (d (n,), elementwise, no 0), ``("take", idx, n)``
+y_i = x_{idx_i} for x of n elements (0 where idx_i = -1: an element move, a
+concatenation's part), ``("add", c, s)``
 y = x + s c (c: (n,) float64, s a float), ``("maxpool", windows)`` y_i = max of x over the
 indices windows[i] (int64, (n_out, K); -1 for none). Values read from float32 are converted
 exactly; every operation is one of real numbers (the float64 arithmetic of bounds.py charges
@@ -62,7 +64,8 @@ class Network:
             for _, ops in terms:
                 for op in ops:
                     vals = op[1:2] if op[0] == "mat" else op[1:]  # (a conv's taps: indices)
-                    if op[0] != "maxpool" and not all(np.all(np.isfinite(v)) for v in vals):
+                    if op[0] not in ("maxpool", "take") and \
+                            not all(np.all(np.isfinite(v)) for v in vals):
                         raise Reject("a weight is NaN or infinite")
 
     def forward(self, x):
@@ -84,6 +87,8 @@ def _apply_ops(ops, x):
             x = op[1] * x
         elif op[0] == "div":
             x = x / op[1]
+        elif op[0] == "take":
+            x = np.where(op[1] >= 0, x[:, np.maximum(op[1], 0)], 0.0)
         else:
             x = x + op[2] * op[1]
     return x

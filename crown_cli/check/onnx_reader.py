@@ -12,9 +12,14 @@ _ATTRS = {"Gemm": {"alpha", "beta", "transA", "transB"}, "Flatten": {"axis"},
           "Reshape": {"allowzero"}, "Conv": _WINDOW | {"dilations", "group"},
           "AveragePool": _WINDOW | {"ceil_mode", "count_include_pad"},
           "MaxPool": _WINDOW | {"ceil_mode", "dilations", "storage_order"},
-          "Pad": {"mode", "pads", "value"}, "Dropout": {"seed", "ratio", "is_test"}}
+          "Pad": {"mode", "pads", "value"}, "Dropout": {"seed", "ratio", "is_test"},
+          "Transpose": {"perm"}, "Slice": {"starts", "ends", "axes"}, "Gather": {"axis"},
+          "Concat": {"axis"}, "Squeeze": {"axes"}, "Unsqueeze": {"axes"}}
 _OPS = {"Gemm", "MatMul", "Add", "Sub", "Mul", "Div", "Relu", "Flatten", "Reshape", "Identity",
-        "Conv", "AveragePool", "MaxPool", "Pad", "Dropout"}
+        "Conv", "AveragePool", "MaxPool", "Pad", "Dropout", "Transpose", "Slice", "Gather",
+        "Concat", "Squeeze", "Unsqueeze"}
+# element moves: each output element a copy of one input element or 0 ("take" operations)
+_MOVES = {"Transpose", "Slice", "Gather"}
 
 
 def _varint(buf, i):
@@ -184,9 +189,34 @@ def read_onnx(data):
             ins = ins[:1]
         const = [consts[x] for x in ins if x in consts]
         data = [x for x in ins if x not in consts]
+        if op in ("Slice", "Gather", "Squeeze", "Unsqueeze", "Pad"):
+            data = data[:1]  # (their other inputs: shapes and indices, constants)
         if len(outs) != 1 or not data or any(x not in tensors for x in data):
             raise Reject(f"{where}: an input that is neither a constant nor an earlier node's "
                          "output, or several outputs")
+        if op == "Concat":  # each input's terms placed in the output; constants added
+            shapes = [tensors[x][1] if x in tensors else consts[x].shape for x in ins]
+            axis = attrs.get("axis", 0) % len(shapes[0])
+            if any(len(sh) != len(shapes[0]) or tuple(sh[:axis]) + tuple(sh[axis + 1:]) !=
+                   tuple(shapes[0][:axis]) + tuple(shapes[0][axis + 1:]) for sh in shapes):
+                raise Reject(f"{where}: inputs of shapes {shapes} do not join on axis {axis}")
+            out_shape = list(shapes[0])
+            out_shape[axis] = sum(sh[axis] for sh in shapes)
+            pos = np.arange(int(np.prod(out_shape))).reshape(out_shape)
+            terms, const_part, off = [], np.zeros(pos.size), 0
+            for x, sh in zip(ins, shapes):
+                at = np.take(pos, np.arange(off, off + sh[axis]), axis=axis).ravel()
+                off += sh[axis]
+                if x in tensors:
+                    idx = np.full(pos.size, -1, np.int64)
+                    idx[at] = np.arange(at.size)
+                    terms += [(src, ops + [("take", idx, at.size)]) for src, ops in tensors[x][0]]
+                else:
+                    const_part[at] = np.asarray(consts[x], np.float64).ravel()
+            if np.any(const_part != 0):
+                terms[0] = (terms[0][0], terms[0][1] + [("add", const_part, 1.0)])
+            tensors[outs[0]] = (terms, tuple(out_shape))
+            continue
         if op in ("Add", "Sub") and len(data) == 2:  # a sum of two data tensors
             (ta, sa), (tb, sb) = tensors[data[0]], tensors[data[1]]
             if tuple(sa) != tuple(sb):
@@ -223,6 +253,19 @@ def _apply(op, data_first, const, attrs, shape, ops, where):
     n = int(np.prod(shape))
     if op in ("Relu", "Identity", "Dropout"):
         return shape
+    if op in _MOVES or op == "Pad":
+        return _move(op, const, attrs, shape, ops, where)
+    if op in ("Squeeze", "Unsqueeze"):  # the shape only (row-major order kept)
+        axes = attrs.get("axes", const[0].ravel().tolist() if const else [])
+        if op == "Squeeze":
+            axes = [a % len(shape) for a in axes] or [i for i, d in enumerate(shape) if d == 1]
+            if any(shape[a] != 1 for a in axes):
+                raise Reject(f"{where}: squeezes an axis of size > 1 of {shape}")
+            return tuple(d for i, d in enumerate(shape) if i not in axes)
+        out = list(shape)
+        for a in sorted(int(a) % (len(shape) + len(axes)) for a in axes):
+            out.insert(a, 1)
+        return tuple(out)
     if op in ("Conv", "AveragePool", "MaxPool", "Pad"):
         if not data_first:
             raise Reject(f"{where}: the data must be the first input")
@@ -306,6 +349,52 @@ class Taps:
 
 
 MAX_ENTRIES = 2 ** 27  # the largest dense matrix a convolution or a pool is written as (1 GiB)
+
+
+def _move(op, const, attrs, shape, ops, where):
+    """Transpose, Slice, Gather (constant indices) and a constant-mode Pad as one ("take",
+    idx) operation: output element i is input element idx[i], or 0 where idx[i] is -1 (a
+    Pad's value added after it where not 0)."""
+    pos = np.arange(int(np.prod(shape))).reshape(shape)
+    if op == "Transpose":
+        perm = attrs.get("perm", list(range(len(shape)))[::-1])
+        out = pos.transpose(perm)
+    elif op == "Gather":
+        ind = np.asarray(const[0]).astype(np.int64)
+        out = np.take(pos, ind, axis=attrs.get("axis", 0) % len(shape), mode="raise")
+    elif op == "Slice":
+        if "starts" in attrs:  # opset < 10
+            starts, ends, axes, steps = attrs["starts"], attrs["ends"], attrs.get("axes"), None
+        else:
+            starts, ends = const[0].ravel(), const[1].ravel()
+            axes = const[2].ravel() if len(const) > 2 else None
+            steps = const[3].ravel() if len(const) > 3 else None
+        axes = list(range(len(starts))) if axes is None else [int(a) % len(shape) for a in axes]
+        steps = [1] * len(starts) if steps is None else [int(t) for t in steps]
+        sl = [slice(None)] * len(shape)
+        for a, b, e, t in zip(axes, starts, ends, steps):
+            if t == 0:
+                raise Reject(f"{where}: a step of 0")
+            sl[a] = slice(*slice(int(b), int(e), t).indices(shape[a]))
+        out = pos[tuple(sl)]
+    else:  # Pad, constant mode
+        pads = np.asarray(attrs["pads"] if "pads" in attrs else const[0]).astype(np.int64).ravel()
+        value = float(attrs.get("value", np.asarray(const[1]).ravel()[0] if len(const) > 1
+                                and np.size(const[1]) else 0.0))
+        if attrs.get("mode", "constant") != "constant" or pads.size != 2 * len(shape) or \
+                np.any(pads < 0):
+            raise Reject(f"{where}: only a constant Pad of nonnegative widths is in scope")
+        out = np.pad(pos, list(zip(pads[:len(shape)], pads[len(shape):])), constant_values=-1)
+        if not np.any(pads):  # zero width: the identity
+            return shape
+        ops.append(("take", out.ravel().astype(np.int64), pos.size))
+        if value != 0.0:
+            ops.append(("add", np.where(out.ravel() < 0, value, 0.0), 1.0))
+        return out.shape
+    if out.shape == pos.shape and np.array_equal(out.ravel(), pos.ravel()):
+        return shape  # (a transpose or slice that moves nothing)
+    ops.append(("take", np.ascontiguousarray(out.ravel(), np.int64), pos.size))
+    return out.shape
 
 
 def _window(op, const, attrs, shape, ops, where):
