@@ -399,8 +399,9 @@ def _move(op, const, attrs, shape, ops, where):
 
 def _window(op, const, attrs, shape, ops, where):
     """Conv, AveragePool, MaxPool, Pad on (1, C, H, W) data: dense matrices of the linear maps
-    (each entry a copy of a weight, or 1/count of a pool window with count a power of two:
-    exact), the windows of a max pool."""
+    (each entry a copy of a weight, 1/count of an average pool's window where every count is
+    a power of two, else 1 followed by a division by the counts: exact), the windows of a
+    max pool."""
     if len(shape) != 4 or shape[0] != 1:
         raise Reject(f"{where}: data of shape {shape}; (1, C, H, W) expected")
     _, C, H, W = shape
@@ -445,13 +446,17 @@ def _window(op, const, attrs, shape, ops, where):
         if not attrs.get("count_include_pad", 0):
             for _, _, _, out in taps:
                 count[out] += 1
-        if np.any(np.frexp(count)[0] != 0.5):  # 1/count a float only for powers of two
-            raise Reject(f"{where}: a window of {int(count.max())} values: 1/count is not "
-                         "a float64 for counts other than powers of two")
+        if np.any(count < 1):
+            raise Reject(f"{where}: a window without values")
+        # 1/count is a float for powers of two (the matrix of 1/count exact); otherwise the
+        # window's sum (a matrix of ones), then a division by its count
+        exact = np.all(np.frexp(count)[0] == 0.5)
         ch = np.arange(C)[:, None]
         for _, _, inp, out in taps:
-            M[ch * H * W + inp, ch * Ho * Wo + out] = 1.0 / count[out]
+            M[ch * H * W + inp, ch * Ho * Wo + out] = 1.0 / count[out] if exact else 1.0
         ops.append(("mat", M))
+        if not exact:
+            ops.append(("div", np.tile(count, C)))
         return (1, C, Ho, Wo)
     w, g = const[0], attrs.get("group", 1)
     Cg = w.shape[1]
