@@ -655,3 +655,64 @@ def test_element_moves_read_by_the_checker_and_certificates_accepted(tmp_path):
                  dict(z, c0_lo=lo, c0_hi=hi))
     with pytest.raises(Reject, match="target"):
         check_certify(str(model), str(images), bad)
+
+
+def test_batch_norm_nodes_certificates_accepted(tmp_path):
+    """BatchNormalization nodes left in the file (after a ReLU, and on a residual sum): the
+    checker reads each as (x - mean) / d * scale + B with the real d = sqrt(var + eps)
+    enclosed by two floats (checked exactly), charges the gap, computes what crown computes
+    and accepts the certificates at the edge of the engine's bound."""
+    import onnx
+    import graph_models as gm
+    from crown_cli.certification.graph_certifier import to_graph_layout
+    from crown_cli.check.onnx_reader import sqrt_between
+    from crown_cli.io.networks import load_network
+    from fractions import Fraction
+
+    rng = np.random.default_rng(18)
+    g = gm.G(rng)
+
+    def bn(x, c):
+        return g.op("BatchNormalization", [x, g.const(rng.uniform(0.5, 1.5, c)), g.rand(c),
+                                           g.rand(c), g.const(rng.uniform(0.3, 2.0, c))],
+                    epsilon=1e-3)
+    a = bn(g.op("Relu", [g.op("Conv", ["x", g.rand(3, 2, 3, 3), g.rand(3)], pads=[1, 1, 1, 1])]), 3)
+    b = g.op("Relu", [g.op("Conv", [a, g.rand(3, 3, 3, 3, scale=0.3), g.rand(3)], pads=[1, 1, 1, 1])])
+    s = bn(g.op("Add", [b, a]), 3)
+    out = g.op("Gemm", [g.op("Flatten", [g.op("Relu", [s])]), g.rand(3, 48, scale=0.3),
+                        g.rand(3)], transB=1)
+    model = tmp_path / "bn.onnx"
+    onnx.save(g.model([("x", (1, 2, 4, 4))], [out]), str(model))
+    net, graph = load_model(str(model)), load_network(str(model))
+    assert sum(op[0] == "divr" for t in net.terms for _, ops in t for op in ops) == 4  # (per term)
+    for v in (Fraction(2), Fraction(1, 3) + Fraction(1, 1000), Fraction(10 ** 6 + 1)):
+        lo, hi = sqrt_between(v)
+        assert Fraction(lo) ** 2 <= v <= Fraction(hi) ** 2 and hi - lo <= 2 * np.spacing(hi)
+    x = np.random.default_rng(19).uniform(0.0, 1.0, (4, 32))
+    xg = to_graph_layout(graph, x)
+    assert np.allclose(net.forward(xg), graph.forward(xg), rtol=1e-9, atol=1e-9)
+    images, out_dir, res = _certify_with_images(tmp_path, model, x, "--norm", "inf,2")
+    assert "would reject" not in res.stderr, res.stderr
+    assert len(os.listdir(out_dir)) >= 6
+
+
+def test_checker_interval_and_rows_over_a_real_divisor_hold():
+    """("divr", lo, hi): y = x / d for a real d in [lo, hi]. Its interval bounds contain
+    x / d for every sampled x and d; a row's bound through it (the charge of the divisor's
+    gap) lies below the row's values at sampled points and d."""
+    from crown_cli.check.bounds import _through, interval
+
+    rng = np.random.default_rng(20)
+    lo_d = rng.uniform(0.5, 2.0, 5)
+    hi_d = lo_d * (1 + rng.uniform(0, 1e-3, 5))
+    lo = rng.normal(size=(1, 5))
+    hi = lo + rng.uniform(0.0, 1.0, (1, 5))
+    L, H = interval([("divr", lo_d, hi_d)], lo, hi)
+    X = rng.uniform(lo, hi, (3000, 5))
+    D = rng.uniform(lo_d, hi_d, (3000, 5))
+    assert np.all(L <= X / D) and np.all(X / D <= H)
+    row = rng.normal(size=(1, 5))
+    Lx, c, q = _through([("divr", lo_d, hi_d)], row, np.zeros(1), np.zeros(1),
+                        [(lo, hi)], np.zeros(1, np.int64))
+    bound = np.minimum(Lx * lo, Lx * hi).sum() + c[0] - q[0]
+    assert q[0] > 0 and bound <= np.min((X / D) @ row[0])

@@ -105,6 +105,12 @@ def _pool_back(win, L, c, q, lo, hi, at):
     return Lin, c, q
 
 
+def _inv_gap(lo, hi):
+    """Floats >= 1/lo - 1/hi = (hi - lo) / (lo hi) (0 < lo <= hi), elementwise: the
+    difference and the product's square lo^2 each rounded toward the larger bound."""
+    return up(np.nextafter(hi - lo, np.inf) / np.nextafter(lo * lo, 0.0))
+
+
 def _take_back(idx, L, q, n_in, bounds, at):
     """Rows over y (y_i = x_{idx_i}, 0 where idx_i = -1) as rows over x: each coefficient
     added at its source element. Exact where no element is taken twice; else each sum of up
@@ -162,6 +168,21 @@ def _through(ops, L, c, q, M, at):
                 L = (None, None, n_in)  # (the hot rows' width, for _dense at the end)
                 continue
             L, q = _take_back(idx, L, q, n_in, M[i], at)
+        elif op[0] == "divr":  # over a real d in [lo, hi] (0 < lo): the rows over the midpoint,
+            # |L / d - fl(L / m)| <= |L| (1/lo - 1/hi) + u |fl(L / m)| (1 + u), times |w|
+            lo_d, hi_d = op[1], op[2]
+            m = 0.5 * (lo_d + hi_d)
+            gap = _inv_gap(lo_d, hi_d)
+            with np.errstate(invalid="ignore"):
+                if hot is None:
+                    new = L / m
+                    q = q + up(((np.abs(L) * gap + U * np.abs(new)) * _mag(M[i])[at]).sum(1))
+                    L = new
+                else:
+                    j, v = hot
+                    new = v / m[j]
+                    q = q + up((np.abs(v) * gap[j] + U * np.abs(new)) * _mag(M[i])[at, j])
+                    hot = (j, new)
         elif op[0] in ("scale", "div"):  # rows times a (or over d), each entry rounded once:
             a = op[1]  # |fl(L a) - L a| <= u |fl(L a)| (1 + u), which up() covers
             if hot is None:
@@ -321,6 +342,11 @@ def interval(ops, lo, hi):
             ok = op[1] >= 0
             w = np.maximum(op[1], 0)
             lo, hi = np.where(ok, lo[:, w], 0.0), np.where(ok, hi[:, w], 0.0)
+        elif op[0] == "divr":  # over a real d in [lo_d, hi_d] > 0: the ends' extremes
+            lo_d, hi_d = op[1], op[2]
+            with np.errstate(invalid="ignore"):
+                lo = down(np.minimum(lo / lo_d, lo / hi_d))
+                hi = -down(-np.maximum(hi / lo_d, hi / hi_d))
         elif op[0] in ("scale", "div"):  # each end rounded once, then one float outward
             a = op[1]
             f = (lambda v: a * v) if op[0] == "scale" else (lambda v: v / a)

@@ -68,7 +68,8 @@ def _row_back(ops, row):
 def hull_holds(net, lo, hi, a_row, b, s, theta):
     """'' when the hull leaf's bound of ``a_row . y - b`` over the box [lo, hi] is > 0, else
     the reason (network outside the scope, a slope outside [0, 1], the bound)."""
-    if net.K != 1 or not net.chain or net.identity or any(op[0] == "maxpool" for ops in net.layers for op in ops):
+    if net.K != 1 or not net.chain or net.identity or \
+            any(op[0] in ("maxpool", "divr") for ops in net.layers for op in ops):
         return "a hull leaf needs a network of one hidden layer and affine operations"
     if not np.all((s >= 0) & (s <= 1)):
         return "a hull slope outside [0, 1]"

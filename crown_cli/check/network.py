@@ -5,7 +5,8 @@
 weight and taps, which bounds.py takes rows back with), ``("scale", a)`` y = a x (a a float, or
 (n,) elementwise), ``("div", d)`` y = x / d (d (n,), elementwise, no 0), ``("take", idx, n)``
 y_i = x_{idx_i} for x of n elements (0 where idx_i = -1: an element move, a
-concatenation's part), ``("add", c, s)``
+concatenation's part), ``("divr", lo, hi)`` y = x / d for a real d known to lie in
+[lo, hi] (a batch normalisation's sqrt(var + eps)), ``("add", c, s)``
 y = x + s c (c: (n,) float64, s a float), ``("maxpool", windows)`` y_i = max of x over the
 indices windows[i] (int64, (n_out, K); -1 for none). Values read from float32 are converted
 exactly; every operation is one of real numbers (the float64 arithmetic of bounds.py charges
@@ -87,6 +88,8 @@ def _apply_ops(ops, x):
             x = op[1] * x
         elif op[0] == "div":
             x = x / op[1]
+        elif op[0] == "divr":  # (a real in [lo, hi]: its midpoint, for this float pass)
+            x = x / (0.5 * (op[1] + op[2]))
         elif op[0] == "take":
             x = np.where(op[1] >= 0, x[:, np.maximum(op[1], 0)], 0.0)
         else:

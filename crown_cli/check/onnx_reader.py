@@ -1,6 +1,9 @@
 """A minimal ONNX reader: the protobuf wire format decoded by hand (onnx.proto's field numbers),
 for networks of the operators of docs/proofs.md's scope: affine operations, ReLUs and sums of
 data tensors (residual connections)."""
+import math
+from fractions import Fraction
+
 import numpy as np
 
 from .network import Network, Reject
@@ -14,10 +17,11 @@ _ATTRS = {"Gemm": {"alpha", "beta", "transA", "transB"}, "Flatten": {"axis"},
           "MaxPool": _WINDOW | {"ceil_mode", "dilations", "storage_order"},
           "Pad": {"mode", "pads", "value"}, "Dropout": {"seed", "ratio", "is_test"},
           "Transpose": {"perm"}, "Slice": {"starts", "ends", "axes"}, "Gather": {"axis"},
-          "Concat": {"axis"}, "Squeeze": {"axes"}, "Unsqueeze": {"axes"}}
+          "Concat": {"axis"}, "Squeeze": {"axes"}, "Unsqueeze": {"axes"},
+          "BatchNormalization": {"epsilon", "momentum", "training_mode", "spatial"}}
 _OPS = {"Gemm", "MatMul", "Add", "Sub", "Mul", "Div", "Relu", "Flatten", "Reshape", "Identity",
         "Conv", "AveragePool", "MaxPool", "Pad", "Dropout", "Transpose", "Slice", "Gather",
-        "Concat", "Squeeze", "Unsqueeze"}
+        "Concat", "Squeeze", "Unsqueeze", "BatchNormalization"}
 # element moves: each output element a copy of one input element or 0 ("take" operations)
 _MOVES = {"Transpose", "Slice", "Gather"}
 
@@ -255,6 +259,8 @@ def _apply(op, data_first, const, attrs, shape, ops, where):
         return shape
     if op in _MOVES or op == "Pad":
         return _move(op, const, attrs, shape, ops, where)
+    if op == "BatchNormalization":
+        return _batch_norm(const, attrs, shape, ops, where)
     if op in ("Squeeze", "Unsqueeze"):  # the shape only (row-major order kept)
         axes = attrs.get("axes", const[0].ravel().tolist() if const else [])
         if op == "Squeeze":
@@ -349,6 +355,41 @@ class Taps:
 
 
 MAX_ENTRIES = 2 ** 27  # the largest dense matrix a convolution or a pool is written as (1 GiB)
+
+
+def sqrt_between(v):
+    """Floats (lo, hi), 0 < lo <= sqrt(v) <= hi, for a Fraction v > 0 (checked exactly)."""
+    r = math.sqrt(float(v))
+    lo, hi = r, r
+    while lo > 0 and Fraction(lo) ** 2 > v:
+        lo = float(np.nextafter(lo, 0.0))
+    while Fraction(hi) ** 2 < v:
+        hi = float(np.nextafter(hi, np.inf))
+    return lo, hi
+
+
+def _batch_norm(const, attrs, shape, ops, where):
+    """BatchNormalization at inference, ``scale (x - mean) / sqrt(var + epsilon) + B`` per
+    channel (axis 1): the mean subtracted, a division by a real number known to lie in
+    [lo, hi] (("divr", lo, hi): sqrt(var + epsilon) is irrational in general), the scale,
+    the bias."""
+    if attrs.get("training_mode", 0) or len(const) != 4 or len(shape) < 2:
+        raise Reject(f"{where}: only a BatchNormalization at inference (constant statistics)")
+    scale, bias, mean, var = (np.asarray(c, np.float64).ravel() for c in const)
+    C = shape[1]
+    if not all(a.size == C for a in (scale, bias, mean, var)):
+        raise Reject(f"{where}: statistics of {[a.size for a in (scale, bias, mean, var)]} "
+                     f"values for {C} channels")
+    eps = Fraction(float(np.float32(attrs.get("epsilon", 1e-5))))  # (a float attribute)
+    v = [Fraction(float(a)) + eps for a in var]
+    if any(x <= 0 for x in v):
+        raise Reject(f"{where}: var + epsilon <= 0")
+    lo, hi = np.array([sqrt_between(x) for x in v]).T
+    per = lambda a: np.broadcast_to(a.reshape((1, C) + (1,) * (len(shape) - 2)),  # noqa: E731
+                                    shape).ravel().copy()
+    ops += [("add", per(mean), -1.0), ("divr", per(lo), per(hi)), ("scale", per(scale)),
+            ("add", per(bias), 1.0)]
+    return shape
 
 
 def _move(op, const, attrs, shape, ops, where):
