@@ -23,8 +23,8 @@ And ``crown_cli.certify`` (crown, mixed precision) on the same input: its radius
 contradicted by PGD at that radius. One line per network; a summary; exit 1 on any
 violation or crash.
 
-With ``--proofs``, networks of ReLUs and the layers ``crown check`` reads (residual blocks
-among them); where it reads the exported file: ``crown certify --proof`` (method crown, l_inf or
+With ``--proofs``, networks of ReLUs and the layers ``crown check`` reads (residual blocks,
+batch norm, concatenations among them); where it reads the exported file: ``crown certify --proof`` (method crown, l_inf or
 l_2, runner-up and untargeted), every certificate written must be accepted, and the first
 moved to 4 times its radius, where the attack finds a margin below 0, must be rejected.
 
@@ -62,8 +62,8 @@ def _build(seed, nn, torch, exotic=False, big=False, dense=False, relu=False):
     ``dense``: two hidden dense layers of 256-512 outputs after the convolutions, where a
     dense node's bounds start from its weight's rows and both sides of its neurons are
     pairs (``graph_rows.WeightRows``). ``relu``: ReLU activations and the layers ``crown
-    check`` reads (convolutions with their batch norm folded, pools, residual blocks with
-    identity and projected shortcuts): the networks of ``--proofs``."""
+    check`` reads (convolutions, batch norm, pools, residual blocks with identity and
+    projected shortcuts, channel concatenations): the networks of ``--proofs``."""
     rng = np.random.default_rng(seed)
     g = torch.Generator().manual_seed(seed)
     C, H = int(rng.integers(1, 4)), int(rng.integers(16, 33) if big else rng.integers(5, 13))
@@ -120,7 +120,8 @@ def _build(seed, nn, torch, exotic=False, big=False, dense=False, relu=False):
     for _ in range(int(rng.integers(2, 6))):
         c, h = shape[0], shape[1]
         kind = str(rng.choice(kinds + list(EXOTIC) if exotic else
-                              ["conv", "act", "avgpool", "maxpool", "res", "res_proj"] if relu
+                              ["conv", "bn", "act", "avgpool", "maxpool", "res", "res_proj",
+                               "cat"] if relu
                               else kinds))
         if kind in EXOTIC:
             got = _exotic(kind, rng, nn, c, h, side)

@@ -605,3 +605,33 @@ def test_cli_timeout_on_a_graph_writes_timeout_rows_and_exits_3(tmp_path):
     r = CliRunner().invoke(cli, ["certify", "--model", path, "--images", images, "-q",
                                  "--timeout", "60"])
     assert r.exit_code == 0 and r.output.count(",certified,") == 2, r.output
+
+
+@pytest.mark.parametrize("shape", [(1, 6, 5, 3), (1, 6, 5, 1), (1, 3, 6, 5)])
+def test_images_reach_a_channel_last_onnx_input_in_their_own_order(tmp_path, shape):
+    """crown's images are (H, W, C) vectors. An ONNX input that is channel-last (a
+    TensorFlow export: (1, H, W, 3) or (1, H, W, 1)) takes them as they are, a channel-first
+    one (1, C, H, W) transposed: in both the class certify reports is the class the ONNX
+    reference evaluator gives the image in the file's layout (until session 41 a
+    channel-last input was taken as channel-first, its pixels scrambled)."""
+    import graph_models as gm
+    from onnx.reference import ReferenceEvaluator
+
+    g = gm.G(np.random.default_rng(23))
+    last = shape[3] in (1, 3)
+    C = shape[3] if last else shape[1]
+    t = g.op("Transpose", ["x"], perm=[0, 3, 1, 2]) if last else "x"
+    h = g.op("Relu", [g.op("Conv", [t, g.rand(4, C, 3, 3), g.rand(4)], pads=[1, 1, 1, 1])])
+    out = g.op("Gemm", [g.op("Flatten", [h]), g.rand(5, 120), g.rand(5)], transB=1)
+    m = g.model([("x", shape)], [out])
+    path = str(tmp_path / "m.onnx")
+    onnx.save(m, path)
+    H, W = (shape[1], shape[2]) if last else (shape[2], shape[3])
+    ev = ReferenceEvaluator(m)
+    rng = np.random.default_rng(24)
+    for _ in range(4):
+        img = rng.uniform(0.0, 1.0, (H, W, C))  # crown's (H, W, C) image
+        feed = img[None] if last else img.transpose(2, 0, 1)[None]
+        want = int(np.argmax(ev.run(None, {"x": feed.astype(np.float32)})[0]))
+        got = crown_cli.certify(path, img.reshape(-1))
+        assert got.predicted == want

@@ -716,3 +716,33 @@ def test_checker_interval_and_rows_over_a_real_divisor_hold():
                         [(lo, hi)], np.zeros(1, np.int64))
     bound = np.minimum(Lx * lo, Lx * hi).sum() + c[0] - q[0]
     assert q[0] > 0 and bound <= np.min((X / D) @ row[0])
+
+
+def test_onnx_dense_chain_of_an_image_input_certificate_holds_the_image_channel_first(tmp_path):
+    """An ONNX chain of dense layers whose input is an image (1, 3, 5, 5): crown runs it on
+    the dense engine in its own (H, W, C) order (the first layer's columns permuted), the
+    certificate holds the image in the model's (C, H, W) layout, and the checker accepts
+    it (before, x0 was written in crown's order and every certificate was rejected)."""
+    import onnx
+    import graph_models as gm
+    from crown_cli.io.networks import engine_form, load_network
+
+    g = gm.G(np.random.default_rng(21))
+    h = g.op("Relu", [g.op("Gemm", [g.op("Flatten", ["x"]), g.rand(20, 75, scale=0.3),
+                                    g.rand(20)], transB=1)])
+    out = g.op("Gemm", [h, g.rand(3, 20), g.rand(3)], transB=1)
+    model = tmp_path / "mlp.onnx"
+    onnx.save(g.model([("x", (1, 3, 5, 5))], [out]), str(model))
+    mlp, graph, layout = engine_form(load_network(str(model)))
+    assert mlp is not None and layout is None  # the dense form, in crown's (H, W, C) order
+    x = np.random.default_rng(22).uniform(0.0, 1.0, (4, 75))
+    images = tmp_path / "images.npz"
+    np.savez(images, x=x, y=np.argmax(mlp.forward(x), axis=1))
+    res = CliRunner().invoke(cli, ["certify", "--model", str(model), "--images", str(images),
+                                   "-q", "-o", str(tmp_path / "r.csv"), "--proof",
+                                   str(tmp_path / "p")])
+    assert res.exit_code == 0 and "would reject" not in res.stderr, res.stderr
+    names = os.listdir(tmp_path / "p")
+    assert len(names) == 4
+    _, z = _read(os.path.join(tmp_path / "p", names[0]))
+    assert not np.array_equal(z["x0"], x[int(names[0][:5])])  # channel-first, not crown's

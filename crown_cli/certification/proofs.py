@@ -110,6 +110,13 @@ class ProofWriter:
         if idx:
             self.files["labels"] = _file(self.labels_path)
         self.network = network  # check_scope's: the sizes crown check reads the model with
+        self.checker_net = None  # an ONNX model as crown check reads it (its input layout)
+        with open(model_path, "rb") as fh:
+            head = fh.read(8)
+        if not (head[:2] == b"PK" or head == b"\x89HDF\r\n\x1a\n"):
+            from crown_cli import check as checker
+
+            self.checker_net = checker.load_model(model_path)
         self.hidden = self.network["hidden"]
         self.offsets = np.concatenate([[0], np.cumsum(self.hidden)]).astype(np.int64)
         self.written = self.rejected = 0
@@ -128,7 +135,12 @@ class ProofWriter:
             self.warn(f"crown: warning: {where}: no certificate (the bound's slopes were not "
                       "recorded)")
             return None
-        arrays = self._arrays(np.asarray(x0, np.float64), c, src_targets, res.proof, targets, eps)
+        x0 = self._model_layout(np.asarray(x0, np.float64), int(row["image"]))
+        if x0 is None:
+            self.warn(f"crown: warning: {where}: no certificate (the image the engine bounded "
+                      "is not the file's image in the model's layout)")
+            return None
+        arrays = self._arrays(x0, c, src_targets, res.proof, targets, eps)
         header = {"format": "crown-proof", "version": 1, "kind": "certify",
                   **{k: v for k, v in self.files.items()},
                   "network": self.network, "index": int(row["image"]), "class": int(c),
@@ -156,6 +168,23 @@ class ProofWriter:
         self.written += 1
         self.bytes += os.path.getsize(path)
         return path
+
+    def _model_layout(self, x0, index: int):
+        """The image as the certificate holds it: in the ONNX model's own layout
+        (``crown_cli.check.model_layout``). An ONNX chain of dense layers runs on the dense
+        engine in crown's (H, W, C) order (its first layer's columns permuted alike: the
+        same function of the same image); its x0 is the file's image transposed. None
+        where the engine's image is neither."""
+        from crown_cli import check as checker
+        from crown_cli.check.images_reader import read_image
+
+        if self.checker_net is None:
+            return x0
+        x_file = read_image(self.images_path, index, self.labels_path)[0]
+        x_model = checker.model_layout(self.checker_net, x_file)
+        if np.array_equal(x0, x_model):
+            return x0
+        return x_model if np.array_equal(x0, x_file) else None
 
     def _arrays(self, x0, c, src_targets, proof, targets, eps):
         from crown_cli.check import ball_box

@@ -157,14 +157,22 @@ def read_onnx(data):
 
     def layer(terms, shape, relu):
         """A hidden layer of these terms: a ReLU's, or (relu False) an identity layer, a max
-        pool's input that is no ReLU's output or its output that several nodes read (the
-        pool's lines take the bounds step 1b gives its neurons, and rows from all its
-        readers are relaxed once); the terms of its output."""
+        pool's input that is no ReLU's output or a tensor after a max pool that several nodes
+        read (the pool's lines take the bounds step 1b gives its neurons, and rows from all
+        its readers are relaxed once); the terms of its output."""
         terms_of.append(terms)
         sizes.append(int(np.prod(shape)))
         if not relu:
             identity.append(len(sizes) - 1)
         return [(len(sizes) - 1, [])]
+
+    def shared(name, terms, shape):
+        """The terms of tensor ``name``, or an identity layer's where several nodes read it
+        and a max pool lies in its terms (each reader would otherwise relax the pool on its
+        own rows: once, as the engine does, on the sum of theirs)."""
+        if uses.get(name, 0) > 1 and any(o[0] == "maxpool" for _, ops in terms for o in ops):
+            return layer(terms, shape, False)
+        return terms
 
     for pos, nb in enumerate(graph.get(1, [])):
         nf = _fields(nb)
@@ -219,7 +227,7 @@ def read_onnx(data):
                     const_part[at] = np.asarray(consts[x], np.float64).ravel()
             if np.any(const_part != 0):
                 terms[0] = (terms[0][0], terms[0][1] + [("add", const_part, 1.0)])
-            tensors[outs[0]] = (terms, tuple(out_shape))
+            tensors[outs[0]] = (shared(outs[0], terms, tuple(out_shape)), tuple(out_shape))
             continue
         if op in ("Add", "Sub") and len(data) == 2:  # a sum of two data tensors
             (ta, sa), (tb, sb) = tensors[data[0]], tensors[data[1]]
@@ -227,7 +235,7 @@ def read_onnx(data):
                 raise Reject(f"{where}: data of shapes {sa} and {sb} (a broadcast)")
             if op == "Sub":
                 tb = [(src, ops + [("scale", -1.0)]) for src, ops in tb]
-            tensors[outs[0]] = (ta + tb, sa)
+            tensors[outs[0]] = (shared(outs[0], ta + tb, sa), sa)
             continue
         if len(data) != 1:
             raise Reject(f"{where}: {len(data)} data inputs")
@@ -241,9 +249,7 @@ def read_onnx(data):
         shape = _apply(op, ins[0] == data[0], const, attrs, shape, new, where)
         terms = [(src, ops + (new if i == 0 else [o for o in new if o[0] != "add"]))
                  for i, (src, ops) in enumerate(terms)]
-        if op == "MaxPool" and uses.get(outs[0], 0) > 1:
-            terms = layer(terms, shape, False)  # read by several nodes: relaxed once
-        tensors[outs[0]] = (terms, shape)
+        tensors[outs[0]] = (shared(outs[0], terms, shape), shape)
     if outputs[0] not in tensors:
         raise Reject(f"the graph output {outputs[0]} is not computed from the data input")
     terms, shape = tensors[outputs[0]]
