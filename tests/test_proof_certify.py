@@ -419,8 +419,9 @@ def test_checker_intervals_of_mul_and_div_hold_their_points():
 
 
 @pytest.mark.parametrize("make, args, message", [
-    ("normalised", ["--method", "alpha-crown"], "--proof: certificates of radii of ONNX models "
-                                                "cover --method crown only, not alpha-crown"),
+    ("cifar", ["--method", "alpha-crown"], "--proof: certificates of radii of ONNX models on "
+                                           "the graph engine cover --method crown only, not "
+                                           "alpha-crown"),
     ("residual", [], "--proof: crown check cannot read "),  # (tanh and sigmoid)
 ])
 def test_onnx_proof_refused_outside_the_checkers_scope(tmp_path, make, args, message):
@@ -428,8 +429,11 @@ def test_onnx_proof_refused_outside_the_checkers_scope(tmp_path, make, args, mes
     import graph_models as gm
 
     model = tmp_path / f"{make}.onnx"
-    onnx.save(getattr(gm, make)(np.random.default_rng(4)), str(model))
-    n_in = 40 if make == "normalised" else 4
+    if make == "cifar":
+        shutil.copy(CIFAR_MODEL, model)
+    else:
+        onnx.save(getattr(gm, make)(np.random.default_rng(4)), str(model))
+    n_in = 3072 if make == "cifar" else 4
     np.savez(tmp_path / "im.npz", x=np.zeros((1, n_in)), y=np.zeros(1, np.int64))
     res = CliRunner().invoke(cli, [
         "certify", "--model", str(model), "--images", str(tmp_path / "im.npz"), "-q",
@@ -746,3 +750,24 @@ def test_onnx_dense_chain_of_an_image_input_certificate_holds_the_image_channel_
     assert len(names) == 4
     _, z = _read(os.path.join(tmp_path / "p", names[0]))
     assert not np.array_equal(z["x0"], x[int(names[0][:5])])  # channel-first, not crown's
+
+
+def test_alpha_crown_certificates_of_a_lowered_onnx_chain_accepted(tmp_path):
+    """An ONNX chain lowered to the dense engine (its normalisation and a Mul folded):
+    alpha-crown's certificates (slopes over the unstable neurons, numbered as the ONNX
+    ReLUs' inputs are) accepted for every certified row."""
+    import onnx
+    import graph_models as gm
+
+    model = tmp_path / "normalised.onnx"
+    onnx.save(gm.normalised(np.random.default_rng(1)), str(model))
+    x = np.random.default_rng(2).uniform(0.0, 1.0, (4, 40))
+    images, out, res = _certify_with_images(tmp_path, model, x, "--method", "alpha-crown",
+                                            "--norm", "inf,2")
+    assert "would reject" not in res.stderr, res.stderr
+    names = sorted(os.listdir(out))
+    assert len(names) == 8
+    assert any(len(_read(os.path.join(out, n))[1]["c0_cols"]) for n in names)
+    res = CliRunner().invoke(cli, ["check", "--model", str(model), "--images", str(images),
+                                   "--proof", str(out)])
+    assert res.exit_code == 0 and res.output.count(": accepted (image ") == 8, res.output

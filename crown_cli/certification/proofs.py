@@ -50,11 +50,11 @@ def check_scope(norms: Sequence[str], methods: Sequence[str], model_path: str, m
     with open(model_path, "rb") as fh:
         head = fh.read(8)
     onnx = not (head[:2] == b"PK" or head == b"\x89HDF\r\n\x1a\n")
-    if onnx:  # a chain the checker reads, on either engine; CROWN's default slopes only
+    if onnx and graph is not None:  # the graph engine: CROWN's default slopes only
         bad = [m for m in methods if m != "crown"]
         if bad:
-            raise InputError(f"--proof: certificates of radii of ONNX models cover --method "
-                             f"crown only, not {bad[0]} ({model_path})")
+            raise InputError(f"--proof: certificates of radii of ONNX models on the graph "
+                             f"engine cover --method crown only, not {bad[0]} ({model_path})")
     else:
         if graph is not None or mlp is None:
             raise InputError(f"--proof: certificates of radii of Keras and NPZ models cover dense "
@@ -77,6 +77,14 @@ def check_scope(norms: Sequence[str], methods: Sequence[str], model_path: str, m
         if (net.sizes[0], net.sizes[-1]) != (n_in, n_out):
             raise InputError(f"--proof: crown check reads {model_path} as {net.sizes[0]} inputs "
                              f"and {net.sizes[-1]} outputs, crown as {n_in} and {n_out}")
+        # on the dense engine alpha-CROWN's slopes are numbered by the chain's hidden
+        # neurons, which are the ONNX ReLUs' inputs in their own element order
+        hidden = [w.shape[0] for w in weights[:-1]] if graph is None else None
+        if "alpha-crown" in methods and (hidden != list(net.hidden) or not net.chain or
+                                         net.identity):
+            raise InputError(f"--proof: crown check reads {model_path} with hidden layers "
+                             f"{list(net.hidden)}, the dense engine's are {hidden}: "
+                             "alpha-crown's certificates need the same")
     else:
         sizes = [weights[0].shape[1]] + [w.shape[0] for w in weights]
         if list(net.sizes) != sizes:

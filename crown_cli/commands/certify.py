@@ -82,7 +82,8 @@ from crown_cli.errors import InputError
 @click.option("--proof", "proof_path", default=None, metavar="DIR",
               help="Write a certificate of each certified row to DIR, checked by crown check "
                    "(docs/proofs.md; --norm inf, 2 or 1; --method crown or alpha-crown on dense "
-                   "ReLU networks in HDF5 or NPZ files, crown on ONNX ReLU networks; NPZ or IDX "
+                   "ReLU networks in HDF5 or NPZ files and ONNX chains lowered to them, crown on "
+                   "other ONNX ReLU networks; NPZ or IDX "
                    "images).")
 @click.option("--output", "-o", default="-", show_default=True, metavar="FILE",
               help="Result file to write ('-': stdout); a provenance sidecar <output>.json goes beside it.")
