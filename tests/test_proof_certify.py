@@ -603,22 +603,22 @@ def test_a_relu_split_of_an_identity_layers_neuron_is_rejected(tmp_path):
 
 
 def _moves_onnx(rng):
-    """Element moves between ReLU layers: Slice and Concat of channels (with a constant
-    part), Transpose, a Pad of 0.5, a Gather that takes elements twice, Unsqueeze and
-    Squeeze; (1, 2, 4, 4) -> 3 outputs."""
+    """Element moves between ReLU layers: Split and Concat of channels (with a constant
+    part), Transpose, a Pad of 0.5, a Slice, a Gather that takes elements twice, Unsqueeze
+    and Squeeze; (1, 2, 4, 4) -> 3 outputs."""
     import graph_models as gm
 
     g = gm.G(rng)
     i64 = lambda v: g.const(v, np.int64)  # noqa: E731
     a = g.op("Relu", [g.op("Conv", ["x", g.rand(4, 2, 3, 3), g.rand(4)], pads=[1, 1, 1, 1])])
-    b = g.op("Slice", [a, i64([0]), i64([2]), i64([1])])
-    c = g.op("Slice", [a, i64([2]), i64([4]), i64([1])])
+    b, c = g.op("Split", [a, i64([2, 2])], n_out=2, axis=1)
     d = g.op("Concat", [g.op("Conv", [b, g.rand(2, 2, 1, 1), g.rand(2)]), c,
                         g.const(np.full((1, 1, 4, 4), 0.25))], axis=1)
     e = g.op("Transpose", [d], perm=[0, 1, 3, 2])
     f = g.op("Pad", [e, i64([0, 0, 1, 1, 0, 0, 1, 1]), g.const(np.array(0.5))])
     h = g.op("Flatten", [g.op("Relu", [g.op("Conv", [f, g.rand(3, 5, 3, 3, scale=0.3),
                                                     g.rand(3)])])])
+    h = g.op("Slice", [h, i64([0]), i64([48]), i64([1])])
     k = g.op("Gather", [h, i64([0, 1, 1, 5, 17, 17, 17, 30, 47])], axis=1)
     k = g.op("Squeeze", [g.op("Unsqueeze", [k, i64([0])]), i64([0])])
     out = g.op("Gemm", [k, g.rand(3, 9), g.rand(3)], transB=1)
@@ -626,8 +626,8 @@ def _moves_onnx(rng):
 
 
 def test_element_moves_read_by_the_checker_and_certificates_accepted(tmp_path):
-    """Slice, Concat (a constant part among its inputs), Transpose, a Pad of a nonzero
-    value, a Gather that takes some elements twice (their rows summed, the sums charged),
+    """Split, Concat (a constant part among its inputs), Transpose, a Pad of a nonzero
+    value, a Slice, a Gather that takes some elements twice (their rows summed, the sums charged),
     Unsqueeze and Squeeze: the checker computes what crown computes, accepts every
     certificate of the certified rows, and rejects one moved where a point of the box
     breaks the margin."""

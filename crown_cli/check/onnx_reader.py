@@ -18,10 +18,11 @@ _ATTRS = {"Gemm": {"alpha", "beta", "transA", "transB"}, "Flatten": {"axis"},
           "Pad": {"mode", "pads", "value"}, "Dropout": {"seed", "ratio", "is_test"},
           "Transpose": {"perm"}, "Slice": {"starts", "ends", "axes"}, "Gather": {"axis"},
           "Concat": {"axis"}, "Squeeze": {"axes"}, "Unsqueeze": {"axes"},
+          "Split": {"axis", "split", "num_outputs"},
           "BatchNormalization": {"epsilon", "momentum", "training_mode", "spatial"}}
 _OPS = {"Gemm", "MatMul", "Add", "Sub", "Mul", "Div", "Relu", "Flatten", "Reshape", "Identity",
         "Conv", "AveragePool", "MaxPool", "Pad", "Dropout", "Transpose", "Slice", "Gather",
-        "Concat", "Squeeze", "Unsqueeze", "BatchNormalization"}
+        "Concat", "Squeeze", "Unsqueeze", "BatchNormalization", "Split"}
 # element moves: each output element a copy of one input element or 0 ("take" operations)
 _MOVES = {"Transpose", "Slice", "Gather"}
 
@@ -201,8 +202,26 @@ def read_onnx(data):
             ins = ins[:1]
         const = [consts[x] for x in ins if x in consts]
         data = [x for x in ins if x not in consts]
-        if op in ("Slice", "Gather", "Squeeze", "Unsqueeze", "Pad"):
+        if op in ("Slice", "Gather", "Squeeze", "Unsqueeze", "Pad", "Split"):
             data = data[:1]  # (their other inputs: shapes and indices, constants)
+        if op == "Split" and data and data[0] in tensors:  # each output a slice of the input
+            terms, shape = tensors[data[0]]
+            axis = attrs.get("axis", 0) % len(shape)
+            sizes_ = attrs.get("split", const[0].ravel().tolist() if const else None)
+            if sizes_ is None:
+                k = attrs.get("num_outputs", len(outs))
+                sizes_ = [-(-shape[axis] // k)] * (k - 1)
+                sizes_.append(shape[axis] - sum(sizes_))
+            if len(sizes_) != len(outs) or sum(sizes_) != shape[axis] or min(sizes_) < 0:
+                raise Reject(f"{where}: parts {sizes_} of an axis of {shape[axis]}")
+            pos, off = np.arange(int(np.prod(shape))).reshape(shape), 0
+            for name, k in zip(outs, sizes_):
+                part = np.take(pos, np.arange(off, off + k), axis=axis)
+                off += k
+                take = ("take", np.ascontiguousarray(part.ravel(), np.int64), pos.size)
+                tensors[name] = (shared(name, [(src, ops + [take]) for src, ops in terms],
+                                        part.shape), part.shape)
+            continue
         if len(outs) != 1 or not data or any(x not in tensors for x in data):
             raise Reject(f"{where}: an input that is neither a constant nor an earlier node's "
                          "output, or several outputs")
