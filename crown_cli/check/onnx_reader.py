@@ -205,48 +205,15 @@ def read_onnx(data):
         if op in ("Slice", "Gather", "Squeeze", "Unsqueeze", "Pad", "Split"):
             data = data[:1]  # (their other inputs: shapes and indices, constants)
         if op == "Split" and data and data[0] in tensors:  # each output a slice of the input
-            terms, shape = tensors[data[0]]
-            axis = attrs.get("axis", 0) % len(shape)
-            sizes_ = attrs.get("split", const[0].ravel().tolist() if const else None)
-            if sizes_ is None:
-                k = attrs.get("num_outputs", len(outs))
-                sizes_ = [-(-shape[axis] // k)] * (k - 1)
-                sizes_.append(shape[axis] - sum(sizes_))
-            if len(sizes_) != len(outs) or sum(sizes_) != shape[axis] or min(sizes_) < 0:
-                raise Reject(f"{where}: parts {sizes_} of an axis of {shape[axis]}")
-            pos, off = np.arange(int(np.prod(shape))).reshape(shape), 0
-            for name, k in zip(outs, sizes_):
-                part = np.take(pos, np.arange(off, off + k), axis=axis)
-                off += k
-                take = ("take", np.ascontiguousarray(part.ravel(), np.int64), pos.size)
-                tensors[name] = (shared(name, [(src, ops + [take]) for src, ops in terms],
-                                        part.shape), part.shape)
+            for name, part in zip(outs, _split(tensors[data[0]], const, attrs, len(outs), where)):
+                tensors[name] = (shared(name, part[0], part[1]), part[1])
             continue
         if len(outs) != 1 or not data or any(x not in tensors for x in data):
             raise Reject(f"{where}: an input that is neither a constant nor an earlier node's "
                          "output, or several outputs")
         if op == "Concat":  # each input's terms placed in the output; constants added
-            shapes = [tensors[x][1] if x in tensors else consts[x].shape for x in ins]
-            axis = attrs.get("axis", 0) % len(shapes[0])
-            if any(len(sh) != len(shapes[0]) or tuple(sh[:axis]) + tuple(sh[axis + 1:]) !=
-                   tuple(shapes[0][:axis]) + tuple(shapes[0][axis + 1:]) for sh in shapes):
-                raise Reject(f"{where}: inputs of shapes {shapes} do not join on axis {axis}")
-            out_shape = list(shapes[0])
-            out_shape[axis] = sum(sh[axis] for sh in shapes)
-            pos = np.arange(int(np.prod(out_shape))).reshape(out_shape)
-            terms, const_part, off = [], np.zeros(pos.size), 0
-            for x, sh in zip(ins, shapes):
-                at = np.take(pos, np.arange(off, off + sh[axis]), axis=axis).ravel()
-                off += sh[axis]
-                if x in tensors:
-                    idx = np.full(pos.size, -1, np.int64)
-                    idx[at] = np.arange(at.size)
-                    terms += [(src, ops + [("take", idx, at.size)]) for src, ops in tensors[x][0]]
-                else:
-                    const_part[at] = np.asarray(consts[x], np.float64).ravel()
-            if np.any(const_part != 0):
-                terms[0] = (terms[0][0], terms[0][1] + [("add", const_part, 1.0)])
-            tensors[outs[0]] = (shared(outs[0], terms, tuple(out_shape)), tuple(out_shape))
+            terms, out_shape = _concat(ins, tensors, consts, attrs, where)
+            tensors[outs[0]] = (shared(outs[0], terms, out_shape), out_shape)
             continue
         if op in ("Add", "Sub") and len(data) == 2:  # a sum of two data tensors
             (ta, sa), (tb, sb) = tensors[data[0]], tensors[data[1]]
@@ -275,6 +242,53 @@ def read_onnx(data):
     net = Network(None, sizes + [int(np.prod(shape))], terms_of + [terms], identity)
     net.input_shape = tuple(_shape(inputs[0][1]))
     return net
+
+
+def _split(tensor, const, attrs, n_out, where):
+    """A Split's outputs, each (terms, shape): the input's terms each followed by a take of
+    that output's part."""
+    terms, shape = tensor
+    axis = attrs.get("axis", 0) % len(shape)
+    sizes = attrs.get("split", const[0].ravel().tolist() if const else None)
+    if sizes is None:
+        k = attrs.get("num_outputs", n_out)
+        sizes = [-(-shape[axis] // k)] * (k - 1)
+        sizes.append(shape[axis] - sum(sizes))
+    if len(sizes) != n_out or sum(sizes) != shape[axis] or min(sizes) < 0:
+        raise Reject(f"{where}: parts {sizes} of an axis of {shape[axis]}")
+    pos, off, out = np.arange(int(np.prod(shape))).reshape(shape), 0, []
+    for k in sizes:
+        part = np.take(pos, np.arange(off, off + k), axis=axis)
+        off += k
+        take = ("take", np.ascontiguousarray(part.ravel(), np.int64), pos.size)
+        out.append(([(src, ops + [take]) for src, ops in terms], part.shape))
+    return out
+
+
+def _concat(ins, tensors, consts, attrs, where):
+    """A Concat's (terms, shape): each data input's terms followed by a take placing its
+    elements, the constant inputs' values added to the first term."""
+    shapes = [tensors[x][1] if x in tensors else consts[x].shape for x in ins]
+    axis = attrs.get("axis", 0) % len(shapes[0])
+    if any(len(sh) != len(shapes[0]) or tuple(sh[:axis]) + tuple(sh[axis + 1:]) !=
+           tuple(shapes[0][:axis]) + tuple(shapes[0][axis + 1:]) for sh in shapes):
+        raise Reject(f"{where}: inputs of shapes {shapes} do not join on axis {axis}")
+    out_shape = list(shapes[0])
+    out_shape[axis] = sum(sh[axis] for sh in shapes)
+    pos = np.arange(int(np.prod(out_shape))).reshape(out_shape)
+    terms, const_part, off = [], np.zeros(pos.size), 0
+    for x, sh in zip(ins, shapes):
+        at = np.take(pos, np.arange(off, off + sh[axis]), axis=axis).ravel()
+        off += sh[axis]
+        if x in tensors:
+            idx = np.full(pos.size, -1, np.int64)
+            idx[at] = np.arange(at.size)
+            terms += [(src, ops + [("take", idx, at.size)]) for src, ops in tensors[x][0]]
+        else:
+            const_part[at] = np.asarray(consts[x], np.float64).ravel()
+    if np.any(const_part != 0):
+        terms[0] = (terms[0][0], terms[0][1] + [("add", const_part, 1.0)])
+    return terms, tuple(out_shape)
 
 
 def _apply(op, data_first, const, attrs, shape, ops, where):
