@@ -60,11 +60,12 @@ def channel_first(graph) -> Optional[tuple]:
     """(C, H, W) when the graph has one input of shape (1, C, H, W) with C > 1 (its flat
     order is not crown's (H, W, C) image order), else None: also for a Keras graph, whose
     image input (1, H, W, C) is crown's order, and for an ONNX input that is channel-last
-    (1, H, W, C): its last dimension 1, 3 or 4 and its second not (a TensorFlow export)."""
+    (1, H, W, C): at most 4 in its last dimension and more than 4 in its second (a
+    TensorFlow export's (1, 32, 32, 3) or (1, 28, 28, 1))."""
     if len(graph.inputs) != 1 or getattr(graph, "channels_last", False):
         return None
     shape = tuple(graph.nodes[graph.inputs[0]].shape)
-    if len(shape) != 4 or shape[1] == 1 or (shape[3] in (1, 3, 4) and shape[1] not in (3, 4)):
+    if len(shape) != 4 or shape[1] == 1 or (shape[3] <= 4 < shape[1]):
         return None
     return shape[1:]
 

@@ -46,11 +46,11 @@ def load_model(path, data=None):
 def model_layout(net, x):
     """An image of an image file (row-major (H, W, C), crown's order) as the model takes it:
     channel-first where the model is an ONNX file whose input is (1, C, H, W) with C > 1 and
-    the image has C H W values, unless the input is channel-last (its last dimension 1, 3
-    or 4 and its second not 3 or 4; docs/proofs.md); else as it is."""
+    the image has C H W values, unless the input is channel-last (at most 4 in its last
+    dimension, more than 4 in its second; docs/proofs.md); else as it is."""
     shape = net.input_shape
     if shape is None or len(shape) != 4 or shape[0] != 1 or shape[1] == 1 or \
-            x.size != int(np.prod(shape)) or (shape[3] in (1, 3, 4) and shape[1] not in (3, 4)):
+            x.size != int(np.prod(shape)) or shape[3] <= 4 < shape[1]:
         return x
     C, H, W = shape[1:]
     return np.ascontiguousarray(x.reshape(H, W, C).transpose(2, 0, 1).reshape(-1))
