@@ -366,31 +366,50 @@ def _apply(op, data_first, const, attrs, shape, ops, where):
 
 class Taps:
     """A convolution's matrix by kernel position: ``weight`` (Co, C / group, kh, kw),
-    ``group``, the input's (C, H W) and output's (Co, Ho Wo), and per position (ky, kx) the
-    input and output positions it joins (flat (H, W) indices inside the data)."""
+    ``group``, and the geometry: input (C, H, W), output (Co, Ho, Wo), strides, top and left
+    pads, dilations. Kernel position (ky, kx) joins output (oy, ox) to input
+    (oy sh - pt + ky dh, ox sw - pl + kx dw) where that lies inside the data: for each
+    position a strided rectangle of outputs and one of inputs (``self.rects``)."""
 
-    def __init__(self, weight, group, ins, outs, taps):
-        self.weight, self.group, self.ins, self.outs, self.taps = weight, group, ins, outs, taps
+    def __init__(self, weight, group, chw, out, strides, pads, dilations):
+        self.weight, self.group, self.chw, self.out = weight, group, chw, out
+        (_, H, W), (_, Ho, Wo) = chw, out
+        (sh, sw), (pt, pl), (dh, dw) = strides, pads, dilations
+        kh, kw = weight.shape[2:]
+
+        def span(k, s, p, d, n_in, n_out):  # outputs o with 0 <= o s - p + k d < n_in
+            o0 = max(0, -(-(p - k * d) // s))
+            o1 = min(n_out, (n_in - 1 + p - k * d) // s + 1)
+            return o0, o1, o0 * s - p + k * d
+
+        self.rects = []
+        for ky in range(kh):
+            y0, y1, iy = span(ky, sh, pt, dh, H, Ho)
+            for kx in range(kw):
+                x0, x1, ix = span(kx, sw, pl, dw, W, Wo)
+                if y1 > y0 and x1 > x0:
+                    self.rects.append((ky, kx, slice(y0, y1), slice(x0, x1),
+                                       slice(iy, iy + sh * (y1 - y0 - 1) + 1, sh),
+                                       slice(ix, ix + sw * (x1 - x0 - 1) + 1, sw)))
 
     def back(self, L):
         """``L @ M.T`` for rows L (R, Co Ho Wo) over the output: every output position's rows
         times the weight of each kernel position (one product per group), then each kernel
-        position's results added at the input positions it joins (at most one output per
-        input and position). Each entry of the result is a sum of the same products as
-        ``L @ M.T``'s, in another order (Higham's bound holds for any)."""
-        C, HW = self.ins
-        Co, HoWo = self.outs
+        position's results added at the input positions it joins (one strided rectangle
+        each, at most one output per input). Each entry of the result is a sum of the same
+        products as ``L @ M.T``'s, in another order (Higham's bound holds for any)."""
+        (C, H, W), (Co, Ho, Wo) = self.chw, self.out
         R = L.shape[0]
-        Lr = L.reshape(R, Co, HoWo).transpose(0, 2, 1)  # (R, Ho Wo, Co)
-        out = np.zeros((R, HW, C))
+        Lr = L.reshape(R, Co, Ho * Wo).transpose(0, 2, 1)  # (R, Ho Wo, Co)
+        out = np.zeros((R, H, W, C))
         per, Cg = Co // self.group, C // self.group
         kh, kw = self.weight.shape[2:]
         for gi in range(self.group):
             w = self.weight[gi * per:(gi + 1) * per].reshape(per, Cg * kh * kw)
-            cols = (Lr[:, :, gi * per:(gi + 1) * per] @ w).reshape(R, HoWo, Cg, kh, kw)
-            for ky, kx, inp, outp in self.taps:
-                out[:, inp, gi * Cg:(gi + 1) * Cg] += cols[:, :, :, ky, kx][:, outp]
-        return np.ascontiguousarray(out.transpose(0, 2, 1)).reshape(R, C * HW)
+            cols = (Lr[:, :, gi * per:(gi + 1) * per] @ w).reshape(R, Ho, Wo, Cg, kh, kw)
+            for ky, kx, oy, ox, iy, ix in self.rects:
+                out[:, iy, ix, gi * Cg:(gi + 1) * Cg] += cols[:, oy, ox, :, ky, kx]
+        return np.ascontiguousarray(out.transpose(0, 3, 1, 2)).reshape(R, C * H * W)
 
 
 MAX_ENTRIES = 2 ** 27  # the largest dense matrix a convolution or a pool is written as (1 GiB)
@@ -551,8 +570,8 @@ def _window(op, const, attrs, shape, ops, where):
                     w[cos[:, 0], cg, ky, kx][:, None]
     # the taps, with which bounds.py takes rows back through M a kernel position at a time
     # (the same products as rows @ M.T, summed in another order)
-    ops.append(("mat", M, Taps(np.asarray(w, np.float64), g, (C, H * W), (Co, Ho * Wo),
-                               [(ky, kx, inp, out) for ky, kx, inp, out in taps])))
+    ops.append(("mat", M, Taps(np.asarray(w, np.float64), g, (C, H, W), (Co, Ho, Wo),
+                               (sh, sw), (pt, pl), (dh, dw))))
     if len(const) > 1:
         if const[1].size != Co:
             raise Reject(f"{where}: a bias of {const[1].size} values for {Co} channels")
