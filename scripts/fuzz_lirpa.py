@@ -531,23 +531,19 @@ def main():
                     msg += f" (auto_LiRPA failed: {type(e).__name__})"
                     lirpa_failed += 1
             line.append(msg)
-        if not args.no_certify:
-            try:
-                text, wrong = _cross_check(crown_cli, graph, model, torch, x, c, seed)
-                line.append(text)
-                bad += wrong
-            except Exception as e:
-                crashes += 1
-                line.append(f"CRASH certify/verify: {type(e).__name__} {str(e)[:200]}")
-                traceback.print_exc()
+        checks = [("certify/verify", lambda: _cross_check(crown_cli, graph, model, torch, x,
+                                                          c, seed))] if not args.no_certify else []
         if args.proofs:
+            checks.append(("proof", lambda: _proof_check(path, graph, model, torch, x, c, seed,
+                                                         tmp)))
+        for what, check in checks:
             try:
-                text, wrong = _proof_check(path, graph, model, torch, x, c, seed, tmp)
+                text, wrong = check()
                 line.append(text)
                 bad += wrong
             except Exception as e:
                 crashes += 1
-                line.append(f"CRASH proof: {type(e).__name__} {str(e)[:200]}")
+                line.append(f"CRASH {what}: {type(e).__name__} {str(e)[:200]}")
                 traceback.print_exc()
         print(" ".join(line), flush=True)
     print(f"fuzz_lirpa: {args.nets} networks, {bad} violations, {crashes} crashes, "

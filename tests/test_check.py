@@ -230,20 +230,28 @@ def exact_bound(ws, bs, lo, hi, ls, us, row):
         lam = F(ws[k]).T @ lam
         if k == 0:
             break
-        mu = []
-        for j, (lj, uj) in enumerate(zip(F(ls[k - 1]), F(us[k - 1]))):
-            if lj >= 0:
-                mu.append(lam[j])
-            elif uj <= 0:
-                mu.append(Fraction(0))
-            elif lam[j] >= 0:
-                mu.append(lam[j] * (1 if uj >= -lj else 0))
-            else:
-                s = uj / (uj - lj)
-                mu.append(lam[j] * s)
-                c += lam[j] * (-s * lj)
-        lam = np.array(mu, dtype=object)
+        lam, dc = exact_relax(lam, ls[k - 1], us[k - 1])
+        c += dc
     return c + sum(min(a * Fraction(x), a * Fraction(y)) for a, x, y in zip(lam, lo, hi))
+
+
+def exact_relax(lam, l, u):
+    """Rows ``lam`` (Fractions) over relu(z) as rows over z and a constant, with CROWN's
+    default lines at the float bounds l, u, in exact rationals."""
+    F = np.vectorize(Fraction, otypes=[object])
+    mu, c = [], Fraction(0)
+    for j, (lj, uj) in enumerate(zip(F(l), F(u))):
+        if lj >= 0:
+            mu.append(lam[j])
+        elif uj <= 0:
+            mu.append(Fraction(0))
+        elif lam[j] >= 0:
+            mu.append(lam[j] * (1 if uj >= -lj else 0))
+        else:
+            s = uj / (uj - lj)
+            mu.append(lam[j] * s)
+            c += lam[j] * (-s * lj)
+    return np.array(mu, dtype=object), c
 
 
 def test_float_bound_is_below_the_exact_one_and_close():
@@ -726,19 +734,8 @@ def test_residual_network_float_bound_below_the_exact_one_and_close():
         pend, c, lam = {}, Fraction(0), F(np.asarray(row))
         for m in range(4, 0, -1):
             if m < 4:  # rows over a_m -> z_m, the default slopes at the bounds
-                lam, mu = pend.pop(m), []
-                for j, (lj, uj) in enumerate(zip(F(ls[m - 1]), F(us[m - 1]))):
-                    if lj >= 0:
-                        mu.append(lam[j])
-                    elif uj <= 0:
-                        mu.append(Fraction(0))
-                    elif lam[j] >= 0:
-                        mu.append(lam[j] * (1 if uj >= -lj else 0))
-                    else:
-                        s = uj / (uj - lj)
-                        mu.append(lam[j] * s)
-                        c += lam[j] * (-s * lj)
-                lam = np.array(mu, dtype=object)
+                lam, dc = exact_relax(pend.pop(m), ls[m - 1], us[m - 1])
+                c += dc
             for src, ops in terms[m - 1]:
                 r = lam
                 for op in reversed(ops):
