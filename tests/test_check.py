@@ -628,7 +628,7 @@ def test_onnx_reader_rejects_what_it_cannot_write_exactly(tmp_path, pool, pads, 
         load_model(str(tmp_path / "r.onnx"))
 
 
-@pytest.mark.parametrize("first", ["add", "mat"])
+@pytest.mark.parametrize("first", ["add", "mat", "take"])
 def test_one_hot_rows_take_the_short_path_to_the_same_numbers(first):
     """Step 1b's rows +-e_j given as (j, v, n) through a layer: the same rows, constants and
     charges as the full products of the rows written out (and as the rows themselves when
@@ -640,10 +640,13 @@ def test_one_hot_rows_take_the_short_path_to_the_same_numbers(first):
            ("add", rng.normal(size=9), 1.0), ("scale", -0.75), ("add", rng.normal(size=9), -1.0)]
     if first == "add":  # no product: the rows come back written out
         ops = [("add", rng.normal(size=9), 1.0), ("scale", 3.0), ("add", rng.normal(size=9), -1.0)]
+    if first == "take":  # an element move first (no product): the rows over its input
+        ops = [("take", np.array([4, 0, 6, -1, 2, 5, 1, 3, -1]), 7), ("scale", 3.0),
+               ("add", rng.normal(size=9), -1.0)]
     j, v = np.array([0, 3, 3, 8, 2]), np.array([1.0, -1.0, 1.0, -1.0, 0.0])
     L = np.zeros((5, 9))
     L[np.arange(5), j] = v
-    n_in = ops[0][1].size
+    n_in = ops[0][2] if first == "take" else ops[0][1].size
     M = bounds._sizes(ops, -np.ones((2, n_in)), np.ones((2, n_in)))
     at = np.array([0, 1, 1, 0, 1])
     short = bounds._through(ops, (j, v, 9), np.zeros(5), np.zeros(5), M, at)

@@ -220,7 +220,6 @@ def test_a_targeted_row_at_the_untargeted_radius_takes_that_certificates_case(tm
     from crown_cli.certification.certifier import Certifier
     from crown_cli.certification.proofs import ProofWriter
     from crown_cli.io.models import load_model as crown_model
-    from crown_cli.verification.proof import dense_shape
 
     mlp = crown_model(MODEL)
     cert = Certifier(mlp.weights, mlp.biases, "relu", method=method)
@@ -230,8 +229,7 @@ def test_a_targeted_row_at_the_untargeted_radius_takes_that_certificates_case(tm
     others = [t for t in range(10) if t != c]
     res = cert.certify(x0, c, others)
     warnings = []
-    w = ProofWriter(str(tmp_path), MODEL, IMAGES, None, dense_shape(mlp.weights),
-                    warnings.append)
+    w = ProofWriter(str(tmp_path), MODEL, IMAGES, None, load_model(MODEL), warnings.append)
     row = {"image": 2, "target_type": "least", "target": others[4], "method": method,
            "norm": "inf", "eps": res.eps}
     path = w.write(row, method, x0, c, others, res, [others[4]])

@@ -37,9 +37,10 @@ def proof_file(image: int, norm: str, method: str, target_type: str, target) -> 
 
 
 def check_scope(norms: Sequence[str], methods: Sequence[str], model_path: str, mlp, graph,
-                weights, images_path: Optional[str]) -> dict:
-    """InputError (one line) naming what ``--proof`` does not cover; else the certificates'
-    ``network`` entry (the sizes ``crown check`` reads the model with)."""
+                weights, images_path: Optional[str]):
+    """InputError (one line) naming what ``--proof`` does not cover; else the model as
+    ``crown check`` reads it (its :class:`crown_cli.check.Network`, which
+    :class:`ProofWriter` takes)."""
     bad = [n for n in norms if n not in PROOF_NORMS]
     if bad:
         raise InputError(f"--proof: certificates of radii cover --norm inf, 2 and 1, not {bad[0]}")
@@ -96,15 +97,14 @@ def check_scope(norms: Sequence[str], methods: Sequence[str], model_path: str, m
         if head not in (b"PK", b"\x1f\x8b", b"\x00\x00"):
             raise InputError(f"--proof: certificates of radii cover NPZ and IDX image files, not "
                              f"{images_path}")
-    return {"inputs": int(net.sizes[0]), "hidden": [int(h) for h in net.hidden],
-            "outputs": int(net.sizes[-1]), "activation": "relu"}
+    return net
 
 
 class ProofWriter:
     """Writes (and checks) the certificate of each certified row into ``folder``."""
 
     def __init__(self, folder: str, model_path: str, images_path: Optional[str],
-                 labels_path: Optional[str], network: dict, warn: Callable[[str], None]):
+                 labels_path: Optional[str], checker_net, warn: Callable[[str], None]):
         from crown_cli.io.images import DEFAULT_IMAGES, _labels_path_for
 
         self.folder, self.model_path, self.warn = folder, model_path, warn
@@ -117,16 +117,13 @@ class ProofWriter:
         self.files = {"model": _file(model_path), "images": _file(self.images_path)}
         if idx:
             self.files["labels"] = _file(self.labels_path)
-        self.network = network  # check_scope's: the sizes crown check reads the model with
-        self.checker_net = None  # an ONNX model as crown check reads it (its input layout)
-        with open(model_path, "rb") as fh:
-            head = fh.read(8)
-        if not (head[:2] == b"PK" or head == b"\x89HDF\r\n\x1a\n"):
-            from crown_cli import check as checker
-
-            self.checker_net = checker.load_model(model_path)
-        self.hidden = self.network["hidden"]
-        self.offsets = np.concatenate([[0], np.cumsum(self.hidden)]).astype(np.int64)
+        # the model as crown check reads it (check_scope's): the sizes of the certificates'
+        # network entry, and an ONNX model's input layout
+        self.checker_net = checker_net
+        self.network = {"inputs": int(checker_net.sizes[0]),
+                        "hidden": [int(h) for h in checker_net.hidden],
+                        "outputs": int(checker_net.sizes[-1]), "activation": "relu"}
+        self.offsets = checker_net.offsets  # each hidden layer's first flat neuron
         self.written = self.rejected = 0
         self.check_s = 0.0
         self.bytes = 0
@@ -186,7 +183,7 @@ class ProofWriter:
         from crown_cli import check as checker
         from crown_cli.check.images_reader import read_image
 
-        if self.checker_net is None:
+        if self.checker_net.input_shape is None:  # (NPZ, Keras: crown's own order)
             return x0
         x_file = read_image(self.images_path, index, self.labels_path)[0]
         x_model = checker.model_layout(self.checker_net, x_file)

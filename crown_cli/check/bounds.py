@@ -136,6 +136,7 @@ def _through(ops, L, c, q, M, at):
     product by that entry alone, the same numbers as the full products (one product plus
     exact zeros) without a mostly-zero matrix."""
     hot = L[:2] if isinstance(L, tuple) else None
+    width = L[2] if hot is not None else None  # the hot rows' width (a move's input changes it)
     for i in range(len(ops) - 1, -1, -1):
         op = ops[i]
         if op[0] == "maxpool":
@@ -165,7 +166,7 @@ def _through(ops, L, c, q, M, at):
                 j, v = hot
                 src = idx[j]
                 hot = (np.maximum(src, 0), np.where(src >= 0, v, 0.0))
-                L = (None, None, n_in)  # (the hot rows' width, for _dense at the end)
+                width = n_in
                 continue
             L, q = _take_back(idx, L, q, n_in, M[i], at)
         elif op[0] == "divr":  # over a real d in [lo, hi] (0 < lo): the rows over the midpoint,
@@ -204,7 +205,7 @@ def _through(ops, L, c, q, M, at):
             d = np.sign(s) * Lv - up(gamma(len(v)) * aLv)
             c = down(c + down(abs(s) * down(d)))
     if hot is not None:  # no product in ops: the rows as a matrix
-        L = _dense(*hot, L[2])
+        L = _dense(*hot, width)
     return L, c, q
 
 

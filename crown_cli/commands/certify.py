@@ -157,9 +157,9 @@ def certify(**options):
         from crown_cli.certification.proofs import ProofWriter, check_scope
 
         weights = None if graph is not None else net.margin_layers()[0]
-        network = check_scope(norms, methods, a.model_path, None if graph is not None else net,
-                              graph, weights, a.images_path)
-        proofs = ProofWriter(a.proof_path, a.model_path, a.images_path, a.labels_path, network,
+        read = check_scope(norms, methods, a.model_path, None if graph is not None else net,
+                           graph, weights, a.images_path)
+        proofs = ProofWriter(a.proof_path, a.model_path, a.images_path, a.labels_path, read,
                              lambda msg: click.echo(msg, err=True))
         for cert in certifiers:
             cert.record_proof = True
