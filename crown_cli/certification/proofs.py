@@ -120,9 +120,7 @@ class ProofWriter:
         # the model as crown check reads it (check_scope's): the sizes of the certificates'
         # network entry, and an ONNX model's input layout
         self.checker_net = checker_net
-        self.network = {"inputs": int(checker_net.sizes[0]),
-                        "hidden": [int(h) for h in checker_net.hidden],
-                        "outputs": int(checker_net.sizes[-1]), "activation": "relu"}
+        self.network = checker_net.entry()
         self.offsets = checker_net.offsets  # each hidden layer's first flat neuron
         self.written = self.rejected = 0
         self.check_s = 0.0

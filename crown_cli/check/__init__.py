@@ -117,8 +117,7 @@ def _network(header, model_path, data):
         _LAST.clear()
         _LAST.update(sha256=key, net=load_model(model_path, data))
     net = _LAST["net"]
-    shape = {"inputs": net.sizes[0], "hidden": list(net.hidden), "outputs": net.sizes[-1],
-             "activation": "relu"}
+    shape = net.entry()
     if header.get("network") != shape:
         raise Reject(f"header network {header.get('network')} is not the model's {shape}")
     return net

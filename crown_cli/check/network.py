@@ -69,6 +69,11 @@ class Network:
                             not all(np.all(np.isfinite(v)) for v in vals):
                         raise Reject("a weight is NaN or infinite")
 
+    def entry(self) -> dict:
+        """The ``network`` a certificate's header must give for this model (docs/proofs.md)."""
+        return {"inputs": int(self.sizes[0]), "hidden": [int(h) for h in self.hidden],
+                "outputs": int(self.sizes[-1]), "activation": "relu"}
+
     def forward(self, x):
         """Float64 outputs (B, n_out) for inputs (B, n_in) (not used by the check)."""
         a = [np.asarray(x, dtype=np.float64)]

@@ -264,18 +264,15 @@ def _checker_shape(graph) -> Optional[dict]:
     key = (os.path.abspath(path), st.st_size, st.st_mtime_ns)
     if _CHECKER_SIZES.get("key") != key:  # (an instance list's properties share a model)
         try:
-            net = checker.load_model(path)
-            sizes = (list(net.sizes), [int(h) for h in net.hidden])
+            entry = checker.load_model(path).entry()
         except (checker.Reject, checker.CheckError):
-            sizes = None
-        _CHECKER_SIZES.update(key=key, sizes=sizes)
-    if _CHECKER_SIZES["sizes"] is None:
+            entry = None
+        _CHECKER_SIZES.update(key=key, entry=entry)
+    entry = _CHECKER_SIZES["entry"]
+    if entry is None or (entry["inputs"], entry["outputs"]) != (graph.input_size,
+                                                                graph.output_size):
         return None
-    sizes, hidden = _CHECKER_SIZES["sizes"]
-    if (sizes[0], sizes[-1]) != (graph.input_size, graph.output_size):
-        return None
-    return {"inputs": int(sizes[0]), "hidden": hidden, "outputs": int(sizes[-1]),
-            "activation": "relu"}
+    return dict(entry)
 
 
 def _warm_graph(rng):
